@@ -1,0 +1,29 @@
+// bfloat16 storage: the top 16 bits of an IEEE float, rounded to nearest even.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+namespace foundry {
+
+using bf16 = uint16_t;
+
+inline bf16 float_to_bf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16>((bits >> 16) | 0x40);  // NaN
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<bf16>(bits >> 16);
+}
+
+inline float bf16_to_float(bf16 h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+// Converts n floats to bf16 (OpenMP-parallel, vectorized).
+void convert_to_bf16(const float* src, bf16* dst, int64_t n);
+void convert_from_bf16(const bf16* src, float* dst, int64_t n);
+
+}  // namespace foundry

@@ -1,0 +1,102 @@
+#include "base/config_reader.h"
+
+#include "base/io.h"
+
+namespace foundry {
+
+ConfigReader::ConfigReader(const json& obj, std::string where, std::string prefix)
+    : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {
+  if (!obj_.is_object() && !obj_.is_null())
+    fail(fmt::format("{}: '{}' must be a JSON object, got {}", where_,
+                     prefix_.empty() ? "<root>" : prefix_.substr(0, prefix_.size() - 1),
+                     obj_.dump()));
+}
+
+void ConfigReader::type_error(const std::string& key, const json& value,
+                              const char* expected) const {
+  fail(fmt::format("{}: '{}{}' must be {}, got {}", where_, prefix_, key, expected, value.dump()),
+       "fix the value in the config or with --set");
+}
+
+void ConfigReader::get_choice(const std::string& key, std::string& out,
+                              const std::vector<std::string>& allowed) {
+  get(key, out);
+  for (const auto& a : allowed)
+    if (a == out) return;
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  fail(fmt::format("{}: '{}{}' = \"{}\" is not one of: {}", where_, prefix_, key, out, list),
+       "use one of the listed values");
+}
+
+const json& ConfigReader::child(const std::string& key) {
+  static const json empty = json::object();
+  seen_.insert(key);
+  auto it = obj_.find(key);
+  if (it == obj_.end()) return empty;
+  return *it;
+}
+
+void ConfigReader::finish() const {
+  if (!obj_.is_object()) return;
+  for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+    if (seen_.count(it.key())) continue;
+    std::string known;
+    for (const auto& k : seen_) known += (known.empty() ? "" : ", ") + k;
+    fail(fmt::format("{}: unknown key '{}{}'", where_, prefix_, it.key()),
+         fmt::format("known keys here: {}", known));
+  }
+}
+
+json load_json_file(const std::string& path) {
+  std::string text = read_text_file(path);
+  try {
+    return json::parse(text);
+  } catch (const json::parse_error& e) {
+    // Translate the byte offset into line:column for the user.
+    size_t line = 1, col = 1;
+    for (size_t i = 0; i < e.byte && i < text.size(); ++i) {
+      if (text[i] == '\n') {
+        ++line;
+        col = 1;
+      } else {
+        ++col;
+      }
+    }
+    fail(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, e.what()),
+         "fix the JSON syntax (missing comma or quote?)");
+  }
+}
+
+void apply_override(json& root, const std::string& assignment, bool allow_new) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    fail(fmt::format("bad override '{}': expected key=value", assignment),
+         "write e.g. --set train.lr=3e-4");
+  std::string key = assignment.substr(0, eq);
+  std::string value_text = assignment.substr(eq + 1);
+  json value;
+  try {
+    value = json::parse(value_text);
+  } catch (const json::parse_error&) {
+    value = value_text;
+  }
+  json* node = &root;
+  size_t start = 0;
+  while (true) {
+    size_t dot = key.find('.', start);
+    std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    if (!node->is_object())
+      fail(fmt::format("bad override '{}': '{}' is not an object", assignment,
+                       key.substr(0, start ? start - 1 : 0)));
+    bool last = dot == std::string::npos;
+    if (!node->contains(part) && !(allow_new || (last && true)))
+      fail(fmt::format("bad override '{}': unknown key '{}'", assignment, key));
+    node = &(*node)[part];
+    if (last) break;
+    start = dot + 1;
+  }
+  *node = value;
+}
+
+}  // namespace foundry

@@ -1,0 +1,83 @@
+// Strict reading of JSON config objects: wrong types, out-of-range values and unknown keys
+// are errors that name the full key (e.g. "model.d_model").
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+
+namespace foundry {
+
+using json = nlohmann::json;
+
+class ConfigReader {
+ public:
+  // `where` names the file for messages; `prefix` is the key path of `obj` ("" or "model.").
+  ConfigReader(const json& obj, std::string where, std::string prefix = "");
+
+  // Reads `key` into `out` if present; leaves the default otherwise.
+  template <typename T>
+  void get(const std::string& key, T& out) {
+    seen_.insert(key);
+    auto it = obj_.find(key);
+    if (it == obj_.end()) return;
+    try {
+      out = it->template get<T>();
+    } catch (const std::exception&) {
+      type_error(key, *it, type_name<T>());
+    }
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (!it->is_number_integer() && !it->is_number_unsigned())
+        type_error(key, *it, type_name<T>());
+    }
+  }
+
+  // Like get(), then checks lo <= value <= hi.
+  template <typename T>
+  void get(const std::string& key, T& out, T lo, T hi) {
+    get(key, out);
+    if (out < lo || out > hi)
+      fail(fmt::format("{}: '{}{}' = {} is out of range [{}, {}]", where_, prefix_, key, out, lo,
+                       hi),
+           "fix the value in the config or with --set");
+  }
+
+  // One of a fixed set of strings.
+  void get_choice(const std::string& key, std::string& out, const std::vector<std::string>& allowed);
+
+  // Marks a nested object key as known and returns it (or an empty object).
+  const json& child(const std::string& key);
+
+  // Fails on any key that was never asked for.
+  void finish() const;
+
+  const std::string& where() const { return where_; }
+
+ private:
+  template <typename T>
+  static const char* type_name() {
+    if constexpr (std::is_same_v<T, bool>) return "a boolean";
+    else if constexpr (std::is_integral_v<T>) return "an integer";
+    else if constexpr (std::is_floating_point_v<T>) return "a number";
+    else if constexpr (std::is_same_v<T, std::string>) return "a string";
+    else return "a value of the right type";
+  }
+  [[noreturn]] void type_error(const std::string& key, const json& value, const char* expected) const;
+
+  const json& obj_;
+  std::string where_, prefix_;
+  std::set<std::string> seen_;
+};
+
+// Loads a JSON file; a parse error names the file, line and column.
+json load_json_file(const std::string& path);
+
+// Applies "a.b.c=value" to a JSON object. The value is parsed as JSON when it parses
+// (numbers, true/false, quoted strings, arrays); otherwise it is taken as a plain string.
+// The key must already exist unless `allow_new` is set, so typos are caught here.
+void apply_override(json& root, const std::string& assignment, bool allow_new = false);
+
+}  // namespace foundry

@@ -1,0 +1,46 @@
+// Checked file I/O: every failure names the path and the system error.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace foundry {
+
+std::string read_text_file(const std::string& path);
+std::vector<uint8_t> read_binary_file(const std::string& path);
+
+// Writes the whole file durably and atomically: data goes to "<path>.tmp.<pid>", is fsynced,
+// renamed over `path`, and the directory is fsynced. Readers see the old file or the new one.
+void write_file_atomic(const std::string& path, const void* data, size_t bytes);
+inline void write_file_atomic(const std::string& path, std::string_view text) {
+  write_file_atomic(path, text.data(), text.size());
+}
+
+void fsync_path(const std::string& path);  // fsync a file or directory
+bool path_exists(const std::string& path);
+void make_dirs(const std::string& path);   // mkdir -p
+void remove_all(const std::string& path);  // rm -rf (no error if absent)
+
+// A read-only memory map of a whole file. Empty files map to {nullptr, 0}.
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace foundry

@@ -1,0 +1,50 @@
+// Matrix multiplication through oneDNN, with primitives created once per shape and cached.
+//
+// A matrix operand is a view: its logical dims (batch dims..., rows, cols) and element
+// strides for each dim. Transposition is a swap of the last two strides; batch dims of
+// size 1 broadcast (as oneDNN matmul allows, for B only). A and B share a dtype (fp32 or
+// bf16); C is always fp32 and accumulation is fp32.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "base/bf16.h"
+
+namespace foundry {
+
+enum class DType { f32, bf16 };
+
+struct MatView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  std::vector<int64_t> dims;     // [..., rows, cols]
+  std::vector<int64_t> strides;  // elements, one per dim
+
+  // A plain row-major rows × cols matrix (leading dimension ld, default cols).
+  static MatView rows_major(const void* data, DType dtype, int64_t rows, int64_t cols,
+                            int64_t ld = 0);
+  // The transpose of a row-major (cols × rows) matrix, seen as rows × cols.
+  static MatView transposed(const void* data, DType dtype, int64_t rows, int64_t cols,
+                            int64_t ld = 0);
+};
+
+struct OutView {
+  float* data = nullptr;
+  std::vector<int64_t> dims;
+  std::vector<int64_t> strides;
+  static OutView rows_major(float* data, int64_t rows, int64_t cols, int64_t ld = 0);
+};
+
+// C = A · B, or C += A · B when `accumulate`. Shapes: A [..., M, K], B [..., K, N], C [..., M, N].
+void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate = false);
+
+// Convenience for the common 2-D case with row-major storage:
+//   C(M,N) (+)= op(A) op(B), op = transpose when the flag is set.
+// `a` is stored M×K (or K×M when trans_a); `b` is stored K×N (or N×K when trans_b).
+void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t k, DType dtype, bool accumulate = false);
+
+// Number of cached oneDNN primitives (for tests and diagnostics).
+size_t matmul_cache_size();
+
+}  // namespace foundry

@@ -1,0 +1,46 @@
+// The parameter table: every trainable tensor's name, shape and offset into one contiguous
+// slab. Gradients and optimizer moments are slabs with the same layout. The table is the
+// single source of truth for initialization, parameter counts, weight-decay groups,
+// checkpoint contents and tensor names (Hugging Face Mixtral names).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/config.h"
+
+namespace foundry {
+
+enum class ParamKind { embedding, norm, attention, router, expert };
+
+struct ParamInfo {
+  std::string name;            // e.g. "model.layers.0.block_sparse_moe.experts.3.w1.weight"
+  std::vector<int64_t> shape;  // row-major
+  int64_t offset = 0;          // elements into the slab (aligned to 16 elements)
+  int64_t numel = 0;
+  ParamKind kind = ParamKind::attention;
+  int layer = -1;              // -1 for model-wide tensors
+  int expert = -1;             // expert index for ParamKind::expert
+  bool weight_decay = true;    // false for norms, biases and embeddings
+};
+
+class ParamTable {
+ public:
+  explicit ParamTable(const ModelConfig& config);
+
+  const std::vector<ParamInfo>& params() const { return params_; }
+  const ParamInfo& get(const std::string& name) const;  // fails on an unknown name
+  const ParamInfo* find(const std::string& name) const;
+  int64_t total_elements() const { return total_; }      // slab size incl. alignment padding
+  int64_t parameter_count() const;                       // sum of numel
+
+ private:
+  void add(std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
+           int expert = -1);
+  std::vector<ParamInfo> params_;
+  std::unordered_map<std::string, size_t> index_;
+  int64_t total_ = 0;
+};
+
+}  // namespace foundry
