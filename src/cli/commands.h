@@ -1,0 +1,12 @@
+// Each subcommand group registers itself on the root CLI::App. Callbacks throw
+// foundry::Error on failure; main() prints it and exits non-zero.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace foundry::cli {
+
+void register_data_commands(CLI::App& app);   // data prepare          (cli/data_cmd.cpp)
+void register_model_commands(CLI::App& app);  // model info            (cli/model_cmd.cpp)
+void register_train_commands(CLI::App& app);  // train, eval, generate (cli/train_cmd.cpp)
+
+}  // namespace foundry::cli

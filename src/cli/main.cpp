@@ -1,0 +1,28 @@
+// foundry: pretraining mixture-of-experts language models on the hardware at hand.
+#include <cstdio>
+#include <exception>
+
+#include "base/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"foundry: train mixture-of-experts language models on CPU clusters"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  foundry::cli::register_data_commands(app);
+  foundry::cli::register_model_commands(app);
+  foundry::cli::register_train_commands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const foundry::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    if (!e.hint().empty()) std::fprintf(stderr, "hint: %s\n", e.hint().c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,57 @@
+#include "train/run_config.h"
+
+namespace foundry {
+
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
+  json root = load_json_file(path);
+  if (!root.is_object())
+    fail(fmt::format("{}: the config must be a JSON object with \"model\" and \"train\" sections",
+                     path));
+  for (const auto& o : overrides) apply_override(root, o);
+  return parse_run_config(root, path);
+}
+
+RunConfig parse_run_config(const json& root, const std::string& where) {
+  RunConfig rc;
+  ConfigReader top(root, where);
+  rc.model = parse_model_config(top.child("model"), where);
+
+  TrainConfig& t = rc.train;
+  ConfigReader r(top.child("train"), where, "train.");
+  r.get("steps", t.steps, int64_t{0}, int64_t{1} << 40);
+  r.get("batch_size", t.batch_size, int64_t{1}, int64_t{1} << 20);
+  r.get("seq_len", t.seq_len, int64_t{1}, int64_t{1} << 22);
+  r.get("lr", t.lr, 0.0, 10.0);
+  r.get("min_lr_ratio", t.min_lr_ratio, 0.0, 1.0);
+  r.get("warmup_steps", t.warmup_steps, int64_t{0}, int64_t{1} << 40);
+  r.get_choice("schedule", t.schedule, {"cosine", "wsd", "constant"});
+  r.get("decay_fraction", t.decay_fraction, 0.0, 1.0);
+  r.get("weight_decay", t.weight_decay, 0.0, 10.0);
+  r.get("beta1", t.beta1, 0.0, 0.999999);
+  r.get("beta2", t.beta2, 0.0, 0.999999999);
+  r.get("eps", t.eps, 0.0, 1.0);
+  r.get("grad_clip", t.grad_clip, 0.0, 1e9);
+  r.get_choice("precision", t.precision, {"fp32", "bf16"});
+  r.get("seed", t.seed);
+  r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);
+  r.get("eval_every", t.eval_every, int64_t{0}, int64_t{1} << 40);
+  r.get("eval_batches", t.eval_batches, int64_t{1}, int64_t{1} << 20);
+  r.get("checkpoint_every", t.checkpoint_every, int64_t{0}, int64_t{1} << 40);
+  r.get("keep_checkpoints", t.keep_checkpoints, int64_t{0}, int64_t{1} << 20);
+  r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
+  r.get("run_dir", t.run_dir);
+  r.finish();
+  if (t.seq_len > rc.model.max_seq_len)
+    fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,
+                     rc.model.max_seq_len),
+         "raise model.max_seq_len or lower train.seq_len");
+
+  ConfigReader d(top.child("data"), where, "data.");
+  d.get("dir", rc.data.dir);
+  d.finish();
+  top.finish();
+  rc.source = root;
+  return rc;
+}
+
+}  // namespace foundry

@@ -1,0 +1,53 @@
+// The run configuration file: {"model": {...}, "train": {...}, "data": {...}}.
+// Loaded strictly (unknown keys and bad values are errors naming the key); command-line
+// "--set section.key=value" overrides are applied to the JSON before validation.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "base/config_reader.h"
+#include "model/config.h"
+
+namespace foundry {
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t batch_size = 8;       // sequences per step
+  int64_t seq_len = 256;
+  double lr = 3e-4;             // peak learning rate
+  double min_lr_ratio = 0.1;    // final lr = lr * min_lr_ratio
+  int64_t warmup_steps = 100;
+  std::string schedule = "cosine";  // "cosine" | "wsd" | "constant"
+  double decay_fraction = 0.2;  // wsd: share of steps spent decaying at the end
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;       // global gradient-norm clip (0 = off)
+  std::string precision = "bf16";  // GEMM input type: "fp32" | "bf16"
+  uint64_t seed = 1234;
+  int64_t log_every = 10;
+  int64_t eval_every = 100;     // 0 = only at the end
+  int64_t eval_batches = 8;
+  int64_t checkpoint_every = 500;  // 0 = only at the end
+  int64_t keep_checkpoints = 3;    // newest N kept (0 = keep all)
+  double peak_gflops = 0;       // MFU denominator; 0 = measure the GEMM peak at start
+  std::string run_dir = "runs/default";
+};
+
+struct DataConfig {
+  std::string dir;              // output of `foundry data prepare` ("" with --synthetic-data)
+};
+
+struct RunConfig {
+  ModelConfig model;
+  TrainConfig train;
+  DataConfig data;
+  json source;                  // the effective JSON (after overrides), saved with checkpoints
+};
+
+// Reads `path`, applies overrides ("train.lr=1e-3"), validates.
+RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+RunConfig parse_run_config(const json& root, const std::string& where);
+
+}  // namespace foundry
