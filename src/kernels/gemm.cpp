@@ -1,0 +1,130 @@
+#include "kernels/gemm.h"
+
+#include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <unordered_map>
+
+#include "base/error.h"
+
+namespace foundry {
+namespace {
+
+dnnl::memory::data_type to_dnnl(DType t) {
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::mutex mutex;
+  std::unordered_map<std::string, std::pair<dnnl::matmul, dnnl::matmul::primitive_desc>> cache;
+};
+
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+void append_key(std::string& key, const std::vector<int64_t>& v) {
+  for (int64_t x : v) {
+    key += std::to_string(x);
+    key += ',';
+  }
+  key += '|';
+}
+
+void check_view(const char* what, const std::vector<int64_t>& dims,
+                const std::vector<int64_t>& strides) {
+  if (dims.size() < 2 || dims.size() != strides.size())
+    fail(fmt::format("matmul: operand {} needs ≥ 2 dims with one stride each", what));
+}
+
+}  // namespace
+
+MatView MatView::rows_major(const void* data, DType dtype, int64_t rows, int64_t cols,
+                            int64_t ld) {
+  return MatView{data, dtype, {rows, cols}, {ld ? ld : cols, 1}};
+}
+
+MatView MatView::transposed(const void* data, DType dtype, int64_t rows, int64_t cols,
+                            int64_t ld) {
+  // Stored as cols × rows row-major with leading dimension ld (default rows).
+  return MatView{data, dtype, {rows, cols}, {1, ld ? ld : rows}};
+}
+
+OutView OutView::rows_major(float* data, int64_t rows, int64_t cols, int64_t ld) {
+  return OutView{data, {rows, cols}, {ld ? ld : cols, 1}};
+}
+
+void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
+  check_view("A", a.dims, a.strides);
+  check_view("B", b.dims, b.strides);
+  check_view("C", c.dims, c.strides);
+  FOUNDRY_CHECK(a.dtype == b.dtype);
+  FOUNDRY_CHECK(a.dims.size() == b.dims.size() && a.dims.size() == c.dims.size());
+  const size_t r = a.dims.size();
+  FOUNDRY_CHECK(a.dims[r - 1] == b.dims[r - 2]);
+  FOUNDRY_CHECK(c.dims[r - 2] == a.dims[r - 2] && c.dims[r - 1] == b.dims[r - 1]);
+  for (size_t i = 0; i < r; ++i)
+    if (a.dims[i] == 0 || b.dims[i] == 0) return;  // empty product: nothing to do
+  if (a.dims[r - 1] == 0) return;
+
+  std::string key;
+  key.reserve(128);
+  key += a.dtype == DType::bf16 ? 'h' : 'f';
+  key += accumulate ? 'a' : 'w';
+  append_key(key, a.dims);
+  append_key(key, a.strides);
+  append_key(key, b.dims);
+  append_key(key, b.strides);
+  append_key(key, c.dims);
+  append_key(key, c.strides);
+
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto it = e.cache.find(key);
+  if (it == e.cache.end()) {
+    using md = dnnl::memory::desc;
+    md a_md(dnnl::memory::dims(a.dims.begin(), a.dims.end()), to_dnnl(a.dtype),
+            dnnl::memory::dims(a.strides.begin(), a.strides.end()));
+    md b_md(dnnl::memory::dims(b.dims.begin(), b.dims.end()), to_dnnl(b.dtype),
+            dnnl::memory::dims(b.strides.begin(), b.strides.end()));
+    md c_md(dnnl::memory::dims(c.dims.begin(), c.dims.end()), dnnl::memory::data_type::f32,
+            dnnl::memory::dims(c.strides.begin(), c.strides.end()));
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, e.engine);
+      it = e.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd)).first;
+    } catch (const dnnl::error& err) {
+      fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
+    }
+  }
+  const auto& pd = it->second.second;
+  dnnl::memory a_mem(pd.src_desc(), e.engine, const_cast<void*>(a.data));
+  dnnl::memory b_mem(pd.weights_desc(), e.engine, const_cast<void*>(b.data));
+  dnnl::memory c_mem(pd.dst_desc(), e.engine, c.data);
+  it->second.first.execute(e.stream,
+                           {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
+  e.stream.wait();
+}
+
+void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t k, DType dtype, bool accumulate) {
+  MatView av = trans_a ? MatView::transposed(a, dtype, m, k) : MatView::rows_major(a, dtype, m, k);
+  MatView bv = trans_b ? MatView::transposed(b, dtype, k, n) : MatView::rows_major(b, dtype, k, n);
+  matmul(av, bv, OutView::rows_major(c, m, n), accumulate);
+}
+
+size_t matmul_cache_size() {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  return e.cache.size();
+}
+
+}  // namespace foundry

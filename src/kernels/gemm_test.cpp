@@ -1,0 +1,99 @@
+#include "kernels/gemm.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "base/rng.h"
+
+namespace foundry {
+namespace {
+
+std::vector<float> random_vec(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+// C = op(A) op(B) in double, A stored m×k (k×m if ta), B stored k×n (n×k if tb).
+std::vector<double> reference(const std::vector<float>& a, bool ta, const std::vector<float>& b,
+                              bool tb, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> c(m * n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < k; ++p) {
+        double av = ta ? a[p * m + i] : a[i * k + p];
+        double bv = tb ? b[j * k + p] : b[p * n + j];
+        s += av * bv;
+      }
+      c[i * n + j] = s;
+    }
+  return c;
+}
+
+class GemmTest : public ::testing::TestWithParam<std::tuple<bool, bool, bool>> {};
+
+TEST_P(GemmTest, MatchesReferenceWithTransposesAndAccumulate) {
+  auto [ta, tb, use_bf16] = GetParam();
+  const int64_t m = 37, n = 29, k = 53;
+  auto a = random_vec(m * k, 1), b = random_vec(k * n, 2);
+  auto ref = reference(a, ta, b, tb, m, n, k);
+  std::vector<float> c(m * n, 1.0f);
+  DType dt = use_bf16 ? DType::bf16 : DType::f32;
+  std::vector<bf16> ah(a.size()), bh(b.size());
+  const void* ap = a.data();
+  const void* bp = b.data();
+  if (use_bf16) {
+    convert_to_bf16(a.data(), ah.data(), a.size());
+    convert_to_bf16(b.data(), bh.data(), b.size());
+    ap = ah.data();
+    bp = bh.data();
+  }
+  gemm(ap, ta, bp, tb, c.data(), m, n, k, dt, /*accumulate=*/true);
+  // bf16 inputs carry 8 mantissa bits: relative input error 2^-9, so |error| ≲ sqrt(k)·2^-8.
+  const double tol = use_bf16 ? 0.1 : 1e-4;
+  for (int64_t i = 0; i < m * n; ++i) ASSERT_NEAR(c[i], ref[i] + 1.0, tol) << "at " << i;
+  gemm(ap, ta, bp, tb, c.data(), m, n, k, dt, /*accumulate=*/false);
+  for (int64_t i = 0; i < m * n; ++i) ASSERT_NEAR(c[i], ref[i], tol) << "at " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllLayouts, GemmTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Bool(),
+                                            ::testing::Bool()));
+
+TEST(Gemm, BatchedBroadcastView) {
+  // A [2, 3, M, K] times B [2, 1, K, N] broadcast over the second batch dim.
+  const int64_t m = 5, n = 4, k = 6;
+  auto a = random_vec(2 * 3 * m * k, 3), b = random_vec(2 * k * n, 4);
+  std::vector<float> c(2 * 3 * m * n);
+  MatView av{a.data(), DType::f32, {2, 3, m, k}, {3 * m * k, m * k, k, 1}};
+  MatView bv{b.data(), DType::f32, {2, 1, k, n}, {k * n, k * n, n, 1}};
+  OutView cv{c.data(), {2, 3, m, n}, {3 * m * n, m * n, n, 1}};
+  matmul(av, bv, cv);
+  for (int x = 0; x < 2; ++x)
+    for (int y = 0; y < 3; ++y)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < k; ++p)
+            s += double(a[((x * 3 + y) * m + i) * k + p]) * b[(x * k + p) * n + j];
+          ASSERT_NEAR(c[((x * 3 + y) * m + i) * n + j], s, 1e-4);
+        }
+}
+
+TEST(Gemm, PrimitivesAreCachedPerShape) {
+  auto a = random_vec(8 * 8, 5);
+  std::vector<float> c(64);
+  gemm(a.data(), false, a.data(), false, c.data(), 8, 8, 8, DType::f32);
+  size_t before = matmul_cache_size();
+  gemm(a.data(), false, a.data(), false, c.data(), 8, 8, 8, DType::f32);
+  EXPECT_EQ(matmul_cache_size(), before);
+  gemm(a.data(), false, a.data(), true, c.data(), 8, 8, 8, DType::f32);
+  EXPECT_EQ(matmul_cache_size(), before + 1);
+}
+
+}  // namespace
+}  // namespace foundry
