@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs Foundry's build dependencies from Debian (only what is missing) and builds it.
+# Usage: scripts/setup.sh [build-dir] [extra cmake args...]
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="${1:-$root/build}"
+shift || true
+
+packages=(build-essential cmake pkg-config libdnnl-dev libopenmpi-dev openmpi-bin
+          libsentencepiece-dev nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
+          libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+echo "setup: building in $build" >&2
+if ! cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1; then
+  grep -E 'error|Error' "$build/build.log" | head -40 >&2
+  echo "setup: build failed (full log: $build/build.log)" >&2
+  exit 1
+fi

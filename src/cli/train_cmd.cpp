@@ -1,0 +1,216 @@
+// foundry train | eval | generate
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/rng.h"
+#include "ckpt/checkpoint.h"
+#include "cli/commands.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "model/model.h"
+#include "train/run_config.h"
+#include "train/trainer.h"
+
+namespace foundry::cli {
+namespace {
+
+struct ConfigArgs {
+  std::string config_path;
+  std::vector<std::string> overrides;
+};
+
+void add_config_options(CLI::App* cmd, ConfigArgs& args) {
+  cmd->add_option("--config,-c", args.config_path, "Run config (JSON)")->required();
+  cmd->add_option("--set", args.overrides, "Override a config value: section.key=value")
+      ->take_all();
+}
+
+// The checkpoint to read: an explicit directory, or the latest valid one of the run.
+std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig& rc) {
+  if (!explicit_dir.empty()) {
+    verify_checkpoint(explicit_dir);
+    return explicit_dir;
+  }
+  auto latest = find_latest_checkpoint(rc.train.run_dir);
+  if (!latest)
+    fail(fmt::format("no valid checkpoint in '{}/checkpoints'", rc.train.run_dir),
+         "train first, or pass --checkpoint DIR");
+  return *latest;
+}
+
+std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
+                                  DType precision) {
+  auto model = std::make_unique<Model>(rc.model, precision);
+  load_checkpoint(ckpt_dir, rc.model, model->table(), model->params(), {});
+  model->sync_weights();
+  return model;
+}
+
+DType precision_of(const RunConfig& rc) {
+  return rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
+}
+
+// Samples a token from logits [v] with temperature, top-k and top-p (nucleus) filtering.
+int32_t sample_token(const float* logits, int64_t v, double temperature, int64_t top_k,
+                     double top_p, Rng& rng) {
+  if (temperature <= 0) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < v; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return static_cast<int32_t>(best);
+  }
+  std::vector<std::pair<double, int32_t>> cand;
+  cand.reserve(v);
+  double max_logit = -INFINITY;
+  for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
+  for (int64_t i = 0; i < v; ++i)
+    if (std::isfinite(logits[i]))
+      cand.emplace_back(std::exp((logits[i] - max_logit) / temperature), static_cast<int32_t>(i));
+  std::sort(cand.begin(), cand.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  if (top_k > 0 && static_cast<int64_t>(cand.size()) > top_k) cand.resize(top_k);
+  double total = 0;
+  for (const auto& c : cand) total += c.first;
+  if (top_p < 1.0) {
+    double cum = 0;
+    size_t keep = 0;
+    while (keep < cand.size()) {
+      cum += cand[keep].first / total;
+      ++keep;
+      if (cum >= top_p) break;
+    }
+    cand.resize(keep);
+    total = 0;
+    for (const auto& c : cand) total += c.first;
+  }
+  double r = rng.uniform() * total;
+  for (const auto& c : cand) {
+    r -= c.first;
+    if (r <= 0) return c.second;
+  }
+  return cand.back().second;
+}
+
+}  // namespace
+
+void register_train_commands(CLI::App& app) {
+  // ---- train ----
+  {
+    auto* cmd = app.add_subcommand("train", "Train a model from a run config");
+    auto args = std::make_shared<ConfigArgs>();
+    auto opts = std::make_shared<TrainOptions>();
+    add_config_options(cmd, *args);
+    cmd->add_option("--steps", opts->steps, "Override train.steps");
+    cmd->add_option("--stop-at-step", opts->stop_at_step,
+                    "Checkpoint and stop after this step (the schedule still targets train.steps)");
+    cmd->add_flag("--resume", opts->resume, "Continue from the latest valid checkpoint");
+    cmd->add_flag("--synthetic-data", opts->synthetic_data,
+                  "Train on uniformly random tokens (no dataset; for benchmarking)");
+    cmd->add_flag("--op-breakdown", opts->op_breakdown,
+                  "Time every operation and print a per-operation table at the end");
+    cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
+    cmd->callback([args, opts] {
+      RunConfig rc = load_run_config(args->config_path, args->overrides);
+      TrainSummary s = train(rc, *opts);
+      std::printf("trained steps %lld..%lld | final train loss %.4f", 
+                  static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
+                  s.last_train_loss);
+      if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
+      if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
+      std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s\n", s.tokens_per_s, 100 * s.mfu,
+                  s.peak_gflops);
+    });
+  }
+  // ---- eval ----
+  {
+    auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
+    auto args = std::make_shared<ConfigArgs>();
+    auto ckpt = std::make_shared<std::string>();
+    auto batches = std::make_shared<int64_t>(0);
+    add_config_options(cmd, *args);
+    cmd->add_option("--checkpoint", *ckpt, "Checkpoint directory (default: latest of the run)");
+    cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)");
+    cmd->callback([args, ckpt, batches] {
+      RunConfig rc = load_run_config(args->config_path, args->overrides);
+      if (rc.data.dir.empty()) fail("data.dir is empty: eval needs a prepared dataset");
+      const std::string dir = resolve_checkpoint(*ckpt, rc);
+      auto model = load_model(rc, dir, precision_of(rc));
+      Dataset val(rc.data.dir, "val");
+      const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
+      BatchLoader loader(val, B, T, rc.train.seed);
+      std::vector<int32_t> in(B * T), tg(B * T);
+      const int64_t n = *batches > 0 ? *batches : rc.train.eval_batches;
+      double sum = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        loader.next(in.data(), tg.data());
+        sum += model->forward(in.data(), tg.data(), B, T).ce_loss;
+      }
+      const double loss = sum / n;
+      std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
+                  loss, std::exp(loss), static_cast<long long>(n * B * T));
+    });
+  }
+  // ---- generate ----
+  {
+    auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained model");
+    struct GenArgs {
+      ConfigArgs config;
+      std::string checkpoint, prompt, tokenizer;
+      int64_t max_new_tokens = 64, top_k = 0;
+      double temperature = 0.8, top_p = 0.95;
+      uint64_t seed = 0;
+    };
+    auto g = std::make_shared<GenArgs>();
+    add_config_options(cmd, g->config);
+    cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
+    cmd->add_option("--prompt,-p", g->prompt, "Prompt text")->required();
+    cmd->add_option("--tokenizer", g->tokenizer,
+                    "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
+    cmd->add_option("--max-new-tokens,-n", g->max_new_tokens, "Tokens to generate")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    cmd->add_option("--temperature", g->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
+    cmd->add_option("--top-k", g->top_k, "Keep the k most likely tokens (0 = all)")
+        ->check(CLI::NonNegativeNumber);
+    cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+    cmd->add_option("--seed", g->seed, "Sampling seed (same seed, same text)");
+    cmd->callback([g] {
+      RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
+      std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
+      Tokenizer tok(tok_path);
+      const std::string dir = resolve_checkpoint(g->checkpoint, rc);
+      auto model = load_model(rc, dir, precision_of(rc));
+      std::vector<int32_t> ids = tok.encode(g->prompt);
+      ids.insert(ids.begin(), tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id());
+      const int64_t max_len = std::min<int64_t>(rc.model.max_seq_len,
+                                                static_cast<int64_t>(ids.size()) + g->max_new_tokens);
+      if (static_cast<int64_t>(ids.size()) >= max_len)
+        fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
+                         rc.model.max_seq_len),
+             "shorten the prompt");
+      auto state = model->new_decode_state(max_len);
+      const float* logits = nullptr;
+      for (int32_t id : ids) logits = model->decode_step(state, id);
+      Rng rng(g->seed);
+      std::vector<int32_t> generated;
+      while (static_cast<int64_t>(ids.size() + generated.size()) < max_len) {
+        int32_t next = sample_token(logits, rc.model.vocab_size, g->temperature, g->top_k,
+                                    g->top_p, rng);
+        if (next == tok.eos_id()) break;
+        generated.push_back(next);
+        if (static_cast<int64_t>(ids.size() + generated.size()) >= max_len) break;
+        logits = model->decode_step(state, next);
+      }
+      // Decode prompt and continuation together so word boundaries come out right.
+      std::vector<int32_t> text(ids.begin() + 1, ids.end());
+      text.insert(text.end(), generated.begin(), generated.end());
+      std::printf("%s\n", tok.decode(text).c_str());
+    });
+  }
+}
+
+}  // namespace foundry::cli

@@ -1,0 +1,150 @@
+// Whole-model checks: analytic gradients against finite differences of the loss, and
+// incremental decoding against the full forward pass.
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "base/rng.h"
+
+namespace foundry {
+namespace {
+
+ModelConfig tiny_config(int64_t experts, int64_t top_k) {
+  ModelConfig c;
+  c.vocab_size = 50;  // padded to 128: the padded rows must get no gradient
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.n_experts = experts;
+  c.top_k = top_k;
+  c.ffn_dim = 24;
+  c.max_seq_len = 8;
+  c.init_std = 0.2;  // large enough that every path carries gradient
+  c.aux_loss_coef = experts > 1 ? 0.1 : 0.0;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+};
+
+Batch random_batch(const ModelConfig& c, int64_t b, int64_t t, uint64_t seed) {
+  Rng rng(seed);
+  Batch batch;
+  for (int64_t i = 0; i < b * t; ++i) {
+    batch.inputs.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+    batch.targets.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+  }
+  return batch;
+}
+
+// For each tensor, compares the directional derivative g·d along a random direction d
+// restricted to that tensor with the central difference (L(p+εd) − L(p−εd)) / 2ε.
+// Losses are summed in double, so fp32 rounding limits the agreement to ~1e-3.
+void check_gradients(const ModelConfig& c) {
+  Model model(c, DType::f32);
+  model.init_weights(7);
+  const int64_t B = 2, T = 6;
+  Batch batch = random_batch(c, B, T, 11);
+  model.zero_grads();
+  model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+  model.backward();
+  std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
+
+  const ParamInfo& embed = model.table().get("model.embed_tokens.weight");
+  for (int64_t i = c.vocab_size * c.d_model; i < embed.numel; ++i)
+    ASSERT_EQ(grads[embed.offset + i], 0.0f) << "padded vocabulary row got a gradient";
+
+  Rng rng(99);
+  for (const auto& p : model.table().params()) {
+    std::vector<float> dir(p.numel);
+    double analytic = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      dir[i] = static_cast<float>(rng.normal());
+      analytic += static_cast<double>(dir[i]) * grads[p.offset + i];
+    }
+    float* w = model.params() + p.offset;
+    std::vector<float> saved(w, w + p.numel);
+    const double eps = 1e-2 / std::sqrt(static_cast<double>(p.numel));
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + static_cast<float>(eps) * dir[i];
+    double plus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] - static_cast<float>(eps) * dir[i];
+    double minus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
+    std::copy(saved.begin(), saved.end(), w);
+    const double numeric = (plus - minus) / (2 * eps);
+    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
+        << p.name << ": analytic " << analytic << " numeric " << numeric;
+  }
+}
+
+TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(tiny_config(1, 1)); }
+TEST(ModelGradient, MoeTop2MatchesFiniteDifferences) { check_gradients(tiny_config(4, 2)); }
+TEST(ModelGradient, MoeTop1MatchesFiniteDifferences) { check_gradients(tiny_config(4, 1)); }
+
+TEST(ModelGradient, MoeWithoutRenormalizationMatchesFiniteDifferences) {
+  ModelConfig c = tiny_config(4, 2);
+  c.norm_topk_prob = false;
+  check_gradients(c);
+}
+
+TEST(Model, IncrementalDecodingMatchesFullForward) {
+  ModelConfig c = tiny_config(4, 2);
+  Model model(c, DType::f32);
+  model.init_weights(3);
+  const int64_t T = 7;
+  Batch batch = random_batch(c, 1, T, 5);
+  model.forward(batch.inputs.data(), nullptr, 1, T);
+  std::vector<float> full(model.logits(), model.logits() + T * c.padded_vocab());
+  auto state = model.new_decode_state(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* step = model.decode_step(state, batch.inputs[t]);
+    for (int64_t v = 0; v < c.vocab_size; ++v)
+      ASSERT_NEAR(step[v], full[t * c.padded_vocab() + v], 1e-4) << "position " << t;
+    for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v) ASSERT_TRUE(std::isinf(step[v]));
+  }
+}
+
+TEST(Model, SameSeedSameLossBitwise) {
+  ModelConfig c = tiny_config(4, 2);
+  Batch batch = random_batch(c, 2, 6, 1);
+  double losses[2];
+  for (double& loss : losses) {
+    Model model(c, DType::bf16);
+    model.init_weights(42);
+    loss = model.forward(batch.inputs.data(), batch.targets.data(), 2, 6).loss;
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+}
+
+TEST(Model, RejectsTokenOutsideVocabulary) {
+  ModelConfig c = tiny_config(1, 1);
+  Model model(c, DType::f32);
+  std::vector<int32_t> inputs(6, 1), targets(6, 1);
+  inputs[3] = 50;
+  EXPECT_THROW(model.forward(inputs.data(), targets.data(), 1, 6), Error);
+}
+
+TEST(ParamTable, MixtralNamesAndCounts) {
+  ModelConfig c = tiny_config(4, 2);
+  ParamTable table(c);
+  const ParamInfo& w1 = table.get("model.layers.1.block_sparse_moe.experts.3.w1.weight");
+  const ParamInfo& w3 = table.get("model.layers.1.block_sparse_moe.experts.3.w3.weight");
+  EXPECT_EQ(w1.shape, (std::vector<int64_t>{24, 16}));
+  EXPECT_EQ(w3.offset, w1.offset + w1.numel) << "gate and up must be adjacent for the fused GEMM";
+  EXPECT_FALSE(table.get("model.norm.weight").weight_decay);
+  EXPECT_FALSE(table.get("model.embed_tokens.weight").weight_decay);
+  EXPECT_TRUE(table.get("model.layers.0.self_attn.q_proj.weight").weight_decay);
+  // embed 128·16 + per layer (2 norms 32, q 256, k 128, v 128, o 256, router 64,
+  // experts 4·3·384) + final norm 16.
+  const int64_t per_layer = 32 + 256 + 128 + 128 + 256 + 64 + 4 * 3 * 384;
+  EXPECT_EQ(table.parameter_count(), 128 * 16 + 2 * per_layer + 16);
+  EXPECT_EQ(ParamTable(tiny_config(1, 1)).find("model.layers.0.mlp.gate_proj.weight")->numel,
+            24 * 16);
+}
+
+}  // namespace
+}  // namespace foundry

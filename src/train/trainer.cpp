@@ -1,0 +1,310 @@
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/progress.h"
+#include "base/rng.h"
+#include "base/timer.h"
+#include "ckpt/checkpoint.h"
+#include "data/dataset.h"
+#include "kernels/gemm.h"
+#include "model/info.h"
+#include "model/model.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+
+namespace foundry {
+namespace {
+
+std::atomic<int> g_stop_signal{0};
+
+void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// Installs SIGINT/SIGTERM handlers for the lifetime of the training loop.
+class StopSignals {
+ public:
+  StopSignals() {
+    g_stop_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  int received() const { return g_stop_signal.load(); }
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+// Batches of uniformly random tokens, a pure function of (seed, step): no cursor needed.
+void synthetic_batch(int32_t* inputs, int32_t* targets, int64_t n, int64_t vocab, uint64_t seed,
+                     int64_t step) {
+  uint64_t key = seed ^ (0x5851f42d4c957f2dULL * static_cast<uint64_t>(step + 1));
+  Rng rng(Rng::splitmix64(key));
+  for (int64_t i = 0; i < n; ++i) {
+    inputs[i] = static_cast<int32_t>(rng.below(vocab));
+    targets[i] = static_cast<int32_t>(rng.below(vocab));
+  }
+}
+
+// Keeps only metrics lines of steps ≤ last_step (so a resumed run's file has no duplicates).
+void truncate_metrics(const std::string& path, int64_t last_step) {
+  if (!path_exists(path)) return;
+  std::istringstream in(read_text_file(path));
+  std::string line, kept;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      json j = json::parse(line);
+      if (j.value("step", int64_t{0}) > last_step) continue;
+    } catch (const json::parse_error&) {
+      continue;  // a torn last line from a crash
+    }
+    kept += line + "\n";
+  }
+  write_file_atomic(path, kept);
+}
+
+std::string format_count(double v) {
+  if (v >= 1e9) return fmt::format("{:.2f}B", v / 1e9);
+  if (v >= 1e6) return fmt::format("{:.2f}M", v / 1e6);
+  if (v >= 1e3) return fmt::format("{:.1f}k", v / 1e3);
+  return fmt::format("{:.0f}", v);
+}
+
+}  // namespace
+
+double measure_gemm_peak_gflops(bool bf16) {
+  const int64_t n = 1024;
+  std::vector<float> a(n * n, 0.5f), c(n * n);
+  std::vector<bf16> ah(n * n);
+  convert_to_bf16(a.data(), ah.data(), n * n);
+  const void* ap = bf16 ? static_cast<const void*>(ah.data()) : a.data();
+  const DType dt = bf16 ? DType::bf16 : DType::f32;
+  gemm(ap, false, ap, true, c.data(), n, n, n, dt);  // warm-up and primitive creation
+  double best = 1e30;
+  for (int rep = 0; rep < 5; ++rep) {
+    double t0 = now_seconds();
+    gemm(ap, false, ap, true, c.data(), n, n, n, dt);
+    best = std::min(best, now_seconds() - t0);
+  }
+  return 2.0 * n * n * n / best / 1e9;
+}
+
+TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
+  const ModelConfig& mc = rc.model;
+  const TrainConfig& tc = rc.train;
+  TrainConfig schedule_cfg = tc;
+  if (opt.steps >= 0) schedule_cfg.steps = opt.steps;
+  const int64_t total_steps = schedule_cfg.steps;
+  const int64_t B = tc.batch_size, T = tc.seq_len, N = B * T;
+  const DType precision = tc.precision == "bf16" ? DType::bf16 : DType::f32;
+
+  if (!opt.synthetic_data && rc.data.dir.empty())
+    fail("no dataset: data.dir is empty", "prepare one with 'foundry data prepare' and set "
+         "data.dir, or train on random tokens with --synthetic-data");
+
+  // ---- data ----
+  std::optional<Dataset> train_set, val_set;
+  std::optional<BatchLoader> train_loader, val_loader;
+  if (!opt.synthetic_data) {
+    train_set.emplace(rc.data.dir, "train");
+    val_set.emplace(rc.data.dir, "val");
+    if (train_set->vocab_size() > mc.vocab_size)
+      fail(fmt::format("dataset '{}' has vocabulary {} but model.vocab_size = {}", rc.data.dir,
+                       train_set->vocab_size(), mc.vocab_size),
+           fmt::format("set model.vocab_size to {}", train_set->vocab_size()));
+    train_loader.emplace(*train_set, B, T, tc.seed);
+    val_loader.emplace(*val_set, B, T, tc.seed);
+  }
+
+  // ---- model and optimizer ----
+  Model model(mc, precision);
+  model.init_weights(tc.seed);
+  AdamWOptions adam_cfg;
+  adam_cfg.beta1 = tc.beta1;
+  adam_cfg.beta2 = tc.beta2;
+  adam_cfg.eps = tc.eps;
+  adam_cfg.weight_decay = tc.weight_decay;
+  AdamW adam(model.table(), adam_cfg);
+
+  make_dirs(tc.run_dir);
+  const std::string metrics_path = tc.run_dir + "/metrics.jsonl";
+  int64_t start_step = 0;
+  if (opt.resume) {
+    auto latest = find_latest_checkpoint(tc.run_dir);
+    if (!latest) {
+      std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
+                   tc.run_dir.c_str());
+    } else {
+      json state = load_checkpoint(*latest, mc, model.table(), model.params(),
+                                   {{"exp_avg", adam.state("exp_avg").data()}, {"exp_avg_sq", adam.state("exp_avg_sq").data()}});
+      start_step = state.at("step").get<int64_t>();
+      if (train_loader) train_loader->restore(state.at("data_cursor"));
+      model.sync_weights();
+      std::fprintf(stderr, "resumed from %s (step %lld)\n", latest->c_str(),
+                   static_cast<long long>(start_step));
+    }
+  }
+  truncate_metrics(metrics_path, start_step);
+  write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
+
+  ModelInfo info = compute_model_info(mc, B, T);
+  const double flops_per_token = info.train_flops_per_token;
+  double peak_gflops = tc.peak_gflops;
+  if (peak_gflops <= 0) peak_gflops = measure_gemm_peak_gflops(precision == DType::bf16);
+
+  if (!opt.quiet)
+    std::fprintf(stderr,
+                 "model: %s params (%s active/token), %lld layers, %lld experts top-%lld | "
+                 "batch %lld x %lld tokens | %s GEMMs, peak %.0f GFLOP/s\n",
+                 format_count(info.total_params).c_str(),
+                 format_count(info.active_params).c_str(), static_cast<long long>(mc.n_layers),
+                 static_cast<long long>(mc.n_experts), static_cast<long long>(mc.top_k),
+                 static_cast<long long>(B), static_cast<long long>(T), tc.precision.c_str(),
+                 peak_gflops);
+
+  std::vector<int32_t> inputs(N), targets(N);
+  auto evaluate = [&]() -> double {
+    if (!val_loader) return -1;
+    val_loader->reset();
+    double sum = 0;
+    for (int64_t i = 0; i < tc.eval_batches; ++i) {
+      val_loader->next(inputs.data(), targets.data());
+      sum += model.forward(inputs.data(), targets.data(), B, T).ce_loss;
+    }
+    return sum / static_cast<double>(tc.eval_batches);
+  };
+  auto save = [&](int64_t step) {
+    json state = {{"step", step}, {"format", "foundry-trainer-state"}, {"config", rc.source}};
+    if (train_loader) state["data_cursor"] = train_loader->cursor();
+    state["schedule"] = {{"lr", learning_rate(schedule_cfg, std::max<int64_t>(step, 1))},
+                         {"total_steps", total_steps}};
+    double t0 = now_seconds();
+    std::string path = save_checkpoint(tc.run_dir, step, mc, model.table(), model.params(),
+                                       {{"exp_avg", adam.state("exp_avg").data()}, {"exp_avg_sq", adam.state("exp_avg_sq").data()}},
+                                       state, tc.keep_checkpoints);
+    if (!opt.quiet)
+      std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
+  };
+
+  TrainSummary summary;
+  summary.start_step = start_step;
+  summary.peak_gflops = peak_gflops;
+  if (start_step == 0 && val_loader && total_steps > 0) {
+    summary.initial_val_loss = evaluate();
+    if (!opt.quiet)
+      std::fprintf(stderr, "step 0 | val loss %.4f | ppl %.1f\n", summary.initial_val_loss,
+                   std::exp(summary.initial_val_loss));
+  }
+
+  std::ofstream metrics(metrics_path, std::ios::app);
+  if (!metrics) fail(fmt::format("cannot open '{}' for writing", metrics_path));
+  StopSignals signals;
+  model.op_times().enabled = opt.op_breakdown;
+  Progress progress("train", total_steps, "step");
+  const bool show_bar = Progress::stderr_is_terminal() && !opt.quiet;
+  double timed_seconds = 0;
+  int64_t timed_tokens = 0;
+  int64_t step = start_step;
+  while (step < total_steps) {
+    ++step;
+    const double t0 = now_seconds();
+    if (train_loader)
+      train_loader->next(inputs.data(), targets.data());
+    else
+      synthetic_batch(inputs.data(), targets.data(), N, mc.vocab_size, tc.seed, step);
+    const double lr = learning_rate(schedule_cfg, step);
+    model.zero_grads();
+    ForwardResult fr = model.forward(inputs.data(), targets.data(), B, T);
+    model.backward();
+    double grad_norm;
+    {
+      ScopedOpTimer t(&model.op_times(), "optimizer");
+      grad_norm = clip_grad_norm(model.grads(), model.table(), tc.grad_clip);
+      if (!std::isfinite(fr.loss) || !std::isfinite(grad_norm))
+        fail(fmt::format("step {}: loss {} / gradient norm {} is not finite", step, fr.loss,
+                         grad_norm),
+             "lower train.lr, raise train.warmup_steps, or use precision fp32 to investigate");
+      adam.step(model.params(), model.grads(), lr, step);
+      model.sync_weights();
+    }
+    const double dt = now_seconds() - t0;
+    if (step > start_step + 1 || total_steps - start_step == 1) {  // first step warms caches
+      timed_seconds += dt;
+      timed_tokens += N;
+    }
+    const double tokens_per_s = N / dt;
+    const double mfu = tokens_per_s * flops_per_token / (peak_gflops * 1e9);
+    json m = {{"step", step},           {"loss", fr.ce_loss},     {"aux_loss", fr.aux_loss},
+              {"lr", lr},               {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_s},
+              {"mfu", mfu},             {"step_time_s", dt},      {"tokens", step * N}};
+    summary.last_train_loss = fr.ce_loss;
+
+    const bool eval_now = val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) ||
+                                         step == total_steps);
+    if (eval_now) {
+      double val = evaluate();
+      m["val_loss"] = val;
+      summary.final_val_loss = val;
+    }
+    metrics << m.dump() << "\n";
+    metrics.flush();
+    if (!opt.quiet && (step % tc.log_every == 0 || step == total_steps || eval_now)) {
+      std::string line = fmt::format(
+          "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}%",
+          step, total_steps, fr.ce_loss, lr, grad_norm, tokens_per_s, 100 * mfu);
+      if (eval_now) line += fmt::format(" | val loss {:.4f}", m["val_loss"].get<double>());
+      if (show_bar) std::fprintf(stderr, "\r\x1b[K");
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+    if (show_bar) progress.update(step, fmt::format("loss {:.3f}", fr.ce_loss));
+
+    const bool final_step = step == total_steps || step == opt.stop_at_step;
+    const int sig = signals.received();
+    if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
+    if (sig) {
+      std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
+      summary.interrupted = true;
+      break;
+    }
+    if (final_step) break;
+  }
+  if (show_bar) progress.finish();
+  summary.final_step = step;
+  if (timed_seconds > 0) {
+    summary.tokens_per_s = timed_tokens / timed_seconds;
+    summary.mfu = summary.tokens_per_s * flops_per_token / (peak_gflops * 1e9);
+  }
+  if (opt.op_breakdown) {
+    const int64_t steps_run = step - start_step;
+    double total = 0;
+    for (const auto& [op, s] : model.op_times().seconds()) total += s;
+    std::fprintf(stderr, "\nper-operation time (mean per step over %lld steps):\n",
+                 static_cast<long long>(steps_run));
+    for (const auto& [op, s] : model.op_times().seconds())
+      std::fprintf(stderr, "  %-18s %8.2f ms  %5.1f%%\n", op.c_str(), 1e3 * s / steps_run,
+                   100 * s / total);
+    std::fprintf(stderr, "  %-18s %8.2f ms\n", "total", 1e3 * total / steps_run);
+  }
+  return summary;
+}
+
+}  // namespace foundry
