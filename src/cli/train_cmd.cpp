@@ -11,12 +11,18 @@
 #include "ckpt/checkpoint.h"
 #include "cli/commands.h"
 #include "data/dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace foundry::cli {
+using data::BatchLoader;
+using data::Dataset;
+using data::Tokenizer;
+
 namespace {
 
 struct ConfigArgs {
@@ -140,9 +146,9 @@ void register_train_commands(CLI::App& app) {
       if (rc.data.dir.empty()) fail("data.dir is empty: eval needs a prepared dataset");
       const std::string dir = resolve_checkpoint(*ckpt, rc);
       auto model = load_model(rc, dir, precision_of(rc));
-      Dataset val(rc.data.dir, "val");
+      Dataset dataset(rc.data.dir);
       const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
-      BatchLoader loader(val, B, T, rc.train.seed);
+      BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
       std::vector<int32_t> in(B * T), tg(B * T);
       const int64_t n = *batches > 0 ? *batches : rc.train.eval_batches;
       double sum = 0;
@@ -181,7 +187,7 @@ void register_train_commands(CLI::App& app) {
     cmd->callback([g] {
       RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
       std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
-      Tokenizer tok(tok_path);
+      Tokenizer tok = Tokenizer::load(tok_path);
       const std::string dir = resolve_checkpoint(g->checkpoint, rc);
       auto model = load_model(rc, dir, precision_of(rc));
       std::vector<int32_t> ids = tok.encode(g->prompt);

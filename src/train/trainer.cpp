@@ -17,6 +17,8 @@
 #include "base/timer.h"
 #include "ckpt/checkpoint.h"
 #include "data/dataset.h"
+#include "data/loader.h"
+#include "data/tokenizer.h"
 #include "kernels/gemm.h"
 #include "model/info.h"
 #include "model/model.h"
@@ -25,6 +27,9 @@
 #include "optim/schedule.h"
 
 namespace foundry {
+using data::BatchLoader;
+using data::Dataset;
+
 namespace {
 
 std::atomic<int> g_stop_signal{0};
@@ -90,13 +95,13 @@ std::string format_count(double v) {
 
 }  // namespace
 
-double measure_gemm_peak_gflops(bool bf16) {
+double measure_gemm_peak_gflops(bool use_bf16) {
   const int64_t n = 1024;
   std::vector<float> a(n * n, 0.5f), c(n * n);
   std::vector<bf16> ah(n * n);
   convert_to_bf16(a.data(), ah.data(), n * n);
-  const void* ap = bf16 ? static_cast<const void*>(ah.data()) : a.data();
-  const DType dt = bf16 ? DType::bf16 : DType::f32;
+  const void* ap = use_bf16 ? static_cast<const void*>(ah.data()) : a.data();
+  const DType dt = use_bf16 ? DType::bf16 : DType::f32;
   gemm(ap, false, ap, true, c.data(), n, n, n, dt);  // warm-up and primitive creation
   double best = 1e30;
   for (int rep = 0; rep < 5; ++rep) {
@@ -121,17 +126,17 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
          "data.dir, or train on random tokens with --synthetic-data");
 
   // ---- data ----
-  std::optional<Dataset> train_set, val_set;
+  std::optional<Dataset> dataset;
   std::optional<BatchLoader> train_loader, val_loader;
   if (!opt.synthetic_data) {
-    train_set.emplace(rc.data.dir, "train");
-    val_set.emplace(rc.data.dir, "val");
-    if (train_set->vocab_size() > mc.vocab_size)
-      fail(fmt::format("dataset '{}' has vocabulary {} but model.vocab_size = {}", rc.data.dir,
-                       train_set->vocab_size(), mc.vocab_size),
-           fmt::format("set model.vocab_size to {}", train_set->vocab_size()));
-    train_loader.emplace(*train_set, B, T, tc.seed);
-    val_loader.emplace(*val_set, B, T, tc.seed);
+    dataset.emplace(rc.data.dir);
+    if (dataset->vocab_size() != mc.vocab_size)
+      fail(fmt::format("dataset '{}' has vocabulary size {} but model.vocab_size = {}",
+                       rc.data.dir, dataset->vocab_size(), mc.vocab_size),
+           fmt::format("set model.vocab_size to {} (--set model.vocab_size={})",
+                       dataset->vocab_size(), dataset->vocab_size()));
+    train_loader.emplace(*dataset, B, T, tc.seed);
+    val_loader.emplace(BatchLoader::for_eval(*dataset, B, T));
   }
 
   // ---- model and optimizer ----
@@ -165,8 +170,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   truncate_metrics(metrics_path, start_step);
   write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
 
-  ModelInfo info = compute_model_info(mc, B, T);
-  const double flops_per_token = info.train_flops_per_token;
+  const ParamCounts counts = count_parameters(mc);
+  const double flops_per_token = train_flops_per_token(mc, T);
   double peak_gflops = tc.peak_gflops;
   if (peak_gflops <= 0) peak_gflops = measure_gemm_peak_gflops(precision == DType::bf16);
 
@@ -174,8 +179,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     std::fprintf(stderr,
                  "model: %s params (%s active/token), %lld layers, %lld experts top-%lld | "
                  "batch %lld x %lld tokens | %s GEMMs, peak %.0f GFLOP/s\n",
-                 format_count(info.total_params).c_str(),
-                 format_count(info.active_params).c_str(), static_cast<long long>(mc.n_layers),
+                 format_count(counts.total).c_str(), format_count(counts.active).c_str(), static_cast<long long>(mc.n_layers),
                  static_cast<long long>(mc.n_experts), static_cast<long long>(mc.top_k),
                  static_cast<long long>(B), static_cast<long long>(T), tc.precision.c_str(),
                  peak_gflops);

@@ -30,6 +30,6 @@ struct TrainSummary {
 TrainSummary train(const RunConfig& config, const TrainOptions& options);
 
 // Measures the best GEMM rate of this machine for `dtype` (GFLOP/s), in about a second.
-double measure_gemm_peak_gflops(bool bf16);
+double measure_gemm_peak_gflops(bool use_bf16);
 
 }  // namespace foundry

@@ -1,0 +1,64 @@
+// foundry model info: what a model config costs (parameters, FLOPs per token, memory),
+// computed from the config without allocating the model.
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "cli/commands.h"
+#include "model/info.h"
+#include "train/run_config.h"
+
+namespace foundry::cli {
+
+namespace {
+
+struct ModelInfoOptions {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int64_t batch = 0;  // 0 = train.batch_size
+  int64_t seq = 0;    // 0 = train.seq_len
+  bool json = false;
+};
+
+void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given) {
+  const RunConfig rc = load_run_config(o.config_path, o.overrides);
+  const int64_t batch = batch_given ? o.batch : rc.train.batch_size;
+  const int64_t seq = seq_given ? o.seq : rc.train.seq_len;
+  if (batch < 1) fail(fmt::format("--batch {} must be >= 1", batch));
+  if (seq < 1) fail(fmt::format("--seq {} must be >= 1", seq));
+  if (seq > rc.model.max_seq_len)
+    fail(fmt::format("--seq {} exceeds model.max_seq_len = {}", seq, rc.model.max_seq_len),
+         "raise it with --set model.max_seq_len=N or choose a shorter --seq");
+  const DType precision = rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
+  const ModelInfo info = model_info(rc.model, batch, seq, precision);
+  if (o.json) {
+    json out = to_json(info);
+    out["config_path"] = o.config_path;
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    std::printf("config: %s\n%s", o.config_path.c_str(), format_model_info(info).c_str());
+  }
+}
+
+}  // namespace
+
+void register_model_commands(CLI::App& app) {
+  CLI::App* model = app.add_subcommand("model", "Inspect model configurations");
+  model->require_subcommand(1);
+  CLI::App* info = model->add_subcommand(
+      "info", "Parameter counts, training FLOPs per token and memory of a config");
+  auto o = std::make_shared<ModelInfoOptions>();
+  info->add_option("--config", o->config_path, "Run config JSON (model, train, data)")
+      ->required();
+  info->add_option("--set", o->overrides, "Override a config field, e.g. model.d_model=256")
+      ->type_name("KEY=VALUE");
+  CLI::Option* batch = info->add_option("--batch", o->batch, "Sequences per step "
+                                                             "(default: train.batch_size)");
+  CLI::Option* seq = info->add_option("--seq", o->seq, "Sequence length (default: train.seq_len)");
+  info->add_flag("--json", o->json, "Print JSON instead of a table");
+  info->callback([o, batch, seq] { run_model_info(*o, batch->count() > 0, seq->count() > 0); });
+}
+
+}  // namespace foundry::cli

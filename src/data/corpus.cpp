@@ -1,0 +1,317 @@
+#include "data/corpus.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/io.h"
+
+namespace foundry::data {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kScannedExtensions = {".txt", ".text", ".jsonl", ".ndjson", ".json"};
+
+std::string lowercase_extension(const std::string& path) {
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
+
+bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+
+// Bytes to skip at the start of a file: a UTF-8 byte-order mark.
+size_t bom_length(const uint8_t* data, size_t size) {
+  return size >= 3 && data[0] == 0xEF && data[1] == 0xBB && data[2] == 0xBF ? 3 : 0;
+}
+
+size_t line_number_at(const char* data, size_t offset) {
+  return 1 + static_cast<size_t>(std::count(data, data + offset, '\n'));
+}
+
+// nlohmann messages start with "[json.exception.parse_error.101] "; the rest is the useful part.
+std::string short_json_error(const std::exception& e) {
+  std::string what = e.what();
+  auto close = what.find("] ");
+  return close == std::string::npos ? what : what.substr(close + 2);
+}
+
+const char* json_type_name(const json& value) {
+  return value.is_object() ? "an object" : value.is_array() ? "an array"
+       : value.is_string() ? "a string" : value.is_number() ? "a number"
+       : value.is_boolean() ? "a boolean" : "null";
+}
+
+// Calls on_line(line, end_offset) for each line of the buffer without its '\n' and '\r'.
+template <typename OnLine>
+void for_each_line(const char* data, size_t size, size_t start, OnLine&& on_line) {
+  size_t line_start = start;
+  size_t line_number = 1;
+  while (line_start < size) {
+    const void* newline = std::memchr(data + line_start, '\n', size - line_start);
+    size_t line_end = newline ? static_cast<size_t>(static_cast<const char*>(newline) - data) : size;
+    size_t content_end = line_end;
+    if (content_end > line_start && data[content_end - 1] == '\r') --content_end;
+    const size_t next = newline ? line_end + 1 : size;
+    on_line(std::string_view(data + line_start, content_end - line_start), line_number, next);
+    line_start = next;
+    ++line_number;
+  }
+}
+
+bool is_blank_line(std::string_view line) {
+  return std::all_of(line.begin(), line.end(), [](char c) { return is_blank(c); });
+}
+
+void read_text(const InputFile& file, const char* data, size_t size, size_t start,
+               const DocumentCallback& on_document) {
+  for_each_line(data, size, start, [&](std::string_view line, size_t, size_t end) {
+    if (!is_blank_line(line)) on_document(line, end);
+  });
+}
+
+void read_jsonl(const InputFile& file, const char* data, size_t size, size_t start,
+                const std::string& field, const DocumentCallback& on_document) {
+  for_each_line(data, size, start, [&](std::string_view line, size_t line_number, size_t end) {
+    if (is_blank_line(line)) return;
+    json record;
+    try {
+      record = json::parse(line);
+    } catch (const json::parse_error& e) {
+      fail(fmt::format("{}:{}: malformed JSON: {}", file.path, line_number, short_json_error(e)),
+           lowercase_extension(file.path) == ".json"
+               ? "a .json input must be an array of strings or hold one JSON object per line; "
+                 "if a folder scan picked up a file that is not data (such as package.json), "
+                 "pass the data files or their own folder as --input"
+               : "each line of a JSONL file must be one complete JSON object; pass --format "
+                 "text if the file is plain text");
+    }
+    if (!record.is_object())
+      fail(fmt::format("{}:{}: expected a JSON object, got {}", file.path, line_number,
+                       json_type_name(record)),
+           "each line of a JSONL file must be an object holding the text in a string field");
+    auto it = record.find(field);
+    if (it == record.end()) {
+      std::string keys;
+      for (auto k = record.begin(); k != record.end(); ++k)
+        keys += (keys.empty() ? "" : ", ") + k.key();
+      fail(fmt::format("{}:{}: the object has no field \"{}\" (its fields: {})", file.path,
+                       line_number, field, keys.empty() ? "none" : keys),
+           "name the field that holds the text with --jsonl-field");
+    }
+    if (!it->is_string())
+      fail(fmt::format("{}:{}: field \"{}\" is {}, not a string", file.path, line_number, field,
+                       json_type_name(*it)),
+           "the --jsonl-field must hold the document text as a JSON string");
+    const std::string& text = it->get_ref<const std::string&>();
+    if (!text.empty()) on_document(text, end);
+  });
+}
+
+// A streaming reader for a JSON array of strings. It needs no DOM, so its memory does not
+// grow with the file, and every error carries an exact line number.
+class JsonArrayReader {
+ public:
+  JsonArrayReader(const InputFile& file, const char* data, size_t size, size_t start)
+      : file_(file), data_(data), size_(size), pos_(start) {}
+
+  void read(const DocumentCallback& on_document) {
+    skip_blanks();
+    if (pos_ >= size_ || data_[pos_] != '[')
+      error(pos_, pos_ >= size_ ? "expected a JSON array of strings, found no data"
+                                : "expected a JSON array of strings ('[')");
+    ++pos_;
+    skip_blanks();
+    if (pos_ < size_ && data_[pos_] == ']') {
+      ++pos_;
+    } else {
+      for (size_t index = 0;; ++index) {
+        skip_blanks();
+        read_string(index, on_document);
+        skip_blanks();
+        if (pos_ < size_ && data_[pos_] == ',') {
+          ++pos_;
+          continue;
+        }
+        if (pos_ < size_ && data_[pos_] == ']') {
+          ++pos_;
+          break;
+        }
+        error(pos_, pos_ >= size_ ? "the array is not closed (missing ']')"
+                                  : fmt::format("expected ',' or ']' after array element {}", index));
+      }
+    }
+    skip_blanks();
+    if (pos_ < size_) error(pos_, "unexpected content after the closing ']'");
+  }
+
+ private:
+  void skip_blanks() {
+    while (pos_ < size_ && is_blank(data_[pos_])) ++pos_;
+  }
+
+  void read_string(size_t index, const DocumentCallback& on_document) {
+    if (pos_ >= size_) error(pos_, "the array is not closed (missing ']')");
+    if (data_[pos_] != '"')
+      error(pos_, fmt::format("array element {} is not a string (it starts with '{}')", index,
+                              data_[pos_]));
+    const size_t open = pos_;
+    bool has_escape = false;
+    size_t i = open + 1;
+    while (i < size_ && data_[i] != '"') {
+      if (data_[i] == '\n') error(open, fmt::format("array element {}: unterminated string", index));
+      if (data_[i] == '\\') {
+        has_escape = true;
+        ++i;
+      }
+      ++i;
+    }
+    if (i >= size_) error(open, fmt::format("array element {}: unterminated string", index));
+    pos_ = i + 1;
+    if (!has_escape) {
+      if (i > open + 1) on_document(std::string_view(data_ + open + 1, i - open - 1), pos_);
+      return;
+    }
+    std::string text;
+    try {
+      text = json::parse(std::string_view(data_ + open, pos_ - open)).get<std::string>();
+    } catch (const json::exception& e) {
+      error(open, fmt::format("array element {}: invalid string: {}", index, short_json_error(e)));
+    }
+    if (!text.empty()) on_document(text, pos_);
+  }
+
+  [[noreturn]] void error(size_t at, const std::string& problem) const {
+    fail(fmt::format("{}:{}: malformed JSON: {}", file_.path, line_number_at(data_, at), problem),
+         "a .json input must be an array of strings, e.g. [\"first document\", \"second\"]; "
+         "pass --format to override the detected format");
+  }
+
+  const InputFile& file_;
+  const char* data_;
+  size_t size_;
+  size_t pos_;
+};
+
+void check_readable(const std::string& path) {
+  if (::access(path.c_str(), R_OK) != 0)
+    fail(fmt::format("cannot read input '{}': {}", path, std::strerror(errno)),
+         "check the file's permissions");
+}
+
+}  // namespace
+
+InputFormat parse_input_format(const std::string& name) {
+  if (name == "auto") return InputFormat::Auto;
+  if (name == "text") return InputFormat::Text;
+  if (name == "jsonl") return InputFormat::Jsonl;
+  if (name == "json-array") return InputFormat::JsonArray;
+  fail(fmt::format("unknown input format '{}'", name), "use one of: auto, text, jsonl, json-array");
+}
+
+const char* input_format_name(InputFormat format) {
+  switch (format) {
+    case InputFormat::Auto: return "auto";
+    case InputFormat::Text: return "text";
+    case InputFormat::Jsonl: return "jsonl";
+    case InputFormat::JsonArray: return "json-array";
+  }
+  return "?";
+}
+
+InputFormat detect_input_format(const std::string& path) {
+  const std::string ext = lowercase_extension(path);
+  if (ext == ".txt" || ext == ".text") return InputFormat::Text;
+  if (ext == ".jsonl" || ext == ".ndjson") return InputFormat::Jsonl;
+  // Sniff the first non-blank byte (only the start of the file is paged in).
+  MappedFile file(path);
+  const char* data = reinterpret_cast<const char*>(file.data());
+  size_t i = bom_length(file.data(), file.size());
+  while (i < file.size() && is_blank(data[i])) ++i;
+  const char first = i < file.size() ? data[i] : '\0';
+  if (ext == ".json") return first == '{' ? InputFormat::Jsonl : InputFormat::JsonArray;
+  if (first == '[') return InputFormat::JsonArray;
+  if (first == '{') return InputFormat::Jsonl;
+  return InputFormat::Text;
+}
+
+std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, InputFormat format,
+                                      const std::string& skip_dir) {
+  if (paths.empty()) fail("no input given", "pass --input PATH (a file or a folder), repeatable");
+  std::error_code ec;
+  const fs::path skip = skip_dir.empty() ? fs::path() : fs::weakly_canonical(skip_dir, ec);
+  std::vector<InputFile> files;
+  auto add = [&](const std::string& path) {
+    check_readable(path);
+    InputFile f;
+    f.path = path;
+    f.bytes = fs::file_size(path, ec);
+    if (ec) fail(fmt::format("cannot read input '{}': {}", path, ec.message()));
+    f.format = format == InputFormat::Auto ? detect_input_format(path) : format;
+    files.push_back(std::move(f));
+  };
+
+  for (const std::string& path : paths) {
+    const auto status = fs::status(path, ec);
+    if (ec || !fs::exists(status))
+      fail(fmt::format("input '{}' does not exist", path), "check the --input path");
+    if (fs::is_regular_file(status)) {
+      add(path);
+      continue;
+    }
+    if (!fs::is_directory(status))
+      fail(fmt::format("input '{}' is neither a file nor a folder", path),
+           "pass text, JSONL or JSON files, or folders holding them");
+    check_readable(path);
+    std::vector<std::string> found;
+    fs::recursive_directory_iterator it(path, ec), end;
+    if (ec) fail(fmt::format("cannot read input folder '{}': {}", path, ec.message()));
+    for (; it != end; it.increment(ec)) {
+      if (ec) fail(fmt::format("cannot scan input folder '{}': {}", path, ec.message()));
+      const fs::path& entry = it->path();
+      const bool hidden = entry.filename().string().starts_with(".");
+      if (it->is_directory()) {
+        if (hidden || (!skip.empty() && fs::weakly_canonical(entry, ec) == skip))
+          it.disable_recursion_pending();
+        continue;
+      }
+      if (hidden || !it->is_regular_file()) continue;
+      const std::string ext = lowercase_extension(entry.string());
+      if (std::find(kScannedExtensions.begin(), kScannedExtensions.end(), ext) !=
+          kScannedExtensions.end())
+        found.push_back(entry.string());
+    }
+    if (found.empty())
+      fail(fmt::format("input folder '{}' holds no .txt, .text, .jsonl, .ndjson or .json files",
+                       path),
+           "point --input at the folder that holds the data files, or at the files themselves");
+    std::sort(found.begin(), found.end());
+    for (const std::string& f : found) add(f);
+  }
+  return files;
+}
+
+void read_documents(const InputFile& file, const std::string& jsonl_field,
+                    const DocumentCallback& on_document) {
+  MappedFile mapped(file.path);
+  const char* data = reinterpret_cast<const char*>(mapped.data());
+  const size_t size = mapped.size();
+  const size_t start = bom_length(mapped.data(), size);
+  switch (file.format) {
+    case InputFormat::Text: read_text(file, data, size, start, on_document); break;
+    case InputFormat::Jsonl: read_jsonl(file, data, size, start, jsonl_field, on_document); break;
+    case InputFormat::JsonArray: JsonArrayReader(file, data, size, start).read(on_document); break;
+    case InputFormat::Auto: FOUNDRY_CHECK(!"read_documents needs a resolved format");
+  }
+}
+
+}  // namespace foundry::data

@@ -1,0 +1,51 @@
+// Reading raw text corpora: finding the input files and splitting them into documents.
+//
+// Formats (see docs/format-shards.md, "Inputs"):
+//   text        one document per non-blank line (a trailing '\r' is dropped)
+//   jsonl       one JSON object per non-blank line; the document is its string field
+//               (default "text")
+//   json-array  a JSON array of strings, one document each (the layout of nlp-corpus)
+// Auto-detection: .txt/.text are text, .jsonl/.ndjson are jsonl, .json is json-array when it
+// starts with '[' and jsonl when it starts with '{'. Any other name is sniffed the same way
+// ('[' json-array, '{' jsonl) and read as text otherwise. Empty documents are skipped.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace foundry::data {
+
+enum class InputFormat { Auto, Text, Jsonl, JsonArray };
+
+// "auto" | "text" | "jsonl" | "json-array"; anything else is an Error listing the choices.
+InputFormat parse_input_format(const std::string& name);
+const char* input_format_name(InputFormat format);
+
+struct InputFile {
+  std::string path;
+  InputFormat format = InputFormat::Auto;  // never Auto after resolve_inputs()
+  uint64_t bytes = 0;
+};
+
+// Expands the --input paths into the files to read, in order. A file is taken as given; a
+// directory is scanned recursively for .txt .text .jsonl .ndjson .json files (entries whose
+// names start with '.' are skipped), sorted by path so the order never depends on the file
+// system. `skip_dir` (if non-empty) is left out of scans, so a dataset written inside an
+// input folder is not read back. `format` other than Auto applies to every file.
+// A missing or unreadable path, or a folder with no supported files, is an Error.
+std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, InputFormat format,
+                                      const std::string& skip_dir = "");
+
+// The format of one file by its name and first non-blank byte (see the top of this file).
+InputFormat detect_input_format(const std::string& path);
+
+// Calls on_document(text, end_offset) for every non-empty document of `file`, in order;
+// end_offset is the byte offset in the file just past the document (for progress).
+// Malformed input is an Error naming the file and line.
+using DocumentCallback = std::function<void(std::string_view text, uint64_t end_offset)>;
+void read_documents(const InputFile& file, const std::string& jsonl_field,
+                    const DocumentCallback& on_document);
+
+}  // namespace foundry::data

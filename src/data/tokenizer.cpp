@@ -1,0 +1,176 @@
+#include "data/tokenizer.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <algorithm>
+#include <regex>
+#include <unordered_map>
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+
+namespace foundry::data {
+
+Tokenizer Tokenizer::load(const std::string& model_path) {
+  return from_bytes(read_text_file(model_path), model_path);
+}
+
+Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& where) {
+  Tokenizer t;
+  t.processor_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
+  const auto status = t.processor_->LoadFromSerializedProto(model_bytes);
+  if (model_bytes.empty() || !status.ok() || t.processor_->GetPieceSize() <= 0)
+    fail(fmt::format("'{}' is not a valid SentencePiece tokenizer model", where),
+         "pass a tokenizer.model written by foundry data prepare or SentencePiece, or leave "
+         "out --tokenizer to train a new one");
+  t.checksum_ = hash64(model_bytes.data(), model_bytes.size());
+  t.model_bytes_ = std::move(model_bytes);
+  return t;
+}
+
+Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
+Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
+Tokenizer::~Tokenizer() = default;
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  std::vector<int> ids;
+  const auto status = processor_->Encode(text, &ids);
+  if (!status.ok())
+    fail(fmt::format("tokenizer cannot encode text: {}", status.ToString()));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  const int32_t vocab = vocab_size();
+  for (int32_t id : ids)
+    if (id < 0 || id >= vocab)
+      fail(fmt::format("cannot decode token id {}: the vocabulary has {} entries", id, vocab));
+  std::string text;
+  const auto status = processor_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
+  if (!status.ok()) fail(fmt::format("tokenizer cannot decode ids: {}", status.ToString()));
+  return text;
+}
+
+int32_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
+int32_t Tokenizer::bos_id() const { return processor_->bos_id(); }
+int32_t Tokenizer::eos_id() const { return processor_->eos_id(); }
+int32_t Tokenizer::unk_id() const { return processor_->unk_id(); }
+
+std::string Tokenizer::piece(int32_t id) const {
+  if (id < 0 || id >= vocab_size())
+    fail(fmt::format("token id {} is outside the vocabulary of {} entries", id, vocab_size()));
+  return processor_->IdToPiece(id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Training
+
+namespace {
+
+class VectorSentenceIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit VectorSentenceIterator(const std::vector<std::string>& sentences)
+      : sentences_(sentences) {}
+  bool done() const override { return index_ >= sentences_.size(); }
+  void Next() override { ++index_; }
+  const std::string& value() const override { return sentences_[index_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& sentences_;
+  size_t index_ = 0;
+};
+
+bool is_blank_text(std::string_view text) {
+  return text.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
+}
+
+[[noreturn]] void fail_training(const std::string& message, int32_t vocab_size) {
+  std::smatch m;
+  static const std::regex too_small(R"(smaller than required_chars\. (\d+) vs (\d+))");
+  static const std::regex too_large(R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))");
+  if (std::regex_search(message, m, too_small))
+    fail(fmt::format("vocabulary size {} is too small for this corpus: it needs at least {} "
+                     "(3 special ids, 256 byte-fallback tokens and the corpus's characters)",
+                     vocab_size, m[2].str()),
+         fmt::format("use --vocab-size {} or more", m[2].str()));
+  if (std::regex_search(message, m, too_large))
+    fail(fmt::format("vocabulary size {} is too large for this corpus: BPE can learn at most {} "
+                     "pieces from it",
+                     vocab_size, m[2].str()),
+         fmt::format("use --vocab-size {} or less, or add more text", m[2].str()));
+  fail(fmt::format("tokenizer training failed: {}", message),
+       "check the --vocab-size and that the input holds enough text");
+}
+
+}  // namespace
+
+void for_each_training_sentence(std::string_view text, size_t max_bytes,
+                                const std::function<void(std::string_view)>& emit) {
+  FOUNDRY_CHECK(max_bytes >= 4);  // room for any UTF-8 character
+  size_t line_start = 0;
+  while (line_start <= text.size()) {
+    size_t line_end = text.find('\n', line_start);
+    if (line_end == std::string_view::npos) line_end = text.size();
+    std::string_view line = text.substr(line_start, line_end - line_start);
+    while (!line.empty()) {
+      size_t len = std::min(max_bytes, line.size());
+      if (len < line.size()) {
+        // Cut at the last space before the limit, else at a UTF-8 character boundary.
+        size_t space = line.rfind(' ', len);
+        if (space != std::string_view::npos && space > 0) {
+          len = space;
+        } else {
+          while (len > 1 && (static_cast<uint8_t>(line[len]) & 0xC0) == 0x80) --len;
+        }
+      }
+      if (!is_blank_text(line.substr(0, len))) emit(line.substr(0, len));
+      line.remove_prefix(len);
+      while (!line.empty() && line.front() == ' ') line.remove_prefix(1);
+    }
+    line_start = line_end + 1;
+  }
+}
+
+Tokenizer train_bpe_tokenizer(const std::vector<std::string>& sentences,
+                              const BpeTrainingOptions& options) {
+  if (sentences.empty())
+    fail("no text to train the tokenizer on", "the inputs must hold at least one non-empty document");
+  if (options.vocab_size < 1)
+    fail(fmt::format("vocabulary size {} must be positive", options.vocab_size),
+         "use e.g. --vocab-size 8192");
+  const std::unordered_map<std::string, std::string> spec = {
+      {"model_type", "bpe"},
+      {"vocab_size", std::to_string(options.vocab_size)},
+      {"character_coverage", std::to_string(options.character_coverage)},
+      {"byte_fallback", "true"},
+      // Keep text exactly as written (whitespace, newlines, case): decode(encode(x)) == x.
+      {"normalization_rule_name", "identity"},
+      {"remove_extra_whitespaces", "false"},
+      {"max_sentence_length", std::to_string(options.max_sentence_bytes)},
+      // Determinism: the caller already bounded the sentences; no sampling, no shuffling.
+      {"input_sentence_size", "0"},
+      {"shuffle_input_sentence", "false"},
+      {"num_threads", "1"},
+      {"unk_id", std::to_string(kUnkId)},
+      {"bos_id", std::to_string(kBosId)},
+      {"eos_id", std::to_string(kEosId)},
+      {"pad_id", "-1"},
+      {"minloglevel", "2"},  // errors come back as a status; keep the console quiet
+  };
+  std::vector<std::string> chunks;
+  for (const std::string& s : sentences)
+    for_each_training_sentence(s, static_cast<size_t>(options.max_sentence_bytes),
+                               [&](std::string_view chunk) { chunks.emplace_back(chunk); });
+  if (chunks.empty())
+    fail("no text to train the tokenizer on", "the inputs hold only blank documents");
+  VectorSentenceIterator iterator(chunks);
+  std::string model_bytes;
+  const auto status = sentencepiece::SentencePieceTrainer::Train(spec, &iterator, &model_bytes);
+  if (!status.ok()) fail_training(status.message(), options.vocab_size);
+  return Tokenizer::from_bytes(std::move(model_bytes), "trained tokenizer");
+}
+
+}  // namespace foundry::data

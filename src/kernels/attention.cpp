@@ -1,0 +1,274 @@
+#include "kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/kernel_support.h"
+
+namespace foundry::ops {
+namespace {
+
+// A batch of matrices inside a larger tensor: batch dims with their strides, then a row and
+// a column stride (elements). Sub-blocks of it become oneDNN matmul operands.
+struct Strided {
+  const void* data;
+  DType dtype;
+  std::vector<int64_t> batch_dims, batch_strides;
+  int64_t row_stride, col_stride;
+
+  Strided offset(int64_t elements) const {
+    Strided s = *this;
+    const size_t bytes = dtype == DType::bf16 ? sizeof(bf16) : sizeof(float);
+    s.data = static_cast<const char*>(data) + elements * static_cast<int64_t>(bytes);
+    return s;
+  }
+  Strided transposed() const {
+    Strided s = *this;
+    std::swap(s.row_stride, s.col_stride);
+    return s;
+  }
+  // Rows [r0, r1) and columns [c0, c1) of every matrix in the batch.
+  MatView block(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const {
+    const Strided s = offset(r0 * row_stride + c0 * col_stride);
+    MatView v{s.data, dtype, batch_dims, batch_strides};
+    v.dims.insert(v.dims.end(), {r1 - r0, c1 - c0});
+    v.strides.insert(v.strides.end(), {row_stride, col_stride});
+    return v;
+  }
+  OutView out_block(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const {
+    FOUNDRY_CHECK(dtype == DType::f32);
+    const MatView v = block(r0, r1, c0, c1);
+    return OutView{static_cast<float*>(const_cast<void*>(v.data)), v.dims, v.strides};
+  }
+};
+
+// The layouts of the attention tensors as batches over [B, KVH, G] (G = H / KVH query heads
+// per kv head), so that one matmul covers every head and kv heads broadcast over G.
+struct Layouts {
+  int64_t b, t, h, kvh, d, g;
+  explicit Layouts(const AttentionShape& s)
+      : b(s.b), t(s.t), h(s.h), kvh(s.kvh), d(s.d), g(s.h / s.kvh) {}
+
+  // q, out, dq, dout [B, T, H, D] as [B, KVH, G] × [T, D].
+  Strided query(const void* p, DType dt) const {
+    return {p, dt, {b, kvh, g}, {t * h * d, g * d, d}, h * d, 1};
+  }
+  // k, v, dk, dv [B, T, KVH, D] as [B, KVH, 1] × [T, D].
+  Strided key(const void* p, DType dt) const {
+    return {p, dt, {b, kvh, 1}, {t * kvh * d, d, d}, kvh * d, 1};
+  }
+  // probs and score-shaped scratch [B, H, T, T] as [B, KVH, G] × [T, T].
+  Strided scores(const void* p, DType dt) const {
+    return {p, dt, {b, kvh, g}, {h * t * t, g * t * t, t * t}, t, 1};
+  }
+  // Query head j of each group only, as [B, KVH] × [T, D] / [T, T] (for the dK, dV sums).
+  Strided query_head(const void* p, DType dt, int64_t j) const {
+    return Strided{p, dt, {b, kvh}, {t * h * d, g * d}, h * d, 1}.offset(j * d);
+  }
+  Strided key_4d(const void* p, DType dt) const {
+    return {p, dt, {b, kvh}, {t * kvh * d, d}, kvh * d, 1};
+  }
+  Strided scores_head(const void* p, DType dt, int64_t j) const {
+    return Strided{p, dt, {b, kvh}, {h * t * t, g * t * t}, t, 1}.offset(j * t * t);
+  }
+};
+
+// Causal block split of the T positions. Query block [r0, r1) only meets keys [0, r1), and
+// key block [c0, c1) only meets queries [c0, T): the score products skip the blocks above the
+// diagonal (with n blocks they do (n+1)/2n of the full work).
+std::vector<int64_t> block_bounds(int64_t t) {
+  static const int64_t kTargetRows = getenv("ROWS") ? atoi(getenv("ROWS")) : 64;
+  constexpr int64_t kMaxBlocks = 8, kAlign = 16;
+  const int64_t blocks = std::clamp<int64_t>((t + kTargetRows - 1) / kTargetRows, 1, kMaxBlocks);
+  const int64_t rows = (t + blocks - 1) / blocks;
+  const int64_t aligned = blocks == 1 ? t : (rows + kAlign - 1) / kAlign * kAlign;
+  std::vector<int64_t> bounds{0};
+  while (bounds.back() < t) bounds.push_back(std::min(t, bounds.back() + aligned));
+  return bounds;
+}
+
+void check_shape(const AttentionShape& s) {
+  FOUNDRY_CHECK(s.b > 0 && s.t > 0 && s.h > 0 && s.kvh > 0 && s.d > 0);
+  FOUNDRY_CHECK(s.h % s.kvh == 0);
+}
+
+// Inputs as the GEMM dtype: the pointer itself for fp32, a bf16 copy (same layout) otherwise.
+const void* as_gemm_operand(const float* src, int64_t count, DType dtype,
+                            detail::ScratchBuffer<bf16>& scratch) {
+  if (dtype == DType::f32) return src;
+  bf16* dst = scratch.get(count);
+  convert_to_bf16(src, dst, count);
+  return dst;
+}
+
+struct ForwardScratch {
+  detail::ScratchBuffer<bf16> q, k, v, probs;
+};
+struct BackwardScratch {
+  detail::ScratchBuffer<bf16> q, k, v, dout, probs, dscores;
+  detail::ScratchBuffer<float> dscores_f32;
+};
+
+}  // namespace
+
+// Forward: S = Q·K^T (causal blocks) into probs, softmax(S/sqrt(D)) in place with the future
+// masked to exactly 0, then out = P·V.
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                       const AttentionShape& s, DType dtype) {
+  check_shape(s);
+  const Layouts lay(s);
+  const int64_t t = s.t;
+  thread_local ForwardScratch scratch;
+  const void* qg = as_gemm_operand(q, s.b * t * s.h * s.d, dtype, scratch.q);
+  const void* kg = as_gemm_operand(k, s.b * t * s.kvh * s.d, dtype, scratch.k);
+  const void* vg = as_gemm_operand(v, s.b * t * s.kvh * s.d, dtype, scratch.v);
+  const int64_t score_count = s.b * s.h * t * t;
+  bf16* probs_bf16 = dtype == DType::bf16 ? scratch.probs.get(score_count) : nullptr;
+
+  const std::vector<int64_t> bounds = block_bounds(t);
+  const Strided q_mats = lay.query(qg, dtype), k_mats = lay.key(kg, dtype);
+  const Strided score_mats = lay.scores(probs, DType::f32);
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
+    matmul(q_mats.block(r0, r1, 0, s.d), k_mats.transposed().block(0, s.d, 0, r1),
+           score_mats.out_block(r0, r1, 0, r1));
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.b * s.h * t; ++row) {
+    const int64_t ti = row % t;
+    float* p = probs + row * t;
+    const float max_score = detail::max_of(p, ti + 1);
+    float sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j <= ti; ++j) {
+      p[j] = detail::exp_fast((p[j] - max_score) * scale);
+      sum += p[j];
+    }
+    const float inv_sum = 1.0f / sum;
+#pragma omp simd
+    for (int64_t j = 0; j <= ti; ++j) p[j] *= inv_sum;
+    std::fill(p + ti + 1, p + t, 0.0f);
+    if (probs_bf16) detail::to_bf16_serial(p, probs_bf16 + row * t, t);
+  }
+
+  const Strided p_mats = lay.scores(probs_bf16 ? static_cast<const void*>(probs_bf16) : probs,
+                                    dtype);
+  const Strided v_mats = lay.key(vg, dtype), out_mats = lay.query(out, DType::f32);
+  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
+    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
+    matmul(p_mats.block(r0, r1, 0, r1), v_mats.block(0, r1, 0, s.d),
+           out_mats.out_block(r0, r1, 0, s.d));
+  }
+}
+
+// Backward: dP = dO·V^T, dS = P∘(dP − rowsum(dP∘P)) / sqrt(D), dQ = dS·K, and per kv head
+// dV = Σ_g P_g^T·dO_g, dK = Σ_g dS_g^T·Q_g over the G query heads sharing it.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
+                        const float* q, const float* k, const float* v, const AttentionShape& s,
+                        DType dtype) {
+  check_shape(s);
+  const Layouts lay(s);
+  const int64_t t = s.t;
+  thread_local BackwardScratch scratch;
+  const int64_t q_count = s.b * t * s.h * s.d, kv_count = s.b * t * s.kvh * s.d;
+  const void* qg = as_gemm_operand(q, q_count, dtype, scratch.q);
+  const void* kg = as_gemm_operand(k, kv_count, dtype, scratch.k);
+  const void* vg = as_gemm_operand(v, kv_count, dtype, scratch.v);
+  const void* doutg = as_gemm_operand(dout, q_count, dtype, scratch.dout);
+  const int64_t score_count = s.b * s.h * t * t;
+  float* dscores = scratch.dscores_f32.get(score_count);
+  bf16* dscores_bf16 = dtype == DType::bf16 ? scratch.dscores.get(score_count) : nullptr;
+  bf16* probs_bf16 = dtype == DType::bf16 ? scratch.probs.get(score_count) : nullptr;
+
+  const std::vector<int64_t> bounds = block_bounds(t);
+  const size_t blocks = bounds.size() - 1;
+  const Strided dout_mats = lay.query(doutg, dtype), v_mats = lay.key(vg, dtype);
+  const Strided dscore_mats = lay.scores(dscores, DType::f32);
+  for (size_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
+    matmul(dout_mats.block(r0, r1, 0, s.d), v_mats.transposed().block(0, s.d, 0, r1),
+           dscore_mats.out_block(r0, r1, 0, r1));
+  }
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < s.b * s.h * t; ++row) {
+    const int64_t ti = row % t;
+    const float* p = probs + row * t;
+    float* ds = dscores + row * t;
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t j = 0; j <= ti; ++j) dot += ds[j] * p[j];
+#pragma omp simd
+    for (int64_t j = 0; j <= ti; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
+    std::fill(ds + ti + 1, ds + t, 0.0f);
+    if (dscores_bf16) {
+      detail::to_bf16_serial(ds, dscores_bf16 + row * t, t);
+      detail::to_bf16_serial(p, probs_bf16 + row * t, t);
+    }
+  }
+
+  const void* dsg = dscores_bf16 ? static_cast<const void*>(dscores_bf16) : dscores;
+  const void* pg = probs_bf16 ? static_cast<const void*>(probs_bf16) : probs;
+  // dQ, by query block.
+  const Strided ds_mats = lay.scores(dsg, dtype), k_mats = lay.key(kg, dtype);
+  const Strided dq_mats = lay.query(dq, DType::f32);
+  for (size_t i = 0; i < blocks; ++i) {
+    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
+    matmul(ds_mats.block(r0, r1, 0, r1), k_mats.block(0, r1, 0, s.d),
+           dq_mats.out_block(r0, r1, 0, s.d));
+  }
+  // dK and dV, by key block; the first query head of each group writes, the others add.
+  const Strided dk_mats = lay.key_4d(dk, DType::f32), dv_mats = lay.key_4d(dv, DType::f32);
+  for (int64_t j = 0; j < lay.g; ++j) {
+    const Strided p_t = lay.scores_head(pg, dtype, j).transposed();
+    const Strided ds_t = lay.scores_head(dsg, dtype, j).transposed();
+    const Strided dout_j = lay.query_head(doutg, dtype, j), q_j = lay.query_head(qg, dtype, j);
+    for (size_t i = 0; i < blocks; ++i) {
+      const int64_t c0 = bounds[i], c1 = bounds[i + 1];
+      matmul(p_t.block(c0, c1, c0, t), dout_j.block(c0, t, 0, s.d),
+             dv_mats.out_block(c0, c1, 0, s.d), /*accumulate=*/j > 0);
+      matmul(ds_t.block(c0, c1, c0, t), q_j.block(c0, t, 0, s.d),
+             dk_mats.out_block(c0, c1, 0, s.d), /*accumulate=*/j > 0);
+    }
+  }
+}
+
+void attention_reference(double* out, const double* q, const double* k, const double* v,
+                         const AttentionShape& s) {
+  check_shape(s);
+  const int64_t g = s.h / s.kvh;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(s.d));
+  std::vector<double> weights(s.t);
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t h = 0; h < s.h; ++h)
+      for (int64_t i = 0; i < s.t; ++i) {
+        const double* qi = q + ((b * s.t + i) * s.h + h) * s.d;
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* kj = k + ((b * s.t + j) * s.kvh + h / g) * s.d;
+          double dot = 0;
+          for (int64_t x = 0; x < s.d; ++x) dot += qi[x] * kj[x];
+          weights[j] = dot * scale;
+          max_score = std::max(max_score, weights[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          weights[j] = std::exp(weights[j] - max_score);
+          sum += weights[j];
+        }
+        double* oi = out + ((b * s.t + i) * s.h + h) * s.d;
+        for (int64_t x = 0; x < s.d; ++x) oi[x] = 0;
+        for (int64_t j = 0; j <= i; ++j) {
+          const double* vj = v + ((b * s.t + j) * s.kvh + h / g) * s.d;
+          for (int64_t x = 0; x < s.d; ++x) oi[x] += weights[j] / sum * vj[x];
+        }
+      }
+}
+
+}  // namespace foundry::ops

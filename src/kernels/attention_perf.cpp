@@ -1,0 +1,88 @@
+// Attention at the benchmark model's shape, against the batched GEMMs it is built from.
+//   perf_kernels --benchmark_filter=Attention
+// "GFLOPs" counts the full (unmasked) score and value products: 2 GEMMs forward, 4 backward,
+// each 2·B·H·T²·D, so the figure compares directly with the plain GEMM rate below.
+#include <benchmark/benchmark.h>
+
+#include <vector>
+
+#include "base/rng.h"
+#include "kernels/attention.h"
+
+namespace foundry::ops {
+namespace {
+
+std::vector<float> random_floats(int64_t count, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> v(count);
+  for (auto& x : v) x = static_cast<float>(rng.normal());
+  return v;
+}
+
+AttentionShape shape_of(const benchmark::State& state) {
+  return {8, 256, 8, state.range(0), 64};
+}
+
+DType dtype_of(const benchmark::State& state) {
+  return state.range(1) ? DType::bf16 : DType::f32;
+}
+
+double product_flops(const AttentionShape& s) {
+  return 2.0 * s.b * s.h * s.t * s.t * s.d;
+}
+
+void BM_AttentionForward(benchmark::State& state) {
+  const AttentionShape s = shape_of(state);
+  const auto q = random_floats(s.b * s.t * s.h * s.d, 1);
+  const auto k = random_floats(s.b * s.t * s.kvh * s.d, 2);
+  const auto v = random_floats(s.b * s.t * s.kvh * s.d, 3);
+  std::vector<float> out(q.size()), probs(s.b * s.h * s.t * s.t);
+  for (auto _ : state)
+    attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s, dtype_of(state));
+  state.counters["GFLOPs"] = benchmark::Counter(2 * product_flops(s) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_AttentionBackward(benchmark::State& state) {
+  const AttentionShape s = shape_of(state);
+  const auto q = random_floats(s.b * s.t * s.h * s.d, 1);
+  const auto k = random_floats(s.b * s.t * s.kvh * s.d, 2);
+  const auto v = random_floats(s.b * s.t * s.kvh * s.d, 3);
+  const auto dout = random_floats(q.size(), 4);
+  std::vector<float> out(q.size()), probs(s.b * s.h * s.t * s.t);
+  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+  attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s, dtype_of(state));
+  for (auto _ : state)
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), probs.data(), q.data(),
+                       k.data(), v.data(), s, dtype_of(state));
+  state.counters["GFLOPs"] = benchmark::Counter(4 * product_flops(s) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// One contiguous batched product of the same size: [B·H] × (T×D · D×T).
+void BM_BatchedScoreGemm(benchmark::State& state) {
+  const AttentionShape s = shape_of(state);
+  const DType dtype = dtype_of(state);
+  const int64_t batch = s.b * s.h;
+  const auto a = random_floats(batch * s.t * s.d, 1), b = random_floats(batch * s.t * s.d, 2);
+  std::vector<bf16> ah(a.size()), bh(b.size());
+  convert_to_bf16(a.data(), ah.data(), a.size());
+  convert_to_bf16(b.data(), bh.data(), b.size());
+  const void* ap = dtype == DType::bf16 ? static_cast<const void*>(ah.data()) : a.data();
+  const void* bp = dtype == DType::bf16 ? static_cast<const void*>(bh.data()) : b.data();
+  std::vector<float> c(batch * s.t * s.t);
+  const MatView av{ap, dtype, {batch, s.t, s.d}, {s.t * s.d, s.d, 1}};
+  const MatView bv{bp, dtype, {batch, s.d, s.t}, {s.t * s.d, 1, s.d}};
+  const OutView cv{c.data(), {batch, s.t, s.t}, {s.t * s.t, s.t, 1}};
+  for (auto _ : state) matmul(av, bv, cv);
+  state.counters["GFLOPs"] = benchmark::Counter(product_flops(s) * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Args: {kv heads, bf16?}.
+BENCHMARK(BM_AttentionForward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionBackward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_BatchedScoreGemm)->ArgsProduct({{8}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+
+}  // namespace
+}  // namespace foundry::ops

@@ -1,0 +1,193 @@
+#include "kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/test_support.h"
+
+namespace foundry::ops {
+namespace {
+
+using kernel_testing::cast_vector;
+using kernel_testing::dot;
+using kernel_testing::norm_relative_error;
+using kernel_testing::numeric_gradient;
+using kernel_testing::random_normal;
+
+struct Inputs {
+  AttentionShape s;
+  std::vector<double> q, k, v;
+  explicit Inputs(AttentionShape shape, uint64_t seed) : s(shape) {
+    q = random_normal(s.b * s.t * s.h * s.d, seed);
+    k = random_normal(s.b * s.t * s.kvh * s.d, seed + 1);
+    v = random_normal(s.b * s.t * s.kvh * s.d, seed + 2);
+  }
+  int64_t q_count() const { return s.b * s.t * s.h * s.d; }
+  int64_t prob_count() const { return s.b * s.h * s.t * s.t; }
+  std::vector<double> reference() const {
+    std::vector<double> out(q_count());
+    attention_reference(out.data(), q.data(), k.data(), v.data(), s);
+    return out;
+  }
+};
+
+struct Result {
+  std::vector<float> out, probs;
+};
+
+Result run_forward(const Inputs& in, DType dtype) {
+  const auto q = cast_vector<float>(in.q), k = cast_vector<float>(in.k),
+             v = cast_vector<float>(in.v);
+  Result r{std::vector<float>(in.q_count()), std::vector<float>(in.prob_count(), 7.0f)};
+  attention_forward(r.out.data(), r.probs.data(), q.data(), k.data(), v.data(), in.s, dtype);
+  return r;
+}
+
+struct Grads {
+  std::vector<float> dq, dk, dv;
+};
+
+Grads run_backward(const Inputs& in, const std::vector<double>& dout_d, DType dtype) {
+  const auto q = cast_vector<float>(in.q), k = cast_vector<float>(in.k),
+             v = cast_vector<float>(in.v), dout = cast_vector<float>(dout_d);
+  const Result fwd = run_forward(in, dtype);
+  // Written, not accumulated: start from garbage.
+  Grads g{std::vector<float>(q.size(), 5.0f), std::vector<float>(k.size(), 5.0f),
+          std::vector<float>(v.size(), 5.0f)};
+  attention_backward(g.dq.data(), g.dk.data(), g.dv.data(), dout.data(), fwd.probs.data(),
+                     q.data(), k.data(), v.data(), in.s, dtype);
+  return g;
+}
+
+// T = 130 splits into three causal blocks (48, 48, 34 rows); T = 7 and 5 are one block.
+const AttentionShape kShapes[] = {
+    {2, 7, 4, 2, 8}, {1, 130, 2, 2, 16}, {2, 67, 4, 1, 32}, {1, 130, 4, 2, 8}};
+
+class AttentionShapes : public ::testing::TestWithParam<AttentionShape> {};
+
+TEST_P(AttentionShapes, Fp32ForwardMatchesReference) {
+  const Inputs in(GetParam(), 11);
+  const auto expected = in.reference();
+  const Result r = run_forward(in, DType::f32);
+  EXPECT_LT(norm_relative_error(r.out, expected), 2e-6);
+  for (size_t i = 0; i < expected.size(); ++i) ASSERT_NEAR(r.out[i], expected[i], 2e-5) << i;
+
+  const AttentionShape s = in.s;
+  for (int64_t row = 0; row < s.b * s.h * s.t; ++row) {
+    const int64_t t = row % s.t;
+    double sum = 0;
+    for (int64_t j = 0; j <= t; ++j) sum += r.probs[row * s.t + j];
+    ASSERT_NEAR(sum, 1.0, 1e-5) << "row " << row;
+    for (int64_t j = t + 1; j < s.t; ++j) ASSERT_EQ(r.probs[row * s.t + j], 0.0f);
+  }
+}
+
+TEST_P(AttentionShapes, Bf16ForwardMatchesReferenceLoosely) {
+  const Inputs in(GetParam(), 12);
+  const auto expected = in.reference();
+  const Result r = run_forward(in, DType::bf16);
+  EXPECT_LT(norm_relative_error(r.out, expected), 1e-2);
+  const AttentionShape s = in.s;
+  for (int64_t row = 0; row < s.b * s.h * s.t; ++row)
+    for (int64_t j = row % s.t + 1; j < s.t; ++j) ASSERT_EQ(r.probs[row * s.t + j], 0.0f);
+}
+
+// Directional derivatives of <reference(q, k, v), dout> against the kernel's gradient: cheap
+// enough for the multi-block shapes, where full finite differences would be slow.
+TEST_P(AttentionShapes, BackwardMatchesDirectionalFiniteDifferences) {
+  Inputs in(GetParam(), 13);
+  const auto dout = random_normal(in.q_count(), 14);
+  const Grads g = run_backward(in, dout, DType::f32);
+  auto loss = [&] { return dot(in.reference(), dout); };
+  struct Tensor {
+    std::vector<double>* x;
+    const std::vector<float>* grad;
+  };
+  for (const Tensor& t : {Tensor{&in.q, &g.dq}, Tensor{&in.k, &g.dk}, Tensor{&in.v, &g.dv}})
+    for (uint64_t trial = 0; trial < 2; ++trial) {
+      const auto direction = random_normal(t.x->size(), 100 + trial);
+      double analytic = 0;
+      for (size_t i = 0; i < direction.size(); ++i) analytic += (*t.grad)[i] * direction[i];
+      const double step = 1e-5;
+      const auto x0 = *t.x;
+      for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] + step * direction[i];
+      const double up = loss();
+      for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] - step * direction[i];
+      const double down = loss();
+      *t.x = x0;
+      const double numeric = (up - down) / (2 * step);
+      EXPECT_NEAR(analytic, numeric, 3e-5 * std::abs(numeric) + 1e-7);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes, ::testing::ValuesIn(kShapes));
+
+TEST(Attention, OutputsBeforeAPositionIgnoreThatPositionsKeysAndValues) {
+  const AttentionShape s{2, 130, 4, 2, 8};
+  Inputs in(s, 21);
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Result base = run_forward(in, dtype);
+    for (int64_t changed : {0, 50, 100, 129}) {
+      Inputs moved = in;
+      for (int64_t b = 0; b < s.b; ++b)
+        for (int64_t x = 0; x < s.kvh * s.d; ++x) {
+          moved.k[(b * s.t + changed) * s.kvh * s.d + x] += 3.0;
+          moved.v[(b * s.t + changed) * s.kvh * s.d + x] -= 2.0;
+        }
+      const Result r = run_forward(moved, dtype);
+      for (int64_t b = 0; b < s.b; ++b)
+        for (int64_t t = 0; t < s.t; ++t) {
+          const int64_t row = (b * s.t + t) * s.h * s.d;
+          bool same = true;
+          for (int64_t x = 0; x < s.h * s.d; ++x) same &= r.out[row + x] == base.out[row + x];
+          if (t < changed) {
+            ASSERT_TRUE(same) << "b " << b << " t " << t << " changed " << changed;
+          } else if (t == changed) {
+            ASSERT_FALSE(same) << "the change must reach position " << t;
+          }
+        }
+    }
+  }
+}
+
+class AttentionGradients : public ::testing::TestWithParam<AttentionShape> {};
+
+// Every input element, central differences of the double reference.
+TEST_P(AttentionGradients, BackwardMatchesFiniteDifferences) {
+  Inputs in(GetParam(), 31);
+  const auto dout = random_normal(in.q_count(), 32);
+  auto loss = [&] { return dot(in.reference(), dout); };
+  const auto numeric_dq = numeric_gradient(in.q, loss);
+  const auto numeric_dk = numeric_gradient(in.k, loss);
+  const auto numeric_dv = numeric_gradient(in.v, loss);
+
+  const Grads g = run_backward(in, dout, DType::f32);
+  EXPECT_LT(norm_relative_error(g.dq, numeric_dq), 2e-6);
+  EXPECT_LT(norm_relative_error(g.dk, numeric_dk), 2e-6);
+  EXPECT_LT(norm_relative_error(g.dv, numeric_dv), 2e-6);
+
+  const Grads h = run_backward(in, dout, DType::bf16);
+  EXPECT_LT(norm_relative_error(h.dq, numeric_dq), 1.5e-2);
+  EXPECT_LT(norm_relative_error(h.dk, numeric_dk), 1.5e-2);
+  EXPECT_LT(norm_relative_error(h.dv, numeric_dv), 1.5e-2);
+}
+
+// GQA with two query heads per kv head, and plain multi-head attention (KVH = H).
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGradients,
+                         ::testing::Values(AttentionShape{2, 5, 4, 2, 4},
+                                           AttentionShape{1, 6, 4, 4, 8},
+                                           AttentionShape{1, 4, 3, 1, 5}));
+
+TEST(Attention, ReferenceOfASinglePositionReturnsItsValue) {
+  // With one position the softmax is 1 whatever the scores.
+  const AttentionShape s{1, 1, 2, 1, 3};
+  const std::vector<double> q{1, 2, 3, -4, 5, 6}, k{0.5, -1, 2}, v{7, 8, 9};
+  std::vector<double> out(6);
+  attention_reference(out.data(), q.data(), k.data(), v.data(), s);
+  EXPECT_EQ(out, (std::vector<double>{7, 8, 9, 7, 8, 9}));
+}
+
+}  // namespace
+}  // namespace foundry::ops

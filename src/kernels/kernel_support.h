@@ -1,0 +1,102 @@
+// Helpers shared by the kernel sources (not part of the kernel interface): an exp that
+// vectorizes, and grow-only scratch buffers.
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <new>
+
+#include "base/bf16.h"
+
+namespace foundry::ops::detail {
+
+// Below this many elements a loop runs on one thread: a parallel region costs a few
+// microseconds, more than the work (the single-token decode path lives here).
+constexpr int64_t kParallelMinElements = 16384;
+
+// exp(x) in float without a libm call, so that `omp simd` loops around it vectorize.
+// Cephes' polynomial on x = n·ln2 + r, |r| ≤ ln2/2; relative error below 2e-7.
+// Returns exactly 0 below -87 (where exp underflows to denormals) and saturates above 88.
+inline float exp_fast(float x) {
+  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  // Round xc·log2(e) to nearest by adding 1.5·2^23: the integer lands in the low mantissa bits.
+  const float shifted = xc * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  const int32_t n_int = std::bit_cast<int32_t>(shifted) - 0x4B400000;
+  const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * r * r + r + 1.0f;
+  const float scale = std::bit_cast<float>((n_int + 127) << 23);
+  return x < -87.0f ? 0.0f : y * scale;
+}
+inline double exp_fast(double x) { return std::exp(x); }
+
+// max(x[0..n)), -inf when n = 0. (Compilers do not vectorize a float max reduction on their
+// own without relaxed NaN semantics.)
+inline float max_of(const float* x, int64_t n) {
+  float m = -std::numeric_limits<float>::infinity();
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 lanes = _mm512_set1_ps(m);
+  for (; i + 16 <= n; i += 16) lanes = _mm512_mask_max_ps(lanes, 0xFFFF, lanes, _mm512_loadu_ps(x + i));
+  alignas(64) float lane_values[16];
+  _mm512_store_ps(lane_values, lanes);
+  for (float lane : lane_values) m = std::max(m, lane);
+#endif
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+inline double max_of(const double* x, int64_t n) {
+  double m = -std::numeric_limits<double>::infinity();
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  return m;
+}
+
+// Converts n floats to bf16 (round to nearest even) on the calling thread, for use inside
+// parallel loops.
+inline void to_bf16_serial(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), std::bit_cast<__m256i>(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+}
+
+// A buffer that only grows: kernels keep one per purpose (thread_local) and reuse it across
+// calls instead of allocating every step. Contents are unspecified after get().
+template <typename T>
+class ScratchBuffer {
+ public:
+  T* get(int64_t count) {
+    if (count > capacity_) {
+      const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
+      data_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
+      if (!data_) throw std::bad_alloc();
+      capacity_ = count;
+    }
+    return data_.get();
+  }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+  int64_t capacity_ = 0;
+};
+
+}  // namespace foundry::ops::detail

@@ -1,0 +1,362 @@
+#include "kernels/ops.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/test_support.h"
+
+namespace foundry::ops {
+namespace {
+
+using kernel_testing::cast_vector;
+using kernel_testing::dot;
+using kernel_testing::max_relative_error;
+using kernel_testing::numeric_gradient;
+using kernel_testing::random_normal;
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<int32_t> tokens(n);
+  for (auto& t : tokens) t = static_cast<int32_t>(rng.below(v));
+  return tokens;
+}
+
+// ---- embedding ---------------------------------------------------------------------------
+
+TEST(Embedding, ForwardCopiesTheTokenRows) {
+  const int64_t n = 9, c = 5, v = 4;
+  const auto wte = random_normal<float>(v * c, 1);
+  const auto tokens = random_tokens(n, v, 2);
+  std::vector<float> out(n * c, -1.0f);
+  embedding_forward(out.data(), tokens.data(), wte.data(), n, c);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < c; ++j) ASSERT_EQ(out[i * c + j], wte[tokens[i] * c + j]);
+}
+
+TEST(Embedding, BackwardAccumulatesTheScatterAndMatchesFiniteDifferences) {
+  const int64_t n = 12, c = 70, v = 5;  // c > 64 crosses a column block
+  const std::vector<int32_t> tokens{0, 3, 3, 1, 0, 3, 4, 4, 3, 1, 0, 3};  // repeats; id 2 unused
+  const auto dout = random_normal(n * c, 3);
+  auto wte = random_normal(v * c, 4);
+  const auto prior = random_normal(v * c, 5);
+  std::vector<double> dwte = prior;
+  embedding_backward(dwte.data(), dout.data(), tokens.data(), n, c, v);
+
+  std::vector<double> out(n * c);
+  auto loss = [&] {
+    embedding_forward(out.data(), tokens.data(), wte.data(), n, c);
+    return dot(out, dout);
+  };
+  const auto numeric = numeric_gradient(wte, loss);
+  std::vector<double> analytic(v * c);
+  for (int64_t i = 0; i < v * c; ++i) analytic[i] = dwte[i] - prior[i];
+  EXPECT_LT(max_relative_error(analytic, numeric), 1e-8);
+  for (int64_t j = 0; j < c; ++j) EXPECT_EQ(dwte[2 * c + j], prior[2 * c + j]);
+}
+
+TEST(Embedding, BackwardRejectsTokensOutsideTheVocabulary) {
+  const int64_t c = 3, v = 4;
+  std::vector<double> dwte(v * c), dout(2 * c, 1.0);
+  const std::vector<int32_t> tokens{1, 4};
+  EXPECT_THROW(embedding_backward(dwte.data(), dout.data(), tokens.data(), 2, c, v), Error);
+}
+
+// ---- RMSNorm -----------------------------------------------------------------------------
+
+std::vector<double> rmsnorm_reference(const std::vector<double>& in,
+                                      const std::vector<double>& weight, int64_t n, int64_t c,
+                                      double eps) {
+  std::vector<double> out(n * c);
+  for (int64_t i = 0; i < n; ++i) {
+    double ss = 0;
+    for (int64_t j = 0; j < c; ++j) ss += in[i * c + j] * in[i * c + j];
+    const double r = 1.0 / std::sqrt(ss / c + eps);
+    for (int64_t j = 0; j < c; ++j) out[i * c + j] = in[i * c + j] * r * weight[j];
+  }
+  return out;
+}
+
+TEST(RmsNorm, ForwardMatchesReferenceInFloatAndDouble) {
+  const int64_t n = 7, c = 37;
+  const auto in = random_normal(n * c, 1, 2.0), weight = random_normal(c, 2);
+  const auto expected = rmsnorm_reference(in, weight, n, c, 1e-5);
+
+  std::vector<double> out(n * c), rstd(n);
+  rmsnorm_forward(out.data(), rstd.data(), in.data(), weight.data(), n, c, 1e-5);
+  EXPECT_LT(max_relative_error(out, expected), 1e-14);
+
+  const auto in_f = cast_vector<float>(in), weight_f = cast_vector<float>(weight);
+  std::vector<float> out_f(n * c), rstd_f(n);
+  rmsnorm_forward(out_f.data(), rstd_f.data(), in_f.data(), weight_f.data(), n, c, 1e-5f);
+  EXPECT_LT(max_relative_error(out_f, expected), 1e-6);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(rstd_f[i], rstd[i], 1e-6 * rstd[i]);
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 37, c = 11;  // n > 32 spans two row chunks of the dweight reduction
+  const double eps = 1e-5;
+  auto in = random_normal(n * c, 3), weight = random_normal(c, 4);
+  const auto dout = random_normal(n * c, 5);
+  std::vector<double> out(n * c), rstd(n);
+  auto loss = [&] {
+    rmsnorm_forward(out.data(), rstd.data(), in.data(), weight.data(), n, c, eps);
+    return dot(out, dout);
+  };
+  const auto numeric_din = numeric_gradient(in, loss);
+  const auto numeric_dweight = numeric_gradient(weight, loss);
+
+  rmsnorm_forward(out.data(), rstd.data(), in.data(), weight.data(), n, c, eps);
+  const auto din_prior = random_normal(n * c, 6), dweight_prior = random_normal(c, 7);
+  auto din = din_prior, dweight = dweight_prior;
+  rmsnorm_backward(din.data(), dweight.data(), dout.data(), in.data(), weight.data(),
+                   rstd.data(), n, c);
+  for (int64_t i = 0; i < n * c; ++i) din[i] -= din_prior[i];
+  for (int64_t j = 0; j < c; ++j) dweight[j] -= dweight_prior[j];
+  EXPECT_LT(max_relative_error(din, numeric_din), 1e-7);
+  EXPECT_LT(max_relative_error(dweight, numeric_dweight), 1e-7);
+}
+
+// ---- RoPE --------------------------------------------------------------------------------
+
+// Rotate-half RoPE in double, straight from the definition.
+std::vector<double> rope_reference(std::vector<double> x, int64_t b, int64_t t, int64_t h,
+                                   int64_t d, int64_t rotary_dim, int64_t pos_offset,
+                                   double theta) {
+  const int64_t half = rotary_dim / 2;
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti)
+      for (int64_t hi = 0; hi < h; ++hi) {
+        double* head = x.data() + ((bi * t + ti) * h + hi) * d;
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle =
+              (pos_offset + ti) / std::pow(theta, 2.0 * i / static_cast<double>(rotary_dim));
+          const double x1 = head[i], x2 = head[i + half];
+          head[i] = x1 * std::cos(angle) - x2 * std::sin(angle);
+          head[i + half] = x2 * std::cos(angle) + x1 * std::sin(angle);
+        }
+      }
+  return x;
+}
+
+TEST(Rope, RotatesAHandComputedExample) {
+  // One head of dim 4 at positions 0 and 1, theta = 100: pair 0 = dims (0, 2) turns by
+  // pos·1 rad, pair 1 = dims (1, 3) by pos·100^(-1/2) = pos·0.1 rad.
+  std::vector<double> x{1, 2, 3, 4, 1, 2, 3, 4};
+  rope_apply(x.data(), 1, 2, 1, 4, 4, 0, 100.0, false);
+  const double c1 = std::cos(1.0), s1 = std::sin(1.0), c01 = std::cos(0.1), s01 = std::sin(0.1);
+  const std::vector<double> expected{1, 2, 3, 4, 1 * c1 - 3 * s1, 2 * c01 - 4 * s01,
+                                     3 * c1 + 1 * s1, 4 * c01 + 2 * s01};
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(x[i], expected[i], 1e-15) << i;
+}
+
+TEST(Rope, PartialRotaryDimMatchesReferenceAndLeavesTheTailUntouched) {
+  const int64_t b = 2, t = 5, h = 3, d = 10, rotary_dim = 6, pos_offset = 7;
+  const auto x0 = random_normal(b * t * h * d, 1);
+  const auto expected = rope_reference(x0, b, t, h, d, rotary_dim, pos_offset, 10000.0);
+  auto x = x0;
+  rope_apply(x.data(), b, t, h, d, rotary_dim, pos_offset, 10000.0, false);
+  EXPECT_LT(max_relative_error(x, expected), 1e-14);
+  for (int64_t row = 0; row < b * t * h; ++row)
+    for (int64_t j = rotary_dim; j < d; ++j) ASSERT_EQ(x[row * d + j], x0[row * d + j]);
+
+  auto xf = cast_vector<float>(x0);
+  rope_apply(xf.data(), b, t, h, d, rotary_dim, pos_offset, 10000.0, false);
+  EXPECT_LT(max_relative_error(xf, expected), 1e-6);
+}
+
+TEST(Rope, InverseIsTheExactAdjointAndUndoesTheRotation) {
+  const int64_t b = 2, t = 6, h = 2, d = 8;
+  const auto x = random_normal(b * t * h * d, 2), y = random_normal(b * t * h * d, 3);
+  auto rx = x, rty = y;
+  rope_apply(rx.data(), b, t, h, d, d, 3, 500.0, false);
+  rope_apply(rty.data(), b, t, h, d, d, 3, 500.0, true);
+  EXPECT_NEAR(dot(rx, y), dot(x, rty), 1e-12);
+  auto back = rx;
+  rope_apply(back.data(), b, t, h, d, d, 3, 500.0, true);
+  EXPECT_LT(max_relative_error(back, x), 1e-14);
+}
+
+TEST(Rope, BackwardMatchesFiniteDifferences) {
+  const int64_t b = 1, t = 4, h = 2, d = 6, rotary_dim = 4;
+  auto x = random_normal(b * t * h * d, 4);
+  const auto dout = random_normal(b * t * h * d, 5);
+  auto loss = [&] {
+    auto y = x;
+    rope_apply(y.data(), b, t, h, d, rotary_dim, 2, 10000.0, false);
+    return dot(y, dout);
+  };
+  const auto numeric = numeric_gradient(x, loss);
+  auto analytic = dout;
+  rope_apply(analytic.data(), b, t, h, d, rotary_dim, 2, 10000.0, true);
+  EXPECT_LT(max_relative_error(analytic, numeric), 1e-9);
+}
+
+TEST(Rope, OneDecodeStepAtAnOffsetMatchesTheSamePositionInASequence) {
+  const int64_t t = 9, h = 2, d = 8;
+  const auto x0 = random_normal(t * h * d, 6);
+  auto seq = x0;
+  rope_apply(seq.data(), 1, t, h, d, d, 0, 10000.0, false);
+  std::vector<double> step(x0.begin() + 6 * h * d, x0.begin() + 7 * h * d);
+  rope_apply(step.data(), 1, 1, h, d, d, 6, 10000.0, false);
+  for (int64_t j = 0; j < h * d; ++j) EXPECT_EQ(step[j], seq[6 * h * d + j]);
+}
+
+// ---- SwiGLU ------------------------------------------------------------------------------
+
+TEST(SwiGlu, ForwardMatchesReference) {
+  const int64_t n = 5, f = 23;
+  const auto h = random_normal(n * 2 * f, 1, 3.0);
+  const auto hf = cast_vector<float>(h);
+  std::vector<double> out(n * f);
+  std::vector<float> out_f(n * f);
+  swiglu_forward(out.data(), h.data(), n, f);
+  swiglu_forward(out_f.data(), hf.data(), n, f);
+  std::vector<double> expected(n * f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = h[i * 2 * f + j], u = h[i * 2 * f + f + j];
+      expected[i * f + j] = g / (1 + std::exp(-g)) * u;
+    }
+  EXPECT_LT(max_relative_error(out, expected), 1e-14);
+  EXPECT_LT(max_relative_error(out_f, expected), 1e-6);
+}
+
+TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+  const int64_t n = 4, f = 9;
+  auto h = random_normal(n * 2 * f, 2, 2.0);
+  const auto dout = random_normal(n * f, 3);
+  std::vector<double> out(n * f);
+  auto loss = [&] {
+    swiglu_forward(out.data(), h.data(), n, f);
+    return dot(out, dout);
+  };
+  const auto numeric = numeric_gradient(h, loss);
+  std::vector<double> dh(n * 2 * f, 99.0);  // written, not accumulated
+  swiglu_backward(dh.data(), dout.data(), h.data(), n, f);
+  EXPECT_LT(max_relative_error(dh, numeric), 1e-8);
+}
+
+// ---- cross-entropy -----------------------------------------------------------------------
+
+TEST(CrossEntropy, ForwardIgnoresPaddedColumns) {
+  const int64_t n = 6, v = 11, vp = 16;
+  auto logits = random_normal(n * vp, 1, 2.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = v; j < vp; ++j) logits[i * vp + j] = 1000.0;  // would swamp the row
+  const auto targets = random_tokens(n, v, 2);
+  double expected_mean = 0;
+  std::vector<double> expected(n);
+  for (int64_t i = 0; i < n; ++i) {
+    double sum = 0;
+    for (int64_t j = 0; j < v; ++j) sum += std::exp(logits[i * vp + j]);
+    expected[i] = std::log(sum) - logits[i * vp + targets[i]];
+    expected_mean += expected[i] / n;
+  }
+  std::vector<double> losses(n);
+  EXPECT_NEAR(cross_entropy<double>(nullptr, losses.data(), logits.data(), targets.data(), n, v,
+                                    vp, 1.0),
+              expected_mean, 1e-13);
+  EXPECT_LT(max_relative_error(losses, expected), 1e-13);
+
+  const auto logits_f = cast_vector<float>(logits);
+  std::vector<float> losses_f(n), dlogits_f(n * vp);
+  EXPECT_NEAR(cross_entropy<float>(dlogits_f.data(), losses_f.data(), logits_f.data(),
+                                   targets.data(), n, v, vp, 1.0f),
+              expected_mean, 1e-5);
+  EXPECT_LT(max_relative_error(losses_f, expected), 1e-5);
+}
+
+TEST(CrossEntropy, GradientMatchesFiniteDifferencesAndIsZeroInPaddedColumns) {
+  const int64_t n = 5, v = 7, vp = 10;
+  auto logits = random_normal(n * vp, 3, 2.0);
+  const auto targets = random_tokens(n, v, 4);
+  std::vector<double> losses(n);
+  auto loss = [&] {
+    return cross_entropy<double>(nullptr, losses.data(), logits.data(), targets.data(), n, v, vp,
+                                 1.0);
+  };
+  const auto numeric = numeric_gradient(logits, loss);
+  std::vector<double> dlogits(n * vp, 99.0);
+  cross_entropy<double>(dlogits.data(), losses.data(), logits.data(), targets.data(), n, v, vp,
+                        1.0 / n);
+  EXPECT_LT(max_relative_error(dlogits, numeric), 1e-8);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = v; j < vp; ++j) ASSERT_EQ(dlogits[i * vp + j], 0.0);
+}
+
+TEST(CrossEntropy, InPlaceGradientEqualsOutOfPlace) {
+  const int64_t n = 4, v = 30, vp = 32;
+  const auto logits = random_normal<float>(n * vp, 5, 3.0);
+  const auto targets = random_tokens(n, v, 6);
+  std::vector<float> losses(n), losses_inplace(n), dlogits(n * vp);
+  const double mean = cross_entropy<float>(dlogits.data(), losses.data(), logits.data(),
+                                           targets.data(), n, v, vp, 0.25f);
+  auto buffer = logits;
+  const double mean_inplace = cross_entropy<float>(buffer.data(), losses_inplace.data(),
+                                                   buffer.data(), targets.data(), n, v, vp, 0.25f);
+  EXPECT_EQ(mean, mean_inplace);
+  EXPECT_EQ(losses, losses_inplace);
+  EXPECT_EQ(dlogits, buffer);
+}
+
+TEST(CrossEntropy, RejectsTargetsOutsideTheRealVocabulary) {
+  std::vector<float> logits(8, 0.0f), losses(1);
+  const std::vector<int32_t> padded_target{6};
+  EXPECT_THROW(cross_entropy<float>(nullptr, losses.data(), logits.data(), padded_target.data(),
+                                    1, 5, 8, 1.0f),
+               Error);
+}
+
+// ---- determinism across thread counts ----------------------------------------------------
+
+class WithThreads {
+ public:
+  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~WithThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+TEST(Determinism, RmsNormBackwardIsBitwiseIdenticalForOneAndTwoThreads) {
+  const int64_t n = 300, c = 96;  // above the parallel threshold, ten row chunks
+  const auto in = random_normal<float>(n * c, 1), weight = random_normal<float>(c, 2);
+  const auto dout = random_normal<float>(n * c, 3);
+  std::vector<float> out(n * c), rstd(n);
+  rmsnorm_forward(out.data(), rstd.data(), in.data(), weight.data(), n, c, 1e-5f);
+  auto run = [&](int threads) {
+    WithThreads scope(threads);
+    std::vector<float> din(n * c, 0.5f), dweight(c, 0.25f);
+    rmsnorm_backward(din.data(), dweight.data(), dout.data(), in.data(), weight.data(),
+                     rstd.data(), n, c);
+    din.insert(din.end(), dweight.begin(), dweight.end());
+    return din;
+  };
+  const auto one = run(1), two = run(2);
+  ASSERT_EQ(one.size(), two.size());
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+TEST(Determinism, EmbeddingBackwardIsBitwiseIdenticalForOneAndTwoThreads) {
+  const int64_t n = 400, c = 96, v = 23;  // many repeats per token id
+  const auto dout = random_normal<float>(n * c, 4);
+  const auto tokens = random_tokens(n, v, 5);
+  auto run = [&](int threads) {
+    WithThreads scope(threads);
+    std::vector<float> dwte(v * c, 0.125f);
+    embedding_backward(dwte.data(), dout.data(), tokens.data(), n, c, v);
+    return dwte;
+  };
+  const auto one = run(1), two = run(2);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace foundry::ops

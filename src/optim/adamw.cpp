@@ -1,0 +1,103 @@
+#include "optim/adamw.h"
+
+#include <cmath>
+
+#include "base/error.h"
+
+namespace foundry {
+
+namespace {
+
+// Per-step constants, each rounded to float once.
+struct AdamWScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float step_size;           // lr / (1 - beta1^t)
+  float sqrt_correction2;    // sqrt(1 - beta2^t)
+  float eps;
+  float decay_factor;        // 1 - lr * weight_decay
+};
+
+void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay) {
+  const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
+  const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
+  const float keep = decay ? s.decay_factor : 1.0f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + c1 * gi;
+    const float vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / sqrt_c2 + eps;
+    p[i] = p[i] * keep - step_size * (mi / denom);
+  }
+}
+
+}  // namespace
+
+AdamW::AdamW(const ParamTable& table, const AdamWOptions& options)
+    : options_(options),
+      exp_avg_(table.total_elements(), 0.0f),
+      exp_avg_sq_(table.total_elements(), 0.0f) {
+  if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1))
+    fail(fmt::format("AdamW betas ({}, {}) must lie in [0, 1)", options.beta1, options.beta2),
+         "set train.beta1 and train.beta2 below 1");
+  if (!(options.eps >= 0) || !(options.weight_decay >= 0))
+    fail(fmt::format("AdamW eps = {} and weight_decay = {} must be non-negative", options.eps,
+                     options.weight_decay));
+  chunks_ = slab_chunks(table, [this](const ParamInfo& info) { return decays(info); });
+}
+
+bool AdamW::decays(const ParamInfo& info) const {
+  if (info.kind == ParamKind::embedding) return options_.decay_embeddings;
+  return info.weight_decay;
+}
+
+void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
+  if (step < 1) fail(fmt::format("AdamW step number {} must be >= 1 (steps are 1-based)", step));
+  const AdamWOptions& o = options_;
+  const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  AdamWScalars s;
+  s.beta1 = static_cast<float>(o.beta1);
+  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  s.beta2 = static_cast<float>(o.beta2);
+  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  s.step_size = static_cast<float>(lr / correction1);
+  s.sqrt_correction2 = static_cast<float>(std::sqrt(correction2));
+  s.eps = static_cast<float>(o.eps);
+  s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+
+  const int64_t n_chunks = static_cast<int64_t>(chunks_.size());
+  float* m = exp_avg_.data();
+  float* v = exp_avg_sq_.data();
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n_chunks; ++c) {
+    const SlabChunk& chunk = chunks_[c];
+    const int64_t at = chunk.offset;
+    adamw_chunk(params + at, grads + at, m + at, v + at, chunk.size, s, chunk.decay);
+  }
+}
+
+const std::vector<std::string>& AdamW::state_names() {
+  static const std::vector<std::string> names = {"exp_avg", "exp_avg_sq"};
+  return names;
+}
+
+std::span<float> AdamW::state(std::string_view name) {
+  if (name == "exp_avg") return exp_avg_;
+  if (name == "exp_avg_sq") return exp_avg_sq_;
+  fail(fmt::format("AdamW has no state named '{}'", name), "the states are exp_avg, exp_avg_sq");
+}
+
+std::span<const float> AdamW::state(std::string_view name) const {
+  return const_cast<AdamW*>(this)->state(name);
+}
+
+void AdamW::reset() {
+  std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
+  std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);
+}
+
+}  // namespace foundry

@@ -1,0 +1,26 @@
+// Global gradient-norm clipping.
+//
+// The norm is the L2 norm over every tensor of the slab (alignment padding excluded),
+// accumulated in double: each fixed chunk of the slab (optim/slab_chunks.h) sums its squares
+// in double, then the per-chunk sums are added in chunk order. The chunking does not depend
+// on the thread count, so the norm is bitwise identical with any number of threads.
+#pragma once
+#include <cstdint>
+
+#include "model/params.h"
+
+namespace foundry {
+
+// The global L2 norm of `grads` (a slab of table.total_elements() floats). +inf when some
+// gradient is infinite, NaN when some gradient is NaN.
+double grad_norm(const float* grads, const ParamTable& table);
+
+// Returns the global L2 norm before clipping. When it exceeds `max_norm`, every gradient is
+// multiplied by max_norm / norm (so the clipped norm is max_norm up to float rounding);
+// otherwise, or when max_norm = 0 (clipping off), the gradients are untouched.
+//
+// A non-finite gradient makes the returned norm non-finite (check with std::isfinite); the
+// gradients are then left untouched so the caller can skip the step and report it.
+double clip_grad_norm(float* grads, const ParamTable& table, double max_norm);
+
+}  // namespace foundry

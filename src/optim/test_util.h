@@ -1,0 +1,49 @@
+// Shared helpers for the optimizer tests.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "base/rng.h"
+#include "model/config.h"
+#include "model/params.h"
+
+namespace foundry::test {
+
+// A tiny MoE with grouped-query attention: every tensor kind, several chunks per run.
+inline ModelConfig tiny_moe_config() {
+  ModelConfig c;
+  c.vocab_size = 1000;  // padded to 1024 rows: the embedding alone spans several chunks
+  c.d_model = 36;  // norm weights of 36 floats leave alignment padding after them
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 8;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.ffn_dim = 48;
+  return c;
+}
+
+// A slab with normal(0, scale) values in every tensor and `padding_value` in the gaps.
+inline std::vector<float> random_slab(const ParamTable& table, uint64_t seed, double scale,
+                                      float padding_value = 0.0f) {
+  std::vector<float> slab(table.total_elements(), padding_value);
+  Rng rng(seed);
+  for (const ParamInfo& p : table.params())
+    for (int64_t i = 0; i < p.numel; ++i)
+      slab[p.offset + i] = static_cast<float>(scale * rng.normal());
+  return slab;
+}
+
+// Offsets of the slab elements that belong to no tensor (alignment padding).
+inline std::vector<int64_t> padding_offsets(const ParamTable& table) {
+  std::vector<bool> used(table.total_elements(), false);
+  for (const ParamInfo& p : table.params())
+    for (int64_t i = 0; i < p.numel; ++i) used[p.offset + i] = true;
+  std::vector<int64_t> gaps;
+  for (int64_t i = 0; i < table.total_elements(); ++i)
+    if (!used[i]) gaps.push_back(i);
+  return gaps;
+}
+
+}  // namespace foundry::test
