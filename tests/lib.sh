@@ -1,7 +1,7 @@
 # Helpers for the end-to-end test scripts: source it, then call check/expect_fail.
 set -uo pipefail
-FOUNDRY="$1"
-SRC="$2"
+FOUNDRY="$(realpath "$1")"
+SRC="$(realpath "$2")"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 failures=0

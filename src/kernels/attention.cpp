@@ -80,8 +80,7 @@ struct Layouts {
 // key block [c0, c1) only meets queries [c0, T): the score products skip the blocks above the
 // diagonal (with n blocks they do (n+1)/2n of the full work).
 std::vector<int64_t> block_bounds(int64_t t) {
-  static const int64_t kTargetRows = getenv("ROWS") ? atoi(getenv("ROWS")) : 64;
-  constexpr int64_t kMaxBlocks = 8, kAlign = 16;
+  constexpr int64_t kTargetRows = 64, kMaxBlocks = 8, kAlign = 16;
   const int64_t blocks = std::clamp<int64_t>((t + kTargetRows - 1) / kTargetRows, 1, kMaxBlocks);
   const int64_t rows = (t + blocks - 1) / blocks;
   const int64_t aligned = blocks == 1 ? t : (rows + kAlign - 1) / kAlign * kAlign;
@@ -112,13 +111,10 @@ struct BackwardScratch {
   detail::ScratchBuffer<float> dscores_f32;
 };
 
-}  // namespace
-
-// Forward: S = Q·K^T (causal blocks) into probs, softmax(S/sqrt(D)) in place with the future
-// masked to exactly 0, then out = P·V.
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
-                       const AttentionShape& s, DType dtype) {
-  check_shape(s);
+// Forward on one batch chunk: S = Q·K^T (causal blocks) into probs, softmax(S/sqrt(D)) in
+// place with the future masked to exactly 0, then out = P·V.
+void forward_chunk(float* out, float* probs, const float* q, const float* k, const float* v,
+                   const AttentionShape& s, DType dtype) {
   const Layouts lay(s);
   const int64_t t = s.t;
   thread_local ForwardScratch scratch;
@@ -166,12 +162,11 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
   }
 }
 
-// Backward: dP = dO·V^T, dS = P∘(dP − rowsum(dP∘P)) / sqrt(D), dQ = dS·K, and per kv head
-// dV = Σ_g P_g^T·dO_g, dK = Σ_g dS_g^T·Q_g over the G query heads sharing it.
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                        const float* q, const float* k, const float* v, const AttentionShape& s,
-                        DType dtype) {
-  check_shape(s);
+// Backward on one batch chunk: dP = dO·V^T, dS = P∘(dP − rowsum(dP∘P)) / sqrt(D), dQ = dS·K,
+// and per kv head dV = Σ_g P_g^T·dO_g, dK = Σ_g dS_g^T·Q_g over the G query heads sharing it.
+void backward_chunk(float* dq, float* dk, float* dv, const float* dout, const float* probs,
+                    const float* q, const float* k, const float* v, const AttentionShape& s,
+                    DType dtype) {
   const Layouts lay(s);
   const int64_t t = s.t;
   thread_local BackwardScratch scratch;
@@ -237,6 +232,44 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
              dk_mats.out_block(c0, c1, 0, s.d), /*accumulate=*/j > 0);
     }
   }
+}
+
+// Batch elements go through in chunks whose scores (H·T·T floats each) fit in about 2 MB, the
+// L2 of this class of machine, so that each chunk's softmax reads scores the GEMM has just
+// written and the value product reads probabilities still in cache. Every tensor has the
+// batch outermost, so a chunk is the same computation at an offset.
+template <typename Fn>
+void for_each_batch_chunk(const AttentionShape& s, Fn&& fn) {
+  static const int64_t kChunkScoreBytes = getenv("CHUNK_KB") ? atoi(getenv("CHUNK_KB")) * 1024 : 2 << 20;
+  const int64_t per_batch = s.h * s.t * s.t * static_cast<int64_t>(sizeof(float));
+  const int64_t chunk = std::clamp<int64_t>(kChunkScoreBytes / per_batch, 1, s.b);
+  for (int64_t b0 = 0; b0 < s.b; b0 += chunk) {
+    AttentionShape part = s;
+    part.b = std::min(chunk, s.b - b0);
+    fn(part, b0 * s.t * s.h * s.d, b0 * s.t * s.kvh * s.d, b0 * s.h * s.t * s.t);
+  }
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                       const AttentionShape& s, DType dtype) {
+  check_shape(s);
+  for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
+                              int64_t p_off) {
+    forward_chunk(out + q_off, probs + p_off, q + q_off, k + kv_off, v + kv_off, part, dtype);
+  });
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
+                        const float* q, const float* k, const float* v, const AttentionShape& s,
+                        DType dtype) {
+  check_shape(s);
+  for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
+                              int64_t p_off) {
+    backward_chunk(dq + q_off, dk + kv_off, dv + kv_off, dout + q_off, probs + p_off, q + q_off,
+                   k + kv_off, v + kv_off, part, dtype);
+  });
 }
 
 void attention_reference(double* out, const double* q, const double* k, const double* v,

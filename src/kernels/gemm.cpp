@@ -70,28 +70,43 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
     if (a.dims[i] == 0 || b.dims[i] == 0) return;  // empty product: nothing to do
   if (a.dims[r - 1] == 0) return;
 
+  // The token dimension of 2-D products varies from call to call (rows per expert), so it
+  // is made a runtime dimension whenever no stride depends on it: one primitive then serves
+  // every row count (oneDNN runs such shapes at full speed), instead of one JIT compile per
+  // count. That is M when A and C are row-major, or K when A is transposed and B row-major.
+  std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
+  if (r == 2) {
+    if (a.strides[1] == 1 && c.strides[1] == 1) {
+      a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
+    } else if (a.strides[0] == 1 && b.strides[1] == 1) {
+      a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
+    }
+  }
+
   std::string key;
   key.reserve(128);
   key += a.dtype == DType::bf16 ? 'h' : 'f';
   key += accumulate ? 'a' : 'w';
-  append_key(key, a.dims);
+  append_key(key, a_dims);
   append_key(key, a.strides);
-  append_key(key, b.dims);
+  append_key(key, b_dims);
   append_key(key, b.strides);
-  append_key(key, c.dims);
+  append_key(key, c_dims);
   append_key(key, c.strides);
+
+  using md = dnnl::memory::desc;
+  auto desc = [](const std::vector<int64_t>& dims, dnnl::memory::data_type dt,
+                 const std::vector<int64_t>& strides) {
+    return md(dnnl::memory::dims(dims.begin(), dims.end()), dt,
+              dnnl::memory::dims(strides.begin(), strides.end()));
+  };
+  const auto in_type = to_dnnl(a.dtype);
+  const auto f32 = dnnl::memory::data_type::f32;
 
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.mutex);
   auto it = e.cache.find(key);
   if (it == e.cache.end()) {
-    using md = dnnl::memory::desc;
-    md a_md(dnnl::memory::dims(a.dims.begin(), a.dims.end()), to_dnnl(a.dtype),
-            dnnl::memory::dims(a.strides.begin(), a.strides.end()));
-    md b_md(dnnl::memory::dims(b.dims.begin(), b.dims.end()), to_dnnl(b.dtype),
-            dnnl::memory::dims(b.strides.begin(), b.strides.end()));
-    md c_md(dnnl::memory::dims(c.dims.begin(), c.dims.end()), dnnl::memory::data_type::f32,
-            dnnl::memory::dims(c.strides.begin(), c.strides.end()));
     dnnl::primitive_attr attr;
     if (accumulate) {
       dnnl::post_ops ops;
@@ -99,16 +114,17 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
       attr.set_post_ops(ops);
     }
     try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), attr, e.engine);
+      dnnl::matmul::desc d(desc(a_dims, in_type, a.strides), desc(b_dims, in_type, b.strides),
+                           desc(c_dims, f32, c.strides));
+      dnnl::matmul::primitive_desc pd(d, attr, e.engine);
       it = e.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd)).first;
     } catch (const dnnl::error& err) {
       fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
     }
   }
-  const auto& pd = it->second.second;
-  dnnl::memory a_mem(pd.src_desc(), e.engine, const_cast<void*>(a.data));
-  dnnl::memory b_mem(pd.weights_desc(), e.engine, const_cast<void*>(b.data));
-  dnnl::memory c_mem(pd.dst_desc(), e.engine, c.data);
+  dnnl::memory a_mem(desc(a.dims, in_type, a.strides), e.engine, const_cast<void*>(a.data));
+  dnnl::memory b_mem(desc(b.dims, in_type, b.strides), e.engine, const_cast<void*>(b.data));
+  dnnl::memory c_mem(desc(c.dims, f32, c.strides), e.engine, c.data);
   it->second.first.execute(e.stream,
                            {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
   e.stream.wait();

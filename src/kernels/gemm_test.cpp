@@ -95,5 +95,26 @@ TEST(Gemm, PrimitivesAreCachedPerShape) {
   EXPECT_EQ(matmul_cache_size(), before + 1);
 }
 
+TEST(Gemm, TokenDimensionIsRuntimeSoRowCountsShareAPrimitive) {
+  // Expert GEMMs see a different row count every step: M (or K for weight gradients) must
+  // not create a primitive per value, and every row count must still be exact.
+  const int64_t n = 24, k = 40;
+  auto a = random_vec(64 * k, 6), b = random_vec(k * n, 7), dy = random_vec(64 * n, 8);
+  std::vector<float> c(64 * n), dw(n * k);
+  gemm(a.data(), false, b.data(), false, c.data(), 3, n, k, DType::f32);
+  gemm(dy.data(), true, a.data(), false, dw.data(), n, k, 3, DType::f32);
+  const size_t before = matmul_cache_size();
+  for (int64_t rows : {1, 17, 64}) {
+    gemm(a.data(), false, b.data(), false, c.data(), rows, n, k, DType::f32);
+    auto ref = reference(a, false, b, false, rows, n, k);
+    for (int64_t i = 0; i < rows * n; ++i) ASSERT_NEAR(c[i], ref[i], 1e-4);
+    // dW [n, k] = dy^T [n, rows] · a [rows, k]
+    gemm(dy.data(), true, a.data(), false, dw.data(), n, k, rows, DType::f32);
+    auto ref_dw = reference(dy, true, a, false, n, k, rows);
+    for (int64_t i = 0; i < n * k; ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-4);
+  }
+  EXPECT_EQ(matmul_cache_size(), before);
+}
+
 }  // namespace
 }  // namespace foundry
