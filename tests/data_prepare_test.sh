@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end checks of `foundry data prepare` on small generated inputs:
 #  1. text, JSONL and JSON-array inputs (files and a folder) give a complete dataset whose
-#     meta.json and shard headers agree with each other and with docs/format-shards.md;
+#     meta.json and shard headers agree with each other and with docs/formats.md;
 #  2. the same input gives byte-identical output, and --tokenizer reuses a tokenizer;
 #  3. every bad input fails with a message naming the file or flag, and leaves no meta.json.
 source "$(dirname "$0")/lib.sh"

@@ -15,7 +15,7 @@
 //
 // A checkpoint is valid when COMMITTED exists and every checksum in the chain matches.
 // One process saves into a run directory at a time. The full description is
-// docs/format-checkpoint.md.
+// docs/formats.md.
 #pragma once
 #include <cstdint>
 #include <optional>

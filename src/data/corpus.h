@@ -1,6 +1,6 @@
 // Reading raw text corpora: finding the input files and splitting them into documents.
 //
-// Formats (see docs/format-shards.md, "Inputs"):
+// Formats (see docs/formats.md, "Inputs"):
 //   text        one document per non-blank line (a trailing '\r' is dropped)
 //   jsonl       one JSON object per non-blank line; the document is its string field
 //               (default "text")

@@ -1,7 +1,7 @@
 // A prepared dataset: a directory holding meta.json, tokenizer.model and token shards
 // (train_00000.bin ..., val_00000.bin ...), written by `foundry data prepare`.
 // meta.json is written last, so its presence marks a complete dataset.
-// Layout and keys: docs/format-shards.md.
+// Layout and keys: docs/formats.md.
 #pragma once
 #include <cstdint>
 #include <nlohmann/json.hpp>

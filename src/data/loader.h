@@ -38,7 +38,7 @@ class BatchLoader {
   void reset();
 
   // The position as JSON: {"version", "split", "order", "seed", "seq_len", "windows",
-  // "epoch", "position"} (docs/format-shards.md). restore() accepts only a cursor made for the
+  // "epoch", "position"} (docs/formats.md). restore() accepts only a cursor made for the
   // same split, order, seed, seq_len and window count, and fails naming the mismatch.
   nlohmann::json cursor() const;
   void restore(const nlohmann::json& cursor);

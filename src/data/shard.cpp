@@ -19,7 +19,7 @@ static_assert(std::endian::native == std::endian::little,
 
 namespace {
 
-// Header field offsets; see docs/format-shards.md.
+// Header field offsets; see docs/formats.md.
 constexpr size_t kMagicAt = 0;
 constexpr size_t kVersionAt = 8;
 constexpr size_t kTokenBytesAt = 12;

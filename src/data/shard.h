@@ -1,5 +1,5 @@
 // Token shards: a 64-byte header followed by raw little-endian token ids.
-// The byte layout is documented in docs/format-shards.md; this file is its reference
+// The byte layout is documented in docs/formats.md; this file is its reference
 // implementation. Readers map the file and validate everything once on open, so code that
 // holds a TokenShard can index it without further checks.
 #pragma once
