@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Slow end-to-end checks on a slice of the real English corpus (npm package nlp-corpus):
-#  1. training lowers validation loss well below log(vocabulary) within 300 steps;
+#  1. training lowers validation loss well below log(vocabulary) (to 0.65·log V) within 600 steps;
 #  2. bf16 GEMMs track the fp32 loss curve (tolerance below);
 #  3. eval and generate work on the result, and the same seed gives the same text;
 #  4. a shard with an out-of-vocabulary id or a truncated shard stops training with a clear error.
@@ -12,7 +12,7 @@ if [ ! -d "$corpus" ]; then
   mkdir -p npm && (cd npm && npm pack --silent nlp-corpus >/dev/null && tar xzf nlp-corpus-*.tgz)
   corpus="$WORK/npm/package/builds"
 fi
-mkdir -p slice && cp "$corpus"/doc-1.json "$corpus"/doc-2.json "$corpus"/doc-3.json slice/
+mkdir -p slice && cp "$corpus"/doc-[1-8].json slice/
 "$FOUNDRY" data prepare --input slice --out data --vocab-size 1024 >prep.log 2>&1 \
   || { cat prep.log; bad "data prepare failed"; finish; exit 1; }
 
@@ -20,8 +20,8 @@ cat > small.json <<'JSON'
 {
   "model": {"vocab_size": 1024, "d_model": 128, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
             "head_dim": 32, "n_experts": 4, "top_k": 2, "ffn_dim": 256, "max_seq_len": 64},
-  "train": {"steps": 300, "batch_size": 16, "seq_len": 64, "lr": 3e-3, "warmup_steps": 30,
-            "precision": "bf16", "log_every": 50, "eval_every": 100, "eval_batches": 8,
+  "train": {"steps": 600, "batch_size": 16, "seq_len": 64, "lr": 3e-3, "warmup_steps": 30,
+            "precision": "bf16", "log_every": 50, "eval_every": 200, "eval_batches": 8,
             "checkpoint_every": 0, "peak_gflops": 100, "run_dir": "run-bf16"},
   "data": {"dir": "data"}
 }
@@ -37,15 +37,15 @@ def load(path):
     return [json.loads(l) for l in open(path)]
 bf, fp = load("run-bf16/metrics.jsonl"), load("run-fp32/metrics.jsonl")
 val = [m["val_loss"] for m in bf if "val_loss" in m]
-limit = 0.6 * math.log(1024)
-print(f"  val losses (bf16): {[round(v, 3) for v in val]}; limit 0.6*log(1024) = {limit:.3f}")
+limit = 0.65 * math.log(1024)
+print(f"  val losses (bf16): {[round(v, 3) for v in val]}; limit 0.65*log(1024) = {limit:.3f}")
 ok = val and val[-1] < limit
 # bf16 rounds each GEMM input to 8 significant bits (relative error 2^-9 per element); over
 # K-long dot products the errors average out, so per-step losses differ by a fraction of a
 # percent early on, and training noise may let the curves drift apart later by a little
 # more. We require the mean loss over each 50-step window to agree within 2%.
 worst = 0.0
-for w in range(0, 300, 50):
+for w in range(0, 600, 50):
     a = sum(m["loss"] for m in bf[w:w + 50]) / 50
     b = sum(m["loss"] for m in fp[w:w + 50]) / 50
     worst = max(worst, abs(a - b) / b)

@@ -29,7 +29,8 @@ struct TrainSummary {
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options);
 
-// Measures the best GEMM rate of this machine for `dtype` (GFLOP/s), in about a second.
+// Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
+// under a second: the denominator of MFU when the config gives no peak.
 double measure_gemm_peak_gflops(bool use_bf16);
 
 }  // namespace foundry
