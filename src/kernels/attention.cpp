@@ -64,7 +64,8 @@ struct Layouts {
   Strided scores(const void* p, DType dt) const {
     return {p, dt, {b, kvh, g}, {h * t * t, g * t * t, t * t}, t, 1};
   }
-  // Query head j of each group only, as [B, KVH] × [T, D] / [T, T] (for the dK, dV sums).
+  // For the dK, dV sums over each group: query head j of every group, and the kv heads, as
+  // [B, KVH] × [T, D] (or × [T, T] for scores).
   Strided query_head(const void* p, DType dt, int64_t j) const {
     return Strided{p, dt, {b, kvh}, {t * h * d, g * d}, h * d, 1}.offset(j * d);
   }
@@ -240,7 +241,7 @@ void backward_chunk(float* dq, float* dk, float* dv, const float* dout, const fl
 // batch outermost, so a chunk is the same computation at an offset.
 template <typename Fn>
 void for_each_batch_chunk(const AttentionShape& s, Fn&& fn) {
-  static const int64_t kChunkScoreBytes = getenv("CHUNK_KB") ? atoi(getenv("CHUNK_KB")) * 1024 : 2 << 20;
+  constexpr int64_t kChunkScoreBytes = 2 << 20;
   const int64_t per_batch = s.h * s.t * s.t * static_cast<int64_t>(sizeof(float));
   const int64_t chunk = std::clamp<int64_t>(kChunkScoreBytes / per_batch, 1, s.b);
   for (int64_t b0 = 0; b0 < s.b; b0 += chunk) {

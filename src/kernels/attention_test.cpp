@@ -62,10 +62,10 @@ Grads run_backward(const Inputs& in, const std::vector<double>& dout_d, DType dt
 }
 
 // T = 130 splits into three causal blocks (48, 48, 34 rows), T = 7 is one block; at
-// T = 260, H = 8 each batch element's scores take 2.2 MB, so the batch goes through in three
+// T = 260, H = 8 each batch element's scores take 2.2 MB, so the batch goes through in two
 // chunks of five blocks each.
 const AttentionShape kShapes[] = {
-    {2, 7, 4, 2, 8}, {1, 130, 2, 2, 16}, {2, 67, 4, 1, 32}, {1, 130, 4, 2, 8}, {3, 260, 8, 2, 4}};
+    {2, 7, 4, 2, 8}, {1, 130, 2, 2, 16}, {2, 67, 4, 1, 32}, {1, 130, 4, 2, 8}, {2, 260, 8, 2, 4}};
 
 class AttentionShapes : public ::testing::TestWithParam<AttentionShape> {};
 
@@ -107,21 +107,21 @@ TEST_P(AttentionShapes, BackwardMatchesDirectionalFiniteDifferences) {
     std::vector<double>* x;
     const std::vector<float>* grad;
   };
-  for (const Tensor& t : {Tensor{&in.q, &g.dq}, Tensor{&in.k, &g.dk}, Tensor{&in.v, &g.dv}})
-    for (uint64_t trial = 0; trial < 2; ++trial) {
-      const auto direction = random_normal(t.x->size(), 100 + trial);
-      double analytic = 0;
-      for (size_t i = 0; i < direction.size(); ++i) analytic += (*t.grad)[i] * direction[i];
-      const double step = 1e-5;
-      const auto x0 = *t.x;
-      for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] + step * direction[i];
-      const double up = loss();
-      for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] - step * direction[i];
-      const double down = loss();
-      *t.x = x0;
-      const double numeric = (up - down) / (2 * step);
-      EXPECT_NEAR(analytic, numeric, 3e-5 * std::abs(numeric) + 1e-7);
-    }
+  uint64_t seed = 100;
+  for (const Tensor& t : {Tensor{&in.q, &g.dq}, Tensor{&in.k, &g.dk}, Tensor{&in.v, &g.dv}}) {
+    const auto direction = random_normal(t.x->size(), ++seed);
+    double analytic = 0;
+    for (size_t i = 0; i < direction.size(); ++i) analytic += (*t.grad)[i] * direction[i];
+    const double step = 1e-5;
+    const auto x0 = *t.x;
+    for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] + step * direction[i];
+    const double up = loss();
+    for (size_t i = 0; i < x0.size(); ++i) (*t.x)[i] = x0[i] - step * direction[i];
+    const double down = loss();
+    *t.x = x0;
+    const double numeric = (up - down) / (2 * step);
+    EXPECT_NEAR(analytic, numeric, 3e-5 * std::abs(numeric) + 1e-7);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes, ::testing::ValuesIn(kShapes));

@@ -197,7 +197,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     return sum / static_cast<double>(tc.eval_batches);
   };
   auto save = [&](int64_t step) {
-    json state = {{"step", step}, {"format", "foundry-trainer-state"}, {"config", rc.source}};
+    // Everything random in training derives from the seed and the step (initialization,
+    // synthetic batches) or lives in the data cursor, so these fully determine the future.
+    json state = {{"step", step}, {"format", "foundry-trainer-state"}, {"seed", tc.seed},
+                  {"config", rc.source}};
     if (train_loader) state["data_cursor"] = train_loader->cursor();
     state["schedule"] = {{"lr", learning_rate(schedule_cfg, std::max<int64_t>(step, 1))},
                          {"total_steps", total_steps}};
@@ -228,8 +231,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   double timed_seconds = 0;
   int64_t timed_tokens = 0;
   int64_t step = start_step;
+  // The first steps create oneDNN primitives and fault in memory: the per-operation table
+  // leaves them out when there are enough steps.
+  const int64_t breakdown_warmup = total_steps - start_step > 4 ? 2 : 0;
   while (step < total_steps) {
     ++step;
+    if (step == start_step + breakdown_warmup + 1) model.op_times().clear();
     const double t0 = now_seconds();
     if (train_loader)
       train_loader->next(inputs.data(), targets.data());
@@ -298,8 +305,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     summary.tokens_per_s = timed_tokens / timed_seconds;
     summary.mfu = summary.tokens_per_s * flops_per_token / (peak_gflops * 1e9);
   }
-  if (opt.op_breakdown) {
-    const int64_t steps_run = step - start_step;
+  const int64_t steps_run = step - start_step - breakdown_warmup;
+  if (opt.op_breakdown && steps_run > 0) {
     double total = 0;
     for (const auto& [op, s] : model.op_times().seconds()) total += s;
     std::fprintf(stderr, "\nper-operation time (mean per step over %lld steps):\n",

@@ -1,0 +1,617 @@
+#!/usr/bin/python3
+"""An independent PyTorch reference of Foundry's standard MoE model ("arch": "moe").
+
+Plain eager PyTorch, written from the architecture description (src/model/model.h,
+docs/formats.md), not from Foundry's kernels. Two uses:
+
+  * performance baseline:  bench  --config configs/moe-bench.json --steps 12
+  * numerical cross-check: check  --config CFG --checkpoint DIR --tokens FILE
+    (loss, CE, aux loss and per-tensor gradient norms of a Foundry checkpoint on one batch;
+    optionally compared element-wise with the gradient Foundry stored in the optimizer state)
+
+Helpers that write a token file ({"inputs": [[...]], "targets": [[...]]}) for `check`:
+  tokens --config CFG --synthetic-step N      Foundry's --synthetic-data batch of step N
+  tokens --config CFG --val-data DIR          the first eval batch of a prepared dataset
+
+Run with Debian's interpreter (python3-torch installs for it): /usr/bin/python3.
+
+The model (names are the checkpoint's, Hugging Face Mixtral / Llama):
+  x = embed[inputs]                                       embed: [padded_vocab, C], tied
+  per layer:
+    x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))   n1 = rms(x)
+    x += sum_{j in topk} w_j * expert_j(n2)                               n2 = rms(x)
+         router: probs = softmax(n2 @ gate^T) in fp32, top-k, renormalized if norm_topk_prob
+         expert: w2(silu(w1 x) * w3 x)    (dense when n_experts == 1: mlp.gate/up/down_proj)
+  logits = rms(x) @ embed^T, padded ids masked to -inf
+  loss = mean CE + aux_loss_coef * mean over layers of E * sum_e f_e * P_e
+         (f_e = share of the N*K assignments routed to e, detached; P_e = mean router prob)
+"""
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# ----------------------------------------------------------------------------------------
+# Run config: the same JSON Foundry reads, with the same defaults
+# (src/model/config.h, src/train/run_config.h).
+
+MODEL_DEFAULTS = dict(
+    arch="moe", vocab_size=8192, d_model=512, n_layers=4, n_heads=8, n_kv_heads=8,
+    head_dim=64, n_experts=8, top_k=2, ffn_dim=1024, norm_topk_prob=True, aux_loss_coef=0.01,
+    rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=256, init_std=0.02, tie_embeddings=True)
+TRAIN_DEFAULTS = dict(
+    steps=1000, batch_size=8, seq_len=256, lr=3e-4, min_lr_ratio=0.1, warmup_steps=100,
+    schedule="cosine", decay_fraction=0.2, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+    grad_clip=1.0, precision="bf16", seed=1234, log_every=10, eval_every=100, eval_batches=8,
+    checkpoint_every=500, keep_checkpoints=3, peak_gflops=0, run_dir="runs/default")
+
+
+class Cfg(dict):
+    __getattr__ = dict.__getitem__
+
+
+def load_run_config(path, overrides=()):
+    with open(path) as f:
+        root = json.load(f)
+    for o in overrides:  # "section.key=value", value parsed as JSON when it parses
+        key, _, value = o.partition("=")
+        section, _, name = key.partition(".")
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+        root.setdefault(section, {})[name] = value
+    model, train = dict(MODEL_DEFAULTS), dict(TRAIN_DEFAULTS)
+    for section, target in (("model", model), ("train", train)):
+        for k, v in root.get(section, {}).items():
+            if k not in target:
+                sys.exit(f"error: {path}: unknown key {section}.{k}")
+            target[k] = v
+    m = Cfg(model)
+    if m.arch != "moe" or not m.tie_embeddings:
+        sys.exit("error: only arch 'moe' with tied embeddings exists in Foundry")
+    assert m.n_heads % m.n_kv_heads == 0 and m.head_dim % 2 == 0 and m.top_k <= m.n_experts
+    m["padded_vocab"] = (m.vocab_size + 127) // 128 * 128
+    return m, Cfg(train), root.get("data", {})
+
+
+# ----------------------------------------------------------------------------------------
+# The model. Module attribute names spell out the checkpoint's tensor names, so
+# named_parameters() yields exactly "model.layers.0.self_attn.q_proj.weight" etc.
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return x * rstd * self.weight
+
+
+def rope_tables(seq, head_dim, theta, dtype):
+    # HF Llama: inv_freq_i = theta^(-2i/d), cos/sin duplicated over both halves. Angles in
+    # float64 (as Foundry computes them) then rounded to the working dtype.
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rope(x, cos, sin):  # x [B, H, T, D]; cos, sin [T, D]
+    return x * cos + rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.q_proj = nn.Linear(c.d_model, c.n_heads * c.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.d_model, c.n_kv_heads * c.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
+
+    def forward(self, x, cos, sin, causal_mask):
+        c = self.c
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, c.n_heads, c.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        group = c.n_heads // c.n_kv_heads  # query head h reads kv head h // group
+        if group > 1:
+            k = k.repeat_interleave(group, dim=1)
+            v = v.repeat_interleave(group, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
+        scores = scores.masked_fill(causal_mask, float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ v  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+
+
+class Expert(nn.Module):  # Mixtral naming: w1 gate, w3 up, w2 down
+    def __init__(self, c):
+        super().__init__()
+        self.w1 = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.w3 = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.w2 = nn.Linear(c.ffn_dim, c.d_model, bias=False)
+
+    def forward(self, x):
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class DenseMLP(nn.Module):  # Llama naming, used when n_experts == 1
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(c.ffn_dim, c.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.gate = nn.Linear(c.d_model, c.n_experts, bias=False)  # the router
+        self.experts = nn.ModuleList(Expert(c) for _ in range(c.n_experts))
+
+    def forward(self, x):
+        """Returns (output [B, T, C], aux loss of this layer, tokens per expert)."""
+        c = self.c
+        B, T, C = x.shape
+        E, K = c.n_experts, c.top_k
+        flat = x.reshape(-1, C)
+        N = flat.shape[0]
+        work = torch.promote_types(flat.dtype, torch.float32)  # fp32 (fp64 in check --dtype fp64)
+        probs = torch.softmax(self.gate(flat).to(work), dim=-1)  # [N, E]
+        topk_w, topk_idx = torch.topk(probs, K, dim=-1)          # [N, K]
+        if c.norm_topk_prob:
+            topk_w = topk_w / topk_w.sum(dim=-1, keepdim=True)
+        topk_w = topk_w.to(x.dtype)
+        # Switch-style load balancing: f_e (fraction of assignments, no gradient) times P_e.
+        counts = torch.bincount(topk_idx.reshape(-1), minlength=E)
+        f = (counts.to(probs.dtype) / (N * K)).detach()
+        aux = E * (f * probs.mean(dim=0)).sum()
+
+        out = torch.zeros_like(flat)
+        for e in range(E):
+            token, slot = torch.where(topk_idx == e)
+            if token.numel() == 0:
+                continue
+            y = self.experts[e](flat[token]) * topk_w[token, slot, None]
+            out = out.index_add(0, token, y)
+        return out.view(B, T, C), aux, counts
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
+        self.self_attn = Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
+        if c.n_experts == 1:
+            self.mlp = DenseMLP(c)
+        else:
+            self.block_sparse_moe = SparseMoE(c)
+
+    def forward(self, x, cos, sin, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        h = self.post_attention_layernorm(x)
+        if hasattr(self, "mlp"):
+            return x + self.mlp(h), None, None
+        y, aux, counts = self.block_sparse_moe(h)
+        return x + y, aux, counts
+
+
+class Backbone(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.padded_vocab, c.d_model)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_layers))
+        self.norm = RMSNorm(c.d_model, c.rms_norm_eps)
+
+
+class FoundryMoE(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = Backbone(c)
+        self._rope = {}
+
+    def init_weights(self, generator=None):
+        """Foundry's scheme (its RNG stream differs): N(0, init_std), output projections
+        N(0, init_std / sqrt(2 * n_layers)), norms 1, padded vocabulary rows 0."""
+        c = self.c
+        std_out = c.init_std / math.sqrt(2 * c.n_layers)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.fill_(1.0)
+                    continue
+                out_proj = name.endswith(("o_proj.weight", "w2.weight", "down_proj.weight"))
+                p.normal_(0.0, std_out if out_proj else c.init_std, generator=generator)
+            self.model.embed_tokens.weight[c.vocab_size:].zero_()
+
+    def rope(self, T, dtype):
+        key = (T, dtype)
+        if key not in self._rope:
+            self._rope[key] = rope_tables(T, self.c.head_dim, self.c.rope_theta, dtype)
+        return self._rope[key]
+
+    def forward(self, inputs, targets=None):
+        """inputs, targets [B, T] int64. Returns dict(logits, loss, ce_loss, aux_loss)."""
+        c = self.c
+        B, T = inputs.shape
+        x = self.model.embed_tokens(inputs)
+        cos, sin = self.rope(T, x.dtype)
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True above the diagonal: future
+        aux_losses, expert_counts = [], []
+        for layer in self.model.layers:
+            x, aux, counts = layer(x, cos, sin, mask)
+            if aux is not None:
+                aux_losses.append(aux)
+                expert_counts.append(counts.tolist())
+        x = self.model.norm(x)
+        logits = x @ self.model.embed_tokens.weight.t()  # tied output projection [B, T, Vp]
+        if c.padded_vocab > c.vocab_size:
+            pad = torch.arange(c.padded_vocab) >= c.vocab_size
+            logits = logits.masked_fill(pad, float("-inf"))
+        out = {"logits": logits, "expert_counts": expert_counts}  # assignments per expert
+        if targets is not None:
+            work = torch.promote_types(logits.dtype, torch.float32)
+            ce = F.cross_entropy(logits.reshape(-1, c.padded_vocab).to(work), targets.reshape(-1))
+            aux = torch.stack(aux_losses).mean() if aux_losses else torch.zeros((), dtype=ce.dtype)
+            out.update(ce_loss=ce, aux_loss=aux, loss=ce + c.aux_loss_coef * aux)
+        return out
+
+
+# ----------------------------------------------------------------------------------------
+# safetensors, read by hand: u64 LE header length, JSON header, raw little-endian data.
+
+SAFETENSORS_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16,
+                      "I32": np.int32, "I64": np.int64, "U8": np.uint8}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = memoryview(blob)[8 + n:]
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if info["dtype"] == "BF16":
+            begin, end = info["data_offsets"]
+            raw = np.frombuffer(data[begin:end], dtype="<u2").astype(np.uint32) << 16
+            tensors[name] = raw.view(np.float32).reshape(info["shape"])
+            continue
+        begin, end = info["data_offsets"]
+        dt = np.dtype(SAFETENSORS_DTYPES[info["dtype"]]).newbyteorder("<")
+        tensors[name] = np.frombuffer(data[begin:end], dtype=dt).reshape(info["shape"]).copy()
+    return tensors
+
+
+def load_foundry_checkpoint(model, ckpt_dir):
+    tensors = read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(tensors))
+    unexpected = sorted(set(tensors) - set(params))
+    if missing or unexpected:
+        sys.exit(f"error: checkpoint/model mismatch: missing {missing[:5]}, "
+                 f"unexpected {unexpected[:5]}")
+    with torch.no_grad():
+        for name, p in params.items():
+            t = torch.from_numpy(tensors[name])
+            if tuple(t.shape) != tuple(p.shape):
+                sys.exit(f"error: {name}: checkpoint shape {tuple(t.shape)}, model {tuple(p.shape)}")
+            p.copy_(t.to(p.dtype))
+
+
+# ----------------------------------------------------------------------------------------
+# Token batches Foundry would use.
+
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """Foundry's Rng::splitmix64(x): returns (new x, output)."""
+    state = (state + 0x9E3779B97F4A7C15) & MASK64
+    z = state
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return state, z ^ (z >> 31)
+
+
+class Xoshiro256ss:
+    """Foundry's Rng (base/rng.h): xoshiro256** seeded word by word with splitmix64."""
+
+    def __init__(self, seed):
+        x, self.s = seed & MASK64, []
+        for _ in range(4):
+            x, w = splitmix64(x)
+            self.s.append(w)
+
+    @staticmethod
+    def _rotl(x, k):
+        return ((x << k) | (x >> (64 - k))) & MASK64
+
+    def next_u64(self):
+        s = self.s
+        result = (self._rotl((s[1] * 5) & MASK64, 7) * 9) & MASK64
+        t = (s[1] << 17) & MASK64
+        s[2] ^= s[0]
+        s[3] ^= s[1]
+        s[1] ^= s[2]
+        s[0] ^= s[3]
+        s[2] ^= t
+        s[3] = self._rotl(s[3], 45)
+        return result
+
+    def below(self, n):
+        return 0 if n == 0 else self.next_u64() % n
+
+
+def synthetic_batch(m, t, step):
+    """trainer.cpp synthetic_batch(): uniformly random tokens, a function of (seed, step)."""
+    n = t.batch_size * t.seq_len
+    key = (int(t.seed) ^ ((0x5851F42D4C957F2D * (step + 1)) & MASK64)) & MASK64
+    _, seed = splitmix64(key)
+    rng = Xoshiro256ss(seed)
+    inputs, targets = [], []
+    for _ in range(n):
+        inputs.append(rng.below(m.vocab_size))
+        targets.append(rng.below(m.vocab_size))
+    shape = (t.batch_size, t.seq_len)
+    return np.array(inputs).reshape(shape).tolist(), np.array(targets).reshape(shape).tolist()
+
+
+def read_split(data_dir, split):
+    """All tokens of a split of a `foundry data prepare` dataset (docs/formats.md)."""
+    with open(os.path.join(data_dir, "meta.json")) as f:
+        meta = json.load(f)
+    parts = []
+    for shard in meta["splits"][split]["shards"]:
+        with open(os.path.join(data_dir, shard["file"]), "rb") as f:
+            blob = f.read()
+        magic, version, width, count = struct.unpack("<8sIIQ", blob[:24])
+        assert magic == b"FDRYTOK\0" and version == 1, f"{shard['file']}: not a token shard"
+        dt = "<u2" if width == 2 else "<u4"
+        toks = np.frombuffer(blob[64:], dtype=dt)
+        assert toks.size == count
+        parts.append(toks.astype(np.int64))
+    return np.concatenate(parts)
+
+
+def eval_batch(data_dir, t, index=0):
+    """BatchLoader::for_eval: the val split in order; window w = tokens[w*T, w*T + T],
+    a row's inputs are its first T tokens, targets its last T; rows are consecutive windows
+    (wrapping at the end). Returns batch number `index` (0-based)."""
+    toks = read_split(data_dir, "val")
+    T = t.seq_len
+    windows = (toks.size - 1) // T
+    if windows < 1:
+        sys.exit(f"error: val split has {toks.size} tokens, fewer than seq_len + 1")
+    inputs, targets = [], []
+    for row in range(t.batch_size):
+        w = (index * t.batch_size + row) % windows
+        inputs.append(toks[w * T:w * T + T].tolist())
+        targets.append(toks[w * T + 1:w * T + T + 1].tolist())
+    return inputs, targets
+
+
+# ----------------------------------------------------------------------------------------
+# Modes
+
+def learning_rate(t, step):  # src/optim/schedule.cpp
+    peak, floor = t.lr, t.lr * t.min_lr_ratio
+    if step <= t.warmup_steps:
+        return peak * step / t.warmup_steps
+    if t.schedule == "constant":
+        return peak
+    if t.schedule == "cosine":
+        progress = min(1.0, (step - t.warmup_steps) / (t.steps - t.warmup_steps)) \
+            if t.steps > t.warmup_steps else 1.0
+        return floor + (peak - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    decay_steps = round(min(max(t.decay_fraction, 0.0), 1.0) * t.steps)  # wsd
+    decay_start = t.steps - decay_steps
+    if step <= decay_start or decay_steps == 0:
+        return peak
+    return peak - (peak - floor) * min(1.0, (step - decay_start) / decay_steps)
+
+
+def cmd_bench(args):
+    m, t, _ = load_run_config(args.config, args.set)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(t.seed)
+    model = FoundryMoE(m)
+    model.init_weights()
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():  # Foundry: no decay for norms and embeddings
+        (no_decay if name.endswith("norm.weight") or "embed_tokens" in name else decay).append(p)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+    B, T = t.batch_size, t.seq_len
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"pytorch {torch.__version__} | {torch.get_num_threads()} threads | "
+          f"{n_params / 1e6:.2f}M params | batch {B} x {T} | eager fp32 | AdamW", file=sys.stderr)
+    schedule_steps = max(t.steps, args.steps)
+    rates, losses = [], []
+    for step in range(1, args.steps + 1):
+        inputs = torch.randint(0, m.vocab_size, (B, T))
+        targets = torch.randint(0, m.vocab_size, (B, T))
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = learning_rate(Cfg(t, steps=schedule_steps), step)
+        opt.zero_grad(set_to_none=True)
+        out = model(inputs, targets)
+        out["loss"].backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) \
+            if t.grad_clip > 0 else torch.tensor(float("nan"))
+        opt.step()
+        dt = time.perf_counter() - t0
+        rates.append(B * T / dt)
+        losses.append(out["ce_loss"].item())
+        print(f"step {step:3d} | loss {losses[-1]:.4f} | aux {out['aux_loss'].item():.4f} | "
+              f"grad norm {gnorm.item():.3f} | {dt:.3f} s | {rates[-1]:.0f} tok/s",
+              file=sys.stderr)
+    timed = rates[2:] if len(rates) > 2 else rates
+    result = {"system": "pytorch", "torch": torch.__version__, "precision": "fp32",
+              "threads": torch.get_num_threads(), "config": args.config,
+              "batch_size": B, "seq_len": T, "steps": args.steps, "timed_steps": len(timed),
+              "tokens_per_s_median": statistics.median(timed),
+              "tokens_per_s_mean": statistics.fmean(timed),
+              "final_loss": losses[-1]}
+    print(f"pytorch fp32: median {result['tokens_per_s_median']:.0f} tokens/s, "
+          f"mean {result['tokens_per_s_mean']:.0f} tokens/s over {len(timed)} steps",
+          file=sys.stderr)
+    print(json.dumps(result))
+
+
+def cmd_tokens(args):
+    m, t, _ = load_run_config(args.config, args.set)
+    if args.synthetic_step is not None:
+        inputs, targets = synthetic_batch(m, t, args.synthetic_step)
+        source = {"synthetic_step": args.synthetic_step, "seed": t.seed}
+    elif args.val_data:
+        inputs, targets = eval_batch(args.val_data, t, args.batch_index)
+        source = {"val_data": args.val_data, "batch_index": args.batch_index}
+    else:
+        sys.exit("error: give --synthetic-step N or --val-data DIR")
+    doc = {"inputs": inputs, "targets": targets, "source": source}
+    text = json.dumps(doc)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+
+
+def rel_err(a, b):
+    return float(torch.linalg.vector_norm(a - b) / max(torch.linalg.vector_norm(b).item(), 1e-300))
+
+
+def cmd_check(args):
+    m, t, _ = load_run_config(args.config, args.set)
+    torch.set_num_threads(args.threads)
+    dtype = torch.float64 if args.dtype == "fp64" else torch.float32
+    model = FoundryMoE(m).to(dtype)
+    load_foundry_checkpoint(model, args.checkpoint)
+    with open(args.tokens) as f:
+        batch = json.load(f)
+    inputs = torch.tensor(batch["inputs"], dtype=torch.int64)
+    targets = torch.tensor(batch["targets"], dtype=torch.int64)
+    assert inputs.shape == targets.shape and inputs.dim() == 2
+    assert int(inputs.max()) < m.vocab_size and int(targets.max()) < m.vocab_size
+
+    out = model(inputs, targets)
+    out["loss"].backward()
+    params = dict(model.named_parameters())
+    grad_norms = {n: p.grad.double().norm().item() if p.grad is not None else 0.0
+                  for n, p in params.items()}
+    total = math.sqrt(sum(g * g for g in grad_norms.values()))
+    result = {"dtype": args.dtype, "batch": list(inputs.shape),
+              "loss": out["loss"].item(), "ce_loss": out["ce_loss"].item(),
+              "aux_loss": out["aux_loss"].item(), "grad_norm": total,
+              "expert_counts": out["expert_counts"], "grad_norms": grad_norms}
+
+    if args.compare_adam_grads:
+        # Foundry's gradient, recovered from its AdamW state: m_t = b1*m_{t-1} + (1-b1)*g_t
+        # in float32. Valid for the step that produced this checkpoint when it ran with
+        # grad_clip = 0 (unclipped) and lr = 0 (weights unchanged, so g_t was taken at these
+        # weights). --adam-prev names the checkpoint of the step before (absent: m_{t-1} = 0).
+        # The recovery is exact only up to the float32 rounding of m_t (and of b1*m_{t-1}):
+        # `noise` bounds that per element, and the reported error is what exceeds it,
+        #   err = || max(0, |g_ref - g_foundry| - noise) || / || g_ref ||
+        # (0 when both are zero, e.g. an expert no token was routed to).
+        b1 = np.float64(np.float32(t.beta1))
+        c1 = np.float64(np.float32(1.0 - t.beta1))
+        ulp = 2.0 ** -23
+        m_now = read_safetensors(os.path.join(args.checkpoint, "optimizer.safetensors"))
+        m_prev = read_safetensors(os.path.join(args.adam_prev, "optimizer.safetensors")) \
+            if args.adam_prev else None
+        errs, raw = {}, {}
+        for n, p in params.items():
+            cur = m_now[n + ".exp_avg"].astype(np.float64)
+            prev = m_prev[n + ".exp_avg"].astype(np.float64) if m_prev else np.zeros_like(cur)
+            g_foundry = (cur - b1 * prev) / c1
+            noise = (np.abs(cur) + b1 * np.abs(prev)) * ulp / c1
+            g_ref = (p.grad.double() if p.grad is not None
+                     else torch.zeros(p.shape, dtype=torch.float64)).numpy()
+            excess = np.maximum(np.abs(g_ref - g_foundry) - noise, 0.0)
+            ref_norm = np.linalg.norm(g_ref)
+            errs[n] = float(np.linalg.norm(excess) / ref_norm) if ref_norm > 0 else \
+                (0.0 if not excess.any() else float("inf"))
+            raw[n] = float(np.linalg.norm(g_ref - g_foundry) / max(ref_norm, 1e-300))
+        worst = max(errs, key=errs.get)
+        result["grad_rel_err"] = errs
+        result["grad_rel_err_raw"] = raw
+        result["grad_rel_err_max"] = errs[worst]
+        result["grad_rel_err_worst_tensor"] = worst
+    print(json.dumps(result, indent=None if args.compact else 1))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+
+    def common(p):
+        p.add_argument("--config", required=True, help="Foundry run config (JSON)")
+        p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                       help="override section.key=value, as foundry --set")
+
+    b = sub.add_parser("bench", help="train on random tokens, report tokens/s")
+    common(b)
+    b.add_argument("--steps", type=int, default=12)
+    b.add_argument("--threads", type=int, default=2)
+    b.set_defaults(fn=cmd_bench)
+
+    c = sub.add_parser("check", help="loss and gradients of a Foundry checkpoint on one batch")
+    common(c)
+    c.add_argument("--checkpoint", required=True, help="checkpoint dir (holds model.safetensors)")
+    c.add_argument("--tokens", required=True, help='JSON {"inputs": [[...]], "targets": [[...]]}')
+    c.add_argument("--dtype", choices=["fp32", "fp64"], default="fp32")
+    c.add_argument("--threads", type=int, default=2)
+    c.add_argument("--compare-adam-grads", action="store_true",
+                   help="compare gradients element-wise with those in the checkpoint's AdamW "
+                        "state (checkpoint from a step run with lr=0, grad_clip=0)")
+    c.add_argument("--adam-prev", help="checkpoint of the previous step (its exp_avg)")
+    c.add_argument("--compact", action="store_true", help="one-line JSON")
+    c.set_defaults(fn=cmd_check)
+
+    k = sub.add_parser("tokens", help="write a token batch file for `check`")
+    common(k)
+    k.add_argument("--synthetic-step", type=int, help="Foundry's --synthetic-data batch of step N")
+    k.add_argument("--val-data", help="dataset dir: batch of the eval loader (val split)")
+    k.add_argument("--batch-index", type=int, default=0)
+    k.add_argument("--out")
+    k.set_defaults(fn=cmd_tokens)
+
+    args = ap.parse_args()
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
