@@ -37,18 +37,41 @@ cpu="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 torch_version="$("$PY" -c 'import torch; print(torch.__version__)')"
 blas="$(readlink -f /usr/lib/x86_64-linux-gnu/libblas.so.3 2>/dev/null || echo unknown)"
 
-declare -A rate mean count
+# Interference: CPU time the whole machine spent busy (/proc/stat) minus the CPU time of
+# our own benchmark process (bash `times`, children), per second of wall time = how many
+# cores other processes kept busy while a benchmark ran.
+busy_ticks() { awk '/^cpu /{print $2+$3+$4+$7+$8+$9}' /proc/stat; }
+children_cpu() {  # sets child_cpu: user+sys seconds of finished children of this shell
+  times >"$work/times"  # a builtin in this shell (inside $(...) it would see no children)
+  child_cpu=$("$PY" -c "
+import re, sys
+print(sum(float(m) * 60 + float(s) for m, s in re.findall(r'(\d+)m([\d.]+)s', open(sys.argv[1]).read().splitlines()[-1])))" "$work/times")
+}
+hz=$(getconf CLK_TCK)
+declare -A rate mean count other
+seg_start() { seg_t0=$(date +%s.%N); seg_busy0=$(busy_ticks); children_cpu; seg_child0=$child_cpu; }
+seg_end() {  # sets seg_other: cores other processes kept busy during the segment
+  local t1 busy1
+  t1=$(date +%s.%N); busy1=$(busy_ticks); children_cpu
+  seg_other=$("$PY" -c "import sys; t0,t1,b0,b1,c0,c1,hz = map(float, sys.argv[1:]); \
+print(f'{max(0.0, (b1 - b0) / hz - (c1 - c0)) / (t1 - t0):.2f}')" \
+    "$seg_t0" "$t1" "$seg_busy0" "$busy1" "$seg_child0" "$child_cpu" "$hz")
+}
 for precision in bf16 fp32; do
   run="$work/foundry-$precision"
   echo "running foundry train ($precision, $FOUNDRY_STEPS steps)..." >&2
+  seg_start
   build/foundry train --config "$CONFIG" --synthetic-data --steps "$FOUNDRY_STEPS" -q \
     --set train.precision="$precision" train.run_dir="$run" >"$work/foundry-$precision.out" 2>&1 \
     || { cat "$work/foundry-$precision.out" >&2; exit 1; }
+  seg_end; other[$precision]=$seg_other
   read -r rate[$precision] mean[$precision] count[$precision] < <(median_after_two "$run/metrics.jsonl")
 done
 echo "running pytorch reference (fp32, $TORCH_STEPS steps)..." >&2
+seg_start
 "$PY" bench/pytorch_reference.py bench --config "$CONFIG" --steps "$TORCH_STEPS" \
   --threads "$THREADS" >"$work/torch.json" 2>"$work/torch.err" || { cat "$work/torch.err" >&2; exit 1; }
+seg_end; other[torch]=$seg_other
 read -r rate[torch] mean[torch] count[torch] < <("$PY" -c "
 import json, sys
 d = json.loads(open(sys.argv[1]).read().splitlines()[-1])
@@ -68,10 +91,11 @@ cat <<EOF
 - OMP_NUM_THREADS=${OMP_NUM_THREADS:-unset}
 - load average (1/5/15 min): before $load_before, after $load_after
 - statistic: tokens/s per step, first 2 steps skipped, median (mean in brackets)
+- other load: cores kept busy by other processes while each benchmark ran (0 = idle machine)
 
-| system | precision | tokens/s | ratio vs PyTorch |
-| --- | --- | ---: | ---: |
-| Foundry | bf16 | ${rate[bf16]} (${mean[bf16]}) | $(ratio "${rate[bf16]}") |
-| Foundry | fp32 | ${rate[fp32]} (${mean[fp32]}) | $(ratio "${rate[fp32]}") |
-| PyTorch (eager) | fp32 | ${rate[torch]} (${mean[torch]}) | 1.00x |
+| system | precision | tokens/s | ratio vs PyTorch | other load (cores) |
+| --- | --- | ---: | ---: | ---: |
+| Foundry | bf16 | ${rate[bf16]} (${mean[bf16]}) | $(ratio "${rate[bf16]}") | ${other[bf16]} |
+| Foundry | fp32 | ${rate[fp32]} (${mean[fp32]}) | $(ratio "${rate[fp32]}") | ${other[fp32]} |
+| PyTorch (eager) | fp32 | ${rate[torch]} (${mean[torch]}) | 1.00x | ${other[torch]} |
 EOF

@@ -1,8 +1,10 @@
 #include "kernels/attention.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -95,35 +97,57 @@ void check_shape(const AttentionShape& s) {
   FOUNDRY_CHECK(s.h % s.kvh == 0);
 }
 
-// Inputs as the GEMM dtype: the pointer itself for fp32, a bf16 copy (same layout) otherwise.
-const void* as_gemm_operand(const float* src, int64_t count, DType dtype,
-                            detail::ScratchBuffer<bf16>& scratch) {
-  if (dtype == DType::f32) return src;
-  bf16* dst = scratch.get(count);
-  convert_to_bf16(src, dst, count);
-  return dst;
-}
+// The GEMM operands of a call: the float inputs themselves for fp32; for bf16, copies (same
+// layout) converted in a single parallel region.
+class GemmOperands {
+ public:
+  static constexpr size_t kMaxInputs = 4;
 
-struct ForwardScratch {
-  detail::ScratchBuffer<bf16> q, k, v, probs;
-};
-struct BackwardScratch {
-  detail::ScratchBuffer<bf16> q, k, v, dout, probs, dscores;
-  detail::ScratchBuffer<float> dscores_f32;
+  GemmOperands(DType dtype, std::initializer_list<std::pair<const float*, int64_t>> inputs)
+      : dtype_(dtype) {
+    FOUNDRY_CHECK(inputs.size() <= kMaxInputs);
+    thread_local std::array<detail::ScratchBuffer<bf16>, kMaxInputs> scratch;
+    std::array<std::pair<const float*, int64_t>, kMaxInputs> src{};
+    std::array<bf16*, kMaxInputs> dst{};
+    size_t count = 0;
+    for (const auto& input : inputs) {
+      src[count] = input;
+      if (dtype == DType::bf16) dst[count] = scratch[count].get(input.second);
+      base_[count] = dtype == DType::bf16 ? static_cast<const void*>(dst[count]) : input.first;
+      ++count;
+    }
+    if (dtype != DType::bf16) return;
+    constexpr int64_t kBlock = 8192;
+#pragma omp parallel
+    for (size_t i = 0; i < count; ++i) {
+      const int64_t n = src[i].second;
+#pragma omp for schedule(static) nowait
+      for (int64_t start = 0; start < n; start += kBlock)
+        detail::to_bf16_serial(src[i].first + start, dst[i] + start, std::min(kBlock, n - start));
+    }
+  }
+
+  // Element `offset` of input i, in the GEMM dtype.
+  const void* at(size_t i, int64_t offset) const {
+    const int64_t bytes = dtype_ == DType::bf16 ? sizeof(bf16) : sizeof(float);
+    return static_cast<const char*>(base_[i]) + offset * bytes;
+  }
+
+ private:
+  DType dtype_;
+  std::array<const void*, kMaxInputs> base_{};
 };
 
 // Forward on one batch chunk: S = Q·K^T (causal blocks) into probs, softmax(S/sqrt(D)) in
-// place with the future masked to exactly 0, then out = P·V.
-void forward_chunk(float* out, float* probs, const float* q, const float* k, const float* v,
+// place with the future masked to exactly 0, then out = P·V. qg, kg, vg are q, k, v in the
+// GEMM dtype.
+void forward_chunk(float* out, float* probs, const void* qg, const void* kg, const void* vg,
                    const AttentionShape& s, DType dtype) {
   const Layouts lay(s);
   const int64_t t = s.t;
-  thread_local ForwardScratch scratch;
-  const void* qg = as_gemm_operand(q, s.b * t * s.h * s.d, dtype, scratch.q);
-  const void* kg = as_gemm_operand(k, s.b * t * s.kvh * s.d, dtype, scratch.k);
-  const void* vg = as_gemm_operand(v, s.b * t * s.kvh * s.d, dtype, scratch.v);
+  thread_local detail::ScratchBuffer<bf16> probs_scratch;
   const int64_t score_count = s.b * s.h * t * t;
-  bf16* probs_bf16 = dtype == DType::bf16 ? scratch.probs.get(score_count) : nullptr;
+  bf16* probs_bf16 = dtype == DType::bf16 ? probs_scratch.get(score_count) : nullptr;
 
   const std::vector<int64_t> bounds = block_bounds(t);
   const Strided q_mats = lay.query(qg, dtype), k_mats = lay.key(kg, dtype);
@@ -163,19 +187,20 @@ void forward_chunk(float* out, float* probs, const float* q, const float* k, con
   }
 }
 
+struct BackwardScratch {
+  detail::ScratchBuffer<bf16> probs, dscores;
+  detail::ScratchBuffer<float> dscores_f32;
+};
+
 // Backward on one batch chunk: dP = dO·V^T, dS = P∘(dP − rowsum(dP∘P)) / sqrt(D), dQ = dS·K,
 // and per kv head dV = Σ_g P_g^T·dO_g, dK = Σ_g dS_g^T·Q_g over the G query heads sharing it.
-void backward_chunk(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                    const float* q, const float* k, const float* v, const AttentionShape& s,
+// doutg, qg, kg, vg are dout, q, k, v in the GEMM dtype; probs are the saved probabilities.
+void backward_chunk(float* dq, float* dk, float* dv, const void* doutg, const float* probs,
+                    const void* qg, const void* kg, const void* vg, const AttentionShape& s,
                     DType dtype) {
   const Layouts lay(s);
   const int64_t t = s.t;
   thread_local BackwardScratch scratch;
-  const int64_t q_count = s.b * t * s.h * s.d, kv_count = s.b * t * s.kvh * s.d;
-  const void* qg = as_gemm_operand(q, q_count, dtype, scratch.q);
-  const void* kg = as_gemm_operand(k, kv_count, dtype, scratch.k);
-  const void* vg = as_gemm_operand(v, kv_count, dtype, scratch.v);
-  const void* doutg = as_gemm_operand(dout, q_count, dtype, scratch.dout);
   const int64_t score_count = s.b * s.h * t * t;
   float* dscores = scratch.dscores_f32.get(score_count);
   bf16* dscores_bf16 = dtype == DType::bf16 ? scratch.dscores.get(score_count) : nullptr;
@@ -256,9 +281,12 @@ void for_each_batch_chunk(const AttentionShape& s, Fn&& fn) {
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        const AttentionShape& s, DType dtype) {
   check_shape(s);
+  const int64_t q_count = s.b * s.t * s.h * s.d, kv_count = s.b * s.t * s.kvh * s.d;
+  const GemmOperands in(dtype, {{q, q_count}, {k, kv_count}, {v, kv_count}});
   for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
                               int64_t p_off) {
-    forward_chunk(out + q_off, probs + p_off, q + q_off, k + kv_off, v + kv_off, part, dtype);
+    forward_chunk(out + q_off, probs + p_off, in.at(0, q_off), in.at(1, kv_off),
+                  in.at(2, kv_off), part, dtype);
   });
 }
 
@@ -266,10 +294,12 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* q, const float* k, const float* v, const AttentionShape& s,
                         DType dtype) {
   check_shape(s);
+  const int64_t q_count = s.b * s.t * s.h * s.d, kv_count = s.b * s.t * s.kvh * s.d;
+  const GemmOperands in(dtype, {{dout, q_count}, {q, q_count}, {k, kv_count}, {v, kv_count}});
   for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
                               int64_t p_off) {
-    backward_chunk(dq + q_off, dk + kv_off, dv + kv_off, dout + q_off, probs + p_off, q + q_off,
-                   k + kv_off, v + kv_off, part, dtype);
+    backward_chunk(dq + q_off, dk + kv_off, dv + kv_off, in.at(0, q_off), probs + p_off,
+                   in.at(1, q_off), in.at(2, kv_off), in.at(3, kv_off), part, dtype);
   });
 }
 

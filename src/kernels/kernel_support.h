@@ -1,5 +1,5 @@
-// Helpers shared by the kernel sources (not part of the kernel interface): an exp that
-// vectorizes, and grow-only scratch buffers.
+// Helpers shared by the kernel sources (not part of the kernel interface): an exp and a max
+// that vectorize, a per-thread bf16 conversion, and grow-only scratch buffers.
 #pragma once
 #include <immintrin.h>
 
@@ -48,8 +48,10 @@ inline float max_of(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t i = 0;
 #if defined(__AVX512F__)
+  // The full-mask form: the unmasked intrinsic trips a false -Wmaybe-uninitialized in GCC 12.
   __m512 lanes = _mm512_set1_ps(m);
-  for (; i + 16 <= n; i += 16) lanes = _mm512_mask_max_ps(lanes, 0xFFFF, lanes, _mm512_loadu_ps(x + i));
+  for (; i + 16 <= n; i += 16)
+    lanes = _mm512_mask_max_ps(lanes, 0xFFFF, lanes, _mm512_loadu_ps(x + i));
   alignas(64) float lane_values[16];
   _mm512_store_ps(lane_values, lanes);
   for (float lane : lane_values) m = std::max(m, lane);

@@ -26,6 +26,18 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
   return tokens;
 }
 
+// Sets the OpenMP thread count for a scope.
+class WithThreads {
+ public:
+  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~WithThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
 // ---- embedding ---------------------------------------------------------------------------
 
 TEST(Embedding, ForwardCopiesTheTokenRows) {
@@ -167,6 +179,21 @@ TEST(Rope, PartialRotaryDimMatchesReferenceAndLeavesTheTailUntouched) {
   auto xf = cast_vector<float>(x0);
   rope_apply(xf.data(), b, t, h, d, rotary_dim, pos_offset, 10000.0, false);
   EXPECT_LT(max_relative_error(xf, expected), 1e-6);
+}
+
+TEST(Rope, LargeShapeOnTwoThreadsMatchesReference) {
+  // Above the parallel threshold, so the cos/sin table and the rotation run on two threads.
+  WithThreads scope(2);
+  const int64_t b = 2, t = 64, h = 4, d = 40, rotary_dim = 32, pos_offset = 11;
+  const auto x0 = random_normal(b * t * h * d, 7);
+  const auto expected = rope_reference(x0, b, t, h, d, rotary_dim, pos_offset, 5000.0);
+  auto x = x0;
+  rope_apply(x.data(), b, t, h, d, rotary_dim, pos_offset, 5000.0, false);
+  EXPECT_LT(max_relative_error(x, expected), 1e-13);
+  auto xf = cast_vector<float>(x0);
+  rope_apply(xf.data(), b, t, h, d, rotary_dim, pos_offset + 1, 5000.0, false);
+  rope_apply(xf.data(), b, t, h, d, rotary_dim, pos_offset + 1, 5000.0, true);
+  EXPECT_LT(max_relative_error(xf, x0), 1e-6);
 }
 
 TEST(Rope, InverseIsTheExactAdjointAndUndoesTheRotation) {
@@ -314,17 +341,6 @@ TEST(CrossEntropy, RejectsTargetsOutsideTheRealVocabulary) {
 
 // ---- determinism across thread counts ----------------------------------------------------
 
-class WithThreads {
- public:
-  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~WithThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
-
 TEST(Determinism, RmsNormBackwardIsBitwiseIdenticalForOneAndTwoThreads) {
   const int64_t n = 300, c = 96;  // above the parallel threshold, ten row chunks
   const auto in = random_normal<float>(n * c, 1), weight = random_normal<float>(c, 2);
@@ -355,6 +371,72 @@ TEST(Determinism, EmbeddingBackwardIsBitwiseIdenticalForOneAndTwoThreads) {
     return dwte;
   };
   const auto one = run(1), two = run(2);
+  EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
+}
+
+// Every row-parallel kernel at sizes above the parallel threshold: the same bits on one and
+// two threads (and, under the sanitizers, no races or stray accesses in the parallel paths).
+TEST(Determinism, EveryKernelIsBitwiseIdenticalForOneAndTwoThreads) {
+  const int64_t n = 256, c = 128, f = 128, e = 64, k = 2, v = 120, vp = 128;
+  const auto x = random_normal<float>(n * c, 10), w = random_normal<float>(c, 11);
+  const auto h = random_normal<float>(n * 2 * f, 12), dact = random_normal<float>(n * f, 13);
+  const auto logits = random_normal<float>(n * e, 14), dtopk = random_normal<float>(n * k, 15);
+  const auto vocab_logits = random_normal<float>(n * vp, 16);
+  const auto tokens = random_tokens(n, v, 17), targets = random_tokens(n, v, 18);
+  auto run = [&](int threads) {
+    WithThreads scope(threads);
+    std::vector<float> all;
+    auto keep = [&](const auto& values) {
+      for (auto value : values) all.push_back(static_cast<float>(value));
+    };
+    std::vector<float> out(n * c), rstd(n);
+    embedding_forward(out.data(), tokens.data(), x.data(), n, c);
+    keep(out);
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5f);
+    keep(out);
+    keep(rstd);
+    auto rotated = x;
+    rope_apply(rotated.data(), 2, n / 2, c / 64, 64, 64, 3, 10000.0, false);
+    keep(rotated);
+    std::vector<float> act(n * f), dh(n * 2 * f);
+    swiglu_forward(act.data(), h.data(), n, f);
+    swiglu_backward(dh.data(), dact.data(), h.data(), n, f);
+    keep(act);
+    keep(dh);
+    std::vector<float> probs(n * e), topk_w(n * k), dlogits(n * e);
+    std::vector<int32_t> topk_idx(n * k);
+    router_forward(probs.data(), topk_idx.data(), topk_w.data(), logits.data(), n, e, k, true);
+    all.push_back(router_aux_loss(probs.data(), topk_idx.data(), n, e, k));
+    router_backward(dlogits.data(), dtopk.data(), probs.data(), topk_idx.data(), topk_w.data(),
+                    n, e, k, true, 0.01f);
+    keep(probs);
+    keep(topk_idx);
+    keep(topk_w);
+    keep(dlogits);
+    std::vector<int64_t> offsets(e + 1);
+    std::vector<int32_t> slot_token(n * k), assignment_slot(n * k);
+    moe_dispatch_plan(offsets.data(), slot_token.data(), assignment_slot.data(), topk_idx.data(),
+                      n, e, k);
+    std::vector<float> xs(n * k * c), combined(n * c, 0.0f), dys(n * k * c), dw(n * k);
+    std::vector<float> dx(n * c, 0.0f);
+    moe_gather(xs.data(), x.data(), slot_token.data(), n * k, c);
+    moe_combine(combined.data(), xs.data(), topk_w.data(), assignment_slot.data(), n, k, c);
+    moe_combine_backward(dys.data(), dw.data(), x.data(), xs.data(), topk_w.data(),
+                         assignment_slot.data(), n, k, c);
+    moe_gather_backward(dx.data(), dys.data(), assignment_slot.data(), n, k, c);
+    keep(combined);
+    keep(dw);
+    keep(dx);
+    std::vector<float> losses(n), dvocab(n * vp);
+    all.push_back(static_cast<float>(cross_entropy(dvocab.data(), losses.data(),
+                                                   vocab_logits.data(), targets.data(), n, v,
+                                                   vp, 1.0f / n)));
+    keep(losses);
+    keep(dvocab);
+    return all;
+  };
+  const auto one = run(1), two = run(2);
+  ASSERT_EQ(one.size(), two.size());
   EXPECT_EQ(std::memcmp(one.data(), two.data(), one.size() * sizeof(float)), 0);
 }
 

@@ -35,12 +35,15 @@ const RopeTable<T>& rope_table(int64_t t, int64_t half, int64_t pos_offset, doub
   std::vector<double> inv_freq(half);
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = std::pow(theta, -static_cast<double>(i) / static_cast<double>(half));
+  // Plain pointers: inside the parallel region the name `table` would be each thread's own.
+  T* cos_values = table.cos_values.data();
+  T* sin_values = table.sin_values.data();
 #pragma omp parallel for schedule(static) if (parallel)
   for (int64_t ti = 0; ti < t; ++ti)
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(pos_offset + ti) * inv_freq[i];
-      table.cos_values[ti * half + i] = static_cast<T>(std::cos(angle));
-      table.sin_values[ti * half + i] = static_cast<T>(std::sin(angle));
+      cos_values[ti * half + i] = static_cast<T>(std::cos(angle));
+      sin_values[ti * half + i] = static_cast<T>(std::sin(angle));
     }
   return table;
 }
