@@ -191,7 +191,8 @@ void register_train_commands(CLI::App& app) {
       const std::string dir = resolve_checkpoint(g->checkpoint, rc);
       auto model = load_model(rc, dir, precision_of(rc));
       std::vector<int32_t> ids = tok.encode(g->prompt);
-      ids.insert(ids.begin(), tok.bos_id() >= 0 ? tok.bos_id() : tok.eos_id());
+      // Training streams separate documents with EOS, so EOS is what precedes a document.
+      ids.insert(ids.begin(), tok.eos_id());
       const int64_t max_len = std::min<int64_t>(rc.model.max_seq_len,
                                                 static_cast<int64_t>(ids.size()) + g->max_new_tokens);
       if (static_cast<int64_t>(ids.size()) >= max_len)
