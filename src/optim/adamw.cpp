@@ -1,6 +1,8 @@
 #include "optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "base/error.h"
 
@@ -34,6 +36,34 @@ void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restri
   }
 }
 
+// The parts of `chunks` that lie inside tensors selected by `keep`, each with its chunk's
+// decay flag. Like the chunks themselves, the pieces depend only on the table and the
+// predicate, never on the thread count.
+std::vector<SlabChunk> restrict_chunks(const std::vector<SlabChunk>& chunks,
+                                       const ParamTable& table,
+                                       const std::function<bool(const ParamInfo&)>& keep) {
+  // Selected tensors as [begin, end) slab intervals in slab order, touching ones merged.
+  std::vector<std::pair<int64_t, int64_t>> kept;
+  for (const ParamInfo& p : table.params()) {
+    if (p.numel == 0 || !keep(p)) continue;
+    if (!kept.empty() && kept.back().second == p.offset)
+      kept.back().second += p.numel;
+    else
+      kept.emplace_back(p.offset, p.offset + p.numel);
+  }
+  std::vector<SlabChunk> pieces;
+  size_t first = 0;
+  for (const SlabChunk& chunk : chunks) {
+    const int64_t end = chunk.offset + chunk.size;
+    while (first < kept.size() && kept[first].second <= chunk.offset) ++first;
+    for (size_t j = first; j < kept.size() && kept[j].first < end; ++j) {
+      const int64_t begin = std::max(chunk.offset, kept[j].first);
+      pieces.push_back({begin, std::min(end, kept[j].second) - begin, chunk.decay});
+    }
+  }
+  return pieces;
+}
+
 }  // namespace
 
 AdamW::AdamW(const ParamTable& table, const AdamWOptions& options)
@@ -47,6 +77,11 @@ AdamW::AdamW(const ParamTable& table, const AdamWOptions& options)
     fail(fmt::format("AdamW eps = {} and weight_decay = {} must be non-negative", options.eps,
                      options.weight_decay));
   chunks_ = slab_chunks(table, [this](const ParamInfo& info) { return decays(info); });
+  if (options_.applies) chunks_ = restrict_chunks(chunks_, table, options_.applies);
+}
+
+bool AdamW::updates(const ParamInfo& info) const {
+  return !options_.applies || options_.applies(info);
 }
 
 bool AdamW::decays(const ParamInfo& info) const {

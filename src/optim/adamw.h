@@ -13,11 +13,16 @@
 // embedding), plus the embedding when AdamWOptions::decay_embeddings is set. Norm weights
 // are never decayed. Alignment padding between tensors is never read or written.
 //
+// Tensors for which AdamWOptions::applies returns false (e.g. the matrices that Muon
+// updates, see optim/muon.h) are skipped: neither they nor their moments are read or
+// written, so their moments stay zero. Unset, every tensor is updated.
+//
 // Deterministic: the slab is cut into fixed chunks (optim/slab_chunks.h) processed in
 // parallel, and each element's update depends only on its own values, so results are
 // bitwise identical for any OpenMP thread count.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -34,6 +39,8 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.1;
   bool decay_embeddings = false;  // put the (tied) embedding matrix in the decay group
+  // Which tensors this optimizer updates; empty = all of them.
+  std::function<bool(const ParamInfo&)> applies;
 };
 
 class AdamW {
@@ -54,6 +61,7 @@ class AdamW {
 
   void reset();  // zeroes both moments
   bool decays(const ParamInfo& info) const;  // is the tensor in the weight-decay group?
+  bool updates(const ParamInfo& info) const;  // does this optimizer update the tensor?
   const AdamWOptions& options() const { return options_; }
   int64_t slab_elements() const { return static_cast<int64_t>(exp_avg_.size()); }
 

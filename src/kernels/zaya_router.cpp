@@ -1,0 +1,360 @@
+#include "kernels/zaya_router.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/error.h"
+#include "kernels/kernel_support.h"
+
+namespace foundry::ops {
+namespace {
+
+// Column sums over the N rows of a [N, W] quantity that is never stored: row_work(i, partial)
+// adds row i's contribution to partial [W] (and may also do per-row work of its own, such as
+// writing input gradients for that row). Rows are cut into fixed chunks of kRowsPerChunk;
+// each chunk sums into its own zeroed partial, and the partials are then added in chunk
+// order. The chunking depends only on N, so the totals are bitwise the same for any thread
+// count. Returns totals [W] (valid until the next call on this thread).
+template <typename T, typename RowWork>
+const T* sum_rows_fixed_chunks(int64_t n, int64_t width, bool parallel, RowWork&& row_work) {
+  constexpr int64_t kRowsPerChunk = 32;
+  constexpr int64_t kColumnBlock = 256;
+  const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+  thread_local detail::ScratchBuffer<T> buffer;
+  T* partials = buffer.get(std::max<int64_t>((chunks + 1) * width, 1));
+  T* totals = partials + chunks * width;
+
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    T* partial = partials + chunk * width;
+    std::fill(partial, partial + width, T(0));
+    const int64_t row_end = std::min(n, (chunk + 1) * kRowsPerChunk);
+    for (int64_t i = chunk * kRowsPerChunk; i < row_end; ++i) row_work(i, partial);
+  }
+  const int64_t column_blocks = (width + kColumnBlock - 1) / kColumnBlock;
+#pragma omp parallel for schedule(static) if (parallel && column_blocks > 1)
+  for (int64_t blk = 0; blk < column_blocks; ++blk) {
+    const int64_t c0 = blk * kColumnBlock, c1 = std::min(width, c0 + kColumnBlock);
+    std::fill(totals + c0, totals + c1, T(0));
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const T* partial = partials + chunk * width;
+#pragma omp simd
+      for (int64_t j = c0; j < c1; ++j) totals[j] += partial[j];
+    }
+  }
+  return totals;
+}
+
+bool is_parallel(int64_t elements) { return elements >= detail::kParallelMinElements; }
+
+}  // namespace
+
+// ---- bias ----------------------------------------------------------------------------------
+
+template <typename T>
+void bias_add_forward(T* y, const T* bias, int64_t n, int64_t m) {
+#pragma omp parallel for schedule(static) if (is_parallel(n * m))
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = y + i * m;
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) row[j] += bias[j];
+  }
+}
+
+template <typename T>
+void bias_add_backward(T* dbias, const T* dy, int64_t n, int64_t m) {
+  const T* totals = sum_rows_fixed_chunks<T>(n, m, is_parallel(n * m), [&](int64_t i, T* acc) {
+    const T* row = dy + i * m;
+#pragma omp simd
+    for (int64_t j = 0; j < m; ++j) acc[j] += row[j];
+  });
+  for (int64_t j = 0; j < m; ++j) dbias[j] += totals[j];
+}
+
+// ---- GELU ----------------------------------------------------------------------------------
+
+namespace {
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+}  // namespace
+
+template <typename T>
+void gelu_forward(T* out, const T* in, int64_t n, int64_t c) {
+  const int64_t count = n * c;
+  const T inv_sqrt2 = static_cast<T>(kInvSqrt2);
+#pragma omp parallel for schedule(static) if (is_parallel(count))
+  for (int64_t i = 0; i < count; ++i) {
+    const T x = in[i];
+    out[i] = T(0.5) * x * (T(1) + std::erf(x * inv_sqrt2));
+  }
+}
+
+template <typename T>
+void gelu_backward(T* din, const T* dout, const T* in, int64_t n, int64_t c) {
+  const int64_t count = n * c;
+  const T inv_sqrt2 = static_cast<T>(kInvSqrt2), inv_sqrt2pi = static_cast<T>(kInvSqrt2Pi);
+#pragma omp parallel for schedule(static) if (is_parallel(count))
+  for (int64_t i = 0; i < count; ++i) {
+    const T x = in[i];
+    const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
+    const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
+    din[i] = dout[i] * (cdf + x * pdf);
+  }
+}
+
+// ---- EDA -----------------------------------------------------------------------------------
+
+template <typename T>
+void eda_forward(T* r, const T* r_prev, const T* gamma, int64_t n, int64_t r_dim) {
+#pragma omp parallel for schedule(static) if (is_parallel(n * r_dim))
+  for (int64_t i = 0; i < n; ++i) {
+    T* row = r + i * r_dim;
+    const T* prev = r_prev + i * r_dim;
+#pragma omp simd
+    for (int64_t j = 0; j < r_dim; ++j) row[j] += gamma[j] * prev[j];
+  }
+}
+
+template <typename T>
+void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* gamma,
+                  int64_t n, int64_t r_dim) {
+  const T* totals =
+      sum_rows_fixed_chunks<T>(n, r_dim, is_parallel(n * r_dim), [&](int64_t i, T* acc) {
+        const T* g = dr + i * r_dim;
+        const T* prev = r_prev + i * r_dim;
+        T* dprev = dr_prev + i * r_dim;
+#pragma omp simd
+        for (int64_t j = 0; j < r_dim; ++j) {
+          dprev[j] += gamma[j] * g[j];
+          acc[j] += prev[j] * g[j];
+        }
+      });
+  for (int64_t j = 0; j < r_dim; ++j) dgamma[j] += totals[j];
+}
+
+// ---- gating --------------------------------------------------------------------------------
+
+template <typename T>
+void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
+                         const T* balance_bias, int64_t n, int64_t e, int64_t k,
+                         bool skip_class, bool skip_passes_input) {
+  const int64_t classes = e + (skip_class ? 1 : 0);
+  FOUNDRY_CHECK(e >= 1 && k >= 1 && k <= classes);
+  FOUNDRY_CHECK(skip_class || !skip_passes_input);
+#pragma omp parallel for schedule(static) if (is_parallel(n * classes))
+  for (int64_t i = 0; i < n; ++i) {
+    const T* z = logits + i * classes;
+    T* p = probs + i * classes;
+    const T max_z = detail::max_of(z, classes);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < classes; ++j) {
+      p[j] = detail::exp_fast(z[j] - max_z);
+      sum += p[j];
+    }
+    const T inv_sum = T(1) / sum;
+    for (int64_t j = 0; j < classes; ++j) p[j] *= inv_sum;
+
+    // Repeated arg-max of p + bias over the classes not yet chosen. Scanning in ascending
+    // index with a strict '>' keeps the lower index on ties; starting from the first free
+    // class keeps the choice a valid index even if a score is NaN.
+    int32_t* idx = choice + i * k;
+    T* w = gate + i * k;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      int64_t best = -1;
+      T best_score = 0;
+      for (int64_t j = 0; j < classes; ++j) {
+        if (std::find(idx, idx + slot, static_cast<int32_t>(j)) != idx + slot) continue;
+        const T score = balance_bias ? p[j] + balance_bias[j] : p[j];
+        if (best < 0 || score > best_score) {
+          best = j;
+          best_score = score;
+        }
+      }
+      idx[slot] = static_cast<int32_t>(best);
+      const bool zero_gate = skip_class && best == e && !skip_passes_input;
+      w[slot] = zero_gate ? T(0) : p[best];
+    }
+  }
+}
+
+// Per token, dp is dgate placed at the chosen classes (a skip choice with the constant gate 0
+// contributes nothing), so dz_j = p_j·(dp_j − <dp, p>) with <dp, p> = Σ_slots dgate·p[choice].
+template <typename T>
+void zaya_gating_backward(T* dlogits, const T* dgate, const T* probs, const int32_t* choice,
+                          int64_t n, int64_t e, int64_t k, bool skip_class,
+                          bool skip_passes_input) {
+  const int64_t classes = e + (skip_class ? 1 : 0);
+  FOUNDRY_CHECK(e >= 1 && k >= 1 && k <= classes);
+  FOUNDRY_CHECK(skip_class || !skip_passes_input);
+#pragma omp parallel for schedule(static) if (is_parallel(n * classes))
+  for (int64_t i = 0; i < n; ++i) {
+    const T* p = probs + i * classes;
+    const int32_t* idx = choice + i * k;
+    const T* dg = dgate + i * k;
+    T* dz = dlogits + i * classes;
+    T dot = 0;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      if (skip_class && idx[slot] == e && !skip_passes_input) continue;
+      dot += dg[slot] * p[idx[slot]];
+    }
+#pragma omp simd
+    for (int64_t j = 0; j < classes; ++j) dz[j] = -p[j] * dot;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      if (skip_class && idx[slot] == e && !skip_passes_input) continue;
+      dz[idx[slot]] += p[idx[slot]] * dg[slot];
+    }
+  }
+}
+
+// ---- load statistics and the balancing bias --------------------------------------------------
+
+void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                       int64_t classes) {
+  std::fill(counts, counts + classes, int64_t{0});
+  for (int64_t a = 0; a < n * k; ++a) {
+    FOUNDRY_CHECK(choice[a] >= 0 && choice[a] < classes);
+    ++counts[choice[a]];
+  }
+}
+
+void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, int64_t classes) {
+  FOUNDRY_CHECK(assignments > 0 && classes > 0);
+  const double uniform = 1.0 / static_cast<double>(classes);
+  for (int64_t s = 0; s < classes; ++s)
+    err[s] = static_cast<double>(counts[s]) / static_cast<double>(assignments) - uniform;
+}
+
+ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& opts)
+    : options(opts) {
+  if (experts < 1) fail(fmt::format("the router needs at least one expert, got {}", experts));
+  if (!(opts.lr >= 0) || !(opts.beta1 >= 0 && opts.beta1 < 1) ||
+      !(opts.beta2 >= 0 && opts.beta2 < 1) || !(opts.eps >= 0))
+    fail(fmt::format("balancing-bias optimizer: lr = {}, betas = ({}, {}), eps = {} out of range",
+                     opts.lr, opts.beta1, opts.beta2, opts.eps),
+         "use lr >= 0, betas in [0, 1) and eps >= 0");
+  const int64_t classes = experts + (skip_class ? 1 : 0);
+  bias.assign(classes, 0.0f);
+  if (skip_class) bias[experts] = opts.skip_bias_init;
+  exp_avg.assign(classes, 0.0f);
+  exp_avg_sq.assign(classes, 0.0f);
+}
+
+void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
+  std::vector<double> err(classes());
+  zaya_load_error(err.data(), counts, assignments, classes());
+  update_from_error(err.data());
+}
+
+void ZayaBalancer::update_from_error(const double* err) {
+  ++step;
+  const double t = static_cast<double>(step);
+  const double correction1 = 1.0 - std::pow(options.beta1, t);
+  const double sqrt_correction2 = std::sqrt(1.0 - std::pow(options.beta2, t));
+  const double step_size = options.lr / correction1;
+  for (int64_t s = 0; s < classes(); ++s) {
+    const double m = options.beta1 * exp_avg[s] + (1.0 - options.beta1) * err[s];
+    const double v = options.beta2 * exp_avg_sq[s] + (1.0 - options.beta2) * err[s] * err[s];
+    exp_avg[s] = static_cast<float>(m);
+    exp_avg_sq[s] = static_cast<float>(v);
+    bias[s] = static_cast<float>(bias[s] - step_size * m / (std::sqrt(v) / sqrt_correction2 +
+                                                             options.eps));
+  }
+}
+
+void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<float> exp_avg_in,
+                              std::vector<float> exp_avg_sq_in, int64_t step_in) {
+  const size_t classes_here = bias.size();
+  if (bias_in.size() != classes_here || exp_avg_in.size() != classes_here ||
+      exp_avg_sq_in.size() != classes_here)
+    fail(fmt::format("balancing-bias state has sizes bias {}, exp_avg {}, exp_avg_sq {}; this "
+                     "router has {} classes",
+                     bias_in.size(), exp_avg_in.size(), exp_avg_sq_in.size(), classes_here),
+         "the checkpoint was written for a different number of experts or skip setting");
+  if (step_in < 0) fail(fmt::format("balancing-bias step count {} is negative", step_in));
+  auto finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  if (!finite(bias_in) || !finite(exp_avg_in) || !finite(exp_avg_sq_in) ||
+      !std::all_of(exp_avg_sq_in.begin(), exp_avg_sq_in.end(), [](float x) { return x >= 0; }))
+    fail("balancing-bias state holds non-finite values or a negative second moment",
+         "the checkpoint is corrupt; resume from an earlier one");
+  bias = std::move(bias_in);
+  exp_avg = std::move(exp_avg_in);
+  exp_avg_sq = std::move(exp_avg_sq_in);
+  step = step_in;
+}
+
+// ---- residual scaling ------------------------------------------------------------------------
+
+template <typename T>
+void residual_scale_forward(T* out, const T* res, const T* h, const T* alpha_res,
+                            const T* beta_res, const T* alpha_h, const T* beta_h, int64_t n,
+                            int64_t c) {
+#pragma omp parallel for schedule(static) if (is_parallel(n * c))
+  for (int64_t i = 0; i < n; ++i) {
+    const T* r = res + i * c;
+    const T* x = h + i * c;
+    T* y = out + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j)
+      y[j] = (r[j] + beta_res[j]) * alpha_res[j] + (x[j] + beta_h[j]) * alpha_h[j];
+  }
+}
+
+// One pass over the rows: the input gradients row by row, and three column sums
+// [Σ dout | Σ (res + β_res)·dout | Σ (h + β_h)·dout] from which the four parameter
+// gradients follow (dβ = α ⊙ Σ dout).
+template <typename T>
+void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                             T* dbeta_h, const T* dout, const T* res, const T* h,
+                             const T* alpha_res, const T* beta_res, const T* alpha_h,
+                             const T* beta_h, int64_t n, int64_t c) {
+  const T* totals =
+      sum_rows_fixed_chunks<T>(n, 3 * c, is_parallel(n * c), [&](int64_t i, T* acc) {
+        const T* g = dout + i * c;
+        const T* r = res + i * c;
+        const T* x = h + i * c;
+        T* dr = dres + i * c;
+        T* dx = dh + i * c;
+        T* sum_g = acc;
+        T* sum_rg = acc + c;
+        T* sum_hg = acc + 2 * c;
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+          dr[j] += alpha_res[j] * g[j];
+          dx[j] += alpha_h[j] * g[j];
+          sum_g[j] += g[j];
+          sum_rg[j] += (r[j] + beta_res[j]) * g[j];
+          sum_hg[j] += (x[j] + beta_h[j]) * g[j];
+        }
+      });
+  for (int64_t j = 0; j < c; ++j) {
+    dbeta_res[j] += alpha_res[j] * totals[j];
+    dalpha_res[j] += totals[c + j];
+    dalpha_h[j] += totals[2 * c + j];
+    dbeta_h[j] += alpha_h[j] * totals[j];
+  }
+}
+
+#define FOUNDRY_INSTANTIATE(T)                                                                 \
+  template void bias_add_forward<T>(T*, const T*, int64_t, int64_t);                           \
+  template void bias_add_backward<T>(T*, const T*, int64_t, int64_t);                          \
+  template void gelu_forward<T>(T*, const T*, int64_t, int64_t);                               \
+  template void gelu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
+  template void eda_forward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
+  template void eda_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t);       \
+  template void zaya_gating_forward<T>(T*, int32_t*, T*, const T*, const T*, int64_t, int64_t, \
+                                       int64_t, bool, bool);                                   \
+  template void zaya_gating_backward<T>(T*, const T*, const T*, const int32_t*, int64_t,       \
+                                        int64_t, int64_t, bool, bool);                         \
+  template void residual_scale_forward<T>(T*, const T*, const T*, const T*, const T*,          \
+                                          const T*, const T*, int64_t, int64_t);               \
+  template void residual_scale_backward<T>(T*, T*, T*, T*, T*, T*, const T*, const T*,         \
+                                           const T*, const T*, const T*, const T*, const T*,   \
+                                           int64_t, int64_t);
+FOUNDRY_INSTANTIATE(float)
+FOUNDRY_INSTANTIATE(double)
+#undef FOUNDRY_INSTANTIATE
+
+}  // namespace foundry::ops

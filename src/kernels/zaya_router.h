@@ -1,0 +1,190 @@
+// The ZAYA1 router's elementwise and gating pieces, and residual scaling, forward and
+// backward, as free functions on raw pointers (the conventions of kernels/ops.h: shapes in
+// every comment; backward ACCUMULATES (+=) into parameter and input gradients unless the
+// comment says "writes"; templated on float and double; reductions over tokens use a fixed
+// chunking independent of the thread count, no atomics).
+//
+// Names: N tokens, C channels (hidden size), R router latent (256 in ZAYA1), E experts,
+// S = E + 1 router classes when the skip class is enabled (S = E otherwise; the skip class,
+// when present, has index E), K choices per token.
+//
+// ---- How a model composes one ZAYA1 MoE sublayer from these kernels and its GEMMs ---------
+// Parameters of MoE sublayer l: Wdown [R, C], bdown [R], gamma [R] (EDA, init 1; unused in
+// the first MoE sublayer), norm_w [R] (router RMSNorm), W1 [R, R], b1 [R], W2 [R, R], b2 [R],
+// W3 [S, R] (no bias); balancing bias [S] in a ZayaBalancer (not a parameter).
+// "GEMM y = x·W^T" is the model's matmul; everything else is a call below or in ops.h.
+//
+// Forward (x [N, C] = RMSNorm(res), the same normalized input the experts see):
+//   r      = x·Wdown^T                      [N, R]   GEMM
+//   bias_add_forward(r, bdown, N, R)
+//   eda_forward(r, r_prev, gamma, N, R)              skipped in the first MoE sublayer;
+//                                                    r_prev = the previous MoE sublayer's r
+//                                                    (post-EDA, pre-norm). Keep r: it is the
+//                                                    next sublayer's r_prev and the norm's input.
+//   rmsnorm_forward(u, rstd, r, norm_w, N, R, eps)   u [N, R]
+//   a1 = u·W1^T; bias_add_forward(a1, b1); gelu_forward(g1, a1)      keep a1, g1
+//   a2 = g1·W2^T; bias_add_forward(a2, b2); gelu_forward(g2, a2)     keep a2, g2
+//   logits = g2·W3^T                        [N, S]   GEMM (fp32 output)
+//   zaya_gating_forward(probs, choice, gate, logits, balancer.bias.data(), N, E, K,
+//                       skip_class, skip_passes_input)
+//   moe_dispatch_plan(offsets [S+1], slot_token, assignment_slot, choice, N, S, K)
+//     (ops.h; the skip class is dispatched like a class of its own)
+//   moe_gather(xs, x, slot_token, N*K, C)
+//   expert e < E runs on rows [offsets[e], offsets[e+1]) of xs, writing the same rows of ys;
+//   skip rows [offsets[E], offsets[E+1]) of ys: zero by default, a copy of xs when
+//     skip_passes_input (the skip class is then the identity "expert", and its gate is p_skip)
+//   moe_combine(out, ys, gate, assignment_slot, N, K, C)              out [N, C] zeroed first
+//   zaya_class_counts(counts, choice, N, K, S)   → summed over data-parallel ranks → after
+//     the optimizer step: balancer.update(global_counts, global_N * K)
+//
+// Backward (reverse order; d_r is the router-state gradient buffer of this sublayer: on entry
+// it holds what the next MoE sublayer's eda_backward added, or zero for the last one):
+//   moe_combine_backward(dys, dgate, dout, ys, gate, assignment_slot, N, K, C)
+//   dxs = expert backward on rows < offsets[E]; skip rows: zero by default, dys when
+//     skip_passes_input; moe_gather_backward(dx, dxs, …)
+//   zaya_gating_backward(dlogits, dgate, probs, choice, N, E, K, skip_class, skip_passes_input)
+//   dW3 += dlogits^T·g2; dg2 = dlogits·W3                                GEMMs
+//   gelu_backward(da2, dg2, a2); bias_add_backward(db2, da2); dW2, dg1 GEMMs
+//   gelu_backward(da1, dg1, a1); bias_add_backward(db1, da1); dW1, du  GEMMs
+//   rmsnorm_backward(d_r, dnorm_w, du, r, norm_w, rstd, N, R)           d_r += : now complete
+//   eda_backward(d_r_prev, dgamma, d_r, r_prev, gamma, N, R)            d_r_prev: the previous
+//                                                    MoE sublayer's buffer (zeroed before the
+//                                                    backward pass); skipped in the first one
+//   bias_add_backward(dbdown, d_r, N, R); dWdown += d_r^T·x; dx += d_r·Wdown   GEMMs
+//   then the pre-norm's rmsnorm_backward from dx into the residual gradient.
+// (EDA is r ← r + gamma ⊙ r_prev, so the gradient of the pre-EDA r, which bias_add_backward
+// and the Wdown GEMMs consume, is d_r itself.)
+//
+// Residual scaling (every sublayer, attention or MoE; α, β [C] for the residual and for the
+// incoming sublayer output):
+//   residual_scale_forward(res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
+//   h_new = Mixer(RMSNorm(res_new))
+// and, backward, with d_res_new complete (the next merge's dres plus this sublayer's norm
+// backward):
+//   residual_scale_backward(d_res, d_h, dalpha_res, dbeta_res, dalpha_h, dbeta_h,
+//                           d_res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
+// where d_res and d_h are zeroed buffers (or buffers already holding other contributions).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace foundry::ops {
+
+// ---- bias of a linear layer ----------------------------------------------------------------
+// y [N, M] += bias [M] (in place, per row).
+template <typename T>
+void bias_add_forward(T* y, const T* bias, int64_t n, int64_t m);
+// dbias [M] += Σ_n dy[n, :]. The input gradient is dy itself (nothing to do).
+template <typename T>
+void bias_add_backward(T* dbias, const T* dy, int64_t n, int64_t m);
+
+// ---- GELU, exact form --------------------------------------------------------------------
+// gelu(x) = x·Φ(x) = x/2·(1 + erf(x/√2)) (not the tanh approximation).
+// out [N, C] (writes) = gelu(in [N, C]); out may alias in.
+template <typename T>
+void gelu_forward(T* out, const T* in, int64_t n, int64_t c);
+// din [N, C] (writes) = dout · gelu'(in), gelu'(x) = Φ(x) + x·φ(x), φ(x) = e^{−x²/2}/√(2π).
+// din may alias dout; `in` is the pre-activation input of the forward pass.
+template <typename T>
+void gelu_backward(T* din, const T* dout, const T* in, int64_t n, int64_t c);
+
+// ---- exponential depth averaging (one step) ----------------------------------------------
+// r [N, R] += gamma [R] ⊙ r_prev [N, R] (in place).
+template <typename T>
+void eda_forward(T* r, const T* r_prev, const T* gamma, int64_t n, int64_t r_dim);
+// From dr [N, R] (the gradient of the post-EDA r): dr_prev [N, R] += gamma ⊙ dr;
+// dgamma [R] += Σ_n r_prev ⊙ dr. The gradient of the pre-EDA r is dr itself.
+template <typename T>
+void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* gamma,
+                  int64_t n, int64_t r_dim);
+
+// ---- ZAYA gating ---------------------------------------------------------------------------
+// logits [N, S], S = E + (skip_class ? 1 : 0). Writes:
+//   probs [N, S] = softmax(logits) (float when T = float: the router softmax runs in fp32);
+//   choice [N, K] = the K classes with the largest probs + balance_bias, in descending order
+//     of that score (ties: lower index first); balance_bias [S] may be null (= zero) and gets
+//     no gradient;
+//   gate [N, K] = probs[n, choice] (the unbiased probability, not renormalized), except for
+//     the skip class (index E): gate 0 by default (the token gets no expert output from that
+//     choice), or probs[n, E] = p_skip when skip_passes_input (the caller then adds
+//     p_skip · x, i.e. treats the skip class as an identity expert, and the gradient of
+//     p_skip flows back through gate).
+// skip_passes_input requires skip_class. 1 ≤ K ≤ S.
+template <typename T>
+void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
+                         const T* balance_bias, int64_t n, int64_t e, int64_t k,
+                         bool skip_class, bool skip_passes_input);
+// dlogits [N, S] (writes) from dgate [N, K] through the softmax: dp[choice] = dgate (dropped
+// for a skip choice whose gate is the constant 0), dlogits = p ⊙ (dp − <dp, p>). The choice
+// itself is piecewise constant in the logits and contributes nothing.
+template <typename T>
+void zaya_gating_backward(T* dlogits, const T* dgate, const T* probs, const int32_t* choice,
+                          int64_t n, int64_t e, int64_t k, bool skip_class,
+                          bool skip_passes_input);
+
+// ---- load statistics and the balancing bias -----------------------------------------------
+// counts [S] (writes) = number of the N·K choices that went to each class (exact integers,
+// so the result, and a sum of it over ranks, is independent of order and thread count).
+void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                       int64_t classes);
+// err [S] (writes) = counts[s] / assignments − 1/S, assignments = the N·K the counts cover
+// (global over data-parallel ranks when the counts are).
+void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, int64_t classes);
+
+// The per-class balancing bias of one MoE sublayer and its optimizer. The load error is the
+// bias's "gradient" in an AdamW step without weight decay (torch.optim.AdamW's form):
+//   step += 1;  m = β1·m + (1 − β1)·err;  v = β2·v + (1 − β2)·err²
+//   bias −= lr / (1 − β1^step) · m / (√v / √(1 − β2^step) + eps)
+// so an over-used class (err > 0) moves down and an under-used one moves up. The arithmetic
+// is double; the state is stored in float.
+//
+// Serializable state (all of it; write these four to a checkpoint and load_state() them back
+// to resume bitwise): bias, exp_avg (m), exp_avg_sq (v), each [S] floats, and step (the
+// number of updates applied). The options are configuration, not state.
+struct ZayaBalancerOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  float skip_bias_init = -1.0f;  // initial bias of the skip class (experts start at 0)
+};
+
+struct ZayaBalancer {
+  ZayaBalancerOptions options;
+  std::vector<float> bias;        // [S]
+  std::vector<float> exp_avg;     // [S]
+  std::vector<float> exp_avg_sq;  // [S]
+  int64_t step = 0;
+
+  // S = experts + (skip_class ? 1 : 0) classes; bias 0 for experts, skip_bias_init for skip.
+  ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& options = {});
+
+  int64_t classes() const { return static_cast<int64_t>(bias.size()); }
+  // One AdamW step from counts [S] covering `assignments` = N·K choices.
+  void update(const int64_t* counts, int64_t assignments);
+  // One AdamW step from a load error [S] computed elsewhere.
+  void update_from_error(const double* err);
+  // Restores the state saved from a balancer with the same number of classes; fails (Error)
+  // on a size mismatch, a negative step or non-finite values.
+  void load_state(std::vector<float> bias_in, std::vector<float> exp_avg_in,
+                  std::vector<float> exp_avg_sq_in, int64_t step_in);
+};
+
+// ---- residual scaling ----------------------------------------------------------------------
+// out [N, C] (writes) = (res + beta_res) ⊙ alpha_res + (h + beta_h) ⊙ alpha_h, with the four
+// vectors [C]. out may alias res or h (the backward pass needs the original res and h).
+template <typename T>
+void residual_scale_forward(T* out, const T* res, const T* h, const T* alpha_res,
+                            const T* beta_res, const T* alpha_h, const T* beta_h, int64_t n,
+                            int64_t c);
+// From dout [N, C]: dres [N, C] += alpha_res ⊙ dout; dh [N, C] += alpha_h ⊙ dout;
+// dalpha_res [C] += Σ_n (res + beta_res) ⊙ dout; dbeta_res [C] += alpha_res ⊙ Σ_n dout;
+// dalpha_h [C] += Σ_n (h + beta_h) ⊙ dout; dbeta_h [C] += alpha_h ⊙ Σ_n dout.
+// dres and dh must not alias dout or each other.
+template <typename T>
+void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                             T* dbeta_h, const T* dout, const T* res, const T* h,
+                             const T* alpha_res, const T* beta_res, const T* alpha_h,
+                             const T* beta_h, int64_t n, int64_t c);
+
+}  // namespace foundry::ops
