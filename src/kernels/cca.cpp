@@ -1,0 +1,699 @@
+#include "kernels/cca.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/kernel_support.h"
+
+namespace foundry::ops {
+namespace {
+
+bool is_parallel(int64_t elements) { return elements >= detail::kParallelMinElements; }
+
+// Register tiles for the grouped convolution: kTileRows rows × kTileCols<T> columns of
+// accumulators, four 512-bit registers per row (64 floats or 32 doubles), 16 registers in all.
+constexpr int kTileRows = 4;
+template <typename T>
+constexpr int kTileCols = static_cast<int>(256 / sizeof(T));
+
+// Rows of the sequence handled by one task of the grouped convolution (forward and dy).
+constexpr int64_t kRowsPerTask = 64;
+// Rows summed in registers before a tile is added to its running total (dw1): a two-level
+// sum keeps float rounding error proportional to kRowsPerBlock + rows/kRowsPerBlock.
+constexpr int64_t kRowsPerBlock = 128;
+// Output channels of w1 per dw1 task.
+constexpr int64_t kOutputsPerTask = 16;
+// Channels per task of the depthwise backward and of the bias reductions.
+constexpr int64_t kChannelsPerTask = 32;
+
+// acc[r][:] += Σ_{k<count} x[r][k·x_stride] · w[k·w_stride + :], R rows × V columns held in
+// registers.
+template <typename T, int R, int V>
+inline void tile_multiply_add(T (&acc)[R][V], const T* const (&x)[R], int64_t x_stride, const T* w,
+                              int64_t w_stride, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) {
+    const T* wk = w + k * w_stride;
+    for (int r = 0; r < R; ++r) {
+      const T xv = x[r][k * x_stride];
+#pragma omp simd
+      for (int v = 0; v < V; ++v) acc[r][v] += xv * wk[v];
+    }
+  }
+}
+
+// acc[:cols] += Σ_{k<count} x[k·x_stride] · w[k·w_stride + :cols]: the columns a full tile
+// does not cover.
+template <typename T>
+inline void row_multiply_add(T* acc, int64_t cols, const T* x, int64_t x_stride, const T* w,
+                             int64_t w_stride, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) {
+    const T xv = x[k * x_stride];
+    const T* wk = w + k * w_stride;
+#pragma omp simd
+    for (int64_t v = 0; v < cols; ++v) acc[v] += xv * wk[v];
+  }
+}
+
+// The multi-tap grouped product shared by the grouped conv's forward and its dy:
+//   out[b, t, grp, :] (= bias[grp, :] when bias is set, else +=)
+//       Σ_{i<taps} Σ_{j<d} in[b, t + shift[i], grp, j] · packed[grp, i, j, :]
+// for out, in [B, T, G·d] and packed [G, taps, d, d]; source rows outside [0, T) of the same
+// sequence contribute nothing. Tasks are (sequence, block of rows, group); each output element
+// is computed by one task in a fixed order.
+template <typename T>
+void grouped_taps(T* out, const T* in, const T* packed, const T* bias,
+                  const std::vector<int64_t>& shift, int64_t b, int64_t t, int64_t groups,
+                  int64_t d, int64_t taps) {
+  constexpr int V = kTileCols<T>;
+  const int64_t channels = groups * d;
+  const int64_t row_blocks = (t + kRowsPerTask - 1) / kRowsPerTask;
+  // Stands in for a source row outside the sequence.
+  const std::vector<T> zero_row(d, T(0));
+  const T* zeros = zero_row.data();
+  const bool parallel = b * t * channels * d * taps >= 64 * detail::kParallelMinElements;
+
+  // Rows [t_row, t_row + R) of sequence bi, output columns [o0, o0 + V) of group grp.
+  auto tile = [&]<int R>(int64_t bi, int64_t t_row, int64_t grp, int64_t o0) {
+    T acc[R][V];
+    T* out_rows[R];
+    for (int r = 0; r < R; ++r) {
+      out_rows[r] = out + (bi * t + t_row + r) * channels + grp * d + o0;
+      const T* init = bias ? bias + grp * d + o0 : out_rows[r];
+      for (int v = 0; v < V; ++v) acc[r][v] = init[v];
+    }
+    for (int64_t i = 0; i < taps; ++i) {
+      const T* x[R];
+      for (int r = 0; r < R; ++r) {
+        const int64_t src = t_row + r + shift[i];
+        x[r] = src >= 0 && src < t ? in + (bi * t + src) * channels + grp * d : zeros;
+      }
+      tile_multiply_add<T, R, V>(acc, x, 1, packed + ((grp * taps + i) * d) * d + o0, d, d);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int v = 0; v < V; ++v) out_rows[r][v] = acc[r][v];
+  };
+
+#pragma omp parallel for collapse(3) schedule(static) if (parallel)
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t blk = 0; blk < row_blocks; ++blk)
+      for (int64_t grp = 0; grp < groups; ++grp) {
+        const int64_t t_begin = blk * kRowsPerTask, t_end = std::min(t, t_begin + kRowsPerTask);
+        int64_t o0 = 0;
+        for (; o0 + V <= d; o0 += V) {
+          int64_t t_row = t_begin;
+          for (; t_row + kTileRows <= t_end; t_row += kTileRows)
+            tile.template operator()<kTileRows>(bi, t_row, grp, o0);
+          for (; t_row < t_end; ++t_row) tile.template operator()<1>(bi, t_row, grp, o0);
+        }
+        if (o0 < d) {
+          const int64_t cols = d - o0;
+          T acc[V];
+          for (int64_t t_row = t_begin; t_row < t_end; ++t_row) {
+            T* out_row = out + (bi * t + t_row) * channels + grp * d + o0;
+            const T* init = bias ? bias + grp * d + o0 : out_row;
+            std::copy(init, init + cols, acc);
+            for (int64_t i = 0; i < taps; ++i) {
+              const int64_t src = t_row + shift[i];
+              if (src < 0 || src >= t) continue;
+              row_multiply_add(acc, cols, in + (bi * t + src) * channels + grp * d, 1,
+                               packed + ((grp * taps + i) * d) * d + o0, d, d);
+            }
+            std::copy(acc, acc + cols, out_row);
+          }
+        }
+      }
+}
+
+// w1 [G·d, d, taps] repacked for grouped_taps: packed [G, taps, d, d] with
+//   forward (transpose = false): packed[grp, i, ci, o] = w1[grp, o, ci, i]   (rows: inputs y)
+//   dy      (transpose = true):  packed[grp, i, o, ci] = w1[grp, o, ci, i]   (rows: inputs dz)
+template <typename T>
+const T* pack_grouped_weight(const T* w1, int64_t groups, int64_t d, int64_t taps, bool transpose) {
+  thread_local detail::ScratchBuffer<T> buffer;
+  T* packed = buffer.get(groups * taps * d * d);
+#pragma omp parallel for collapse(2) schedule(static) if (is_parallel(groups * taps * d * d))
+  for (int64_t grp = 0; grp < groups; ++grp)
+    for (int64_t i = 0; i < taps; ++i) {
+      T* dst = packed + (grp * taps + i) * d * d;
+      for (int64_t o = 0; o < d; ++o) {
+        const T* src = w1 + ((grp * d + o) * d) * taps + i;
+        if (transpose)
+          for (int64_t ci = 0; ci < d; ++ci) dst[o * d + ci] = src[ci * taps];
+        else
+          for (int64_t ci = 0; ci < d; ++ci) dst[ci * d + o] = src[ci * taps];
+      }
+    }
+  return packed;
+}
+
+// sums [W] += Σ_{rows} x[row, :] for x [N, W]: tasks by channel block; each sums its rows in
+// a fixed order (blocks of kRowsPerBlock rows, then the blocks).
+template <typename T>
+void add_column_sums(T* sums, const T* x, int64_t n, int64_t width) {
+  const int64_t blocks = (width + kChannelsPerTask - 1) / kChannelsPerTask;
+#pragma omp parallel for schedule(static) if (is_parallel(n * width) && blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kChannelsPerTask, cols = std::min(width - c0, kChannelsPerTask);
+    T total[kChannelsPerTask] = {}, partial[kChannelsPerTask];
+    for (int64_t r0 = 0; r0 < n; r0 += kRowsPerBlock) {
+      std::fill(partial, partial + cols, T(0));
+      const int64_t r1 = std::min(n, r0 + kRowsPerBlock);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* row = x + r * width + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) partial[j] += row[j];
+      }
+      for (int64_t j = 0; j < cols; ++j) total[j] += partial[j];
+    }
+    for (int64_t j = 0; j < cols; ++j) sums[c0 + j] += total[j];
+  }
+}
+
+void check_heads(int64_t hq, int64_t hk, int64_t d) {
+  FOUNDRY_CHECK(hq > 0 && hk > 0 && d > 0 && hq % hk == 0);
+}
+
+}  // namespace
+
+// ---- dims ----------------------------------------------------------------------------------
+
+void CcaDims::validate() const {
+  if (hq <= 0 || hk <= 0 || d <= 0)
+    fail(fmt::format("CCA: heads and head dim must be positive (hq {}, hk {}, d {})", hq, hk, d));
+  if (hq % hk != 0)
+    fail(fmt::format("CCA: query heads {} are not a multiple of KV heads {}", hq, hk),
+         "choose hq = g·hk for an integer group size g");
+  if ((hk * d) % 2 != 0)
+    fail(fmt::format("CCA: hk·d = {} must be even (the values split into two halves)", hk * d));
+  if (t0 < 1 || t1 < 1)
+    fail(fmt::format("CCA: convolution kernel sizes must be ≥ 1 (t0 {}, t1 {})", t0, t1));
+}
+
+// ---- means ---------------------------------------------------------------------------------
+
+template <typename T>
+void cca_means_forward(T* qk, const T* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t g = hq / hk, channels = (hq + hk) * d;
+  const T inv_g = T(1) / static_cast<T>(g);
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row) {
+    const T* q0 = c + row * channels;
+    const T* k0 = q0 + hq * d;
+    T* out_q = qk + row * channels;
+    T* out_k = out_q + hq * d;
+    for (int64_t j = 0; j < hk; ++j) {
+      const T* kj = k0 + j * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) {
+        T sum = 0;
+        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+          const T mq = (q0[h * d + x] + kj[x]) * T(0.5);
+          out_q[h * d + x] += mq;
+          sum += mq;
+        }
+        out_k[j * d + x] += sum * inv_g;
+      }
+    }
+  }
+}
+
+template <typename T>
+void cca_means_backward(T* dc, const T* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t g = hq / hk, channels = (hq + hk) * d;
+  const T half_inv_g = T(0.5) / static_cast<T>(g);
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row) {
+    const T* dmq = dqk + row * channels;
+    const T* dmk = dmq + hq * d;
+    T* dq0 = dc + row * channels;
+    T* dk0 = dq0 + hq * d;
+    for (int64_t j = 0; j < hk; ++j) {
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) {
+        const T from_mk = dmk[j * d + x] * half_inv_g;
+        T sum = 0;
+        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+          dq0[h * d + x] += dmq[h * d + x] * T(0.5) + from_mk;
+          sum += dmq[h * d + x];
+        }
+        dk0[j * d + x] += (sum + dmk[j * d + x]) * T(0.5);
+      }
+    }
+  }
+}
+
+// ---- depthwise convolution -----------------------------------------------------------------
+
+template <typename T>
+void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int64_t b, int64_t t,
+                                int64_t channels, int64_t taps) {
+  FOUNDRY_CHECK(taps >= 1 && channels > 0);
+  // Tap-major weights [taps, C], so the channel loop reads them contiguously.
+  thread_local detail::ScratchBuffer<T> weight_buffer;
+  T* wt = weight_buffer.get(taps * channels);
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
+
+#pragma omp parallel for collapse(2) schedule(static) if (is_parallel(b * t * channels))
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti) {
+      T* out = y + (bi * t + ti) * channels;
+      std::copy(b0, b0 + channels, out);
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t src = ti - (taps - 1) + i;
+        if (src < 0) continue;
+        const T* in = c + (bi * t + src) * channels;
+        const T* w = wt + i * channels;
+#pragma omp simd
+        for (int64_t ch = 0; ch < channels; ++ch) out[ch] += w[ch] * in[ch];
+      }
+    }
+}
+
+// dc[b, t, ch] += Σ_i w0[ch, i] · dy[b, t + (t0−1) − i, ch]   (positions < T)
+// dw0[ch, i]   += Σ_{b,t} dy[b, t, ch] · c[b, t − (t0−1) + i, ch]
+// db0[ch]      += Σ_{b,t} dy[b, t, ch]
+// One pass, tasks by channel block: each task owns its channels' dc, dw0 and db0, and sums
+// rows in a fixed order (blocks of kRowsPerBlock rows within each sequence, then the blocks).
+template <typename T>
+void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
+                                 int64_t b, int64_t t, int64_t channels, int64_t taps) {
+  FOUNDRY_CHECK(taps >= 1 && channels > 0);
+  thread_local detail::ScratchBuffer<T> weight_buffer;
+  T* wt = weight_buffer.get(taps * channels);
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
+
+  const int64_t blocks = (channels + kChannelsPerTask - 1) / kChannelsPerTask;
+#pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kChannelsPerTask, cols = std::min(channels - c0, kChannelsPerTask);
+    // [taps + 1, kChannelsPerTask] each: per-tap weight sums, then the bias sum last.
+    std::vector<T> total((taps + 1) * kChannelsPerTask, T(0));
+    std::vector<T> partial((taps + 1) * kChannelsPerTask);
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t r0 = 0; r0 < t; r0 += kRowsPerBlock) {
+        std::fill(partial.begin(), partial.end(), T(0));
+        const int64_t r1 = std::min(t, r0 + kRowsPerBlock);
+        for (int64_t ti = r0; ti < r1; ++ti) {
+          const T* g = dy + (bi * t + ti) * channels + c0;
+          T* bias_sum = partial.data() + taps * kChannelsPerTask;
+#pragma omp simd
+          for (int64_t j = 0; j < cols; ++j) bias_sum[j] += g[j];
+          for (int64_t i = 0; i < taps; ++i) {
+            const int64_t src = ti - (taps - 1) + i;
+            if (src < 0) continue;
+            const T* in = c + (bi * t + src) * channels + c0;
+            T* w_sum = partial.data() + i * kChannelsPerTask;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; ++j) w_sum[j] += g[j] * in[j];
+          }
+          T* din = dc + (bi * t + ti) * channels + c0;
+          for (int64_t i = 0; i < taps; ++i) {
+            const int64_t dst = ti + (taps - 1) - i;
+            if (dst >= t) continue;
+            const T* g_later = dy + (bi * t + dst) * channels + c0;
+            const T* w = wt + i * channels + c0;
+#pragma omp simd
+            for (int64_t j = 0; j < cols; ++j) din[j] += w[j] * g_later[j];
+          }
+        }
+        for (size_t k = 0; k < total.size(); ++k) total[k] += partial[k];
+      }
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t i = 0; i < taps; ++i)
+        dw0[(c0 + j) * taps + i] += total[i * kChannelsPerTask + j];
+      db0[c0 + j] += total[taps * kChannelsPerTask + j];
+    }
+  }
+}
+
+// ---- grouped convolution -------------------------------------------------------------------
+
+template <typename T>
+void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, int64_t b, int64_t t,
+                              int64_t groups, int64_t d, int64_t taps) {
+  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
+  const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/false);
+  std::vector<int64_t> shift(taps);
+  for (int64_t i = 0; i < taps; ++i) shift[i] = i - (taps - 1);
+  grouped_taps(z, y, packed, b1, shift, b, t, groups, d, taps);
+}
+
+// dy[b, t', grp, ci] += Σ_i Σ_o w1[grp, o, ci, i] · dz[b, t' + (t1−1) − i, grp, o]
+// dw1[grp, o, ci, i] += Σ_{b,t} dz[b, t, grp, o] · y[b, t − (t1−1) + i, grp, ci]
+// db1[grp, o]        += Σ_{b,t} dz[b, t, grp, o]
+template <typename T>
+void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
+                               int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
+  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
+  const int64_t channels = groups * d;
+
+  // dy: the forward's product with transposed weights and the shifts reversed.
+  const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/true);
+  std::vector<int64_t> shift(taps);
+  for (int64_t i = 0; i < taps; ++i) shift[i] = (taps - 1) - i;
+  grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), shift, b, t, groups, d, taps);
+
+  // dw1: tasks (group, tap, block of kOutputsPerTask outputs), each a [outputs, d] block of
+  // dz^T·y_shifted summed over rows in a fixed order: tiles of kTileRows outputs × kTileCols
+  // input channels over kRowsPerBlock rows in registers, then added to the task's total.
+  constexpr int V = kTileCols<T>;
+  const int64_t output_blocks = (d + kOutputsPerTask - 1) / kOutputsPerTask;
+  const bool parallel = b * t * channels * d * taps >= 64 * detail::kParallelMinElements;
+#pragma omp parallel for collapse(3) schedule(static) if (parallel)
+  for (int64_t grp = 0; grp < groups; ++grp)
+    for (int64_t i = 0; i < taps; ++i)
+      for (int64_t ob = 0; ob < output_blocks; ++ob) {
+        const int64_t o_begin = ob * kOutputsPerTask;
+        const int64_t o_end = std::min(d, o_begin + kOutputsPerTask);
+        const int64_t shift_i = i - (taps - 1);  // y row = dz row + shift_i
+        thread_local detail::ScratchBuffer<T> total_buffer;
+        T* total = total_buffer.get(kOutputsPerTask * d);  // [outputs, d]
+        std::fill(total, total + kOutputsPerTask * d, T(0));
+
+        // Outputs [o, o + R) × all input channels over dz rows [r0, r0 + count) of sequence bi.
+        auto block = [&]<int R>(int64_t bi, int64_t r0, int64_t count, int64_t o) {
+          const T* x[R];
+          for (int r = 0; r < R; ++r) x[r] = dz + (bi * t + r0) * channels + grp * d + o + r;
+          const T* y_rows = y + (bi * t + r0 + shift_i) * channels + grp * d;
+          int64_t c0 = 0;
+          for (; c0 + V <= d; c0 += V) {
+            T acc[R][V] = {};
+            tile_multiply_add<T, R, V>(acc, x, channels, y_rows + c0, channels, count);
+            for (int r = 0; r < R; ++r) {
+              T* dst = total + (o - o_begin + r) * d + c0;
+              for (int v = 0; v < V; ++v) dst[v] += acc[r][v];
+            }
+          }
+          if (c0 < d) {
+            const int64_t cols = d - c0;
+            for (int r = 0; r < R; ++r) {
+              T acc[V] = {};
+              row_multiply_add(acc, cols, x[r], channels, y_rows + c0, channels, count);
+              T* dst = total + (o - o_begin + r) * d + c0;
+              for (int64_t v = 0; v < cols; ++v) dst[v] += acc[v];
+            }
+          }
+        };
+
+        for (int64_t bi = 0; bi < b; ++bi)
+          for (int64_t r0 = std::max<int64_t>(0, -shift_i); r0 < t; r0 += kRowsPerBlock) {
+            const int64_t count = std::min(t, r0 + kRowsPerBlock) - r0;
+            int64_t o = o_begin;
+            for (; o + kTileRows <= o_end; o += kTileRows)
+              block.template operator()<kTileRows>(bi, r0, count, o);
+            for (; o < o_end; ++o) block.template operator()<1>(bi, r0, count, o);
+          }
+        for (int64_t o = o_begin; o < o_end; ++o) {
+          const T* src = total + (o - o_begin) * d;
+          T* dst = dw1 + ((grp * d + o) * d) * taps + i;
+          for (int64_t ci = 0; ci < d; ++ci) dst[ci * taps] += src[ci];
+        }
+      }
+
+  add_column_sums(db1, dz, b * t, channels);
+}
+
+// ---- value shift ---------------------------------------------------------------------------
+
+template <typename T>
+void cca_value_shift_inplace_forward(T* v, T* last_out, int64_t b, int64_t t, int64_t half) {
+  const int64_t width = 2 * half;
+#pragma omp parallel for schedule(static) if (is_parallel(b * t * half))
+  for (int64_t bi = 0; bi < b; ++bi) {
+    T* seq = v + bi * t * width + half;
+    if (last_out) {
+      if (t > 0)
+        std::copy(seq + (t - 1) * width, seq + (t - 1) * width + half, last_out + bi * half);
+      else
+        std::fill(last_out + bi * half, last_out + (bi + 1) * half, T(0));
+    }
+    for (int64_t ti = t - 1; ti > 0; --ti)
+      std::copy(seq + (ti - 1) * width, seq + (ti - 1) * width + half, seq + ti * width);
+    if (t > 0) std::fill(seq, seq + half, T(0));
+  }
+}
+
+template <typename T>
+void cca_value_shift_inplace_backward(T* dv, int64_t b, int64_t t, int64_t half) {
+  const int64_t width = 2 * half;
+#pragma omp parallel for schedule(static) if (is_parallel(b * t * half))
+  for (int64_t bi = 0; bi < b; ++bi) {
+    T* seq = dv + bi * t * width + half;
+    for (int64_t ti = 0; ti + 1 < t; ++ti)
+      std::copy(seq + (ti + 1) * width, seq + (ti + 1) * width + half, seq + ti * width);
+    if (t > 0) std::fill(seq + (t - 1) * width, seq + (t - 1) * width + half, T(0));
+  }
+}
+
+template <typename T>
+void cca_value_shift_forward(T* v, const T* vcur, const T* vprev_in, int64_t b, int64_t t,
+                             int64_t half) {
+#pragma omp parallel for collapse(2) schedule(static) if (is_parallel(b * t * half))
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const int64_t row = bi * t + ti;
+      T* out = v + row * 2 * half;
+      std::copy(vcur + row * half, vcur + (row + 1) * half, out);
+      if (ti > 0)
+        std::copy(vprev_in + (row - 1) * half, vprev_in + row * half, out + half);
+      else
+        std::fill(out + half, out + 2 * half, T(0));
+    }
+}
+
+template <typename T>
+void cca_value_shift_backward(T* dvcur, T* dvprev_in, const T* dv, int64_t b, int64_t t,
+                              int64_t half) {
+#pragma omp parallel for collapse(2) schedule(static) if (is_parallel(b * t * half))
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t ti = 0; ti < t; ++ti) {
+      const int64_t row = bi * t + ti;
+      const T* g = dv + row * 2 * half;
+      T* dcur = dvcur + row * half;
+#pragma omp simd
+      for (int64_t j = 0; j < half; ++j) dcur[j] += g[j];
+      if (ti + 1 < t) {
+        const T* g_next = dv + (row + 1) * 2 * half + half;
+        T* dprev = dvprev_in + row * half;
+#pragma omp simd
+        for (int64_t j = 0; j < half; ++j) dprev[j] += g_next[j];
+      }
+    }
+}
+
+// ---- QK-norm -------------------------------------------------------------------------------
+
+template <typename T>
+void cca_qk_norm_forward(T* q, T* k, T* rnorm, const T* qk, const T* temp, int64_t n, int64_t hq,
+                         int64_t hk, int64_t d, T eps) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+  const T sqrt_d = std::sqrt(static_cast<T>(d));
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row)
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* x = qk + row * channels + h * d;
+      T sum_sq = 0;
+#pragma omp simd reduction(+ : sum_sq)
+      for (int64_t j = 0; j < d; ++j) sum_sq += x[j] * x[j];
+      const T r = T(1) / std::sqrt(sum_sq + eps);
+      rnorm[row * heads + h] = r;
+      const bool is_key = h >= hq;
+      const T scale = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
+      T* out = is_key ? k + (row * hk + (h - hq)) * d : q + (row * hq + h) * d;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) out[j] = x[j] * scale;
+    }
+}
+
+// Per head with s = √d·τ (τ = temp[j] for keys, 1 for queries), r = 1/‖x‖, out = s·r·x:
+//   dx = s·r·dout − s·r³·<x, dout>·x,   dτ = √d·r·<x, dout>.
+template <typename T>
+void cca_qk_norm_backward(T* dqk, T* dtemp, const T* dq, const T* dk, const T* qk, const T* rnorm,
+                          const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+  const T sqrt_d = std::sqrt(static_cast<T>(d));
+  // dtemp: one partial [Hk] per fixed chunk of rows, summed in chunk order afterwards.
+  constexpr int64_t kRowsPerChunk = 32;
+  const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+  thread_local detail::ScratchBuffer<T> partial_buffer;
+  T* partials = partial_buffer.get(std::max<int64_t>(chunks * hk, 1));
+
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    T* partial = partials + chunk * hk;
+    std::fill(partial, partial + hk, T(0));
+    const int64_t row_end = std::min(n, (chunk + 1) * kRowsPerChunk);
+    for (int64_t row = chunk * kRowsPerChunk; row < row_end; ++row)
+      for (int64_t h = 0; h < heads; ++h) {
+        const bool is_key = h >= hq;
+        const T* x = qk + row * channels + h * d;
+        const T* g = is_key ? dk + (row * hk + (h - hq)) * d : dq + (row * hq + h) * d;
+        T* dx = dqk + row * channels + h * d;
+        T x_dot_g = 0;
+#pragma omp simd reduction(+ : x_dot_g)
+        for (int64_t j = 0; j < d; ++j) x_dot_g += x[j] * g[j];
+        const T r = rnorm[row * heads + h];
+        const T s_r = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
+        const T coef = s_r * r * r * x_dot_g;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) dx[j] += s_r * g[j] - coef * x[j];
+        if (is_key) partial[h - hq] += sqrt_d * r * x_dot_g;
+      }
+  }
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    for (int64_t j = 0; j < hk; ++j) dtemp[j] += partials[chunk * hk + j];
+}
+
+// ---- decode --------------------------------------------------------------------------------
+
+template <typename T>
+CcaDecodeState<T>::CcaDecodeState(const CcaDims& dims_in, int64_t batch_in)
+    : dims(dims_in), batch(batch_in) {
+  dims.validate();
+  FOUNDRY_CHECK(batch >= 0);
+  c_hist.assign(batch * (dims.t0 - 1) * dims.channels(), T(0));
+  y_hist.assign(batch * (dims.t1 - 1) * dims.channels(), T(0));
+  v_prev.assign(batch * dims.value_half(), T(0));
+}
+
+template <typename T>
+void CcaDecodeState<T>::reset() {
+  std::fill(c_hist.begin(), c_hist.end(), T(0));
+  std::fill(y_hist.begin(), y_hist.end(), T(0));
+  std::fill(v_prev.begin(), v_prev.end(), T(0));
+}
+
+template <typename T>
+void CcaDecodeState<T>::reset_sequence(int64_t sequence) {
+  FOUNDRY_CHECK(sequence >= 0 && sequence < batch);
+  const int64_t c_rows = (dims.t0 - 1) * dims.channels(), y_rows = (dims.t1 - 1) * dims.channels();
+  const int64_t half = dims.value_half();
+  std::fill_n(c_hist.begin() + sequence * c_rows, c_rows, T(0));
+  std::fill_n(y_hist.begin() + sequence * y_rows, y_rows, T(0));
+  std::fill_n(v_prev.begin() + sequence * half, half, T(0));
+}
+
+template <typename T>
+void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
+                           int64_t t) {
+  FOUNDRY_CHECK(t >= 0);
+  const int64_t channels = state.dims.channels(), half = state.dims.value_half();
+  // hist [window, C] = rows t − window … t − 1 of seq [T, C] (zero before position 0).
+  auto load_window = [&](T* hist, const T* seq, int64_t window) {
+    for (int64_t i = 0; i < window; ++i) {
+      const int64_t src = t - window + i;
+      T* dst = hist + i * channels;
+      if (src >= 0)
+        std::copy(seq + src * channels, seq + (src + 1) * channels, dst);
+      else
+        std::fill(dst, dst + channels, T(0));
+    }
+  };
+  const int64_t w0 = state.dims.t0 - 1, w1 = state.dims.t1 - 1;
+  for (int64_t bi = 0; bi < state.batch; ++bi) {
+    load_window(state.c_hist.data() + bi * w0 * channels, c + bi * t * channels, w0);
+    load_window(state.y_hist.data() + bi * w1 * channels, y + bi * t * channels, w1);
+  }
+  if (v_last)
+    std::copy(v_last, v_last + state.batch * half, state.v_prev.begin());
+  else
+    std::fill(state.v_prev.begin(), state.v_prev.end(), T(0));
+}
+
+// The depthwise step sums in the forward's order (bias, then taps oldest first). The grouped
+// step works directly on w1's layout: each output is the dot product of its row
+// w1[grp, o, :, :] (d·t1 contiguous elements) with the window interleaved the same way,
+// window[grp, ci, i], so one token costs one pass over w1 and no repacking.
+template <typename T>
+void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
+                     const T* w1, const T* b1) {
+  const CcaDims& dims = state.dims;
+  const int64_t channels = dims.channels(), d = dims.d, t0 = dims.t0, t1 = dims.t1;
+  const int64_t batch = state.batch;
+  thread_local detail::ScratchBuffer<T> window_buffer;
+  T* window = window_buffer.get(std::max<int64_t>(batch * channels * t1, 1));  // [B, C, t1]
+
+  for (int64_t bi = 0; bi < batch; ++bi) {
+    T* c_hist = state.c_hist.data() + bi * (t0 - 1) * channels;
+    T* y_hist = state.y_hist.data() + bi * (t1 - 1) * channels;
+    const T* c_row = c_new + bi * channels;
+    T* win = window + bi * channels * t1;
+    for (int64_t ch = 0; ch < channels; ++ch) {
+      T y_new = b0[ch];
+      for (int64_t i = 0; i < t0 - 1; ++i) y_new += w0[ch * t0 + i] * c_hist[i * channels + ch];
+      y_new += w0[ch * t0 + t0 - 1] * c_row[ch];
+      for (int64_t i = 0; i < t1 - 1; ++i) win[ch * t1 + i] = y_hist[i * channels + ch];
+      win[ch * t1 + t1 - 1] = y_new;
+    }
+    // Advance both windows by one row.
+    if (t0 > 1) {
+      std::copy(c_hist + channels, c_hist + (t0 - 1) * channels, c_hist);
+      std::copy(c_row, c_row + channels, c_hist + (t0 - 2) * channels);
+    }
+    if (t1 > 1) {
+      std::copy(y_hist + channels, y_hist + (t1 - 1) * channels, y_hist);
+      for (int64_t ch = 0; ch < channels; ++ch)
+        y_hist[(t1 - 2) * channels + ch] = win[ch * t1 + t1 - 1];
+    }
+  }
+
+  const int64_t row_len = d * t1;
+  const bool parallel = is_parallel(batch * channels * row_len / 8);
+#pragma omp parallel for collapse(2) schedule(static) if (parallel)
+  for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t out = 0; out < channels; ++out) {
+      const T* w = w1 + out * row_len;
+      const T* x = window + bi * channels * t1 + (out / d) * row_len;
+      T sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t k = 0; k < row_len; ++k) sum += w[k] * x[k];
+      qk[bi * channels + out] = b1[out] + sum;
+    }
+}
+
+template <typename T>
+void cca_value_shift_decode(T* v, CcaDecodeState<T>& state) {
+  const int64_t half = state.dims.value_half();
+  for (int64_t bi = 0; bi < state.batch; ++bi)
+    std::swap_ranges(v + bi * 2 * half + half, v + (bi + 1) * 2 * half,
+                     state.v_prev.begin() + bi * half);
+}
+
+#define FOUNDRY_INSTANTIATE(T)                                                                     \
+  template void cca_means_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
+  template void cca_means_backward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
+  template void cca_depthwise_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,  \
+                                              int64_t, int64_t);                                   \
+  template void cca_depthwise_conv_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,  \
+                                               int64_t, int64_t, int64_t);                         \
+  template void cca_grouped_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,    \
+                                            int64_t, int64_t, int64_t);                            \
+  template void cca_grouped_conv_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,    \
+                                             int64_t, int64_t, int64_t, int64_t);                  \
+  template void cca_value_shift_inplace_forward<T>(T*, T*, int64_t, int64_t, int64_t);             \
+  template void cca_value_shift_inplace_backward<T>(T*, int64_t, int64_t, int64_t);                \
+  template void cca_value_shift_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);     \
+  template void cca_value_shift_backward<T>(T*, T*, const T*, int64_t, int64_t, int64_t);          \
+  template void cca_qk_norm_forward<T>(T*, T*, T*, const T*, const T*, int64_t, int64_t, int64_t,  \
+                                       int64_t, T);                                                \
+  template void cca_qk_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,  \
+                                        int64_t, int64_t, int64_t, int64_t);                       \
+  template struct CcaDecodeState<T>;                                                               \
+  template void cca_decode_state_load<T>(CcaDecodeState<T>&, const T*, const T*, const T*,         \
+                                         int64_t);                                                 \
+  template void cca_conv_decode<T>(T*, CcaDecodeState<T>&, const T*, const T*, const T*, const T*, \
+                                   const T*);                                                      \
+  template void cca_value_shift_decode<T>(T*, CcaDecodeState<T>&);
+FOUNDRY_INSTANTIATE(float)
+FOUNDRY_INSTANTIATE(double)
+#undef FOUNDRY_INSTANTIATE
+
+}  // namespace foundry::ops

@@ -1,0 +1,218 @@
+// Compressed Convolutional Attention (CCA, grouped variant): the operations specific to it,
+// forward and backward, as free functions on raw pointers (the conventions of kernels/ops.h:
+// shapes in every comment; backward ACCUMULATES (+=) into parameter and input gradients
+// unless the comment says "writes"; templated on float and double; reductions over tokens
+// use a fixed order independent of the thread count, no atomics). Outputs never alias inputs
+// unless the comment says "in place".
+//
+// Names: B sequences of T tokens, N = B·T rows; Hq query heads, Hk KV heads, g = Hq/Hk;
+// head dim d; G = Hq + Hk convolution groups; C = G·d packed channels; t0, t1 the kernel
+// sizes of the depthwise and the grouped convolution; half = Hk·d/2.
+//
+// ---- Layouts -------------------------------------------------------------------------------
+// Packed channels  c [B, T, C] = [q0 ‖ k0]: columns [0, Hq·d) are q0 (head h at h·d), columns
+//                  [Hq·d, C) are k0 (KV head j at Hq·d + j·d). The convolutions' outputs and
+//                  the pre-norm [q ‖ k] use the same packing.
+// Depthwise conv   w0 [C, t0], b0 [C]: w0[ch·t0 + i] multiplies c at position t − (t0−1) + i
+//                  (tap t0−1 is the current token). Same memory as PyTorch
+//                  Conv1d(C, C, t0, groups=C).weight [C, 1, t0].
+// Grouped conv     w1 [G·d, d, t1], b1 [G·d]: w1[((grp·d + o)·d + ci)·t1 + i] maps input
+//                  channel ci of group grp at position t − (t1−1) + i to output channel o of
+//                  the same group. Same memory as PyTorch Conv1d(C, C, t1, groups=G).weight.
+// Temperature      temp [Hk], one per KV head.
+// Parameter counts: see CcaDims below; for ZAYA1 (Hq 8, Hk 2, d 128, t0 = t1 = 2) the four
+// convolution tensors hold 2,560 + 1,280 + 327,680 + 1,280 = 332,800 elements.
+//
+// Both convolutions are causal with zero left padding inside each sequence: position t reads
+// positions t − (t0−1) … t (then t − (t1−1) … t of the first convolution's output), never a
+// later position and never a row of another sequence. Together, for t0 = t1 = 2, position t
+// sees tokens t, t−1 and t−2. Padding tokens must be zeroed in c (and x) by the caller so
+// they do not leak into later positions.
+//
+// ---- How a model composes one CCA sublayer from these kernels and its GEMMs ----------------
+// Parameters: Wq [Hq·d, E], Wk [Hk·d, E], Wv1 [half, E], Wv2 [half, E], w0, b0, w1, b1, temp,
+// Wo [E, Hq·d]. "GEMM" is the model's matmul; everything else is a call below or in ops.h.
+//
+// Forward (x [N, E] = RMSNorm(res)):
+//   c  [N, C]: q0 = x·Wq^T into columns [0, Hq·d), k0 = x·Wk^T into [Hq·d, C)  GEMMs (ld = C)
+//   cca_depthwise_conv_forward(y, c, w0, b0, B, T, C, t0)          y [N, C]; keep c, y
+//   cca_grouped_conv_forward(qk, y, w1, b1, B, T, G, d, t1)        qk [N, C] (writes)
+//   cca_means_forward(qk, c, N, Hq, Hk, d)                         qk += [mq ‖ mk]; keep qk
+//   cca_qk_norm_forward(q, k, rnorm, qk, temp, N, Hq, Hk, d, eps)  q [N, Hq·d], k [N, Hk·d]
+//   rope_apply(q, B, T, Hq, d, d/2, …); rope_apply(k, B, T, Hk, d, d/2, …)   (ops.h)
+//   v  [N, Hk·d]: x·Wv1^T into columns [0, half), x·Wv2^T into [half, 2·half)
+//                                                                     GEMMs (ld = 2·half)
+//   cca_value_shift_inplace_forward(v, nullptr, B, T, half)
+//   attention_forward(o, probs, q, k, v, {B, T, Hq, Hk, d}, dtype)  (attention.h), then Wo.
+//
+// Backward (dc, dqk, dy zeroed first):
+//   attention_backward → dq, dk, dv (writes)
+//   cca_value_shift_inplace_backward(dv, B, T, half)   dv now holds the gradients of the two
+//                                                      unshifted projections → dWv1, dWv2, dx
+//   rope_apply(dq, …, inverse = true); rope_apply(dk, …, inverse = true)
+//   cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, N, Hq, Hk, d)
+//   cca_means_backward(dc, dqk, N, Hq, Hk, d)
+//   cca_grouped_conv_backward(dy, dw1, db1, dqk, y, w1, B, T, G, d, t1)
+//   cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, B, T, C, t0)
+//   dWq += dc[:, :Hq·d]^T·x, dWk += dc[:, Hq·d:]^T·x, dx += dc·[Wq; Wk]          GEMMs
+//
+// The value shift: v = [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] (x_{−1} = 0). Shifting the half-width
+// projection (half = Hk·d/2 channels, 128 for ZAYA1) is cheaper than shifting x (E channels,
+// 2048) and needs no second copy of x; the GEMM cost is the same either way (the last token's
+// x·Wv2 of each sequence is computed and dropped). With Hk = 2, head 0 of v is the current
+// token's and head 1 the previous token's.
+//
+// Decode (one new token per sequence, see CcaDecodeState): the state holds the last t0−1
+// packed c rows (the depthwise conv's window), the last t1−1 depthwise outputs y (the grouped
+// conv's window; equivalent to the spec's "last two packed c columns", from which y_{t−1}
+// would have to be recomputed), and the previous token's x·Wv2. Per token:
+//   c_new [B, C] = [x·Wq^T ‖ x·Wk^T]
+//   cca_conv_decode(qk, state, c_new, w0, b0, w1, b1)       qk [B, C] (writes) = conv output
+//   cca_means_forward(qk, c_new, B, Hq, Hk, d); cca_qk_norm_forward(q, k, rnorm, qk, temp, B, …)
+//   v [B, 2·half] = [x·Wv1^T ‖ x·Wv2^T]; cca_value_shift_decode(v, state)
+// After a full-sequence forward over a prompt, cca_decode_state_load fills the state from its
+// c, y and the projections cca_value_shift_inplace_forward dropped (last_out). RoPE for the
+// new token runs at its position, and its k and v rows join the model's KV cache.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace foundry::ops {
+
+// The shape of one CCA sublayer's latent, and the sizes of its convolution parameters in the
+// layouts above.
+struct CcaDims {
+  int64_t hq = 0;  // query heads
+  int64_t hk = 0;  // KV heads; hq is a multiple of hk
+  int64_t d = 0;   // head dim; hk·d is even
+  int64_t t0 = 2;  // depthwise kernel size (≥ 1)
+  int64_t t1 = 2;  // grouped kernel size (≥ 1)
+
+  int64_t groups() const { return hq + hk; }            // G
+  int64_t channels() const { return (hq + hk) * d; }    // C
+  int64_t value_half() const { return hk * d / 2; }     // half
+  int64_t depthwise_weight_size() const { return channels() * t0; }    // w0 [C, t0]
+  int64_t depthwise_bias_size() const { return channels(); }           // b0 [C]
+  int64_t grouped_weight_size() const { return channels() * d * t1; }  // w1 [G·d, d, t1]
+  int64_t grouped_bias_size() const { return channels(); }             // b1 [G·d]
+  int64_t temperature_size() const { return hk; }                      // temp [Hk]
+  int64_t conv_parameter_count() const {
+    return depthwise_weight_size() + depthwise_bias_size() + grouped_weight_size() +
+           grouped_bias_size();
+  }
+  // Throws Error naming the offending field when the shape is unusable.
+  void validate() const;
+};
+
+// ---- q–k means (spec §2 step 2; they bypass the convolutions) ------------------------------
+// From c [N, C] = [q0 ‖ k0]: mq[h] = (q0[h] + k0[h/g]) / 2 [N, Hq·d] and
+// mk[j] = mean over the g query heads h of group j of mq[h] [N, Hk·d].
+// qk [N, C] += [mq ‖ mk] (adds onto the grouped conv's output: step 4 of the spec).
+template <typename T>
+void cca_means_forward(T* qk, const T* c, int64_t n, int64_t hq, int64_t hk, int64_t d);
+// dc [N, C] += the gradient through the means of dqk [N, C] (the gradient of qk):
+//   dq0[h] += dmq[h]/2 + dmk[h/g]/(2g),  dk0[j] += Σ_{h of group j} dmq[h]/2 + dmk[j]/2.
+template <typename T>
+void cca_means_backward(T* dc, const T* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d);
+
+// ---- causal depthwise convolution over time ------------------------------------------------
+// y [B, T, C] (writes) = b0[ch] + Σ_{i<t0} w0[ch, i] · c[b, t − (t0−1) + i, ch], c [B, T, C],
+// w0 [C, t0], b0 [C]; positions before 0 are zero.
+template <typename T>
+void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int64_t b,
+                                int64_t t, int64_t channels, int64_t taps);
+// From dy [B, T, C]: dc [B, T, C] +=, dw0 [C, t0] +=, db0 [C] +=.
+template <typename T>
+void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
+                                 int64_t b, int64_t t, int64_t channels, int64_t taps);
+
+// ---- causal grouped convolution over time (each group's d channels fully mixed) ------------
+// z [B, T, G·d] (writes) = b1[grp, o]
+//   + Σ_{i<t1} Σ_{ci<d} w1[grp, o, ci, i] · y[b, t − (t1−1) + i, grp, ci],
+// y [B, T, G·d], w1 [G·d, d, t1], b1 [G·d]; positions before 0 are zero.
+// Per tap this is a small [rows, d] × [d, d] product per group, run as register-blocked tiles.
+template <typename T>
+void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, int64_t b, int64_t t,
+                              int64_t groups, int64_t d, int64_t taps);
+// From dz [B, T, G·d]: dy [B, T, G·d] +=, dw1 [G·d, d, t1] +=, db1 [G·d] +=.
+template <typename T>
+void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
+                               int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
+
+// ---- value time shift (spec §2 step 5) ------------------------------------------------------
+// In place (the form to use): v [B, T, 2·half] holds [x_t·Wv1^T ‖ x_t·Wv2^T] on entry and
+// [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit (zero second half at t = 0 of each sequence). When
+// last_out is not null, last_out [B, half] (writes) receives the second half of each
+// sequence's last row from before the shift (the x_{T−1}·Wv2^T the shift drops: the decode
+// state after a prefill).
+template <typename T>
+void cca_value_shift_inplace_forward(T* v, T* last_out, int64_t b, int64_t t, int64_t half);
+// In place: dv [B, T, 2·half] holds the gradient of the shifted v on entry and the gradient of
+// the unshifted [x_t·Wv1^T ‖ x_t·Wv2^T] on exit (second half moved back one position; zero at
+// the last position of each sequence).
+template <typename T>
+void cca_value_shift_inplace_backward(T* dv, int64_t b, int64_t t, int64_t half);
+// Out of place: v [B, T, 2·half] (writes) = [vcur[b, t] ‖ vprev_in[b, t−1]] with
+// vcur, vprev_in [B, T, half] (x·Wv1^T and x·Wv2^T at every position).
+template <typename T>
+void cca_value_shift_forward(T* v, const T* vcur, const T* vprev_in, int64_t b, int64_t t,
+                             int64_t half);
+// dvcur [B, T, half] +=, dvprev_in [B, T, half] += from dv [B, T, 2·half].
+template <typename T>
+void cca_value_shift_backward(T* dvcur, T* dvprev_in, const T* dv, int64_t b, int64_t t,
+                              int64_t half);
+
+// ---- QK L2-norm with a learned temperature per KV head (spec §2 step 6) ---------------------
+// qk [N, C] = pre-norm [q ‖ k]; temp [Hk]. Writes:
+//   q [N, Hq·d]:  q[h] = qk[h] · √d / ‖qk[h]‖
+//   k [N, Hk·d]:  k[j] = qk[Hq + j] · √d / ‖qk[Hq + j]‖ · temp[j]
+//   rnorm [N, G]: 1 / ‖·‖ of each head (queries first), saved for backward,
+// with ‖x‖ = sqrt(Σ x² + eps). eps keeps an all-zero head (padding) finite; 1e-6 is a good
+// choice: against a head of d = 128 unit-scale values it changes the norm by ~4e-9
+// (relative).
+template <typename T>
+void cca_qk_norm_forward(T* q, T* k, T* rnorm, const T* qk, const T* temp, int64_t n,
+                         int64_t hq, int64_t hk, int64_t d, T eps);
+// From dq [N, Hq·d] and dk [N, Hk·d]: dqk [N, C] +=, dtemp [Hk] +=.
+template <typename T>
+void cca_qk_norm_backward(T* dqk, T* dtemp, const T* dq, const T* dk, const T* qk,
+                          const T* rnorm, const T* temp, int64_t n, int64_t hq, int64_t hk,
+                          int64_t d);
+
+// ---- decode: one new token per sequence ----------------------------------------------------
+// The per-sublayer state for B sequences. Zero is the state before the first token (the
+// convolutions' zero padding and x_{−1} = 0).
+template <typename T>
+struct CcaDecodeState {
+  CcaDims dims;
+  int64_t batch = 0;
+  std::vector<T> c_hist;  // [B, t0−1, C]: the last t0−1 packed c rows, oldest first
+  std::vector<T> y_hist;  // [B, t1−1, C]: the last t1−1 depthwise outputs y, oldest first
+  std::vector<T> v_prev;  // [B, half]: the previous token's x·Wv2^T
+
+  CcaDecodeState() = default;
+  CcaDecodeState(const CcaDims& dims, int64_t batch);  // validates dims; zero state
+  void reset();                                         // every sequence back to zero
+  void reset_sequence(int64_t sequence);                // one sequence back to zero
+};
+
+// Loads the state after a full-sequence forward over T ≥ 0 prompt tokens per sequence:
+// c, y [B, T, C] from cca_depthwise_conv_forward's input and output, v_last [B, half] from
+// cca_value_shift_inplace_forward's last_out (or the last row of vprev_in per sequence; null
+// means zero, as for T = 0).
+// With T smaller than a window, the missing older rows are zero.
+template <typename T>
+void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
+                           int64_t t);
+// qk [B, C] (writes) = the grouped conv output at the new position, exactly what
+// cca_grouped_conv_forward gives at that position of the full sequence (up to rounding
+// order), from c_new [B, C]; w0, b0, w1, b1 as above. Advances the conv state.
+template <typename T>
+void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
+                     const T* w1, const T* b1);
+// v [B, 2·half]: [x_t·Wv1^T ‖ x_t·Wv2^T] on entry, [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit;
+// keeps x_t·Wv2^T in the state.
+template <typename T>
+void cca_value_shift_decode(T* v, CcaDecodeState<T>& state);
+
+}  // namespace foundry::ops
