@@ -17,19 +17,9 @@ using kernel_testing::dot;
 using kernel_testing::max_relative_error;
 using kernel_testing::numeric_gradient;
 using kernel_testing::random_normal;
+using kernel_testing::WithThreads;
 using Vec = std::vector<double>;
 
-// Sets the OpenMP thread count for a scope.
-class WithThreads {
- public:
-  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~WithThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // analytic − prior: what a backward call added to a gradient buffer.
 Vec added(const Vec& after, const Vec& prior) {

@@ -65,6 +65,21 @@ inline double max_of(const double* x, int64_t n) {
   return m;
 }
 
+// p[0..n) = softmax(z[0..n)) for one row, with the max subtracted (serial; call it inside a
+// loop over rows).
+template <typename T>
+inline void softmax_row(T* p, const T* z, int64_t n) {
+  const T max_z = max_of(z, n);
+  T sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    p[j] = exp_fast(z[j] - max_z);
+    sum += p[j];
+  }
+  const T inv_sum = T(1) / sum;
+  for (int64_t j = 0; j < n; ++j) p[j] *= inv_sum;
+}
+
 // Converts n floats to bf16 (round to nearest even) on the calling thread, for use inside
 // parallel loops.
 inline void to_bf16_serial(const float* src, bf16* dst, int64_t n) {

@@ -18,6 +18,7 @@ using kernel_testing::dot;
 using kernel_testing::max_relative_error;
 using kernel_testing::numeric_gradient;
 using kernel_testing::random_normal;
+using kernel_testing::WithThreads;
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
   Rng rng(seed);
@@ -26,17 +27,6 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
   return tokens;
 }
 
-// Sets the OpenMP thread count for a scope.
-class WithThreads {
- public:
-  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~WithThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // ---- embedding ---------------------------------------------------------------------------
 

@@ -28,15 +28,7 @@ void router_forward(T* probs, int32_t* topk_idx, T* topk_w, const T* logits, int
   for (int64_t i = 0; i < n; ++i) {
     const T* z = logits + i * e;
     T* p = probs + i * e;
-    const T max_z = detail::max_of(z, e);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < e; ++j) {
-      p[j] = detail::exp_fast(z[j] - max_z);
-      sum += p[j];
-    }
-    const T inv_sum = T(1) / sum;
-    for (int64_t j = 0; j < e; ++j) p[j] *= inv_sum;
+    detail::softmax_row(p, z, e);
 
     // Selection by repeated arg-max; strict '>' in ascending id order keeps the lower id on ties.
     int32_t* idx = topk_idx + i * k;

@@ -6,9 +6,23 @@
 #include <functional>
 #include <vector>
 
+#include <omp.h>
+
 #include "base/rng.h"
 
 namespace foundry::ops::kernel_testing {
+
+// Sets the OpenMP thread count for a scope.
+class WithThreads {
+ public:
+  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+  }
+  ~WithThreads() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
 
 template <typename T = double>
 std::vector<T> random_normal(int64_t count, uint64_t seed, double stddev = 1.0) {

@@ -145,15 +145,7 @@ void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
   for (int64_t i = 0; i < n; ++i) {
     const T* z = logits + i * classes;
     T* p = probs + i * classes;
-    const T max_z = detail::max_of(z, classes);
-    T sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < classes; ++j) {
-      p[j] = detail::exp_fast(z[j] - max_z);
-      sum += p[j];
-    }
-    const T inv_sum = T(1) / sum;
-    for (int64_t j = 0; j < classes; ++j) p[j] *= inv_sum;
+    detail::softmax_row(p, z, classes);
 
     // Repeated arg-max of p + bias over the classes not yet chosen. Scanning in ascending
     // index with a strict '>' keeps the lower index on ties; starting from the first free

@@ -22,18 +22,8 @@ using kernel_testing::dot;
 using kernel_testing::max_relative_error;
 using kernel_testing::numeric_gradient;
 using kernel_testing::random_normal;
+using kernel_testing::WithThreads;
 
-// Sets the OpenMP thread count for a scope.
-class WithThreads {
- public:
-  explicit WithThreads(int threads) : saved_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-  }
-  ~WithThreads() { omp_set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
 
 // a − b elementwise (to take a prior off an accumulated gradient).
 std::vector<double> minus(const std::vector<double>& a, const std::vector<double>& b) {
