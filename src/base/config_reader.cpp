@@ -90,7 +90,9 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
       fail(fmt::format("bad override '{}': '{}' is not an object", assignment,
                        key.substr(0, start ? start - 1 : 0)));
     bool last = dot == std::string::npos;
-    if (!node->contains(part) && !(allow_new || (last && true)))
+    // A missing leaf is allowed (it may be a default the file omits; the strict reader
+    // rejects unknown keys later); a missing section is a typo unless allow_new.
+    if (!node->contains(part) && !allow_new && !last)
       fail(fmt::format("bad override '{}': unknown key '{}'", assignment, key));
     node = &(*node)[part];
     if (last) break;
