@@ -5,7 +5,14 @@ namespace foundry {
 ModelConfig parse_model_config(const json& obj, const std::string& where) {
   ModelConfig c;
   ConfigReader r(obj, where, "model.");
-  r.get_choice("arch", c.arch, {"moe"});
+  r.get_choice("arch", c.arch, {"moe", "zaya1"});
+  if (c.is_zaya()) {
+    // The ZAYA1 router gates with the unbiased, unnormalized probability and balances with
+    // its bias, not an auxiliary loss.
+    c.norm_topk_prob = false;
+    c.aux_loss_coef = 0.0;
+    c.rope_fraction = 0.5;
+  }
   r.get("vocab_size", c.vocab_size, int64_t{2}, int64_t{1} << 24);
   r.get("d_model", c.d_model, int64_t{1}, int64_t{1} << 16);
   r.get("n_layers", c.n_layers, int64_t{1}, int64_t{4096});
@@ -22,7 +29,27 @@ ModelConfig parse_model_config(const json& obj, const std::string& where) {
   r.get("max_seq_len", c.max_seq_len, int64_t{1}, int64_t{1} << 22);
   r.get("init_std", c.init_std, 0.0, 10.0);
   r.get("tie_embeddings", c.tie_embeddings);
+  r.get("rope_fraction", c.rope_fraction, 0.0, 1.0);
+  r.get("cca_kernel_depthwise", c.cca_kernel_depthwise, int64_t{1}, int64_t{64});
+  r.get("cca_kernel_grouped", c.cca_kernel_grouped, int64_t{1}, int64_t{64});
+  r.get("qk_temperature_init", c.qk_temperature_init, -1e3, 1e3);
+  r.get("router_latent_dim", c.router_latent_dim, int64_t{1}, int64_t{1} << 16);
+  r.get("router_eda", c.router_eda);
+  r.get("router_skip_class", c.router_skip_class);
+  r.get("skip_passes_input", c.skip_passes_input);
+  r.get("balance_bias_lr", c.balance_bias_lr, 0.0, 1.0);
+  r.get("skip_bias_init", c.skip_bias_init, -1e3, 1e3);
   r.finish();
+  if (!c.is_zaya()) {
+    // The ZAYA1 keys mean nothing to the standard model: setting one is a mistake.
+    for (const char* key : {"cca_kernel_depthwise", "cca_kernel_grouped", "qk_temperature_init",
+                            "router_latent_dim", "router_eda", "router_skip_class",
+                            "skip_passes_input", "balance_bias_lr", "skip_bias_init"})
+      if (obj.contains(key))
+        fail(fmt::format("{}: model.{} applies only to model.arch = \"zaya1\" (arch is \"{}\")",
+                         where, key, c.arch),
+             "remove the key or set model.arch to \"zaya1\"");
+  }
   c.validate(where);
   return c;
 }
@@ -40,12 +67,34 @@ void ModelConfig::validate(const std::string& where) const {
   if (top_k > n_experts)
     bad(fmt::format("model.top_k = {} exceeds model.n_experts = {}", top_k, n_experts),
         "choose top_k <= n_experts");
+  if (rotary_dim() % 2 != 0)
+    bad(fmt::format("model.rope_fraction = {} gives {} rotary dims of head_dim {}: must be even",
+                    rope_fraction, rotary_dim(), head_dim),
+        "choose rope_fraction so that rope_fraction * head_dim is even (e.g. 0.5 or 1.0)");
+  if (is_zaya()) {
+    if (top_k > router_classes())
+      bad(fmt::format("model.top_k = {} exceeds the {} router classes", top_k, router_classes()),
+          "choose top_k <= n_experts (+1 with the skip class)");
+    if ((n_kv_heads * head_dim) % 2 != 0)
+      bad(fmt::format("model.n_kv_heads * model.head_dim = {} must be even (CCA splits the "
+                      "values into a current and a delayed half)", n_kv_heads * head_dim), "");
+    if (skip_passes_input && !router_skip_class)
+      bad("model.skip_passes_input = true needs model.router_skip_class = true",
+          "enable the skip class or leave skip_passes_input false");
+    if (norm_topk_prob || aux_loss_coef != 0)
+      bad("model.norm_topk_prob and model.aux_loss_coef belong to the standard router",
+          "arch zaya1 gates with the unnormalized probability and balances with a bias: "
+          "set norm_topk_prob false and aux_loss_coef 0 (the defaults for zaya1)");
+    if (n_experts < 2)
+      bad(fmt::format("model.n_experts = {}: arch zaya1 needs at least 2 experts", n_experts),
+          "use arch \"moe\" with n_experts = 1 for a dense model");
+  }
   if (!tie_embeddings)
     bad("model.tie_embeddings = false is not supported", "set it to true");
 }
 
 json to_json(const ModelConfig& c) {
-  return json{{"arch", c.arch},
+  json j{{"arch", c.arch},
               {"vocab_size", c.vocab_size},
               {"d_model", c.d_model},
               {"n_layers", c.n_layers},
@@ -62,6 +111,19 @@ json to_json(const ModelConfig& c) {
               {"max_seq_len", c.max_seq_len},
               {"init_std", c.init_std},
               {"tie_embeddings", c.tie_embeddings}};
+  j["rope_fraction"] = c.rope_fraction;
+  if (c.is_zaya()) {
+    j["cca_kernel_depthwise"] = c.cca_kernel_depthwise;
+    j["cca_kernel_grouped"] = c.cca_kernel_grouped;
+    j["qk_temperature_init"] = c.qk_temperature_init;
+    j["router_latent_dim"] = c.router_latent_dim;
+    j["router_eda"] = c.router_eda;
+    j["router_skip_class"] = c.router_skip_class;
+    j["skip_passes_input"] = c.skip_passes_input;
+    j["balance_bias_lr"] = c.balance_bias_lr;
+    j["skip_bias_init"] = c.skip_bias_init;
+  }
+  return j;
 }
 
 }  // namespace foundry

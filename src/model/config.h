@@ -8,7 +8,10 @@
 namespace foundry {
 
 struct ModelConfig {
-  std::string arch = "moe";    // "moe": the standard decoder-only MoE baseline
+  // "moe": the standard decoder-only MoE baseline (attention + MoE per layer, linear router).
+  // "zaya1": the ZAYA1 architecture: per layer a CCA attention sublayer then an MoE sublayer
+  // with the ZAYA1 router, residual scaling after every sublayer (../shared/spec/zaya1.md).
+  std::string arch = "moe";
   int64_t vocab_size = 8192;   // tokenizer vocabulary (real ids)
   int64_t d_model = 512;
   int64_t n_layers = 4;
@@ -25,6 +28,27 @@ struct ModelConfig {
   int64_t max_seq_len = 256;
   double init_std = 0.02;
   bool tie_embeddings = true;  // only tied embeddings are supported
+  // Share of each head's dimensions that RoPE rotates (the first rope_fraction·head_dim;
+  // ZAYA1: 0.5). rotary_dim() must be even.
+  double rope_fraction = 1.0;
+
+  // ---- arch "zaya1" only (rejected for "moe" unless left at their defaults) ----------------
+  int64_t cca_kernel_depthwise = 2;  // t0: taps of the depthwise causal convolution
+  int64_t cca_kernel_grouped = 2;    // t1: taps of the grouped causal convolution
+  double qk_temperature_init = 1.0;  // learned per-KV-head key temperature, initial value
+  int64_t router_latent_dim = 256;   // R: the router's down-projection width
+  bool router_eda = true;            // exponential depth averaging of the router state
+  bool router_skip_class = true;     // one extra router class that runs no expert
+  bool skip_passes_input = false;    // a skipped token gets p_skip·x instead of zero
+  double balance_bias_lr = 1e-3;     // AdamW lr of the per-class balancing bias
+  double skip_bias_init = -1.0;      // initial balancing bias of the skip class
+
+  bool is_zaya() const { return arch == "zaya1"; }
+  // Router classes: experts plus the skip class when enabled (zaya1); experts otherwise.
+  int64_t router_classes() const { return n_experts + (is_zaya() && router_skip_class ? 1 : 0); }
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(rope_fraction * static_cast<double>(head_dim) + 0.5);
+  }
 
   // Vocabulary padded to a multiple of 128 (rows of the embedding matrix).
   int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }

@@ -64,26 +64,21 @@ Model::Model(const ModelConfig& config, DType precision)
 Model::~Model() = default;
 
 void Model::init_weights(uint64_t seed) {
-  const double std_base = config_.init_std;
-  const double std_out = std_base / std::sqrt(2.0 * config_.n_layers);
   std::fill(params_.begin(), params_.end(), 0.0f);
   for (const auto& p : table_.params()) {
     float* w = params_.data() + p.offset;
-    if (p.kind == ParamKind::norm) {
-      std::fill(w, w + p.numel, 1.0f);
+    if (p.init == ParamInit::constant) {
+      std::fill(w, w + p.numel, static_cast<float>(p.init_value));
       continue;
     }
     // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
     uint64_t key = seed ^ hash64(p.name.data(), p.name.size());
     Rng rng(Rng::splitmix64(key));
-    const bool output_proj = p.name.ends_with("o_proj.weight") ||
-                             p.name.ends_with("w2.weight") ||
-                             p.name.ends_with("down_proj.weight");
-    const double std = output_proj ? std_out : std_base;
     int64_t rows_real = p.numel;
     if (p.kind == ParamKind::embedding) rows_real = config_.vocab_size * config_.d_model;
-    for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * std);
+    for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * p.init_value);
   }
+  reset_balancers();
   sync_weights();
 }
 
@@ -213,6 +208,7 @@ void Model::ensure_activations(int64_t batch, int64_t seq) {
 
 ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
                              int64_t seq) {
+  if (config_.is_zaya()) return zaya_forward(inputs, targets, batch, seq);
   ensure_activations(batch, seq);
   Activations& a = *acts_;
   const ModelConfig& c = config_;
@@ -251,9 +247,9 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
     }
     {
       ScopedOpTimer t(&op_times_, "rope");
-      ops::rope_apply(a.q[l].data(), batch, seq, c.n_heads, c.head_dim, c.head_dim, 0,
+      ops::rope_apply(a.q[l].data(), batch, seq, c.n_heads, c.head_dim, c.rotary_dim(), 0,
                       c.rope_theta, false);
-      ops::rope_apply(a.k[l].data(), batch, seq, c.n_kv_heads, c.head_dim, c.head_dim, 0,
+      ops::rope_apply(a.k[l].data(), batch, seq, c.n_kv_heads, c.head_dim, c.rotary_dim(), 0,
                       c.rope_theta, false);
     }
     {
@@ -355,11 +351,13 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
 }
 
 const float* Model::logits() const {
+  if (config_.is_zaya()) return zaya_logits();
   FOUNDRY_CHECK(acts_ && !acts_->has_targets);
   return acts_->logits.data();
 }
 
 void Model::backward() {
+  if (config_.is_zaya()) return zaya_backward();
   FOUNDRY_CHECK(acts_ && acts_->has_targets);
   Activations& a = *acts_;
   const ModelConfig& c = config_;
@@ -454,8 +452,8 @@ void Model::backward() {
     }
     {
       ScopedOpTimer t(&op_times_, "rope");
-      ops::rope_apply(a.dq.data(), B, T, c.n_heads, c.head_dim, c.head_dim, 0, c.rope_theta, true);
-      ops::rope_apply(a.dk.data(), B, T, c.n_kv_heads, c.head_dim, c.head_dim, 0, c.rope_theta,
+      ops::rope_apply(a.dq.data(), B, T, c.n_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta, true);
+      ops::rope_apply(a.dk.data(), B, T, c.n_kv_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
                       true);
     }
     {
@@ -492,6 +490,7 @@ Model::DecodeState Model::new_decode_state(int64_t max_len) const {
     fail(fmt::format("generation length {} exceeds model.max_seq_len = {}", max_len,
                      c.max_seq_len),
          "shorten the prompt or the number of new tokens");
+  if (c.is_zaya()) return zaya_new_decode_state(max_len);
   DecodeState s;
   s.max_len = max_len;
   s.k_cache.assign(c.n_layers, std::vector<float>(max_len * c.kv_dim()));
@@ -515,6 +514,7 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
   if (s.pos >= s.max_len) fail("decode state is full", "create a longer decode state");
   if (token < 0 || token >= c.vocab_size)
     fail(fmt::format("token id {} is outside the vocabulary [0, {})", token, c.vocab_size));
+  if (c.is_zaya()) return zaya_decode_step(s, token);
   ensure_activations(acts_ ? acts_->batch : 1, acts_ ? acts_->seq : 1);  // offsets table
   const Activations& a = *acts_;
   const int64_t C = c.d_model, E = c.n_experts, K = c.top_k, F = c.ffn_dim;
@@ -532,8 +532,8 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
     linear_forward(s.q.data(), s.n.data(), o.q, 1, QD, C);
     linear_forward(kc, s.n.data(), o.k, 1, KVD, C);
     linear_forward(vc, s.n.data(), o.v, 1, KVD, C);
-    ops::rope_apply(s.q.data(), 1, 1, H, D, D, pos, c.rope_theta, false);
-    ops::rope_apply(kc, 1, 1, c.n_kv_heads, D, D, pos, c.rope_theta, false);
+    ops::rope_apply(s.q.data(), 1, 1, H, D, c.rotary_dim(), pos, c.rope_theta, false);
+    ops::rope_apply(kc, 1, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
     // Attention of the new query over cached positions 0..pos.
     const float scale = 1.0f / std::sqrt(static_cast<float>(D));
     for (int64_t h = 0; h < H; ++h) {

@@ -6,14 +6,26 @@
 //             x += sum_j w_j · expert_j(n2)                                       n2 = rms(x)
 // Output: logits = rms(x) · embed^T over the padded vocabulary (padded ids get no mass).
 // Loss = mean cross-entropy + aux_loss_coef · mean over layers of the load-balancing loss.
+//
+// Arch "zaya1" (model/zaya.cpp) composes the ZAYA1 layer instead: a CCA attention sublayer
+// and an MoE sublayer with the ZAYA1 router, each followed by residual scaling:
+//   res = (embed(tokens) + β_in) ⊙ α_in
+//   per layer:  res = (res + β) ⊙ α + (h + β_h) ⊙ α_h,  h = CCA(rms(res))          (attention)
+//               res = (res + β) ⊙ α + (h + β_h) ⊙ α_h,  h = Σ_j p_j · expert_j(rms(res))  (MoE)
+//   logits = rms(res) · embed^T
+// The router chains its EDA state through the MoE sublayers; its balancing biases are model
+// state (not parameters) updated after every optimizer step from the class counts.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/config_reader.h"
 #include "base/timer.h"
+#include "kernels/cca.h"
 #include "kernels/gemm.h"
+#include "kernels/zaya_router.h"
 #include "model/config.h"
 #include "model/params.h"
 
@@ -25,7 +37,11 @@ struct ForwardResult {
   double aux_loss = 0;  // mean over layers of the load-balancing loss (before the coefficient)
 };
 
-struct Activations;  // per-batch-shape buffers (model.cpp)
+struct Activations;      // per-batch-shape buffers (model.cpp)
+struct ZayaActivations;  // the same for arch zaya1 (zaya.cpp)
+struct ZayaActivationsDeleter {
+  void operator()(ZayaActivations* a) const;
+};
 
 class Model {
  public:
@@ -63,6 +79,25 @@ class Model {
 
   OpTimes& op_times() { return op_times_; }
 
+  // ---- ZAYA1 router balancing (arch zaya1; empty for arch moe) ----------------------------
+  // One balancer per MoE sublayer (layer order), holding the per-class balancing bias used
+  // for the expert choice and its AdamW state.
+  std::vector<ops::ZayaBalancer>& balancers() { return balancers_; }
+  const std::vector<ops::ZayaBalancer>& balancers() const { return balancers_; }
+  // Class counts of the last forward: [n_layers × router_classes()] (row l = MoE sublayer l),
+  // each row summing to batch·seq·top_k. Empty for arch moe.
+  const std::vector<int64_t>& router_class_counts() const { return class_counts_; }
+  // One balancing step per MoE sublayer from counts laid out like router_class_counts()
+  // (the caller sums them over data-parallel ranks first) covering `assignments` choices
+  // per sublayer. No-op for arch moe.
+  void update_balancers(const int64_t* counts, int64_t assignments);
+  // Every balancer back to its initial state (init_weights calls this).
+  void reset_balancers();
+  // The balancers' complete state (bias, exp_avg, exp_avg_sq, step per sublayer) as JSON,
+  // and its inverse, which fails naming the problem on a state of another shape.
+  json balancer_state() const;
+  void load_balancer_state(const json& state);
+
   // ---- incremental decoding (generation) -------------------------------------------------
   // One token at position `pos` (0-based) of a single sequence; uses and extends a KV cache
   // that holds positions < pos. Returns logits [padded_vocab] (padded entries = -inf).
@@ -70,6 +105,9 @@ class Model {
     int64_t pos = 0, max_len = 0;
     std::vector<std::vector<float>> k_cache, v_cache;  // per layer [max_len, KVH·D]
     std::vector<float> x, n, q, att, h, act, y, scores, router_logits, router_probs, logits;
+    // arch zaya1: per-layer convolution and value-shift state, and per-token scratch
+    std::vector<ops::CcaDecodeState<float>> cca;
+    std::vector<float> c, qk, rnorm, k, v, r, r_prev, u, a1, a2, g1, g2;
   };
   DecodeState new_decode_state(int64_t max_len) const;
   const float* decode_step(DecodeState& state, int32_t token);
@@ -84,6 +122,14 @@ class Model {
                        int64_t weight_offset, int64_t n, int64_t out, int64_t in,
                        bool accumulate_dx);
   void ensure_activations(int64_t batch, int64_t seq);
+  // arch zaya1 (zaya.cpp)
+  void ensure_zaya_activations(int64_t batch, int64_t seq);
+  ForwardResult zaya_forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
+                             int64_t seq);
+  void zaya_backward();
+  DecodeState zaya_new_decode_state(int64_t max_len) const;
+  const float* zaya_decode_step(DecodeState& state, int32_t token);
+  const float* zaya_logits() const;
 
   ModelConfig config_;
   ParamTable table_;
@@ -92,6 +138,9 @@ class Model {
   std::vector<bf16> params_bf16_;
   std::vector<bf16> convert_scratch_[3];
   std::unique_ptr<Activations> acts_;
+  std::unique_ptr<ZayaActivations, ZayaActivationsDeleter> zacts_;
+  std::vector<ops::ZayaBalancer> balancers_;
+  std::vector<int64_t> class_counts_;
   OpTimes op_times_;
 };
 

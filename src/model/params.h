@@ -1,7 +1,8 @@
 // The parameter table: every trainable tensor's name, shape and offset into one contiguous
 // slab. Gradients and optimizer moments are slabs with the same layout. The table is the
 // single source of truth for initialization, parameter counts, weight-decay groups,
-// checkpoint contents and tensor names (Hugging Face Mixtral names).
+// checkpoint contents and tensor names (Hugging Face names: Mixtral's for arch "moe", ZAYA's
+// for arch "zaya1").
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,7 +13,11 @@
 
 namespace foundry {
 
-enum class ParamKind { embedding, norm, attention, router, expert };
+// scale: learned per-channel scalars (residual scaling, the QK temperature, the EDA gamma).
+enum class ParamKind { embedding, norm, attention, router, expert, scale };
+
+// How init_weights fills a tensor: Normal(0, value) or the constant value.
+enum class ParamInit { normal, constant };
 
 struct ParamInfo {
   std::string name;            // e.g. "model.layers.0.block_sparse_moe.experts.3.w1.weight"
@@ -22,7 +27,9 @@ struct ParamInfo {
   ParamKind kind = ParamKind::attention;
   int layer = -1;              // -1 for model-wide tensors
   int expert = -1;             // expert index for ParamKind::expert
-  bool weight_decay = true;    // false for norms, biases and embeddings
+  bool weight_decay = true;    // false for norms, scales, biases (1-D) and embeddings
+  ParamInit init = ParamInit::normal;
+  double init_value = 0;       // the standard deviation (normal) or the constant
 };
 
 class ParamTable {
@@ -36,8 +43,13 @@ class ParamTable {
   int64_t parameter_count() const;                       // sum of numel
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
-           int expert = -1);
+  void add_standard_layer(const ModelConfig& c, int layer);
+  void add_zaya_layer(const ModelConfig& c, int layer);
+  void add_residual_scaling(const std::string& prefix, int64_t channels, int layer);
+  // Appends a tensor, on a 64-byte boundary unless `follows_previous` (then it starts right
+  // after the previous tensor, so the two form one matrix for a fused GEMM).
+  ParamInfo& add(std::string name, std::vector<int64_t> shape, ParamKind kind, int layer,
+                 int expert = -1, bool follows_previous = false);
   std::vector<ParamInfo> params_;
   std::unordered_map<std::string, size_t> index_;
   int64_t total_ = 0;
