@@ -31,6 +31,11 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("beta2", t.beta2, 0.0, 0.999999999);
   r.get("eps", t.eps, 0.0, 1.0);
   r.get("grad_clip", t.grad_clip, 0.0, 1e9);
+  r.get_choice("optimizer", t.optimizer, {"adamw", "muon"});
+  r.get("muon_momentum", t.muon_momentum, 0.0, 0.999999);
+  r.get("muon_nesterov", t.muon_nesterov);
+  r.get("muon_ns_steps", t.muon_ns_steps, int64_t{0}, int64_t{100});
+  r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
   r.get_choice("precision", t.precision, {"fp32", "bf16"});
   r.get("seed", t.seed);
   r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);

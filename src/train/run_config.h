@@ -24,6 +24,13 @@ struct TrainConfig {
   double beta2 = 0.95;
   double eps = 1e-8;
   double grad_clip = 1.0;       // global gradient-norm clip (0 = off)
+  // "adamw": AdamW for every tensor. "muon": Muon for the 2-D hidden matrices (attention
+  // projections, each expert matrix) and AdamW for the rest (see optim/muon.h).
+  std::string optimizer = "adamw";
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
+  double muon_rms_scale = 0.2;  // update RMS matched to AdamW's: rms_scale·sqrt(max(m, n))
   std::string precision = "bf16";  // GEMM input type: "fp32" | "bf16"
   uint64_t seed = 1234;
   int64_t log_every = 10;
