@@ -83,11 +83,30 @@ FileDigest write_json_file(const std::string& path, const json& j) {
 
 // ---- saving -------------------------------------------------------------------------------
 
-std::vector<TensorToWrite> model_tensors(const ParamTable& table, const float* params) {
+// The parameters in table order, then the extra tensors in the order given.
+std::vector<TensorToWrite> model_tensors(const ParamTable& table, const float* params,
+                                         const std::vector<ExtraTensorToSave>& extras) {
   std::vector<TensorToWrite> tensors;
-  tensors.reserve(table.params().size());
+  tensors.reserve(table.params().size() + extras.size());
   for (const ParamInfo& p : table.params())
     tensors.push_back({p.name, StDtype::F32, p.shape, params + p.offset});
+  std::set<std::string> extra_names;
+  for (const ExtraTensorToSave& e : extras) {
+    if (e.name.empty() || e.data == nullptr)
+      fail(fmt::format("cannot save extra model tensor '{}': the name is empty or the data is "
+                       "missing",
+                       e.name));
+    if (table.find(e.name) != nullptr || !extra_names.insert(e.name).second)
+      fail(fmt::format("cannot save extra model tensor '{}': a parameter or another extra "
+                       "tensor has that name",
+                       e.name),
+           "give every extra tensor a name of its own");
+    if (std::any_of(e.shape.begin(), e.shape.end(), [](int64_t d) { return d < 0; }))
+      fail(fmt::format("cannot save extra model tensor '{}': shape [{}] has a negative "
+                       "dimension",
+                       e.name, fmt::join(e.shape, ", ")));
+    tensors.push_back({e.name, StDtype::F32, e.shape, e.data});
+  }
   return tensors;
 }
 
@@ -113,12 +132,14 @@ std::vector<TensorToWrite> state_tensors(const ParamTable& table,
 void write_checkpoint_files(const std::string& dir, int64_t step, const ModelConfig& config,
                             const ParamTable& table, const float* params,
                             const std::vector<StateSlabToSave>& optimizer_state,
-                            const json& trainer_state) {
+                            const json& trainer_state,
+                            const std::vector<ExtraTensorToSave>& extra_model_tensors) {
   // Hugging Face loaders look for this metadata to know the tensors are PyTorch-compatible.
   const std::map<std::string, std::string> hf_metadata = {{"format", "pt"}};
   std::map<std::string, FileDigest> files;
   files[kModelFile] =
-      write_safetensors(join(dir, kModelFile), model_tensors(table, params), hf_metadata);
+      write_safetensors(join(dir, kModelFile), model_tensors(table, params, extra_model_tensors),
+                        hf_metadata);
   files[kOptimizerFile] = write_safetensors(join(dir, kOptimizerFile),
                                             state_tensors(table, optimizer_state), hf_metadata);
   files[kConfigFile] = write_json_file(join(dir, kConfigFile), hf_config_json(config));
@@ -326,7 +347,8 @@ json hf_config_json(const ModelConfig& c) {
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
                             const ParamTable& table, const float* params,
                             const std::vector<StateSlabToSave>& optimizer_state,
-                            const json& trainer_state, int64_t keep_last) {
+                            const json& trainer_state, int64_t keep_last,
+                            const std::vector<ExtraTensorToSave>& extra_model_tensors) {
   FOUNDRY_CHECK(params != nullptr && keep_last >= 0);
   const std::string root = checkpoints_root(run_dir);
   make_dirs(root);
@@ -338,7 +360,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Mode
   make_dirs(tmp_dir);
   try {
     write_checkpoint_files(tmp_dir, step, config, table, params, optimizer_state,
-                           trainer_state);
+                           trainer_state, extra_model_tensors);
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp_dir, ignored);
@@ -447,6 +469,14 @@ ModelConfig read_checkpoint_model_config(const std::string& dir) {
   return parse_model_config(*foundry_config, path);
 }
 
+json read_checkpoint_trainer_state(const std::string& dir) {
+  const std::string path = join(dir, kTrainerStateFile);
+  if (!path_exists(path)) fail(fmt::format("{} is missing", path), kCorruptHint);
+  json state = parse_json_text(read_text_file(path), path);
+  if (!state.is_object()) fail(fmt::format("{}: not a JSON object", path), kCorruptHint);
+  return state;
+}
+
 json load_checkpoint(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                      float* params, const std::vector<StateSlabToLoad>& optimizer_state) {
   FOUNDRY_CHECK(params != nullptr && !table.params().empty());
@@ -462,16 +492,18 @@ json load_checkpoint(const std::string& dir, const ModelConfig& expected, const 
   };
   std::vector<Copy> copies;
 
+  // Every parameter must be there; other tensors (buffers such as the ZAYA1 balancing
+  // biases, written for Hugging Face loaders) are ignored: the model config was compared
+  // above, and state that is not a parameter is restored from trainer_state.json.
   const SafetensorsReader model(join(dir, kModelFile));
   for (const ParamInfo& p : table.params()) {
-    const TensorView& t = model.get(p.name);
-    check_tensor_matches(model, t, p);
-    copies.push_back({params + p.offset, t.data, t.bytes});
+    const TensorView* t = model.find(p.name);
+    if (!t)
+      fail(fmt::format("{} has no tensor '{}'", model.path(), p.name),
+           "the checkpoint was written for a different model");
+    check_tensor_matches(model, *t, p);
+    copies.push_back({params + p.offset, t->data, t->bytes});
   }
-  if (model.tensors().size() != table.params().size())
-    fail(fmt::format("{} holds {} tensors, the model has {}", model.path(),
-                     model.tensors().size(), table.params().size()),
-         "the checkpoint was written for a different model");
 
   const SafetensorsReader optimizer(join(dir, kOptimizerFile));
   for (const StateSlabToLoad& s : optimizer_state) {

@@ -4,7 +4,8 @@
 //   RUN_DIR/checkpoints/
 //     latest                    "step_00001000\n", replaced by atomic rename after a commit
 //     step_00001000/
-//       model.safetensors       fp32 weights under their Hugging Face names
+//       model.safetensors       fp32 weights under their Hugging Face names, plus any extra
+//                               (non-parameter) tensors the caller passes, e.g. buffers
 //       optimizer.safetensors   optimizer state slabs, "<param name>.<state>"
 //       config.json             Hugging Face config keys + "foundry": the model config
 //       trainer_state.json      the caller's JSON (step, RNG, data cursor, schedule, ...)
@@ -41,6 +42,15 @@ struct StateSlabToLoad {
   float* data = nullptr;
 };
 
+// A tensor for model.safetensors that is not a parameter: a buffer the exported model
+// needs, such as a ZAYA1 router's balancing bias ("model.layers.{l}.mlp.gate.balancing_biases").
+// fp32, row-major, numel(shape) floats at `data`. Loading ignores such tensors.
+struct ExtraTensorToSave {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
 // "step_00001000" (eight digits or more).
 std::string checkpoint_dir_name(int64_t step);
 
@@ -48,10 +58,13 @@ std::string checkpoint_dir_name(int64_t step);
 // `latest` at it and then keeps the newest `keep_last` committed checkpoints (0 keeps all;
 // the new one is always kept). Removes leftovers of interrupted saves first. A checkpoint
 // of the same step is replaced atomically. Returns the checkpoint directory.
+// `extra_model_tensors` go into model.safetensors after the parameters; their names must
+// differ from every parameter name and from each other.
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
                             const ParamTable& table, const float* params,
                             const std::vector<StateSlabToSave>& optimizer_state,
-                            const json& trainer_state, int64_t keep_last);
+                            const json& trainer_state, int64_t keep_last,
+                            const std::vector<ExtraTensorToSave>& extra_model_tensors = {});
 
 // Throws Error naming the file and the check that failed unless `dir` is a complete,
 // uncorrupted checkpoint: COMMITTED present, manifest matching its checksum, every listed
@@ -73,11 +86,17 @@ std::vector<CheckpointDir> list_checkpoint_dirs(const std::string& run_dir);
 // The Foundry model config stored in a checkpoint's config.json.
 ModelConfig read_checkpoint_model_config(const std::string& dir);
 
+// A checkpoint's trainer_state.json as saved. Does not verify the checkpoint (call
+// verify_checkpoint first, or use what load_checkpoint returns): for checks that must run
+// before loading, such as comparing the optimizer a run was trained with.
+json read_checkpoint_trainer_state(const std::string& dir);
+
 // Verifies `dir`, checks that it was written for `expected` (an error names every key that
 // differs) and that it holds every tensor the table and `optimizer_state` ask for with the
 // right dtype and shape, and only then copies weights and states into the slabs. Optimizer
-// states in the file that are not asked for are ignored (pass none to load weights only).
-// Returns trainer_state.json.
+// states in the file that are not asked for are ignored (pass none to load weights only),
+// and so are tensors of model.safetensors that are not parameters (the extra tensors of
+// save_checkpoint). Returns trainer_state.json.
 json load_checkpoint(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                      float* params, const std::vector<StateSlabToLoad>& optimizer_state);
 

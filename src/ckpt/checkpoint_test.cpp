@@ -231,6 +231,121 @@ TEST_F(CheckpointTest, DenseModelUsesLlamaNames) {
   EXPECT_TRUE(same_tensors(table, loaded.exp_avg_sq, saved.exp_avg_sq));
 }
 
+// A tiny arch zaya1 model: one balancing-bias buffer [n_experts + 1] per MoE sublayer.
+ModelConfig tiny_zaya_config() {
+  ModelConfig c = tiny_config();
+  c.arch = "zaya1";
+  c.top_k = 1;
+  c.router_latent_dim = 8;
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  return c;
+}
+
+TEST_F(CheckpointTest, ExtraModelTensorsAreWrittenAndIgnoredOnLoad) {
+  config_ = tiny_zaya_config();
+  ParamTable table(config_);
+  TrainingState saved(table, 21);
+  const int64_t S = config_.router_classes();
+  ASSERT_EQ(S, 5);
+  std::vector<std::vector<float>> biases;
+  std::vector<ExtraTensorToSave> extras;
+  for (int64_t l = 0; l < config_.n_layers; ++l)
+    biases.push_back({0.5f * l, -0.25f, 1e-3f, -7.0f, -1.0f - l});
+  for (int64_t l = 0; l < config_.n_layers; ++l)
+    extras.push_back({fmt::format("model.layers.{}.mlp.gate.balancing_biases", l), {S},
+                      biases[l].data()});
+  const json trainer_state = {{"step", 3}, {"optimizer", "muon"}};
+  const std::string dir = save_checkpoint(run_dir_, 3, config_, table, saved.params.data(),
+                                          saved.to_save(), trainer_state, 0, extras);
+
+  // model.safetensors: every parameter, then each buffer as F32 [S] with its values.
+  SafetensorsReader model(dir + "/model.safetensors");
+  ASSERT_EQ(model.tensors().size(), table.params().size() + 2);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const TensorView& t = model.get(fmt::format("model.layers.{}.mlp.gate.balancing_biases", l));
+    EXPECT_EQ(t.dtype, StDtype::F32);
+    EXPECT_EQ(t.shape, (std::vector<int64_t>{S}));
+    ASSERT_EQ(t.bytes, static_cast<uint64_t>(S) * 4);
+    EXPECT_EQ(std::memcmp(t.data, biases[l].data(), t.bytes), 0) << "layer " << l;
+  }
+  EXPECT_EQ(model.tensors().back().name, "model.layers.1.mlp.gate.balancing_biases");
+  // Not optimizer state: the optimizer file has states of the parameters only.
+  SafetensorsReader optimizer(dir + "/optimizer.safetensors");
+  EXPECT_EQ(optimizer.tensors().size(), 2 * table.params().size());
+
+  // Loading ignores the buffers and restores parameters and states bit for bit.
+  TrainingState loaded(table, 22);
+  const json state = load_checkpoint(dir, config_, table, loaded.params.data(), loaded.to_load());
+  EXPECT_EQ(state, trainer_state);
+  EXPECT_TRUE(same_tensors(table, loaded.params, saved.params));
+  EXPECT_TRUE(same_tensors(table, loaded.exp_avg, saved.exp_avg));
+  EXPECT_TRUE(same_tensors(table, loaded.exp_avg_sq, saved.exp_avg_sq));
+  EXPECT_EQ(read_checkpoint_trainer_state(dir), trainer_state);
+}
+
+TEST_F(CheckpointTest, ExtraModelTensorsMustHaveNamesOfTheirOwn) {
+  TrainingState saved(table_, 23);
+  const float value[4] = {1, 2, 3, 4};
+  auto save_with = [&](std::vector<ExtraTensorToSave> extras) {
+    return error_of([&] {
+      save_checkpoint(run_dir_, 1, config_, table_, saved.params.data(), saved.to_save(),
+                      json::object(), 0, extras);
+    });
+  };
+  std::string message = save_with({{"model.norm.weight", {4}, value}});
+  EXPECT_NE(message.find("'model.norm.weight'"), std::string::npos) << message;
+  message = save_with({{"buffer", {4}, value}, {"buffer", {2}, value}});
+  EXPECT_NE(message.find("'buffer'"), std::string::npos) << message;
+  message = save_with({{"buffer", {4}, nullptr}});
+  EXPECT_NE(message.find("'buffer'"), std::string::npos) << message;
+  // A failed save publishes nothing.
+  EXPECT_TRUE(list_checkpoint_dirs(run_dir_).empty());
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), std::nullopt);
+}
+
+TEST_F(CheckpointTest, LoadStillRequiresEveryParameter) {
+  // A model file that lacks a parameter (here: written for a table without it, under the
+  // same config) is refused, naming the tensor, even though extra tensors are tolerated.
+  TrainingState saved(table_, 24);
+  const std::string dir = save(8);
+  const std::string path = dir + "/model.safetensors";
+  {
+    SafetensorsReader full(path);
+    std::vector<TensorToWrite> tensors;
+    std::vector<std::vector<uint8_t>> copies;
+    for (const TensorView& t : full.tensors()) {
+      if (t.name == "model.norm.weight") continue;
+      copies.emplace_back(t.data, t.data + t.bytes);
+    }
+    size_t i = 0;
+    for (const TensorView& t : full.tensors())
+      if (t.name != "model.norm.weight")
+        tensors.push_back({t.name, t.dtype, t.shape, copies[i++].data()});
+    tensors.push_back({"model.norm.weight.renamed", StDtype::F32, {16},
+                       saved.params.data()});
+    write_safetensors(path + ".new", tensors, {{"format", "pt"}});
+  }
+  fs::rename(path + ".new", path);
+  // Re-commit the edited file so only the missing tensor is wrong.
+  json manifest = json::parse(read_text_file(dir + "/manifest.json"));
+  const auto bytes = read_binary_file(path);
+  manifest["files"]["model.safetensors"] = {
+      {"bytes", bytes.size()}, {"xxh3_64", hash64_hex(hash64(bytes.data(), bytes.size()))}};
+  const std::string manifest_text = manifest.dump(2) + "\n";
+  write_file_atomic(dir + "/manifest.json", manifest_text);
+  write_file_atomic(dir + "/COMMITTED",
+                    json({{"format_version", 1},
+                          {"manifest_xxh3_64",
+                           hash64_hex(hash64(manifest_text.data(), manifest_text.size()))}})
+                        .dump());
+  ASSERT_NO_THROW(verify_checkpoint(dir));
+  TrainingState target(table_, 25);
+  const std::string message = error_of(
+      [&] { load_checkpoint(dir, config_, table_, target.params.data(), target.to_load()); });
+  EXPECT_NE(message.find("has no tensor 'model.norm.weight'"), std::string::npos) << message;
+}
+
 TEST_F(CheckpointTest, CheckpointWithoutCommittedIsNotFound) {
   save(1);
   save(2);
