@@ -303,6 +303,36 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   });
 }
 
+void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
+                      const float* v_cache, int64_t len, int64_t h, int64_t kvh, int64_t d) {
+  const int64_t group = h / kvh, row = kvh * d;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  for (int64_t hh = 0; hh < h; ++hh) {
+    const int64_t g = hh / group;
+    const float* qh = q + hh * d;
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) {
+      const float* kt = k_cache + t * row + g * d;
+      float dot = 0;
+      for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
+      scores[t] = dot * scale;
+      max_score = std::max(max_score, scores[t]);
+    }
+    double sum = 0;
+    for (int64_t t = 0; t < len; ++t) {
+      scores[t] = std::exp(scores[t] - max_score);
+      sum += scores[t];
+    }
+    float* o = out + hh * d;
+    std::fill(o, o + d, 0.0f);
+    for (int64_t t = 0; t < len; ++t) {
+      const float w = static_cast<float>(scores[t] / sum);
+      const float* vt = v_cache + t * row + g * d;
+      for (int64_t i = 0; i < d; ++i) o[i] += w * vt[i];
+    }
+  }
+}
+
 void attention_reference(double* out, const double* q, const double* k, const double* v,
                          const AttentionShape& s) {
   check_shape(s);

@@ -59,6 +59,7 @@ Model::Model(const ModelConfig& config, DType precision)
   params_.assign(table_.total_elements(), 0.0f);
   grads_.assign(table_.total_elements(), 0.0f);
   if (precision_ == DType::bf16) params_bf16_.assign(table_.total_elements(), 0);
+  reset_balancers();
 }
 
 Model::~Model() = default;
@@ -519,7 +520,7 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
   const Activations& a = *acts_;
   const int64_t C = c.d_model, E = c.n_experts, K = c.top_k, F = c.ffn_dim;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), D = c.head_dim, H = c.n_heads;
-  const int64_t group = c.n_heads / c.n_kv_heads, pos = s.pos;
+  const int64_t pos = s.pos;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* P = params_.data();
   ops::embedding_forward(s.x.data(), &token, P + a.embed, 1, C);
@@ -534,32 +535,8 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
     linear_forward(vc, s.n.data(), o.v, 1, KVD, C);
     ops::rope_apply(s.q.data(), 1, 1, H, D, c.rotary_dim(), pos, c.rope_theta, false);
     ops::rope_apply(kc, 1, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-    // Attention of the new query over cached positions 0..pos.
-    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t g = h / group;
-      const float* qh = s.q.data() + h * D;
-      float max_score = -std::numeric_limits<float>::infinity();
-      for (int64_t t = 0; t <= pos; ++t) {
-        const float* kt = s.k_cache[l].data() + t * KVD + g * D;
-        float dot = 0;
-        for (int64_t i = 0; i < D; ++i) dot += qh[i] * kt[i];
-        s.scores[t] = dot * scale;
-        max_score = std::max(max_score, s.scores[t]);
-      }
-      double sum = 0;
-      for (int64_t t = 0; t <= pos; ++t) {
-        s.scores[t] = std::exp(s.scores[t] - max_score);
-        sum += s.scores[t];
-      }
-      float* out = s.att.data() + h * D;
-      std::fill(out, out + D, 0.0f);
-      for (int64_t t = 0; t <= pos; ++t) {
-        const float w = static_cast<float>(s.scores[t] / sum);
-        const float* vt = s.v_cache[l].data() + t * KVD + g * D;
-        for (int64_t i = 0; i < D; ++i) out[i] += w * vt[i];
-      }
-    }
+    ops::attention_decode(s.att.data(), s.scores.data(), s.q.data(), s.k_cache[l].data(),
+                          s.v_cache[l].data(), pos + 1, H, c.n_kv_heads, D);
     linear_forward(s.y.data(), s.att.data(), o.o, 1, C, QD);
     for (int64_t i = 0; i < C; ++i) s.x[i] += s.y[i];
     ops::rmsnorm_forward(s.n.data(), &rstd, s.x.data(), P + o.ln2, 1, C, eps);

@@ -1,0 +1,305 @@
+// Whole-model checks of arch "zaya1": gradients against finite differences (every tensor, EDA
+// chained over several MoE sublayers, skip-class variants, top-k), causality, incremental
+// decoding against the full forward pass, and router balancing.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/rng.h"
+#include "model/model.h"
+
+namespace foundry {
+namespace {
+
+ModelConfig tiny_zaya(int64_t layers = 3) {
+  ModelConfig c;
+  c.arch = "zaya1";
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  c.vocab_size = 50;  // padded to 128
+  c.d_model = 16;
+  c.n_layers = layers;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.rope_fraction = 0.5;
+  c.n_experts = 4;
+  c.top_k = 1;
+  c.ffn_dim = 12;
+  c.router_latent_dim = 8;
+  c.max_seq_len = 8;
+  c.init_std = 0.3;  // large enough that every path carries gradient
+  c.validate("test");
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+};
+
+Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  for (int64_t i = 0; i < n; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+    b.targets.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+  }
+  return b;
+}
+
+// Perturbs every parameter a little so that initial constants (unit scales, zero biases,
+// unit temperature and EDA gamma) do not hide a wrong gradient that happens to vanish there.
+void randomize_scalars(Model& model, uint64_t seed) {
+  Rng rng(seed);
+  for (const auto& p : model.table().params()) {
+    if (p.init != ParamInit::constant) continue;
+    float* w = model.params() + p.offset;
+    for (int64_t i = 0; i < p.numel; ++i)
+      w[i] = static_cast<float>(p.init_value + 0.3 * rng.normal());
+  }
+  model.sync_weights();
+}
+
+// Directional derivative per tensor against central differences (as in model_test.cpp).
+// The expert choice is piecewise constant; the perturbations are far too small to flip it.
+void check_gradients(const ModelConfig& c) {
+  Model model(c, DType::f32);
+  model.init_weights(7);
+  randomize_scalars(model, 8);
+  const int64_t B = 2, T = 6;
+  Batch batch = random_batch(c, B * T, 11);
+  model.zero_grads();
+  model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+  model.backward();
+  std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
+  Rng rng(99);
+  int checked = 0;
+  for (const auto& p : model.table().params()) {
+    std::vector<float> dir(p.numel);
+    double analytic = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      dir[i] = static_cast<float>(rng.normal());
+      analytic += static_cast<double>(dir[i]) * grads[p.offset + i];
+    }
+    float* w = model.params() + p.offset;
+    std::vector<float> saved(w, w + p.numel);
+    const double eps = 1e-2 / std::sqrt(static_cast<double>(p.numel));
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + static_cast<float>(eps) * dir[i];
+    const double plus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] - static_cast<float>(eps) * dir[i];
+    const double minus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
+    std::copy(saved.begin(), saved.end(), w);
+    const double numeric = (plus - minus) / (2 * eps);
+    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
+        << p.name << ": analytic " << analytic << " numeric " << numeric;
+    ++checked;
+  }
+  EXPECT_EQ(checked, static_cast<int>(model.table().params().size()));
+}
+
+TEST(ZayaGradient, Top1WithSkipClassMatchesFiniteDifferences) { check_gradients(tiny_zaya()); }
+
+TEST(ZayaGradient, SkipPassesInputMatchesFiniteDifferences) {
+  ModelConfig c = tiny_zaya();
+  c.skip_passes_input = true;
+  check_gradients(c);
+}
+
+TEST(ZayaGradient, Top2WithoutEdaOrSkipMatchesFiniteDifferences) {
+  ModelConfig c = tiny_zaya(2);
+  c.top_k = 2;
+  c.router_eda = false;
+  c.router_skip_class = false;
+  check_gradients(c);
+}
+
+TEST(ZayaGradient, WiderKernelsAndFullRopeMatchFiniteDifferences) {
+  ModelConfig c = tiny_zaya(2);
+  c.cca_kernel_depthwise = 3;
+  c.cca_kernel_grouped = 1;
+  c.rope_fraction = 1.0;
+  c.n_kv_heads = 1;
+  check_gradients(c);
+}
+
+// The skip class must actually be chosen in the tests above for them to cover it.
+TEST(Zaya, SkipClassIsChosenAndGetsNoExpertRows) {
+  ModelConfig c = tiny_zaya();
+  Model model(c, DType::f32);
+  model.init_weights(7);
+  for (auto& b : model.balancers()) b.bias.back() = 1.0f;  // favour skipping
+  Batch batch = random_batch(c, 12, 11);
+  model.forward(batch.inputs.data(), batch.targets.data(), 2, 6);
+  const auto& counts = model.router_class_counts();
+  const int64_t S = c.router_classes();
+  ASSERT_EQ(static_cast<int64_t>(counts.size()), c.n_layers * S);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t total = 0;
+    for (int64_t s = 0; s < S; ++s) total += counts[l * S + s];
+    EXPECT_EQ(total, 12 * c.top_k);
+    EXPECT_EQ(counts[l * S + S - 1], 12) << "bias +1 on the skip class must win every token";
+  }
+}
+
+// Changing token t never changes the outputs at positions before t: the convolutions and
+// the value shift only look back. Not bitwise: a changed token may switch experts, which
+// changes the row counts of the expert GEMMs and with them oneDNN's blocking (rounding) for
+// the other rows. A leak through a convolution tap or the value shift would move the earlier
+// logits by ~1e-2 with these weights; the tolerance is 1e-5.
+TEST(Zaya, CausalityHoldsAtEveryPosition) {
+  ModelConfig c = tiny_zaya();
+  c.cca_kernel_depthwise = 3;
+  Model model(c, DType::f32);
+  model.init_weights(5);
+  randomize_scalars(model, 6);
+  const int64_t T = 8, Vp = c.padded_vocab();
+  Batch batch = random_batch(c, T, 3);
+  model.forward(batch.inputs.data(), nullptr, 1, T);
+  const std::vector<float> base(model.logits(), model.logits() + T * Vp);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> changed = batch.inputs;
+    changed[t] = (changed[t] + 17) % static_cast<int32_t>(c.vocab_size);
+    model.forward(changed.data(), nullptr, 1, T);
+    const float* out = model.logits();
+    for (int64_t i = 0; i < t * Vp; ++i)
+      ASSERT_NEAR(out[i], base[i], 1e-5 * (1 + std::abs(base[i])))
+          << "changing token " << t << " moved position " << i / Vp;
+    bool moved = false;
+    for (int64_t i = t * Vp; i < (t + 1) * Vp && !moved; ++i)
+      moved = std::abs(out[i] - base[i]) > 1e-3;
+    EXPECT_TRUE(moved) << "token " << t << " does not affect its own position";
+  }
+}
+
+void check_decode(const ModelConfig& c, DType precision, double tol) {
+  Model model(c, precision);
+  model.init_weights(3);
+  randomize_scalars(model, 4);
+  const int64_t T = 8;
+  Batch batch = random_batch(c, T, 5);
+  model.forward(batch.inputs.data(), nullptr, 1, T);
+  std::vector<float> full(model.logits(), model.logits() + T * c.padded_vocab());
+  auto state = model.new_decode_state(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* step = model.decode_step(state, batch.inputs[t]);
+    for (int64_t v = 0; v < c.vocab_size; ++v)
+      ASSERT_NEAR(step[v], full[t * c.padded_vocab() + v], tol) << "position " << t;
+    for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v) ASSERT_TRUE(std::isinf(step[v]));
+  }
+}
+
+TEST(Zaya, IncrementalDecodingMatchesFullForward) {
+  check_decode(tiny_zaya(), DType::f32, 1e-4);
+  ModelConfig c = tiny_zaya();
+  c.top_k = 2;
+  c.skip_passes_input = true;
+  c.cca_kernel_depthwise = 3;
+  check_decode(c, DType::f32, 1e-4);
+}
+
+TEST(Zaya, SameSeedSameLossBitwise) {
+  ModelConfig c = tiny_zaya();
+  Batch batch = random_batch(c, 12, 1);
+  double losses[2];
+  std::vector<float> grads[2];
+  for (int i = 0; i < 2; ++i) {
+    Model model(c, DType::bf16);
+    model.init_weights(42);
+    model.zero_grads();
+    losses[i] = model.forward(batch.inputs.data(), batch.targets.data(), 2, 6).loss;
+    model.backward();
+    grads[i].assign(model.grads(), model.grads() + model.slab_size());
+  }
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+// Inputs that favour one expert: the out_proj row of expert 0 gets a large bias direction.
+// The balancer alone (no parameter training) must bring every class's load near uniform.
+TEST(Zaya, BalancingBiasDrivesLoadsTowardUniform) {
+  ModelConfig c = tiny_zaya(2);
+  c.balance_bias_lr = 1e-2;
+  Model model(c, DType::f32);
+  model.init_weights(9);
+  const int64_t S = c.router_classes(), R = c.router_latent_dim;
+  // The router MLP's last GELU output is mostly positive: a positive row favours its class.
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    float* w = model.param(fmt::format("model.layers.{}.mlp.gate.router_mlp.out_proj.weight", l));
+    for (int64_t i = 0; i < R; ++i) w[i] += 1.0f;  // row 0 = expert 0
+  }
+  model.sync_weights();
+  const int64_t B = 8, T = 8, N = B * T;
+  Batch batch = random_batch(c, N, 21);
+  auto max_load_error = [&]() {
+    model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+    double worst = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t s = 0; s < S; ++s)
+        worst = std::max(worst, std::abs(static_cast<double>(
+                                             model.router_class_counts()[l * S + s]) / N -
+                                         1.0 / S));
+    return worst;
+  };
+  const double initial = max_load_error();
+  EXPECT_GT(initial, 0.25) << "the setup should favour expert 0 strongly";
+  // Stated bound: within 300 updates the worst class is within 0.1 of uniform (1/S = 0.2)
+  // for a batch of 64 tokens (one token is 1/64 = 0.016 of the load).
+  for (int step = 0; step < 300; ++step) {
+    max_load_error();  // a forward pass: fresh class counts
+    std::vector<int64_t> counts = model.router_class_counts();
+    model.update_balancers(counts.data(), N * c.top_k);
+  }
+  EXPECT_LT(max_load_error(), 0.1) << "initial " << initial;
+  // Round trip of the balancer state.
+  json state = model.balancer_state();
+  Model other(c, DType::f32);
+  other.load_balancer_state(state);
+  EXPECT_EQ(other.balancers()[1].bias, model.balancers()[1].bias);
+  EXPECT_EQ(other.balancers()[1].step, 300);
+  EXPECT_THROW(Model(tiny_zaya(3), DType::f32).load_balancer_state(state), Error);
+}
+
+TEST(Zaya, ParamTableHasZayaNamesAndFusedPairs) {
+  ModelConfig c = tiny_zaya(2);
+  ParamTable t(c);
+  const auto& q = t.get("model.layers.1.self_attn.qkv_proj.q_proj.weight");
+  const auto& k = t.get("model.layers.1.self_attn.qkv_proj.k_proj.weight");
+  EXPECT_EQ(k.offset, q.offset + q.numel) << "q and k must form one [Cc, C] matrix";
+  const auto& vc = t.get("model.layers.1.self_attn.qkv_proj.v_proj_current.weight");
+  const auto& vd = t.get("model.layers.1.self_attn.qkv_proj.v_proj_delayed.weight");
+  EXPECT_EQ(vd.offset, vc.offset + vc.numel);
+  EXPECT_EQ(vc.shape, (std::vector<int64_t>{4, 16}));  // Hk·d/2 = 4
+  EXPECT_EQ(t.get("model.layers.0.self_attn.qkv_proj.conv_qk_grouped.weight").shape,
+            (std::vector<int64_t>{24, 4, 2}));
+  EXPECT_EQ(t.find("model.layers.0.mlp.gate.router_states_scale"), nullptr)
+      << "the first MoE sublayer has no previous router state";
+  EXPECT_NE(t.find("model.layers.1.mlp.gate.router_states_scale"), nullptr);
+  EXPECT_EQ(t.get("model.layers.0.mlp.gate.router_mlp.out_proj.weight").shape,
+            (std::vector<int64_t>{5, 8}));  // 4 experts + skip
+  EXPECT_FALSE(t.get("model.layers.0.mlp.gate.down_proj.bias").weight_decay);
+  EXPECT_FALSE(t.get("model.layers.0.post_mlp_residual_scale.residual_scale").weight_decay);
+  EXPECT_TRUE(t.get("model.layers.0.mlp.experts.2.down_proj.weight").weight_decay);
+  EXPECT_EQ(t.get("model.layers.0.self_attn.qk_norm.temp").init_value, 1.0);
+}
+
+TEST(Zaya, RejectsBadConfigs) {
+  json j = to_json(tiny_zaya());
+  j["skip_passes_input"] = true;
+  j["router_skip_class"] = false;
+  EXPECT_THROW(parse_model_config(j, "t.json"), Error);
+  json moe = to_json(ModelConfig{});
+  moe["router_latent_dim"] = 64;
+  try {
+    parse_model_config(moe, "t.json");
+    FAIL() << "a zaya1 key on arch moe must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.router_latent_dim"), std::string::npos);
+  }
+  json odd = to_json(tiny_zaya());
+  odd["rope_fraction"] = 0.25;  // 1 rotary dim of head_dim 4: odd
+  EXPECT_THROW(parse_model_config(odd, "t.json"), Error);
+}
+
+}  // namespace
+}  // namespace foundry
