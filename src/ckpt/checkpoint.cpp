@@ -310,40 +310,6 @@ std::string checkpoint_dir_name(int64_t step) {
   return fmt::format("{}{:08d}", kStepPrefix, step);
 }
 
-json hf_config_json(const ModelConfig& c) {
-  const bool dense = c.n_experts == 1;
-  json j;
-  j["architectures"] = json::array({dense ? "LlamaForCausalLM" : "MixtralForCausalLM"});
-  j["model_type"] = dense ? "llama" : "mixtral";
-  j["vocab_size"] = c.padded_vocab();
-  j["hidden_size"] = c.d_model;
-  j["intermediate_size"] = c.ffn_dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim;
-  if (!dense) {
-    j["num_local_experts"] = c.n_experts;
-    j["num_experts_per_tok"] = c.top_k;
-    j["router_aux_loss_coef"] = c.aux_loss_coef;
-    j["output_router_logits"] = false;
-    j["sliding_window"] = nullptr;
-  } else {
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
-  }
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  j["rope_theta"] = c.rope_theta;
-  j["max_position_embeddings"] = c.max_seq_len;
-  j["tie_word_embeddings"] = c.tie_embeddings;
-  j["hidden_act"] = "silu";
-  j["attention_dropout"] = 0.0;
-  j["initializer_range"] = c.init_std;
-  j["torch_dtype"] = "float32";
-  j["foundry"] = to_json(c);
-  return j;
-}
-
 std::string save_checkpoint(const std::string& run_dir, int64_t step, const ModelConfig& config,
                             const ParamTable& table, const float* params,
                             const std::vector<StateSlabToSave>& optimizer_state,

@@ -1,5 +1,6 @@
-// foundry model info: what a model config costs (parameters, FLOPs per token, memory),
-// computed from the config without allocating the model.
+// foundry model info: what a model config costs (parameters, FLOPs per token, memory) and
+// which optimizer updates each parameter group, computed from the config without
+// allocating the model.
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -8,6 +9,7 @@
 #include "base/error.h"
 #include "cli/commands.h"
 #include "model/info.h"
+#include "optim/muon.h"
 #include "train/run_config.h"
 
 namespace foundry::cli {
@@ -19,6 +21,7 @@ struct ModelInfoOptions {
   std::vector<std::string> overrides;
   int64_t batch = 0;  // 0 = train.batch_size
   int64_t seq = 0;    // 0 = train.seq_len
+  std::string optimizer;  // "" = train.optimizer
   bool json = false;
 };
 
@@ -32,7 +35,11 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {}", seq, rc.model.max_seq_len),
          "raise it with --set model.max_seq_len=N or choose a shorter --seq");
   const DType precision = rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
-  const ModelInfo info = model_info(rc.model, batch, seq, precision);
+  const std::string optimizer = o.optimizer.empty() ? rc.train.optimizer : o.optimizer;
+  const bool muon = optimizer == "muon";
+  const ModelInfo info =
+      model_info(rc.model, batch, seq, precision, optimizer,
+                 [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
   if (o.json) {
     json out = to_json(info);
     out["config_path"] = o.config_path;
@@ -57,6 +64,10 @@ void register_model_commands(CLI::App& app) {
   CLI::Option* batch = info->add_option("--batch", o->batch, "Sequences per step "
                                                              "(default: train.batch_size)");
   CLI::Option* seq = info->add_option("--seq", o->seq, "Sequence length (default: train.seq_len)");
+  info->add_option("--optimizer", o->optimizer,
+                   "Optimizer to report (default: train.optimizer): which one updates each "
+                   "parameter group, and its state's memory")
+      ->check(CLI::IsMember({"adamw", "muon"}));
   info->add_flag("--json", o->json, "Print JSON instead of a table");
   info->callback([o, batch, seq] { run_model_info(*o, batch->count() > 0, seq->count() > 0); });
 }

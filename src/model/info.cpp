@@ -1,8 +1,12 @@
 #include "model/info.h"
 
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <utility>
 
 #include "base/error.h"
+#include "kernels/cca.h"
 
 namespace foundry {
 
@@ -10,8 +14,22 @@ namespace {
 
 constexpr int64_t kF32Bytes = 4, kBf16Bytes = 2, kI32Bytes = 4;
 
-// Experts a token runs through: top_k, and the one FFN of a dense model.
-int64_t active_experts(const ModelConfig& c) { return c.n_experts == 1 ? 1 : c.top_k; }
+// Experts a token runs through: top_k, and the one FFN of a dense model. For zaya1 these
+// are top_k REAL experts (at most E): a token routed to the skip class runs no expert, so
+// the active count is the most a token can use.
+int64_t active_experts(const ModelConfig& c) {
+  return c.n_experts == 1 ? 1 : std::min(c.top_k, c.n_experts);
+}
+
+ops::CcaDims cca_dims(const ModelConfig& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise, c.cca_kernel_grouped};
+}
+
+// Weights of one ZAYA1 router that take part in a GEMM: down_proj, fc1, fc2, out_proj.
+int64_t zaya_router_matmul_params(const ModelConfig& c) {
+  const int64_t R = c.router_latent_dim;
+  return R * c.d_model + 2 * R * R + c.router_classes() * R;
+}
 
 }  // namespace
 
@@ -19,19 +37,43 @@ ParamCounts count_parameters(const ModelConfig& c) {
   const int64_t C = c.d_model, L = c.n_layers;
   ParamCounts p;
   p.embedding = c.padded_vocab() * C;
-  p.attention_per_layer = 2 * c.q_dim() * C + 2 * c.kv_dim() * C;
   p.norms_per_layer = 2 * C;
-  p.router_per_layer = c.n_experts == 1 ? 0 : c.n_experts * C;
   p.per_expert = 3 * c.ffn_dim * C;
   p.experts_per_layer = c.n_experts * p.per_expert;
-  p.per_layer =
-      p.attention_per_layer + p.norms_per_layer + p.router_per_layer + p.experts_per_layer;
   p.final_norm = C;
-  p.total = p.embedding + L * p.per_layer + p.final_norm;
+  if (c.is_zaya()) {
+    const ops::CcaDims cca = cca_dims(c);
+    const int64_t R = c.router_latent_dim;
+    p.cca.q = c.q_dim() * C;
+    p.cca.k = c.kv_dim() * C;
+    p.cca.v_half = cca.value_half() * C;
+    p.cca.convolutions = cca.conv_parameter_count();
+    p.cca.o = C * c.q_dim();
+    p.cca.temperature = cca.temperature_size();
+    p.cca.total = p.cca.q + p.cca.k + 2 * p.cca.v_half + p.cca.convolutions + p.cca.o +
+                  p.cca.temperature;
+    p.attention_per_layer = p.cca.total;
+    // down_proj (weight, bias), router norm, fc1, fc2 (weights, biases), out_proj (no bias)
+    p.router_first_layer = (R * C + R) + R + 2 * (R * R + R) + c.router_classes() * R;
+    // The EDA weight (router_states_scale) exists from the second MoE sublayer on.
+    p.router_per_layer = p.router_first_layer + (c.router_eda ? R : 0);
+    p.residual_scales_per_layer = 2 * 4 * C;
+    p.input_scales = 2 * C;
+  } else {
+    p.attention_per_layer = 2 * c.q_dim() * C + 2 * c.kv_dim() * C;
+    p.router_per_layer = c.n_experts == 1 ? 0 : c.n_experts * C;
+    p.router_first_layer = p.router_per_layer;
+  }
+  p.per_layer = p.attention_per_layer + p.norms_per_layer + p.router_per_layer +
+                p.experts_per_layer + p.residual_scales_per_layer;
+  // Layer 0 differs from the others only in its router.
+  const int64_t first_layer_saving = p.router_per_layer - p.router_first_layer;
+  p.total = p.embedding + p.input_scales + L * p.per_layer - first_layer_saving + p.final_norm;
   p.non_embedding = p.total - p.embedding;
   const int64_t active_layer = p.attention_per_layer + p.norms_per_layer + p.router_per_layer +
-                               active_experts(c) * p.per_expert;
-  p.active = p.embedding + L * active_layer + p.final_norm;
+                               active_experts(c) * p.per_expert + p.residual_scales_per_layer;
+  p.active =
+      p.embedding + p.input_scales + L * active_layer - first_layer_saving + p.final_norm;
   p.active_non_embedding = p.active - p.embedding;
   return p;
 }
@@ -44,13 +86,27 @@ FlopsPerToken flops_per_token(const ModelConfig& c, int64_t seq) {
   FlopsPerToken f;
   // Norm weights scale elementwise and the input embedding is a lookup; the LM head (the
   // same matrix) is a GEMM over the padded vocabulary.
-  f.matmul_params = c.n_layers * (p.attention_per_layer + p.router_per_layer +
-                                  active_experts(c) * p.per_expert) +
-                    p.embedding;
+  if (c.is_zaya()) {
+    // CCA: q, k, both value halves and o (not the convolutions, temperature); the router's
+    // four linear maps (not its biases, EDA gamma or norm); top_k real experts.
+    const int64_t cca_gemm = p.cca.q + p.cca.k + 2 * p.cca.v_half + p.cca.o;
+    f.matmul_params = c.n_layers * (cca_gemm + zaya_router_matmul_params(c) +
+                                    active_experts(c) * p.per_expert) +
+                      p.embedding;
+    // The convolutions, counted like matmuls: per token forward 2·Cc·t0 (depthwise) and
+    // 2·Cc·d·t1 (grouped) FLOPs, three times that for a training step.
+    const ops::CcaDims cca = cca_dims(c);
+    f.conv_flops = 6.0 * L *
+                   static_cast<double>(cca.depthwise_weight_size() + cca.grouped_weight_size());
+  } else {
+    f.matmul_params = c.n_layers * (p.attention_per_layer + p.router_per_layer +
+                                    active_experts(c) * p.per_expert) +
+                      p.embedding;
+  }
   f.matmul_flops = 6.0 * static_cast<double>(f.matmul_params);
   f.attention_flops = 6.0 * 2.0 * L * T * q_dim;
   f.attention_causal_flops = 6.0 * 2.0 * L * q_dim * (T + 1.0) / 2.0;
-  f.train_flops = f.matmul_flops + f.attention_flops;
+  f.train_flops = f.matmul_flops + f.conv_flops + f.attention_flops;
   f.forward_flops = f.train_flops / 3.0;
   return f;
 }
@@ -59,77 +115,190 @@ double train_flops_per_token(const ModelConfig& c, int64_t seq) {
   return flops_per_token(c, seq).train_flops;
 }
 
-MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
-                               DType precision) {
-  const int64_t P = count_parameters(c).total;
-  const int64_t B = batch, T = seq, N = batch * seq, C = c.d_model, L = c.n_layers;
+namespace {
+
+void add_item(std::vector<MemoryItem>& items, std::string name, std::string shape,
+              int64_t copies, int64_t bytes_each) {
+  items.push_back({std::move(name), std::move(shape), copies, copies * bytes_each});
+}
+
+void standard_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate& m) {
+  const int64_t N = B * T, C = c.d_model, L = c.n_layers;
   const int64_t H = c.n_heads, E = c.n_experts, K = active_experts(c), F = c.ffn_dim;
-  const int64_t Dq = c.q_dim(), Dkv = c.kv_dim(), Vp = c.padded_vocab();
+  const int64_t Dq = c.q_dim(), Dkv = c.kv_dim();
+  auto& a = m.activations;
+  add_item(a, "layer input (residual)", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "norm 1 output", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "norm 1 1/rms", "[N]", L, kF32Bytes * N);
+  add_item(a, "q (after RoPE)", "[N,Dq]", L, kF32Bytes * N * Dq);
+  add_item(a, "k, v (k after RoPE)", "2*[N,Dkv]", L, kF32Bytes * 2 * N * Dkv);
+  add_item(a, "attention probabilities", "[B,H,T,T]", L, kF32Bytes * B * H * T * T);
+  add_item(a, "attention output", "[N,Dq]", L, kF32Bytes * N * Dq);
+  add_item(a, "residual after attention", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "norm 2 output", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "norm 2 1/rms", "[N]", L, kF32Bytes * N);
+  add_item(a, "router probabilities", "[N,E]", L, kF32Bytes * N * E);
+  add_item(a, "top-k ids and weights", "2*[N,K]", L, (kI32Bytes + kF32Bytes) * N * K);
+  add_item(a, "dispatch plan", "2*[N*K]", L, kI32Bytes * 2 * N * K);
+  add_item(a, "expert inputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+  add_item(a, "expert hidden (gate|up)", "[N*K,2F]", L, kF32Bytes * N * K * 2 * F);
+  add_item(a, "SwiGLU output", "[N*K,F]", L, kF32Bytes * N * K * F);
+  add_item(a, "expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+
+  auto& g = m.backward_buffers;
+  add_item(g, "residual and norm gradients", "2*[N,C]", 1, kF32Bytes * 2 * N * C);
+  add_item(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
+  add_item(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
+  add_item(g, "attention score gradient", "[B,H,T,T]", 1, kF32Bytes * B * H * T * T);
+  add_item(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
+  add_item(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
+           kF32Bytes * N * K * 3 * F);
+  add_item(g, "gate weight and router gradients", "[N,K] + [N,E]", 1, kF32Bytes * N * (K + E));
+}
+
+void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate& m) {
+  const int64_t N = B * T, C = c.d_model, L = c.n_layers;
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, K = active_experts(c), F = c.ffn_dim;
+  const int64_t Dq = c.q_dim(), Dkv = c.kv_dim(), Cc = cca_dims(c).channels();
+  const int64_t R = c.router_latent_dim, S = c.router_classes();
+  auto& a = m.activations;
+  // The CCA sublayer.
+  add_item(a, "CCA: residual in", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "CCA: norm output and 1/rms", "[N,C] + [N]", L, kF32Bytes * (N * C + N));
+  add_item(a, "CCA: packed c = [q0|k0]", "[N,Cc]", L, kF32Bytes * N * Cc);
+  add_item(a, "CCA: depthwise conv output y", "[N,Cc]", L, kF32Bytes * N * Cc);
+  add_item(a, "CCA: pre-norm qk", "[N,Cc]", L, kF32Bytes * N * Cc);
+  add_item(a, "CCA: QK-norm 1/norms", "[N,Hq+Hk]", L, kF32Bytes * N * (Hq + Hk));
+  add_item(a, "CCA: q (after RoPE)", "[N,Hq*d]", L, kF32Bytes * N * Dq);
+  add_item(a, "CCA: k, v", "2*[N,Hk*d]", L, kF32Bytes * 2 * N * Dkv);
+  add_item(a, "CCA: attention probabilities", "[B,Hq,T,T]", L, kF32Bytes * B * Hq * T * T);
+  add_item(a, "CCA: attention output", "[N,Hq*d]", L, kF32Bytes * N * Dq);
+  add_item(a, "CCA: sublayer output h", "[N,C]", L, kF32Bytes * N * C);
+  // The MoE sublayer.
+  add_item(a, "MoE: residual in", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "MoE: norm output and 1/rms", "[N,C] + [N]", L, kF32Bytes * (N * C + N));
+  add_item(a, "MoE: router state r", "[N,R]", L, kF32Bytes * N * R);
+  add_item(a, "MoE: router norm output and 1/rms", "[N,R] + [N]", L, kF32Bytes * (N * R + N));
+  add_item(a, "MoE: router MLP a1, g1, a2, g2", "4*[N,R]", L, kF32Bytes * 4 * N * R);
+  add_item(a, "MoE: router probabilities", "[N,S]", L, kF32Bytes * N * S);
+  add_item(a, "MoE: choice (int) and gate", "2*[N,K]", L, (kI32Bytes + kF32Bytes) * N * K);
+  add_item(a, "MoE: dispatch plan", "2*[N*K]", L, kI32Bytes * 2 * N * K);
+  add_item(a, "MoE: expert inputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+  add_item(a, "MoE: expert hidden (gate|up)", "[N*K,2F]", L, kF32Bytes * N * K * 2 * F);
+  add_item(a, "MoE: SwiGLU output", "[N*K,F]", L, kF32Bytes * N * K * F);
+  add_item(a, "MoE: expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+  add_item(a, "MoE: sublayer output h", "[N,C]", L, kF32Bytes * N * C);
+  add_item(a, "embedding output", "[N,C]", 1, kF32Bytes * N * C);
+
+  auto& g = m.backward_buffers;
+  add_item(g, "residual, output and norm gradients", "3*[N,C]", 1, kF32Bytes * 3 * N * C);
+  add_item(g, "dc, dy, dqk", "3*[N,Cc]", 1, kF32Bytes * 3 * N * Cc);
+  add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
+  add_item(g, "attention output gradient", "[N,Hq*d]", 1, kF32Bytes * N * Dq);
+  add_item(g, "attention score gradient", "[B,Hq,T,T]", 1, kF32Bytes * B * Hq * T * T);
+  add_item(g, "router state gradients d_r, d_r_prev", "2*[N,R]", 1, kF32Bytes * 2 * N * R);
+  add_item(g, "router MLP and logits gradients", "2*[N,R] + [N,S]", 1,
+           kF32Bytes * N * (2 * R + S));
+  add_item(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
+  add_item(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
+           kF32Bytes * N * K * 3 * F);
+  add_item(g, "gate gradient", "[N,K]", 1, kF32Bytes * N * K);
+}
+
+}  // namespace
+
+MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
+                               DType precision, bool muon) {
+  const int64_t P = count_parameters(c).total;
+  const int64_t N = batch * seq, C = c.d_model, Vp = c.padded_vocab();
 
   MemoryEstimate m;
   m.weights_fp32_bytes = kF32Bytes * P;
   m.weights_bf16_bytes = precision == DType::bf16 ? kBf16Bytes * P : 0;
   m.grads_bytes = kF32Bytes * P;
-  m.optimizer_bytes = 2 * kF32Bytes * P;
+  // AdamW's slabs cover the whole table even when Muon updates the hidden matrices.
+  m.adamw_state_bytes = 2 * kF32Bytes * P;
+  m.muon_momentum_bytes = muon ? kF32Bytes * P : 0;
+  m.optimizer_bytes = m.adamw_state_bytes + m.muon_momentum_bytes;
 
-  auto add = [](std::vector<MemoryItem>& items, std::string name, std::string shape,
-                int64_t copies, int64_t bytes_each) {
-    items.push_back({std::move(name), std::move(shape), copies, copies * bytes_each});
-  };
+  if (c.is_zaya())
+    zaya_activations(c, batch, seq, m);
+  else
+    standard_activations(c, batch, seq, m);
   auto& a = m.activations;
-  add(a, "layer input (residual)", "[N,C]", L, kF32Bytes * N * C);
-  add(a, "norm 1 output", "[N,C]", L, kF32Bytes * N * C);
-  add(a, "norm 1 1/rms", "[N]", L, kF32Bytes * N);
-  add(a, "q (after RoPE)", "[N,Dq]", L, kF32Bytes * N * Dq);
-  add(a, "k, v (k after RoPE)", "2*[N,Dkv]", L, kF32Bytes * 2 * N * Dkv);
-  add(a, "attention probabilities", "[B,H,T,T]", L, kF32Bytes * B * H * T * T);
-  add(a, "attention output", "[N,Dq]", L, kF32Bytes * N * Dq);
-  add(a, "residual after attention", "[N,C]", L, kF32Bytes * N * C);
-  add(a, "norm 2 output", "[N,C]", L, kF32Bytes * N * C);
-  add(a, "norm 2 1/rms", "[N]", L, kF32Bytes * N);
-  add(a, "router probabilities", "[N,E]", L, kF32Bytes * N * E);
-  add(a, "top-k ids and weights", "2*[N,K]", L, (kI32Bytes + kF32Bytes) * N * K);
-  add(a, "dispatch plan", "2*[N*K]", L, kI32Bytes * 2 * N * K);
-  add(a, "expert inputs", "[N*K,C]", L, kF32Bytes * N * K * C);
-  add(a, "expert hidden (gate|up)", "[N*K,2F]", L, kF32Bytes * N * K * 2 * F);
-  add(a, "SwiGLU output", "[N*K,F]", L, kF32Bytes * N * K * F);
-  add(a, "expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);
-  add(a, "final residual", "[N,C]", 1, kF32Bytes * N * C);
-  add(a, "final norm output and 1/rms", "[N,C] + [N]", 1, kF32Bytes * (N * C + N));
-  add(a, "logits (then their gradient)", "[N,Vp]", 1, kF32Bytes * N * Vp);
-  add(a, "per-token losses", "[N]", 1, kF32Bytes * N);
-  add(a, "input and target ids", "2*[N]", 1, kI32Bytes * 2 * N);
+  add_item(a, "final residual", "[N,C]", 1, kF32Bytes * N * C);
+  add_item(a, "final norm output and 1/rms", "[N,C] + [N]", 1, kF32Bytes * (N * C + N));
+  add_item(a, "logits (then their gradient)", "[N,Vp]", 1, kF32Bytes * N * Vp);
+  add_item(a, "per-token losses", "[N]", 1, kF32Bytes * N);
+  add_item(a, "input and target ids", "2*[N]", 1, kI32Bytes * 2 * N);
 
-  auto& g = m.backward_buffers;
-  add(g, "residual and norm gradients", "2*[N,C]", 1, kF32Bytes * 2 * N * C);
-  add(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
-  add(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
-  add(g, "attention score gradient", "[B,H,T,T]", 1, kF32Bytes * B * H * T * T);
-  add(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
-  add(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
-      kF32Bytes * N * K * 3 * F);
-  add(g, "gate weight and router gradients", "[N,K] + [N,E]", 1, kF32Bytes * N * (K + E));
-
-  for (const MemoryItem& item : a) m.activations_bytes += item.bytes;
-  for (const MemoryItem& item : g) m.backward_buffers_bytes += item.bytes;
+  for (const MemoryItem& item : m.activations) m.activations_bytes += item.bytes;
+  for (const MemoryItem& item : m.backward_buffers) m.backward_buffers_bytes += item.bytes;
   m.total_bytes = m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes +
                   m.optimizer_bytes + m.activations_bytes + m.backward_buffers_bytes;
   return m;
 }
 
-ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision) {
+namespace {
+
+// The role of a tensor, for the optimizer table.
+std::string group_of(const ParamInfo& p) {
+  const std::string& n = p.name;
+  const bool matrix = p.shape.size() == 2;
+  if (p.kind == ParamKind::embedding) return "embedding (tied LM head)";
+  if (n.find("residual_scale.") != std::string::npos ||
+      n.starts_with("model.input_hidden_states_"))
+    return "residual scaling (alpha, beta)";
+  if (n.ends_with("qk_norm.temp")) return "QK-norm temperatures";
+  if (p.kind == ParamKind::router || n.find(".mlp.gate.") != std::string::npos)
+    return matrix ? "router matrices" : "router vectors (biases, EDA gamma, norm)";
+  if (p.kind == ParamKind::norm) return "RMSNorm weights";
+  if (p.kind == ParamKind::attention) {
+    if (matrix) return "attention projections (q, k, v, o)";
+    return p.shape.size() == 1 ? "CCA convolution biases" : "CCA convolution weights";
+  }
+  if (p.kind == ParamKind::expert)
+    return p.expert >= 0 && n.find("experts.") != std::string::npos ? "experts (gate, up, down)"
+                                                                     : "FFN (gate, up, down)";
+  return "other scales";
+}
+
+}  // namespace
+
+std::vector<ParamGroup> param_groups(const ModelConfig& config, const OptimizerOf& optimizer_of) {
+  const ParamTable table(config);
+  std::vector<ParamGroup> groups;
+  std::map<std::pair<std::string, std::string>, size_t> index;
+  for (const ParamInfo& p : table.params()) {
+    const std::string name = group_of(p);
+    const std::string optimizer = optimizer_of ? optimizer_of(p) : std::string("adamw");
+    auto [it, inserted] = index.try_emplace({name, optimizer}, groups.size());
+    if (inserted) groups.push_back({name, 0, 0, optimizer});
+    ParamGroup& g = groups[it->second];
+    ++g.tensors;
+    g.params += p.numel;
+  }
+  return groups;
+}
+
+ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision,
+                     const std::string& optimizer, const OptimizerOf& optimizer_of) {
   if (batch < 1 || seq < 1)
     fail(fmt::format("batch size {} and sequence length {} must both be >= 1", batch, seq));
+  if (optimizer != "adamw" && optimizer != "muon")
+    fail(fmt::format("unknown optimizer '{}'", optimizer), "choose adamw or muon");
   ModelInfo info;
   info.config = config;
   info.batch = batch;
   info.seq = seq;
   info.precision = precision;
+  info.optimizer = optimizer;
   info.params = count_parameters(config);
   info.flops = flops_per_token(config, seq);
   info.train_flops_per_step =
       info.flops.train_flops * static_cast<double>(batch) * static_cast<double>(seq);
-  info.memory = estimate_memory(config, batch, seq, precision);
+  info.memory = estimate_memory(config, batch, seq, precision, optimizer == "muon");
+  info.groups = param_groups(config, optimizer_of);
   return info;
 }
 
@@ -158,13 +327,20 @@ std::string with_separators(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
-// 12345678 -> "12.35 M"
+// 12345678 -> "12.35 M"; 8303355728 -> "8.303 B"
 std::string short_count(int64_t n) {
   const double x = static_cast<double>(n);
-  if (x >= 1e9) return fmt::format("{:.2f} B", x / 1e9);
+  if (x >= 1e9) return fmt::format("{:.3f} B", x / 1e9);
   if (x >= 1e6) return fmt::format("{:.2f} M", x / 1e6);
   if (x >= 1e3) return fmt::format("{:.2f} K", x / 1e3);
   return fmt::format("{}", n);
+}
+
+// In billions with three decimals once the model is that large ("0.754 B" next to
+// "8.303 B"), else as short_count.
+std::string count_at_scale(int64_t n, int64_t scale) {
+  if (scale >= 1000000000) return fmt::format("{:.3f} B", static_cast<double>(n) / 1e9);
+  return short_count(n);
 }
 
 std::string human_bytes(int64_t bytes) {
@@ -188,28 +364,48 @@ json to_json(const ModelInfo& info) {
   const ParamCounts& p = info.params;
   const FlopsPerToken& f = info.flops;
   const MemoryEstimate& m = info.memory;
+  json params{{"total", p.total},
+              {"embedding", p.embedding},
+              {"non_embedding", p.non_embedding},
+              {"active", p.active},
+              {"active_non_embedding", p.active_non_embedding},
+              {"attention_per_layer", p.attention_per_layer},
+              {"norms_per_layer", p.norms_per_layer},
+              {"router_per_layer", p.router_per_layer},
+              {"router_first_layer", p.router_first_layer},
+              {"per_expert", p.per_expert},
+              {"experts_per_layer", p.experts_per_layer},
+              {"residual_scales_per_layer", p.residual_scales_per_layer},
+              {"input_scales", p.input_scales},
+              {"per_layer", p.per_layer},
+              {"final_norm", p.final_norm}};
+  if (info.config.is_zaya())
+    params["cca_per_layer"] = {{"q", p.cca.q},
+                               {"k", p.cca.k},
+                               {"v_half", p.cca.v_half},
+                               {"convolutions", p.cca.convolutions},
+                               {"o", p.cca.o},
+                               {"temperature", p.cca.temperature},
+                               {"total", p.cca.total}};
+  json groups = json::array();
+  for (const ParamGroup& g : info.groups)
+    groups.push_back({{"name", g.name},
+                      {"tensors", g.tensors},
+                      {"params", g.params},
+                      {"optimizer", g.optimizer}});
   return json{
       {"model", to_json(info.config)},
       {"batch_size", info.batch},
       {"seq_len", info.seq},
       {"tokens_per_step", info.batch * info.seq},
       {"precision", precision_name(info.precision)},
-      {"parameters",
-       {{"total", p.total},
-        {"embedding", p.embedding},
-        {"non_embedding", p.non_embedding},
-        {"active", p.active},
-        {"active_non_embedding", p.active_non_embedding},
-        {"attention_per_layer", p.attention_per_layer},
-        {"norms_per_layer", p.norms_per_layer},
-        {"router_per_layer", p.router_per_layer},
-        {"per_expert", p.per_expert},
-        {"experts_per_layer", p.experts_per_layer},
-        {"per_layer", p.per_layer},
-        {"final_norm", p.final_norm}}},
+      {"optimizer", info.optimizer},
+      {"parameters", params},
+      {"param_groups", groups},
       {"flops_per_token",
        {{"matmul_params", f.matmul_params},
         {"matmul", f.matmul_flops},
+        {"convolutions", f.conv_flops},
         {"attention", f.attention_flops},
         {"attention_causal", f.attention_causal_flops},
         {"forward", f.forward_flops},
@@ -221,6 +417,8 @@ json to_json(const ModelInfo& info) {
         {"weights_bf16", m.weights_bf16_bytes},
         {"grads", m.grads_bytes},
         {"optimizer", m.optimizer_bytes},
+        {"adamw_state", m.adamw_state_bytes},
+        {"muon_momentum", m.muon_momentum_bytes},
         {"activations", m.activations_bytes},
         {"backward_buffers", m.backward_buffers_bytes},
         {"total", m.total_bytes}}},
@@ -234,46 +432,97 @@ std::string format_model_info(const ModelInfo& info) {
   const ParamCounts& p = info.params;
   const FlopsPerToken& f = info.flops;
   const MemoryEstimate& m = info.memory;
+  const bool zaya = c.is_zaya();
   std::string out;
   auto line = [&out](const std::string& text) { out += text + "\n"; };
   auto count_row = [&](const std::string& label, int64_t n) {
-    line(fmt::format("  {:<36} {:>17}  {:>10}", label, with_separators(n), short_count(n)));
+    line(fmt::format("  {:<44} {:>17}  {:>10}", label, with_separators(n), short_count(n)));
   };
   auto flops_row = [&](const std::string& label, double flops) {
-    line(fmt::format("  {:<36} {:>17}", label, human_flops(flops)));
+    line(fmt::format("  {:<44} {:>17}", label, human_flops(flops)));
   };
   auto bytes_row = [&](const std::string& label, int64_t bytes) {
-    line(fmt::format("  {:<36} {:>17}", label, human_bytes(bytes)));
+    line(fmt::format("  {:<44} {:>17}", label, human_bytes(bytes)));
   };
 
-  const std::string experts =
-      c.n_experts == 1 ? std::string("dense SwiGLU")
-                       : fmt::format("{} experts, top-{}", c.n_experts, c.top_k);
-  line(fmt::format("model: {} layers, d_model {}, {} heads x {} ({} kv heads), {}, ffn_dim {}, "
-                   "vocab {} (padded {})",
-                   c.n_layers, c.d_model, c.n_heads, c.head_dim, c.n_kv_heads, experts, c.ffn_dim,
-                   c.vocab_size, c.padded_vocab()));
-  line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}", info.batch, info.seq,
-                   with_separators(info.batch * info.seq), precision_name(info.precision)));
+  if (zaya) {
+    line(fmt::format("model: zaya1, {} layers of CCA + MoE ({} sublayers), d_model {}, CCA {} "
+                     "query / {} kv heads x {} (latents {} / {}), {} experts top-{}{}, ffn_dim "
+                     "{}, router latent {}, vocab {} (padded {})",
+                     c.n_layers, 2 * c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim,
+                     c.q_dim(), c.kv_dim(), c.n_experts, c.top_k,
+                     c.router_skip_class ? " + skip class" : "", c.ffn_dim, c.router_latent_dim,
+                     c.vocab_size, c.padded_vocab()));
+  } else {
+    const std::string experts =
+        c.n_experts == 1 ? std::string("dense SwiGLU")
+                         : fmt::format("{} experts, top-{}", c.n_experts, c.top_k);
+    line(fmt::format("model: {} layers, d_model {}, {} heads x {} ({} kv heads), {}, ffn_dim {}, "
+                     "vocab {} (padded {})",
+                     c.n_layers, c.d_model, c.n_heads, c.head_dim, c.n_kv_heads, experts,
+                     c.ffn_dim, c.vocab_size, c.padded_vocab()));
+  }
+  line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}, optimizer {}", info.batch,
+                   info.seq, with_separators(info.batch * info.seq),
+                   precision_name(info.precision), info.optimizer));
   line("");
-  line("parameters");
+  line(fmt::format("parameters: {} total / {} active per token without embeddings; "
+                   "embedding {}",
+                   count_at_scale(p.non_embedding, p.non_embedding),
+                   count_at_scale(p.active_non_embedding, p.non_embedding),
+                   count_at_scale(p.embedding, p.non_embedding)));
   count_row("total", p.total);
   count_row("embedding (tied with the LM head)", p.embedding);
   count_row("non-embedding", p.non_embedding);
   count_row("active per token", p.active);
   count_row("active per token, non-embedding", p.active_non_embedding);
-  count_row("per layer: attention (q, k, v, o)", p.attention_per_layer);
-  if (c.n_experts > 1) count_row("per layer: router", p.router_per_layer);
-  count_row(c.n_experts > 1 ? "per expert (w1, w3, w2)" : "per layer: FFN (gate, up, down)",
-            p.per_expert);
-  if (c.n_experts > 1) count_row("per layer: all experts", p.experts_per_layer);
-  count_row("per layer: norms", p.norms_per_layer);
-  count_row("per layer: total", p.per_layer);
-  count_row("final norm", p.final_norm);
+  if (zaya) {
+    // Active counts top_k real experts per MoE sublayer: the skip class runs none.
+    count_row(fmt::format("per CCA sublayer (x{})", c.n_layers), p.cca.total);
+    count_row("  q_proj", p.cca.q);
+    count_row("  k_proj", p.cca.k);
+    count_row(fmt::format("  v_proj current + delayed (2 x {})", with_separators(p.cca.v_half)),
+              2 * p.cca.v_half);
+    count_row("  convolutions (depthwise, grouped, biases)", p.cca.convolutions);
+    count_row("  o_proj", p.cca.o);
+    count_row("  QK-norm temperature", p.cca.temperature);
+    count_row(fmt::format("per MoE sublayer: router (x{})", c.n_layers), p.router_per_layer);
+    if (p.router_first_layer != p.router_per_layer)
+      count_row("  first MoE sublayer's router (no EDA gamma)", p.router_first_layer);
+    count_row("per expert (gate, up, down)", p.per_expert);
+    count_row(fmt::format("per MoE sublayer: all {} experts", c.n_experts), p.experts_per_layer);
+    count_row("per layer: residual scaling (2 x 4 x C)", p.residual_scales_per_layer);
+    count_row("per layer: norms (2 pre-norms)", p.norms_per_layer);
+    count_row("per layer: total (layers after the first)", p.per_layer);
+    count_row("embedding residual scale and bias", p.input_scales);
+    count_row("final norm", p.final_norm);
+    if (p.router_first_layer != p.router_per_layer)
+      line(fmt::format("  (the first MoE sublayer has no EDA weight router_states_scale: its "
+                       "router has {} fewer)",
+                       p.router_per_layer - p.router_first_layer));
+    line(fmt::format("  (active: {} real expert(s) per MoE sublayer; a token routed to the skip "
+                     "class runs none)",
+                     active_experts(c)));
+  } else {
+    count_row("per layer: attention (q, k, v, o)", p.attention_per_layer);
+    if (c.n_experts > 1) count_row("per layer: router", p.router_per_layer);
+    count_row(c.n_experts > 1 ? "per expert (w1, w3, w2)" : "per layer: FFN (gate, up, down)",
+              p.per_expert);
+    if (c.n_experts > 1) count_row("per layer: all experts", p.experts_per_layer);
+    count_row("per layer: norms", p.norms_per_layer);
+    count_row("per layer: total", p.per_layer);
+    count_row("final norm", p.final_norm);
+  }
+  line("");
+  line(fmt::format("optimizer groups (train.optimizer = {})", info.optimizer));
+  for (const ParamGroup& g : info.groups)
+    line(fmt::format("  {:<44} {:>17}  {:>10}  {:>5} tensors  {}", g.name,
+                     with_separators(g.params), short_count(g.params), g.tensors, g.optimizer));
   line("");
   line("training FLOPs per token (forward + backward)");
   flops_row(fmt::format("matmuls (6 x {} weights)", short_count(f.matmul_params)),
             f.matmul_flops);
+  if (zaya) flops_row("CCA convolutions (6*L*(Cc*t0 + Cc*d*t1))", f.conv_flops);
   flops_row("attention (12*L*T*Dq, full T x T)", f.attention_flops);
   flops_row("total (used for MFU)", f.train_flops);
   flops_row("  of which forward", f.forward_flops);
@@ -284,7 +533,8 @@ std::string format_model_info(const ModelInfo& info) {
   bytes_row("weights fp32", m.weights_fp32_bytes);
   if (m.weights_bf16_bytes) bytes_row("weights bf16 (GEMM copies)", m.weights_bf16_bytes);
   bytes_row("gradients fp32", m.grads_bytes);
-  bytes_row("AdamW state (exp_avg, exp_avg_sq)", m.optimizer_bytes);
+  bytes_row("AdamW state (exp_avg, exp_avg_sq)", m.adamw_state_bytes);
+  if (m.muon_momentum_bytes) bytes_row("Muon momentum", m.muon_momentum_bytes);
   bytes_row("activations saved for backward", m.activations_bytes);
   bytes_row("backward working buffers", m.backward_buffers_bytes);
   bytes_row("total", m.total_bytes);
@@ -295,7 +545,7 @@ std::string format_model_info(const ModelInfo& info) {
   for (const MemoryItem& item : m.activations) {
     const std::string label =
         item.copies > 1 ? fmt::format("{} x{}", item.name, item.copies) : item.name;
-    line(fmt::format("  {:<36} {:<19} {:>12}", label, item.shape, human_bytes(item.bytes)));
+    line(fmt::format("  {:<44} {:<19} {:>12}", label, item.shape, human_bytes(item.bytes)));
   }
   return out;
 }

@@ -1,10 +1,12 @@
 // What a model configuration costs, computed from the config alone (nothing is allocated):
-// parameter counts, training FLOPs per token, and memory for a batch shape.
+// parameter counts, training FLOPs per token, memory for a batch shape, and which optimizer
+// updates each group of parameters.
 //
 // Notation: C = d_model, L = n_layers, H = n_heads, Dq = n_heads·head_dim,
 // Dkv = n_kv_heads·head_dim, E = n_experts, K = top_k (experts each token runs; 1 for a dense
 // model), F = ffn_dim, Vp = padded vocabulary, B = batch, T = sequence length, N = B·T.
 //
+// ==== arch "moe" ============================================================================
 // Parameters (tied embeddings: the LM head is the embedding matrix, counted once):
 //   embedding   Vp·C
 //   per layer   attention 2·Dq·C + 2·Dkv·C (q, o; k, v)   norms 2·C
@@ -27,7 +29,11 @@
 // Memory (bytes; fp32 = 4 bytes per element; alignment padding in the slabs, under 64 bytes
 // per tensor, is ignored):
 //   weights fp32 4·P, bf16 GEMM copies 2·P (precision bf16 only), gradients 4·P,
-//   AdamW exp_avg + exp_avg_sq 8·P, with P = total parameters.
+//   AdamW exp_avg + exp_avg_sq 8·P, with P = total parameters. With train.optimizer "muon"
+//   the trainer still allocates AdamW's two slabs over the whole table (AdamW skips the
+//   Muon tensors but its slabs keep the table's layout) plus Muon's momentum slab, 4·P:
+//   optimizer state 12·P. (Muon's per-tensor scratch, a few copies of the largest matrix,
+//   is not counted.)
 //   Activations saved by the forward pass for backward, fp32 unless noted (ints are int32):
 //     per layer (× L)  layer input x [N,C]; norm-1 output [N,C] and 1/rms [N];
 //                      q [N,Dq], k [N,Dkv], v [N,Dkv] after RoPE; attention probabilities
@@ -46,39 +52,107 @@
 //   gradient [B,H,T,T]; expert-input and expert-output gradients 2·[N·K,C]; hidden and
 //   SwiGLU gradients [N·K,2F] + [N·K,F]; gate-weight gradient [N,K]; router gradient [N,E].
 //   Not counted: oneDNN and bf16-conversion scratch, the allocator's overhead.
+//
+// ==== arch "zaya1" ==========================================================================
+// A layer is a pair of sublayers: CCA attention, then MoE with the ZAYA1 router (n_layers
+// counts pairs: ZAYA1-base has L = 40, i.e. 80 sublayers). More notation: Hq = n_heads,
+// Hk = n_kv_heads, d = head_dim, Cc = (Hq+Hk)·d packed q|k channels, t0, t1 the convolution
+// kernel sizes, R = router_latent_dim, S = router classes (E, +1 with the skip class).
+// Parameters (exactly the ParamTable's tensors):
+//   embedding            Vp·C, plus its residual scale and bias 2·C (model-wide)
+//   per CCA sublayer     q Hq·d·C, k Hk·d·C, v 2 × (Hk·d/2)·C, convolutions
+//                        Cc·t0 + Cc + Cc·d·t1 + Cc (depthwise, grouped, with biases),
+//                        o C·Hq·d, temperature Hk
+//   per MoE sublayer     router R·C + R (down_proj) + R (EDA gamma; not in layer 0) + R (norm)
+//                        + 2·(R·R + R) (fc1, fc2) + S·R (out_proj, no bias);
+//                        experts E·3·F·C
+//   per layer            residual scaling 2 sublayers × 4·C (α, β for residual and output);
+//                        norms 2·C (the pre-norms of both sublayers)
+//   final norm           C
+//   active per token     everything except the experts a token does not run: top_k REAL
+//                        experts per MoE sublayer (a token routed to the skip class runs
+//                        none, so this is an upper bound; with top_k > E, at most E).
+// ZAYA1-base: CCA 5,575,682, router 660,992 (660,736 in layer 0), expert 12,582,912,
+// 16 experts 201,326,592; total 8,303,355,728 and active 753,608,528 without embeddings.
+//
+// Training FLOPs per token:
+//   matmul        6 · (L·(q + k + 2·v_half + o [CCA GEMMs] + R·C + 2·R² + S·R [router GEMMs]
+//                 + K·3·F·C) + Vp·C)          (biases, EDA, norms, GELU: elementwise, uncounted)
+//   convolutions  6 · L · (Cc·t0 + Cc·d·t1): counted like matmuls, a forward of 2·Cc·t0
+//                 (depthwise) + 2·Cc·d·t1 (grouped) multiply-adds per token
+//   attention     6 · 2 · L · T · Hq·d        (full T×T, as for moe; causal-halved alongside)
+//   train_flops_per_token = matmul + convolutions + attention.
+//
+// Memory: weights, gradients and optimizer state as for moe. Activations saved for backward
+// (Nk = N·K, int = int32):
+//   per CCA sublayer (× L)  residual in [N,C]; norm output [N,C] + 1/rms [N]; packed
+//                      c = [q0|k0] [N,Cc]; depthwise output y [N,Cc]; pre-norm qk [N,Cc];
+//                      QK-norm 1/norms [N,Hq+Hk]; q [N,Hq·d], k, v [N,Hk·d]; attention
+//                      probabilities [B,Hq,T,T]; attention output [N,Hq·d]; output h [N,C]
+//   per MoE sublayer (× L)  residual in [N,C]; norm output [N,C] + 1/rms [N]; router state
+//                      r [N,R]; router-norm output u [N,R] + 1/rms [N]; a1, g1, a2, g2
+//                      4·[N,R]; probabilities [N,S]; choice (int) [N,K], gate [N,K];
+//                      dispatch plan (int) 2·[Nk]; expert inputs [Nk,C]; gate|up [Nk,2F];
+//                      SwiGLU output [Nk,F]; expert outputs [Nk,C]; output h [N,C]
+//   once               embedding output [N,C]; final residual [N,C]; final norm [N,C] + [N];
+//                      logits [N,Vp]; losses [N]; input and target ids (int) 2·[N]
+//   Backward working buffers (one set): residual, sublayer-output and norm gradients
+//   3·[N,C]; dc, dy, dqk 3·[N,Cc]; dq [N,Hq·d], dk, dv [N,Hk·d]; attention-output gradient
+//   [N,Hq·d]; attention-score gradient [B,Hq,T,T]; router-state gradients d_r, d_r_prev
+//   2·[N,R]; router MLP gradients 2·[N,R] + logits gradient [N,S]; expert input and output
+//   gradients 2·[Nk,C]; hidden and SwiGLU gradients [Nk,2F] + [Nk,F]; gate gradient [N,K].
+//   Not counted: the balancing biases and their AdamW state (L·S·3 floats).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "base/config_reader.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
+#include "model/params.h"
 
 namespace foundry {
 
+// The parameters of one CCA sublayer (arch zaya1; all zero for arch moe).
+struct CcaParamCounts {
+  int64_t q = 0;             // Hq·d·C
+  int64_t k = 0;             // Hk·d·C
+  int64_t v_half = 0;        // (Hk·d/2)·C, each of v_proj_current and v_proj_delayed
+  int64_t convolutions = 0;  // depthwise and grouped weights and biases
+  int64_t o = 0;             // C·Hq·d
+  int64_t temperature = 0;   // Hk
+  int64_t total = 0;         // q + k + 2·v_half + convolutions + o + temperature
+};
+
 struct ParamCounts {
   int64_t embedding = 0;            // Vp·C (also the LM head)
-  int64_t attention_per_layer = 0;  // q, k, v, o projections
-  int64_t norms_per_layer = 0;      // the two RMSNorm weights
-  int64_t router_per_layer = 0;     // E·C; 0 for a dense model
+  int64_t attention_per_layer = 0;  // q, k, v, o projections (zaya1: the whole CCA sublayer)
+  int64_t norms_per_layer = 0;      // the two RMSNorm weights (pre-norms of the sublayers)
+  int64_t router_per_layer = 0;     // E·C; 0 for a dense model; zaya1: the whole router
+  int64_t router_first_layer = 0;   // the router of layer 0 (zaya1: no EDA weight there)
   int64_t per_expert = 0;           // 3·F·C (w1, w3, w2), or the dense FFN
   int64_t experts_per_layer = 0;    // E·per_expert
-  int64_t per_layer = 0;            // everything in one layer
+  int64_t residual_scales_per_layer = 0;  // zaya1: 2 sublayers × 4·C; 0 for moe
+  int64_t input_scales = 0;         // zaya1: the embedding's residual scale and bias, 2·C
+  int64_t per_layer = 0;            // everything in one layer (zaya1: a layer other than 0)
   int64_t final_norm = 0;           // C
   int64_t total = 0;                // equals ParamTable(config).parameter_count()
   int64_t non_embedding = 0;        // total − embedding
   int64_t active = 0;               // used by one token: the top-k experts of each layer
   int64_t active_non_embedding = 0;
+  CcaParamCounts cca;               // zaya1 only
 };
 
 struct FlopsPerToken {              // one training step's FLOPs per token
   int64_t matmul_params = 0;        // active weights that take part in a GEMM, incl. LM head
   double matmul_flops = 0;          // 6·matmul_params
+  double conv_flops = 0;            // zaya1: 6·L·(Cc·t0 + Cc·d·t1); 0 for moe
   double attention_flops = 0;       // 12·L·T·Dq (full T×T, the convention used for MFU)
   double attention_causal_flops = 0;  // 12·L·Dq·(T+1)/2 (only the unmasked half)
   double forward_flops = 0;         // a third of train_flops
-  double train_flops = 0;           // matmul_flops + attention_flops
+  double train_flops = 0;           // matmul_flops + conv_flops + attention_flops
 };
 
 struct MemoryItem {
@@ -92,7 +166,9 @@ struct MemoryEstimate {
   int64_t weights_fp32_bytes = 0;
   int64_t weights_bf16_bytes = 0;   // GEMM copies; 0 unless precision is bf16
   int64_t grads_bytes = 0;
-  int64_t optimizer_bytes = 0;      // AdamW exp_avg + exp_avg_sq
+  int64_t adamw_state_bytes = 0;    // exp_avg + exp_avg_sq over the whole table, 8·P
+  int64_t muon_momentum_bytes = 0;  // 4·P with Muon, else 0
+  int64_t optimizer_bytes = 0;      // adamw_state_bytes + muon_momentum_bytes
   int64_t activations_bytes = 0;    // saved by forward for backward
   int64_t backward_buffers_bytes = 0;
   int64_t total_bytes = 0;
@@ -100,25 +176,49 @@ struct MemoryEstimate {
   std::vector<MemoryItem> backward_buffers;  // itemized backward_buffers_bytes
 };
 
+// A group of parameters that share a role, and the optimizer that updates them.
+struct ParamGroup {
+  std::string name;       // e.g. "attention projections (q, k, v, o)"
+  int64_t tensors = 0;
+  int64_t params = 0;
+  std::string optimizer;  // "muon" | "adamw"
+};
+
+// Which optimizer updates a tensor ("muon" or "adamw"). The model layer cannot see the
+// optimizers: callers pass optim's optimizer_for(info, muon_enabled).
+using OptimizerOf = std::function<std::string(const ParamInfo&)>;
+
 struct ModelInfo {
   ModelConfig config;
   int64_t batch = 0, seq = 0;
   DType precision = DType::bf16;
+  std::string optimizer = "adamw";  // train.optimizer
   ParamCounts params;
   FlopsPerToken flops;
   double train_flops_per_step = 0;  // flops.train_flops · B · T
   MemoryEstimate memory;
+  std::vector<ParamGroup> groups;   // every parameter in exactly one group
 };
 
 ParamCounts count_parameters(const ModelConfig& config);
 FlopsPerToken flops_per_token(const ModelConfig& config, int64_t seq);
 // The FLOPs of one training step per token (forward + backward); the MFU numerator.
 double train_flops_per_token(const ModelConfig& config, int64_t seq);
+// `muon`: train.optimizer is "muon" (adds Muon's momentum slab).
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
-                               DType precision);
+                               DType precision, bool muon = false);
 
-// All of the above. Fails on batch or seq < 1.
-ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision);
+// The parameter groups of the config's ParamTable in table order of first appearance, with
+// their optimizers from `optimizer_of` (unset: "adamw" for all). A group whose tensors get
+// different optimizers is split into one row per optimizer.
+std::vector<ParamGroup> param_groups(const ModelConfig& config, const OptimizerOf& optimizer_of);
+
+// All of the above. `optimizer` is train.optimizer ("adamw" | "muon"); `optimizer_of`
+// assigns each tensor its optimizer (see OptimizerOf). Fails on batch or seq < 1 and on an
+// unknown optimizer.
+ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision,
+                     const std::string& optimizer = "adamw",
+                     const OptimizerOf& optimizer_of = {});
 
 json to_json(const ModelInfo& info);
 // A readable report: counts with thousands separators and in M/B, FLOPs, memory in MiB/GiB.

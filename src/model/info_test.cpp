@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <set>
+
 #include "base/error.h"
 #include "model/params.h"
 
@@ -171,6 +174,286 @@ TEST(ModelInfo, ReportAndJson) {
 
   EXPECT_THROW(model_info(ModelConfig{}, 0, 256, DType::bf16), Error);
   EXPECT_THROW(model_info(ModelConfig{}, 8, 0, DType::bf16), Error);
+}
+
+// ---- arch zaya1 ----------------------------------------------------------------------------
+
+// The ZAYA1-base shape (spec §1), as configs/zaya1-base.json states it.
+ModelConfig zaya1_base() {
+  ModelConfig c;
+  c.arch = "zaya1";
+  c.vocab_size = 262272;
+  c.d_model = 2048;
+  c.n_layers = 40;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 128;
+  c.n_experts = 16;
+  c.top_k = 1;
+  c.ffn_dim = 2048;
+  c.router_latent_dim = 256;
+  c.rope_fraction = 0.5;
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  c.max_seq_len = 4096;
+  return c;
+}
+
+// vocab 200 -> padded 256, C = 16, L = 2, Hq = 4, Hk = 2, d = 4 (Cc = 24), E = 4, K = 1,
+// F = 24, R = 8, skip class (S = 5), t0 = t1 = 2.
+ModelConfig tiny_zaya() {
+  ModelConfig c = tiny_moe();
+  c.arch = "zaya1";
+  c.top_k = 1;
+  c.router_latent_dim = 8;
+  c.rope_fraction = 0.5;
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  return c;
+}
+
+// ZAYA1-base by hand (C = 2048, Hq = 8, Hk = 2, d = 128, Cc = 1280, R = 256, S = 17):
+//   CCA   q 1024·2048 = 2,097,152; k 256·2048 = 524,288; v 2 × 128·2048 = 2 × 262,144;
+//         convolutions 1280·2 + 1280 + 1280·128·2 + 1280 = 332,800; o 2,097,152; temp 2
+//         -> 5,575,682
+//   router down 256·2048 + 256 = 524,544; EDA 256; norm 256; fc1, fc2 2·(65,536 + 256);
+//         out_proj 17·256 = 4,352 -> 660,992 (layer 0 has no EDA weight: 660,736)
+//   expert 3·2048·2048 = 12,582,912; 16 experts 201,326,592
+//   per layer: + residual scaling 8·2048 = 16,384 + norms 4,096 -> 207,583,746
+//   non-embedding = 40·207,583,746 − 256 + 2·2048 (embedding scale, bias) + 2048 (final norm)
+//                 = 8,303,349,840 − 256 + 6,144 = 8,303,355,728     (≈ 8.303 B)
+//   active non-embedding = 40·(5,575,682 + 660,992 + 12,582,912 + 16,384 + 4,096) − 256 + 6,144
+//                 = 40·18,840,066 + 5,888 = 753,608,528            (≈ 0.754 B)
+//   embedding 262,272·2048 = 537,133,056
+TEST(ModelInfo, Zaya1BaseMatchesTheSpec) {
+  const ModelConfig c = zaya1_base();
+  const ParamCounts p = count_parameters(c);
+  EXPECT_EQ(p.cca.q, 2097152);
+  EXPECT_EQ(p.cca.k, 524288);
+  EXPECT_EQ(p.cca.v_half, 262144);
+  EXPECT_EQ(p.cca.convolutions, 332800);
+  EXPECT_EQ(p.cca.o, 2097152);
+  EXPECT_EQ(p.cca.temperature, 2);
+  EXPECT_EQ(p.cca.total, 5575682);
+  EXPECT_EQ(p.attention_per_layer, 5575682);
+  EXPECT_EQ(p.per_expert, 12582912);
+  EXPECT_EQ(p.router_per_layer, 660992);
+  EXPECT_EQ(p.router_first_layer, 660736);
+  EXPECT_EQ(p.experts_per_layer, 201326592);
+  EXPECT_EQ(p.residual_scales_per_layer, 16384);
+  EXPECT_EQ(p.norms_per_layer, 4096);
+  EXPECT_EQ(p.per_layer, 207583746);
+  EXPECT_EQ(p.embedding, 537133056);
+  EXPECT_EQ(p.non_embedding, 8303355728);
+  EXPECT_EQ(p.active_non_embedding, 753608528);
+  EXPECT_EQ(p.total, 8303355728 + 537133056);
+  EXPECT_EQ(p.active, 753608528 + 537133056);
+  EXPECT_NEAR(static_cast<double>(p.non_embedding) / 1e9, 8.303, 5e-4);
+  EXPECT_NEAR(static_cast<double>(p.active_non_embedding) / 1e9, 0.754, 5e-4);
+  // Exactly the parameter table's count (building the table allocates no weights).
+  const ParamTable table(c);
+  EXPECT_EQ(p.total, table.parameter_count());
+  EXPECT_EQ(p.embedding, table.get("model.embed_tokens.weight").numel);
+  EXPECT_EQ(table.find("model.layers.0.mlp.gate.router_states_scale"), nullptr);
+  EXPECT_NE(table.find("model.layers.1.mlp.gate.router_states_scale"), nullptr);
+}
+
+// configs/zaya1-base.json holds exactly the shape above.
+TEST(ModelInfo, Zaya1BaseConfigFile) {
+  std::ifstream in(std::string(FOUNDRY_SOURCE_DIR) + "/configs/zaya1-base.json");
+  ASSERT_TRUE(in) << "configs/zaya1-base.json";
+  const json root = json::parse(in);
+  const ModelConfig c = parse_model_config(root.at("model"), "zaya1-base.json");
+  EXPECT_EQ(to_json(c), to_json(zaya1_base()));
+  EXPECT_EQ(count_parameters(c).non_embedding, 8303355728);
+  EXPECT_EQ(root.at("train").at("seq_len"), 4096);
+  EXPECT_EQ(root.at("train").at("optimizer"), "muon");
+}
+
+// tiny_zaya by hand:
+//   CCA  q 16·16 = 256; k 8·16 = 128; v 2 × 4·16 = 2 × 64; conv 24·2 + 24 + 24·4·2 + 24 = 288;
+//        o 256; temp 2 -> 1058
+//   router (8·16 + 8) + 8 (norm) + 2·(64 + 8) + 5·8 = 328 in layer 0; + 8 (EDA) = 336
+//   expert 3·24·16 = 1152, experts 4608; residual scaling 8·16 = 128; norms 32
+//   per layer 1058 + 32 + 336 + 4608 + 128 = 6162
+//   total 4096 + 32 (embedding scale, bias) + 2·6162 − 8 + 16 = 16460
+//   active 4096 + 32 + 2·(1058 + 32 + 336 + 1152 + 128) − 8 + 16 = 9548
+TEST(ModelInfo, HandCountedZayaParameters) {
+  const ParamCounts p = count_parameters(tiny_zaya());
+  EXPECT_EQ(p.cca.total, 1058);
+  EXPECT_EQ(p.cca.convolutions, 288);
+  EXPECT_EQ(p.router_first_layer, 328);
+  EXPECT_EQ(p.router_per_layer, 336);
+  EXPECT_EQ(p.per_expert, 1152);
+  EXPECT_EQ(p.input_scales, 32);
+  EXPECT_EQ(p.per_layer, 6162);
+  EXPECT_EQ(p.total, 16460);
+  EXPECT_EQ(p.non_embedding, 16460 - 4096);
+  EXPECT_EQ(p.active, 9548);
+  EXPECT_EQ(p.active_non_embedding, 9548 - 4096);
+  // A standard model reports no CCA, scale or first-layer differences.
+  const ParamCounts moe = count_parameters(tiny_moe());
+  EXPECT_EQ(moe.cca.total, 0);
+  EXPECT_EQ(moe.residual_scales_per_layer, 0);
+  EXPECT_EQ(moe.router_first_layer, moe.router_per_layer);
+}
+
+TEST(ModelInfo, ZayaTotalMatchesParamTable) {
+  std::vector<ModelConfig> configs = {tiny_zaya(), zaya1_base()};
+  ModelConfig no_eda = tiny_zaya();
+  no_eda.router_eda = false;
+  configs.push_back(no_eda);
+  ModelConfig no_skip = tiny_zaya();
+  no_skip.router_skip_class = false;
+  configs.push_back(no_skip);
+  ModelConfig one_layer = tiny_zaya();  // the first layer is the only one
+  one_layer.n_layers = 1;
+  configs.push_back(one_layer);
+  ModelConfig kernels = tiny_zaya();  // other convolution sizes, top-2, odd vocabulary
+  kernels.cca_kernel_depthwise = 3;
+  kernels.cca_kernel_grouped = 1;
+  kernels.top_k = 2;
+  kernels.vocab_size = 1001;
+  kernels.n_heads = 6;
+  kernels.n_kv_heads = 3;
+  configs.push_back(kernels);
+  for (const ModelConfig& c : configs) {
+    const ParamTable table(c);
+    const ParamCounts p = count_parameters(c);
+    EXPECT_EQ(p.total, table.parameter_count()) << to_json(c).dump();
+    // The active count runs top_k of the E experts in every layer.
+    EXPECT_EQ(p.total - p.active,
+              c.n_layers * (c.n_experts - c.top_k) * p.per_expert) << to_json(c).dump();
+  }
+}
+
+// tiny_zaya at T = 8:
+//   matmul weights per token = L·(CCA 256 + 128 + 2·64 + 256 + router 8·16 + 2·64 + 5·8
+//                              + 1 expert 1152) + LM head 4096 = 2·2216 + 4096 = 8528
+//   convolutions = 6·L·(24·2 + 24·4·2) = 12·240 = 2880
+//   attention = 12·L·T·Hq·d = 12·2·8·16 = 3072
+TEST(ModelInfo, HandComputedZayaFlopsPerToken) {
+  const FlopsPerToken f = flops_per_token(tiny_zaya(), 8);
+  EXPECT_EQ(f.matmul_params, 8528);
+  EXPECT_DOUBLE_EQ(f.matmul_flops, 6 * 8528);
+  EXPECT_DOUBLE_EQ(f.conv_flops, 2880);
+  EXPECT_DOUBLE_EQ(f.attention_flops, 3072);
+  EXPECT_DOUBLE_EQ(f.attention_causal_flops, 1728);
+  EXPECT_DOUBLE_EQ(f.train_flops, 6 * 8528 + 2880 + 3072);
+  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_zaya(), 8), 57120);
+  // The moe path has no convolution term.
+  EXPECT_DOUBLE_EQ(flops_per_token(tiny_moe(), 8).conv_flops, 0);
+}
+
+// tiny_zaya at B = 1, T = 8 (N = 8, N·K = 8), in 4-byte elements:
+//   CCA per layer: residual 128; norm 128 + 8; c, y, qk 3·192; 1/norms 8·6 = 48; q 128;
+//     k, v 2·64; probs 4·8·8 = 256; attention output 128; h 128          -> 1656
+//   MoE per layer: residual 128; norm 136; r 64; u 64 + 8; a1 g1 a2 g2 256; probs 8·5 = 40;
+//     choice + gate 16; plan 16; expert inputs 128; hidden 384; SwiGLU 192; outputs 128;
+//     h 128                                                                -> 1688
+//   once: embedding output 128; final residual 128; final norm 136; logits 2048; losses 8;
+//     ids 16                                                               -> 2464
+//   activations = 4·(2·(1656 + 1688) + 2464) = 36608 bytes
+//   backward: 3·128 + 3·192 + 8·(16 + 16) + 128 + 256 + 2·64 + 8·(16 + 5) + 2·128 + 8·72
+//     + 8 = 2736 -> 10944 bytes
+TEST(ModelInfo, HandComputedZayaMemory) {
+  const MemoryEstimate m = estimate_memory(tiny_zaya(), 1, 8, DType::f32);
+  EXPECT_EQ(m.activations_bytes, 36608);
+  EXPECT_EQ(m.backward_buffers_bytes, 10944);
+  EXPECT_EQ(m.weights_fp32_bytes, 4 * 16460);
+  EXPECT_EQ(m.weights_bf16_bytes, 0);
+  EXPECT_EQ(m.optimizer_bytes, 8 * 16460);
+  EXPECT_EQ(m.total_bytes, 16 * 16460 + 36608 + 10944);
+  // Muon keeps AdamW's full slabs and adds its momentum slab: 12·P of optimizer state.
+  const MemoryEstimate muon = estimate_memory(tiny_zaya(), 1, 8, DType::f32, true);
+  EXPECT_EQ(muon.adamw_state_bytes, 8 * 16460);
+  EXPECT_EQ(muon.muon_momentum_bytes, 4 * 16460);
+  EXPECT_EQ(muon.optimizer_bytes, 12 * 16460);
+  EXPECT_EQ(muon.total_bytes, m.total_bytes + 4 * 16460);
+  // Activations stay proportional to the batch.
+  const MemoryEstimate three = estimate_memory(tiny_zaya(), 3, 8, DType::f32);
+  EXPECT_EQ(three.activations_bytes, 3 * m.activations_bytes);
+  EXPECT_EQ(three.backward_buffers_bytes, 3 * m.backward_buffers_bytes);
+}
+
+// The Muon rule of optim/muon.h (the model layer cannot link it): 2-D attention and expert
+// matrices.
+std::string muon_rule(const ParamInfo& p) {
+  return (p.kind == ParamKind::attention || p.kind == ParamKind::expert) && p.shape.size() == 2
+             ? "muon"
+             : "adamw";
+}
+
+TEST(ModelInfo, ParamGroupsCoverEveryTensor) {
+  for (const ModelConfig& c : {tiny_zaya(), tiny_moe(), tiny_dense(), zaya1_base()}) {
+    const ParamTable table(c);
+    const std::vector<ParamGroup> groups = param_groups(c, muon_rule);
+    int64_t params = 0, tensors = 0;
+    std::set<std::pair<std::string, std::string>> seen;
+    for (const ParamGroup& g : groups) {
+      params += g.params;
+      tensors += g.tensors;
+      EXPECT_TRUE(seen.insert({g.name, g.optimizer}).second) << g.name;
+    }
+    EXPECT_EQ(params, table.parameter_count());
+    EXPECT_EQ(tensors, static_cast<int64_t>(table.params().size()));
+  }
+  auto find = [](const std::vector<ParamGroup>& groups, const std::string& name) {
+    for (const ParamGroup& g : groups)
+      if (g.name == name) return g;
+    ADD_FAILURE() << "no group " << name;
+    return ParamGroup{};
+  };
+  const std::vector<ParamGroup> z = param_groups(zaya1_base(), muon_rule);
+  const ParamGroup attn = find(z, "attention projections (q, k, v, o)");
+  EXPECT_EQ(attn.params, 40 * (5575682 - 332800 - 2));
+  EXPECT_EQ(attn.optimizer, "muon");
+  const ParamGroup experts = find(z, "experts (gate, up, down)");
+  EXPECT_EQ(experts.params, int64_t{40} * 201326592);
+  EXPECT_EQ(experts.tensors, 40 * 16 * 3);
+  EXPECT_EQ(experts.optimizer, "muon");
+  // The convolution weights are 3-D, so they stay with AdamW, like the router.
+  EXPECT_EQ(find(z, "CCA convolution weights").optimizer, "adamw");
+  EXPECT_EQ(find(z, "CCA convolution weights").params, 40 * (2560 + 327680));
+  EXPECT_EQ(find(z, "router matrices").optimizer, "adamw");
+  const ParamGroup router_vectors = find(z, "router vectors (biases, EDA gamma, norm)");
+  EXPECT_EQ(find(z, "router matrices").params + router_vectors.params, 40 * 660992 - 256);
+  EXPECT_EQ(find(z, "QK-norm temperatures").params, 80);
+  EXPECT_EQ(find(z, "residual scaling (alpha, beta)").params, 40 * 16384 + 2 * 2048);
+  EXPECT_EQ(find(z, "embedding (tied LM head)").optimizer, "adamw");
+  // Without a rule everything is AdamW; a group whose tensors differ is split.
+  for (const ParamGroup& g : param_groups(tiny_zaya(), {})) EXPECT_EQ(g.optimizer, "adamw");
+  const auto by_name = [](const ParamInfo& p) {
+    return p.name.find("q_proj") != std::string::npos ? std::string("muon") : std::string("adamw");
+  };
+  int attention_rows = 0;
+  for (const ParamGroup& g : param_groups(tiny_zaya(), by_name))
+    attention_rows += g.name == "attention projections (q, k, v, o)";
+  EXPECT_EQ(attention_rows, 2);
+}
+
+TEST(ModelInfo, Zaya1BaseReportAndJson) {
+  const ModelInfo info = model_info(zaya1_base(), 1, 4096, DType::bf16, "muon", muon_rule);
+  EXPECT_EQ(info.memory.optimizer_bytes, 12 * info.params.total);
+  const std::string text = format_model_info(info);
+  for (const char* needle :
+       {"5,575,682", "2,097,152", "524,288", "2 x 262,144", "332,800", "12,582,912", "660,992",
+        "660,736", "201,326,592", "537,133,056", "8,303,355,728", "753,608,528", "8.303 B",
+        "0.754 B", "router_states_scale", "Muon momentum", "muon", "CCA convolutions"})
+    EXPECT_NE(text.find(needle), std::string::npos) << needle << "\n" << text;
+  const json j = to_json(info);
+  EXPECT_EQ(j["optimizer"], "muon");
+  EXPECT_EQ(j["parameters"]["cca_per_layer"]["total"], 5575682);
+  EXPECT_EQ(j["parameters"]["router_first_layer"], 660736);
+  EXPECT_EQ(j["parameters"]["non_embedding"], 8303355728);
+  EXPECT_EQ(j["memory_bytes"]["muon_momentum"], 4 * info.params.total);
+  int64_t group_params = 0;
+  for (const json& g : j["param_groups"]) group_params += g["params"].get<int64_t>();
+  EXPECT_EQ(group_params, info.params.total);
+  EXPECT_THROW(model_info(zaya1_base(), 1, 4096, DType::bf16, "sgd"), Error);
+  // The moe report has no CCA section.
+  EXPECT_EQ(format_model_info(model_info(tiny_moe(), 1, 8, DType::f32)).find("CCA"),
+            std::string::npos);
 }
 
 }  // namespace

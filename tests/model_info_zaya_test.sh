@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# End-to-end checks of `foundry model info` on configs/zaya1-base.json: it answers at once
+# (nothing is allocated), prints the spec's ZAYA1-base counts, and reports which optimizer
+# each parameter group gets, following train.optimizer or --optimizer.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+CONFIG="$SRC/configs/zaya1-base.json"
+
+start=$(date +%s%N)
+if "$FOUNDRY" model info --config "$CONFIG" >info.txt 2>err.txt; then
+  ok "model info on zaya1-base exits 0"
+else
+  bad "model info on zaya1-base failed:"; cat err.txt
+fi
+ms=$(( ($(date +%s%N) - start) / 1000000 ))
+[ "$ms" -lt 5000 ] && ok "model info on an 8.8 B model takes ${ms} ms" \
+  || bad "model info took ${ms} ms (should not allocate the model)"
+
+# expect_line "description" "regex a line of info.txt must match"
+expect_line() {
+  if grep -qE -- "$2" info.txt; then ok "$1"; else bad "$1: no line matching '$2'"; fi
+}
+expect_line "CCA sublayer 5,575,682" "per CCA sublayer .* 5,575,682 "
+expect_line "q 2,097,152" "q_proj +2,097,152 "
+expect_line "k 524,288" "k_proj +524,288 "
+expect_line "v 2 x 262,144" "v_proj current \+ delayed \(2 x 262,144\) +524,288 "
+expect_line "convolutions 332,800" "convolutions .* 332,800 "
+expect_line "o 2,097,152" "o_proj +2,097,152 "
+expect_line "temperature 2" "QK-norm temperature +2 "
+expect_line "router 660,992" "router \(x40\) +660,992 "
+expect_line "first router 660,736" "first MoE sublayer's router .* 660,736 "
+expect_line "per expert 12,582,912" "per expert .* 12,582,912 "
+expect_line "experts per MoE sublayer 201,326,592" "all 16 experts +201,326,592 "
+expect_line "embedding 537,133,056" "embedding \(tied with the LM head\) +537,133,056 "
+expect_line "total 8.303 B / active 0.754 B without embeddings" \
+  "8\.303 B total / 0\.754 B active per token without embeddings; embedding 0\.537 B"
+expect_line "non-embedding 8,303,355,728" "non-embedding +8,303,355,728 "
+expect_line "active non-embedding 753,608,528" "active per token, non-embedding +753,608,528 "
+expect_line "config's optimizer is muon" "optimizer groups \(train.optimizer = muon\)"
+expect_line "experts updated by Muon" "^  experts \(gate, up, down\) .* muon$"
+expect_line "attention projections updated by Muon" "^  attention projections .* muon$"
+expect_line "embedding stays with AdamW" "^  embedding \(tied LM head\) .* adamw$"
+expect_line "router stays with AdamW" "^  router matrices .* adamw$"
+expect_line "convolution weights stay with AdamW" "^  CCA convolution weights .* adamw$"
+expect_line "Muon momentum in memory" "Muon momentum"
+
+# --optimizer overrides train.optimizer: every group is AdamW, no Muon momentum.
+"$FOUNDRY" model info --config "$CONFIG" --optimizer adamw >info.txt 2>&1 || bad "--optimizer adamw failed"
+if grep -qE " muon$" info.txt || grep -q "Muon momentum" info.txt; then
+  bad "--optimizer adamw still reports Muon"
+else ok "--optimizer adamw puts every group on AdamW"; fi
+# (a command-line parse error: CLI11 prints it without the "error:" prefix)
+if out="$("$FOUNDRY" model info --config "$CONFIG" --optimizer sgd 2>&1)"; then
+  bad "--optimizer sgd exited 0"
+elif grep -q -- "--optimizer" <<<"$out" && grep -q "adamw,muon" <<<"$out"; then
+  ok "--optimizer sgd is refused, naming the choices"
+else bad "--optimizer sgd: unexpected message: $out"; fi
+
+# --json carries the same numbers and the groups.
+"$FOUNDRY" model info --config "$CONFIG" --json >info.json 2>&1 || bad "--json failed"
+if python3 - info.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+p = j["parameters"]
+assert j["optimizer"] == "muon", j["optimizer"]
+assert p["cca_per_layer"]["total"] == 5575682, p["cca_per_layer"]
+assert p["per_expert"] == 12582912 and p["router_per_layer"] == 660992
+assert p["router_first_layer"] == 660736 and p["experts_per_layer"] == 201326592
+assert p["non_embedding"] == 8303355728 and p["active_non_embedding"] == 753608528
+assert p["embedding"] == 537133056
+groups = {g["name"]: g for g in j["param_groups"]}
+assert sum(g["params"] for g in j["param_groups"]) == p["total"]
+assert groups["experts (gate, up, down)"]["optimizer"] == "muon"
+assert groups["embedding (tied LM head)"]["optimizer"] == "adamw"
+assert j["memory_bytes"]["muon_momentum"] == 4 * p["total"]
+PY
+then ok "--json: counts, groups and Muon state"; else bad "--json content"; fi
+
+finish
