@@ -13,7 +13,6 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
-#include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/run_config.h"
 #include "train/trainer.h"
@@ -49,10 +48,14 @@ std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig&
   return *latest;
 }
 
+// The trained model of a checkpoint: its weights and, for arch zaya1, the router balancing
+// biases from trainer_state.json, so that tokens are routed as they were in training.
 std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
                                   DType precision) {
   auto model = std::make_unique<Model>(rc.model, precision);
-  load_checkpoint(ckpt_dir, rc.model, model->table(), model->params(), {});
+  const json trainer_state =
+      load_checkpoint(ckpt_dir, rc.model, model->table(), model->params(), {});
+  restore_router_balancers(*model, trainer_state, ckpt_dir, /*required=*/false);
   model->sync_weights();
   return model;
 }

@@ -24,6 +24,7 @@
 #include "model/model.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "optim/muon.h"
 #include "optim/schedule.h"
 
 namespace foundry {
@@ -93,7 +94,179 @@ std::string format_count(double v) {
   return fmt::format("{:.0f}", v);
 }
 
+// ---- optimizers ---------------------------------------------------------------------------
+
+bool muon_enabled(const TrainConfig& tc) { return tc.optimizer == "muon"; }
+
+AdamWOptions adamw_options(const TrainConfig& tc) {
+  AdamWOptions o;
+  o.beta1 = tc.beta1;
+  o.beta2 = tc.beta2;
+  o.eps = tc.eps;
+  o.weight_decay = tc.weight_decay;
+  // With Muon, AdamW keeps only what Muon does not update (embedding, norms, router, ...).
+  if (muon_enabled(tc)) o.applies = [](const ParamInfo& info) { return !muon_applies(info); };
+  return o;
+}
+
+// Muon's options from the train.muon_* keys; the run config accepts a wider range than Muon
+// does for two of them, so those are checked here, naming the key.
+MuonOptions muon_options(const TrainConfig& tc) {
+  if (tc.muon_ns_steps < 1)
+    fail(fmt::format("train.muon_ns_steps = {}: Muon needs at least 1 Newton-Schulz step",
+                     tc.muon_ns_steps),
+         "set train.muon_ns_steps to 5 (the usual value)");
+  if (!(tc.muon_rms_scale > 0))
+    fail(fmt::format("train.muon_rms_scale = {} must be positive", tc.muon_rms_scale),
+         "set train.muon_rms_scale to 0.2 (matches the RMS of a typical AdamW update)");
+  MuonOptions o;
+  o.momentum = tc.muon_momentum;
+  o.nesterov = tc.muon_nesterov;
+  o.ns_steps = static_cast<int>(tc.muon_ns_steps);
+  o.weight_decay = tc.weight_decay;  // one decay coefficient for both (see optim/muon.h)
+  o.rms_scale = tc.muon_rms_scale;
+  return o;
+}
+
+// The optimizers of a run: AdamW for every tensor, or Muon for the 2-D hidden matrices plus
+// AdamW for the rest. They update disjoint tensors, so the order of their steps is irrelevant.
+// Checkpoints hold every state slab of both, by the optimizers' state names.
+class Optimizers {
+ public:
+  Optimizers(const ParamTable& table, const TrainConfig& tc) : adam_(table, adamw_options(tc)) {
+    if (muon_enabled(tc)) muon_.emplace(table, muon_options(tc));
+  }
+
+  void step(float* params, const float* grads, double lr, int64_t step) {
+    adam_.step(params, grads, lr, step);
+    if (muon_) muon_->step(params, grads, lr, step);
+  }
+
+  std::vector<StateSlabToSave> states_to_save() {
+    std::vector<StateSlabToSave> states;
+    for (const std::string& name : AdamW::state_names())
+      states.push_back({name, adam_.state(name).data()});
+    if (muon_)
+      for (const std::string& name : Muon::state_names())
+        states.push_back({name, muon_->state(name).data()});
+    return states;
+  }
+  std::vector<StateSlabToLoad> states_to_load() {
+    std::vector<StateSlabToLoad> states;
+    for (const StateSlabToSave& s : states_to_save())
+      states.push_back({s.suffix, const_cast<float*>(s.data)});
+    return states;
+  }
+
+  // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
+  // "adamw (all 21 tensors, 1.24M params)".
+  std::string describe(const ParamTable& table) const {
+    int64_t muon_tensors = 0, adam_tensors = 0;
+    double muon_params = 0, adam_params = 0;
+    for (const ParamInfo& p : table.params()) {
+      if (muon_ && muon_applies(p)) {
+        ++muon_tensors;
+        muon_params += static_cast<double>(p.numel);
+      } else {
+        ++adam_tensors;
+        adam_params += static_cast<double>(p.numel);
+      }
+    }
+    if (!muon_)
+      return fmt::format("adamw (all {} tensors, {} params)", adam_tensors,
+                         format_count(adam_params));
+    return fmt::format("muon ({} tensors, {} params) + adamw (rest: {} tensors, {} params)",
+                       muon_tensors, format_count(muon_params), adam_tensors,
+                       format_count(adam_params));
+  }
+
+ private:
+  AdamW adam_;
+  std::optional<Muon> muon_;
+};
+
+// A resumed run must continue with the optimizer its state was written by. Checkpoints from
+// before train.optimizer existed have no "optimizer" key and were written by AdamW.
+void check_same_optimizer(const std::string& dir, const json& saved_state,
+                          const std::string& configured) {
+  std::string saved = "adamw";
+  if (auto it = saved_state.find("optimizer"); it != saved_state.end()) {
+    if (!it->is_string())
+      fail(fmt::format("{}/trainer_state.json: \"optimizer\" is not a string", dir),
+           "the checkpoint is corrupt; resume from another one or start a new run directory");
+    saved = it->get<std::string>();
+  }
+  if (saved != configured)
+    fail(fmt::format("{} was written with train.optimizer = \"{}\", but the config says "
+                     "train.optimizer = \"{}\"; the optimizer state of one cannot continue "
+                     "the other",
+                     dir, saved, configured),
+         fmt::format("resume with --set train.optimizer={}, or train with {} in a new run "
+                     "directory (train.run_dir)",
+                     saved, configured));
+}
+
+// ---- router balancers (arch zaya1) ----------------------------------------------------------
+
+// One step's balance of the ZAYA1 router, from its class counts [layers × classes].
+struct BalanceStats {
+  double max_load_error = 0;  // max over sublayers and classes of |load − 1/S|
+  double skip_fraction = -1;  // mean over sublayers of the skip class's load (-1: no skip class)
+};
+
+BalanceStats balance_stats(const std::vector<int64_t>& counts, int64_t classes,
+                           int64_t assignments, bool skip_class) {
+  BalanceStats stats;
+  const int64_t layers = static_cast<int64_t>(counts.size()) / classes;
+  std::vector<double> err(classes);
+  double skip_sum = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t* row = counts.data() + l * classes;
+    ops::zaya_load_error(err.data(), row, assignments, classes);
+    for (double e : err) stats.max_load_error = std::max(stats.max_load_error, std::abs(e));
+    // The skip class is the last one (index n_experts).
+    if (skip_class) skip_sum += static_cast<double>(row[classes - 1]) / assignments;
+  }
+  if (skip_class && layers > 0) stats.skip_fraction = skip_sum / static_cast<double>(layers);
+  return stats;
+}
+
+// The balancing biases under Hugging Face ZAYA's buffer name, one [S] tensor per MoE
+// sublayer, for model.safetensors (so an exported checkpoint routes like the trained model).
+std::vector<ExtraTensorToSave> balancing_bias_tensors(const Model& model) {
+  std::vector<ExtraTensorToSave> tensors;
+  const auto& balancers = model.balancers();
+  for (size_t l = 0; l < balancers.size(); ++l)
+    tensors.push_back({fmt::format("model.layers.{}.mlp.gate.balancing_biases", l),
+                       {balancers[l].classes()},
+                       balancers[l].bias.data()});
+  return tensors;
+}
+
 }  // namespace
+
+void restore_router_balancers(Model& model, const json& trainer_state,
+                              const std::string& checkpoint_dir, bool required) {
+  if (model.balancers().empty()) return;  // arch moe: nothing to restore
+  const std::string file = checkpoint_dir + "/trainer_state.json";
+  auto it = trainer_state.find("router_balancers");
+  if (it == trainer_state.end() || (it->is_array() && it->empty())) {
+    const std::string what = fmt::format(
+        "{} has no \"router_balancers\": the routing biases of this zaya1 model were not saved",
+        file);
+    if (required)
+      fail(what, "resume from a checkpoint written by a zaya1 training run, or start a new run "
+                 "directory (train.run_dir)");
+    std::fprintf(stderr, "warning: %s; routing uses the initial balancing biases\n",
+                 what.c_str());
+    return;
+  }
+  try {
+    model.load_balancer_state(*it);
+  } catch (const Error& e) {
+    fail(fmt::format("{}: {}", file, e.what()), e.hint());
+  }
+}
 
 double measure_gemm_peak_gflops(bool use_bf16) {
   // The best of several square products large enough to reach the library's top rate.
@@ -143,12 +316,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // ---- model and optimizer ----
   Model model(mc, precision);
   model.init_weights(tc.seed);
-  AdamWOptions adam_cfg;
-  adam_cfg.beta1 = tc.beta1;
-  adam_cfg.beta2 = tc.beta2;
-  adam_cfg.eps = tc.eps;
-  adam_cfg.weight_decay = tc.weight_decay;
-  AdamW adam(model.table(), adam_cfg);
+  Optimizers optimizers(model.table(), tc);
+  const bool balancing = !model.balancers().empty();  // arch zaya1
+  const int64_t assignments = N * mc.top_k;           // router choices per MoE sublayer
 
   make_dirs(tc.run_dir);
   const std::string metrics_path = tc.run_dir + "/metrics.jsonl";
@@ -159,10 +329,14 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
                    tc.run_dir.c_str());
     } else {
+      // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
+      // state slabs, and the plain message says more than a missing tensor would.
+      check_same_optimizer(*latest, read_checkpoint_trainer_state(*latest), tc.optimizer);
       json state = load_checkpoint(*latest, mc, model.table(), model.params(),
-                                   {{"exp_avg", adam.state("exp_avg").data()}, {"exp_avg_sq", adam.state("exp_avg_sq").data()}});
+                                   optimizers.states_to_load());
       start_step = state.at("step").get<int64_t>();
       if (train_loader) train_loader->restore(state.at("data_cursor"));
+      restore_router_balancers(model, state, *latest, /*required=*/true);
       model.sync_weights();
       std::fprintf(stderr, "resumed from %s (step %lld)\n", latest->c_str(),
                    static_cast<long long>(start_step));
@@ -184,6 +358,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
                  static_cast<long long>(mc.n_experts), static_cast<long long>(mc.top_k),
                  static_cast<long long>(B), static_cast<long long>(T), tc.precision.c_str(),
                  peak_gflops);
+  if (!opt.quiet)
+    std::fprintf(stderr, "optimizer: %s\n", optimizers.describe(model.table()).c_str());
 
   std::vector<int32_t> inputs(N), targets(N);
   auto evaluate = [&]() -> double {
@@ -199,15 +375,19 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   auto save = [&](int64_t step) {
     // Everything random in training derives from the seed and the step (initialization,
     // synthetic batches) or lives in the data cursor, so these fully determine the future.
-    json state = {{"step", step}, {"format", "foundry-trainer-state"}, {"seed", tc.seed},
+    json state = {{"step", step},          {"format", "foundry-trainer-state"},
+                  {"seed", tc.seed},       {"optimizer", tc.optimizer},
                   {"config", rc.source}};
     if (train_loader) state["data_cursor"] = train_loader->cursor();
+    // The balancers are model state outside the parameter slab: saved here in full (bias and
+    // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
+    if (balancing) state["router_balancers"] = model.balancer_state();
     state["schedule"] = {{"lr", learning_rate(schedule_cfg, std::max<int64_t>(step, 1))},
                          {"total_steps", total_steps}};
     double t0 = now_seconds();
     std::string path = save_checkpoint(tc.run_dir, step, mc, model.table(), model.params(),
-                                       {{"exp_avg", adam.state("exp_avg").data()}, {"exp_avg_sq", adam.state("exp_avg_sq").data()}},
-                                       state, tc.keep_checkpoints);
+                                       optimizers.states_to_save(), state, tc.keep_checkpoints,
+                                       balancing_bias_tensors(model));
     if (!opt.quiet)
       std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
   };
@@ -245,6 +425,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     const double lr = learning_rate(schedule_cfg, step);
     model.zero_grads();
     ForwardResult fr = model.forward(inputs.data(), targets.data(), B, T);
+    // This batch's routing, for the balancer update after the optimizer step (a copy: a
+    // validation forward before then would overwrite the model's counts).
+    std::vector<int64_t> class_counts;
+    if (balancing) class_counts = model.router_class_counts();
     model.backward();
     double grad_norm;
     {
@@ -254,8 +438,16 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
         fail(fmt::format("step {}: loss {} / gradient norm {} is not finite", step, fr.loss,
                          grad_norm),
              "lower train.lr, raise train.warmup_steps, or use precision fp32 to investigate");
-      adam.step(model.params(), model.grads(), lr, step);
+      optimizers.step(model.params(), model.grads(), lr, step);
       model.sync_weights();
+    }
+    BalanceStats balance;
+    if (balancing) {
+      ScopedOpTimer t(&model.op_times(), "router balancing");
+      const int64_t S = mc.router_classes();
+      FOUNDRY_CHECK(static_cast<int64_t>(class_counts.size()) == mc.n_layers * S);
+      balance = balance_stats(class_counts, S, assignments, mc.router_skip_class);
+      model.update_balancers(class_counts.data(), assignments);
     }
     const double dt = now_seconds() - t0;
     if (step > start_step + 1 || total_steps - start_step == 1) {  // first step warms caches
@@ -267,6 +459,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     json m = {{"step", step},           {"loss", fr.ce_loss},     {"aux_loss", fr.aux_loss},
               {"lr", lr},               {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_s},
               {"mfu", mfu},             {"step_time_s", dt},      {"tokens", step * N}};
+    if (balancing) {
+      m["max_load_error"] = balance.max_load_error;
+      if (balance.skip_fraction >= 0) m["skip_fraction"] = balance.skip_fraction;
+    }
     summary.last_train_loss = fr.ce_loss;
 
     const bool eval_now = val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) ||
@@ -282,6 +478,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       std::string line = fmt::format(
           "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}%",
           step, total_steps, fr.ce_loss, lr, grad_norm, tokens_per_s, 100 * mfu);
+      if (balancing) {
+        line += fmt::format(" | load err {:.3f}", balance.max_load_error);
+        if (balance.skip_fraction >= 0)
+          line += fmt::format(" | skip {:.1f}%", 100 * balance.skip_fraction);
+      }
       if (eval_now) line += fmt::format(" | val loss {:.4f}", m["val_loss"].get<double>());
       if (show_bar) std::fprintf(stderr, "\r\x1b[K");
       std::fprintf(stderr, "%s\n", line.c_str());

@@ -1,12 +1,25 @@
-// The single-process training loop: data → forward/backward → clip → AdamW → log, with
-// periodic validation and checkpoints, resume, and a clean stop on SIGINT/SIGTERM.
+// The single-process training loop: data → forward/backward → clip → optimizer step(s) →
+// router balancers → log, with periodic validation and checkpoints, resume, and a clean stop
+// on SIGINT/SIGTERM.
+//
+// Optimizers (train.optimizer): "adamw" updates every tensor with AdamW; "muon" updates the
+// 2-D hidden matrices (muon_applies in optim/muon.h) with Muon and every other tensor with
+// AdamW, both with the same learning rate and schedule, after gradient clipping.
+//
+// Router balancers (arch zaya1): the class counts of each training forward drive one
+// balancing-bias update per MoE sublayer after the optimizer step (Model::update_balancers).
+// Their state is saved in trainer_state.json ("router_balancers") and restored on resume;
+// the biases are also exported to model.safetensors for Hugging Face loaders.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include "base/config_reader.h"
 #include "train/run_config.h"
 
 namespace foundry {
+
+class Model;
 
 struct TrainOptions {
   bool synthetic_data = false;  // random tokens, no dataset (for benchmarking)
@@ -28,6 +41,14 @@ struct TrainSummary {
 };
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options);
+
+// Restores the router balancers of an arch zaya1 model from a checkpoint's trainer state
+// (its "router_balancers"), so routing matches the trained model; a no-op for models without
+// balancers (arch moe). `checkpoint_dir` names the checkpoint in messages. When the state has
+// no balancers: an error if `required` (resuming training must restore everything), else a
+// warning on stderr and the model keeps its initial biases (eval, generate).
+void restore_router_balancers(Model& model, const json& trainer_state,
+                              const std::string& checkpoint_dir, bool required);
 
 // Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
 // under a second: the denominator of MFU when the config gives no peak.
