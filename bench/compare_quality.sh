@@ -60,8 +60,8 @@ plot docs/figures/quality_optim.png "Muon vs AdamW (demo corpus)" \
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-print("| model | optimizer | params (active) | final val loss | best val loss | max load error (last) | tokens/s |")
-print("|---|---|---|---|---|---|---|")
+print("| model | optimizer | params (active) | final val loss | best val loss | max load error (last) |")
+print("|---|---|---|---|---|---|")
 for arch in ("zaya", "moe"):
     for opt in ("adamw", "muon"):
         run = f"{out}/{arch}-{opt}"
@@ -69,8 +69,7 @@ for arch in ("zaya", "moe"):
         vals = [r["val_loss"] for r in rows if "val_loss" in r]
         info = json.load(open(run + ".info.json"))
         p = info["parameters"]
-        tps = sorted(r["tokens_per_s"] for r in rows[2:])[len(rows[2:]) // 2]
         load = rows[-1].get("max_load_error", float("nan"))
         print(f"| {'ZAYA1' if arch == 'zaya' else 'MoE'} | {opt} | {p['total']/1e6:.1f} M ({p['active']/1e6:.2f} M) "
-              f"| {vals[-1]:.4f} | {min(vals):.4f} | {load:.3f} | {tps:.0f} |")
+              f"| {vals[-1]:.4f} | {min(vals):.4f} | {load:.3f} |")
 PY
