@@ -48,21 +48,30 @@ void scale_shift_forward(float* out, const float* x, const float* alpha, const f
 }
 
 // dx [N, C] (writes) = alpha ⊙ dout; dalpha += Σ_n (x + beta) ⊙ dout; dbeta += alpha ⊙ Σ_n dout.
-// Sums over tokens run in token order per channel (independent of the thread count).
+// Each thread owns a block of channels and walks the tokens in order (rows stay contiguous
+// in memory), so every sum has a fixed order whatever the thread count.
 void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
                           const float* x, const float* alpha, const float* beta, int64_t n,
                           int64_t c) {
+  constexpr int64_t kBlock = 64;
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < c; ++j) {
-    double sa = 0, sb = 0;
+  for (int64_t j0 = 0; j0 < c; j0 += kBlock) {
+    const int64_t j1 = std::min(c, j0 + kBlock);
+    double sa[kBlock] = {}, sb[kBlock] = {};
     for (int64_t i = 0; i < n; ++i) {
-      const float g = dout[i * c + j];
-      sa += static_cast<double>((x[i * c + j] + beta[j]) * g);
-      sb += g;
-      dx[i * c + j] = alpha[j] * g;
+      const float* g = dout + i * c;
+      const float* xi = x + i * c;
+      float* dxi = dx + i * c;
+      for (int64_t j = j0; j < j1; ++j) {
+        sa[j - j0] += static_cast<double>((xi[j] + beta[j]) * g[j]);
+        sb[j - j0] += g[j];
+        dxi[j] = alpha[j] * g[j];
+      }
     }
-    dalpha[j] += static_cast<float>(sa);
-    dbeta[j] += static_cast<float>(alpha[j] * sb);
+    for (int64_t j = j0; j < j1; ++j) {
+      dalpha[j] += static_cast<float>(sa[j - j0]);
+      dbeta[j] += static_cast<float>(alpha[j] * sb[j - j0]);
+    }
   }
 }
 
