@@ -125,6 +125,83 @@ void Model::linear_backward(float* dx, float* dweight, const float* dy, const fl
   gemm(dyin, true, xin, false, dweight, out, in, n, precision_, /*accumulate=*/true);
 }
 
+// Experts e < n_experts, each on its contiguous rows [offsets[e], offsets[e+1]) of the
+// sorted token matrix: h = xs·W13ᵀ [rows, 2F] (gate | up), act = swiglu(h), ys = act·W2ᵀ.
+// Rows from offsets[n_experts] on (the ZAYA1 skip class) are not touched.
+void Model::experts_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
+                            float* act, float* ys, const std::vector<int64_t>& w13,
+                            const std::vector<int64_t>& w2) {
+  const int64_t C = config_.d_model, F = config_.ffn_dim, rows_all = offsets[n_experts];
+  const size_t elem = precision_ == DType::bf16 ? 2 : 4;
+  {
+    ScopedOpTimer t(&op_times_, "expert_up_gemm");
+    const char* xs_g = static_cast<const char*>(as_gemm_input(xs, rows_all * C, 0));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      gemm(xs_g + offsets[e] * C * elem, false, gemm_weight(w13[e]), true, h + offsets[e] * 2 * F,
+           rows, 2 * F, C, precision_);
+    }
+  }
+  {
+    ScopedOpTimer t(&op_times_, "swiglu");
+    ops::swiglu_forward(act, h, rows_all, F);
+  }
+  {
+    ScopedOpTimer t(&op_times_, "expert_down_gemm");
+    const char* act_g = static_cast<const char*>(as_gemm_input(act, rows_all * F, 0));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      gemm(act_g + offsets[e] * F * elem, false, gemm_weight(w2[e]), true, ys + offsets[e] * C,
+           rows, C, F, precision_);
+    }
+  }
+}
+
+// The backward pass of experts_forward from dys: dxs (writes) on the expert rows, and the
+// weight gradients (+=). dh and dact are scratch of the shapes of h and act.
+void Model::experts_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
+                             const float* xs, const float* h, const float* act, float* dxs,
+                             float* dh, float* dact, const std::vector<int64_t>& w13,
+                             const std::vector<int64_t>& w2) {
+  const int64_t C = config_.d_model, F = config_.ffn_dim, rows_all = offsets[n_experts];
+  const size_t elem = precision_ == DType::bf16 ? 2 : 4;
+  float* G = grads_.data();
+  {
+    ScopedOpTimer t(&op_times_, "expert_down_gemm");
+    const char* dys_g = static_cast<const char*>(as_gemm_input(dys, rows_all * C, 0));
+    const char* act_g = static_cast<const char*>(as_gemm_input(act, rows_all * F, 1));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      const char* dys_e = dys_g + offsets[e] * C * elem;
+      gemm(dys_e, false, gemm_weight(w2[e]), false, dact + offsets[e] * F, rows, F, C,
+           precision_);
+      gemm(dys_e, true, act_g + offsets[e] * F * elem, false, G + w2[e], C, F, rows, precision_,
+           true);
+    }
+  }
+  {
+    ScopedOpTimer t(&op_times_, "swiglu");
+    ops::swiglu_backward(dh, dact, h, rows_all, F);
+  }
+  {
+    ScopedOpTimer t(&op_times_, "expert_up_gemm");
+    const char* dh_g = static_cast<const char*>(as_gemm_input(dh, rows_all * 2 * F, 0));
+    const char* xs_g = static_cast<const char*>(as_gemm_input(xs, rows_all * C, 1));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
+      gemm(dh_e, false, gemm_weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F,
+           precision_);
+      gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, G + w13[e], 2 * F, C, rows,
+           precision_, true);
+    }
+  }
+}
+
 void Model::ensure_activations(int64_t batch, int64_t seq) {
   if (acts_ && acts_->batch == batch && acts_->seq == seq) return;
   if (seq > config_.max_seq_len)
@@ -213,7 +290,7 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
   ensure_activations(batch, seq);
   Activations& a = *acts_;
   const ModelConfig& c = config_;
-  const int64_t N = batch * seq, C = c.d_model, E = c.n_experts, K = c.top_k, F = c.ffn_dim;
+  const int64_t N = batch * seq, C = c.d_model, E = c.n_experts, K = c.top_k;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Vp = c.padded_vocab();
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t i = 0; i < N; ++i) {
@@ -289,34 +366,8 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
                              a.assignment_slot[l].data(), a.topk_idx[l].data(), N, E, K);
       ops::moe_gather(a.xs[l].data(), a.n2[l].data(), a.slot_token[l].data(), N * K, C);
     }
-    // Experts: one GEMM pair per expert over its contiguous rows.
-    const int64_t* offs = a.expert_offsets[l].data();
-    {
-      ScopedOpTimer t(&op_times_, "expert_up_gemm");
-      const void* xs = as_gemm_input(a.xs[l].data(), N * K * C, 0);
-      const size_t elem = precision_ == DType::bf16 ? 2 : 4;
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        gemm(static_cast<const char*>(xs) + offs[e] * C * elem, false, gemm_weight(o.w13[e]), true,
-             a.h[l].data() + offs[e] * 2 * F, rows, 2 * F, C, precision_);
-      }
-    }
-    {
-      ScopedOpTimer t(&op_times_, "swiglu");
-      ops::swiglu_forward(a.act[l].data(), a.h[l].data(), N * K, F);
-    }
-    {
-      ScopedOpTimer t(&op_times_, "expert_down_gemm");
-      const void* act = as_gemm_input(a.act[l].data(), N * K * F, 0);
-      const size_t elem = precision_ == DType::bf16 ? 2 : 4;
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        gemm(static_cast<const char*>(act) + offs[e] * F * elem, false, gemm_weight(o.w2[e]), true,
-             a.ys[l].data() + offs[e] * C, rows, C, F, precision_);
-      }
-    }
+    experts_forward(a.expert_offsets[l].data(), E, a.xs[l].data(), a.h[l].data(),
+                    a.act[l].data(), a.ys[l].data(), o.w13, o.w2);
     {
       ScopedOpTimer t(&op_times_, "moe_combine");
       float* next = l + 1 < c.n_layers ? a.x_in[l + 1].data() : a.x_out.data();
@@ -363,7 +414,7 @@ void Model::backward() {
   Activations& a = *acts_;
   const ModelConfig& c = config_;
   const int64_t B = a.batch, T = a.seq, N = B * T, C = c.d_model, E = c.n_experts, K = c.top_k;
-  const int64_t F = c.ffn_dim, QD = c.q_dim(), KVD = c.kv_dim(), Vp = c.padded_vocab();
+  const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Vp = c.padded_vocab();
   float* P = params_.data();
   float* G = grads_.data();
   float* dx = a.dx.data();  // gradient of the residual stream, walked backward
@@ -380,7 +431,6 @@ void Model::backward() {
                           a.nf_rstd.data(), N, C);
   }
   const float aux_coef = static_cast<float>(c.aux_loss_coef / c.n_layers);
-  const size_t elem = precision_ == DType::bf16 ? 2 : 4;
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = a.layers[l];
     const int64_t* offs = a.expert_offsets[l].data();
@@ -390,38 +440,8 @@ void Model::backward() {
       ops::moe_combine_backward(a.dys.data(), a.dtopk_w.data(), dx, a.ys[l].data(),
                                 a.topk_w[l].data(), a.assignment_slot[l].data(), N, K, C);
     }
-    {
-      ScopedOpTimer t(&op_times_, "expert_down_gemm");
-      const void* dys = as_gemm_input(a.dys.data(), N * K * C, 0);
-      const void* act = as_gemm_input(a.act[l].data(), N * K * F, 1);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        const void* dys_e = static_cast<const char*>(dys) + offs[e] * C * elem;
-        gemm(dys_e, false, gemm_weight(o.w2[e]), false, a.dact.data() + offs[e] * F, rows, F, C,
-             precision_);
-        gemm(dys_e, true, static_cast<const char*>(act) + offs[e] * F * elem, false, G + o.w2[e],
-             C, F, rows, precision_, true);
-      }
-    }
-    {
-      ScopedOpTimer t(&op_times_, "swiglu");
-      ops::swiglu_backward(a.dh.data(), a.dact.data(), a.h[l].data(), N * K, F);
-    }
-    {
-      ScopedOpTimer t(&op_times_, "expert_up_gemm");
-      const void* dh = as_gemm_input(a.dh.data(), N * K * 2 * F, 0);
-      const void* xs = as_gemm_input(a.xs[l].data(), N * K * C, 1);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        const void* dh_e = static_cast<const char*>(dh) + offs[e] * 2 * F * elem;
-        gemm(dh_e, false, gemm_weight(o.w13[e]), false, a.dxs.data() + offs[e] * C, rows, C,
-             2 * F, precision_);
-        gemm(dh_e, true, static_cast<const char*>(xs) + offs[e] * C * elem, false, G + o.w13[e],
-             2 * F, C, rows, precision_, true);
-      }
-    }
+    experts_backward(offs, E, a.dys.data(), a.xs[l].data(), a.h[l].data(), a.act[l].data(),
+                     a.dxs.data(), a.dh.data(), a.dact.data(), o.w13, o.w2);
     {
       ScopedOpTimer t(&op_times_, "router");
       std::memset(a.dn.data(), 0, N * C * sizeof(float));

@@ -122,6 +122,13 @@ class Model {
                        int64_t weight_offset, int64_t n, int64_t out, int64_t in,
                        bool accumulate_dx);
   void ensure_activations(int64_t batch, int64_t seq);
+  void experts_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
+                       float* act, float* ys, const std::vector<int64_t>& w13,
+                       const std::vector<int64_t>& w2);
+  void experts_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
+                        const float* xs, const float* h, const float* act, float* dxs, float* dh,
+                        float* dact, const std::vector<int64_t>& w13,
+                        const std::vector<int64_t>& w2);
   // arch zaya1 (zaya.cpp)
   void ensure_zaya_activations(int64_t batch, int64_t seq);
   ForwardResult zaya_forward(const int32_t* inputs, const int32_t* targets, int64_t batch,

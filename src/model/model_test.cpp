@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "base/rng.h"
+#include "model/test_support.h"
 
 namespace foundry {
 namespace {
@@ -28,57 +29,16 @@ ModelConfig tiny_config(int64_t experts, int64_t top_k) {
   return c;
 }
 
-struct Batch {
-  std::vector<int32_t> inputs, targets;
-};
+using testing::Batch;
 
 Batch random_batch(const ModelConfig& c, int64_t b, int64_t t, uint64_t seed) {
-  Rng rng(seed);
-  Batch batch;
-  for (int64_t i = 0; i < b * t; ++i) {
-    batch.inputs.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
-    batch.targets.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
-  }
-  return batch;
+  return testing::random_batch(c, b * t, seed);
 }
 
-// For each tensor, compares the directional derivative g·d along a random direction d
-// restricted to that tensor with the central difference (L(p+εd) − L(p−εd)) / 2ε.
-// Losses are summed in double, so fp32 rounding limits the agreement to ~1e-3.
 void check_gradients(const ModelConfig& c) {
   Model model(c, DType::f32);
   model.init_weights(7);
-  const int64_t B = 2, T = 6;
-  Batch batch = random_batch(c, B, T, 11);
-  model.zero_grads();
-  model.forward(batch.inputs.data(), batch.targets.data(), B, T);
-  model.backward();
-  std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
-
-  const ParamInfo& embed = model.table().get("model.embed_tokens.weight");
-  for (int64_t i = c.vocab_size * c.d_model; i < embed.numel; ++i)
-    ASSERT_EQ(grads[embed.offset + i], 0.0f) << "padded vocabulary row got a gradient";
-
-  Rng rng(99);
-  for (const auto& p : model.table().params()) {
-    std::vector<float> dir(p.numel);
-    double analytic = 0;
-    for (int64_t i = 0; i < p.numel; ++i) {
-      dir[i] = static_cast<float>(rng.normal());
-      analytic += static_cast<double>(dir[i]) * grads[p.offset + i];
-    }
-    float* w = model.params() + p.offset;
-    std::vector<float> saved(w, w + p.numel);
-    const double eps = 1e-2 / std::sqrt(static_cast<double>(p.numel));
-    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + static_cast<float>(eps) * dir[i];
-    double plus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
-    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] - static_cast<float>(eps) * dir[i];
-    double minus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
-    std::copy(saved.begin(), saved.end(), w);
-    const double numeric = (plus - minus) / (2 * eps);
-    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
-        << p.name << ": analytic " << analytic << " numeric " << numeric;
-  }
+  testing::expect_gradients_match_finite_differences(model, random_batch(c, 2, 6, 11), 2, 6);
 }
 
 TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(tiny_config(1, 1)); }

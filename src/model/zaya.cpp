@@ -291,7 +291,7 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
   ZayaActivations& a = *zacts_;
   const ModelConfig& c = config_;
   const int64_t B = batch, T = seq, N = B * T, C = c.d_model, E = c.n_experts, K = c.top_k;
-  const int64_t F = c.ffn_dim, Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Cc = QD + KVD, R = c.router_latent_dim;
   const int64_t S = c.router_classes(), G = Hq + Hk, half = KVD / 2, Vp = c.padded_vocab();
   const int64_t rot = c.rotary_dim();
@@ -306,7 +306,6 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
   std::memcpy(a.inputs.data(), inputs, N * sizeof(int32_t));
   a.has_targets = targets != nullptr;
   if (targets) std::memcpy(a.targets.data(), targets, N * sizeof(int32_t));
-  const size_t elem = precision_ == DType::bf16 ? 2 : 4;
 
   {
     ScopedOpTimer t(&op_times_, "embedding");
@@ -388,30 +387,9 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
       ops::moe_gather(a.xs[l].data(), a.n2[l].data(), a.slot_token[l].data(), N * K, C);
     }
     const int64_t* offs = a.offsets[l].data();
+    experts_forward(offs, E, a.xs[l].data(), a.hh[l].data(), a.act[l].data(), a.ys[l].data(),
+                    o.w13, o.w2);
     {
-      ScopedOpTimer t(&op_times_, "expert_up_gemm");
-      const void* xs = as_gemm_input(a.xs[l].data(), N * K * C, 0);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        gemm(static_cast<const char*>(xs) + offs[e] * C * elem, false, gemm_weight(o.w13[e]),
-             true, a.hh[l].data() + offs[e] * 2 * F, rows, 2 * F, C, precision_);
-      }
-    }
-    {
-      ScopedOpTimer t(&op_times_, "swiglu");
-      // Only the expert rows: skip-class rows (at the end) run no expert.
-      ops::swiglu_forward(a.act[l].data(), a.hh[l].data(), offs[E], F);
-    }
-    {
-      ScopedOpTimer t(&op_times_, "expert_down_gemm");
-      const void* act = as_gemm_input(a.act[l].data(), offs[E] * F, 0);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        gemm(static_cast<const char*>(act) + offs[e] * F * elem, false, gemm_weight(o.w2[e]),
-             true, a.ys[l].data() + offs[e] * C, rows, C, F, precision_);
-      }
       // Skip rows: zero output, or the input itself (an identity "expert" gated by p_skip).
       float* skip = a.ys[l].data() + offs[E] * C;
       const int64_t skip_elems = (offs[S] - offs[E]) * C;
@@ -466,13 +444,12 @@ void Model::zaya_backward() {
   ZayaActivations& a = *zacts_;
   const ModelConfig& c = config_;
   const int64_t B = a.batch, T = a.seq, N = B * T, C = c.d_model, E = c.n_experts, K = c.top_k;
-  const int64_t F = c.ffn_dim, Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Cc = QD + KVD, R = c.router_latent_dim;
   const int64_t S = c.router_classes(), G = Hq + Hk, half = KVD / 2, Vp = c.padded_vocab();
   const int64_t rot = c.rotary_dim();
   const float* P = params_.data();
   float* Gr = grads_.data();
-  const size_t elem = precision_ == DType::bf16 ? 2 : 4;
   // dres: gradient of the residual stream at the current point, walked backward; dres2 the
   // gradient of the residual entering the sublayer being differentiated.
   float* dres = a.dres.data();
@@ -510,37 +487,9 @@ void Model::zaya_backward() {
       ops::moe_combine_backward(a.dys.data(), a.dgate.data(), a.dh.data(), a.ys[l].data(),
                                 a.gate[l].data(), a.assignment_slot[l].data(), N, K, C);
     }
+    experts_backward(offs, E, a.dys.data(), a.xs[l].data(), a.hh[l].data(), a.act[l].data(),
+                     a.dxs.data(), a.dhh.data(), a.dact.data(), o.w13, o.w2);
     {
-      ScopedOpTimer t(&op_times_, "expert_down_gemm");
-      const void* dys = as_gemm_input(a.dys.data(), N * K * C, 0);
-      const void* act = as_gemm_input(a.act[l].data(), offs[E] * F, 1);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        const void* dys_e = static_cast<const char*>(dys) + offs[e] * C * elem;
-        gemm(dys_e, false, gemm_weight(o.w2[e]), false, a.dact.data() + offs[e] * F, rows, F, C,
-             precision_);
-        gemm(dys_e, true, static_cast<const char*>(act) + offs[e] * F * elem, false, Gr + o.w2[e],
-             C, F, rows, precision_, true);
-      }
-    }
-    {
-      ScopedOpTimer t(&op_times_, "swiglu");
-      ops::swiglu_backward(a.dhh.data(), a.dact.data(), a.hh[l].data(), offs[E], F);
-    }
-    {
-      ScopedOpTimer t(&op_times_, "expert_up_gemm");
-      const void* dhh = as_gemm_input(a.dhh.data(), offs[E] * 2 * F, 0);
-      const void* xs = as_gemm_input(a.xs[l].data(), offs[E] * C, 1);
-      for (int64_t e = 0; e < E; ++e) {
-        const int64_t rows = offs[e + 1] - offs[e];
-        if (rows == 0) continue;
-        const void* dh_e = static_cast<const char*>(dhh) + offs[e] * 2 * F * elem;
-        gemm(dh_e, false, gemm_weight(o.w13[e]), false, a.dxs.data() + offs[e] * C, rows, C,
-             2 * F, precision_);
-        gemm(dh_e, true, static_cast<const char*>(xs) + offs[e] * C * elem, false, Gr + o.w13[e],
-             2 * F, C, rows, precision_, true);
-      }
       float* dskip = a.dxs.data() + offs[E] * C;
       const int64_t skip_elems = (offs[S] - offs[E]) * C;
       if (c.skip_passes_input)

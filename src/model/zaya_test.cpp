@@ -8,6 +8,7 @@
 
 #include "base/rng.h"
 #include "model/model.h"
+#include "model/test_support.h"
 
 namespace foundry {
 namespace {
@@ -34,19 +35,8 @@ ModelConfig tiny_zaya(int64_t layers = 3) {
   return c;
 }
 
-struct Batch {
-  std::vector<int32_t> inputs, targets;
-};
-
-Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  Batch b;
-  for (int64_t i = 0; i < n; ++i) {
-    b.inputs.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
-    b.targets.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
-  }
-  return b;
-}
+using testing::Batch;
+using testing::random_batch;
 
 // Perturbs every parameter a little so that initial constants (unit scales, zero biases,
 // unit temperature and EDA gamma) do not hide a wrong gradient that happens to vanish there.
@@ -61,41 +51,12 @@ void randomize_scalars(Model& model, uint64_t seed) {
   model.sync_weights();
 }
 
-// Directional derivative per tensor against central differences (as in model_test.cpp).
 // The expert choice is piecewise constant; the perturbations are far too small to flip it.
 void check_gradients(const ModelConfig& c) {
   Model model(c, DType::f32);
   model.init_weights(7);
   randomize_scalars(model, 8);
-  const int64_t B = 2, T = 6;
-  Batch batch = random_batch(c, B * T, 11);
-  model.zero_grads();
-  model.forward(batch.inputs.data(), batch.targets.data(), B, T);
-  model.backward();
-  std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
-  Rng rng(99);
-  int checked = 0;
-  for (const auto& p : model.table().params()) {
-    std::vector<float> dir(p.numel);
-    double analytic = 0;
-    for (int64_t i = 0; i < p.numel; ++i) {
-      dir[i] = static_cast<float>(rng.normal());
-      analytic += static_cast<double>(dir[i]) * grads[p.offset + i];
-    }
-    float* w = model.params() + p.offset;
-    std::vector<float> saved(w, w + p.numel);
-    const double eps = 1e-2 / std::sqrt(static_cast<double>(p.numel));
-    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + static_cast<float>(eps) * dir[i];
-    const double plus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
-    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] - static_cast<float>(eps) * dir[i];
-    const double minus = model.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
-    std::copy(saved.begin(), saved.end(), w);
-    const double numeric = (plus - minus) / (2 * eps);
-    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
-        << p.name << ": analytic " << analytic << " numeric " << numeric;
-    ++checked;
-  }
-  EXPECT_EQ(checked, static_cast<int>(model.table().params().size()));
+  testing::expect_gradients_match_finite_differences(model, random_batch(c, 12, 11), 2, 6);
 }
 
 TEST(ZayaGradient, Top1WithSkipClassMatchesFiniteDifferences) { check_gradients(tiny_zaya()); }

@@ -1,0 +1,66 @@
+// Shared helpers of the whole-model tests (model_test.cpp, zaya_test.cpp).
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "base/rng.h"
+#include "model/model.h"
+
+namespace foundry::testing {
+
+struct Batch {
+  std::vector<int32_t> inputs, targets;
+};
+
+// n random input and target ids below the config's vocabulary.
+inline Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  Batch b;
+  for (int64_t i = 0; i < n; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+    b.targets.push_back(static_cast<int32_t>(rng.below(c.vocab_size)));
+  }
+  return b;
+}
+
+// For each tensor, compares the directional derivative g·d along a random direction d
+// restricted to that tensor with the central difference (L(p+εd) − L(p−εd)) / 2ε, on the
+// model as it is (an fp32 model). Losses are summed in double, so fp32 rounding limits the
+// agreement to ~1e-3. Also checks that padded vocabulary rows get no gradient.
+inline void expect_gradients_match_finite_differences(Model& model, const Batch& batch,
+                                                      int64_t b, int64_t t) {
+  const ModelConfig& c = model.config();
+  model.zero_grads();
+  model.forward(batch.inputs.data(), batch.targets.data(), b, t);
+  model.backward();
+  const std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
+
+  const ParamInfo& embed = model.table().get("model.embed_tokens.weight");
+  for (int64_t i = c.vocab_size * c.d_model; i < embed.numel; ++i)
+    ASSERT_EQ(grads[embed.offset + i], 0.0f) << "padded vocabulary row got a gradient";
+
+  Rng rng(99);
+  for (const auto& p : model.table().params()) {
+    std::vector<float> dir(p.numel);
+    double analytic = 0;
+    for (int64_t i = 0; i < p.numel; ++i) {
+      dir[i] = static_cast<float>(rng.normal());
+      analytic += static_cast<double>(dir[i]) * grads[p.offset + i];
+    }
+    float* w = model.params() + p.offset;
+    const std::vector<float> saved(w, w + p.numel);
+    const double eps = 1e-2 / std::sqrt(static_cast<double>(p.numel));
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] + static_cast<float>(eps) * dir[i];
+    const double plus = model.forward(batch.inputs.data(), batch.targets.data(), b, t).loss;
+    for (int64_t i = 0; i < p.numel; ++i) w[i] = saved[i] - static_cast<float>(eps) * dir[i];
+    const double minus = model.forward(batch.inputs.data(), batch.targets.data(), b, t).loss;
+    std::copy(saved.begin(), saved.end(), w);
+    const double numeric = (plus - minus) / (2 * eps);
+    EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
+        << p.name << ": analytic " << analytic << " numeric " << numeric;
+  }
+}
+
+}  // namespace foundry::testing
