@@ -36,6 +36,7 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("muon_nesterov", t.muon_nesterov);
   r.get("muon_ns_steps", t.muon_ns_steps, int64_t{0}, int64_t{100});
   r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
+  r.get_choice("muon_ns_precision", t.muon_ns_precision, {"bf16", "fp32"});
   r.get_choice("precision", t.precision, {"fp32", "bf16"});
   r.get("seed", t.seed);
   r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);

@@ -31,6 +31,9 @@ struct TrainConfig {
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
   double muon_rms_scale = 0.2;  // update RMS matched to AdamW's: rms_scale·sqrt(max(m, n))
+  // GEMM inputs of the Newton–Schulz iteration: "bf16" (fp32 accumulation; the usual choice,
+  // its ~3 significant digits are ample for an approximate orthogonalization) or "fp32".
+  std::string muon_ns_precision = "bf16";
   std::string precision = "bf16";  // GEMM input type: "fp32" | "bf16"
   uint64_t seed = 1234;
   int64_t log_every = 10;

@@ -123,6 +123,7 @@ MuonOptions muon_options(const TrainConfig& tc) {
   o.momentum = tc.muon_momentum;
   o.nesterov = tc.muon_nesterov;
   o.ns_steps = static_cast<int>(tc.muon_ns_steps);
+  o.bf16_newton_schulz = tc.muon_ns_precision == "bf16";
   o.weight_decay = tc.weight_decay;  // one decay coefficient for both (see optim/muon.h)
   o.rms_scale = tc.muon_rms_scale;
   return o;
