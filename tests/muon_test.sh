@@ -64,12 +64,15 @@ PY
 # ---- which optimizer updates which tensor, and by which rule ----
 # Checkpoints after steps 1 and 2 hold W1, W2 and the optimizer states; step 2's update is
 # recomputed from them in double precision (Newton–Schulz included) and compared.
-"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=rule --set train.steps=2 \
-  --set train.checkpoint_every=1 --set train.keep_checkpoints=0 -q >rule.log 2>&1 \
-  || { bad "two-step run failed"; cat rule.log; }
-python3 - rule <<'PY' && ok "Muon updates attention and expert matrices by its rule, AdamW the rest by its rule" || bad "update rules"
+# With fp32 Newton–Schulz the match is tight (2e-3 of the update's scale); with the default
+# bf16 GEMM inputs (8-bit mantissa through 5 iterations) it is looser (6e-2).
+check_rules() {  # run_dir precision tolerance
+  "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir="$1" --set train.steps=2 \
+    --set train.checkpoint_every=1 --set train.keep_checkpoints=0 --set train.muon_ns_precision="$2" \
+    -q >"$1.log" 2>&1 || { bad "two-step run ($2) failed"; cat "$1.log"; }
+  python3 - "$1" "$3" <<'PY' && ok "Muon ($2 Newton-Schulz) updates attention and expert matrices by its rule, AdamW the rest by its rule" || bad "update rules ($2)"
 import json, math, struct, sys
-run = sys.argv[1]
+run, tol = sys.argv[1], float(sys.argv[2])
 
 def load(path):
     raw = open(path, "rb").read()
@@ -106,7 +109,7 @@ for name in m1:
 def close(actual, expected, what):
     scale = max(abs(x) for x in expected)
     err = max(abs(a - e) for a, e in zip(actual, expected))
-    assert scale > 0 and err <= 2e-3 * scale, "%s: error %g of update scale %g" % (what, err, scale)
+    assert scale > 0 and err <= tol * scale, "%s: error %g of update scale %g" % (what, err, scale)
 
 def matmul(a, b):
     bt = list(zip(*b))
@@ -151,6 +154,12 @@ for name, decayed in [("model.norm.weight", False), ("model.layers.1.input_layer
     actual = [q - p * keep for p, q in zip(w1, w2)]
     close(actual, expected, name)
 PY
+}
+check_rules rule32 fp32 2e-3
+check_rules rule16 bf16 6e-2
+if cmp -s rule32/checkpoints/step_00000002/model.safetensors rule16/checkpoints/step_00000002/model.safetensors; then
+  bad "muon_ns_precision bf16 and fp32 give identical weights: the option does nothing"
+else ok "muon_ns_precision changes the Newton-Schulz arithmetic"; fi
 
 # ---- resuming with the other optimizer is refused, naming both ----
 expect_fail "adamw checkpoint resumed with muon" \
