@@ -8,5 +8,11 @@ namespace foundry::cli {
 void register_data_commands(CLI::App& app);   // data prepare          (cli/data_cmd.cpp)
 void register_model_commands(CLI::App& app);  // model info            (cli/model_cmd.cpp)
 void register_train_commands(CLI::App& app);  // train, eval, generate (cli/train_cmd.cpp)
+void register_bench_commands(CLI::App& app);  // bench ...             (cli/bench_cmd.cpp)
+void register_plan_commands(CLI::App& app);   // plan                  (cli/plan_cmd.cpp)
+
+// Subcommands of `bench`, each in its own file.
+void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)
+void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw   (cli/bench_gemm_cmd.cpp)
 
 }  // namespace foundry::cli

@@ -3,6 +3,7 @@
 #include <exception>
 
 #include "base/error.h"
+#include "bench/provenance.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
@@ -12,6 +13,9 @@ int main(int argc, char** argv) {
   foundry::cli::register_data_commands(app);
   foundry::cli::register_model_commands(app);
   foundry::cli::register_train_commands(app);
+  foundry::cli::register_bench_commands(app);
+  foundry::cli::register_plan_commands(app);
+  foundry::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,360 @@
+#include "bench/profile.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "base/io.h"
+
+namespace foundry {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* const kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                            "all_to_all"};
+
+bool known_op(const std::string& op) {
+  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
+}
+
+DType parse_dtype(const std::string& s, const std::string& where) {
+  if (s == "bf16" || s == "bfloat16") return DType::bf16;
+  if (s == "fp32" || s == "float32" || s == "float") return DType::f32;
+  fail(fmt::format("{}: unknown dtype '{}'", where, s), "use \"bf16\" or \"fp32\"");
+}
+
+// A number at `key` of `obj` (null or absent -> `fallback`); anything else non-numeric fails.
+double number(const json& obj, const std::string& key, const std::string& where,
+              double fallback = 0) {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_number())
+    fail(fmt::format("{}: '{}' must be a number, got {}", where, key, it->dump()),
+         "fix the profile (SI units: FLOP/s, bytes/s, bytes, seconds)");
+  double v = it->get<double>();
+  if (!std::isfinite(v) || v < 0)
+    fail(fmt::format("{}: '{}' = {} must be finite and >= 0", where, key, v),
+         "fix the profile");
+  return v;
+}
+
+PeakCompute parse_peak(const json& compute, const char* dtype, const std::string& where) {
+  PeakCompute p;
+  if (!compute.contains(dtype)) return p;
+  const std::string w = fmt::format("{}: compute.{}", where, dtype);
+  p.spec_flops_per_s = number(compute[dtype], "spec_flops_per_s", w);
+  p.measured_flops_per_s = number(compute[dtype], "measured_flops_per_s", w);
+  return p;
+}
+
+// Largest power of two (up to 1024) dividing x.
+int64_t pow2_divisor(int64_t x) {
+  int64_t d = 1;
+  while (d < 1024 && x % (d * 2) == 0) d *= 2;
+  return d;
+}
+
+// Alignment factors measured by the off-size scan: each off-size point's rate relative to
+// the best rate of its scan, grouped by the power of two its inner dimensions share.
+std::vector<AlignmentFactor> alignment_from_offsize(const std::vector<GemmPoint>& offsize) {
+  std::vector<AlignmentFactor> out;
+  if (offsize.empty()) return out;
+  for (DType dtype : {DType::bf16, DType::f32}) {
+    double best = 0;
+    for (const auto& p : offsize)
+      if (p.dtype == dtype) best = std::max(best, p.flops_per_s);
+    if (best <= 0) continue;
+    for (int64_t multiple : {64, 32, 16, 8, 4, 2, 1}) {
+      double sum = 0;
+      int count = 0;
+      for (const auto& p : offsize) {
+        if (p.dtype != dtype) continue;
+        const int64_t a = std::min({pow2_divisor(p.n), pow2_divisor(p.k), int64_t{64}});
+        if (a != multiple) continue;
+        sum += p.flops_per_s / best;
+        ++count;
+      }
+      if (count == 0) continue;
+      // bf16 and fp32 both measured: keep the lower (more cautious) factor per multiple.
+      auto it = std::find_if(out.begin(), out.end(),
+                             [&](const AlignmentFactor& a) { return a.multiple == multiple; });
+      const double f = std::min(1.0, sum / count);
+      if (it == out.end()) out.push_back({multiple, f});
+      else it->factor = std::min(it->factor, f);
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
+  // Factors must not rise as alignment falls (noise in the scan could say otherwise).
+  for (size_t i = 1; i < out.size(); ++i) out[i].factor = std::min(out[i].factor, out[i - 1].factor);
+  if (!out.empty()) {
+    const double top = out.front().factor;  // relative to the best-aligned points
+    for (auto& a : out) a.factor /= top;
+  }
+  return out;
+}
+
+std::string exe_dir() {
+  std::error_code ec;
+  fs::path p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.parent_path().string();
+}
+
+}  // namespace
+
+double busbw_factor(const std::string& op, int64_t ranks) {
+  const double n = static_cast<double>(ranks);
+  if (op == "all_reduce") return 2.0 * (n - 1) / n;
+  if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") return (n - 1) / n;
+  if (op == "broadcast") return 1.0;
+  fail(fmt::format("unknown collective '{}'", op),
+       "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
+}
+
+double HardwareProfile::max_gemm_rate(DType dtype) const {
+  const PeakCompute& p = peak(dtype);
+  return p.measured_flops_per_s > 0 ? p.measured_flops_per_s : p.spec_flops_per_s;
+}
+
+double HardwareProfile::alignment_factor(int64_t n, int64_t k) const {
+  const int64_t x = std::min(pow2_divisor(n), pow2_divisor(k));
+  for (const auto& a : alignment)  // largest multiple first
+    if (x >= a.multiple) return a.factor;
+  return alignment.empty() ? 1.0 : alignment.back().factor;
+}
+
+double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const {
+  const double best = max_gemm_rate(dtype);
+  FOUNDRY_CHECK(best > 0 && m > 0 && n > 0 && k > 0);
+  double efficiency = 1.0;
+  if (gemm_half_efficiency_flops > 0) {
+    const double w = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    efficiency = w / (w + gemm_half_efficiency_flops);
+  } else {
+    // Inverse-distance weighting over the 4 nearest measured shapes in log space. An exact
+    // match returns its own efficiency.
+    struct Near {
+      double d2, eff;
+    };
+    std::vector<Near> near;
+    const double lm = std::log2(double(m)), ln = std::log2(double(n)), lk = std::log2(double(k));
+    for (const auto& p : gemm_points) {
+      if (p.dtype != dtype) continue;
+      const double dm = lm - std::log2(double(p.m)), dn = ln - std::log2(double(p.n)),
+                   dk = lk - std::log2(double(p.k));
+      near.push_back({dm * dm + dn * dn + dk * dk, p.flops_per_s / best});
+    }
+    if (near.empty()) {
+      efficiency = 1.0;
+    } else {
+      const size_t keep = std::min<size_t>(4, near.size());
+      std::partial_sort(near.begin(), near.begin() + keep, near.end(),
+                        [](const Near& a, const Near& b) { return a.d2 < b.d2; });
+      double wsum = 0, esum = 0;
+      for (size_t i = 0; i < keep; ++i) {
+        if (near[i].d2 < 1e-12) {
+          wsum = 1;
+          esum = near[i].eff;
+          break;
+        }
+        const double w = 1.0 / near[i].d2;
+        wsum += w;
+        esum += w * near[i].eff;
+      }
+      efficiency = std::min(1.0, esum / wsum);
+    }
+  }
+  return best * efficiency * alignment_factor(n, k);
+}
+
+double HardwareProfile::memory_bandwidth() const {
+  return memory_measured_bytes_per_s > 0 ? memory_measured_bytes_per_s : memory_spec_bytes_per_s;
+}
+
+const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t ranks) const {
+  const CollectiveFit* below = nullptr;
+  const CollectiveFit* above = nullptr;
+  for (const auto& c : collectives) {
+    if (c.op != op) continue;
+    if (c.ranks <= ranks) {
+      if (!below || c.ranks > below->ranks ||
+          (c.ranks == below->ranks && c.algorithm == "default"))
+        below = &c;
+    } else if (!above || c.ranks < above->ranks) {
+      above = &c;
+    }
+  }
+  if (below) return *below;
+  if (above) return *above;
+  fail(fmt::format("profile {} has no '{}' collective measurements", path.empty() ? name : path, op),
+       "measure them with `mpirun -np N foundry bench comm --profile FILE`, or pick a profile "
+       "that has them");
+}
+
+double HardwareProfile::collective_time(const std::string& op, int64_t ranks, double bytes) const {
+  if (ranks <= 1 || bytes <= 0) return 0;
+  const CollectiveFit& fit = collective(op, ranks);
+  // busbw = algbw · factor(n) is what stays constant across n for bandwidth-optimal
+  // algorithms, so the algorithm bandwidth at n is busbw / factor(n).
+  const double bus = fit.beta_bytes_per_s * busbw_factor(op, std::max<int64_t>(fit.ranks, 2));
+  const double beta = bus / busbw_factor(op, ranks);
+  return fit.alpha_s + bytes / beta;
+}
+
+HardwareProfile parse_profile(const json& doc, const std::string& where) {
+  if (!doc.is_object() || doc.value("format", "") != "foundry-hardware-profile")
+    fail(fmt::format("{}: not a foundry hardware profile (\"format\" must be "
+                     "\"foundry-hardware-profile\")", where),
+         "write one with `foundry bench all`, or start from profiles/mi300x.json");
+  if (doc.value("version", 0) != 1)
+    fail(fmt::format("{}: unsupported profile version {}", where, doc.value("version", 0)),
+         "this foundry reads version 1");
+  HardwareProfile p;
+  p.path = where;
+  p.raw = doc;
+  p.name = doc.value("name", "");
+  if (doc.contains("device")) {
+    const json& d = doc["device"];
+    p.kind = d.value("kind", "cpu");
+    if (p.kind != "cpu" && p.kind != "gpu")
+      fail(fmt::format("{}: device.kind = \"{}\"", where, p.kind), "use \"cpu\" or \"gpu\"");
+    p.memory_bytes = static_cast<int64_t>(number(d, "memory_bytes", where + ": device"));
+    p.devices_per_node = static_cast<int64_t>(number(d, "devices_per_node", where + ": device", 1));
+  }
+  if (doc.contains("compute")) {
+    p.bf16 = parse_peak(doc["compute"], "bf16", where);
+    p.fp32 = parse_peak(doc["compute"], "fp32", where);
+  }
+  if (doc.contains("memory")) {
+    p.memory_spec_bytes_per_s = number(doc["memory"], "spec_bytes_per_s", where + ": memory");
+    p.memory_measured_bytes_per_s = number(doc["memory"], "measured_bytes_per_s", where + ": memory");
+  }
+  std::vector<GemmPoint> offsize;
+  if (doc.contains("gemm")) {
+    const json& g = doc["gemm"];
+    const std::string w = where + ": gemm";
+    if (g.contains("best_flops_per_s")) {
+      const json& b = g["best_flops_per_s"];
+      if (p.bf16.measured_flops_per_s == 0) p.bf16.measured_flops_per_s = number(b, "bf16", w);
+      if (p.fp32.measured_flops_per_s == 0) p.fp32.measured_flops_per_s = number(b, "fp32", w);
+    }
+    for (const auto& pt : g.value("points", json::array())) {
+      GemmPoint gp;
+      gp.dtype = parse_dtype(pt.value("dtype", "bf16"), w);
+      gp.m = static_cast<int64_t>(number(pt, "m", w));
+      gp.n = static_cast<int64_t>(number(pt, "n", w));
+      gp.k = static_cast<int64_t>(number(pt, "k", w));
+      gp.flops_per_s = number(pt, "flops_per_s", w);
+      gp.kind = pt.value("kind", "");
+      if (gp.m < 1 || gp.n < 1 || gp.k < 1 || gp.flops_per_s <= 0)
+        fail(fmt::format("{}: point {} has a zero dimension or rate", w, pt.dump()),
+             "fix or remove the point");
+      (gp.kind == "offsize" ? offsize : p.gemm_points).push_back(gp);
+    }
+    if (g.contains("efficiency_model")) {
+      const json& m = g["efficiency_model"];
+      if (m.value("kind", "") != "saturation")
+        fail(fmt::format("{}: efficiency_model.kind = {}", w, m.value("kind", "")),
+             "the only model is \"saturation\" (rate = best · W/(W + half_efficiency_flops))");
+      p.gemm_half_efficiency_flops = number(m, "half_efficiency_flops", w + ".efficiency_model");
+    }
+    if (g.contains("grouped_expert_gemms")) {
+      if (!g["grouped_expert_gemms"].is_boolean())
+        fail(fmt::format("{}: 'grouped_expert_gemms' must be true or false", w), "fix the profile");
+      p.grouped_expert_gemms = g["grouped_expert_gemms"].get<bool>();
+    }
+    for (const auto& a : g.value("alignment", json::array()))
+      p.alignment.push_back({static_cast<int64_t>(number(a, "multiple", w + ".alignment")),
+                             number(a, "factor", w + ".alignment")});
+  }
+  if (p.alignment.empty()) p.alignment = alignment_from_offsize(offsize);
+  std::sort(p.alignment.begin(), p.alignment.end(),
+            [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
+  for (const auto& c : doc.value("collectives", json::array())) {
+    CollectiveFit f;
+    const std::string w = where + ": collectives";
+    f.op = c.value("op", "");
+    if (!known_op(f.op))
+      fail(fmt::format("{}: unknown op \"{}\"", w, f.op),
+           "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
+    f.ranks = static_cast<int64_t>(number(c, "ranks", w));
+    f.algorithm = c.value("algorithm", "default");
+    f.scope = c.value("scope", "");
+    if (!c.contains("fit")) continue;  // points only: nothing to predict from
+    f.alpha_s = number(c["fit"], "alpha_s", w + ".fit");
+    f.beta_bytes_per_s = number(c["fit"], "beta_bytes_per_s", w + ".fit");
+    if (f.ranks < 2 || f.beta_bytes_per_s <= 0)
+      fail(fmt::format("{}: {} at {} ranks has ranks < 2 or beta <= 0", w, f.op, f.ranks),
+           "fix the entry or measure it again");
+    p.collectives.push_back(f);
+  }
+  if (doc.contains("storage")) {
+    p.storage_iops_budget = number(doc["storage"], "iops_budget", where + ": storage");
+    p.storage_page_bytes =
+        static_cast<int64_t>(number(doc["storage"], "page_bytes", where + ": storage", 4096));
+  }
+  if (p.max_gemm_rate(DType::bf16) <= 0 && p.max_gemm_rate(DType::f32) <= 0)
+    fail(fmt::format("{}: no compute rate (compute.*.measured_flops_per_s or spec_flops_per_s)", where),
+         "measure one with `foundry bench gemm --profile FILE`");
+  return p;
+}
+
+std::vector<std::string> profile_search_dirs() {
+  std::vector<std::string> dirs = {"profiles"};
+  const std::string exe = exe_dir();
+  if (!exe.empty()) {
+    dirs.push_back(exe + "/../profiles");  // build/foundry -> profiles/
+    dirs.push_back(exe + "/profiles");
+  }
+#ifdef FOUNDRY_SOURCE_DIR
+  dirs.push_back(std::string(FOUNDRY_SOURCE_DIR) + "/profiles");
+#endif
+  return dirs;
+}
+
+HardwareProfile load_profile(const std::string& spec) {
+  std::string path = spec;
+  const bool bare = spec.find('/') == std::string::npos && spec.find(".json") == std::string::npos;
+  if (bare) {
+    path.clear();
+    for (const auto& dir : profile_search_dirs()) {
+      const std::string candidate = dir + "/" + spec + ".json";
+      if (path_exists(candidate)) {
+        path = candidate;
+        break;
+      }
+    }
+    if (path.empty()) {
+      std::vector<std::string> names;
+      for (const auto& dir : profile_search_dirs()) {
+        std::error_code ec;
+        for (const auto& e : fs::directory_iterator(dir, ec))
+          if (e.path().extension() == ".json") names.push_back(e.path().stem().string());
+      }
+      std::sort(names.begin(), names.end());
+      names.erase(std::unique(names.begin(), names.end()), names.end());
+      std::string list;
+      for (const auto& n : names) list += (list.empty() ? "" : ", ") + n;
+      fail(fmt::format("unknown profile '{}'", spec),
+           fmt::format("available: {} (or give a path to a profile JSON written by `foundry "
+                       "bench all`)", list.empty() ? "none found" : list));
+    }
+  } else if (!path_exists(path)) {
+    fail(fmt::format("profile file '{}' does not exist", path),
+         "write one with `foundry bench all --out DIR`, or name a reference profile (mi300x, h100)");
+  }
+  json doc;
+  try {
+    doc = json::parse(read_text_file(path));
+  } catch (const json::parse_error& e) {
+    fail(fmt::format("{}: not valid JSON: {}", path, e.what()), "fix or regenerate the profile");
+  }
+  return parse_profile(doc, path);
+}
+
+}  // namespace foundry

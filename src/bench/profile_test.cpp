@@ -1,0 +1,127 @@
+#include "bench/profile.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "base/io.h"
+
+namespace foundry {
+namespace {
+
+json minimal_profile() {
+  return json::parse(R"({
+    "format": "foundry-hardware-profile", "version": 1, "name": "test",
+    "device": {"kind": "cpu", "memory_bytes": 1000000000},
+    "compute": {"bf16": {"measured_flops_per_s": 8e11}, "fp32": {"measured_flops_per_s": 4e11}},
+    "memory": {"measured_bytes_per_s": 7e10},
+    "gemm": {"points": [
+      {"dtype": "bf16", "m": 2048, "n": 2048, "k": 2048, "flops_per_s": 8e11, "kind": "square"},
+      {"dtype": "bf16", "m": 256, "n": 256, "k": 256, "flops_per_s": 2e11, "kind": "square"},
+      {"dtype": "bf16", "m": 1024, "n": 1024, "k": 1024, "flops_per_s": 6e11, "kind": "square"},
+      {"dtype": "bf16", "m": 1024, "n": 1024, "k": 1024, "flops_per_s": 6e11, "kind": "offsize"},
+      {"dtype": "bf16", "m": 1024, "n": 1025, "k": 1024, "flops_per_s": 3e11, "kind": "offsize"},
+      {"dtype": "bf16", "m": 1024, "n": 1026, "k": 1024, "flops_per_s": 4.5e11, "kind": "offsize"}
+    ]},
+    "collectives": [
+      {"op": "all_reduce", "ranks": 2, "algorithm": "default", "fit": {"alpha_s": 1e-5, "beta_bytes_per_s": 2e9}},
+      {"op": "all_reduce", "ranks": 4, "algorithm": "default", "fit": {"alpha_s": 2e-5, "beta_bytes_per_s": 1e9}}
+    ]
+  })");
+}
+
+TEST(Profile, BusBandwidthFactorsFollowNcclTests) {
+  EXPECT_DOUBLE_EQ(busbw_factor("all_reduce", 4), 2.0 * 3 / 4);
+  EXPECT_DOUBLE_EQ(busbw_factor("reduce_scatter", 4), 3.0 / 4);
+  EXPECT_DOUBLE_EQ(busbw_factor("all_gather", 8), 7.0 / 8);
+  EXPECT_DOUBLE_EQ(busbw_factor("all_to_all", 2), 0.5);
+  EXPECT_DOUBLE_EQ(busbw_factor("broadcast", 16), 1.0);
+  EXPECT_THROW(busbw_factor("gather", 2), Error);
+}
+
+TEST(Profile, GemmRateMatchesMeasuredPointsAndInterpolatesBetween) {
+  const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
+  EXPECT_DOUBLE_EQ(p.gemm_rate(DType::bf16, 2048, 2048, 2048), 8e11);
+  EXPECT_DOUBLE_EQ(p.gemm_rate(DType::bf16, 256, 256, 256), 2e11);
+  const double mid = p.gemm_rate(DType::bf16, 1536, 1536, 1536);  // between 1024 and 2048
+  EXPECT_GT(mid, 6e11 * 0.99);
+  EXPECT_LT(mid, 8e11);
+  // No fp32 points: the best fp32 rate applies.
+  EXPECT_DOUBLE_EQ(p.gemm_rate(DType::f32, 512, 512, 512), 4e11);
+}
+
+TEST(Profile, AlignmentFactorsComeFromTheOffSizeScan) {
+  const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
+  // n = 1024 (multiple of 64) is the reference; 1026 (multiple of 2) runs at 0.75, 1025 at 0.5.
+  EXPECT_DOUBLE_EQ(p.alignment_factor(1024, 2048), 1.0);
+  EXPECT_NEAR(p.alignment_factor(1026, 1024), 0.75, 1e-12);
+  EXPECT_NEAR(p.alignment_factor(1024, 1025), 0.5, 1e-12);
+  EXPECT_NEAR(p.gemm_rate(DType::bf16, 2048, 2047, 2048), 8e11 * 0.5, 8e11 * 0.5 * 1e-4);
+}
+
+TEST(Profile, SaturationModelReachesHalfRateAtItsHalfWork) {
+  json doc = minimal_profile();
+  doc["gemm"] = {{"efficiency_model", {{"kind", "saturation"}, {"half_efficiency_flops", 2e10}}},
+                 {"alignment", json::array({{{"multiple", 64}, {"factor", 1.0}},
+                                            {{"multiple", 1}, {"factor", 0.5}}})}};
+  const HardwareProfile p = parse_profile(doc, "sat.json");
+  // 2·m·n·k = 2e10 at m = n = k = 2154.4: pick a shape with exactly that work.
+  const double rate = p.gemm_rate(DType::bf16, 1000, 1000, 10000);  // 2e10 FLOPs, aligned? no
+  EXPECT_NEAR(rate, 8e11 * 0.5 * p.alignment_factor(1000, 10000), 1);
+  EXPECT_NEAR(p.gemm_rate(DType::bf16, 1024, 1024, 9536), 8e11 * 2.0 * 1024 * 1024 * 9536 /
+                                                              (2.0 * 1024 * 1024 * 9536 + 2e10), 1);
+}
+
+TEST(Profile, CollectiveTimeUsesTheNearestRankCountAndBusBandwidth) {
+  const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
+  EXPECT_DOUBLE_EQ(p.collective_time("all_reduce", 1, 1e6), 0.0);
+  EXPECT_NEAR(p.collective_time("all_reduce", 2, 2e9), 1e-5 + 1.0, 1e-12);
+  EXPECT_NEAR(p.collective_time("all_reduce", 4, 1e9), 2e-5 + 1.0, 1e-12);
+  // 8 ranks from the 4-rank fit: busbw = 1e9 · 1.5 stays, algbw = busbw / 1.75.
+  EXPECT_NEAR(p.collective_time("all_reduce", 8, 1e9), 2e-5 + 1e9 / (1.5e9 / 1.75), 1e-9);
+  EXPECT_THROW(p.collective_time("all_to_all", 2, 1e6), Error);
+}
+
+TEST(Profile, BadProfilesAreRejectedWithTheKey) {
+  json doc = minimal_profile();
+  doc["format"] = "something-else";
+  EXPECT_THROW(parse_profile(doc, "x.json"), Error);
+  doc = minimal_profile();
+  doc["memory"]["measured_bytes_per_s"] = "fast";
+  try {
+    parse_profile(doc, "x.json");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("measured_bytes_per_s"), std::string::npos) << e.what();
+  }
+  doc = minimal_profile();
+  doc["collectives"][0]["op"] = "allreduce";
+  EXPECT_THROW(parse_profile(doc, "x.json"), Error);
+}
+
+TEST(Profile, UnknownProfileNameListsTheAvailableOnes) {
+  try {
+    load_profile("no-such-profile");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no-such-profile"), std::string::npos);
+    EXPECT_NE(e.hint().find("mi300x"), std::string::npos) << e.hint();
+  }
+  EXPECT_THROW(load_profile("/nonexistent/dir/profile.json"), Error);
+}
+
+TEST(Profile, ReferenceProfilesLoad) {
+  for (const char* name : {"mi300x", "h100"}) {
+    const HardwareProfile p = load_profile(name);
+    EXPECT_EQ(p.kind, "gpu") << name;
+    EXPECT_GT(p.memory_bytes, int64_t{50} * 1000 * 1000 * 1000) << name;
+    EXPECT_GT(p.max_gemm_rate(DType::bf16), 5e14) << name;
+    EXPECT_GT(p.memory_bandwidth(), 2e12) << name;
+    for (const char* op : {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"})
+      EXPECT_GT(p.collective_time(op, 1024, 1e9), 0) << name << " " << op;
+  }
+}
+
+}  // namespace
+}  // namespace foundry

@@ -1,0 +1,198 @@
+// foundry bench: characterize the machine (collectives, GEMMs, memory bandwidth) and write a
+// hardware profile. Each measurement has its own subcommand; `bench all` runs them together
+// and writes the profile, CSV tables, plots and a Markdown report into one directory.
+#include <omp.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/progress.h"
+#include "bench/comm_bench.h"
+#include "bench/cpu_peak.h"
+#include "bench/gemm_bench.h"
+#include "bench/membw_bench.h"
+#include "bench/profile.h"
+#include "bench/provenance.h"
+#include "bench/report.h"
+#include "cli/commands.h"
+#include "comm/comm.h"
+
+namespace foundry::cli {
+
+namespace {
+
+struct BenchAllOptions {
+  std::string out;
+  std::string name;
+  bool quick = false;
+  bool merge = false;
+  std::string only = "comm,gemm,membw";
+};
+
+int64_t mem_total_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit)
+    if (key == "MemTotal:") return kib * 1024;
+  return 0;
+}
+
+// A progress callback for the library benchmarks (rank 0 only).
+std::function<void(int64_t, int64_t, const std::string&)> progress_to(std::unique_ptr<Progress>& bar,
+                                                                      const std::string& label) {
+  return [&bar, label](int64_t done, int64_t total, const std::string& what) {
+    if (!bar) bar = std::make_unique<Progress>(label, total);
+    bar->update(done, what);
+  };
+}
+
+void run_bench_all(const BenchAllOptions& o) {
+  bool do_comm = false, do_gemm = false, do_membw = false;
+  {
+    size_t start = 0;
+    while (start <= o.only.size()) {
+      const size_t comma = o.only.find(',', start);
+      const std::string part = o.only.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      if (part == "comm") do_comm = true;
+      else if (part == "gemm") do_gemm = true;
+      else if (part == "membw") do_membw = true;
+      else
+        fail(fmt::format("--only '{}': unknown benchmark '{}'", o.only, part),
+             "choose from comm, gemm, membw (comma-separated)");
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+  }
+  const std::string profile_path = o.out + "/profile.json";
+  json profile;  // null: a new profile
+  if (o.merge && path_exists(profile_path)) {
+    try {
+      profile = json::parse(read_text_file(profile_path));
+    } catch (const json::parse_error& e) {
+      fail(fmt::format("{}: not valid JSON ({}), cannot --merge into it", profile_path, e.what()),
+           "remove it or choose another --out");
+    }
+    parse_profile(profile, profile_path);  // validates it is a profile
+  }
+
+  MpiSession session;
+  Communicator& world = session.world();
+  const int rank = world.rank(), ranks = world.size();
+  const Provenance provenance = collect_provenance(ranks);
+  if (rank == 0) {
+    make_dirs(o.out);
+    std::fprintf(stderr, "%s", format_provenance(provenance).c_str());
+  }
+
+  // ---- collectives: every rank ----
+  std::vector<CommBenchResult> comm_results;
+  if (do_comm && ranks >= 2) {
+    CommBenchOptions co;
+    if (o.quick) {
+      co.max_bytes = int64_t{1} << 20;
+      co.step_factor = 4;
+      co.warmup = 2;
+      co.iters = 5;
+    }
+    std::unique_ptr<Progress> bar;
+    if (rank == 0) co.on_progress = progress_to(bar, "collectives");
+    comm_results = run_comm_bench(world, co);
+    if (bar) bar->finish();
+  } else if (do_comm && rank == 0) {
+    std::fprintf(stderr, "bench all: 1 rank, collectives skipped (run under mpirun -np N to measure "
+                         "them; add --merge to keep other rank counts in the profile)\n");
+  }
+
+  // ---- GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning ----
+  if (rank == 0) {
+    json sections = json::object();
+    if (do_gemm) {
+      GemmBenchOptions go;
+      if (o.quick) {
+        go.square_sizes = {256, 512, 1024};
+        go.hidden = {512};
+        go.ffn = {1024};
+        go.experts = {8};
+        go.offsize_from = 1016;
+        go.offsize_to = 1032;
+        go.repeats = 3;
+      }
+      std::unique_ptr<Progress> bar;
+      go.on_progress = progress_to(bar, "gemm");
+      const GemmBenchResult g = run_gemm_bench(go);
+      if (bar) bar->finish();
+      const CpuPeak peak = cpu_peak(read_cpu_info(), omp_get_max_threads());
+      sections["gemm"] = gemm_profile_section(g, provenance);
+      sections["compute"] = compute_profile_section(g, peak, provenance);
+      std::printf("%s\n", format_gemm_tables(g, peak).c_str());
+      if (!g.all_valid) fail("bench all: a GEMM result did not match its reference", "see the table above");
+    }
+    if (do_membw) {
+      MembwOptions mo;
+      if (o.quick) {
+        mo.repeats = 4;
+        mo.points_per_doubling = 1;
+        mo.threads = {omp_get_max_threads()};
+      }
+      std::unique_ptr<Progress> bar;
+      mo.on_progress = progress_to(bar, "membw");
+      const MembwResult m = run_membw_bench(mo);
+      if (bar) bar->finish();
+      sections["memory"] = memory_profile_section(m, provenance);
+      std::printf("%s\n", format_membw_tables(m).c_str());
+      if (!m.all_valid) fail("bench all: a STREAM result failed validation", "see the table above");
+    }
+    for (const auto& r : comm_results) std::printf("%s\n", format_comm_table(r).c_str());
+
+    // ---- the profile ----
+    std::vector<json> entries;
+    for (const auto& r : comm_results) entries.push_back(collective_entry_json(r));
+    const std::string name = !o.name.empty() ? o.name : provenance.host + " (" + provenance.cpu + ")";
+    profile = merge_profile_collectives(profile, entries, provenance, name);
+    for (auto& [key, value] : sections.items()) profile[key] = value;
+    profile["name"] = name;
+    profile["provenance"] = to_json(provenance);
+    profile["device"] = {{"kind", "cpu"}, {"name", provenance.cpu}, {"memory_bytes", mem_total_bytes()},
+                         {"devices_per_node", 1}, {"cores", provenance.cores},
+                         {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
+    parse_profile(profile, profile_path);  // what plan will read must parse
+    write_file_atomic(profile_path, profile.dump(2) + "\n");
+    const ReportFiles files = write_report(profile, o.out);
+    std::printf("wrote %s, %s/report.md, %zu CSV tables and %zu plots in %s\n", profile_path.c_str(),
+                o.out.c_str(), files.csv.size(), files.png.size(), o.out.c_str());
+    if (!files.plot_warning.empty()) std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+  }
+  world.idle_barrier();
+  session.finalize();
+}
+
+}  // namespace
+
+void register_bench_commands(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Characterize this machine: collectives, GEMM throughput, memory bandwidth");
+  bench->require_subcommand(1);
+  register_bench_comm_command(*bench);
+  register_bench_gemm_commands(*bench);
+
+  CLI::App* all = bench->add_subcommand(
+      "all", "Run every benchmark and write a hardware profile (JSON), CSV tables, plots and a "
+             "Markdown report. Under mpirun the collectives are measured at the job's rank count.");
+  auto o = std::make_shared<BenchAllOptions>();
+  all->add_option("--out", o->out, "Output directory (profile.json, report.md, *.csv, *.png)")->required();
+  all->add_option("--name", o->name, "Profile name (default: host and CPU)");
+  all->add_flag("--quick", o->quick, "Short sweeps (about a minute; for smoke tests)");
+  all->add_flag("--merge", o->merge,
+                "Keep what an existing OUT/profile.json has that this run does not measure (e.g. "
+                "collectives at other rank counts)");
+  all->add_option("--only", o->only, "Benchmarks to run, comma-separated (default comm,gemm,membw)");
+  all->callback([o] { run_bench_all(*o); });
+}
+
+}  // namespace foundry::cli

@@ -1,0 +1,273 @@
+// foundry bench gemm: oneDNN GEMM throughput over square, transformer, per-expert and off-size
+// shapes, fp32 and bf16, against the best measured rate and an estimated peak.
+// foundry bench membw: STREAM copy/scale/add/triad and a working-set sweep through the caches.
+//
+// Both print a provenance header and tables on stdout (progress on stderr) and can write
+// JSON, CSV, and their sections of a hardware profile.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <tuple>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/progress.h"
+#include "bench/cpu_peak.h"
+#include "bench/gemm_bench.h"
+#include "bench/membw_bench.h"
+#include "bench/provenance.h"
+#include "cli/commands.h"
+
+namespace foundry::cli {
+
+namespace {
+
+// Flags common to both commands.
+struct OutputFlags {
+  std::string json_path, csv_path, profile_path;
+  bool quick = false, quiet = false;
+};
+
+void add_output_flags(CLI::App* cmd, OutputFlags& o) {
+  cmd->add_option("--json", o.json_path, "Write the results as JSON to FILE")->type_name("FILE");
+  cmd->add_option("--csv", o.csv_path, "Write one row per measurement as CSV to FILE")
+      ->type_name("FILE");
+  cmd->add_option("--profile", o.profile_path,
+                  "Merge the results into the hardware profile FILE (other sections are kept; "
+                  "created if absent)")
+      ->type_name("FILE");
+  cmd->add_flag("--quick", o.quick, "A tiny sweep that finishes in seconds (for smoke tests)");
+  cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+}
+
+// A Progress bar created on the first report, when the total is known.
+std::function<void(int64_t, int64_t, const std::string&)> progress_callback(
+    std::shared_ptr<std::unique_ptr<Progress>> holder, const std::string& label, bool quiet) {
+  if (quiet) return {};
+  return [holder, label](int64_t done, int64_t total, const std::string& what) {
+    if (!*holder) *holder = std::make_unique<Progress>(label, total, "points");
+    if (done >= total) (*holder)->finish(what);
+    else (*holder)->update(done, what);
+  };
+}
+
+std::string load_line(const double load[3]) {
+  if (load[0] < 0) return "# load average before: unknown\n";
+  return fmt::format("# load average before: {:.2f} {:.2f} {:.2f} ({} CPUs online)\n", load[0],
+                     load[1], load[2], std::thread::hardware_concurrency());
+}
+
+void write_outputs(const OutputFlags& o, const nlohmann::json& sections, const std::string& csv,
+                   const Provenance& provenance) {
+  if (!o.json_path.empty()) {
+    nlohmann::json out = sections;
+    out["provenance"] = to_json(provenance);
+    write_file_atomic(o.json_path, out.dump(2) + "\n");
+    std::printf("wrote %s\n", o.json_path.c_str());
+  }
+  if (!o.csv_path.empty()) {
+    write_file_atomic(o.csv_path, csv);
+    std::printf("wrote %s\n", o.csv_path.c_str());
+  }
+  if (!o.profile_path.empty()) {
+    merge_profile_sections(o.profile_path, sections, provenance);
+    std::string keys;
+    for (const auto& [k, v] : sections.items()) keys += (keys.empty() ? "" : ", ") + k;
+    std::printf("merged %s into %s\n", keys.c_str(), o.profile_path.c_str());
+  }
+}
+
+// ---- bench gemm ----
+
+struct GemmFlags {
+  OutputFlags out;
+  std::string dtype = "fp32,bf16", sizes, tokens, hidden, ffn, experts, offsize, kinds;
+  std::string offsize_dim = "n";
+  int64_t top_k = 2, offsize_base = 0;
+  int repeats = 0;
+  double peak_clock_ghz = 0;
+  int peak_fma_units = 0;
+};
+
+void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  GemmBenchOptions o;
+  if (f.out.quick) {
+    o.square_sizes = {64, 128, 256};
+    o.tokens = {256};
+    o.hidden = {128};
+    o.ffn = {256};
+    o.experts = {4};
+    o.offsize_from = 120;
+    o.offsize_to = 136;
+    o.offsize_base = 128;
+    o.repeats = 2;
+    o.min_seconds = 0.002;
+  }
+  o.dtypes = parse_dtypes("--dtype", f.dtype);
+  if (given("--sizes")) o.square_sizes = parse_int_list("--sizes", f.sizes);
+  if (given("--tokens")) o.tokens = parse_int_list("--tokens", f.tokens);
+  if (given("--hidden")) o.hidden = parse_int_list("--hidden", f.hidden);
+  if (given("--ffn")) o.ffn = parse_int_list("--ffn", f.ffn);
+  if (given("--experts")) o.experts = parse_int_list("--experts", f.experts);
+  if (given("--top-k")) o.top_k = f.top_k;
+  if (given("--offsize")) std::tie(o.offsize_from, o.offsize_to) = parse_range("--offsize", f.offsize);
+  if (given("--offsize-dim")) o.offsize_dim = f.offsize_dim;
+  if (given("--offsize-base")) o.offsize_base = f.offsize_base;
+  if (given("--repeats")) o.repeats = f.repeats;
+  if (given("--kinds")) {
+    o.kinds.clear();
+    std::stringstream in(f.kinds);
+    std::string kind;
+    while (std::getline(in, kind, ',')) o.kinds.push_back(kind);
+  }
+  if (given("--peak-clock-ghz") && !(f.peak_clock_ghz > 0 && f.peak_clock_ghz < 20))
+    fail(fmt::format("--peak-clock-ghz {}: must be between 0 and 20", f.peak_clock_ghz));
+  if (given("--peak-fma-units") && (f.peak_fma_units < 1 || f.peak_fma_units > 8))
+    fail(fmt::format("--peak-fma-units {}: must be between 1 and 8", f.peak_fma_units));
+  validate(o);  // before the header, so bad input fails at once
+  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+
+  const Provenance provenance = collect_provenance();
+  CpuInfo cpu = read_cpu_info();
+  if (cpu.max_freq_hz == 0 && !given("--peak-clock-ghz")) cpu.measured_clock_hz = measure_clock_hz();
+  const int cores = std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores));
+  const CpuPeak peak = cpu_peak(cpu, cores, {f.peak_clock_ghz * 1e9, f.peak_fma_units});
+
+  auto holder = std::make_shared<std::unique_ptr<Progress>>();
+  o.on_progress = progress_callback(holder, "bench gemm", f.out.quiet);
+  const GemmBenchResult r = run_gemm_bench(o);
+
+  std::printf("%s%s\n%s", format_provenance(provenance, "# ").c_str(),
+              load_line(r.load_average).c_str(), format_gemm_tables(r, peak).c_str());
+  const nlohmann::json sections = {{"compute", compute_profile_section(r, peak, provenance)},
+                                   {"gemm", gemm_profile_section(r, provenance)}};
+  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance);
+  if (!r.all_valid)
+    fail("some GEMM results are wrong (rows marked WRONG RESULT)",
+         "the product disagrees with a double-precision reference: a bug in foundry::gemm or "
+         "oneDNN; try ONEDNN_MAX_CPU_ISA=AVX2 to narrow it down");
+}
+
+// ---- bench membw ----
+
+struct MembwFlags {
+  OutputFlags out;
+  std::string threads, array_bytes, min_bytes, max_bytes;
+  int repeats = 10, points_per_doubling = 2;
+  bool no_stream = false, no_working_set = false;
+};
+
+void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  MembwOptions o;
+  if (f.out.quick) {
+    o.threads = {std::max(1, omp_get_max_threads())};
+    o.array_bytes = 8 << 20;
+    o.repeats = 3;
+    o.min_bytes = 16 << 10;
+    o.max_bytes = 4 << 20;
+    o.points_per_doubling = 1;
+    o.bytes_per_run = 8 << 20;
+  }
+  if (given("--threads"))
+    for (int64_t t : parse_int_list("--threads", f.threads)) {
+      if (t > 4096) fail(fmt::format("--threads {}: at most 4096", t));
+      o.threads.push_back(static_cast<int>(t));
+    }
+  if (given("--array-bytes")) o.array_bytes = parse_bytes("--array-bytes", f.array_bytes);
+  if (given("--min-bytes")) o.min_bytes = parse_bytes("--min-bytes", f.min_bytes);
+  if (given("--max-bytes")) o.max_bytes = parse_bytes("--max-bytes", f.max_bytes);
+  if (given("--repeats")) o.repeats = f.repeats;
+  if (given("--points-per-doubling")) o.points_per_doubling = f.points_per_doubling;
+  o.stream = !f.no_stream;
+  o.working_set = !f.no_working_set;
+  validate(o);
+  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+
+  const Provenance provenance = collect_provenance();
+  auto holder = std::make_shared<std::unique_ptr<Progress>>();
+  o.on_progress = progress_callback(holder, "bench membw", f.out.quiet);
+  const MembwResult r = run_membw_bench(o);
+
+  std::printf("%s%s\n%s", format_provenance(provenance, "# ").c_str(),
+              load_line(r.load_average).c_str(), format_membw_tables(r).c_str());
+  const nlohmann::json sections = {{"memory", memory_profile_section(r, provenance)}};
+  write_outputs(f.out, sections, membw_csv(r, provenance), provenance);
+  if (!r.all_valid)
+    fail("memory bandwidth results failed validation (see the notes above)",
+         "a kernel wrote wrong values: suspect the build flags or failing memory");
+}
+
+}  // namespace
+
+void register_bench_gemm_commands(CLI::App& bench) {
+  // ---- gemm ----
+  CLI::App* gemm = bench.add_subcommand(
+      "gemm", "GEMM GFLOP/s (oneDNN, fp32 and bf16): square, transformer, per-expert and "
+              "off-size shapes");
+  auto g = std::make_shared<GemmFlags>();
+  add_output_flags(gemm, g->out);
+  gemm->add_option("--dtype", g->dtype, "Input dtypes: fp32, bf16 or fp32,bf16")
+      ->capture_default_str();
+  gemm->add_option("--sizes", g->sizes, "Square sizes (default 128,...,4096)")->type_name("N,N,...");
+  gemm->add_option("--tokens", g->tokens, "Tokens per step, M of the transformer GEMMs (default 2048)")
+      ->type_name("N,...");
+  gemm->add_option("--hidden", g->hidden, "Hidden sizes (default 512,1024,2048)")->type_name("N,...");
+  gemm->add_option("--ffn", g->ffn, "FFN / expert widths (default 1024,4096)")->type_name("N,...");
+  gemm->add_option("--experts", g->experts,
+                   "Expert counts: each expert runs tokens·top_k/experts rows (default 8,32)")
+      ->type_name("N,...");
+  gemm->add_option("--top-k", g->top_k, "Experts per token")->capture_default_str();
+  gemm->add_option("--offsize", g->offsize,
+                   "Off-size scan range, in steps of 1 (default 1008:1040)")
+      ->type_name("FROM:TO");
+  gemm->add_option("--offsize-dim", g->offsize_dim, "Dimension the scan moves: m, n or k")
+      ->capture_default_str();
+  gemm->add_option("--offsize-base", g->offsize_base,
+                   "The other two dimensions of the scan (default 1024)");
+  gemm->add_option("--kinds", g->kinds,
+                   "Which sweeps: square,transformer,expert,offsize (default all)")
+      ->type_name("LIST");
+  gemm->add_option("--repeats", g->repeats, "Timed runs per shape after the warm-up (default 5)");
+  gemm->add_option("--peak-clock-ghz", g->peak_clock_ghz,
+                   "Clock for the peak estimate (default: cpufreq max, else measured)");
+  gemm->add_option("--peak-fma-units", g->peak_fma_units,
+                   "FMA units per core for the peak estimate (default: by CPU family)");
+  gemm->callback([g, gemm] { run_bench_gemm(*g, *gemm); });
+
+  // ---- membw ----
+  CLI::App* membw = bench.add_subcommand(
+      "membw", "Memory bandwidth: STREAM copy/scale/add/triad and a working-set sweep through "
+               "the caches");
+  auto m = std::make_shared<MembwFlags>();
+  add_output_flags(membw, m->out);
+  membw->add_option("--threads", m->threads,
+                    "STREAM thread counts (default: powers of two up to all, and all); the "
+                    "working-set sweep uses the largest")
+      ->type_name("N,...");
+  membw->add_option("--array-bytes", m->array_bytes,
+                    "Bytes per STREAM array (default 4× the last-level cache, ≥ 64M)")
+      ->type_name("SIZE");
+  membw->add_option("--repeats", m->repeats,
+                    "Runs per STREAM kernel, the first not counted; the working-set sweep makes "
+                    "repeats - 1 passes")
+      ->capture_default_str();
+  membw->add_option("--min-bytes", m->min_bytes,
+                    "Smallest working set (default a quarter of L1)")->type_name("SIZE");
+  membw->add_option("--max-bytes", m->max_bytes,
+                    "Largest working set (default 8× the last-level cache)")->type_name("SIZE");
+  membw->add_option("--points-per-doubling", m->points_per_doubling,
+                    "Working-set sizes per factor of 2")->capture_default_str();
+  membw->add_flag("--no-stream", m->no_stream, "Skip STREAM");
+  membw->add_flag("--no-working-set", m->no_working_set, "Skip the working-set sweep");
+  membw->callback([m, membw] { run_bench_membw(*m, *membw); });
+}
+
+}  // namespace foundry::cli

@@ -1,0 +1,242 @@
+// foundry plan: size a model to a hardware profile. Two modes:
+//   foundry plan --profile P --total-params ... --active-params ...   search shapes
+//   foundry plan --profile P --config run.json                        predict one config
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "bench/profile.h"
+#include "cli/commands.h"
+#include "model/info.h"
+#include "plan/search.h"
+#include "train/run_config.h"
+
+namespace foundry::cli {
+
+namespace {
+
+struct PlanOptions {
+  std::string profile = "";
+  std::string config_path;
+  std::vector<std::string> overrides;
+  std::string total = "0", active = "0", tokens = "0", memory = "0";
+  int64_t seq = 0, global_batch = 0, devices = 1, vocab = 0;
+  std::string arch = "zaya1", precision = "bf16", optimizer = "muon";
+  double tolerance = 0.05, overlap = 1.0, scatter = 1.0;
+  std::string aspect = "20,200";
+  std::string hidden, head_dims, experts, top_ks, kv_ratios;
+  int64_t decode_batch = 32;
+  int top = 10;
+  std::string out;
+  std::vector<std::string> compare;
+  bool json = false;
+};
+
+// "8.3e9", "8.3B", "760M", "192GiB", "64K": a non-negative number with an optional suffix.
+double parse_amount(const std::string& flag, const std::string& text) {
+  static const std::vector<std::pair<std::string, double>> suffixes = {
+      {"GiB", 1024.0 * 1024 * 1024}, {"MiB", 1024.0 * 1024}, {"KiB", 1024.0}, {"GB", 1e9},
+      {"MB", 1e6}, {"T", 1e12}, {"B", 1e9}, {"G", 1e9}, {"M", 1e6}, {"K", 1e3}};
+  std::string num = text;
+  double scale = 1;
+  for (const auto& [s, f] : suffixes) {
+    if (num.size() > s.size() && num.compare(num.size() - s.size(), s.size(), s) == 0) {
+      num.resize(num.size() - s.size());
+      scale = f;
+      break;
+    }
+  }
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(num, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != num.size() || !(v >= 0))
+    fail(fmt::format("{} '{}' is not a non-negative number", flag, text),
+         "write e.g. 8.3e9, 8.3B, 760M (parameters) or 192GiB, 192e9 (bytes)");
+  return v * scale;
+}
+
+std::vector<int64_t> parse_list(const std::string& flag, const std::string& text) {
+  std::vector<int64_t> out;
+  if (text.empty()) return out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const double v = parse_amount(flag, item);
+    if (v < 1 || v != double(int64_t(v)))
+      fail(fmt::format("{} '{}': '{}' is not a positive integer", flag, text, item),
+           "give a comma-separated list, e.g. 64,128");
+    out.push_back(int64_t(v));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+void print_prediction(const RunConfig& rc, const StepShape& s, const StepPrediction& p,
+                      const HardwareProfile& profile, const std::string& config_path) {
+  std::printf("profile: %s (%s)\nconfig: %s\n", profile.name.c_str(), profile.path.c_str(),
+              config_path.c_str());
+  std::printf("step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), %lld data-parallel rank(s), %s, %s\n",
+              (long long)(s.micro_batch * s.accumulation), (long long)s.seq, (long long)s.micro_batch,
+              (long long)s.accumulation, (long long)s.dp, s.precision == DType::bf16 ? "bf16" : "fp32",
+              s.muon ? "Muon + AdamW" : "AdamW");
+  std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
+  for (const auto& it : p.items)
+    std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
+                100 * it.seconds / p.step_s, it.flops / 1e9);
+  std::printf("\npredicted step time: %.2f ms (GEMMs %.2f, attention %.2f, elementwise %.2f, "
+              "optimizer %.2f, communication exposed %.2f of %.2f)\n",
+              1e3 * p.step_s, 1e3 * p.gemm_s, 1e3 * p.attention_s, 1e3 * p.elementwise_s,
+              1e3 * p.optimizer_s, 1e3 * p.comm_exposed_s, 1e3 * p.comm_s);
+  std::printf("predicted tokens/s per device: %.0f   MFU: %.1f%% of the best measured GEMM rate",
+              p.tokens_per_s, 100 * p.mfu_measured);
+  if (p.mfu_spec > 0) std::printf(", %.1f%% of spec peak", 100 * p.mfu_spec);
+  std::printf("\nmemory per device: %.2f GiB\n", double(p.memory_bytes) / (1024.0 * 1024 * 1024));
+  (void)rc;
+}
+
+void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_given) {
+  if (o.profile.empty())
+    fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
+                                 "written by `foundry bench all`");
+  const HardwareProfile profile = load_profile(o.profile);
+  const DType precision = o.precision == "bf16" ? DType::bf16 : DType::f32;
+  const double memory = parse_amount("--memory-per-device", o.memory);
+
+  if (!o.config_path.empty()) {
+    // Predict one config: the step `foundry train` would run on one device of this profile.
+    const RunConfig rc = load_run_config(o.config_path, o.overrides);
+    StepShape s;
+    s.seq = seq_given ? o.seq : rc.train.seq_len;
+    s.micro_batch = rc.train.batch_size;
+    s.accumulation = 1;
+    s.dp = o.devices;
+    if (batch_given) {
+      if (o.global_batch % o.devices != 0)
+        fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices));
+      s.accumulation = std::max<int64_t>(1, o.global_batch / o.devices / s.micro_batch);
+    }
+    s.precision = rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
+    s.muon = rc.train.optimizer == "muon";
+    s.muon_ns_steps = static_cast<int>(rc.train.muon_ns_steps);
+    s.muon_bf16 = rc.train.muon_ns_precision == "bf16";
+    s.comm_overlap = o.overlap;
+    const StepPrediction p = predict_step(rc.model, s, profile);
+    if (o.json) {
+      json j = {{"config_path", o.config_path}, {"profile", profile.path},
+                {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
+                {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
+                {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
+                                 {"elementwise", p.elementwise_s}, {"optimizer", p.optimizer_s},
+                                 {"comm", p.comm_s}, {"comm_exposed", p.comm_exposed_s}}}};
+      j["items"] = json::array();
+      for (const auto& it : p.items)
+        j["items"].push_back({{"name", it.name}, {"category", it.category}, {"seconds", it.seconds},
+                              {"flops", it.flops}, {"bytes", it.bytes}});
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      print_prediction(rc, s, p, profile, o.config_path);
+    }
+    return;
+  }
+
+  PlanRequest rq;
+  rq.arch = o.arch;
+  rq.total_params = parse_amount("--total-params", o.total);
+  rq.active_params = parse_amount("--active-params", o.active);
+  rq.tokens = parse_amount("--tokens", o.tokens);
+  rq.memory_per_device = int64_t(memory);
+  rq.seq = seq_given ? o.seq : 4096;
+  rq.devices = o.devices;
+  rq.global_batch = batch_given ? o.global_batch : o.devices;
+  rq.vocab = o.vocab > 0 ? o.vocab : 32000;
+  rq.precision = precision;
+  rq.muon = o.optimizer == "muon";
+  rq.tolerance = o.tolerance;
+  rq.comm_overlap = o.overlap;
+  rq.scatter = o.scatter;
+  rq.decode_batch = o.decode_batch;
+  const std::vector<int64_t> aspect = parse_list("--aspect-ratio", o.aspect);
+  if (aspect.size() != 2)
+    fail(fmt::format("--aspect-ratio '{}' must be min,max", o.aspect), "e.g. --aspect-ratio 20,200");
+  rq.aspect_min = double(aspect[0]);
+  rq.aspect_max = double(aspect[1]);
+  if (!o.hidden.empty()) rq.hidden = parse_list("--hidden", o.hidden);
+  if (!o.head_dims.empty()) rq.head_dims = parse_list("--head-dims", o.head_dims);
+  if (!o.experts.empty()) rq.experts = parse_list("--experts", o.experts);
+  if (!o.top_ks.empty()) rq.top_ks = parse_list("--top-k", o.top_ks);
+  if (!o.kv_ratios.empty()) rq.kv_ratios = parse_list("--kv-ratios", o.kv_ratios);
+  (void)arch_given;
+  for (const auto& path : o.compare) {
+    const RunConfig rc = load_run_config(path);
+    if (rc.model.arch != rq.arch)
+      fail(fmt::format("--compare {}: model.arch = \"{}\" but the search is over --arch {}", path,
+                       rc.model.arch, rq.arch),
+           "compare shapes of the architecture being searched");
+    rq.compare.push_back({path, rc.model});
+    rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
+  }
+  if (o.overlap < 0 || o.overlap > 1) fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap));
+  if (o.scatter < 1) fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter));
+
+  const PlanResult r = plan_search(rq, profile);
+  if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
+  else std::printf("%s", format_plan(r, profile, o.top).c_str());
+  if (!o.out.empty()) {
+    write_file_atomic(o.out, plan_run_config(r.ranked.front(), rq).dump(2) + "\n");
+    std::fprintf(stderr, "wrote the best shape's run config to %s (train it with `foundry train "
+                         "--config %s`)\n", o.out.c_str(), o.out.c_str());
+  }
+}
+
+}  // namespace
+
+void register_plan_commands(CLI::App& app) {
+  CLI::App* plan = app.add_subcommand(
+      "plan", "Size a model to a hardware profile: search shapes for a parameter budget and rank "
+              "them by predicted throughput, or predict one config's step time (--config)");
+  auto o = std::make_shared<PlanOptions>();
+  plan->add_option("--profile", o->profile, "Hardware profile: a JSON path or a reference name (mi300x, h100)");
+  plan->add_option("--config", o->config_path, "Predict this run config's step time instead of searching");
+  plan->add_option("--set", o->overrides, "Override a field of --config, e.g. train.batch_size=4")
+      ->type_name("KEY=VALUE");
+  plan->add_option("--total-params", o->total, "Budget: all parameters without embeddings (e.g. 8.3B)");
+  plan->add_option("--active-params", o->active, "Budget: parameters a token uses, without embeddings (e.g. 760M)");
+  plan->add_option("--tokens", o->tokens, "Training tokens (reports the training time; sets train.steps)");
+  CLI::Option* seq = plan->add_option("--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
+  CLI::Option* batch = plan->add_option("--global-batch", o->global_batch, "Sequences per optimizer step over all devices (default: one per device)");
+  plan->add_option("--devices", o->devices, "Devices (data-parallel ranks; ZeRO-1 shards over them)")->check(CLI::PositiveNumber);
+  plan->add_option("--memory-per-device", o->memory, "Bytes per device (default: the profile's; e.g. 192GiB)");
+  CLI::Option* arch = plan->add_option("--arch", o->arch, "Architecture to size")->check(CLI::IsMember({"zaya1", "moe"}));
+  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)");
+  plan->add_option("--precision", o->precision, "GEMM inputs")->check(CLI::IsMember({"bf16", "fp32"}));
+  plan->add_option("--optimizer", o->optimizer, "Optimizer")->check(CLI::IsMember({"adamw", "muon"}));
+  plan->add_option("--tolerance", o->tolerance, "Relative slack on each budget (default 0.05)");
+  plan->add_option("--aspect-ratio", o->aspect, "Allowed d_model / n_layers as min,max (default 20,200)");
+  plan->add_option("--hidden", o->hidden, "Hidden sizes to try (default: multiples of 256 with off-size probes)");
+  plan->add_option("--head-dims", o->head_dims, "Head dims to try (default 64,80,96,128)");
+  plan->add_option("--experts", o->experts, "Expert counts to try (default 8,16,32,64,128)");
+  plan->add_option("--top-k", o->top_ks, "Top-k values to try (default 1,2,4,8)");
+  plan->add_option("--kv-ratios", o->kv_ratios, "Query heads per KV head to try (default 1,2,4,8)");
+  plan->add_option("--comm-overlap", o->overlap, "Share of the backward pass communication hides behind (default 1)");
+  plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")->check(CLI::PositiveNumber);
+  plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
+  plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::PositiveNumber);
+  plan->add_option("--compare", o->compare, "Also predict this run config's shape under the same run and "
+                                             "compare it with the best (repeatable)");
+  plan->add_option("--out", o->out, "Write the best shape's run config here");
+  plan->add_flag("--json", o->json, "Print JSON instead of tables");
+  plan->callback([o, seq, batch, arch] {
+    run_plan(*o, seq->count() > 0, batch->count() > 0, arch->count() > 0);
+  });
+}
+
+}  // namespace foundry::cli

@@ -1,0 +1,309 @@
+#include "plan/perf_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "model/info.h"
+
+namespace foundry {
+
+namespace {
+
+constexpr double kF32 = 4, kBf16 = 2;
+
+// Accumulates items by name so the breakdown stays short (one row per kind of operation).
+class Ledger {
+ public:
+  explicit Ledger(const HardwareProfile& profile) : profile_(profile) {}
+
+  // A GEMM C[m,n] = A[m,k]·B[k,n] run `count` times per micro-step, forward and backward:
+  // forward m×n×k, input gradient m×k×n, weight gradient n×k×m (accumulated over tokens).
+  void linear(const std::string& name, int64_t tokens, int64_t out, int64_t in, double count,
+              DType dtype) {
+    if (tokens <= 0 || out <= 0 || in <= 0 || count <= 0) return;
+    const double f = 2.0 * double(tokens) * double(out) * double(in);
+    const double t = f / profile_.gemm_rate(dtype, tokens, out, in) +
+                     f / profile_.gemm_rate(dtype, tokens, in, out) +
+                     f / profile_.gemm_rate(dtype, out, in, tokens);
+    add(name, "gemm", count * t, count * 3 * f, 0);
+  }
+  // `groups` independent GEMMs of one shape run as one grouped GEMM, `count` times: the
+  // rate is that of one GEMM with the groups' rows stacked (dW: their columns).
+  void grouped(const std::string& name, int64_t tokens, int64_t out, int64_t in, int64_t groups,
+               double count, DType dtype) {
+    const double f = 2.0 * double(tokens) * double(out) * double(in) * double(groups);
+    const int64_t stacked = tokens * groups;
+    const double t = f / profile_.gemm_rate(dtype, stacked, out, in) +
+                     f / profile_.gemm_rate(dtype, stacked, in, out) +
+                     f / profile_.gemm_rate(dtype, out * groups, in, tokens);
+    add(name, "gemm", count * t, count * 3 * f, 0);
+  }
+  // A product that only runs forward and backward as given (no weight): `flops` each.
+  // `flops_m` (if given) is the M of one product when `m` is the stacked M its rate follows.
+  void product(const std::string& name, const std::string& category, int64_t m, int64_t n,
+               int64_t k, double count, DType dtype, int64_t flops_m = 0) {
+    const double f = 2.0 * double(flops_m > 0 ? flops_m : m) * double(n) * double(k);
+    add(name, category, count * f / profile_.gemm_rate(dtype, m, n, k), count * f, 0);
+  }
+  void memory(const std::string& name, const std::string& category, double bytes) {
+    add(name, category, bytes / profile_.memory_bandwidth(), 0, bytes);
+  }
+  void add(const std::string& name, const std::string& category, double s, double flops,
+           double bytes) {
+    for (auto& it : items_)
+      if (it.name == name) {
+        it.seconds += s;
+        it.flops += flops;
+        it.bytes += bytes;
+        return;
+      }
+    items_.push_back({name, category, s, flops, bytes});
+  }
+  void scale(double factor) {
+    for (auto& it : items_) {
+      it.seconds *= factor;
+      it.flops *= factor;
+      it.bytes *= factor;
+    }
+  }
+  std::vector<PredictionItem>& items() { return items_; }
+
+ private:
+  const HardwareProfile& profile_;
+  std::vector<PredictionItem> items_;
+};
+
+// One micro-step (forward + backward over micro_batch·T tokens) into `led`.
+void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
+                Ledger& led) {
+  const int64_t T = s.seq, B = s.micro_batch, N = B * T;
+  const int64_t C = c.d_model, L = c.n_layers, Vp = c.padded_vocab();
+  const int64_t E = c.n_experts, K = std::min(c.top_k, c.n_experts), F = c.ffn_dim;
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
+  const int64_t Dq = c.q_dim(), Dkv = c.kv_dim();
+  const DType dt = s.precision;
+  const bool bf16 = dt == DType::bf16;
+  const double Ld = double(L);
+  const bool gpu = profile.kind == "gpu";
+
+  // ---- GEMMs ----
+  if (c.is_zaya()) {
+    led.linear("attention projections (q, k, v, o)", N, Dq, C, Ld, dt);
+    led.linear("attention projections (q, k, v, o)", N, Dkv, C, Ld, dt);
+    led.linear("attention projections (q, k, v, o)", N, Dkv / 2, C, 2 * Ld, dt);
+    led.linear("attention projections (q, k, v, o)", N, C, Dq, Ld, dt);
+    // Grouped causal convolution: per group (Hq + Hk of them) a d × d·t1 product; one
+    // grouped kernel on a GPU, one GEMM per group on the CPU.
+    if (gpu) led.grouped("CCA convolutions", N, d, d * c.cca_kernel_grouped, Hq + Hk, Ld, dt);
+    else led.linear("CCA convolutions", N, d, d * c.cca_kernel_grouped, Ld * double(Hq + Hk), dt);
+    // Foundry's CPU router runs in fp32 (it is small and the choice is rounding-sensitive);
+    // GPU stacks run its linears in bf16 with an fp32 softmax, as ZAYA1 trained.
+    const DType router_dt = gpu ? dt : DType::f32;
+    const int64_t R = c.router_latent_dim, S = c.router_classes();
+    led.linear("router", N, R, C, Ld, router_dt);
+    led.linear("router", N, R, R, 2 * Ld, router_dt);
+    led.linear("router", N, S, R, Ld, router_dt);
+  } else {
+    led.linear("attention projections (q, k, v, o)", N, Dq, C, Ld, dt);
+    led.linear("attention projections (q, k, v, o)", N, Dkv, C, 2 * Ld, dt);
+    led.linear("attention projections (q, k, v, o)", N, C, Dq, Ld, dt);
+    if (E > 1) led.linear("router", N, E, C, Ld, dt);
+  }
+  // Experts: balanced routing gives each expert N·k/E rows; gate|up run as one [rows, 2F].
+  const int64_t rows = E > 1 ? std::max<int64_t>(1, (N * K + E - 1) / E) : N;
+  const double experts = E > 1 ? double(E) : 1.0;
+  if (profile.grouped_expert_gemms && E > 1) {
+    // One grouped GEMM runs all experts' products in one launch: its rate follows the
+    // work of the whole group, as if the experts' rows were stacked.
+    led.grouped("expert GEMMs", rows, 2 * F, C, E, Ld, dt);
+    led.grouped("expert GEMMs", rows, C, F, E, Ld, dt);
+  } else {
+    led.linear("expert GEMMs", rows, 2 * F, C, Ld * experts, dt);
+    led.linear("expert GEMMs", rows, C, F, Ld * experts, dt);
+  }
+  led.linear("LM head", N, Vp, C, 1, dt);
+
+  // ---- attention core: S = Q·Kᵀ, O = P·V forward; dP, dV, dQ, dK backward ----
+  // Causal share of the products: the CPU kernel splits T into n ≤ 8 blocks and computes
+  // (n+1)/2n of the square; a GPU flash kernel skips masked tiles (taken as ~½ + one tile).
+  const int64_t blocks = std::clamp<int64_t>((T + 63) / 64, 1, 8);
+  const double causal = gpu ? std::min(1.0, 0.5 + 64.0 / double(T))
+                            : double(blocks + 1) / double(2 * blocks);
+  // One batched product covers all B·Hq heads of a layer (oneDNN batched matmul on the CPU,
+  // a flash kernel on a GPU): its rate is that of the heads' rows stacked.
+  const double heads = double(B * Hq) * Ld * causal;
+  const int64_t TH = T * B * Hq;
+  led.product("attention core", "attention", TH, T, d, heads, dt, T);      // Q·Kᵀ
+  led.product("attention core", "attention", TH, d, T, heads, dt, T);      // P·V
+  led.product("attention core", "attention", TH, T, d, heads, dt, T);      // dP = dO·Vᵀ
+  led.product("attention core", "attention", TH, d, T, 3 * heads, dt, T);  // dV, dQ, dK
+  if (!gpu) {
+    // Scores written, read and probabilities written forward (12 B per element), then
+    // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
+    // copies of P and dS for the products (2 × 6 B).
+    const double per_element = 24 + (bf16 ? 12 : 0);
+    led.memory("attention softmax", "attention", heads * double(T) * double(T) * per_element);
+  }
+
+  // ---- elementwise traffic, bytes per token (fwd + bwd), fp32 activations ----
+  // RMSNorm: forward reads x, writes y (2C); backward reads x, dy, writes dx (3C): 5C words.
+  // Residual add: 3C forward, 2C backward. RoPE: read + write q and k, forward and backward.
+  // SwiGLU per routed token: forward reads gate|up (2F) writes F; backward reads 2F + F,
+  // writes 2F: 8F. Dispatch and combine: gather C forward, scatter-add C, the same backward
+  // plus the gate gradient's dot product: 6C per routed token.
+  double words = 0;
+  words += Ld * (2 * 5 * C + 2 * 5 * C);              // two norms, two residual adds
+  words += Ld * 4 * double(Dq + Dkv) * c.rope_fraction;  // RoPE on q and k
+  words += Ld * double(K) * (8 * F + 6 * C);          // SwiGLU, dispatch/combine
+  words += 5 * C + 3 * double(Vp) + 2 * C;            // final norm, cross-entropy, embedding
+  if (c.is_zaya()) {
+    const int64_t Cc = Dq + Dkv, R = c.router_latent_dim;
+    words += Ld * 2 * 12 * C;          // residual scaling: 2 merges of 4 vectors, fwd + bwd
+    words += Ld * 10 * double(Cc);     // q-k means, depthwise convolution, biases
+    words += Ld * 8 * double(Dq + Dkv);  // QK-norm with temperature
+    words += Ld * 6 * double(Dkv / 2);   // value shift
+    words += Ld * (12 * double(R) + 3 * double(c.router_classes()));  // router norm, GELUs, EDA, softmax
+  } else if (E > 1) {
+    words += Ld * 4 * double(E);  // router softmax and top-k
+  }
+  double bytes = words * kF32;
+  if (bf16) {
+    // Each GEMM's activation input is converted to bf16 forward (read 4 B, write 2 B) and
+    // each output gradient backward.
+    double converted = Ld * (C + Dq + K * (C + F)) + C;                    // inputs
+    converted += Ld * (Dq + 2 * Dkv + C + K * (2 * F + C)) + double(Vp);   // output gradients
+    bytes += converted * (kF32 + kBf16);
+  }
+  led.memory("elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)", "elementwise",
+             bytes * double(N));
+}
+
+// The optimizer step over this rank's share of the parameters.
+void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
+                    Ledger& led) {
+  const ParamCounts pc = count_parameters(c);
+  const double P = double(pc.total);
+  const double share = s.zero1 ? 1.0 / double(s.dp) : 1.0;
+  const bool bf16 = s.precision == DType::bf16;
+  // Muon's matrices: every attention projection and every expert matrix.
+  struct Mat {
+    int64_t rows, cols;
+    double count;
+  };
+  std::vector<Mat> mats;
+  double muon_params = 0;
+  if (s.muon) {
+    const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim(), F = c.ffn_dim;
+    const double L = double(c.n_layers), E = double(c.n_experts);
+    mats.push_back({Dq, C, 2 * L});  // q and o
+    if (c.is_zaya()) {
+      mats.push_back({Dkv, C, L});
+      mats.push_back({Dkv / 2, C, 2 * L});
+    } else {
+      mats.push_back({Dkv, C, 2 * L});
+    }
+    mats.push_back({F, C, 3 * L * E});  // w1, w3, w2 (w2 is C × F: same product sizes)
+    for (const auto& m : mats) muon_params += double(m.rows * m.cols) * m.count;
+  }
+  const double adam_params = P - muon_params;
+  // Per parameter: clip reads the gradient (4 B), the update reads w, g, m, v and writes w,
+  // m, v (28 B), the bf16 copy writes 2 B, zeroing the gradient writes 4 B. Muon: momentum
+  // read + write, gradient read, weight read + write (20 B), plus the orthogonalization's
+  // own passes (normalize, scale: ~16 B) and the same clip, copy and zeroing.
+  const double extra = 4 + 4 + (bf16 ? 2 : 0);
+  led.memory("optimizer", "optimizer", share * (adam_params * (28 + extra) + muon_params * (36 + extra)));
+  const DType ns = s.muon_bf16 ? DType::bf16 : DType::f32;
+  for (const auto& m : mats) {
+    const int64_t a = std::min(m.rows, m.cols), b = std::max(m.rows, m.cols);
+    const double n = m.count * share * double(s.muon_ns_steps);
+    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, a, b, n, ns);  // X·Xᵀ
+    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, a, a, n, ns);  // A·A
+    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, b, a, n, ns);  // B·X
+  }
+}
+
+}  // namespace
+
+int64_t predict_memory(const ModelConfig& config, const StepShape& s,
+                       const HardwareProfile& profile) {
+  const MemoryEstimate m = estimate_memory(config, s.micro_batch, s.seq, s.precision, s.muon);
+  int64_t activations = m.activations_bytes + m.backward_buffers_bytes;
+  if (profile.kind == "gpu") {
+    for (const auto* items : {&m.activations, &m.backward_buffers})
+      for (const auto& it : *items)
+        if (it.shape.find("T,T]") != std::string::npos) activations -= it.bytes;
+  }
+  const int64_t optimizer = s.zero1 ? (m.optimizer_bytes + s.dp - 1) / s.dp : m.optimizer_bytes;
+  return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer + activations;
+}
+
+StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
+                            const HardwareProfile& profile) {
+  FOUNDRY_CHECK(s.seq > 0 && s.micro_batch > 0 && s.accumulation > 0 && s.dp > 0);
+  Ledger led(profile);
+  micro_step(config, s, profile, led);
+  led.scale(double(s.accumulation));
+  optimizer_step(config, s, profile, led);
+
+  StepPrediction p;
+  const double P = double(count_parameters(config).total);
+  if (s.dp > 1) {
+    const bool bf16 = s.precision == DType::bf16;
+    if (s.zero1) {
+      const double rs = P * kF32, ag = P * (bf16 ? kBf16 : kF32);
+      led.add("gradient reduce-scatter", "comm", profile.collective_time("reduce_scatter", s.dp, rs), 0, rs);
+      led.add("weight all-gather", "comm", profile.collective_time("all_gather", s.dp, ag), 0, ag);
+    } else {
+      const double ar = P * kF32;
+      led.add("gradient all-reduce", "comm", profile.collective_time("all_reduce", s.dp, ar), 0, ar);
+    }
+  }
+  for (const auto& it : led.items()) {
+    if (it.category == "gemm") p.gemm_s += it.seconds;
+    else if (it.category == "attention") p.attention_s += it.seconds;
+    else if (it.category == "elementwise") p.elementwise_s += it.seconds;
+    else if (it.category == "optimizer") p.optimizer_s += it.seconds;
+    else if (it.category == "comm") p.comm_s += it.seconds;
+  }
+  p.compute_s = p.gemm_s + p.attention_s + p.elementwise_s + p.optimizer_s;
+  const double backward = 2.0 / 3.0 * (p.compute_s - p.optimizer_s);
+  p.comm_exposed_s = std::max(0.0, p.comm_s - s.comm_overlap * backward);
+  p.step_s = p.compute_s + p.comm_exposed_s;
+  p.tokens_per_step = double(s.micro_batch * s.seq * s.accumulation);
+  p.tokens_per_s = p.tokens_per_step / p.step_s;
+  p.model_flops_per_step = train_flops_per_token(config, s.seq) * p.tokens_per_step;
+  const double achieved = p.model_flops_per_step / p.step_s;
+  p.mfu_measured = achieved / profile.max_gemm_rate(s.precision);
+  const double spec = profile.peak(s.precision).spec_flops_per_s;
+  p.mfu_spec = spec > 0 ? achieved / spec : 0;
+  p.memory_bytes = predict_memory(config, s, profile);
+  p.items = std::move(led.items());
+  return p;
+}
+
+double predict_decode_latency(const ModelConfig& c, int64_t batch, int64_t context,
+                              const HardwareProfile& profile) {
+  const ParamCounts pc = count_parameters(c);
+  const double E = double(c.n_experts), K = double(std::min(c.top_k, c.n_experts));
+  const double expert_params = double(pc.per_expert) * double(c.n_layers);  // one expert, all layers
+  const double dense = double(pc.total) - E * expert_params;                // everything else
+  const double touched = E > 1 ? E * (1.0 - std::pow(1.0 - K / E, double(batch))) : 1.0;
+  const double kv_per_token = 2.0 * double(c.kv_dim()) * double(c.n_layers);  // K and V
+  const double bytes = kBf16 * (dense + touched * expert_params) +
+                       kBf16 * kv_per_token * double(context) * double(batch);
+  return bytes / profile.memory_bandwidth();
+}
+
+double data_loading_iops(int64_t global_batch, int64_t seq, int64_t bytes_per_token,
+                         int64_t page_bytes, double step_s, double scatter) {
+  return scatter * double(global_batch) * double(seq) * double(bytes_per_token) /
+         (double(page_bytes) * step_s);
+}
+
+double data_loading_break_even_s(int64_t global_batch, int64_t seq, int64_t bytes_per_token,
+                                 int64_t page_bytes, double iops_budget, double scatter) {
+  return scatter * double(global_batch) * double(seq) * double(bytes_per_token) /
+         (double(page_bytes) * iops_budget);
+}
+
+}  // namespace foundry
