@@ -23,6 +23,13 @@ for arch in zaya moe; do
   [ "$arch" = moe ] && config=configs/demo-moe.json
   for optimizer in adamw muon; do
     run="$out/$arch-$optimizer"
+    # A finished run of the same length is kept (the runs are deterministic); set
+    # FRESH=1 to retrain everything.
+    last="$(tail -n1 "$run/metrics.jsonl" 2>/dev/null | python3 -c "import json,sys; print(json.loads(sys.stdin.read())['step'])" 2>/dev/null || true)"
+    if [ "${FRESH:-0}" != 1 ] && [ "$last" = "$steps" ] && [ -f "$run.val.dat" ]; then
+      echo "keeping $run (finished, $steps steps)" >&2
+      continue
+    fi
     rm -rf "$run"
     echo "training $arch with $optimizer ($config)" >&2
     "$foundry" train --config "$config" --steps "$steps" -q --set train.optimizer=$optimizer \

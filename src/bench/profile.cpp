@@ -128,7 +128,7 @@ double HardwareProfile::alignment_factor(int64_t n, int64_t k) const {
   return alignment.empty() ? 1.0 : alignment.back().factor;
 }
 
-double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const {
+double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, bool roofline) const {
   const double best = max_gemm_rate(dtype);
   FOUNDRY_CHECK(best > 0 && m > 0 && n > 0 && k > 0);
   double efficiency = 1.0;
@@ -169,7 +169,16 @@ double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) 
       efficiency = std::min(1.0, esum / wsum);
     }
   }
-  return best * efficiency * alignment_factor(n, k);
+  double rate = best * efficiency * alignment_factor(n, k);
+  // Roofline: a GEMM cannot outrun the memory traffic of its operands (A and B in the
+  // input type, C in fp32), which bounds small-M shapes such as decoding.
+  const double bw = memory_bandwidth();
+  if (roofline && bw > 0) {
+    const double in = dtype == DType::bf16 ? 2.0 : 4.0;
+    const double bytes = (double(m) * double(k) + double(k) * double(n)) * in + double(m) * double(n) * 4.0;
+    rate = std::min(rate, 2.0 * double(m) * double(n) * double(k) / bytes * bw);
+  }
+  return rate;
 }
 
 double HardwareProfile::memory_bandwidth() const {

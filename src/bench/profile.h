@@ -72,8 +72,11 @@ struct HardwareProfile {
   // shapes (inverse-distance weighting in log m, log n, log k over the 4 nearest points of
   // the dtype), times the best rate; with the saturation model: best · W/(W + W½) for
   // W = 2mnk. Either way times the alignment factor of min(align(n), align(k)), where
-  // align(x) is the largest listed multiple that divides x.
-  double gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const;
+  // align(x) is the largest listed multiple that divides x. Capped by the roofline: the
+  // FLOPs over the operands' bytes (A, B in the input type, C in fp32) times the memory
+  // bandwidth.
+  // `roofline` false: for fused kernels whose output never reaches memory (flash attention).
+  double gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, bool roofline = true) const;
   double alignment_factor(int64_t n, int64_t k) const;
   double memory_bandwidth() const;  // measured if known, else spec
   // The fit for `op` at the largest profiled rank count <= ranks (or the smallest above it

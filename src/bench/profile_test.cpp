@@ -73,6 +73,14 @@ TEST(Profile, SaturationModelReachesHalfRateAtItsHalfWork) {
                                                               (2.0 * 1024 * 1024 * 9536 + 2e10), 1);
 }
 
+TEST(Profile, RooflineBoundsMemoryBoundShapes) {
+  const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
+  // One row against a 4096 × 4096 bf16 matrix: 2·4096² FLOPs over ~2·4096² bytes.
+  const double bytes = (4096.0 + 4096.0 * 4096.0) * 2 + 4096.0 * 4;
+  EXPECT_NEAR(p.gemm_rate(DType::bf16, 1, 4096, 4096), 2.0 * 4096 * 4096 / bytes * 7e10, 1e3);
+  EXPECT_DOUBLE_EQ(p.gemm_rate(DType::bf16, 2048, 2048, 2048), 8e11);  // compute-bound
+}
+
 TEST(Profile, CollectiveTimeUsesTheNearestRankCountAndBusBandwidth) {
   const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
   EXPECT_DOUBLE_EQ(p.collective_time("all_reduce", 1, 1e6), 0.0);

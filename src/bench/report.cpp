@@ -94,7 +94,7 @@ struct Series {
 std::string plot_script(const std::string& png, const std::string& title, const std::string& xlabel,
                         const std::string& ylabel, const std::vector<Series>& series, bool logx,
                         const std::string& extra = "") {
-  std::string s = "set terminal pngcairo size 900,560\n";
+  std::string s = "set terminal pngcairo size 900,560 noenhanced\n";
   s += "set output '" + png + "'\n";
   s += "set title '" + title + "'\nset xlabel '" + xlabel + "'\nset ylabel '" + ylabel + "'\n";
   s += "set grid\nset key top left\n";
@@ -159,10 +159,14 @@ ReportFiles write_report(const json& profile, const std::string& dir) {
     Series ws{"triad", {}};
     for (const auto& w : profile["memory"]["working_set"]) ws.xy.push_back({num(w, "bytes"), num(w, "bytes_per_s") / 1e9});
     std::string marks;
+    // Mark each level at the capacity the sweep's threads reach: one instance per thread,
+    // up to the instances there are (2 threads on 2 private L1s see both).
+    int threads = 1;
+    for (const auto& w : profile["memory"]["working_set"]) threads = std::max(threads, w.value("threads", 1));
     for (const auto& c : profile["memory"].value("caches", json::array()))
       marks += fmt::format("set arrow from {0},graph 0 to {0},graph 1 nohead dashtype 2\n"
                            "set label 'L{1}' at {0},graph 0.95 offset 0.5,0\n",
-                           num(c, "bytes"), c.value("level", 0));
+                           num(c, "bytes") * std::min(threads, c.value("instances", 1)), c.value("level", 0));
     if (!ws.xy.empty())
       plots.push_back({"memory_working_set",
                        plot_script("memory_working_set.png", "Memory bandwidth against working set",

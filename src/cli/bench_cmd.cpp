@@ -2,6 +2,7 @@
 // hardware profile. Each measurement has its own subcommand; `bench all` runs them together
 // and writes the profile, CSV tables, plots and a Markdown report into one directory.
 #include <omp.h>
+#include <sched.h>
 
 #include <cstdio>
 #include <fstream>
@@ -84,6 +85,16 @@ void run_bench_all(const BenchAllOptions& o) {
   MpiSession session;
   Communicator& world = session.world();
   const int rank = world.rank(), ranks = world.size();
+  // mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
+  // share one core and the profile would report half the machine.
+  if (rank == 0 && (do_gemm || do_membw)) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
+      fail(fmt::format("bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; the "
+                       "GEMM and memory figures would be wrong", CPU_COUNT(&set), omp_get_max_threads()),
+           "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or set "
+           "OMP_NUM_THREADS to the CPUs it has");
+  }
   const Provenance provenance = collect_provenance(ranks);
   if (rank == 0) {
     make_dirs(o.out);
@@ -127,7 +138,9 @@ void run_bench_all(const BenchAllOptions& o) {
       go.on_progress = progress_to(bar, "gemm");
       const GemmBenchResult g = run_gemm_bench(go);
       if (bar) bar->finish();
-      const CpuPeak peak = cpu_peak(read_cpu_info(), omp_get_max_threads());
+      CpuInfo cpu = read_cpu_info();
+      if (cpu.max_freq_hz == 0) cpu.measured_clock_hz = measure_clock_hz();  // no cpufreq (VMs)
+      const CpuPeak peak = cpu_peak(cpu, std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores)));
       sections["gemm"] = gemm_profile_section(g, provenance);
       sections["compute"] = compute_profile_section(g, peak, provenance);
       std::printf("%s\n", format_gemm_tables(g, peak).c_str());
@@ -193,6 +206,19 @@ void register_bench_commands(CLI::App& app) {
                 "collectives at other rank counts)");
   all->add_option("--only", o->only, "Benchmarks to run, comma-separated (default comm,gemm,membw)");
   all->callback([o] { run_bench_all(*o); });
+
+  CLI::App* report = bench->add_subcommand(
+      "report", "Rewrite the CSV tables, plots and Markdown report of a profile JSON (no measuring)");
+  auto ro = std::make_shared<std::pair<std::string, std::string>>();
+  report->add_option("--profile", ro->first, "Profile JSON (e.g. written by bench all)")->required();
+  report->add_option("--out", ro->second, "Output directory")->required();
+  report->callback([ro] {
+    const HardwareProfile p = load_profile(ro->first);  // validates
+    const ReportFiles files = write_report(p.raw, ro->second);
+    std::printf("wrote %s/report.md, %zu CSV tables and %zu plots\n", ro->second.c_str(),
+                files.csv.size(), files.png.size());
+    if (!files.plot_warning.empty()) std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+  });
 }
 
 }  // namespace foundry::cli

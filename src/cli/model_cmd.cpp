@@ -3,6 +3,7 @@
 // allocating the model.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "cli/commands.h"
 #include "model/info.h"
 #include "optim/muon.h"
+#include "optim/zero1.h"
 #include "train/run_config.h"
 
 namespace foundry::cli {
@@ -22,6 +24,7 @@ struct ModelInfoOptions {
   int64_t batch = 0;  // 0 = train.batch_size
   int64_t seq = 0;    // 0 = train.seq_len
   std::string optimizer;  // "" = train.optimizer
+  int64_t dp = 1;         // data-parallel ranks for the ZeRO-1 memory report
   bool json = false;
 };
 
@@ -40,12 +43,31 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   const ModelInfo info =
       model_info(rc.model, batch, seq, precision, optimizer,
                  [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
+  if (o.dp < 1) fail(fmt::format("--dp {} must be >= 1", o.dp));
+  std::optional<Zero1MemoryReport> zero1;
+  if (o.dp > 1) {
+    // The parameter table holds names and offsets only: nothing of the model is allocated.
+    const ParamTable table(rc.model);
+    zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
+  }
   if (o.json) {
     json out = to_json(info);
     out["config_path"] = o.config_path;
+    if (zero1) {
+      out["zero1"] = {{"dp", o.dp},
+                      {"optimizer_bytes_per_rank_peak", zero1->peak.total_bytes()},
+                      {"adamw_state_bytes", zero1->peak.adamw_state_bytes},
+                      {"muon_momentum_bytes", zero1->peak.muon_momentum_bytes},
+                      {"exchange_bytes", zero1->peak.exchange_bytes},
+                      {"gather_everything_peak_bytes", zero1->gather_peak_bytes},
+                      {"replicated_bytes", zero1->replicated_bytes}};
+    }
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("config: %s\n%s", o.config_path.c_str(), format_model_info(info).c_str());
+    if (zero1)
+      std::printf("\nZeRO-1 over %lld data-parallel ranks (optimizer state per rank):\n%s",
+                  static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());
   }
 }
 
@@ -68,6 +90,8 @@ void register_model_commands(CLI::App& app) {
                    "Optimizer to report (default: train.optimizer): which one updates each "
                    "parameter group, and its state's memory")
       ->check(CLI::IsMember({"adamw", "muon"}));
+  info->add_option("--dp", o->dp, "Also report ZeRO-1 optimizer memory per rank over N "
+                                  "data-parallel ranks");
   info->add_flag("--json", o->json, "Print JSON instead of a table");
   info->callback([o, batch, seq] { run_model_info(*o, batch->count() > 0, seq->count() > 0); });
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -9,6 +10,8 @@
 #include "base/io.h"
 #include "base/rng.h"
 #include "ckpt/checkpoint.h"
+#include "comm/comm.h"
+#include "comm/launch.h"
 #include "cli/commands.h"
 #include "data/dataset.h"
 #include "data/loader.h"
@@ -125,7 +128,15 @@ void register_train_commands(CLI::App& app) {
     cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
     cmd->callback([args, opts] {
       RunConfig rc = load_run_config(args->config_path, args->overrides);
-      TrainSummary s = train(rc, *opts);
+      // Under mpirun every rank runs this; a plain run never initializes MPI.
+      std::optional<MpiSession> session;
+      if (launched_by_mpi()) session.emplace();
+      TrainOptions o = *opts;
+      o.world = session ? &session->world() : nullptr;
+      TrainSummary s = train(rc, o);
+      const bool root = !session || session->world().rank() == 0;
+      if (session) session->finalize();
+      if (!root) return;
       std::printf("trained steps %lld..%lld | final train loss %.4f", 
                   static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
                   s.last_train_loss);

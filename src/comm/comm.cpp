@@ -73,6 +73,24 @@ void alltoallv_layout(std::span<const int64_t> send_counts, std::span<const int6
   }
 }
 
+// Counts per rank for the v-collectives as MPI's int arrays: `out` gets the counts, then their
+// prefix sums (displacements). The total must fit an int too: MPI computes buffer extents
+// from it.
+void v_layout(std::span<const int64_t> counts, int n, const char* call, std::vector<int>& out) {
+  if (counts.size() != static_cast<size_t>(n))
+    fail(fmt::format("{}: {} counts for {} ranks", call, counts.size(), n),
+         "pass one count per rank of the communicator");
+  out.assign(2 * static_cast<size_t>(n), 0);
+  int64_t offset = 0;
+  for (int i = 0; i < n; ++i) {
+    if (counts[i] < 0) fail(fmt::format("{}: negative count for rank {}", call, i));
+    out[i] = to_mpi_count(static_cast<size_t>(counts[i]), call);
+    out[n + i] = to_mpi_count(static_cast<size_t>(offset), call);
+    offset += counts[i];
+  }
+  to_mpi_count(static_cast<size_t>(offset), call);
+}
+
 }  // namespace
 
 void check_mpi(int rc, const char* call, MPI_Comm comm) {
@@ -109,7 +127,8 @@ Request::~Request() {
 
 Request::Request(Request&& other) noexcept
     : request_(std::exchange(other.request_, MPI_REQUEST_NULL)), call_(other.call_),
-      comm_(other.comm_), scratch_(std::move(other.scratch_)) {}
+      comm_(other.comm_), scratch_(std::move(other.scratch_)), recv_type_(other.recv_type_),
+      expected_count_(other.expected_count_), peer_(other.peer_) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
@@ -124,6 +143,9 @@ Request& Request::operator=(Request&& other) noexcept {
     call_ = other.call_;
     comm_ = other.comm_;
     scratch_ = std::move(other.scratch_);
+    recv_type_ = other.recv_type_;
+    expected_count_ = other.expected_count_;
+    peer_ = other.peer_;
   }
   return *this;
 }
@@ -132,9 +154,25 @@ void Request::wait() {
   if (done()) return;
   // MPI_Wait sets request_ to MPI_REQUEST_NULL; on error the request stays, but a failed
   // collective cannot be waited on again, so drop it either way.
-  int rc = MPI_Wait(&request_, MPI_STATUS_IGNORE);
+  MPI_Status status;
+  int rc = MPI_Wait(&request_, &status);
   request_ = MPI_REQUEST_NULL;
   check_mpi(rc, call_, comm_);
+  check_received(status);
+}
+
+void Request::check_received(const MPI_Status& status) const {
+  if (expected_count_ < 0) return;
+  int received = 0;
+  check_mpi(MPI_Get_count(&status, recv_type_, &received), "MPI_Get_count", comm_);
+  if (received != expected_count_) {
+    int rank = -1, size = -1;
+    MPI_Comm_rank(comm_, &rank);
+    MPI_Comm_size(comm_, &size);
+    fail(fmt::format("{} on rank {} of {}: received {} elements from rank {}, expected {}",
+                     call_, rank, size, received, peer_, expected_count_),
+         "the sending and the receiving rank disagree on the message length");
+  }
 }
 
 void Request::wait_idle(std::chrono::microseconds poll) {
@@ -144,11 +182,13 @@ void Request::wait_idle(std::chrono::microseconds poll) {
 bool Request::test() {
   if (done()) return true;
   int flag = 0;
-  int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+  MPI_Status status;
+  int rc = MPI_Test(&request_, &flag, &status);
   if (rc != MPI_SUCCESS) {
     request_ = MPI_REQUEST_NULL;
     check_mpi(rc, call_, comm_);
   }
+  if (flag != 0) check_received(status);
   return flag != 0;
 }
 
@@ -331,6 +371,59 @@ Request Communicator::ialltoallv(const T* send, std::span<const int64_t> send_co
   return request;
 }
 
+template <CommElement T>
+void Communicator::reduce_scatterv(const T* send, T* recv,
+                                   std::span<const int64_t> counts) const {
+  std::vector<int> layout;
+  v_layout(counts, size_, "MPI_Reduce_scatter", layout);
+  if (layout[rank_] > 0) require_distinct(send, recv, "MPI_Reduce_scatter");
+  check_mpi(MPI_Reduce_scatter(send, recv, layout.data(), mpi_type<T>(), MPI_SUM, comm_),
+            "MPI_Reduce_scatter", comm_);
+}
+
+template <CommElement T>
+void Communicator::allgatherv_in_place(T* data, std::span<const int64_t> counts) const {
+  std::vector<int> layout;
+  v_layout(counts, size_, "MPI_Allgatherv", layout);
+  const int* l = layout.data();
+  check_mpi(MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, data, l, l + size_, mpi_type<T>(),
+                           comm_),
+            "MPI_Allgatherv", comm_);
+}
+
+template <CommElement T>
+void Communicator::send(const T* data, size_t count, int dest, int tag) const {
+  check_mpi(MPI_Send(data, to_mpi_count(count, "MPI_Send"), mpi_type<T>(), dest, tag, comm_),
+            "MPI_Send", comm_);
+}
+
+template <CommElement T>
+Request Communicator::isend(const T* data, size_t count, int dest, int tag) const {
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Isend(data, to_mpi_count(count, "MPI_Isend"), mpi_type<T>(), dest, tag, comm_, &r),
+            "MPI_Isend", comm_);
+  return Request(r, "MPI_Isend", comm_);
+}
+
+template <CommElement T>
+void Communicator::recv(T* data, size_t count, int source, int tag) const {
+  // The blocking form is the non-blocking one waited on at once, so both check the length
+  // the same way.
+  irecv(data, count, source, tag).wait();
+}
+
+template <CommElement T>
+Request Communicator::irecv(T* data, size_t count, int source, int tag) const {
+  const int n = to_mpi_count(count, "MPI_Irecv");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Irecv(data, n, mpi_type<T>(), source, tag, comm_, &r), "MPI_Irecv", comm_);
+  Request request(r, "MPI_Irecv", comm_);
+  request.recv_type_ = mpi_type<T>();
+  request.expected_count_ = n;
+  request.peer_ = source;
+  return request;
+}
+
 #define FOUNDRY_COMM_INSTANTIATE(T)                                                           \
   template void Communicator::allreduce<T>(const T*, T*, size_t, ReduceOp) const;             \
   template Request Communicator::iallreduce<T>(const T*, T*, size_t, ReduceOp) const;         \
@@ -345,7 +438,14 @@ Request Communicator::ialltoallv(const T* send, std::span<const int64_t> send_co
   template void Communicator::alltoallv<T>(const T*, std::span<const int64_t>, T*,            \
                                            std::span<const int64_t>) const;                   \
   template Request Communicator::ialltoallv<T>(const T*, std::span<const int64_t>, T*,        \
-                                               std::span<const int64_t>) const;
+                                               std::span<const int64_t>) const;               \
+  template void Communicator::reduce_scatterv<T>(const T*, T*, std::span<const int64_t>)     \
+      const;                                                                                  \
+  template void Communicator::allgatherv_in_place<T>(T*, std::span<const int64_t>) const;     \
+  template void Communicator::send<T>(const T*, size_t, int, int) const;                      \
+  template Request Communicator::isend<T>(const T*, size_t, int, int) const;                  \
+  template void Communicator::recv<T>(T*, size_t, int, int) const;                            \
+  template Request Communicator::irecv<T>(T*, size_t, int, int) const;
 FOUNDRY_COMM_INSTANTIATE(float)
 FOUNDRY_COMM_INSTANTIATE(double)
 FOUNDRY_COMM_INSTANTIATE(int64_t)

@@ -70,10 +70,16 @@ class Request {
 
  private:
   friend class Communicator;
+  // A receive (irecv) checks on completion that exactly the expected number of elements
+  // arrived; -1 for every other operation.
+  void check_received(const MPI_Status& status) const;
   MPI_Request request_ = MPI_REQUEST_NULL;
   const char* call_ = "";
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::vector<int> scratch_;  // count/displacement arrays MPI reads until completion
+  MPI_Datatype recv_type_ = MPI_DATATYPE_NULL;
+  int expected_count_ = -1;
+  int peer_ = -1;
 };
 
 // A group of processes: the world, or a subgroup (data-parallel, expert-parallel) made by
@@ -153,6 +159,44 @@ class Communicator {
   template <CommElement T>
   Request ialltoallv(const T* send, std::span<const int64_t> send_counts, T* recv,
                      std::span<const int64_t> recv_counts) const;
+
+  // Reduce-scatter with a count per rank: the element-wise sum of every rank's `send`
+  // (counts[0] + … + counts[size()-1] elements) is cut into size() consecutive blocks, and
+  // rank r receives block r (counts[r] elements, possibly 0) in `recv`. `counts` has size()
+  // entries and is the same on every rank. Used where the blocks cannot all be equal (the
+  // ZeRO-1 shards of a slab whose length is not a multiple of the rank count).
+  template <CommElement T>
+  void reduce_scatterv(const T* send, T* recv, std::span<const int64_t> counts) const;
+
+  // All-gather with a count per rank, in place: `data` holds counts[0] + … + counts[size()-1]
+  // elements; rank r's block (counts[r] elements at offset counts[0] + … + counts[r-1]) is its
+  // contribution, and every other block is overwritten with the owning rank's block.
+  // `counts` is the same on every rank.
+  template <CommElement T>
+  void allgatherv_in_place(T* data, std::span<const int64_t> counts) const;
+
+  // ---- point to point ----
+  // Messages between a pair of ranks with the same tag arrive in the order they were sent.
+  // Tags lie in [0, 32767] (the upper bound every MPI library supports).
+  //
+  // send() may return as soon as the data is buffered (small messages) or only once the
+  // matching receive has started (large ones): two ranks that both send to each other
+  // before receiving can deadlock. Post the receives first with irecv(), or order the calls
+  // so that the send/receive pairs form no cycle.
+
+  // Sends `count` elements of `data` to rank `dest`.
+  template <CommElement T>
+  void send(const T* data, size_t count, int dest, int tag) const;
+  template <CommElement T>
+  Request isend(const T* data, size_t count, int dest, int tag) const;
+
+  // Receives exactly `count` elements from rank `source` into `data`. A longer message is
+  // MPI's truncation error, a shorter one an error naming both lengths (for irecv, raised by
+  // the request's wait() or test()).
+  template <CommElement T>
+  void recv(T* data, size_t count, int source, int tag) const;
+  template <CommElement T>
+  Request irecv(T* data, size_t count, int source, int tag) const;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -9,6 +9,7 @@
 #include "base/rng.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/expert_parallel.h"
 
 namespace foundry {
 namespace {
@@ -52,6 +53,31 @@ struct Activations {
   bool has_targets = false;
   // backward scratch
   std::vector<float> dx, dn, dq, dk, dv, datt, dxs, dh, dact, dys, dtopk_w, drouter;
+};
+
+// Expert parallelism: the group, its sharding and, per MoE sublayer, the exchange planned in
+// the forward pass and the rows of the owned experts that the backward pass needs. The
+// layers' row counts change every step with the routing; the buffers only grow.
+struct ExpertParallelState {
+  ExpertParallelState(const Communicator* g, int64_t n_experts, int64_t n_layers)
+      : group(g), sharding(n_experts, g->size(), g->rank()), layers(n_layers) {}
+
+  const Communicator* group;
+  ExpertSharding sharding;
+  struct Layer {
+    ExpertExchange exchange;
+    std::vector<float> xs, h, act;  // local layout: [L, C], [L, 2F], [L, F]
+  };
+  std::vector<Layer> layers;
+  // Scratch shared by the layers: the exchanges' wire buffer and the owned experts' outputs
+  // and gradients (wire, ys, dys, dxs: [L, C]; dh: [L, 2F]; dact: [L, F]).
+  std::vector<float> wire, ys, dys, dxs, dh, dact;
+
+  // The slab offsets of the owned experts' weights, from those of all experts.
+  std::vector<int64_t> local(const std::vector<int64_t>& all) const {
+    const int64_t first = sharding.first_expert(group->rank());
+    return {all.begin() + first, all.begin() + first + sharding.experts_per_rank()};
+  }
 };
 
 Model::Model(const ModelConfig& config, DType precision)
@@ -200,6 +226,92 @@ void Model::experts_backward(const int64_t* offsets, int64_t n_experts, const fl
            precision_, true);
     }
   }
+}
+
+// ---- expert parallelism ---------------------------------------------------------------------
+
+void Model::set_expert_parallel(const Communicator* group) {
+  // Validates (the sharding's constructor) before changing anything: on error the model
+  // keeps its previous setting.
+  std::unique_ptr<ExpertParallelState> state;
+  if (group)
+    state = std::make_unique<ExpertParallelState>(group, config_.n_experts, config_.n_layers);
+  // Activations of a forward pass made under the other setting cannot be differentiated
+  // under this one (the owned experts' rows live in different buffers): drop them.
+  acts_.reset();
+  zacts_.reset();
+  ep_ = std::move(state);
+}
+
+const ExpertSharding* Model::expert_sharding() const { return ep_ ? &ep_->sharding : nullptr; }
+
+const Communicator* Model::expert_parallel_group() const { return ep_ ? ep_->group : nullptr; }
+
+int Model::expert_owner(const ParamInfo& p) const { return ep_ ? ep_->sharding.owner(p) : -1; }
+
+void Model::moe_experts_forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
+                                float* act, float* ys, const std::vector<int64_t>& w13,
+                                const std::vector<int64_t>& w2) {
+  if (!ep_) return experts_forward(offsets, config_.n_experts, xs, h, act, ys, w13, w2);
+  ExpertParallelState& s = *ep_;
+  ExpertParallelState::Layer& b = s.layers[layer];
+  const int64_t C = config_.d_model, F = config_.ffn_dim;
+  {
+    ScopedOpTimer t(&op_times_, "ep_dispatch");
+    b.exchange.plan(*s.group, s.sharding, offsets);
+    const int64_t L = b.exchange.local_rows();
+    b.xs.resize(L * C);
+    b.h.resize(L * 2 * F);
+    b.act.resize(L * F);
+    s.ys.resize(L * C);
+    b.exchange.dispatch(xs, b.xs.data(), C, s.wire);
+  }
+  experts_forward(b.exchange.local_offsets(), b.exchange.local_experts(), b.xs.data(),
+                  b.h.data(), b.act.data(), s.ys.data(), s.local(w13), s.local(w2));
+  {
+    ScopedOpTimer t(&op_times_, "ep_combine");
+    b.exchange.combine(s.ys.data(), ys, C, s.wire);
+  }
+}
+
+void Model::moe_experts_backward(int64_t layer, const int64_t* offsets, const float* dys,
+                                 const float* xs, const float* h, const float* act, float* dxs,
+                                 float* dh, float* dact, const std::vector<int64_t>& w13,
+                                 const std::vector<int64_t>& w2) {
+  if (!ep_)
+    return experts_backward(offsets, config_.n_experts, dys, xs, h, act, dxs, dh, dact, w13, w2);
+  // The forward's plan still describes these rows: the routing is that of the forward.
+  ExpertParallelState& s = *ep_;
+  ExpertParallelState::Layer& b = s.layers[layer];
+  FOUNDRY_CHECK(b.exchange.planned());
+  const int64_t C = config_.d_model, F = config_.ffn_dim, L = b.exchange.local_rows();
+  {
+    ScopedOpTimer t(&op_times_, "ep_dispatch");
+    s.dys.resize(L * C);
+    s.dxs.resize(L * C);
+    s.dh.resize(L * 2 * F);
+    s.dact.resize(L * F);
+    b.exchange.dispatch(dys, s.dys.data(), C, s.wire);
+  }
+  experts_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(),
+                   b.xs.data(), b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(),
+                   s.dact.data(), s.local(w13), s.local(w2));
+  {
+    ScopedOpTimer t(&op_times_, "ep_combine");
+    b.exchange.combine(s.dxs.data(), dxs, C, s.wire);
+  }
+}
+
+std::vector<int64_t> Model::expert_loads() const {
+  if (config_.is_zaya()) return zaya_expert_loads();
+  if (!acts_) return {};
+  const int64_t E = config_.n_experts;
+  std::vector<int64_t> loads(config_.n_layers * E);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const int64_t* offs = acts_->expert_offsets[l].data();
+    for (int64_t e = 0; e < E; ++e) loads[l * E + e] = offs[e + 1] - offs[e];
+  }
+  return loads;
 }
 
 void Model::ensure_activations(int64_t batch, int64_t seq) {
@@ -366,8 +478,8 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
                              a.assignment_slot[l].data(), a.topk_idx[l].data(), N, E, K);
       ops::moe_gather(a.xs[l].data(), a.n2[l].data(), a.slot_token[l].data(), N * K, C);
     }
-    experts_forward(a.expert_offsets[l].data(), E, a.xs[l].data(), a.h[l].data(),
-                    a.act[l].data(), a.ys[l].data(), o.w13, o.w2);
+    moe_experts_forward(l, a.expert_offsets[l].data(), a.xs[l].data(), a.h[l].data(),
+                        a.act[l].data(), a.ys[l].data(), o.w13, o.w2);
     {
       ScopedOpTimer t(&op_times_, "moe_combine");
       float* next = l + 1 < c.n_layers ? a.x_in[l + 1].data() : a.x_out.data();
@@ -440,8 +552,8 @@ void Model::backward() {
       ops::moe_combine_backward(a.dys.data(), a.dtopk_w.data(), dx, a.ys[l].data(),
                                 a.topk_w[l].data(), a.assignment_slot[l].data(), N, K, C);
     }
-    experts_backward(offs, E, a.dys.data(), a.xs[l].data(), a.h[l].data(), a.act[l].data(),
-                     a.dxs.data(), a.dh.data(), a.dact.data(), o.w13, o.w2);
+    moe_experts_backward(l, offs, a.dys.data(), a.xs[l].data(), a.h[l].data(),
+                         a.act[l].data(), a.dxs.data(), a.dh.data(), a.dact.data(), o.w13, o.w2);
     {
       ScopedOpTimer t(&op_times_, "router");
       std::memset(a.dn.data(), 0, N * C * sizeof(float));

@@ -15,6 +15,10 @@
 //   logits = rms(res) · embed^T
 // The router chains its EDA state through the MoE sublayers; its balancing biases are model
 // state (not parameters) updated after every optimizer step from the class counts.
+//
+// Expert parallelism (optional, set_expert_parallel): the experts of every MoE sublayer are
+// sharded over a group of ranks and the routed rows travel to their experts' owners and
+// back around the expert computation (model/expert_parallel.h, docs/expert-parallel.md).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -37,6 +41,9 @@ struct ForwardResult {
   double aux_loss = 0;  // mean over layers of the load-balancing loss (before the coefficient)
 };
 
+class Communicator;
+class ExpertSharding;
+struct ExpertParallelState;  // the EP group and its per-layer buffers (model.cpp)
 struct Activations;      // per-batch-shape buffers (model.cpp)
 struct ZayaActivations;  // the same for arch zaya1 (zaya.cpp)
 struct ZayaActivationsDeleter {
@@ -98,6 +105,41 @@ class Model {
   json balancer_state() const;
   void load_balancer_state(const json& state);
 
+  // ---- router load statistics ---------------------------------------------------------------
+  // Rows routed to each expert in the last forward on this rank: [n_layers × n_experts] (row l
+  // = MoE sublayer l), both architectures (ZAYA1's skip class is not an expert; its count is
+  // in router_class_counts()). For global loads, sum them over the ranks with
+  // sum_router_counts (model/expert_parallel.h), as for router_class_counts().
+  std::vector<int64_t> expert_loads() const;
+
+  // ---- expert parallelism -------------------------------------------------------------------
+  // Shards the experts of every MoE sublayer over `group` (P ranks, P | n_experts; EP rank p
+  // owns experts [p·E/P, (p+1)·E/P)). null (the default) turns it off: everything runs
+  // locally, exactly as without this call. `group` must outlive its use here.
+  //
+  // With a group, forward and backward are collective over it: every rank of the group calls
+  // them the same number of times in the same order (batch shapes may differ between ranks).
+  // Each rank's routed rows are computed by the experts' owners; a rank computes with, and
+  // accumulates gradients for, only the experts it owns, and those gradients include the
+  // contributions of every group rank's tokens. The parameter slab and table are unchanged:
+  // every rank still stores all experts, and the tensors of experts it does not own keep a
+  // zero gradient here. A data-parallel reduction must therefore SUM each expert tensor over
+  // the ranks that own it and divide by the total number of ranks like every other tensor
+  // (never average it over its owners alone). Averaging the whole gradient slab over all
+  // ranks does exactly that and keeps every replica in step (docs/expert-parallel.md).
+  // Decoding (decode_step) does not use the group.
+  //
+  // Must be set between steps (not between a forward and its backward). Fails, naming the
+  // rank, unless P divides n_experts.
+  void set_expert_parallel(const Communicator* group);
+  // The sharding in use, or null without expert parallelism.
+  const ExpertSharding* expert_sharding() const;
+  const Communicator* expert_parallel_group() const;
+  // The EP rank whose experts include tensor `p`, or -1 when `p` is not EP-sharded (not an
+  // expert tensor, or expert parallelism is off): tells which gradients are summed over
+  // owners and which rank's copy of a tensor is the computed one.
+  int expert_owner(const ParamInfo& p) const;
+
   // ---- incremental decoding (generation) -------------------------------------------------
   // One token at position `pos` (0-based) of a single sequence; uses and extends a KV cache
   // that holds positions < pos. Returns logits [padded_vocab] (padded entries = -inf).
@@ -122,6 +164,17 @@ class Model {
                        int64_t weight_offset, int64_t n, int64_t out, int64_t in,
                        bool accumulate_dx);
   void ensure_activations(int64_t batch, int64_t seq);
+  // The experts of MoE sublayer `layer` on sorted rows (offsets [E+1] or more): locally
+  // through experts_forward/experts_backward, or through the EP group when one is set. Same
+  // arguments as those, plus the layer (the EP exchange of the forward is kept per layer
+  // for the backward).
+  void moe_experts_forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
+                           float* act, float* ys, const std::vector<int64_t>& w13,
+                           const std::vector<int64_t>& w2);
+  void moe_experts_backward(int64_t layer, const int64_t* offsets, const float* dys,
+                            const float* xs, const float* h, const float* act, float* dxs,
+                            float* dh, float* dact, const std::vector<int64_t>& w13,
+                            const std::vector<int64_t>& w2);
   void experts_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                        float* act, float* ys, const std::vector<int64_t>& w13,
                        const std::vector<int64_t>& w2);
@@ -137,6 +190,7 @@ class Model {
   DecodeState zaya_new_decode_state(int64_t max_len) const;
   const float* zaya_decode_step(DecodeState& state, int32_t token);
   const float* zaya_logits() const;
+  std::vector<int64_t> zaya_expert_loads() const;
 
   ModelConfig config_;
   ParamTable table_;
@@ -148,6 +202,7 @@ class Model {
   std::unique_ptr<ZayaActivations, ZayaActivationsDeleter> zacts_;
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
+  std::unique_ptr<ExpertParallelState> ep_;
   OpTimes op_times_;
 };
 

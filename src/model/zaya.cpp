@@ -387,8 +387,8 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
       ops::moe_gather(a.xs[l].data(), a.n2[l].data(), a.slot_token[l].data(), N * K, C);
     }
     const int64_t* offs = a.offsets[l].data();
-    experts_forward(offs, E, a.xs[l].data(), a.hh[l].data(), a.act[l].data(), a.ys[l].data(),
-                    o.w13, o.w2);
+    moe_experts_forward(l, offs, a.xs[l].data(), a.hh[l].data(), a.act[l].data(),
+                        a.ys[l].data(), o.w13, o.w2);
     {
       // Skip rows: zero output, or the input itself (an identity "expert" gated by p_skip).
       float* skip = a.ys[l].data() + offs[E] * C;
@@ -432,6 +432,17 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
     result.loss = result.ce_loss;
   }
   return result;
+}
+
+std::vector<int64_t> Model::zaya_expert_loads() const {
+  if (!zacts_) return {};
+  const int64_t E = config_.n_experts;
+  std::vector<int64_t> loads(config_.n_layers * E);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const int64_t* offs = zacts_->offsets[l].data();
+    for (int64_t e = 0; e < E; ++e) loads[l * E + e] = offs[e + 1] - offs[e];
+  }
+  return loads;
 }
 
 const float* Model::zaya_logits() const {
@@ -487,8 +498,8 @@ void Model::zaya_backward() {
       ops::moe_combine_backward(a.dys.data(), a.dgate.data(), a.dh.data(), a.ys[l].data(),
                                 a.gate[l].data(), a.assignment_slot[l].data(), N, K, C);
     }
-    experts_backward(offs, E, a.dys.data(), a.xs[l].data(), a.hh[l].data(), a.act[l].data(),
-                     a.dxs.data(), a.dhh.data(), a.dact.data(), o.w13, o.w2);
+    moe_experts_backward(l, offs, a.dys.data(), a.xs[l].data(), a.hh[l].data(),
+                         a.act[l].data(), a.dxs.data(), a.dhh.data(), a.dact.data(), o.w13, o.w2);
     {
       float* dskip = a.dxs.data() + offs[E] * C;
       const int64_t skip_elems = (offs[S] - offs[E]) * C;

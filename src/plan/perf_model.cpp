@@ -39,11 +39,13 @@ class Ledger {
     add(name, "gemm", count * t, count * 3 * f, 0);
   }
   // A product that only runs forward and backward as given (no weight): `flops` each.
-  // `flops_m` (if given) is the M of one product when `m` is the stacked M its rate follows.
+  // `flops_m` (if given) is the M of one product when `m` is the stacked M its rate follows;
+  // such batched attention products get no roofline cap (their score traffic is counted
+  // apart on a CPU, and stays on chip in a GPU's fused kernel).
   void product(const std::string& name, const std::string& category, int64_t m, int64_t n,
                int64_t k, double count, DType dtype, int64_t flops_m = 0) {
     const double f = 2.0 * double(flops_m > 0 ? flops_m : m) * double(n) * double(k);
-    add(name, category, count * f / profile_.gemm_rate(dtype, m, n, k), count * f, 0);
+    add(name, category, count * f / profile_.gemm_rate(dtype, m, n, k, flops_m == 0), count * f, 0);
   }
   void memory(const std::string& name, const std::string& category, double bytes) {
     add(name, category, bytes / profile_.memory_bandwidth(), 0, bytes);

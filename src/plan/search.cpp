@@ -274,12 +274,17 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
     const Candidate& ref = twin ? *twin : best;
     r.loss = 1.0 - ex.cluster_tokens_per_s / ref.cluster_tokens_per_s;
     if (ex.off_size) {
-      const double fa = profile.alignment_factor(ex.config.d_model, ex.config.head_dim);
-      r.explanation = fmt::format(
-          "{}: {:.1f}% less throughput than {} ({}); GEMMs on dims {} / {} run at {:.0f}% of the "
-          "aligned rate on this profile",
-          shape_name(ex.config), 100 * r.loss, twin ? "its aligned twin" : "the best shape",
-          shape_name(ref.config), ex.config.d_model, ex.config.head_dim, 100 * fa);
+      const bool hidden_off = ex.config.d_model % hidden_multiple != 0;
+      const double fa = hidden_off ? profile.alignment_factor(ex.config.d_model, ex.config.d_model)
+                                   : profile.alignment_factor(rq.seq, ex.config.head_dim);
+      const std::string what =
+          hidden_off ? fmt::format("GEMMs with d_model = {} as an inner dimension", ex.config.d_model)
+                     : fmt::format("the attention products over head_dim = {}", ex.config.head_dim);
+      r.explanation = fmt::format("{}: {:.1f}% less throughput than {} ({}); {} run at {:.0f}% of the "
+                                  "aligned rate on this profile",
+                                  shape_name(ex.config), 100 * r.loss,
+                                  twin ? "its aligned twin" : "the best shape", shape_name(ref.config),
+                                  what, 100 * fa);
     } else {
       r.explanation = fmt::format("{}: {}; would be {:.1f}% {} than the best shape",
                                   shape_name(ex.config), ex.detail, 100 * std::abs(r.loss),
@@ -321,10 +326,12 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
   const int64_t N = best.shape.micro_batch * rq.seq;
   const double padded = profile.gemm_rate(rq.precision, N, bc.padded_vocab(), bc.d_model);
   const double raw = profile.gemm_rate(rq.precision, N, bc.vocab_size, bc.d_model);
-  result.vocab_note = fmt::format(
-      "vocabulary {} padded to {} (a multiple of 128): LM head GEMM at {:.0f} against {:.0f} "
-      "GFLOP/s unpadded ({:+.1f}%)",
-      bc.vocab_size, bc.padded_vocab(), padded / 1e9, raw / 1e9, 100 * (padded / raw - 1));
+  result.vocab_note =
+      bc.vocab_size == bc.padded_vocab()
+          ? fmt::format("vocabulary {} is a multiple of 128: no padding needed for the LM head", bc.vocab_size)
+          : fmt::format("vocabulary {} padded to {} (a multiple of 128): LM head GEMM at {:.0f} against "
+                        "{:.0f} GFLOP/s unpadded ({:+.1f}%)",
+                        bc.vocab_size, bc.padded_vocab(), padded / 1e9, raw / 1e9, 100 * (padded / raw - 1));
   return result;
 }
 
@@ -392,6 +399,9 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
                        c.shape.accumulation, 1e3 * c.decode_latency_s);
   }
   const Candidate& b = r.ranked.front();
+  int64_t within = 0;
+  for (const auto& c : r.ranked) within += c.cluster_tokens_per_s >= 0.9 * b.cluster_tokens_per_s;
+  out += fmt::format("({} of the {} accepted shapes are within 10% of the best)\n", within, r.ranked.size());
   out += fmt::format("\nBest shape, step breakdown (s): GEMMs {:.4f}, attention {:.4f}, elementwise {:.4f}, "
                      "optimizer {:.4f}, communication {:.4f} ({:.4f} exposed)\n",
                      b.prediction.gemm_s, b.prediction.attention_s, b.prediction.elementwise_s,

@@ -46,6 +46,8 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("keep_checkpoints", t.keep_checkpoints, int64_t{0}, int64_t{1} << 20);
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
   r.get("run_dir", t.run_dir);
+  r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
+  r.get("comm_timeout_s", t.comm_timeout_s, 0.0, 1e7);
   r.finish();
   if (t.seq_len > rc.model.max_seq_len)
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,

@@ -35,6 +35,12 @@ struct TrainConfig {
   // its ~3 significant digits are ample for an approximate orthogonalization) or "fp32".
   std::string muon_ns_precision = "bf16";
   std::string precision = "bf16";  // GEMM input type: "fp32" | "bf16"
+  // Under mpirun: ranks per expert-parallel group (experts sharded over them; must divide the
+  // ranks and n_experts). Every rank is also a data-parallel (ZeRO-1) rank.
+  int64_t expert_parallel = 1;
+  // Under mpirun: a step (or checkpoint) that takes longer than this ends the job with an
+  // error naming the rank, instead of hanging when a peer died (0 = no limit).
+  double comm_timeout_s = 300;
   uint64_t seed = 1234;
   int64_t log_every = 10;
   int64_t eval_every = 100;     // 0 = only at the end

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/rng.h"
@@ -22,9 +23,13 @@
 #include "kernels/gemm.h"
 #include "model/info.h"
 #include "model/model.h"
+#include "comm/comm.h"
+#include "comm/watchdog.h"
+#include "model/expert_parallel.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "optim/zero1.h"
 #include "optim/schedule.h"
 
 namespace foundry {
@@ -131,41 +136,80 @@ MuonOptions muon_options(const TrainConfig& tc) {
 
 // The optimizers of a run: AdamW for every tensor, or Muon for the 2-D hidden matrices plus
 // AdamW for the rest. They update disjoint tensors, so the order of their steps is irrelevant.
-// Checkpoints hold every state slab of both, by the optimizers' state names.
+// Under mpirun both are sharded over the ranks (ZeRO-1, optim/zero1.h). Checkpoints hold
+// every state slab of both in full, by the optimizers' state names, whatever the layout.
 class Optimizers {
  public:
-  Optimizers(const ParamTable& table, const TrainConfig& tc) : adam_(table, adamw_options(tc)) {
-    if (muon_enabled(tc)) muon_.emplace(table, muon_options(tc));
+  Optimizers(const ParamTable& table, const TrainConfig& tc, const Communicator* world)
+      : table_(table) {
+    std::optional<MuonOptions> muon;
+    if (muon_enabled(tc)) muon = muon_options(tc);
+    if (world && world->size() > 1) {
+      zero1_.emplace(table, adamw_options(tc), muon, *world);
+    } else {
+      adam_.emplace(table, adamw_options(tc));
+      if (muon) muon_.emplace(table, *muon);
+    }
   }
 
-  void step(float* params, const float* grads, double lr, int64_t step) {
-    adam_.step(params, grads, lr, step);
+  // Clips the (global) gradient to `max_norm` and updates `params`; returns the norm before
+  // clipping. A non-finite norm leaves everything unchanged (the caller stops).
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm) {
+    if (zero1_) return zero1_->step(params, grads, lr, step, max_norm);
+    const double norm = clip_grad_norm(grads, table_, max_norm);
+    if (!std::isfinite(norm)) return norm;
+    adam_->step(params, grads, lr, step);
     if (muon_) muon_->step(params, grads, lr, step);
+    return norm;
   }
 
+  // Collective under ZeRO-1 (the shards are gathered on rank 0, whose pointers are valid
+  // until the next call; the other ranks get an empty list).
   std::vector<StateSlabToSave> states_to_save() {
     std::vector<StateSlabToSave> states;
+    if (zero1_) {
+      gathered_.clear();
+      for (const std::string& name : zero1_->state_names())
+        gathered_.push_back({name, zero1_->gather_state(name)});
+      if (zero1_->rank() == 0)
+        for (const auto& [name, slab] : gathered_) states.push_back({name, slab.data()});
+      return states;
+    }
     for (const std::string& name : AdamW::state_names())
-      states.push_back({name, adam_.state(name).data()});
+      states.push_back({name, adam_->state(name).data()});
     if (muon_)
       for (const std::string& name : Muon::state_names())
         states.push_back({name, muon_->state(name).data()});
     return states;
   }
+  // Buffers load_checkpoint fills; then finish_load() hands them to the sharded optimizer.
   std::vector<StateSlabToLoad> states_to_load() {
     std::vector<StateSlabToLoad> states;
+    if (zero1_) {
+      gathered_.clear();
+      for (const std::string& name : zero1_->state_names()) {
+        gathered_.push_back({name, std::vector<float>(static_cast<size_t>(table_.total_elements()))});
+        states.push_back({name, gathered_.back().second.data()});
+      }
+      return states;
+    }
     for (const StateSlabToSave& s : states_to_save())
       states.push_back({s.suffix, const_cast<float*>(s.data)});
     return states;
   }
+  void finish_load() {  // collective under ZeRO-1
+    if (!zero1_) return;
+    for (const auto& [name, slab] : gathered_) zero1_->load_state(name, slab);
+    gathered_.clear();
+  }
 
   // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
-  // "adamw (all 21 tensors, 1.24M params)".
-  std::string describe(const ParamTable& table) const {
+  // "adamw (all 21 tensors, 1.24M params)", with ", ZeRO-1 over N ranks" when sharded.
+  std::string describe(const ParamTable& table, bool muon_on) const {
     int64_t muon_tensors = 0, adam_tensors = 0;
     double muon_params = 0, adam_params = 0;
     for (const ParamInfo& p : table.params()) {
-      if (muon_ && muon_applies(p)) {
+      if (muon_on && muon_applies(p)) {
         ++muon_tensors;
         muon_params += static_cast<double>(p.numel);
       } else {
@@ -173,18 +217,42 @@ class Optimizers {
         adam_params += static_cast<double>(p.numel);
       }
     }
-    if (!muon_)
-      return fmt::format("adamw (all {} tensors, {} params)", adam_tensors,
-                         format_count(adam_params));
-    return fmt::format("muon ({} tensors, {} params) + adamw (rest: {} tensors, {} params)",
-                       muon_tensors, format_count(muon_params), adam_tensors,
-                       format_count(adam_params));
+    std::string out =
+        muon_on ? fmt::format("muon ({} tensors, {} params) + adamw (rest: {} tensors, {} params)",
+                              muon_tensors, format_count(muon_params), adam_tensors,
+                              format_count(adam_params))
+                : fmt::format("adamw (all {} tensors, {} params)", adam_tensors,
+                              format_count(adam_params));
+    if (zero1_) out += fmt::format(", ZeRO-1 over {} ranks", zero1_->dp());
+    return out;
   }
+  const Zero1Optimizer* zero1() const { return zero1_ ? &*zero1_ : nullptr; }
 
  private:
-  AdamW adam_;
+  const ParamTable& table_;
+  std::optional<AdamW> adam_;
   std::optional<Muon> muon_;
+  std::optional<Zero1Optimizer> zero1_;
+  std::vector<std::pair<std::string, std::vector<float>>> gathered_;
 };
+
+// Ranks started with different configs would train different models and exchange
+// mismatched buffers: every rank compares the hash of its effective config with every
+// other's before anything else is communicated, and all fail together, naming the ranks.
+void check_same_config(const Communicator& world, const RunConfig& rc) {
+  const std::string text = rc.source.dump();
+  const int64_t mine = static_cast<int64_t>(hash64(text.data(), text.size()) >> 1);
+  std::vector<int64_t> all(static_cast<size_t>(world.size()));
+  world.allgather(&mine, all.data(), 1);
+  std::string differ;
+  for (int r = 1; r < world.size(); ++r)
+    if (all[static_cast<size_t>(r)] != all[0]) differ += fmt::format("{}{}", differ.empty() ? "" : ", ", r);
+  if (!differ.empty())
+    fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash {} "
+                     "against {})",
+                     world.rank(), differ, hash64_hex(uint64_t(all[0])), hash64_hex(uint64_t(mine))),
+         "start every rank with the same --config and --set options");
+}
 
 // A resumed run must continue with the optimizer its state was written by. Checkpoints from
 // before train.optimizer existed have no "optimizer" key and were written by AdamW.
@@ -296,6 +364,29 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   const int64_t B = tc.batch_size, T = tc.seq_len, N = B * T;
   const DType precision = tc.precision == "bf16" ? DType::bf16 : DType::f32;
 
+  // ---- processes: each rank trains on its slice of every global batch ----
+  const Communicator* world = opt.world && opt.world->size() > 1 ? opt.world : nullptr;
+  const int ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
+  const bool root = rank == 0;
+  const bool quiet = opt.quiet || !root;
+  if (B % ranks != 0)
+    fail(fmt::format("train.batch_size = {} sequences cannot be split evenly over {} ranks",
+                     B, ranks),
+         fmt::format("make train.batch_size a multiple of {} (it is the global batch)", ranks));
+  const int64_t Bl = B / ranks, Nl = Bl * T;  // this rank's sequences and tokens
+  if (world) check_same_config(*world, rc);
+  if (tc.expert_parallel > 1 && !world)
+    fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but this is one process",
+                     tc.expert_parallel),
+         fmt::format("run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
+                     tc.expert_parallel));
+  std::optional<CommWatchdog> watchdog;
+  if (world) watchdog.emplace(rank, tc.comm_timeout_s);
+  auto guard = [&](const std::string& what) {
+    return watchdog ? std::optional<CommWatchdog::Guard>(watchdog->guard(what))
+                    : std::optional<CommWatchdog::Guard>();
+  };
+
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty", "prepare one with 'foundry data prepare' and set "
          "data.dir, or train on random tokens with --synthetic-data");
@@ -317,11 +408,17 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // ---- model and optimizer ----
   Model model(mc, precision);
   model.init_weights(tc.seed);
-  Optimizers optimizers(model.table(), tc);
+  std::optional<ExpertParallelGroups> ep_groups;
+  if (world && tc.expert_parallel > 1) {
+    ep_groups.emplace(split_expert_parallel(*world, static_cast<int>(tc.expert_parallel)));
+    model.set_expert_parallel(&ep_groups->expert);
+  }
+  Optimizers optimizers(model.table(), tc, world);
   const bool balancing = !model.balancers().empty();  // arch zaya1
-  const int64_t assignments = N * mc.top_k;           // router choices per MoE sublayer
+  const int64_t assignments = N * mc.top_k;           // router choices per MoE sublayer (global)
 
-  make_dirs(tc.run_dir);
+  if (root) make_dirs(tc.run_dir);
+  if (world) world->barrier();
   const std::string metrics_path = tc.run_dir + "/metrics.jsonl";
   int64_t start_step = 0;
   if (opt.resume) {
@@ -333,25 +430,37 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
       // state slabs, and the plain message says more than a missing tensor would.
       check_same_optimizer(*latest, read_checkpoint_trainer_state(*latest), tc.optimizer);
+      auto g = guard("loading " + *latest);
       json state = load_checkpoint(*latest, mc, model.table(), model.params(),
                                    optimizers.states_to_load());
+      optimizers.finish_load();
       start_step = state.at("step").get<int64_t>();
       if (train_loader) train_loader->restore(state.at("data_cursor"));
       restore_router_balancers(model, state, *latest, /*required=*/true);
       model.sync_weights();
-      std::fprintf(stderr, "resumed from %s (step %lld)\n", latest->c_str(),
-                   static_cast<long long>(start_step));
+      if (root)
+        std::fprintf(stderr, "resumed from %s (step %lld)\n", latest->c_str(),
+                     static_cast<long long>(start_step));
     }
   }
-  truncate_metrics(metrics_path, start_step);
-  write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
+  if (root) {
+    truncate_metrics(metrics_path, start_step);
+    write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
+  }
 
   const ParamCounts counts = count_parameters(mc);
   const double flops_per_token = train_flops_per_token(mc, T);
   double peak_gflops = tc.peak_gflops;
-  if (peak_gflops <= 0) peak_gflops = measure_gemm_peak_gflops(precision == DType::bf16);
+  if (peak_gflops <= 0) {
+    // Every rank measures at once, so on a shared host each sees its share of the cores:
+    // the sum is the job's peak.
+    peak_gflops = measure_gemm_peak_gflops(precision == DType::bf16);
+    if (world) world->allreduce(&peak_gflops, &peak_gflops, 1);
+  } else {
+    peak_gflops *= ranks;  // train.peak_gflops is per process
+  }
 
-  if (!opt.quiet)
+  if (!quiet)
     std::fprintf(stderr,
                  "model: %s params (%s active/token), %lld layers, %lld experts top-%lld | "
                  "batch %lld x %lld tokens | %s GEMMs, peak %.0f GFLOP/s\n",
@@ -359,19 +468,38 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
                  static_cast<long long>(mc.n_experts), static_cast<long long>(mc.top_k),
                  static_cast<long long>(B), static_cast<long long>(T), tc.precision.c_str(),
                  peak_gflops);
-  if (!opt.quiet)
-    std::fprintf(stderr, "optimizer: %s\n", optimizers.describe(model.table()).c_str());
+  if (!quiet) {
+    std::fprintf(stderr, "optimizer: %s\n",
+                 optimizers.describe(model.table(), muon_enabled(tc)).c_str());
+    if (world)
+      std::fprintf(stderr, "processes: %d ranks, %lld sequences each per step, expert parallel %lld%s\n",
+                   ranks, static_cast<long long>(Bl), static_cast<long long>(tc.expert_parallel),
+                   optimizers.zero1()
+                       ? fmt::format(" | optimizer state per rank {:.1f} MiB (ZeRO-1)",
+                                     double(optimizers.zero1()->memory().total_bytes()) / (1 << 20)).c_str()
+                       : "");
+  }
 
+  // Every rank reads the whole global batch and keeps its slice, so the data each rank sees
+  // depends only on the global batch and the rank count, not on how ranks read.
   std::vector<int32_t> inputs(N), targets(N);
+  const int32_t* my_inputs = inputs.data() + rank * Nl;
+  const int32_t* my_targets = targets.data() + rank * Nl;
+  // The mean over ranks (equal token counts: the mean of the global batch).
+  auto global_mean = [&](double local) {
+    if (world) world->allreduce(&local, &local, 1);
+    return local / ranks;
+  };
   auto evaluate = [&]() -> double {
     if (!val_loader) return -1;
+    auto g = guard("validation");
     val_loader->reset();
     double sum = 0;
     for (int64_t i = 0; i < tc.eval_batches; ++i) {
       val_loader->next(inputs.data(), targets.data());
-      sum += model.forward(inputs.data(), targets.data(), B, T).ce_loss;
+      sum += model.forward(my_inputs, my_targets, Bl, T).ce_loss;
     }
-    return sum / static_cast<double>(tc.eval_batches);
+    return global_mean(sum / static_cast<double>(tc.eval_batches));
   };
   auto save = [&](int64_t step) {
     // Everything random in training derives from the seed and the step (initialization,
@@ -386,11 +514,17 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     state["schedule"] = {{"lr", learning_rate(schedule_cfg, std::max<int64_t>(step, 1))},
                          {"total_steps", total_steps}};
     double t0 = now_seconds();
-    std::string path = save_checkpoint(tc.run_dir, step, mc, model.table(), model.params(),
-                                       optimizers.states_to_save(), state, tc.keep_checkpoints,
-                                       balancing_bias_tensors(model));
-    if (!opt.quiet)
-      std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
+    auto g = guard(fmt::format("checkpoint of step {}", step));
+    std::vector<StateSlabToSave> states = optimizers.states_to_save();  // collective
+    if (root) {
+      std::string path = save_checkpoint(tc.run_dir, step, mc, model.table(), model.params(),
+                                         states, state, tc.keep_checkpoints,
+                                         balancing_bias_tensors(model));
+      if (!quiet)
+        std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
+    }
+    // Nobody goes on (or exits) before the checkpoint is committed.
+    if (world) world->barrier();
   };
 
   TrainSummary summary;
@@ -398,17 +532,20 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   summary.peak_gflops = peak_gflops;
   if (start_step == 0 && val_loader && total_steps > 0) {
     summary.initial_val_loss = evaluate();
-    if (!opt.quiet)
+    if (!quiet)
       std::fprintf(stderr, "step 0 | val loss %.4f | ppl %.1f\n", summary.initial_val_loss,
                    std::exp(summary.initial_val_loss));
   }
 
-  std::ofstream metrics(metrics_path, std::ios::app);
-  if (!metrics) fail(fmt::format("cannot open '{}' for writing", metrics_path));
+  std::ofstream metrics;
+  if (root) {
+    metrics.open(metrics_path, std::ios::app);
+    if (!metrics) fail(fmt::format("cannot open '{}' for writing", metrics_path));
+  }
   StopSignals signals;
   model.op_times().enabled = opt.op_breakdown;
   Progress progress("train", total_steps, "step");
-  const bool show_bar = Progress::stderr_is_terminal() && !opt.quiet;
+  const bool show_bar = Progress::stderr_is_terminal() && !quiet;
   double timed_seconds = 0;
   int64_t timed_tokens = 0;
   int64_t step = start_step;
@@ -419,27 +556,34 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     ++step;
     if (step == start_step + breakdown_warmup + 1) model.op_times().clear();
     const double t0 = now_seconds();
+    auto step_guard = guard(fmt::format("training step {}", step));
     if (train_loader)
       train_loader->next(inputs.data(), targets.data());
     else
       synthetic_batch(inputs.data(), targets.data(), N, mc.vocab_size, tc.seed, step);
     const double lr = learning_rate(schedule_cfg, step);
     model.zero_grads();
-    ForwardResult fr = model.forward(inputs.data(), targets.data(), B, T);
+    ForwardResult fr = model.forward(my_inputs, my_targets, Bl, T);
     // This batch's routing, for the balancer update after the optimizer step (a copy: a
-    // validation forward before then would overwrite the model's counts).
+    // validation forward before then would overwrite the model's counts), summed over ranks:
+    // every rank's balancer sees the global batch and stays identical.
     std::vector<int64_t> class_counts;
-    if (balancing) class_counts = model.router_class_counts();
+    if (balancing) {
+      class_counts = model.router_class_counts();
+      if (world) sum_router_counts(*world, class_counts);
+    }
     model.backward();
     double grad_norm;
     {
       ScopedOpTimer t(&model.op_times(), "optimizer");
-      grad_norm = clip_grad_norm(model.grads(), model.table(), tc.grad_clip);
+      grad_norm = optimizers.step(model.params(), model.grads(), lr, step, tc.grad_clip);
+      fr.loss = global_mean(fr.loss);
+      fr.ce_loss = global_mean(fr.ce_loss);
+      fr.aux_loss = global_mean(fr.aux_loss);
       if (!std::isfinite(fr.loss) || !std::isfinite(grad_norm))
         fail(fmt::format("step {}: loss {} / gradient norm {} is not finite", step, fr.loss,
                          grad_norm),
              "lower train.lr, raise train.warmup_steps, or use precision fp32 to investigate");
-      optimizers.step(model.params(), model.grads(), lr, step);
       model.sync_weights();
     }
     BalanceStats balance;
@@ -473,9 +617,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       m["val_loss"] = val;
       summary.final_val_loss = val;
     }
-    metrics << m.dump() << "\n";
-    metrics.flush();
-    if (!opt.quiet && (step % tc.log_every == 0 || step == total_steps || eval_now)) {
+    if (root) {
+      metrics << m.dump() << "\n";
+      metrics.flush();
+    }
+    if (!quiet && (step % tc.log_every == 0 || step == total_steps || eval_now)) {
       std::string line = fmt::format(
           "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}%",
           step, total_steps, fr.ce_loss, lr, grad_norm, tokens_per_s, 100 * mfu);
@@ -491,7 +637,14 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     if (show_bar) progress.update(step, fmt::format("loss {:.3f}", fr.ce_loss));
 
     const bool final_step = step == total_steps || step == opt.stop_at_step;
-    const int sig = signals.received();
+    // A signal reaches the ranks at different steps: stop together, at the first step any
+    // rank saw one.
+    int sig = signals.received();
+    if (world) {
+      double s = sig;
+      world->allreduce(&s, &s, 1, ReduceOp::max);
+      sig = static_cast<int>(s);
+    }
     if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",

@@ -20,6 +20,7 @@
 namespace foundry {
 
 class Model;
+class Communicator;
 
 struct TrainOptions {
   bool synthetic_data = false;  // random tokens, no dataset (for benchmarking)
@@ -28,6 +29,11 @@ struct TrainOptions {
   int64_t stop_at_step = -1;    // checkpoint and stop after this step (schedule unchanged)
   bool op_breakdown = false;    // time every operation and print a per-op table at the end
   bool quiet = false;           // no per-step log lines (metrics.jsonl is still written)
+  // All ranks of an mpirun job (null: one process). Each rank trains on its share of every
+  // global batch (train.batch_size sequences, split evenly), gradients are averaged and the
+  // optimizer is sharded over all ranks (ZeRO-1); with train.expert_parallel = P the experts
+  // are also sharded over groups of P consecutive ranks. Rank 0 writes metrics and checkpoints.
+  const Communicator* world = nullptr;
 };
 
 struct TrainSummary {

@@ -1,0 +1,411 @@
+// Expert parallelism on several ranks (test_model_mpi; ctest runs it under mpirun at 2, 3
+// and 4 ranks). Every rank runs every test in the same order: the tests are collective, so
+// they check with EXPECT_* (never return early between collectives) and rank 0 prints the
+// usual report while the other ranks print only their failures.
+//
+//   RoundTrip      dispatch delivers each rank's rows to the owners of their experts in the
+//                  documented order, and combine returns them bit-exactly, with random
+//                  counts including experts that receive nothing and ranks that send nothing.
+//   Equivalence    a standard-MoE and a ZAYA1 model with experts sharded over EP = all ranks
+//                  (and EP = 2 in a world of 4) give the loss and gradients of the same model
+//                  without expert parallelism, and repeat bitwise.
+//   Errors, router statistics.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "base/error.h"
+#include "base/rng.h"
+#include "comm/comm.h"
+#include "model/expert_parallel.h"
+#include "model/model.h"
+#include "model/test_support.h"
+
+namespace foundry {
+namespace {
+
+Communicator* g_world = nullptr;
+Communicator& world() { return *g_world; }
+
+// The EP sizes this world is tested with: all ranks, and 2 when the world has 4 (two EP
+// groups of two, i.e. DP 2 × EP 2).
+std::vector<int> ep_sizes() {
+  std::vector<int> sizes = {world().size()};
+  if (world().size() == 4) sizes.push_back(2);
+  return sizes;
+}
+
+// ---- round trip -----------------------------------------------------------------------------
+
+// What one EP rank routes in a trial: per-expert row counts and the rows [R + skip, width]
+// (the skip rows after the expert rows must come back untouched). A pure function of
+// (trial, EP group, rank), so every rank can rebuild what the others of its group sent.
+struct Routed {
+  std::vector<int64_t> offsets;  // [E + 1]
+  std::vector<float> rows;       // [(offsets[E] + kSkipRows) · width]
+};
+constexpr int64_t kSkipRows = 2;
+
+Routed routed_rows(int trial, int group, int rank, int ep_size, int64_t n_experts,
+                   int64_t width) {
+  Rng rng((static_cast<uint64_t>(trial) * 1000003u + static_cast<uint64_t>(group)) * 1009u +
+          static_cast<uint64_t>(rank));
+  Routed r;
+  r.offsets.assign(n_experts + 1, 0);
+  // Trial 0: nobody sends anything. Otherwise rank (trial % P) sends nothing, expert
+  // (trial % E) receives nothing from anyone, and about a third of the other counts are 0.
+  const bool silent = trial == 0 || rank == trial % ep_size;
+  for (int64_t e = 0; e < n_experts; ++e) {
+    int64_t count = static_cast<int64_t>(rng.below(6));
+    if (rng.below(3) == 0 || silent || e == trial % n_experts) count = 0;
+    r.offsets[e + 1] = r.offsets[e] + count;
+  }
+  r.rows.resize((r.offsets[n_experts] + kSkipRows) * width);
+  for (float& x : r.rows) x = static_cast<float>(rng.normal());
+  return r;
+}
+
+void round_trip(const Communicator& ep, int trial) {
+  const int P = ep.size(), me = ep.rank();
+  const int64_t El = 1 + trial % 3, E = P * El, width = 1 + trial % 4;
+  SCOPED_TRACE(fmt::format("trial {}: EP rank {} of {}, {} experts, width {}", trial, me, P, E,
+                           width));
+  std::vector<Routed> all;
+  const int group = world().rank() / P;  // EP groups of one layout route different rows
+  for (int p = 0; p < P; ++p) all.push_back(routed_rows(trial, group, p, P, E, width));
+  const Routed& mine = all[me];
+  const int64_t R = mine.offsets[E];
+
+  ExpertSharding sharding(E, P, me);
+  ExpertExchange ex;
+  ex.plan(ep, sharding, mine.offsets.data());
+  const int64_t first = sharding.first_expert(me);
+  int64_t expected_local = 0;
+  for (int i = 0; i < P; ++i)
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t rows = all[i].offsets[first + j + 1] - all[i].offsets[first + j];
+      EXPECT_EQ(ex.rows_from(i, j), rows) << "source " << i << " local expert " << j;
+      expected_local += rows;
+    }
+  for (int p = 0; p < P; ++p)
+    EXPECT_EQ(ex.rows_to(p), mine.offsets[(p + 1) * El] - mine.offsets[p * El]) << "peer " << p;
+  EXPECT_EQ(ex.origin_rows(), R);
+  EXPECT_EQ(ex.local_rows(), expected_local);
+
+  // Dispatch: local expert j's rows from rank 0, then rank 1, ..., each in its sender's order.
+  std::vector<float> wire, local(ex.local_rows() * width, -99.0f);
+  ex.dispatch(mine.rows.data(), local.data(), width, wire);
+  std::vector<float> expected;
+  for (int64_t j = 0; j < El; ++j) {
+    EXPECT_EQ(ex.local_offsets()[j], static_cast<int64_t>(expected.size()) / width);
+    for (int i = 0; i < P; ++i) {
+      const float* begin = all[i].rows.data() + all[i].offsets[first + j] * width;
+      const float* end = all[i].rows.data() + all[i].offsets[first + j + 1] * width;
+      expected.insert(expected.end(), begin, end);
+    }
+  }
+  EXPECT_TRUE(local == expected) << "dispatched rows are not in the documented layout";
+
+  // Combine the rows unchanged: every row returns bit-exactly, the skip rows stay as they are.
+  std::vector<float> back(mine.rows.size(), 0.0f);
+  std::copy(mine.rows.begin() + R * width, mine.rows.end(), back.begin() + R * width);
+  ex.combine(local.data(), back.data(), width, wire);
+  EXPECT_TRUE(back == mine.rows) << "a row did not come back to where it left from";
+
+  // Combine an expert-dependent function of the rows: each row must have been at its own
+  // expert (2x + expert index, the same float operations on both sides).
+  for (int64_t j = 0; j < El; ++j)
+    for (int64_t i = ex.local_offsets()[j] * width; i < ex.local_offsets()[j + 1] * width; ++i)
+      local[i] = 2.0f * local[i] + static_cast<float>(first + j);
+  ex.combine(local.data(), back.data(), width, wire);
+  bool same = true;
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t i = mine.offsets[e] * width; i < mine.offsets[e + 1] * width; ++i)
+      same = same && back[i] == 2.0f * mine.rows[i] + static_cast<float>(e);
+  EXPECT_TRUE(same) << "a row came back from an expert other than its own";
+}
+
+TEST(ExpertParallelMpi, RoundTripIsExact) {
+  for (int ep_size : ep_sizes()) {
+    ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
+    for (int trial = 0; trial < 12; ++trial) round_trip(groups.expert, trial);
+  }
+}
+
+// ---- equivalence with the model without expert parallelism ---------------------------------
+
+// E = 2·W experts: divisible by every EP size tested, and with a few tokens per rank some
+// experts get no rows at all.
+ModelConfig moe_config() {
+  ModelConfig c;
+  c.vocab_size = 50;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.n_experts = 2 * world().size();
+  c.top_k = 2;
+  c.ffn_dim = 24;
+  c.max_seq_len = 8;
+  c.init_std = 0.2;
+  c.aux_loss_coef = 0.1;
+  c.validate("test");
+  return c;
+}
+
+ModelConfig zaya_config() {
+  ModelConfig c = moe_config();
+  c.arch = "zaya1";
+  c.n_layers = 3;  // EDA chains the router state over the MoE sublayers
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  c.rope_fraction = 0.5;
+  c.ffn_dim = 12;
+  c.router_latent_dim = 8;
+  c.skip_passes_input = true;
+  c.validate("test");
+  return c;
+}
+
+struct StepResult {
+  double loss = 0;
+  std::vector<float> grads;
+  std::vector<int64_t> loads, class_counts;
+};
+
+StepResult train_step(Model& model, const testing::Batch& batch, int64_t b, int64_t t) {
+  model.zero_grads();
+  StepResult r;
+  r.loss = model.forward(batch.inputs.data(), batch.targets.data(), b, t).loss;
+  r.loads = model.expert_loads();
+  r.class_counts = model.router_class_counts();
+  model.backward();
+  r.grads.assign(model.grads(), model.grads() + model.slab_size());
+  return r;
+}
+
+// max |a − b| over the tensor, relative to max |b| (the scale of the tensor's gradient).
+double relative_error(const float* a, const float* b, int64_t n) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return scale > 0 ? diff / scale : diff;
+}
+
+// Tolerances. Expert parallelism changes only the order of floating-point reductions: an
+// owner's expert GEMMs run over the rows of all EP ranks at once (other row counts, hence
+// other blockings inside oneDNN), and an expert's weight gradient is one sum over all those
+// rows instead of a sum of per-rank sums. The expert outputs therefore differ in the last
+// bits, and so does everything downstream of them. Measured here over 2–4 ranks: the loss
+// within 3e-8 (relative), gradients within 1.1e-6 of each tensor's largest entry for the
+// standard MoE and 2.5e-6 for ZAYA1 (its router gradients pass through the gating softmax
+// and three router layers, which amplify rounding). The bounds leave room for other CPUs'
+// oneDNN blockings; a misplaced row, a wrong expert or a missing rank's contribution changes
+// a gradient by the order of the gradient itself (checked below: cross_rank).
+constexpr double kLossRelTol = 1e-6;  // of |loss|
+constexpr double kGradRelTol = 1e-5;  // of max |reference gradient| of the tensor
+
+void expect_equivalent(const ModelConfig& c, int ep_size) {
+  ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
+  const Communicator& ep = groups.expert;
+  const int rank = world().rank();
+  SCOPED_TRACE(fmt::format("{} model, world rank {}, EP rank {} of {}", c.arch, rank, ep.rank(),
+                           ep.size()));
+  // Each rank its own batch, of its own size: the exchange does not need equal loads.
+  const int64_t B = 1 + rank % 2, T = 6;
+  const testing::Batch batch = testing::random_batch(c, B * T, 100 + rank);
+
+  Model model(c, DType::f32);
+  model.init_weights(11);  // the same weights on every rank
+  const StepResult ref = train_step(model, batch, B, T);
+  // The reference for an expert tensor: the sum over the EP group of every rank's local
+  // gradient (the owner computes all of the group's tokens for its experts).
+  std::vector<float> expert_sum = ref.grads;
+  ep.allreduce(expert_sum.data(), expert_sum.data(), expert_sum.size());
+
+  model.set_expert_parallel(&ep);
+  const StepResult got = train_step(model, batch, B, T);
+  const StepResult again = train_step(model, batch, B, T);
+
+  EXPECT_EQ(got.loads, ref.loads) << "the routing itself must not change";
+  EXPECT_EQ(got.class_counts, ref.class_counts);
+  EXPECT_NEAR(got.loss, ref.loss, kLossRelTol * std::abs(ref.loss));
+  int owned = 0, cross_rank = 0;
+  for (const auto& p : model.table().params()) {
+    const float* g = got.grads.data() + p.offset;
+    const int owner = model.expert_owner(p);
+    if (owner < 0) {
+      // Not sharded (attention, router, norms, embedding, scales): this rank's own tokens.
+      EXPECT_LE(relative_error(g, ref.grads.data() + p.offset, p.numel), kGradRelTol) << p.name;
+    } else if (owner == ep.rank()) {
+      // Owned expert: the contributions of all EP ranks' tokens.
+      ++owned;
+      EXPECT_LE(relative_error(g, expert_sum.data() + p.offset, p.numel), kGradRelTol) << p.name;
+      if (relative_error(expert_sum.data() + p.offset, ref.grads.data() + p.offset, p.numel) >
+          1e-3)
+        ++cross_rank;
+    } else {
+      // Another rank's expert: never touched here.
+      bool zero = true;
+      for (int64_t i = 0; i < p.numel; ++i) zero = zero && g[i] == 0.0f;
+      EXPECT_TRUE(zero) << p.name << " is owned by EP rank " << owner << " but got a gradient";
+    }
+  }
+  EXPECT_EQ(owned, c.n_layers * (c.n_experts / ep.size()) * 3);  // gate|up, up, down
+  EXPECT_GT(cross_rank, 0) << "no owned expert received another rank's tokens: the test "
+                              "would not notice a missing contribution";
+  // Bitwise repeatable.
+  EXPECT_EQ(again.loss, got.loss);
+  EXPECT_TRUE(again.grads == got.grads) << "a second identical step differs";
+}
+
+TEST(ExpertParallelMpi, StandardMoeMatchesWithoutExpertParallelism) {
+  for (int ep_size : ep_sizes()) expect_equivalent(moe_config(), ep_size);
+}
+
+TEST(ExpertParallelMpi, ZayaMatchesWithoutExpertParallelism) {
+  for (int ep_size : ep_sizes()) expect_equivalent(zaya_config(), ep_size);
+}
+
+// ---- router statistics -------------------------------------------------------------------------
+
+TEST(ExpertParallelMpi, RouterCountsSumOverAllRanks) {
+  const ModelConfig c = zaya_config();
+  const int W = world().size(), rank = world().rank();
+  ExpertParallelGroups groups = split_expert_parallel(world(), W);
+  Model model(c, DType::f32);
+  model.init_weights(3);
+  model.set_expert_parallel(&groups.expert);
+  const int64_t N = 6 * (1 + rank);
+  const testing::Batch batch = testing::random_batch(c, N, 7 + rank);
+  model.forward(batch.inputs.data(), batch.targets.data(), 1 + rank, 6);
+  std::vector<int64_t> counts = model.router_class_counts();
+  std::vector<int64_t> loads = model.expert_loads();
+  // The expected sums, in rank order from every rank's own counts.
+  std::vector<int64_t> all(counts.size() * W), all_loads(loads.size() * W);
+  world().allgather(counts.data(), all.data(), counts.size());
+  world().allgather(loads.data(), all_loads.data(), loads.size());
+  sum_router_counts(world(), counts);
+  sum_router_counts(world(), loads);
+  for (size_t i = 0; i < counts.size(); ++i) {
+    int64_t sum = 0;
+    for (int r = 0; r < W; ++r) sum += all[r * counts.size() + i];
+    EXPECT_EQ(counts[i], sum) << "class count " << i;
+  }
+  const int64_t S = c.router_classes(), E = c.n_experts;
+  const int64_t global_assignments = 6 * W * (W + 1) / 2 * c.top_k;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    int64_t total = 0, routed = 0;
+    for (int64_t s = 0; s < S; ++s) total += counts[l * S + s];
+    for (int64_t e = 0; e < E; ++e) routed += loads[l * E + e];
+    EXPECT_EQ(total, global_assignments) << "layer " << l;
+    EXPECT_EQ(routed + counts[l * S + E], global_assignments) << "layer " << l;
+  }
+  // Summed counts keep the balancers identical on every rank (they decide the routing).
+  model.update_balancers(counts.data(), global_assignments);
+  std::vector<double> bias(model.balancers()[0].bias.begin(), model.balancers()[0].bias.end());
+  std::vector<double> hi = bias, lo = bias;
+  world().allreduce(hi.data(), hi.data(), hi.size(), ReduceOp::max);
+  world().allreduce(lo.data(), lo.data(), lo.size(), ReduceOp::min);
+  EXPECT_EQ(hi, lo);
+
+  // Ranks that disagree on the number of counts all fail, and none is left waiting.
+  std::vector<int64_t> uneven(rank == 0 ? 3 : 4, 1);
+  try {
+    sum_router_counts(world(), uneven);
+    ADD_FAILURE() << "uneven counts were summed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fmt::format("rank {} of {}", rank, W)),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+// ---- errors ------------------------------------------------------------------------------------
+
+TEST(ExpertParallelMpi, LayoutsThatDoNotDivideAreRejectedOnEveryRank) {
+  const int W = world().size(), rank = world().rank();
+  ModelConfig c = moe_config();
+  c.n_experts = 2 * W - 1;  // odd: no EP size > 1 of this world divides it
+  Model model(c, DType::f32);
+  try {
+    model.set_expert_parallel(&world());
+    ADD_FAILURE() << c.n_experts << " experts were sharded over " << W << " ranks";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(fmt::format("rank {} of {}", rank, W)), std::string::npos) << what;
+    EXPECT_NE(what.find(fmt::format("{} experts cannot be sharded over {} ranks", c.n_experts, W)),
+              std::string::npos)
+        << what;
+  }
+  EXPECT_EQ(model.expert_sharding(), nullptr) << "a rejected group must leave the model as it was";
+  try {
+    split_expert_parallel(world(), W + 1);
+    ADD_FAILURE() << "EP size " << W + 1 << " accepted in a world of " << W;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not divide"), std::string::npos) << e.what();
+  }
+  // The world is still usable: every rank got here.
+  world().barrier();
+}
+
+// ---- DP × EP groups --------------------------------------------------------------------------
+
+TEST(ExpertParallelMpi, GroupsOfADataByExpertLayout) {
+  const int W = world().size(), rank = world().rank();
+  for (int P = 1; P <= W; ++P) {
+    if (W % P != 0) continue;
+    ExpertParallelGroups g = split_expert_parallel(world(), P);
+    EXPECT_EQ(g.expert.size(), P);
+    EXPECT_EQ(g.expert.rank(), rank % P);
+    EXPECT_EQ(g.replicas.size(), W / P);
+    EXPECT_EQ(g.replicas.rank(), rank / P);
+    // Members of my EP group: world ranks (rank / P)·P + i, in EP-rank order.
+    std::vector<int64_t> me = {rank}, members(P);
+    g.expert.allgather(me.data(), members.data(), 1);
+    for (int i = 0; i < P; ++i) EXPECT_EQ(members[i], rank / P * P + i);
+  }
+}
+
+// Rank 0 prints GoogleTest's report; the others print only their failures, tagged.
+class FailurePrinter : public ::testing::EmptyTestEventListener {
+ public:
+  explicit FailurePrinter(int rank) : rank_(rank) {}
+  void OnTestPartResult(const ::testing::TestPartResult& r) override {
+    if (!r.failed()) return;
+    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
+                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
+  }
+
+ private:
+  int rank_;
+};
+
+}  // namespace
+}  // namespace foundry
+
+int main(int argc, char** argv) {
+  foundry::MpiSession session;
+  foundry::g_world = &session.world();
+  ::testing::InitGoogleTest(&argc, argv);
+  const int rank = session.world().rank();
+  if (rank != 0) {
+    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+    delete listeners.Release(listeners.default_result_printer());
+    listeners.Append(new foundry::FailurePrinter(rank));
+  }
+  // Every rank exits with the same status: failed if any rank failed.
+  int64_t failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+  session.world().allreduce(&failed, &failed, 1, foundry::ReduceOp::max);
+  if (rank == 0 && failed)
+    std::fprintf(stderr, "test_model_mpi: a test failed on at least one rank\n");
+  session.finalize();
+  return failed ? 1 : 0;
+}

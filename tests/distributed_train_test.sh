@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# Distributed training under mpirun: 1, 2 and 4 ranks (data parallel + ZeRO-1, and expert
+# parallel) give the same losses within the reduction-order tolerance; the same layout twice
+# is bitwise identical; a checkpoint written at one layout resumes at others; and failures
+# (ranks with different configs, a killed rank, layouts that do not divide) end the job with a
+# clear error instead of hanging.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+# Reduction order differs between layouts (gradients summed over ranks in another order, then
+# clipped and fed to AdamW/Muon; AdamW's first steps are sign-like on nearly cancelling
+# gradients, and top-k routing could flip on a last-bit difference): the losses of 30 fp32
+# steps must agree to 1e-6 relative (measured: about 1e-8).
+TOL=1e-6
+
+cat > moe.json <<'JSON'
+{
+  "model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+            "head_dim": 8, "n_experts": 4, "top_k": 2, "ffn_dim": 48, "max_seq_len": 32,
+            "aux_loss_coef": 0},
+  "train": {"steps": 30, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "warmup_steps": 5,
+            "optimizer": "muon", "muon_ns_precision": "fp32", "precision": "fp32",
+            "log_every": 10, "checkpoint_every": 0, "peak_gflops": 100, "run_dir": "run"},
+  "data": {"dir": ""}
+}
+JSON
+cat > zaya.json <<'JSON'
+{
+  "model": {"arch": "zaya1", "vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4,
+            "n_kv_heads": 2, "head_dim": 8, "n_experts": 4, "top_k": 1, "ffn_dim": 48,
+            "router_latent_dim": 16, "rope_fraction": 0.5, "max_seq_len": 32},
+  "train": {"steps": 30, "batch_size": 4, "seq_len": 16, "lr": 3e-3, "warmup_steps": 5,
+            "optimizer": "adamw", "precision": "fp32", "log_every": 10, "checkpoint_every": 0,
+            "peak_gflops": 100, "run_dir": "run"},
+  "data": {"dir": ""}
+}
+JSON
+
+losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1])))" "$1"; }
+close() {  # close A B: every loss of run B within TOL of run A's (relative), same count
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" "$TOL" <<'PY'
+import json, sys
+a = [json.loads(l)["loss"] for l in open(sys.argv[1])]
+b = [json.loads(l)["loss"] for l in open(sys.argv[2])]
+tol = float(sys.argv[3])
+assert len(a) == len(b) and a, (len(a), len(b))
+worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"    worst relative difference {worst:.2e} over {len(a)} steps")
+assert worst <= tol, worst
+PY
+}
+train() {  # train NP CONFIG RUN_DIR [extra args]
+  local np="$1" config="$2" dir="$3"
+  shift 3
+  if [ "$np" = 1 ]; then
+    "$FOUNDRY" train --config "$config" --synthetic-data --set train.run_dir="$dir" -q "$@"
+  else
+    timeout 300 "${MPIRUN[@]}" -np "$np" "$FOUNDRY" train --config "$config" --synthetic-data \
+      --set train.run_dir="$dir" -q "$@"
+  fi
+}
+
+# ---- equivalence across layouts ----
+for arch in moe zaya; do
+  train 1 $arch.json $arch-1 >$arch-1.log 2>&1 || { bad "$arch: single process failed"; cat $arch-1.log; }
+  for layout in "2 1" "4 1" "4 2" "2 2"; do
+    set -- $layout
+    np=$1 ep=$2
+    run=$arch-$np-ep$ep
+    if train "$np" $arch.json $run --set train.expert_parallel=$ep >$run.log 2>&1; then
+      if close $arch-1 $run; then ok "$arch: $np ranks (expert parallel $ep) match one process"
+      else bad "$arch: $np ranks (expert parallel $ep) differ from one process"; fi
+    else bad "$arch: $np ranks (expert parallel $ep) failed"; cat $run.log; fi
+  done
+done
+
+# ---- the same layout twice: bitwise ----
+train 2 moe.json again >again.log 2>&1 || bad "second 2-rank run failed"
+if [ "$(losses moe-2-ep1/metrics.jsonl)" = "$(losses again/metrics.jsonl)" ]; then
+  ok "the same 2-rank layout twice gives bitwise-identical losses"
+else bad "2-rank runs differ: $(losses moe-2-ep1/metrics.jsonl) / $(losses again/metrics.jsonl)"; fi
+
+# ---- checkpoints: written at 2 ranks, resumed at 2 (bitwise), 1 and 4 (within tolerance) ----
+train 2 moe.json ck --set train.checkpoint_every=15 --stop-at-step 15 >ck.log 2>&1 \
+  || { bad "2-rank run to step 15 failed"; cat ck.log; }
+for np in 2 1 4; do
+  rm -rf ck$np && cp -r ck ck$np
+  if train "$np" moe.json ck$np --resume >ck$np.log 2>&1; then
+    if [ "$np" = 2 ]; then
+      [ "$(losses moe-2-ep1/metrics.jsonl)" = "$(losses ck2/metrics.jsonl)" ] \
+        && ok "resumed at 2 ranks: bitwise equal to the straight 2-rank run" \
+        || bad "2-rank resume differs from the straight run"
+    else
+      close moe-2-ep1 ck$np && ok "written at 2 ranks, resumed at $np: matches the straight run" \
+        || bad "resume at $np ranks differs"
+    fi
+  else bad "resume at $np ranks failed"; cat ck$np.log; fi
+done
+
+# ---- failures: clear errors, never a hang ----
+expect_fail "batch not divisible by the ranks" "cannot be split evenly over 3 ranks" \
+  timeout 120 "${MPIRUN[@]}" -np 3 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q
+expect_fail "expert parallel on one process" "train.expert_parallel = 2 needs" \
+  "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.expert_parallel=2 -q
+expect_fail "ranks with different configs" "differs from rank 0's" \
+  timeout 120 mpirun --oversubscribe --bind-to none \
+    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q : \
+    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.lr=1e-3 -q
+
+# A rank killed mid-run: the job ends with an error that names the rank, in bounded time.
+"${MPIRUN[@]}" -np 2 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=killed \
+  --set train.steps=100000 --set train.comm_timeout_s=20 -q >killed.log 2>&1 &
+job=$!
+for _ in $(seq 100); do
+  victim="$(pgrep -f 'train.run_dir=killed' | while read -r p; do
+    [ "$(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -d' ' -f1)" = "$FOUNDRY" ] && echo "$p"; done | tail -n1)"
+  [ -n "$victim" ] && [ -s killed/metrics.jsonl ] && break
+  sleep 0.2
+done
+kill -9 "$victim" 2>/dev/null
+killed_at=$(date +%s)
+for _ in $(seq 450); do kill -0 $job 2>/dev/null || break; sleep 0.2; done
+if kill -0 $job 2>/dev/null; then
+  bad "killed rank: the job still runs 90 s later"; cat killed.log
+  pkill -9 -f 'train.run_dir=killed'
+  wait $job 2>/dev/null
+else
+  wait $job; rc=$?
+  elapsed=$(( $(date +%s) - killed_at ))
+  if [ "$rc" -ne 0 ] && grep -qiE "rank [0-9]" killed.log; then
+    ok "a killed rank ends the job (exit $rc) within ${elapsed} s, naming the rank"
+  else bad "killed rank: exit $rc, or no rank named:"; cat killed.log; fi
+fi
+
+finish
