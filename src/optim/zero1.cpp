@@ -558,11 +558,15 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   // 1. The averaged gradient of this rank's shard.
   // The shard's gradient, addressed by slab offset (only offsets inside the shard).
   auto grad_at = [this](int64_t offset) { return grad_shard_.data() + (offset - shard_.begin); };
-  for (const Window& w : windows_) {
-    const SlabRange mine = intersect(w.range, shard_);
-    float* recv = mine.size() > 0 ? grad_at(mine.begin) : grad_shard_.data();
-    comm_.reduce_scatterv(grads + w.range.begin, recv, w.counts);
+  {
+    ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter");
+    for (const Window& w : windows_) {
+      const SlabRange mine = intersect(w.range, shard_);
+      float* recv = mine.size() > 0 ? grad_at(mine.begin) : grad_shard_.data();
+      comm_.reduce_scatterv(grads + w.range.begin, recv, w.counts);
+    }
   }
+  ScopedOpTimer local_work(op_times_, "optimizer");
   const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
   if (size > 1) {
     const float inv_dp = static_cast<float>(1.0 / size);
@@ -582,7 +586,10 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   for (double s : partial) shard_sum += s;
   const double mine[4] = {shard_sum, lr, static_cast<double>(step), max_grad_norm};
   std::vector<double> all(4 * static_cast<size_t>(size));
-  comm_.allgather(mine, all.data(), 4);
+  {
+    ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
+    comm_.allgather(mine, all.data(), 4);
+  }
   double total = 0;
   for (int r = 0; r < size; ++r) {
     const double* theirs = all.data() + 4 * r;
@@ -637,7 +644,10 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   if (owned_split_ >= 0) {
     const MuonPlacement& m = matrices[owned_split_];
     std::memcpy(exchange_.data(), grad_at(m.offset), sizeof(float) * (shard_.end - m.offset));
-    for (Request& r : gradient_receives) r.wait();
+    {
+      ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
+      for (Request& r : gradient_receives) r.wait();
+    }
     muon_matrix(owned_split_, params, exchange_.data(), lr);
     for (int h = m.owner + 1; h <= m.last_rank; ++h) {
       const SlabRange p = layout_.piece(owned_split_, h);
@@ -645,9 +655,13 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
       pending.push_back(comm_.isend(params + p.begin, p.size(), h, kTagUpdatedPiece));
     }
   }
-  for (Request& r : pending) r.wait();
+  {
+    ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
+    for (Request& r : pending) r.wait();
+  }
 
   // 6. Every rank gets every shard of the updated slab.
+  ScopedOpTimer t(op_times_, "comm: weight all-gather");
   for (const Window& w : windows_) comm_.allgatherv_in_place(params + w.range.begin, w.counts);
   return norm;
 }

@@ -28,6 +28,7 @@
 // run in a fixed order (MPI's reduce-scatter for a fixed rank count and message size, then
 // our own ordered sums).
 #pragma once
+#include "base/timer.h"
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -220,6 +221,11 @@ class Zero1Optimizer {
   void load_state(std::string_view name, std::span<const float> full_slab);
   void reset();  // zeroes every state
 
+  // Times the step's phases into `times` (null: not timed): "comm: gradient reduce-scatter",
+  // "comm: norm and boundary exchange", "comm: weight all-gather", and the local update as
+  // "optimizer" (its time includes the nested communication waits of the step's middle).
+  void set_op_times(OpTimes* times) { op_times_ = times; }
+
   const Zero1Layout& layout() const { return layout_; }
   int rank() const { return comm_.rank(); }
   int dp() const { return comm_.size(); }
@@ -270,6 +276,7 @@ class Zero1Optimizer {
   std::vector<float> momentum_;           // Muon momentum of the owned matrices, whole
   std::vector<float> exchange_;           // the owned split matrix's gradient, assembled
   NewtonSchulz newton_schulz_;
+  OpTimes* op_times_ = nullptr;
 };
 
 }  // namespace foundry

@@ -227,6 +227,9 @@ class Optimizers {
     return out;
   }
   const Zero1Optimizer* zero1() const { return zero1_ ? &*zero1_ : nullptr; }
+  void set_op_times(OpTimes* times) {
+    if (zero1_) zero1_->set_op_times(times);
+  }
 
  private:
   const ParamTable& table_;
@@ -414,6 +417,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     model.set_expert_parallel(&ep_groups->expert);
   }
   Optimizers optimizers(model.table(), tc, world);
+  optimizers.set_op_times(&model.op_times());
   const bool balancing = !model.balancers().empty();  // arch zaya1
   const int64_t assignments = N * mc.top_k;           // router choices per MoE sublayer (global)
 
@@ -575,7 +579,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     model.backward();
     double grad_norm;
     {
-      ScopedOpTimer t(&model.op_times(), "optimizer");
+      // ZeRO-1 times its own phases (communication apart from the local update).
+      std::optional<ScopedOpTimer> t;
+      if (!optimizers.zero1()) t.emplace(&model.op_times(), "optimizer");
       grad_norm = optimizers.step(model.params(), model.grads(), lr, step, tc.grad_clip);
       fr.loss = global_mean(fr.loss);
       fr.ce_loss = global_mean(fr.ce_loss);
