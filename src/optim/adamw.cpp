@@ -10,32 +10,6 @@ namespace foundry {
 
 namespace {
 
-// Per-step constants, each rounded to float once.
-struct AdamWScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;           // lr / (1 - beta1^t)
-  float sqrt_correction2;    // sqrt(1 - beta2^t)
-  float eps;
-  float decay_factor;        // 1 - lr * weight_decay
-};
-
-void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay) {
-  const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
-  const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
-  const float keep = decay ? s.decay_factor : 1.0f;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float mi = b1 * m[i] + c1 * gi;
-    const float vi = b2 * v[i] + c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / sqrt_c2 + eps;
-    p[i] = p[i] * keep - step_size * (mi / denom);
-  }
-}
-
 // The parts of `chunks` that lie inside tensors selected by `keep`, each with its chunk's
 // decay flag. Like the chunks themselves, the pieces depend only on the table and the
 // predicate, never on the thread count.
@@ -89,9 +63,7 @@ bool AdamW::decays(const ParamInfo& info) const {
   return info.weight_decay;
 }
 
-void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
-  if (step < 1) fail(fmt::format("AdamW step number {} must be >= 1 (steps are 1-based)", step));
-  const AdamWOptions& o = options_;
+AdamWScalars adamw_scalars(const AdamWOptions& o, double lr, int64_t step) {
   const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
   const double correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
   AdamWScalars s;
@@ -103,6 +75,29 @@ void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
   s.sqrt_correction2 = static_cast<float>(std::sqrt(correction2));
   s.eps = static_cast<float>(o.eps);
   s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+  return s;
+}
+
+void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay) {
+  const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
+  const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
+  const float keep = decay ? s.decay_factor : 1.0f;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + c1 * gi;
+    const float vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float denom = std::sqrt(vi) / sqrt_c2 + eps;
+    p[i] = p[i] * keep - step_size * (mi / denom);
+  }
+}
+
+void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
+  if (step < 1) fail(fmt::format("AdamW step number {} must be >= 1 (steps are 1-based)", step));
+  const AdamWScalars s = adamw_scalars(options_, lr, step);
 
   const int64_t n_chunks = static_cast<int64_t>(chunks_.size());
   float* m = exp_avg_.data();

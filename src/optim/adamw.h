@@ -43,6 +43,20 @@ struct AdamWOptions {
   std::function<bool(const ParamInfo&)> applies;
 };
 
+// Per-step constants of the update, each rounded to float once; and the elementwise update
+// of n consecutive elements. Shared by AdamW and the ZeRO-1 optimizer (optim/zero1.h), so a
+// sharded step does exactly the single-process arithmetic.
+struct AdamWScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;
+  float step_size;           // lr / (1 - beta1^t)
+  float sqrt_correction2;    // sqrt(1 - beta2^t)
+  float eps;
+  float decay_factor;        // 1 - lr * weight_decay
+};
+AdamWScalars adamw_scalars(const AdamWOptions& options, double lr, int64_t step);
+void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay);
+
 class AdamW {
  public:
   // Allocates zeroed moment slabs of table.total_elements() floats each.

@@ -8,8 +8,6 @@
 
 namespace foundry {
 
-namespace {
-
 // Eight independent double accumulators (element i goes to lane i % 8), combined in a fixed
 // order: the summation order is set by the code, not by the compiler's vector width or the
 // buffer's alignment, and the lanes still vectorize.
@@ -34,7 +32,6 @@ void scale_in_place(float* x, int64_t n, float factor) {
   for (int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 
-}  // namespace
 
 double grad_norm(const float* grads, const ParamTable& table) {
   const std::vector<SlabChunk> chunks = slab_chunks(table, nullptr);

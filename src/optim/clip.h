@@ -23,4 +23,11 @@ double grad_norm(const float* grads, const ParamTable& table);
 // gradients are then left untouched so the caller can skip the step and report it.
 double clip_grad_norm(float* grads, const ParamTable& table, double max_norm);
 
+// The pieces, shared with the ZeRO-1 optimizer (optim/zero1.h) so a sharded norm adds the
+// same numbers in the same order. The sum of x[i]² over n elements in eight double lanes
+// (element i to lane i % 8) combined pairwise: the order is fixed by the code, not by the
+// vector width or the alignment. And x *= factor.
+double sum_of_squares(const float* x, int64_t n);
+void scale_in_place(float* x, int64_t n, float factor);
+
 }  // namespace foundry

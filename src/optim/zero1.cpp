@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "optim/clip.h"
 #include "optim/slab_chunks.h"
 
 namespace foundry {
@@ -31,57 +32,6 @@ SlabRange intersect(SlabRange a, SlabRange b) {
   const int64_t begin = std::max(a.begin, b.begin);
   const int64_t end = std::min(a.end, b.end);
   return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
-}
-
-// The sum of squares of optim/clip.cpp, in the same order: eight double lanes (element i
-// to lane i % 8) combined pairwise. Same order, same bits, so one rank reproduces the
-// single-process norm exactly.
-double sum_of_squares(const float* x, int64_t n) {
-  constexpr int kLanes = 8;
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const double xj = x[i + j];
-      lane[j] += xj * xj;
-    }
-  for (int j = 0; i + j < n; ++j) {
-    const double xj = x[i + j];
-    lane[j] += xj * xj;
-  }
-  return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-}
-
-void scale_in_place(float* x, int64_t n, float factor) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
-}
-
-// Per-step AdamW constants, each rounded to float once, and the elementwise update: the
-// arithmetic of optim/adamw.cpp, written the same way so one rank matches it bit for bit.
-struct AdamWScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;         // lr / (1 - beta1^t)
-  float sqrt_correction2;  // sqrt(1 - beta2^t)
-  float eps;
-  float decay_factor;      // 1 - lr * weight_decay
-};
-
-void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay) {
-  const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
-  const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
-  const float keep = decay ? s.decay_factor : 1.0f;
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float mi = b1 * m[i] + c1 * gi;
-    const float vi = b2 * v[i] + c2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float denom = std::sqrt(vi) / sqrt_c2 + eps;
-    p[i] = p[i] * keep - step_size * (mi / denom);
-  }
 }
 
 // The weight-decay group of AdamW::decays.
@@ -494,18 +444,7 @@ int64_t Zero1Optimizer::allocated_bytes() const {
 }
 
 void Zero1Optimizer::adamw_step(float* params, double lr, int64_t step) {
-  const AdamWOptions& o = adamw_options_;
-  const double correction1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double correction2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  AdamWScalars s;
-  s.beta1 = static_cast<float>(o.beta1);
-  s.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
-  s.beta2 = static_cast<float>(o.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
-  s.step_size = static_cast<float>(lr / correction1);
-  s.sqrt_correction2 = static_cast<float>(std::sqrt(correction2));
-  s.eps = static_cast<float>(o.eps);
-  s.decay_factor = static_cast<float>(1.0 - lr * o.weight_decay);
+  const AdamWScalars s = adamw_scalars(adamw_options_, lr, step);  // AdamW's own arithmetic
 
   const int64_t n_chunks = static_cast<int64_t>(adamw_chunks_.size());
   const float* g = grad_shard_.data();

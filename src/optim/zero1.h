@@ -28,7 +28,6 @@
 // run in a fixed order (MPI's reduce-scatter for a fixed rank count and message size, then
 // our own ordered sums).
 #pragma once
-#include "base/timer.h"
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -36,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/timer.h"
 #include "comm/comm.h"
 #include "model/params.h"
 #include "optim/adamw.h"
