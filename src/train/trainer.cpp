@@ -667,7 +667,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     summary.mfu = summary.tokens_per_s * flops_per_token / (peak_gflops * 1e9);
   }
   const int64_t steps_run = step - start_step - breakdown_warmup;
-  if (opt.op_breakdown && steps_run > 0) {
+  if (opt.op_breakdown && steps_run > 0 && root) {
     double total = 0;
     for (const auto& [op, s] : model.op_times().seconds()) total += s;
     std::fprintf(stderr, "\nper-operation time (mean per step over %lld steps):\n",
