@@ -51,6 +51,26 @@ grep -q "predicted step time:" <<<"$out" && grep -q "expert GEMMs" <<<"$out" \
 python3 -c "import json; d = json.load(open('pred.json')); assert d['step_s'] > 0 and d['items']" \
   && ok "plan --config --json" || bad "plan --config --json"
 
+# ---- a measured profile of this machine: bench all -> plan ----
+if "$FOUNDRY" bench all --quick --only gemm,membw --out hw >hw.log 2>&1; then
+  missing=""
+  for f in profile.json report.md gemm.csv memory_stream.csv memory_working_set.csv collectives.csv \
+           gemm_square.png gemm_offsize.png memory_working_set.png; do
+    [ -s "hw/$f" ] || missing="$missing $f"
+  done
+  [ -z "$missing" ] && ok "bench all writes the profile, CSV tables, plots and report" \
+    || bad "bench all did not write:$missing"
+  grep -q "^# command: .*bench all --quick" hw/gemm.csv && grep -q "^command: .*bench all" hw/report.md \
+    && ok "outputs carry the provenance header" || bad "no provenance header in gemm.csv / report.md"
+  "$FOUNDRY" plan --profile hw/profile.json --config "$SRC/configs/moe-bench.json" >hwplan.txt 2>&1 \
+    && grep -q "predicted step time" hwplan.txt && ok "plan reads the measured profile" \
+    || { bad "plan on the measured profile:"; cat hwplan.txt; }
+  rm -f hw/*.png hw/report.md
+  "$FOUNDRY" bench report --profile hw/profile.json --out hw >/dev/null 2>&1 && [ -s hw/report.md ] \
+    && [ -s hw/gemm_square.png ] && ok "bench report redraws the report from the profile" \
+    || bad "bench report"
+else bad "bench all --quick failed:"; cat hw.log; fi
+
 # ---- bad input ----
 expect_fail "unknown profile" "unknown profile 'mi400'" "$FOUNDRY" plan --profile mi400 --total-params 1B
 out="$("$FOUNDRY" plan --profile mi400 --total-params 1B 2>&1)"
