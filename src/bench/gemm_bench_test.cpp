@@ -8,21 +8,13 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/test_expect_error.h"
 
 namespace foundry {
 namespace {
 
 namespace fs = std::filesystem;
 
-template <typename F>
-void expect_error(F fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 std::vector<GemmShape> of_kind(const std::vector<GemmShape>& shapes, const std::string& kind) {
   std::vector<GemmShape> out;

@@ -9,22 +9,13 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/test_expect_error.h"
 
 namespace foundry {
 namespace {
 
 namespace fs = std::filesystem;
 
-// Expects `fn` to throw foundry::Error whose message contains `needle`.
-template <typename F>
-void expect_error(F fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 void write_index(const fs::path& dir, int index, int level, const std::string& type,
                  const std::string& size, const std::string& shared) {

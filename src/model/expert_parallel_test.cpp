@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/test_expect_error.h"
 #include "base/error.h"
 #include "base/rng.h"
 #include "model/model.h"
@@ -24,15 +25,6 @@ Communicator& world() {
   return session.world();
 }
 
-template <class F>
-void expect_error(F body, const std::string& needle) {
-  try {
-    body();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 TEST(ExpertSharding, OwnersAreConsecutiveBlocks) {
   ExpertSharding s(8, 4);

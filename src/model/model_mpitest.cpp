@@ -21,6 +21,7 @@
 #include "base/error.h"
 #include "base/rng.h"
 #include "comm/comm.h"
+#include "comm/mpi_test_main.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
 #include "model/test_support.h"
@@ -374,38 +375,8 @@ TEST(ExpertParallelMpi, GroupsOfADataByExpertLayout) {
   }
 }
 
-// Rank 0 prints GoogleTest's report; the others print only their failures, tagged.
-class FailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit FailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& r) override {
-    if (!r.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
-                 r.file_name() ? r.file_name() : "?", r.line_number(), r.message());
-  }
-
- private:
-  int rank_;
-};
 
 }  // namespace
 }  // namespace foundry
 
-int main(int argc, char** argv) {
-  foundry::MpiSession session;
-  foundry::g_world = &session.world();
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rank = session.world().rank();
-  if (rank != 0) {
-    auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new foundry::FailurePrinter(rank));
-  }
-  // Every rank exits with the same status: failed if any rank failed.
-  int64_t failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
-  session.world().allreduce(&failed, &failed, 1, foundry::ReduceOp::max);
-  if (rank == 0 && failed)
-    std::fprintf(stderr, "test_model_mpi: a test failed on at least one rank\n");
-  session.finalize();
-  return failed ? 1 : 0;
-}
+int main(int argc, char** argv) { return foundry::mpi_test_main(argc, argv, &foundry::g_world); }

@@ -20,6 +20,7 @@
 
 #include "base/error.h"
 #include "comm/comm.h"
+#include "comm/mpi_test_main.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
@@ -544,40 +545,8 @@ TEST(Zero1MultiRank, NonFiniteGradientOnOneRankSkipsTheStepEverywhere) {
   EXPECT_TRUE(bitwise_equal(params, before));
 }
 
-// Prints failed assertions of ranks other than 0, each line prefixed with the rank, so a
-// failure on any rank is visible while rank 0 prints the usual report.
-class RankFailurePrinter : public ::testing::EmptyTestEventListener {
- public:
-  explicit RankFailurePrinter(int rank) : rank_(rank) {}
-  void OnTestPartResult(const ::testing::TestPartResult& result) override {
-    if (!result.failed()) return;
-    std::fprintf(stderr, "[rank %d] %s:%d: failure\n%s\n", rank_,
-                 result.file_name() ? result.file_name() : "?", result.line_number(),
-                 result.summary());
-  }
-
- private:
-  int rank_;
-};
 
 }  // namespace
 }  // namespace foundry
 
-int main(int argc, char** argv) {
-  foundry::MpiSession session;
-  foundry::g_world = &session.world();
-  ::testing::InitGoogleTest(&argc, argv);
-  const int rank = session.world().rank();
-  if (rank != 0) {
-    ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
-    delete listeners.Release(listeners.default_result_printer());
-    listeners.Append(new foundry::RankFailurePrinter(rank));
-  }
-  const int64_t local = RUN_ALL_TESTS();
-  int64_t worst = 0;
-  session.world().allreduce(&local, &worst, 1, foundry::ReduceOp::max);
-  if (rank == 0 && worst != local)
-    std::fprintf(stderr, "another rank failed (see the [rank N] lines above)\n");
-  session.finalize();
-  return static_cast<int>(worst);
-}
+int main(int argc, char** argv) { return foundry::mpi_test_main(argc, argv, &foundry::g_world); }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/test_expect_error.h"
 #include "base/error.h"
 #include "optim/clip.h"
 #include "optim/test_util.h"
@@ -24,15 +25,6 @@ using test::padding_offsets;
 using test::random_slab;
 using test::tiny_moe_config;
 
-template <class F>
-void expect_error(F body, const std::string& needle) {
-  try {
-    body();
-    ADD_FAILURE() << "no error; expected one mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
 
 SlabTensor adamw_tensor(int64_t offset, int64_t numel) {
   SlabTensor t;
