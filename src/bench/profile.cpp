@@ -6,8 +6,10 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 
 #include "base/io.h"
+#include "bench/comm_bench.h"
 
 namespace foundry {
 
@@ -15,12 +17,14 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const char* const kOps[] = {"all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                            "all_to_all"};
-
-bool known_op(const std::string& op) {
-  return std::find(std::begin(kOps), std::end(kOps), op) != std::end(kOps);
+// The collective named as in profiles and bench comm ("all_reduce", ...), if it is one.
+std::optional<CollectiveOp> find_op(const std::string& name) {
+  for (CollectiveOp op : kAllCollectiveOps)
+    if (op_name(op) == name) return op;
+  return std::nullopt;
 }
+
+bool known_op(const std::string& op) { return find_op(op).has_value(); }
 
 DType parse_dtype(const std::string& s, const std::string& where) {
   if (s == "bf16" || s == "bfloat16") return DType::bf16;
@@ -108,10 +112,7 @@ std::string exe_dir() {
 }  // namespace
 
 double busbw_factor(const std::string& op, int64_t ranks) {
-  const double n = static_cast<double>(ranks);
-  if (op == "all_reduce") return 2.0 * (n - 1) / n;
-  if (op == "reduce_scatter" || op == "all_gather" || op == "all_to_all") return (n - 1) / n;
-  if (op == "broadcast") return 1.0;
+  if (auto known = find_op(op)) return busbw_factor(*known, static_cast<int>(ranks));
   fail(fmt::format("unknown collective '{}'", op),
        "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
 }
