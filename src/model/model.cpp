@@ -542,6 +542,7 @@ void Model::backward() {
     ops::rmsnorm_backward(dx, G + a.final_norm, a.dn.data(), a.x_out.data(), P + a.final_norm,
                           a.nf_rstd.data(), N, C);
   }
+  gradients_final(a.final_norm);
   const float aux_coef = static_cast<float>(c.aux_loss_coef / c.n_layers);
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = a.layers[l];
@@ -572,6 +573,7 @@ void Model::backward() {
       ops::rmsnorm_backward(dx, G + o.ln2, a.dn.data(), a.x_mid[l].data(), P + o.ln2,
                             a.n2_rstd[l].data(), N, C);
     }
+    gradients_final(o.ln2);
     // ---- attention sublayer: x_mid = x_in + o_proj(attn(...)) ----
     {
       ScopedOpTimer t(&op_times_, "attn_out_gemm");
@@ -606,11 +608,13 @@ void Model::backward() {
       ops::rmsnorm_backward(dx, G + o.ln1, a.dn.data(), a.x_in[l].data(), P + o.ln1,
                             a.n1_rstd[l].data(), N, C);
     }
+    gradients_final(o.ln1);
   }
   {
     ScopedOpTimer t(&op_times_, "embedding");
     ops::embedding_backward(G + a.embed, dx, a.inputs.data(), N, C, Vp);
   }
+  gradients_final(0);
 }
 
 }  // namespace foundry

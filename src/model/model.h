@@ -21,6 +21,7 @@
 // back around the expert computation (model/expert_parallel.h, docs/expert-parallel.md).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -85,6 +86,17 @@ class Model {
   const float* logits() const;
 
   OpTimes& op_times() { return op_times_; }
+
+  // ---- overlapping gradient communication with backward -------------------------------------
+  // backward() calls `hook` with decreasing slab offsets o, each meaning: every gradient at
+  // offset >= o is final for this backward (the rest of the pass does not touch it): after
+  // the final norm, after each layer's MoE sublayer (o = its post-attention norm) and
+  // attention sublayer (o = the layer's first tensor), and with o = 0 at the end. A data-
+  // parallel reducer starts communicating those gradients while the earlier layers'
+  // backward still computes (optim/grad_reduce.h). An empty function turns it off.
+  void set_gradients_final_hook(std::function<void(int64_t)> hook) {
+    gradients_final_ = std::move(hook);
+  }
 
   // ---- ZAYA1 router balancing (arch zaya1; empty for arch moe) ----------------------------
   // One balancer per MoE sublayer (layer order), holding the per-class balancing bias used
@@ -203,6 +215,10 @@ class Model {
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
   std::unique_ptr<ExpertParallelState> ep_;
+  std::function<void(int64_t)> gradients_final_;
+  void gradients_final(int64_t offset) {
+    if (gradients_final_) gradients_final_(offset);
+  }
   OpTimes op_times_;
 };
 

@@ -51,6 +51,13 @@ TEST(ModelGradient, MoeWithoutRenormalizationMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+TEST(Model, GradientsFinalHookReportsOnlyFinishedGradients) {
+  const ModelConfig c = tiny_config(4, 2);
+  Model model(c, DType::f32);
+  model.init_weights(7);
+  testing::expect_gradients_final_hook_is_honest(model, random_batch(c, 2, 6, 11), 2, 6);
+}
+
 TEST(Model, IncrementalDecodingMatchesFullForward) {
   ModelConfig c = tiny_config(4, 2);
   Model model(c, DType::f32);

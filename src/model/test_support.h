@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "base/rng.h"
@@ -60,6 +61,40 @@ inline void expect_gradients_match_finite_differences(Model& model, const Batch&
     const double numeric = (plus - minus) / (2 * eps);
     EXPECT_NEAR(analytic, numeric, 2e-2 * std::abs(numeric) + 2e-3)
         << p.name << ": analytic " << analytic << " numeric " << numeric;
+  }
+}
+
+// The gradients-final hook's contract (Model::set_gradients_final_hook): offsets decrease,
+// the last is 0, the model's own sublayer boundaries are reported, and nothing at or above a
+// reported offset changes afterwards (each report's final region is snapshotted and compared
+// with the gradients backward returns).
+inline void expect_gradients_final_hook_is_honest(Model& model, const Batch& batch, int64_t b,
+                                                  int64_t t) {
+  const int64_t E = model.slab_size();
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<float>> snapshots;
+  model.set_gradients_final_hook([&](int64_t o) {
+    offsets.push_back(o);
+    snapshots.emplace_back(model.grads() + o, model.grads() + E);
+  });
+  model.zero_grads();
+  model.forward(batch.inputs.data(), batch.targets.data(), b, t);
+  model.backward();
+  model.set_gradients_final_hook({});
+  const int64_t L = model.config().n_layers;
+  ASSERT_EQ(static_cast<int64_t>(offsets.size()), 2 * L + 2);  // norm, 2 per layer, embedding
+  EXPECT_EQ(offsets.front(), model.table().get("model.norm.weight").offset);
+  EXPECT_EQ(offsets.back(), 0);
+  EXPECT_EQ(offsets[2], model.table().get("model.layers." + std::to_string(L - 1) +
+                                          ".input_layernorm.weight").offset);
+  for (size_t i = 1; i < offsets.size(); ++i) EXPECT_LT(offsets[i], offsets[i - 1]);
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    bool any_nonzero = false;
+    for (float g : snapshots[i]) any_nonzero |= g != 0.0f;
+    EXPECT_TRUE(any_nonzero) << "report " << i << " at offset " << offsets[i];
+    EXPECT_EQ(0, std::memcmp(snapshots[i].data(), model.grads() + offsets[i],
+                             snapshots[i].size() * sizeof(float)))
+        << "gradients at offsets >= " << offsets[i] << " changed after being reported final";
   }
 }
 

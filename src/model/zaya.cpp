@@ -476,6 +476,7 @@ void Model::zaya_backward() {
     ops::rmsnorm_backward(dres, Gr + a.final_norm, a.dn.data(), a.res_out.data(),
                           P + a.final_norm, a.nf_rstd.data(), N, C);
   }
+  gradients_final(a.final_norm);
   // The router state's gradient chains backward through the MoE sublayers (EDA).
   std::memset(a.dr.data(), 0, N * R * sizeof(float));
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
@@ -548,6 +549,7 @@ void Model::zaya_backward() {
       ops::rmsnorm_backward(dres, Gr + o.ln2, a.dn.data(), a.res_m[l].data(), P + o.ln2,
                             a.n2_rstd[l].data(), N, C);
     }
+    gradients_final(o.ln2);
     // ---- attention merge: res_m = (res_a + β) ⊙ α + (h_a + β_h) ⊙ α_h ----
     {
       ScopedOpTimer t(&op_times_, "residual_scale");
@@ -608,6 +610,7 @@ void Model::zaya_backward() {
       ops::rmsnorm_backward(dres, Gr + o.ln1, a.dn.data(), a.res_a[l].data(), P + o.ln1,
                             a.n1_rstd[l].data(), N, C);
     }
+    gradients_final(o.ln1);
   }
   {
     ScopedOpTimer t(&op_times_, "embedding");
@@ -615,6 +618,7 @@ void Model::zaya_backward() {
                          P + a.in_alpha, P + a.in_beta, N, C);
     ops::embedding_backward(Gr + a.embed, a.dn.data(), a.inputs.data(), N, C, Vp);
   }
+  gradients_final(0);
 }
 
 

@@ -61,6 +61,14 @@ void check_gradients(const ModelConfig& c) {
 
 TEST(ZayaGradient, Top1WithSkipClassMatchesFiniteDifferences) { check_gradients(tiny_zaya()); }
 
+TEST(Zaya, GradientsFinalHookReportsOnlyFinishedGradients) {
+  const ModelConfig c = tiny_zaya();
+  Model model(c, DType::f32);
+  model.init_weights(7);
+  randomize_scalars(model, 8);
+  testing::expect_gradients_final_hook_is_honest(model, random_batch(c, 12, 11), 2, 6);
+}
+
 TEST(ZayaGradient, SkipPassesInputMatchesFiniteDifferences) {
   ModelConfig c = tiny_zaya();
   c.skip_passes_input = true;

@@ -361,6 +361,7 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
     options_print.add(int64_t{muon->ns_steps});
     options_print.add(muon->bf16_newton_schulz);
   }
+  options_print.add(options.bucket_elements);  // the buckets decide the collectives' order
   const int64_t mine[4] = {table.total_elements(), static_cast<int64_t>(table_print.h),
                            static_cast<int64_t>(options_print.h), options.max_message_elements};
   std::vector<int64_t> all(4 * static_cast<size_t>(size));
@@ -386,6 +387,8 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
   layout_ = Zero1Layout(optimizer_tensors(table, adamw, muon.has_value()),
                         table.total_elements(), size);
   shard_ = layout_.shard(rank);
+  reducer_.emplace(comm_, layout_.slab_elements(), layout_.shard_counts(),
+                   GradientReducerOptions{options.bucket_elements, options.max_message_elements});
 
   // Windows for the reduce-scatter and the all-gather.
   const int64_t E = layout_.slab_elements(), W = options.max_message_elements;
@@ -487,6 +490,10 @@ void Zero1Optimizer::muon_matrix(size_t index, float* params, float* gu, double 
   for (int64_t i = 0; i < n; ++i) w[i] = w[i] * keep - step_size * u[i];
 }
 
+void Zero1Optimizer::begin_backward(const float* grads) {
+  reducer_->begin(const_cast<float*>(grads), grad_shard_.data());  // read only
+}
+
 double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_t step,
                             double max_grad_norm) {
   const int rank = comm_.rank(), size = comm_.size();
@@ -497,14 +504,8 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   // 1. The averaged gradient of this rank's shard.
   // The shard's gradient, addressed by slab offset (only offsets inside the shard).
   auto grad_at = [this](int64_t offset) { return grad_shard_.data() + (offset - shard_.begin); };
-  {
-    ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter");
-    for (const Window& w : windows_) {
-      const SlabRange mine = intersect(w.range, shard_);
-      float* recv = mine.size() > 0 ? grad_at(mine.begin) : grad_shard_.data();
-      comm_.reduce_scatterv(grads + w.range.begin, recv, w.counts);
-    }
-  }
+  // Reduce-scatter only reads the gradient slab.
+  last_reduce_ = reducer_->finish(const_cast<float*>(grads), grad_shard_.data());
   ScopedOpTimer local_work(op_times_, "optimizer");
   const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
   if (size > 1) {

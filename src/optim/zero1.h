@@ -39,6 +39,7 @@
 #include "comm/comm.h"
 #include "model/params.h"
 #include "optim/adamw.h"
+#include "optim/grad_reduce.h"
 #include "optim/muon.h"
 
 namespace foundry {
@@ -184,6 +185,9 @@ struct Zero1Options {
   // also bounds the scratch MPI's reduce-scatter allocates (up to the whole message), at
   // the cost of one collective, with its full latency, per window (docs/zero1.md).
   int64_t max_message_elements = int64_t{1} << 30;
+  // Final gradient elements that start a non-blocking reduce-scatter during backward (when
+  // the caller arms it with begin_backward; optim/grad_reduce.h).
+  int64_t bucket_elements = GradientReducerOptions{}.bucket_elements;
 };
 
 class Zero1Optimizer {
@@ -208,6 +212,16 @@ class Zero1Optimizer {
   // every rank (checked). `step` is 1-based, as in AdamW::step.
   double step(float* params, const float* grads, double lr, int64_t step, double max_grad_norm);
 
+  // Overlap (optional): begin_backward(grads) before the backward pass and
+  // gradients_final(o) from the model's hook (Model::set_gradients_final_hook) reduce-scatter
+  // the gradients in buckets while backward runs; step() then only finishes the rest. The
+  // result is the same as without (bitwise at 2 ranks; see optim/grad_reduce.h). `grads`
+  // must be the slab later passed to step().
+  void begin_backward(const float* grads);
+  void gradients_final(int64_t offset) { reducer_->final_from(offset); }
+  // The gradient reduction of the last step: what ran during backward, what was exposed.
+  const GradientReduceStats& last_reduce() const { return last_reduce_; }
+
   // The state slabs a checkpoint holds: AdamW::state_names(), then Muon::state_names() when
   // Muon is on; each the size and layout of the single-process optimizers' slabs.
   std::vector<std::string> state_names() const;
@@ -221,10 +235,15 @@ class Zero1Optimizer {
   void load_state(std::string_view name, std::span<const float> full_slab);
   void reset();  // zeroes every state
 
-  // Times the step's phases into `times` (null: not timed): "comm: gradient reduce-scatter",
-  // "comm: norm and boundary exchange", "comm: weight all-gather", and the local update as
-  // "optimizer" (its time includes the nested communication waits of the step's middle).
-  void set_op_times(OpTimes* times) { op_times_ = times; }
+  // Times the step's phases into `times` (null: not timed): "comm: gradient reduce-scatter"
+  // (with overlap: the exposed part; the starting and polling during backward is "comm:
+  // gradient buckets in backward"), "comm: norm and boundary exchange", "comm: weight
+  // all-gather", and the local update as "optimizer" (its time includes the nested
+  // communication waits of the step's middle).
+  void set_op_times(OpTimes* times) {
+    op_times_ = times;
+    reducer_->set_op_times(times);
+  }
 
   const Zero1Layout& layout() const { return layout_; }
   int rank() const { return comm_.rank(); }
@@ -263,6 +282,8 @@ class Zero1Optimizer {
   std::optional<MuonOptions> muon_options_;
   Zero1Options options_;
   SlabRange shard_;
+  std::optional<GradientReducer> reducer_;  // set once the layout is known
+  GradientReduceStats last_reduce_;
   std::vector<Window> windows_;
   std::vector<SlabChunk> norm_chunks_;    // tensor elements of the shard, for norm and clip
   std::vector<AdamWChunk> adamw_chunks_;

@@ -48,6 +48,9 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
   r.get("comm_timeout_s", t.comm_timeout_s, 0.0, 1e7);
+  r.get("zero1", t.zero1);
+  r.get("overlap_grad_reduce", t.overlap_grad_reduce);
+  r.get("grad_bucket_mib", t.grad_bucket_mib, 0.0, 8192.0);
   r.finish();
   if (t.seq_len > rc.model.max_seq_len)
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,

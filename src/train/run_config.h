@@ -41,6 +41,14 @@ struct TrainConfig {
   // Under mpirun: a step (or checkpoint) that takes longer than this ends the job with an
   // error naming the rank, instead of hanging when a peer died (0 = no limit).
   double comm_timeout_s = 300;
+  // Under mpirun: shard the optimizer state over the data-parallel ranks (ZeRO-1: gradients
+  // reduce-scattered, weights all-gathered), or keep it whole on every rank (false:
+  // gradients all-reduced, every rank runs the full optimizer step).
+  bool zero1 = true;
+  // Under mpirun: start reducing the gradients in buckets of grad_bucket_mib MiB (fp32)
+  // while the backward pass still runs, or only after it (false).
+  bool overlap_grad_reduce = true;
+  double grad_bucket_mib = 16;
   uint64_t seed = 1234;
   int64_t log_every = 10;
   int64_t eval_every = 100;     // 0 = only at the end

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -29,6 +30,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/muon.h"
+#include "optim/grad_reduce.h"
 #include "optim/zero1.h"
 #include "optim/schedule.h"
 
@@ -134,6 +136,38 @@ MuonOptions muon_options(const TrainConfig& tc) {
   return o;
 }
 
+// Peak resident memory of this process (bytes).
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// The data-parallel gradient reduction summed over the timed steps, for the end-of-run line.
+struct GradientCommTotals {
+  int64_t steps = 0;
+  double exposed = 0, in_backward = 0, collectives = 0, started_in_backward = 0;
+  double elements_in_backward = 0;
+  void add(const GradientReduceStats& s) {
+    ++steps;
+    exposed += s.exposed_seconds;
+    in_backward += s.in_backward_seconds;
+    collectives += static_cast<double>(s.collectives);
+    started_in_backward += static_cast<double>(s.started_in_backward);
+    elements_in_backward += static_cast<double>(s.elements_in_backward);
+  }
+  std::string describe(int64_t slab_elements) const {
+    const double n = static_cast<double>(steps);
+    return fmt::format(
+        "gradient reduction per step ({} steps): {:.1f} collectives, {:.1f} started during "
+        "backward carrying {:.0f}% of the slab; {:.1f} ms starting and polling inside backward, "
+        "{:.1f} ms exposed after it",
+        steps, collectives / n, started_in_backward / n,
+        100 * elements_in_backward / n / static_cast<double>(slab_elements), 1e3 * in_backward / n,
+        1e3 * exposed / n);
+  }
+};
+
 // The optimizers of a run: AdamW for every tensor, or Muon for the 2-D hidden matrices plus
 // AdamW for the rest. They update disjoint tensors, so the order of their steps is irrelevant.
 // Under mpirun both are sharded over the ranks (ZeRO-1, optim/zero1.h). Checkpoints hold
@@ -144,24 +178,81 @@ class Optimizers {
       : table_(table) {
     std::optional<MuonOptions> muon;
     if (muon_enabled(tc)) muon = muon_options(tc);
-    if (world && world->size() > 1) {
-      zero1_.emplace(table, adamw_options(tc), muon, *world);
-    } else {
-      adam_.emplace(table, adamw_options(tc));
-      if (muon) muon_.emplace(table, *muon);
+    const int64_t bucket = static_cast<int64_t>(tc.grad_bucket_mib * (1 << 20) / sizeof(float));
+    if (world && world->size() > 1 && tc.zero1) {
+      Zero1Options z;
+      z.bucket_elements = bucket;
+      zero1_.emplace(table, adamw_options(tc), muon, *world, z);
+      return;
     }
+    if (world && world->size() > 1) {
+      GradientReducerOptions r;
+      r.bucket_elements = bucket;
+      allreduce_.emplace(*world, table.total_elements(), std::vector<int64_t>{}, r);
+      dp_ = world->size();
+    }
+    adam_.emplace(table, adamw_options(tc));
+    if (muon) muon_.emplace(table, *muon);
+  }
+
+  // Overlap: arms the data-parallel gradient reduction before backward; the model's hook
+  // then reports finished gradients (no-ops in a single process).
+  void begin_backward(float* grads) {
+    if (zero1_) zero1_->begin_backward(grads);
+    if (allreduce_) allreduce_->begin(grads, nullptr);
+  }
+  void gradients_final(int64_t offset) {
+    if (zero1_) zero1_->gradients_final(offset);
+    if (allreduce_) allreduce_->final_from(offset);
+  }
+  bool data_parallel() const { return zero1_ || allreduce_; }
+  // The last step's gradient reduction (data parallel only).
+  const GradientReduceStats& last_reduce() const {
+    return zero1_ ? zero1_->last_reduce() : last_allreduce_;
   }
 
   // Clips the (global) gradient to `max_norm` and updates `params`; returns the norm before
   // clipping. A non-finite norm leaves everything unchanged (the caller stops).
   double step(float* params, float* grads, double lr, int64_t step, double max_norm) {
     if (zero1_) return zero1_->step(params, grads, lr, step, max_norm);
+    if (allreduce_) {
+      // Replicated data parallel: every rank gets the summed gradient, averages it and runs
+      // the single-process step on identical inputs, so the replicas stay identical.
+      last_allreduce_ = allreduce_->finish(grads, nullptr);
+      ScopedOpTimer t(op_times_, "optimizer");
+      const float inv_dp = static_cast<float>(1.0 / dp_);
+      const int64_t E = table_.total_elements();
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < E; ++i) grads[i] *= inv_dp;
+      return local_step(params, grads, lr, step, max_norm);
+    }
+    ScopedOpTimer t(op_times_, "optimizer");
+    return local_step(params, grads, lr, step, max_norm);
+  }
+
+  // Optimizer memory of this rank (bytes): the state it keeps (ZeRO-1: its shard's, plus
+  // its buffers; otherwise every state slab in full).
+  int64_t state_bytes() const {
+    if (zero1_) return zero1_->allocated_bytes();
+    int64_t n = 0;
+    for (const std::string& name : AdamW::state_names())
+      n += static_cast<int64_t>(adam_->state(name).size());
+    if (muon_)
+      for (const std::string& name : Muon::state_names())
+        n += static_cast<int64_t>(muon_->state(name).size());
+    return n * static_cast<int64_t>(sizeof(float));
+  }
+
+ private:
+  double local_step(float* params, float* grads, double lr, int64_t step, double max_norm) {
     const double norm = clip_grad_norm(grads, table_, max_norm);
     if (!std::isfinite(norm)) return norm;
     adam_->step(params, grads, lr, step);
     if (muon_) muon_->step(params, grads, lr, step);
     return norm;
   }
+
+ public:
 
   // Collective under ZeRO-1 (the shards are gathered on rank 0, whose pointers are valid
   // until the next call; the other ranks get an empty list).
@@ -224,11 +315,14 @@ class Optimizers {
                 : fmt::format("adamw (all {} tensors, {} params)", adam_tensors,
                               format_count(adam_params));
     if (zero1_) out += fmt::format(", ZeRO-1 over {} ranks", zero1_->dp());
+    if (allreduce_) out += fmt::format(", replicated on {} ranks (train.zero1 = false)", dp_);
     return out;
   }
   const Zero1Optimizer* zero1() const { return zero1_ ? &*zero1_ : nullptr; }
   void set_op_times(OpTimes* times) {
+    op_times_ = times;
     if (zero1_) zero1_->set_op_times(times);
+    if (allreduce_) allreduce_->set_op_times(times);
   }
 
  private:
@@ -236,6 +330,10 @@ class Optimizers {
   std::optional<AdamW> adam_;
   std::optional<Muon> muon_;
   std::optional<Zero1Optimizer> zero1_;
+  std::optional<GradientReducer> allreduce_;  // replicated data parallel
+  GradientReduceStats last_allreduce_;
+  int dp_ = 1;
+  OpTimes* op_times_ = nullptr;
   std::vector<std::pair<std::string, std::vector<float>>> gathered_;
 };
 
@@ -418,6 +516,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   }
   Optimizers optimizers(model.table(), tc, world);
   optimizers.set_op_times(&model.op_times());
+  // Data parallel: the backward pass reports finished gradients and the reduction of the
+  // first buckets starts while the rest of backward computes (optim/grad_reduce.h).
+  const bool overlap = optimizers.data_parallel() && tc.overlap_grad_reduce;
+  if (overlap)
+    model.set_gradients_final_hook([&optimizers](int64_t o) { optimizers.gradients_final(o); });
+  GradientCommTotals comm_stats;
   const bool balancing = !model.balancers().empty();  // arch zaya1
   const int64_t assignments = N * mc.top_k;           // router choices per MoE sublayer (global)
 
@@ -478,10 +582,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     if (world)
       std::fprintf(stderr, "processes: %d ranks, %lld sequences each per step, expert parallel %lld%s\n",
                    ranks, static_cast<long long>(Bl), static_cast<long long>(tc.expert_parallel),
-                   optimizers.zero1()
-                       ? fmt::format(" | optimizer state per rank {:.1f} MiB (ZeRO-1)",
-                                     double(optimizers.zero1()->memory().total_bytes()) / (1 << 20)).c_str()
-                       : "");
+                   fmt::format(" | optimizer state per rank {:.1f} MiB ({}) | gradient reduction {}",
+                               double(optimizers.state_bytes()) / (1 << 20),
+                               optimizers.zero1() ? "ZeRO-1" : "replicated",
+                               overlap ? fmt::format("overlapped with backward, {:g} MiB buckets",
+                                                     tc.grad_bucket_mib)
+                                       : std::string("after backward")).c_str());
   }
 
   // Every rank reads the whole global batch and keeps its slice, so the data each rank sees
@@ -576,13 +682,14 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       class_counts = model.router_class_counts();
       if (world) sum_router_counts(*world, class_counts);
     }
+    if (overlap) optimizers.begin_backward(model.grads());
     model.backward();
     double grad_norm;
     {
-      // ZeRO-1 times its own phases (communication apart from the local update).
-      std::optional<ScopedOpTimer> t;
-      if (!optimizers.zero1()) t.emplace(&model.op_times(), "optimizer");
+      // The optimizers time their own phases (communication apart from the local update).
       grad_norm = optimizers.step(model.params(), model.grads(), lr, step, tc.grad_clip);
+      if (optimizers.data_parallel() && step > start_step + breakdown_warmup)
+        comm_stats.add(optimizers.last_reduce());
       fr.loss = global_mean(fr.loss);
       fr.ce_loss = global_mean(fr.ce_loss);
       fr.aux_loss = global_mean(fr.aux_loss);
@@ -610,6 +717,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     json m = {{"step", step},           {"loss", fr.ce_loss},     {"aux_loss", fr.aux_loss},
               {"lr", lr},               {"grad_norm", grad_norm}, {"tokens_per_s", tokens_per_s},
               {"mfu", mfu},             {"step_time_s", dt},      {"tokens", step * N}};
+    if (optimizers.data_parallel())
+      m["grad_comm_exposed_s"] = optimizers.last_reduce().exposed_seconds;
     if (balancing) {
       m["max_load_error"] = balance.max_load_error;
       if (balance.skip_fraction >= 0) m["skip_fraction"] = balance.skip_fraction;
@@ -667,6 +776,26 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     summary.mfu = summary.tokens_per_s * flops_per_token / (peak_gflops * 1e9);
   }
   const int64_t steps_run = step - start_step - breakdown_warmup;
+  // Memory and communication, every rank's (collective).
+  summary.optimizer_state_bytes = optimizers.state_bytes();
+  std::vector<double> rss(static_cast<size_t>(ranks), static_cast<double>(peak_rss_bytes()));
+  if (world) {
+    const double mine = rss[0];
+    world->allgather(&mine, rss.data(), 1);
+  }
+  for (double r : rss) summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, int64_t(r));
+  if (comm_stats.steps > 0) summary.grad_comm_exposed_s = comm_stats.exposed / comm_stats.steps;
+  if (root && (!quiet || opt.op_breakdown)) {
+    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | peak RSS",
+                                   double(summary.optimizer_state_bytes) / (1 << 20),
+                                   world ? (optimizers.zero1() ? " (ZeRO-1)" : " (replicated)")
+                                         : "");
+    for (size_t r = 0; r < rss.size(); ++r)
+      line += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, rss[r] / (1 << 20))
+                    : fmt::format(" {:.0f} MiB", rss[r] / (1 << 20));
+    std::fprintf(stderr, "%s\n", line.c_str());
+    if (comm_stats.steps > 0) std::fprintf(stderr, "%s\n", comm_stats.describe(model.slab_size()).c_str());
+  }
   if (opt.op_breakdown && steps_run > 0 && root) {
     double total = 0;
     for (const auto& [op, s] : model.op_times().seconds()) total += s;

@@ -44,6 +44,9 @@ struct TrainSummary {
   double mfu = 0;            // model FLOP utilization against the GEMM peak
   double peak_gflops = 0;
   bool interrupted = false;
+  int64_t optimizer_state_bytes = 0;  // this rank's optimizer state and buffers
+  int64_t peak_rss_bytes = 0;         // the largest peak RSS over the ranks
+  double grad_comm_exposed_s = 0;     // data parallel: gradient reduction after backward, per step
 };
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options);
