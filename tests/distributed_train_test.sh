@@ -81,6 +81,49 @@ if [ "$(losses moe-2-ep1/metrics.jsonl)" = "$(losses again/metrics.jsonl)" ]; th
   ok "the same 2-rank layout twice gives bitwise-identical losses"
 else bad "2-rank runs differ: $(losses moe-2-ep1/metrics.jsonl) / $(losses again/metrics.jsonl)"; fi
 
+# ---- gradient reduction: overlapped with backward or not, ZeRO-1 or replicated ----
+# Every gradient element is summed in rank order whatever the buckets (optim/grad_reduce.h),
+# so overlap on or off and any bucket size give bitwise the default run's losses at any rank
+# count. grad_bucket_mib=0 starts a bucket at every report of the backward pass (these models
+# are far smaller than the default 16 MiB bucket). Replicated optimizer state (zero1=false)
+# sums the gradient norm in another order: within TOL at 4 ranks; at 2 ranks the orders
+# coincide.
+same_as() {  # same_as REFERENCE_RUN RUN DESCRIPTION
+  [ "$(losses $1/metrics.jsonl)" = "$(losses $2/metrics.jsonl)" ] \
+    && ok "$3: bitwise equal to the default run" || bad "$3: losses differ from the default run"
+}
+for variant in "overlap_grad_reduce=false" "grad_bucket_mib=0" "zero1=false" \
+               "zero1=false --set train.overlap_grad_reduce=false"; do
+  run="moe-2-$(echo "$variant" | tr -c 'a-z0-9' _)"
+  if train 2 moe.json "$run" --set train.$variant >"$run.log" 2>&1; then
+    same_as moe-2-ep1 "$run" "2 ranks with train.$variant"
+  else bad "2 ranks with train.$variant failed"; cat "$run.log"; fi
+done
+for arch in moe zaya; do
+  for variant in "grad_bucket_mib=0" "overlap_grad_reduce=false" "zero1=false --set train.grad_bucket_mib=0"; do
+    run="$arch-4-ep2-$(echo "$variant" | tr -c 'a-z0-9' _)"
+    what="$arch: 4 ranks (expert parallel 2) with train.$variant"
+    if ! train 4 $arch.json "$run" --set train.expert_parallel=2 --set train.$variant >"$run.log" 2>&1; then
+      bad "$what failed"; cat "$run.log"
+    elif [[ "$variant" == zero1=false* ]]; then
+      close $arch-1 "$run" && ok "$what matches one process" || bad "$what differs from one process"
+    else
+      same_as $arch-4-ep2 "$run" "$what"
+    fi
+  done
+done
+
+# The run reports memory per rank, and ZeRO-1 keeps half the optimizer state of replication.
+mem() {  # mem NP ZERO1: prints this rank-0 optimizer state in MiB
+  train "$1" moe.json mem-$1-$2 --set train.zero1=$2 --steps 2 --op-breakdown 2>&1 \
+    | sed -n 's/^memory per rank: optimizer state \([0-9.]*\) MiB.*peak RSS before the final checkpoint rank 0 [0-9]* MiB, rank 1 [0-9]* MiB.*/\1/p'
+}
+sharded="$(mem 2 true)"; replicated="$(mem 2 false)"
+if [ -n "$sharded" ] && [ -n "$replicated" ] \
+   && python3 -c "import sys; s, r = map(float, sys.argv[1:]); assert 0.4 * r <= s <= 0.6 * r" "$sharded" "$replicated"; then
+  ok "memory per rank reported: optimizer state $sharded MiB with ZeRO-1 against $replicated MiB replicated"
+else bad "memory per rank: ZeRO-1 '$sharded' MiB, replicated '$replicated' MiB"; fi
+
 # ---- checkpoints: written at 2 ranks, resumed at 2 (bitwise), 1 and 4 (within tolerance) ----
 train 2 moe.json ck --set train.checkpoint_every=15 --stop-at-step 15 >ck.log 2>&1 \
   || { bad "2-rank run to step 15 failed"; cat ck.log; }

@@ -53,95 +53,131 @@ void GradientReducer::begin(float* grads, float* shard) {
   stats_ = {};
 }
 
-void GradientReducer::reduce_range(int64_t begin, int64_t end, bool nonblocking) {
-  const int me = comm_.rank();
-  for (int64_t b = begin; b < end; b += options_.max_message_elements) {
-    const int64_t e = std::min(end, b + options_.max_message_elements);
-    ++stats_.collectives;
-    if (!reduce_scatter()) {
-      if (nonblocking)
-        in_flight_.push_back(comm_.iallreduce(grads_ + b, grads_ + b, static_cast<size_t>(e - b)));
-      else
-        comm_.allreduce(grads_ + b, grads_ + b, static_cast<size_t>(e - b));
-      continue;
-    }
-    if (nonblocking) {
-      start_bucket(b, e);
-      continue;
-    }
-    std::vector<int64_t> counts(shard_counts_.size());
-    for (size_t r = 0; r < counts.size(); ++r) {
-      const int64_t lo = std::max(b, shard_begin_[r]);
-      const int64_t hi = std::min(e, shard_begin_[r] + shard_counts_[r]);
-      counts[r] = std::max<int64_t>(0, hi - lo);
-    }
-    float* recv = counts[me] > 0 ? shard_ + (std::max(b, shard_begin_[me]) - shard_begin_[me])
-                                 : shard_;
-    comm_.reduce_scatterv(grads_ + b, recv, counts);
+GradientReducer::Scratch GradientReducer::take_scratch(int64_t elements) {
+  Scratch s;
+  // The largest free buffer; grown when too small.
+  auto largest = std::max_element(
+      free_scratch_.begin(), free_scratch_.end(),
+      [](const Scratch& x, const Scratch& y) { return x.capacity < y.capacity; });
+  if (largest != free_scratch_.end()) {
+    s = std::move(*largest);
+    free_scratch_.erase(largest);
   }
+  if (s.capacity < elements) {
+    s.data.reset(new float[static_cast<size_t>(elements)]);
+    s.capacity = elements;
+  }
+  return s;
 }
 
-void GradientReducer::start_bucket(int64_t begin, int64_t end) {
+void GradientReducer::give_back(Scratch& s) {
+  if (s.data) free_scratch_.push_back(std::move(s));
+  s = Scratch{};
+}
+
+void GradientReducer::start(int64_t begin, int64_t end) {
   const int me = comm_.rank(), p = comm_.size();
-  const size_t index = buckets_.size();
-  if (index >= 32768)
-    fail(fmt::format("gradient reducer: more than 32768 buckets in one step (bucket of {} "
-                     "elements)",
-                     options_.bucket_elements),
-         "raise train.grad_bucket_mib");
-  Bucket b;
-  b.tag = static_cast<int>(index);  // the same bucket has the same index on every rank
-  for (int q = 0; q < p; ++q) {
-    const int64_t lo = std::max(begin, shard_begin_[q]);
-    const int64_t hi = std::min(end, shard_begin_[q] + shard_counts_[q]);
-    if (hi <= lo) continue;
-    if (q == me) {
-      b.piece_begin = lo;
-      b.piece_size = hi - lo;
-    } else {
-      b.sends.push_back(comm_.isend(grads_ + lo, static_cast<size_t>(hi - lo), q, b.tag));
+  for (int64_t lo = begin; lo < end; lo += options_.max_message_elements) {
+    const int64_t hi = std::min(end, lo + options_.max_message_elements);
+    const size_t index = buckets_.size();
+    // Tags: 2·index (contributions) and 2·index + 1 (summed pieces), below 32768.
+    if (index >= 16384)
+      fail(fmt::format("gradient reducer: more than 16384 buckets in one step (buckets of {} "
+                       "elements)",
+                       options_.bucket_elements),
+           "raise train.grad_bucket_mib");
+    Bucket b;
+    b.tag = static_cast<int>(2 * index);  // the same bucket has the same index on every rank
+    b.piece_begin.resize(p);
+    b.piece_size.resize(p);
+    for (int q = 0; q < p; ++q) {
+      int64_t a, z;
+      if (reduce_scatter()) {  // the part of ZeRO-1 shard q in the bucket
+        a = std::clamp(shard_begin_[q], lo, hi);
+        z = std::clamp(shard_begin_[q] + shard_counts_[q], lo, hi);
+      } else {  // equal parts
+        const int64_t n = hi - lo;
+        a = lo + n * q / p;
+        z = lo + n * (q + 1) / p;
+      }
+      b.piece_begin[q] = a;
+      b.piece_size[q] = z - a;
+      if (q != me && z > a)
+        b.sends.push_back(comm_.isend(grads_ + a, static_cast<size_t>(z - a), q, b.tag));
     }
+    const int64_t n = b.piece_size[me];
+    if (n > 0 && p > 1) {
+      b.incoming = take_scratch(n);
+      if (!reduce_scatter()) b.sum = take_scratch(n);
+    }
+    ++stats_.collectives;
+    buckets_.push_back(std::move(b));
   }
-  if (b.piece_size > 0 && p > 1) {
-    if (index < spare_scratch_.size()) b.scratch = std::move(spare_scratch_[index]);
-    b.scratch.resize(static_cast<size_t>(b.piece_size));
-  }
-  buckets_.push_back(std::move(b));
 }
 
 bool GradientReducer::advance(Bucket& b) {
+  if (b.complete) return true;
   const int me = comm_.rank(), p = comm_.size();
-  float* acc = shard_ + (b.piece_begin - shard_begin_[me]);
-  const int64_t n = b.piece_size;
+  const int64_t n = b.piece_size[me];
+  const float* own = grads_ + b.piece_begin[me];
+  // The running sum: the shard's part (reduce-scatter) or a scratch copied into the slab at
+  // the end (all-reduce: the slab's piece holds this rank's own contribution until then).
+  float* acc = reduce_scatter() ? shard_ + (b.piece_begin[me] - shard_begin_[me])
+                                : (p > 1 ? b.sum.data.get() : grads_ + b.piece_begin[me]);
+  // 1. Reduce: acc = g_0, then acc += g_1, g_2, … (the same order on every rank).
   while (n > 0 && b.next_rank < p) {
     const int q = b.next_rank;
-    const float* src = grads_ + b.piece_begin;
+    const float* src = own;
     if (q != me) {
       if (!b.receiving) {
-        b.receive = comm_.irecv(b.scratch.data(), static_cast<size_t>(n), q, b.tag);
+        b.receive = comm_.irecv(b.incoming.data.get(), static_cast<size_t>(n), q, b.tag);
         b.receiving = true;
       }
       if (!b.receive.test()) return false;
       b.receiving = false;
-      src = b.scratch.data();
+      src = b.incoming.data.get();
     }
-    // Rank order: acc = g_0, then acc += g_1, g_2, … (the same order on every rank).
     if (q == 0) {
-      std::copy(src, src + n, acc);
+      if (src != acc) std::copy(src, src + n, acc);
     } else {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
       for (int64_t i = 0; i < n; ++i) acc[i] += src[i];
     }
     ++b.next_rank;
   }
-  for (Request& s : b.sends)
-    if (!s.done() && !s.test()) return false;
+  if (!b.reduced) {
+    // Every contribution of this rank must be out before an all-reduce overwrites its
+    // pieces with the sums.
+    for (Request& s : b.sends)
+      if (!s.done() && !s.test()) return false;
+    b.reduced = true;
+    give_back(b.incoming);
+  }
+  if (reduce_scatter()) {
+    b.complete = true;
+    return true;
+  }
+  // 2. All-reduce: send the summed piece to everyone, receive theirs in place.
+  if (!b.gathering) {
+    b.gathering = true;
+    float* mine = grads_ + b.piece_begin[me];
+    if (n > 0 && acc != mine) std::copy(acc, acc + n, mine);
+    give_back(b.sum);
+    for (int q = 0; q < p; ++q) {
+      if (q == me) continue;
+      if (b.piece_size[q] > 0)
+        b.gather.push_back(comm_.irecv(grads_ + b.piece_begin[q],
+                                       static_cast<size_t>(b.piece_size[q]), q, b.tag + 1));
+      if (n > 0) b.gather.push_back(comm_.isend(mine, static_cast<size_t>(n), q, b.tag + 1));
+    }
+  }
+  for (Request& r : b.gather)
+    if (!r.done() && !r.test()) return false;
+  b.complete = true;
   return true;
 }
 
 void GradientReducer::poll() {
-  // Testing the oldest request drives Open MPI's progress engine for all of them.
-  while (first_pending_ < in_flight_.size() && in_flight_[first_pending_].test()) ++first_pending_;
   // Every open bucket: a later one's messages need not wait for an earlier one's.
   bool all_before_complete = true;
   for (size_t i = first_open_; i < buckets_.size(); ++i) {
@@ -162,7 +198,7 @@ void GradientReducer::final_from(int64_t offset) {
   // A full bucket starts; so does the rest once everything is final.
   const int64_t pending = started_ - reported_;
   if (pending >= std::max<int64_t>(options_.bucket_elements, 1) || (offset == 0 && pending > 0)) {
-    reduce_range(reported_, started_, /*nonblocking=*/true);
+    start(reported_, started_);
     stats_.started_in_backward = stats_.collectives;
     stats_.elements_in_backward += started_ - reported_;
     started_ = reported_;
@@ -178,18 +214,11 @@ GradientReduceStats GradientReducer::finish(float* grads, float* shard) {
   const double t0 = now_seconds();
   if (!armed_) {
     begin(grads, shard);
-    reduce_range(0, slab_elements_, /*nonblocking=*/false);
-  } else {
-    if (grads != grads_ || shard != shard_)
-      fail("gradient reducer: finish() got other buffers than begin()");
-    if (started_ > 0) reduce_range(0, started_, /*nonblocking=*/true);
-    for (size_t i = first_pending_; i < in_flight_.size(); ++i) in_flight_[i].wait();
-    while (first_open_ < buckets_.size()) poll();
+  } else if (grads != grads_ || shard != shard_) {
+    fail("gradient reducer: finish() got other buffers than begin()");
   }
-  in_flight_.clear();
-  first_pending_ = 0;
-  spare_scratch_.resize(std::max(spare_scratch_.size(), buckets_.size()));
-  for (size_t i = 0; i < buckets_.size(); ++i) spare_scratch_[i] = std::move(buckets_[i].scratch);
+  if (started_ > 0) start(0, started_);
+  while (first_open_ < buckets_.size()) poll();
   buckets_.clear();
   first_open_ = 0;
   armed_ = false;

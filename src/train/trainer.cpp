@@ -659,6 +659,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   double timed_seconds = 0;
   int64_t timed_tokens = 0;
   int64_t step = start_step;
+  int64_t training_rss = peak_rss_bytes();
   // The first steps create oneDNN primitives and fault in memory: the per-operation table
   // leaves them out when there are enough steps.
   const int64_t breakdown_warmup = total_steps - start_step > 4 ? 2 : 0;
@@ -760,6 +761,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       world->allreduce(&s, &s, 1, ReduceOp::max);
       sig = static_cast<int>(s);
     }
+    // The peak so far, before this step's checkpoint (the final one gathers the sharded
+    // optimizer state on rank 0, which is not training memory).
+    training_rss = peak_rss_bytes();
     if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
@@ -778,7 +782,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   const int64_t steps_run = step - start_step - breakdown_warmup;
   // Memory and communication, every rank's (collective).
   summary.optimizer_state_bytes = optimizers.state_bytes();
-  std::vector<double> rss(static_cast<size_t>(ranks), static_cast<double>(peak_rss_bytes()));
+  std::vector<double> rss(static_cast<size_t>(ranks), static_cast<double>(training_rss));
   if (world) {
     const double mine = rss[0];
     world->allgather(&mine, rss.data(), 1);
@@ -786,7 +790,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   for (double r : rss) summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, int64_t(r));
   if (comm_stats.steps > 0) summary.grad_comm_exposed_s = comm_stats.exposed / comm_stats.steps;
   if (root && (!quiet || opt.op_breakdown)) {
-    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | peak RSS",
+    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | peak RSS before the final checkpoint",
                                    double(summary.optimizer_state_bytes) / (1 << 20),
                                    world ? (optimizers.zero1() ? " (ZeRO-1)" : " (replicated)")
                                          : "");

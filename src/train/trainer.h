@@ -45,7 +45,7 @@ struct TrainSummary {
   double peak_gflops = 0;
   bool interrupted = false;
   int64_t optimizer_state_bytes = 0;  // this rank's optimizer state and buffers
-  int64_t peak_rss_bytes = 0;         // the largest peak RSS over the ranks
+  int64_t peak_rss_bytes = 0;         // the largest peak RSS over the ranks (before the final checkpoint)
   double grad_comm_exposed_s = 0;     // data parallel: gradient reduction after backward, per step
 };
 
