@@ -73,12 +73,12 @@ for label, k in rows:
     print(f"| {label} | {x['tok']:,.0f} | {f(x['inback'])} | {f(x['grad'])} | {f(x['gather'])} | {x['state']:.1f} | {x['rss']:,} |")
 print()
 for name, off, on in (("ZeRO-1", "off", "on"), ("Replicated", "replicated_off", "replicated")):
-    base = r[off]["grad"]
-    crit = r[on]["grad"] + r[on]["inback"]
-    print(f"{name}: gradient communication on the critical path {base:.1f} ms/step after backward "
-          f"without overlap, {crit:.1f} ms/step with it ({r[on]['inback']:.1f} inside backward + "
-          f"{r[on]['grad']:.1f} exposed): {100 * (1 - crit / base):.0f}% hidden. Step time "
-          f"{r[off]['total']:.0f} -> {r[on]['total']:.0f} ms; tokens/s x{r[on]['tok'] / r[off]['tok']:.2f}.")
+    base, exposed, inside = r[off]["grad"], r[on]["grad"], r[on]["inback"]
+    print(f"{name}: the gradient reduction waited {base:.1f} ms/step after backward without "
+          f"overlap and {exposed:.1f} ms/step with it ({100 * (1 - exposed / base):.0f}% of it "
+          f"hidden behind backward), at the price of {inside:.1f} ms/step spent inside backward "
+          f"starting and progressing buckets; step time {r[off]['total']:.0f} -> "
+          f"{r[on]['total']:.0f} ms, tokens/s x{r[on]['tok'] / r[off]['tok']:.2f}.")
 PY
 
 # Bytes: runs of S and S+2 steps under pml monitoring (collectives and point to point); the

@@ -75,6 +75,17 @@ for arch in moe zaya; do
   done
 done
 
+# The load-balancing loss counts expert shares over the global batch, so with it on the
+# losses still match across layouts.
+train 1 moe.json aux-1 --set model.aux_loss_coef=0.05 >aux-1.log 2>&1 || { bad "aux loss: single process failed"; cat aux-1.log; }
+for layout in "2 1" "4 2"; do
+  set -- $layout
+  if train "$1" moe.json aux-$1-$2 --set model.aux_loss_coef=0.05 --set train.expert_parallel=$2 >aux.log 2>&1; then
+    close aux-1 aux-$1-$2 && ok "moe with aux_loss_coef 0.05: $1 ranks (expert parallel $2) match one process" \
+      || bad "moe with the aux loss: $1 ranks (expert parallel $2) differ from one process"
+  else bad "moe with the aux loss at $1 ranks failed"; cat aux.log; fi
+done
+
 # ---- the same layout twice: bitwise ----
 train 2 moe.json again >again.log 2>&1 || bad "second 2-rank run failed"
 if [ "$(losses moe-2-ep1/metrics.jsonl)" = "$(losses again/metrics.jsonl)" ]; then

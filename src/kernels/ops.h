@@ -11,6 +11,7 @@
 //   the thread count, so the same inputs give bitwise-identical outputs.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace foundry::ops {
 
@@ -58,14 +59,21 @@ void router_forward(T* probs, int32_t* topk_idx, T* topk_w, const T* logits, int
                     int64_t e, int64_t k, bool renormalize);
 // Switch/Mixtral load-balancing loss: aux = E * sum_e f_e * P_e, f_e = share of the N*K
 // assignments that went to e, P_e = mean over tokens of probs[:, e]. Returns aux.
+// `fractions` (E values), when given, replaces the f_e of these rows: data parallelism
+// passes the shares over the global batch, so that the mean of the ranks' losses (and
+// gradients) is the global batch's (see Model::set_data_parallel).
 template <typename T>
-T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e, int64_t k);
+T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e, int64_t k,
+                  const double* fractions = nullptr);
+// The shares f_e of the N*K assignments (E values).
+std::vector<double> expert_fractions(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k);
 // dlogits [N, E] (writes) from dtopk_w [N, K] and the aux loss's weight in the total loss
-// (aux_coef; f_e is treated as a constant, as in the reference implementations).
+// (aux_coef; f_e, or `fractions` when given, is treated as a constant, as in the reference
+// implementations).
 template <typename T>
 void router_backward(T* dlogits, const T* dtopk_w, const T* probs, const int32_t* topk_idx,
                      const T* topk_w, int64_t n, int64_t e, int64_t k, bool renormalize,
-                     T aux_coef);
+                     T aux_coef, const double* fractions = nullptr);
 
 // ---- MoE dispatch / combine (dropless, tokens sorted by expert) --------------------------
 // From topk_idx [N, K]: expert_offsets [E+1] (rows of expert e are

@@ -49,9 +49,22 @@ void router_forward(T* probs, int32_t* topk_idx, T* topk_w, const T* logits, int
   }
 }
 
-template <typename T>
-T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) {
+std::vector<double> expert_fractions(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) {
   const std::vector<int64_t> counts = expert_counts(topk_idx, n, e, k);
+  std::vector<double> f(e);
+  for (int64_t j = 0; j < e; ++j)
+    f[j] = static_cast<double>(counts[j]) / static_cast<double>(n * k);
+  return f;
+}
+
+template <typename T>
+T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e, int64_t k,
+                  const double* fractions) {
+  std::vector<double> local;
+  if (!fractions) {
+    local = expert_fractions(topk_idx, n, e, k);
+    fractions = local.data();
+  }
   // Column sums of probs in double, over fixed row chunks summed in chunk order.
   constexpr int64_t kRowsPerChunk = 256;
   const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
@@ -67,8 +80,7 @@ T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e,
   for (int64_t j = 0; j < e; ++j) {
     double prob_sum = 0;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) prob_sum += partials[chunk * e + j];
-    const double f = static_cast<double>(counts[j]) / static_cast<double>(n * k);
-    aux += f * prob_sum / static_cast<double>(n);
+    aux += fractions[j] * prob_sum / static_cast<double>(n);
   }
   return static_cast<T>(static_cast<double>(e) * aux);
 }
@@ -81,14 +93,17 @@ T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e,
 template <typename T>
 void router_backward(T* dlogits, const T* dtopk_w, const T* probs, const int32_t* topk_idx,
                      const T* topk_w, int64_t n, int64_t e, int64_t k, bool renormalize,
-                     T aux_coef) {
+                     T aux_coef, const double* fractions) {
   std::vector<T> aux_grad(e, T(0));
   if (aux_coef != T(0)) {
-    const std::vector<int64_t> counts = expert_counts(topk_idx, n, e, k);
+    std::vector<double> local;
+    if (!fractions) {
+      local = expert_fractions(topk_idx, n, e, k);
+      fractions = local.data();
+    }
     for (int64_t j = 0; j < e; ++j)
       aux_grad[j] = static_cast<T>(static_cast<double>(aux_coef) * static_cast<double>(e) *
-                                   static_cast<double>(counts[j]) /
-                                   static_cast<double>(n * k) / static_cast<double>(n));
+                                   fractions[j] / static_cast<double>(n));
   }
 #pragma omp parallel if (n * e >= detail::kParallelMinElements)
   {
@@ -121,9 +136,10 @@ void router_backward(T* dlogits, const T* dtopk_w, const T* probs, const int32_t
 
 #define FOUNDRY_INSTANTIATE(T)                                                                 \
   template void router_forward<T>(T*, int32_t*, T*, const T*, int64_t, int64_t, int64_t, bool); \
-  template T router_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t);          \
+  template T router_aux_loss<T>(const T*, const int32_t*, int64_t, int64_t, int64_t,          \
+                                const double*);                                                \
   template void router_backward<T>(T*, const T*, const T*, const int32_t*, const T*, int64_t,  \
-                                   int64_t, int64_t, bool, T);
+                                   int64_t, int64_t, bool, T, const double*);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)
 #undef FOUNDRY_INSTANTIATE

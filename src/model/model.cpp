@@ -47,6 +47,7 @@ struct Activations {
   std::vector<std::vector<float>> h;              // [N·K, 2F] gate | up
   std::vector<std::vector<float>> act;            // [N·K, F] swiglu
   std::vector<std::vector<float>> ys;             // [N·K, C] expert outputs
+  std::vector<std::vector<double>> fractions;     // [E] global expert shares (data parallel)
   std::vector<float> x_out, nf, nf_rstd;          // [N, C], [N, C], [N]
   std::vector<float> logits;                      // [N, Vp]; becomes dlogits in backward
   std::vector<float> losses;                      // [N]
@@ -369,6 +370,7 @@ void Model::ensure_activations(int64_t batch, int64_t seq) {
   per_layer(a->router_probs, N * E);
   per_layer(a->topk_idx, N * K);
   per_layer(a->topk_w, N * K);
+  per_layer(a->fractions, E);
   per_layer(a->expert_offsets, E + 1);
   per_layer(a->slot_token, N * K);
   per_layer(a->assignment_slot, N * K);
@@ -472,7 +474,19 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
              DType::f32);
         ops::router_forward(a.router_probs[l].data(), a.topk_idx[l].data(), a.topk_w[l].data(),
                             logits, N, E, K, c.norm_topk_prob);
-        aux_sum += ops::router_aux_loss(a.router_probs[l].data(), a.topk_idx[l].data(), N, E, K);
+        const double* f = nullptr;
+        if (dp_group_) {
+          // The shares over the global batch: exact integer counts summed over the ranks.
+          std::vector<int64_t> counts(E + 1, 0);
+          for (int64_t i = 0; i < N * K; ++i) ++counts[a.topk_idx[l][i]];
+          counts[E] = N * K;
+          dp_group_->allreduce(counts.data(), counts.data(), counts.size());
+          a.fractions[l].resize(E);
+          for (int64_t j = 0; j < E; ++j)
+            a.fractions[l][j] = static_cast<double>(counts[j]) / static_cast<double>(counts[E]);
+          f = a.fractions[l].data();
+        }
+        aux_sum += ops::router_aux_loss(a.router_probs[l].data(), a.topk_idx[l].data(), N, E, K, f);
       }
       ops::moe_dispatch_plan(a.expert_offsets[l].data(), a.slot_token[l].data(),
                              a.assignment_slot[l].data(), a.topk_idx[l].data(), N, E, K);
@@ -562,7 +576,7 @@ void Model::backward() {
       if (E > 1) {
         ops::router_backward(a.drouter.data(), a.dtopk_w.data(), a.router_probs[l].data(),
                              a.topk_idx[l].data(), a.topk_w[l].data(), N, E, K, c.norm_topk_prob,
-                             aux_coef);
+                             aux_coef, dp_group_ ? a.fractions[l].data() : nullptr);
         gemm(a.drouter.data(), false, P + o.router, false, a.dn.data(), N, C, E, DType::f32, true);
         gemm(a.drouter.data(), true, a.n2[l].data(), false, G + o.router, E, C, N, DType::f32,
              true);

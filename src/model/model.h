@@ -152,6 +152,17 @@ class Model {
   // owners and which rank's copy of a tensor is the computed one.
   int expert_owner(const ParamInfo& p) const;
 
+  // ---- data parallelism ------------------------------------------------------------------
+  // Arch moe: the load-balancing loss's expert shares f_e are counted over `group` (the
+  // data-parallel ranks; every rank passes its own batch, all the same size) instead of this
+  // rank's batch. Each rank's loss is then E·Σ f_e^global·P_e^local, so the mean of the
+  // ranks' losses and gradients (what data parallelism averages) is exactly the global
+  // batch's, as in one process: the aux term no longer depends on the layout. forward()
+  // becomes collective over `group` (one small all-reduce per MoE layer). null (the
+  // default): the shares of this rank's batch. No effect on arch zaya1 (its balancers
+  // already see the counts summed over ranks). `group` must outlive its use here.
+  void set_data_parallel(const Communicator* group) { dp_group_ = group; }
+
   // ---- incremental decoding (generation) -------------------------------------------------
   // One token at position `pos` (0-based) of a single sequence; uses and extends a KV cache
   // that holds positions < pos. Returns logits [padded_vocab] (padded entries = -inf).
@@ -215,6 +226,7 @@ class Model {
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
   std::unique_ptr<ExpertParallelState> ep_;
+  const Communicator* dp_group_ = nullptr;
   std::function<void(int64_t)> gradients_final_;
   void gradients_final(int64_t offset) {
     if (gradients_final_) gradients_final_(offset);

@@ -275,6 +275,56 @@ TEST(ExpertParallelMpi, ZayaMatchesWithoutExpertParallelism) {
   for (int ep_size : ep_sizes()) expect_equivalent(zaya_config(), ep_size);
 }
 
+// ---- data parallel: the aux loss of the global batch ---------------------------------------------
+
+TEST(DataParallelMpi, AuxLossAndGradientsAreTheGlobalBatchs) {
+  const ModelConfig c = moe_config();  // aux_loss_coef 0.1
+  const int p = world().size(), rank = world().rank();
+  const int64_t B = 2, T = 6;
+  // Every rank's batch, and the global batch they make (rank order), on every rank.
+  std::vector<testing::Batch> batches;
+  testing::Batch global;
+  for (int r = 0; r < p; ++r) {
+    batches.push_back(testing::random_batch(c, B * T, 300 + r));
+    for (auto [from, to] : {std::pair{&batches.back().inputs, &global.inputs},
+                            std::pair{&batches.back().targets, &global.targets}})
+      to->insert(to->end(), from->begin(), from->end());
+  }
+  Model model(c, DType::f32);
+  model.init_weights(5);
+  model.zero_grads();
+  const ForwardResult ref = model.forward(global.inputs.data(), global.targets.data(), p * B, T);
+  model.backward();
+  const std::vector<float> ref_grads(model.grads(), model.grads() + model.slab_size());
+
+  auto mean = [&](double x) {
+    world().allreduce(&x, &x, 1);
+    return x / p;
+  };
+  // Without the group: each rank's shares are its own batch's, and the mean aux loss is not
+  // the global one (the test would not notice a missing all-reduce otherwise).
+  model.zero_grads();
+  const double local_aux =
+      mean(model.forward(batches[rank].inputs.data(), batches[rank].targets.data(), B, T).aux_loss);
+  EXPECT_GT(std::abs(local_aux - ref.aux_loss), 1e-4 * ref.aux_loss);
+
+  model.set_data_parallel(&world());
+  model.zero_grads();
+  const ForwardResult got =
+      model.forward(batches[rank].inputs.data(), batches[rank].targets.data(), B, T);
+  model.backward();
+  std::vector<float> grads(model.grads(), model.grads() + model.slab_size());
+  world().allreduce(grads.data(), grads.data(), grads.size());
+  for (float& g : grads) g /= static_cast<float>(p);
+  EXPECT_NEAR(mean(got.aux_loss), ref.aux_loss, 1e-6 * ref.aux_loss);  // float loss
+  EXPECT_NEAR(mean(got.loss), ref.loss, 1e-6 * ref.loss);
+  for (const auto& prm : model.table().params())
+    EXPECT_LE(relative_error(grads.data() + prm.offset, ref_grads.data() + prm.offset, prm.numel),
+              kGradRelTol)
+        << prm.name;
+  model.set_data_parallel(nullptr);
+}
+
 // ---- router statistics -------------------------------------------------------------------------
 
 TEST(ExpertParallelMpi, RouterCountsSumOverAllRanks) {

@@ -509,6 +509,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // ---- model and optimizer ----
   Model model(mc, precision);
   model.init_weights(tc.seed);
+  // The load-balancing loss counts expert shares over the global batch (arch moe).
+  if (world) model.set_data_parallel(world);
   std::optional<ExpertParallelGroups> ep_groups;
   if (world && tc.expert_parallel > 1) {
     ep_groups.emplace(split_expert_parallel(*world, static_cast<int>(tc.expert_parallel)));
