@@ -100,7 +100,7 @@ if [ "$rc" -ne 0 ] && grep -q '^error: 15 wrong result elements' corrupt.err \
    && [ "$(awk '/^ +[0-9]+ +[0-9]+ +float / && $NF == 1' corrupt.txt | wc -l)" -eq 15 ]; then
   ok "a corrupted element on rank 1 gives #wrong 1 per size and op, and a non-zero exit"
 else
-  bad "corruption not caught (exit $rc):"; tail -5 corrupt.txt corrupt.err
+  bad "corruption not caught (exit $rc):"; tail -n 5 corrupt.txt corrupt.err
 fi
 
 # ---- Open MPI algorithm sweep, forced in-process ----

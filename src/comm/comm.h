@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -201,6 +202,18 @@ class Communicator {
   void recv(T* data, size_t count, int source, int tag) const;
   template <CommElement T>
   Request irecv(T* data, size_t count, int source, int tag) const;
+
+  // One message carrying several element ranges [begin, end) of `base` (an MPI indexed
+  // datatype, so no packing copy): the sender's and the receiver's ranges must have the same
+  // lengths in the same order (they may lie at other offsets). No ranges: no message (both
+  // sides must know). Used where a rank needs only parts of another's block (ZeRO-1's
+  // all-gather when ranks do not store every expert).
+  template <CommElement T>
+  Request isend_ranges(const T* base, std::span<const std::pair<int64_t, int64_t>> ranges,
+                       int dest, int tag) const;
+  template <CommElement T>
+  Request irecv_ranges(T* base, std::span<const std::pair<int64_t, int64_t>> ranges,
+                       int source, int tag) const;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

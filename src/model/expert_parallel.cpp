@@ -1,5 +1,7 @@
 #include "model/expert_parallel.h"
 
+#include <algorithm>
+
 #include <cstring>
 #include <span>
 
@@ -47,6 +49,23 @@ int ExpertSharding::owner(const ParamInfo& p) const {
 }
 
 // ---- process groups -----------------------------------------------------------------------
+
+std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable& table,
+                                                               const ExpertSharding& sharding,
+                                                               int ep_rank) {
+  std::vector<std::pair<int64_t, int64_t>> ranges;
+  for (const ParamInfo& p : table.params()) {
+    const int owner = sharding.owner(p);
+    if (owner < 0 || owner == ep_rank) continue;
+    const int64_t end = (p.offset + p.numel + 15) / 16 * 16;  // with its alignment padding
+    if (!ranges.empty() && ranges.back().second >= p.offset)
+      ranges.back().second = std::max(ranges.back().second, end);
+    else
+      ranges.push_back({p.offset, end});
+  }
+  if (!ranges.empty()) ranges.back().second = std::min(ranges.back().second, table.total_elements());
+  return ranges;
+}
 
 ExpertParallelGroups split_expert_parallel(const Communicator& world, int ep_size) {
   const int W = world.size();

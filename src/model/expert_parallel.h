@@ -73,6 +73,12 @@ class ExpertSharding {
   int ep_size_;
 };
 
+// The slab ranges [begin, end) of the expert tensors EP rank `ep_rank` does not own, merged
+// (an expert's tensors and the padding after each follow one another), sorted.
+std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable& table,
+                                                               const ExpertSharding& sharding,
+                                                               int ep_rank);
+
 // The process groups of a DP × EP layout of `world` (W ranks, P = ep_size, D = W/P):
 //   expert    EP group: the P consecutive world ranks [g·P, (g+1)·P), g = rank / P, with
 //             EP rank = rank % P. The token exchanges run here.

@@ -1,5 +1,6 @@
 #include "model/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -20,6 +21,13 @@ struct LayerOffsets {
   std::vector<int64_t> w13;  // per expert: [2F, C] (gate rows then up rows)
   std::vector<int64_t> w2;   // per expert: [C, F]
 };
+
+// True unless [begin, end) lies entirely inside one of `holes` (sorted, disjoint).
+bool stored(int64_t begin, int64_t end, const std::vector<std::pair<int64_t, int64_t>>& holes) {
+  for (const auto& [b, e] : holes)
+    if (b <= begin && end <= e) return false;
+  return true;
+}
 
 }  // namespace
 
@@ -83,17 +91,21 @@ struct ExpertParallelState {
 
 Model::Model(const ModelConfig& config, DType precision)
     : config_(config), table_(config), precision_(precision) {
-  params_.assign(table_.total_elements(), 0.0f);
-  grads_.assign(table_.total_elements(), 0.0f);
-  if (precision_ == DType::bf16) params_bf16_.assign(table_.total_elements(), 0);
+  params_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
+  grads_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
+  if (precision_ == DType::bf16)
+    params_bf16_ = PageSlab<bf16>(static_cast<size_t>(table_.total_elements()));
   reset_balancers();
 }
 
 Model::~Model() = default;
 
 void Model::init_weights(uint64_t seed) {
-  std::fill(params_.begin(), params_.end(), 0.0f);
+  for_each_outside(released_params_, [&](int64_t b, int64_t e) {
+    std::fill(params_.data() + b, params_.data() + e, 0.0f);
+  });
   for (const auto& p : table_.params()) {
+    if (!stored(p.offset, p.offset + p.numel, released_params_)) continue;
     float* w = params_.data() + p.offset;
     if (p.init == ParamInit::constant) {
       std::fill(w, w + p.numel, static_cast<float>(p.init_value));
@@ -106,16 +118,51 @@ void Model::init_weights(uint64_t seed) {
     if (p.kind == ParamKind::embedding) rows_real = config_.vocab_size * config_.d_model;
     for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * p.init_value);
   }
+  release_again();  // a tensor only partly kept was written whole
   reset_balancers();
   sync_weights();
 }
 
 void Model::sync_weights() {
-  if (precision_ == DType::bf16)
-    convert_to_bf16(params_.data(), params_bf16_.data(), static_cast<int64_t>(params_.size()));
+  if (precision_ != DType::bf16) return;
+  for_each_outside(unowned_experts_, [&](int64_t b, int64_t e) {
+    convert_to_bf16(params_.data() + b, params_bf16_.data() + b, e - b);
+  });
 }
 
-void Model::zero_grads() { std::memset(grads_.data(), 0, grads_.size() * sizeof(float)); }
+void Model::zero_grads() {
+  for_each_outside(unowned_experts_, [&](int64_t b, int64_t e) {
+    std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+  });
+}
+
+void Model::shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released) {
+  if (!ep_)
+    fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");
+  const auto unowned = unowned_expert_ranges(table_, ep_->sharding, ep_->group->rank());
+  int64_t last = 0;
+  for (const auto& [b, e] : released) {
+    bool inside = false;
+    for (const auto& [ub, ue] : unowned) inside = inside || (ub <= b && e <= ue);
+    if (b < last || e < b || !inside)
+      fail(fmt::format("shard_expert_storage on EP rank {}: [{}, {}) is not a sorted, disjoint "
+                       "range inside another rank's experts",
+                       ep_->group->rank(), b, e));
+    last = e;
+  }
+  unowned_experts_ = unowned;
+  released_params_ = released;
+  release_again();
+  for (const auto& [b, e] : unowned_experts_) {
+    grads_.release(static_cast<size_t>(b), static_cast<size_t>(e));
+    params_bf16_.release(static_cast<size_t>(b), static_cast<size_t>(e));
+  }
+}
+
+void Model::release_again() {
+  for (const auto& [b, e] : released_params_)
+    params_.release(static_cast<size_t>(b), static_cast<size_t>(e));
+}
 
 const void* Model::gemm_weight(int64_t offset) const {
   if (precision_ == DType::bf16) return params_bf16_.data() + offset;
@@ -232,6 +279,9 @@ void Model::experts_backward(const int64_t* offsets, int64_t n_experts, const fl
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group) {
+  if (!unowned_experts_.empty())
+    fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
+         "other ranks' experts, so expert parallelism cannot change");
   // Validates (the sharding's constructor) before changing anything: on error the model
   // keeps its previous setting.
   std::unique_ptr<ExpertParallelState> state;
@@ -375,8 +425,11 @@ void Model::ensure_activations(int64_t batch, int64_t seq) {
   per_layer(a->slot_token, N * K);
   per_layer(a->assignment_slot, N * K);
   per_layer(a->xs, N * K * C);
-  per_layer(a->h, N * K * 2 * F);
-  per_layer(a->act, N * K * F);
+  // The experts' hidden activations and their gradients: with expert parallelism the owners
+  // keep them for the rows they compute (ExpertParallelState), so none are needed here.
+  const int64_t expert_rows = ep_ ? 0 : N * K;
+  per_layer(a->h, expert_rows * 2 * F);
+  per_layer(a->act, expert_rows * F);
   per_layer(a->ys, N * K * C);
   a->x_out.assign(N * C, 0);
   a->nf.assign(N * C, 0);
@@ -390,8 +443,8 @@ void Model::ensure_activations(int64_t batch, int64_t seq) {
   a->dv.assign(N * KVD, 0);
   a->datt.assign(N * QD, 0);
   a->dxs.assign(N * K * C, 0);
-  a->dh.assign(N * K * 2 * F, 0);
-  a->dact.assign(N * K * F, 0);
+  a->dh.assign(expert_rows * 2 * F, 0);
+  a->dact.assign(expert_rows * F, 0);
   a->dys.assign(N * K * C, 0);
   a->dtopk_w.assign(N * K, 0);
   a->drouter.assign(N * E, 0);

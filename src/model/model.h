@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/page_slab.h"
 #include "base/config_reader.h"
 #include "base/timer.h"
 #include "kernels/cca.h"
@@ -147,6 +148,27 @@ class Model {
   // The sharding in use, or null without expert parallelism.
   const ExpertSharding* expert_sharding() const;
   const Communicator* expert_parallel_group() const;
+  // Stops storing the experts this rank does not own (needs set_expert_parallel): their
+  // gradients and bf16 copies are never needed here, nor their fp32 parameters in
+  // `released` (sorted, disjoint slab ranges [begin, end) inside other EP ranks' experts;
+  // ZeRO-1 keeps the parameters of its shard, which it updates: zero1_released_ranges).
+  // Those pages go back to the OS and read as zero; init_weights, zero_grads, sync_weights
+  // and backward never write them again, so a rank holds its experts and the dense tensors,
+  // not the whole model. Whoever writes whole slabs must skip released_param_ranges() (the
+  // data-parallel all-gather does) or call release_again() after (loading a checkpoint;
+  // filling rank 0 to save one). Must be set between steps.
+  void shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released);
+  // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
+  const std::vector<std::pair<int64_t, int64_t>>& released_param_ranges() const {
+    return released_params_;
+  }
+  // Hands the released ranges' pages back again after something wrote them.
+  void release_again();
+  // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
+  int64_t resident_slab_bytes() const {
+    return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
+                                params_bf16_.resident_bytes());
+  }
   // The EP rank whose experts include tensor `p`, or -1 when `p` is not EP-sharded (not an
   // expert tensor, or expert parallelism is off): tells which gradients are summed over
   // owners and which rank's copy of a tensor is the computed one.
@@ -218,8 +240,20 @@ class Model {
   ModelConfig config_;
   ParamTable table_;
   DType precision_;
-  std::vector<float> params_, grads_;
-  std::vector<bf16> params_bf16_;
+  PageSlab<float> params_, grads_;
+  PageSlab<bf16> params_bf16_;
+  // Expert storage sharding: ranges of the slab this rank does not store (sorted, disjoint).
+  std::vector<std::pair<int64_t, int64_t>> released_params_, unowned_experts_;
+  // Calls fn(begin, end) for the parts of [0, slab) outside `holes` (sorted, disjoint).
+  template <typename F>
+  void for_each_outside(const std::vector<std::pair<int64_t, int64_t>>& holes, F fn) const {
+    int64_t at = 0;
+    for (const auto& [b, e] : holes) {
+      if (b > at) fn(at, b);
+      at = e;
+    }
+    if (at < slab_size()) fn(at, slab_size());
+  }
   std::vector<bf16> convert_scratch_[3];
   std::unique_ptr<Activations> acts_;
   std::unique_ptr<ZayaActivations, ZayaActivationsDeleter> zacts_;

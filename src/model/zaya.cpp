@@ -259,8 +259,10 @@ void Model::ensure_zaya_activations(int64_t batch, int64_t seq) {
   per_layer(a.slot_token, N * K);
   per_layer(a.assignment_slot, N * K);
   per_layer(a.xs, N * K * C);
-  per_layer(a.hh, N * K * 2 * F);
-  per_layer(a.act, N * K * F);
+  // Expert hidden activations: with expert parallelism the owners keep them (model.cpp).
+  const int64_t expert_rows = ep_ ? 0 : N * K;
+  per_layer(a.hh, expert_rows * 2 * F);
+  per_layer(a.act, expert_rows * F);
   per_layer(a.ys, N * K * C);
   per_layer(a.h_m, N * C);
   a.res_out.assign(N * C, 0);
@@ -276,8 +278,8 @@ void Model::ensure_zaya_activations(int64_t batch, int64_t seq) {
   a.dv.assign(N * KVD, 0);
   a.datt.assign(N * QD, 0);
   a.dxs.assign(N * K * C, 0);
-  a.dhh.assign(N * K * 2 * F, 0);
-  a.dact.assign(N * K * F, 0);
+  a.dhh.assign(expert_rows * 2 * F, 0);
+  a.dact.assign(expert_rows * F, 0);
   a.dys.assign(N * K * C, 0);
   a.dgate.assign(N * K, 0);
   a.dlogits_r.assign(N * S, 0);

@@ -75,6 +75,34 @@ void GradientReducer::give_back(Scratch& s) {
   s = Scratch{};
 }
 
+void GradientReducer::set_zero_ranges(std::vector<Ranges> zero) {
+  if (!reduce_scatter() && !zero.empty())
+    fail("gradient reducer: zero ranges need the reduce-scatter (ZeRO-1)");
+  if (!zero.empty() && static_cast<int>(zero.size()) != comm_.size())
+    fail(fmt::format("gradient reducer: zero ranges for {} ranks, expected {}", zero.size(),
+                     comm_.size()));
+  bool any = false;
+  for (const Ranges& r : zero) any = any || !r.empty();
+  zero_ = any ? std::move(zero) : std::vector<Ranges>{};
+}
+
+GradientReducer::Ranges GradientReducer::contributed(int rank, int64_t begin, int64_t end) const {
+  Ranges parts;
+  if (zero_.empty()) {
+    if (end > begin) parts.push_back({begin, end});
+    return parts;
+  }
+  int64_t at = begin;
+  for (const auto& [b, e] : zero_[rank]) {
+    if (e <= at) continue;
+    if (b >= end) break;
+    if (b > at) parts.push_back({at, b});
+    at = std::max(at, e);
+  }
+  if (at < end) parts.push_back({at, end});
+  return parts;
+}
+
 void GradientReducer::start(int64_t begin, int64_t end) {
   const int me = comm_.rank(), p = comm_.size();
   for (int64_t lo = begin; lo < end; lo += options_.max_message_elements) {
@@ -102,8 +130,12 @@ void GradientReducer::start(int64_t begin, int64_t end) {
       }
       b.piece_begin[q] = a;
       b.piece_size[q] = z - a;
-      if (q != me && z > a)
-        b.sends.push_back(comm_.isend(grads_ + a, static_cast<size_t>(z - a), q, b.tag));
+      if (q != me && z > a) {
+        if (zero_.empty())
+          b.sends.push_back(comm_.isend(grads_ + a, static_cast<size_t>(z - a), q, b.tag));
+        else
+          b.sends.push_back(comm_.isend_ranges<float>(grads_, contributed(me, a, z), q, b.tag));
+      }
     }
     const int64_t n = b.piece_size[me];
     if (n > 0 && p > 1) {
@@ -124,9 +156,35 @@ bool GradientReducer::advance(Bucket& b) {
   // the end (all-reduce: the slab's piece holds this rank's own contribution until then).
   float* acc = reduce_scatter() ? shard_ + (b.piece_begin[me] - shard_begin_[me])
                                 : (p > 1 ? b.sum.data.get() : grads_ + b.piece_begin[me]);
-  // 1. Reduce: acc = g_0, then acc += g_1, g_2, … (the same order on every rank).
+  // 1. Reduce: acc = g_0, then acc += g_1, g_2, … (the same order on every rank). With
+  // zero ranges, acc = 0 and then += each rank's contributed parts, in rank order.
+  const int64_t base = b.piece_begin[me];
   while (n > 0 && b.next_rank < p) {
     const int q = b.next_rank;
+    if (!zero_.empty()) {
+      if (q == 0) std::fill(acc, acc + n, 0.0f);
+      Ranges parts = contributed(q, base, base + n);
+      const float* src = grads_;  // parts are slab offsets
+      if (q != me && !parts.empty()) {
+        float* scratch = b.incoming.data.get() - base;  // indexed by slab offset
+        if (!b.receiving) {
+          b.receive = comm_.irecv_ranges(scratch, parts, q, b.tag);
+          b.receiving = true;
+        }
+        if (!b.receive.test()) return false;
+        b.receiving = false;
+        src = scratch;
+      }
+      for (const auto& [lo, hi] : parts) {
+        float* a = acc + (lo - base);
+        const float* x = src + lo;
+        const int64_t m = hi - lo;
+#pragma omp parallel for simd schedule(static) if (m > (int64_t{1} << 16))
+        for (int64_t i = 0; i < m; ++i) a[i] += x[i];
+      }
+      ++b.next_rank;
+      continue;
+    }
     const float* src = own;
     if (q != me) {
       if (!b.receiving) {

@@ -30,6 +30,7 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "base/timer.h"
@@ -77,6 +78,15 @@ class GradientReducer {
   // Without begin(), `grads` and `shard` are given here.
   GradientReduceStats finish(float* grads, float* shard);
 
+  // Reduce-scatter only: zero[r] lists slab ranges that rank r's gradient is zero on and
+  // that it never writes (sorted, disjoint; the same lists on every rank): under expert
+  // parallelism, the other EP ranks' experts. Those parts are not sent (so their pages are
+  // never read, which would make the OS back them) and count as +0 in the sums: an owner
+  // starts its piece at zero and adds each rank's contribution over that rank's other parts,
+  // in rank order. Empty lists (the default): every rank contributes everything.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  void set_zero_ranges(std::vector<Ranges> zero);
+
   // Times "comm: gradient buckets in backward" and the exposed "comm: gradient <kind>" into
   // `times` (null: not timed). The exposed name is exposed_op_name().
   void set_op_times(OpTimes* times) { op_times_ = times; }
@@ -105,6 +115,8 @@ class GradientReducer {
     bool complete = false;
   };
 
+  // The parts of [begin, end) outside zero_[rank] (everything without zero ranges).
+  Ranges contributed(int rank, int64_t begin, int64_t end) const;
   // Cuts [begin, end) at max_message_elements and starts a bucket for each part.
   void start(int64_t begin, int64_t end);
   // Advances a bucket as far as it goes without waiting; true once it is complete.
@@ -122,6 +134,7 @@ class GradientReducer {
   float* shard_ = nullptr;
   int64_t reported_ = 0;  // the lowest offset reported final so far (slab_elements: none)
   int64_t started_ = 0;   // elements at or above this offset have a collective started
+  std::vector<Ranges> zero_;  // per rank; empty: none
   std::vector<Bucket> buckets_;
   size_t first_open_ = 0;               // buckets_[i] for i < first_open_ are complete
   std::vector<Scratch> free_scratch_;   // receive buffers of completed buckets

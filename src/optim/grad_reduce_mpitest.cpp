@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -153,6 +154,49 @@ TEST(GradientReducer, AllReduceAndUnarmedReductionsAreTheRankOrderSumToo) {
       }
     }
   }
+}
+
+TEST(GradientReducer, ZeroRangesAreNeitherSentNorRead) {
+  // Rank r's gradient is zero on its zero ranges, and those elements hold NaN in its slab:
+  // the sums must not see them (a NaN read anywhere would poison the result).
+  const std::vector<int64_t> counts = shard_counts();
+  const int me = world().rank(), p = world().size();
+  auto zero_of = [](int r) {
+    GradientReducer::Ranges z;
+    for (int64_t b = 37 * (r + 1); b + 50 < kSlab; b += 211) z.push_back({b, b + 50 + r});
+    return z;
+  };
+  std::vector<GradientReducer::Ranges> zero;
+  for (int r = 0; r < p; ++r) zero.push_back(zero_of(r));
+  auto gradient = [&](int r, bool poison) {
+    std::vector<float> g = rank_gradient(r);
+    for (const auto& [b, e] : zero_of(r))
+      for (int64_t i = b; i < e; ++i) g[i] = poison ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+    return g;
+  };
+  // The reference: +0, then each rank's gradient added in rank order (zeros where zero).
+  std::vector<float> expected(kSlab, 0.0f);
+  for (int r = 0; r < p; ++r) {
+    const std::vector<float> g = gradient(r, false);
+    for (int64_t i = 0; i < kSlab; ++i) expected[i] += g[i];
+  }
+  const int64_t begin = shard_begin(counts, me);
+  for (Case c : {Case{0, 1 << 20}, Case{300, 97}}) {
+    for (bool armed : {true, false}) {
+      GradientReducer reducer(world(), kSlab, counts, {c.bucket, c.max_message});
+      reducer.set_zero_ranges(zero);
+      std::vector<float> grads = gradient(me, /*poison=*/true), shard(counts[me]);
+      if (armed) {
+        reducer.begin(grads.data(), shard.data());
+        for (int64_t o : kReports) reducer.final_from(o);
+      }
+      reducer.finish(grads.data(), shard.data());
+      for (int64_t i = 0; i < counts[me]; ++i)
+        ASSERT_EQ(shard[i], expected[begin + i]) << "element " << begin + i;
+    }
+  }
+  GradientReducer all_reduce(world(), kSlab, {});
+  expect_error([&] { all_reduce.set_zero_ranges(zero); }, "reduce-scatter");
 }
 
 TEST(GradientReducer, MisuseFailsClearly) {

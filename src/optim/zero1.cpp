@@ -24,6 +24,8 @@ constexpr int kTagGradientPiece = 1;  // holder → owner: the clipped gradient 
 constexpr int kTagUpdatedPiece = 2;   // owner → holder: the updated parameters of the piece
 constexpr int kTagStateGather = 3;    // rank r → rank 0: state for a checkpoint
 constexpr int kTagStateLoad = 4;      // rank 0 → rank r: state from a checkpoint
+constexpr int kTagSparseGather = 5;   // shard owner → rank r: the parameters r stores
+constexpr int kTagReleasedGather = 6; // shard owner → root: root's released parameters
 
 // As in optim/muon.cpp: elementwise loops below this size run on one thread.
 constexpr int64_t kParallelElements = 1 << 15;
@@ -600,10 +602,105 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
     for (Request& r : pending) r.wait();
   }
 
-  // 6. Every rank gets every shard of the updated slab.
+  // 6. Every rank gets every shard of the updated slab (or the parts it stores).
   ScopedOpTimer t(op_times_, "comm: weight all-gather");
-  for (const Window& w : windows_) comm_.allgatherv_in_place(params + w.range.begin, w.counts);
+  if (released_.empty()) {
+    for (const Window& w : windows_) comm_.allgatherv_in_place(params + w.range.begin, w.counts);
+    return norm;
+  }
+  std::vector<Request> requests;
+  for (int q = 0; q < size; ++q)
+    if (q != rank)
+      requests.push_back(comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
+                                            kTagSparseGather));
+  for (int r = 0; r < size; ++r)
+    if (r != rank)
+      requests.push_back(comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
+                                                   r, kTagSparseGather));
+  for (Request& q : requests) q.wait();
   return norm;
+}
+
+void Zero1Optimizer::set_released_ranges(std::vector<Ranges> released) {
+  const int rank = comm_.rank(), size = comm_.size();
+  if (!released.empty() && static_cast<int>(released.size()) != size)
+    fail(fmt::format("ZeRO-1 on rank {}: released ranges for {} ranks, expected {}", rank,
+                     released.size(), size));
+  for (int r = 0; r < static_cast<int>(released.size()); ++r) {
+    const SlabRange s = layout_.shard(r);
+    int64_t last = 0;
+    for (const auto& [b, e] : released[r]) {
+      if (b < last || e < b || e > layout_.slab_elements())
+        fail(fmt::format("ZeRO-1: rank {}'s released ranges are not sorted, disjoint slab "
+                         "ranges",
+                         r));
+      if (b < s.end && e > s.begin)
+        fail(fmt::format("ZeRO-1: rank {} releases [{}, {}), which overlaps its shard [{}, {})",
+                         r, b, e, s.begin, s.end),
+             "a rank must store the shard it updates");
+      last = e;
+    }
+  }
+  bool any = false;
+  for (const Ranges& r : released) any = any || !r.empty();
+  released_ = any ? std::move(released) : std::vector<Ranges>{};
+}
+
+Zero1Optimizer::Ranges Zero1Optimizer::shard_parts(int q, int r, bool outside) const {
+  const SlabRange s = layout_.shard(q);
+  Ranges parts;
+  int64_t at = s.begin;
+  for (const auto& [b, e] : released_[r]) {
+    const int64_t lo = std::max(b, s.begin), hi = std::min(e, s.end);
+    if (hi <= lo) continue;
+    if (outside && lo > at) parts.push_back({at, lo});
+    if (!outside) parts.push_back({lo, hi});
+    at = hi;
+  }
+  if (outside && at < s.end) parts.push_back({at, s.end});
+  return parts;
+}
+
+void Zero1Optimizer::gather_released(float* params, int root) {
+  if (released_.empty()) return;
+  const int rank = comm_.rank(), size = comm_.size();
+  std::vector<Request> requests;
+  if (rank == root) {
+    for (int q = 0; q < size; ++q)
+      if (q != root)
+        requests.push_back(comm_.irecv_ranges(params, shard_parts(q, root, false), q,
+                                              kTagReleasedGather));
+  } else {
+    requests.push_back(comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
+                                                 root, kTagReleasedGather));
+  }
+  for (Request& q : requests) q.wait();
+}
+
+// ---- expert storage -----------------------------------------------------------------------
+
+std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank) {
+  const SlabRange shard = layout.shard(rank), state = layout.state_range(rank);
+  if (state.size() == 0) return {shard.begin, shard.end};
+  return {std::min(shard.begin, state.begin), std::max(shard.end, state.end)};
+}
+
+std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
+    const ParamTable& table, const Zero1Layout& layout, const ExpertSharding& sharding) {
+  const int ep_size = sharding.ep_size();
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> released(layout.dp());
+  if (ep_size <= 1) return released;
+  for (int r = 0; r < layout.dp(); ++r) {
+    const auto [kb, ke] = zero1_kept_range(layout, r);
+    for (auto [b, e] : unowned_expert_ranges(table, sharding, r % ep_size)) {
+      if (kb < e && ke > b) {  // the kept range cuts it
+        if (kb > b) released[r].push_back({b, kb});
+        b = std::max(b, ke);
+      }
+      if (b < e) released[r].push_back({b, e});
+    }
+  }
+  return released;
 }
 
 // ---- checkpoint state ---------------------------------------------------------------------

@@ -37,6 +37,7 @@
 
 #include "base/timer.h"
 #include "comm/comm.h"
+#include "model/expert_parallel.h"
 #include "model/params.h"
 #include "optim/adamw.h"
 #include "optim/grad_reduce.h"
@@ -126,6 +127,15 @@ class Zero1Layout {
   int64_t shard_elements_ = 0;
   int dp_ = 1;
 };
+
+// Expert storage under expert parallelism (Model::shard_expert_storage): what each rank of
+// the ZeRO-1 layout keeps besides the dense tensors and its own experts (its shard, extended
+// over the split Muon matrix it owns, whose whole parameters it updates), and the expert
+// ranges it releases. Ranks form EP groups of sharding.ep_size() consecutive ranks (EP rank
+// = rank % ep_size, model/expert_parallel.h).
+std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank);
+std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
+    const ParamTable& table, const Zero1Layout& layout, const ExpertSharding& sharding);
 
 // ---- memory per rank (pure arithmetic, no MPI) --------------------------------------------
 
@@ -222,6 +232,20 @@ class Zero1Optimizer {
   // The gradient reduction of the last step: what ran during backward, what was exposed.
   const GradientReduceStats& last_reduce() const { return last_reduce_; }
 
+  // Ranks that do not store every parameter (expert parallel, Model::shard_expert_storage):
+  // released[r] lists the slab ranges rank r does not store (sorted, disjoint; the same list
+  // on every rank; each rank's own shard must be stored). The weight all-gather then sends
+  // every rank only the parts of each shard it stores, in one message per pair of ranks, and
+  // never writes a rank's released ranges. Empty lists (the default): the plain all-gather.
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  void set_released_ranges(std::vector<Ranges> released);
+  // Gradient ranges each rank never writes (the other EP ranks' experts), per rank: the
+  // reduce-scatter neither sends nor reads them (GradientReducer::set_zero_ranges).
+  void set_zero_gradient_ranges(std::vector<Ranges> zero) { reducer_->set_zero_ranges(std::move(zero)); }
+  // Collective: rank `root` receives from the shards' owners every parameter of its released
+  // ranges (a checkpoint written by root needs them all); no-op without released ranges.
+  void gather_released(float* params, int root);
+
   // The state slabs a checkpoint holds: AdamW::state_names(), then Muon::state_names() when
   // Muon is on; each the size and layout of the single-process optimizers' slabs.
   std::vector<std::string> state_names() const;
@@ -285,6 +309,9 @@ class Zero1Optimizer {
   std::optional<GradientReducer> reducer_;  // set once the layout is known
   GradientReduceStats last_reduce_;
   std::vector<Window> windows_;
+  std::vector<Ranges> released_;  // per rank; empty: every rank stores everything
+  // The parts of shard `q` outside rank r's released ranges (`outside`) or inside them.
+  Ranges shard_parts(int q, int r, bool outside) const;
   std::vector<SlabChunk> norm_chunks_;    // tensor elements of the shard, for norm and clip
   std::vector<AdamWChunk> adamw_chunks_;
   std::vector<size_t> muon_inside_;       // owned matrices inside the shard

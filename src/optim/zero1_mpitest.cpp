@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 
 #include "base/error.h"
 #include "comm/comm.h"
+#include "base/test_expect_error.h"
 #include "comm/mpi_test_main.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -397,6 +399,58 @@ TEST(Zero1MultiRank, RepeatedRunIsBitwiseIdentical) {
   std::vector<double> root = a.norms;
   world().broadcast(root.data(), root.size(), 0);
   EXPECT_EQ(root, a.norms);
+}
+
+TEST(Zero1MultiRank, SparseAllGatherWritesOnlyWhatEachRankStores) {
+  // Every rank releases every other block of 64 elements outside its kept range (its shard,
+  // extended over the split Muon matrix it owns) and poisons them with NaN: they must stay
+  // NaN (never written), and the stored elements must match the dense run bit for bit
+  // (nothing read from a released element). Then rank 0 gathers its released elements.
+  const ParamTable table(wide_config());
+  const int rank = world().rank(), size = world().size();
+  const Zero1Layout layout(table, size, /*muon_enabled=*/true);
+  std::vector<Zero1Optimizer::Ranges> released(size);
+  for (int r = 0; r < size; ++r) {
+    const auto [kb, ke] = zero1_kept_range(layout, r);
+    for (int64_t b = 0; b < table.total_elements(); b += 128) {
+      const int64_t e = std::min(b + 64, table.total_elements());
+      if (e <= kb || b >= ke) released[r].push_back({b, e});
+    }
+  }
+  const std::vector<float> initial = random_slab(table, 5, 0.5);
+  const RunResult dense = run_zero1(table, true, initial, 5, 3, 1.0, world());
+
+  Zero1Optimizer zero(table, adamw_options(true), muon_options(true), world());
+  zero.set_released_ranges(released);
+  std::vector<float> params = initial;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const auto& [b, e] : released[rank]) std::fill(params.begin() + b, params.begin() + e, nan);
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grads = local_gradient(table, 5, step, rank);
+    zero.step(params.data(), grads.data(), 1e-2, step, step % 2 ? 1.0 : 0.0);
+  }
+  size_t r = 0;
+  int64_t stored_differ = 0, released_written = 0;
+  for (int64_t i = 0; i < table.total_elements(); ++i) {
+    while (r < released[rank].size() && released[rank][r].second <= i) ++r;
+    const bool is_released = r < released[rank].size() && released[rank][r].first <= i;
+    if (is_released)
+      released_written += !std::isnan(params[i]);
+    else
+      stored_differ += std::bit_cast<uint32_t>(params[i]) != std::bit_cast<uint32_t>(dense.params[i]);
+  }
+  EXPECT_EQ(released_written, 0) << "the all-gather wrote released elements";
+  EXPECT_EQ(stored_differ, 0) << "stored elements differ from the dense run";
+  zero.gather_released(params.data(), 0);
+  if (rank == 0) {
+    EXPECT_TRUE(bitwise_equal(params, dense.params)) << "rank 0 after gathering";
+  }
+
+  // A rank may not release its own shard.
+  std::vector<Zero1Optimizer::Ranges> bad(size);
+  const SlabRange mine = layout.shard(rank);
+  if (mine.size() > 0) bad[rank].push_back({mine.begin, mine.begin + 1});
+  if (mine.size() > 0) expect_error([&] { zero.set_released_ranges(bad); }, "overlaps its shard");
 }
 
 TEST(Zero1MultiRank, MemoryFormulaMatchesAllocationOnEveryRank) {

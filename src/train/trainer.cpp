@@ -319,6 +319,25 @@ class Optimizers {
     return out;
   }
   const Zero1Optimizer* zero1() const { return zero1_ ? &*zero1_ : nullptr; }
+  // Under ZeRO-1 with expert parallelism: `model` stops storing the other EP ranks' experts
+  // and the weight all-gather skips them (Model::shard_expert_storage). Replicated state
+  // (train.zero1 = false) updates every parameter on every rank, so it keeps them all.
+  void shard_expert_storage(Model& model, int ep_size) {
+    if (!zero1_ || ep_size <= 1) return;
+    const ExpertSharding sharding(model.config().n_experts, ep_size);
+    auto released = zero1_released_ranges(table_, zero1_->layout(), sharding);
+    model.shard_expert_storage(released[zero1_->rank()]);
+    zero1_->set_released_ranges(std::move(released));
+    std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned;
+    for (int r = 0; r < zero1_->dp(); ++r)
+      unowned.push_back(unowned_expert_ranges(table_, sharding, r % ep_size));
+    zero1_->set_zero_gradient_ranges(std::move(unowned));
+  }
+  // Collective: before rank 0 writes a checkpoint, it receives the parameters it does not
+  // store; it releases them again after (Model::release_again).
+  void gather_parameters_to_root(float* params) {
+    if (zero1_) zero1_->gather_released(params, 0);
+  }
   void set_op_times(OpTimes* times) {
     op_times_ = times;
     if (zero1_) zero1_->set_op_times(times);
@@ -508,7 +527,6 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
 
   // ---- model and optimizer ----
   Model model(mc, precision);
-  model.init_weights(tc.seed);
   // The load-balancing loss counts expert shares over the global batch (arch moe).
   if (world) model.set_data_parallel(world);
   std::optional<ExpertParallelGroups> ep_groups;
@@ -517,6 +535,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     model.set_expert_parallel(&ep_groups->expert);
   }
   Optimizers optimizers(model.table(), tc, world);
+  // Expert parallel with ZeRO-1: a rank stores its own experts, the dense tensors and its
+  // shard, not the other ranks' experts (before initializing, so it never writes them).
+  if (ep_groups) optimizers.shard_expert_storage(model, static_cast<int>(tc.expert_parallel));
+  model.init_weights(tc.seed);
   optimizers.set_op_times(&model.op_times());
   // Data parallel: the backward pass reports finished gradients and the reduction of the
   // first buckets starts while the rest of backward computes (optim/grad_reduce.h).
@@ -544,6 +566,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       json state = load_checkpoint(*latest, mc, model.table(), model.params(),
                                    optimizers.states_to_load());
       optimizers.finish_load();
+      model.release_again();  // the checkpoint filled every parameter
       start_step = state.at("step").get<int64_t>();
       if (train_loader) train_loader->restore(state.at("data_cursor"));
       restore_router_balancers(model, state, *latest, /*required=*/true);
@@ -628,10 +651,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     double t0 = now_seconds();
     auto g = guard(fmt::format("checkpoint of step {}", step));
     std::vector<StateSlabToSave> states = optimizers.states_to_save();  // collective
+    optimizers.gather_parameters_to_root(model.params());                // collective
     if (root) {
       std::string path = save_checkpoint(tc.run_dir, step, mc, model.table(), model.params(),
                                          states, state, tc.keep_checkpoints,
                                          balancing_bias_tensors(model));
+      model.release_again();
       if (!quiet)
         std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
     }
@@ -662,6 +687,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   int64_t timed_tokens = 0;
   int64_t step = start_step;
   int64_t training_rss = peak_rss_bytes();
+  int64_t training_slabs = model.resident_slab_bytes();
   // The first steps create oneDNN primitives and fault in memory: the per-operation table
   // leaves them out when there are enough steps.
   const int64_t breakdown_warmup = total_steps - start_step > 4 ? 2 : 0;
@@ -766,6 +792,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     // The peak so far, before this step's checkpoint (the final one gathers the sharded
     // optimizer state on rank 0, which is not training memory).
     training_rss = peak_rss_bytes();
+    training_slabs = model.resident_slab_bytes();
     if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
@@ -785,17 +812,27 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // Memory and communication, every rank's (collective).
   summary.optimizer_state_bytes = optimizers.state_bytes();
   std::vector<double> rss(static_cast<size_t>(ranks), static_cast<double>(training_rss));
+  std::vector<double> slabs(static_cast<size_t>(ranks), static_cast<double>(training_slabs));
   if (world) {
-    const double mine = rss[0];
-    world->allgather(&mine, rss.data(), 1);
+    const double mine[2] = {rss[0], slabs[0]};
+    std::vector<double> all(2 * static_cast<size_t>(ranks));
+    world->allgather(mine, all.data(), 2);
+    for (int r = 0; r < ranks; ++r) {
+      rss[r] = all[2 * r];
+      slabs[r] = all[2 * r + 1];
+    }
   }
   for (double r : rss) summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, int64_t(r));
   if (comm_stats.steps > 0) summary.grad_comm_exposed_s = comm_stats.exposed / comm_stats.steps;
   if (root && (!quiet || opt.op_breakdown)) {
-    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | peak RSS before the final checkpoint",
+    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | weight and gradient slabs",
                                    double(summary.optimizer_state_bytes) / (1 << 20),
                                    world ? (optimizers.zero1() ? " (ZeRO-1)" : " (replicated)")
                                          : "");
+    for (size_t r = 0; r < slabs.size(); ++r)
+      line += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, slabs[r] / (1 << 20))
+                    : fmt::format(" {:.0f} MiB", slabs[r] / (1 << 20));
+    line += " | peak RSS before the final checkpoint";
     for (size_t r = 0; r < rss.size(); ++r)
       line += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, rss[r] / (1 << 20))
                     : fmt::format(" {:.0f} MiB", rss[r] / (1 << 20));

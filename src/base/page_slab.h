@@ -1,0 +1,86 @@
+// A zero-initialized array whose memory is taken from the OS page by page, as it is first
+// written, and can be handed back: the parameter and gradient slabs. Untouched or released
+// pages read as zero and take no physical memory, so a rank that never writes the parts of
+// a slab it does not need (another rank's experts) does not pay for them, while every
+// offset stays where the slab layout puts it.
+#pragma once
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace foundry {
+
+template <typename T>
+class PageSlab {
+  static_assert(std::is_trivially_copyable_v<T>);
+
+ public:
+  PageSlab() = default;
+  explicit PageSlab(size_t n) : size_(n) {
+    if (n == 0) return;
+    void* p = mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    data_ = static_cast<T*>(p);
+  }
+  ~PageSlab() {
+    if (data_) munmap(data_, bytes());
+  }
+  PageSlab(PageSlab&& o) noexcept
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  PageSlab& operator=(PageSlab&& o) noexcept {
+    if (this != &o) {
+      this->~PageSlab();
+      data_ = std::exchange(o.data_, nullptr);
+      size_ = std::exchange(o.size_, 0);
+    }
+    return *this;
+  }
+  PageSlab(const PageSlab&) = delete;
+  PageSlab& operator=(const PageSlab&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  T& operator[](size_t i) { return data_[i]; }
+  const T& operator[](size_t i) const { return data_[i]; }
+
+  // Bytes of the slab backed by memory now (mincore; pages never written, or released, are
+  // not), rounded to whole pages.
+  size_t resident_bytes() const {
+    if (!data_) return 0;
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t pages = (bytes() + page - 1) / page;
+    std::vector<unsigned char> in_core(pages);
+    if (mincore(data_, bytes(), in_core.data()) != 0) return 0;
+    size_t n = 0;
+    for (unsigned char c : in_core) n += c & 1;
+    return n * page;
+  }
+
+  // Returns the whole pages inside elements [begin, end) to the OS: they read as zero and
+  // take no memory until written again. Elements on the pages the range only partly covers
+  // keep their values (they share the page with elements outside it).
+  void release(size_t begin, size_t end) {
+    if (!data_ || end <= begin) return;
+    static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    uintptr_t lo = reinterpret_cast<uintptr_t>(data_ + begin);
+    uintptr_t hi = reinterpret_cast<uintptr_t>(data_ + end);
+    lo = (lo + page - 1) / page * page;
+    hi = hi / page * page;
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+  }
+
+ private:
+  size_t bytes() const { return size_ * sizeof(T); }
+  T* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+}  // namespace foundry
