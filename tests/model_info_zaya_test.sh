@@ -76,4 +76,23 @@ assert j["memory_bytes"]["muon_momentum"] == 4 * p["total"]
 PY
 then ok "--json: counts, groups and Muon state"; else bad "--json content"; fi
 
+# --dp N --ep P: what each rank stores when experts are sharded over groups of P ranks.
+"$FOUNDRY" model info --config "$CONFIG" --dp 16 --ep 8 --json >ep.json 2>&1 || bad "--ep failed"
+if python3 - ep.json <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+s, p, L = j["expert_storage"], j["parameters"], j["model"]["n_layers"]
+assert s["ep"] == 8 and j["zero1"]["dp"] == 16
+# Gradients: everything but the other 7/8 of the experts (expert tensors need no padding).
+others = 7 * p["experts_per_layer"] * L // 8
+assert s["gradient_elements"] == s["slab_elements"] - others, (s, others)
+# Weights: the same plus at most this rank's ZeRO-1 shard (1/16 of the slab, plus the split
+# Muon matrix it owns).
+assert s["gradient_elements"] < s["weight_elements"] <= s["gradient_elements"] + s["slab_elements"] // 16 + p["per_expert"], s
+PY
+then ok "--dp 16 --ep 8: a rank stores 1/8 of the experts' gradients, its weights plus its shard"
+else bad "--ep report"; cat ep.json | tail -12; fi
+expect_fail "--ep that does not divide --dp" "--ep 3 must divide --dp 16" \
+  "$FOUNDRY" model info --config "$CONFIG" --dp 16 --ep 3
+
 finish

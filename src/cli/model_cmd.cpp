@@ -25,6 +25,7 @@ struct ModelInfoOptions {
   int64_t seq = 0;    // 0 = train.seq_len
   std::string optimizer;  // "" = train.optimizer
   int64_t dp = 1;         // data-parallel ranks for the ZeRO-1 memory report
+  int64_t ep = 1;         // expert-parallel group size for the weight storage report
   bool json = false;
 };
 
@@ -44,11 +45,19 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
       model_info(rc.model, batch, seq, precision, optimizer,
                  [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
   if (o.dp < 1) fail(fmt::format("--dp {} must be >= 1", o.dp));
+  if (o.ep < 1 || o.dp % o.ep != 0)
+    fail(fmt::format("--ep {} must divide --dp {} (the ranks form groups of --ep ranks)", o.ep,
+                     o.dp),
+         "pass --dp N (all ranks) and an --ep that divides it and model.n_experts");
   std::optional<Zero1MemoryReport> zero1;
+  std::optional<ExpertStorageReport> storage;
   if (o.dp > 1) {
     // The parameter table holds names and offsets only: nothing of the model is allocated.
     const ParamTable table(rc.model);
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
+    if (o.ep > 1)
+      storage = expert_storage(table, Zero1Layout(table, static_cast<int>(o.dp), muon),
+                               ExpertSharding(rc.model.n_experts, static_cast<int>(o.ep)));
   }
   if (o.json) {
     json out = to_json(info);
@@ -62,12 +71,20 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
                       {"gather_everything_peak_bytes", zero1->gather_peak_bytes},
                       {"replicated_bytes", zero1->replicated_bytes}};
     }
+    if (storage)
+      out["expert_storage"] = {{"ep", storage->ep},
+                               {"rank", storage->rank},
+                               {"slab_elements", storage->slab_elements},
+                               {"weight_elements", storage->weight_elements},
+                               {"gradient_elements", storage->gradient_elements}};
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("config: %s\n%s", o.config_path.c_str(), format_model_info(info).c_str());
     if (zero1)
       std::printf("\nZeRO-1 over %lld data-parallel ranks (optimizer state per rank):\n%s",
                   static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());
+    if (storage)
+      std::printf("\n%s", format_expert_storage(*storage, precision == DType::bf16).c_str());
   }
 }
 
@@ -92,6 +109,8 @@ void register_model_commands(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "muon"}));
   info->add_option("--dp", o->dp, "Also report ZeRO-1 optimizer memory per rank over N "
                                   "data-parallel ranks");
+  info->add_option("--ep", o->ep, "With --dp: also report the weights and gradients each rank "
+                                  "stores when experts are sharded over groups of P ranks");
   info->add_flag("--json", o->json, "Print JSON instead of a table");
   info->callback([o, batch, seq] { run_model_info(*o, batch->count() > 0, seq->count() > 0); });
 }

@@ -438,56 +438,22 @@ Request Communicator::irecv(T* data, size_t count, int source, int tag) const {
   return request;
 }
 
-namespace {
-
-// An hindexed datatype over `ranges` of T (committed; the caller frees it once the operation
-// is posted, which MPI allows), or MPI_DATATYPE_NULL for no ranges.
 template <CommElement T>
-MPI_Datatype ranges_type(std::span<const std::pair<int64_t, int64_t>> ranges, const char* call,
-                         MPI_Comm comm) {
-  std::vector<int> lengths;
-  std::vector<MPI_Aint> displacements;
-  for (const auto& [b, e] : ranges) {
-    if (e < b) fail(fmt::format("{}: range [{}, {}) ends before it begins", call, b, e));
-    for (int64_t at = b; at < e; at += int64_t{1} << 30) {
-      lengths.push_back(static_cast<int>(std::min<int64_t>(e - at, int64_t{1} << 30)));
-      displacements.push_back(static_cast<MPI_Aint>(at) * static_cast<MPI_Aint>(sizeof(T)));
-    }
-  }
-  if (lengths.empty()) return MPI_DATATYPE_NULL;
-  MPI_Datatype type = MPI_DATATYPE_NULL;
-  check_mpi(MPI_Type_create_hindexed(static_cast<int>(lengths.size()), lengths.data(),
-                                     displacements.data(), mpi_type<T>(), &type),
-            "MPI_Type_create_hindexed", comm);
-  check_mpi(MPI_Type_commit(&type), "MPI_Type_commit", comm);
-  return type;
-}
-
-}  // namespace
-
-template <CommElement T>
-Request Communicator::isend_ranges(const T* base,
-                                   std::span<const std::pair<int64_t, int64_t>> ranges, int dest,
-                                   int tag) const {
-  MPI_Datatype type = ranges_type<T>(ranges, "MPI_Isend", comm_);
-  if (type == MPI_DATATYPE_NULL) return Request();
-  MPI_Request r = MPI_REQUEST_NULL;
-  const int rc = MPI_Isend(base, 1, type, dest, tag, comm_, &r);
-  MPI_Type_free(&type);
-  check_mpi(rc, "MPI_Isend", comm_);
-  return Request(r, "MPI_Isend", comm_);
+std::vector<Request> Communicator::isend_ranges(
+    const T* base, std::span<const std::pair<int64_t, int64_t>> ranges, int dest, int tag) const {
+  std::vector<Request> requests;
+  for (const auto& [b, e] : ranges)
+    if (e > b) requests.push_back(isend(base + b, static_cast<size_t>(e - b), dest, tag));
+  return requests;
 }
 
 template <CommElement T>
-Request Communicator::irecv_ranges(T* base, std::span<const std::pair<int64_t, int64_t>> ranges,
-                                   int source, int tag) const {
-  MPI_Datatype type = ranges_type<T>(ranges, "MPI_Irecv", comm_);
-  if (type == MPI_DATATYPE_NULL) return Request();
-  MPI_Request r = MPI_REQUEST_NULL;
-  const int rc = MPI_Irecv(base, 1, type, source, tag, comm_, &r);
-  MPI_Type_free(&type);
-  check_mpi(rc, "MPI_Irecv", comm_);
-  return Request(r, "MPI_Irecv", comm_);
+std::vector<Request> Communicator::irecv_ranges(
+    T* base, std::span<const std::pair<int64_t, int64_t>> ranges, int source, int tag) const {
+  std::vector<Request> requests;
+  for (const auto& [b, e] : ranges)
+    if (e > b) requests.push_back(irecv(base + b, static_cast<size_t>(e - b), source, tag));
+  return requests;
 }
 
 #define FOUNDRY_COMM_INSTANTIATE(T)                                                           \
@@ -514,9 +480,9 @@ Request Communicator::irecv_ranges(T* base, std::span<const std::pair<int64_t, i
   template Request Communicator::isend<T>(const T*, size_t, int, int) const;                  \
   template void Communicator::recv<T>(T*, size_t, int, int) const;                            \
   template Request Communicator::irecv<T>(T*, size_t, int, int) const;                       \
-  template Request Communicator::isend_ranges<T>(                                             \
+  template std::vector<Request> Communicator::isend_ranges<T>(                                \
       const T*, std::span<const std::pair<int64_t, int64_t>>, int, int) const;                \
-  template Request Communicator::irecv_ranges<T>(                                             \
+  template std::vector<Request> Communicator::irecv_ranges<T>(                                \
       T*, std::span<const std::pair<int64_t, int64_t>>, int, int) const;
 FOUNDRY_COMM_INSTANTIATE(float)
 FOUNDRY_COMM_INSTANTIATE(double)

@@ -134,7 +134,8 @@ void GradientReducer::start(int64_t begin, int64_t end) {
         if (zero_.empty())
           b.sends.push_back(comm_.isend(grads_ + a, static_cast<size_t>(z - a), q, b.tag));
         else
-          b.sends.push_back(comm_.isend_ranges<float>(grads_, contributed(me, a, z), q, b.tag));
+          for (Request& r : comm_.isend_ranges<float>(grads_, contributed(me, a, z), q, b.tag))
+            b.sends.push_back(std::move(r));
       }
     }
     const int64_t n = b.piece_size[me];
@@ -171,7 +172,8 @@ bool GradientReducer::advance(Bucket& b) {
           b.receive = comm_.irecv_ranges(scratch, parts, q, b.tag);
           b.receiving = true;
         }
-        if (!b.receive.test()) return false;
+        for (Request& r : b.receive)
+          if (!r.done() && !r.test()) return false;
         b.receiving = false;
         src = scratch;
       }
@@ -188,10 +190,11 @@ bool GradientReducer::advance(Bucket& b) {
     const float* src = own;
     if (q != me) {
       if (!b.receiving) {
-        b.receive = comm_.irecv(b.incoming.data.get(), static_cast<size_t>(n), q, b.tag);
+        b.receive.clear();
+        b.receive.push_back(comm_.irecv(b.incoming.data.get(), static_cast<size_t>(n), q, b.tag));
         b.receiving = true;
       }
-      if (!b.receive.test()) return false;
+      if (!b.receive[0].test()) return false;
       b.receiving = false;
       src = b.incoming.data.get();
     }

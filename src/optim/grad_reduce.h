@@ -106,7 +106,7 @@ class GradientReducer {
     std::vector<int64_t> piece_begin, piece_size;  // every rank's piece (slab offsets)
     std::vector<Request> sends;    // this rank's contributions to the other pieces' owners
     int next_rank = 0;             // the next contribution to this rank's piece, in rank order
-    Request receive;               // from next_rank (when posted)
+    std::vector<Request> receive;  // from next_rank (when posted; one per contributed range)
     bool receiving = false;
     Scratch incoming, sum;         // a received contribution; the all-reduce's running sum
     bool reduced = false;          // this rank's piece holds the sum

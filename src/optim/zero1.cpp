@@ -55,6 +55,10 @@ struct Fingerprint {
   void add(bool x) { add(uint64_t{x}); }
 };
 
+void append(std::vector<Request>& to, std::vector<Request> more) {
+  for (Request& r : more) to.push_back(std::move(r));
+}
+
 std::string format_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -611,11 +615,11 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   std::vector<Request> requests;
   for (int q = 0; q < size; ++q)
     if (q != rank)
-      requests.push_back(comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
+      append(requests, comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
                                             kTagSparseGather));
   for (int r = 0; r < size; ++r)
     if (r != rank)
-      requests.push_back(comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
+      append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
                                                    r, kTagSparseGather));
   for (Request& q : requests) q.wait();
   return norm;
@@ -668,10 +672,10 @@ void Zero1Optimizer::gather_released(float* params, int root) {
   if (rank == root) {
     for (int q = 0; q < size; ++q)
       if (q != root)
-        requests.push_back(comm_.irecv_ranges(params, shard_parts(q, root, false), q,
+        append(requests, comm_.irecv_ranges(params, shard_parts(q, root, false), q,
                                               kTagReleasedGather));
   } else {
-    requests.push_back(comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
+    append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
                                                  root, kTagReleasedGather));
   }
   for (Request& q : requests) q.wait();
@@ -701,6 +705,43 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
     }
   }
   return released;
+}
+
+ExpertStorageReport expert_storage(const ParamTable& table, const Zero1Layout& layout,
+                                   const ExpertSharding& sharding) {
+  auto total = [](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+    int64_t n = 0;
+    for (const auto& [b, e] : ranges) n += e - b;
+    return n;
+  };
+  ExpertStorageReport r;
+  r.ep = sharding.ep_size();
+  r.slab_elements = table.total_elements();
+  const auto released = zero1_released_ranges(table, layout, sharding);
+  r.weight_elements = -1;
+  for (int q = 0; q < layout.dp(); ++q) {
+    const int64_t weights = r.slab_elements - total(released[q]);
+    if (weights > r.weight_elements) {
+      r.rank = q;
+      r.weight_elements = weights;
+      r.gradient_elements =
+          r.slab_elements - total(unowned_expert_ranges(table, sharding, q % sharding.ep_size()));
+    }
+  }
+  return r;
+}
+
+std::string format_expert_storage(const ExpertStorageReport& r, bool bf16) {
+  const double E = static_cast<double>(r.slab_elements);
+  const double w = static_cast<double>(r.weight_elements);
+  const double g = static_cast<double>(r.gradient_elements);
+  std::string out = fmt::format(
+      "expert parallel {} (each rank stores its own experts; largest: rank {}):\n"
+      "  fp32 weights {} of {} ({:.1f}%), fp32 gradients {} ({:.1f}%)",
+      r.ep, r.rank, format_bytes(4 * w), format_bytes(4 * E), 100 * w / E, format_bytes(4 * g),
+      100 * g / E);
+  if (bf16) out += fmt::format(", bf16 copies {}", format_bytes(2 * g));
+  return out + "\n";
 }
 
 // ---- checkpoint state ---------------------------------------------------------------------

@@ -137,6 +137,21 @@ std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank
 std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
     const ParamTable& table, const Zero1Layout& layout, const ExpertSharding& sharding);
 
+// What a rank stores of the fp32 weight and gradient slabs (elements) with expert storage
+// sharded over EP groups of `sharding.ep_size()` ranks, for `foundry model info --dp N
+// --ep P`: the rank storing the most, against the whole slab.
+struct ExpertStorageReport {
+  int ep = 1;
+  int rank = 0;                  // the rank storing the most weights
+  int64_t slab_elements = 0;     // the whole slab (what every rank stores without EP)
+  int64_t weight_elements = 0;   // its stored fp32 weights (the bf16 copies: gradient_elements)
+  int64_t gradient_elements = 0; // its stored fp32 gradients (its experts and the dense tensors)
+};
+ExpertStorageReport expert_storage(const ParamTable& table, const Zero1Layout& layout,
+                                   const ExpertSharding& sharding);
+// Two lines for a report (with the bf16 copies when `bf16`).
+std::string format_expert_storage(const ExpertStorageReport& report, bool bf16);
+
 // ---- memory per rank (pure arithmetic, no MPI) --------------------------------------------
 
 // Optimizer memory of one rank in bytes, besides the replicated fp32 parameter and
