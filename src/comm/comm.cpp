@@ -382,20 +382,6 @@ void Communicator::reduce_scatterv(const T* send, T* recv,
 }
 
 template <CommElement T>
-Request Communicator::ireduce_scatterv(const T* send, T* recv,
-                                       std::span<const int64_t> counts) const {
-  std::vector<int> layout;
-  v_layout(counts, size_, "MPI_Ireduce_scatter", layout);
-  if (layout[rank_] > 0) require_distinct(send, recv, "MPI_Ireduce_scatter");
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ireduce_scatter(send, recv, layout.data(), mpi_type<T>(), MPI_SUM, comm_, &r),
-            "MPI_Ireduce_scatter", comm_);
-  Request request(r, "MPI_Ireduce_scatter", comm_);
-  request.scratch_ = std::move(layout);  // MPI reads the counts until completion
-  return request;
-}
-
-template <CommElement T>
 void Communicator::allgatherv_in_place(T* data, std::span<const int64_t> counts) const {
   std::vector<int> layout;
   v_layout(counts, size_, "MPI_Allgatherv", layout);
@@ -472,8 +458,6 @@ std::vector<Request> Communicator::irecv_ranges(
   template Request Communicator::ialltoallv<T>(const T*, std::span<const int64_t>, T*,        \
                                                std::span<const int64_t>) const;               \
   template void Communicator::reduce_scatterv<T>(const T*, T*, std::span<const int64_t>)     \
-      const;                                                                                  \
-  template Request Communicator::ireduce_scatterv<T>(const T*, T*, std::span<const int64_t>)  \
       const;                                                                                  \
   template void Communicator::allgatherv_in_place<T>(T*, std::span<const int64_t>) const;     \
   template void Communicator::send<T>(const T*, size_t, int, int) const;                      \

@@ -168,10 +168,6 @@ class Communicator {
   // ZeRO-1 shards of a slab whose length is not a multiple of the rank count).
   template <CommElement T>
   void reduce_scatterv(const T* send, T* recv, std::span<const int64_t> counts) const;
-  // The same, non-blocking: `send` and `recv` must stay untouched until the request
-  // completes (the counts are copied into the request).
-  template <CommElement T>
-  Request ireduce_scatterv(const T* send, T* recv, std::span<const int64_t> counts) const;
 
   // All-gather with a count per rank, in place: `data` holds counts[0] + … + counts[size()-1]
   // elements; rank r's block (counts[r] elements at offset counts[0] + … + counts[r-1]) is its

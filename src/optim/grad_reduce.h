@@ -39,8 +39,8 @@
 namespace foundry {
 
 struct GradientReducerOptions {
-  // Pending final elements that start a collective (16 MiB of fp32 by default; the
-  // remainder goes in finish()). 0 starts one per report.
+  // Pending final elements that start a bucket (16 MiB of fp32 by default); the report of
+  // offset 0 starts whatever is pending. 0 starts one bucket per report.
   int64_t bucket_elements = int64_t{1} << 22;
   // Longest run one collective carries (MPI counts are int); longer buckets are split.
   int64_t max_message_elements = int64_t{1} << 30;
