@@ -159,7 +159,7 @@ struct GradientCommTotals {
   std::string describe(int64_t slab_elements) const {
     const double n = static_cast<double>(steps);
     return fmt::format(
-        "gradient reduction per step ({} steps): {:.1f} collectives, {:.1f} started during "
+        "gradient reduction per step ({} steps): {:.1f} buckets, {:.1f} started during "
         "backward carrying {:.0f}% of the slab; {:.1f} ms starting and polling inside backward, "
         "{:.1f} ms exposed after it",
         steps, collectives / n, started_in_backward / n,
@@ -825,17 +825,20 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   for (double r : rss) summary.peak_rss_bytes = std::max(summary.peak_rss_bytes, int64_t(r));
   if (comm_stats.steps > 0) summary.grad_comm_exposed_s = comm_stats.exposed / comm_stats.steps;
   if (root && (!quiet || opt.op_breakdown)) {
-    std::string line = fmt::format("memory per rank: optimizer state {:.1f} MiB{} | weight and gradient slabs",
-                                   double(summary.optimizer_state_bytes) / (1 << 20),
-                                   world ? (optimizers.zero1() ? " (ZeRO-1)" : " (replicated)")
-                                         : "");
-    for (size_t r = 0; r < slabs.size(); ++r)
-      line += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, slabs[r] / (1 << 20))
-                    : fmt::format(" {:.0f} MiB", slabs[r] / (1 << 20));
-    line += " | peak RSS before the final checkpoint";
-    for (size_t r = 0; r < rss.size(); ++r)
-      line += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, rss[r] / (1 << 20))
-                    : fmt::format(" {:.0f} MiB", rss[r] / (1 << 20));
+    // " rank 0 560 MiB, rank 1 560 MiB" (or " 560 MiB" in one process)
+    auto per_rank = [&](const std::vector<double>& bytes) {
+      std::string out;
+      for (size_t r = 0; r < bytes.size(); ++r)
+        out += world ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, bytes[r] / (1 << 20))
+                     : fmt::format(" {:.0f} MiB", bytes[r] / (1 << 20));
+      return out;
+    };
+    const std::string line = fmt::format(
+        "memory per rank: optimizer state {:.1f} MiB{} | weight and gradient slabs{} | peak RSS "
+        "before the final checkpoint{}",
+        double(summary.optimizer_state_bytes) / (1 << 20),
+        world ? (optimizers.zero1() ? " (ZeRO-1)" : " (replicated)") : "", per_rank(slabs),
+        per_rank(rss));
     std::fprintf(stderr, "%s\n", line.c_str());
     if (comm_stats.steps > 0) std::fprintf(stderr, "%s\n", comm_stats.describe(model.slab_size()).c_str());
   }
@@ -845,9 +848,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     std::fprintf(stderr, "\nper-operation time (mean per step over %lld steps):\n",
                  static_cast<long long>(steps_run));
     for (const auto& [op, s] : model.op_times().seconds())
-      std::fprintf(stderr, "  %-18s %8.2f ms  %5.1f%%\n", op.c_str(), 1e3 * s / steps_run,
+      std::fprintf(stderr, "  %-34s %8.2f ms  %5.1f%%\n", op.c_str(), 1e3 * s / steps_run,
                    100 * s / total);
-    std::fprintf(stderr, "  %-18s %8.2f ms\n", "total", 1e3 * total / steps_run);
+    std::fprintf(stderr, "  %-34s %8.2f ms\n", "total", 1e3 * total / steps_run);
   }
   return summary;
 }
