@@ -141,7 +141,7 @@ void GradientReducer::start(int64_t begin, int64_t end) {
     const int64_t n = b.piece_size[me];
     if (n > 0 && p > 1) {
       b.incoming = take_scratch(n);
-      if (!reduce_scatter()) b.sum = take_scratch(n);
+      if (!reduce_scatter() && me > 0) b.sum = take_scratch(n);  // ranks before this one
     }
     ++stats_.collectives;
     buckets_.push_back(std::move(b));
@@ -152,15 +152,45 @@ bool GradientReducer::advance(Bucket& b) {
   if (b.complete) return true;
   const int me = comm_.rank(), p = comm_.size();
   const int64_t n = b.piece_size[me];
-  const float* own = grads_ + b.piece_begin[me];
-  // The running sum: the shard's part (reduce-scatter) or a scratch copied into the slab at
-  // the end (all-reduce: the slab's piece holds this rank's own contribution until then).
-  float* acc = reduce_scatter() ? shard_ + (b.piece_begin[me] - shard_begin_[me])
-                                : (p > 1 ? b.sum.data.get() : grads_ + b.piece_begin[me]);
-  // 1. Reduce: acc = g_0, then acc += g_1, g_2, … (the same order on every rank). With
-  // zero ranges, acc = 0 and then += each rank's contributed parts, in rank order.
   const int64_t base = b.piece_begin[me];
-  while (n > 0 && b.next_rank < p) {
+  float* mine = grads_ + base;  // this rank's piece of the slab (its own contribution)
+  auto add = [](float* acc, const float* x, int64_t m) {
+#pragma omp parallel for simd schedule(static) if (m > (int64_t{1} << 16))
+    for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
+  };
+  // 1. Reduce: g_0 + g_1 + … + g_{p−1}, added in rank order (the same order on every rank).
+  if (!reduce_scatter()) {
+    // All-reduce, in place in the slab's piece: the ranks before this one are summed in a
+    // scratch (the first received straight into it), this rank's contribution is added to
+    // that where it lies, then the later ranks' are added there.
+    float* partial = b.sum.data.get();
+    while (n > 0 && b.next_rank < p) {
+      const int q = b.next_rank;
+      if (q == me) {
+        if (me > 0) {
+#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
+          for (int64_t i = 0; i < n; ++i) mine[i] = partial[i] + mine[i];
+        }
+        ++b.next_rank;
+        continue;
+      }
+      float* target = q == 0 ? partial : b.incoming.data.get();
+      if (!b.receiving) {
+        b.receive.clear();
+        b.receive.push_back(comm_.irecv(target, static_cast<size_t>(n), q, b.tag));
+        b.receiving = true;
+      }
+      if (!b.receive[0].test()) return false;
+      b.receiving = false;
+      if (q > 0) add(q < me ? partial : mine, b.incoming.data.get(), n);
+      ++b.next_rank;
+    }
+  }
+  // Reduce-scatter: into the shard. With zero ranges, acc = 0 and then += each rank's
+  // contributed parts, in rank order.
+  float* acc = shard_ + (reduce_scatter() ? base - shard_begin_[me] : 0);
+  const float* own = mine;
+  while (reduce_scatter() && n > 0 && b.next_rank < p) {
     const int q = b.next_rank;
     if (!zero_.empty()) {
       if (q == 0) std::fill(acc, acc + n, 0.0f);
@@ -177,13 +207,7 @@ bool GradientReducer::advance(Bucket& b) {
         b.receiving = false;
         src = scratch;
       }
-      for (const auto& [lo, hi] : parts) {
-        float* a = acc + (lo - base);
-        const float* x = src + lo;
-        const int64_t m = hi - lo;
-#pragma omp parallel for simd schedule(static) if (m > (int64_t{1} << 16))
-        for (int64_t i = 0; i < m; ++i) a[i] += x[i];
-      }
+      for (const auto& [lo, hi] : parts) add(acc + (lo - base), src + lo, hi - lo);
       ++b.next_rank;
       continue;
     }
@@ -198,12 +222,10 @@ bool GradientReducer::advance(Bucket& b) {
       b.receiving = false;
       src = b.incoming.data.get();
     }
-    if (q == 0) {
-      if (src != acc) std::copy(src, src + n, acc);
-    } else {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-      for (int64_t i = 0; i < n; ++i) acc[i] += src[i];
-    }
+    if (q == 0)
+      std::copy(src, src + n, acc);
+    else
+      add(acc, src, n);
     ++b.next_rank;
   }
   if (!b.reduced) {
@@ -221,8 +243,6 @@ bool GradientReducer::advance(Bucket& b) {
   // 2. All-reduce: send the summed piece to everyone, receive theirs in place.
   if (!b.gathering) {
     b.gathering = true;
-    float* mine = grads_ + b.piece_begin[me];
-    if (n > 0 && acc != mine) std::copy(acc, acc + n, mine);
     give_back(b.sum);
     for (int q = 0; q < p; ++q) {
       if (q == me) continue;
