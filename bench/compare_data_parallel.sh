@@ -74,6 +74,9 @@ for label, k in rows:
 print()
 for name, off, on in (("ZeRO-1", "off", "on"), ("Replicated", "replicated_off", "replicated")):
     base, exposed, inside = r[off]["grad"], r[on]["grad"], r[on]["inback"]
+    if base <= 0:
+        print(f"{name}: no gradient reduction time measured after backward")
+        continue
     print(f"{name}: the gradient reduction waited {base:.1f} ms/step after backward without "
           f"overlap and {exposed:.1f} ms/step with it ({100 * (1 - exposed / base):.0f}% of it "
           f"hidden behind backward), at the price of {inside:.1f} ms/step spent inside backward "
