@@ -65,8 +65,8 @@ void router_forward(T* probs, int32_t* topk_idx, T* topk_w, const T* logits, int
 template <typename T>
 T router_aux_loss(const T* probs, const int32_t* topk_idx, int64_t n, int64_t e, int64_t k,
                   const double* fractions = nullptr);
-// The shares f_e of the N*K assignments (E values).
-std::vector<double> expert_fractions(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k);
+// Assignments per expert [E] from topk_idx [N, K].
+std::vector<int64_t> expert_counts(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k);
 // dlogits [N, E] (writes) from dtopk_w [N, K] and the aux loss's weight in the total loss
 // (aux_coef; f_e, or `fractions` when given, is treated as a constant, as in the reference
 // implementations).

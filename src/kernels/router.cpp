@@ -6,9 +6,6 @@
 #include "kernels/ops.h"
 
 namespace foundry::ops {
-namespace {
-
-// Assignments per expert [E] from topk_idx [N, K].
 std::vector<int64_t> expert_counts(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) {
   std::vector<int64_t> counts(e, 0);
   for (int64_t a = 0; a < n * k; ++a) {
@@ -16,6 +13,17 @@ std::vector<int64_t> expert_counts(const int32_t* topk_idx, int64_t n, int64_t e
     ++counts[topk_idx[a]];
   }
   return counts;
+}
+
+namespace {
+
+// The shares f_e of the N*K assignments (E values).
+std::vector<double> expert_fractions(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) {
+  const std::vector<int64_t> counts = expert_counts(topk_idx, n, e, k);
+  std::vector<double> f(e);
+  for (int64_t j = 0; j < e; ++j)
+    f[j] = static_cast<double>(counts[j]) / static_cast<double>(n * k);
+  return f;
 }
 
 }  // namespace
@@ -47,14 +55,6 @@ void router_forward(T* probs, int32_t* topk_idx, T* topk_w, const T* logits, int
     if (renormalize)
       for (int64_t slot = 0; slot < k; ++slot) w[slot] /= selected_sum;
   }
-}
-
-std::vector<double> expert_fractions(const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) {
-  const std::vector<int64_t> counts = expert_counts(topk_idx, n, e, k);
-  std::vector<double> f(e);
-  for (int64_t j = 0; j < e; ++j)
-    f[j] = static_cast<double>(counts[j]) / static_cast<double>(n * k);
-  return f;
 }
 
 template <typename T>

@@ -67,6 +67,15 @@ std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable&
   return ranges;
 }
 
+std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned_expert_ranges_by_rank(
+    const ParamTable& table, const ExpertSharding& sharding, int ranks) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> by_ep_rank, by_rank;
+  for (int p = 0; p < sharding.ep_size(); ++p)
+    by_ep_rank.push_back(unowned_expert_ranges(table, sharding, p));
+  for (int r = 0; r < ranks; ++r) by_rank.push_back(by_ep_rank[r % sharding.ep_size()]);
+  return by_rank;
+}
+
 ExpertParallelGroups split_expert_parallel(const Communicator& world, int ep_size) {
   const int W = world.size();
   // Every rank sees the same W and ep_size, so every rank fails here alike and none is left
@@ -169,40 +178,34 @@ void ExpertExchange::element_counts(int64_t width) {
   }
 }
 
+void ExpertExchange::copy_blocks(const float* from, float* to, int64_t width,
+                                 bool wire_to_local) const {
+  const std::vector<int64_t>& from_start = wire_to_local ? wire_start_ : local_start_;
+  const std::vector<int64_t>& to_start = wire_to_local ? local_start_ : wire_start_;
+  for (size_t b = 0; b < recv_rows_.size(); ++b)
+    if (recv_rows_[b] > 0)
+      std::memcpy(to + to_start[b] * width, from + from_start[b] * width,
+                  static_cast<size_t>(recv_rows_[b] * width) * sizeof(float));
+}
+
 void ExpertExchange::dispatch(const float* origin, float* local, int64_t width,
                               std::vector<float>& wire) {
   require_planned("dispatch");
-  const int P = comm_->size();
-  const int64_t El = local_experts(), L = local_rows();
+  const int64_t L = local_rows();
   element_counts(width);
   wire.resize(static_cast<size_t>(L * width));
   comm_->alltoallv(origin, std::span<const int64_t>(send_elems_), wire.data(),
                    std::span<const int64_t>(recv_elems_));
-  for (int i = 0; i < P; ++i)
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t rows = recv_rows_[i * El + j];
-      if (rows == 0) continue;
-      std::memcpy(local + local_start_[i * El + j] * width,
-                  wire.data() + wire_start_[i * El + j] * width,
-                  static_cast<size_t>(rows * width) * sizeof(float));
-    }
+  copy_blocks(wire.data(), local, width, /*wire_to_local=*/true);
 }
 
 void ExpertExchange::combine(const float* local, float* origin, int64_t width,
                              std::vector<float>& wire) {
   require_planned("combine");
-  const int P = comm_->size();
-  const int64_t El = local_experts(), L = local_rows();
+  const int64_t L = local_rows();
   element_counts(width);
   wire.resize(static_cast<size_t>(L * width));
-  for (int i = 0; i < P; ++i)
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t rows = recv_rows_[i * El + j];
-      if (rows == 0) continue;
-      std::memcpy(wire.data() + wire_start_[i * El + j] * width,
-                  local + local_start_[i * El + j] * width,
-                  static_cast<size_t>(rows * width) * sizeof(float));
-    }
+  copy_blocks(local, wire.data(), width, /*wire_to_local=*/false);
   // The reverse of the dispatch: what came from source i goes back to it, and rank p's
   // reply lands where this rank's rows for p's experts were.
   comm_->alltoallv(wire.data(), std::span<const int64_t>(recv_elems_), origin,

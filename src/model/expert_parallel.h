@@ -78,6 +78,10 @@ class ExpertSharding {
 std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable& table,
                                                                const ExpertSharding& sharding,
                                                                int ep_rank);
+// The same for every rank of a job of `ranks` ranks in EP groups of sharding.ep_size()
+// consecutive ranks (EP rank = rank % ep_size; each EP rank's list computed once).
+std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned_expert_ranges_by_rank(
+    const ParamTable& table, const ExpertSharding& sharding, int ranks);
 
 // The process groups of a DP × EP layout of `world` (W ranks, P = ep_size, D = W/P):
 //   expert    EP group: the P consecutive world ranks [g·P, (g+1)·P), g = rank / P, with
@@ -129,6 +133,9 @@ class ExpertExchange {
  private:
   void require_planned(const char* what) const;
   void element_counts(int64_t width);
+  // Copies every (source i, local expert j) block of rows from the wire layout (blocks by
+  // source) to the local layout (blocks by expert), or back.
+  void copy_blocks(const float* from, float* to, int64_t width, bool wire_to_local) const;
 
   const Communicator* comm_ = nullptr;
   int64_t origin_rows_ = 0;

@@ -157,35 +157,8 @@ TEST(RouterCounts, SumOverOneRankIsUnchanged) {
   EXPECT_EQ(counts, before);
 }
 
-ModelConfig small_moe() {
-  ModelConfig c;
-  c.vocab_size = 50;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.ffn_dim = 24;
-  c.max_seq_len = 8;
-  c.init_std = 0.2;
-  c.aux_loss_coef = 0.1;
-  return c;
-}
-
-ModelConfig small_zaya() {
-  ModelConfig c = small_moe();
-  c.arch = "zaya1";
-  c.norm_topk_prob = false;
-  c.aux_loss_coef = 0;
-  c.rope_fraction = 0.5;
-  c.ffn_dim = 12;
-  c.router_latent_dim = 8;
-  c.skip_passes_input = true;
-  c.validate("test");
-  return c;
-}
+ModelConfig small_moe() { return testing::small_moe_config(); }
+ModelConfig small_zaya() { return testing::small_zaya_config(small_moe()); }
 
 struct StepResult {
   double loss;

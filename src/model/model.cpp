@@ -354,12 +354,13 @@ void Model::moe_experts_backward(int64_t layer, const int64_t* offsets, const fl
 }
 
 std::vector<int64_t> Model::expert_loads() const {
-  if (config_.is_zaya()) return zaya_expert_loads();
-  if (!acts_) return {};
+  const std::vector<std::vector<int64_t>>* offsets =
+      config_.is_zaya() ? zaya_expert_offsets() : (acts_ ? &acts_->expert_offsets : nullptr);
+  if (!offsets) return {};
   const int64_t E = config_.n_experts;
   std::vector<int64_t> loads(config_.n_layers * E);
   for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const int64_t* offs = acts_->expert_offsets[l].data();
+    const int64_t* offs = (*offsets)[l].data();
     for (int64_t e = 0; e < E; ++e) loads[l * E + e] = offs[e + 1] - offs[e];
   }
   return loads;
@@ -530,9 +531,8 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
         const double* f = nullptr;
         if (dp_group_) {
           // The shares over the global batch: exact integer counts summed over the ranks.
-          std::vector<int64_t> counts(E + 1, 0);
-          for (int64_t i = 0; i < N * K; ++i) ++counts[a.topk_idx[l][i]];
-          counts[E] = N * K;
+          std::vector<int64_t> counts = ops::expert_counts(a.topk_idx[l].data(), N, E, K);
+          counts.push_back(N * K);
           dp_group_->allreduce(counts.data(), counts.data(), counts.size());
           a.fractions[l].resize(E);
           for (int64_t j = 0; j < E; ++j)

@@ -235,7 +235,9 @@ class Model {
   DecodeState zaya_new_decode_state(int64_t max_len) const;
   const float* zaya_decode_step(DecodeState& state, int32_t token);
   const float* zaya_logits() const;
-  std::vector<int64_t> zaya_expert_loads() const;
+  // Per MoE sublayer, the row offsets of the experts (and classes) in the last forward, or
+  // null before any forward.
+  const std::vector<std::vector<int64_t>>* zaya_expert_offsets() const;
 
   ModelConfig config_;
   ParamTable table_;

@@ -141,36 +141,12 @@ TEST(ExpertParallelMpi, RoundTripIsExact) {
 
 // E = 2·W experts: divisible by every EP size tested, and with a few tokens per rank some
 // experts get no rows at all.
-ModelConfig moe_config() {
-  ModelConfig c;
-  c.vocab_size = 50;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.n_experts = 2 * world().size();
-  c.top_k = 2;
-  c.ffn_dim = 24;
-  c.max_seq_len = 8;
-  c.init_std = 0.2;
-  c.aux_loss_coef = 0.1;
-  c.validate("test");
-  return c;
-}
+ModelConfig moe_config() { return testing::small_moe_config(2 * world().size()); }
 
 ModelConfig zaya_config() {
   ModelConfig c = moe_config();
-  c.arch = "zaya1";
   c.n_layers = 3;  // EDA chains the router state over the MoE sublayers
-  c.norm_topk_prob = false;
-  c.aux_loss_coef = 0;
-  c.rope_fraction = 0.5;
-  c.ffn_dim = 12;
-  c.router_latent_dim = 8;
-  c.skip_passes_input = true;
-  c.validate("test");
-  return c;
+  return testing::small_zaya_config(c);
 }
 
 struct StepResult {

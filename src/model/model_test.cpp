@@ -12,22 +12,7 @@
 namespace foundry {
 namespace {
 
-ModelConfig tiny_config(int64_t experts, int64_t top_k) {
-  ModelConfig c;
-  c.vocab_size = 50;  // padded to 128: the padded rows must get no gradient
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 4;
-  c.n_experts = experts;
-  c.top_k = top_k;
-  c.ffn_dim = 24;
-  c.max_seq_len = 8;
-  c.init_std = 0.2;  // large enough that every path carries gradient
-  c.aux_loss_coef = experts > 1 ? 0.1 : 0.0;
-  return c;
-}
+using testing::small_moe_config;
 
 using testing::Batch;
 
@@ -41,25 +26,25 @@ void check_gradients(const ModelConfig& c) {
   testing::expect_gradients_match_finite_differences(model, random_batch(c, 2, 6, 11), 2, 6);
 }
 
-TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(tiny_config(1, 1)); }
-TEST(ModelGradient, MoeTop2MatchesFiniteDifferences) { check_gradients(tiny_config(4, 2)); }
-TEST(ModelGradient, MoeTop1MatchesFiniteDifferences) { check_gradients(tiny_config(4, 1)); }
+TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(small_moe_config(1, 1)); }
+TEST(ModelGradient, MoeTop2MatchesFiniteDifferences) { check_gradients(small_moe_config(4, 2)); }
+TEST(ModelGradient, MoeTop1MatchesFiniteDifferences) { check_gradients(small_moe_config(4, 1)); }
 
 TEST(ModelGradient, MoeWithoutRenormalizationMatchesFiniteDifferences) {
-  ModelConfig c = tiny_config(4, 2);
+  ModelConfig c = small_moe_config(4, 2);
   c.norm_topk_prob = false;
   check_gradients(c);
 }
 
 TEST(Model, GradientsFinalHookReportsOnlyFinishedGradients) {
-  const ModelConfig c = tiny_config(4, 2);
+  const ModelConfig c = small_moe_config(4, 2);
   Model model(c, DType::f32);
   model.init_weights(7);
   testing::expect_gradients_final_hook_is_honest(model, random_batch(c, 2, 6, 11), 2, 6);
 }
 
 TEST(Model, IncrementalDecodingMatchesFullForward) {
-  ModelConfig c = tiny_config(4, 2);
+  ModelConfig c = small_moe_config(4, 2);
   Model model(c, DType::f32);
   model.init_weights(3);
   const int64_t T = 7;
@@ -76,7 +61,7 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
 }
 
 TEST(Model, SameSeedSameLossBitwise) {
-  ModelConfig c = tiny_config(4, 2);
+  ModelConfig c = small_moe_config(4, 2);
   Batch batch = random_batch(c, 2, 6, 1);
   double losses[2];
   for (double& loss : losses) {
@@ -88,7 +73,7 @@ TEST(Model, SameSeedSameLossBitwise) {
 }
 
 TEST(Model, RejectsTokenOutsideVocabulary) {
-  ModelConfig c = tiny_config(1, 1);
+  ModelConfig c = small_moe_config(1, 1);
   Model model(c, DType::f32);
   std::vector<int32_t> inputs(6, 1), targets(6, 1);
   inputs[3] = 50;
@@ -96,7 +81,7 @@ TEST(Model, RejectsTokenOutsideVocabulary) {
 }
 
 TEST(ParamTable, MixtralNamesAndCounts) {
-  ModelConfig c = tiny_config(4, 2);
+  ModelConfig c = small_moe_config(4, 2);
   ParamTable table(c);
   const ParamInfo& w1 = table.get("model.layers.1.block_sparse_moe.experts.3.w1.weight");
   const ParamInfo& w3 = table.get("model.layers.1.block_sparse_moe.experts.3.w3.weight");
@@ -109,7 +94,7 @@ TEST(ParamTable, MixtralNamesAndCounts) {
   // experts 4·3·384) + final norm 16.
   const int64_t per_layer = 32 + 256 + 128 + 128 + 256 + 64 + 4 * 3 * 384;
   EXPECT_EQ(table.parameter_count(), 128 * 16 + 2 * per_layer + 16);
-  EXPECT_EQ(ParamTable(tiny_config(1, 1)).find("model.layers.0.mlp.gate_proj.weight")->numel,
+  EXPECT_EQ(ParamTable(small_moe_config(1, 1)).find("model.layers.0.mlp.gate_proj.weight")->numel,
             24 * 16);
 }
 

@@ -11,6 +11,42 @@
 
 namespace foundry::testing {
 
+// A tiny standard MoE for whole-model tests: vocab 50 (padded to 128: the padded rows must get
+// no gradient), C = 16, 2 layers, 4/2 heads of 4, F = 24, T ≤ 8, init_std 0.2 (large enough
+// that every path carries gradient), aux loss 0.1 when there is a router.
+inline ModelConfig small_moe_config(int64_t experts = 4, int64_t top_k = 2) {
+  ModelConfig c;
+  c.vocab_size = 50;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 4;
+  c.n_experts = experts;
+  c.top_k = top_k;
+  c.ffn_dim = 24;
+  c.max_seq_len = 8;
+  c.init_std = 0.2;
+  c.aux_loss_coef = experts > 1 ? 0.1 : 0.0;
+  c.validate("test");
+  return c;
+}
+
+// `moe` as arch zaya1 (CCA, the ZAYA1 router with a skip class that passes its input, no aux
+// loss), with narrower experts and an 8-wide router latent.
+inline ModelConfig small_zaya_config(ModelConfig moe) {
+  ModelConfig& c = moe;
+  c.arch = "zaya1";
+  c.norm_topk_prob = false;
+  c.aux_loss_coef = 0;
+  c.rope_fraction = 0.5;
+  c.ffn_dim = 12;
+  c.router_latent_dim = 8;
+  c.skip_passes_input = true;
+  c.validate("test");
+  return c;
+}
+
 struct Batch {
   std::vector<int32_t> inputs, targets;
 };

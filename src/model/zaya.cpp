@@ -436,15 +436,8 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
   return result;
 }
 
-std::vector<int64_t> Model::zaya_expert_loads() const {
-  if (!zacts_) return {};
-  const int64_t E = config_.n_experts;
-  std::vector<int64_t> loads(config_.n_layers * E);
-  for (int64_t l = 0; l < config_.n_layers; ++l) {
-    const int64_t* offs = zacts_->offsets[l].data();
-    for (int64_t e = 0; e < E; ++e) loads[l * E + e] = offs[e + 1] - offs[e];
-  }
-  return loads;
+const std::vector<std::vector<int64_t>>* Model::zaya_expert_offsets() const {
+  return zacts_ ? &zacts_->offsets : nullptr;
 }
 
 const float* Model::zaya_logits() const {

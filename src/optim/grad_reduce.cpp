@@ -88,19 +88,28 @@ void GradientReducer::set_zero_ranges(std::vector<Ranges> zero) {
 
 GradientReducer::Ranges GradientReducer::contributed(int rank, int64_t begin, int64_t end) const {
   Ranges parts;
-  if (zero_.empty()) {
-    if (end > begin) parts.push_back({begin, end});
-    return parts;
-  }
   int64_t at = begin;
-  for (const auto& [b, e] : zero_[rank]) {
-    if (e <= at) continue;
-    if (b >= end) break;
-    if (b > at) parts.push_back({at, b});
-    at = std::max(at, e);
+  if (!zero_.empty()) {
+    for (const auto& [b, e] : zero_[rank]) {
+      if (e <= at) continue;
+      if (b >= end) break;
+      if (b > at) parts.push_back({at - begin, b - begin});
+      at = std::max(at, e);
+    }
   }
-  if (at < end) parts.push_back({at, end});
+  if (at < end) parts.push_back({at - begin, end - begin});
   return parts;
+}
+
+bool GradientReducer::received(Bucket& b, int rank, float* target, const Ranges& parts) {
+  if (!b.receiving) {
+    b.receive = comm_.irecv_ranges(target, parts, rank, b.tag);
+    b.receiving = true;
+  }
+  for (Request& r : b.receive)
+    if (!r.done() && !r.test()) return false;
+  b.receiving = false;
+  return true;
 }
 
 void GradientReducer::start(int64_t begin, int64_t end) {
@@ -130,13 +139,9 @@ void GradientReducer::start(int64_t begin, int64_t end) {
       }
       b.piece_begin[q] = a;
       b.piece_size[q] = z - a;
-      if (q != me && z > a) {
-        if (zero_.empty())
-          b.sends.push_back(comm_.isend(grads_ + a, static_cast<size_t>(z - a), q, b.tag));
-        else
-          for (Request& r : comm_.isend_ranges<float>(grads_, contributed(me, a, z), q, b.tag))
-            b.sends.push_back(std::move(r));
-      }
+      if (q != me && z > a)
+        for (Request& r : comm_.isend_ranges<float>(grads_ + a, contributed(me, a, z), q, b.tag))
+          b.sends.push_back(std::move(r));
     }
     const int64_t n = b.piece_size[me];
     if (n > 0 && p > 1) {
@@ -159,11 +164,34 @@ bool GradientReducer::advance(Bucket& b) {
     for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
   };
   // 1. Reduce: g_0 + g_1 + … + g_{p−1}, added in rank order (the same order on every rank).
-  if (!reduce_scatter()) {
+  if (reduce_scatter()) {
+    // Into the shard. The first contribution is copied; with zero ranges every element
+    // starts at +0 and each rank's contributed parts are added.
+    float* acc = shard_ + (base - shard_begin_[me]);
+    while (n > 0 && b.next_rank < p) {
+      const int q = b.next_rank;
+      const Ranges parts = contributed(q, base, base + n);
+      const float* src = mine;
+      if (q != me) {
+        if (!received(b, q, b.incoming.data.get(), parts)) return false;
+        src = b.incoming.data.get();
+      }
+      const bool copy = q == 0 && zero_.empty();
+      if (q == 0 && !copy) std::fill(acc, acc + n, 0.0f);
+      for (const auto& [lo, hi] : parts) {
+        if (copy)
+          std::copy(src + lo, src + hi, acc + lo);
+        else
+          add(acc + lo, src + lo, hi - lo);
+      }
+      ++b.next_rank;
+    }
+  } else {
     // All-reduce, in place in the slab's piece: the ranks before this one are summed in a
     // scratch (the first received straight into it), this rank's contribution is added to
     // that where it lies, then the later ranks' are added there.
     float* partial = b.sum.data.get();
+    const Ranges whole = {{0, n}};
     while (n > 0 && b.next_rank < p) {
       const int q = b.next_rank;
       if (q == me) {
@@ -171,62 +199,12 @@ bool GradientReducer::advance(Bucket& b) {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
           for (int64_t i = 0; i < n; ++i) mine[i] = partial[i] + mine[i];
         }
-        ++b.next_rank;
-        continue;
+      } else {
+        if (!received(b, q, q == 0 ? partial : b.incoming.data.get(), whole)) return false;
+        if (q > 0) add(q < me ? partial : mine, b.incoming.data.get(), n);
       }
-      float* target = q == 0 ? partial : b.incoming.data.get();
-      if (!b.receiving) {
-        b.receive.clear();
-        b.receive.push_back(comm_.irecv(target, static_cast<size_t>(n), q, b.tag));
-        b.receiving = true;
-      }
-      if (!b.receive[0].test()) return false;
-      b.receiving = false;
-      if (q > 0) add(q < me ? partial : mine, b.incoming.data.get(), n);
       ++b.next_rank;
     }
-  }
-  // Reduce-scatter: into the shard. With zero ranges, acc = 0 and then += each rank's
-  // contributed parts, in rank order.
-  float* acc = shard_ + (reduce_scatter() ? base - shard_begin_[me] : 0);
-  const float* own = mine;
-  while (reduce_scatter() && n > 0 && b.next_rank < p) {
-    const int q = b.next_rank;
-    if (!zero_.empty()) {
-      if (q == 0) std::fill(acc, acc + n, 0.0f);
-      Ranges parts = contributed(q, base, base + n);
-      const float* src = grads_;  // parts are slab offsets
-      if (q != me && !parts.empty()) {
-        float* scratch = b.incoming.data.get() - base;  // indexed by slab offset
-        if (!b.receiving) {
-          b.receive = comm_.irecv_ranges(scratch, parts, q, b.tag);
-          b.receiving = true;
-        }
-        for (Request& r : b.receive)
-          if (!r.done() && !r.test()) return false;
-        b.receiving = false;
-        src = scratch;
-      }
-      for (const auto& [lo, hi] : parts) add(acc + (lo - base), src + lo, hi - lo);
-      ++b.next_rank;
-      continue;
-    }
-    const float* src = own;
-    if (q != me) {
-      if (!b.receiving) {
-        b.receive.clear();
-        b.receive.push_back(comm_.irecv(b.incoming.data.get(), static_cast<size_t>(n), q, b.tag));
-        b.receiving = true;
-      }
-      if (!b.receive[0].test()) return false;
-      b.receiving = false;
-      src = b.incoming.data.get();
-    }
-    if (q == 0)
-      std::copy(src, src + n, acc);
-    else
-      add(acc, src, n);
-    ++b.next_rank;
   }
   if (!b.reduced) {
     // Every contribution of this rank must be out before an all-reduce overwrites its

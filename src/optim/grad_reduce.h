@@ -115,8 +115,12 @@ class GradientReducer {
     bool complete = false;
   };
 
-  // The parts of [begin, end) outside zero_[rank] (everything without zero ranges).
+  // The parts of [begin, end) outside zero_[rank] (everything without zero ranges), as
+  // offsets from `begin`.
   Ranges contributed(int rank, int64_t begin, int64_t end) const;
+  // Posts the receive of `rank`'s `parts` into `target` (once per contribution) and tells
+  // whether they have all arrived.
+  bool received(Bucket& b, int rank, float* target, const Ranges& parts);
   // Cuts [begin, end) at max_message_elements and starts a bucket for each part.
   void start(int64_t begin, int64_t end);
   // Advances a bucket as far as it goes without waiting; true once it is complete.

@@ -1,11 +1,16 @@
 // Shared helpers for the optimizer tests.
 #pragma once
 #include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "base/rng.h"
 #include "model/config.h"
 #include "model/params.h"
+#include "optim/adamw.h"
+#include "optim/muon.h"
 
 namespace foundry::test {
 
@@ -44,6 +49,25 @@ inline std::vector<int64_t> padding_offsets(const ParamTable& table) {
   for (int64_t i = 0; i < table.total_elements(); ++i)
     if (!used[i]) gaps.push_back(i);
   return gaps;
+}
+
+// The optimizer pair of a run: AdamW (weight decay 0.1) for everything, or, with Muon, for
+// what Muon does not update; Muon with its defaults.
+inline AdamWOptions adamw_options(bool with_muon) {
+  AdamWOptions o;
+  o.weight_decay = 0.1;
+  if (with_muon) o.applies = [](const ParamInfo& info) { return !muon_applies(info); };
+  return o;
+}
+
+inline std::optional<MuonOptions> muon_options(bool with_muon) {
+  if (!with_muon) return std::nullopt;
+  return MuonOptions{};
+}
+
+inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
 }
 
 }  // namespace foundry::test

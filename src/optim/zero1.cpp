@@ -689,14 +689,12 @@ std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank
   return {std::min(shard.begin, state.begin), std::max(shard.end, state.end)};
 }
 
-std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
-    const ParamTable& table, const Zero1Layout& layout, const ExpertSharding& sharding) {
-  const int ep_size = sharding.ep_size();
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> released(layout.dp());
-  if (ep_size <= 1) return released;
+std::vector<SlabRanges> zero1_released_ranges(const Zero1Layout& layout,
+                                              const std::vector<SlabRanges>& unowned_by_rank) {
+  std::vector<SlabRanges> released(layout.dp());
   for (int r = 0; r < layout.dp(); ++r) {
     const auto [kb, ke] = zero1_kept_range(layout, r);
-    for (auto [b, e] : unowned_expert_ranges(table, sharding, r % ep_size)) {
+    for (auto [b, e] : unowned_by_rank.at(r)) {
       if (kb < e && ke > b) {  // the kept range cuts it
         if (kb > b) released[r].push_back({b, kb});
         b = std::max(b, ke);
@@ -709,7 +707,7 @@ std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
 
 ExpertStorageReport expert_storage(const ParamTable& table, const Zero1Layout& layout,
                                    const ExpertSharding& sharding) {
-  auto total = [](const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  auto total = [](const SlabRanges& ranges) {
     int64_t n = 0;
     for (const auto& [b, e] : ranges) n += e - b;
     return n;
@@ -717,15 +715,15 @@ ExpertStorageReport expert_storage(const ParamTable& table, const Zero1Layout& l
   ExpertStorageReport r;
   r.ep = sharding.ep_size();
   r.slab_elements = table.total_elements();
-  const auto released = zero1_released_ranges(table, layout, sharding);
+  const auto unowned = unowned_expert_ranges_by_rank(table, sharding, layout.dp());
+  const auto released = zero1_released_ranges(layout, unowned);
   r.weight_elements = -1;
   for (int q = 0; q < layout.dp(); ++q) {
     const int64_t weights = r.slab_elements - total(released[q]);
     if (weights > r.weight_elements) {
       r.rank = q;
       r.weight_elements = weights;
-      r.gradient_elements =
-          r.slab_elements - total(unowned_expert_ranges(table, sharding, q % sharding.ep_size()));
+      r.gradient_elements = r.slab_elements - total(unowned[q]);
     }
   }
   return r;

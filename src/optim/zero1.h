@@ -130,12 +130,12 @@ class Zero1Layout {
 
 // Expert storage under expert parallelism (Model::shard_expert_storage): what each rank of
 // the ZeRO-1 layout keeps besides the dense tensors and its own experts (its shard, extended
-// over the split Muon matrix it owns, whose whole parameters it updates), and the expert
-// ranges it releases. Ranks form EP groups of sharding.ep_size() consecutive ranks (EP rank
-// = rank % ep_size, model/expert_parallel.h).
+// over the split Muon matrix it owns, whose whole parameters it updates), and, from every
+// rank's unowned expert ranges (unowned_expert_ranges_by_rank), the ranges it releases.
+using SlabRanges = std::vector<std::pair<int64_t, int64_t>>;
 std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank);
-std::vector<std::vector<std::pair<int64_t, int64_t>>> zero1_released_ranges(
-    const ParamTable& table, const Zero1Layout& layout, const ExpertSharding& sharding);
+std::vector<SlabRanges> zero1_released_ranges(const Zero1Layout& layout,
+                                              const std::vector<SlabRanges>& unowned_by_rank);
 
 // What a rank stores of the fp32 weight and gradient slabs (elements) with expert storage
 // sharded over EP groups of `sharding.ep_size()` ranks, for `foundry model info --dp N
@@ -252,7 +252,7 @@ class Zero1Optimizer {
   // on every rank; each rank's own shard must be stored). The weight all-gather then sends
   // every rank only the parts of each shard it stores, in one message per pair of ranks, and
   // never writes a rank's released ranges. Empty lists (the default): the plain all-gather.
-  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  using Ranges = SlabRanges;
   void set_released_ranges(std::vector<Ranges> released);
   // Gradient ranges each rank never writes (the other EP ranks' experts), per rank: the
   // reduce-scatter neither sends nor reads them (GradientReducer::set_zero_ranges).

@@ -37,6 +37,9 @@ Communicator& world() { return *g_world; }
 
 using test::padding_offsets;
 using test::random_slab;
+using test::adamw_options;
+using test::bitwise_equal;
+using test::muon_options;
 
 // Tolerances against the single-process reference, on |a - b| / max(|b|, 1) per parameter.
 // MPI sums the ranks' gradients in another order than the reference, and the norm's partial
@@ -69,29 +72,12 @@ ModelConfig wide_config() {
   return c;
 }
 
-AdamWOptions adamw_options(bool with_muon) {
-  AdamWOptions o;
-  o.weight_decay = 0.1;
-  if (with_muon) o.applies = [](const ParamInfo& info) { return !muon_applies(info); };
-  return o;
-}
-
-std::optional<MuonOptions> muon_options(bool with_muon) {
-  if (!with_muon) return std::nullopt;
-  return MuonOptions{};
-}
-
 // True on every rank iff `ok` on every rank.
 bool all_ranks(bool ok, const Communicator& comm) {
   const int64_t mine = ok ? 1 : 0;
   int64_t all = 0;
   comm.allreduce(&mine, &all, 1, ReduceOp::min);
   return all == 1;
-}
-
-bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
 }
 
 // Largest |a - b| / max(|b|, 1) over the tensor elements.

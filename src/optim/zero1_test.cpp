@@ -23,6 +23,9 @@ namespace {
 
 using test::padding_offsets;
 using test::random_slab;
+using test::adamw_options;
+using test::bitwise_equal;
+using test::muon_options;
 using test::tiny_moe_config;
 
 
@@ -274,23 +277,6 @@ MpiSession& session() {
 }
 
 Communicator& world() { return session().world(); }
-
-AdamWOptions adamw_options(bool with_muon) {
-  AdamWOptions o;
-  o.weight_decay = 0.1;
-  if (with_muon) o.applies = [](const ParamInfo& info) { return !muon_applies(info); };
-  return o;
-}
-
-std::optional<MuonOptions> muon_options(bool with_muon) {
-  if (!with_muon) return std::nullopt;
-  return MuonOptions{};
-}
-
-bool bitwise_equal(const std::vector<float>& a, std::span<const float> b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
-}
 
 class Zero1OneRank : public ::testing::TestWithParam<bool> {
  protected:

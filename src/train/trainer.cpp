@@ -324,13 +324,11 @@ class Optimizers {
   // (train.zero1 = false) updates every parameter on every rank, so it keeps them all.
   void shard_expert_storage(Model& model, int ep_size) {
     if (!zero1_ || ep_size <= 1) return;
-    const ExpertSharding sharding(model.config().n_experts, ep_size);
-    auto released = zero1_released_ranges(table_, zero1_->layout(), sharding);
+    auto unowned = unowned_expert_ranges_by_rank(
+        table_, ExpertSharding(model.config().n_experts, ep_size), zero1_->dp());
+    auto released = zero1_released_ranges(zero1_->layout(), unowned);
     model.shard_expert_storage(released[zero1_->rank()]);
     zero1_->set_released_ranges(std::move(released));
-    std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned;
-    for (int r = 0; r < zero1_->dp(); ++r)
-      unowned.push_back(unowned_expert_ranges(table_, sharding, r % ep_size));
     zero1_->set_zero_gradient_ranges(std::move(unowned));
   }
   // Collective: before rank 0 writes a checkpoint, it receives the parameters it does not
@@ -789,10 +787,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
       world->allreduce(&s, &s, 1, ReduceOp::max);
       sig = static_cast<int>(s);
     }
-    // The peak so far, before this step's checkpoint (the final one gathers the sharded
-    // optimizer state on rank 0, which is not training memory).
-    training_rss = peak_rss_bytes();
-    training_slabs = model.resident_slab_bytes();
+    // Memory at the last step, before its checkpoint (which gathers the sharded optimizer
+    // state on rank 0: not training memory).
+    if (final_step || sig) {
+      training_rss = peak_rss_bytes();
+      training_slabs = model.resident_slab_bytes();
+    }
     if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0)) save(step);
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
