@@ -47,6 +47,21 @@ class ConfigReader {
 
   // One of a fixed set of strings.
   void get_choice(const std::string& key, std::string& out, const std::vector<std::string>& allowed);
+  // A choice of typed values by name: the config's name selects the value (errors list the
+  // names); absent, `out` keeps its default.
+  template <typename T>
+  void get_choice(const std::string& key, T& out,
+                  const std::vector<std::pair<std::string, T>>& choices) {
+    std::string name;
+    std::vector<std::string> names;
+    for (const auto& [n, v] : choices) {
+      names.push_back(n);
+      if (v == out) name = n;
+    }
+    get_choice(key, name, names);
+    for (const auto& [n, v] : choices)
+      if (n == name) out = v;
+  }
 
   // Marks a nested object key as known and returns it (or an empty object).
   const json& child(const std::string& key);

@@ -85,7 +85,6 @@ std::string layout_name(const GemmShape& s) {
 
 }  // namespace
 
-const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
 
 void validate(const GemmBenchOptions& o) {
   if (o.dtypes.empty()) fail("--dtype is empty", "use --dtype fp32,bf16");

@@ -97,7 +97,6 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& options);
 // tests and for callers that want a single shape.
 GemmMeasurement measure_gemm(DType dtype, const GemmShape& shape, int repeats, double min_seconds);
 
-const char* dtype_name(DType t);  // "fp32", "bf16"
 // "fp32,bf16" -> {f32, bf16}; throws naming `flag` for anything else (fp16, ...).
 std::vector<DType> parse_dtypes(const std::string& flag, const std::string& text);
 // "128,256,1024" -> {128, 256, 1024}; throws naming `flag` for non-integers or values < 1.

@@ -38,8 +38,8 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   if (seq > rc.model.max_seq_len)
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {}", seq, rc.model.max_seq_len),
          "raise it with --set model.max_seq_len=N or choose a shorter --seq");
-  const DType precision = rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
-  const std::string optimizer = o.optimizer.empty() ? rc.train.optimizer : o.optimizer;
+  const DType precision = rc.train.precision;
+  const std::string optimizer = o.optimizer.empty() ? optimizer_name(rc.train.optimizer) : o.optimizer;
   const bool muon = optimizer == "muon";
   const ModelInfo info =
       model_info(rc.model, batch, seq, precision, optimizer,

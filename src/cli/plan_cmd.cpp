@@ -86,7 +86,7 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
               config_path.c_str());
   std::printf("step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), %lld data-parallel rank(s), %s, %s\n",
               (long long)(s.micro_batch * s.accumulation), (long long)s.seq, (long long)s.micro_batch,
-              (long long)s.accumulation, (long long)s.dp, s.precision == DType::bf16 ? "bf16" : "fp32",
+              (long long)s.accumulation, (long long)s.dp, dtype_name(s.precision),
               s.muon ? "Muon + AdamW" : "AdamW");
   std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
   for (const auto& it : p.items)
@@ -108,7 +108,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
                                  "written by `foundry bench all`");
   const HardwareProfile profile = load_profile(o.profile);
-  const DType precision = o.precision == "bf16" ? DType::bf16 : DType::f32;
+  const DType precision = o.precision == dtype_name(DType::bf16) ? DType::bf16 : DType::f32;
   const double memory = parse_amount("--memory-per-device", o.memory);
 
   if (!o.config_path.empty()) {
@@ -124,10 +124,10 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
         fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices));
       s.accumulation = std::max<int64_t>(1, o.global_batch / o.devices / s.micro_batch);
     }
-    s.precision = rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
-    s.muon = rc.train.optimizer == "muon";
+    s.precision = rc.train.precision;
+    s.muon = rc.train.optimizer == OptimizerKind::muon;
     s.muon_ns_steps = static_cast<int>(rc.train.muon_ns_steps);
-    s.muon_bf16 = rc.train.muon_ns_precision == "bf16";
+    s.muon_bf16 = rc.train.muon_ns_precision == DType::bf16;
     s.comm_overlap = o.overlap;
     const StepPrediction p = predict_step(rc.model, s, profile);
     if (o.json) {

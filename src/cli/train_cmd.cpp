@@ -10,6 +10,7 @@
 #include "base/io.h"
 #include "base/rng.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/model_state.h"
 #include "comm/comm.h"
 #include "comm/launch.h"
 #include "cli/commands.h"
@@ -18,6 +19,7 @@
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/run_config.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 
 namespace foundry::cli {
@@ -61,10 +63,6 @@ std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_d
   restore_router_balancers(*model, trainer_state, ckpt_dir, /*required=*/false);
   model->sync_weights();
   return model;
-}
-
-DType precision_of(const RunConfig& rc) {
-  return rc.train.precision == "bf16" ? DType::bf16 : DType::f32;
 }
 
 // Samples a token from logits [v] with temperature, top-k and top-p (nucleus) filtering.
@@ -159,18 +157,12 @@ void register_train_commands(CLI::App& app) {
       RunConfig rc = load_run_config(args->config_path, args->overrides);
       if (rc.data.dir.empty()) fail("data.dir is empty: eval needs a prepared dataset");
       const std::string dir = resolve_checkpoint(*ckpt, rc);
-      auto model = load_model(rc, dir, precision_of(rc));
+      auto model = load_model(rc, dir, rc.train.precision);
       Dataset dataset(rc.data.dir);
       const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
       BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
-      std::vector<int32_t> in(B * T), tg(B * T);
       const int64_t n = *batches > 0 ? *batches : rc.train.eval_batches;
-      double sum = 0;
-      for (int64_t i = 0; i < n; ++i) {
-        loader.next(in.data(), tg.data());
-        sum += model->forward(in.data(), tg.data(), B, T).ce_loss;
-      }
-      const double loss = sum / n;
+      const double loss = evaluate_loss(*model, loader, n);
       std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
                   loss, std::exp(loss), static_cast<long long>(n * B * T));
     });
@@ -203,7 +195,7 @@ void register_train_commands(CLI::App& app) {
       std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
       Tokenizer tok = Tokenizer::load(tok_path);
       const std::string dir = resolve_checkpoint(g->checkpoint, rc);
-      auto model = load_model(rc, dir, precision_of(rc));
+      auto model = load_model(rc, dir, rc.train.precision);
       std::vector<int32_t> ids = tok.encode(g->prompt);
       // Training streams separate documents with EOS, so EOS is what precedes a document.
       ids.insert(ids.begin(), tok.eos_id());

@@ -13,6 +13,8 @@
 namespace foundry {
 
 enum class DType { f32, bf16 };
+// "fp32" | "bf16", as configs and reports spell them.
+inline const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
 
 struct MatView {
   const void* data = nullptr;

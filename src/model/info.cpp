@@ -306,7 +306,6 @@ ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DTyp
 
 namespace {
 
-const char* precision_name(DType d) { return d == DType::bf16 ? "bf16" : "fp32"; }
 
 json items_to_json(const std::vector<MemoryItem>& items) {
   json out = json::array();
@@ -398,7 +397,7 @@ json to_json(const ModelInfo& info) {
       {"batch_size", info.batch},
       {"seq_len", info.seq},
       {"tokens_per_step", info.batch * info.seq},
-      {"precision", precision_name(info.precision)},
+      {"precision", dtype_name(info.precision)},
       {"optimizer", info.optimizer},
       {"parameters", params},
       {"param_groups", groups},
@@ -464,7 +463,7 @@ std::string format_model_info(const ModelInfo& info) {
   }
   line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}, optimizer {}", info.batch,
                    info.seq, with_separators(info.batch * info.seq),
-                   precision_name(info.precision), info.optimizer));
+                   dtype_name(info.precision), info.optimizer));
   line("");
   line(fmt::format("parameters: {} total / {} active per token without embeddings; "
                    "embedding {}",

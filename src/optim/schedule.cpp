@@ -5,21 +5,8 @@
 #include <numbers>
 
 #include "base/error.h"
-// Only the plain TrainConfig struct is used (no code from the train layer is linked).
-#include "train/run_config.h"
 
 namespace foundry {
-
-LrSchedule lr_schedule(const TrainConfig& config) {
-  LrSchedule s;
-  s.kind = config.schedule;
-  s.lr = config.lr;
-  s.min_lr_ratio = config.min_lr_ratio;
-  s.warmup_steps = config.warmup_steps;
-  s.total_steps = config.steps;
-  s.decay_fraction = config.decay_fraction;
-  return s;
-}
 
 double learning_rate(const LrSchedule& s, int64_t step) {
   if (step < 1) fail(fmt::format("learning-rate step {} must be >= 1 (steps are 1-based)", step));
@@ -48,10 +35,6 @@ double learning_rate(const LrSchedule& s, int64_t step) {
   }
   fail(fmt::format("unknown learning-rate schedule '{}'", s.kind),
        "use one of: cosine, wsd, constant");
-}
-
-double learning_rate(const TrainConfig& config, int64_t step) {
-  return learning_rate(lr_schedule(config), step);
 }
 
 }  // namespace foundry

@@ -23,8 +23,6 @@
 
 namespace foundry {
 
-struct TrainConfig;  // train/run_config.h
-
 struct LrSchedule {
   std::string kind = "cosine";  // "cosine" | "wsd" | "constant"
   double lr = 3e-4;             // peak
@@ -34,12 +32,7 @@ struct LrSchedule {
   double decay_fraction = 0.2;  // wsd only
 };
 
-// The schedule fields of a training config (train.schedule, lr, min_lr_ratio,
-// warmup_steps, steps, decay_fraction).
-LrSchedule lr_schedule(const TrainConfig& config);
-
 // The learning rate for 1-based `step` (formulas above). Fails on step < 1 or an unknown kind.
 double learning_rate(const LrSchedule& schedule, int64_t step);
-double learning_rate(const TrainConfig& config, int64_t step);
 
 }  // namespace foundry

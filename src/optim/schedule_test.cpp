@@ -6,7 +6,6 @@
 #include <numbers>
 
 #include "base/error.h"
-#include "train/run_config.h"
 
 namespace foundry {
 namespace {
@@ -74,18 +73,6 @@ TEST(Schedule, NoWarmup) {
   EXPECT_NEAR(learning_rate(make("cosine", 0, 100), 1),
               1e-4 + 0.9e-3 * (1 + std::cos(std::numbers::pi / 100)) / 2, kTol);
   EXPECT_NEAR(learning_rate(make("cosine", 0, 100), 100), 1e-4, kTol);
-}
-
-TEST(Schedule, FromTrainConfig) {
-  TrainConfig t;
-  t.lr = 2e-3;
-  t.min_lr_ratio = 0.0;
-  t.warmup_steps = 20;
-  t.steps = 220;
-  t.schedule = "cosine";
-  EXPECT_NEAR(learning_rate(t, 1), 1e-4, kTol);
-  EXPECT_NEAR(learning_rate(t, 120), 1e-3, kTol);
-  EXPECT_NEAR(learning_rate(t, 220), 0.0, kTol);
 }
 
 TEST(Schedule, RejectsBadInput) {

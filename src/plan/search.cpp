@@ -379,7 +379,7 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
                      q.active_params > 0 ? human(q.active_params) : "free", 100 * q.tolerance,
                      q.arch, q.vocab);
   out += fmt::format("run: {} devices, global batch {} × {} tokens, {}, {}, memory {:.0f} GiB per device\n",
-                     q.devices, q.global_batch, q.seq, q.precision == DType::bf16 ? "bf16" : "fp32",
+                     q.devices, q.global_batch, q.seq, dtype_name(q.precision),
                      q.muon ? "Muon + AdamW" : "AdamW",
                      double(q.memory_per_device > 0 ? q.memory_per_device : profile.memory_bytes) / kGiB);
   out += fmt::format("{} shapes evaluated, {} accepted\n\n", r.evaluated, r.ranked.size());
@@ -488,7 +488,7 @@ json plan_to_json(const PlanResult& r, int top) {
 json plan_run_config(const Candidate& chosen, const PlanRequest& q) {
   json train = {{"batch_size", chosen.shape.micro_batch},
                 {"seq_len", q.seq},
-                {"precision", q.precision == DType::bf16 ? "bf16" : "fp32"},
+                {"precision", dtype_name(q.precision)},
                 {"optimizer", q.muon ? "muon" : "adamw"}};
   if (q.tokens > 0)
     train["steps"] = std::max<int64_t>(1, int64_t(q.tokens / double(q.global_batch * q.seq)));

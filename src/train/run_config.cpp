@@ -11,6 +11,17 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   return parse_run_config(root, path);
 }
 
+LrSchedule lr_schedule(const TrainConfig& config) {
+  LrSchedule s;
+  s.kind = config.schedule;
+  s.lr = config.lr;
+  s.min_lr_ratio = config.min_lr_ratio;
+  s.warmup_steps = config.warmup_steps;
+  s.total_steps = config.steps;
+  s.decay_fraction = config.decay_fraction;
+  return s;
+}
+
 RunConfig parse_run_config(const json& root, const std::string& where) {
   RunConfig rc;
   ConfigReader top(root, where);
@@ -31,13 +42,15 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("beta2", t.beta2, 0.0, 0.999999999);
   r.get("eps", t.eps, 0.0, 1.0);
   r.get("grad_clip", t.grad_clip, 0.0, 1e9);
-  r.get_choice("optimizer", t.optimizer, {"adamw", "muon"});
+  r.get_choice<OptimizerKind>("optimizer", t.optimizer,
+                              {{"adamw", OptimizerKind::adamw}, {"muon", OptimizerKind::muon}});
   r.get("muon_momentum", t.muon_momentum, 0.0, 0.999999);
   r.get("muon_nesterov", t.muon_nesterov);
   r.get("muon_ns_steps", t.muon_ns_steps, int64_t{0}, int64_t{100});
   r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
-  r.get_choice("muon_ns_precision", t.muon_ns_precision, {"bf16", "fp32"});
-  r.get_choice("precision", t.precision, {"fp32", "bf16"});
+  r.get_choice<DType>("muon_ns_precision", t.muon_ns_precision,
+                     {{"bf16", DType::bf16}, {"fp32", DType::f32}});
+  r.get_choice<DType>("precision", t.precision, {{"fp32", DType::f32}, {"bf16", DType::bf16}});
   r.get("seed", t.seed);
   r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);
   r.get("eval_every", t.eval_every, int64_t{0}, int64_t{1} << 40);

@@ -6,7 +6,10 @@
 #include <vector>
 
 #include "base/config_reader.h"
+#include "kernels/gemm.h"
 #include "model/config.h"
+#include "optim/optimizer.h"
+#include "optim/schedule.h"
 
 namespace foundry {
 
@@ -26,15 +29,15 @@ struct TrainConfig {
   double grad_clip = 1.0;       // global gradient-norm clip (0 = off)
   // "adamw": AdamW for every tensor. "muon": Muon for the 2-D hidden matrices (attention
   // projections, each expert matrix) and AdamW for the rest (see optim/muon.h).
-  std::string optimizer = "adamw";
+  OptimizerKind optimizer = OptimizerKind::adamw;
   double muon_momentum = 0.95;
   bool muon_nesterov = true;
   int64_t muon_ns_steps = 5;
   double muon_rms_scale = 0.2;  // update RMS matched to AdamW's: rms_scale·sqrt(max(m, n))
   // GEMM inputs of the Newton–Schulz iteration: "bf16" (fp32 accumulation; the usual choice,
   // its ~3 significant digits are ample for an approximate orthogonalization) or "fp32".
-  std::string muon_ns_precision = "bf16";
-  std::string precision = "bf16";  // GEMM input type: "fp32" | "bf16"
+  DType muon_ns_precision = DType::bf16;
+  DType precision = DType::bf16;  // GEMM input type: "fp32" | "bf16"
   // Under mpirun: ranks per expert-parallel group (experts sharded over them; must divide the
   // ranks and n_experts). Every rank is also a data-parallel (ZeRO-1) rank.
   int64_t expert_parallel = 1;
@@ -69,6 +72,10 @@ struct RunConfig {
   DataConfig data;
   json source;                  // the effective JSON (after overrides), saved with checkpoints
 };
+
+// The learning-rate schedule of train.schedule, lr, min_lr_ratio, warmup_steps, steps and
+// decay_fraction.
+LrSchedule lr_schedule(const TrainConfig& config);
 
 // Reads `path`, applies overrides ("train.lr=1e-3"), validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

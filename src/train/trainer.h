@@ -1,6 +1,8 @@
-// The single-process training loop: data → forward/backward → clip → optimizer step(s) →
-// router balancers → log, with periodic validation and checkpoints, resume, and a clean stop
-// on SIGINT/SIGTERM.
+// The training loop: data → forward/backward → clip → optimizer step(s) → router balancers →
+// metrics, with periodic validation and checkpoints, resume, and a clean stop on
+// SIGINT/SIGTERM, in one process or over the ranks of an mpirun job. Its parts are units of
+// their own: batches.h (the data), evaluate.h (validation), metrics.h (metrics.jsonl),
+// checkpointer.h (save and resume), report.h (the end-of-run report), signals.h.
 //
 // Optimizers (train.optimizer): "adamw" updates every tensor with AdamW; "muon" updates the
 // 2-D hidden matrices (muon_applies in optim/muon.h) with Muon and every other tensor with
@@ -15,11 +17,14 @@
 #include <string>
 
 #include "base/config_reader.h"
+#include "model/model.h"
+#include "optim/optimizer.h"
+#include "train/balance.h"
+#include "train/batches.h"
 #include "train/run_config.h"
 
 namespace foundry {
 
-class Model;
 class Communicator;
 
 struct TrainOptions {
@@ -51,13 +56,22 @@ struct TrainSummary {
 
 TrainSummary train(const RunConfig& config, const TrainOptions& options);
 
-// Restores the router balancers of an arch zaya1 model from a checkpoint's trainer state
-// (its "router_balancers"), so routing matches the trained model; a no-op for models without
-// balancers (arch moe). `checkpoint_dir` names the checkpoint in messages. When the state has
-// no balancers: an error if `required` (resuming training must restore everything), else a
-// warning on stderr and the model keeps its initial biases (eval, generate).
-void restore_router_balancers(Model& model, const json& trainer_state,
-                              const std::string& checkpoint_dir, bool required);
+// What one training step did.
+struct StepResult {
+  ForwardResult losses;       // means over the global batch
+  double lr = 0, grad_norm = 0;
+  double seconds = 0;         // wall time of the step
+  BalanceStats balance;       // arch zaya1 (default for arch moe)
+};
+
+// One training step on the batch `batches` holds: forward, backward (with the data-parallel
+// gradient reduction started during it when `overlap`), the clipped optimizer step, the bf16
+// weight refresh and, for arch zaya1, the router balancers (from the class counts summed
+// over the ranks of `world`). Collective over `world` (null: one process). Fails naming the
+// step when the loss or the gradient norm is not finite.
+StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
+                    double lr, int64_t step, double max_grad_norm, bool overlap,
+                    const Communicator* world);
 
 // Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
 // under a second: the denominator of MFU when the config gives no peak.

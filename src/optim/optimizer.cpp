@@ -1,0 +1,219 @@
+#include "optim/optimizer.h"
+
+#include <cmath>
+
+#include "base/error.h"
+#include "base/format.h"
+#include "comm/comm.h"
+#include "model/expert_parallel.h"
+#include "model/model.h"
+#include "optim/clip.h"
+#include "optim/zero1.h"
+
+namespace foundry {
+namespace {
+
+// "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
+// "adamw (all 21 tensors, 1.24M params)".
+std::string describe_split(const ParamTable& table, bool muon_on) {
+  int64_t muon_tensors = 0, adam_tensors = 0;
+  double muon_params = 0, adam_params = 0;
+  for (const ParamInfo& p : table.params()) {
+    if (muon_on && muon_applies(p)) {
+      ++muon_tensors;
+      muon_params += static_cast<double>(p.numel);
+    } else {
+      ++adam_tensors;
+      adam_params += static_cast<double>(p.numel);
+    }
+  }
+  if (muon_on)
+    return fmt::format("muon ({} tensors, {} params) + adamw (rest: {} tensors, {} params)",
+                       muon_tensors, format_count(muon_params), adam_tensors,
+                       format_count(adam_params));
+  return fmt::format("adamw (all {} tensors, {} params)", adam_tensors, format_count(adam_params));
+}
+
+// One process: AdamW, plus Muon when configured, on whole slabs.
+class LocalOptimizer final : public DataParallelOptimizer {
+ public:
+  LocalOptimizer(const ParamTable& table, const OptimizerOptions& options)
+      : table_(table), adam_(table, options.adamw) {
+    if (options.muon) muon_.emplace(table, *options.muon);
+  }
+
+  void begin_backward(float*) override {}
+  void gradients_final(int64_t) override {}
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
+    ScopedOpTimer t(op_times_, "optimizer");
+    return clip_and_update(params, grads, lr, step, max_norm);
+  }
+  const GradientReduceStats* last_reduce() const override { return nullptr; }
+
+  int64_t state_bytes() const override {
+    int64_t n = 0;
+    for (const std::string& name : AdamW::state_names())
+      n += static_cast<int64_t>(adam_.state(name).size());
+    if (muon_)
+      for (const std::string& name : Muon::state_names())
+        n += static_cast<int64_t>(muon_->state(name).size());
+    return n * static_cast<int64_t>(sizeof(float));
+  }
+  std::vector<OptimizerStateSlab> states_to_save() override {
+    std::vector<OptimizerStateSlab> states;
+    for (const std::string& name : AdamW::state_names())
+      states.push_back({name, adam_.state(name).data()});
+    if (muon_)
+      for (const std::string& name : Muon::state_names())
+        states.push_back({name, muon_->state(name).data()});
+    return states;
+  }
+  std::vector<OptimizerStateSlab> states_to_load() override { return states_to_save(); }
+  void finish_load() override {}
+
+  void shard_expert_storage(Model&, int) override {}
+  void gather_parameters_to_root(float*) override {}
+  std::string describe() const override { return describe_split(table_, muon_.has_value()); }
+  const char* layout_name() const override { return "single process"; }
+  void set_op_times(OpTimes* times) override { op_times_ = times; }
+
+  // Clip, then both optimizers on the whole slab (shared with the replicated layout).
+  double clip_and_update(float* params, float* grads, double lr, int64_t step, double max_norm) {
+    const double norm = clip_grad_norm(grads, table_, max_norm);
+    if (!std::isfinite(norm)) return norm;
+    adam_.step(params, grads, lr, step);
+    if (muon_) muon_->step(params, grads, lr, step);
+    return norm;
+  }
+  OpTimes* op_times() const { return op_times_; }
+
+ private:
+  const ParamTable& table_;
+  AdamW adam_;
+  std::optional<Muon> muon_;
+  OpTimes* op_times_ = nullptr;
+};
+
+// Data parallel with the state replicated: every rank gets the summed gradient (a direct
+// all-reduce, overlapped with backward when armed), averages it and runs the single-process
+// step on identical inputs.
+class ReplicatedOptimizer final : public DataParallelOptimizer {
+ public:
+  ReplicatedOptimizer(const ParamTable& table, const OptimizerOptions& options,
+                      const Communicator& world)
+      : local_(table, options),
+        reducer_(world, table.total_elements(), std::vector<int64_t>{},
+                 GradientReducerOptions{.bucket_elements = options.bucket_elements}),
+        ranks_(world.size()) {}
+
+  void begin_backward(float* grads) override { reducer_.begin(grads, nullptr); }
+  void gradients_final(int64_t offset) override { reducer_.final_from(offset); }
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
+    last_reduce_ = reducer_.finish(grads, nullptr);
+    ScopedOpTimer t(local_.op_times(), "optimizer");
+    const float inv_ranks = static_cast<float>(1.0 / ranks_);
+    const int64_t n = reducer_.slab_elements();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) grads[i] *= inv_ranks;
+    return local_.clip_and_update(params, grads, lr, step, max_norm);
+  }
+  const GradientReduceStats* last_reduce() const override { return &last_reduce_; }
+
+  int64_t state_bytes() const override { return local_.state_bytes(); }
+  std::vector<OptimizerStateSlab> states_to_save() override { return local_.states_to_save(); }
+  std::vector<OptimizerStateSlab> states_to_load() override { return local_.states_to_load(); }
+  void finish_load() override {}
+
+  // Every rank updates every parameter, so every rank keeps them all.
+  void shard_expert_storage(Model&, int) override {}
+  void gather_parameters_to_root(float*) override {}
+  std::string describe() const override {
+    return local_.describe() + fmt::format(", replicated on {} ranks (train.zero1 = false)", ranks_);
+  }
+  const char* layout_name() const override { return "replicated"; }
+  void set_op_times(OpTimes* times) override {
+    local_.set_op_times(times);
+    reducer_.set_op_times(times);
+  }
+
+ private:
+  LocalOptimizer local_;
+  GradientReducer reducer_;
+  GradientReduceStats last_reduce_;
+  int ranks_;
+};
+
+// Data parallel with the state sharded (optim/zero1.h).
+class ShardedOptimizer final : public DataParallelOptimizer {
+ public:
+  ShardedOptimizer(const ParamTable& table, const OptimizerOptions& options,
+                   const Communicator& world)
+      : table_(table),
+        muon_on_(options.muon.has_value()),
+        zero1_(table, options.adamw, options.muon, world,
+               Zero1Options{.bucket_elements = options.bucket_elements}) {}
+
+  void begin_backward(float* grads) override { zero1_.begin_backward(grads); }
+  void gradients_final(int64_t offset) override { zero1_.gradients_final(offset); }
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
+    return zero1_.step(params, grads, lr, step, max_norm);
+  }
+  const GradientReduceStats* last_reduce() const override { return &zero1_.last_reduce(); }
+
+  int64_t state_bytes() const override { return zero1_.allocated_bytes(); }
+  std::vector<OptimizerStateSlab> states_to_save() override {
+    gathered_.clear();
+    for (const std::string& name : zero1_.state_names())
+      gathered_.push_back({name, zero1_.gather_state(name)});
+    std::vector<OptimizerStateSlab> states;
+    if (zero1_.rank() == 0)
+      for (auto& [name, slab] : gathered_) states.push_back({name, slab.data()});
+    return states;
+  }
+  std::vector<OptimizerStateSlab> states_to_load() override {
+    gathered_.clear();
+    std::vector<OptimizerStateSlab> states;
+    for (const std::string& name : zero1_.state_names())
+      gathered_.push_back({name, std::vector<float>(static_cast<size_t>(table_.total_elements()))});
+    for (auto& [name, slab] : gathered_) states.push_back({name, slab.data()});
+    return states;
+  }
+  void finish_load() override {
+    for (const auto& [name, slab] : gathered_) zero1_.load_state(name, slab);
+    gathered_.clear();
+  }
+
+  void shard_expert_storage(Model& model, int ep_size) override {
+    if (ep_size <= 1) return;
+    auto unowned = unowned_expert_ranges_by_rank(
+        table_, ExpertSharding(model.config().n_experts, ep_size), zero1_.dp());
+    auto released = zero1_released_ranges(zero1_.layout(), unowned);
+    model.shard_expert_storage(released[static_cast<size_t>(zero1_.rank())]);
+    zero1_.set_released_ranges(std::move(released));
+    zero1_.set_zero_gradient_ranges(std::move(unowned));
+  }
+  void gather_parameters_to_root(float* params) override { zero1_.gather_released(params, 0); }
+  std::string describe() const override {
+    return describe_split(table_, muon_on_) + fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
+  }
+  const char* layout_name() const override { return "ZeRO-1"; }
+  void set_op_times(OpTimes* times) override { zero1_.set_op_times(times); }
+
+ private:
+  const ParamTable& table_;
+  bool muon_on_;
+  Zero1Optimizer zero1_;
+  std::vector<std::pair<std::string, std::vector<float>>> gathered_;  // whole state slabs
+};
+
+}  // namespace
+
+std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,
+                                                      const OptimizerOptions& options,
+                                                      const Communicator* world) {
+  if (!world || world->size() == 1) return std::make_unique<LocalOptimizer>(table, options);
+  if (options.zero1) return std::make_unique<ShardedOptimizer>(table, options, *world);
+  return std::make_unique<ReplicatedOptimizer>(table, options, *world);
+}
+
+}  // namespace foundry

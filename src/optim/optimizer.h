@@ -1,0 +1,105 @@
+// The optimizer of a training run, whatever the process layout: one interface, three
+// implementations chosen once by make_optimizer.
+//
+//   single process   AdamW for every tensor, or Muon for the 2-D hidden matrices plus AdamW
+//                    for the rest (they update disjoint tensors, so their order is irrelevant).
+//   replicated       data parallel without sharding (train.zero1 = false): the gradients are
+//                    all-reduced (optim/grad_reduce.h) and every rank runs the single-process
+//                    step on the averaged gradient, so the replicas stay identical.
+//   ZeRO-1           data parallel with the optimizer state sharded over the ranks
+//                    (optim/zero1.h): reduce-scatter, a local step on the shard, all-gather.
+//
+// Every implementation clips the global gradient norm before updating, and checkpoints hold
+// every state slab in full, named as the single-process optimizers name them, so a
+// checkpoint written under one layout loads under any other.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/timer.h"
+#include "model/params.h"
+#include "optim/adamw.h"
+#include "optim/grad_reduce.h"
+#include "optim/muon.h"
+
+namespace foundry {
+
+class Communicator;
+class Model;
+
+// A whole optimizer state slab (the parameter table's layout), by its state name
+// ("exp_avg", "exp_avg_sq", "muon_momentum").
+struct OptimizerStateSlab {
+  std::string name;
+  float* data = nullptr;
+};
+
+// train.optimizer: AdamW for every tensor, or Muon for the 2-D hidden matrices and AdamW
+// for the rest.
+enum class OptimizerKind { adamw, muon };
+inline const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::muon ? "muon" : "adamw"; }
+
+struct OptimizerOptions {
+  AdamWOptions adamw;               // with Muon, `applies` excludes what Muon updates
+  std::optional<MuonOptions> muon;  // set: Muon for the 2-D hidden matrices (muon_applies)
+  bool zero1 = true;                // data parallel: shard the state (false: replicate it)
+  int64_t bucket_elements = GradientReducerOptions{}.bucket_elements;  // reduction bucket
+};
+
+class DataParallelOptimizer {
+ public:
+  virtual ~DataParallelOptimizer() = default;
+
+  // Overlap: arms the gradient reduction before backward; the model's hook then reports
+  // finished gradients (Model::set_gradients_final_hook). No-ops in one process.
+  virtual void begin_backward(float* grads) = 0;
+  virtual void gradients_final(int64_t offset) = 0;
+
+  // Clips the global gradient to `max_norm` (0 = off) and updates `params` (the full slab,
+  // identical on every rank before and after); returns the norm before clipping. A
+  // non-finite norm leaves every parameter and state unchanged (the caller stops). `grads`
+  // is this rank's gradient of its local mean loss. Collective under data parallelism.
+  virtual double step(float* params, float* grads, double lr, int64_t step, double max_norm) = 0;
+  // The last step's gradient reduction; null in one process.
+  virtual const GradientReduceStats* last_reduce() const = 0;
+
+  // Optimizer memory of this rank (bytes): the state it keeps and its buffers.
+  virtual int64_t state_bytes() const = 0;
+
+  // Checkpoints. states_to_save is collective under ZeRO-1 (the shards are gathered on rank
+  // 0, whose pointers stay valid until the next call; the other ranks get an empty list).
+  // states_to_load gives the buffers a checkpoint load fills; finish_load (collective under
+  // ZeRO-1) then makes them the optimizer's state.
+  virtual std::vector<OptimizerStateSlab> states_to_save() = 0;
+  virtual std::vector<OptimizerStateSlab> states_to_load() = 0;
+  virtual void finish_load() = 0;
+
+  // Under ZeRO-1 with expert parallelism (`ep_size` > 1): `model` stops storing the other EP
+  // ranks' experts outside this rank's shard, and the reductions skip them
+  // (Model::shard_expert_storage). A no-op for the layouts that update every parameter on
+  // every rank.
+  virtual void shard_expert_storage(Model& model, int ep_size) = 0;
+  // Collective: before rank 0 writes a checkpoint it receives the parameters it does not
+  // store (Model::release_again releases them after). A no-op unless storage is sharded.
+  virtual void gather_parameters_to_root(float* params) = 0;
+
+  // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
+  // "adamw (all 21 tensors, 1.24M params)", with the layout (", ZeRO-1 over N ranks").
+  virtual std::string describe() const = 0;
+  virtual const char* layout_name() const = 0;  // "single process" | "replicated" | "ZeRO-1"
+
+  // Times the step's phases into `times` (null: not timed): "optimizer" for the local
+  // update, "comm: …" for the communication.
+  virtual void set_op_times(OpTimes* times) = 0;
+};
+
+// The optimizer for `world` (null or one rank: single process; otherwise data parallel over
+// its ranks, ZeRO-1 or replicated as options.zero1 says). Collective over `world`.
+std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,
+                                                      const OptimizerOptions& options,
+                                                      const Communicator* world);
+
+}  // namespace foundry

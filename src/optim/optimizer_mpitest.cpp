@@ -1,0 +1,159 @@
+// The data-parallel optimizers behind make_optimizer at 2-4 ranks: ZeRO-1 and replicated
+// steps against the single-process step on the averaged gradient, replicas that stay
+// identical, and checkpoint state that round-trips and does not depend on the layout.
+//
+// Every rank draws every rank's gradient (deterministic in the seed, the step and the rank),
+// so each computes the single-process reference itself.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "comm/comm.h"
+#include "optim/optimizer.h"
+#include "optim/test_util.h"
+
+namespace foundry {
+namespace {
+
+using test::bitwise_equal;
+using test::random_slab;
+
+Communicator& world() {
+  static Communicator w(MPI_COMM_WORLD, /*owned=*/false);
+  return w;
+}
+
+// As in zero1_mpitest.cpp: the ranks' gradients are summed in another order than the
+// reference's, and AdamW's sign-like first steps and Newton–Schulz amplify the last bits.
+constexpr double kTolerance = 2e-5;
+
+OptimizerOptions options(bool with_muon, bool zero1) {
+  OptimizerOptions o;
+  o.adamw = test::adamw_options(with_muon);
+  o.muon = test::muon_options(with_muon);
+  o.zero1 = zero1;
+  o.bucket_elements = 4096;  // several buckets
+  return o;
+}
+
+std::vector<float> rank_gradient(const ParamTable& table, int64_t step, int rank) {
+  return random_slab(table, 1000 * static_cast<uint64_t>(step) + static_cast<uint64_t>(rank), 1.0);
+}
+
+double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / std::max(std::abs(double(b[i])), 1.0));
+  return worst;
+}
+
+// True on every rank iff every rank's `slab` equals rank 0's bit for bit.
+bool same_on_every_rank(const std::vector<float>& slab) {
+  std::vector<float> root = slab;
+  world().broadcast(root.data(), root.size(), 0);
+  const int64_t mine = bitwise_equal(slab, root) ? 1 : 0;
+  int64_t all = 0;
+  world().allreduce(&mine, &all, 1, ReduceOp::min);
+  return all == 1;
+}
+
+struct Layout {
+  bool zero1, with_muon;
+};
+
+class DataParallelOptimizerTest : public ::testing::TestWithParam<Layout> {};
+
+TEST_P(DataParallelOptimizerTest, StepsMatchTheSingleProcessStepOnTheAveragedGradient) {
+  const auto [zero1, with_muon] = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon, zero1), &world());
+  auto reference = make_optimizer(table, options(with_muon, zero1), nullptr);
+  EXPECT_STREQ(optimizer->layout_name(), zero1 ? "ZeRO-1" : "replicated");
+  const int ranks = world().size();
+  std::vector<float> params = random_slab(table, 7, 0.1), ref_params = params;
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grads = rank_gradient(table, step, world().rank());
+    std::vector<float> mean(grads.size(), 0.0f);
+    for (int r = 0; r < ranks; ++r) {
+      const std::vector<float> g = rank_gradient(table, step, r);
+      for (size_t i = 0; i < g.size(); ++i) mean[i] += g[i];
+    }
+    for (float& v : mean) v /= static_cast<float>(ranks);
+    const double norm = optimizer->step(params.data(), grads.data(), 1e-2, step, 0.5);
+    const double ref_norm = reference->step(ref_params.data(), mean.data(), 1e-2, step, 0.5);
+    ASSERT_NE(optimizer->last_reduce(), nullptr);
+    EXPECT_NEAR(norm, ref_norm, 1e-5 * ref_norm);
+    EXPECT_LT(max_relative_error(params, ref_params), kTolerance) << "step " << step;
+    EXPECT_TRUE(same_on_every_rank(params)) << "the replicas drifted apart at step " << step;
+  }
+}
+
+TEST_P(DataParallelOptimizerTest, CheckpointStateRoundTripsUnderTheSameLayout) {
+  const auto [zero1, with_muon] = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto trained = make_optimizer(table, options(with_muon, zero1), &world());
+  std::vector<float> params = random_slab(table, 8, 0.1);
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grads = rank_gradient(table, step, world().rank());
+    trained->step(params.data(), grads.data(), 1e-2, step, 1.0);
+  }
+  // Rank 0 holds the whole slabs (as a checkpoint writer would); the loading optimizer reads
+  // them from rank 0's buffers after every rank received a copy.
+  const auto saved = trained->states_to_save();
+  auto resumed = make_optimizer(table, options(with_muon, zero1), &world());
+  const auto load = resumed->states_to_load();
+  ASSERT_EQ(load.size(), with_muon ? 3u : 2u);
+  std::vector<float> slab(static_cast<size_t>(table.total_elements()));
+  for (size_t i = 0; i < load.size(); ++i) {
+    if (world().rank() == 0) {
+      ASSERT_EQ(saved[i].name, load[i].name);
+      std::copy_n(saved[i].data, slab.size(), slab.data());
+    }
+    world().broadcast(slab.data(), slab.size(), 0);
+    std::copy(slab.begin(), slab.end(), load[i].data);
+  }
+  resumed->finish_load();
+  std::vector<float> p1 = params, p2 = params;
+  std::vector<float> g1 = rank_gradient(table, 3, world().rank()), g2 = g1;
+  trained->step(p1.data(), g1.data(), 1e-2, 3, 1.0);
+  resumed->step(p2.data(), g2.data(), 1e-2, 3, 1.0);
+  EXPECT_TRUE(bitwise_equal(p1, p2));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, DataParallelOptimizerTest,
+    ::testing::Values(Layout{true, false}, Layout{true, true}, Layout{false, false}, Layout{false, true}),
+    [](const auto& info) {
+      return std::string(info.param.zero1 ? "Zero1" : "Replicated") + (info.param.with_muon ? "Muon" : "AdamW");
+    });
+
+// What a checkpoint holds does not depend on the layout: after the same steps, the state
+// slabs ZeRO-1 gathers equal the replicated optimizer's (within the summation-order tolerance).
+TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
+  ParamTable table(test::tiny_moe_config());
+  auto sharded = make_optimizer(table, options(true, true), &world());
+  auto replicated = make_optimizer(table, options(true, false), &world());
+  std::vector<float> p1 = random_slab(table, 9, 0.1), p2 = p1;
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> g1 = rank_gradient(table, step, world().rank()), g2 = g1;
+    sharded->step(p1.data(), g1.data(), 1e-2, step, 1.0);
+    replicated->step(p2.data(), g2.data(), 1e-2, step, 1.0);
+  }
+  const auto a = sharded->states_to_save();
+  const auto b = replicated->states_to_save();
+  if (world().rank() != 0) {
+    EXPECT_TRUE(a.empty());  // only rank 0 receives the gathered slabs
+    return;
+  }
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].name, b[i].name);
+    const std::vector<float> va(a[i].data, a[i].data + table.total_elements());
+    const std::vector<float> vb(b[i].data, b[i].data + table.total_elements());
+    EXPECT_LT(max_relative_error(va, vb), kTolerance) << a[i].name;
+  }
+}
+
+}  // namespace
+}  // namespace foundry

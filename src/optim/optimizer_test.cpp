@@ -1,0 +1,103 @@
+// The single-process optimizer behind make_optimizer: the same arithmetic as AdamW (and Muon)
+// driven by hand after clipping, checkpoint state that round-trips, and the report text.
+#include "optim/optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "optim/clip.h"
+#include "optim/test_util.h"
+
+namespace foundry {
+namespace {
+
+using test::bitwise_equal;
+using test::random_slab;
+
+OptimizerOptions options(bool with_muon) {
+  OptimizerOptions o;
+  o.adamw = test::adamw_options(with_muon);
+  o.muon = test::muon_options(with_muon);
+  return o;
+}
+
+class LocalOptimizerTest : public ::testing::TestWithParam<bool> {};  // with Muon or not
+
+TEST_P(LocalOptimizerTest, StepIsClipThenTheOptimizersOnTheWholeSlab) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon), nullptr);
+  AdamW adamw(table, test::adamw_options(with_muon));
+  std::optional<Muon> muon;
+  if (with_muon) muon.emplace(table, MuonOptions{});
+
+  std::vector<float> params = random_slab(table, 1, 0.1), reference = params;
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grads = random_slab(table, 100 + step, 1.0), ref_grads = grads;
+    const double norm = optimizer->step(params.data(), grads.data(), 1e-2, step, 0.5);
+    const double ref_norm = clip_grad_norm(ref_grads.data(), table, 0.5);
+    adamw.step(reference.data(), ref_grads.data(), 1e-2, step);
+    if (muon) muon->step(reference.data(), ref_grads.data(), 1e-2, step);
+    EXPECT_EQ(norm, ref_norm);
+    ASSERT_TRUE(bitwise_equal(params, reference)) << "step " << step;
+  }
+}
+
+TEST_P(LocalOptimizerTest, CheckpointStateRoundTrips) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto trained = make_optimizer(table, options(with_muon), nullptr);
+  std::vector<float> params = random_slab(table, 2, 0.1);
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grads = random_slab(table, 200 + step, 1.0);
+    trained->step(params.data(), grads.data(), 1e-2, step, 1.0);
+  }
+  // A fresh optimizer loads the saved slabs, then both take the same step.
+  auto resumed = make_optimizer(table, options(with_muon), nullptr);
+  const auto saved = trained->states_to_save();
+  const auto load = resumed->states_to_load();
+  ASSERT_EQ(saved.size(), load.size());
+  ASSERT_EQ(saved.size(), with_muon ? 3u : 2u);
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_EQ(saved[i].name, load[i].name);
+    std::copy_n(saved[i].data, table.total_elements(), load[i].data);
+  }
+  resumed->finish_load();
+  std::vector<float> p1 = params, p2 = params, g1 = random_slab(table, 300, 1.0), g2 = g1;
+  trained->step(p1.data(), g1.data(), 1e-2, 3, 1.0);
+  resumed->step(p2.data(), g2.data(), 1e-2, 3, 1.0);
+  EXPECT_TRUE(bitwise_equal(p1, p2));
+}
+
+TEST_P(LocalOptimizerTest, NonFiniteGradientChangesNothing) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon), nullptr);
+  std::vector<float> params = random_slab(table, 3, 0.1), before = params;
+  std::vector<float> grads = random_slab(table, 4, 1.0);
+  grads[static_cast<size_t>(table.params().back().offset)] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_FALSE(std::isfinite(optimizer->step(params.data(), grads.data(), 1e-2, 1, 1.0)));
+  EXPECT_TRUE(bitwise_equal(params, before));
+}
+
+INSTANTIATE_TEST_SUITE_P(AdamWAndMuon, LocalOptimizerTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Muon" : "AdamW"; });
+
+TEST(LocalOptimizer, DescribesItsSplitAndLayout) {
+  ParamTable table(test::tiny_moe_config());
+  auto adamw = make_optimizer(table, options(false), nullptr);
+  EXPECT_STREQ(adamw->layout_name(), "single process");
+  EXPECT_EQ(adamw->last_reduce(), nullptr);
+  EXPECT_EQ(adamw->describe().rfind(fmt::format("adamw (all {} tensors, ", table.params().size()), 0), 0u)
+      << adamw->describe();
+  EXPECT_EQ(adamw->state_bytes(), 2 * table.total_elements() * 4);
+  auto muon = make_optimizer(table, options(true), nullptr);
+  EXPECT_EQ(muon->describe().rfind("muon (", 0), 0u) << muon->describe();
+  EXPECT_NE(muon->describe().find(" + adamw (rest: "), std::string::npos);
+  EXPECT_EQ(muon->state_bytes(), 3 * table.total_elements() * 4);
+}
+
+}  // namespace
+}  // namespace foundry

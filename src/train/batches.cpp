@@ -1,0 +1,36 @@
+#include "train/batches.h"
+
+#include "base/rng.h"
+
+namespace foundry {
+
+void synthetic_batch(int32_t* inputs, int32_t* targets, int64_t n, int64_t vocab, uint64_t seed,
+                     int64_t step) {
+  uint64_t key = seed ^ (0x5851f42d4c957f2dULL * static_cast<uint64_t>(step + 1));
+  Rng rng(Rng::splitmix64(key));
+  for (int64_t i = 0; i < n; ++i) {
+    inputs[i] = static_cast<int32_t>(rng.below(vocab));
+    targets[i] = static_cast<int32_t>(rng.below(vocab));
+  }
+}
+
+TrainBatches::TrainBatches(data::BatchLoader* loader, int64_t batch, int64_t seq, int rank,
+                           int ranks, int64_t vocab, uint64_t seed)
+    : loader_(loader),
+      seq_(seq),
+      local_batch_(batch / ranks),
+      offset_(rank * (batch / ranks) * seq),
+      vocab_(vocab),
+      seed_(seed),
+      inputs_(static_cast<size_t>(batch * seq)),
+      targets_(static_cast<size_t>(batch * seq)) {}
+
+void TrainBatches::next(int64_t step) {
+  if (loader_)
+    loader_->next(inputs_.data(), targets_.data());
+  else
+    synthetic_batch(inputs_.data(), targets_.data(), static_cast<int64_t>(inputs_.size()), vocab_,
+                    seed_, step);
+}
+
+}  // namespace foundry

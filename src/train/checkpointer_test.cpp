@@ -1,0 +1,112 @@
+#include "train/checkpointer.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "base/test_expect_error.h"
+#include "model/model.h"
+#include "train/optimizer_config.h"
+#include "train/test_support.h"
+#include "train/trainer.h"
+
+namespace foundry {
+namespace {
+
+using testing::TempDir;
+
+// A model, its optimizer and a checkpointer over one run directory, in one process.
+struct TinyRun {
+  explicit TinyRun(const RunConfig& config, uint64_t init_seed)
+      : rc(config),
+        procs(nullptr, 0),
+        model(rc.model, rc.train.precision),
+        optimizer(make_optimizer(model.table(), optimizer_options(rc.train), nullptr)),
+        batches(nullptr, rc.train.batch_size, rc.train.seq_len, 0, 1, rc.model.vocab_size, 3),
+        checkpointer(rc, lr_schedule(rc.train), model, *optimizer, nullptr, procs, true) {
+    model.init_weights(init_seed);
+  }
+  void step(int64_t s) {
+    batches.next(s);
+    run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, nullptr);
+  }
+  std::vector<float> params() const {
+    return {model.params(), model.params() + model.slab_size()};
+  }
+  RunConfig rc;
+  Processes procs;
+  Model model;
+  std::unique_ptr<DataParallelOptimizer> optimizer;
+  TrainBatches batches;
+  Checkpointer checkpointer;
+};
+
+class CheckpointerTest : public ::testing::TestWithParam<bool> {};  // arch zaya1 or moe
+
+TEST_P(CheckpointerTest, ResumeRestoresEverythingBitwise) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path(), GetParam());
+  rc.train.optimizer = OptimizerKind::muon;
+  TinyRun trained(rc, 1);
+  make_dirs(rc.train.run_dir);
+  trained.step(1);
+  trained.step(2);
+  trained.checkpointer.save(2);
+
+  TinyRun resumed(rc, 99);  // other weights until the checkpoint is loaded
+  EXPECT_EQ(resumed.checkpointer.resume(), 2);
+  EXPECT_EQ(resumed.params(), trained.params());
+  if (GetParam()) {
+    EXPECT_EQ(resumed.model.balancer_state(), trained.model.balancer_state());
+  }
+  trained.step(3);
+  resumed.step(3);  // optimizer state restored too: the next step is the same
+  const std::vector<float> a = trained.params(), b = resumed.params();
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, CheckpointerTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Zaya1" : "Moe"; });
+
+TEST(Checkpointer, KeepsTheNewestCheckpointsAndResumesTheLatest) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path());
+  rc.train.keep_checkpoints = 2;
+  TinyRun run(rc, 1);
+  make_dirs(rc.train.run_dir);
+  TinyRun nothing_yet(rc, 1);
+  EXPECT_EQ(nothing_yet.checkpointer.resume(), 0);
+  for (int64_t s = 1; s <= 3; ++s) {
+    run.step(s);
+    run.checkpointer.save(s);
+  }
+  const auto dirs = list_checkpoint_dirs(rc.train.run_dir);
+  ASSERT_EQ(dirs.size(), 2u);
+  EXPECT_EQ(dirs[0].step, 2);
+  EXPECT_EQ(dirs[1].step, 3);
+  const json state = read_checkpoint_trainer_state(dirs[1].path);
+  EXPECT_EQ(state.at("step"), 3);
+  EXPECT_EQ(state.at("optimizer"), "adamw");
+  EXPECT_EQ(state.at("schedule").at("total_steps"), rc.train.steps);
+  EXPECT_DOUBLE_EQ(state.at("schedule").at("lr").get<double>(), learning_rate(lr_schedule(rc.train), 3));
+  TinyRun resumed(rc, 7);
+  EXPECT_EQ(resumed.checkpointer.resume(), 3);
+}
+
+TEST(Checkpointer, RefusesTheStateOfTheOtherOptimizer) {
+  try {
+    check_same_optimizer("runs/x/step_1", {{"optimizer", "muon"}}, OptimizerKind::adamw);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs/x/step_1 was written with train.optimizer = \"muon\""),
+              std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("--set train.optimizer=muon"), std::string::npos) << e.hint();
+  }
+  // Checkpoints from before train.optimizer existed were written by AdamW.
+  check_same_optimizer("old", json::object(), OptimizerKind::adamw);
+  expect_error([] { check_same_optimizer("old", {{"optimizer", 3}}, OptimizerKind::adamw); },
+               "\"optimizer\" is not a string");
+}
+
+}  // namespace
+}  // namespace foundry

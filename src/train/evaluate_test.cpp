@@ -1,0 +1,38 @@
+#include "train/evaluate.h"
+
+#include <gtest/gtest.h>
+
+#include "model/model.h"
+#include "train/test_support.h"
+
+namespace foundry {
+namespace {
+
+using testing::TempDir;
+
+TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
+  TempDir dir;
+  data::testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
+  data::Dataset dataset(dir.path());
+  const ModelConfig config = testing::small_moe_config();
+  Model model(config, DType::f32);
+  model.init_weights(5);
+  const int64_t B = 4, T = config.max_seq_len;
+  data::BatchLoader loader = data::BatchLoader::for_eval(dataset, B, T);
+
+  data::BatchLoader reference = data::BatchLoader::for_eval(dataset, B, T);
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  double sum = 0;
+  for (int i = 0; i < 3; ++i) {
+    reference.next(inputs.data(), targets.data());
+    sum += model.forward(inputs.data(), targets.data(), B, T).ce_loss;
+  }
+  loader.next(inputs.data(), targets.data());  // a pass starts from the first batch anyway
+  EXPECT_EQ(evaluate_loss(model, loader, 3), sum / 3);
+  EXPECT_EQ(evaluate_loss(model, loader, 3), sum / 3);  // and again
+  EXPECT_NE(evaluate_loss(model, loader, 1), sum / 3);
+  EXPECT_EQ(mean_over_ranks(nullptr, 2.5), 2.5);
+}
+
+}  // namespace
+}  // namespace foundry

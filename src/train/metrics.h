@@ -1,0 +1,28 @@
+// metrics.jsonl: one JSON object per training step (docs/formats.md), written by rank 0.
+#pragma once
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include "base/config_reader.h"
+
+namespace foundry {
+
+// Keeps only the lines of steps ≤ last_step in the metrics file at `path` (a resumed run
+// continues without duplicates; a torn last line from a crash is dropped). No file: nothing.
+void truncate_metrics(const std::string& path, int64_t last_step);
+
+class MetricsWriter {
+ public:
+  // Appends to `path` after truncating it to the steps ≤ start_step. Fails naming the file
+  // when it cannot be opened.
+  MetricsWriter(const std::string& path, int64_t start_step);
+  // One line per step, flushed.
+  void write(const json& step_metrics);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace foundry

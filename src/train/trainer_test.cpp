@@ -1,0 +1,152 @@
+#include "train/trainer.h"
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <cstring>
+#include <sstream>
+
+#include "base/io.h"
+#include "train/optimizer_config.h"
+#include "train/signals.h"
+#include "base/test_expect_error.h"
+#include "train/test_support.h"
+
+namespace foundry {
+namespace {
+
+using testing::TempDir;
+
+std::vector<float> slab(const Model& m) { return {m.params(), m.params() + m.slab_size()}; }
+
+class RunStepTest : public ::testing::TestWithParam<bool> {};  // arch zaya1 or moe
+
+// run_step is the composition the model and optimizer document: zero, forward, backward,
+// clipped step, weight refresh, balancers (arch zaya1).
+TEST_P(RunStepTest, IsForwardBackwardStepAndBalancers) {
+  const RunConfig rc = testing::tiny_run_config("unused", GetParam());
+  Model model(rc.model, DType::f32), reference(rc.model, DType::f32);
+  model.init_weights(3);
+  reference.init_weights(3);
+  auto optimizer = make_optimizer(model.table(), optimizer_options(rc.train), nullptr);
+  auto ref_optimizer = make_optimizer(reference.table(), optimizer_options(rc.train), nullptr);
+  TrainBatches batches(nullptr, 4, rc.train.seq_len, 0, 1, rc.model.vocab_size, 9);
+  for (int64_t step = 1; step <= 2; ++step) {
+    batches.next(step);
+    const StepResult r = run_step(model, *optimizer, batches, 1e-2, step, 1.0, false, nullptr);
+
+    reference.zero_grads();
+    const ForwardResult f = reference.forward(batches.local_inputs(), batches.local_targets(), 4,
+                                              rc.train.seq_len);
+    const std::vector<int64_t> counts = reference.router_class_counts();
+    reference.backward();
+    const double norm = ref_optimizer->step(reference.params(), reference.grads(), 1e-2, step, 1.0);
+    reference.sync_weights();
+    if (!counts.empty()) reference.update_balancers(counts.data(), 4 * rc.train.seq_len * rc.model.top_k);
+
+    EXPECT_EQ(r.losses.loss, f.loss);
+    EXPECT_EQ(r.losses.ce_loss, f.ce_loss);
+    EXPECT_EQ(r.grad_norm, norm);
+    EXPECT_EQ(r.lr, 1e-2);
+    EXPECT_EQ(slab(model), slab(reference));
+    if (GetParam()) {
+      EXPECT_GT(r.balance.max_load_error, 0);
+      EXPECT_EQ(model.balancer_state(), reference.balancer_state());
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, RunStepTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Zaya1" : "Moe"; });
+
+TEST(RunStep, NonFiniteLossStopsNamingTheStep) {
+  RunConfig rc = testing::tiny_run_config("unused");
+  Model model(rc.model, DType::f32);
+  model.init_weights(3);
+  model.params()[model.table().params().front().offset] = std::numeric_limits<float>::infinity();
+  auto optimizer = make_optimizer(model.table(), optimizer_options(rc.train), nullptr);
+  TrainBatches batches(nullptr, 4, rc.train.seq_len, 0, 1, rc.model.vocab_size, 9);
+  batches.next(7);
+  try {
+    run_step(model, *optimizer, batches, 1e-2, 7, 1.0, false, nullptr);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("step 7: loss"), std::string::npos) << e.what();
+  }
+}
+
+std::vector<std::string> metrics_lines(const std::string& run_dir) {
+  std::istringstream in(read_text_file(run_dir + "/metrics.jsonl"));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// The loss fields of metrics lines (timings differ from run to run).
+std::vector<json> losses(const std::vector<std::string>& lines) {
+  std::vector<json> out;
+  for (const std::string& l : lines) {
+    const json j = json::parse(l);
+    out.push_back({j.at("step"), j.at("loss"), j.at("grad_norm"), j.at("lr")});
+  }
+  return out;
+}
+
+TEST(Train, RunsWritesMetricsAndResumesBitwise) {
+  TempDir whole_dir, split_dir;
+  TrainOptions opt;
+  opt.synthetic_data = true;
+  opt.quiet = true;
+  const TrainSummary whole = train(testing::tiny_run_config(whole_dir.path(), true), opt);
+  EXPECT_EQ(whole.start_step, 0);
+  EXPECT_EQ(whole.final_step, 6);
+  EXPECT_FALSE(whole.interrupted);
+  const auto lines = metrics_lines(whole_dir.path());
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(json::parse(lines.back()).at("loss").get<double>(), whole.last_train_loss);
+  EXPECT_TRUE(path_exists(whole_dir.path() + "/config.json"));
+
+  opt.stop_at_step = 3;
+  const RunConfig split = testing::tiny_run_config(split_dir.path(), true);
+  EXPECT_EQ(train(split, opt).final_step, 3);
+  opt.stop_at_step = -1;
+  opt.resume = true;
+  const TrainSummary resumed = train(split, opt);
+  EXPECT_EQ(resumed.start_step, 3);
+  EXPECT_EQ(resumed.final_step, 6);
+  EXPECT_EQ(losses(metrics_lines(split_dir.path())), losses(lines));
+}
+
+TEST(Train, ValidatesTheLayoutFirst) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path());
+  TrainOptions opt;
+  opt.synthetic_data = true;
+  rc.train.expert_parallel = 2;
+  expect_error([&] { train(rc, opt); }, "train.expert_parallel = 2 needs that many MPI ranks");
+  rc.train.expert_parallel = 1;
+  opt.synthetic_data = false;
+  expect_error([&] { train(rc, opt); }, "no dataset: data.dir is empty");
+  EXPECT_FALSE(path_exists(dir.path() + "/metrics.jsonl"));
+}
+
+int g_previous_handler_calls = 0;
+void previous_handler(int) { ++g_previous_handler_calls; }
+
+TEST(StopSignals, CatchesSigtermWhileInstalledAndRestoresThePreviousHandler) {
+  std::signal(SIGTERM, previous_handler);
+  {
+    StopSignals signals;
+    EXPECT_EQ(signals.received(), 0);
+    std::raise(SIGTERM);
+    EXPECT_EQ(signals.received(), SIGTERM);
+    EXPECT_EQ(signals.agreed(nullptr), SIGTERM);
+    EXPECT_EQ(g_previous_handler_calls, 0);
+  }
+  std::raise(SIGTERM);
+  EXPECT_EQ(g_previous_handler_calls, 1);
+  std::signal(SIGTERM, SIG_DFL);
+}
+
+}  // namespace
+}  // namespace foundry
