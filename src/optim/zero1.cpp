@@ -12,29 +12,16 @@
 #include "base/error.h"
 #include "optim/clip.h"
 #include "optim/slab_chunks.h"
+#include "optim/zero1_messages.h"
 
 namespace foundry {
 
 namespace {
 
-// Message tags on the optimizer's own communicator. Between two ranks there is at most one
-// message of each kind per step (a rank owns at most one split matrix and holds a piece of
-// at most one other), so a tag per kind is enough to match them.
-constexpr int kTagGradientPiece = 1;  // holder → owner: the clipped gradient of its piece
-constexpr int kTagUpdatedPiece = 2;   // owner → holder: the updated parameters of the piece
-constexpr int kTagStateGather = 3;    // rank r → rank 0: state for a checkpoint
-constexpr int kTagStateLoad = 4;      // rank 0 → rank r: state from a checkpoint
-constexpr int kTagSparseGather = 5;   // shard owner → rank r: the parameters r stores
-constexpr int kTagReleasedGather = 6; // shard owner → root: root's released parameters
+using namespace zero1_messages;
 
 // As in optim/muon.cpp: elementwise loops below this size run on one thread.
 constexpr int64_t kParallelElements = 1 << 15;
-
-SlabRange intersect(SlabRange a, SlabRange b) {
-  const int64_t begin = std::max(a.begin, b.begin);
-  const int64_t end = std::min(a.end, b.end);
-  return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
-}
 
 // The weight-decay group of AdamW::decays.
 bool adamw_decays(const ParamInfo& info, const AdamWOptions& o) {
@@ -55,242 +42,9 @@ struct Fingerprint {
   void add(bool x) { add(uint64_t{x}); }
 };
 
-void append(std::vector<Request>& to, std::vector<Request> more) {
-  for (Request& r : more) to.push_back(std::move(r));
-}
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
-}
-
-std::string format_elements(int64_t n) {
-  const double x = static_cast<double>(n);
-  if (x >= 1e9) return fmt::format("{:.2f}G", x / 1e9);
-  if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
-  if (x >= 1e3) return fmt::format("{:.1f}k", x / 1e3);
-  return fmt::format("{}", n);
-}
-
 }  // namespace
 
-// ---- layout -------------------------------------------------------------------------------
 
-std::vector<SlabTensor> slab_tensors(const ParamTable& table, bool muon_enabled) {
-  std::vector<SlabTensor> tensors;
-  for (const ParamInfo& p : table.params()) {
-    SlabTensor t;
-    t.offset = p.offset;
-    t.numel = p.numel;
-    t.muon = muon_enabled && muon_applies(p) && p.numel > 0;
-    t.adamw = !t.muon;
-    if (t.muon) {
-      t.rows = p.shape[0];
-      t.cols = p.shape[1];
-    }
-    tensors.push_back(t);
-  }
-  return tensors;
-}
-
-Zero1Layout::Zero1Layout(std::vector<SlabTensor> tensors, int64_t slab_elements, int dp)
-    : tensors_(std::move(tensors)), slab_elements_(slab_elements), dp_(dp) {
-  if (dp < 1) fail(fmt::format("ZeRO-1 needs at least 1 data-parallel rank, got {}", dp));
-  if (slab_elements < 0) fail(fmt::format("ZeRO-1: negative slab size {}", slab_elements));
-  shard_elements_ = (slab_elements + dp - 1) / dp;
-  int64_t previous_end = 0;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const SlabTensor& t = tensors_[i];
-    if (t.numel < 0 || t.offset < previous_end || t.offset + t.numel > slab_elements)
-      fail(fmt::format("ZeRO-1 layout: tensor {} at [{}, {}) overlaps the previous one or lies "
-                       "outside the slab of {} elements",
-                       i, t.offset, t.offset + t.numel, slab_elements));
-    if (t.muon && t.adamw)
-      fail(fmt::format("ZeRO-1 layout: tensor {} is updated by both AdamW and Muon", i));
-    if (t.muon && (t.numel == 0 || t.rows * t.cols != t.numel))
-      fail(fmt::format("ZeRO-1 layout: Muon tensor {} has shape {}×{} but {} elements", i, t.rows,
-                       t.cols, t.numel));
-    previous_end = t.offset + t.numel;
-    if (t.muon) {
-      MuonPlacement m;
-      m.tensor = i;
-      m.offset = t.offset;
-      m.numel = t.numel;
-      m.rows = t.rows;
-      m.cols = t.cols;
-      m.owner = rank_of(t.offset);
-      m.last_rank = rank_of(t.offset + t.numel - 1);
-      matrices_.push_back(m);
-    }
-  }
-}
-
-Zero1Layout::Zero1Layout(const ParamTable& table, int dp, bool muon_enabled)
-    : Zero1Layout(slab_tensors(table, muon_enabled), table.total_elements(), dp) {}
-
-SlabRange Zero1Layout::shard(int rank) const {
-  FOUNDRY_CHECK(rank >= 0 && rank < dp_);
-  const int64_t begin = std::min(slab_elements_, rank * shard_elements_);
-  const int64_t end = std::min(slab_elements_, (rank + 1) * shard_elements_);
-  return {begin, end};
-}
-
-int Zero1Layout::rank_of(int64_t element) const {
-  FOUNDRY_CHECK(element >= 0 && element < slab_elements_);
-  return static_cast<int>(element / shard_elements_);
-}
-
-std::vector<int64_t> Zero1Layout::shard_counts() const {
-  std::vector<int64_t> counts(dp_);
-  for (int r = 0; r < dp_; ++r) counts[r] = shard(r).size();
-  return counts;
-}
-
-std::vector<size_t> Zero1Layout::owned_matrices(int rank) const {
-  std::vector<size_t> owned;
-  for (size_t i = 0; i < matrices_.size(); ++i)
-    if (matrices_[i].owner == rank) owned.push_back(i);
-  return owned;
-}
-
-int64_t Zero1Layout::owned_split_matrix(int rank) const {
-  for (size_t i = 0; i < matrices_.size(); ++i)
-    if (matrices_[i].owner == rank && matrices_[i].split()) return static_cast<int64_t>(i);
-  return -1;
-}
-
-int64_t Zero1Layout::held_split_matrix(int rank) const {
-  for (size_t i = 0; i < matrices_.size(); ++i)
-    if (matrices_[i].owner < rank && rank <= matrices_[i].last_rank) return static_cast<int64_t>(i);
-  return -1;
-}
-
-SlabRange Zero1Layout::piece(size_t m, int rank) const {
-  const MuonPlacement& p = matrices_.at(m);
-  return intersect({p.offset, p.offset + p.numel}, shard(rank));
-}
-
-int64_t Zero1Layout::adamw_elements(int rank) const {
-  const SlabRange s = shard(rank);
-  int64_t n = 0;
-  for (const SlabTensor& t : tensors_)
-    if (t.adamw) n += intersect({t.offset, t.offset + t.numel}, s).size();
-  return n;
-}
-
-int64_t Zero1Layout::muon_elements(int rank) const {
-  int64_t n = 0;
-  for (const MuonPlacement& m : matrices_)
-    if (m.owner == rank) n += m.numel;
-  return n;
-}
-
-SlabRange Zero1Layout::state_range(int rank) const {
-  // cut(r): where rank r's range starts: its shard's start, or past the split matrix that
-  // crosses it (owned by an earlier rank, which keeps that matrix's state).
-  auto cut = [this](int r) {
-    if (r >= dp_) return slab_elements_;
-    const int64_t held = held_split_matrix(r);
-    if (held < 0) return shard(r).begin;
-    const MuonPlacement& m = matrices_[held];
-    return m.offset + m.numel;
-  };
-  FOUNDRY_CHECK(rank >= 0 && rank < dp_);
-  return {cut(rank), std::max(cut(rank), cut(rank + 1))};
-}
-
-// ---- memory -------------------------------------------------------------------------------
-
-Zero1RankMemory zero1_rank_memory(const Zero1Layout& layout, int rank) {
-  constexpr int64_t kFloat = sizeof(float);
-  Zero1RankMemory mem;
-  mem.rank = rank;
-  mem.shard_elements = layout.shard(rank).size();
-  mem.grad_shard_bytes = kFloat * mem.shard_elements;
-  mem.adamw_state_bytes = 2 * kFloat * layout.adamw_elements(rank);
-  mem.muon_momentum_bytes = kFloat * layout.muon_elements(rank);
-  const int64_t split = layout.owned_split_matrix(rank);
-  if (split >= 0) mem.exchange_bytes = kFloat * layout.muon_matrices()[split].numel;
-  int64_t largest = 0, largest_gram = 0;
-  for (size_t m : layout.owned_matrices(rank)) {
-    const MuonPlacement& p = layout.muon_matrices()[m];
-    const int64_t r = std::min(p.rows, p.cols);
-    largest = std::max(largest, p.numel);
-    largest_gram = std::max(largest_gram, r * r);
-  }
-  mem.newton_schulz_bytes = kFloat * (largest + 2 * largest_gram);
-  return mem;
-}
-
-double Zero1MemoryReport::ratio_to_gather() const {
-  return gather_peak_bytes > 0
-             ? static_cast<double>(peak.total_bytes()) / static_cast<double>(gather_peak_bytes)
-             : 0.0;
-}
-
-double Zero1MemoryReport::gather_buffer_share() const {
-  return gather_peak_bytes > 0
-             ? static_cast<double>(gather_buffer_bytes) / static_cast<double>(gather_peak_bytes)
-             : 0.0;
-}
-
-Zero1MemoryReport zero1_memory(const Zero1Layout& layout) {
-  Zero1MemoryReport report;
-  report.dp = layout.dp();
-  report.slab_elements = layout.slab_elements();
-  report.shard_elements = layout.shard_elements();
-  report.muon_matrices = static_cast<int64_t>(layout.muon_matrices().size());
-  for (const MuonPlacement& m : layout.muon_matrices()) report.split_matrices += m.split();
-  report.gather_buffer_bytes = int64_t{sizeof(float)} * layout.slab_elements();
-  report.replicated_bytes = 2 * int64_t{sizeof(float)} * layout.slab_elements();
-  for (int r = 0; r < layout.dp(); ++r) {
-    const Zero1RankMemory mem = zero1_rank_memory(layout, r);
-    if (r == 0 || mem.total_bytes() > report.peak.total_bytes()) report.peak = mem;
-    // Gathering everything replaces the exchange buffer with the full-slab one.
-    const int64_t gather = mem.total_bytes() - mem.exchange_bytes + report.gather_buffer_bytes;
-    report.gather_peak_bytes = std::max(report.gather_peak_bytes, gather);
-  }
-  return report;
-}
-
-Zero1MemoryReport zero1_memory(const ParamTable& table, int dp, bool muon_enabled) {
-  return zero1_memory(Zero1Layout(table, dp, muon_enabled));
-}
-
-std::string format_zero1_memory(const Zero1MemoryReport& r) {
-  const Zero1RankMemory& p = r.peak;
-  std::string out = fmt::format(
-      "ZeRO-1 over {} ranks: slab {} elements, shards of {}; {} Muon matrices, {} split across "
-      "shard boundaries\n",
-      r.dp, format_elements(r.slab_elements), format_elements(r.shard_elements), r.muon_matrices,
-      r.split_matrices);
-  out += fmt::format("optimizer memory per rank (largest: rank {}): {}\n", p.rank,
-                     format_bytes(static_cast<double>(p.total_bytes())));
-  out += fmt::format(
-      "  gradient shard {}, AdamW moments {}, Muon momentum {}, split-matrix exchange {}, "
-      "Newton-Schulz scratch {}\n",
-      format_bytes(static_cast<double>(p.grad_shard_bytes)),
-      format_bytes(static_cast<double>(p.adamw_state_bytes)),
-      format_bytes(static_cast<double>(p.muon_momentum_bytes)),
-      format_bytes(static_cast<double>(p.exchange_bytes)),
-      format_bytes(static_cast<double>(p.newton_schulz_bytes)));
-  out += fmt::format(
-      "Muon gathering the whole slab instead: {} per rank (its full-slab buffer {} is {:.1f}% of "
-      "that); boundary exchange needs {:.3f}x of it\n",
-      format_bytes(static_cast<double>(r.gather_peak_bytes)),
-      format_bytes(static_cast<double>(r.gather_buffer_bytes)), 100.0 * r.gather_buffer_share(),
-      r.ratio_to_gather());
-  out += fmt::format("replicated on every rank: fp32 parameters + gradients {}\n",
-                     format_bytes(static_cast<double>(r.replicated_bytes)));
-  return out;
-}
-
-// ---- the optimizer ------------------------------------------------------------------------
 
 namespace {
 
@@ -502,32 +256,46 @@ void Zero1Optimizer::begin_backward(const float* grads) {
 
 double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_t step,
                             double max_grad_norm) {
-  const int rank = comm_.rank(), size = comm_.size();
   if (!params || !grads)
-    fail(fmt::format("ZeRO-1 step on rank {} of {}: null parameter or gradient slab", rank,
-                     size));
-
-  // 1. The averaged gradient of this rank's shard.
-  // The shard's gradient, addressed by slab offset (only offsets inside the shard).
-  auto grad_at = [this](int64_t offset) { return grad_shard_.data() + (offset - shard_.begin); };
+    fail(fmt::format("ZeRO-1 step on rank {} of {}: null parameter or gradient slab", comm_.rank(),
+                     comm_.size()));
   // Reduce-scatter only reads the gradient slab.
   last_reduce_ = reducer_->finish(const_cast<float*>(grads), grad_shard_.data());
   ScopedOpTimer local_work(op_times_, "optimizer");
-  const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
-  if (size > 1) {
-    const float inv_dp = static_cast<float>(1.0 / size);
-#pragma omp parallel for schedule(static)
-    for (int64_t c = 0; c < n_chunks; ++c)
-      scale_in_place(grad_at(norm_chunks_[c].offset), norm_chunks_[c].size, inv_dp);
-  }
+  average_shard_gradient();
+  const double norm = clip_shard_gradient(lr, step, max_grad_norm);
+  if (!std::isfinite(norm)) return norm;  // every rank sees the same norm: all skip
+  BoundaryExchange exchange = start_boundary_exchange(params);
+  // Local work while the pieces travel: AdamW on the shard, Muon on the matrices inside.
+  adamw_step(params, lr, step);
+  if (muon_options_)
+    for (size_t m : muon_inside_)
+      muon_matrix(m, params, shard_gradient(layout_.muon_matrices()[m].offset), lr);
+  finish_boundary_exchange(params, lr, exchange);
+  all_gather_weights(params);
+  return norm;
+}
 
-  // 2. The global norm: the shard's sum over fixed chunks in chunk order, then the shards'
-  // sums in rank order on every rank (so every rank computes the same bits). The step's
-  // arguments travel along, to check that every rank passed the same ones.
+// The reduce-scatter summed the ranks' gradients of this shard: their mean.
+void Zero1Optimizer::average_shard_gradient() {
+  if (comm_.size() == 1) return;
+  const float inv_dp = static_cast<float>(1.0 / comm_.size());
+  const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < n_chunks; ++c)
+    scale_in_place(shard_gradient(norm_chunks_[c].offset), norm_chunks_[c].size, inv_dp);
+}
+
+// The global norm: the shard's sum over fixed chunks in chunk order, then the shards' sums in
+// rank order on every rank (so every rank computes the same bits), and the clip. The step's
+// arguments travel along, to check that every rank passed the same ones.
+double Zero1Optimizer::clip_shard_gradient(double lr, int64_t step, double max_grad_norm) {
+  const int rank = comm_.rank(), size = comm_.size();
+  const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
   std::vector<double> partial(n_chunks);
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c)
-    partial[c] = sum_of_squares(grad_at(norm_chunks_[c].offset), norm_chunks_[c].size);
+    partial[c] = sum_of_squares(shard_gradient(norm_chunks_[c].offset), norm_chunks_[c].size);
   double shard_sum = 0;
   for (double s : partial) shard_sum += s;
   const double mine[4] = {shard_sum, lr, static_cast<double>(step), max_grad_norm};
@@ -552,65 +320,68 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
     fail(fmt::format("gradient clip norm {} must be >= 0", max_grad_norm),
          "set train.grad_clip to 0 (off) or a positive norm");
   const double norm = std::sqrt(total);
-  if (!std::isfinite(norm)) return norm;  // every rank sees the same norm: all skip
-  if (max_grad_norm > 0 && norm > max_grad_norm) {
+  if (std::isfinite(norm) && max_grad_norm > 0 && norm > max_grad_norm) {
     const float factor = static_cast<float>(max_grad_norm / norm);
 #pragma omp parallel for schedule(static)
     for (int64_t c = 0; c < n_chunks; ++c)
-      scale_in_place(grad_at(norm_chunks_[c].offset), norm_chunks_[c].size, factor);
+      scale_in_place(shard_gradient(norm_chunks_[c].offset), norm_chunks_[c].size, factor);
   }
+  return norm;
+}
 
-  // 3. Start the boundary exchange. Receives are posted before any send, and each rank
-  // sends gradient pieces only to lower ranks (owners) and updated pieces only to higher
-  // ranks (holders), so no wait can be part of a cycle (docs/zero1.md).
+// Receives are posted before any send, and each rank sends gradient pieces only to lower
+// ranks (owners) and updated pieces only to higher ranks (holders), so no wait can be part
+// of a cycle (docs/zero1.md).
+Zero1Optimizer::BoundaryExchange Zero1Optimizer::start_boundary_exchange(float* params) {
   const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
-  std::vector<Request> gradient_receives, pending;
+  BoundaryExchange exchange;
   if (owned_split_ >= 0) {
     const MuonPlacement& m = matrices[owned_split_];
     for (int h = m.owner + 1; h <= m.last_rank; ++h) {
       const SlabRange p = layout_.piece(owned_split_, h);
       if (p.size() == 0) continue;
-      gradient_receives.push_back(
+      exchange.gradient_receives.push_back(
           comm_.irecv(exchange_.data() + (p.begin - m.offset), p.size(), h, kTagGradientPiece));
     }
   }
   if (held_split_ >= 0) {
     const MuonPlacement& m = matrices[held_split_];
-    const SlabRange p = layout_.piece(held_split_, rank);
-    pending.push_back(comm_.irecv(params + p.begin, p.size(), m.owner, kTagUpdatedPiece));
-    pending.push_back(comm_.isend(grad_at(p.begin), p.size(), m.owner, kTagGradientPiece));
+    const SlabRange p = layout_.piece(held_split_, comm_.rank());
+    exchange.pending.push_back(comm_.irecv(params + p.begin, p.size(), m.owner, kTagUpdatedPiece));
+    exchange.pending.push_back(
+        comm_.isend(shard_gradient(p.begin), p.size(), m.owner, kTagGradientPiece));
   }
+  return exchange;
+}
 
-  // 4. Local work while the pieces travel: AdamW on the shard, Muon on the matrices inside.
-  adamw_step(params, lr, step);
-  if (muon_options_)
-    for (size_t m : muon_inside_) muon_matrix(m, params, grad_at(matrices[m].offset), lr);
-
-  // 5. The owned split matrix: assemble, update, send the pieces back.
+// The owned split matrix: assemble its gradient, update it, send the pieces back; then wait
+// for this rank's own piece of the matrix it holds.
+void Zero1Optimizer::finish_boundary_exchange(float* params, double lr, BoundaryExchange& exchange) {
   if (owned_split_ >= 0) {
-    const MuonPlacement& m = matrices[owned_split_];
-    std::memcpy(exchange_.data(), grad_at(m.offset), sizeof(float) * (shard_.end - m.offset));
+    const MuonPlacement& m = layout_.muon_matrices()[owned_split_];
+    std::memcpy(exchange_.data(), shard_gradient(m.offset), sizeof(float) * (shard_.end - m.offset));
     {
       ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
-      for (Request& r : gradient_receives) r.wait();
+      for (Request& r : exchange.gradient_receives) r.wait();
     }
     muon_matrix(owned_split_, params, exchange_.data(), lr);
     for (int h = m.owner + 1; h <= m.last_rank; ++h) {
       const SlabRange p = layout_.piece(owned_split_, h);
       if (p.size() == 0) continue;
-      pending.push_back(comm_.isend(params + p.begin, p.size(), h, kTagUpdatedPiece));
+      exchange.pending.push_back(comm_.isend(params + p.begin, p.size(), h, kTagUpdatedPiece));
     }
   }
-  {
-    ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
-    for (Request& r : pending) r.wait();
-  }
+  ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
+  for (Request& r : exchange.pending) r.wait();
+}
 
-  // 6. Every rank gets every shard of the updated slab (or the parts it stores).
+// Every rank gets every shard of the updated slab (or the parts it stores).
+void Zero1Optimizer::all_gather_weights(float* params) {
+  const int rank = comm_.rank(), size = comm_.size();
   ScopedOpTimer t(op_times_, "comm: weight all-gather");
   if (released_.empty()) {
     for (const Window& w : windows_) comm_.allgatherv_in_place(params + w.range.begin, w.counts);
-    return norm;
+    return;
   }
   std::vector<Request> requests;
   for (int q = 0; q < size; ++q)
@@ -622,7 +393,6 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
       append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
                                                    r, kTagSparseGather));
   for (Request& q : requests) q.wait();
-  return norm;
 }
 
 void Zero1Optimizer::set_released_ranges(std::vector<Ranges> released) {
@@ -663,207 +433,6 @@ Zero1Optimizer::Ranges Zero1Optimizer::shard_parts(int q, int r, bool outside) c
   }
   if (outside && at < s.end) parts.push_back({at, s.end});
   return parts;
-}
-
-void Zero1Optimizer::gather_released(float* params, int root) {
-  if (released_.empty()) return;
-  const int rank = comm_.rank(), size = comm_.size();
-  std::vector<Request> requests;
-  if (rank == root) {
-    for (int q = 0; q < size; ++q)
-      if (q != root)
-        append(requests, comm_.irecv_ranges(params, shard_parts(q, root, false), q,
-                                              kTagReleasedGather));
-  } else {
-    append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
-                                                 root, kTagReleasedGather));
-  }
-  for (Request& q : requests) q.wait();
-}
-
-// ---- expert storage -----------------------------------------------------------------------
-
-std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank) {
-  const SlabRange shard = layout.shard(rank), state = layout.state_range(rank);
-  if (state.size() == 0) return {shard.begin, shard.end};
-  return {std::min(shard.begin, state.begin), std::max(shard.end, state.end)};
-}
-
-std::vector<SlabRanges> zero1_released_ranges(const Zero1Layout& layout,
-                                              const std::vector<SlabRanges>& unowned_by_rank) {
-  std::vector<SlabRanges> released(layout.dp());
-  for (int r = 0; r < layout.dp(); ++r) {
-    const auto [kb, ke] = zero1_kept_range(layout, r);
-    for (auto [b, e] : unowned_by_rank.at(r)) {
-      if (kb < e && ke > b) {  // the kept range cuts it
-        if (kb > b) released[r].push_back({b, kb});
-        b = std::max(b, ke);
-      }
-      if (b < e) released[r].push_back({b, e});
-    }
-  }
-  return released;
-}
-
-ExpertStorageReport expert_storage(const ParamTable& table, const Zero1Layout& layout,
-                                   const ExpertSharding& sharding) {
-  auto total = [](const SlabRanges& ranges) {
-    int64_t n = 0;
-    for (const auto& [b, e] : ranges) n += e - b;
-    return n;
-  };
-  ExpertStorageReport r;
-  r.ep = sharding.ep_size();
-  r.slab_elements = table.total_elements();
-  const auto unowned = unowned_expert_ranges_by_rank(table, sharding, layout.dp());
-  const auto released = zero1_released_ranges(layout, unowned);
-  r.weight_elements = -1;
-  for (int q = 0; q < layout.dp(); ++q) {
-    const int64_t weights = r.slab_elements - total(released[q]);
-    if (weights > r.weight_elements) {
-      r.rank = q;
-      r.weight_elements = weights;
-      r.gradient_elements = r.slab_elements - total(unowned[q]);
-    }
-  }
-  return r;
-}
-
-std::string format_expert_storage(const ExpertStorageReport& r, bool bf16) {
-  const double E = static_cast<double>(r.slab_elements);
-  const double w = static_cast<double>(r.weight_elements);
-  const double g = static_cast<double>(r.gradient_elements);
-  std::string out = fmt::format(
-      "expert parallel {} (each rank stores its own experts; largest: rank {}):\n"
-      "  fp32 weights {} of {} ({:.1f}%), fp32 gradients {} ({:.1f}%)",
-      r.ep, r.rank, format_bytes(4 * w), format_bytes(4 * E), 100 * w / E, format_bytes(4 * g),
-      100 * g / E);
-  if (bf16) out += fmt::format(", bf16 copies {}", format_bytes(2 * g));
-  return out + "\n";
-}
-
-// ---- checkpoint state ---------------------------------------------------------------------
-
-std::vector<std::string> Zero1Optimizer::state_names() const {
-  std::vector<std::string> names = AdamW::state_names();
-  if (muon_options_)
-    for (const std::string& n : Muon::state_names()) names.push_back(n);
-  return names;
-}
-
-void Zero1Optimizer::check_state_name(std::string_view name) const {
-  for (const std::string& n : state_names())
-    if (n == name) return;
-  fail(fmt::format("ZeRO-1 on rank {} of {}: no optimizer state named '{}'", comm_.rank(),
-                   comm_.size(), name),
-       fmt::format("the states are {}", fmt::join(state_names(), ", ")));
-}
-
-void Zero1Optimizer::export_state(std::string_view name, float* range_values) const {
-  const SlabRange range = layout_.state_range(comm_.rank());
-  if (name == "exp_avg" || name == "exp_avg_sq") {
-    const std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
-    for (const AdamWChunk& c : adamw_chunks_) {
-      FOUNDRY_CHECK(c.offset >= range.begin && c.offset + c.size <= range.end);
-      std::memcpy(range_values + (c.offset - range.begin), moment.data() + c.state_offset,
-                  sizeof(float) * c.size);
-    }
-    return;
-  }
-  const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
-  for (size_t m = 0; m < matrices.size(); ++m) {
-    if (momentum_offset_[m] < 0) continue;
-    FOUNDRY_CHECK(matrices[m].offset >= range.begin &&
-                  matrices[m].offset + matrices[m].numel <= range.end);
-    std::memcpy(range_values + (matrices[m].offset - range.begin),
-                momentum_.data() + momentum_offset_[m], sizeof(float) * matrices[m].numel);
-  }
-}
-
-void Zero1Optimizer::import_state(std::string_view name, const float* range_values) {
-  const SlabRange range = layout_.state_range(comm_.rank());
-  if (name == "exp_avg" || name == "exp_avg_sq") {
-    std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
-    for (const AdamWChunk& c : adamw_chunks_)
-      std::memcpy(moment.data() + c.state_offset, range_values + (c.offset - range.begin),
-                  sizeof(float) * c.size);
-    return;
-  }
-  const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
-  for (size_t m = 0; m < matrices.size(); ++m) {
-    if (momentum_offset_[m] < 0) continue;
-    std::memcpy(momentum_.data() + momentum_offset_[m],
-                range_values + (matrices[m].offset - range.begin),
-                sizeof(float) * matrices[m].numel);
-  }
-}
-
-std::vector<float> Zero1Optimizer::gather_state(std::string_view name) const {
-  check_state_name(name);
-  const int rank = comm_.rank(), size = comm_.size();
-  const int64_t W = options_.max_message_elements;
-  const SlabRange mine = layout_.state_range(rank);
-  if (rank != 0) {
-    // Only rank 0 receives, and it has posted every receive: blocking sends cannot wait on
-    // each other.
-    std::vector<float> values(mine.size(), 0.0f);
-    export_state(name, values.data());
-    for (int64_t at = 0; at < mine.size(); at += W)
-      comm_.send(values.data() + at, std::min(W, mine.size() - at), 0, kTagStateGather);
-    return {};
-  }
-  std::vector<float> full(layout_.slab_elements(), 0.0f);
-  std::vector<Request> receives;
-  for (int r = 1; r < size; ++r) {
-    const SlabRange theirs = layout_.state_range(r);
-    for (int64_t at = 0; at < theirs.size(); at += W)
-      receives.push_back(comm_.irecv(full.data() + theirs.begin + at,
-                                     std::min(W, theirs.size() - at), r, kTagStateGather));
-  }
-  export_state(name, full.data() + mine.begin);
-  for (Request& r : receives) r.wait();
-  return full;
-}
-
-void Zero1Optimizer::load_state(std::string_view name, std::span<const float> full_slab) {
-  check_state_name(name);
-  const int rank = comm_.rank(), size = comm_.size();
-  const int64_t W = options_.max_message_elements;
-  // Rank 0 decides whether the slab fits, for everyone: a rank failing alone would leave
-  // the others waiting for its messages.
-  int64_t given = rank == 0 ? static_cast<int64_t>(full_slab.size()) : 0;
-  comm_.broadcast(&given, 1, 0);
-  if (given != layout_.slab_elements())
-    fail(fmt::format("ZeRO-1 load_state('{}') on rank {} of {}: rank 0 passed {} elements, the "
-                     "state slab has {}",
-                     name, rank, size, given, layout_.slab_elements()),
-         "the checkpoint's state was written for another parameter table (model config)");
-  const SlabRange mine = layout_.state_range(rank);
-  if (rank != 0) {
-    std::vector<float> values(mine.size());
-    std::vector<Request> receives;
-    for (int64_t at = 0; at < mine.size(); at += W)
-      receives.push_back(
-          comm_.irecv(values.data() + at, std::min(W, mine.size() - at), 0, kTagStateLoad));
-    for (Request& r : receives) r.wait();
-    import_state(name, values.data());
-    return;
-  }
-  std::vector<Request> sends;
-  for (int r = 1; r < size; ++r) {
-    const SlabRange theirs = layout_.state_range(r);
-    for (int64_t at = 0; at < theirs.size(); at += W)
-      sends.push_back(comm_.isend(full_slab.data() + theirs.begin + at,
-                                  std::min(W, theirs.size() - at), r, kTagStateLoad));
-  }
-  import_state(name, full_slab.data() + mine.begin);
-  for (Request& r : sends) r.wait();
-}
-
-void Zero1Optimizer::reset() {
-  std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
-  std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);
-  std::fill(momentum_.begin(), momentum_.end(), 0.0f);
 }
 
 }  // namespace foundry
