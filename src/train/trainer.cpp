@@ -91,6 +91,28 @@ struct TrainingRun {
     auto g = procs.guard("validation");
     return evaluate_loss(*model, *val_loader, tc.eval_batches, procs.world());
   }
+  // Validation at step 0, logged.
+  double initial_evaluation() {
+    const double loss = evaluate();
+    if (!quiet) std::fprintf(stderr, "step 0 | val loss %.4f | ppl %.1f\n", loss, std::exp(loss));
+    return loss;
+  }
+  bool evaluation_due(int64_t step) const {
+    return val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == schedule.total_steps);
+  }
+  bool checkpoint_due(int64_t step) const {
+    return tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0;
+  }
+  RankMemory memory_now() const {
+    return {double(peak_rss_bytes()), double(model->resident_slab_bytes())};
+  }
+  // Rank 0: metrics.jsonl (continued after `start_step`) and config.json; nothing elsewhere.
+  std::optional<MetricsWriter> open_outputs(int64_t start_step) const {
+    if (!procs.root()) return std::nullopt;
+    std::optional<MetricsWriter> metrics(std::in_place, tc.run_dir + "/metrics.jsonl", start_step);
+    write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
+    return metrics;
+  }
   void open_dataset();
   void build_model_and_optimizer();
   void measure_peak();
@@ -215,6 +237,72 @@ std::string step_line(const json& m, int64_t total_steps, bool balancing) {
   return line;
 }
 
+// The bookkeeping of the step loop: throughput over the timed steps, the gradient-reduction
+// totals, metrics.jsonl, the log line and the progress bar.
+class StepLog {
+ public:
+  StepLog(const TrainingRun& run, std::optional<MetricsWriter> metrics, int64_t start_step)
+      : run_(run),
+        metrics_(std::move(metrics)),
+        start_step_(start_step),
+        total_steps_(run.schedule.total_steps),
+        tokens_per_step_(run.tc.batch_size * run.tc.seq_len),
+        flops_per_token_(train_flops_per_token(run.rc.model, run.tc.seq_len)),
+        // The first steps create oneDNN primitives and fault in memory: the per-operation
+        // table leaves them out when there are enough steps.
+        warmup_(total_steps_ - start_step > 4 ? 2 : 0),
+        balancing_(!run.model->balancers().empty()),  // arch zaya1
+        progress_("train", total_steps_, "step"),
+        show_bar_(Progress::stderr_is_terminal() && !run.quiet) {}
+
+  int64_t warmup() const { return warmup_; }
+  const GradientCommTotals& comm() const { return comm_; }
+
+  // The metrics of step `step`, counted into the totals.
+  json record(int64_t step, const StepResult& r) {
+    if (const GradientReduceStats* reduce = run_.optimizer->last_reduce(); reduce && step > start_step_ + warmup_)
+      comm_.add(*reduce);
+    if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {  // the first step warms caches
+      timed_seconds_ += r.seconds;
+      timed_tokens_ += tokens_per_step_;
+    }
+    const double mfu = tokens_per_step_ / r.seconds * flops_per_token_ / (run_.peak_gflops * 1e9);
+    return step_metrics(step, r, tokens_per_step_, mfu, *run_.optimizer, balancing_);
+  }
+
+  // metrics.jsonl (rank 0), the log line every train.log_every steps, the progress bar.
+  void publish(const json& m, bool evaluated) {
+    const int64_t step = m["step"].get<int64_t>();
+    if (metrics_) metrics_->write(m);
+    if (!run_.quiet && (step % run_.tc.log_every == 0 || step == total_steps_ || evaluated)) {
+      if (show_bar_) std::fprintf(stderr, "\r\x1b[K");
+      std::fprintf(stderr, "%s\n", step_line(m, total_steps_, balancing_).c_str());
+    }
+    if (show_bar_) progress_.update(step, fmt::format("loss {:.3f}", m["loss"].get<double>()));
+  }
+
+  // Throughput and MFU over the timed steps.
+  void finish(TrainSummary& summary) {
+    if (show_bar_) progress_.finish();
+    if (timed_seconds_ <= 0) return;
+    summary.tokens_per_s = timed_tokens_ / timed_seconds_;
+    summary.mfu = summary.tokens_per_s * flops_per_token_ / (run_.peak_gflops * 1e9);
+  }
+
+ private:
+  const TrainingRun& run_;
+  std::optional<MetricsWriter> metrics_;
+  int64_t start_step_, total_steps_, tokens_per_step_;
+  double flops_per_token_;
+  int64_t warmup_;
+  bool balancing_;
+  Progress progress_;
+  bool show_bar_;
+  GradientCommTotals comm_;
+  double timed_seconds_ = 0;
+  int64_t timed_tokens_ = 0;
+};
+
 // Memory and communication at the end of the run, every rank's (collective), printed by rank 0.
 void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& memory,
                    const GradientCommTotals& comm_stats, int64_t steps_run, TrainSummary& summary) {
@@ -281,77 +369,42 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
 
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
-  const TrainConfig& tc = rc.train;
   const int64_t total_steps = run.schedule.total_steps;
   const int64_t start_step = opt.resume ? run.checkpointer->resume() : 0;
-  std::optional<MetricsWriter> metrics;
-  if (run.procs.root()) {
-    metrics.emplace(tc.run_dir + "/metrics.jsonl", start_step);
-    write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
-  }
+  std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
   run.measure_peak();
   run.print_header();
-
   TrainSummary summary;
   summary.start_step = start_step;
   summary.peak_gflops = run.peak_gflops;
-  if (start_step == 0 && run.val_loader && total_steps > 0) {
-    summary.initial_val_loss = run.evaluate();
-    if (!run.quiet)
-      std::fprintf(stderr, "step 0 | val loss %.4f | ppl %.1f\n", summary.initial_val_loss,
-                   std::exp(summary.initial_val_loss));
-  }
+  if (start_step == 0 && run.val_loader && total_steps > 0) summary.initial_val_loss = run.initial_evaluation();
 
   StopSignals signals;
   run.model->op_times().enabled = opt.op_breakdown;
-  Progress progress("train", total_steps, "step");
-  const bool show_bar = Progress::stderr_is_terminal() && !run.quiet;
-  const bool balancing = !run.model->balancers().empty();  // arch zaya1
-  const int64_t N = tc.batch_size * tc.seq_len;
-  const double flops_per_token = train_flops_per_token(rc.model, tc.seq_len);
-  // The first steps create oneDNN primitives and fault in memory: the per-operation table
-  // leaves them out when there are enough steps.
-  const int64_t warmup = total_steps - start_step > 4 ? 2 : 0;
-  GradientCommTotals comm_stats;
-  RankMemory memory{double(peak_rss_bytes()), double(run.model->resident_slab_bytes())};
-  double timed_seconds = 0;
-  int64_t timed_tokens = 0, step = start_step;
+  StepLog log(run, std::move(metrics), start_step);
+  RankMemory memory = run.memory_now();
+  int64_t step = start_step;
   while (step < total_steps) {
     ++step;
-    if (step == start_step + warmup + 1) run.model->op_times().clear();
+    if (step == start_step + log.warmup() + 1) run.model->op_times().clear();
     const double t0 = now_seconds();
     auto step_guard = run.procs.guard(fmt::format("training step {}", step));
     run.batches->next(step);
-    StepResult r = run_step(*run.model, *run.optimizer, *run.batches,
-                            learning_rate(run.schedule, step), step, tc.grad_clip, run.overlap,
-                            run.procs.world());
+    StepResult r = run_step(*run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step),
+                            step, rc.train.grad_clip, run.overlap, run.procs.world());
     r.seconds = now_seconds() - t0;
-    if (const GradientReduceStats* reduce = run.optimizer->last_reduce(); reduce && step > start_step + warmup)
-      comm_stats.add(*reduce);
-    if (step > start_step + 1 || total_steps - start_step == 1) {  // the first step warms caches
-      timed_seconds += r.seconds;
-      timed_tokens += N;
-    }
-    const double mfu = N / r.seconds * flops_per_token / (run.peak_gflops * 1e9);
-    json m = step_metrics(step, r, N, mfu, *run.optimizer, balancing);
+    json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;
-    const bool eval_now = run.val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) ||
-                                             step == total_steps);
+    const bool eval_now = run.evaluation_due(step);
     if (eval_now) m["val_loss"] = summary.final_val_loss = run.evaluate();
-    if (metrics) metrics->write(m);
-    if (!run.quiet && (step % tc.log_every == 0 || step == total_steps || eval_now)) {
-      if (show_bar) std::fprintf(stderr, "\r\x1b[K");
-      std::fprintf(stderr, "%s\n", step_line(m, total_steps, balancing).c_str());
-    }
-    if (show_bar) progress.update(step, fmt::format("loss {:.3f}", r.losses.ce_loss));
+    log.publish(m, eval_now);
 
     const bool final_step = step == total_steps || step == opt.stop_at_step;
     const int sig = signals.agreed(run.procs.world());
     // Memory at the last step, before its checkpoint (which gathers the sharded optimizer
     // state on rank 0: not training memory).
-    if (final_step || sig) memory = {double(peak_rss_bytes()), double(run.model->resident_slab_bytes())};
-    if (final_step || sig || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0))
-      run.checkpointer->save(step);
+    if (final_step || sig) memory = run.memory_now();
+    if (final_step || sig || run.checkpoint_due(step)) run.checkpointer->save(step);
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
@@ -360,13 +413,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     }
     if (final_step) break;
   }
-  if (show_bar) progress.finish();
+  log.finish(summary);
   summary.final_step = step;
-  if (timed_seconds > 0) {
-    summary.tokens_per_s = timed_tokens / timed_seconds;
-    summary.mfu = summary.tokens_per_s * flops_per_token / (run.peak_gflops * 1e9);
-  }
-  finish_report(run, opt, memory, comm_stats, step - start_step - warmup, summary);
+  finish_report(run, opt, memory, log.comm(), step - start_step - log.warmup(), summary);
   return summary;
 }
 
