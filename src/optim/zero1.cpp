@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "comm/agree.h"
 #include "optim/clip.h"
 #include "optim/slab_chunks.h"
 #include "optim/zero1_messages.h"
@@ -124,9 +125,8 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
   options_print.add(options.bucket_elements);  // the buckets decide the collectives' order
   const int64_t mine[4] = {table.total_elements(), static_cast<int64_t>(table_print.h),
                            static_cast<int64_t>(options_print.h), options.max_message_elements};
-  std::vector<int64_t> all(4 * static_cast<size_t>(size));
-  comm_.allgather(mine, all.data(), 4);
-  for (int r = 1; r < size; ++r) {
+  std::vector<int64_t> all;
+  for (int r : ranks_differing_from_root(comm_, mine, &all)) {
     const int64_t* theirs = all.data() + 4 * r;
     if (theirs[0] != all[0] || theirs[1] != all[1])
       fail(fmt::format("ZeRO-1 on rank {} of {}: rank {} has a different parameter table than "

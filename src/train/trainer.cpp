@@ -12,6 +12,7 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/timer.h"
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "data/dataset.h"
 #include "kernels/gemm.h"
@@ -37,15 +38,13 @@ namespace {
 void check_same_config(const Communicator& world, const RunConfig& rc) {
   const std::string text = rc.source.dump();
   const int64_t mine = static_cast<int64_t>(hash64(text.data(), text.size()) >> 1);
-  std::vector<int64_t> all(static_cast<size_t>(world.size()));
-  world.allgather(&mine, all.data(), 1);
-  std::string differ;
-  for (int r = 1; r < world.size(); ++r)
-    if (all[static_cast<size_t>(r)] != all[0]) differ += fmt::format("{}{}", differ.empty() ? "" : ", ", r);
+  std::vector<int64_t> all;
+  const std::vector<int> differ = ranks_differing_from_root(world, {&mine, 1}, &all);
   if (!differ.empty())
     fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash {} "
                      "against {})",
-                     world.rank(), differ, hash64_hex(uint64_t(all[0])), hash64_hex(uint64_t(mine))),
+                     world.rank(), format_rank_list(differ), hash64_hex(uint64_t(all[0])),
+                     hash64_hex(uint64_t(mine))),
          "start every rank with the same --config and --set options");
 }
 
