@@ -234,7 +234,7 @@ TEST_F(CheckpointTest, DenseModelUsesLlamaNames) {
 // A tiny arch zaya1 model: one balancing-bias buffer [n_experts + 1] per MoE sublayer.
 ModelConfig tiny_zaya_config() {
   ModelConfig c = tiny_config();
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.top_k = 1;
   c.router_latent_dim = 8;
   c.norm_topk_prob = false;

@@ -9,7 +9,7 @@ namespace {
 // F = 48, R = 16, convolutions 2 and 3 taps, RoPE on a quarter of each head, no EDA.
 ModelConfig small_zaya() {
   ModelConfig c;
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.vocab_size = 300;
   c.d_model = 32;
   c.n_layers = 3;

@@ -177,9 +177,9 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   (void)arch_given;
   for (const auto& path : o.compare) {
     const RunConfig rc = load_run_config(path);
-    if (rc.model.arch != rq.arch)
+    if (arch_name(rc.model.arch) != rq.arch)
       fail(fmt::format("--compare {}: model.arch = \"{}\" but the search is over --arch {}", path,
-                       rc.model.arch, rq.arch),
+                       arch_name(rc.model.arch), rq.arch),
            "compare shapes of the architecture being searched");
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference

@@ -2,10 +2,16 @@
 
 namespace foundry {
 
+Arch parse_arch(const std::string& name, const std::string& what) {
+  if (name == "moe") return Arch::moe;
+  if (name == "zaya1") return Arch::zaya1;
+  fail(fmt::format("{} {}: unknown architecture", what, name), "use zaya1 or moe");
+}
+
 ModelConfig parse_model_config(const json& obj, const std::string& where) {
   ModelConfig c;
   ConfigReader r(obj, where, "model.");
-  r.get_choice("arch", c.arch, {"moe", "zaya1"});
+  r.get_choice<Arch>("arch", c.arch, {{"moe", Arch::moe}, {"zaya1", Arch::zaya1}});
   if (c.is_zaya()) {
     // The ZAYA1 router gates with the unbiased, unnormalized probability and balances with
     // its bias, not an auxiliary loss.
@@ -47,7 +53,7 @@ ModelConfig parse_model_config(const json& obj, const std::string& where) {
                             "skip_passes_input", "balance_bias_lr", "skip_bias_init"})
       if (obj.contains(key))
         fail(fmt::format("{}: model.{} applies only to model.arch = \"zaya1\" (arch is \"{}\")",
-                         where, key, c.arch),
+                         where, key, arch_name(c.arch)),
              "remove the key or set model.arch to \"zaya1\"");
   }
   c.validate(where);
@@ -94,7 +100,7 @@ void ModelConfig::validate(const std::string& where) const {
 }
 
 json to_json(const ModelConfig& c) {
-  json j{{"arch", c.arch},
+  json j{{"arch", arch_name(c.arch)},
               {"vocab_size", c.vocab_size},
               {"d_model", c.d_model},
               {"n_layers", c.n_layers},

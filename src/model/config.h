@@ -7,11 +7,17 @@
 
 namespace foundry {
 
+// model.arch. "moe": the standard decoder-only MoE baseline (attention + MoE per layer, linear
+// router). "zaya1": the ZAYA1 architecture: per layer a CCA attention sublayer then an MoE
+// sublayer with the ZAYA1 router, residual scaling after every sublayer
+// (../shared/spec/zaya1.md).
+enum class Arch { moe, zaya1 };
+inline const char* arch_name(Arch a) { return a == Arch::zaya1 ? "zaya1" : "moe"; }
+// The architecture named `name` ("moe" | "zaya1"); fails naming `what` (a key or flag) otherwise.
+Arch parse_arch(const std::string& name, const std::string& what);
+
 struct ModelConfig {
-  // "moe": the standard decoder-only MoE baseline (attention + MoE per layer, linear router).
-  // "zaya1": the ZAYA1 architecture: per layer a CCA attention sublayer then an MoE sublayer
-  // with the ZAYA1 router, residual scaling after every sublayer (../shared/spec/zaya1.md).
-  std::string arch = "moe";
+  Arch arch = Arch::moe;
   int64_t vocab_size = 8192;   // tokenizer vocabulary (real ids)
   int64_t d_model = 512;
   int64_t n_layers = 4;
@@ -43,7 +49,7 @@ struct ModelConfig {
   double balance_bias_lr = 1e-3;     // AdamW lr of the per-class balancing bias
   double skip_bias_init = -1.0;      // initial balancing bias of the skip class
 
-  bool is_zaya() const { return arch == "zaya1"; }
+  bool is_zaya() const { return arch == Arch::zaya1; }
   // Router classes: experts plus the skip class when enabled (zaya1); experts otherwise.
   int64_t router_classes() const { return n_experts + (is_zaya() && router_skip_class ? 1 : 0); }
   int64_t rotary_dim() const {

@@ -64,7 +64,7 @@ TEST(ExpertSharding, OwnerOfTensors) {
   for (const auto& p : table.params()) sharded += s.owner(p) >= 0;
   EXPECT_EQ(sharded, 2 * 8 * 3);  // layers × experts × (w1, w3, w2)
 
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.norm_topk_prob = false;
   c.aux_loss_coef = 0;
   c.router_latent_dim = 8;
@@ -231,7 +231,7 @@ TEST(ModelExpertParallel, ExpertLoadsCountRoutedRows) {
         }
       }
       const int64_t skipped = c.is_zaya() ? model.router_class_counts()[l * S + E] : 0;
-      EXPECT_EQ(total + skipped, 12 * c.top_k) << c.arch << " layer " << l;
+      EXPECT_EQ(total + skipped, 12 * c.top_k) << arch_name(c.arch) << " layer " << l;
     }
   }
 }

@@ -181,7 +181,7 @@ TEST(ModelInfo, ReportAndJson) {
 // The ZAYA1-base shape (spec §1), as configs/zaya1-base.json states it.
 ModelConfig zaya1_base() {
   ModelConfig c;
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.vocab_size = 262272;
   c.d_model = 2048;
   c.n_layers = 40;
@@ -203,7 +203,7 @@ ModelConfig zaya1_base() {
 // F = 24, R = 8, skip class (S = 5), t0 = t1 = 2.
 ModelConfig tiny_zaya() {
   ModelConfig c = tiny_moe();
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.top_k = 1;
   c.router_latent_dim = 8;
   c.rope_fraction = 0.5;

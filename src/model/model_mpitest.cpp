@@ -193,7 +193,7 @@ void expect_equivalent(const ModelConfig& c, int ep_size) {
   ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
   const Communicator& ep = groups.expert;
   const int rank = world().rank();
-  SCOPED_TRACE(fmt::format("{} model, world rank {}, EP rank {} of {}", c.arch, rank, ep.rank(),
+  SCOPED_TRACE(fmt::format("{} model, world rank {}, EP rank {} of {}", arch_name(c.arch), rank, ep.rank(),
                            ep.size()));
   // Each rank its own batch, of its own size: the exchange does not need equal loads.
   const int64_t B = 1 + rank % 2, T = 6;

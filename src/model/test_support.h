@@ -36,7 +36,7 @@ inline ModelConfig small_moe_config(int64_t experts = 4, int64_t top_k = 2) {
 // loss), with narrower experts and an 8-wide router latent.
 inline ModelConfig small_zaya_config(ModelConfig moe) {
   ModelConfig& c = moe;
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.norm_topk_prob = false;
   c.aux_loss_coef = 0;
   c.rope_fraction = 0.5;

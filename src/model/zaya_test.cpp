@@ -15,7 +15,7 @@ namespace {
 
 ModelConfig tiny_zaya(int64_t layers = 3) {
   ModelConfig c;
-  c.arch = "zaya1";
+  c.arch = Arch::zaya1;
   c.norm_topk_prob = false;
   c.aux_loss_coef = 0;
   c.vocab_size = 50;  // padded to 128

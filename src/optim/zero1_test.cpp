@@ -195,7 +195,7 @@ TEST(Zero1Layout, PropertiesOnRealTables) {
   const ParamTable tiny(tiny_moe_config());
   for (int dp : {1, 2, 3, 4, 5, 7, 8, 16, 33, 64, 1000}) check_layout_properties(tiny, dp);
   ModelConfig zaya = tiny_moe_config();
-  zaya.arch = "zaya1";
+  zaya.arch = Arch::zaya1;
   zaya.norm_topk_prob = false;
   zaya.aux_loss_coef = 0;
   zaya.router_latent_dim = 16;

@@ -108,8 +108,7 @@ Candidate evaluate_shape(const ModelConfig& cc, const PlanRequest& rq, const Har
 }
 
 PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
-  if (rq.arch != "zaya1" && rq.arch != "moe")
-    fail(fmt::format("--arch {}: unknown architecture", rq.arch), "use zaya1 or moe");
+  const Arch arch = parse_arch(rq.arch, "--arch");
   if (rq.total_params <= 0 && rq.active_params <= 0)
     fail("plan needs a budget: --total-params and/or --active-params",
          "e.g. --total-params 8.3e9 --active-params 0.76e9 (without embeddings)");
@@ -132,7 +131,6 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
 
   PlanResult result;
   result.request = rq;
-  const int64_t per_device = rq.global_batch / rq.devices;
   const int64_t ffn_multiple = rq.ffn_multiple > 0 ? rq.ffn_multiple : (profile.kind == "gpu" ? 128 : 64);
   const int64_t hidden_multiple = profile.kind == "gpu" ? 128 : 64;
 
@@ -150,7 +148,7 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
   std::vector<Candidate> all;
   for (int64_t C : probes) {
     for (int64_t d : rq.head_dims) {
-      const int64_t ratio = rq.arch == "zaya1" ? rq.cca_compression : 1;
+      const int64_t ratio = arch == Arch::zaya1 ? rq.cca_compression : 1;
       const int64_t Hq = std::max<int64_t>(1, (C + ratio * d / 2) / (ratio * d));
       for (int64_t kvr : rq.kv_ratios) {
         if (Hq % kvr != 0) continue;
@@ -158,7 +156,7 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
           for (int64_t k : rq.top_ks) {
             if (k >= E) continue;
             ModelConfig c = rq.base;
-            c.arch = rq.arch;
+            c.arch = arch;
             c.vocab_size = rq.vocab;
             c.d_model = C;
             c.n_heads = Hq;
@@ -167,7 +165,7 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
             c.n_experts = E;
             c.top_k = k;
             c.max_seq_len = std::max(c.max_seq_len, rq.seq);
-            if (rq.arch == "zaya1") {
+            if (arch == Arch::zaya1) {
               c.router_latent_dim = rq.router_latent;
               c.norm_topk_prob = false;
               c.aux_loss_coef = 0;
