@@ -459,7 +459,7 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
   Activations& a = *acts_;
   const ModelConfig& c = config_;
   const int64_t N = batch * seq, C = c.d_model, E = c.n_experts, K = c.top_k;
-  const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Vp = c.padded_vocab();
+  const int64_t QD = c.q_dim(), KVD = c.kv_dim();
   const float eps = static_cast<float>(c.rms_norm_eps);
   for (int64_t i = 0; i < N; ++i) {
     if (inputs[i] < 0 || inputs[i] >= c.vocab_size)
@@ -555,29 +555,10 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
                        K, C);
     }
   }
-  {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    ops::rmsnorm_forward(a.nf.data(), a.nf_rstd.data(), a.x_out.data(),
-                         params_.data() + a.final_norm, N, C, eps);
-  }
-  {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    const void* nf = as_gemm_input(a.nf.data(), N * C, 0);
-    gemm(nf, false, gemm_weight(a.embed), true, a.logits.data(), N, Vp, C, precision_);
-  }
   ForwardResult r;
+  r.ce_loss = lm_head_forward(lm_head(a), a.x_out.data(), targets, N);
   if (E > 1) r.aux_loss = aux_sum / c.n_layers;
-  if (targets) {
-    ScopedOpTimer t(&op_times_, "cross_entropy");
-    for (int64_t i = 0; i < N; ++i)
-      if (targets[i] < 0 || targets[i] >= c.vocab_size)
-        fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
-                         targets[i], i, c.vocab_size));
-    // dlogits overwrite the logits in place: backward needs only the gradient.
-    r.ce_loss = ops::cross_entropy(a.logits.data(), a.losses.data(), a.logits.data(), targets, N,
-                                   c.vocab_size, Vp, 1.0f / static_cast<float>(N));
-    r.loss = r.ce_loss + c.aux_loss_coef * r.aux_loss;
-  }
+  if (targets) r.loss = r.ce_loss + c.aux_loss_coef * r.aux_loss;
   return r;
 }
 
@@ -597,19 +578,7 @@ void Model::backward() {
   float* P = params_.data();
   float* G = grads_.data();
   float* dx = a.dx.data();  // gradient of the residual stream, walked backward
-  {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    // logits = nf · E^T: dnf = dlogits · E, dE += dlogits^T · nf.
-    linear_backward(a.dn.data(), G + a.embed, a.logits.data(), a.nf.data(), a.embed, N, Vp, C,
-                    false);
-  }
-  {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    std::memset(dx, 0, N * C * sizeof(float));
-    ops::rmsnorm_backward(dx, G + a.final_norm, a.dn.data(), a.x_out.data(), P + a.final_norm,
-                          a.nf_rstd.data(), N, C);
-  }
-  gradients_final(a.final_norm);
+  lm_head_backward(lm_head(a), dx, a.dn.data(), a.x_out.data(), N);
   const float aux_coef = static_cast<float>(c.aux_loss_coef / c.n_layers);
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
     const LayerOffsets& o = a.layers[l];

@@ -209,6 +209,25 @@ class Model {
                        int64_t weight_offset, int64_t n, int64_t out, int64_t in,
                        bool accumulate_dx);
   void ensure_activations(int64_t batch, int64_t seq);
+  // ---- LM head + loss, shared by both architectures (model/lm_head.cpp) -------------------
+  // The head's buffers for one batch shape of N tokens: nf [N, C] (the final norm's output),
+  // nf_rstd [N], logits [N, Vp] (dlogits after a forward with targets), losses [N]; and the
+  // slab offsets of the final norm's weight and the (tied) embedding.
+  struct LmHead {
+    float *nf, *nf_rstd, *logits, *losses;
+    int64_t final_norm, embed;
+  };
+  template <typename A>
+  static LmHead lm_head(A& a) {
+    return {a.nf.data(), a.nf_rstd.data(), a.logits.data(), a.losses.data(), a.final_norm, a.embed};
+  }
+  // x [N, C]: the residual stream after the last layer. logits = rms(x) · embed^T; with
+  // targets [N] (each checked against the vocabulary), returns the mean cross-entropy and the
+  // logits become dlogits; without, returns 0.
+  double lm_head_forward(const LmHead& h, const float* x, const int32_t* targets, int64_t N);
+  // dx [N, C] (written) = d loss / d x through the final norm; accumulates the embedding's and
+  // the final norm's gradients (then reports them final); dn [N, C] is scratch.
+  void lm_head_backward(const LmHead& h, float* dx, float* dn, const float* x, int64_t N);
   // The experts of MoE sublayer `layer` on sorted rows (offsets [E+1] or more): locally
   // through experts_forward/experts_backward, or through the EP group when one is set. Same
   // arguments as those, plus the layer (the EP exchange of the forward is kept per layer

@@ -295,7 +295,7 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
   const int64_t B = batch, T = seq, N = B * T, C = c.d_model, E = c.n_experts, K = c.top_k;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Cc = QD + KVD, R = c.router_latent_dim;
-  const int64_t S = c.router_classes(), G = Hq + Hk, half = KVD / 2, Vp = c.padded_vocab();
+  const int64_t S = c.router_classes(), G = Hq + Hk, half = KVD / 2;
   const int64_t rot = c.rotary_dim();
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float* P = params_.data();
@@ -412,27 +412,9 @@ ForwardResult Model::zaya_forward(const int32_t* inputs, const int32_t* targets,
       residual_scale_fwd(next, a.res_m[l].data(), a.h_m[l].data(), P, o.rs_moe, N, C);
     }
   }
-  {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    ops::rmsnorm_forward(a.nf.data(), a.nf_rstd.data(), a.res_out.data(), P + a.final_norm, N, C,
-                         eps);
-  }
-  {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    linear_forward(a.logits.data(), a.nf.data(), a.embed, N, Vp, C);
-  }
   ForwardResult result;
-  if (targets) {
-    ScopedOpTimer t(&op_times_, "cross_entropy");
-    for (int64_t i = 0; i < N; ++i)
-      if (targets[i] < 0 || targets[i] >= c.vocab_size)
-        fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
-                         targets[i], i, c.vocab_size));
-    result.ce_loss = ops::cross_entropy(a.logits.data(), a.losses.data(), a.logits.data(),
-                                        targets, N, c.vocab_size, Vp,
-                                        1.0f / static_cast<float>(N));
-    result.loss = result.ce_loss;
-  }
+  result.ce_loss = lm_head_forward(lm_head(a), a.res_out.data(), targets, N);
+  result.loss = result.ce_loss;  // ZAYA1 balances with router biases, not an auxiliary loss
   return result;
 }
 
@@ -460,18 +442,7 @@ void Model::zaya_backward() {
   // gradient of the residual entering the sublayer being differentiated.
   float* dres = a.dres.data();
   float* dres2 = a.dres2.data();
-  {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    linear_backward(a.dn.data(), Gr + a.embed, a.logits.data(), a.nf.data(), a.embed, N, Vp, C,
-                    false);
-  }
-  {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    std::memset(dres, 0, N * C * sizeof(float));
-    ops::rmsnorm_backward(dres, Gr + a.final_norm, a.dn.data(), a.res_out.data(),
-                          P + a.final_norm, a.nf_rstd.data(), N, C);
-  }
-  gradients_final(a.final_norm);
+  lm_head_backward(lm_head(a), dres, a.dn.data(), a.res_out.data(), N);
   // The router state's gradient chains backward through the MoE sublayers (EDA).
   std::memset(a.dr.data(), 0, N * R * sizeof(float));
   for (int64_t l = c.n_layers - 1; l >= 0; --l) {
