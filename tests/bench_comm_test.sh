@@ -23,7 +23,11 @@ check_table() {
   wrong=$(awk '/^ +[0-9]+ +[0-9]+ +float / && $NF != 0' "$out" | wc -l)
   [ "$rows" -eq 35 ] || { bad "$what: $rows result rows, expected 35"; return; }
   [ "$wrong" -eq 0 ] || { bad "$what: $wrong rows with #wrong > 0"; return; }
-  [ "$(grep -c '^# fit: t(S) = ' "$out")" -eq 5 ] || { bad "$what: not one fit per op"; return; }
+  # A fit per op: t(S) = α + S/β, or "none" with the reason when time does not grow with size
+  # over the range (ranks sharing cores wait on the scheduler, which can hide the size term of
+  # 8 B .. 32 KiB messages; the fit itself is checked against known data in latbw_fit_test).
+  [ "$(grep -cE '^# fit: (t\(S\) = .* us \+ S / .* GB/s|none \(time does not grow with size over .*; latency .* us\))' "$out")" -eq 5 ] \
+    || { bad "$what: not one fit per op"; return; }
   ok "$what: 5 ops x 7 sizes, columns, #wrong 0, a fit per op"
 }
 
