@@ -11,7 +11,7 @@
 //
 //   forward   plan(offsets)          alltoall, El int64 per peer: who sends how many rows
 //             dispatch(xs → local)   alltoallv, rows · C floats
-//             experts on local rows  (Model::experts_forward over the El local experts)
+//             experts on local rows  (Experts, model/experts.h, over the El local experts)
 //             combine(local → ys)    alltoallv, rows · C floats
 //   backward  dispatch(dys → local)  the plan of the same step's forward is reused
 //             expert backward on local rows

@@ -1,49 +1,72 @@
-// The LM head and loss, shared by both architectures: the final RMSNorm, logits through the
-// tied embedding, and the mean cross-entropy over the real vocabulary.
+#include "model/lm_head.h"
+
+#include <cstring>
+#include <limits>
+
+#include <fmt/format.h>
+
 #include "base/error.h"
 #include "kernels/ops.h"
-#include "model/model.h"
 
 namespace foundry {
 
-double Model::lm_head_forward(const LmHead& h, const float* x, const int32_t* targets, int64_t N) {
-  const ModelConfig& c = config_;
+LmHeadWeights LmHeadWeights::of(const ParamTable& t) {
+  return {t.get("model.norm.weight").offset, t.get("model.embed_tokens.weight").offset};
+}
+
+void LmHeadActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  const int64_t N = s.rows();
+  n = arena.take<float>(N * c.d_model);
+  rstd = arena.take<float>(N);
+  logits = arena.take<float>(N * c.padded_vocab());
+  losses = arena.take<float>(N);
+}
+
+double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const float* x,
+                       const int32_t* targets, int64_t N) {
+  const ModelConfig& c = cx.config;
   const int64_t C = c.d_model, Vp = c.padded_vocab();
   {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    ops::rmsnorm_forward(h.nf, h.nf_rstd, x, params_.data() + h.final_norm, N, C,
-                         static_cast<float>(c.rms_norm_eps));
+    auto t = cx.time("rmsnorm");
+    ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
   }
   {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    linear_forward(h.logits, h.nf, h.embed, N, Vp, C);
+    auto t = cx.time("lm_head_gemm");
+    cx.linear_forward(a.logits, a.n, w.embed, N, Vp, C);
   }
   if (!targets) return 0;
-  ScopedOpTimer t(&op_times_, "cross_entropy");
+  auto t = cx.time("cross_entropy");
   for (int64_t i = 0; i < N; ++i)
     if (targets[i] < 0 || targets[i] >= c.vocab_size)
       fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
                        targets[i], i, c.vocab_size));
   // dlogits overwrite the logits in place: backward needs only the gradient.
-  return ops::cross_entropy(h.logits, h.losses, h.logits, targets, N, c.vocab_size, Vp,
+  return ops::cross_entropy(a.logits, a.losses, a.logits, targets, N, c.vocab_size, Vp,
                             1.0f / static_cast<float>(N));
 }
 
-void Model::lm_head_backward(const LmHead& h, float* dx, float* dn, const float* x, int64_t N) {
-  const int64_t C = config_.d_model, Vp = config_.padded_vocab();
-  float* G = grads_.data();
+void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, const float* x,
+                      float* dx, float* dn, int64_t N) {
+  const int64_t C = cx.config.d_model, Vp = cx.config.padded_vocab();
   {
-    ScopedOpTimer t(&op_times_, "lm_head_gemm");
-    // logits = nf · E^T: dnf = dlogits · E, dE += dlogits^T · nf.
-    linear_backward(dn, G + h.embed, h.logits, h.nf, h.embed, N, Vp, C, false);
+    auto t = cx.time("lm_head_gemm");
+    // logits = n·Eᵀ: dn = dlogits·E, dE += dlogitsᵀ·n.
+    cx.linear_backward(dn, a.logits, a.n, w.embed, N, Vp, C, false);
   }
-  {
-    ScopedOpTimer t(&op_times_, "rmsnorm");
-    std::memset(dx, 0, N * C * sizeof(float));
-    ops::rmsnorm_backward(dx, G + h.final_norm, dn, x, params_.data() + h.final_norm, h.nf_rstd,
-                          N, C);
-  }
-  gradients_final(h.final_norm);
+  auto t = cx.time("rmsnorm");
+  std::memset(dx, 0, N * C * sizeof(float));
+  ops::rmsnorm_backward(dx, cx.g(w.norm), dn, x, cx.p(w.norm), a.rstd, N, C);
+}
+
+void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, float* n,
+                    float* logits) {
+  const ModelConfig& c = cx.config;
+  float rstd;
+  ops::rmsnorm_forward(n, &rstd, x, cx.p(w.norm), 1, c.d_model,
+                       static_cast<float>(c.rms_norm_eps));
+  cx.linear_forward(logits, n, w.embed, 1, c.padded_vocab(), c.d_model);
+  for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v)
+    logits[v] = -std::numeric_limits<float>::infinity();
 }
 
 }  // namespace foundry

@@ -1,20 +1,14 @@
-// The standard decoder-only MoE transformer, as flat forward and backward passes over the
-// kernels. Parameters, gradients and (for bf16) GEMM weight copies live in slabs laid out
-// by the ParamTable; activations for one batch shape live in buffers allocated once.
-//
-// Per layer:  x += o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))  n1 = rms(x)
-//             x += sum_j w_j · expert_j(n2)                                       n2 = rms(x)
-// Output: logits = rms(x) · embed^T over the padded vocabulary (padded ids get no mass).
-// Loss = mean cross-entropy + aux_loss_coef · mean over layers of the load-balancing loss.
-//
-// Arch "zaya1" (model/zaya.cpp) composes the ZAYA1 layer instead: a CCA attention sublayer
-// and an MoE sublayer with the ZAYA1 router, each followed by residual scaling:
-//   res = (embed(tokens) + β_in) ⊙ α_in
-//   per layer:  res = (res + β) ⊙ α + (h + β_h) ⊙ α_h,  h = CCA(rms(res))          (attention)
-//               res = (res + β) ⊙ α + (h + β_h) ⊙ α_h,  h = Σ_j p_j · expert_j(rms(res))  (MoE)
-//   logits = rms(res) · embed^T
-// The router chains its EDA state through the MoE sublayers; its balancing biases are model
-// state (not parameters) updated after every optimizer step from the class counts.
+// The model: parameters, gradients and (for bf16) GEMM weight copies in slabs laid out by the
+// ParamTable, and one architecture that computes with them, chosen once from model.arch:
+//   arch "moe"    the standard decoder-only MoE transformer   (model/standard_moe.cpp)
+//   arch "zaya1"  ZAYA1: CCA attention, the ZAYA1 router with its EDA state and balancing
+//                 biases, residual scaling                     (model/zaya.cpp)
+// Both are short compositions of the sublayers, each a forward/backward pair over its own
+// activation struct: attention_sublayer.h, cca_sublayer.h, moe_sublayer.h (with routers.h
+// and experts.h), lm_head.h. Activations for a batch shape are one allocation.
+// Loss = mean cross-entropy (+ aux_loss_coef · mean over layers of the load-balancing loss
+// for arch moe). The ZAYA1 balancing biases are model state (not parameters) updated after
+// every optimizer step from the class counts.
 //
 // Expert parallelism (optional, set_expert_parallel): the experts of every MoE sublayer are
 // sharded over a group of ranks and the routed rows travel to their experts' owners and
@@ -26,10 +20,9 @@
 #include <vector>
 
 #include "base/bf16.h"
-#include "base/page_slab.h"
 #include "base/config_reader.h"
+#include "base/page_slab.h"
 #include "base/timer.h"
-#include "kernels/cca.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
 #include "model/config.h"
@@ -43,13 +36,15 @@ struct ForwardResult {
   double aux_loss = 0;  // mean over layers of the load-balancing loss (before the coefficient)
 };
 
+class Architecture;
 class Communicator;
+class Compute;
 class ExpertSharding;
-struct ExpertParallelState;  // the EP group and its per-layer buffers (model.cpp)
-struct Activations;      // per-batch-shape buffers (model.cpp)
-struct ZayaActivations;  // the same for arch zaya1 (zaya.cpp)
-struct ZayaActivationsDeleter {
-  void operator()(ZayaActivations* a) const;
+class Experts;
+
+// An architecture's per-sequence decoding state (KV caches and per-token buffers).
+struct DecodeScratch {
+  virtual ~DecodeScratch() = default;
 };
 
 class Model {
@@ -183,81 +178,20 @@ class Model {
   // becomes collective over `group` (one small all-reduce per MoE layer). null (the
   // default): the shares of this rank's batch. No effect on arch zaya1 (its balancers
   // already see the counts summed over ranks). `group` must outlive its use here.
-  void set_data_parallel(const Communicator* group) { dp_group_ = group; }
+  void set_data_parallel(const Communicator* group);
 
   // ---- incremental decoding (generation) -------------------------------------------------
   // One token at position `pos` (0-based) of a single sequence; uses and extends a KV cache
   // that holds positions < pos. Returns logits [padded_vocab] (padded entries = -inf).
   struct DecodeState {
     int64_t pos = 0, max_len = 0;
-    std::vector<std::vector<float>> k_cache, v_cache;  // per layer [max_len, KVH·D]
-    std::vector<float> x, n, q, att, h, act, y, scores, router_logits, router_probs, logits;
-    // arch zaya1: per-layer convolution and value-shift state, and per-token scratch
-    std::vector<ops::CcaDecodeState<float>> cca;
-    std::vector<float> c, qk, rnorm, k, v, r, r_prev, u, a1, a2, g1, g2;
+    std::vector<float> logits;             // [padded_vocab] of the last step
+    std::unique_ptr<DecodeScratch> arch;   // the architecture's caches and buffers
   };
   DecodeState new_decode_state(int64_t max_len) const;
   const float* decode_step(DecodeState& state, int32_t token);
 
  private:
-  const void* gemm_weight(const std::string& name) const;  // fp32 or bf16 slab pointer
-  const void* gemm_weight(int64_t offset) const;
-  const void* as_gemm_input(const float* x, int64_t n, int which);  // converts when bf16
-  void linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n, int64_t out,
-                      int64_t in, int slot = 0);
-  void linear_backward(float* dx, float* dweight, const float* dy, const float* x,
-                       int64_t weight_offset, int64_t n, int64_t out, int64_t in,
-                       bool accumulate_dx);
-  void ensure_activations(int64_t batch, int64_t seq);
-  // ---- LM head + loss, shared by both architectures (model/lm_head.cpp) -------------------
-  // The head's buffers for one batch shape of N tokens: nf [N, C] (the final norm's output),
-  // nf_rstd [N], logits [N, Vp] (dlogits after a forward with targets), losses [N]; and the
-  // slab offsets of the final norm's weight and the (tied) embedding.
-  struct LmHead {
-    float *nf, *nf_rstd, *logits, *losses;
-    int64_t final_norm, embed;
-  };
-  template <typename A>
-  static LmHead lm_head(A& a) {
-    return {a.nf.data(), a.nf_rstd.data(), a.logits.data(), a.losses.data(), a.final_norm, a.embed};
-  }
-  // x [N, C]: the residual stream after the last layer. logits = rms(x) · embed^T; with
-  // targets [N] (each checked against the vocabulary), returns the mean cross-entropy and the
-  // logits become dlogits; without, returns 0.
-  double lm_head_forward(const LmHead& h, const float* x, const int32_t* targets, int64_t N);
-  // dx [N, C] (written) = d loss / d x through the final norm; accumulates the embedding's and
-  // the final norm's gradients (then reports them final); dn [N, C] is scratch.
-  void lm_head_backward(const LmHead& h, float* dx, float* dn, const float* x, int64_t N);
-  // The experts of MoE sublayer `layer` on sorted rows (offsets [E+1] or more): locally
-  // through experts_forward/experts_backward, or through the EP group when one is set. Same
-  // arguments as those, plus the layer (the EP exchange of the forward is kept per layer
-  // for the backward).
-  void moe_experts_forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
-                           float* act, float* ys, const std::vector<int64_t>& w13,
-                           const std::vector<int64_t>& w2);
-  void moe_experts_backward(int64_t layer, const int64_t* offsets, const float* dys,
-                            const float* xs, const float* h, const float* act, float* dxs,
-                            float* dh, float* dact, const std::vector<int64_t>& w13,
-                            const std::vector<int64_t>& w2);
-  void experts_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
-                       float* act, float* ys, const std::vector<int64_t>& w13,
-                       const std::vector<int64_t>& w2);
-  void experts_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
-                        const float* xs, const float* h, const float* act, float* dxs, float* dh,
-                        float* dact, const std::vector<int64_t>& w13,
-                        const std::vector<int64_t>& w2);
-  // arch zaya1 (zaya.cpp)
-  void ensure_zaya_activations(int64_t batch, int64_t seq);
-  ForwardResult zaya_forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
-                             int64_t seq);
-  void zaya_backward();
-  DecodeState zaya_new_decode_state(int64_t max_len) const;
-  const float* zaya_decode_step(DecodeState& state, int32_t token);
-  const float* zaya_logits() const;
-  // Per MoE sublayer, the row offsets of the experts (and classes) in the last forward, or
-  // null before any forward.
-  const std::vector<std::vector<int64_t>>* zaya_expert_offsets() const;
-
   ModelConfig config_;
   ParamTable table_;
   DType precision_;
@@ -275,18 +209,13 @@ class Model {
     }
     if (at < slab_size()) fn(at, slab_size());
   }
-  std::vector<bf16> convert_scratch_[3];
-  std::unique_ptr<Activations> acts_;
-  std::unique_ptr<ZayaActivations, ZayaActivationsDeleter> zacts_;
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
-  std::unique_ptr<ExpertParallelState> ep_;
-  const Communicator* dp_group_ = nullptr;
   std::function<void(int64_t)> gradients_final_;
-  void gradients_final(int64_t offset) {
-    if (gradients_final_) gradients_final_(offset);
-  }
   OpTimes op_times_;
+  std::unique_ptr<Compute> compute_;
+  std::unique_ptr<Experts> experts_;
+  std::unique_ptr<Architecture> arch_;  // the one dispatch point between the architectures
 };
 
 }  // namespace foundry

@@ -1,0 +1,102 @@
+// One architecture as a composition of the sublayers (internal to model/): the standard MoE
+// (model/standard_moe.cpp) and ZAYA1 (model/zaya.cpp). Model holds one, chosen once from
+// model.arch; everything else about the model (slabs, initialization, balancer state,
+// expert-parallel storage) is shared and lives in Model.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "base/error.h"
+#include "kernels/zaya_router.h"
+#include "model/lm_head.h"
+#include "model/moe_sublayer.h"
+#include "model/compute.h"
+#include "model/experts.h"
+#include "model/model.h"
+
+namespace foundry {
+
+class Architecture {
+ public:
+  virtual ~Architecture() = default;
+  // inputs/targets [B, T], already checked against the vocabulary and max_seq_len.
+  virtual ForwardResult forward(const int32_t* inputs, const int32_t* targets, BatchShape s) = 0;
+  virtual void backward() = 0;
+  // Logits [N, Vp] of the last forward (which had no targets).
+  virtual const float* logits() const = 0;
+  // Row offsets [S + 1] of the classes of MoE sublayer `layer` in the last forward, or null
+  // before any forward.
+  virtual const int64_t* class_offsets(int64_t layer) const = 0;
+  // Drops the activations: they cannot be differentiated under another expert-parallel
+  // setting (the owned experts' rows live in other buffers).
+  virtual void drop_activations() = 0;
+  virtual void set_data_parallel(const Communicator* group) {}
+
+  virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len) const = 0;
+  // Token `token` at position `pos` → logits [Vp].
+  virtual void decode_step(DecodeScratch& scratch, int64_t pos, int32_t token,
+                           float* logits) = 0;
+};
+
+// The activations both compositions keep, beside their own (an architecture's activation
+// struct derives from this one and lays everything out in `arena`).
+struct CommonActivations {
+  BatchShape shape;
+  bool has_targets = false;
+  int32_t* inputs = nullptr;  // [N]
+  std::vector<MoeActs> moe;   // per layer
+  LmHeadActs head;
+  Arena arena;
+};
+
+// What both compositions share: the activations of the last batch shape (Acts derives from
+// CommonActivations and is constructed from (config, shape, experts parallel)), the inputs
+// kept for the backward, the logits and the class offsets.
+template <typename Acts>
+class Composition : public Architecture {
+ public:
+  const float* logits() const override {
+    FOUNDRY_CHECK(acts_ && !acts_->has_targets);
+    return acts_->head.logits;
+  }
+  const int64_t* class_offsets(int64_t layer) const override {
+    return acts_ ? acts_->moe[layer].offsets : nullptr;
+  }
+  void drop_activations() override { acts_.reset(); }
+
+ protected:
+  Composition(Compute& cx, Experts& experts) : cx_(cx), experts_(experts) {}
+
+  // The activations for shape s (allocated again when the shape changes), inputs copied in.
+  Acts& begin_forward(const int32_t* inputs, const int32_t* targets, BatchShape s) {
+    if (!acts_ || acts_->shape.batch != s.batch || acts_->shape.seq != s.seq)
+      acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel());
+    std::copy(inputs, inputs + s.rows(), acts_->inputs);
+    acts_->has_targets = targets != nullptr;
+    return *acts_;
+  }
+  // The activations of the last forward, which must have had targets.
+  Acts& for_backward() {
+    FOUNDRY_CHECK(acts_ && acts_->has_targets);
+    return *acts_;
+  }
+
+  Compute& cx_;
+  Experts& experts_;
+  std::unique_ptr<Acts> acts_;
+};
+
+// What an architecture computes with, owned by Model.
+struct ArchitectureParts {
+  Compute& cx;
+  Experts& experts;
+  const ParamTable& table;
+  std::vector<ops::ZayaBalancer>& balancers;  // ZAYA1: one per MoE sublayer
+  std::vector<int64_t>& class_counts;         // ZAYA1: [n_layers × classes] of the last forward
+};
+std::unique_ptr<Architecture> make_standard_moe(const ArchitectureParts& parts);
+std::unique_ptr<Architecture> make_zaya1(const ArchitectureParts& parts);
+
+}  // namespace foundry

@@ -1,0 +1,71 @@
+// The standard MoE's attention sublayer (internal to model/): causal grouped-query attention
+// with RoPE, pre-norm, residual.
+//   n = rms(x) [N, C];  q = n·Wqᵀ [N, H·D],  k = n·Wkᵀ, v = n·Wvᵀ [N, KVH·D]
+//   q, k = rope(q), rope(k);  att = causal_attention(q, k, v) [N, H·D]
+//   out = x + att·Woᵀ [N, C]
+// Also the core it shares with ZAYA1's CCA sublayer: RoPE and attention, forward and back.
+#pragma once
+#include <cstdint>
+
+#include "base/arena.h"
+#include "model/compute.h"
+#include "model/params.h"
+
+namespace foundry {
+
+struct AttentionWeights {
+  int64_t norm, q, k, v, o;  // slab offsets
+  static AttentionWeights of_layer(const ParamTable& table, int64_t layer);
+};
+
+// One layer's activations, kept for the backward.
+struct AttentionActs {
+  float* n;      // [N, C]      rms(x)
+  float* rstd;   // [N]         its 1/rms
+  float* q;      // [N, H·D]    after RoPE
+  float* k;      // [N, KVH·D]  after RoPE
+  float* v;      // [N, KVH·D]
+  float* probs;  // [B, H, T, T] attention probabilities
+  float* att;    // [N, H·D]    attention output, before Wo
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
+};
+
+// Backward scratch, shared by every layer (and by the CCA sublayer).
+struct AttentionGrads {
+  float* dn;    // [N, C]
+  float* dq;    // [N, H·D]
+  float* dk;    // [N, KVH·D]
+  float* dv;    // [N, KVH·D]
+  float* datt;  // [N, H·D]
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
+};
+
+// x [N, C] → out [N, C] (out may not alias x).
+void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a, BatchShape s,
+                       const float* x, float* out);
+// dx [N, C]: d loss/d out on entry, d loss/d x on return (the residual carries it through).
+// Accumulates the sublayer's weight gradients.
+void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionActs& a,
+                        AttentionGrads& g, BatchShape s, const float* x, float* dx);
+
+// One new token of one sequence at position `pos`: x [C] → h [C] = att·Woᵀ (the caller adds
+// the residual). Writes the token's rotated k and its v into kc, vc [KVH·D] (its rows of
+// k_cache, v_cache [pos + 1, KVH·D]).
+struct AttentionDecodeScratch {
+  float *n, *q, *att, *scores;  // [C], [H·D] ×2, [max_len]
+};
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
+                      float* kc, float* vc, const float* k_cache, const float* v_cache,
+                      const AttentionDecodeScratch& scratch, float* h);
+
+// ---- the core both attention sublayers share ------------------------------------------------
+// q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping
+// probs [B, H, T, T].
+void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* probs,
+                            float* att, BatchShape s);
+// From datt: dq, dk (through RoPE) and dv, all written.
+void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
+                             const float* probs, const float* q, const float* k, const float* v,
+                             BatchShape s);
+
+}  // namespace foundry

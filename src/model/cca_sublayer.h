@@ -1,0 +1,64 @@
+// ZAYA1's attention sublayer (internal to model/): compressed convolutional attention
+// (kernels/cca.h has the recipe), pre-norm; the residual merge is the caller's (residual
+// scaling). With Cc = (Hq + Hk)·d packed channels and G = Hq + Hk heads:
+//   n = rms(x) [N, C];  c = n·Wqkᵀ [N, Cc] = [q0 ‖ k0];  v = n·Wvᵀ [N, Hk·d] (two halves)
+//   y = depthwise_conv(c);  qk = grouped_conv(y) + means(c) [N, Cc]
+//   q, k = qk_norm(qk)·temp;  v = value_shift(v)   (the second half from the previous token)
+//   q, k = rope(q), rope(k);  h = causal_attention(q, k, v)·Woᵀ [N, C]
+#pragma once
+#include <cstdint>
+
+#include "base/arena.h"
+#include "kernels/cca.h"
+#include "model/attention_sublayer.h"
+#include "model/compute.h"
+#include "model/params.h"
+
+namespace foundry {
+
+struct CcaWeights {
+  int64_t norm, wqk, wv, w0, b0, w1, b1, temp, wo;  // slab offsets (wqk: q_proj then k_proj)
+  static CcaWeights of_layer(const ParamTable& table, int64_t layer);
+};
+
+// One layer's activations, kept for the backward.
+struct CcaActs {
+  float* n;      // [N, C]       rms(x)
+  float* rstd;   // [N]
+  float* c;      // [N, Cc]      [q0 ‖ k0], the convolutions' input
+  float* y;      // [N, Cc]      depthwise convolution output
+  float* qk;     // [N, Cc]      before the QK norm
+  float* rnorm;  // [N, G]       per-head 1/norms
+  float* q;      // [N, Hq·d]    after RoPE
+  float* k;      // [N, Hk·d]    after RoPE
+  float* v;      // [N, Hk·d]    after the value shift
+  float* probs;  // [B, Hq, T, T]
+  float* att;    // [N, Hq·d]
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
+};
+
+// Backward scratch beyond AttentionGrads, shared by every layer.
+struct CcaGrads {
+  float *dc, *dy, *dqk;  // [N, Cc] each
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
+};
+
+// x [N, C] → h [N, C].
+void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, BatchShape s, const float* x,
+                 float* h);
+// From dh [N, C] = d loss/d h: dx [N, C] += d loss/d x through the norm; accumulates the
+// sublayer's weight gradients.
+void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,
+                  CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx);
+
+// One new token of one sequence at position `pos`: x [C] → h [C]. Writes the token's k and v
+// into kc, vc [Hk·d] (its rows of k_cache, v_cache [pos + 1, Hk·d]) and advances the
+// convolution and value-shift state.
+struct CcaDecodeScratch {
+  float *n, *c, *qk, *rnorm, *q, *att, *scores;  // [C], [Cc] ×2, [G], [Hq·d] ×2, [max_len]
+};
+void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
+                const float* x, int64_t pos, float* kc, float* vc, const float* k_cache,
+                const float* v_cache, const CcaDecodeScratch& scratch, float* h);
+
+}  // namespace foundry

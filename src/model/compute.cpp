@@ -1,0 +1,45 @@
+#include "model/compute.h"
+
+namespace foundry {
+
+const void* Compute::weight(int64_t offset) const {
+  if (precision == DType::bf16) return params_bf16_ + offset;
+  return params_ + offset;
+}
+
+const void* Compute::input(const float* x, int64_t n, int slot) {
+  if (precision == DType::f32) return x;
+  std::vector<bf16>& buf = scratch_[slot];
+  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
+  convert_to_bf16(x, buf.data(), n);
+  return buf.data();
+}
+
+void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n,
+                             int64_t out, int64_t in, int slot, bool accumulate) {
+  gemm(input(x, n * in, slot), false, weight(weight_offset), true, y, n, out, in, precision,
+       accumulate);
+}
+
+void Compute::linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
+                              int64_t n, int64_t out, int64_t in, bool accumulate_dx) {
+  const void* dy_in = input(dy, n * out, 0);
+  if (dx)
+    gemm(dy_in, false, weight(weight_offset), false, dx, n, in, out, precision, accumulate_dx);
+  gemm(dy_in, true, input(x, n * in, 1), false, g(weight_offset), out, in, n, precision,
+       /*accumulate=*/true);
+}
+
+void Compute::projections_backward(float* dx, const float* x, int64_t n, int64_t in,
+                                   std::initializer_list<Projection> projections) {
+  const void* x_in = input(x, n * in, 2);
+  bool accumulate = false;
+  for (const Projection& p : projections) {
+    const void* dy_in = input(p.dy, n * p.out, 0);
+    gemm(dy_in, false, weight(p.weight), false, dx, n, in, p.out, precision, accumulate);
+    gemm(dy_in, true, x_in, false, g(p.weight), p.out, in, n, precision, /*accumulate=*/true);
+    accumulate = true;
+  }
+}
+
+}  // namespace foundry

@@ -1,0 +1,77 @@
+// What every sublayer computes with (internal to model/): the config, the parameter and
+// gradient slabs with the bf16 GEMM copies, the op timers, the hook that reports finished
+// gradients, and the bf16 conversion scratch. Model owns one; the sublayer functions
+// (attention.h, cca_sublayer.h, moe_sublayer.h, routers.h, lm_head.h) take it by reference.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "base/bf16.h"
+#include "base/timer.h"
+#include "kernels/gemm.h"
+#include "model/config.h"
+
+namespace foundry {
+
+// The batch shape of a forward/backward: B sequences of T tokens, N = B·T rows.
+struct BatchShape {
+  int64_t batch = 0, seq = 0;
+  int64_t rows() const { return batch * seq; }
+};
+
+class Compute {
+ public:
+  Compute(const ModelConfig& config, DType precision, float* params, float* grads,
+          const bf16* params_bf16, OpTimes* times,
+          const std::function<void(int64_t)>* gradients_final)
+      : config(config), precision(precision), params_(params), grads_(grads),
+        params_bf16_(params_bf16), times_(times), gradients_final_(gradients_final) {}
+
+  const ModelConfig& config;
+  const DType precision;
+
+  const float* p(int64_t offset) const { return params_ + offset; }  // fp32 parameters
+  float* g(int64_t offset) const { return grads_ + offset; }         // their gradients
+  // A GEMM weight operand: the bf16 copy in bf16, the fp32 tensor otherwise.
+  const void* weight(int64_t offset) const;
+  // A GEMM input operand in the GEMM precision: x itself in fp32, else a bf16 copy in
+  // scratch slot `slot` (0..2; a slot is reused by the next call with the same slot).
+  const void* input(const float* x, int64_t n, int slot);
+
+  // y [n, out] = x [n, in] · Wᵀ (accumulated into y when `accumulate`), W [out, in] at
+  // `weight_offset`; x is converted in scratch slot `slot`.
+  void linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n, int64_t out,
+                      int64_t in, int slot = 0, bool accumulate = false);
+  // dx [n, in] (+)= dy · W (skipped when dx is null); dW [out, in] += dyᵀ · x.
+  void linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
+                       int64_t n, int64_t out, int64_t in, bool accumulate_dx);
+
+  // Several projections of one input x [n, in] (q/k/v of attention, the CCA's qk and v):
+  // dx [n, in] = Σ_i dy_i · W_i (written, not accumulated), dW_i += dy_iᵀ · x.
+  struct Projection {
+    const float* dy;     // [n, out]
+    int64_t weight;      // slab offset of W [out, in]
+    int64_t out;
+  };
+  void projections_backward(float* dx, const float* x, int64_t n, int64_t in,
+                            std::initializer_list<Projection> projections);
+
+  ScopedOpTimer time(const char* op) { return ScopedOpTimer(times_, op); }
+  OpTimes& op_times() { return *times_; }
+  // Every gradient at slab offset >= `offset` is final for this backward (model.h).
+  void gradients_final(int64_t offset) const {
+    if (*gradients_final_) (*gradients_final_)(offset);
+  }
+
+ private:
+  float* params_;
+  float* grads_;
+  const bf16* params_bf16_;
+  OpTimes* times_;
+  const std::function<void(int64_t)>* gradients_final_;
+  std::vector<bf16> scratch_[3];
+};
+
+}  // namespace foundry

@@ -1,0 +1,187 @@
+#include "model/experts.h"
+
+#include "base/error.h"
+#include "kernels/ops.h"
+
+namespace foundry {
+
+// Expert parallelism: the group, its sharding and, per MoE sublayer, the exchange planned in
+// the forward pass and the owned experts' rows that the backward pass needs. Row counts
+// change every step with the routing; the buffers only grow.
+struct Experts::Parallel {
+  Parallel(const Communicator* g, int64_t n_experts, int64_t n_layers)
+      : group(g), sharding(n_experts, g->size(), g->rank()), layers(n_layers) {}
+
+  const Communicator* group;
+  ExpertSharding sharding;
+  struct Layer {
+    ExpertExchange exchange;
+    std::vector<float> xs, h, act;  // local layout: [L, C], [L, 2F], [L, F]
+  };
+  std::vector<Layer> layers;
+  // Scratch shared by the layers: the exchanges' wire buffer and the owned experts' outputs
+  // and gradients (wire, ys, dys, dxs: [L, C]; dh: [L, 2F]; dact: [L, F]).
+  std::vector<float> wire, ys, dys, dxs, dh, dact;
+
+  // The slab offsets of the owned experts' weights, from those of all experts.
+  std::vector<int64_t> local(const std::vector<int64_t>& all) const {
+    const int64_t first = sharding.first_expert(group->rank());
+    return {all.begin() + first, all.begin() + first + sharding.experts_per_rank()};
+  }
+};
+
+Experts::Experts(Compute& cx, int64_t n_layers) : cx_(cx), n_layers_(n_layers) {}
+
+Experts::~Experts() = default;
+
+void Experts::set_group(const Communicator* group) {
+  std::unique_ptr<Parallel> ep;
+  if (group) ep = std::make_unique<Parallel>(group, cx_.config.n_experts, n_layers_);
+  ep_ = std::move(ep);
+}
+
+const Communicator* Experts::group() const { return ep_ ? ep_->group : nullptr; }
+
+const ExpertSharding* Experts::sharding() const { return ep_ ? &ep_->sharding : nullptr; }
+
+void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
+                      float* act, float* ys, const ExpertWeights& w) {
+  if (!ep_) return local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2);
+  Parallel& s = *ep_;
+  Parallel::Layer& b = s.layers[layer];
+  const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim;
+  {
+    auto t = cx_.time("ep_dispatch");
+    b.exchange.plan(*s.group, s.sharding, offsets);
+    const int64_t L = b.exchange.local_rows();
+    b.xs.resize(L * C);
+    b.h.resize(L * 2 * F);
+    b.act.resize(L * F);
+    s.ys.resize(L * C);
+    b.exchange.dispatch(xs, b.xs.data(), C, s.wire);
+  }
+  local_forward(b.exchange.local_offsets(), b.exchange.local_experts(), b.xs.data(), b.h.data(),
+                b.act.data(), s.ys.data(), s.local(w.w13), s.local(w.w2));
+  {
+    auto t = cx_.time("ep_combine");
+    b.exchange.combine(s.ys.data(), ys, C, s.wire);
+  }
+}
+
+void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, const float* xs,
+                       const float* h, const float* act, float* dxs, float* dh, float* dact,
+                       const ExpertWeights& w) {
+  if (!ep_)
+    return local_backward(offsets, cx_.config.n_experts, dys, xs, h, act, dxs, dh, dact, w.w13,
+                          w.w2);
+  // The forward's plan still describes these rows: the routing is that of the forward.
+  Parallel& s = *ep_;
+  Parallel::Layer& b = s.layers[layer];
+  FOUNDRY_CHECK(b.exchange.planned());
+  const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, L = b.exchange.local_rows();
+  {
+    auto t = cx_.time("ep_dispatch");
+    s.dys.resize(L * C);
+    s.dxs.resize(L * C);
+    s.dh.resize(L * 2 * F);
+    s.dact.resize(L * F);
+    b.exchange.dispatch(dys, s.dys.data(), C, s.wire);
+  }
+  local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(),
+                 b.xs.data(), b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(), s.dact.data(),
+                 s.local(w.w13), s.local(w.w2));
+  {
+    auto t = cx_.time("ep_combine");
+    b.exchange.combine(s.dxs.data(), dxs, C, s.wire);
+  }
+}
+
+// Experts e < n_experts, each on its rows [offsets[e], offsets[e+1]) of the sorted matrix.
+void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
+                            float* act, float* ys, const std::vector<int64_t>& w13,
+                            const std::vector<int64_t>& w2) {
+  const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
+  const DType dt = cx_.precision;
+  const size_t elem = dt == DType::bf16 ? 2 : 4;
+  {
+    auto t = cx_.time("expert_up_gemm");
+    const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 0));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      gemm(xs_g + offsets[e] * C * elem, false, cx_.weight(w13[e]), true, h + offsets[e] * 2 * F,
+           rows, 2 * F, C, dt);
+    }
+  }
+  {
+    auto t = cx_.time("swiglu");
+    ops::swiglu_forward(act, h, rows_all, F);
+  }
+  {
+    auto t = cx_.time("expert_down_gemm");
+    const char* act_g = static_cast<const char*>(cx_.input(act, rows_all * F, 0));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      gemm(act_g + offsets[e] * F * elem, false, cx_.weight(w2[e]), true, ys + offsets[e] * C,
+           rows, C, F, dt);
+    }
+  }
+}
+
+void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
+                             const float* xs, const float* h, const float* act, float* dxs,
+                             float* dh, float* dact, const std::vector<int64_t>& w13,
+                             const std::vector<int64_t>& w2) {
+  const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
+  const DType dt = cx_.precision;
+  const size_t elem = dt == DType::bf16 ? 2 : 4;
+  {
+    auto t = cx_.time("expert_down_gemm");
+    const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
+    const char* act_g = static_cast<const char*>(cx_.input(act, rows_all * F, 1));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      const char* dys_e = dys_g + offsets[e] * C * elem;
+      gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
+      gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt, true);
+    }
+  }
+  {
+    auto t = cx_.time("swiglu");
+    ops::swiglu_backward(dh, dact, h, rows_all, F);
+  }
+  {
+    auto t = cx_.time("expert_up_gemm");
+    const char* dh_g = static_cast<const char*>(cx_.input(dh, rows_all * 2 * F, 0));
+    const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 1));
+    for (int64_t e = 0; e < n_experts; ++e) {
+      const int64_t rows = offsets[e + 1] - offsets[e];
+      if (rows == 0) continue;
+      const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
+      gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F, dt);
+      gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows, dt,
+           true);
+    }
+  }
+}
+
+void Experts::decode(float* y, const float* x, const int32_t* choice, const float* gate,
+                     int64_t k, const ExpertWeights& w, float* h, float* act, float* out) {
+  const ModelConfig& c = cx_.config;
+  const int64_t C = c.d_model, F = c.ffn_dim;
+  for (int64_t j = 0; j < k; ++j) {
+    if (choice[j] >= c.n_experts) {  // the ZAYA1 skip class: the input itself, or nothing
+      if (c.skip_passes_input)
+        for (int64_t i = 0; i < C; ++i) y[i] += gate[j] * x[i];
+      continue;
+    }
+    cx_.linear_forward(h, x, w.w13[choice[j]], 1, 2 * F, C);
+    ops::swiglu_forward(act, h, 1, F);
+    cx_.linear_forward(out, act, w.w2[choice[j]], 1, C, F);
+    for (int64_t i = 0; i < C; ++i) y[i] += gate[j] * out[i];
+  }
+}
+
+}  // namespace foundry

@@ -1,0 +1,66 @@
+// The experts of the MoE sublayers (internal to model/): each expert is a SwiGLU MLP,
+//   h = xs·W13ᵀ [rows, 2F] (gate | up),  act = swiglu(h) [rows, F],  ys = act·W2ᵀ [rows, C],
+// run on the rows routed to it, which sit contiguous in a matrix sorted by expert. Locally
+// (every expert here) or, with an expert-parallel group, by the experts' owners: the rows
+// travel to them and back around the computation (model/expert_parallel.h).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/compute.h"
+#include "model/expert_parallel.h"
+
+namespace foundry {
+
+// Slab offsets of one MoE sublayer's experts.
+struct ExpertWeights {
+  std::vector<int64_t> w13;  // per expert: [2F, C] (gate rows then up rows)
+  std::vector<int64_t> w2;   // per expert: [C, F]
+};
+
+class Experts {
+ public:
+  Experts(Compute& cx, int64_t n_layers);
+  ~Experts();
+
+  // Shards the experts over `group` (null: all local). Validates before changing anything.
+  void set_group(const Communicator* group);
+  const Communicator* group() const;
+  const ExpertSharding* sharding() const;
+  // True when the owners keep the hidden activations (h, act) of the rows they compute, so
+  // the caller needs none.
+  bool parallel() const { return ep_ != nullptr; }
+
+  // Sublayer `layer`'s experts e < E on sorted rows (offsets [E+1] or more; rows from
+  // offsets[E] on, the ZAYA1 skip class, are not touched): xs [R, C] → ys [R, C], keeping
+  // h [R, 2F] and act [R, F] for the backward (unused when parallel()).
+  void forward(int64_t layer, const int64_t* offsets, const float* xs, float* h, float* act,
+               float* ys, const ExpertWeights& w);
+  // The backward of the same layer's last forward from dys: dxs [R, C] (written) and the
+  // weight gradients (+=); dh and dact are scratch shaped like h and act.
+  void backward(int64_t layer, const int64_t* offsets, const float* dys, const float* xs,
+                const float* h, const float* act, float* dxs, float* dh, float* dact,
+                const ExpertWeights& w);
+
+  // Single-token decoding (no group): y [C] += Σ_j gate[j] · expert_{choice[j]}(x) over the
+  // choices that are experts (< E); h [2F], act [F], out [C] are scratch.
+  void decode(float* y, const float* x, const int32_t* choice, const float* gate, int64_t k,
+              const ExpertWeights& w, float* h, float* act, float* out);
+
+ private:
+  struct Parallel;  // the group, its sharding and per-layer exchanges and buffers
+  void local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
+                     float* act, float* ys, const std::vector<int64_t>& w13,
+                     const std::vector<int64_t>& w2);
+  void local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
+                      const float* xs, const float* h, const float* act, float* dxs, float* dh,
+                      float* dact, const std::vector<int64_t>& w13,
+                      const std::vector<int64_t>& w2);
+
+  Compute& cx_;
+  int64_t n_layers_;
+  std::unique_ptr<Parallel> ep_;
+};
+
+}  // namespace foundry

@@ -1,0 +1,99 @@
+#include "model/moe_sublayer.h"
+
+#include <cstring>
+
+#include "kernels/ops.h"
+
+namespace foundry {
+
+void MoeActs::take(Arena& arena, const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  const int64_t N = s.rows(), C = c.d_model, K = c.top_k, F = c.ffn_dim;
+  const int64_t expert_rows = expert_parallel ? 0 : N * K;
+  n = arena.take<float>(N * C);
+  rstd = arena.take<float>(N);
+  choice = arena.take<int32_t>(N * K);
+  gate = arena.take<float>(N * K);
+  offsets = arena.take<int64_t>(c.router_classes() + 1);
+  slot_token = arena.take<int32_t>(N * K);
+  assignment_slot = arena.take<int32_t>(N * K);
+  xs = arena.take<float>(N * K * C);
+  h = arena.take<float>(expert_rows * 2 * F);
+  act = arena.take<float>(expert_rows * F);
+  ys = arena.take<float>(N * K * C);
+}
+
+void MoeGrads::take(Arena& arena, const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  const int64_t N = s.rows(), C = c.d_model, K = c.top_k, F = c.ffn_dim;
+  const int64_t expert_rows = expert_parallel ? 0 : N * K;
+  dn = arena.take<float>(N * C);
+  dxs = arena.take<float>(N * K * C);
+  dys = arena.take<float>(N * K * C);
+  dh = arena.take<float>(expert_rows * 2 * F);
+  dact = arena.take<float>(expert_rows * F);
+  dgate = arena.take<float>(N * K);
+}
+
+namespace {
+
+// The skip class's rows [offsets[E], offsets[S]) of dst: a copy of src's, or zero.
+void skip_rows(const ModelConfig& c, const int64_t* offsets, float* dst, const float* src) {
+  const int64_t C = c.d_model, E = c.n_experts, S = c.router_classes();
+  const int64_t elems = (offsets[S] - offsets[E]) * C;
+  if (c.skip_passes_input)
+    std::memcpy(dst + offsets[E] * C, src + offsets[E] * C, elems * sizeof(float));
+  else
+    std::memset(dst + offsets[E] * C, 0, elems * sizeof(float));
+}
+
+}  // namespace
+
+void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w, MoeActs& a,
+                 BatchShape s, const float* x, const float* base, float* out,
+                 const RouteForward& route) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows(), C = c.d_model, K = c.top_k;
+  {
+    auto t = cx.time("rmsnorm");
+    ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
+  }
+  {
+    auto t = cx.time("router");
+    route(a);
+    ops::moe_dispatch_plan(a.offsets, a.slot_token, a.assignment_slot, a.choice, N,
+                           c.router_classes(), K);
+    ops::moe_gather(a.xs, a.n, a.slot_token, N * K, C);
+  }
+  experts.forward(layer, a.offsets, a.xs, a.h, a.act, a.ys, w.experts);
+  skip_rows(c, a.offsets, a.ys, a.xs);
+  auto t = cx.time("moe_combine");
+  if (base != out) {
+    if (base)
+      std::memcpy(out, base, N * C * sizeof(float));
+    else
+      std::memset(out, 0, N * C * sizeof(float));
+  }
+  ops::moe_combine(out, a.ys, a.gate, a.assignment_slot, N, K, C);
+}
+
+void moe_backward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w,
+                  const MoeActs& a, MoeGrads& g, BatchShape s, const float* x, const float* dmix,
+                  float* dx, const RouteBackward& route) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows(), C = c.d_model, K = c.top_k;
+  {
+    auto t = cx.time("moe_combine");
+    ops::moe_combine_backward(g.dys, g.dgate, dmix, a.ys, a.gate, a.assignment_slot, N, K, C);
+  }
+  experts.backward(layer, a.offsets, g.dys, a.xs, a.h, a.act, g.dxs, g.dh, g.dact, w.experts);
+  skip_rows(c, a.offsets, g.dxs, g.dys);
+  {
+    auto t = cx.time("router");
+    std::memset(g.dn, 0, N * C * sizeof(float));
+    ops::moe_gather_backward(g.dn, g.dxs, a.assignment_slot, N, K, C);
+    route(g.dgate, g.dn);
+  }
+  auto t = cx.time("rmsnorm");
+  ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
+}
+
+}  // namespace foundry

@@ -1,0 +1,191 @@
+#include "model/routers.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "comm/comm.h"
+#include "kernels/ops.h"
+#include "kernels/zaya_router.h"
+
+namespace foundry {
+
+// ---- standard --------------------------------------------------------------------------------
+
+void StandardRouterActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  probs = arena.take<float>(s.rows() * c.n_experts);
+  shares = arena.take<double>(c.n_experts);
+}
+
+void StandardRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  logits = arena.take<float>(s.rows() * c.n_experts);
+}
+
+double standard_router_forward(Compute& cx, int64_t weight, StandardRouterActs& r,
+                               StandardRouterScratch& scratch, MoeActs& moe, BatchShape s,
+                               const Communicator* dp_group) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows(), C = c.d_model, E = c.n_experts, K = c.top_k;
+  r.global_shares = false;
+  if (E == 1) {
+    std::fill(moe.choice, moe.choice + N * K, 0);
+    std::fill(moe.gate, moe.gate + N * K, 1.0f);
+    return 0;
+  }
+  gemm(moe.n, false, cx.p(weight), true, scratch.logits, N, E, C, DType::f32);
+  ops::router_forward(r.probs, moe.choice, moe.gate, scratch.logits, N, E, K, c.norm_topk_prob);
+  if (dp_group) {
+    // The shares over the global batch: exact integer counts summed over the ranks.
+    std::vector<int64_t> counts = ops::expert_counts(moe.choice, N, E, K);
+    counts.push_back(N * K);
+    dp_group->allreduce(counts.data(), counts.data(), counts.size());
+    for (int64_t j = 0; j < E; ++j)
+      r.shares[j] = static_cast<double>(counts[j]) / static_cast<double>(counts[E]);
+    r.global_shares = true;
+  }
+  return ops::router_aux_loss(r.probs, moe.choice, N, E, K,
+                              r.global_shares ? r.shares : nullptr);
+}
+
+void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterActs& r,
+                              StandardRouterScratch& scratch, const MoeActs& moe, BatchShape s,
+                              const float* dgate, float aux_coef, float* dn) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows(), C = c.d_model, E = c.n_experts, K = c.top_k;
+  if (E == 1) return;
+  float* dlogits = scratch.logits;
+  ops::router_backward(dlogits, dgate, r.probs, moe.choice, moe.gate, N, E, K, c.norm_topk_prob,
+                       aux_coef, r.global_shares ? r.shares : nullptr);
+  gemm(dlogits, false, cx.p(weight), false, dn, N, C, E, DType::f32, true);
+  gemm(dlogits, true, moe.n, false, cx.g(weight), E, C, N, DType::f32, true);
+}
+
+void standard_router_decode(Compute& cx, int64_t weight, const float* n, float* logits,
+                            float* probs, int32_t* choice, float* gate) {
+  const ModelConfig& c = cx.config;
+  const int64_t E = c.n_experts, K = c.top_k;
+  if (E == 1) {
+    std::fill(choice, choice + K, 0);
+    std::fill(gate, gate + K, 1.0f);
+    return;
+  }
+  gemm(n, false, cx.p(weight), true, logits, 1, E, c.d_model, DType::f32);
+  ops::router_forward(probs, choice, gate, logits, 1, E, K, c.norm_topk_prob);
+}
+
+// ---- ZAYA1 -------------------------------------------------------------------------------------
+
+ZayaRouterWeights ZayaRouterWeights::of_layer(const ParamTable& t, int64_t layer) {
+  const std::string g = fmt::format("model.layers.{}.mlp.gate.", layer);
+  ZayaRouterWeights w;
+  w.down_w = t.get(g + "down_proj.weight").offset;
+  w.down_b = t.get(g + "down_proj.bias").offset;
+  if (const ParamInfo* gamma = t.find(g + "router_states_scale")) w.gamma = gamma->offset;
+  w.norm = t.get(g + "router_mlp.norm.weight").offset;
+  w.fc1_w = t.get(g + "router_mlp.fc1.weight").offset;
+  w.fc1_b = t.get(g + "router_mlp.fc1.bias").offset;
+  w.fc2_w = t.get(g + "router_mlp.fc2.weight").offset;
+  w.fc2_b = t.get(g + "router_mlp.fc2.bias").offset;
+  w.out_w = t.get(g + "router_mlp.out_proj.weight").offset;
+  return w;
+}
+
+void ZayaRouterActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  const int64_t N = s.rows(), R = c.router_latent_dim;
+  for (float** p : {&r, &u}) *p = arena.take<float>(N * R);
+  rstd = arena.take<float>(N);
+  for (float** p : {&a1, &g1, &a2, &g2}) *p = arena.take<float>(N * R);
+  probs = arena.take<float>(N * c.router_classes());
+}
+
+void ZayaRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  const int64_t N = s.rows(), R = c.router_latent_dim;
+  logits = arena.take<float>(N * c.router_classes());
+  for (float** p : {&dg, &da, &dr, &dr_prev}) *p = arena.take<float>(N * R);
+}
+
+void ZayaRouterScratch::begin_backward(const ModelConfig& c, BatchShape s) {
+  std::memset(dr, 0, s.rows() * c.router_latent_dim * sizeof(float));
+}
+
+namespace {
+
+// The router MLP on N rows, all fp32 (it is small, and the choice is sensitive to rounding):
+// n [N, C] → r, u, a1, g1, a2, g2 [N, R] and logits [N, S]; rstd [N].
+void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
+                        const float* r_prev, int64_t N, float* r, float* u, float* rstd,
+                        float* a1, float* g1, float* a2, float* g2, float* logits) {
+  const ModelConfig& c = cx.config;
+  const int64_t C = c.d_model, R = c.router_latent_dim, S = c.router_classes();
+  gemm(n, false, cx.p(w.down_w), true, r, N, R, C, DType::f32);
+  ops::bias_add_forward(r, cx.p(w.down_b), N, R);
+  if (w.gamma >= 0) ops::eda_forward(r, r_prev, cx.p(w.gamma), N, R);
+  ops::rmsnorm_forward(u, rstd, r, cx.p(w.norm), N, R, static_cast<float>(c.rms_norm_eps));
+  gemm(u, false, cx.p(w.fc1_w), true, a1, N, R, R, DType::f32);
+  ops::bias_add_forward(a1, cx.p(w.fc1_b), N, R);
+  ops::gelu_forward(g1, a1, N, R);
+  gemm(g1, false, cx.p(w.fc2_w), true, a2, N, R, R, DType::f32);
+  ops::bias_add_forward(a2, cx.p(w.fc2_b), N, R);
+  ops::gelu_forward(g2, a2, N, R);
+  gemm(g2, false, cx.p(w.out_w), true, logits, N, S, R, DType::f32);
+}
+
+}  // namespace
+
+void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
+                         ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
+                         MoeActs& moe, BatchShape s, int64_t* counts) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows();
+  zaya_router_logits(cx, w, moe.n, r_prev, N, r.r, r.u, r.rstd, r.a1, r.g1, r.a2, r.g2,
+                     scratch.logits);
+  ops::zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, N, c.n_experts,
+                           c.top_k, c.router_skip_class, c.skip_passes_input);
+  ops::zaya_class_counts(counts, moe.choice, N, c.top_k, c.router_classes());
+}
+
+void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRouterActs& r,
+                          ZayaRouterScratch& sc, const float* r_prev, const MoeActs& moe,
+                          BatchShape s, const float* dgate, float* dn) {
+  const ModelConfig& c = cx.config;
+  const int64_t N = s.rows(), C = c.d_model, R = c.router_latent_dim, S = c.router_classes();
+  float* dlogits = sc.logits;
+  ops::zaya_gating_backward(dlogits, dgate, r.probs, moe.choice, N, c.n_experts, c.top_k,
+                            c.router_skip_class, c.skip_passes_input);
+  // logits = g2·W3ᵀ
+  gemm(dlogits, true, r.g2, false, cx.g(w.out_w), S, R, N, DType::f32, true);
+  gemm(dlogits, false, cx.p(w.out_w), false, sc.dg, N, R, S, DType::f32);
+  // a2 = g1·W2ᵀ + b2, g2 = gelu(a2)
+  ops::gelu_backward(sc.da, sc.dg, r.a2, N, R);
+  ops::bias_add_backward(cx.g(w.fc2_b), sc.da, N, R);
+  gemm(sc.da, true, r.g1, false, cx.g(w.fc2_w), R, R, N, DType::f32, true);
+  gemm(sc.da, false, cx.p(w.fc2_w), false, sc.dg, N, R, R, DType::f32);
+  // a1 = u·W1ᵀ + b1, g1 = gelu(a1)
+  ops::gelu_backward(sc.da, sc.dg, r.a1, N, R);
+  ops::bias_add_backward(cx.g(w.fc1_b), sc.da, N, R);
+  gemm(sc.da, true, r.u, false, cx.g(w.fc1_w), R, R, N, DType::f32, true);
+  gemm(sc.da, false, cx.p(w.fc1_w), false, sc.dg, N, R, R, DType::f32);
+  // u = rms(r): dr += (dr already holds the next MoE sublayer's EDA contribution)
+  ops::rmsnorm_backward(sc.dr, cx.g(w.norm), sc.dg, r.r, cx.p(w.norm), r.rstd, N, R);
+  // r = n·Wdownᵀ + b (+ γ ⊙ r_prev): the pre-EDA gradient is dr itself.
+  std::memset(sc.dr_prev, 0, N * R * sizeof(float));
+  if (w.gamma >= 0)
+    ops::eda_backward(sc.dr_prev, cx.g(w.gamma), sc.dr, r_prev, cx.p(w.gamma), N, R);
+  ops::bias_add_backward(cx.g(w.down_b), sc.dr, N, R);
+  gemm(sc.dr, true, moe.n, false, cx.g(w.down_w), R, C, N, DType::f32, true);
+  gemm(sc.dr, false, cx.p(w.down_w), false, dn, N, C, R, DType::f32, true);
+  std::swap(sc.dr, sc.dr_prev);
+}
+
+void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n, float* r,
+                        const float* r_prev, const float* bias,
+                        const ZayaRouterDecodeScratch& s, int32_t* choice, float* gate) {
+  const ModelConfig& c = cx.config;
+  float rstd;
+  zaya_router_logits(cx, w, n, r_prev, 1, r, s.u, &rstd, s.a1, s.g1, s.a2, s.g2, s.logits);
+  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, 1, c.n_experts, c.top_k,
+                           c.router_skip_class, c.skip_passes_input);
+}
+
+}  // namespace foundry
