@@ -3,6 +3,10 @@
 // pages read as zero and take no physical memory, so a rank that never writes the parts of
 // a slab it does not need (another rank's experts) does not pay for them, while every
 // offset stays where the slab layout puts it.
+//
+// A slab knows its holes: the ranges this process does not store (set_holes). It is the one
+// place that knows them: for_each_stored walks the rest, and write_all lets a writer fill the
+// whole slab (a checkpoint load) and hands the holes' pages back after it.
 #pragma once
 #include <sys/mman.h>
 #include <unistd.h>
@@ -28,16 +32,16 @@ class PageSlab {
     if (p == MAP_FAILED) throw std::bad_alloc();
     data_ = static_cast<T*>(p);
   }
-  ~PageSlab() {
-    if (data_) munmap(data_, bytes());
-  }
+  ~PageSlab() { unmap(); }
   PageSlab(PageSlab&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+        holes_(std::move(o.holes_)) {}
   PageSlab& operator=(PageSlab&& o) noexcept {
     if (this != &o) {
-      this->~PageSlab();
+      unmap();
       data_ = std::exchange(o.data_, nullptr);
       size_ = std::exchange(o.size_, 0);
+      holes_ = std::move(o.holes_);
     }
     return *this;
   }
@@ -64,6 +68,43 @@ class PageSlab {
     return n * page;
   }
 
+  // ---- holes ------------------------------------------------------------------------------
+  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  // Stops storing `holes` (sorted, disjoint element ranges [begin, end) inside the slab;
+  // the caller validates them): their whole pages go back to the OS and read as zero.
+  void set_holes(Ranges holes) {
+    holes_ = std::move(holes);
+    release_holes();
+  }
+  const Ranges& holes() const { return holes_; }
+  // fn(begin, end) for each stored part of the slab, in order.
+  template <typename F>
+  void for_each_stored(F fn) const {
+    int64_t at = 0;
+    const int64_t n = static_cast<int64_t>(size_);
+    for (const auto& [b, e] : holes_) {
+      if (b > at) fn(at, b);
+      at = e;
+    }
+    if (at < n) fn(at, n);
+  }
+  // False when [begin, end) lies entirely inside one hole.
+  bool stores_any(int64_t begin, int64_t end) const {
+    for (const auto& [b, e] : holes_)
+      if (b <= begin && end <= e) return false;
+    return true;
+  }
+  // Runs fn(data()) for a writer that fills the whole slab, holes included, and hands the
+  // holes' pages back after it, even when it throws.
+  template <typename F>
+  decltype(auto) write_all(F&& fn) {
+    struct Rerelease {
+      PageSlab* slab;
+      ~Rerelease() { slab->release_holes(); }
+    } after{this};
+    return fn(data_);
+  }
+
   // Returns the whole pages inside elements [begin, end) to the OS: they read as zero and
   // take no memory until written again. Elements on the pages the range only partly covers
   // keep their values (they share the page with elements outside it).
@@ -79,8 +120,16 @@ class PageSlab {
 
  private:
   size_t bytes() const { return size_ * sizeof(T); }
+  void unmap() {
+    if (data_) munmap(data_, bytes());
+    data_ = nullptr;
+  }
+  void release_holes() {
+    for (const auto& [b, e] : holes_) release(static_cast<size_t>(b), static_cast<size_t>(e));
+  }
   T* data_ = nullptr;
   size_t size_ = 0;
+  Ranges holes_;
 };
 
 }  // namespace foundry

@@ -13,17 +13,6 @@
 #include "model/experts.h"
 
 namespace foundry {
-namespace {
-
-// True unless [begin, end) lies entirely inside one of `holes` (sorted, disjoint).
-bool stored(int64_t begin, int64_t end, const std::vector<std::pair<int64_t, int64_t>>& holes) {
-  for (const auto& [b, e] : holes)
-    if (b <= begin && end <= e) return false;
-  return true;
-}
-
-}  // namespace
-
 Model::Model(const ModelConfig& config, DType precision)
     : config_(config), table_(config), precision_(precision) {
   params_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
@@ -41,37 +30,38 @@ Model::Model(const ModelConfig& config, DType precision)
 Model::~Model() = default;
 
 void Model::init_weights(uint64_t seed) {
-  for_each_outside(released_params_, [&](int64_t b, int64_t e) {
-    std::fill(params_.data() + b, params_.data() + e, 0.0f);
+  // A tensor only partly stored here is written whole; write_all hands the holes back.
+  params_.write_all([&](float* P) {
+    params_.for_each_stored([&](int64_t b, int64_t e) { std::fill(P + b, P + e, 0.0f); });
+    for (const auto& p : table_.params())
+      if (params_.stores_any(p.offset, p.offset + p.numel)) init_tensor(p, seed, P + p.offset);
   });
-  for (const auto& p : table_.params()) {
-    if (!stored(p.offset, p.offset + p.numel, released_params_)) continue;
-    float* w = params_.data() + p.offset;
-    if (p.init == ParamInit::constant) {
-      std::fill(w, w + p.numel, static_cast<float>(p.init_value));
-      continue;
-    }
-    // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
-    uint64_t key = seed ^ hash64(p.name.data(), p.name.size());
-    Rng rng(Rng::splitmix64(key));
-    int64_t rows_real = p.numel;
-    if (p.kind == ParamKind::embedding) rows_real = config_.vocab_size * config_.d_model;
-    for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * p.init_value);
-  }
-  release_again();  // a tensor only partly kept was written whole
   reset_balancers();
   sync_weights();
 }
 
+void Model::init_tensor(const ParamInfo& p, uint64_t seed, float* w) const {
+  if (p.init == ParamInit::constant) {
+    std::fill(w, w + p.numel, static_cast<float>(p.init_value));
+    return;
+  }
+  // One stream per tensor, keyed by its name, so adding a tensor never shifts the others.
+  uint64_t key = seed ^ hash64(p.name.data(), p.name.size());
+  Rng rng(Rng::splitmix64(key));
+  int64_t rows_real = p.numel;
+  if (p.kind == ParamKind::embedding) rows_real = config_.vocab_size * config_.d_model;
+  for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * p.init_value);
+}
+
 void Model::sync_weights() {
   if (precision_ != DType::bf16) return;
-  for_each_outside(unowned_experts_, [&](int64_t b, int64_t e) {
+  params_bf16_.for_each_stored([&](int64_t b, int64_t e) {
     convert_to_bf16(params_.data() + b, params_bf16_.data() + b, e - b);
   });
 }
 
 void Model::zero_grads() {
-  for_each_outside(unowned_experts_, [&](int64_t b, int64_t e) {
+  grads_.for_each_stored([&](int64_t b, int64_t e) {
     std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
   });
 }
@@ -92,24 +82,15 @@ void Model::shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>&
                        ep_rank, b, e));
     last = e;
   }
-  unowned_experts_ = unowned;
-  released_params_ = released;
-  release_again();
-  for (const auto& [b, e] : unowned_experts_) {
-    grads_.release(static_cast<size_t>(b), static_cast<size_t>(e));
-    params_bf16_.release(static_cast<size_t>(b), static_cast<size_t>(e));
-  }
-}
-
-void Model::release_again() {
-  for (const auto& [b, e] : released_params_)
-    params_.release(static_cast<size_t>(b), static_cast<size_t>(e));
+  params_.set_holes(released);
+  grads_.set_holes(unowned);
+  if (!params_bf16_.empty()) params_bf16_.set_holes(unowned);
 }
 
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group) {
-  if (!unowned_experts_.empty())
+  if (!grads_.holes().empty())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
   experts_->set_group(group);  // validates first: on error the model keeps its setting

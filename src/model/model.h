@@ -147,18 +147,22 @@ class Model {
   // gradients and bf16 copies are never needed here, nor their fp32 parameters in
   // `released` (sorted, disjoint slab ranges [begin, end) inside other EP ranks' experts;
   // ZeRO-1 keeps the parameters of its shard, which it updates: zero1_released_ranges).
-  // Those pages go back to the OS and read as zero; init_weights, zero_grads, sync_weights
-  // and backward never write them again, so a rank holds its experts and the dense tensors,
-  // not the whole model. Whoever writes whole slabs must skip released_param_ranges() (the
-  // data-parallel all-gather does) or call release_again() after (loading a checkpoint;
-  // filling rank 0 to save one). Must be set between steps.
+  // Those pages go back to the OS and read as zero. The slabs keep these holes (PageSlab):
+  // init_weights, zero_grads, sync_weights and backward never write them, so a rank holds its
+  // experts and the dense tensors, not the whole model; the data-parallel all-gather skips
+  // released_param_ranges(); a writer of the whole parameter slab goes through
+  // write_parameters. Must be set between steps.
   void shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released);
   // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
   const std::vector<std::pair<int64_t, int64_t>>& released_param_ranges() const {
-    return released_params_;
+    return params_.holes();
   }
-  // Hands the released ranges' pages back again after something wrote them.
-  void release_again();
+  // Runs fn(params()) for a writer of the whole parameter slab (loading a checkpoint,
+  // gathering every parameter to save one) and releases the unstored ranges again after it.
+  template <typename F>
+  decltype(auto) write_parameters(F&& fn) {
+    return params_.write_all(std::forward<F>(fn));
+  }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
   int64_t resident_slab_bytes() const {
     return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
@@ -192,23 +196,13 @@ class Model {
   const float* decode_step(DecodeState& state, int32_t token);
 
  private:
+  void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
+
   ModelConfig config_;
   ParamTable table_;
   DType precision_;
   PageSlab<float> params_, grads_;
   PageSlab<bf16> params_bf16_;
-  // Expert storage sharding: ranges of the slab this rank does not store (sorted, disjoint).
-  std::vector<std::pair<int64_t, int64_t>> released_params_, unowned_experts_;
-  // Calls fn(begin, end) for the parts of [0, slab) outside `holes` (sorted, disjoint).
-  template <typename F>
-  void for_each_outside(const std::vector<std::pair<int64_t, int64_t>>& holes, F fn) const {
-    int64_t at = 0;
-    for (const auto& [b, e] : holes) {
-      if (b > at) fn(at, b);
-      at = e;
-    }
-    if (at < slab_size()) fn(at, slab_size());
-  }
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
   std::function<void(int64_t)> gradients_final_;

@@ -83,7 +83,8 @@ class DataParallelOptimizer {
   // every rank.
   virtual void shard_expert_storage(Model& model, int ep_size) = 0;
   // Collective: before rank 0 writes a checkpoint it receives the parameters it does not
-  // store (Model::release_again releases them after). A no-op unless storage is sharded.
+  // store (inside Model::write_parameters, which releases them after). A no-op unless
+  // storage is sharded.
   virtual void gather_parameters_to_root(float* params) = 0;
 
   // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or

@@ -55,9 +55,11 @@ int64_t Checkpointer::resume() {
   auto g = processes_.guard("loading " + *latest);
   std::vector<StateSlabToLoad> states;
   for (const OptimizerStateSlab& s : optimizer_.states_to_load()) states.push_back({s.name, s.data});
-  json state = load_checkpoint(*latest, rc_.model, model_.table(), model_.params(), states);
-  optimizer_.finish_load();
-  model_.release_again();  // the checkpoint filled every parameter
+  json state = model_.write_parameters([&](float* params) {
+    json s = load_checkpoint(*latest, rc_.model, model_.table(), params, states);
+    optimizer_.finish_load();
+    return s;
+  });
   const int64_t step = state.at("step").get<int64_t>();
   if (train_loader_) train_loader_->restore(state.at("data_cursor"));
   restore_router_balancers(model_, state, *latest, /*required=*/true);
@@ -93,15 +95,15 @@ void Checkpointer::save(int64_t step) {
   std::vector<StateSlabToSave> states;
   for (const OptimizerStateSlab& s : optimizer_.states_to_save())  // collective
     states.push_back({s.name, s.data});
-  optimizer_.gather_parameters_to_root(model_.params());  // collective
-  if (processes_.root()) {
+  model_.write_parameters([&](float* params) {
+    optimizer_.gather_parameters_to_root(params);  // collective
+    if (!processes_.root()) return;
     const std::string path =
-        save_checkpoint(rc_.train.run_dir, step, rc_.model, model_.table(), model_.params(),
-                        states, state, rc_.train.keep_checkpoints, balancing_bias_tensors(model_));
-    model_.release_again();
+        save_checkpoint(rc_.train.run_dir, step, rc_.model, model_.table(), params, states, state,
+                        rc_.train.keep_checkpoints, balancing_bias_tensors(model_));
     if (!quiet_)
       std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
-  }
+  });
   // Nobody goes on (or exits) before the checkpoint is committed.
   processes_.barrier();
 }
