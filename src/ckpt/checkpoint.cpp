@@ -14,72 +14,14 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/sharded.h"
 
 namespace foundry {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr char kModelFile[] = "model.safetensors";
-constexpr char kOptimizerFile[] = "optimizer.safetensors";
-constexpr char kConfigFile[] = "config.json";
-constexpr char kTrainerStateFile[] = "trainer_state.json";
-constexpr char kManifestFile[] = "manifest.json";
-constexpr char kCommittedFile[] = "COMMITTED";
-constexpr char kLatestFile[] = "latest";
-constexpr char kStepPrefix[] = "step_";
-// Directories ending in this are saves in progress, interrupted saves, or checkpoints on
-// their way out; never read, removed by the next save.
-constexpr char kTmpSuffix[] = ".tmp";
-
-const char* const kRequiredFiles[] = {kModelFile, kOptimizerFile, kConfigFile,
-                                      kTrainerStateFile};
-
-std::string join(const std::string& dir, const std::string& name) {
-  return (fs::path(dir) / name).string();
-}
-std::string checkpoints_root(const std::string& run_dir) { return join(run_dir, "checkpoints"); }
-
-void warn(const std::string& message) { fmt::print(stderr, "warning: {}\n", message); }
-
-// The entries of a directory, as (name, is a directory) pairs.
-std::vector<std::pair<std::string, bool>> list_dir(const std::string& dir) {
-  std::vector<std::pair<std::string, bool>> entries;
-  try {
-    for (const auto& entry : fs::directory_iterator(dir))
-      entries.emplace_back(entry.path().filename().string(), entry.is_directory());
-  } catch (const fs::filesystem_error& e) {
-    fail(fmt::format("cannot list '{}': {}", dir, e.code().message()), "check permissions");
-  }
-  return entries;
-}
-
-// The step of a directory named exactly "step_<digits>", if it is one.
-std::optional<int64_t> parse_checkpoint_dir_name(const std::string& name) {
-  if (!name.starts_with(kStepPrefix)) return std::nullopt;
-  const std::string digits = name.substr(std::strlen(kStepPrefix));
-  if (digits.empty() || digits.size() > 18) return std::nullopt;
-  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-    return std::nullopt;
-  return std::stoll(digits);
-}
-
-std::string dump_json(const json& j, const std::string& what) {
-  try {
-    return j.dump(2) + "\n";
-  } catch (const json::exception& e) {
-    fail(fmt::format("cannot write {} as JSON: {}", what, e.what()),
-         "JSON strings must be valid UTF-8");
-  }
-}
-
-// Durable (fsynced, with its directory) and checksummed.
-FileDigest write_json_file(const std::string& path, const json& j) {
-  const std::string text = dump_json(j, path);
-  write_file_atomic(path, text);
-  return {text.size(), hash64(text.data(), text.size())};
-}
 
 // ---- saving -------------------------------------------------------------------------------
 
@@ -159,72 +101,7 @@ void write_checkpoint_files(const std::string& dir, int64_t step, const ModelCon
                    {"manifest_xxh3_64", hash64_hex(manifest_digest.xxh3_64)}});
 }
 
-// Moves the finished directory to its final name. If that name is taken (a checkpoint of
-// the same step from an earlier attempt), the two are swapped in one rename so the name
-// always holds a complete checkpoint; filesystems without RENAME_EXCHANGE move the old one
-// aside first.
-void publish_dir(const std::string& tmp_dir, const std::string& final_dir) {
-  auto fail_rename = [](const std::string& from, const std::string& to) {
-    fail(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)),
-         "check permissions on the run directory");
-  };
-  if (!path_exists(final_dir)) {
-    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) fail_rename(tmp_dir, final_dir);
-    return;
-  }
-  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-    remove_all(tmp_dir);  // now holds the replaced checkpoint
-    return;
-  }
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) fail_rename(tmp_dir, final_dir);
-  const std::string replaced = final_dir + ".replaced" + kTmpSuffix;
-  remove_all(replaced);
-  if (::rename(final_dir.c_str(), replaced.c_str()) != 0) fail_rename(final_dir, replaced);
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) fail_rename(tmp_dir, final_dir);
-  remove_all(replaced);
-}
-
-// Interrupted saves and removals, and a `latest` replacement that never got renamed.
-void remove_leftovers(const std::string& root) {
-  for (const auto& [name, is_dir] : list_dir(root)) {
-    const bool tmp_checkpoint = name.starts_with(kStepPrefix) && name.ends_with(kTmpSuffix);
-    const bool tmp_latest = name.starts_with(std::string(kLatestFile) + ".tmp.");
-    if (tmp_checkpoint || tmp_latest) remove_all(join(root, name));
-  }
-}
-
-// Keeps the newest `keep_last` committed checkpoints, always including `saved_step`.
-// Each one removed is renamed to *.tmp first, so an interrupted removal leaves a leftover
-// that is ignored, never a half-deleted checkpoint.
-void apply_retention(const std::string& run_dir, int64_t saved_step, int64_t keep_last) {
-  if (keep_last <= 0) return;
-  std::vector<CheckpointDir> others;
-  for (const auto& c : list_checkpoint_dirs(run_dir))
-    if (c.step != saved_step && path_exists(join(c.path, kCommittedFile))) others.push_back(c);
-  std::sort(others.begin(), others.end(),
-            [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });
-  for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {
-    const std::string doomed = others[i].path + ".removed" + kTmpSuffix;
-    if (::rename(others[i].path.c_str(), doomed.c_str()) != 0)
-      fail(fmt::format("cannot remove old checkpoint '{}': {}", others[i].path,
-                       std::strerror(errno)));
-    remove_all(doomed);
-  }
-}
-
 // ---- verifying and loading ----------------------------------------------------------------
-
-const char kCorruptHint[] =
-    "the checkpoint is incomplete or corrupt; resume from an older checkpoint "
-    "(training does so automatically) or delete this one";
-
-json parse_json_text(const std::string& text, const std::string& path) {
-  try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    fail(fmt::format("{}: invalid JSON: {}", path, e.what()), kCorruptHint);
-  }
-}
 
 void check_format_version(const json& j, const std::string& path) {
   auto v = j.find("format_version");
@@ -236,12 +113,6 @@ void check_format_version(const json& j, const std::string& path) {
          "load it with the Foundry version that wrote it");
 }
 
-const std::string& string_field(const json& j, const char* key, const std::string& path) {
-  auto it = j.find(key);
-  if (it == j.end() || !it->is_string())
-    fail(fmt::format("{}: \"{}\" is missing or not a string", path, key), kCorruptHint);
-  return it->get_ref<const std::string&>();
-}
 
 void verify_listed_file(const std::string& dir, const std::string& name, const json& entry,
                         const std::string& manifest_path) {
@@ -264,25 +135,6 @@ void verify_listed_file(const std::string& dir, const std::string& name, const j
     fail(fmt::format("{}: XXH3-64 checksum {} does not match {} recorded in {}", path,
                      actual_hash, expected_hash, manifest_path),
          kCorruptHint);
-}
-
-// Lists each differing key as "checkpoint has model.d_model = 256, the config says 512".
-void check_same_model(const std::string& dir, const ModelConfig& saved,
-                      const ModelConfig& expected) {
-  const json saved_json = to_json(saved), expected_json = to_json(expected);
-  std::vector<std::string> differences;
-  for (const auto& [key, value] : expected_json.items()) {
-    auto it = saved_json.find(key);
-    if (it == saved_json.end() || *it != value)
-      differences.push_back(fmt::format("checkpoint has model.{} = {}, the config says {}", key,
-                                        it == saved_json.end() ? "nothing" : it->dump(),
-                                        value.dump()));
-  }
-  if (!differences.empty())
-    fail(fmt::format("{} was written for a different model: {}", dir,
-                     fmt::join(differences, "; ")),
-         "resume with the model config the checkpoint was written with (its config.json "
-         "holds it under \"foundry\"), or start a new run directory");
 }
 
 void check_tensor_matches(const SafetensorsReader& file, const TensorView& t,
@@ -334,7 +186,7 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Mode
   }
   publish_dir(tmp_dir, final_dir);
   fsync_path(root);
-  write_file_atomic(join(root, kLatestFile), name + "\n");
+  write_latest(root, name);
   apply_retention(run_dir, step, keep_last);
   return final_dir;
 }
@@ -343,6 +195,7 @@ void verify_checkpoint(const std::string& dir) {
   if (!fs::is_directory(dir))
     fail(fmt::format("checkpoint '{}' is not a directory", dir),
          "pass a directory such as RUN_DIR/checkpoints/step_00001000");
+  if (is_sharded_checkpoint(dir)) return verify_sharded_checkpoint(dir);
   const std::string committed_path = join(dir, kCommittedFile);
   if (!path_exists(committed_path))
     fail(fmt::format("{}: no {} marker: the save did not finish", dir, kCommittedFile),
@@ -436,6 +289,14 @@ ModelConfig read_checkpoint_model_config(const std::string& dir) {
 }
 
 json read_checkpoint_trainer_state(const std::string& dir) {
+  if (is_sharded_checkpoint(dir)) {
+    const std::string path = join(dir, kMetadataFile);
+    const json metadata = parse_json_text(read_text_file(path), path);
+    auto state = metadata.find("trainer_state");
+    if (state == metadata.end() || !state->is_object())
+      fail(fmt::format("{}: \"trainer_state\" is missing", path), kCorruptHint);
+    return *state;
+  }
   const std::string path = join(dir, kTrainerStateFile);
   if (!path_exists(path)) fail(fmt::format("{} is missing", path), kCorruptHint);
   json state = parse_json_text(read_text_file(path), path);
@@ -446,6 +307,12 @@ json read_checkpoint_trainer_state(const std::string& dir) {
 json load_checkpoint(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                      float* params, const std::vector<StateSlabToLoad>& optimizer_state) {
   FOUNDRY_CHECK(params != nullptr && !table.params().empty());
+  if (is_sharded_checkpoint(dir)) {
+    const int64_t n = table.total_elements();
+    std::vector<SlabTarget> targets = {{"", 0, n, params}};
+    for (const StateSlabToLoad& st : optimizer_state) targets.push_back({st.suffix, 0, n, st.data});
+    return load_sharded_checkpoint(dir, expected, table, targets);
+  }
   verify_checkpoint(dir);
   check_same_model(dir, read_checkpoint_model_config(dir), expected);
   json trainer_state = load_json_file(join(dir, kTrainerStateFile));

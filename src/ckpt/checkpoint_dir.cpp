@@ -1,0 +1,157 @@
+#include "ckpt/checkpoint_dir.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include <fmt/ranges.h>
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "ckpt/checkpoint.h"
+
+namespace foundry {
+
+namespace fs = std::filesystem;
+
+std::string join(const std::string& dir, const std::string& name) {
+  return (fs::path(dir) / name).string();
+}
+std::string checkpoints_root(const std::string& run_dir) { return join(run_dir, "checkpoints"); }
+
+void warn(const std::string& message) { fmt::print(stderr, "warning: {}\n", message); }
+
+std::vector<std::pair<std::string, bool>> list_dir(const std::string& dir) {
+  std::vector<std::pair<std::string, bool>> entries;
+  try {
+    for (const auto& entry : fs::directory_iterator(dir))
+      entries.emplace_back(entry.path().filename().string(), entry.is_directory());
+  } catch (const fs::filesystem_error& e) {
+    fail(fmt::format("cannot list '{}': {}", dir, e.code().message()), "check permissions");
+  }
+  return entries;
+}
+
+std::optional<int64_t> parse_checkpoint_dir_name(const std::string& name) {
+  if (!name.starts_with(kStepPrefix)) return std::nullopt;
+  const std::string digits = name.substr(std::strlen(kStepPrefix));
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  if (!std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return std::nullopt;
+  return std::stoll(digits);
+}
+
+std::string dump_json(const json& j, const std::string& what) {
+  try {
+    return j.dump(2) + "\n";
+  } catch (const json::exception& e) {
+    fail(fmt::format("cannot write {} as JSON: {}", what, e.what()),
+         "JSON strings must be valid UTF-8");
+  }
+}
+
+// Durable (fsynced, with its directory) and checksummed.
+FileDigest write_json_file(const std::string& path, const json& j) {
+  const std::string text = dump_json(j, path);
+  write_file_atomic(path, text);
+  return {text.size(), hash64(text.data(), text.size())};
+}
+
+// Moves the finished directory to its final name. If that name is taken (a checkpoint of
+// the same step from an earlier attempt), the two are swapped in one rename so the name
+// always holds a complete checkpoint; filesystems without RENAME_EXCHANGE move the old one
+// aside first.
+void publish_dir(const std::string& tmp_dir, const std::string& final_dir) {
+  auto fail_rename = [](const std::string& from, const std::string& to) {
+    fail(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)),
+         "check permissions on the run directory");
+  };
+  if (!path_exists(final_dir)) {
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) fail_rename(tmp_dir, final_dir);
+    return;
+  }
+  if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    remove_all(tmp_dir);  // now holds the replaced checkpoint
+    return;
+  }
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) fail_rename(tmp_dir, final_dir);
+  const std::string replaced = final_dir + ".replaced" + kTmpSuffix;
+  remove_all(replaced);
+  if (::rename(final_dir.c_str(), replaced.c_str()) != 0) fail_rename(final_dir, replaced);
+  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) fail_rename(tmp_dir, final_dir);
+  remove_all(replaced);
+}
+
+// Interrupted saves and removals, and a `latest` replacement that never got renamed.
+void remove_leftovers(const std::string& root, const std::string& keep) {
+  for (const auto& [name, is_dir] : list_dir(root)) {
+    const bool tmp_checkpoint = name.starts_with(kStepPrefix) && name.ends_with(kTmpSuffix);
+    const bool tmp_latest = name.starts_with(std::string(kLatestFile) + ".tmp.");
+    if ((tmp_checkpoint || tmp_latest) && join(root, name) != keep) remove_all(join(root, name));
+  }
+}
+
+// Keeps the newest `keep_last` committed checkpoints, always including `saved_step`.
+// Each one removed is renamed to *.tmp first, so an interrupted removal leaves a leftover
+// that is ignored, never a half-deleted checkpoint.
+void apply_retention(const std::string& run_dir, int64_t saved_step, int64_t keep_last) {
+  if (keep_last <= 0) return;
+  std::vector<CheckpointDir> others;
+  for (const auto& c : list_checkpoint_dirs(run_dir))
+    if (c.step != saved_step && path_exists(join(c.path, kCommittedFile))) others.push_back(c);
+  std::sort(others.begin(), others.end(),
+            [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });
+  for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {
+    const std::string doomed = others[i].path + ".removed" + kTmpSuffix;
+    if (::rename(others[i].path.c_str(), doomed.c_str()) != 0)
+      fail(fmt::format("cannot remove old checkpoint '{}': {}", others[i].path,
+                       std::strerror(errno)));
+    remove_all(doomed);
+  }
+}
+
+
+json parse_json_text(const std::string& text, const std::string& path) {
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    fail(fmt::format("{}: invalid JSON: {}", path, e.what()), kCorruptHint);
+  }
+}
+
+const std::string& string_field(const json& j, const char* key, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string())
+    fail(fmt::format("{}: \"{}\" is missing or not a string", path, key), kCorruptHint);
+  return it->get_ref<const std::string&>();
+}
+
+// Lists each differing key as "checkpoint has model.d_model = 256, the config says 512".
+void check_same_model(const std::string& dir, const ModelConfig& saved,
+                      const ModelConfig& expected) {
+  const json saved_json = to_json(saved), expected_json = to_json(expected);
+  std::vector<std::string> differences;
+  for (const auto& [key, value] : expected_json.items()) {
+    auto it = saved_json.find(key);
+    if (it == saved_json.end() || *it != value)
+      differences.push_back(fmt::format("checkpoint has model.{} = {}, the config says {}", key,
+                                        it == saved_json.end() ? "nothing" : it->dump(),
+                                        value.dump()));
+  }
+  if (!differences.empty())
+    fail(fmt::format("{} was written for a different model: {}", dir,
+                     fmt::join(differences, "; ")),
+         "resume with the model config the checkpoint was written with (its config.json "
+         "holds it under \"foundry\"), or start a new run directory");
+}
+
+void write_latest(const std::string& root, const std::string& name) {
+  write_file_atomic(join(root, kLatestFile), name + "\n");
+}
+
+}  // namespace foundry

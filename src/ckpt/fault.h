@@ -1,0 +1,24 @@
+// Fault injection for the checkpoint commit protocol's tests: FOUNDRY_CHECKPOINT_FAULT makes
+// one rank fail, or die, at one point of a save, so tests can check that the previous
+// checkpoint stays loadable and the failure is reported.
+//
+//   FOUNDRY_CHECKPOINT_FAULT=<point>@<rank>[#<n>][:exit]
+//     point  write | before_fsync | before_commit | before_latest
+//     rank   the rank that fails (set_checkpoint_fault_rank; 0 in one process)
+//     n      fail the n-th time this rank reaches the point (default 1)
+//     exit   _exit(86) there instead of throwing (a process killed mid-save)
+// A thrown fault reads as a disk error: "... No space left on device (injected fault)".
+// Unset: checkpoint_fault_point is one relaxed load and a compare.
+#pragma once
+#include <string>
+
+namespace foundry {
+
+enum class CheckpointFault { disk_full, before_fsync, before_commit, before_latest };
+
+void set_checkpoint_fault_rank(int rank);
+// Throws (or exits) when the injected fault names this point and rank; `path` goes into the
+// message as the file being written.
+void checkpoint_fault_point(CheckpointFault point, const std::string& path);
+
+}  // namespace foundry

@@ -1,0 +1,228 @@
+#include "ckpt/sharded.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/rng.h"
+#include "ckpt/checkpoint.h"
+
+namespace foundry {
+namespace {
+
+namespace fs = std::filesystem;
+
+ModelConfig tiny_config() {
+  ModelConfig c;
+  c.vocab_size = 200;
+  c.d_model = 16;
+  c.n_layers = 2;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.head_dim = 8;
+  c.n_experts = 4;
+  c.top_k = 2;
+  c.ffn_dim = 32;
+  c.max_seq_len = 32;
+  return c;
+}
+
+std::vector<float> random_slab(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  std::vector<float> slab(static_cast<size_t>(n));
+  for (float& x : slab) {
+    const uint32_t bits = static_cast<uint32_t>(rng.next_u64());
+    std::memcpy(&x, &bits, 4);  // any bit pattern: the round trip must keep bits
+  }
+  return slab;
+}
+
+// Rank r of `ranks` holds slab elements [r·B, min((r+1)·B, E)), B = ceil(E / ranks): shards
+// that cut tensors at arbitrary elements, as ZeRO-1's do.
+std::pair<int64_t, int64_t> share(int64_t n, int ranks, int r) {
+  const int64_t b = (n + ranks - 1) / ranks;
+  return {std::min(n, r * b), std::min(n, (r + 1) * b)};
+}
+
+class ShardedTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    run_dir_ = (fs::temp_directory_path() /
+                fmt::format("foundry_sharded_{}_{}", ::getpid(), info->name()))
+                   .string();
+    fs::remove_all(run_dir_);
+  }
+  void TearDown() override { fs::remove_all(run_dir_); }
+
+  // Saves params and one state slab from `ranks` simulated ranks and commits.
+  std::string save(int64_t step, int ranks) {
+    const std::string staging = staging_dir(run_dir_, step, "test");
+    std::vector<json> shards;
+    for (int r = 0; r < ranks; ++r) {
+      const auto [b, e] = share(n_, ranks, r);
+      shards.push_back(write_rank_shard(
+          staging, r, table_,
+          {{"", b, e, params_.data() + b}, {"exp_avg", b, e, exp_avg_.data() + b}}));
+    }
+    return commit_sharded_checkpoint(run_dir_, staging, step, config_, table_, shards,
+                                     {{"step", step}}, {ranks, 1, true}, 0);
+  }
+  // Loads as rank r of `ranks` would: its share of both slabs into zeroed slabs.
+  void load_share(const std::string& dir, int ranks, int r, std::vector<float>& params,
+                  std::vector<float>& exp_avg) {
+    const auto [b, e] = share(n_, ranks, r);
+    load_sharded_checkpoint(dir, config_, table_,
+                            {{"", b, e, params.data() + b}, {"exp_avg", b, e, exp_avg.data() + b}});
+  }
+  bool same_tensors(const std::vector<float>& a, const std::vector<float>& b) const {
+    for (const ParamInfo& p : table_.params())
+      if (std::memcmp(a.data() + p.offset, b.data() + p.offset, p.numel * sizeof(float)) != 0)
+        return false;
+    return true;
+  }
+
+  std::string run_dir_;
+  ModelConfig config_ = tiny_config();
+  ParamTable table_{config_};
+  int64_t n_ = table_.total_elements();
+  std::vector<float> params_ = random_slab(n_, 1), exp_avg_ = random_slab(n_, 2);
+};
+
+TEST_F(ShardedTest, SavedFromFourRanksLoadsBitExactUnderOneTwoThreeAndFive) {
+  const std::string dir = save(10, 4);
+  for (int ranks : {1, 2, 3, 5}) {
+    std::vector<float> params(n_, 0.0f), exp_avg(n_, 0.0f);
+    for (int r = 0; r < ranks; ++r) load_share(dir, ranks, r, params, exp_avg);
+    EXPECT_TRUE(same_tensors(params, params_)) << ranks << " ranks";
+    EXPECT_TRUE(same_tensors(exp_avg, exp_avg_)) << ranks << " ranks";
+  }
+}
+
+TEST_F(ShardedTest, LayoutOfTheDirectoryAndMetadata) {
+  const std::string dir = save(3, 2);
+  for (const char* f : {"rank_00000.bin", "rank_00001.bin", "metadata.json", "config.json",
+                        "COMMITTED"})
+    EXPECT_TRUE(path_exists(dir + "/" + f)) << f;
+  EXPECT_EQ(read_text_file(run_dir_ + "/checkpoints/latest"), "step_00000003\n");
+  const json m = read_sharded_metadata(dir);
+  EXPECT_EQ(m["format_version"], 2);
+  EXPECT_EQ(m["step"], 3);
+  EXPECT_EQ(m["trainer_state"]["step"], 3);
+  EXPECT_EQ(m["layout"]["world"], 2);
+  // Every piece: a box inside its tensor, 64-byte aligned, one checksum per started MiB.
+  for (const json& p : m["pieces"]) {
+    EXPECT_EQ(p["byte_offset"].get<int64_t>() % 64, 0);
+    const std::vector<int64_t> shape = m["tensors"][p["tensor"].get<std::string>()]["shape"];
+    EXPECT_EQ(p["offsets"].size(), shape.size());
+  }
+  EXPECT_NO_THROW(verify_sharded_data(dir));
+  EXPECT_NO_THROW(verify_checkpoint(dir));
+  EXPECT_EQ(read_checkpoint_trainer_state(dir)["step"], 3);
+}
+
+TEST_F(ShardedTest, TheWholeSlabLoaderReadsVersionTwo) {
+  const std::string dir = save(5, 3);
+  std::vector<float> params(n_, 0.0f), exp_avg(n_, 0.0f);
+  const json state = load_checkpoint(dir, config_, table_, params.data(), {{"exp_avg", exp_avg.data()}});
+  EXPECT_EQ(state["step"], 5);
+  EXPECT_TRUE(same_tensors(params, params_));
+  EXPECT_TRUE(same_tensors(exp_avg, exp_avg_));
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void flip_byte(const std::string& path, int64_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(offset);
+  char c = 0;
+  f.get(c);
+  f.seekp(offset);
+  f.put(static_cast<char>(c ^ 0x10));
+}
+
+TEST_F(ShardedTest, AFlippedByteFailsTheReadsThatCoverItNamingFileAndBytes) {
+  const std::string dir = save(7, 2);
+  const json m = read_sharded_metadata(dir);
+  const json& piece = m["pieces"][0];  // rank 0's first piece
+  flip_byte(dir + "/rank_00000.bin", piece["byte_offset"].get<int64_t>() + 8);
+  std::vector<float> params(n_, 0.0f), exp_avg(n_, 0.0f);
+  const std::string e = error_of([&] { load_share(dir, 2, 0, params, exp_avg); });
+  EXPECT_NE(e.find("rank_00000.bin: bytes ["), std::string::npos) << e;
+  EXPECT_NE(e.find("checksum"), std::string::npos) << e;
+  // Rank 1's share lies in the other file: it loads.
+  EXPECT_NO_THROW(load_share(dir, 2, 1, params, exp_avg));
+  EXPECT_NE(error_of([&] { verify_sharded_data(dir); }).find("rank_00000.bin"),
+            std::string::npos);
+}
+
+TEST_F(ShardedTest, ATruncatedShardMakesTheCheckpointInvalidAndTheOlderOneIsFound) {
+  save(1, 2);
+  const std::string dir = save(2, 2);
+  fs::resize_file(dir + "/rank_00001.bin", fs::file_size(dir + "/rank_00001.bin") - 4);
+  const std::string e = error_of([&] { verify_checkpoint(dir); });
+  EXPECT_NE(e.find("rank_00001.bin has"), std::string::npos) << e;
+  testing::internal::CaptureStderr();
+  const auto found = find_latest_checkpoint(run_dir_);
+  testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(*found, run_dir_ + "/checkpoints/step_00000001");
+}
+
+TEST_F(ShardedTest, AGapInTheParametersIsRefusedAndNothingIsCommitted) {
+  save(1, 2);
+  const std::string staging = staging_dir(run_dir_, 2, "gap");
+  const auto [b, e] = share(n_, 2, 0);
+  std::vector<json> shards = {write_rank_shard(staging, 0, table_, {{"", b, e, params_.data()}})};
+  const std::string err = error_of([&] {
+    commit_sharded_checkpoint(run_dir_, staging, 2, config_, table_, shards, {}, {2, 1, true}, 0);
+  });
+  EXPECT_NE(err.find("in no piece"), std::string::npos) << err;
+  EXPECT_FALSE(path_exists(run_dir_ + "/checkpoints/step_00000002"));
+  EXPECT_EQ(read_text_file(run_dir_ + "/checkpoints/latest"), "step_00000001\n");
+}
+
+TEST_F(ShardedTest, MissingStateIsAnErrorNamingTheTensor) {
+  const std::string dir = save(4, 1);
+  std::vector<float> momentum(n_, 0.0f);
+  const std::string e = error_of([&] {
+    load_sharded_checkpoint(dir, config_, table_, {{"muon_momentum", 0, n_, momentum.data()}});
+  });
+  EXPECT_NE(e.find("has no tensor 'model.embed_tokens.weight.muon_momentum'"), std::string::npos)
+      << e;
+}
+
+TEST_F(ShardedTest, AnotherModelConfigIsRefused) {
+  const std::string dir = save(4, 1);
+  ModelConfig other = config_;
+  other.d_model = 32;
+  ParamTable table(other);
+  std::vector<float> params(table.total_elements());
+  const std::string e = error_of([&] {
+    load_sharded_checkpoint(dir, other, table, {{"", 0, table.total_elements(), params.data()}});
+  });
+  EXPECT_NE(e.find("model.d_model"), std::string::npos) << e;
+}
+
+TEST_F(ShardedTest, LeftoverStagingIsIgnoredAndRemovedByTheNextCommit) {
+  const std::string leftover = staging_dir(run_dir_, 9, "dead");
+  write_rank_shard(leftover, 0, table_, {{"", 0, 10, params_.data()}});
+  save(1, 1);
+  EXPECT_FALSE(path_exists(leftover));
+  EXPECT_TRUE(list_checkpoint_dirs(run_dir_).size() == 1);
+}
+
+}  // namespace
+}  // namespace foundry
