@@ -56,12 +56,18 @@ else bad "SIGTERM: rc=$rc"; cat sig.log; fi
 # ---- corrupted and mismatched checkpoints are never loaded ----
 cp -r straight corrupt
 ckpt=corrupt/checkpoints/step_00000012
-python3 - "$ckpt/model.safetensors" <<'PY'
-import sys
-p = sys.argv[1]
-b = bytearray(open(p, 'rb').read()); b[len(b) // 2] ^= 0x40; open(p, 'wb').write(b)
+python3 - "$ckpt" <<'PY'
+import json, sys
+d = sys.argv[1]
+# A byte in the middle of the embedding's saved piece: read by every loader of the weights.
+piece = next(p for p in json.load(open(d + "/metadata.json"))["pieces"]
+             if p["tensor"] == "model.embed_tokens.weight")
+path = d + "/rank_00000.bin"
+b = bytearray(open(path, 'rb').read())
+b[piece["byte_offset"] + piece["byte_length"] // 2] ^= 0x40
+open(path, 'wb').write(b)
 PY
-expect_fail "eval of a corrupted checkpoint" "model.safetensors" \
+expect_fail "eval of a corrupted checkpoint" "rank_00000.bin" \
   "$FOUNDRY" eval --config tiny.json --set train.run_dir=corrupt --checkpoint "$ckpt" --set data.dir=x
 out="$("$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=corrupt -q --resume 2>&1)"
 if grep -q "step_00000008" <<<"$out" && grep -q "step_00000012" <<<"$out"; then

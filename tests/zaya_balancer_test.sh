@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end checks of the ZAYA1 router balancers in training (arch zaya1, Muon): balance
-# statistics in metrics.jsonl, the balancer state in trainer_state.json and the biases in
-# model.safetensors, bit-exact resume, and eval/generate routing like the trained model.
+# statistics in metrics.jsonl, the balancer state in the checkpoint's trainer state and the
+# biases in the exported model.safetensors, bit-exact resume, and eval/generate routing like
+# the trained model.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 
@@ -59,16 +60,19 @@ for key in loss max_load_error skip_fraction val_loss; do
   else bad "resume differs in $key: straight [$a] resumed [$b]"; fi
 done
 python3 - straight resumed <<'PY' && ok "straight and resumed runs end with the same balancer state and data cursor" \
-  || bad "the final trainer_state.json differs between the straight and the resumed run"
+  || bad "the final trainer state differs between the straight and the resumed run"
 import json, sys
-a, b = (json.load(open(r + "/checkpoints/step_00000012/trainer_state.json")) for r in sys.argv[1:3])
+a, b = (json.load(open(r + "/checkpoints/step_00000012/metadata.json"))["trainer_state"]
+        for r in sys.argv[1:3])
 for key in ("router_balancers", "data_cursor", "step", "optimizer"):
     assert a[key] == b[key], (key, a[key], b[key])
 PY
 grep -q "load err" straight.log && grep -q "skip " straight.log && ok "the log line shows load error and skip share" \
   || { bad "no balance in the log line"; cat straight.log; }
 
-# ---- metrics, trainer_state.json and model.safetensors ----
+# ---- metrics, the checkpoint's trainer state and the exported model.safetensors ----
+"$FOUNDRY" ckpt export straight/checkpoints/step_00000012 --hf exported >export.log 2>&1 \
+  || { bad "ckpt export failed"; cat export.log; }
 python3 - straight <<'PY' && ok "balance metrics, balancer state and exported biases agree" || bad "balancer records"
 import json, struct, sys
 run = sys.argv[1]
@@ -81,7 +85,7 @@ for m in lines:
     assert 0 <= m["skip_fraction"] <= 1, m
     assert abs(m["skip_fraction"] * N * L - round(m["skip_fraction"] * N * L)) < 1e-9, m
 d = run + "/checkpoints/step_00000012"
-state = json.load(open(d + "/trainer_state.json"))
+state = json.load(open(d + "/metadata.json"))["trainer_state"]
 assert state["optimizer"] == "muon"
 bal = state["router_balancers"]
 assert len(bal) == L, bal
@@ -90,7 +94,7 @@ for b in bal:
     assert len(b["bias"]) == len(b["exp_avg"]) == len(b["exp_avg_sq"]) == S
     init = [0.0] * (S - 1) + [-1.0]
     assert max(abs(x - y) for x, y in zip(b["bias"], init)) > 0.05, b["bias"]  # they moved
-raw = open(d + "/model.safetensors", "rb").read()
+raw = open("exported/model.safetensors", "rb").read()
 n = struct.unpack("<Q", raw[:8])[0]
 header = json.loads(raw[8:8 + n])
 for l in range(L):

@@ -307,12 +307,18 @@ json read_checkpoint_trainer_state(const std::string& dir) {
 json load_checkpoint(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                      float* params, const std::vector<StateSlabToLoad>& optimizer_state) {
   FOUNDRY_CHECK(params != nullptr && !table.params().empty());
-  if (is_sharded_checkpoint(dir)) {
-    const int64_t n = table.total_elements();
-    std::vector<SlabTarget> targets = {{"", 0, n, params}};
-    for (const StateSlabToLoad& st : optimizer_state) targets.push_back({st.suffix, 0, n, st.data});
-    return load_sharded_checkpoint(dir, expected, table, targets);
+  const int64_t n = table.total_elements();
+  std::vector<SlabTarget> targets = {{"", 0, n, params}};
+  for (const StateSlabToLoad& st : optimizer_state) {
+    FOUNDRY_CHECK(st.data != nullptr);
+    targets.push_back({st.suffix, 0, n, st.data});
   }
+  return load_checkpoint_targets(dir, expected, table, targets);
+}
+
+json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,
+                             const ParamTable& table, const std::vector<SlabTarget>& targets) {
+  if (is_sharded_checkpoint(dir)) return load_sharded_checkpoint(dir, expected, table, targets);
   verify_checkpoint(dir);
   check_same_model(dir, read_checkpoint_model_config(dir), expected);
   json trainer_state = load_json_file(join(dir, kTrainerStateFile));
@@ -324,35 +330,31 @@ json load_checkpoint(const std::string& dir, const ModelConfig& expected, const 
     uint64_t bytes;
   };
   std::vector<Copy> copies;
-
-  // Every parameter must be there; other tensors (buffers such as the ZAYA1 balancing
-  // biases, written for Hugging Face loaders) are ignored: the model config was compared
-  // above, and state that is not a parameter is restored from trainer_state.json.
+  // Parameters come from model.safetensors, where other tensors (buffers such as the ZAYA1
+  // balancing biases, written for Hugging Face loaders) are ignored; states from
+  // optimizer.safetensors as "<param>.<state>".
   const SafetensorsReader model(join(dir, kModelFile));
-  for (const ParamInfo& p : table.params()) {
-    const TensorView* t = model.find(p.name);
-    if (!t)
-      fail(fmt::format("{} has no tensor '{}'", model.path(), p.name),
-           "the checkpoint was written for a different model");
-    check_tensor_matches(model, *t, p);
-    copies.push_back({params + p.offset, t->data, t->bytes});
-  }
-
-  const SafetensorsReader optimizer(join(dir, kOptimizerFile));
-  for (const StateSlabToLoad& s : optimizer_state) {
-    FOUNDRY_CHECK(s.data != nullptr);
+  std::optional<SafetensorsReader> optimizer;
+  for (const SlabTarget& t : targets) {
+    if (!t.slab.empty() && !optimizer) optimizer.emplace(join(dir, kOptimizerFile));
+    const SafetensorsReader& file = t.slab.empty() ? model : *optimizer;
     for (const ParamInfo& p : table.params()) {
-      const TensorView* t = optimizer.find(p.name + "." + s.suffix);
-      if (!t)
-        fail(fmt::format("{} has no optimizer state '{}' for '{}' (it holds: {})",
-                         optimizer.path(), s.suffix, p.name,
-                         fmt::join(saved_state_suffixes(optimizer, table), ", ")),
+      const int64_t lo = std::max(t.begin, p.offset), hi = std::min(t.end, p.offset + p.numel);
+      if (lo >= hi) continue;
+      const std::string name = t.slab.empty() ? p.name : p.name + "." + t.slab;
+      const TensorView* v = file.find(name);
+      if (!v && t.slab.empty())
+        fail(fmt::format("{} has no tensor '{}'", file.path(), name),
+             "the checkpoint was written for a different model");
+      if (!v)
+        fail(fmt::format("{} has no optimizer state '{}' for '{}' (it holds: {})", file.path(),
+                         t.slab, p.name, fmt::join(saved_state_suffixes(file, table), ", ")),
              "resume with the optimizer the checkpoint was written with");
-      check_tensor_matches(optimizer, *t, p);
-      copies.push_back({s.data + p.offset, t->data, t->bytes});
+      check_tensor_matches(file, *v, p);
+      copies.push_back({t.data + (lo - t.begin), v->data + (lo - p.offset) * sizeof(float),
+                        static_cast<uint64_t>(hi - lo) * sizeof(float)});
     }
   }
-
   for (const Copy& c : copies) std::memcpy(c.to, c.from, c.bytes);
   return trainer_state;
 }

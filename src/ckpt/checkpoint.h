@@ -25,6 +25,7 @@
 
 #include "base/config_reader.h"
 #include "model/config.h"
+#include "ckpt/sharded.h"
 #include "model/params.h"
 
 namespace foundry {
@@ -99,6 +100,12 @@ json read_checkpoint_trainer_state(const std::string& dir);
 // save_checkpoint). Returns trainer_state.json.
 json load_checkpoint(const std::string& dir, const ModelConfig& expected, const ParamTable& table,
                      float* params, const std::vector<StateSlabToLoad>& optimizer_state);
+
+// The same for any part of the slabs, from either format version: each target's tensor
+// elements (padding is left alone) from the checkpoint, whatever layout wrote it. A version
+// 2 checkpoint is read only where the targets overlap it.
+json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,
+                             const ParamTable& table, const std::vector<SlabTarget>& targets);
 
 // The Hugging Face config.json object for `config` (Mixtral, or Llama when dense).
 json hf_config_json(const ModelConfig& config);

@@ -17,6 +17,10 @@ class Communicator;
 std::vector<int> ranks_differing_from_root(const Communicator& comm, std::span<const int64_t> mine,
                                            std::vector<int64_t>* gathered = nullptr);
 
+// Collective: every rank's string, in rank order, on every rank (small messages: a status,
+// a description of what a rank wrote).
+std::vector<std::string> allgather_strings(const Communicator& comm, const std::string& mine);
+
 // "1, 3": ranks for a message.
 std::string format_rank_list(const std::vector<int>& ranks);
 

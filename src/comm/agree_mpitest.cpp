@@ -32,6 +32,20 @@ TEST(RanksAgree, EveryRankLearnsWhichRanksDiffer) {
   EXPECT_EQ(format_rank_list({1, 3}), "1, 3");
 }
 
+TEST(RanksAgree, StringsOfEveryLengthReachEveryRank) {
+  // Rank r sends r·5 bytes (rank 0 an empty string), including a zero byte.
+  const int me = world().rank();
+  std::string mine(static_cast<size_t>(5 * me), 'a');
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<char>('a' + (i + me) % 26);
+  if (!mine.empty()) mine[0] = '\0';
+  const std::vector<std::string> all = allgather_strings(world(), mine);
+  ASSERT_EQ(all.size(), static_cast<size_t>(world().size()));
+  for (int r = 0; r < world().size(); ++r) {
+    ASSERT_EQ(all[r].size(), static_cast<size_t>(5 * r));
+    for (size_t i = 1; i < all[r].size(); ++i) EXPECT_EQ(all[r][i], 'a' + (i + r) % 26);
+  }
+}
+
 }  // namespace
 }  // namespace foundry
 

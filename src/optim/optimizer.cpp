@@ -1,6 +1,8 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "base/error.h"
 #include "base/format.h"
@@ -34,11 +36,27 @@ std::string describe_split(const ParamTable& table, bool muon_on) {
   return fmt::format("adamw (all {} tensors, {} params)", adam_tensors, format_count(adam_params));
 }
 
+// Rank r's share of n elements in an even split over `ranks` (ZeRO-1's shard formula).
+SlabInterval even_share(int64_t n, int ranks, int r) {
+  const int64_t b = (n + ranks - 1) / ranks;
+  return {std::min(n, r * b), std::min(n, (r + 1) * b)};
+}
+
+// The parts of `runs` inside `share`.
+std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabInterval share) {
+  std::vector<StateRun> clipped;
+  for (const StateRun& r : runs) {
+    const int64_t b = std::max(r.begin, share.begin), e = std::min(r.end, share.end);
+    if (b < e) clipped.push_back({r.state, b, e, r.data + (b - r.begin)});
+  }
+  return clipped;
+}
+
 // One process: AdamW, plus Muon when configured, on whole slabs.
 class LocalOptimizer final : public DataParallelOptimizer {
  public:
   LocalOptimizer(const ParamTable& table, const OptimizerOptions& options)
-      : table_(table), adam_(table, options.adamw) {
+      : table_(table), adam_applies_(options.adamw.applies), adam_(table, options.adamw) {
     if (options.muon) muon_.emplace(table, *options.muon);
   }
 
@@ -70,6 +88,21 @@ class LocalOptimizer final : public DataParallelOptimizer {
   }
   std::vector<OptimizerStateSlab> states_to_load() override { return states_to_save(); }
   void finish_load() override {}
+  SlabInterval parameters_to_save() const override { return {0, table_.total_elements()}; }
+  // Each tensor's state in the slabs of the optimizer that updates it.
+  std::vector<StateRun> states_to_save_runs() override {
+    std::vector<StateRun> runs;
+    for (const ParamInfo& p : table_.params()) {
+      const bool muon = muon_ && muon_applies(p);
+      if (!muon && adam_applies_ && !adam_applies_(p)) continue;
+      for (const std::string& name : muon ? Muon::state_names() : AdamW::state_names()) {
+        std::span<float> slab = muon ? muon_->state(name) : adam_.state(name);
+        runs.push_back({name, p.offset, p.offset + p.numel, slab.data() + p.offset});
+      }
+    }
+    return runs;
+  }
+  std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
   void shard_expert_storage(Model&, int) override {}
   void gather_parameters_to_root(float*) override {}
@@ -89,6 +122,7 @@ class LocalOptimizer final : public DataParallelOptimizer {
 
  private:
   const ParamTable& table_;
+  std::function<bool(const ParamInfo&)> adam_applies_;  // unset: every tensor
   AdamW adam_;
   std::optional<Muon> muon_;
   OpTimes* op_times_ = nullptr;
@@ -104,7 +138,8 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
       : local_(table, options),
         reducer_(world, table.total_elements(), std::vector<int64_t>{},
                  GradientReducerOptions{.bucket_elements = options.bucket_elements}),
-        ranks_(world.size()) {}
+        ranks_(world.size()),
+        rank_(world.rank()) {}
 
   void begin_backward(float* grads) override { reducer_.begin(grads, nullptr); }
   void gradients_final(int64_t offset) override { reducer_.final_from(offset); }
@@ -123,6 +158,14 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   std::vector<OptimizerStateSlab> states_to_save() override { return local_.states_to_save(); }
   std::vector<OptimizerStateSlab> states_to_load() override { return local_.states_to_load(); }
   void finish_load() override {}
+  // Every rank holds everything: each saves an even share, and loads all.
+  SlabInterval parameters_to_save() const override {
+    return even_share(local_.parameters_to_save().end, ranks_, rank_);
+  }
+  std::vector<StateRun> states_to_save_runs() override {
+    return clip_runs(local_.states_to_save_runs(), parameters_to_save());
+  }
+  std::vector<StateRun> states_to_load_runs() override { return local_.states_to_load_runs(); }
 
   // Every rank updates every parameter, so every rank keeps them all.
   void shard_expert_storage(Model&, int) override {}
@@ -140,7 +183,7 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   LocalOptimizer local_;
   GradientReducer reducer_;
   GradientReduceStats last_reduce_;
-  int ranks_;
+  int ranks_, rank_;
 };
 
 // Data parallel with the state sharded (optim/zero1.h).
@@ -182,6 +225,17 @@ class ShardedOptimizer final : public DataParallelOptimizer {
     for (const auto& [name, slab] : gathered_) zero1_.load_state(name, slab);
     gathered_.clear();
   }
+  SlabInterval parameters_to_save() const override {
+    const SlabRange s = zero1_.layout().shard(zero1_.rank());
+    return {s.begin, s.end};
+  }
+  std::vector<StateRun> states_to_save_runs() override {
+    std::vector<StateRun> runs;
+    for (const std::string& name : zero1_.state_names())
+      for (const auto& r : zero1_.state_runs(name)) runs.push_back({name, r.begin, r.end, r.data});
+    return runs;
+  }
+  std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
   void shard_expert_storage(Model& model, int ep_size) override {
     if (ep_size <= 1) return;

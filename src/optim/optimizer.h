@@ -37,6 +37,18 @@ struct OptimizerStateSlab {
   float* data = nullptr;
 };
 
+// Slab elements [begin, end).
+struct SlabInterval {
+  int64_t begin = 0, end = 0;
+};
+// A run of optimizer state slab `state` this rank keeps: slab elements [begin, end), values
+// at data[0 .. end − begin).
+struct StateRun {
+  std::string state;
+  int64_t begin = 0, end = 0;
+  float* data = nullptr;
+};
+
 // train.optimizer: AdamW for every tensor, or Muon for the 2-D hidden matrices and AdamW
 // for the rest.
 enum class OptimizerKind { adamw, muon };
@@ -68,6 +80,15 @@ class DataParallelOptimizer {
 
   // Optimizer memory of this rank (bytes): the state it keeps and its buffers.
   virtual int64_t state_bytes() const = 0;
+
+  // ---- sharded checkpoints (format 2): each rank saves and loads its own part in place ----
+  // The parameter slab range this rank saves; the ranks' ranges tile the slab.
+  virtual SlabInterval parameters_to_save() const = 0;
+  // The runs of the state slabs this rank saves: over the ranks, every element the
+  // optimizer keeps, once. Pointers into the optimizer's own buffers.
+  virtual std::vector<StateRun> states_to_save_runs() = 0;
+  // The runs this rank fills when it loads (every element it keeps in this layout).
+  virtual std::vector<StateRun> states_to_load_runs() = 0;
 
   // Checkpoints. states_to_save is collective under ZeRO-1 (the shards are gathered on rank
   // 0, whose pointers stay valid until the next call; the other ranks get an empty list).

@@ -118,6 +118,16 @@ class Zero1Optimizer {
   void load_state(std::string_view name, std::span<const float> full_slab);
   void reset();  // zeroes every state
 
+  // The runs of state `name` this rank keeps, in slab coordinates, pointing into its own
+  // buffers: AdamW moments for the shard's AdamW elements, Muon momentum for the owned
+  // matrices whole. Over the ranks every element the optimizer keeps is in exactly one run,
+  // so a sharded checkpoint saves and loads them in place (no gather, no scatter).
+  struct StateRun {
+    int64_t begin = 0, end = 0;
+    float* data = nullptr;
+  };
+  std::vector<StateRun> state_runs(std::string_view name);
+
   // Times the step's phases into `times` (null: not timed): "comm: gradient reduce-scatter"
   // (with overlap: the exposed part; the starting and polling during backward is "comm:
   // gradient buckets in backward"), "comm: norm and boundary exchange", "comm: weight

@@ -145,6 +145,23 @@ void Zero1Optimizer::load_state(std::string_view name, std::span<const float> fu
   for (Request& r : sends) r.wait();
 }
 
+std::vector<Zero1Optimizer::StateRun> Zero1Optimizer::state_runs(std::string_view name) {
+  check_state_name(name);
+  std::vector<StateRun> runs;
+  if (name == "exp_avg" || name == "exp_avg_sq") {
+    std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+    for (const AdamWChunk& c : adamw_chunks_)
+      runs.push_back({c.offset, c.offset + c.size, moment.data() + c.state_offset});
+    return runs;
+  }
+  const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
+  for (size_t m = 0; m < matrices.size(); ++m)
+    if (momentum_offset_[m] >= 0)
+      runs.push_back({matrices[m].offset, matrices[m].offset + matrices[m].numel,
+                      momentum_.data() + momentum_offset_[m]});
+  return runs;
+}
+
 void Zero1Optimizer::reset() {
   std::fill(exp_avg_.begin(), exp_avg_.end(), 0.0f);
   std::fill(exp_avg_sq_.begin(), exp_avg_sq_.end(), 0.0f);

@@ -1,11 +1,20 @@
 #include "train/checkpointer.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 
 #include "base/error.h"
 #include "base/timer.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/fault.h"
 #include "ckpt/model_state.h"
+#include "ckpt/sharded.h"
+#include "comm/agree.h"
+#include "comm/comm.h"
 #include "model/model.h"
 
 namespace foundry {
@@ -30,6 +39,32 @@ void check_same_optimizer(const std::string& dir, const json& saved_state,
                      saved, wanted));
 }
 
+namespace {
+
+// A tag that names this run's staging directories, the same on every rank (rank 0's pid and
+// clock, broadcast).
+std::string agreed_tag(const Processes& processes) {
+  int64_t tag[2] = {static_cast<int64_t>(::getpid()),
+                    std::chrono::steady_clock::now().time_since_epoch().count() % 1000000007};
+  if (processes.world()) processes.world()->broadcast(tag, 2, 0);
+  return fmt::format("{}-{}", tag[0], tag[1]);
+}
+
+// [0, n) without `holes` (sorted, disjoint).
+std::vector<std::pair<int64_t, int64_t>> complement(
+    const std::vector<std::pair<int64_t, int64_t>>& holes, int64_t n) {
+  std::vector<std::pair<int64_t, int64_t>> parts;
+  int64_t at = 0;
+  for (const auto& [b, e] : holes) {
+    if (b > at) parts.push_back({at, b});
+    at = e;
+  }
+  if (at < n) parts.push_back({at, n});
+  return parts;
+}
+
+}  // namespace
+
 Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Model& model,
                            DataParallelOptimizer& optimizer, data::BatchLoader* train_loader,
                            Processes& processes, bool quiet)
@@ -39,36 +74,90 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
       optimizer_(optimizer),
       train_loader_(train_loader),
       processes_(processes),
-      quiet_(quiet) {}
+      quiet_(quiet),
+      tag_(agreed_tag(processes)) {
+  set_checkpoint_fault_rank(processes.rank());
+}
+
+Checkpointer::~Checkpointer() {
+  if (writer_.joinable()) writer_.join();
+}
+
+// ---- resume ---------------------------------------------------------------------------------
+
+// What this rank holds: every parameter it stores, every optimizer state element it keeps.
+std::vector<SlabTarget> Checkpointer::load_targets() {
+  std::vector<SlabTarget> targets;
+  for (const auto& [b, e] : complement(model_.released_param_ranges(), model_.slab_size()))
+    targets.push_back({"", b, e, model_.params() + b});
+  for (const StateRun& r : optimizer_.states_to_load_runs())
+    targets.push_back({r.state, r.begin, r.end, r.data});
+  return targets;
+}
+
+// The checkpoints to try, newest first: the one find_latest_checkpoint picks, then the
+// older ones (a checkpoint whose data fails its checksums while loading is skipped).
+static std::vector<std::string> resume_candidates(const std::string& run_dir) {
+  std::vector<std::string> candidates;
+  const auto latest = find_latest_checkpoint(run_dir);
+  if (!latest) return candidates;
+  candidates.push_back(*latest);
+  const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(run_dir);
+  int64_t latest_step = -1;
+  for (const CheckpointDir& d : dirs)
+    if (d.path == *latest) latest_step = d.step;
+  for (auto it = dirs.rbegin(); it != dirs.rend(); ++it)
+    if (it->step < latest_step) candidates.push_back(it->path);
+  return candidates;
+}
 
 int64_t Checkpointer::resume() {
   const std::string& run_dir = rc_.train.run_dir;
-  auto latest = find_latest_checkpoint(run_dir);
-  if (!latest) {
-    std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
-                 run_dir.c_str());
-    return 0;
+  const double t0 = now_seconds();
+  const std::vector<std::string> candidates = resume_candidates(run_dir);
+  for (const std::string& dir : candidates) {
+    // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
+    // state, and the plain message says more than a missing tensor would.
+    check_same_optimizer(dir, read_checkpoint_trainer_state(dir), rc_.train.optimizer);
+    auto g = processes_.guard("loading " + dir);
+    json state;
+    std::string error;
+    try {
+      state = load_checkpoint_targets(dir, rc_.model, model_.table(), load_targets());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    // Every rank loads from the same checkpoint: a fault one rank found rules it out for all.
+    std::vector<std::string> errors = {error};
+    if (const Communicator* w = processes_.world()) errors = allgather_strings(*w, error);
+    std::vector<std::string> failures;
+    for (size_t r = 0; r < errors.size(); ++r)
+      if (!errors[r].empty()) failures.push_back(fmt::format("rank {}: {}", r, errors[r]));
+    if (!failures.empty()) {
+      if (processes_.root())
+        warn(fmt::format("skipping checkpoint {}: {}", dir, fmt::join(failures, "; ")));
+      continue;
+    }
+    const int64_t step = state.at("step").get<int64_t>();
+    if (train_loader_) train_loader_->restore(state.at("data_cursor"));
+    restore_router_balancers(model_, state, dir, /*required=*/true);
+    model_.sync_weights();
+    if (processes_.root())
+      std::fprintf(stderr, "resumed from %s (step %lld, loaded in %.2f s)\n", dir.c_str(),
+                   static_cast<long long>(step), now_seconds() - t0);
+    return step;
   }
-  // Before loading anything: a checkpoint of the other optimizer lacks (or has extra) state
-  // slabs, and the plain message says more than a missing tensor would.
-  check_same_optimizer(*latest, read_checkpoint_trainer_state(*latest), rc_.train.optimizer);
-  auto g = processes_.guard("loading " + *latest);
-  std::vector<StateSlabToLoad> states;
-  for (const OptimizerStateSlab& s : optimizer_.states_to_load()) states.push_back({s.name, s.data});
-  json state = model_.write_parameters([&](float* params) {
-    json s = load_checkpoint(*latest, rc_.model, model_.table(), params, states);
-    optimizer_.finish_load();
-    return s;
-  });
-  const int64_t step = state.at("step").get<int64_t>();
-  if (train_loader_) train_loader_->restore(state.at("data_cursor"));
-  restore_router_balancers(model_, state, *latest, /*required=*/true);
-  model_.sync_weights();
-  if (processes_.root())
-    std::fprintf(stderr, "resumed from %s (step %lld)\n", latest->c_str(),
-                 static_cast<long long>(step));
-  return step;
+  // A failed load may have written part of the state: never train on from there.
+  if (!candidates.empty())
+    fail(fmt::format("no checkpoint in {}/checkpoints could be loaded (see the warnings above)",
+                     run_dir),
+         "restore the checkpoint files, or start a new run directory");
+  std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
+               run_dir.c_str());
+  return 0;
 }
+
+// ---- save -----------------------------------------------------------------------------------
 
 // Everything random in training derives from the seed and the step (initialization,
 // synthetic batches) or lives in the data cursor, so this state fully determines the future.
@@ -89,23 +178,120 @@ json Checkpointer::trainer_state(int64_t step) const {
 }
 
 void Checkpointer::save(int64_t step) {
-  const json state = trainer_state(step);
   const double t0 = now_seconds();
-  auto g = processes_.guard(fmt::format("checkpoint of step {}", step));
-  std::vector<StateSlabToSave> states;
-  for (const OptimizerStateSlab& s : optimizer_.states_to_save())  // collective
-    states.push_back({s.name, s.data});
-  model_.write_parameters([&](float* params) {
-    optimizer_.gather_parameters_to_root(params);  // collective
-    if (!processes_.root()) return;
-    const std::string path =
-        save_checkpoint(rc_.train.run_dir, step, rc_.model, model_.table(), params, states, state,
-                        rc_.train.keep_checkpoints, balancing_bias_tensors(model_));
-    if (!quiet_)
-      std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(), now_seconds() - t0);
-  });
-  // Nobody goes on (or exits) before the checkpoint is committed.
-  processes_.barrier();
+  if (in_flight_) {
+    if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip) {
+      if (processes_.root())
+        std::fprintf(stderr, "skipping the checkpoint of step %lld: step %lld is still being "
+                             "written (train.checkpoint_overlap = skip)\n",
+                     static_cast<long long>(step), static_cast<long long>(step_));
+      return;
+    }
+    if (processes_.root())
+      std::fprintf(stderr, "checkpoint of step %lld waits for step %lld to be written\n",
+                   static_cast<long long>(step), static_cast<long long>(step_));
+    finish();
+  }
+  snapshot(step);
+  if (rc_.train.checkpoint_async) {
+    writer_ = std::thread([this] { write_shard(); });
+  } else {
+    write_shard();
+    commit();
+  }
+  stall_seconds_ += now_seconds() - t0;
+}
+
+// This rank's parameters and optimizer state, copied into the reused buffer.
+void Checkpointer::snapshot(int64_t step) {
+  in_flight_ = true;
+  step_ = step;
+  state_ = trainer_state(step);
+  staging_ = staging_dir(rc_.train.run_dir, step, tag_);
+  started_ = now_seconds();
+  const SlabInterval params = optimizer_.parameters_to_save();
+  const std::vector<StateRun> states = optimizer_.states_to_save_runs();
+  int64_t total = params.end - params.begin;
+  for (const StateRun& r : states) total += r.end - r.begin;
+  if (static_cast<int64_t>(buffer_.size()) < total) buffer_.resize(static_cast<size_t>(total));
+  runs_.clear();
+  float* at = buffer_.data();
+  auto copy = [&](const std::string& slab, int64_t begin, int64_t end, const float* from) {
+    std::memcpy(at, from, static_cast<size_t>(end - begin) * sizeof(float));
+    runs_.push_back({slab, begin, end, at});
+    at += end - begin;
+  };
+  copy("", params.begin, params.end, model_.params() + params.begin);
+  for (const StateRun& r : states) copy(r.state, r.begin, r.end, r.data);
+  written_ = false;
+  shard_.clear();
+  error_.clear();
+}
+
+void Checkpointer::write_shard() {
+  try {
+    shard_ = write_rank_shard(staging_, processes_.rank(), model_.table(), runs_).dump();
+  } catch (const std::exception& e) {
+    error_ = e.what();
+  }
+  written_ = true;
+}
+
+void Checkpointer::poll() {
+  if (!in_flight_) return;
+  int64_t written = written_ ? 1 : 0;
+  if (const Communicator* w = processes_.world()) w->allreduce(&written, &written, 1, ReduceOp::min);
+  if (written) {
+    const double t0 = now_seconds();
+    commit();
+    stall_seconds_ += now_seconds() - t0;
+  }
+}
+
+void Checkpointer::finish() {
+  if (!in_flight_) return;
+  const double t0 = now_seconds();
+  commit();
+  stall_seconds_ += now_seconds() - t0;
+}
+
+void Checkpointer::commit() {
+  if (writer_.joinable()) writer_.join();
+  in_flight_ = false;
+  auto g = processes_.guard(fmt::format("checkpoint of step {}", step_));
+  // Every rank learns every rank's outcome; the descriptions travel with them.
+  const std::string mine = error_.empty() ? "ok " + shard_ : "error " + error_;
+  std::vector<std::string> all = {mine};
+  if (const Communicator* w = processes_.world()) all = allgather_strings(*w, mine);
+  std::vector<std::string> failures;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (all[r].starts_with("error "))
+      failures.push_back(fmt::format("rank {}: {}", r, all[r].substr(6)));
+  if (!failures.empty())
+    fail(fmt::format("the checkpoint of step {} failed: {}", step_, fmt::join(failures, "; ")),
+         "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
+  std::string outcome = "ok";
+  if (processes_.root()) {
+    try {
+      std::vector<json> shards;
+      for (const std::string& s : all) shards.push_back(json::parse(s.substr(3)));
+      const SavedLayout layout{processes_.ranks(), static_cast<int>(rc_.train.expert_parallel),
+                               rc_.train.zero1 && processes_.ranks() > 1};
+      const std::string path =
+          commit_sharded_checkpoint(rc_.train.run_dir, staging_, step_, rc_.model, model_.table(),
+                                    shards, state_, layout, rc_.train.keep_checkpoints);
+      if (!quiet_)
+        std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(),
+                     now_seconds() - started_);
+    } catch (const std::exception& e) {
+      outcome = e.what();
+    }
+  }
+  // Every rank learns the commit's outcome: nobody goes on past a failed one.
+  if (const Communicator* w = processes_.world()) outcome = allgather_strings(*w, outcome)[0];
+  if (outcome != "ok")
+    fail(fmt::format("the checkpoint of step {} failed: rank 0: {}", step_, outcome),
+         "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
 }
 
 }  // namespace foundry

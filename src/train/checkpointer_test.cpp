@@ -52,6 +52,7 @@ TEST_P(CheckpointerTest, ResumeRestoresEverythingBitwise) {
   trained.step(1);
   trained.step(2);
   trained.checkpointer.save(2);
+  trained.checkpointer.finish();
 
   TinyRun resumed(rc, 99);  // other weights until the checkpoint is loaded
   EXPECT_EQ(resumed.checkpointer.resume(), 2);
@@ -79,6 +80,7 @@ TEST(Checkpointer, KeepsTheNewestCheckpointsAndResumesTheLatest) {
   for (int64_t s = 1; s <= 3; ++s) {
     run.step(s);
     run.checkpointer.save(s);
+    run.checkpointer.finish();
   }
   const auto dirs = list_checkpoint_dirs(rc.train.run_dir);
   ASSERT_EQ(dirs.size(), 2u);
@@ -91,6 +93,54 @@ TEST(Checkpointer, KeepsTheNewestCheckpointsAndResumesTheLatest) {
   EXPECT_DOUBLE_EQ(state.at("schedule").at("lr").get<double>(), learning_rate(lr_schedule(rc.train), 3));
   TinyRun resumed(rc, 7);
   EXPECT_EQ(resumed.checkpointer.resume(), 3);
+}
+
+// The step loop goes on while the save is written: the checkpoint holds the state of the
+// step it was taken at, whatever the steps after it change (async save, snapshot first).
+TEST(Checkpointer, AnAsynchronousSaveHoldsTheStateOfItsStep) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path());
+  ASSERT_TRUE(rc.train.checkpoint_async);
+  TinyRun run(rc, 1);
+  make_dirs(rc.train.run_dir);
+  run.step(1);
+  run.step(2);
+  const std::vector<float> at_step_2 = run.params();
+  run.checkpointer.save(2);
+  run.step(3);  // updates the parameters and the optimizer state while the write may run
+  run.checkpointer.poll();
+  run.step(4);
+  run.checkpointer.finish();
+  ASSERT_EQ(list_checkpoint_dirs(rc.train.run_dir).size(), 1u);
+  TinyRun resumed(rc, 7);
+  EXPECT_EQ(resumed.checkpointer.resume(), 2);
+  EXPECT_EQ(resumed.params(), at_step_2);
+}
+
+TEST(Checkpointer, ASaveDueWhileOneIsInFlightWaitsOrIsSkipped) {
+  for (CheckpointOverlap overlap : {CheckpointOverlap::wait, CheckpointOverlap::skip}) {
+    TempDir dir;
+    RunConfig rc = testing::tiny_run_config(dir.path());
+    rc.train.checkpoint_overlap = overlap;
+    rc.train.keep_checkpoints = 0;
+    TinyRun run(rc, 1);
+    make_dirs(rc.train.run_dir);
+    run.step(1);
+    ::testing::internal::CaptureStderr();
+    run.checkpointer.save(1);
+    run.checkpointer.save(1 + 1);  // the first is still in flight (no poll in between)
+    run.checkpointer.finish();
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    const auto dirs = list_checkpoint_dirs(rc.train.run_dir);
+    if (overlap == CheckpointOverlap::wait) {
+      EXPECT_EQ(dirs.size(), 2u);
+      EXPECT_NE(log.find("waits for step 1"), std::string::npos) << log;
+    } else {
+      ASSERT_EQ(dirs.size(), 1u);
+      EXPECT_EQ(dirs[0].step, 1);
+      EXPECT_NE(log.find("skipping the checkpoint of step 2"), std::string::npos) << log;
+    }
+  }
 }
 
 TEST(Checkpointer, RefusesTheStateOfTheOtherOptimizer) {

@@ -57,6 +57,10 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("eval_batches", t.eval_batches, int64_t{1}, int64_t{1} << 20);
   r.get("checkpoint_every", t.checkpoint_every, int64_t{0}, int64_t{1} << 40);
   r.get("keep_checkpoints", t.keep_checkpoints, int64_t{0}, int64_t{1} << 20);
+  r.get("checkpoint_async", t.checkpoint_async);
+  r.get_choice<CheckpointOverlap>("checkpoint_overlap", t.checkpoint_overlap,
+                                  {{"wait", CheckpointOverlap::wait},
+                                   {"skip", CheckpointOverlap::skip}});
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);

@@ -13,6 +13,9 @@
 
 namespace foundry {
 
+// What a checkpoint that falls due while the previous one is being written does.
+enum class CheckpointOverlap { wait, skip };
+
 struct TrainConfig {
   int64_t steps = 1000;
   int64_t batch_size = 8;       // sequences per step
@@ -58,6 +61,12 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t checkpoint_every = 500;  // 0 = only at the end
   int64_t keep_checkpoints = 3;    // newest N kept (0 = keep all)
+  // Write checkpoints in a background thread while training goes on (the step loop only
+  // copies this rank's state into host memory), or within the step loop (false).
+  bool checkpoint_async = true;
+  // A checkpoint falls due while the previous one is still being written: wait for it to
+  // commit, or skip the new one.
+  CheckpointOverlap checkpoint_overlap = CheckpointOverlap::wait;
   double peak_gflops = 0;       // MFU denominator; 0 = measure the GEMM peak at start
   std::string run_dir = "runs/default";
 };

@@ -400,10 +400,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
 
     const bool final_step = step == total_steps || step == opt.stop_at_step;
     const int sig = signals.agreed(run.procs.world());
-    // Memory at the last step, before its checkpoint (which gathers the sharded optimizer
-    // state on rank 0: not training memory).
+    // Memory at the last step, before its checkpoint's snapshot (not training memory).
     if (final_step || sig) memory = run.memory_now();
+    run.checkpointer->poll();
     if (final_step || sig || run.checkpoint_due(step)) run.checkpointer->save(step);
+    if (final_step || sig) run.checkpointer->finish();
     if (sig) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
                    sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
