@@ -3,7 +3,10 @@
 // checkpoint stays loadable and the failure is reported.
 //
 //   FOUNDRY_CHECKPOINT_FAULT=<point>@<rank>[#<n>][:exit]
-//     point  write | before_fsync | before_commit | before_latest
+//     point  write          a rank's shard, after its parameters, before its optimizer state
+//            before_fsync   a rank's shard, written, before it is fsynced
+//            before_commit  rank 0, metadata written, before COMMITTED
+//            before_latest  rank 0, the checkpoint renamed into place, before `latest`
 //     rank   the rank that fails (set_checkpoint_fault_rank; 0 in one process)
 //     n      fail the n-th time this rank reaches the point (default 1)
 //     exit   _exit(86) there instead of throwing (a process killed mid-save)

@@ -56,12 +56,12 @@ class ShardFile {
   ShardFile& operator=(const ShardFile&) = delete;
 
   int64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
   void pad_to(int64_t align) {
     static const char zeros[kAlign] = {};
     write(zeros, (align - size_ % align) % align);
   }
   void write(const void* data, int64_t bytes) {
-    checkpoint_fault_point(CheckpointFault::disk_full, path_);
     const char* p = static_cast<const char*>(data);
     while (bytes > 0) {
       const ssize_t n = ::write(fd_, p, static_cast<size_t>(std::min<int64_t>(bytes, 1 << 30)));
@@ -322,6 +322,8 @@ json write_rank_shard(const std::string& staging, int rank, const ParamTable& ta
   ShardFile file(join(staging, name));
   json pieces = json::array();
   for (const SlabRun& run : runs) {
+    if (runs.size() > 1 && &run == &runs[1])  // once a save: parameters written, states not
+      checkpoint_fault_point(CheckpointFault::disk_full, file.path());
     for_each_tensor_in(table, run.begin, run.end, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
       int64_t at = lo;
       for (const Box& box : flat_range_to_boxes(p.shape, lo, hi)) {
