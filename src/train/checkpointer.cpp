@@ -77,6 +77,13 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
       quiet_(quiet),
       tag_(agreed_tag(processes)) {
   set_checkpoint_fault_rank(processes.rank());
+  // The snapshot buffer, allocated and touched once here rather than in the first save.
+  if (rc.train.checkpoint_async) {
+    const SlabInterval params = optimizer.parameters_to_save();
+    int64_t total = params.end - params.begin;
+    for (const StateRun& r : optimizer.states_to_save_runs()) total += r.end - r.begin;
+    buffer_.assign(static_cast<size_t>(total), 0.0f);
+  }
 }
 
 Checkpointer::~Checkpointer() {
@@ -192,45 +199,75 @@ void Checkpointer::save(int64_t step) {
                    static_cast<long long>(step), static_cast<long long>(step_));
     finish();
   }
-  snapshot(step);
+  plan(step);
   if (rc_.train.checkpoint_async) {
-    writer_ = std::thread([this] { write_shard(); });
+    // The copy runs beside the next step's forward and backward, which change neither the
+    // parameters nor the optimizer state; protect_state() waits for it before they change.
+    snapshot_pending_ = true;
+    writer_ = std::thread([this] {
+      copy_snapshot();
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        snapshot_pending_ = false;
+      }
+      snapshot_done_.notify_all();
+      write_shard();
+    });
   } else {
-    write_shard();
+    write_shard();  // straight from the live buffers: nothing changes them meanwhile
     commit();
   }
+  blocked_seconds_ = now_seconds() - t0;
+  stall_seconds_ += blocked_seconds_;
+}
+
+void Checkpointer::protect_state() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!snapshot_pending_) return;
+  const double t0 = now_seconds();
+  snapshot_done_.wait(lock, [this] { return !snapshot_pending_; });
+  blocked_seconds_ += now_seconds() - t0;
   stall_seconds_ += now_seconds() - t0;
 }
 
-// This rank's parameters and optimizer state, copied into the reused buffer.
-void Checkpointer::snapshot(int64_t step) {
+// What this rank saves: its share of the parameters and its optimizer state runs, pointing
+// at the live buffers (copy_snapshot points them at the snapshot instead).
+void Checkpointer::plan(int64_t step) {
   in_flight_ = true;
   step_ = step;
   state_ = trainer_state(step);
   staging_ = staging_dir(rc_.train.run_dir, step, tag_);
-  started_ = now_seconds();
   const SlabInterval params = optimizer_.parameters_to_save();
-  const std::vector<StateRun> states = optimizer_.states_to_save_runs();
-  int64_t total = params.end - params.begin;
-  for (const StateRun& r : states) total += r.end - r.begin;
-  if (static_cast<int64_t>(buffer_.size()) < total) buffer_.resize(static_cast<size_t>(total));
   runs_.clear();
-  float* at = buffer_.data();
-  auto copy = [&](const std::string& slab, int64_t begin, int64_t end, const float* from) {
-    std::memcpy(at, from, static_cast<size_t>(end - begin) * sizeof(float));
-    runs_.push_back({slab, begin, end, at});
-    at += end - begin;
-  };
-  copy("", params.begin, params.end, model_.params() + params.begin);
-  for (const StateRun& r : states) copy(r.state, r.begin, r.end, r.data);
+  runs_.push_back({"", params.begin, params.end, model_.params() + params.begin});
+  for (const StateRun& r : optimizer_.states_to_save_runs())
+    runs_.push_back({r.state, r.begin, r.end, r.data});
   written_ = false;
   shard_.clear();
   error_.clear();
 }
 
+// Copies every run into the reused snapshot buffer and points the runs at the copies.
+void Checkpointer::copy_snapshot() {
+  const double t0 = now_seconds();
+  int64_t total = 0;
+  for (const SlabRun& r : runs_) total += r.end - r.begin;
+  if (static_cast<int64_t>(buffer_.size()) < total) buffer_.resize(static_cast<size_t>(total));
+  float* at = buffer_.data();
+  for (SlabRun& r : runs_) {
+    std::memcpy(at, r.data, static_cast<size_t>(r.end - r.begin) * sizeof(float));
+    r.data = at;
+    at += r.end - r.begin;
+  }
+  snapshot_seconds_ = now_seconds() - t0;
+}
+
 void Checkpointer::write_shard() {
   try {
-    shard_ = write_rank_shard(staging_, processes_.rank(), model_.table(), runs_).dump();
+    const double t0 = now_seconds();
+    json shard = write_rank_shard(staging_, processes_.rank(), model_.table(), runs_);
+    shard["write_seconds"] = now_seconds() - t0;
+    shard_ = shard.dump();
   } catch (const std::exception& e) {
     error_ = e.what();
   }
@@ -255,8 +292,30 @@ void Checkpointer::finish() {
   stall_seconds_ += now_seconds() - t0;
 }
 
+// "saved checkpoint DIR: 705.2 MB from 2 ranks, written in 1.23 s (573 MB/s by the slowest
+// rank), the step loop blocked 0.081 s (snapshot 0.080 s, commit 0.001 s)".
+void Checkpointer::report_save(const std::string& path, const std::vector<json>& shards,
+                               double commit_seconds) const {
+  double bytes = 0, write_seconds = 0;
+  for (const json& s : shards) {
+    bytes += s.at("bytes").get<double>();
+    write_seconds = std::max(write_seconds, s.at("write_seconds").get<double>());
+  }
+  const std::string how =
+      rc_.train.checkpoint_async
+          ? fmt::format("its snapshot took {:.3f} s beside the next step", snapshot_seconds_)
+          : std::string("a synchronous save");
+  std::fprintf(stderr,
+               "saved checkpoint %s: %.1f MB from %zu ranks, written in %.3f s (%.0f MB/s by the "
+               "slowest rank); the step loop was blocked %.3f s (%s), the commit %.3f s\n",
+               path.c_str(), bytes / 1e6, shards.size(), write_seconds,
+               bytes / shards.size() / 1e6 / std::max(write_seconds, 1e-9), blocked_seconds_,
+               how.c_str(), commit_seconds);
+}
+
 void Checkpointer::commit() {
   if (writer_.joinable()) writer_.join();
+  const double t0 = now_seconds();
   in_flight_ = false;
   auto g = processes_.guard(fmt::format("checkpoint of step {}", step_));
   // Every rank learns every rank's outcome; the descriptions travel with them.
@@ -280,9 +339,7 @@ void Checkpointer::commit() {
       const std::string path =
           commit_sharded_checkpoint(rc_.train.run_dir, staging_, step_, rc_.model, model_.table(),
                                     shards, state_, layout, rc_.train.keep_checkpoints);
-      if (!quiet_)
-        std::fprintf(stderr, "saved checkpoint %s (%.2f s)\n", path.c_str(),
-                     now_seconds() - started_);
+      if (!quiet_) report_save(path, shards, now_seconds() - t0);
     } catch (const std::exception& e) {
       outcome = e.what();
     }

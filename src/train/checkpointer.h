@@ -2,10 +2,14 @@
 // asynchronous, and loadable under any process layout the config allows.
 //
 // A save is three phases:
-//   snapshot  (in the step loop) this rank's part of the parameters and of the optimizer
-//             state is copied into host buffers that are reused from save to save;
-//   write     (a background thread, or in the step loop with train.checkpoint_async =
-//             false) the rank's shard file is written and fsynced in the staging directory;
+//   snapshot  this rank's part of the parameters and of the optimizer state is copied into
+//             a host buffer reused from save to save, by a background thread while the next
+//             step's forward and backward run (they change neither); the step loop waits
+//             only if the copy is not done when the optimizer is about to update
+//             (protect_state);
+//   write     (the same thread; with train.checkpoint_async = false, in the step loop
+//             straight from the live buffers) the rank's shard file is written and fsynced
+//             in the staging directory;
 //   commit    (collective, at a step boundary once every rank's write is done) the ranks'
 //             outcomes are exchanged; if all succeeded rank 0 writes the metadata and the
 //             commit marker and points `latest` at the checkpoint, else every rank fails
@@ -14,8 +18,10 @@
 // (train.checkpoint_overlap).
 #pragma once
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <string>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -58,6 +64,9 @@ class Checkpointer {
   void poll();
   // Waits for the save in flight and commits it (end of run, signal). Collective.
   void finish();
+  // Before the optimizer changes the parameters or its state: waits until the snapshot of
+  // an asynchronous save (copied beside this step's forward and backward) is complete.
+  void protect_state();
 
   // Seconds the step loop spent in save() and in commits (snapshots, and writes when not
   // asynchronous), for the report.
@@ -66,9 +75,12 @@ class Checkpointer {
  private:
   struct RankShard;  // the staging directory, runs and outcome of this rank's write
   json trainer_state(int64_t step) const;
-  void snapshot(int64_t step);
+  void plan(int64_t step);
+  void copy_snapshot();
   void write_shard();  // the write phase (background thread or inline)
   void commit();       // the commit phase, collective
+  void report_save(const std::string& path, const std::vector<json>& shards,
+                   double commit_seconds) const;
   std::vector<SlabTarget> load_targets();
 
   const RunConfig& rc_;
@@ -89,9 +101,14 @@ class Checkpointer {
   std::vector<SlabRun> runs_;
   std::thread writer_;
   std::atomic<bool> written_{false};
+  std::mutex mutex_;
+  std::condition_variable snapshot_done_;
+  bool snapshot_pending_ = false;  // guarded by mutex_
   std::string shard_;  // this rank's description (JSON) or, on failure, ""
   std::string error_;  // this rank's write error
-  double started_ = 0, stall_seconds_ = 0;
+  // The save in flight: its snapshot copy, the time the step loop waited for it (save() and
+  // protect_state()); and the run's total.
+  double snapshot_seconds_ = 0, blocked_seconds_ = 0, stall_seconds_ = 0;
 };
 
 // Fails unless the checkpoint `dir` (its trainer state `saved_state`) was written by the

@@ -59,7 +59,8 @@ struct Run {
   }
   void step(int64_t s) {
     batches.next(s);
-    run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, procs.world());
+    run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, procs.world(),
+             [this] { checkpointer->protect_state(); });
   }
 
   RunConfig rc;

@@ -28,7 +28,8 @@ struct TinyRun {
   }
   void step(int64_t s) {
     batches.next(s);
-    run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, nullptr);
+    run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, nullptr,
+             [this] { checkpointer.protect_state(); });
   }
   std::vector<float> params() const {
     return {model.params(), model.params() + model.slab_size()};

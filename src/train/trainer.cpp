@@ -327,7 +327,7 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
 
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
-                    const Communicator* world) {
+                    const Communicator* world, const std::function<void()>& before_update) {
   StepResult r;
   r.lr = lr;
   model.zero_grads();
@@ -344,6 +344,7 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   }
   if (overlap) optimizer.begin_backward(model.grads());
   model.backward();
+  if (before_update) before_update();
   // The optimizer times its own phases (communication apart from the local update).
   r.grad_norm = optimizer.step(model.params(), model.grads(), lr, step, max_grad_norm);
   r.losses.loss = mean_over_ranks(world, r.losses.loss);
@@ -390,7 +391,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     auto step_guard = run.procs.guard(fmt::format("training step {}", step));
     run.batches->next(step);
     StepResult r = run_step(*run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step),
-                            step, rc.train.grad_clip, run.overlap, run.procs.world());
+                            step, rc.train.grad_clip, run.overlap, run.procs.world(),
+                            [&] { run.checkpointer->protect_state(); });
     r.seconds = now_seconds() - t0;
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;

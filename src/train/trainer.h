@@ -14,6 +14,7 @@
 // the biases are also exported to model.safetensors for Hugging Face loaders.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "base/config_reader.h"
@@ -68,10 +69,11 @@ struct StepResult {
 // gradient reduction started during it when `overlap`), the clipped optimizer step, the bf16
 // weight refresh and, for arch zaya1, the router balancers (from the class counts summed
 // over the ranks of `world`). Collective over `world` (null: one process). Fails naming the
-// step when the loss or the gradient norm is not finite.
+// step when the loss or the gradient norm is not finite. `before_update`, when set, runs
+// between the backward pass and the optimizer step (a checkpoint's snapshot must be done).
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
-                    const Communicator* world);
+                    const Communicator* world, const std::function<void()>& before_update = {});
 
 // Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
 // under a second: the denominator of MFU when the config gives no peak.
