@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/timer.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/fault.h"
@@ -104,6 +105,16 @@ std::vector<SlabTarget> Checkpointer::load_targets() {
 
 // The checkpoints to try, newest first: the one find_latest_checkpoint picks, then the
 // older ones (a checkpoint whose data fails its checksums while loading is skipped).
+void Checkpointer::check_same_tokenizer(const std::string& dir, const json& state) const {
+  auto saved = state.find("tokenizer_xxh3_64");
+  if (!tokenizer_checksum_ || saved == state.end()) return;
+  const std::string mine = hash64_hex(*tokenizer_checksum_);
+  if (*saved != mine)
+    fail(fmt::format("{} was trained with a tokenizer of XXH3-64 {}, data.dir '{}' has {}", dir,
+                     saved->dump(), rc_.data.dir, mine),
+         "resume with the dataset (and tokenizer) the run was trained on");
+}
+
 static std::vector<std::string> resume_candidates(const std::string& run_dir) {
   std::vector<std::string> candidates;
   const auto latest = find_latest_checkpoint(run_dir);
@@ -145,6 +156,7 @@ int64_t Checkpointer::resume() {
         warn(fmt::format("skipping checkpoint {}: {}", dir, fmt::join(failures, "; ")));
       continue;
     }
+    check_same_tokenizer(dir, state);
     const int64_t step = state.at("step").get<int64_t>();
     if (train_loader_) train_loader_->restore(state.at("data_cursor"));
     restore_router_balancers(model_, state, dir, /*required=*/true);
@@ -176,6 +188,7 @@ json Checkpointer::trainer_state(int64_t step) const {
                 {"optimizer", optimizer_name(tc.optimizer)},
                 {"config", rc_.source}};
   if (train_loader_) state["data_cursor"] = train_loader_->cursor();
+  if (tokenizer_checksum_) state["tokenizer_xxh3_64"] = hash64_hex(*tokenizer_checksum_);
   // The balancers are model state outside the parameter slab: saved here in full (bias and
   // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
   if (!model_.balancers().empty()) state["router_balancers"] = model_.balancer_state();

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <string>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -68,6 +69,10 @@ class Checkpointer {
   // an asynchronous save (copied beside this step's forward and backward) is complete.
   void protect_state();
 
+  // The XXH3-64 of the dataset's tokenizer.model: saved with every checkpoint, and a resume
+  // with another tokenizer is refused. Unset (synthetic data): neither.
+  void set_tokenizer_checksum(uint64_t checksum) { tokenizer_checksum_ = checksum; }
+
   // Seconds the step loop spent in save() and in commits (snapshots, and writes when not
   // asynchronous), for the report.
   double stall_seconds() const { return stall_seconds_; }
@@ -82,6 +87,7 @@ class Checkpointer {
   void report_save(const std::string& path, const std::vector<json>& shards,
                    double commit_seconds) const;
   std::vector<SlabTarget> load_targets();
+  void check_same_tokenizer(const std::string& dir, const json& state) const;
 
   const RunConfig& rc_;
   LrSchedule schedule_;
@@ -91,6 +97,7 @@ class Checkpointer {
   Processes& processes_;
   bool quiet_;
   std::string tag_;  // the same on every rank: names this run's staging directories
+  std::optional<uint64_t> tokenizer_checksum_;
 
   // The save in flight (in_flight_ from snapshot to commit).
   bool in_flight_ = false;

@@ -133,6 +133,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
                   procs.rank(), procs.ranks(), rc.model.vocab_size, tc.seed);
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
+  if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
   if (procs.root()) make_dirs(tc.run_dir);
   procs.barrier();
 }
