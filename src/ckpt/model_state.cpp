@@ -7,14 +7,55 @@
 
 namespace foundry {
 
-std::vector<ExtraTensorToSave> balancing_bias_tensors(const Model& model) {
+std::vector<ExtraTensorToSave> balancing_bias_tensors(
+    const std::vector<ops::ZayaBalancer>& balancers) {
   std::vector<ExtraTensorToSave> tensors;
-  const auto& balancers = model.balancers();
   for (size_t l = 0; l < balancers.size(); ++l)
     tensors.push_back({fmt::format("model.layers.{}.mlp.gate.balancing_biases", l),
                        {balancers[l].classes()},
                        balancers[l].bias.data()});
   return tensors;
+}
+
+std::vector<ExtraTensorToSave> balancing_bias_tensors(const Model& model) {
+  return balancing_bias_tensors(model.balancers());
+}
+
+std::vector<ops::ZayaBalancer> saved_router_balancers(const ModelConfig& config,
+                                                      const json& trainer_state,
+                                                      const std::string& where) {
+  if (!config.is_zaya()) return {};
+  ops::ZayaBalancerOptions o;  // as Model::reset_balancers builds them
+  o.lr = config.balance_bias_lr;
+  o.skip_bias_init = static_cast<float>(config.skip_bias_init);
+  std::vector<ops::ZayaBalancer> balancers(
+      static_cast<size_t>(config.n_layers),
+      ops::ZayaBalancer(config.n_experts, config.router_skip_class, o));
+  auto it = trainer_state.find("router_balancers");
+  if (it == trainer_state.end() || (it->is_array() && it->empty())) {
+    std::fprintf(stderr, "warning: %s has no \"router_balancers\"; the initial balancing "
+                         "biases are used\n", where.c_str());
+    return balancers;
+  }
+  if (!it->is_array() || it->size() != balancers.size())
+    fail(fmt::format("{}: \"router_balancers\" holds {} MoE sublayers, the model has {}", where,
+                     it->is_array() ? it->size() : 0, balancers.size()),
+         "the checkpoint is corrupt or was written for another model");
+  try {
+    for (size_t l = 0; l < balancers.size(); ++l) {
+      const json& s = (*it)[l];
+      balancers[l].load_state(s.at("bias").get<std::vector<float>>(),
+                              s.at("exp_avg").get<std::vector<float>>(),
+                              s.at("exp_avg_sq").get<std::vector<float>>(),
+                              s.at("step").get<int64_t>());
+    }
+  } catch (const json::exception& e) {
+    fail(fmt::format("{}: \"router_balancers\" is malformed: {}", where, e.what()),
+         "the checkpoint is corrupt or was written by another version of foundry");
+  } catch (const Error& e) {
+    fail(fmt::format("{}: {}", where, e.what()), e.hint());
+  }
+  return balancers;
 }
 
 void restore_router_balancers(Model& model, const json& trainer_state,

@@ -132,7 +132,7 @@ class HashingFileWriter {
 
 // The JSON header, written by hand: keys stay in tensor order (readable with `head -c`)
 // and building it stays linear in the number of tensors.
-std::string build_header(const std::vector<TensorToWrite>& tensors,
+std::string build_header(const std::vector<TensorHeader>& tensors,
                          const std::map<std::string, std::string>& metadata,
                          const std::vector<uint64_t>& tensor_bytes) {
   fmt::memory_buffer out;
@@ -145,7 +145,7 @@ std::string build_header(const std::vector<TensorToWrite>& tensors,
   }
   uint64_t offset = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToWrite& t = tensors[i];
+    const TensorHeader& t = tensors[i];
     fmt::format_to(std::back_inserter(out),
                    "{}{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
                    first ? "" : ",", quoted(t.name), dtype_name(t.dtype),
@@ -158,6 +158,23 @@ std::string build_header(const std::vector<TensorToWrite>& tensors,
   // Spaces up to a multiple of 8, so the data part starts 8-byte aligned in the file.
   header.resize((header.size() + 7) / 8 * 8, ' ');
   return header;
+}
+
+// Each tensor's size in bytes, after checking its name and shape.
+std::vector<uint64_t> checked_tensor_bytes(const std::string& path,
+                                           const std::vector<TensorHeader>& tensors) {
+  std::vector<uint64_t> tensor_bytes(tensors.size());
+  std::set<std::string> names;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorHeader& t = tensors[i];
+    if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second)
+      fail(fmt::format("{}: cannot write tensor name '{}' (empty, reserved or repeated)", path,
+                       t.name));
+    if (!byte_size(t.shape, dtype_bytes(t.dtype), &tensor_bytes[i]))
+      fail(fmt::format("{}: tensor '{}' has an invalid shape [{}]", path, t.name,
+                       fmt::join(t.shape, ", ")));
+  }
+  return tensor_bytes;
 }
 
 }  // namespace
@@ -175,30 +192,50 @@ bool parse_dtype(const std::string& name, StDtype* out) {
   return false;
 }
 
+struct SafetensorsStreamWriter::State {
+  std::vector<TensorHeader> tensors;
+  std::vector<uint64_t> tensor_bytes;
+  size_t next = 0;  // the tensor write_tensor expects
+  HashingFileWriter file;
+  State(const std::string& path, const std::vector<TensorHeader>& headers)
+      : tensors(headers), tensor_bytes(checked_tensor_bytes(path, headers)), file(path) {}
+};
+
+SafetensorsStreamWriter::SafetensorsStreamWriter(const std::string& path,
+                                                 const std::vector<TensorHeader>& tensors,
+                                                 const std::map<std::string, std::string>& metadata)
+    : state_(std::make_unique<State>(path, tensors)) {
+  const std::string header = build_header(state_->tensors, metadata, state_->tensor_bytes);
+  uint8_t header_length[8];
+  const uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) header_length[i] = static_cast<uint8_t>(n >> (8 * i));
+  state_->file.write(header_length, sizeof header_length);
+  state_->file.write(header.data(), header.size());
+}
+
+SafetensorsStreamWriter::~SafetensorsStreamWriter() = default;
+
+void SafetensorsStreamWriter::write_tensor(const std::string& name, const void* data) {
+  State& s = *state_;
+  FOUNDRY_CHECK(s.next < s.tensors.size() && s.tensors[s.next].name == name);
+  FOUNDRY_CHECK(data != nullptr || s.tensor_bytes[s.next] == 0);
+  s.file.write(data, s.tensor_bytes[s.next]);
+  ++s.next;
+}
+
+FileDigest SafetensorsStreamWriter::finish() {
+  FOUNDRY_CHECK(state_->next == state_->tensors.size());
+  return state_->file.finish();
+}
+
 FileDigest write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                              const std::map<std::string, std::string>& metadata) {
-  std::vector<uint64_t> tensor_bytes(tensors.size());
-  std::set<std::string> names;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const TensorToWrite& t = tensors[i];
-    if (t.name.empty() || t.name == "__metadata__" || !names.insert(t.name).second)
-      fail(fmt::format("{}: cannot write tensor name '{}' (empty, reserved or repeated)", path,
-                       t.name));
-    if (!byte_size(t.shape, dtype_bytes(t.dtype), &tensor_bytes[i]))
-      fail(fmt::format("{}: tensor '{}' has an invalid shape [{}]", path, t.name,
-                       fmt::join(t.shape, ", ")));
-    FOUNDRY_CHECK(t.data != nullptr || tensor_bytes[i] == 0);
-  }
-  const std::string header = build_header(tensors, metadata, tensor_bytes);
-
-  HashingFileWriter file(path);
-  uint8_t header_length[8];
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) header_length[i] = static_cast<uint8_t>(n >> (8 * i));
-  file.write(header_length, sizeof header_length);
-  file.write(header.data(), header.size());
-  for (size_t i = 0; i < tensors.size(); ++i) file.write(tensors[i].data, tensor_bytes[i]);
-  return file.finish();
+  std::vector<TensorHeader> headers;
+  headers.reserve(tensors.size());
+  for (const TensorToWrite& t : tensors) headers.push_back({t.name, t.dtype, t.shape});
+  SafetensorsStreamWriter writer(path, headers, metadata);
+  for (const TensorToWrite& t : tensors) writer.write_tensor(t.name, t.data);
+  return writer.finish();
 }
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) { parse(); }

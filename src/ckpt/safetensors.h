@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -51,6 +52,35 @@ struct FileDigest {
 // On failure the partial file is removed. Names must be unique and not "__metadata__".
 FileDigest write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors,
                              const std::map<std::string, std::string>& metadata = {});
+
+// A tensor's entry in the header of a file written by SafetensorsStreamWriter.
+struct TensorHeader {
+  std::string name;
+  StDtype dtype = StDtype::F32;
+  std::vector<int64_t> shape;
+};
+
+// Writes a safetensors file one tensor at a time, so the tensors need not be in memory
+// together: the header (from every tensor's name, dtype and shape) goes out first, then
+// each tensor's bytes in the declared order. The same checks and file as write_safetensors;
+// the partial file is removed unless finish() succeeds.
+class SafetensorsStreamWriter {
+ public:
+  SafetensorsStreamWriter(const std::string& path, const std::vector<TensorHeader>& tensors,
+                          const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsStreamWriter();
+  SafetensorsStreamWriter(const SafetensorsStreamWriter&) = delete;
+  SafetensorsStreamWriter& operator=(const SafetensorsStreamWriter&) = delete;
+
+  // The next tensor's bytes (its name must be the next one declared).
+  void write_tensor(const std::string& name, const void* data);
+  // Fsyncs and closes the file; fails unless every declared tensor was written.
+  FileDigest finish();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 // One tensor inside a mapped file; `data` is valid while the reader lives.
 struct TensorView {

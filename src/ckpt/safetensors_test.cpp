@@ -143,6 +143,34 @@ TEST_F(SafetensorsTest, WriterRejectsRepeatedAndReservedNames) {
   EXPECT_FALSE(fs::exists(path("r.safetensors")));
 }
 
+TEST_F(SafetensorsTest, StreamWriterWritesTheSameFileTensorByTensor) {
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};
+  const std::vector<uint16_t> b = {7, 8, 9};
+  const std::vector<TensorToWrite> tensors = {{"a", StDtype::F32, {2, 3}, a.data()},
+                                              {"b", StDtype::BF16, {3}, b.data()}};
+  const FileDigest whole = write_safetensors(path("whole.safetensors"), tensors, {{"format", "pt"}});
+  SafetensorsStreamWriter writer(path("streamed.safetensors"),
+                                 {{"a", StDtype::F32, {2, 3}}, {"b", StDtype::BF16, {3}}},
+                                 {{"format", "pt"}});
+  writer.write_tensor("a", a.data());
+  writer.write_tensor("b", b.data());
+  const FileDigest streamed = writer.finish();
+  EXPECT_EQ(streamed.bytes, whole.bytes);
+  EXPECT_EQ(streamed.xxh3_64, whole.xxh3_64);
+}
+
+TEST_F(SafetensorsTest, StreamWriterRemovesAnUnfinishedFile) {
+  const float x = 1;
+  {
+    SafetensorsStreamWriter writer(path("s.safetensors"),
+                                   {{"x", StDtype::F32, {1}}, {"y", StDtype::F32, {1}}});
+    writer.write_tensor("x", &x);
+    EXPECT_THROW(writer.write_tensor("x", &x), Error);  // out of order
+    EXPECT_THROW(writer.finish(), Error);               // "y" never written
+  }
+  EXPECT_FALSE(fs::exists(path("s.safetensors")));
+}
+
 TEST_F(SafetensorsTest, ReaderAcceptsAHandWrittenFile) {
   // Two U8 tensors, the second zero-sized, no metadata, unpadded header.
   const std::string file = write_raw(

@@ -1,0 +1,169 @@
+#include "ckpt/export.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+
+#include <fmt/ranges.h>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/timer.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_dir.h"
+#include "ckpt/inspect.h"
+#include "ckpt/model_state.h"
+#include "ckpt/safetensors.h"
+
+namespace foundry {
+namespace {
+
+namespace fs = std::filesystem;
+
+// A version 2 checkpoint is read a batch of consecutive parameters per call (each call
+// parses the metadata once): up to this many bytes, or one larger tensor alone, so memory
+// holds about the largest tensor.
+constexpr int64_t kMinBatchBytes = int64_t{64} << 20;
+
+// Receives each parameter's values, in table order; `values` is valid during the call.
+using ParamSink = std::function<void(const ParamInfo& p, const float* values)>;
+
+// Consecutive parameters [first, last) of the table: one slab range.
+struct ParamBatch {
+  size_t first = 0, last = 0;
+};
+
+std::vector<ParamBatch> param_batches(const ParamTable& table) {
+  const std::vector<ParamInfo>& params = table.params();
+  int64_t largest = 0;
+  for (const ParamInfo& p : params) largest = std::max(largest, p.numel);
+  const int64_t limit = std::max(largest, kMinBatchBytes / static_cast<int64_t>(sizeof(float)));
+  std::vector<ParamBatch> batches;
+  ParamBatch batch;
+  for (size_t i = 0; i < params.size(); ++i) {
+    FOUNDRY_CHECK(i == 0 || params[i].offset >= params[i - 1].offset + params[i - 1].numel);
+    if (batch.last > batch.first &&
+        params[i].offset + params[i].numel - params[batch.first].offset > limit) {
+      batches.push_back(batch);
+      batch = {i, i};
+    }
+    batch.last = i + 1;
+  }
+  if (batch.last > batch.first) batches.push_back(batch);
+  return batches;
+}
+
+void read_sharded_params(const std::string& dir, const ModelConfig& config,
+                         const ParamTable& table, const ParamSink& sink) {
+  const std::vector<ParamInfo>& params = table.params();
+  std::vector<float> buffer;  // grows to the largest batch once
+  for (const ParamBatch& b : param_batches(table)) {
+    const int64_t begin = params[b.first].offset;
+    const int64_t end = params[b.last - 1].offset + params[b.last - 1].numel;
+    buffer.resize(static_cast<size_t>(std::max<int64_t>(end - begin, buffer.size())));
+    load_checkpoint_targets(dir, config, table, {{"", begin, end, buffer.data()}});
+    for (size_t i = b.first; i < b.last; ++i) sink(params[i], buffer.data() + (params[i].offset - begin));
+  }
+}
+
+// Version 1: straight from the mapped model.safetensors (its checksum already verified).
+void read_v1_params(const std::string& dir, const ParamTable& table, const ParamSink& sink) {
+  const SafetensorsReader model(join(dir, kModelFile));
+  for (const ParamInfo& p : table.params()) {
+    const TensorView& t = model.get(p.name);
+    if (t.dtype != StDtype::F32 || t.shape != p.shape)
+      fail(fmt::format("{}: tensor '{}' is {} [{}], the model needs F32 [{}]", model.path(),
+                       t.name, dtype_name(t.dtype), fmt::join(t.shape, ", "),
+                       fmt::join(p.shape, ", ")),
+           kCorruptHint);
+    sink(p, reinterpret_cast<const float*>(t.data));
+  }
+}
+
+FileDigest write_model_file(const std::string& path, const std::string& dir, int version,
+                            const ModelConfig& config, const ParamTable& table,
+                            const std::vector<ExtraTensorToSave>& extras) {
+  std::vector<TensorHeader> headers;
+  for (const ParamInfo& p : table.params()) headers.push_back({p.name, StDtype::F32, p.shape});
+  for (const ExtraTensorToSave& e : extras) headers.push_back({e.name, StDtype::F32, e.shape});
+  // Hugging Face loaders look for this metadata to know the tensors are PyTorch-compatible.
+  SafetensorsStreamWriter writer(path, headers, {{"format", "pt"}});
+  const ParamSink sink = [&](const ParamInfo& p, const float* values) {
+    writer.write_tensor(p.name, values);
+  };
+  if (version == kShardedFormatVersion)
+    read_sharded_params(dir, config, table, sink);
+  else
+    read_v1_params(dir, table, sink);
+  for (const ExtraTensorToSave& e : extras) writer.write_tensor(e.name, e.data);
+  return writer.finish();
+}
+
+void check_out_dir(const std::string& out) {
+  std::error_code ec;
+  if (!fs::exists(out, ec)) return;
+  if (!fs::is_directory(out, ec))
+    fail(fmt::format("export directory '{}' exists and is not a directory", out),
+         "export into a new or empty directory");
+  if (!fs::is_empty(out, ec))
+    fail(fmt::format("export directory '{}' is not empty", out),
+         "export into a new or empty directory; nothing was written");
+}
+
+// Renames the finished `tmp` to `out` (absent or an empty directory) and makes it durable.
+void publish_export(const std::string& tmp, const std::string& out) {
+  fsync_path(tmp);
+  if (::rename(tmp.c_str(), out.c_str()) != 0)
+    fail(fmt::format("cannot rename '{}' to '{}': {}", tmp, out, std::strerror(errno)),
+         "export into a new or empty directory");
+  const std::string parent = fs::path(out).parent_path().string();
+  fsync_path(parent.empty() ? "." : parent);
+}
+
+std::string without_trailing_slash(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+}  // namespace
+
+ExportReport export_hf_model(const std::string& checkpoint_dir, const std::string& out_dir) {
+  const double t0 = now_seconds();
+  const std::string out = without_trailing_slash(out_dir);
+  const int version = checkpoint_format_version(checkpoint_dir);
+  check_out_dir(out);
+  verify_checkpoint(checkpoint_dir);  // v2: metadata and file sizes; v1: every checksum
+  const ModelConfig config = checkpoint_model_config(checkpoint_dir);
+  const ParamTable table(config);
+  const std::string state_where =
+      version == kShardedFormatVersion ? join(checkpoint_dir, kMetadataFile) + " (trainer_state)"
+                                       : join(checkpoint_dir, kTrainerStateFile);
+  const std::vector<ops::ZayaBalancer> balancers =
+      saved_router_balancers(config, read_checkpoint_trainer_state(checkpoint_dir), state_where);
+  const std::vector<ExtraTensorToSave> extras = balancing_bias_tensors(balancers);
+
+  const std::string tmp = fmt::format("{}.tmp-{}", out, ::getpid());
+  remove_all(tmp);
+  make_dirs(tmp);
+  ExportReport report;
+  try {
+    report.bytes = static_cast<int64_t>(
+        write_model_file(join(tmp, kModelFile), checkpoint_dir, version, config, table, extras)
+            .bytes);
+    write_json_file(join(tmp, kConfigFile), hf_config_json(config));
+    publish_export(tmp, out);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  report.tensors = static_cast<int64_t>(table.params().size() + extras.size());
+  report.seconds = now_seconds() - t0;
+  return report;
+}
+
+}  // namespace foundry

@@ -1,0 +1,151 @@
+#include "ckpt/export.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "base/io.h"
+#include "base/test_expect_error.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/model_state.h"
+#include "ckpt/safetensors.h"
+#include "ckpt/test_support.h"
+
+namespace foundry {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::CheckpointDirTest;
+
+using ExportTest = CheckpointDirTest;
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST_F(ExportTest, AVersionTwoCheckpointFromThreeRanksExportsEveryParameterBitForBit) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const ParamTable table(config);
+  const std::vector<float> params = testing::random_slab(table.total_elements(), 1);
+  const std::vector<float> exp_avg = testing::random_slab(table.total_elements(), 2);
+  const std::string dir = testing::save_from_ranks(
+      root_ + "/run", 10, 3, config, {{"", &params, {}}, {"exp_avg", &exp_avg, {}}}, {{"step", 10}});
+
+  const ExportReport report = export_hf_model(dir, root_ + "/hf");
+  EXPECT_EQ(report.tensors, static_cast<int64_t>(table.params().size()));
+  EXPECT_EQ(entries(root_ + "/hf"), (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"hf", "run"}));  // nothing left over
+
+  const SafetensorsReader file(root_ + "/hf/model.safetensors");
+  EXPECT_EQ(report.bytes, static_cast<int64_t>(fs::file_size(file.path())));
+  EXPECT_EQ(file.metadata().at("format"), "pt");
+  ASSERT_EQ(file.tensors().size(), table.params().size());
+  for (size_t i = 0; i < table.params().size(); ++i) {
+    const ParamInfo& p = table.params()[i];
+    const TensorView& t = file.tensors()[i];  // in table order
+    EXPECT_EQ(t.name, p.name);
+    EXPECT_EQ(t.dtype, StDtype::F32);
+    EXPECT_EQ(t.shape, p.shape);
+    EXPECT_EQ(std::memcmp(t.data, params.data() + p.offset, p.numel * sizeof(float)), 0) << p.name;
+  }
+  EXPECT_EQ(load_json_file(root_ + "/hf/config.json"), hf_config_json(config));
+}
+
+// Balancers moved away from their initial state, and the trainer state that holds them.
+std::vector<ops::ZayaBalancer> trained_balancers(const ModelConfig& config) {
+  ops::ZayaBalancerOptions o;
+  o.lr = config.balance_bias_lr;
+  o.skip_bias_init = static_cast<float>(config.skip_bias_init);
+  std::vector<ops::ZayaBalancer> balancers;
+  for (int64_t l = 0; l < config.n_layers; ++l) {
+    balancers.emplace_back(config.n_experts, config.router_skip_class, o);
+    std::vector<int64_t> counts(static_cast<size_t>(config.router_classes()), 1);
+    counts[static_cast<size_t>(l)] = 9;
+    for (int step = 0; step < 3; ++step) balancers.back().update(counts.data(), 8 + counts.size());
+  }
+  return balancers;
+}
+
+json state_with(const std::vector<ops::ZayaBalancer>& balancers) {
+  json layers = json::array();
+  for (const auto& b : balancers)
+    layers.push_back({{"bias", b.bias}, {"exp_avg", b.exp_avg}, {"exp_avg_sq", b.exp_avg_sq},
+                      {"step", b.step}});
+  return {{"step", 3}, {"router_balancers", layers}};
+}
+
+TEST_F(ExportTest, Zaya1ExportsAreTheModelFileVersionOneWroteFromEitherVersion) {
+  const ModelConfig config = testing::tiny_zaya_config();
+  config.validate("tiny_zaya_config");
+  const ParamTable table(config);
+  const std::vector<float> params = testing::random_slab(table.total_elements(), 3);
+  const std::vector<ops::ZayaBalancer> balancers = trained_balancers(config);
+  const json state = state_with(balancers);
+  const std::string v1 = save_checkpoint(root_ + "/v1", 3, config, table, params.data(), {}, state,
+                                         0, balancing_bias_tensors(balancers));
+  const std::string v2 =
+      testing::save_from_ranks(root_ + "/v2", 3, 3, config, {{"", &params, {}}}, state);
+  export_hf_model(v1, root_ + "/hf1");
+  export_hf_model(v2, root_ + "/hf2");
+  const std::vector<uint8_t> written = read_binary_file(v1 + "/model.safetensors");
+  EXPECT_EQ(read_binary_file(root_ + "/hf1/model.safetensors"), written);
+  EXPECT_EQ(read_binary_file(root_ + "/hf2/model.safetensors"), written);
+  const SafetensorsReader file(root_ + "/hf2/model.safetensors");
+  const TensorView& bias = file.get("model.layers.1.mlp.gate.balancing_biases");
+  EXPECT_EQ(std::memcmp(bias.data, balancers[1].bias.data(), bias.bytes), 0);
+}
+
+TEST_F(ExportTest, AnOutputThatIsNotAnEmptyDirectoryIsRefusedAndLeftAsItWas) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 4);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 1, 1, config, {{"", &params, {}}}, {{"step", 1}});
+  fs::create_directories(root_ + "/full");
+  std::ofstream(root_ + "/full/keep.txt") << "mine";
+  expect_error([&] { export_hf_model(dir, root_ + "/full"); }, "'" + root_ + "/full' is not empty");
+  EXPECT_EQ(entries(root_ + "/full"), std::vector<std::string>{"keep.txt"});
+  std::ofstream(root_ + "/file") << "x";
+  expect_error([&] { export_hf_model(dir, root_ + "/file"); }, "is not a directory");
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"file", "full", "run"}));
+
+  fs::create_directories(root_ + "/empty");
+  export_hf_model(dir, root_ + "/empty/");  // an empty directory is fine
+  EXPECT_TRUE(path_exists(root_ + "/empty/model.safetensors"));
+}
+
+TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 2, 2, config, {{"", &params, {}}}, {{"step", 2}});
+  const json metadata = read_sharded_metadata(dir);
+  int64_t offset = -1;
+  for (const json& p : metadata["pieces"])
+    if (p["file"] == 1) offset = p["byte_offset"].get<int64_t>() + 4;
+  ASSERT_GE(offset, 0);
+  {
+    std::fstream f(dir + "/rank_00001.bin", std::ios::in | std::ios::out | std::ios::binary);
+    char c = 0;
+    f.seekg(offset);
+    f.get(c);
+    f.seekp(offset);
+    f.put(static_cast<char>(c ^ 0x10));
+  }
+  expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, "rank_00001.bin: bytes [");
+  EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
+}
+
+TEST_F(ExportTest, ADirectoryThatIsNotACheckpointIsNamed) {
+  expect_error([&] { export_hf_model(root_ + "/nothing", root_ + "/hf"); },
+               "checkpoint '" + root_ + "/nothing' does not exist");
+  expect_error([&] { export_hf_model(root_, root_ + "/hf"); },
+               "'" + root_ + "' is not a Foundry checkpoint");
+}
+
+}  // namespace
+}  // namespace foundry
