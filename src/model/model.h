@@ -149,19 +149,12 @@ class Model {
   // ZeRO-1 keeps the parameters of its shard, which it updates: zero1_released_ranges).
   // Those pages go back to the OS and read as zero. The slabs keep these holes (PageSlab):
   // init_weights, zero_grads, sync_weights and backward never write them, so a rank holds its
-  // experts and the dense tensors, not the whole model; the data-parallel all-gather skips
-  // released_param_ranges(); a writer of the whole parameter slab goes through
-  // write_parameters. Must be set between steps.
+  // experts and the dense tensors, not the whole model; the data-parallel all-gather and
+  // checkpoint loads skip released_param_ranges(). Must be set between steps.
   void shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released);
   // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
   const std::vector<std::pair<int64_t, int64_t>>& released_param_ranges() const {
     return params_.holes();
-  }
-  // Runs fn(params()) for a writer of the whole parameter slab (loading a checkpoint,
-  // gathering every parameter to save one) and releases the unstored ranges again after it.
-  template <typename F>
-  decltype(auto) write_parameters(F&& fn) {
-    return params_.write_all(std::forward<F>(fn));
   }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
   int64_t resident_slab_bytes() const {

@@ -77,17 +77,6 @@ class LocalOptimizer final : public DataParallelOptimizer {
         n += static_cast<int64_t>(muon_->state(name).size());
     return n * static_cast<int64_t>(sizeof(float));
   }
-  std::vector<OptimizerStateSlab> states_to_save() override {
-    std::vector<OptimizerStateSlab> states;
-    for (const std::string& name : AdamW::state_names())
-      states.push_back({name, adam_.state(name).data()});
-    if (muon_)
-      for (const std::string& name : Muon::state_names())
-        states.push_back({name, muon_->state(name).data()});
-    return states;
-  }
-  std::vector<OptimizerStateSlab> states_to_load() override { return states_to_save(); }
-  void finish_load() override {}
   SlabInterval parameters_to_save() const override { return {0, table_.total_elements()}; }
   // Each tensor's state in the slabs of the optimizer that updates it.
   std::vector<StateRun> states_to_save_runs() override {
@@ -105,7 +94,6 @@ class LocalOptimizer final : public DataParallelOptimizer {
   std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
   void shard_expert_storage(Model&, int) override {}
-  void gather_parameters_to_root(float*) override {}
   std::string describe() const override { return describe_split(table_, muon_.has_value()); }
   const char* layout_name() const override { return "single process"; }
   void set_op_times(OpTimes* times) override { op_times_ = times; }
@@ -155,9 +143,6 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   const GradientReduceStats* last_reduce() const override { return &last_reduce_; }
 
   int64_t state_bytes() const override { return local_.state_bytes(); }
-  std::vector<OptimizerStateSlab> states_to_save() override { return local_.states_to_save(); }
-  std::vector<OptimizerStateSlab> states_to_load() override { return local_.states_to_load(); }
-  void finish_load() override {}
   // Every rank holds everything: each saves an even share, and loads all.
   SlabInterval parameters_to_save() const override {
     return even_share(local_.parameters_to_save().end, ranks_, rank_);
@@ -169,7 +154,6 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
 
   // Every rank updates every parameter, so every rank keeps them all.
   void shard_expert_storage(Model&, int) override {}
-  void gather_parameters_to_root(float*) override {}
   std::string describe() const override {
     return local_.describe() + fmt::format(", replicated on {} ranks (train.zero1 = false)", ranks_);
   }
@@ -204,27 +188,6 @@ class ShardedOptimizer final : public DataParallelOptimizer {
   const GradientReduceStats* last_reduce() const override { return &zero1_.last_reduce(); }
 
   int64_t state_bytes() const override { return zero1_.allocated_bytes(); }
-  std::vector<OptimizerStateSlab> states_to_save() override {
-    gathered_.clear();
-    for (const std::string& name : zero1_.state_names())
-      gathered_.push_back({name, zero1_.gather_state(name)});
-    std::vector<OptimizerStateSlab> states;
-    if (zero1_.rank() == 0)
-      for (auto& [name, slab] : gathered_) states.push_back({name, slab.data()});
-    return states;
-  }
-  std::vector<OptimizerStateSlab> states_to_load() override {
-    gathered_.clear();
-    std::vector<OptimizerStateSlab> states;
-    for (const std::string& name : zero1_.state_names())
-      gathered_.push_back({name, std::vector<float>(static_cast<size_t>(table_.total_elements()))});
-    for (auto& [name, slab] : gathered_) states.push_back({name, slab.data()});
-    return states;
-  }
-  void finish_load() override {
-    for (const auto& [name, slab] : gathered_) zero1_.load_state(name, slab);
-    gathered_.clear();
-  }
   SlabInterval parameters_to_save() const override {
     const SlabRange s = zero1_.layout().shard(zero1_.rank());
     return {s.begin, s.end};
@@ -246,7 +209,6 @@ class ShardedOptimizer final : public DataParallelOptimizer {
     zero1_.set_released_ranges(std::move(released));
     zero1_.set_zero_gradient_ranges(std::move(unowned));
   }
-  void gather_parameters_to_root(float* params) override { zero1_.gather_released(params, 0); }
   std::string describe() const override {
     return describe_split(table_, muon_on_) + fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
   }
@@ -257,7 +219,6 @@ class ShardedOptimizer final : public DataParallelOptimizer {
   const ParamTable& table_;
   bool muon_on_;
   Zero1Optimizer zero1_;
-  std::vector<std::pair<std::string, std::vector<float>>> gathered_;  // whole state slabs
 };
 
 }  // namespace

@@ -9,9 +9,9 @@
 //   ZeRO-1           data parallel with the optimizer state sharded over the ranks
 //                    (optim/zero1.h): reduce-scatter, a local step on the shard, all-gather.
 //
-// Every implementation clips the global gradient norm before updating, and checkpoints hold
-// every state slab in full, named as the single-process optimizers name them, so a
-// checkpoint written under one layout loads under any other.
+// Every implementation clips the global gradient norm before updating. For checkpoints each
+// names the runs of state it keeps, in the single-process optimizers' slab coordinates and
+// state names, so a checkpoint written under one layout loads under any other.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -29,13 +29,6 @@ namespace foundry {
 
 class Communicator;
 class Model;
-
-// A whole optimizer state slab (the parameter table's layout), by its state name
-// ("exp_avg", "exp_avg_sq", "muon_momentum").
-struct OptimizerStateSlab {
-  std::string name;
-  float* data = nullptr;
-};
 
 // Slab elements [begin, end).
 struct SlabInterval {
@@ -90,24 +83,11 @@ class DataParallelOptimizer {
   // The runs this rank fills when it loads (every element it keeps in this layout).
   virtual std::vector<StateRun> states_to_load_runs() = 0;
 
-  // Checkpoints. states_to_save is collective under ZeRO-1 (the shards are gathered on rank
-  // 0, whose pointers stay valid until the next call; the other ranks get an empty list).
-  // states_to_load gives the buffers a checkpoint load fills; finish_load (collective under
-  // ZeRO-1) then makes them the optimizer's state.
-  virtual std::vector<OptimizerStateSlab> states_to_save() = 0;
-  virtual std::vector<OptimizerStateSlab> states_to_load() = 0;
-  virtual void finish_load() = 0;
-
   // Under ZeRO-1 with expert parallelism (`ep_size` > 1): `model` stops storing the other EP
   // ranks' experts outside this rank's shard, and the reductions skip them
   // (Model::shard_expert_storage). A no-op for the layouts that update every parameter on
   // every rank.
   virtual void shard_expert_storage(Model& model, int ep_size) = 0;
-  // Collective: before rank 0 writes a checkpoint it receives the parameters it does not
-  // store (inside Model::write_parameters, which releases them after). A no-op unless
-  // storage is sharded.
-  virtual void gather_parameters_to_root(float* params) = 0;
-
   // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
   // "adamw (all 21 tensors, 1.24M params)", with the layout (", ZeRO-1 over N ranks").
   virtual std::string describe() const = 0;

@@ -9,8 +9,10 @@
 #include <cmath>
 #include <vector>
 
+
 #include "comm/comm.h"
 #include "optim/optimizer.h"
+#include "optim/checkpoint_state_test_util.h"
 #include "optim/test_util.h"
 
 namespace foundry {
@@ -98,22 +100,11 @@ TEST_P(DataParallelOptimizerTest, CheckpointStateRoundTripsUnderTheSameLayout) {
     std::vector<float> grads = rank_gradient(table, step, world().rank());
     trained->step(params.data(), grads.data(), 1e-2, step, 1.0);
   }
-  // Rank 0 holds the whole slabs (as a checkpoint writer would); the loading optimizer reads
-  // them from rank 0's buffers after every rank received a copy.
-  const auto saved = trained->states_to_save();
+  // Each rank saves its runs; the loading optimizer of each rank fills its own runs.
+  const auto saved = test::saved_state(*trained, table.total_elements(), &world());
+  ASSERT_EQ(saved.size(), with_muon ? 3u : 2u);
   auto resumed = make_optimizer(table, options(with_muon, zero1), &world());
-  const auto load = resumed->states_to_load();
-  ASSERT_EQ(load.size(), with_muon ? 3u : 2u);
-  std::vector<float> slab(static_cast<size_t>(table.total_elements()));
-  for (size_t i = 0; i < load.size(); ++i) {
-    if (world().rank() == 0) {
-      ASSERT_EQ(saved[i].name, load[i].name);
-      std::copy_n(saved[i].data, slab.size(), slab.data());
-    }
-    world().broadcast(slab.data(), slab.size(), 0);
-    std::copy(slab.begin(), slab.end(), load[i].data);
-  }
-  resumed->finish_load();
+  test::load_state(*resumed, saved);
   std::vector<float> p1 = params, p2 = params;
   std::vector<float> g1 = rank_gradient(table, 3, world().rank()), g2 = g1;
   trained->step(p1.data(), g1.data(), 1e-2, 3, 1.0);
@@ -129,7 +120,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // What a checkpoint holds does not depend on the layout: after the same steps, the state
-// slabs ZeRO-1 gathers equal the replicated optimizer's (within the summation-order tolerance).
+// the ZeRO-1 ranks save equals the replicated optimizer's (within the summation-order
+// tolerance), and each element is saved by exactly one rank.
 TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
   ParamTable table(test::tiny_moe_config());
   auto sharded = make_optimizer(table, options(true, true), &world());
@@ -140,18 +132,19 @@ TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
     sharded->step(p1.data(), g1.data(), 1e-2, step, 1.0);
     replicated->step(p2.data(), g2.data(), 1e-2, step, 1.0);
   }
-  const auto a = sharded->states_to_save();
-  const auto b = replicated->states_to_save();
-  if (world().rank() != 0) {
-    EXPECT_TRUE(a.empty());  // only rank 0 receives the gathered slabs
-    return;
-  }
+  // Every element any rank saves is saved by exactly one rank.
+  std::vector<double> times(static_cast<size_t>(table.total_elements()), 0.0);
+  for (const StateRun& r : sharded->states_to_save_runs())
+    if (r.state == "exp_avg" || r.state == "muon_momentum")
+      for (int64_t i = r.begin; i < r.end; ++i) times[i] += 1;
+  world().allreduce(times.data(), times.data(), times.size());
+  EXPECT_EQ(std::count_if(times.begin(), times.end(), [](double t) { return t > 1; }), 0);
+  const auto a = test::saved_state(*sharded, table.total_elements(), &world());
+  const auto b = test::saved_state(*replicated, table.total_elements(), &world());
   ASSERT_EQ(a.size(), b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(a[i].name, b[i].name);
-    const std::vector<float> va(a[i].data, a[i].data + table.total_elements());
-    const std::vector<float> vb(b[i].data, b[i].data + table.total_elements());
-    EXPECT_LT(max_relative_error(va, vb), kTolerance) << a[i].name;
+  for (const auto& [name, slab] : a) {
+    ASSERT_TRUE(b.count(name)) << name;
+    EXPECT_LT(max_relative_error(slab, b.at(name)), kTolerance) << name;
   }
 }
 

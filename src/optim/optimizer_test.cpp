@@ -1,6 +1,7 @@
 // The single-process optimizer behind make_optimizer: the same arithmetic as AdamW (and Muon)
 // driven by hand after clipping, checkpoint state that round-trips, and the report text.
 #include "optim/optimizer.h"
+#include "optim/checkpoint_state_test_util.h"
 
 #include <gtest/gtest.h>
 
@@ -54,17 +55,11 @@ TEST_P(LocalOptimizerTest, CheckpointStateRoundTrips) {
     std::vector<float> grads = random_slab(table, 200 + step, 1.0);
     trained->step(params.data(), grads.data(), 1e-2, step, 1.0);
   }
-  // A fresh optimizer loads the saved slabs, then both take the same step.
+  // A fresh optimizer loads the saved state, then both take the same step.
   auto resumed = make_optimizer(table, options(with_muon), nullptr);
-  const auto saved = trained->states_to_save();
-  const auto load = resumed->states_to_load();
-  ASSERT_EQ(saved.size(), load.size());
+  const auto saved = test::saved_state(*trained, table.total_elements(), nullptr);
   ASSERT_EQ(saved.size(), with_muon ? 3u : 2u);
-  for (size_t i = 0; i < saved.size(); ++i) {
-    EXPECT_EQ(saved[i].name, load[i].name);
-    std::copy_n(saved[i].data, table.total_elements(), load[i].data);
-  }
-  resumed->finish_load();
+  test::load_state(*resumed, saved);
   std::vector<float> p1 = params, p2 = params, g1 = random_slab(table, 300, 1.0), g2 = g1;
   trained->step(p1.data(), g1.data(), 1e-2, 3, 1.0);
   resumed->step(p2.data(), g2.data(), 1e-2, 3, 1.0);
