@@ -58,7 +58,7 @@ TEST(PerfModel, GemmFlopsMatchTheModelCalculator) {
   const StepPrediction p = predict_step(c, s, flat_profile("cpu", 1e15));
   double gemm_flops = 0;
   for (const auto& it : p.items)
-    if (it.category == "gemm") gemm_flops += it.flops;
+    if (it.category == CostCategory::gemm) gemm_flops += it.flops;
   const double tokens = 8 * 256;
   EXPECT_NEAR(gemm_flops / tokens, flops_per_token(c, 256).matmul_flops, 1e-6 * gemm_flops / tokens);
   // On a flat machine the GEMM time is exactly FLOPs / rate.
