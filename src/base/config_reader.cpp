@@ -25,7 +25,12 @@ void ConfigReader::get_choice(const std::string& key, std::string& out,
     if (a == out) return;
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
-  fail(fmt::format("{}: '{}{}' = \"{}\" is not one of: {}", where_, prefix_, key, out, list),
+  not_one_of(key, out, list);
+}
+
+void ConfigReader::not_one_of(const std::string& key, const std::string& value,
+                              const std::string& names) const {
+  fail(fmt::format("{}: '{}{}' = \"{}\" is not one of: {}", where_, prefix_, key, value, names),
        "use one of the listed values");
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -62,6 +63,19 @@ class ConfigReader {
     for (const auto& [n, v] : choices)
       if (n == name) out = v;
   }
+  // A typed value by name through `parse` (std::optional<T>(std::string_view), empty for a
+  // name it does not know); an unknown name is an error listing `names`. Absent, `out` keeps
+  // its default.
+  template <typename T, typename Parse>
+  void get_parsed(const std::string& key, T& out, Parse parse, const std::string& names) {
+    seen_.insert(key);
+    if (!obj_.contains(key)) return;
+    std::string name;
+    get(key, name);
+    const std::optional<T> value = parse(name);
+    if (!value) not_one_of(key, name, names);
+    out = *value;
+  }
 
   // Marks a nested object key as known and returns it (or an empty object).
   const json& child(const std::string& key);
@@ -81,6 +95,8 @@ class ConfigReader {
     else return "a value of the right type";
   }
   [[noreturn]] void type_error(const std::string& key, const json& value, const char* expected) const;
+  [[noreturn]] void not_one_of(const std::string& key, const std::string& value,
+                               const std::string& names) const;
 
   const json& obj_;
   std::string where_, prefix_;

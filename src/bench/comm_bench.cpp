@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/io.h"
 #include "base/timer.h"
+#include "bench/membw_bench.h"
 #include "comm/coll_tuning.h"
 
 namespace foundry {
@@ -28,11 +29,11 @@ std::string fit_text(const CommBenchResult& r) {
   const LatBwFit& f = *r.fit;
   if (f.beta_bytes_per_s <= 0)
     return fmt::format("none (time does not grow with size over {} .. {}; latency {:.2f} us)",
-                       format_bytes(f.min_bytes), format_bytes(f.max_bytes), f.alpha_s * 1e6);
+                       format_size(f.min_bytes), format_size(f.max_bytes), f.alpha_s * 1e6);
   return fmt::format("t(S) = {:.2f} us + S / {:.3f} GB/s  over {} .. {} ({} sizes, p50 "
                      "times), worst relative residual {:.1f} %",
-                     f.alpha_s * 1e6, f.beta_bytes_per_s / 1e9, format_bytes(f.min_bytes),
-                     format_bytes(f.max_bytes), f.samples, 100 * f.max_rel_residual);
+                     f.alpha_s * 1e6, f.beta_bytes_per_s / 1e9, format_size(f.min_bytes),
+                     format_size(f.max_bytes), f.samples, 100 * f.max_rel_residual);
 }
 
 }  // namespace
@@ -140,17 +141,6 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   return value << shift;
 }
 
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB"};
-  int u = 0;
-  while (u < 3 && bytes >= 1024) {
-    bytes /= 1024;
-    ++u;
-  }
-  if (bytes == std::floor(bytes)) return fmt::format("{:.0f} {}", bytes, units[u]);
-  return fmt::format("{:.3g} {}", bytes, units[u]);
-}
-
 MessageShape message_shape(CollectiveOp op, int ranks, int64_t nominal_bytes) {
   MessageShape s;
   const int64_t elements = std::max<int64_t>(1, nominal_bytes / int64_t(sizeof(float)));
@@ -170,13 +160,13 @@ void CommBenchOptions::validate() const {
     fail(fmt::format("-b/--minbytes must be at least 1 byte (got {})", min_bytes));
   if (max_bytes < min_bytes)
     fail(fmt::format("-b/--minbytes ({}) is larger than -e/--maxbytes ({})",
-                     format_bytes(double(min_bytes)), format_bytes(double(max_bytes))),
+                     format_size(min_bytes), format_size(max_bytes)),
          "the size range runs from -b up to -e, e.g. -b 8 -e 64M");
   // MPI counts are int; the largest buffer of a run has max_bytes/4 elements.
   if (max_bytes / int64_t(sizeof(float)) > INT_MAX)
     fail(fmt::format("-e/--maxbytes {} exceeds the largest single MPI message of {} fp32 "
                      "elements",
-                     format_bytes(double(max_bytes)), INT_MAX),
+                     format_size(max_bytes), INT_MAX),
          "use -e 4G or less");
   if (step_factor < 2)
     fail(fmt::format("-f/--stepfactor must be an integer of at least 2 (got {})", step_factor),
@@ -464,7 +454,7 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
         if (options.on_progress)
           options.on_progress(done, total,
                               fmt::format("{} {} {}", op_name(op), variant.name,
-                                          format_bytes(double(shape.bytes))));
+                                          format_size(shape.bytes)));
       }
       if (result.points.size() >= 2) {
         std::vector<LatBwSample> samples;

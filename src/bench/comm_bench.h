@@ -60,8 +60,6 @@ double busbw_factor(CollectiveOp op, int ranks);
 // "8", "64K", "1M", "2G" (K/M/G are powers of 1024, either case). `flag` names the option
 // in errors ("-b/--minbytes").
 int64_t parse_byte_size(const std::string& text, const std::string& flag);
-// Human-readable: 8 B, 64 KiB, 1 MiB, 1.5 MiB.
-std::string format_bytes(double bytes);
 
 // One message size as an operation runs it: S in bytes, `count` fp32 elements in S, and
 // `block` elements per rank (count / ranks for the blocked operations, count otherwise).

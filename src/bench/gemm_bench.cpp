@@ -375,11 +375,11 @@ std::vector<DType> parse_dtypes(const std::string& flag, const std::string& text
   std::stringstream in(text);
   std::string item;
   while (std::getline(in, item, ',')) {
-    if (item == "fp32" || item == "f32") out.push_back(DType::f32);
-    else if (item == "bf16") out.push_back(DType::bf16);
-    else
+    const std::optional<DType> dtype = parse_dtype(item);
+    if (!dtype)
       fail(fmt::format("{} '{}': unsupported dtype '{}'", flag, text, item),
            "GEMMs run with fp32 or bf16 inputs (fp32 accumulation); use fp32, bf16 or fp32,bf16");
+    out.push_back(*dtype);
     if (std::count(out.begin(), out.end(), out.back()) > 1) out.pop_back();
   }
   if (out.empty()) fail(fmt::format("{} is empty", flag), "use fp32, bf16 or fp32,bf16");

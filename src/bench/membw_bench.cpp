@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/error.h"
+#include "base/format.h"
 #include "base/timer.h"
 
 namespace foundry {
@@ -625,17 +626,8 @@ int64_t parse_bytes(const std::string& flag, const std::string& text) {
   return static_cast<int64_t>(std::llround(bytes));
 }
 
-std::string format_size(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  if (u == 0) return fmt::format("{} B", bytes);
-  return std::abs(v - std::round(v)) < 1e-9 ? fmt::format("{:.0f} {}", v, units[u])
-                                            : fmt::format("{:.1f} {}", v, units[u]);
+std::string format_size(double bytes) {
+  return format_bytes(bytes, 1, Zeros::trim);
 }
 
 }  // namespace foundry

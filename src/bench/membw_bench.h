@@ -146,7 +146,7 @@ std::string format_membw_tables(const MembwResult& r);
 // "48K", "1.5M", "64MiB", "2G" or a plain integer -> bytes (binary multiples). Throws
 // foundry::Error naming `flag` when unparsable or not positive.
 int64_t parse_bytes(const std::string& flag, const std::string& text);
-// 32768 -> "32 KiB", 1572864 -> "1.5 MiB".
-std::string format_size(int64_t bytes);
+// Sizes as the benchmarks write them: 8 B, 32768 -> "32 KiB", 1572864 -> "1.5 MiB".
+std::string format_size(double bytes);
 
 }  // namespace foundry

@@ -26,9 +26,8 @@ std::optional<CollectiveOp> find_op(const std::string& name) {
 
 bool known_op(const std::string& op) { return find_op(op).has_value(); }
 
-DType parse_dtype(const std::string& s, const std::string& where) {
-  if (s == "bf16" || s == "bfloat16") return DType::bf16;
-  if (s == "fp32" || s == "float32" || s == "float") return DType::f32;
+DType dtype_at(const std::string& s, const std::string& where) {
+  if (const std::optional<DType> dtype = parse_dtype(s)) return *dtype;
   fail(fmt::format("{}: unknown dtype '{}'", where, s), "use \"bf16\" or \"fp32\"");
 }
 
@@ -255,7 +254,7 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
     }
     for (const auto& pt : g.value("points", json::array())) {
       GemmPoint gp;
-      gp.dtype = parse_dtype(pt.value("dtype", "bf16"), w);
+      gp.dtype = dtype_at(pt.value("dtype", "bf16"), w);
       gp.m = static_cast<int64_t>(number(pt, "m", w));
       gp.n = static_cast<int64_t>(number(pt, "n", w));
       gp.k = static_cast<int64_t>(number(pt, "k", w));

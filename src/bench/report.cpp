@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "base/format.h"
 #include "base/io.h"
 #include "bench/provenance.h"
 
@@ -237,8 +238,8 @@ std::string format_report(const json& profile, const std::vector<std::string>& p
     md += "## Memory bandwidth (STREAM, doubles, no write-allocate traffic counted)\n\n";
     md += "| kernel | threads | array | GB/s | valid |\n|---|---:|---:|---:|---|\n";
     for (const auto& s : m.value("stream", json::array()))
-      md += fmt::format("| {} | {} | {:.0f} MiB | {:.1f} | {} |\n", s.value("kernel", ""), s.value("threads", 0),
-                        num(s, "array_bytes") / (1 << 20), num(s, "bytes_per_s") / 1e9,
+      md += fmt::format("| {} | {} | {} | {:.1f} | {} |\n", s.value("kernel", ""), s.value("threads", 0),
+                        format_bytes(num(s, "array_bytes"), ByteUnit::MiB, 0), num(s, "bytes_per_s") / 1e9,
                         s.value("valid", false) ? "yes" : "NO");
     md += "\n";
     image("memory_working_set.png");

@@ -2,18 +2,17 @@
 
 #include <fcntl.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <memory>
 #include <numeric>
 #include <set>
 
 #include "base/config_reader.h"
 #include "base/error.h"
+#include "base/hash.h"
 
 namespace foundry {
 
@@ -68,8 +67,6 @@ class HashingFileWriter {
   explicit HashingFileWriter(std::string path) : path_(std::move(path)) {
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd_ < 0) fail_errno("create");
-    state_.reset(XXH3_createState());
-    FOUNDRY_CHECK(state_ && XXH3_64bits_reset(state_.get()) == XXH_OK);
   }
   ~HashingFileWriter() {
     if (fd_ >= 0) {
@@ -84,7 +81,7 @@ class HashingFileWriter {
     const char* p = static_cast<const char*>(data);
     while (bytes > 0) {
       const size_t chunk = std::min(bytes, kWriteChunkBytes);
-      XXH3_64bits_update(state_.get(), p, chunk);
+      hash_.update(p, chunk);
       write_all(p, chunk);
       p += chunk;
       bytes -= chunk;
@@ -99,7 +96,7 @@ class HashingFileWriter {
       ::unlink(path_.c_str());
       fail_errno("close");
     }
-    return {written_, XXH3_64bits_digest(state_.get())};
+    return {written_, hash_.digest()};
   }
 
  private:
@@ -121,13 +118,10 @@ class HashingFileWriter {
          "check free disk space and permissions");
   }
 
-  struct StateDeleter {
-    void operator()(XXH3_state_t* s) const { XXH3_freeState(s); }
-  };
   std::string path_;
   int fd_ = -1;
   uint64_t written_ = 0;
-  std::unique_ptr<XXH3_state_t, StateDeleter> state_;
+  StreamingHash64 hash_;
 };
 
 // The JSON header, written by hand: keys stay in tensor order (readable with `head -c`)

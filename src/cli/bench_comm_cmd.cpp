@@ -13,9 +13,11 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "bench/comm_bench.h"
+#include "bench/membw_bench.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "kernels/gemm.h"
 
 namespace foundry::cli {
 
@@ -56,7 +58,7 @@ CommBenchOptions options_from(const BenchCommArgs& a) {
   o.warmup = a.warmup;
   o.iters = a.iters;
   o.ops = parse_ops(a.ops);
-  if (a.dtype != "float" && a.dtype != "fp32")
+  if (parse_dtype(a.dtype) != DType::f32)
     fail(fmt::format("--dtype {}: only float (fp32) is measured", a.dtype),
          "the exact-result check relies on small integers in fp32; use --dtype float");
   o.sweep_algorithms = a.algorithms;
@@ -92,8 +94,8 @@ void run_bench_comm(const BenchCommArgs& a) {
     std::printf("# foundry bench comm: %s .. %s by x%lld, warm-up %d, iterations %d, float32\n"
                 "# time per iteration = max over ranks (barrier, then each rank times the "
                 "call); algbw = S/avg, busbw = algbw x factor (nccl-tests conventions)\n",
-                format_bytes(double(options.min_bytes)).c_str(),
-                format_bytes(double(options.max_bytes)).c_str(),
+                format_size(options.min_bytes).c_str(),
+                format_size(options.max_bytes).c_str(),
                 static_cast<long long>(options.step_factor), options.warmup, options.iters);
     std::fflush(stdout);
     options.on_progress = [&progress](int64_t done, int64_t total, const std::string& what) {

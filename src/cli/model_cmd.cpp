@@ -39,10 +39,12 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {}", seq, rc.model.max_seq_len),
          "raise it with --set model.max_seq_len=N or choose a shorter --seq");
   const DType precision = rc.train.precision;
-  const std::string optimizer = o.optimizer.empty() ? optimizer_name(rc.train.optimizer) : o.optimizer;
-  const bool muon = optimizer == "muon";
+  // --optimizer is one of CLI11's checked choices.
+  const OptimizerKind optimizer =
+      o.optimizer.empty() ? rc.train.optimizer : parse_optimizer(o.optimizer).value();
+  const bool muon = optimizer == OptimizerKind::muon;
   const ModelInfo info =
-      model_info(rc.model, batch, seq, precision, optimizer,
+      model_info(rc.model, batch, seq, precision, optimizer_name(optimizer),
                  [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
   if (o.dp < 1) fail(fmt::format("--dp {} must be >= 1", o.dp));
   if (o.ep < 1 || o.dp % o.ep != 0)

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/format.h"
 #include "base/io.h"
 #include "bench/profile.h"
 #include "cli/commands.h"
@@ -99,7 +100,8 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
   std::printf("predicted tokens/s per device: %.0f   MFU: %.1f%% of the best measured GEMM rate",
               p.tokens_per_s, 100 * p.mfu_measured);
   if (p.mfu_spec > 0) std::printf(", %.1f%% of spec peak", 100 * p.mfu_spec);
-  std::printf("\nmemory per device: %.2f GiB\n", double(p.memory_bytes) / (1024.0 * 1024 * 1024));
+  std::printf("\nmemory per device: %s\n",
+              format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2).c_str());
   (void)rc;
 }
 
@@ -108,7 +110,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
                                  "written by `foundry bench all`");
   const HardwareProfile profile = load_profile(o.profile);
-  const DType precision = o.precision == dtype_name(DType::bf16) ? DType::bf16 : DType::f32;
+  // --precision and --optimizer are CLI11's checked choices.
+  const DType precision = parse_dtype(o.precision).value();
   const double memory = parse_amount("--memory-per-device", o.memory);
 
   if (!o.config_path.empty()) {
@@ -139,8 +142,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
                                  {"comm", p.comm_s}, {"comm_exposed", p.comm_exposed_s}}}};
       j["items"] = json::array();
       for (const auto& it : p.items)
-        j["items"].push_back({{"name", it.name}, {"category", it.category}, {"seconds", it.seconds},
-                              {"flops", it.flops}, {"bytes", it.bytes}});
+        j["items"].push_back({{"name", it.name}, {"category", category_name(it.category)},
+                              {"seconds", it.seconds}, {"flops", it.flops}, {"bytes", it.bytes}});
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       print_prediction(rc, s, p, profile, o.config_path);
@@ -159,7 +162,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   rq.global_batch = batch_given ? o.global_batch : o.devices;
   rq.vocab = o.vocab > 0 ? o.vocab : 32000;
   rq.precision = precision;
-  rq.muon = o.optimizer == "muon";
+  rq.muon = parse_optimizer(o.optimizer) == OptimizerKind::muon;
   rq.tolerance = o.tolerance;
   rq.comm_overlap = o.overlap;
   rq.scatter = o.scatter;
@@ -175,9 +178,10 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   if (!o.top_ks.empty()) rq.top_ks = parse_list("--top-k", o.top_ks);
   if (!o.kv_ratios.empty()) rq.kv_ratios = parse_list("--kv-ratios", o.kv_ratios);
   (void)arch_given;
+  const Arch arch = parse_arch(rq.arch, "--arch");
   for (const auto& path : o.compare) {
     const RunConfig rc = load_run_config(path);
-    if (arch_name(rc.model.arch) != rq.arch)
+    if (rc.model.arch != arch)
       fail(fmt::format("--compare {}: model.arch = \"{}\" but the search is over --arch {}", path,
                        arch_name(rc.model.arch), rq.arch),
            "compare shapes of the architecture being searched");

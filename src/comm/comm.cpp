@@ -127,8 +127,8 @@ Request::~Request() {
 
 Request::Request(Request&& other) noexcept
     : request_(std::exchange(other.request_, MPI_REQUEST_NULL)), call_(other.call_),
-      comm_(other.comm_), scratch_(std::move(other.scratch_)), recv_type_(other.recv_type_),
-      expected_count_(other.expected_count_), peer_(other.peer_) {}
+      comm_(other.comm_), recv_type_(other.recv_type_), expected_count_(other.expected_count_),
+      peer_(other.peer_) {}
 
 Request& Request::operator=(Request&& other) noexcept {
   if (this != &other) {
@@ -142,7 +142,6 @@ Request& Request::operator=(Request&& other) noexcept {
     request_ = std::exchange(other.request_, MPI_REQUEST_NULL);
     call_ = other.call_;
     comm_ = other.comm_;
-    scratch_ = std::move(other.scratch_);
     recv_type_ = other.recv_type_;
     expected_count_ = other.expected_count_;
     peer_ = other.peer_;
@@ -256,33 +255,12 @@ void Communicator::allreduce(const T* send, T* recv, size_t count, ReduceOp op) 
 }
 
 template <CommElement T>
-Request Communicator::iallreduce(const T* send, T* recv, size_t count, ReduceOp op) const {
-  const void* in = send == recv ? MPI_IN_PLACE : static_cast<const void*>(send);
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(in, recv, to_mpi_count(count, "MPI_Iallreduce"), mpi_type<T>(),
-                           mpi_op(op), comm_, &r),
-            "MPI_Iallreduce", comm_);
-  return Request(r, "MPI_Iallreduce", comm_);
-}
-
-template <CommElement T>
 void Communicator::reduce_scatter(const T* send, T* recv, size_t block) const {
   require_distinct(send, recv, "MPI_Reduce_scatter_block");
   to_mpi_count(block * static_cast<size_t>(size_), "MPI_Reduce_scatter_block");
   check_mpi(MPI_Reduce_scatter_block(send, recv, to_mpi_count(block, "MPI_Reduce_scatter_block"),
                                      mpi_type<T>(), MPI_SUM, comm_),
             "MPI_Reduce_scatter_block", comm_);
-}
-
-template <CommElement T>
-Request Communicator::ireduce_scatter(const T* send, T* recv, size_t block) const {
-  require_distinct(send, recv, "MPI_Ireduce_scatter_block");
-  to_mpi_count(block * static_cast<size_t>(size_), "MPI_Ireduce_scatter_block");
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ireduce_scatter_block(send, recv, to_mpi_count(block, "MPI_Ireduce_scatter_block"),
-                                      mpi_type<T>(), MPI_SUM, comm_, &r),
-            "MPI_Ireduce_scatter_block", comm_);
-  return Request(r, "MPI_Ireduce_scatter_block", comm_);
 }
 
 template <CommElement T>
@@ -295,28 +273,9 @@ void Communicator::allgather(const T* send, T* recv, size_t block) const {
 }
 
 template <CommElement T>
-Request Communicator::iallgather(const T* send, T* recv, size_t block) const {
-  require_distinct(send, recv, "MPI_Iallgather");
-  const int n = to_mpi_count(block, "MPI_Iallgather");
-  to_mpi_count(block * static_cast<size_t>(size_), "MPI_Iallgather");
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallgather(send, n, mpi_type<T>(), recv, n, mpi_type<T>(), comm_, &r),
-            "MPI_Iallgather", comm_);
-  return Request(r, "MPI_Iallgather", comm_);
-}
-
-template <CommElement T>
 void Communicator::broadcast(T* data, size_t count, int root) const {
   check_mpi(MPI_Bcast(data, to_mpi_count(count, "MPI_Bcast"), mpi_type<T>(), root, comm_),
             "MPI_Bcast", comm_);
-}
-
-template <CommElement T>
-Request Communicator::ibroadcast(T* data, size_t count, int root) const {
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ibcast(data, to_mpi_count(count, "MPI_Ibcast"), mpi_type<T>(), root, comm_, &r),
-            "MPI_Ibcast", comm_);
-  return Request(r, "MPI_Ibcast", comm_);
 }
 
 template <CommElement T>
@@ -326,17 +285,6 @@ void Communicator::alltoall(const T* send, T* recv, size_t block) const {
   to_mpi_count(block * static_cast<size_t>(size_), "MPI_Alltoall");
   check_mpi(MPI_Alltoall(send, n, mpi_type<T>(), recv, n, mpi_type<T>(), comm_), "MPI_Alltoall",
             comm_);
-}
-
-template <CommElement T>
-Request Communicator::ialltoall(const T* send, T* recv, size_t block) const {
-  require_distinct(send, recv, "MPI_Ialltoall");
-  const int n = to_mpi_count(block, "MPI_Ialltoall");
-  to_mpi_count(block * static_cast<size_t>(size_), "MPI_Ialltoall");
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ialltoall(send, n, mpi_type<T>(), recv, n, mpi_type<T>(), comm_, &r),
-            "MPI_Ialltoall", comm_);
-  return Request(r, "MPI_Ialltoall", comm_);
 }
 
 template <CommElement T>
@@ -350,35 +298,6 @@ void Communicator::alltoallv(const T* send, std::span<const int64_t> send_counts
   check_mpi(MPI_Alltoallv(send, l, l + n, mpi_type<T>(), recv, l + 2 * n, l + 3 * n, mpi_type<T>(),
                           comm_),
             "MPI_Alltoallv", comm_);
-}
-
-template <CommElement T>
-Request Communicator::ialltoallv(const T* send, std::span<const int64_t> send_counts, T* recv,
-                                 std::span<const int64_t> recv_counts) const {
-  require_distinct(send, recv, "MPI_Ialltoallv");
-  // The count and displacement arrays must stay valid until the operation completes, so
-  // they live in the request.
-  std::vector<int> layout;
-  alltoallv_layout(send_counts, recv_counts, size_, "MPI_Ialltoallv", layout);
-  const int* l = layout.data();
-  const int n = size_;
-  MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Ialltoallv(send, l, l + n, mpi_type<T>(), recv, l + 2 * n, l + 3 * n,
-                           mpi_type<T>(), comm_, &r),
-            "MPI_Ialltoallv", comm_);
-  Request request(r, "MPI_Ialltoallv", comm_);
-  request.scratch_ = std::move(layout);  // moving a vector keeps its heap block in place
-  return request;
-}
-
-template <CommElement T>
-void Communicator::reduce_scatterv(const T* send, T* recv,
-                                   std::span<const int64_t> counts) const {
-  std::vector<int> layout;
-  v_layout(counts, size_, "MPI_Reduce_scatter", layout);
-  if (layout[rank_] > 0) require_distinct(send, recv, "MPI_Reduce_scatter");
-  check_mpi(MPI_Reduce_scatter(send, recv, layout.data(), mpi_type<T>(), MPI_SUM, comm_),
-            "MPI_Reduce_scatter", comm_);
 }
 
 template <CommElement T>
@@ -403,13 +322,6 @@ Request Communicator::isend(const T* data, size_t count, int dest, int tag) cons
   check_mpi(MPI_Isend(data, to_mpi_count(count, "MPI_Isend"), mpi_type<T>(), dest, tag, comm_, &r),
             "MPI_Isend", comm_);
   return Request(r, "MPI_Isend", comm_);
-}
-
-template <CommElement T>
-void Communicator::recv(T* data, size_t count, int source, int tag) const {
-  // The blocking form is the non-blocking one waited on at once, so both check the length
-  // the same way.
-  irecv(data, count, source, tag).wait();
 }
 
 template <CommElement T>
@@ -444,25 +356,15 @@ std::vector<Request> Communicator::irecv_ranges(
 
 #define FOUNDRY_COMM_INSTANTIATE(T)                                                           \
   template void Communicator::allreduce<T>(const T*, T*, size_t, ReduceOp) const;             \
-  template Request Communicator::iallreduce<T>(const T*, T*, size_t, ReduceOp) const;         \
   template void Communicator::reduce_scatter<T>(const T*, T*, size_t) const;                  \
-  template Request Communicator::ireduce_scatter<T>(const T*, T*, size_t) const;              \
   template void Communicator::allgather<T>(const T*, T*, size_t) const;                       \
-  template Request Communicator::iallgather<T>(const T*, T*, size_t) const;                   \
   template void Communicator::broadcast<T>(T*, size_t, int) const;                            \
-  template Request Communicator::ibroadcast<T>(T*, size_t, int) const;                        \
   template void Communicator::alltoall<T>(const T*, T*, size_t) const;                        \
-  template Request Communicator::ialltoall<T>(const T*, T*, size_t) const;                    \
   template void Communicator::alltoallv<T>(const T*, std::span<const int64_t>, T*,            \
                                            std::span<const int64_t>) const;                   \
-  template Request Communicator::ialltoallv<T>(const T*, std::span<const int64_t>, T*,        \
-                                               std::span<const int64_t>) const;               \
-  template void Communicator::reduce_scatterv<T>(const T*, T*, std::span<const int64_t>)     \
-      const;                                                                                  \
   template void Communicator::allgatherv_in_place<T>(T*, std::span<const int64_t>) const;     \
   template void Communicator::send<T>(const T*, size_t, int, int) const;                      \
   template Request Communicator::isend<T>(const T*, size_t, int, int) const;                  \
-  template void Communicator::recv<T>(T*, size_t, int, int) const;                            \
   template Request Communicator::irecv<T>(T*, size_t, int, int) const;                       \
   template std::vector<Request> Communicator::isend_ranges<T>(                                \
       const T*, std::span<const std::pair<int64_t, int64_t>>, int, int) const;                \

@@ -77,7 +77,6 @@ class Request {
   MPI_Request request_ = MPI_REQUEST_NULL;
   const char* call_ = "";
   MPI_Comm comm_ = MPI_COMM_NULL;
-  std::vector<int> scratch_;  // count/displacement arrays MPI reads until completion
   MPI_Datatype recv_type_ = MPI_DATATYPE_NULL;
   int expected_count_ = -1;
   int peer_ = -1;
@@ -119,35 +118,25 @@ class Communicator {
   // recv[i] = op over ranks of send[i], i < count. send == recv reduces in place.
   template <CommElement T>
   void allreduce(const T* send, T* recv, size_t count, ReduceOp op = ReduceOp::sum) const;
-  template <CommElement T>
-  Request iallreduce(const T* send, T* recv, size_t count, ReduceOp op = ReduceOp::sum) const;
 
   // The element-wise sum of every rank's `send` (size() * block elements), cut into size()
   // equal blocks; rank r receives block r in `recv` (block elements).
   template <CommElement T>
   void reduce_scatter(const T* send, T* recv, size_t block) const;
-  template <CommElement T>
-  Request ireduce_scatter(const T* send, T* recv, size_t block) const;
 
   // Every rank contributes `send` (block elements); every rank receives all contributions in
   // rank order in `recv` (size() * block elements).
   template <CommElement T>
   void allgather(const T* send, T* recv, size_t block) const;
-  template <CommElement T>
-  Request iallgather(const T* send, T* recv, size_t block) const;
 
   // `data` (count elements) of rank `root` is copied to every rank's `data`.
   template <CommElement T>
   void broadcast(T* data, size_t count, int root) const;
-  template <CommElement T>
-  Request ibroadcast(T* data, size_t count, int root) const;
 
   // `send` holds size() blocks of `block` elements, block j for rank j; `recv` receives
   // size() blocks, block i from rank i. This is MoE token dispatch with equal loads.
   template <CommElement T>
   void alltoall(const T* send, T* recv, size_t block) const;
-  template <CommElement T>
-  Request ialltoall(const T* send, T* recv, size_t block) const;
 
   // All-to-all with a count per peer: `send` holds send_counts[j] elements for rank j, packed
   // contiguously in rank order; `recv` receives recv_counts[i] elements from rank i, packed
@@ -157,17 +146,6 @@ class Communicator {
   template <CommElement T>
   void alltoallv(const T* send, std::span<const int64_t> send_counts, T* recv,
                  std::span<const int64_t> recv_counts) const;
-  template <CommElement T>
-  Request ialltoallv(const T* send, std::span<const int64_t> send_counts, T* recv,
-                     std::span<const int64_t> recv_counts) const;
-
-  // Reduce-scatter with a count per rank: the element-wise sum of every rank's `send`
-  // (counts[0] + … + counts[size()-1] elements) is cut into size() consecutive blocks, and
-  // rank r receives block r (counts[r] elements, possibly 0) in `recv`. `counts` has size()
-  // entries and is the same on every rank. Used where the blocks cannot all be equal (the
-  // ZeRO-1 shards of a slab whose length is not a multiple of the rank count).
-  template <CommElement T>
-  void reduce_scatterv(const T* send, T* recv, std::span<const int64_t> counts) const;
 
   // All-gather with a count per rank, in place: `data` holds counts[0] + … + counts[size()-1]
   // elements; rank r's block (counts[r] elements at offset counts[0] + … + counts[r-1]) is its
@@ -192,10 +170,8 @@ class Communicator {
   Request isend(const T* data, size_t count, int dest, int tag) const;
 
   // Receives exactly `count` elements from rank `source` into `data`. A longer message is
-  // MPI's truncation error, a shorter one an error naming both lengths (for irecv, raised by
-  // the request's wait() or test()).
-  template <CommElement T>
-  void recv(T* data, size_t count, int source, int tag) const;
+  // MPI's truncation error, a shorter one an error naming both lengths (raised by the
+  // request's wait() or test()).
   template <CommElement T>
   Request irecv(T* data, size_t count, int source, int tag) const;
 

@@ -1,7 +1,6 @@
 #include "data/shard.h"
 
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <algorithm>
 #include <bit>
@@ -88,15 +87,9 @@ void encode_shard_header(const ShardHeader& h, uint8_t out[kShardHeaderBytes]) {
 // ---------------------------------------------------------------------------------------------
 // Writer
 
-struct TokenShardWriter::PayloadHash {
-  XXH3_state_t* state = XXH3_createState();
-  PayloadHash() { XXH3_64bits_reset(state); }
-  ~PayloadHash() { XXH3_freeState(state); }
-};
-
 TokenShardWriter::TokenShardWriter(std::string path, uint32_t vocab_size,
                                    uint64_t tokenizer_checksum)
-    : path_(std::move(path)), payload_hash_(std::make_unique<PayloadHash>()) {
+    : path_(std::move(path)) {
   FOUNDRY_CHECK(vocab_size > 0);
   header_.token_bytes = token_bytes_for_vocab(vocab_size);
   header_.vocab_size = vocab_size;
@@ -149,7 +142,7 @@ void TokenShardWriter::append(const int32_t* ids, size_t count) {
 
 void TokenShardWriter::flush_buffer() {
   if (buffer_.empty()) return;
-  XXH3_64bits_update(payload_hash_->state, buffer_.data(), buffer_.size());
+  payload_hash_.update(buffer_.data(), buffer_.size());
   if (std::fwrite(buffer_.data(), 1, buffer_.size(), file_) != buffer_.size()) {
     int saved = errno;
     close_and_remove();
@@ -162,7 +155,7 @@ void TokenShardWriter::flush_buffer() {
 ShardHeader TokenShardWriter::finish() {
   FOUNDRY_CHECK(file_ != nullptr);
   flush_buffer();
-  header_.payload_checksum = XXH3_64bits_digest(payload_hash_->state);
+  header_.payload_checksum = payload_hash_.digest();
   uint8_t bytes[kShardHeaderBytes];
   encode_shard_header(header_, bytes);
   bool ok = std::fseek(file_, 0, SEEK_SET) == 0 &&

@@ -5,11 +5,11 @@
 #pragma once
 #include <cstdint>
 #include <cstdio>
-#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/hash.h"
 #include "base/io.h"
 
 namespace foundry::data {
@@ -56,12 +56,10 @@ class TokenShardWriter {
   void flush_buffer();
   void close_and_remove();
 
-  struct PayloadHash;  // streaming XXH3 over the token bytes
-
   std::string path_;
   std::FILE* file_ = nullptr;
   ShardHeader header_;
-  std::unique_ptr<PayloadHash> payload_hash_;
+  StreamingHash64 payload_hash_;  // over the token bytes
   std::vector<uint8_t> buffer_;
 };
 

@@ -17,7 +17,7 @@
 #include "base/rng.h"
 #include "data/dataset.h"
 
-namespace foundry::data::testing {
+namespace foundry::testing {
 
 // A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
 class TempDir {
@@ -98,39 +98,39 @@ inline std::vector<std::string> generated_sentences(size_t count, uint64_t seed)
 // Writes a dataset without a real tokenizer: token i of each split is i % vocab_size, so a
 // token's value tells where it came from. tokenizer.model holds placeholder bytes (Dataset
 // only checks their checksum).
-inline DatasetMeta make_synthetic_dataset(const std::string& dir, uint64_t train_tokens,
-                                          uint64_t val_tokens, uint64_t shard_tokens,
-                                          uint32_t vocab_size = 65536) {
+inline data::DatasetMeta make_synthetic_dataset(const std::string& dir, uint64_t train_tokens,
+                                                uint64_t val_tokens, uint64_t shard_tokens,
+                                                uint32_t vocab_size = 65536) {
   const std::string tokenizer_bytes = "placeholder tokenizer model";
-  write_file(dir + "/" + kTokenizerFileName, tokenizer_bytes);
-  DatasetMeta meta;
+  write_file(dir + "/" + data::kTokenizerFileName, tokenizer_bytes);
+  data::DatasetMeta meta;
   meta.vocab_size = vocab_size;
-  meta.token_bytes = token_bytes_for_vocab(vocab_size);
+  meta.token_bytes = data::token_bytes_for_vocab(vocab_size);
   meta.tokenizer_checksum = hash64(tokenizer_bytes.data(), tokenizer_bytes.size());
   meta.tokenizer_origin = "trained";
   meta.unk_id = 0;
   meta.bos_id = 1;
   meta.eos_id = 2;
-  auto write_split = [&](const std::string& name, uint64_t tokens, SplitInfo& info) {
+  auto write_split = [&](const std::string& name, uint64_t tokens, data::SplitInfo& info) {
     info.documents = 1;
     uint64_t next = 0;
     do {
       const std::string file = fmt::format("{}_{:05d}.bin", name, info.shards.size());
-      TokenShardWriter writer(dir + "/" + file, vocab_size, meta.tokenizer_checksum);
+      data::TokenShardWriter writer(dir + "/" + file, vocab_size, meta.tokenizer_checksum);
       const uint64_t end = std::min(tokens, next + shard_tokens);
       for (; next < end; ++next) {
         const int32_t id = static_cast<int32_t>(next % vocab_size);
         writer.append(&id, 1);
       }
-      const ShardHeader header = writer.finish();
+      const data::ShardHeader header = writer.finish();
       info.shards.push_back({file, header.token_count, header.payload_checksum});
       info.tokens += header.token_count;
     } while (next < tokens);
   };
   write_split("train", train_tokens, meta.train);
   write_split("val", val_tokens, meta.val);
-  write_file(dir + "/" + kMetaFileName, meta.to_json().dump(2));
+  write_file(dir + "/" + data::kMetaFileName, meta.to_json().dump(2));
   return meta;
 }
 
-}  // namespace foundry::data::testing
+}  // namespace foundry::testing

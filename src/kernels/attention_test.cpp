@@ -10,11 +10,7 @@
 namespace foundry::ops {
 namespace {
 
-using kernel_testing::cast_vector;
-using kernel_testing::dot;
-using kernel_testing::norm_relative_error;
-using kernel_testing::numeric_gradient;
-using kernel_testing::random_normal;
+using namespace foundry::testing;
 
 struct Inputs {
   AttentionShape s;

@@ -12,12 +12,7 @@
 namespace foundry::ops {
 namespace {
 
-using kernel_testing::cast_vector;
-using kernel_testing::dot;
-using kernel_testing::max_relative_error;
-using kernel_testing::numeric_gradient;
-using kernel_testing::random_normal;
-using kernel_testing::WithThreads;
+using namespace foundry::testing;
 using Vec = std::vector<double>;
 
 
@@ -570,7 +565,7 @@ TEST(CcaDecode, TokenByTokenReproducesTheFullSequence) {
   const CcaDims wide{.hq = 2, .hk = 1, .d = 36, .t0 = 3, .t1 = 2};  // tile + tail, longer window
   for (const auto& dims : {zaya_like, wide})
     for (int64_t prefill : {0, 1, 4}) {
-      SCOPED_TRACE(testing::Message()
+      SCOPED_TRACE(::testing::Message()
                    << "d " << dims.d << " t0 " << dims.t0 << " prefill " << prefill);
       check_decode<double>(dims, prefill, 1e-13);
       check_decode<float>(dims, prefill, 2e-6);

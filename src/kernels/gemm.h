@@ -6,6 +6,8 @@
 // bf16); C is always fp32 and accumulation is fp32.
 #pragma once
 #include <cstdint>
+#include <optional>
+#include <string_view>
 #include <vector>
 
 #include "base/bf16.h"
@@ -15,6 +17,13 @@ namespace foundry {
 enum class DType { f32, bf16 };
 // "fp32" | "bf16", as configs and reports spell them.
 inline const char* dtype_name(DType t) { return t == DType::bf16 ? "bf16" : "fp32"; }
+// The dtype a config, flag or profile names: "bf16" or "bfloat16"; "fp32", "f32", "float32"
+// or "float". Empty for any other name (the caller's error names the key or flag).
+inline std::optional<DType> parse_dtype(std::string_view name) {
+  if (name == "bf16" || name == "bfloat16") return DType::bf16;
+  if (name == "fp32" || name == "f32" || name == "float32" || name == "float") return DType::f32;
+  return std::nullopt;
+}
 
 struct MatView {
   const void* data = nullptr;

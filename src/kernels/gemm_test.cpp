@@ -64,6 +64,16 @@ INSTANTIATE_TEST_SUITE_P(AllLayouts, GemmTest,
                          ::testing::Combine(::testing::Bool(), ::testing::Bool(),
                                             ::testing::Bool()));
 
+TEST(DType, ParsedFromEverySpellingOfConfigsFlagsAndProfiles) {
+  for (const char* name : {"bf16", "bfloat16"}) EXPECT_EQ(parse_dtype(name), DType::bf16) << name;
+  for (const char* name : {"fp32", "f32", "float32", "float"})
+    EXPECT_EQ(parse_dtype(name), DType::f32) << name;
+  for (const char* name : {"fp16", "", "BF16", "bf16 "})
+    EXPECT_EQ(parse_dtype(name), std::nullopt) << name;
+  EXPECT_EQ(parse_dtype(dtype_name(DType::bf16)), DType::bf16);
+  EXPECT_EQ(parse_dtype(dtype_name(DType::f32)), DType::f32);
+}
+
 TEST(Gemm, BatchedBroadcastView) {
   // A [2, 3, M, K] times B [2, 1, K, N] broadcast over the second batch dim.
   const int64_t m = 5, n = 4, k = 6;

@@ -12,11 +12,7 @@
 namespace foundry::ops {
 namespace {
 
-using kernel_testing::cast_vector;
-using kernel_testing::dot;
-using kernel_testing::max_relative_error;
-using kernel_testing::numeric_gradient;
-using kernel_testing::random_normal;
+using namespace foundry::testing;
 
 std::vector<double> softmax_rows(const std::vector<double>& logits, int64_t n, int64_t e) {
   std::vector<double> p(n * e);

@@ -13,12 +13,7 @@
 namespace foundry::ops {
 namespace {
 
-using kernel_testing::cast_vector;
-using kernel_testing::dot;
-using kernel_testing::max_relative_error;
-using kernel_testing::numeric_gradient;
-using kernel_testing::random_normal;
-using kernel_testing::WithThreads;
+using namespace foundry::testing;
 
 std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
   Rng rng(seed);

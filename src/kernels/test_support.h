@@ -10,7 +10,7 @@
 
 #include "base/rng.h"
 
-namespace foundry::ops::kernel_testing {
+namespace foundry::testing {
 
 // Sets the OpenMP thread count for a scope.
 class WithThreads {
@@ -83,4 +83,4 @@ double norm_relative_error(const std::vector<A>& actual, const std::vector<B>& e
   return std::sqrt(err) / std::max(std::sqrt(ref), 1e-300);
 }
 
-}  // namespace foundry::ops::kernel_testing
+}  // namespace foundry::testing

@@ -17,12 +17,7 @@
 namespace foundry::ops {
 namespace {
 
-using kernel_testing::cast_vector;
-using kernel_testing::dot;
-using kernel_testing::max_relative_error;
-using kernel_testing::numeric_gradient;
-using kernel_testing::random_normal;
-using kernel_testing::WithThreads;
+using namespace foundry::testing;
 
 
 // a − b elementwise (to take a prior off an accumulated gradient).

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/format.h"
 #include "kernels/cca.h"
 
 namespace foundry {
@@ -271,7 +272,8 @@ std::vector<ParamGroup> param_groups(const ModelConfig& config, const OptimizerO
   std::map<std::pair<std::string, std::string>, size_t> index;
   for (const ParamInfo& p : table.params()) {
     const std::string name = group_of(p);
-    const std::string optimizer = optimizer_of ? optimizer_of(p) : std::string("adamw");
+    const std::string optimizer =
+        optimizer_of ? optimizer_of(p) : optimizer_name(OptimizerKind::adamw);
     auto [it, inserted] = index.try_emplace({name, optimizer}, groups.size());
     if (inserted) groups.push_back({name, 0, 0, optimizer});
     ParamGroup& g = groups[it->second];
@@ -285,19 +287,19 @@ ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DTyp
                      const std::string& optimizer, const OptimizerOf& optimizer_of) {
   if (batch < 1 || seq < 1)
     fail(fmt::format("batch size {} and sequence length {} must both be >= 1", batch, seq));
-  if (optimizer != "adamw" && optimizer != "muon")
-    fail(fmt::format("unknown optimizer '{}'", optimizer), "choose adamw or muon");
+  const std::optional<OptimizerKind> kind = parse_optimizer(optimizer);
+  if (!kind) fail(fmt::format("unknown optimizer '{}'", optimizer), "choose adamw or muon");
   ModelInfo info;
   info.config = config;
   info.batch = batch;
   info.seq = seq;
   info.precision = precision;
-  info.optimizer = optimizer;
+  info.optimizer = *kind;
   info.params = count_parameters(config);
   info.flops = flops_per_token(config, seq);
   info.train_flops_per_step =
       info.flops.train_flops * static_cast<double>(batch) * static_cast<double>(seq);
-  info.memory = estimate_memory(config, batch, seq, precision, optimizer == "muon");
+  info.memory = estimate_memory(config, batch, seq, precision, *kind == OptimizerKind::muon);
   info.groups = param_groups(config, optimizer_of);
   return info;
 }
@@ -324,37 +326,6 @@ std::string with_separators(int64_t n) {
     out += digits[i];
   }
   return n < 0 ? "-" + out : out;
-}
-
-// 12345678 -> "12.35 M"; 8303355728 -> "8.303 B"
-std::string short_count(int64_t n) {
-  const double x = static_cast<double>(n);
-  if (x >= 1e9) return fmt::format("{:.3f} B", x / 1e9);
-  if (x >= 1e6) return fmt::format("{:.2f} M", x / 1e6);
-  if (x >= 1e3) return fmt::format("{:.2f} K", x / 1e3);
-  return fmt::format("{}", n);
-}
-
-// In billions with three decimals once the model is that large ("0.754 B" next to
-// "8.303 B"), else as short_count.
-std::string count_at_scale(int64_t n, int64_t scale) {
-  if (scale >= 1000000000) return fmt::format("{:.3f} B", static_cast<double>(n) / 1e9);
-  return short_count(n);
-}
-
-std::string human_bytes(int64_t bytes) {
-  const double x = static_cast<double>(bytes);
-  constexpr double kMiB = 1024.0 * 1024.0, kGiB = 1024.0 * kMiB;
-  if (x >= kGiB) return fmt::format("{:.2f} GiB", x / kGiB);
-  return fmt::format("{:.2f} MiB", x / kMiB);
-}
-
-std::string human_flops(double flops) {
-  if (flops >= 1e15) return fmt::format("{:.3f} PFLOP", flops / 1e15);
-  if (flops >= 1e12) return fmt::format("{:.3f} TFLOP", flops / 1e12);
-  if (flops >= 1e9) return fmt::format("{:.3f} GFLOP", flops / 1e9);
-  if (flops >= 1e6) return fmt::format("{:.3f} MFLOP", flops / 1e6);
-  return fmt::format("{:.0f} FLOP", flops);
 }
 
 }  // namespace
@@ -398,7 +369,7 @@ json to_json(const ModelInfo& info) {
       {"seq_len", info.seq},
       {"tokens_per_step", info.batch * info.seq},
       {"precision", dtype_name(info.precision)},
-      {"optimizer", info.optimizer},
+      {"optimizer", optimizer_name(info.optimizer)},
       {"parameters", params},
       {"param_groups", groups},
       {"flops_per_token",
@@ -435,13 +406,18 @@ std::string format_model_info(const ModelInfo& info) {
   std::string out;
   auto line = [&out](const std::string& text) { out += text + "\n"; };
   auto count_row = [&](const std::string& label, int64_t n) {
-    line(fmt::format("  {:<44} {:>17}  {:>10}", label, with_separators(n), short_count(n)));
+    line(fmt::format("  {:<44} {:>17}  {:>10}", label, with_separators(n),
+                     format_count(double(n))));
   };
   auto flops_row = [&](const std::string& label, double flops) {
-    line(fmt::format("  {:<44} {:>17}", label, human_flops(flops)));
+    line(fmt::format("  {:<44} {:>17}", label, format_flops(flops)));
   };
   auto bytes_row = [&](const std::string& label, int64_t bytes) {
-    line(fmt::format("  {:<44} {:>17}", label, human_bytes(bytes)));
+    line(fmt::format("  {:<44} {:>17}", label, format_bytes(double(bytes))));
+  };
+  // Headline counts in the unit and decimals of the model's size: "0.754 B" next to "8.303 B".
+  auto in_model_scale = [&p](int64_t n) {
+    return format_count_like(double(n), double(p.non_embedding));
   };
 
   if (zaya) {
@@ -463,13 +439,12 @@ std::string format_model_info(const ModelInfo& info) {
   }
   line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}, optimizer {}", info.batch,
                    info.seq, with_separators(info.batch * info.seq),
-                   dtype_name(info.precision), info.optimizer));
+                   dtype_name(info.precision), optimizer_name(info.optimizer)));
   line("");
   line(fmt::format("parameters: {} total / {} active per token without embeddings; "
                    "embedding {}",
-                   count_at_scale(p.non_embedding, p.non_embedding),
-                   count_at_scale(p.active_non_embedding, p.non_embedding),
-                   count_at_scale(p.embedding, p.non_embedding)));
+                   in_model_scale(p.non_embedding), in_model_scale(p.active_non_embedding),
+                   in_model_scale(p.embedding)));
   count_row("total", p.total);
   count_row("embedding (tied with the LM head)", p.embedding);
   count_row("non-embedding", p.non_embedding);
@@ -513,13 +488,14 @@ std::string format_model_info(const ModelInfo& info) {
     count_row("final norm", p.final_norm);
   }
   line("");
-  line(fmt::format("optimizer groups (train.optimizer = {})", info.optimizer));
+  line(fmt::format("optimizer groups (train.optimizer = {})", optimizer_name(info.optimizer)));
   for (const ParamGroup& g : info.groups)
     line(fmt::format("  {:<44} {:>17}  {:>10}  {:>5} tensors  {}", g.name,
-                     with_separators(g.params), short_count(g.params), g.tensors, g.optimizer));
+                     with_separators(g.params), format_count(double(g.params)), g.tensors,
+                     g.optimizer));
   line("");
   line("training FLOPs per token (forward + backward)");
-  flops_row(fmt::format("matmuls (6 x {} weights)", short_count(f.matmul_params)),
+  flops_row(fmt::format("matmuls (6 x {} weights)", format_count(double(f.matmul_params))),
             f.matmul_flops);
   if (zaya) flops_row("CCA convolutions (6*L*(Cc*t0 + Cc*d*t1))", f.conv_flops);
   flops_row("attention (12*L*T*Dq, full T x T)", f.attention_flops);
@@ -544,7 +520,8 @@ std::string format_model_info(const ModelInfo& info) {
   for (const MemoryItem& item : m.activations) {
     const std::string label =
         item.copies > 1 ? fmt::format("{} x{}", item.name, item.copies) : item.name;
-    line(fmt::format("  {:<44} {:<19} {:>12}", label, item.shape, human_bytes(item.bytes)));
+    line(fmt::format("  {:<44} {:<19} {:>12}", label, item.shape,
+                     format_bytes(double(item.bytes))));
   }
   return out;
 }

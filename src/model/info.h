@@ -105,7 +105,9 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/config_reader.h"
@@ -114,6 +116,19 @@
 #include "model/params.h"
 
 namespace foundry {
+
+// train.optimizer: AdamW for every tensor, or Muon for the 2-D hidden matrices and AdamW for
+// the rest. Here, in the lowest layer that needs it: the memory estimate counts Muon's slab.
+enum class OptimizerKind { adamw, muon };
+inline const char* optimizer_name(OptimizerKind k) {
+  return k == OptimizerKind::muon ? "muon" : "adamw";
+}
+// The optimizer named "adamw" or "muon"; empty for any other name.
+inline std::optional<OptimizerKind> parse_optimizer(std::string_view name) {
+  if (name == "adamw") return OptimizerKind::adamw;
+  if (name == "muon") return OptimizerKind::muon;
+  return std::nullopt;
+}
 
 // The parameters of one CCA sublayer (arch zaya1; all zero for arch moe).
 struct CcaParamCounts {
@@ -192,7 +207,7 @@ struct ModelInfo {
   ModelConfig config;
   int64_t batch = 0, seq = 0;
   DType precision = DType::bf16;
-  std::string optimizer = "adamw";  // train.optimizer
+  OptimizerKind optimizer = OptimizerKind::adamw;  // train.optimizer
   ParamCounts params;
   FlopsPerToken flops;
   double train_flops_per_step = 0;  // flops.train_flops · B · T
@@ -204,7 +219,7 @@ ParamCounts count_parameters(const ModelConfig& config);
 FlopsPerToken flops_per_token(const ModelConfig& config, int64_t seq);
 // The FLOPs of one training step per token (forward + backward); the MFU numerator.
 double train_flops_per_token(const ModelConfig& config, int64_t seq);
-// `muon`: train.optimizer is "muon" (adds Muon's momentum slab).
+// `muon`: train.optimizer is Muon (adds Muon's momentum slab).
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
                                DType precision, bool muon = false);
 

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "kernels/gemm.h"
+#include "model/info.h"
 
 namespace foundry {
 
@@ -51,7 +52,8 @@ bool muon_applies(const ParamInfo& info) {
 }
 
 std::string optimizer_for(const ParamInfo& info, bool muon_enabled) {
-  return muon_enabled && muon_applies(info) ? "muon" : "adamw";
+  return optimizer_name(muon_enabled && muon_applies(info) ? OptimizerKind::muon
+                                                          : OptimizerKind::adamw);
 }
 
 void NewtonSchulz::run(const float* g, float* out, int64_t rows, int64_t cols, int steps,

@@ -42,11 +42,6 @@ struct StateRun {
   float* data = nullptr;
 };
 
-// train.optimizer: AdamW for every tensor, or Muon for the 2-D hidden matrices and AdamW
-// for the rest.
-enum class OptimizerKind { adamw, muon };
-inline const char* optimizer_name(OptimizerKind k) { return k == OptimizerKind::muon ? "muon" : "adamw"; }
-
 struct OptimizerOptions {
   AdamWOptions adamw;               // with Muon, `applies` excludes what Muon updates
   std::optional<MuonOptions> muon;  // set: Muon for the 2-D hidden matrices (muon_applies)

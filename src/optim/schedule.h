@@ -19,12 +19,17 @@
 // Steps past S keep the final rate (lr_min; lr for "constant" and for "wsd" with D = 0).
 #pragma once
 #include <cstdint>
-#include <string>
+#include <optional>
+#include <string_view>
 
 namespace foundry {
 
+enum class ScheduleKind { cosine, wsd, constant };
+// The schedule named "cosine", "wsd" or "constant"; empty for any other name.
+std::optional<ScheduleKind> parse_schedule(std::string_view name);
+
 struct LrSchedule {
-  std::string kind = "cosine";  // "cosine" | "wsd" | "constant"
+  ScheduleKind kind = ScheduleKind::cosine;
   double lr = 3e-4;             // peak
   double min_lr_ratio = 0.1;
   int64_t warmup_steps = 0;
@@ -32,7 +37,7 @@ struct LrSchedule {
   double decay_fraction = 0.2;  // wsd only
 };
 
-// The learning rate for 1-based `step` (formulas above). Fails on step < 1 or an unknown kind.
+// The learning rate for 1-based `step` (formulas above). Fails on step < 1.
 double learning_rate(const LrSchedule& schedule, int64_t step);
 
 }  // namespace foundry

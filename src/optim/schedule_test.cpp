@@ -10,9 +10,12 @@
 namespace foundry {
 namespace {
 
+// A schedule of the named kind; an unknown name fails as the run config does.
 LrSchedule make(const std::string& kind, int64_t warmup, int64_t total) {
   LrSchedule s;
-  s.kind = kind;
+  const std::optional<ScheduleKind> parsed = parse_schedule(kind);
+  if (!parsed) fail(fmt::format("unknown learning-rate schedule '{}'", kind));
+  s.kind = *parsed;
   s.lr = 1e-3;
   s.min_lr_ratio = 0.1;  // floor 1e-4
   s.warmup_steps = warmup;
@@ -73,6 +76,14 @@ TEST(Schedule, NoWarmup) {
   EXPECT_NEAR(learning_rate(make("cosine", 0, 100), 1),
               1e-4 + 0.9e-3 * (1 + std::cos(std::numbers::pi / 100)) / 2, kTol);
   EXPECT_NEAR(learning_rate(make("cosine", 0, 100), 100), 1e-4, kTol);
+}
+
+TEST(Schedule, ParsesTheThreeKindsByName) {
+  EXPECT_EQ(parse_schedule("cosine"), ScheduleKind::cosine);
+  EXPECT_EQ(parse_schedule("wsd"), ScheduleKind::wsd);
+  EXPECT_EQ(parse_schedule("constant"), ScheduleKind::constant);
+  EXPECT_EQ(parse_schedule("linear"), std::nullopt);
+  EXPECT_EQ(parse_schedule("Cosine"), std::nullopt);
 }
 
 TEST(Schedule, RejectsBadInput) {

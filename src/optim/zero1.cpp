@@ -19,8 +19,6 @@ namespace foundry {
 
 namespace {
 
-using namespace zero1_messages;
-
 // As in optim/muon.cpp: elementwise loops below this size run on one thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
@@ -386,12 +384,12 @@ void Zero1Optimizer::all_gather_weights(float* params) {
   std::vector<Request> requests;
   for (int q = 0; q < size; ++q)
     if (q != rank)
-      append(requests, comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
-                                            kTagSparseGather));
+      append_requests(requests, comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
+                                                   kTagSparseGather));
   for (int r = 0; r < size; ++r)
     if (r != rank)
-      append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
-                                                   r, kTagSparseGather));
+      append_requests(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
+                                                          r, kTagSparseGather));
   for (Request& q : requests) q.wait();
 }
 

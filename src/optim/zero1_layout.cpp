@@ -6,30 +6,10 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "base/format.h"
 #include "optim/muon.h"
 
 namespace foundry {
-namespace {
-
-std::string format_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  int u = 0;
-  while (bytes >= 1024 && u < 4) {
-    bytes /= 1024;
-    ++u;
-  }
-  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.2f} {}", bytes, units[u]);
-}
-
-std::string format_elements(int64_t n) {
-  const double x = static_cast<double>(n);
-  if (x >= 1e9) return fmt::format("{:.2f}G", x / 1e9);
-  if (x >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
-  if (x >= 1e3) return fmt::format("{:.1f}k", x / 1e3);
-  return fmt::format("{}", n);
-}
-
-}  // namespace
 
 // ---- layout -------------------------------------------------------------------------------
 
@@ -219,8 +199,8 @@ std::string format_zero1_memory(const Zero1MemoryReport& r) {
   std::string out = fmt::format(
       "ZeRO-1 over {} ranks: slab {} elements, shards of {}; {} Muon matrices, {} split across "
       "shard boundaries\n",
-      r.dp, format_elements(r.slab_elements), format_elements(r.shard_elements), r.muon_matrices,
-      r.split_matrices);
+      r.dp, format_count(double(r.slab_elements)), format_count(double(r.shard_elements)),
+      r.muon_matrices, r.split_matrices);
   out += fmt::format("optimizer memory per rank (largest: rank {}): {}\n", p.rank,
                      format_bytes(static_cast<double>(p.total_bytes())));
   out += fmt::format(

@@ -4,7 +4,7 @@
 
 #include "comm/comm.h"
 
-namespace foundry::zero1_messages {
+namespace foundry {
 
 // Message tags on the optimizer's own communicator. Between two ranks there is at most one
 // message of each kind per step (a rank owns at most one split matrix and holds a piece of
@@ -16,8 +16,8 @@ constexpr int kTagStateLoad = 4;      // rank 0 → rank r: state from a checkpo
 constexpr int kTagSparseGather = 5;   // shard owner → rank r: the parameters r stores
 constexpr int kTagReleasedGather = 6; // shard owner → root: root's released parameters
 
-inline void append(std::vector<Request>& to, std::vector<Request> more) {
+inline void append_requests(std::vector<Request>& to, std::vector<Request> more) {
   for (Request& r : more) to.push_back(std::move(r));
 }
 
-}  // namespace foundry::zero1_messages
+}  // namespace foundry

@@ -241,9 +241,9 @@ TEST(CommMultiRank, PointToPointRing) {
   const bool send_first = r == 0;
   if (send_first) {
     c.send(token.data(), 2, next, 8);
-    c.recv(got.data(), 2, prev, 8);
+    c.irecv(got.data(), 2, prev, 8).wait();
   } else {
-    c.recv(got.data(), 2, prev, 8);
+    c.irecv(got.data(), 2, prev, 8).wait();
     c.send(token.data(), 2, next, 8);
   }
   EXPECT_EQ(got, (std::vector<int64_t>{prev, 2 * prev}));
@@ -295,23 +295,16 @@ TEST(CommMultiRank, WrongMessageLengthIsAnError) {
   c.barrier();
 }
 
-TEST(CommMultiRank, ReduceScatterVAndAllgatherVInPlace) {
+TEST(CommMultiRank, AllgatherVInPlace) {
   const Communicator& c = world();
   const int n = c.size(), r = c.rank();
-  // Uneven counts, one of them zero: rank i gets i + 1 elements, except rank 1 gets none.
+  // Uneven counts, one of them zero: rank i has i + 1 elements, except rank 1 has none.
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = i == 1 ? 0 : i + 1;
   int64_t total = 0;
   for (int64_t x : counts) total += x;
-  std::vector<double> send(total);
-  for (int64_t i = 0; i < total; ++i) send[i] = (r + 1) * 1000.0 + i;
-  std::vector<double> recv(std::max<int64_t>(counts[r], 1), -1.0);
-  c.reduce_scatterv(send.data(), recv.data(), counts);
   int64_t offset = 0;
   for (int i = 0; i < r; ++i) offset += counts[i];
-  const double rank_sum = 1000.0 * n * (n + 1) / 2;
-  for (int64_t i = 0; i < counts[r]; ++i) EXPECT_EQ(recv[i], rank_sum + n * (offset + i));
-
   std::vector<float> data(total, -1.0f);
   for (int64_t i = 0; i < counts[r]; ++i) data[offset + i] = static_cast<float>(10 * r + i);
   c.allgatherv_in_place(data.data(), counts);

@@ -9,8 +9,6 @@
 
 namespace foundry {
 
-using namespace zero1_messages;
-
 void Zero1Optimizer::gather_released(float* params, int root) {
   if (released_.empty()) return;
   const int rank = comm_.rank(), size = comm_.size();
@@ -18,11 +16,11 @@ void Zero1Optimizer::gather_released(float* params, int root) {
   if (rank == root) {
     for (int q = 0; q < size; ++q)
       if (q != root)
-        append(requests, comm_.irecv_ranges(params, shard_parts(q, root, false), q,
-                                              kTagReleasedGather));
+        append_requests(requests, comm_.irecv_ranges(params, shard_parts(q, root, false), q,
+                                                     kTagReleasedGather));
   } else {
-    append(requests, comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
-                                                 root, kTagReleasedGather));
+    append_requests(requests, comm_.isend_ranges<float>(params, shard_parts(rank, root, false),
+                                                        root, kTagReleasedGather));
   }
   for (Request& q : requests) q.wait();
 }

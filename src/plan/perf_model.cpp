@@ -7,6 +7,17 @@
 
 namespace foundry {
 
+const char* category_name(CostCategory category) {
+  switch (category) {
+    case CostCategory::gemm: return "gemm";
+    case CostCategory::attention: return "attention";
+    case CostCategory::elementwise: return "elementwise";
+    case CostCategory::optimizer: return "optimizer";
+    case CostCategory::comm: return "comm";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr double kF32 = 4, kBf16 = 2;
@@ -25,7 +36,7 @@ class Ledger {
     const double t = f / profile_.gemm_rate(dtype, tokens, out, in) +
                      f / profile_.gemm_rate(dtype, tokens, in, out) +
                      f / profile_.gemm_rate(dtype, out, in, tokens);
-    add(name, "gemm", count * t, count * 3 * f, 0);
+    add(name, CostCategory::gemm, count * t, count * 3 * f, 0);
   }
   // `groups` independent GEMMs of one shape run as one grouped GEMM, `count` times: the
   // rate is that of one GEMM with the groups' rows stacked (dW: their columns).
@@ -36,21 +47,21 @@ class Ledger {
     const double t = f / profile_.gemm_rate(dtype, stacked, out, in) +
                      f / profile_.gemm_rate(dtype, stacked, in, out) +
                      f / profile_.gemm_rate(dtype, out * groups, in, tokens);
-    add(name, "gemm", count * t, count * 3 * f, 0);
+    add(name, CostCategory::gemm, count * t, count * 3 * f, 0);
   }
   // A product that only runs forward and backward as given (no weight): `flops` each.
   // `flops_m` (if given) is the M of one product when `m` is the stacked M its rate follows;
   // such batched attention products get no roofline cap (their score traffic is counted
   // apart on a CPU, and stays on chip in a GPU's fused kernel).
-  void product(const std::string& name, const std::string& category, int64_t m, int64_t n,
+  void product(const std::string& name, CostCategory category, int64_t m, int64_t n,
                int64_t k, double count, DType dtype, int64_t flops_m = 0) {
     const double f = 2.0 * double(flops_m > 0 ? flops_m : m) * double(n) * double(k);
     add(name, category, count * f / profile_.gemm_rate(dtype, m, n, k, flops_m == 0), count * f, 0);
   }
-  void memory(const std::string& name, const std::string& category, double bytes) {
+  void memory(const std::string& name, CostCategory category, double bytes) {
     add(name, category, bytes / profile_.memory_bandwidth(), 0, bytes);
   }
-  void add(const std::string& name, const std::string& category, double s, double flops,
+  void add(const std::string& name, CostCategory category, double s, double flops,
            double bytes) {
     for (auto& it : items_)
       if (it.name == name) {
@@ -135,16 +146,16 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   // a flash kernel on a GPU): its rate is that of the heads' rows stacked.
   const double heads = double(B * Hq) * Ld * causal;
   const int64_t TH = T * B * Hq;
-  led.product("attention core", "attention", TH, T, d, heads, dt, T);      // Q·Kᵀ
-  led.product("attention core", "attention", TH, d, T, heads, dt, T);      // P·V
-  led.product("attention core", "attention", TH, T, d, heads, dt, T);      // dP = dO·Vᵀ
-  led.product("attention core", "attention", TH, d, T, 3 * heads, dt, T);  // dV, dQ, dK
+  led.product("attention core", CostCategory::attention, TH, T, d, heads, dt, T);      // Q·Kᵀ
+  led.product("attention core", CostCategory::attention, TH, d, T, heads, dt, T);      // P·V
+  led.product("attention core", CostCategory::attention, TH, T, d, heads, dt, T);      // dP = dO·Vᵀ
+  led.product("attention core", CostCategory::attention, TH, d, T, 3 * heads, dt, T);  // dV, dQ, dK
   if (!gpu) {
     // Scores written, read and probabilities written forward (12 B per element), then
     // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
     // copies of P and dS for the products (2 × 6 B).
     const double per_element = 24 + (bf16 ? 12 : 0);
-    led.memory("attention softmax", "attention", heads * double(T) * double(T) * per_element);
+    led.memory("attention softmax", CostCategory::attention, heads * double(T) * double(T) * per_element);
   }
 
   // ---- elementwise traffic, bytes per token (fwd + bwd), fp32 activations ----
@@ -176,7 +187,7 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     converted += Ld * (Dq + 2 * Dkv + C + K * (2 * F + C)) + double(Vp);   // output gradients
     bytes += converted * (kF32 + kBf16);
   }
-  led.memory("elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)", "elementwise",
+  led.memory("elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)", CostCategory::elementwise,
              bytes * double(N));
 }
 
@@ -213,14 +224,14 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
   // read + write, gradient read, weight read + write (20 B), plus the orthogonalization's
   // own passes (normalize, scale: ~16 B) and the same clip, copy and zeroing.
   const double extra = 4 + 4 + (bf16 ? 2 : 0);
-  led.memory("optimizer", "optimizer", share * (adam_params * (28 + extra) + muon_params * (36 + extra)));
+  led.memory("optimizer", CostCategory::optimizer, share * (adam_params * (28 + extra) + muon_params * (36 + extra)));
   const DType ns = s.muon_bf16 ? DType::bf16 : DType::f32;
   for (const auto& m : mats) {
     const int64_t a = std::min(m.rows, m.cols), b = std::max(m.rows, m.cols);
     const double n = m.count * share * double(s.muon_ns_steps);
-    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, a, b, n, ns);  // X·Xᵀ
-    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, a, a, n, ns);  // A·A
-    led.product("optimizer (Muon Newton-Schulz)", "optimizer", a, b, a, n, ns);  // B·X
+    led.product("optimizer (Muon Newton-Schulz)", CostCategory::optimizer, a, a, b, n, ns);  // X·Xᵀ
+    led.product("optimizer (Muon Newton-Schulz)", CostCategory::optimizer, a, a, a, n, ns);  // A·A
+    led.product("optimizer (Muon Newton-Schulz)", CostCategory::optimizer, a, b, a, n, ns);  // B·X
   }
 }
 
@@ -253,19 +264,21 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
     const bool bf16 = s.precision == DType::bf16;
     if (s.zero1) {
       const double rs = P * kF32, ag = P * (bf16 ? kBf16 : kF32);
-      led.add("gradient reduce-scatter", "comm", profile.collective_time("reduce_scatter", s.dp, rs), 0, rs);
-      led.add("weight all-gather", "comm", profile.collective_time("all_gather", s.dp, ag), 0, ag);
+      led.add("gradient reduce-scatter", CostCategory::comm, profile.collective_time("reduce_scatter", s.dp, rs), 0, rs);
+      led.add("weight all-gather", CostCategory::comm, profile.collective_time("all_gather", s.dp, ag), 0, ag);
     } else {
       const double ar = P * kF32;
-      led.add("gradient all-reduce", "comm", profile.collective_time("all_reduce", s.dp, ar), 0, ar);
+      led.add("gradient all-reduce", CostCategory::comm, profile.collective_time("all_reduce", s.dp, ar), 0, ar);
     }
   }
   for (const auto& it : led.items()) {
-    if (it.category == "gemm") p.gemm_s += it.seconds;
-    else if (it.category == "attention") p.attention_s += it.seconds;
-    else if (it.category == "elementwise") p.elementwise_s += it.seconds;
-    else if (it.category == "optimizer") p.optimizer_s += it.seconds;
-    else if (it.category == "comm") p.comm_s += it.seconds;
+    switch (it.category) {
+      case CostCategory::gemm: p.gemm_s += it.seconds; break;
+      case CostCategory::attention: p.attention_s += it.seconds; break;
+      case CostCategory::elementwise: p.elementwise_s += it.seconds; break;
+      case CostCategory::optimizer: p.optimizer_s += it.seconds; break;
+      case CostCategory::comm: p.comm_s += it.seconds; break;
+    }
   }
   p.compute_s = p.gemm_s + p.attention_s + p.elementwise_s + p.optimizer_s;
   const double backward = 2.0 / 3.0 * (p.compute_s - p.optimizer_s);

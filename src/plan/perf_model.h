@@ -44,9 +44,14 @@ struct StepShape {
   double comm_overlap = 1.0;   // share of the backward pass communication can hide behind
 };
 
+// What an item of the step's time is spent on.
+enum class CostCategory { gemm, attention, elementwise, optimizer, comm };
+// "gemm", "attention", "elementwise", "optimizer" or "comm", as the JSON output names them.
+const char* category_name(CostCategory category);
+
 struct PredictionItem {
   std::string name;
-  std::string category;  // gemm | attention | elementwise | optimizer | comm
+  CostCategory category = CostCategory::gemm;
   double seconds = 0;    // per optimizer step
   double flops = 0;      // per optimizer step (0 for memory-bound items)
   double bytes = 0;      // memory traffic or communicated bytes per step

@@ -58,7 +58,7 @@ TEST(PerfModel, GemmFlopsMatchTheModelCalculator) {
   const StepPrediction p = predict_step(c, s, flat_profile("cpu", 1e15));
   double gemm_flops = 0;
   for (const auto& it : p.items)
-    if (it.category == "gemm") gemm_flops += it.flops;
+    if (it.category == CostCategory::gemm) gemm_flops += it.flops;
   const double tokens = 8 * 256;
   EXPECT_NEAR(gemm_flops / tokens, flops_per_token(c, 256).matmul_flops, 1e-6 * gemm_flops / tokens);
   // On a flat machine the GEMM time is exactly FLOPs / rate.
@@ -140,7 +140,9 @@ TEST(Plan, RespectsItsConstraints) {
     EXPECT_EQ(c.config.d_model % 64, 0);
     EXPECT_EQ(c.config.head_dim % 64, 0);
     EXPECT_EQ(c.shape.micro_batch * c.shape.accumulation, 8);  // 16 sequences over 2 devices
-    if (i > 0) EXPECT_LE(c.cluster_tokens_per_s, r.ranked[i - 1].cluster_tokens_per_s);
+    if (i > 0) {
+      EXPECT_LE(c.cluster_tokens_per_s, r.ranked[i - 1].cluster_tokens_per_s);
+    }
   }
   // The off-size hidden size (1000) and head dims (80, 96) are probed and reported.
   bool hidden_rule = false, head_rule = false;
@@ -153,9 +155,10 @@ TEST(Plan, RespectsItsConstraints) {
   // Exactly the non-dominated MoE widths are on the front.
   for (const auto& p : r.widths)
     for (const auto& q : r.widths)
-      if (p.on_front)
+      if (p.on_front) {
         EXPECT_FALSE(q.best.cluster_tokens_per_s > p.best.cluster_tokens_per_s &&
                      q.best.decode_latency_s < p.best.decode_latency_s);
+      }
   // The chosen config's model section is valid and is the best shape.
   const json out = plan_run_config(r.ranked.front(), rq);
   EXPECT_EQ(parse_model_config(out["model"], "plan").d_model, r.ranked.front().config.d_model);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <map>
 
+#include "base/format.h"
 #include "model/info.h"
 
 namespace foundry {
@@ -11,12 +12,6 @@ namespace foundry {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-std::string human(double v) {
-  if (v >= 1e9) return fmt::format("{:.3f} B", v / 1e9);
-  if (v >= 1e6) return fmt::format("{:.1f} M", v / 1e6);
-  return fmt::format("{:.0f}", v);
-}
 
 std::string shape_name(const ModelConfig& c) {
   return fmt::format("C={} L={} heads={}/{}x{} E={} k={} F={}", c.d_model, c.n_layers, c.n_heads,
@@ -79,7 +74,8 @@ Candidate evaluate_shape(const ModelConfig& cc, const PlanRequest& rq, const Har
   const int64_t mb = budget_ok || rq.evaluate_all ? fit_micro_batch(cc, s, per_device, memory_limit, profile) : 0;
   if (!budget_ok) {
     cand.reject = "budget not met after rounding";
-    cand.detail = fmt::format("total {} / active {}", human(cand.total_params), human(cand.active_params));
+    cand.detail = fmt::format("total {} / active {}", format_count(cand.total_params),
+                              format_count(cand.active_params));
     if (!rq.evaluate_all) return cand;
   }
   s.micro_batch = mb > 0 ? mb : 1;
@@ -93,8 +89,9 @@ Candidate evaluate_shape(const ModelConfig& cc, const PlanRequest& rq, const Har
   const double aspect = double(C) / double(L);
   if (mb == 0) {
     cand.reject = "memory per device";
-    cand.detail = fmt::format("needs {:.1f} GiB at micro-batch 1, the device has {:.1f} GiB",
-                              double(cand.prediction.memory_bytes) / kGiB, double(memory_limit) / kGiB);
+    cand.detail = fmt::format("needs {} at micro-batch 1, the device has {}",
+                              format_bytes(double(cand.prediction.memory_bytes), ByteUnit::GiB, 1),
+                              format_bytes(double(memory_limit), ByteUnit::GiB, 1));
   } else if (aspect < rq.aspect_min || aspect > rq.aspect_max) {
     cand.reject = "aspect ratio";
     cand.detail = fmt::format("d_model/n_layers = {:.0f}, outside {:.0f}..{:.0f}", aspect,
@@ -341,7 +338,7 @@ std::string compare_breakdown(const Candidate& c, const Candidate& best) {
   auto gemm_eff = [](const Candidate& x) {
     double flops = 0;
     for (const auto& it : x.prediction.items)
-      if (it.category == "gemm") flops += it.flops;
+      if (it.category == CostCategory::gemm) flops += it.flops;
     return x.prediction.gemm_s > 0 ? flops / x.prediction.gemm_s : 0.0;
   };
   const struct {
@@ -373,13 +370,15 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
   out += fmt::format("profile: {} ({})\n", profile.name, profile.path);
   out += fmt::format("budget: total {} / active {} parameters without embeddings (±{:.0f}%), "
                      "arch {}, vocabulary {}\n",
-                     q.total_params > 0 ? human(q.total_params) : "free",
-                     q.active_params > 0 ? human(q.active_params) : "free", 100 * q.tolerance,
+                     q.total_params > 0 ? format_count(q.total_params) : "free",
+                     q.active_params > 0 ? format_count(q.active_params) : "free", 100 * q.tolerance,
                      q.arch, q.vocab);
-  out += fmt::format("run: {} devices, global batch {} × {} tokens, {}, {}, memory {:.0f} GiB per device\n",
+  out += fmt::format("run: {} devices, global batch {} × {} tokens, {}, {}, memory {} per device\n",
                      q.devices, q.global_batch, q.seq, dtype_name(q.precision),
                      q.muon ? "Muon + AdamW" : "AdamW",
-                     double(q.memory_per_device > 0 ? q.memory_per_device : profile.memory_bytes) / kGiB);
+                     format_bytes(double(q.memory_per_device > 0 ? q.memory_per_device
+                                                                 : profile.memory_bytes),
+                                  ByteUnit::GiB, 0));
   out += fmt::format("{} shapes evaluated, {} accepted\n\n", r.evaluated, r.ranked.size());
 
   out += "Ranked by predicted training throughput (decode latency: batch " +
@@ -391,7 +390,7 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
   for (int i = 0; i < n; ++i) {
     const Candidate& c = r.ranked[size_t(i)];
     out += fmt::format("{:>3}  {:<52} {:>9} {:>9} {:>9.3f} {:>12.4g} {:>5.1f}% {:>9.1f} {:>4}x{:<3} {:>9.2f}\n",
-                       i + 1, shape_name(c.config), human(c.total_params), human(c.active_params),
+                       i + 1, shape_name(c.config), format_count(c.total_params), format_count(c.active_params),
                        c.prediction.step_s, c.cluster_tokens_per_s, 100 * c.prediction.mfu_measured,
                        double(c.prediction.memory_bytes) / kGiB, c.shape.micro_batch,
                        c.shape.accumulation, 1e3 * c.decode_latency_s);
@@ -405,7 +404,7 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
                      b.prediction.gemm_s, b.prediction.attention_s, b.prediction.elementwise_s,
                      b.prediction.optimizer_s, b.prediction.comm_s, b.prediction.comm_exposed_s);
   if (q.tokens > 0)
-    out += fmt::format("Training {} tokens: {:.1f} days at the predicted rate\n", human(q.tokens),
+    out += fmt::format("Training {} tokens: {:.1f} days at the predicted rate\n", format_count(q.tokens),
                        q.tokens / b.cluster_tokens_per_s / 86400);
 
   for (const auto& [label, c] : r.compared) {
@@ -414,13 +413,14 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
     for (const auto& x : r.ranked)
       if (x.cluster_tokens_per_s > c.cluster_tokens_per_s) ++rank;
     out += fmt::format("\n{}: {}, total {} / active {}{}\n", label, shape_name(c.config),
-                       human(c.total_params), human(c.active_params),
+                       format_count(c.total_params), format_count(c.active_params),
                        c.reject.empty() ? "" : " (" + c.reject + ")");
     out += fmt::format("  predicted {:.4g} tokens/s = {:.1f}% of the best shape's ({:+.1f}%), rank {} of {} accepted; "
-                       "step {:.3f} s, MFU {:.1f}%, {:.1f} GiB per device, decode {:.2f} ms against {:.2f} ms\n",
+                       "step {:.3f} s, MFU {:.1f}%, {} per device, decode {:.2f} ms against {:.2f} ms\n",
                        c.cluster_tokens_per_s, 100 * rel, 100 * (rel - 1), rank, r.ranked.size() + 1,
                        c.prediction.step_s, 100 * c.prediction.mfu_measured,
-                       double(c.prediction.memory_bytes) / kGiB, 1e3 * c.decode_latency_s,
+                       format_bytes(double(c.prediction.memory_bytes), ByteUnit::GiB, 1),
+                       1e3 * c.decode_latency_s,
                        1e3 * b.decode_latency_s);
     out += compare_breakdown(c, b);
   }
@@ -487,7 +487,7 @@ json plan_run_config(const Candidate& chosen, const PlanRequest& q) {
   json train = {{"batch_size", chosen.shape.micro_batch},
                 {"seq_len", q.seq},
                 {"precision", dtype_name(q.precision)},
-                {"optimizer", q.muon ? "muon" : "adamw"}};
+                {"optimizer", optimizer_name(q.muon ? OptimizerKind::muon : OptimizerKind::adamw)}};
   if (q.tokens > 0)
     train["steps"] = std::max<int64_t>(1, int64_t(q.tokens / double(q.global_batch * q.seq)));
   return {{"model", to_json(chosen.config)}, {"train", train}, {"data", {{"dir", ""}}}};

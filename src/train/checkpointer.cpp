@@ -30,7 +30,7 @@ void check_same_optimizer(const std::string& dir, const json& saved_state,
     saved = it->get<std::string>();
   }
   const std::string wanted = optimizer_name(configured);
-  if (saved != wanted)
+  if (parse_optimizer(saved) != configured)
     fail(fmt::format("{} was written with train.optimizer = \"{}\", but the config says "
                      "train.optimizer = \"{}\"; the optimizer state of one cannot continue "
                      "the other",

@@ -12,7 +12,7 @@ using testing::TempDir;
 
 TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
   TempDir dir;
-  data::testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
+  testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
   data::Dataset dataset(dir.path());
   const ModelConfig config = testing::small_moe_config();
   Model model(config, DType::f32);

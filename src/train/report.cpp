@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "base/format.h"
 #include "comm/comm.h"
 
 namespace foundry {
@@ -49,16 +50,17 @@ std::string format_memory_line(double optimizer_state_bytes, const std::string& 
   // " rank 0 560 MiB, rank 1 560 MiB" (or " 560 MiB" in one process)
   auto per_rank = [&](double RankMemory::*field) {
     std::string out;
-    for (size_t r = 0; r < ranks.size(); ++r)
-      out += data_parallel
-                 ? fmt::format("{} rank {} {:.0f} MiB", r ? "," : "", r, ranks[r].*field / (1 << 20))
-                 : fmt::format(" {:.0f} MiB", ranks[r].*field / (1 << 20));
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      const std::string mib = format_bytes(ranks[r].*field, ByteUnit::MiB, 0);
+      out += data_parallel ? fmt::format("{} rank {} {}", r ? "," : "", r, mib) : " " + mib;
+    }
     return out;
   };
   return fmt::format(
-      "memory per rank: optimizer state {:.1f} MiB{} | weight and gradient slabs{} | peak RSS "
+      "memory per rank: optimizer state {}{} | weight and gradient slabs{} | peak RSS "
       "before the final checkpoint{}",
-      optimizer_state_bytes / (1 << 20), data_parallel ? " (" + layout + ")" : "",
+      format_bytes(optimizer_state_bytes, ByteUnit::MiB, 1),
+      data_parallel ? " (" + layout + ")" : "",
       per_rank(&RankMemory::slab_bytes), per_rank(&RankMemory::rss_bytes));
 }
 

@@ -35,22 +35,20 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("lr", t.lr, 0.0, 10.0);
   r.get("min_lr_ratio", t.min_lr_ratio, 0.0, 1.0);
   r.get("warmup_steps", t.warmup_steps, int64_t{0}, int64_t{1} << 40);
-  r.get_choice("schedule", t.schedule, {"cosine", "wsd", "constant"});
+  r.get_parsed("schedule", t.schedule, parse_schedule, "cosine, wsd, constant");
   r.get("decay_fraction", t.decay_fraction, 0.0, 1.0);
   r.get("weight_decay", t.weight_decay, 0.0, 10.0);
   r.get("beta1", t.beta1, 0.0, 0.999999);
   r.get("beta2", t.beta2, 0.0, 0.999999999);
   r.get("eps", t.eps, 0.0, 1.0);
   r.get("grad_clip", t.grad_clip, 0.0, 1e9);
-  r.get_choice<OptimizerKind>("optimizer", t.optimizer,
-                              {{"adamw", OptimizerKind::adamw}, {"muon", OptimizerKind::muon}});
+  r.get_parsed("optimizer", t.optimizer, parse_optimizer, "adamw, muon");
   r.get("muon_momentum", t.muon_momentum, 0.0, 0.999999);
   r.get("muon_nesterov", t.muon_nesterov);
   r.get("muon_ns_steps", t.muon_ns_steps, int64_t{0}, int64_t{100});
   r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
-  r.get_choice<DType>("muon_ns_precision", t.muon_ns_precision,
-                     {{"bf16", DType::bf16}, {"fp32", DType::f32}});
-  r.get_choice<DType>("precision", t.precision, {{"fp32", DType::f32}, {"bf16", DType::bf16}});
+  r.get_parsed("muon_ns_precision", t.muon_ns_precision, parse_dtype, "bf16, fp32");
+  r.get_parsed("precision", t.precision, parse_dtype, "fp32, bf16");
   r.get("seed", t.seed);
   r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);
   r.get("eval_every", t.eval_every, int64_t{0}, int64_t{1} << 40);

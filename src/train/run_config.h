@@ -8,7 +8,7 @@
 #include "base/config_reader.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
-#include "optim/optimizer.h"
+#include "model/info.h"
 #include "optim/schedule.h"
 
 namespace foundry {
@@ -23,7 +23,7 @@ struct TrainConfig {
   double lr = 3e-4;             // peak learning rate
   double min_lr_ratio = 0.1;    // final lr = lr * min_lr_ratio
   int64_t warmup_steps = 100;
-  std::string schedule = "cosine";  // "cosine" | "wsd" | "constant"
+  ScheduleKind schedule = ScheduleKind::cosine;  // "cosine" | "wsd" | "constant"
   double decay_fraction = 0.2;  // wsd: share of steps spent decaying at the end
   double weight_decay = 0.1;
   double beta1 = 0.9;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "base/error.h"
+#include "base/test_expect_error.h"
 
 namespace foundry {
 namespace {
@@ -22,7 +23,7 @@ TEST(RunConfig, ScheduleFromTrainConfig) {
   t.min_lr_ratio = 0.0;
   t.warmup_steps = 20;
   t.steps = 220;
-  t.schedule = "cosine";
+  t.schedule = ScheduleKind::cosine;
   EXPECT_NEAR(learning_rate(lr_schedule(t), 1), 1e-4, kTol);
   EXPECT_NEAR(learning_rate(lr_schedule(t), 120), 1e-3, kTol);
   EXPECT_NEAR(learning_rate(lr_schedule(t), 220), 0.0, kTol);
@@ -43,6 +44,25 @@ TEST(RunConfig, ChoicesAreParsedIntoTypedValues) {
   EXPECT_EQ(rc.train.muon_ns_precision, DType::f32);
   EXPECT_STREQ(dtype_name(rc.train.precision), "fp32");
   EXPECT_STREQ(optimizer_name(rc.train.optimizer), "muon");
+}
+
+TEST(RunConfig, ScheduleAndPrecisionAreParsedOnce) {
+  json j = minimal_config();
+  j["train"]["schedule"] = "wsd";
+  j["train"]["precision"] = "float32";
+  j["train"]["muon_ns_precision"] = "bfloat16";
+  const RunConfig rc = parse_run_config(j, "test");
+  EXPECT_EQ(rc.train.schedule, ScheduleKind::wsd);
+  EXPECT_EQ(lr_schedule(rc.train).kind, ScheduleKind::wsd);
+  EXPECT_EQ(rc.train.precision, DType::f32);
+  EXPECT_EQ(rc.train.muon_ns_precision, DType::bf16);
+  j["train"]["precision"] = "fp8";
+  expect_error([&] { parse_run_config(j, "test"); },
+               "test: 'train.precision' = \"fp8\" is not one of: fp32, bf16");
+  j["train"]["precision"] = "fp32";
+  j["train"]["schedule"] = "linear";
+  expect_error([&] { parse_run_config(j, "test"); },
+               "test: 'train.schedule' = \"linear\" is not one of: cosine, wsd, constant");
 }
 
 TEST(RunConfig, UnknownChoiceNamesTheKeyAndTheChoices) {

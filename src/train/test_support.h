@@ -10,8 +10,6 @@
 
 namespace foundry::testing {
 
-using data::testing::TempDir;
-
 // A run of the tiny MoE (or ZAYA1) model of model/test_support.h: batch 4 × 8 tokens,
 // AdamW, no periodic evaluation or checkpoints, its run directory in `run_dir`.
 inline RunConfig tiny_run_config(const std::string& run_dir, bool zaya = false) {

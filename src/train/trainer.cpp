@@ -199,8 +199,9 @@ void TrainingRun::print_header() const {
       stderr, "processes: %d ranks, %lld sequences each per step, expert parallel %lld%s\n",
       procs.ranks(), static_cast<long long>(batches->local_batch()),
       static_cast<long long>(tc.expert_parallel),
-      fmt::format(" | optimizer state per rank {:.1f} MiB ({}) | gradient reduction {}",
-                  double(optimizer->state_bytes()) / (1 << 20), optimizer->layout_name(),
+      fmt::format(" | optimizer state per rank {} ({}) | gradient reduction {}",
+                  format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
+                  optimizer->layout_name(),
                   overlap ? fmt::format("overlapped with backward, {:g} MiB buckets", tc.grad_bucket_mib)
                           : std::string("after backward"))
           .c_str());

@@ -1,0 +1,53 @@
+#include "base/config_reader.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <string_view>
+
+#include "base/test_expect_error.h"
+
+namespace foundry {
+namespace {
+
+enum class Size { small, large };
+
+std::optional<Size> parse_size(std::string_view name) {
+  if (name == "small" || name == "s") return Size::small;
+  if (name == "large") return Size::large;
+  return std::nullopt;
+}
+
+TEST(ConfigReader, ParsedChoiceTakesAnySpellingTheParserKnows) {
+  Size size = Size::large;
+  ConfigReader(json{{"size", "s"}}, "run.json", "model.")
+      .get_parsed("size", size, parse_size, "small, large");
+  EXPECT_EQ(size, Size::small);
+}
+
+TEST(ConfigReader, AbsentParsedChoiceKeepsTheDefault) {
+  Size size = Size::large;
+  ConfigReader reader(json::object(), "run.json", "model.");
+  reader.get_parsed("size", size, parse_size, "small, large");
+  EXPECT_EQ(size, Size::large);
+  reader.finish();
+}
+
+TEST(ConfigReader, UnknownParsedChoiceNamesTheKeyTheValueAndTheChoices) {
+  Size size = Size::large;
+  expect_error(
+      [&] {
+        ConfigReader(json{{"size", "huge"}}, "run.json", "model.")
+            .get_parsed("size", size, parse_size, "small, large");
+      },
+      "run.json: 'model.size' = \"huge\" is not one of: small, large");
+  expect_error(
+      [&] {
+        ConfigReader(json{{"size", 3}}, "run.json", "model.")
+            .get_parsed("size", size, parse_size, "small, large");
+      },
+      "'model.size' must be a string, got 3");
+}
+
+}  // namespace
+}  // namespace foundry
