@@ -1,5 +1,6 @@
 #include "train/checkpointer.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +42,8 @@ void check_same_optimizer(const std::string& dir, const json& saved_state,
 }
 
 namespace {
+
+constexpr int kWriterNice = 19;  // the background write's niceness (lowest priority)
 
 // A tag that names this run's staging directories, the same on every rank (rank 0's pid and
 // clock, broadcast).
@@ -198,7 +201,7 @@ json Checkpointer::trainer_state(int64_t step) const {
 }
 
 void Checkpointer::save(int64_t step) {
-  const double t0 = now_seconds();
+  const double t0 = save_started_ = now_seconds();
   if (in_flight_) {
     if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip) {
       if (processes_.root())
@@ -224,6 +227,9 @@ void Checkpointer::save(int64_t step) {
         snapshot_pending_ = false;
       }
       snapshot_done_.notify_all();
+      // The write yields the cores to training: on a machine whose cores all compute, a
+      // writer at equal priority preempts OpenMP threads and stalls every parallel region.
+      ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
       write_shard();
     });
   } else {
@@ -314,6 +320,10 @@ void Checkpointer::report_save(const std::string& path, const std::vector<json>&
     bytes += s.at("bytes").get<double>();
     write_seconds = std::max(write_seconds, s.at("write_seconds").get<double>());
   }
+  // A synchronous save is reported from inside save(): the loop has been blocked since it
+  // began.
+  const double blocked =
+      rc_.train.checkpoint_async ? blocked_seconds_ : now_seconds() - save_started_;
   const std::string how =
       rc_.train.checkpoint_async
           ? fmt::format("its snapshot took {:.3f} s beside the next step", snapshot_seconds_)
@@ -322,8 +332,8 @@ void Checkpointer::report_save(const std::string& path, const std::vector<json>&
                "saved checkpoint %s: %.1f MB from %zu ranks, written in %.3f s (%.0f MB/s by the "
                "slowest rank); the step loop was blocked %.3f s (%s), the commit %.3f s\n",
                path.c_str(), bytes / 1e6, shards.size(), write_seconds,
-               bytes / shards.size() / 1e6 / std::max(write_seconds, 1e-9), blocked_seconds_,
-               how.c_str(), commit_seconds);
+               bytes / shards.size() / 1e6 / std::max(write_seconds, 1e-9), blocked, how.c_str(),
+               commit_seconds);
 }
 
 void Checkpointer::commit() {

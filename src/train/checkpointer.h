@@ -115,7 +115,7 @@ class Checkpointer {
   std::string error_;  // this rank's write error
   // The save in flight: its snapshot copy, the time the step loop waited for it (save() and
   // protect_state()); and the run's total.
-  double snapshot_seconds_ = 0, blocked_seconds_ = 0, stall_seconds_ = 0;
+  double save_started_ = 0, snapshot_seconds_ = 0, blocked_seconds_ = 0, stall_seconds_ = 0;
 };
 
 // Fails unless the checkpoint `dir` (its trainer state `saved_state`) was written by the
