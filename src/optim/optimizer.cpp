@@ -52,6 +52,23 @@ std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabInterval 
   return clipped;
 }
 
+// Adjacent runs of one state whose values are adjacent too become one run (ZeRO-1 keeps its
+// AdamW moments in fixed-size chunks: a checkpoint wants them as few, long pieces).
+std::vector<StateRun> merge_runs(std::vector<StateRun> runs) {
+  std::vector<StateRun> merged;
+  for (StateRun& r : runs) {
+    if (!merged.empty()) {
+      StateRun& last = merged.back();
+      if (last.state == r.state && last.end == r.begin && last.data + (last.end - last.begin) == r.data) {
+        last.end = r.end;
+        continue;
+      }
+    }
+    merged.push_back(std::move(r));
+  }
+  return merged;
+}
+
 // One process: AdamW, plus Muon when configured, on whole slabs.
 class LocalOptimizer final : public DataParallelOptimizer {
  public:
@@ -196,7 +213,7 @@ class ShardedOptimizer final : public DataParallelOptimizer {
     std::vector<StateRun> runs;
     for (const std::string& name : zero1_.state_names())
       for (const auto& r : zero1_.state_runs(name)) runs.push_back({name, r.begin, r.end, r.data});
-    return runs;
+    return merge_runs(std::move(runs));
   }
   std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
