@@ -144,6 +144,30 @@ TEST(Checkpointer, ASaveDueWhileOneIsInFlightWaitsOrIsSkipped) {
   }
 }
 
+// Checkpoints of format version 1 (whole safetensors files, written before format 2) still
+// resume, bit for bit.
+TEST(Checkpointer, ResumesAVersionOneCheckpoint) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path());
+  TinyRun trained(rc, 1);
+  make_dirs(rc.train.run_dir);
+  trained.step(1);
+  trained.step(2);
+  // The single-process optimizer's runs point into its whole state slabs.
+  std::vector<StateSlabToSave> states;
+  for (const StateRun& r : trained.optimizer->states_to_save_runs())
+    if (r.begin == 0) states.push_back({r.state, r.data});
+  ASSERT_EQ(states.size(), 2u);  // exp_avg and exp_avg_sq of the first tensor, at offset 0
+  save_checkpoint(rc.train.run_dir, 2, rc.model, trained.model.table(), trained.model.params(),
+                  states, {{"step", 2}, {"optimizer", "adamw"}}, 0);
+  TinyRun resumed(rc, 99);
+  EXPECT_EQ(resumed.checkpointer.resume(), 2);
+  EXPECT_EQ(resumed.params(), trained.params());
+  trained.step(3);
+  resumed.step(3);
+  EXPECT_EQ(resumed.params(), trained.params());
+}
+
 TEST(Checkpointer, RefusesTheStateOfTheOtherOptimizer) {
   try {
     check_same_optimizer("runs/x/step_1", {{"optimizer", "muon"}}, OptimizerKind::adamw);
