@@ -11,43 +11,15 @@
 #include "base/io.h"
 #include "base/rng.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/test_support.h"
 
 namespace foundry {
 namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 200;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 8;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.ffn_dim = 32;
-  c.max_seq_len = 32;
-  return c;
-}
-
-std::vector<float> random_slab(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> slab(static_cast<size_t>(n));
-  for (float& x : slab) {
-    const uint32_t bits = static_cast<uint32_t>(rng.next_u64());
-    std::memcpy(&x, &bits, 4);  // any bit pattern: the round trip must keep bits
-  }
-  return slab;
-}
-
-// Rank r of `ranks` holds slab elements [r·B, min((r+1)·B, E)), B = ceil(E / ranks): shards
-// that cut tensors at arbitrary elements, as ZeRO-1's do.
-std::pair<int64_t, int64_t> share(int64_t n, int ranks, int r) {
-  const int64_t b = (n + ranks - 1) / ranks;
-  return {std::min(n, r * b), std::min(n, (r + 1) * b)};
-}
+using testing::random_slab;
+using testing::share;
 
 class ShardedTest : public ::testing::Test {
  protected:
@@ -88,7 +60,7 @@ class ShardedTest : public ::testing::Test {
   }
 
   std::string run_dir_;
-  ModelConfig config_ = tiny_config();
+  ModelConfig config_ = testing::tiny_moe_config();
   ParamTable table_{config_};
   int64_t n_ = table_.total_elements();
   std::vector<float> params_ = random_slab(n_, 1), exp_avg_ = random_slab(n_, 2);
@@ -174,9 +146,9 @@ TEST_F(ShardedTest, ATruncatedShardMakesTheCheckpointInvalidAndTheOlderOneIsFoun
   fs::resize_file(dir + "/rank_00001.bin", fs::file_size(dir + "/rank_00001.bin") - 4);
   const std::string e = error_of([&] { verify_checkpoint(dir); });
   EXPECT_NE(e.find("rank_00001.bin has"), std::string::npos) << e;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   const auto found = find_latest_checkpoint(run_dir_);
-  testing::internal::GetCapturedStderr();
+  ::testing::internal::GetCapturedStderr();
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(*found, run_dir_ + "/checkpoints/step_00000001");
 }
