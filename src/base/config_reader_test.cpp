@@ -27,7 +27,8 @@ TEST(ConfigReader, ParsedChoiceTakesAnySpellingTheParserKnows) {
 
 TEST(ConfigReader, AbsentParsedChoiceKeepsTheDefault) {
   Size size = Size::large;
-  ConfigReader reader(json::object(), "run.json", "model.");
+  const json empty = json::object();  // the reader keeps a reference: it must outlive it
+  ConfigReader reader(empty, "run.json", "model.");
   reader.get_parsed("size", size, parse_size, "small, large");
   EXPECT_EQ(size, Size::large);
   reader.finish();
