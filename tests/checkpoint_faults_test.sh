@@ -52,6 +52,28 @@ for fault in write@1 before_fsync@1 before_commit@0 write@0:exit before_fsync@1:
   else bad "$fault: latest '$(latest "$dir")', $staging staging directories"; ls "$dir/checkpoints"; cat "$dir.log" "$dir.resume.log"; fi
 done
 
+# ---- SIGKILL to a rank in the middle of an asynchronous save ----
+# Rank 1's writer stops halfway through its shard of step 8 (parameters written, state not);
+# the rank is killed with -9 there, and mpirun ends the job.
+FOUNDRY_CHECKPOINT_FAULT="write@1#2:pause" train killed >killed.log 2>&1 &
+job=$!
+victim=""
+for _ in $(seq 1 300); do
+  if ls killed/checkpoints/step_00000008.*.tmp/rank_00001.bin >/dev/null 2>&1; then
+    for pid in $(pgrep -f "foundry train --config tiny.json --synthetic-data --set train.run_dir=killed"); do
+      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$pid
+    done
+    [ -n "$victim" ] && break
+  fi
+  sleep 0.1
+done
+[ -n "$victim" ] && kill -9 "$victim"
+wait "$job"; rc=$?
+if [ -n "$victim" ] && [ "$rc" -ne 0 ] && [ "$(latest killed)" = step_00000004 ] \
+   && [ ! -d killed/checkpoints/step_00000008 ] && resumes_from_4 killed; then
+  ok "rank 1 killed with -9 during an asynchronous save: step 4 stays the latest and resumes"
+else bad "kill -9 mid-save: victim '$victim', rc $rc, latest '$(latest killed)'"; cat killed.log; fi
+
 # Dying after the rename, before `latest` moves: step 8 is complete, step 4 stays current
 # (`latest` decides which checkpoint a run resumes from).
 FOUNDRY_CHECKPOINT_FAULT="before_latest@0#2:exit" train late >late.log 2>&1

@@ -19,7 +19,7 @@ const char* const kPointNames[] = {"write", "before_fsync", "before_commit", "be
 struct Fault {
   CheckpointFault point;
   int rank = 0, nth = 1;
-  bool exit = false;
+  bool exit = false, pause = false;
 };
 
 // Parsed once; a malformed value is an error naming it, at the first save.
@@ -43,6 +43,9 @@ std::optional<Fault> configured_fault() {
       if (rest.ends_with(":exit")) {
         f.exit = true;
         rest.resize(rest.size() - 5);
+      } else if (rest.ends_with(":pause")) {
+        f.pause = true;
+        rest.resize(rest.size() - 6);
       }
       char* end = nullptr;
       f.rank = static_cast<int>(std::strtol(rest.c_str(), &end, 10));
@@ -50,7 +53,8 @@ std::optional<Fault> configured_fault() {
       ok = end != rest.c_str() && *end == '\0' && f.rank >= 0 && f.nth >= 1;
     }
     if (!ok)
-      fail(fmt::format("FOUNDRY_CHECKPOINT_FAULT = '{}' is not <point>@<rank>[#<n>][:exit]", s),
+      fail(fmt::format("FOUNDRY_CHECKPOINT_FAULT = '{}' is not <point>@<rank>[#<n>][:exit|:pause]",
+                       s),
            "points: write, before_fsync, before_commit, before_latest; or unset it");
     return f;
   }();
@@ -69,6 +73,10 @@ void checkpoint_fault_point(CheckpointFault point, const std::string& path) {
   if (!f || f->point != point || f->rank != fault_rank.load()) return;
   if (hits[static_cast<int>(point)].fetch_add(1) + 1 != f->nth) return;
   if (f->exit) ::_exit(86);
+  if (f->pause) {  // a save that hangs here, for a test to kill the process mid-save
+    ::sleep(120);
+    return;
+  }
   fail(fmt::format("cannot write '{}': No space left on device (injected fault {})", path,
                    kPointNames[static_cast<int>(point)]),
        "free space in the run directory's file system");

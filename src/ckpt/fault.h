@@ -2,14 +2,15 @@
 // one rank fail, or die, at one point of a save, so tests can check that the previous
 // checkpoint stays loadable and the failure is reported.
 //
-//   FOUNDRY_CHECKPOINT_FAULT=<point>@<rank>[#<n>][:exit]
+//   FOUNDRY_CHECKPOINT_FAULT=<point>@<rank>[#<n>][:exit|:pause]
 //     point  write          a rank's shard, after its parameters, before its optimizer state
 //            before_fsync   a rank's shard, written, before it is fsynced
 //            before_commit  rank 0, metadata written, before COMMITTED
 //            before_latest  rank 0, the checkpoint renamed into place, before `latest`
 //     rank   the rank that fails (set_checkpoint_fault_rank; 0 in one process)
 //     n      fail the n-th time this rank reaches the point (default 1)
-//     exit   _exit(86) there instead of throwing (a process killed mid-save)
+//     exit   _exit(86) there instead of throwing (a process dying mid-save)
+//     pause  sleep there for two minutes (a test then kills the process with SIGKILL)
 // A thrown fault reads as a disk error: "... No space left on device (injected fault)".
 // Unset: checkpoint_fault_point is one relaxed load and a compare.
 #pragma once
