@@ -12,26 +12,14 @@
 #include "base/io.h"
 #include "base/rng.h"
 #include "ckpt/safetensors.h"
+#include "ckpt/test_support.h"
 
 namespace foundry {
 namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig tiny_config() {
-  ModelConfig c;
-  c.vocab_size = 200;
-  c.d_model = 16;
-  c.n_layers = 2;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 8;
-  c.n_experts = 4;
-  c.top_k = 2;
-  c.ffn_dim = 32;
-  c.max_seq_len = 32;
-  return c;
-}
+ModelConfig tiny_config() { return testing::tiny_moe_config(); }
 
 ModelConfig tiny_dense_config() {
   ModelConfig c = tiny_config();
