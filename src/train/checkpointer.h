@@ -73,12 +73,7 @@ class Checkpointer {
   // with another tokenizer is refused. Unset (synthetic data): neither.
   void set_tokenizer_checksum(uint64_t checksum) { tokenizer_checksum_ = checksum; }
 
-  // Seconds the step loop spent in save() and in commits (snapshots, and writes when not
-  // asynchronous), for the report.
-  double stall_seconds() const { return stall_seconds_; }
-
  private:
-  struct RankShard;  // the staging directory, runs and outcome of this rank's write
   json trainer_state(int64_t step) const;
   void plan(int64_t step);
   void copy_snapshot();
@@ -113,9 +108,9 @@ class Checkpointer {
   bool snapshot_pending_ = false;  // guarded by mutex_
   std::string shard_;  // this rank's description (JSON) or, on failure, ""
   std::string error_;  // this rank's write error
-  // The save in flight: its snapshot copy, the time the step loop waited for it (save() and
-  // protect_state()); and the run's total.
-  double save_started_ = 0, snapshot_seconds_ = 0, blocked_seconds_ = 0, stall_seconds_ = 0;
+  // The save in flight: when save() began, its snapshot copy, and the time the step loop
+  // waited for it (save() and protect_state()), for the save's log line.
+  double save_started_ = 0, snapshot_seconds_ = 0, blocked_seconds_ = 0;
 };
 
 // Fails unless the checkpoint `dir` (its trainer state `saved_state`) was written by the
