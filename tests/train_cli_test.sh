@@ -42,15 +42,15 @@ else bad "resume differs: straight [$a] resumed [$b]"; fi
 n=$(ls -d straight/checkpoints/step_* | wc -l)
 [ "$n" = 2 ] && ok "keep_checkpoints=2 keeps 2" || bad "kept $n checkpoints"
 
-# ---- a run stopped by SIGTERM saves a checkpoint and exits cleanly ----
+# ---- a run stopped by SIGTERM saves a checkpoint and exits 75 (interrupted, resumable) ----
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=sig --set train.steps=100000 \
   --set train.checkpoint_every=0 -q >sig.log 2>&1 &
 pid=$!
 for _ in $(seq 100); do [ -s sig/metrics.jsonl ] && break; sleep 0.1; done
 kill -TERM $pid
 wait $pid; rc=$?
-if [ $rc -eq 0 ] && grep -q "SIGTERM" sig.log && [ -f "sig/checkpoints/$(cat sig/checkpoints/latest)/COMMITTED" ]; then
-  ok "SIGTERM saves a committed checkpoint and exits 0"
+if [ $rc -eq 75 ] && grep -q "SIGTERM" sig.log && [ -f "sig/checkpoints/$(cat sig/checkpoints/latest)/COMMITTED" ]; then
+  ok "SIGTERM saves a committed checkpoint and exits 75"
 else bad "SIGTERM: rc=$rc"; cat sig.log; fi
 
 # ---- corrupted and mismatched checkpoints are never loaded ----

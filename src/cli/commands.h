@@ -1,9 +1,13 @@
 // Each subcommand group registers itself on the root CLI::App. Callbacks throw
-// foundry::Error on failure; main() prints it and exits non-zero.
+// foundry::Error on failure; main() prints it and exits with kExitFailed (base/exit_codes.h).
+// A callback that ends otherwise than "finished" (an interrupted run) sets its exit code.
 #pragma once
 #include <CLI/CLI.hpp>
 
 namespace foundry::cli {
+
+void set_exit_code(int code);  // the status main() returns when the callback ends normally
+int exit_code();
 
 void register_data_commands(CLI::App& app);   // data prepare          (cli/data_cmd.cpp)
 void register_model_commands(CLI::App& app);  // model info            (cli/model_cmd.cpp)

@@ -3,8 +3,17 @@
 #include <exception>
 
 #include "base/error.h"
+#include "base/exit_codes.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+
+namespace foundry::cli {
+namespace {
+int g_exit_code = kExitFinished;
+}
+void set_exit_code(int code) { g_exit_code = code; }
+int exit_code() { return g_exit_code; }
+}  // namespace foundry::cli
 
 int main(int argc, char** argv) {
   CLI::App app{"foundry: train mixture-of-experts language models on CPU clusters"};
@@ -20,14 +29,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    const int code = app.exit(e);  // prints help, or the error naming the option
+    return code == 0 ? foundry::kExitFinished : foundry::kExitUsage;
   } catch (const foundry::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     if (!e.hint().empty()) std::fprintf(stderr, "hint: %s\n", e.hint().c_str());
-    return 1;
+    return foundry::kExitFailed;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return foundry::kExitFailed;
   }
-  return 0;
+  return foundry::cli::exit_code();
 }

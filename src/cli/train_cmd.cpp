@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/exit_codes.h"
 #include "base/io.h"
 #include "base/rng.h"
 #include "ckpt/checkpoint.h"
@@ -118,7 +119,18 @@ void register_train_commands(CLI::App& app) {
     cmd->add_option("--steps", opts->steps, "Override train.steps");
     cmd->add_option("--stop-at-step", opts->stop_at_step,
                     "Checkpoint and stop after this step (the schedule still targets train.steps)");
-    cmd->add_flag("--resume", opts->resume, "Continue from the latest valid checkpoint");
+    auto* resume = cmd->add_flag_function(
+        "--resume", [opts](int64_t) { opts->start = StartMode::resume; },
+        "Continue the run in train.run_dir from its latest valid checkpoint (an error if it has "
+        "none)");
+    auto* auto_resume = cmd->add_flag_function(
+        "--auto-resume", [opts](int64_t) { opts->start = StartMode::auto_resume; },
+        "Continue the run if train.run_dir has a checkpoint, else start a new run");
+    auto* overwrite = cmd->add_flag_function(
+        "--overwrite", [opts](int64_t) { opts->start = StartMode::overwrite; },
+        "Start a new run, removing the checkpoints and metrics of the run in train.run_dir");
+    resume->excludes(auto_resume)->excludes(overwrite);
+    auto_resume->excludes(overwrite);
     cmd->add_flag("--synthetic-data", opts->synthetic_data,
                   "Train on uniformly random tokens (no dataset; for benchmarking)");
     cmd->add_flag("--op-breakdown", opts->op_breakdown,
@@ -134,6 +146,7 @@ void register_train_commands(CLI::App& app) {
       TrainSummary s = train(rc, o);
       const bool root = !session || session->world().rank() == 0;
       if (session) session->finalize();
+      if (s.interrupted) set_exit_code(kExitInterrupted);
       if (!root) return;
       std::printf("trained steps %lld..%lld | final train loss %.4f", 
                   static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),

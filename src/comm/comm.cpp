@@ -424,4 +424,10 @@ void MpiSession::finalize() {
 
 bool MpiSession::active() { return g_session_active; }
 
+void abort_job(int exit_code) {
+  std::fflush(stderr);
+  if (MpiSession::active()) MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
 }  // namespace foundry

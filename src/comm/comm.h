@@ -206,6 +206,11 @@ struct MpiSessionOptions {
   bool allow_forced_algorithms = false;
 };
 
+// Ends this process and, under mpirun, every rank of the job (MPI_Abort; a process without
+// an MPI session just exits), with `exit_code`. For failures found off the main thread (a
+// watchdog), where unwinding is not possible.
+[[noreturn]] void abort_job(int exit_code);
+
 // MPI for the lifetime of this object: MPI_Init_thread in the constructor, MPI_Finalize in
 // finalize() or the destructor. Commands that need MPI create one; everything else never
 // touches MPI. Without mpirun the process is an MPI singleton (world size 1).

@@ -1,9 +1,11 @@
 #include "comm/watchdog.h"
 
 #include <fmt/format.h>
-#include <mpi.h>
 
 #include <cstdio>
+
+#include "base/exit_codes.h"
+#include "comm/comm.h"
 
 namespace foundry {
 
@@ -13,8 +15,7 @@ CommWatchdog::CommWatchdog(int rank, double timeout_s,
   if (!on_timeout_) {
     on_timeout_ = [](const std::string& message) {
       std::fprintf(stderr, "%s\n", message.c_str());
-      std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, 3);
+      abort_job(kExitRankLost);
     };
   }
   if (timeout_s_ > 0) thread_ = std::thread([this] { run(); });

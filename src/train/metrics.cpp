@@ -1,5 +1,11 @@
 #include "train/metrics.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <sstream>
 
 #include "base/error.h"
@@ -26,13 +32,34 @@ void truncate_metrics(const std::string& path, int64_t last_step) {
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t start_step) : path_(path) {
   truncate_metrics(path, start_step);
-  out_.open(path, std::ios::app);
-  if (!out_) fail(fmt::format("cannot open '{}' for writing", path));
+  fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    fail(fmt::format("cannot open '{}' for writing: {}", path, std::strerror(errno)),
+         "check that the run directory is writable");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(other.fd_) {
+  other.fd_ = -1;
 }
 
 void MetricsWriter::write(const json& step_metrics) {
-  out_ << step_metrics.dump() << "\n";
-  out_.flush();
+  const std::string line = step_metrics.dump() + "\n";
+  struct stat before {};
+  const bool sized = ::fstat(fd_, &before) == 0;
+  const ssize_t n = ::write(fd_, line.data(), line.size());
+  if (n == static_cast<ssize_t>(line.size())) return;
+  const std::string why = n < 0 ? std::strerror(errno) : "short write";
+  if (sized && ::ftruncate(fd_, before.st_size) != 0) {
+    // the torn line stays; a resume drops it (truncate_metrics)
+  }
+  fail(fmt::format("cannot append step {} to '{}': {}", step_metrics.value("step", int64_t{-1}),
+                   path_, why),
+       "free space on the run directory's file system, then resume the run with --resume");
 }
 
 }  // namespace foundry

@@ -1,7 +1,6 @@
 // metrics.jsonl: one JSON object per training step (docs/formats.md), written by rank 0.
 #pragma once
 #include <cstdint>
-#include <fstream>
 #include <string>
 
 #include "base/config_reader.h"
@@ -17,12 +16,18 @@ class MetricsWriter {
   // Appends to `path` after truncating it to the steps ≤ start_step. Fails naming the file
   // when it cannot be opened.
   MetricsWriter(const std::string& path, int64_t start_step);
-  // One line per step, flushed.
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  MetricsWriter(MetricsWriter&& other) noexcept;
+
+  // One line per step, in one write(2). A failed or short write (a full disk) is an Error
+  // naming the file, and the torn line is cut off again, so the file stays whole lines.
   void write(const json& step_metrics);
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 }  // namespace foundry

@@ -63,6 +63,9 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
   r.get("comm_timeout_s", t.comm_timeout_s, 0.0, 1e7);
+  r.get("heartbeat_interval_s", t.heartbeat_interval_s, 0.0, 3600.0);
+  r.get("heartbeat_timeout_s", t.heartbeat_timeout_s, 0.1, 1e7);
+  r.get("hang_timeout_s", t.hang_timeout_s, 1.0, 1e7);
   r.get("zero1", t.zero1);
   r.get("overlap_grad_reduce", t.overlap_grad_reduce);
   r.get("grad_bucket_mib", t.grad_bucket_mib, 0.0, 8192.0);
@@ -71,6 +74,12 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,
                      rc.model.max_seq_len),
          "raise model.max_seq_len or lower train.seq_len");
+
+  if (t.heartbeat_interval_s > 0 && t.heartbeat_timeout_s < 2 * t.heartbeat_interval_s)
+    fail(fmt::format("{}: train.heartbeat_timeout_s = {} is shorter than two heartbeats "
+                     "(train.heartbeat_interval_s = {})",
+                     where, t.heartbeat_timeout_s, t.heartbeat_interval_s),
+         "make train.heartbeat_timeout_s at least twice train.heartbeat_interval_s");
 
   ConfigReader d(top.child("data"), where, "data.");
   d.get("dir", rc.data.dir);

@@ -47,6 +47,13 @@ struct TrainConfig {
   // Under mpirun: a step (or checkpoint) that takes longer than this ends the job with an
   // error naming the rank, instead of hanging when a peer died (0 = no limit).
   double comm_timeout_s = 300;
+  // Heartbeats (train/heartbeat.h): every rank writes RUN_DIR/heartbeat/rank_N.json every
+  // heartbeat_interval_s (0 = off) and watches a neighbour; a rank silent for
+  // heartbeat_timeout_s has died or stopped, and no progress for hang_timeout_s (or 3× the
+  // slowest step so far, if longer) is a hang: the job ends with exit code 3, naming the rank.
+  double heartbeat_interval_s = 1;
+  double heartbeat_timeout_s = 5;
+  double hang_timeout_s = 45;
   // Under mpirun: shard the optimizer state over the data-parallel ranks (ZeRO-1: gradients
   // reduce-scattered, weights all-gathered), or keep it whole on every rank (false:
   // gradients all-reduced, every rank runs the full optimizer step).

@@ -31,14 +31,10 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() const { return g_stop_signal.load(); }
 
-int StopSignals::agreed(const Communicator* world) const {
-  int sig = received();
-  if (world) {
-    double s = sig;
-    world->allreduce(&s, &s, 1, ReduceOp::max);
-    sig = static_cast<int>(s);
-  }
-  return sig;
+StopReasons StopSignals::agreed(const Communicator* world, bool output_failed_here) const {
+  double reasons[2] = {double(received()), output_failed_here ? 1.0 : 0.0};
+  if (world) world->allreduce(reasons, reasons, 2, ReduceOp::max);
+  return {static_cast<int>(reasons[0]), reasons[1] > 0};
 }
 
 }  // namespace foundry

@@ -1,9 +1,18 @@
-// SIGINT/SIGTERM during training: the loop checkpoints and stops at the end of the step.
+// SIGINT/SIGTERM during training: the loop checkpoints and stops at the end of the step. The
+// same agreement carries a rank's failure to write its outputs (metrics.jsonl on a full
+// disk), which stops every rank the same way.
 #pragma once
 
 namespace foundry {
 
 class Communicator;
+
+// Why the ranks stop after this step (agreed: the same on every rank).
+struct StopReasons {
+  int signal = 0;              // SIGINT/SIGTERM received by some rank (0: none)
+  bool output_failed = false;  // some rank could not write its outputs
+  bool any() const { return signal != 0 || output_failed; }
+};
 
 // Installs SIGINT/SIGTERM handlers for its lifetime (one at a time) and restores the
 // previous ones after.
@@ -19,7 +28,8 @@ class StopSignals {
   // Collective: the signal any rank of `world` received (0: none; null world: this
   // process). A signal reaches the ranks at different steps, so they agree at every step
   // and stop together.
-  int agreed(const Communicator* world) const;
+  // `output_failed_here`: this rank could not write its outputs this step.
+  StopReasons agreed(const Communicator* world, bool output_failed_here = false) const;
 };
 
 }  // namespace foundry

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "base/error.h"
+#include "base/exit_codes.h"
 #include "base/format.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -20,6 +21,8 @@
 #include "model/info.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
+#include "train/events.h"
+#include "train/heartbeat.h"
 #include "train/metrics.h"
 #include "train/optimizer_config.h"
 #include "train/processes.h"
@@ -83,6 +86,8 @@ struct TrainingRun {
   bool overlap = false;  // the gradient reduction runs during backward
   std::optional<TrainBatches> batches;
   std::optional<Checkpointer> checkpointer;
+  std::optional<RunDir> run_dir;  // locked for this run
+  std::optional<Heartbeat> heartbeat;
   double peak_gflops = 0;
 
   double evaluate() {
@@ -112,6 +117,10 @@ struct TrainingRun {
     write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
     return metrics;
   }
+  void start_heartbeat();
+  void mark(int64_t step, const char* phase) {
+    if (heartbeat) heartbeat->progress(step, phase);
+  }
   void open_dataset();
   void build_model_and_optimizer();
   void measure_peak();
@@ -127,6 +136,9 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
   if (!opt.synthetic_data) open_dataset();
+  // Before anything is allocated or written: the directory is this run's, or nothing starts.
+  run_dir.emplace(tc.run_dir, opt.start, procs);
+  start_heartbeat();
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,
@@ -134,8 +146,25 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
-  if (procs.root()) make_dirs(tc.run_dir);
-  procs.barrier();
+}
+
+// A dead, stopped or hung rank ends the job with kExitRankLost, named on the console and in
+// the events log, within seconds (`foundry launch` then restarts it).
+void TrainingRun::start_heartbeat() {
+  const HeartbeatConfig config{tc.heartbeat_interval_s, tc.heartbeat_timeout_s, tc.hang_timeout_s};
+  const std::string dir = tc.run_dir;
+  const int rank = procs.rank();
+  heartbeat.emplace(dir, rank, procs.ranks(), config,
+                    [dir, rank](const std::string& cause, int culprit, const std::string& message) {
+                      std::fprintf(stderr, "error: %s\n", message.c_str());
+                      try {
+                        append_event(dir, "train", cause,
+                                     {{"rank", culprit}, {"seen_by", rank}, {"message", message}});
+                      } catch (const Error& e) {
+                        std::fprintf(stderr, "warning: %s\n", e.what());
+                      }
+                      abort_job(kExitRankLost);
+                    });
 }
 
 void TrainingRun::open_dataset() {
@@ -325,6 +354,19 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
     std::fprintf(stderr, "%s", format_op_breakdown(run.model->op_times(), steps_run).c_str());
 }
 
+// A rank could not write its outputs: the run stops, with the checkpoint of `step` saved
+// (if the disk allowed it), on every rank.
+[[noreturn]] void report_output_failure(const TrainingRun& run, int64_t step,
+                                        const std::string& error) {
+  const std::string saved = fmt::format("checkpoint of step {} saved", step);
+  if (!error.empty())
+    fail(fmt::format("{}; training stopped ({})", error, saved),
+         "free space on the run directory's file system, then continue with --resume");
+  fail(fmt::format("rank {}: training stopped because rank 0 could not write its metrics ({})",
+                   run.procs.rank(), saved),
+       "see rank 0's error");
+}
+
 }  // namespace
 
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
@@ -372,13 +414,16 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
-  const int64_t start_step = opt.resume ? run.checkpointer->resume() : 0;
+  run.mark(0, "loading checkpoint");
+  const int64_t start_step = run.run_dir->resume() ? run.checkpointer->resume() : 0;
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
+  run.run_dir->started();
   run.measure_peak();
   run.print_header();
   TrainSummary summary;
   summary.start_step = start_step;
   summary.peak_gflops = run.peak_gflops;
+  run.mark(start_step, "validation");
   if (start_step == 0 && run.val_loader && total_steps > 0) summary.initial_val_loss = run.initial_evaluation();
 
   StopSignals signals;
@@ -391,6 +436,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     if (step == start_step + log.warmup() + 1) run.model->op_times().clear();
     const double t0 = now_seconds();
     auto step_guard = run.procs.guard(fmt::format("training step {}", step));
+    run.mark(step, "step");
     run.batches->next(step);
     StepResult r = run_step(*run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step),
                             step, rc.train.grad_clip, run.overlap, run.procs.world(),
@@ -399,19 +445,31 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;
     const bool eval_now = run.evaluation_due(step);
-    if (eval_now) m["val_loss"] = summary.final_val_loss = run.evaluate();
-    log.publish(m, eval_now);
+    if (eval_now) {
+      run.mark(step, "validation");
+      m["val_loss"] = summary.final_val_loss = run.evaluate();
+    }
+    std::string output_error;  // rank 0 could not write metrics.jsonl
+    try {
+      log.publish(m, eval_now);
+    } catch (const Error& e) {
+      output_error = e.what();
+    }
 
     const bool final_step = step == total_steps || step == opt.stop_at_step;
-    const int sig = signals.agreed(run.procs.world());
+    const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
     // Memory at the last step, before its checkpoint's snapshot (not training memory).
-    if (final_step || sig) memory = run.memory_now();
+    if (final_step || stop.any()) memory = run.memory_now();
     run.checkpointer->poll();
-    if (final_step || sig || run.checkpoint_due(step)) run.checkpointer->save(step);
-    if (final_step || sig) run.checkpointer->finish();
-    if (sig) {
+    if (final_step || stop.any() || run.checkpoint_due(step)) {
+      run.mark(step, "checkpoint");
+      run.checkpointer->save(step);
+    }
+    if (final_step || stop.any()) run.checkpointer->finish();
+    if (stop.output_failed) report_output_failure(run, step, output_error);
+    if (stop.signal) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
-                   sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
+                   stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
       summary.interrupted = true;
       break;
     }

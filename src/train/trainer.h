@@ -22,6 +22,7 @@
 #include "optim/optimizer.h"
 #include "train/balance.h"
 #include "train/batches.h"
+#include "train/run_dir.h"
 #include "train/run_config.h"
 
 namespace foundry {
@@ -30,7 +31,8 @@ class Communicator;
 
 struct TrainOptions {
   bool synthetic_data = false;  // random tokens, no dataset (for benchmarking)
-  bool resume = false;          // continue from the latest valid checkpoint in run_dir
+  // A new run, or continue the run in train.run_dir (run_dir.h: what each mode accepts).
+  StartMode start = StartMode::fresh;
   int64_t steps = -1;           // overrides train.steps when ≥ 0
   int64_t stop_at_step = -1;    // checkpoint and stop after this step (schedule unchanged)
   bool op_breakdown = false;    // time every operation and print a per-op table at the end
@@ -49,7 +51,7 @@ struct TrainSummary {
   double tokens_per_s = 0;   // over the steps run in this process (first step excluded)
   double mfu = 0;            // model FLOP utilization against the GEMM peak
   double peak_gflops = 0;
-  bool interrupted = false;
+  bool interrupted = false;  // stopped by SIGINT/SIGTERM with a checkpoint saved
   int64_t optimizer_state_bytes = 0;  // this rank's optimizer state and buffers
   int64_t peak_rss_bytes = 0;         // the largest peak RSS over the ranks (before the final checkpoint)
   double grad_comm_exposed_s = 0;     // data parallel: gradient reduction after backward, per step

@@ -110,7 +110,7 @@ TEST(Train, RunsWritesMetricsAndResumesBitwise) {
   const RunConfig split = testing::tiny_run_config(split_dir.path(), true);
   EXPECT_EQ(train(split, opt).final_step, 3);
   opt.stop_at_step = -1;
-  opt.resume = true;
+  opt.start = StartMode::resume;
   const TrainSummary resumed = train(split, opt);
   EXPECT_EQ(resumed.start_step, 3);
   EXPECT_EQ(resumed.final_step, 6);
@@ -140,7 +140,7 @@ TEST(StopSignals, CatchesSigtermWhileInstalledAndRestoresThePreviousHandler) {
     EXPECT_EQ(signals.received(), 0);
     std::raise(SIGTERM);
     EXPECT_EQ(signals.received(), SIGTERM);
-    EXPECT_EQ(signals.agreed(nullptr), SIGTERM);
+    EXPECT_EQ(signals.agreed(nullptr).signal, SIGTERM);
     EXPECT_EQ(g_previous_handler_calls, 0);
   }
   std::raise(SIGTERM);

@@ -1,0 +1,178 @@
+#include "train/run_dir.h"
+
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "ckpt/checkpoint_dir.h"
+#include "comm/agree.h"
+#include "train/events.h"
+#include "train/processes.h"
+
+namespace foundry {
+namespace {
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+int64_t count_lines(const std::string& path) {
+  if (!path_exists(path)) return 0;
+  const std::string text = read_text_file(path);
+  int64_t lines = 0;
+  for (char c : text) lines += c == '\n';
+  return lines + (!text.empty() && text.back() != '\n');
+}
+
+LockHolder read_holder(const std::string& path) {
+  LockHolder h;
+  try {
+    const json j = json::parse(read_text_file(path));
+    h.pid = j.value("pid", int64_t{0});
+    h.host = j.value("host", std::string("?"));
+    h.since = j.value("since", std::string("?"));
+  } catch (const std::exception&) {
+    // being written by its holder this very moment
+  }
+  return h;
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/', path.size() > 1 ? path.size() - 2 : 0);
+  return slash == std::string::npos || slash == 0 ? "" : path.substr(0, slash);
+}
+
+// Rank 0's verdict for every rank: "ok 0" / "ok 1" (resume), or the error's what and hint.
+constexpr char kSeparator = '\x1f';
+
+}  // namespace
+
+std::string RunDirContents::describe() const {
+  std::vector<std::string> parts;
+  if (checkpoints > 0) parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
+  if (metrics_lines > 0) parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
+  return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, " and "));
+}
+
+RunDirContents inspect_run_dir(const std::string& run_dir) {
+  RunDirContents c;
+  c.exists = path_exists(run_dir);
+  if (!c.exists) return c;
+  const std::string root = checkpoints_root(run_dir);
+  if (path_exists(root))
+    for (const auto& [name, is_dir] : list_dir(root))
+      if (name == kLatestFile || (is_dir && parse_checkpoint_dir_name(name))) ++c.checkpoints;
+  c.metrics_lines = count_lines(join(run_dir, kMetricsFile));
+  return c;
+}
+
+RunDirLock::RunDirLock(const std::string& run_dir) {
+  const std::string path = join(run_dir, kLockFile);
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    fail(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)),
+         "check that the run directory is writable");
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EWOULDBLOCK)
+      fail(fmt::format("cannot lock '{}': {}", path, std::strerror(err)),
+           "the run directory's file system must support flock(2)");
+    const LockHolder h = read_holder(path);
+    fail(fmt::format("run directory '{}' is in use by another training job (pid {} on host {}, "
+                     "since {})",
+                     run_dir, h.pid, h.host, h.since),
+         "wait for that job to end or stop it, or set another train.run_dir");
+  }
+  const json holder = {{"pid", int64_t(getpid())}, {"host", host_name()},
+                       {"since", utc_timestamp(unix_now())}};
+  const std::string text = holder.dump() + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
+    fail(fmt::format("cannot write the lock file '{}': {}", path, std::strerror(errno)),
+         "free space on the run directory's file system");
+}
+
+RunDirLock::~RunDirLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
+}
+
+RunDir::RunDir(const std::string& run_dir, StartMode mode, const Processes& processes)
+    : path_(run_dir), root_(processes.root()) {
+  std::string verdict;
+  if (root_) {
+    try {
+      claim(mode);
+      verdict = resume_ ? "ok 1" : "ok 0";
+    } catch (const Error& e) {
+      verdict = std::string(e.what()) + kSeparator + e.hint();
+    }
+  }
+  if (const Communicator* world = processes.world()) verdict = allgather_strings(*world, verdict)[0];
+  if (verdict.rfind("ok ", 0) == 0) {
+    resume_ = verdict == "ok 1";
+    return;
+  }
+  const size_t sep = verdict.find(kSeparator);
+  fail(verdict.substr(0, sep), sep == std::string::npos ? "" : verdict.substr(sep + 1));
+}
+
+RunDir::~RunDir() {
+  lock_.reset();
+  // A job that failed before training started leaves no directory behind.
+  if (created_) remove_all(created_path_);
+}
+
+void RunDir::claim(StartMode mode) {
+  if (!path_exists(path_)) {
+    // The outermost directory this creates is the one to remove if nothing starts.
+    created_path_ = path_;
+    for (std::string up = parent_dir(path_); !up.empty() && !path_exists(up); up = parent_dir(up))
+      created_path_ = up;
+    make_dirs(path_);
+    created_ = true;
+  }
+  lock_ = std::make_unique<RunDirLock>(path_);
+  // Checked under the lock: another job cannot change the directory meanwhile.
+  const RunDirContents held = inspect_run_dir(path_);
+  const std::string other_hint =
+      "continue it with --resume, replace it with --overwrite, or set another train.run_dir";
+  switch (mode) {
+    case StartMode::fresh:
+      if (held.any())
+        fail(fmt::format("run directory '{}' already holds a run ({}); a new run would replace it",
+                         path_, held.describe()),
+             other_hint);
+      break;
+    case StartMode::resume:
+      if (held.checkpoints == 0)
+        fail(fmt::format("--resume: run directory '{}' has no checkpoint to resume from ({})",
+                         path_, held.describe()),
+             "start a new run without --resume (add --overwrite if the directory holds metrics), "
+             "or use --auto-resume to resume when there is a checkpoint and start otherwise");
+      resume_ = true;
+      break;
+    case StartMode::auto_resume:
+      resume_ = held.checkpoints > 0;
+      break;
+    case StartMode::overwrite:
+      if (held.any()) {
+        remove_all(checkpoints_root(path_));
+        remove_all(join(path_, kMetricsFile));
+        append_event(path_, "train", "overwrite", {{"removed", held.describe()}});
+        std::fprintf(stderr, "overwrite: removed the previous run's %s from %s\n",
+                     held.describe().c_str(), path_.c_str());
+      }
+      break;
+  }
+}
+
+}  // namespace foundry

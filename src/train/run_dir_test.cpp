@@ -1,0 +1,113 @@
+#include "train/run_dir.h"
+
+#include <gtest/gtest.h>
+
+#include "base/io.h"
+#include "base/test_expect_error.h"
+#include "data/test_util.h"
+#include "train/events.h"
+#include "train/processes.h"
+#include "train/test_support.h"
+#include "train/trainer.h"
+
+namespace foundry {
+namespace {
+using testing::TempDir;
+
+// A run directory as a finished run leaves it: metrics and one checkpoint directory.
+void fake_previous_run(const std::string& dir, bool with_checkpoint) {
+  make_dirs(dir + "/checkpoints");
+  write_file_atomic(dir + "/metrics.jsonl", "{\"step\":1}\n{\"step\":2}\n");
+  if (with_checkpoint) make_dirs(dir + "/checkpoints/step_00000002");
+}
+
+TEST(RunDir, InspectCountsCheckpointsAndMetricsLines) {
+  TempDir tmp;
+  EXPECT_FALSE(inspect_run_dir(tmp.path() + "/none").exists);
+  fake_previous_run(tmp.path(), true);
+  make_dirs(tmp.path() + "/checkpoints/step_00000004.abc.tmp");  // an interrupted save
+  const RunDirContents c = inspect_run_dir(tmp.path());
+  EXPECT_EQ(c.checkpoints, 1);
+  EXPECT_EQ(c.metrics_lines, 2);
+  EXPECT_EQ(c.describe(), "1 checkpoint(s) and 2 line(s) of metrics.jsonl");
+}
+
+TEST(RunDir, ASecondLockOnTheSameDirectoryIsRefusedNamingTheHolder) {
+  TempDir tmp;
+  {
+    RunDirLock first(tmp.path());
+    expect_error([&] { RunDirLock second(tmp.path()); },
+                 fmt::format("is in use by another training job (pid {} on host", getpid()));
+  }
+  RunDirLock again(tmp.path());  // released with its holder
+}
+
+TEST(RunDir, ANewRunIntoAnotherRunsDirectoryIsRefusedAndNothingChanges) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, true);
+  Processes one(nullptr, 0);
+  expect_error([&] { RunDir d(dir, StartMode::fresh, one); }, "already holds a run (1 checkpoint(s)");
+  EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002"));
+  EXPECT_EQ(read_text_file(dir + "/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
+}
+
+TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, false);
+  Processes one(nullptr, 0);
+  expect_error([&] { RunDir d(dir, StartMode::resume, one); }, "has no checkpoint to resume from");
+  EXPECT_FALSE(RunDir(dir, StartMode::auto_resume, one).resume());
+  make_dirs(dir + "/checkpoints/step_00000002");
+  EXPECT_TRUE(RunDir(dir, StartMode::auto_resume, one).resume());
+  EXPECT_TRUE(RunDir(dir, StartMode::resume, one).resume());
+}
+
+TEST(RunDir, OverwriteRemovesThePreviousRunAndRecordsIt) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, true);
+  {
+    RunDir d(dir, StartMode::overwrite, Processes(nullptr, 0));
+    EXPECT_FALSE(d.resume());
+  }
+  EXPECT_FALSE(inspect_run_dir(dir).any());
+  const std::vector<json> events = read_events(dir);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0]["event"], "overwrite");
+  EXPECT_EQ(events[0]["removed"], "1 checkpoint(s) and 2 line(s) of metrics.jsonl");
+}
+
+TEST(RunDir, ADirectoryCreatedForARunThatNeverStartedIsRemoved) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/new/run";
+  { RunDir d(dir, StartMode::fresh, Processes(nullptr, 0)); }
+  EXPECT_FALSE(path_exists(tmp.path() + "/new"));
+  {
+    RunDir d(dir, StartMode::fresh, Processes(nullptr, 0));
+    d.started();
+  }
+  EXPECT_TRUE(path_exists(dir));
+}
+
+TEST(RunDir, TrainingTwiceIntoOneDirectoryNeedsResumeOrOverwrite) {
+  TempDir tmp;
+  RunConfig rc = testing::tiny_run_config(tmp.path());
+  rc.train.steps = 2;
+  TrainOptions opt;
+  opt.synthetic_data = true;
+  opt.quiet = true;
+  train(rc, opt);
+  const std::string metrics = read_text_file(tmp.path() + "/metrics.jsonl");
+  expect_error([&] { train(rc, opt); }, "already holds a run");
+  opt.steps = 0;  // once emptied metrics.jsonl
+  expect_error([&] { train(rc, opt); }, "already holds a run");
+  EXPECT_EQ(read_text_file(tmp.path() + "/metrics.jsonl"), metrics);
+  opt.start = StartMode::overwrite;
+  opt.steps = 1;
+  EXPECT_EQ(train(rc, opt).final_step, 1);
+}
+
+}  // namespace
+}  // namespace foundry
