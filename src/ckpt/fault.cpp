@@ -14,7 +14,9 @@
 namespace foundry {
 namespace {
 
-const char* const kPointNames[] = {"write", "before_fsync", "before_commit", "before_latest"};
+const char* const kPointNames[] = {"write", "before_fsync", "before_commit", "before_latest",
+                                   "load"};
+constexpr int kPoints = 5;
 
 struct Fault {
   CheckpointFault point;
@@ -33,7 +35,7 @@ std::optional<Fault> configured_fault() {
     bool ok = at != std::string::npos;
     const std::string point = ok ? s.substr(0, at) : s;
     ok = false;
-    for (int i = 0; i < 4; ++i)
+    for (int i = 0; i < kPoints; ++i)
       if (point == kPointNames[i]) {
         f.point = static_cast<CheckpointFault>(i);
         ok = true;
@@ -55,14 +57,14 @@ std::optional<Fault> configured_fault() {
     if (!ok)
       fail(fmt::format("FOUNDRY_CHECKPOINT_FAULT = '{}' is not <point>@<rank>[#<n>][:exit|:pause]",
                        s),
-           "points: write, before_fsync, before_commit, before_latest; or unset it");
+           "points: write, before_fsync, before_commit, before_latest, load; or unset it");
     return f;
   }();
   return fault;
 }
 
 std::atomic<int> fault_rank{0};
-std::atomic<int> hits[4];
+std::atomic<int> hits[kPoints];
 
 }  // namespace
 

@@ -473,6 +473,7 @@ json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected
   check_same_model(dir, parse_model_config(field<json>(m.j, "model", m.path), m.path), expected);
   PieceReader reader(m);
   for (const SlabTarget& t : targets) {
+    if (&t == &targets.back()) checkpoint_fault_point(CheckpointFault::load, dir);
     FOUNDRY_CHECK(t.data != nullptr || t.begin == t.end);
     for_each_tensor_in(table, t.begin, t.end, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
       read_tensor_range(m, reader, tensor_name(p, t.slab), lo, hi,

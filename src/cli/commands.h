@@ -15,6 +15,7 @@ void register_train_commands(CLI::App& app);  // train, eval, generate (cli/trai
 void register_bench_commands(CLI::App& app);  // bench ...             (cli/bench_cmd.cpp)
 void register_plan_commands(CLI::App& app);   // plan                  (cli/plan_cmd.cpp)
 void register_ckpt_commands(CLI::App& app);   // ckpt info, verify, export (cli/ckpt_cmd.cpp)
+void register_launch_command(CLI::App& app);  // launch                (cli/launch_cmd.cpp)
 
 // Subcommands of `bench`, each in its own file.
 void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   foundry::cli::register_bench_commands(app);
   foundry::cli::register_plan_commands(app);
   foundry::cli::register_ckpt_commands(app);
+  foundry::cli::register_launch_command(app);
   foundry::set_command_line(argc, argv);
   try {
     app.parse(argc, argv);

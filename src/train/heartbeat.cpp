@@ -102,6 +102,15 @@ double ChangeClock::seen(int64_t value, double now) {
   return now - since_;
 }
 
+std::string describe_silence(const HeartbeatRecord& r) {
+  if (r.host == host_name()) {
+    const std::string s = local_process_state(r.pid);
+    if (s == "gone") return "has died";
+    if (s == "stopped") return "is stopped (SIGSTOP?)";
+  }
+  return "has stopped responding";
+}
+
 std::string describe_rank(const HeartbeatRecord& r) {
   return fmt::format("rank {} (pid {} on {}) at step {} ({})", r.rank, r.pid, r.host, r.step,
                      r.phase);
@@ -212,13 +221,8 @@ void Heartbeat::watch_neighbour(double now) {
   // No record yet: silent since this rank started.
   const double silent = r ? neighbour_beats_.seen(r->beats, now) : now - started_;
   if (silent < config_.lost_after_s) return;
-  std::string what = r ? describe_rank(*r) : fmt::format("rank {}", peer);
-  std::string state = "has stopped responding";
-  if (r && r->host == host_) {
-    const std::string s = local_process_state(r->pid);
-    if (s == "gone") state = "has died";
-    if (s == "stopped") state = "is stopped (SIGSTOP?)";
-  }
+  const std::string what = r ? describe_rank(*r) : fmt::format("rank {}", peer);
+  const std::string state = r ? describe_silence(*r) : "has not started";
   fired_ = true;
   on_failure_("rank_lost", peer,
               fmt::format("{} {}: no heartbeat for {:.1f} s (seen by rank {})", what, state, silent,

@@ -1,0 +1,75 @@
+#include "launch/command.h"
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace foundry {
+
+Launcher parse_launcher(const std::string& name) {
+  if (name == "auto") return Launcher::automatic;
+  if (name == "local") return Launcher::local;
+  if (name == "mpirun") return Launcher::mpirun;
+  if (name == "srun") return Launcher::srun;
+  fail(fmt::format("--launcher {}: unknown launcher", name), "use auto, local, mpirun or srun");
+}
+
+const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::automatic: return "auto";
+    case Launcher::local: return "local";
+    case Launcher::mpirun: return "mpirun";
+    case Launcher::srun: return "srun";
+  }
+  return "?";
+}
+
+namespace {
+
+bool has_option(const std::vector<std::string>& args, const std::string& prefix) {
+  return std::any_of(args.begin(), args.end(),
+                     [&](const std::string& a) { return a.rfind(prefix, 0) == 0; });
+}
+
+std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd) {
+  std::vector<std::string> argv = {"mpirun", "-np", std::to_string(in.ranks)};
+  if (in.root) argv.push_back("--allow-run-as-root");
+  if (in.ranks > in.host_cores && !has_option(in.launcher_args, "--oversubscribe"))
+    argv.push_back("--oversubscribe");
+  // Each rank runs OpenMP threads: binding a rank to one core would pile them onto it.
+  if (!has_option(in.launcher_args, "--bind-to")) {
+    argv.push_back("--bind-to");
+    argv.push_back("none");
+  }
+  if (!in.omp_threads_set)
+    cmd.env["OMP_NUM_THREADS"] = std::to_string(std::max(1, in.host_cores / in.ranks));
+  argv.push_back("-x");
+  argv.push_back("OMP_NUM_THREADS");
+  return argv;
+}
+
+}  // namespace
+
+JobCommand job_command(const CommandInputs& in) {
+  if (in.ranks < 1) fail(fmt::format("--np {}: a job needs at least one rank", in.ranks), "use --np 1 or more");
+  Launcher l = in.launcher;
+  if (l == Launcher::automatic)
+    l = in.in_slurm && in.ranks > 1 ? Launcher::srun
+        : in.ranks > 1              ? Launcher::mpirun
+                                    : Launcher::local;
+  if (l == Launcher::local && in.ranks > 1)
+    fail(fmt::format("--launcher local runs one process, but --np is {}", in.ranks),
+         "use --launcher mpirun (or srun) for several ranks");
+  JobCommand cmd;
+  if (l == Launcher::mpirun) cmd.argv = mpirun_prefix(in, cmd);
+  if (l == Launcher::srun)
+    cmd.argv = {"srun", "--ntasks=" + std::to_string(in.ranks), "--kill-on-bad-exit=1"};
+  if (l != Launcher::local)
+    cmd.argv.insert(cmd.argv.end(), in.launcher_args.begin(), in.launcher_args.end());
+  cmd.argv.push_back(in.exe);
+  cmd.argv.push_back("train");
+  cmd.argv.insert(cmd.argv.end(), in.train_args.begin(), in.train_args.end());
+  return cmd;
+}
+
+}  // namespace foundry

@@ -1,0 +1,321 @@
+#include "launch/supervisor.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "base/error.h"
+#include "base/exit_codes.h"
+#include "base/io.h"
+#include "base/timer.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_dir.h"
+#include "train/events.h"
+#include "train/heartbeat.h"
+#include "train/run_config.h"
+#include "train/signals.h"
+
+namespace foundry {
+namespace {
+
+constexpr double kPollSeconds = 0.2;
+const char* const kFaultVariables[] = {"FOUNDRY_CHECKPOINT_FAULT", "FOUNDRY_TRAIN_FAULT"};
+
+// How an attempt ended.
+struct Outcome {
+  enum Kind { finished, interrupted, failed } kind = failed;
+  bool retry = false;
+  std::string cause;   // "exit", "signal", "rank_lost", "hang", "stopped"
+  int rank = -1;       // the rank at fault, when known
+  std::string detail;  // for the console and the events log
+  int exit_code = -1;  // of the job, when it exited
+};
+
+// One start of the job and what its watcher has seen of it.
+struct Attempt {
+  int number = 0, ranks = 1;
+  pid_t pid = -1;
+  double started = 0;         // monotonic
+  int64_t resume_step = 0;    // the checkpoint it starts from (0: none)
+  int64_t last_step = 0;      // the furthest step any rank reached
+  bool progressed = false;    // some rank completed a step in this attempt
+  std::map<int, ChangeClock> beats, progress;
+  std::map<int, HeartbeatRecord> records;  // last seen, by rank
+};
+
+// The last step in metrics.jsonl (heartbeats are a second behind).
+int64_t last_logged_step(const std::string& run_dir) {
+  const std::string path = run_dir + "/metrics.jsonl";
+  if (!path_exists(path)) return 0;
+  const std::string text = read_text_file(path);
+  size_t end = text.find_last_not_of('\n');
+  if (end == std::string::npos) return 0;
+  const size_t begin = text.rfind('\n', end);
+  try {
+    return json::parse(text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1))
+        .value("step", int64_t{0});
+  } catch (const json::parse_error&) {
+    return 0;  // torn by the failure
+  }
+}
+
+int64_t latest_committed_step(const std::string& run_dir) {
+  const std::optional<std::string> dir = find_latest_checkpoint(run_dir);
+  if (!dir) return 0;
+  const size_t slash = dir->find_last_of('/');
+  return parse_checkpoint_dir_name(dir->substr(slash + 1)).value_or(0);
+}
+
+class Supervisor {
+ public:
+  explicit Supervisor(const LaunchOptions& o)
+      : o_(o), rc_(load_run_config(o.config_path, o.overrides)), run_dir_(rc_.train.run_dir) {}
+  int run();
+
+ private:
+  Attempt start(int number);
+  Outcome watch(Attempt& a);
+  std::optional<Outcome> check_heartbeats(Attempt& a, double now);
+  Outcome classify_exit(const Attempt& a, int status) const;
+  bool fatal_event_since(double unix_start) const;
+  void end_job(Attempt& a, bool graceful);
+  void record(const std::string& event, const json& fields, const std::string& line);
+
+  const LaunchOptions& o_;
+  const RunConfig rc_;
+  const std::string run_dir_;
+  StopSignals signals_;
+  double attempt_unix_ = 0;
+  std::vector<std::pair<std::string, json>> pending_;  // events before the directory exists
+};
+
+// The console line, and the events log once the run directory exists (the job creates it).
+void Supervisor::record(const std::string& event, const json& fields, const std::string& line) {
+  std::fprintf(stderr, "launch: %s\n", line.c_str());
+  pending_.emplace_back(event, fields);
+  if (!path_exists(run_dir_)) return;
+  try {
+    for (const auto& [e, f] : pending_) append_event(run_dir_, "launch", e, f);
+    pending_.clear();
+  } catch (const Error& e) {
+    // A full disk: the events wait for the next record; the console has them now.
+    std::fprintf(stderr, "launch: warning: %s\n", e.what());
+  }
+}
+
+Attempt Supervisor::start(int number) {
+  Attempt a;
+  a.number = number;
+  a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
+  a.resume_step = latest_committed_step(run_dir_);
+  // Records of the previous attempt would read as silent ranks.
+  remove_all(heartbeat_dir(run_dir_));
+  CommandInputs in;
+  in.launcher = o_.launcher;
+  in.ranks = a.ranks;
+  in.exe = o_.exe;
+  in.train_args = {"--config", o_.config_path};
+  for (const std::string& s : o_.overrides) in.train_args.insert(in.train_args.end(), {"--set", s});
+  in.train_args.insert(in.train_args.end(), o_.train_args.begin(), o_.train_args.end());
+  in.train_args.push_back(number == 1 && o_.overwrite ? "--overwrite" : "--auto-resume");
+  in.launcher_args = o_.launcher_args;
+  in.host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  in.omp_threads_set = std::getenv("OMP_NUM_THREADS") != nullptr;
+  in.root = geteuid() == 0;
+  in.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;
+  const JobCommand cmd = job_command(in);
+
+  const pid_t pid = fork();
+  if (pid < 0) fail(fmt::format("cannot start the job: fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    setpgid(0, 0);  // its own process group: ended as one
+    for (const auto& [k, v] : cmd.env) setenv(k.c_str(), v.c_str(), 1);
+    // Injected faults are for the first attempt: the restart is the recovery under test.
+    if (number > 1)
+      for (const char* fault : kFaultVariables) unsetenv(fault);
+    std::vector<char*> argv;
+    for (const std::string& s : cmd.argv) argv.push_back(const_cast<char*>(s.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    std::fprintf(stderr, "error: cannot run '%s': %s\n", argv[0], std::strerror(errno));
+    std::_Exit(kExitFailed);
+  }
+  a.pid = pid;
+  a.started = now_seconds();
+  attempt_unix_ = unix_now();
+  record("start",
+         {{"attempt", number}, {"ranks", a.ranks}, {"resume_step", a.resume_step},
+          {"command", fmt::format("{}", fmt::join(cmd.argv, " "))}},
+         fmt::format("attempt {}: {} rank(s), {} ({})", number, a.ranks,
+                     a.resume_step > 0 ? fmt::format("resuming from step {}", a.resume_step)
+                                       : std::string("from the start or the latest checkpoint"),
+                     fmt::join(cmd.argv, " ")));
+  return a;
+}
+
+// Silent or stuck ranks, judged as the ranks judge each other (train/heartbeat.h), for when
+// they cannot: one process, or every rank of a node gone at once.
+std::optional<Outcome> Supervisor::check_heartbeats(Attempt& a, double now) {
+  const std::map<int, HeartbeatRecord> records = read_heartbeats(run_dir_);
+  for (int rank = 0; rank < a.ranks; ++rank) {
+    auto it = records.find(rank);
+    if (it == records.end()) {
+      if (now - a.started > o_.startup_timeout_s)
+        return Outcome{Outcome::failed, true, "rank_lost", rank,
+                       fmt::format("rank {} wrote no heartbeat within {:.0f} s of the start", rank,
+                                   o_.startup_timeout_s)};
+      continue;
+    }
+    const HeartbeatRecord& r = it->second;
+    a.records[rank] = r;
+    // A step is complete once its rank has marked anything after it.
+    a.progressed = a.progressed || r.step > a.resume_step + 1 ||
+                   (r.step == a.resume_step + 1 && r.phase != "step");
+    a.last_step = std::max(a.last_step, r.step);
+    if (r.exited) continue;
+    const double silent = a.beats[rank].seen(r.beats, now);
+    const double idle = a.progress[rank].seen(r.progress, now);
+    // The ranks watch each other with the same limits; this is the second line.
+    if (silent > rc_.train.heartbeat_timeout_s + 1)
+      return Outcome{Outcome::failed, true, "rank_lost", rank,
+                     fmt::format("{} {}: no heartbeat for {:.1f} s", describe_rank(r),
+                                 describe_silence(r), silent)};
+    if (idle > r.hang_after_s + 5)
+      return Outcome{Outcome::failed, true, "hang", rank,
+                     fmt::format("the job hangs: {} has made no progress for {:.0f} s; {}",
+                                 describe_rank(r), idle, describe_positions(records))};
+  }
+  return std::nullopt;
+}
+
+bool Supervisor::fatal_event_since(double unix_start) const {
+  for (const json& e : read_events(run_dir_))
+    if (e.value("unix", 0.0) >= unix_start && e.value("source", "") == "train" &&
+        e.value("fatal", false))
+      return true;
+  return false;
+}
+
+Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
+  if (WIFSIGNALED(status))
+    return {Outcome::failed, true, "signal", -1,
+            fmt::format("the job was killed by signal {} ({})", WTERMSIG(status),
+                        strsignal(WTERMSIG(status)))};
+  const int code = WEXITSTATUS(status);
+  Outcome o{Outcome::failed, true, "exit", -1, fmt::format("the job exited with code {}", code)};
+  o.exit_code = code;
+  if (code == kExitFinished) o.kind = Outcome::finished;
+  if (code == kExitRankLost) {
+    o.cause = "rank_lost";
+    o.detail += " (a rank died, stopped or hung: see the job's error above)";
+  }
+  // A first start that fails before its first step met bad input and would fail the same
+  // way again; a restart's may be the environment (a disk still full) and is retried.
+  const bool bad_input = !a.progressed && a.number == 1;
+  if (code == kExitFailed && (bad_input || fatal_event_since(attempt_unix_))) {
+    o.retry = false;
+    o.detail += bad_input ? " before completing a step (it would fail the same way again)"
+                          : " (a failure the job marked fatal)";
+  }
+  // mpirun reports a rank killed by signal N as 128 + N.
+  if (code > 128 && code < 160)
+    o.detail += fmt::format(" (a rank was killed by signal {})", code - 128);
+  return o;
+}
+
+// Ends the job: gracefully (SIGTERM: the job checkpoints and exits), or at once (SIGKILL to
+// every rank this host runs, then mpirun/srun's own clean-up of the rest).
+void Supervisor::end_job(Attempt& a, bool graceful) {
+  if (!graceful)
+    for (const auto& [rank, r] : a.records)
+      if (!r.exited) kill(pid_t(r.pid), SIGKILL);
+  kill(-a.pid, graceful ? SIGTERM : SIGKILL);
+  if (!graceful) kill(a.pid, SIGTERM);
+}
+
+Outcome Supervisor::watch(Attempt& a) {
+  bool stopping = false;
+  double next_check = 0;
+  for (;;) {
+    int status = 0;
+    if (waitpid(a.pid, &status, WNOHANG) == a.pid) {
+      Outcome o = classify_exit(a, status);
+      if (stopping) o.kind = Outcome::interrupted;
+      return o;
+    }
+    const double now = now_seconds();
+    if (!stopping && signals_.received()) {
+      stopping = true;  // the job saves a checkpoint and exits 75
+      record("stop", {{"attempt", a.number}, {"signal", signals_.received()}},
+             "stop signal: asking the job to checkpoint and exit");
+      end_job(a, /*graceful=*/true);
+    }
+    if (!stopping && now >= next_check) {
+      next_check = now + std::min(1.0, std::max(kPollSeconds, rc_.train.heartbeat_interval_s));
+      if (std::optional<Outcome> o = check_heartbeats(a, now)) {
+        end_job(a, /*graceful=*/false);
+        waitpid(a.pid, &status, 0);
+        return *o;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(kPollSeconds));
+  }
+}
+
+int Supervisor::run() {
+  double backoff = o_.backoff_s;
+  for (int number = 1;; ++number) {
+    Attempt a = start(number);
+    Outcome o = watch(a);
+    const int64_t committed = latest_committed_step(run_dir_);
+    a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
+    if (o.kind == Outcome::finished) {
+      record("finished", {{"attempt", number}, {"step", committed}},
+             fmt::format("the run finished (attempt {}, last checkpoint step {})", number, committed));
+      return kExitFinished;
+    }
+    if (o.kind == Outcome::interrupted) {
+      record("interrupted", {{"attempt", number}, {"step", committed}},
+             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      return kExitInterrupted;
+    }
+    const int64_t lost = std::max<int64_t>(0, a.last_step - committed);
+    record("failure",
+           {{"attempt", number}, {"cause", o.cause}, {"rank", o.rank}, {"message", o.detail},
+            {"exit_code", o.exit_code}, {"last_step", a.last_step}, {"checkpoint_step", committed},
+            {"steps_lost", lost}},
+           fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
+                       o.detail, a.last_step, committed));
+    if (!o.retry) return kExitFailed;
+    if (number > o_.max_restarts) {
+      record("gave_up", {{"restarts", o_.max_restarts}},
+             fmt::format("giving up after {} restarts (--max-restarts)", o_.max_restarts));
+      return kExitFailed;
+    }
+    // Back off more while attempts make no headway; start over once one does.
+    if (committed > a.resume_step) backoff = o_.backoff_s;
+    record("restart",
+           {{"attempt", number + 1}, {"from_step", committed}, {"steps_lost", lost},
+            {"backoff_s", backoff}},
+           fmt::format("restarting in {:.0f} s from step {} ({} step(s) lost)", backoff, committed,
+                       lost));
+    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
+    backoff = std::min(o_.max_backoff_s, 2 * backoff);
+    if (signals_.received()) return kExitInterrupted;
+  }
+}
+
+}  // namespace
+
+int supervise(const LaunchOptions& options) { return Supervisor(options).run(); }
+
+}  // namespace foundry

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# End-to-end fault tolerance: `foundry launch` keeps a run going through a rank killed with
+# SIGKILL mid-step, mid-save and mid-load, a stopped rank (SIGSTOP), and a full disk, in one
+# process and under mpirun. Every supervised run must end with the same losses as an
+# uninterrupted run of the same layout, bit for bit, and its events log must name what
+# happened. Heartbeats are fast here (0.5 s, silent after 2 s) to keep the test short.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+cat > tiny.json <<'JSON'
+{
+  "model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+            "head_dim": 8, "n_experts": 4, "top_k": 2, "ffn_dim": 48, "max_seq_len": 32},
+  "train": {"steps": 3000, "batch_size": 2, "seq_len": 16, "lr": 1e-2, "warmup_steps": 2,
+            "precision": "fp32", "log_every": 1000, "checkpoint_every": 250, "keep_checkpoints": 3,
+            "peak_gflops": 100, "run_dir": "run", "heartbeat_interval_s": 0.5,
+            "heartbeat_timeout_s": 2},
+  "data": {"dir": ""}
+}
+JSON
+
+losses() { python3 -c "
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+assert [s['step'] for s in steps] == list(range(1, len(steps) + 1)), 'steps out of order'
+print(' '.join(repr(s['loss']) for s in steps))" "$1"; }
+last_step() { [ -s "$1/metrics.jsonl" ] && tail -n1 "$1/metrics.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['step'])" || echo 0; }
+wait_step() {  # wait_step DIR N: until metrics.jsonl reaches step N
+  for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+rank_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" "$1" "$2"; }
+events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
+launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
+  local dir="$1" np="$2"; shift 2
+  "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
+    --set train.run_dir="$dir" "$@" >"$dir.log" 2>&1 &
+  lpid=$!
+}
+# check NAME DIR REFERENCE CAUSES: launch exited 0, losses equal the reference's, the events
+# log holds a failure with one of CAUSES (a regex) and a restart.
+check() {
+  wait $lpid; local rc=$?
+  local got; got="$(losses "$2/metrics.jsonl" 2>&1)"
+  if [ $rc -ne 0 ]; then bad "$1: launch exited $rc"; cat "$2.log"
+  elif [ "$got" != "$3" ]; then bad "$1: losses differ from the uninterrupted run's"; cat "$2.log"
+  elif ! grep -Eq "\"cause\":\"($4)\"" "$2/events.jsonl" || ! grep -q '"event":"restart"' "$2/events.jsonl"; then
+    bad "$1: events log lacks cause $4 and a restart: $(events "$2")"; cat "$2.log"
+  else ok "$1: restarted, $(grep -c '"event":"restart"' "$2/events.jsonl") restart(s), losses bitwise equal"; fi
+}
+
+# ---- references: uninterrupted runs, one process and two ranks ----
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=ref1 >ref1.log 2>&1 || bad "reference run failed"
+ref1="$(losses ref1/metrics.jsonl)"
+mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$FOUNDRY" train --config tiny.json \
+  --synthetic-data -q --set train.run_dir=ref2 >ref2.log 2>&1 || bad "two-rank reference run failed"
+ref2="$(losses ref2/metrics.jsonl)"
+
+# ---- one process killed mid-step ----
+launch kill1 1
+wait_step kill1 120 && kill -9 "$(rank_pid kill1 0)"
+check "SIGKILL mid-step (1 process)" kill1 "$ref1" signal
+
+# ---- one process stopped: only the supervisor's heartbeat watch can see it ----
+launch stop1 1
+wait_step stop1 120 && pid=$(rank_pid stop1 0) && kill -STOP "$pid"
+check "SIGSTOP (1 process)" stop1 "$ref1" rank_lost
+kill -9 "$pid" 2>/dev/null
+grep -q "is stopped (SIGSTOP?)" stop1.log && ok "the stopped process is named as stopped" \
+  || { bad "no 'is stopped' in the launch log"; cat stop1.log; }
+
+# ---- killed mid-save: the third save's shard half written ----
+FOUNDRY_CHECKPOINT_FAULT='write@0#3:exit' launch save1 1
+check "death mid-save (1 process)" save1 "$ref1" exit
+ls save1/checkpoints | grep -q '\.tmp$' && bad "a staging directory was left behind" \
+  || ok "the interrupted save's staging directory was removed"
+
+# ---- killed mid-load: a resume paused while reading its checkpoint ----
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=load1 --stop-at-step 500 >load1.pre.log 2>&1
+FOUNDRY_CHECKPOINT_FAULT='load@0:pause' launch load1 1
+for _ in $(seq 100); do grep -q '"phase":"loading checkpoint"' load1/heartbeat/rank_00000.json 2>/dev/null && break; sleep 0.1; done
+sleep 0.5; kill -9 "$(rank_pid load1 0)"
+check "SIGKILL mid-load (1 process)" load1 "$ref1" signal
+
+# ---- two ranks: rank 1 killed mid-step; rank 1 stopped (rank 0's heartbeat watch) ----
+launch kill2 2
+wait_step kill2 100 && kill -9 "$(rank_pid kill2 1)"
+# mpirun's report of the death or rank 0's heartbeat watch, whichever is first.
+check "SIGKILL of rank 1 mid-step (2 ranks)" kill2 "$ref2" "exit|rank_lost"
+launch stop2 2
+wait_step stop2 100 && pid=$(rank_pid stop2 1) && t0=$(date +%s.%N) && kill -STOP "$pid"
+check "SIGSTOP of rank 1 (2 ranks)" stop2 "$ref2" rank_lost
+kill -9 "$pid" 2>/dev/null
+grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat" stop2.log \
+  && ok "rank 0 names the stopped rank 1" || { bad "the stopped rank is not named"; cat stop2.log; }
+
+# ---- a full disk: the job stops, the supervisor retries until space is freed ----
+mkdir -p disk
+if mount -t tmpfs -o size=6M tmpfs disk 2>/dev/null; then
+  launch disk/run 1 --max-restarts 50
+  wait_step disk/run 120 && dd if=/dev/zero of=disk/filler bs=64k >/dev/null 2>&1
+  for _ in $(seq 300); do grep -q '"event":"failure"' disk/run/events.jsonl 2>/dev/null && break
+    grep -q 'launch: attempt 1 failed' disk/run.log && break; sleep 0.1; done
+  sleep 1; rm -f disk/filler
+  check "full disk (1 process)" disk/run "$ref1" exit
+  grep -q "No space left on device" disk/run.log && ok "the job's error names the full disk" \
+    || { bad "no ENOSPC in the log"; cat disk/run.log; }
+  umount disk
+else
+  echo "skip: full disk (mounting a tmpfs needs root)"
+fi
+
+# ---- what is not retried: bad input fails once, before anything starts ----
+"$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "train.lr" bad.log && ! grep -q "attempt" bad.log && [ ! -e bad ] \
+  && ok "bad config: refused before the first attempt, exit 1" || { bad "bad config: rc=$rc"; cat bad.log; }
+"$FOUNDRY" launch --config tiny.json -q --set train.run_dir=nodata >nodata.log 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "data.dir" nodata.log && [ "$(grep -c 'launch: attempt .: ' nodata.log)" = 1 ] \
+  && grep -q "before completing a step" nodata.log \
+  && ok "a first attempt failing before its first step is not retried" || { bad "no dataset: rc=$rc"; cat nodata.log; }
+finish
