@@ -22,6 +22,7 @@
 #include "train/evaluate.h"
 #include "train/metrics.h"
 #include "train/optimizer_config.h"
+#include "train/preflight.h"
 #include "train/processes.h"
 #include "train/report.h"
 #include "train/signals.h"
@@ -126,6 +127,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
       quiet(opt.quiet || !procs.root()) {
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
+  check_training_memory(rc, procs);
   if (!opt.synthetic_data) open_dataset();
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
