@@ -78,7 +78,7 @@ int32_t sample_token(const float* logits, int64_t v, int64_t position, double te
   if (bad > 0)
     fail(fmt::format("{} of the {} logits at position {} are not finite", bad, v, position),
          "the weights are finite, so the forward pass overflowed; try --set "
-         "train.precision=\"fp32\", or an earlier checkpoint (--checkpoint)");
+         "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
   if (temperature <= 0) {
     int64_t best = 0;
     for (int64_t i = 1; i < v; ++i)
@@ -178,7 +178,7 @@ void register_train_commands(CLI::App& app) {
         fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir,
                          loss, n),
              "the weights are finite, so the forward pass overflowed; try --set "
-             "train.precision=\"fp32\", or an earlier checkpoint (--checkpoint)");
+             "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
       std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
                   loss, std::exp(loss), static_cast<long long>(n * B * T));
     });
