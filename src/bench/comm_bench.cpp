@@ -392,6 +392,20 @@ std::vector<Variant> variants_for(CollectiveOp op, int ranks, const CollTuning* 
 
 }  // namespace
 
+int64_t comm_bench_bytes(const CommBenchOptions& options, int ranks) {
+  const std::vector<int64_t> sizes =
+      size_sweep(options.min_bytes, options.max_bytes, options.step_factor);
+  int64_t most = 0;
+  for (CollectiveOp op : options.ops) {
+    const MessageShape largest = shapes_for(op, ranks, sizes).back();
+    // Open MPI's reduction and all-to-all algorithms allocate a temporary buffer of the
+    // message's size besides the benchmark's own.
+    const int64_t elements = send_elements(op, largest) + 2 * recv_elements(op, largest);
+    most = std::max(most, int64_t(sizeof(float)) * elements);
+  }
+  return most;
+}
+
 std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
                                             const CommBenchOptions& options) {
   options.validate();

@@ -91,6 +91,10 @@ struct CommBenchOptions {
   void validate() const;
 };
 
+// The bytes one rank holds for run_comm_bench(options) over `ranks` ranks: the send and
+// receive buffers of the largest message, and MPI's temporary copy of it.
+int64_t comm_bench_bytes(const CommBenchOptions& options, int ranks);
+
 // The nominal sizes min, min·f, min·f², … ≤ max (validated as in CommBenchOptions).
 std::vector<int64_t> size_sweep(int64_t min_bytes, int64_t max_bytes, int64_t factor);
 

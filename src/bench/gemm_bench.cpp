@@ -134,6 +134,12 @@ void validate(const GemmBenchOptions& o) {
   }
 }
 
+int64_t gemm_bench_bytes(const GemmBenchOptions& o) {
+  int64_t most = 0;
+  for (const GemmShape& s : gemm_sweep(o)) most = std::max(most, shape_bytes(s));
+  return most;
+}
+
 int64_t expert_tokens(int64_t tokens, int64_t top_k, int64_t experts) {
   const double rows = static_cast<double>(tokens) * static_cast<double>(top_k) /
                       static_cast<double>(experts);

@@ -61,6 +61,10 @@ struct GemmBenchOptions {
 // value is out of range.
 void validate(const GemmBenchOptions& o);
 
+// The operands of the largest GEMM of the sweep (fp32 A, B, C and the bf16 copies of A and
+// B): the most the benchmark holds at once.
+int64_t gemm_bench_bytes(const GemmBenchOptions& o);
+
 // Rows each expert gets when tokens are spread evenly: round(tokens·top_k/experts), ≥ 1.
 int64_t expert_tokens(int64_t tokens, int64_t top_k, int64_t experts);
 // The shapes of one dtype's sweep, in order, without duplicates within a kind.

@@ -338,6 +338,29 @@ void validate(const MembwOptions& o) {
          "drop --no-stream or --no-working-set");
 }
 
+namespace {
+
+// STREAM's bytes per array: at least 4× the LLC, and never below 64 MiB so that an unknown
+// or tiny LLC still measures memory.
+int64_t stream_array_bytes(const MembwOptions& options, int64_t llc) {
+  return options.array_bytes ? options.array_bytes : std::max<int64_t>(4 * llc, 64 << 20);
+}
+
+// The working-set sweep's largest size (all three arrays).
+int64_t largest_working_set(const MembwOptions& options, int64_t llc) {
+  return options.max_bytes ? options.max_bytes : std::max<int64_t>(8 * llc, 256 << 20);
+}
+
+}  // namespace
+
+int64_t membw_bench_bytes(const MembwOptions& options) {
+  const int online = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  const int64_t llc = llc_bytes(read_cache_levels(options.cache_dir, online));
+  // STREAM's arrays and the sweep's are never allocated at the same time.
+  const int64_t stream = options.stream ? 3 * stream_array_bytes(options, llc) : 0;
+  return std::max(stream, options.working_set ? largest_working_set(options, llc) : 0);
+}
+
 MembwResult run_membw_bench(const MembwOptions& options) {
   validate(options);
   ThreadCountGuard guard;
@@ -352,10 +375,7 @@ MembwResult run_membw_bench(const MembwOptions& options) {
   const std::vector<int> threads = options.threads.empty() ? default_threads() : options.threads;
   const int max_threads = *std::max_element(threads.begin(), threads.end());
 
-  // STREAM arrays: at least 4× the LLC, and never below 64 MiB so that an unknown or tiny
-  // LLC still measures memory.
-  const int64_t array_bytes =
-      options.array_bytes ? options.array_bytes : std::max<int64_t>(4 * llc, 64 << 20);
+  const int64_t array_bytes = stream_array_bytes(options, llc);
   const int64_t n = array_bytes / static_cast<int64_t>(sizeof(double));
   if (options.stream) check_fits_in_memory("--array-bytes", 3 * n * 8);
   if (options.stream && llc > 0 && array_bytes < 4 * llc)
@@ -368,8 +388,7 @@ MembwResult run_membw_bench(const MembwOptions& options) {
   if (options.working_set) {
     const int64_t l1 = result.caches.empty() ? (32 << 10) : result.caches.front().bytes;
     const int64_t lo = options.min_bytes ? options.min_bytes : std::max<int64_t>(l1 / 4, 1024);
-    const int64_t hi =
-        options.max_bytes ? options.max_bytes : std::max<int64_t>(8 * llc, 256 << 20);
+    const int64_t hi = largest_working_set(options, llc);
     if (hi < lo)
       fail(fmt::format("--max-bytes {} is below --min-bytes {}", format_size(hi),
                        format_size(lo)),

@@ -135,6 +135,8 @@ struct MembwResult {
 };
 
 MembwResult run_membw_bench(const MembwOptions& options);
+// The most bytes of arrays run_membw_bench(options) holds at once.
+int64_t membw_bench_bytes(const MembwOptions& options);
 
 // The profile's "memory" section (see docs/bench-gemm-membw.md).
 nlohmann::json memory_profile_section(const MembwResult& r, const Provenance& provenance);

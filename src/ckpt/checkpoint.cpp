@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -314,6 +315,29 @@ json load_checkpoint(const std::string& dir, const ModelConfig& expected, const 
     targets.push_back({st.suffix, 0, n, st.data});
   }
   return load_checkpoint_targets(dir, expected, table, targets);
+}
+
+void check_finite_weights(const std::string& dir, const ParamTable& table, const float* params) {
+  const ParamInfo* first = nullptr;
+  int64_t in_first = 0, total = 0, tensors = 0;
+  for (const ParamInfo& p : table.params()) {
+    const int64_t bad = std::count_if(params + p.offset, params + p.offset + p.numel,
+                                      [](float w) { return !std::isfinite(w); });
+    if (bad == 0) continue;
+    if (!first) {
+      first = &p;
+      in_first = bad;
+    }
+    total += bad;
+    ++tensors;
+  }
+  if (!first) return;
+  fail(fmt::format("checkpoint '{}' has {} non-finite weight{} in {} tensor{}; the first is {} "
+                   "({} of its {} values)",
+                   dir, total, total == 1 ? "" : "s", tensors, tensors == 1 ? "" : "s",
+                   first->name, in_first, first->numel),
+       "the run diverged before this checkpoint was saved: use an earlier one (--checkpoint "
+       "RUN_DIR/checkpoints/step_N), or train again from one with a lower train.lr");
 }
 
 json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,

@@ -107,6 +107,12 @@ json load_checkpoint(const std::string& dir, const ModelConfig& expected, const 
 json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,
                              const ParamTable& table, const std::vector<SlabTarget>& targets);
 
+// Fails unless every weight of `params` (laid out by `table`) is finite, naming the checkpoint
+// `dir` they were loaded from, the first tensor with a non-finite value, and how many there
+// are: a run that diverged saves such checkpoints, and nothing computed from them means
+// anything.
+void check_finite_weights(const std::string& dir, const ParamTable& table, const float* params);
+
 // The Hugging Face config.json object for `config` (Mixtral, or Llama when dense).
 json hf_config_json(const ModelConfig& config);
 

@@ -11,11 +11,13 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/memory_budget.h"
 #include "base/progress.h"
 #include "bench/comm_bench.h"
 #include "bench/membw_bench.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+#include "comm/agree.h"
 #include "comm/comm.h"
 #include "kernels/gemm.h"
 
@@ -84,6 +86,10 @@ void run_bench_comm(const BenchCommArgs& a) {
   MpiSession session(MpiSessionOptions{.allow_forced_algorithms = a.algorithms});
   const Communicator& world = session.world();
   const bool root = world.rank() == 0;
+  check_memory_on_every_host(world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}},
+                             memory_budget(), [](const MemoryNeed&, const MemoryBudget&) {
+                               return std::string("lower -e/--maxbytes");
+                             });
 
   Provenance provenance;
   std::unique_ptr<Progress> progress;

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/memory_budget.h"
 #include "base/progress.h"
 #include "bench/cpu_peak.h"
 #include "bench/gemm_bench.h"
@@ -132,6 +133,8 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   if (given("--peak-fma-units") && (f.peak_fma_units < 1 || f.peak_fma_units > 8))
     fail(fmt::format("--peak-fma-units {}: must be between 1 and 8", f.peak_fma_units));
   validate(o);  // before the header, so bad input fails at once
+  check_memory({"bench gemm", {{"operands of the largest GEMM", gemm_bench_bytes(o)}}},
+               memory_budget(), "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
   if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
 
   const Provenance provenance = collect_provenance();
@@ -189,6 +192,8 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   o.stream = !f.no_stream;
   o.working_set = !f.no_working_set;
   validate(o);
+  check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
+               "lower --array-bytes and --max-bytes");
   if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
 
   const Provenance provenance = collect_provenance();

@@ -1,4 +1,5 @@
 // foundry train | eval | generate
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -21,6 +22,7 @@
 #include "model/model.h"
 #include "train/run_config.h"
 #include "train/evaluate.h"
+#include "train/preflight.h"
 #include "train/trainer.h"
 
 namespace foundry::cli {
@@ -54,21 +56,30 @@ std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig&
   return *latest;
 }
 
-// The trained model of a checkpoint: its weights and, for arch zaya1, the router balancing
-// biases from trainer_state.json, so that tokens are routed as they were in training.
+// The trained model of a checkpoint: its weights, which must be finite, and, for arch zaya1,
+// the router balancing biases from trainer_state.json, so that tokens are routed as they
+// were in training.
 std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
                                   DType precision) {
   auto model = std::make_unique<Model>(rc.model, precision);
   const json trainer_state =
       load_checkpoint(ckpt_dir, rc.model, model->table(), model->params(), {});
+  check_finite_weights(ckpt_dir, model->table(), model->params());
   restore_router_balancers(*model, trainer_state, ckpt_dir, /*required=*/false);
   model->sync_weights();
   return model;
 }
 
 // Samples a token from logits [v] with temperature, top-k and top-p (nucleus) filtering.
-int32_t sample_token(const float* logits, int64_t v, double temperature, int64_t top_k,
-                     double top_p, Rng& rng) {
+// Fails unless every logit is finite (they are the model's output at `position`), so there
+// is always a candidate.
+int32_t sample_token(const float* logits, int64_t v, int64_t position, double temperature,
+                     int64_t top_k, double top_p, Rng& rng) {
+  const int64_t bad = std::count_if(logits, logits + v, [](float x) { return !std::isfinite(x); });
+  if (bad > 0)
+    fail(fmt::format("{} of the {} logits at position {} are not finite", bad, v, position),
+         "the weights are finite, so the forward pass overflowed; try --set "
+         "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
   if (temperature <= 0) {
     int64_t best = 0;
     for (int64_t i = 1; i < v; ++i)
@@ -80,8 +91,7 @@ int32_t sample_token(const float* logits, int64_t v, double temperature, int64_t
   double max_logit = -INFINITY;
   for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
   for (int64_t i = 0; i < v; ++i)
-    if (std::isfinite(logits[i]))
-      cand.emplace_back(std::exp((logits[i] - max_logit) / temperature), static_cast<int32_t>(i));
+    cand.emplace_back(std::exp((logits[i] - max_logit) / temperature), static_cast<int32_t>(i));
   std::sort(cand.begin(), cand.end(),
             [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
   if (top_k > 0 && static_cast<int64_t>(cand.size()) > top_k) cand.resize(top_k);
@@ -169,6 +179,7 @@ void register_train_commands(CLI::App& app) {
     cmd->callback([args, ckpt, batches] {
       RunConfig rc = load_run_config(args->config_path, args->overrides);
       if (rc.data.dir.empty()) fail("data.dir is empty: eval needs a prepared dataset");
+      check_eval_memory(rc);
       const std::string dir = resolve_checkpoint(*ckpt, rc);
       auto model = load_model(rc, dir, rc.train.precision);
       Dataset dataset(rc.data.dir);
@@ -176,6 +187,11 @@ void register_train_commands(CLI::App& app) {
       BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
       const int64_t n = *batches > 0 ? *batches : rc.train.eval_batches;
       const double loss = evaluate_loss(*model, loader, n);
+      if (!std::isfinite(loss))
+        fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir,
+                         loss, n),
+             "the weights are finite, so the forward pass overflowed; try --set "
+             "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
       std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
                   loss, std::exp(loss), static_cast<long long>(n * B * T));
     });
@@ -207,8 +223,6 @@ void register_train_commands(CLI::App& app) {
       RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
       std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
       Tokenizer tok = Tokenizer::load(tok_path);
-      const std::string dir = resolve_checkpoint(g->checkpoint, rc);
-      auto model = load_model(rc, dir, rc.train.precision);
       std::vector<int32_t> ids = tok.encode(g->prompt);
       // Training streams separate documents with EOS, so EOS is what precedes a document.
       ids.insert(ids.begin(), tok.eos_id());
@@ -218,14 +232,18 @@ void register_train_commands(CLI::App& app) {
         fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
                          rc.model.max_seq_len),
              "shorten the prompt");
+      check_generate_memory(rc, max_len);
+      const std::string dir = resolve_checkpoint(g->checkpoint, rc);
+      auto model = load_model(rc, dir, rc.train.precision);
       auto state = model->new_decode_state(max_len);
       const float* logits = nullptr;
       for (int32_t id : ids) logits = model->decode_step(state, id);
       Rng rng(g->seed);
       std::vector<int32_t> generated;
       while (static_cast<int64_t>(ids.size() + generated.size()) < max_len) {
-        int32_t next = sample_token(logits, rc.model.vocab_size, g->temperature, g->top_k,
-                                    g->top_p, rng);
+        const int64_t position = static_cast<int64_t>(ids.size() + generated.size()) - 1;
+        int32_t next = sample_token(logits, rc.model.vocab_size, position, g->temperature,
+                                    g->top_k, g->top_p, rng);
         if (next == tok.eos_id()) break;
         generated.push_back(next);
         if (static_cast<int64_t>(ids.size() + generated.size()) >= max_len) break;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/error.h"
 #include "comm/comm.h"
 
 namespace foundry {
@@ -40,6 +41,33 @@ std::vector<std::string> allgather_strings(const Communicator& comm, const std::
     all.emplace_back(reinterpret_cast<const char*>(buffer.data() + offsets[r]),
                      static_cast<size_t>(lengths[r]));
   return all;
+}
+
+int ranks_on_this_host(const Communicator& comm) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
+                                &shared),
+            "MPI_Comm_split_type", comm.native());
+  return Communicator(shared, /*owned=*/true).size();
+}
+
+void check_memory_on_every_host(const Communicator& comm, MemoryNeed need,
+                                const MemoryBudget& budget, const MemoryHint& hint) {
+  // Ranks read their budgets at slightly different moments: deciding from everyone's figures
+  // gives every rank the same answer, so none enters a collective that the others left.
+  const int64_t mine[3] = {ranks_on_this_host(comm), static_cast<int64_t>(budget.source),
+                           budget.bytes};
+  std::vector<int64_t> all(3 * static_cast<size_t>(comm.size()));
+  comm.allgather(mine, all.data(), 3);
+  bool one_host = true;
+  for (int r = 0; r < comm.size(); ++r) one_host = one_host && all[3 * r] == comm.size();
+  for (int r = 0; r < comm.size(); ++r) {
+    need.processes = static_cast<int>(all[3 * r]);
+    const MemoryBudget theirs{static_cast<BudgetSource>(all[3 * r + 1]), all[3 * r + 2]};
+    if (!fits(need, theirs))
+      fail(memory_shortfall(need, theirs, one_host ? "this host" : fmt::format("rank {}'s host", r)),
+           memory_hint(hint(need, theirs)));
+  }
 }
 
 std::string format_rank_list(const std::vector<int>& ranks) {

@@ -1,6 +1,9 @@
 // Multi-rank tests of comm/ (ctest runs them under mpirun at 2, 3 and 4 ranks).
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "base/format.h"
+#include "base/test_expect_error.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "comm/mpi_test_main.h"
@@ -44,6 +47,36 @@ TEST(RanksAgree, StringsOfEveryLengthReachEveryRank) {
     ASSERT_EQ(all[r].size(), static_cast<size_t>(5 * r));
     for (size_t i = 1; i < all[r].size(); ++i) EXPECT_EQ(all[r][i], 'a' + (i + r) % 26);
   }
+}
+
+TEST(RanksAgree, EveryRankCountsItsHostsRanks) {
+  // ctest starts every rank on this machine.
+  EXPECT_EQ(ranks_on_this_host(world()), world().size());
+}
+
+TEST(RanksAgree, EveryRankRefusesWhenOneRanksBudgetIsShort) {
+  // 1 MiB per rank; the last rank alone has less than its host's ranks need. Every rank must
+  // throw the same error, naming the last rank's figures.
+  const int ranks = world().size();
+  const MemoryNeed need{"training", {{"weights", 1 << 20}}};
+  const int64_t enough = int64_t{ranks} << 20;
+  const bool last = world().rank() == ranks - 1;
+  const MemoryBudget mine{last ? BudgetSource::cgroup_v2 : BudgetSource::meminfo,
+                          last ? enough - 1 : enough};
+  const auto hint = [](const MemoryNeed& n, const MemoryBudget&) {
+    return fmt::format("{} ranks", n.processes);
+  };
+  expect_error([&] { check_memory_on_every_host(world(), need, mine, hint); },
+               fmt::format("training needs about 1.0 MiB per process (weights 1.0 MiB) × {} ranks "
+                           "on this host, but this process may use {} (cgroup memory.max)",
+                           ranks, format_bytes(double(enough - 1), 1)));
+  try {
+    check_memory_on_every_host(world(), need, mine, hint);
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.hint().starts_with(fmt::format("{} ranks;", ranks))) << e.hint();
+  }
+  EXPECT_NO_THROW(check_memory_on_every_host(world(), need, {BudgetSource::meminfo, enough}, hint));
+  EXPECT_NO_THROW(check_memory_on_every_host(world(), need, {BudgetSource::off, 0}, hint));
 }
 
 }  // namespace

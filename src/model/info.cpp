@@ -240,6 +240,19 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   return m;
 }
 
+int64_t decode_state_bytes(const ModelConfig& c, int64_t max_len) {
+  const int64_t L = c.n_layers, Dq = c.q_dim(), Dkv = c.kv_dim(), Cc = Dq + Dkv;
+  int64_t floats = 2 * L * max_len * Dkv + c.padded_vocab();
+  if (c.is_zaya())  // convolution windows and the ZAYA1 router's state vectors
+    floats += L * (Cc * (c.cca_kernel_depthwise - 1 + c.cca_kernel_grouped - 1) + Dkv / 2) +
+              7 * c.router_latent_dim;
+  // Per-token vectors: hidden states, q/k/v and attention output, scores over the context,
+  // the FFN's gate|up and activation, router probabilities, top-k choice and gate.
+  floats += 4 * c.d_model + 3 * Cc + max_len + 3 * c.ffn_dim + 2 * c.router_classes() +
+            2 * c.top_k;
+  return kF32Bytes * floats;
+}
+
 namespace {
 
 // The role of a tensor, for the optimizer table.

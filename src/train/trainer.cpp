@@ -25,6 +25,7 @@
 #include "train/heartbeat.h"
 #include "train/metrics.h"
 #include "train/optimizer_config.h"
+#include "train/preflight.h"
 #include "train/processes.h"
 #include "train/report.h"
 #include "train/signals.h"
@@ -135,6 +136,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
       quiet(opt.quiet || !procs.root()) {
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
+  check_training_memory(rc, procs);
   if (!opt.synthetic_data) open_dataset();
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
   run_dir.emplace(tc.run_dir, opt.start, procs);

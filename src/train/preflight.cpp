@@ -1,0 +1,157 @@
+#include "train/preflight.h"
+
+#include <fmt/format.h>
+
+#include <functional>
+
+#include "base/error.h"
+#include "base/format.h"
+#include "comm/agree.h"
+#include "model/expert_parallel.h"
+#include "model/info.h"
+#include "model/params.h"
+#include "optim/zero1_layout.h"
+#include "train/processes.h"
+
+namespace foundry {
+namespace {
+
+// What the estimate leaves out (oneDNN's scratch and bf16 conversions, MPI's buffers and
+// shared-memory segments, the gradient reducer's buckets, the allocator's overhead) as a
+// fixed part and a share of what it counts. Peak RSS above the RSS at this check, against
+// the estimate, in training runs of 2 steps with a final checkpoint (one process with 2
+// threads, or 2 ranks with 1 thread each):
+//   tiny model, 1 process, fp32                    1.9 MB estimated, 11 MB uncounted
+//   58 M parameters, 1 process, bf16, 4 × 128      1877 MB, 37 MB uncounted (2.0 %)
+//   the same, 16 × 256                             2995 MB, 103 MB (3.4 %)
+//   the same, fp32 and Muon                        2222 MB, 420 MB over (AdamW's pages of
+//                                                  the Muon tensors are never touched)
+//   the same, 2 ranks, ZeRO-1, 8 × 128 (each)      1416 MB, 161 MB (11.4 %)
+//   the same with expert parallel 2 (each)         1214 MB, 119 MB (9.8 %)
+// 128 MiB + 10 % covers every one of them with room for more threads (oneDNN's scratch
+// grows with them). eval and generate, which allocate less of the same kinds, take the same.
+constexpr int64_t kRuntimeBytes = int64_t{128} << 20;
+constexpr double kUncountedShare = 0.10;
+
+void add_margin(MemoryNeed& need) {
+  const double counted = static_cast<double>(need.per_process());
+  need.parts.emplace_back("margin", kRuntimeBytes + static_cast<int64_t>(kUncountedShare * counted));
+}
+
+// The largest v in [lo, hi] with fits(v), for fits true up to some value and false above;
+// 0 when there is none.
+int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t)>& fits) {
+  if (hi < lo || !fits(lo)) return 0;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+std::string training_hint(const RunConfig& rc, int ranks, int processes, const MemoryBudget& budget) {
+  const TrainConfig& tc = rc.train;
+  const int64_t per_rank = largest_fitting(1, tc.batch_size / ranks - 1, [&](int64_t b) {
+    MemoryNeed need = training_memory_need(rc, b * ranks, ranks);
+    need.processes = processes;
+    return fits(need, budget);
+  });
+  if (per_rank > 0)
+    return fmt::format("the largest train.batch_size that fits is {} (--set train.batch_size={}), "
+                       "or shorten train.seq_len",
+                       per_rank * ranks, per_rank * ranks);
+  std::string hint = fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len", ranks);
+  if (ranks > 1 && !tc.zero1) hint += ", shard the optimizer state with train.zero1=true";
+  if (ranks > 1 && tc.zero1 && rc.model.n_experts > 1 && tc.expert_parallel == 1)
+    hint += ", shard the experts with train.expert_parallel (it must divide the ranks and "
+            "model.n_experts)";
+  return hint + ", spread the run over more hosts (ZeRO-1 shards the optimizer state over the "
+                "ranks), or train a smaller model";
+}
+
+// Weights as loaded for inference (fp32 and, for bf16 GEMMs, their bf16 copies), then `what`.
+MemoryNeed inference_need(const char* command, const RunConfig& rc, const char* what, int64_t bytes) {
+  const MemoryEstimate m = estimate_memory(rc.model, 1, 1, rc.train.precision);
+  MemoryNeed need{command, {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes}, {what, bytes}}};
+  add_margin(need);
+  return need;
+}
+
+MemoryNeed eval_need(const RunConfig& rc, int64_t batch) {
+  const MemoryEstimate m = estimate_memory(rc.model, batch, rc.train.seq_len, rc.train.precision);
+  return inference_need("eval", rc, "activations", m.activations_bytes);
+}
+
+}  // namespace
+
+MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks) {
+  const TrainConfig& tc = rc.train;
+  const bool muon = tc.optimizer == OptimizerKind::muon, bf16 = tc.precision == DType::bf16;
+  const MemoryEstimate m =
+      estimate_memory(rc.model, std::max<int64_t>(1, batch_size / ranks), tc.seq_len, tc.precision, muon);
+  // Elements of the fp32 weight and gradient slabs this rank stores (the whole table unless
+  // expert parallelism releases other ranks' experts), and its optimizer state and snapshot.
+  int64_t weights = m.weights_fp32_bytes / 4, grads = weights;
+  int64_t optimizer = m.optimizer_bytes, snapshot = m.weights_fp32_bytes + m.optimizer_bytes;
+  if (ranks > 1 && tc.zero1) {
+    const ParamTable table(rc.model);
+    const Zero1Layout layout(table, ranks, muon);
+    const Zero1RankMemory peak = zero1_memory(layout).peak;
+    optimizer = peak.total_bytes();
+    snapshot = 4 * peak.shard_elements + peak.adamw_state_bytes + peak.muon_momentum_bytes;
+    const int ep = static_cast<int>(tc.expert_parallel);
+    // A layout that does not divide fails later with its own error; until then, count it whole.
+    if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {
+      const ExpertStorageReport s = expert_storage(table, layout, ExpertSharding(rc.model.n_experts, ep));
+      weights = s.weight_elements;
+      grads = s.gradient_elements;
+    }
+  }
+  MemoryNeed need{"training",
+                  {{"weights", 4 * weights + (bf16 ? 2 * grads : 0)},
+                   {"gradients", 4 * grads},
+                   {"optimizer", optimizer},
+                   {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
+  if (tc.checkpoint_async) need.parts.emplace_back("checkpoint snapshot", snapshot);
+  add_margin(need);
+  return need;
+}
+
+void check_training_memory(const RunConfig& rc, const Processes& procs, const MemoryBudget& budget) {
+  const MemoryNeed need = training_memory_need(rc, rc.train.batch_size, procs.ranks());
+  const auto hint = [&](const MemoryNeed& failing, const MemoryBudget& theirs) {
+    return training_hint(rc, procs.ranks(), failing.processes, theirs);
+  };
+  if (procs.world())
+    check_memory_on_every_host(*procs.world(), need, budget, hint);
+  else if (!fits(need, budget))
+    fail(memory_shortfall(need, budget), memory_hint(hint(need, budget)));
+}
+
+void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget) {
+  const MemoryNeed need = eval_need(rc, rc.train.batch_size);
+  if (fits(need, budget)) return;
+  const int64_t batch = largest_fitting(1, rc.train.batch_size - 1,
+                                        [&](int64_t b) { return fits(eval_need(rc, b), budget); });
+  fail(memory_shortfall(need, budget),
+       memory_hint(batch > 0 ? fmt::format("eval runs batches of train.batch_size sequences; the "
+                                           "largest that fits is {} (--set train.batch_size={})",
+                                           batch, batch)
+                             : "even one sequence does not fit: shorten train.seq_len, or "
+                               "evaluate on a machine with more memory"));
+}
+
+void check_generate_memory(const RunConfig& rc, int64_t max_len, const MemoryBudget& budget) {
+  const MemoryNeed need =
+      inference_need("generate", rc, "decoding state", decode_state_bytes(rc.model, max_len));
+  if (fits(need, budget)) return;
+  const bool weights_fit = fits(inference_need("generate", rc, "decoding state", 0), budget);
+  fail(memory_shortfall(need, budget),
+       memory_hint(weights_fit ? "generate fewer tokens (--max-new-tokens; the decoding state "
+                                 "grows with the prompt and the new tokens)"
+                               : "the weights alone do not fit: generate on a machine with more "
+                                 "memory"));
+}
+
+}  // namespace foundry

@@ -1,0 +1,33 @@
+// Memory checks made before train, eval and generate allocate: what the command will need,
+// from the model's memory estimate (model/info.h), against what this process may use
+// (base/memory_budget.h). A config that does not fit fails at once, with the figures and
+// the setting to change, instead of being killed by the kernel partway through.
+#pragma once
+#include <cstdint>
+
+#include "base/memory_budget.h"
+#include "train/run_config.h"
+
+namespace foundry {
+
+class Processes;
+
+// What one rank of a training run over `ranks` ranks needs for a global batch of
+// `batch_size` sequences: its share of the batch, its ZeRO-1 shard of the optimizer state,
+// its expert storage under train.expert_parallel, the asynchronous checkpoint's snapshot,
+// and the margin the estimate leaves out.
+MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks);
+
+// Training: training_memory_need times the ranks on each host against each rank's budget.
+// Collective over procs.world(): every rank reaches the same verdict and fails together.
+void check_training_memory(const RunConfig& rc, const Processes& procs,
+                           const MemoryBudget& budget = memory_budget());
+
+// foundry eval: the weights and the forward pass of one batch of train.batch_size sequences.
+void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());
+
+// foundry generate: the weights and the decoding state of a sequence of `max_len` tokens.
+void check_generate_memory(const RunConfig& rc, int64_t max_len,
+                           const MemoryBudget& budget = memory_budget());
+
+}  // namespace foundry

@@ -1,0 +1,93 @@
+#include "train/preflight.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+
+#include "base/test_expect_error.h"
+#include "train/processes.h"
+#include "train/test_support.h"
+
+namespace foundry {
+namespace {
+
+std::map<std::string, int64_t> parts_of(const MemoryNeed& need) {
+  return {need.parts.begin(), need.parts.end()};
+}
+
+RunConfig wide_run_config() {
+  RunConfig rc = testing::tiny_run_config("unused");
+  rc.model.n_experts = 8;
+  rc.train.batch_size = 64;
+  return rc;
+}
+
+TEST(TrainingMemory, ShardingOverRanksShrinksWhatEachRankNeeds) {
+  RunConfig rc = wide_run_config();
+  const auto one = parts_of(training_memory_need(rc, 64, 1));
+  const auto four = parts_of(training_memory_need(rc, 64, 4));
+  EXPECT_EQ(four.at("weights"), one.at("weights"));
+  EXPECT_LT(four.at("optimizer"), one.at("optimizer") / 2);  // ZeRO-1: a quarter, plus a shard
+  EXPECT_LT(four.at("checkpoint snapshot"), one.at("checkpoint snapshot") / 2);
+  EXPECT_LT(four.at("activations"), one.at("activations") / 2);  // 16 sequences, not 64
+  rc.train.expert_parallel = 4;
+  const auto ep = parts_of(training_memory_need(rc, 64, 4));
+  EXPECT_LT(ep.at("weights"), four.at("weights"));
+  EXPECT_LT(ep.at("gradients"), four.at("gradients"));
+  rc.train.zero1 = false;
+  rc.train.checkpoint_async = false;
+  const auto replicated = parts_of(training_memory_need(rc, 64, 4));
+  EXPECT_EQ(replicated.at("optimizer"), one.at("optimizer"));
+  EXPECT_EQ(replicated.count("checkpoint snapshot"), 0u);
+  // The margin: 128 MiB and a tenth of the rest.
+  const MemoryNeed need = training_memory_need(rc, 64, 1);
+  const int64_t counted = need.per_process() - need.parts.back().second;
+  EXPECT_EQ(need.parts.back().first, "margin");
+  EXPECT_EQ(need.parts.back().second, (int64_t{128} << 20) + counted / 10);
+}
+
+TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
+  const RunConfig rc = wide_run_config();
+  const Processes one(nullptr, 0);
+  const int64_t at_40 = training_memory_need(rc, 40, 1).per_process();
+  EXPECT_NO_THROW(check_training_memory(rc, one, {BudgetSource::cgroup_v2, training_memory_need(rc, 64, 1).total()}));
+  try {
+    check_training_memory(rc, one, {BudgetSource::cgroup_v2, at_40});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::regex_search(std::string(e.what()),
+                                  std::regex("^training needs about [0-9.]+ MiB per process \\(weights .*, "
+                                             "margin [0-9.]+ MiB\\), but this process may use "
+                                             "[0-9.]+ MiB \\(cgroup memory.max\\)$")))
+        << e.what();
+    EXPECT_TRUE(e.hint().starts_with("the largest train.batch_size that fits is 40 (--set "
+                                     "train.batch_size=40)"))
+        << e.hint();
+  }
+  expect_error([&] { check_training_memory(rc, one, {BudgetSource::meminfo, 1 << 20}); },
+               "training needs about");
+}
+
+TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
+  const RunConfig rc = wide_run_config();
+  EXPECT_NO_THROW(check_eval_memory(rc, {BudgetSource::off, 0}));
+  EXPECT_NO_THROW(check_generate_memory(rc, 16, {BudgetSource::meminfo, int64_t{1} << 30}));
+  try {
+    check_eval_memory(rc, {BudgetSource::meminfo, 1 << 20});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with("eval needs about")) << e.what();
+    EXPECT_TRUE(e.hint().starts_with("even one sequence does not fit")) << e.hint();
+  }
+  try {
+    check_generate_memory(rc, 16, {BudgetSource::meminfo, 1 << 20});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::string(e.what()).starts_with("generate needs about")) << e.what();
+    EXPECT_TRUE(e.hint().starts_with("the weights alone do not fit")) << e.hint();
+  }
+}
+
+}  // namespace
+}  // namespace foundry
