@@ -27,12 +27,13 @@ losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss'
 steps() { python3 -c "import json,sys; print(' '.join(str(json.loads(l)['step']) for l in open(sys.argv[1])))" "$1"; }
 train() { "$FOUNDRY" train --config tiny.json --synthetic-data -q "$@"; }
 
-# same_losses WHAT REF RUN: the runs' metrics.jsonl hold the same 12 losses, bit for bit.
+# same_losses WHAT REF RUN [BATCHES]: the runs' metrics.jsonl hold the same 12 losses, bit
+# for bit (REF trained without BATCHES, default "5 and 9").
 same_losses() {
   local a b
   a="$(losses "$2/metrics.jsonl")"; b="$(losses "$3/metrics.jsonl")"
   if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(steps "$3/metrics.jsonl")" = "$(seq -s ' ' 1 12)" ]; then
-    ok "$1: the losses of the run without batches 5 and 9, bitwise"
+    ok "$1: the losses of the run without batches ${4:-5 and 9}, bitwise"
   else bad "$1: losses differ or steps are not 1..12: ref [$a] run [$b] steps [$(steps "$3/metrics.jsonl")]"; fi
 }
 
@@ -67,6 +68,14 @@ expect_events "rollback: events name the anomalies and the checkpoints rolled ba
   "$ANOMALIES == [(5, 5, 'nan_grad', 'rollback'), (8, 9, 'spike', 'rollback')] and
    [(e['step'], e['batch'], e['to_step']) for e in ev if e['event'] == 'rollback'] == [(5, 5, 4), (8, 9, 4)]"
 
+# A rollback before the first checkpoint skips the batch (nothing was updated since the start).
+train --set train.run_dir=ref_b2 --set 'train.skip_batches=[2]' >/dev/null 2>&1 || bad "reference run without batch 2 failed"
+FOUNDRY_TRAIN_FAULT=nan_loss@2 train --set train.run_dir=early --set train.anomaly_policy=rollback \
+  >early.log 2>&1 || { bad "early rollback run failed"; cat early.log; }
+same_losses "rollback before the first checkpoint" ref_b2 early 2
+grep -q "no checkpoint to roll back to yet" early.log && ok "early rollback: says it skipped instead" \
+  || { bad "early rollback: no message"; cat early.log; }
+
 # Stopped after the rollback (at step 6), resumed from the checkpoint of step 4, written
 # before batch 5 was dropped: the run directory's record drops it again.
 FOUNDRY_TRAIN_FAULT=$FAULTS train --set train.run_dir=resumed --set train.anomaly_policy=rollback \
@@ -100,6 +109,11 @@ if [ $rc -eq 1 ] && grep -q "^error: .*3 anomalies in a row" repeated.log \
   ok "three anomalies in a row stop the run (exit 1) with a report"
 else bad "repeated anomalies: rc=$rc"; cat repeated.log; fi
 expect_events "repeated: the stop is an event" repeated "ev[-1]['event'] == 'stop' and ev[-1]['batch'] == 7"
+# What the report says to do: resume without the batches.
+train --set train.run_dir=repeated --resume --set 'train.skip_batches=[5,6,7]' >/dev/null 2>&1 \
+  || bad "resume with the report's train.skip_batches failed"
+train --set train.run_dir=ref_567 --set 'train.skip_batches=[5,6,7]' >/dev/null 2>&1 || bad "reference run without 5, 6, 7 failed"
+same_losses "resumed as the report says" ref_567 repeated "5, 6 and 7"
 
 FOUNDRY_TRAIN_FAULT=nan_loss@3 "${MPIRUN[@]}" "$FOUNDRY" train --config tiny.json --synthetic-data -q \
   --set train.run_dir=stop2 --set train.anomaly_policy=stop >stop2.log 2>&1

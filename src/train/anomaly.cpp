@@ -62,7 +62,8 @@ void AnomalyDetector::accept(double loss) {
 
 double AnomalyDetector::baseline() const {
   if (factor_ <= 0 || losses_.size() < warmup_) return kNaN;
-  std::vector<double> v(losses_.begin(), losses_.end());
+  std::vector<double>& v = scratch_;
+  v.assign(losses_.begin(), losses_.end());
   const size_t mid = v.size() / 2;
   std::nth_element(v.begin(), v.begin() + mid, v.end());
   if (v.size() % 2 == 1) return v[mid];

@@ -72,6 +72,7 @@ class AnomalyDetector {
   double factor_;
   size_t window_, warmup_;
   std::deque<double> losses_;
+  mutable std::vector<double> scratch_;  // the median's, reused
 };
 
 // One anomalous step.

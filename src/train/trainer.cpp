@@ -395,9 +395,9 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   r.losses.loss = mean_over_ranks(world, r.losses.loss);
   r.losses.ce_loss = mean_over_ranks(world, r.losses.ce_loss);
   r.losses.aux_loss = mean_over_ranks(world, r.losses.aux_loss);
+  auto judge = [&](double norm) { return !(r.applied = !anomalies->veto(step, batch, r.losses, norm)); };
   UpdateVeto veto;
-  if (anomalies)
-    veto = [&](double norm) { return !(r.applied = !anomalies->veto(step, batch, r.losses, norm)); };
+  if (anomalies) veto = std::ref(judge);  // by reference: nothing allocated per step
   // The optimizer times its own phases (communication apart from the local update).
   r.grad_norm = optimizer.step(model.params(), model.grads(), lr, step, max_grad_norm, veto);
   if (!r.applied) return r;

@@ -2,7 +2,8 @@
 // metrics, with periodic validation and checkpoints, resume, and a clean stop on
 // SIGINT/SIGTERM, in one process or over the ranks of an mpirun job. Its parts are units of
 // their own: batches.h (the data), evaluate.h (validation), metrics.h (metrics.jsonl),
-// checkpointer.h (save and resume), report.h (the end-of-run report), signals.h.
+// checkpointer.h (save and resume), anomaly.h (NaN/Inf and loss spikes: skip, rollback or
+// stop), report.h (the end-of-run report), signals.h.
 //
 // Optimizers (train.optimizer): "adamw" updates every tensor with AdamW; "muon" updates the
 // 2-D hidden matrices (muon_applies in optim/muon.h) with Muon and every other tensor with
