@@ -192,9 +192,17 @@ void AnomalyMonitor::rolled_back(int64_t to_step) {
                {{"step", a.step}, {"batch", a.batch}, {"to_step", to_step}});
 }
 
+// The anomalies of the current streak, and the batches dropped before it.
 std::string AnomalyMonitor::budget_report() const {
   std::vector<std::string> lines;
   for (const Anomaly& a : streak_) lines.push_back(a.describe());
+  std::vector<int64_t> earlier;
+  for (const json& e : record_)
+    if (std::none_of(streak_.begin(), streak_.end(),
+                     [&](const Anomaly& a) { return a.batch == e.at("batch").get<int64_t>(); }))
+      earlier.push_back(e.at("batch").get<int64_t>());
+  if (!earlier.empty())
+    lines.push_back(fmt::format("batches dropped earlier in the run: {}", fmt::join(earlier, ", ")));
   return fmt::format("{}", fmt::join(lines, "; "));
 }
 

@@ -160,7 +160,9 @@ TEST(AnomalyMonitor, TheTotalBudgetAndPolicyStop) {
   EXPECT_FALSE(budget.step(1, 5.0, 1.0));
   EXPECT_TRUE(budget.step(2, kNaN, 1.0));
   EXPECT_EQ(budget.monitor->handle(), AnomalyAction::stop);
-  testing::expect_error([&] { budget.monitor->stop(); }, {"train.max_anomalies = 2"});
+  testing::expect_error([&] { budget.monitor->stop(); },
+                        {"train.max_anomalies = 2", "step 2 (batch 3): loss nan",
+                         "batches dropped earlier in the run: 1"});
 
   MonitorFixture stop(AnomalyPolicy::stop);
   EXPECT_TRUE(stop.step(1, 5.0, kNaN));
