@@ -6,6 +6,7 @@
 // on the thread count, so the norm is bitwise identical with any number of threads.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "model/params.h"
 
@@ -22,6 +23,13 @@ double grad_norm(const float* grads, const ParamTable& table);
 // A non-finite gradient makes the returned norm non-finite (check with std::isfinite); the
 // gradients are then left untouched so the caller can skip the step and report it.
 double clip_grad_norm(float* grads, const ParamTable& table, double max_norm);
+
+// An optimizer step's last word before it changes anything: called with the global gradient
+// norm before clipping (the same value on every rank, NaN or inf included) once it is known
+// and before any parameter or state is written; true drops the update, and the step returns
+// with every parameter and optimizer state as it was. Under data parallelism every rank
+// calls it at the same point of the step, so it may communicate.
+using UpdateVeto = std::function<bool(double grad_norm)>;
 
 // The pieces, shared with the ZeRO-1 optimizer (optim/zero1.h) so a sharded norm adds the
 // same numbers in the same order. The sum of x[i]² over n elements in eight double lanes

@@ -79,9 +79,10 @@ class LocalOptimizer final : public DataParallelOptimizer {
 
   void begin_backward(float*) override {}
   void gradients_final(int64_t) override {}
-  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
     ScopedOpTimer t(op_times_, "optimizer");
-    return clip_and_update(params, grads, lr, step, max_norm);
+    return clip_and_update(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return nullptr; }
 
@@ -116,9 +117,10 @@ class LocalOptimizer final : public DataParallelOptimizer {
   void set_op_times(OpTimes* times) override { op_times_ = times; }
 
   // Clip, then both optimizers on the whole slab (shared with the replicated layout).
-  double clip_and_update(float* params, float* grads, double lr, int64_t step, double max_norm) {
+  double clip_and_update(float* params, float* grads, double lr, int64_t step, double max_norm,
+                         const UpdateVeto& veto) {
     const double norm = clip_grad_norm(grads, table_, max_norm);
-    if (!std::isfinite(norm)) return norm;
+    if ((veto && veto(norm)) || !std::isfinite(norm)) return norm;
     adam_.step(params, grads, lr, step);
     if (muon_) muon_->step(params, grads, lr, step);
     return norm;
@@ -148,14 +150,15 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
 
   void begin_backward(float* grads) override { reducer_.begin(grads, nullptr); }
   void gradients_final(int64_t offset) override { reducer_.final_from(offset); }
-  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
     last_reduce_ = reducer_.finish(grads, nullptr);
     ScopedOpTimer t(local_.op_times(), "optimizer");
     const float inv_ranks = static_cast<float>(1.0 / ranks_);
     const int64_t n = reducer_.slab_elements();
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) grads[i] *= inv_ranks;
-    return local_.clip_and_update(params, grads, lr, step, max_norm);
+    return local_.clip_and_update(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return &last_reduce_; }
 
@@ -199,8 +202,9 @@ class ShardedOptimizer final : public DataParallelOptimizer {
 
   void begin_backward(float* grads) override { zero1_.begin_backward(grads); }
   void gradients_final(int64_t offset) override { zero1_.gradients_final(offset); }
-  double step(float* params, float* grads, double lr, int64_t step, double max_norm) override {
-    return zero1_.step(params, grads, lr, step, max_norm);
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
+    return zero1_.step(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return &zero1_.last_reduce(); }
 

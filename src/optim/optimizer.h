@@ -9,7 +9,8 @@
 //   ZeRO-1           data parallel with the optimizer state sharded over the ranks
 //                    (optim/zero1.h): reduce-scatter, a local step on the shard, all-gather.
 //
-// Every implementation clips the global gradient norm before updating. For checkpoints each
+// Every implementation clips the global gradient norm before updating, and lets the caller
+// veto the update once that norm is known (the trainer's anomaly checks, train/anomaly.h). For checkpoints each
 // names the runs of state it keeps, in the single-process optimizers' slab coordinates and
 // state names, so a checkpoint written under one layout loads under any other.
 #pragma once
@@ -22,6 +23,7 @@
 #include "base/timer.h"
 #include "model/params.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 #include "optim/grad_reduce.h"
 #include "optim/muon.h"
 
@@ -59,10 +61,14 @@ class DataParallelOptimizer {
   virtual void gradients_final(int64_t offset) = 0;
 
   // Clips the global gradient to `max_norm` (0 = off) and updates `params` (the full slab,
-  // identical on every rank before and after); returns the norm before clipping. A
-  // non-finite norm leaves every parameter and state unchanged (the caller stops). `grads`
-  // is this rank's gradient of its local mean loss. Collective under data parallelism.
-  virtual double step(float* params, float* grads, double lr, int64_t step, double max_norm) = 0;
+  // identical on every rank before and after); returns the norm before clipping. `veto`,
+  // when set, sees that norm before anything changes and may drop the update (optim/clip.h);
+  // a non-finite norm drops it too. A dropped update leaves every parameter and state
+  // unchanged, so the next step() is as if this one had not been called (the step number
+  // is the caller's). `grads` is this rank's gradient of its local mean loss (scratch: it
+  // may be clipped in place). Collective under data parallelism.
+  virtual double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+                      const UpdateVeto& veto = {}) = 0;
   // The last step's gradient reduction; null in one process.
   virtual const GradientReduceStats* last_reduce() const = 0;
 

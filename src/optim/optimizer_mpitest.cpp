@@ -112,6 +112,48 @@ TEST_P(DataParallelOptimizerTest, CheckpointStateRoundTripsUnderTheSameLayout) {
   EXPECT_TRUE(bitwise_equal(p1, p2));
 }
 
+// A vetoed step (the veto is called on every rank with the same norm) leaves the parameters
+// and every rank's state as they were; the run goes on as one that never saw it. One rank's
+// NaN gradient reaches every rank's veto through the reduction.
+TEST_P(DataParallelOptimizerTest, VetoedStepChangesNothingOnAnyRank) {
+  const auto [zero1, with_muon] = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon, zero1), &world());
+  auto reference = make_optimizer(table, options(with_muon, zero1), &world());
+  std::vector<float> params = random_slab(table, 17, 0.1), ref_params = params;
+  std::vector<float> g1 = rank_gradient(table, 1, world().rank()), g2 = g1;
+  optimizer->step(params.data(), g1.data(), 1e-2, 1, 0.5);
+  reference->step(ref_params.data(), g2.data(), 1e-2, 1, 0.5);
+  const std::vector<float> before = params;
+  const auto state_before = test::saved_state(*optimizer, table.total_elements(), &world());
+  for (const bool poisoned : {false, true}) {
+    std::vector<float> vetoed = rank_gradient(table, 50, world().rank());
+    if (poisoned && world().rank() == world().size() - 1)
+      vetoed[static_cast<size_t>(table.params().front().offset)] = std::nanf("");
+    double seen = -1;
+    int calls = 0;
+    const double norm = optimizer->step(params.data(), vetoed.data(), 1e-2, 2, 0.5, [&](double n) {
+      seen = n;
+      ++calls;
+      return true;
+    });
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(std::isnan(norm), poisoned);
+    EXPECT_TRUE(seen == norm || (std::isnan(seen) && std::isnan(norm)));
+    double norms[2] = {std::isnan(norm) ? -1.0 : norm, 0};
+    world().allreduce(&norms[0], &norms[1], 1, ReduceOp::max);
+    EXPECT_EQ(norms[0], norms[1]) << "every rank's veto sees the same norm";
+    EXPECT_TRUE(bitwise_equal(params, before));
+    EXPECT_EQ(test::saved_state(*optimizer, table.total_elements(), &world()), state_before);
+  }
+  for (int64_t step = 2; step <= 3; ++step) {
+    std::vector<float> a = rank_gradient(table, step, world().rank()), b = a;
+    optimizer->step(params.data(), a.data(), 1e-2, step, 0.5, [](double) { return false; });
+    reference->step(ref_params.data(), b.data(), 1e-2, step, 0.5);
+    EXPECT_TRUE(bitwise_equal(params, ref_params)) << "step " << step;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DataParallelOptimizerTest,
     ::testing::Values(Layout{true, false}, Layout{true, true}, Layout{false, false}, Layout{false, true}),

@@ -77,6 +77,36 @@ TEST_P(LocalOptimizerTest, NonFiniteGradientChangesNothing) {
   EXPECT_TRUE(bitwise_equal(params, before));
 }
 
+// The veto sees the norm before clipping; a vetoed step leaves the parameters and every
+// state as they were, and the next step is the one an optimizer that never saw it takes.
+TEST_P(LocalOptimizerTest, VetoedStepChangesNothing) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon), nullptr);
+  auto reference = make_optimizer(table, options(with_muon), nullptr);
+  std::vector<float> params = random_slab(table, 5, 0.1), ref_params = params;
+  for (auto* o : {optimizer.get(), reference.get()}) {
+    std::vector<float> grads = random_slab(table, 6, 1.0);
+    o->step(o == reference.get() ? ref_params.data() : params.data(), grads.data(), 1e-2, 1, 0.5);
+  }
+  const std::vector<float> before = params;
+  const auto state_before = test::saved_state(*optimizer, table.total_elements(), nullptr);
+  std::vector<float> vetoed_grads = random_slab(table, 7, 1.0), check = vetoed_grads;
+  double seen = -1;
+  const double norm = optimizer->step(params.data(), vetoed_grads.data(), 1e-2, 2, 0.5,
+                                      [&](double n) { seen = n; return true; });
+  EXPECT_EQ(seen, norm);
+  EXPECT_EQ(norm, grad_norm(check.data(), table));
+  EXPECT_TRUE(bitwise_equal(params, before));
+  EXPECT_EQ(test::saved_state(*optimizer, table.total_elements(), nullptr), state_before);
+  for (int64_t step = 2; step <= 3; ++step) {
+    std::vector<float> g1 = random_slab(table, 10 + step, 1.0), g2 = g1;
+    optimizer->step(params.data(), g1.data(), 1e-2, step, 0.5, [](double) { return false; });
+    reference->step(ref_params.data(), g2.data(), 1e-2, step, 0.5);
+    EXPECT_TRUE(bitwise_equal(params, ref_params)) << "step " << step;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(AdamWAndMuon, LocalOptimizerTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Muon" : "AdamW"; });
 

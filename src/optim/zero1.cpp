@@ -253,7 +253,7 @@ void Zero1Optimizer::begin_backward(const float* grads) {
 }
 
 double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_t step,
-                            double max_grad_norm) {
+                            double max_grad_norm, const UpdateVeto& veto) {
   if (!params || !grads)
     fail(fmt::format("ZeRO-1 step on rank {} of {}: null parameter or gradient slab", comm_.rank(),
                      comm_.size()));
@@ -262,7 +262,8 @@ double Zero1Optimizer::step(float* params, const float* grads, double lr, int64_
   ScopedOpTimer local_work(op_times_, "optimizer");
   average_shard_gradient();
   const double norm = clip_shard_gradient(lr, step, max_grad_norm);
-  if (!std::isfinite(norm)) return norm;  // every rank sees the same norm: all skip
+  // Every rank sees the same norm (and the veto is the caller's agreed decision): all skip.
+  if ((veto && veto(norm)) || !std::isfinite(norm)) return norm;
   BoundaryExchange exchange = start_boundary_exchange(params);
   // Local work while the pieces travel: AdamW on the shard, Muon on the matrices inside.
   adamw_step(params, lr, step);

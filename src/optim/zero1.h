@@ -39,6 +39,7 @@
 #include "comm/comm.h"
 #include "model/params.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 #include "optim/grad_reduce.h"
 #include "optim/muon.h"
 #include "optim/zero1_layout.h"
@@ -76,10 +77,13 @@ class Zero1Optimizer {
   // loss; read only). The global gradient is the average over ranks; it is clipped to
   // `max_grad_norm` (0 = off) and the step applied; on return `params` holds the updated
   // slab on every rank. Returns the global gradient norm before clipping. When that norm is
-  // not finite nothing is updated on any rank (parameters and state stay as they were) and
-  // the caller decides (the trainer stops). lr, step and max_grad_norm must be the same on
-  // every rank (checked). `step` is 1-based, as in AdamW::step.
-  double step(float* params, const float* grads, double lr, int64_t step, double max_grad_norm);
+  // not finite, or `veto` (optim/clip.h; called on every rank with that norm, after the
+  // norm's all-reduce and before anything is written) says so, nothing is updated on any
+  // rank (parameters and state stay as they were) and the caller decides. lr, step and
+  // max_grad_norm must be the same on every rank (checked). `step` is 1-based, as in
+  // AdamW::step.
+  double step(float* params, const float* grads, double lr, int64_t step, double max_grad_norm,
+              const UpdateVeto& veto = {});
 
   // Overlap (optional): begin_backward(grads) before the backward pass and
   // gradients_final(o) from the model's hook (Model::set_gradients_final_hook) reduce-scatter

@@ -5,8 +5,8 @@
 namespace foundry {
 
 void synthetic_batch(int32_t* inputs, int32_t* targets, int64_t n, int64_t vocab, uint64_t seed,
-                     int64_t step) {
-  uint64_t key = seed ^ (0x5851f42d4c957f2dULL * static_cast<uint64_t>(step + 1));
+                     int64_t batch) {
+  uint64_t key = seed ^ (0x5851f42d4c957f2dULL * static_cast<uint64_t>(batch + 1));
   Rng rng(Rng::splitmix64(key));
   for (int64_t i = 0; i < n; ++i) {
     inputs[i] = static_cast<int32_t>(rng.below(vocab));
@@ -25,12 +25,16 @@ TrainBatches::TrainBatches(data::BatchLoader* loader, int64_t batch, int64_t seq
       inputs_(static_cast<size_t>(batch * seq)),
       targets_(static_cast<size_t>(batch * seq)) {}
 
-void TrainBatches::next(int64_t step) {
-  if (loader_)
-    loader_->next(inputs_.data(), targets_.data());
-  else
-    synthetic_batch(inputs_.data(), targets_.data(), static_cast<int64_t>(inputs_.size()), vocab_,
-                    seed_, step);
+int64_t TrainBatches::next() {
+  for (;;) {
+    ++batch_;
+    if (loader_)
+      loader_->next(inputs_.data(), targets_.data());
+    else if (!skipped_.count(batch_))  // a synthetic batch is a function of its number
+      synthetic_batch(inputs_.data(), targets_.data(), static_cast<int64_t>(inputs_.size()),
+                      vocab_, seed_, batch_);
+    if (!skipped_.count(batch_)) return batch_;
+  }
 }
 
 }  // namespace foundry

@@ -3,16 +3,17 @@
 // depends only on the global batch and the rank count, not on how ranks read.
 #pragma once
 #include <cstdint>
+#include <set>
 #include <vector>
 
 #include "data/loader.h"
 
 namespace foundry {
 
-// Uniformly random tokens in [0, vocab), a pure function of (seed, step): inputs and
-// targets [n] each. Synthetic batches need no cursor to resume.
+// Uniformly random tokens in [0, vocab), a pure function of (seed, batch number): inputs
+// and targets [n] each. Synthetic batches need no cursor to resume.
 void synthetic_batch(int32_t* inputs, int32_t* targets, int64_t n, int64_t vocab, uint64_t seed,
-                     int64_t step);
+                     int64_t batch);
 
 class TrainBatches {
  public:
@@ -21,8 +22,18 @@ class TrainBatches {
   TrainBatches(data::BatchLoader* loader, int64_t batch, int64_t seq, int rank, int ranks,
                int64_t vocab, uint64_t seed);
 
-  // Reads the global batch of training step `step` (1-based).
-  void next(int64_t step);
+  // Reads the next global batch not in the skip set and returns its number. Batches are
+  // numbered from 1 in data order; a skipped batch is read (the loader's cursor moves past
+  // it) and dropped, so the batches after it are those a run without the skip would see.
+  int64_t next();
+  // The number of the last batch read (0 before the first): training resumes after it.
+  int64_t batch() const { return batch_; }
+  // Drops batch `number` when it comes (no effect once it has been read).
+  void skip(int64_t number) { skipped_.insert(number); }
+  const std::set<int64_t>& skipped() const { return skipped_; }
+  // Resume: batch `number` was the last one read (the loader, if any, is restored apart).
+  void restart_after(int64_t number) { batch_ = number; }
+
   // This rank's slice of the last batch: [local_batch(), seq] tokens each.
   const int32_t* local_inputs() const { return inputs_.data() + offset_; }
   const int32_t* local_targets() const { return targets_.data() + offset_; }
@@ -34,6 +45,8 @@ class TrainBatches {
   data::BatchLoader* loader_;
   int64_t seq_, local_batch_, offset_, vocab_;
   uint64_t seed_;
+  int64_t batch_ = 0;
+  std::set<int64_t> skipped_;
   std::vector<int32_t> inputs_, targets_;  // [batch, seq]
 };
 

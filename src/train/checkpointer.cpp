@@ -163,6 +163,7 @@ int64_t Checkpointer::resume() {
     const int64_t step = state.at("step").get<int64_t>();
     if (train_loader_) train_loader_->restore(state.at("data_cursor"));
     restore_router_balancers(model_, state, dir, /*required=*/true);
+    if (restore_hook_) restore_hook_(state);
     model_.sync_weights();
     if (processes_.root())
       std::fprintf(stderr, "resumed from %s (step %lld, loaded in %.2f s)\n", dir.c_str(),
@@ -177,6 +178,12 @@ int64_t Checkpointer::resume() {
   std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
                run_dir.c_str());
   return 0;
+}
+
+int64_t Checkpointer::rollback() {
+  finish();
+  if (resume_candidates(rc_.train.run_dir).empty()) return -1;
+  return resume();
 }
 
 // ---- save -----------------------------------------------------------------------------------
@@ -195,6 +202,7 @@ json Checkpointer::trainer_state(int64_t step) const {
   // The balancers are model state outside the parameter slab: saved here in full (bias and
   // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
   if (!model_.balancers().empty()) state["router_balancers"] = model_.balancer_state();
+  if (save_hook_) save_hook_(state);
   state["schedule"] = {{"lr", learning_rate(schedule_, std::max<int64_t>(step, 1))},
                        {"total_steps", schedule_.total_steps}};
   return state;

@@ -20,6 +20,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <mutex>
 #include <optional>
@@ -55,6 +56,20 @@ class Checkpointer {
   // holds, and returns its step; 0 (with a message) when there is none. Collective. Fails
   // before loading anything when the checkpoint was written by the other optimizer.
   int64_t resume();
+
+  // Rollback: waits for the save in flight and commits it, then loads the latest committed
+  // checkpoint as resume() does and returns its step; -1 (nothing loaded) when the run has
+  // none yet. Collective.
+  int64_t rollback();
+
+  // Trainer state kept outside the model, optimizer and data cursor (the batch position,
+  // dropped batches, the anomaly window): `save` adds its keys to a checkpoint's trainer
+  // state, `restore` reads them back from the loaded one (older checkpoints may lack them).
+  void set_trainer_state_hooks(std::function<void(json&)> save,
+                               std::function<void(const json&)> restore) {
+    save_hook_ = std::move(save);
+    restore_hook_ = std::move(restore);
+  }
 
   // Starts a checkpoint of `step`: the snapshot, then the write in the background (or to the
   // end, and the commit, when not asynchronous). Collective.
@@ -93,6 +108,8 @@ class Checkpointer {
   bool quiet_;
   std::string tag_;  // the same on every rank: names this run's staging directories
   std::optional<uint64_t> tokenizer_checksum_;
+  std::function<void(json&)> save_hook_;
+  std::function<void(const json&)> restore_hook_;
 
   // The save in flight (in_flight_ from snapshot to commit).
   bool in_flight_ = false;

@@ -58,7 +58,8 @@ struct Run {
     checkpointer.emplace(rc, lr_schedule(rc.train), model, *optimizer, nullptr, procs, true);
   }
   void step(int64_t s) {
-    batches.next(s);
+    batches.restart_after(s - 1);  // batch s at step s
+    batches.next();
     run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, procs.world(),
              [this] { checkpointer->protect_state(); });
   }

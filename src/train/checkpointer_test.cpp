@@ -27,7 +27,8 @@ struct TinyRun {
     model.init_weights(init_seed);
   }
   void step(int64_t s) {
-    batches.next(s);
+    batches.restart_after(s - 1);  // batch s at step s
+    batches.next();
     run_step(model, *optimizer, batches, 1e-2, s, 1.0, false, nullptr,
              [this] { checkpointer.protect_state(); });
   }

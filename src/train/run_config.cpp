@@ -59,6 +59,17 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get_choice<CheckpointOverlap>("checkpoint_overlap", t.checkpoint_overlap,
                                   {{"wait", CheckpointOverlap::wait},
                                    {"skip", CheckpointOverlap::skip}});
+  r.get_choice<AnomalyPolicy>("anomaly_policy", t.anomaly_policy,
+                              {{"skip", AnomalyPolicy::skip},
+                               {"rollback", AnomalyPolicy::rollback},
+                               {"stop", AnomalyPolicy::stop}});
+  r.get("spike_factor", t.spike_factor, 0.0, 1e9);
+  r.get("spike_window", t.spike_window, int64_t{1}, int64_t{1} << 20);
+  r.get("spike_warmup", t.spike_warmup, int64_t{1}, int64_t{1} << 20);
+  r.get("max_consecutive_anomalies", t.max_consecutive_anomalies, int64_t{1}, int64_t{1} << 40);
+  r.get("max_anomalies", t.max_anomalies, int64_t{0}, int64_t{1} << 40);
+  json skip = json::array();
+  r.get("skip_batches", skip);
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
@@ -80,6 +91,21 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
                      "(train.heartbeat_interval_s = {})",
                      where, t.heartbeat_timeout_s, t.heartbeat_interval_s),
          "make train.heartbeat_timeout_s at least twice train.heartbeat_interval_s");
+  if (t.spike_warmup > t.spike_window)
+    fail(fmt::format("{}: train.spike_warmup = {} exceeds train.spike_window = {}", where,
+                     t.spike_warmup, t.spike_window),
+         "spike detection starts once the window holds spike_warmup steps: lower it or widen "
+         "the window");
+  if (!skip.is_array())
+    fail(fmt::format("{}: train.skip_batches = {} is not a list", where, skip.dump()),
+         "give a list of batch numbers, e.g. --set 'train.skip_batches=[17,42]'");
+  for (const json& b : skip) {
+    if (!b.is_number_integer() || b.get<int64_t>() < 1)
+      fail(fmt::format("{}: train.skip_batches holds {}, not a batch number (1, 2, …)", where,
+                       b.dump()),
+           "list the 1-based numbers of the batches to drop (events.jsonl names them)");
+    t.skip_batches.push_back(b.get<int64_t>());
+  }
 
   ConfigReader d(top.child("data"), where, "data.");
   d.get("dir", rc.data.dir);

@@ -16,6 +16,11 @@ namespace foundry {
 // What a checkpoint that falls due while the previous one is being written does.
 enum class CheckpointOverlap { wait, skip };
 
+// What a step judged anomalous (train/anomaly.h) does after its update was dropped: `skip`
+// its batch and go on, `rollback` to the last checkpoint and replay without the batch, or
+// `stop` the run with an error.
+enum class AnomalyPolicy { skip, rollback, stop };
+
 struct TrainConfig {
   int64_t steps = 1000;
   int64_t batch_size = 8;       // sequences per step
@@ -74,6 +79,20 @@ struct TrainConfig {
   // A checkpoint falls due while the previous one is still being written: wait for it to
   // commit, or skip the new one.
   CheckpointOverlap checkpoint_overlap = CheckpointOverlap::wait;
+  // Numerical anomalies (train/anomaly.h): a non-finite loss or gradient norm, or a loss
+  // above spike_factor × the median loss of the last spike_window good steps (once there
+  // are spike_warmup of them; spike_factor 0 = no spike detection), drops the step's update
+  // and then follows anomaly_policy. max_consecutive_anomalies in a row, or max_anomalies in
+  // the run (0 = no limit), stop it with an error.
+  AnomalyPolicy anomaly_policy = AnomalyPolicy::skip;
+  double spike_factor = 2.0;
+  int64_t spike_window = 32;
+  int64_t spike_warmup = 8;
+  int64_t max_consecutive_anomalies = 3;
+  int64_t max_anomalies = 10;
+  // Training batches (1-based, in data order) never trained on: read and dropped, as the
+  // anomaly policy drops a batch.
+  std::vector<int64_t> skip_batches;
   double peak_gflops = 0;       // MFU denominator; 0 = measure the GEMM peak at start
   std::string run_dir = "runs/default";
 };

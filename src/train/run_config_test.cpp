@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
+
 #include "base/error.h"
 #include "base/test_expect_error.h"
 
@@ -44,6 +46,37 @@ TEST(RunConfig, ChoicesAreParsedIntoTypedValues) {
   EXPECT_EQ(rc.train.muon_ns_precision, DType::f32);
   EXPECT_STREQ(dtype_name(rc.train.precision), "fp32");
   EXPECT_STREQ(optimizer_name(rc.train.optimizer), "muon");
+}
+
+TEST(RunConfig, AnomalyKeys) {
+  json j = minimal_config();
+  const RunConfig defaults = parse_run_config(j, "test");
+  EXPECT_EQ(defaults.train.anomaly_policy, AnomalyPolicy::skip);
+  EXPECT_TRUE(defaults.train.skip_batches.empty());
+  j["train"]["anomaly_policy"] = "rollback";
+  j["train"]["spike_factor"] = 0;
+  j["train"]["spike_window"] = 4;
+  j["train"]["spike_warmup"] = 4;
+  j["train"]["max_consecutive_anomalies"] = 2;
+  j["train"]["max_anomalies"] = 0;
+  j["train"]["skip_batches"] = {17, 3};
+  const RunConfig rc = parse_run_config(j, "test");
+  EXPECT_EQ(rc.train.anomaly_policy, AnomalyPolicy::rollback);
+  EXPECT_EQ(rc.train.spike_factor, 0.0);
+  EXPECT_EQ(rc.train.max_anomalies, 0);
+  EXPECT_EQ(rc.train.skip_batches, (std::vector<int64_t>{17, 3}));
+  for (const auto& [key, value, needle] :
+       std::vector<std::tuple<std::string, json, std::string>>{
+           {"anomaly_policy", "ignore", "train.anomaly_policy"},
+           {"spike_warmup", 5, "train.spike_warmup = 5 exceeds train.spike_window = 4"},
+           {"skip_batches", json::array({1, 2.5}), "train.skip_batches holds 2.5"},
+           {"skip_batches", json::array({0}), "train.skip_batches holds 0"},
+           {"skip_batches", 3, "train.skip_batches = 3 is not a list"},
+           {"max_consecutive_anomalies", 0, "train.max_consecutive_anomalies"}}) {
+    json bad = j;
+    bad["train"][key] = value;
+    expect_error([&] { parse_run_config(bad, "test"); }, needle);
+  }
 }
 
 TEST(RunConfig, ScheduleAndPrecisionAreParsedOnce) {

@@ -89,6 +89,7 @@ struct TrainingRun {
   std::optional<Checkpointer> checkpointer;
   std::optional<RunDir> run_dir;  // locked for this run
   std::optional<Heartbeat> heartbeat;
+  std::optional<AnomalyMonitor> anomalies;
   double peak_gflops = 0;
 
   double evaluate() {
@@ -124,6 +125,8 @@ struct TrainingRun {
   }
   void open_dataset();
   void build_model_and_optimizer();
+  void watch_anomalies(bool resume);
+  int64_t after_anomaly(int64_t step);
   void measure_peak();
   void print_header() const;
 };
@@ -148,6 +151,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
+  watch_anomalies(run_dir->resume());
 }
 
 // A dead, stopped or hung rank ends the job with kExitRankLost, named on the console and in
@@ -167,6 +171,37 @@ void TrainingRun::start_heartbeat() {
                       }
                       abort_job(kExitRankLost);
                     });
+}
+
+// The anomaly monitor, its part of the checkpoints' trainer state, and the batches earlier
+// processes of a resumed run dropped.
+void TrainingRun::watch_anomalies(bool resume) {
+  anomalies.emplace(tc, procs.world(), procs.root(), *batches);
+  checkpointer->set_trainer_state_hooks([this](json& s) { anomalies->save_state(s); },
+                                        [this](const json& s) { anomalies->restore_state(s); });
+  if (resume)
+    anomalies->load_record();
+  else
+    anomalies->clear_record();
+}
+
+// After a step judged anomalous: the last completed step to go on from (the same step runs
+// again on the next batch after a skip; a rollback returns the checkpoint's step). Fails when
+// the run stops, after committing the save in flight (it holds the state before the anomaly).
+int64_t TrainingRun::after_anomaly(int64_t step) {
+  switch (anomalies->handle()) {
+    case AnomalyAction::skip:
+      return step - 1;
+    case AnomalyAction::rollback: {
+      const int64_t to = checkpointer->rollback();
+      anomalies->rolled_back(to);
+      return to < 0 ? step - 1 : to;
+    }
+    case AnomalyAction::stop:
+      break;
+  }
+  checkpointer->finish();
+  anomalies->stop();
 }
 
 void TrainingRun::open_dataset() {
@@ -302,6 +337,11 @@ class StepLog {
     return step_metrics(step, r, tokens_per_step_, mfu, *run_.optimizer, balancing_);
   }
 
+  // After a rollback to `step`: metrics.jsonl drops the lines of the steps after it.
+  void rewind(int64_t step) {
+    if (metrics_) metrics_.emplace(run_.tc.run_dir + "/metrics.jsonl", step);
+  }
+
   // metrics.jsonl (rank 0), the log line every train.log_every steps, the progress bar.
   void publish(const json& m, bool evaluated) {
     const int64_t step = m["step"].get<int64_t>();
@@ -373,12 +413,15 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
 
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
-                    const Communicator* world, const std::function<void()>& before_update) {
+                    const Communicator* world, const std::function<void()>& before_update,
+                    AnomalyMonitor* anomalies) {
   StepResult r;
   r.lr = lr;
+  const int64_t batch = batches.batch();
   model.zero_grads();
   r.losses = model.forward(batches.local_inputs(), batches.local_targets(), batches.local_batch(),
                            batches.seq_len());
+  if (anomalies) anomalies->faults().poison_losses(batch, r.losses);
   // This batch's routing, for the balancer update after the optimizer step (a copy: a
   // validation forward before then would overwrite the model's counts), summed over ranks:
   // every rank's balancer sees the global batch and stays identical.
@@ -388,14 +431,20 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
     class_counts = model.router_class_counts();
     if (world) sum_router_counts(*world, class_counts);
   }
+  if (anomalies) anomalies->faults().poison_gradients(batch, model);
   if (overlap) optimizer.begin_backward(model.grads());
   model.backward();
   if (before_update) before_update();
-  // The optimizer times its own phases (communication apart from the local update).
-  r.grad_norm = optimizer.step(model.params(), model.grads(), lr, step, max_grad_norm);
+  // The losses over the ranks first: the anomaly veto judges them with the gradient norm.
   r.losses.loss = mean_over_ranks(world, r.losses.loss);
   r.losses.ce_loss = mean_over_ranks(world, r.losses.ce_loss);
   r.losses.aux_loss = mean_over_ranks(world, r.losses.aux_loss);
+  auto judge = [&](double norm) { return !(r.applied = !anomalies->veto(step, batch, r.losses, norm)); };
+  UpdateVeto veto;
+  if (anomalies) veto = std::ref(judge);  // by reference: nothing allocated per step
+  // The optimizer times its own phases (communication apart from the local update).
+  r.grad_norm = optimizer.step(model.params(), model.grads(), lr, step, max_grad_norm, veto);
+  if (!r.applied) return r;
   if (!std::isfinite(r.losses.loss) || !std::isfinite(r.grad_norm))
     fail(fmt::format("step {}: loss {} / gradient norm {} is not finite", step, r.losses.loss,
                      r.grad_norm),
@@ -439,10 +488,16 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     const double t0 = now_seconds();
     auto step_guard = run.procs.guard(fmt::format("training step {}", step));
     run.mark(step, "step");
-    run.batches->next(step);
+    run.batches->next();
     StepResult r = run_step(*run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step),
                             step, rc.train.grad_clip, run.overlap, run.procs.world(),
-                            [&] { run.checkpointer->protect_state(); });
+                            [&] { run.checkpointer->protect_state(); }, &*run.anomalies);
+    if (!r.applied) {  // nothing changed: skip the batch, or roll back (train/anomaly.h)
+      const int64_t last = run.after_anomaly(step);
+      if (last < step - 1) log.rewind(last);
+      step = last;
+      continue;
+    }
     r.seconds = now_seconds() - t0;
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;

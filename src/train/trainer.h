@@ -2,7 +2,8 @@
 // metrics, with periodic validation and checkpoints, resume, and a clean stop on
 // SIGINT/SIGTERM, in one process or over the ranks of an mpirun job. Its parts are units of
 // their own: batches.h (the data), evaluate.h (validation), metrics.h (metrics.jsonl),
-// checkpointer.h (save and resume), report.h (the end-of-run report), signals.h.
+// checkpointer.h (save and resume), anomaly.h (NaN/Inf and loss spikes: skip, rollback or
+// stop), report.h (the end-of-run report), signals.h.
 //
 // Optimizers (train.optimizer): "adamw" updates every tensor with AdamW; "muon" updates the
 // 2-D hidden matrices (muon_applies in optim/muon.h) with Muon and every other tensor with
@@ -20,6 +21,7 @@
 #include "base/config_reader.h"
 #include "model/model.h"
 #include "optim/optimizer.h"
+#include "train/anomaly.h"
 #include "train/balance.h"
 #include "train/batches.h"
 #include "train/run_dir.h"
@@ -65,17 +67,21 @@ struct StepResult {
   double lr = 0, grad_norm = 0;
   double seconds = 0;         // wall time of the step
   BalanceStats balance;       // arch zaya1 (default for arch moe)
+  bool applied = true;        // false: judged anomalous, nothing was updated
 };
 
 // One training step on the batch `batches` holds: forward, backward (with the data-parallel
 // gradient reduction started during it when `overlap`), the clipped optimizer step, the bf16
 // weight refresh and, for arch zaya1, the router balancers (from the class counts summed
-// over the ranks of `world`). Collective over `world` (null: one process). Fails naming the
-// step when the loss or the gradient norm is not finite. `before_update`, when set, runs
-// between the backward pass and the optimizer step (a checkpoint's snapshot must be done).
+// over the ranks of `world`). Collective over `world` (null: one process). `before_update`,
+// when set, runs between the backward pass and the optimizer step (a checkpoint's snapshot
+// must be done). With `anomalies`, the batch's injected faults are applied and a step it
+// judges anomalous changes nothing and returns with `applied` false; without, a loss or
+// gradient norm that is not finite fails naming the step.
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
-                    const Communicator* world, const std::function<void()>& before_update = {});
+                    const Communicator* world, const std::function<void()>& before_update = {},
+                    AnomalyMonitor* anomalies = nullptr);
 
 // Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
 // under a second: the denominator of MFU when the config gives no peak.

@@ -32,7 +32,7 @@ TEST_P(RunStepTest, IsForwardBackwardStepAndBalancers) {
   auto ref_optimizer = make_optimizer(reference.table(), optimizer_options(rc.train), nullptr);
   TrainBatches batches(nullptr, 4, rc.train.seq_len, 0, 1, rc.model.vocab_size, 9);
   for (int64_t step = 1; step <= 2; ++step) {
-    batches.next(step);
+    batches.next();
     const StepResult r = run_step(model, *optimizer, batches, 1e-2, step, 1.0, false, nullptr);
 
     reference.zero_grads();
@@ -66,7 +66,8 @@ TEST(RunStep, NonFiniteLossStopsNamingTheStep) {
   model.params()[model.table().params().front().offset] = std::numeric_limits<float>::infinity();
   auto optimizer = make_optimizer(model.table(), optimizer_options(rc.train), nullptr);
   TrainBatches batches(nullptr, 4, rc.train.seq_len, 0, 1, rc.model.vocab_size, 9);
-  batches.next(7);
+  batches.restart_after(6);
+  batches.next();
   try {
     run_step(model, *optimizer, batches, 1e-2, 7, 1.0, false, nullptr);
     FAIL() << "expected an error";
