@@ -351,7 +351,10 @@ CASES = [
     Case("profile: bench report of a bad profile", "bench report --profile profile.json --out report", [edit_json(BAD_PROFILE, "version", 7)], ["profile.json", "version 7"]),
     Case("profile: bench all --merge into invalid JSON", "bench all --out bench-out --merge --only membw", [write("bench-out/profile.json", "{")], ["bench-out/profile.json"]),
 
-    # -- run directories (lock, overwrite refusal, resume rules): one line per case here --
+    # -- run directories: the lock, refusing to overwrite a run, the rules of --resume --
+    # One line per case, like the ones above; the fixture run directory is `run` (its
+    # checkpoint CK), e.g.
+    # Case("run dir: ...", "train -c tiny.json", [mkdir("run/...")], ["run"], hint="--resume"),
 ]
 
 
@@ -508,9 +511,11 @@ def check_case(case, foundry, fixtures, work, index):
 
 
 def main():
-    foundry, source = os.path.realpath(sys.argv[1]), os.path.realpath(sys.argv[2])
-    del source  # the fixtures are generated; kept for the ctest calling convention
-    only = sys.argv[3:]
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    # argv[2], the source directory, is part of the tests' calling convention; the fixtures
+    # are generated, so nothing is read from it.
+    foundry, only = os.path.realpath(sys.argv[1]), sys.argv[3:]
     cases = [c for c in CASES if not only or any(s in c.name for s in only)]
     names = [c.name for c in CASES]
     assert len(names) == len(set(names)), "duplicate case names"
