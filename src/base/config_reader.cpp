@@ -4,18 +4,23 @@
 
 namespace foundry {
 
-ConfigReader::ConfigReader(const json& obj, std::string where, std::string prefix)
-    : obj_(obj), where_(std::move(where)), prefix_(std::move(prefix)) {
+ConfigReader::ConfigReader(const json& obj, std::string where, std::string prefix,
+                           std::string hint)
+    : obj_(obj),
+      where_(std::move(where)),
+      prefix_(std::move(prefix)),
+      hint_(hint.empty() ? "fix the value in the config or with --set" : std::move(hint)) {
   if (!obj_.is_object() && !obj_.is_null())
     fail(fmt::format("{}: '{}' must be a JSON object, got {}", where_,
                      prefix_.empty() ? "<root>" : prefix_.substr(0, prefix_.size() - 1),
-                     obj_.dump()));
+                     obj_.dump()),
+         hint_);
 }
 
 void ConfigReader::type_error(const std::string& key, const json& value,
                               const char* expected) const {
   fail(fmt::format("{}: '{}{}' must be {}, got {}", where_, prefix_, key, expected, value.dump()),
-       "fix the value in the config or with --set");
+       hint_);
 }
 
 void ConfigReader::get_choice(const std::string& key, std::string& out,
@@ -73,6 +78,17 @@ json load_json_file(const std::string& path) {
   }
 }
 
+namespace {
+
+std::string known_keys(const json& obj) {
+  std::string known;
+  for (auto it = obj.begin(); it != obj.end(); ++it)
+    known += (known.empty() ? "" : ", ") + it.key();
+  return known.empty() ? "none" : known;
+}
+
+}  // namespace
+
 void apply_override(json& root, const std::string& assignment, bool allow_new) {
   auto eq = assignment.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -93,12 +109,14 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
     std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (!node->is_object())
       fail(fmt::format("bad override '{}': '{}' is not an object", assignment,
-                       key.substr(0, start ? start - 1 : 0)));
+                       key.substr(0, start ? start - 1 : 0)),
+           "override the key itself, e.g. --set train.lr=3e-4");
     bool last = dot == std::string::npos;
     // A missing leaf is allowed (it may be a default the file omits; the strict reader
     // rejects unknown keys later); a missing section is a typo unless allow_new.
     if (!node->contains(part) && !allow_new && !last)
-      fail(fmt::format("bad override '{}': unknown key '{}'", assignment, key));
+      fail(fmt::format("bad override '{}': unknown key '{}'", assignment, key),
+           fmt::format("known keys here: {}", known_keys(*node)));
     node = &(*node)[part];
     if (last) break;
     start = dot + 1;

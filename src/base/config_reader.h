@@ -16,8 +16,10 @@ using json = nlohmann::json;
 
 class ConfigReader {
  public:
-  // `where` names the file for messages; `prefix` is the key path of `obj` ("" or "model.").
-  ConfigReader(const json& obj, std::string where, std::string prefix = "");
+  // `where` names the file for messages; `prefix` is the key path of `obj` ("" or "model.");
+  // `hint` is what the hint of a wrong type or value says (default: fix it in the config or
+  // with --set; files written by Foundry itself say how to write them again).
+  ConfigReader(const json& obj, std::string where, std::string prefix = "", std::string hint = "");
 
   // Reads `key` into `out` if present; leaves the default otherwise.
   template <typename T>
@@ -43,7 +45,7 @@ class ConfigReader {
     if (out < lo || out > hi)
       fail(fmt::format("{}: '{}{}' = {} is out of range [{}, {}]", where_, prefix_, key, out, lo,
                        hi),
-           "fix the value in the config or with --set");
+           hint_);
   }
 
   // One of a fixed set of strings.
@@ -99,7 +101,7 @@ class ConfigReader {
                                const std::string& names) const;
 
   const json& obj_;
-  std::string where_, prefix_;
+  std::string where_, prefix_, hint_;
   std::set<std::string> seen_;
 };
 

@@ -25,6 +25,23 @@ TEST(ConfigReader, ParsedChoiceTakesAnySpellingTheParserKnows) {
   EXPECT_EQ(size, Size::small);
 }
 
+TEST(ConfigReader, WrongValuesCarryTheReadersHint) {
+  const json doc{{"n", "three"}, {"m", 7}};
+  int64_t n = 0, m = 0;
+  try {
+    ConfigReader(doc, "meta.json", "", "re-run prepare").get("n", n);
+    ADD_FAILURE() << "no error for a string in an integer key";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.hint(), "re-run prepare");
+  }
+  try {
+    ConfigReader(doc, "run.json").get("m", m, int64_t{0}, int64_t{5});
+    ADD_FAILURE() << "no error for a value out of range";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.hint(), "fix the value in the config or with --set");
+  }
+}
+
 TEST(ConfigReader, AbsentParsedChoiceKeepsTheDefault) {
   Size size = Size::large;
   const json empty = json::object();  // the reader keeps a reference: it must outlive it

@@ -193,6 +193,10 @@ std::string save_checkpoint(const std::string& run_dir, int64_t step, const Mode
 }
 
 void verify_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec))
+    fail(fmt::format("checkpoint '{}' does not exist", dir),
+         "pass a directory such as RUN_DIR/checkpoints/step_00001000");
   if (!fs::is_directory(dir))
     fail(fmt::format("checkpoint '{}' is not a directory", dir),
          "pass a directory such as RUN_DIR/checkpoints/step_00001000");

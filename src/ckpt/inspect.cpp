@@ -40,6 +40,15 @@ T field(const json& j, const char* key, const std::string& path) {
 
 json read_json(const std::string& path) { return parse_json_text(read_text_file(path), path); }
 
+// The description file of a checkpoint is of the version its name stands for, or unreadable.
+void check_version(const json& description, const std::string& path, int expected) {
+  const int version = field<int>(description, "format_version", path);
+  if (version != expected)
+    fail(fmt::format("{}: format_version {} is not supported (this Foundry reads version {})",
+                     path, version, expected),
+         "read it with the Foundry version that wrote it");
+}
+
 // "a, b, c" or "a, b, c, d, e, ... (12 in all)".
 std::string some_names(const std::vector<std::string>& names) {
   if (names.size() <= kNamesShown) return fmt::format("{}", fmt::join(names, ", "));
@@ -102,6 +111,7 @@ std::optional<std::string> recorded_optimizer(const json& trainer_state) {
 std::vector<SavedTensor> read_v2(const std::string& dir, CheckpointInfo& info) {
   const std::string path = join(dir, kMetadataFile);
   const json m = read_json(path);
+  check_version(m, path, kShardedFormatVersion);
   info.step = field<int64_t>(m, "step", path);
   const json layout = field<json>(m, "layout", path);
   info.layout = SavedLayout{field<int>(layout, "world", path),
@@ -140,6 +150,7 @@ void read_safetensors_names(const std::string& path, std::vector<SavedTensor>& t
 std::vector<SavedTensor> read_v1(const std::string& dir, CheckpointInfo& info) {
   const std::string path = join(dir, kManifestFile);
   const json m = read_json(path);
+  check_version(m, path, kCheckpointFormatVersion);
   info.step = field<int64_t>(m, "step", path);
   info.model = read_checkpoint_model_config(dir);
   const std::string state_path = join(dir, kTrainerStateFile);

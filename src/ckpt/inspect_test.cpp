@@ -145,6 +145,20 @@ TEST_F(InspectTest, AMissingParameterIsAProblemAndFailsVerify) {
   expect_error([&] { verify_checkpoint_data(dir); }, "not saved: model.norm.weight");
 }
 
+TEST_F(InspectTest, AnUnknownFormatVersionIsRefusedNotDescribed) {
+  const std::string dir = save_muon_like(2);
+  json m = load_json_file(dir + "/metadata.json");
+  m["format_version"] = 3;
+  const std::string text = m.dump(2) + "\n";
+  write_file_atomic(dir + "/metadata.json", text);
+  write_file_atomic(dir + "/COMMITTED",
+                    json{{"format_version", 2},
+                         {"metadata_xxh3_64", hash64_hex(hash64(text.data(), text.size()))}}
+                        .dump());
+  expect_error([&] { inspect_checkpoint(dir); }, "format_version 3 is not supported");
+  expect_error([&] { verify_checkpoint_data(dir); }, "format_version 3 is not supported");
+}
+
 TEST_F(InspectTest, VerifyCountsWhatItCheckedAndNamesTheFaultyFileAndBytes) {
   const std::string dir = save_muon_like(3);
   const json m = read_sharded_metadata(dir);

@@ -446,9 +446,9 @@ void verify_sharded_checkpoint(const std::string& dir) {
          kCorruptHint);
   const json m = parse_json_text(text, path);
   if (field<int>(m, "format_version", path) != kShardedFormatVersion)
-    fail(fmt::format("{}: format_version {} is not {}", path, m["format_version"].dump(),
-                     kShardedFormatVersion),
-         kCorruptHint);
+    fail(fmt::format("{}: format_version {} is not supported (this Foundry reads version {})",
+                     path, m["format_version"].dump(), kShardedFormatVersion),
+         "load it with the Foundry version that wrote it");
   const json files = field<json>(m, "files", path);
   for (const json& f : files) {
     const std::string name = field<std::string>(f, "name", path);

@@ -33,8 +33,12 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   const RunConfig rc = load_run_config(o.config_path, o.overrides);
   const int64_t batch = batch_given ? o.batch : rc.train.batch_size;
   const int64_t seq = seq_given ? o.seq : rc.train.seq_len;
-  if (batch < 1) fail(fmt::format("--batch {} must be >= 1", batch));
-  if (seq < 1) fail(fmt::format("--seq {} must be >= 1", seq));
+  if (batch < 1)
+    fail(fmt::format("--batch {} must be >= 1", batch),
+         "pass the sequences per step, or leave it out to use train.batch_size");
+  if (seq < 1)
+    fail(fmt::format("--seq {} must be >= 1", seq),
+         "pass the sequence length, or leave it out to use train.seq_len");
   if (seq > rc.model.max_seq_len)
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {}", seq, rc.model.max_seq_len),
          "raise it with --set model.max_seq_len=N or choose a shorter --seq");
@@ -46,7 +50,9 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   const ModelInfo info =
       model_info(rc.model, batch, seq, precision, optimizer_name(optimizer),
                  [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
-  if (o.dp < 1) fail(fmt::format("--dp {} must be >= 1", o.dp));
+  if (o.dp < 1)
+    fail(fmt::format("--dp {} must be >= 1", o.dp),
+         "pass the number of data-parallel ranks, or leave it out for one process");
   if (o.ep < 1 || o.dp % o.ep != 0)
     fail(fmt::format("--ep {} must divide --dp {} (the ranks form groups of --ep ranks)", o.ep,
                      o.dp),

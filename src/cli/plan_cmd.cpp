@@ -124,7 +124,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     s.dp = o.devices;
     if (batch_given) {
       if (o.global_batch % o.devices != 0)
-        fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices));
+        fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices),
+             "make the global batch a multiple of the device count");
       s.accumulation = std::max<int64_t>(1, o.global_batch / o.devices / s.micro_batch);
     }
     s.precision = rc.train.precision;
@@ -188,8 +189,12 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
   }
-  if (o.overlap < 0 || o.overlap > 1) fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap));
-  if (o.scatter < 1) fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter));
+  if (o.overlap < 0 || o.overlap > 1)
+    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
+         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
+  if (o.scatter < 1)
+    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
+         "1 means contiguous storage; leave it out if unsure");
 
   const PlanResult r = plan_search(rq, profile);
   if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
@@ -217,7 +222,8 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--tokens", o->tokens, "Training tokens (reports the training time; sets train.steps)");
   CLI::Option* seq = plan->add_option("--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
   CLI::Option* batch = plan->add_option("--global-batch", o->global_batch, "Sequences per optimizer step over all devices (default: one per device)");
-  plan->add_option("--devices", o->devices, "Devices (data-parallel ranks; ZeRO-1 shards over them)")->check(CLI::PositiveNumber);
+  plan->add_option("--devices", o->devices, "Devices (data-parallel ranks; ZeRO-1 shards over them)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--memory-per-device", o->memory, "Bytes per device (default: the profile's; e.g. 192GiB)");
   CLI::Option* arch = plan->add_option("--arch", o->arch, "Architecture to size")->check(CLI::IsMember({"zaya1", "moe"}));
   plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)");
@@ -231,9 +237,10 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--top-k", o->top_ks, "Top-k values to try (default 1,2,4,8)");
   plan->add_option("--kv-ratios", o->kv_ratios, "Query heads per KV head to try (default 1,2,4,8)");
   plan->add_option("--comm-overlap", o->overlap, "Share of the backward pass communication hides behind (default 1)");
-  plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")->check(CLI::PositiveNumber);
+  plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
-  plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::PositiveNumber);
+  plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::Range(1, 1 << 20));
   plan->add_option("--compare", o->compare, "Also predict this run config's shape under the same run and "
                                              "compare it with the best (repeatable)");
   plan->add_option("--out", o->out, "Write the best shape's run config here");

@@ -126,9 +126,11 @@ void register_train_commands(CLI::App& app) {
     auto args = std::make_shared<ConfigArgs>();
     auto opts = std::make_shared<TrainOptions>();
     add_config_options(cmd, *args);
-    cmd->add_option("--steps", opts->steps, "Override train.steps");
+    cmd->add_option("--steps", opts->steps, "Override train.steps")
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
     cmd->add_option("--stop-at-step", opts->stop_at_step,
-                    "Checkpoint and stop after this step (the schedule still targets train.steps)");
+                    "Checkpoint and stop after this step (the schedule still targets train.steps)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
     auto* resume = cmd->add_flag_function(
         "--resume", [opts](int64_t) { opts->start = StartMode::resume; },
         "Continue the run in train.run_dir from its latest valid checkpoint (an error if it has "
@@ -175,10 +177,13 @@ void register_train_commands(CLI::App& app) {
     auto batches = std::make_shared<int64_t>(0);
     add_config_options(cmd, *args);
     cmd->add_option("--checkpoint", *ckpt, "Checkpoint directory (default: latest of the run)");
-    cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)");
+    cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     cmd->callback([args, ckpt, batches] {
       RunConfig rc = load_run_config(args->config_path, args->overrides);
-      if (rc.data.dir.empty()) fail("data.dir is empty: eval needs a prepared dataset");
+      if (rc.data.dir.empty())
+        fail("data.dir is empty: eval needs a prepared dataset",
+             "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
       check_eval_memory(rc);
       const std::string dir = resolve_checkpoint(*ckpt, rc);
       auto model = load_model(rc, dir, rc.train.precision);
@@ -216,13 +221,20 @@ void register_train_commands(CLI::App& app) {
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     cmd->add_option("--temperature", g->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
     cmd->add_option("--top-k", g->top_k, "Keep the k most likely tokens (0 = all)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
     cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
     cmd->add_option("--seed", g->seed, "Sampling seed (same seed, same text)");
     cmd->callback([g] {
       RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
+      if (g->tokenizer.empty() && rc.data.dir.empty())
+        fail("data.dir is empty and no --tokenizer is given: generate needs a tokenizer",
+             "pass --tokenizer FILE, or set data.dir to the dataset the model was trained on");
       std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
       Tokenizer tok = Tokenizer::load(tok_path);
+      if (tok.vocab_size() != rc.model.vocab_size)
+        fail(fmt::format("tokenizer '{}' has {} pieces but model.vocab_size = {}", tok_path,
+                         tok.vocab_size(), rc.model.vocab_size),
+             "pass the tokenizer of the dataset the model was trained on");
       std::vector<int32_t> ids = tok.encode(g->prompt);
       // Training streams separate documents with EOS, so EOS is what precedes a document.
       ids.insert(ids.begin(), tok.eos_id());

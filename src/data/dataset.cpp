@@ -12,6 +12,9 @@ namespace foundry::data {
 
 namespace {
 
+// The hint of a wrong type or value in meta.json: it is written by prepare, not by hand.
+constexpr char kDamagedMetaHint[] = "meta.json is damaged; re-run foundry data prepare";
+
 std::string join_path(const std::string& dir, const std::string& name) {
   return (std::filesystem::path(dir) / name).string();
 }
@@ -47,7 +50,7 @@ nlohmann::json split_to_json(const SplitInfo& split) {
 
 SplitInfo split_from_json(const nlohmann::json& j, const std::string& where, const std::string& name) {
   const std::string prefix = "splits." + name + ".";
-  ConfigReader reader(j, where, prefix);
+  ConfigReader reader(j, where, prefix, kDamagedMetaHint);
   SplitInfo split;
   split.documents = required<uint64_t>(reader, j, prefix, "documents");
   split.tokens = required<uint64_t>(reader, j, prefix, "tokens");
@@ -58,7 +61,7 @@ SplitInfo split_from_json(const nlohmann::json& j, const std::string& where, con
   uint64_t total = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string shard_prefix = fmt::format("{}shards[{}].", prefix, i);
-    ConfigReader shard_reader(shards[i], where, shard_prefix);
+    ConfigReader shard_reader(shards[i], where, shard_prefix, kDamagedMetaHint);
     ShardInfo shard;
     shard.file = required<std::string>(shard_reader, shards[i], shard_prefix, "file");
     shard.tokens = required<uint64_t>(shard_reader, shards[i], shard_prefix, "tokens");
@@ -68,7 +71,9 @@ SplitInfo split_from_json(const nlohmann::json& j, const std::string& where, con
     shard_reader.finish();
     if (shard.file.empty() || shard.file.find('/') != std::string::npos)
       fail(fmt::format("{}: '{}file' = \"{}\" must be a plain file name", where, shard_prefix,
-                       shard.file));
+                       shard.file),
+           "shards live in the dataset directory; meta.json is damaged, re-run foundry data "
+           "prepare");
     total += shard.tokens;
     split.shards.push_back(std::move(shard));
   }
@@ -161,7 +166,7 @@ nlohmann::json DatasetMeta::to_json() const {
 }
 
 DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& where) {
-  ConfigReader reader(j, where);
+  ConfigReader reader(j, where, "", kDamagedMetaHint);
   const std::string format = required<std::string>(reader, j, "", "format");
   if (format != kDatasetFormatName)
     fail(fmt::format("{}: 'format' is \"{}\", expected \"{}\"", where, format, kDatasetFormatName),
@@ -181,14 +186,16 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& w
   const std::string separator = required<std::string>(reader, j, "", "document_separator");
   if (separator != "eos")
     fail(fmt::format("{}: 'document_separator' = \"{}\" is not supported (expected \"eos\")",
-                     where, separator));
+                     where, separator),
+         "meta.json is damaged or was not written by foundry data prepare; re-run it");
 
   const nlohmann::json& tok = reader.child("tokenizer");
-  ConfigReader tok_reader(tok, where, "tokenizer.");
+  ConfigReader tok_reader(tok, where, "tokenizer.", kDamagedMetaHint);
   const std::string file = required<std::string>(tok_reader, tok, "tokenizer.", "file");
   if (file != kTokenizerFileName)
     fail(fmt::format("{}: 'tokenizer.file' = \"{}\", expected \"{}\"", where, file,
-                     kTokenizerFileName));
+                     kTokenizerFileName),
+         "meta.json is damaged or was not written by foundry data prepare; re-run it");
   required<std::string>(tok_reader, tok, "tokenizer.", "type");
   meta.tokenizer_checksum = parse_checksum(
       required<std::string>(tok_reader, tok, "tokenizer.", "checksum"), where, "tokenizer.checksum");
@@ -199,16 +206,18 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& w
   tok_reader.finish();
 
   const nlohmann::json& splits = reader.child("splits");
-  ConfigReader splits_reader(splits, where, "splits.");
+  ConfigReader splits_reader(splits, where, "splits.", kDamagedMetaHint);
   meta.train = split_from_json(splits_reader.child("train"), where, "train");
   meta.val = split_from_json(splits_reader.child("val"), where, "val");
   splits_reader.finish();
 
   const nlohmann::json& sources = reader.child("sources");
-  if (!sources.is_array()) fail(fmt::format("{}: 'sources' must be an array", where));
+  if (!sources.is_array())
+    fail(fmt::format("{}: 'sources' must be an array", where),
+         "meta.json is damaged; re-run foundry data prepare");
   for (size_t i = 0; i < sources.size(); ++i) {
     const std::string prefix = fmt::format("sources[{}].", i);
-    ConfigReader source_reader(sources[i], where, prefix);
+    ConfigReader source_reader(sources[i], where, prefix, kDamagedMetaHint);
     SourceInfo s;
     s.path = required<std::string>(source_reader, sources[i], prefix, "path");
     s.format = required<std::string>(source_reader, sources[i], prefix, "format");

@@ -37,7 +37,8 @@ BatchLoader::BatchLoader(const TokenSplit& split, int64_t batch_size, int64_t se
     : split_(split), batch_size_(batch_size), seq_len_(seq_len), seed_(seed), order_(order) {
   if (batch_size < 1 || seq_len < 1)
     fail(fmt::format("batch size {} and sequence length {} must both be at least 1", batch_size,
-                     seq_len));
+                     seq_len),
+         "set train.batch_size and train.seq_len to positive values");
   const uint64_t tokens = split.token_count();
   if (tokens < static_cast<uint64_t>(seq_len) + 1)
     fail(fmt::format("the {} has {} tokens, fewer than seq_len + 1 = {}", split_location(split),

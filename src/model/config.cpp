@@ -69,7 +69,8 @@ void ModelConfig::validate(const std::string& where) const {
                     n_kv_heads),
         "grouped-query attention shares each kv head among n_heads / n_kv_heads query heads");
   if (head_dim % 2 != 0)
-    bad(fmt::format("model.head_dim = {} must be even (RoPE rotates pairs)", head_dim), "");
+    bad(fmt::format("model.head_dim = {} must be even (RoPE rotates pairs)", head_dim),
+        "choose an even head_dim, e.g. 64 or 128");
   if (top_k > n_experts)
     bad(fmt::format("model.top_k = {} exceeds model.n_experts = {}", top_k, n_experts),
         "choose top_k <= n_experts");
@@ -83,7 +84,8 @@ void ModelConfig::validate(const std::string& where) const {
           "choose top_k <= n_experts (+1 with the skip class)");
     if ((n_kv_heads * head_dim) % 2 != 0)
       bad(fmt::format("model.n_kv_heads * model.head_dim = {} must be even (CCA splits the "
-                      "values into a current and a delayed half)", n_kv_heads * head_dim), "");
+                      "values into a current and a delayed half)", n_kv_heads * head_dim),
+          "choose an even n_kv_heads or head_dim");
     if (skip_passes_input && !router_skip_class)
       bad("model.skip_passes_input = true needs model.router_skip_class = true",
           "enable the skip class or leave skip_passes_input false");

@@ -113,14 +113,16 @@ PlanResult plan_search(const PlanRequest& rq, const HardwareProfile& profile) {
     fail(fmt::format("--active-params {:.4g} exceeds --total-params {:.4g}", rq.active_params,
                      rq.total_params),
          "active parameters are a subset of all parameters");
-  if (rq.devices < 1) fail(fmt::format("--devices {} must be >= 1", rq.devices));
-  if (rq.seq < 1) fail(fmt::format("--seq {} must be >= 1", rq.seq));
+  if (rq.devices < 1)
+    fail(fmt::format("--devices {} must be >= 1", rq.devices), "pass the number of devices");
+  if (rq.seq < 1) fail(fmt::format("--seq {} must be >= 1", rq.seq), "e.g. --seq 4096");
   if (rq.global_batch < rq.devices || rq.global_batch % rq.devices != 0)
     fail(fmt::format("--global-batch {} sequences cannot be split evenly over --devices {}",
                      rq.global_batch, rq.devices),
          "make the global batch a multiple of the device count");
   if (rq.tolerance <= 0 || rq.tolerance >= 1)
-    fail(fmt::format("--tolerance {} must be in (0, 1)", rq.tolerance));
+    fail(fmt::format("--tolerance {} must be in (0, 1)", rq.tolerance),
+         "it is the relative slack on each budget, e.g. --tolerance 0.05");
   if (rq.aspect_min <= 0 || rq.aspect_min > rq.aspect_max)
     fail(fmt::format("--aspect-ratio {}..{} is empty", rq.aspect_min, rq.aspect_max),
          "give min,max with 0 < min <= max, e.g. 20,200");

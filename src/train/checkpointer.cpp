@@ -114,7 +114,8 @@ void Checkpointer::check_same_tokenizer(const std::string& dir, const json& stat
   const std::string mine = hash64_hex(*tokenizer_checksum_);
   if (*saved != mine)
     fail(fmt::format("{} was trained with a tokenizer of XXH3-64 {}, data.dir '{}' has {}", dir,
-                     saved->dump(), rc_.data.dir, mine),
+                     saved->is_string() ? saved->get<std::string>() : saved->dump(), rc_.data.dir,
+                     mine),
          "resume with the dataset (and tokenizer) the run was trained on");
 }
 
@@ -136,6 +137,7 @@ int64_t Checkpointer::resume() {
   const std::string& run_dir = rc_.train.run_dir;
   const double t0 = now_seconds();
   const std::vector<std::string> candidates = resume_candidates(run_dir);
+  std::string newest_failure;  // why the newest checkpoint could not be loaded
   for (const std::string& dir : candidates) {
     // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
     // state, and the plain message says more than a missing tensor would.
@@ -157,11 +159,24 @@ int64_t Checkpointer::resume() {
     if (!failures.empty()) {
       if (processes_.root())
         warn(fmt::format("skipping checkpoint {}: {}", dir, fmt::join(failures, "; ")));
+      if (newest_failure.empty())
+        newest_failure = fmt::format("{}: {}", dir, fmt::join(failures, "; "));
       continue;
     }
     check_same_tokenizer(dir, state);
     const int64_t step = state.at("step").get<int64_t>();
-    if (train_loader_) train_loader_->restore(state.at("data_cursor"));
+    if (train_loader_) {
+      if (!state.contains("data_cursor"))
+        fail(fmt::format("{} was written by a run on synthetic data: it has no data cursor for "
+                         "data.dir '{}'",
+                         dir, rc_.data.dir),
+             "resume with --synthetic-data, or train on the dataset in a new run directory");
+      try {
+        train_loader_->restore(state.at("data_cursor"));
+      } catch (const Error& e) {
+        fail(fmt::format("{}: {}", dir, e.what()), e.hint());
+      }
+    }
     restore_router_balancers(model_, state, dir, /*required=*/true);
     if (restore_hook_) restore_hook_(state);
     model_.sync_weights();
@@ -172,9 +187,10 @@ int64_t Checkpointer::resume() {
   }
   // A failed load may have written part of the state: never train on from there.
   if (!candidates.empty())
-    fail(fmt::format("no checkpoint in {}/checkpoints could be loaded (see the warnings above)",
-                     run_dir),
-         "restore the checkpoint files, or start a new run directory");
+    fail(fmt::format("no checkpoint in {}/checkpoints could be loaded; the newest, {}", run_dir,
+                     newest_failure),
+         "restore the checkpoint files, resume with the config they were written with, or "
+         "start a new run directory");
   std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
                run_dir.c_str());
   return 0;

@@ -6,7 +6,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
   json root = load_json_file(path);
   if (!root.is_object())
     fail(fmt::format("{}: the config must be a JSON object with \"model\" and \"train\" sections",
-                     path));
+                     path),
+         "start from a config in configs/, e.g. configs/demo.json");
   for (const auto& o : overrides) apply_override(root, o);
   return parse_run_config(root, path);
 }

@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""The bad-input matrix of `foundry`: every case runs one command on a copy of shared fixtures
+(a tiny prepared dataset, a second one with another tokenizer, a tiny trained run with its
+checkpoint, a run config, a hardware profile) after damaging or replacing some input, and
+expects
+
+  1. exit code 1 (FAILED), or a command-line parse error (USAGE: 2, or CLI11's own code);
+  2. an `error: ` line naming the input (each `expect` substring is in the error text) and a
+     `hint: ` line (USAGE: CLI11's message naming the option instead);
+  3. the case's working tree unchanged: the same files with the same SHA-256, no new files or
+     directories.
+
+    bad_input.py FOUNDRY SOURCE_DIR [NAME_SUBSTRING...]
+
+A case is one line of CASES below: Case(name, command line (after `foundry`, split like a
+shell), setup steps run in the case directory before the snapshot, expected substrings).
+"""
+import concurrent.futures
+import ctypes
+import ctypes.util
+import hashlib
+import json
+import os
+import random
+import shlex
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+FAILED, USAGE = "failed", "usage"
+CK = "run/checkpoints/step_00000002"  # the fixture run's checkpoint (format 2)
+TIMEOUT_S = 120
+
+
+class Case:
+    def __init__(self, name, argv, setup=(), expect=(), code=FAILED, hint=""):
+        self.name, self.argv, self.setup = name, shlex.split(argv), list(setup)
+        self.expect, self.code, self.hint = list(expect), code, hint
+
+
+# ---- checksums (XXH3-64, as every Foundry file uses) -------------------------------------------
+
+_xxhash = ctypes.CDLL(ctypes.util.find_library("xxhash") or "libxxhash.so.0")
+_xxhash.XXH3_64bits.restype = ctypes.c_uint64
+_xxhash.XXH3_64bits.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+
+
+def xxh3(data):
+    return _xxhash.XXH3_64bits(bytes(data), len(data))
+
+
+# ---- setup steps: each returns a function of the case directory ------------------------------
+
+def _path(root, rel):
+    return os.path.join(root, rel)
+
+
+def write(rel, text):
+    def step(root):
+        os.makedirs(os.path.dirname(_path(root, rel)) or root, exist_ok=True)
+        with open(_path(root, rel), "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+    return step
+
+
+def copy(src, dst):
+    return lambda root: shutil.copyfile(_path(root, src), _path(root, dst))
+
+
+def remove(rel):
+    return lambda root: os.remove(_path(root, rel))
+
+
+def mkdir(rel):
+    return lambda root: os.makedirs(_path(root, rel))
+
+
+def _walk_key(obj, key):
+    """The container of a dotted key ("a.b.0.c") and its last part."""
+    parts = key.split(".")
+    for p in parts[:-1]:
+        obj = obj[int(p)] if isinstance(obj, list) else obj[p]
+    last = parts[-1]
+    return obj, int(last) if isinstance(obj, list) else last
+
+
+def edit_json(rel, key, value=None, delete=False):
+    def step(root):
+        path = _path(root, rel)
+        doc = json.load(open(path))
+        parent, last = _walk_key(doc, key)
+        if delete:
+            del parent[last]
+        elif callable(value):
+            parent[last] = value(parent[last])
+        else:
+            parent[last] = value
+        with open(path, "w") as f:
+            json.dump(doc, f, indent=2, sort_keys=True)
+    return step
+
+
+def flip(rel, offset):
+    """Flips bits of the byte at `offset` (negative: from the end; callable: of the root)."""
+    def step(root):
+        path = _path(root, rel)
+        at = offset(root) if callable(offset) else offset
+        with open(path, "r+b") as f:
+            f.seek(at, os.SEEK_SET if at >= 0 else os.SEEK_END)
+            b = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([b[0] ^ 0x40]))
+    return step
+
+
+def truncate(rel, drop):
+    return lambda root: os.truncate(_path(root, rel), os.path.getsize(_path(root, rel)) - drop)
+
+
+def append(rel, data):
+    def step(root):
+        with open(_path(root, rel), "ab") as f:
+            f.write(data)
+    return step
+
+
+def resign(ckpt=CK):
+    """Rewrites COMMITTED with the checksum of the (edited) metadata.json."""
+    def step(root):
+        meta = open(_path(root, ckpt + "/metadata.json"), "rb").read()
+        with open(_path(root, ckpt + "/COMMITTED"), "w") as f:
+            json.dump({"format_version": 2, "metadata_xxh3_64": "%016x" % xxh3(meta)}, f)
+    return step
+
+
+SHARD_FIELDS = {"format_version": (8, "<I"), "token_bytes": (12, "<I"), "token_count": (16, "<Q"),
+                "vocab_size": (24, "<I")}
+
+
+def _reseal_shard(b):
+    struct.pack_into("<Q", b, 40, xxh3(b[64:]))
+    struct.pack_into("<Q", b, 56, xxh3(b[:56]))
+
+
+def shard_header(rel, field, value):
+    """Sets a header field of a token shard, with valid checksums."""
+    def step(root):
+        b = bytearray(open(_path(root, rel), "rb").read())
+        at, fmt = SHARD_FIELDS[field]
+        struct.pack_into(fmt, b, at, value)
+        _reseal_shard(b)
+        open(_path(root, rel), "wb").write(b)
+    return step
+
+
+def shard_token(rel, index, token):
+    """Sets token `index` of a 2-byte token shard, with valid checksums."""
+    def step(root):
+        b = bytearray(open(_path(root, rel), "rb").read())
+        struct.pack_into("<H", b, 64 + 2 * index, token)
+        _reseal_shard(b)
+        open(_path(root, rel), "wb").write(b)
+    return step
+
+
+def piece_offset(tensor, ckpt=CK):
+    """The byte in the middle of `tensor`'s first piece in its rank file."""
+    def at(root):
+        meta = json.load(open(_path(root, ckpt + "/metadata.json")))
+        p = next(p for p in meta["pieces"] if p["tensor"] == tensor)
+        return p["byte_offset"] + p["byte_length"] // 2
+    return at
+
+
+EMBED = "model.embed_tokens.weight"
+BAD_PROFILE = "profile.json"  # a copy of the fixture profile, damaged by each case
+
+
+# ---- the matrix ---------------------------------------------------------------------------------
+
+CASES = [
+    # -- run configs: files, sections, keys, values, overrides --
+    Case("config: missing file", "model info --config nope.json", [], ["nope.json"]),
+    Case("config: invalid JSON", "train -c bad.json", [write("bad.json", '{"model": {"d_model": 32,}')], ["bad.json:1:"]),
+    Case("config: not an object", "model info --config list.json", [write("list.json", "[1, 2]")], ["list.json", "JSON object"]),
+    Case("config: section not an object", "model info --config tiny.json", [edit_json("tiny.json", "model", 5)], ["tiny.json", "'model' must be a JSON object"]),
+    Case("config: unknown section", "train -c tiny.json", [edit_json("tiny.json", "trian", {})], ["unknown key 'trian'"], hint="known keys"),
+    Case("config: unknown key in the file", "train -c tiny.json", [edit_json("tiny.json", "model.d_modle", 3)], ["tiny.json", "model.d_modle"]),
+    Case("config: string for a number", "train -c tiny.json --set 'train.lr=\"fast\"'", [], ["train.lr", "must be a number"]),
+    Case("config: fraction for an integer", "model info --config tiny.json --set model.d_model=32.5", [], ["model.d_model", "integer"]),
+    Case("config: vocab_size below range", "model info --config tiny.json --set model.vocab_size=1", [], ["model.vocab_size", "out of range"]),
+    Case("config: batch_size 0", "train -c tiny.json --set train.batch_size=0", [], ["train.batch_size", "out of range"]),
+    Case("config: negative lr", "train -c tiny.json --set train.lr=-0.1", [], ["train.lr", "-0.1"]),
+    Case("config: beta2 above 1", "train -c tiny.json --set train.beta2=1.5", [], ["train.beta2"]),
+    Case("config: negative grad_clip", "train -c tiny.json --set train.grad_clip=-1", [], ["train.grad_clip"]),
+    Case("config: muon_ns_steps too large", "train -c tiny.json --set train.muon_ns_steps=1000", [], ["train.muon_ns_steps"]),
+    Case("config: log_every 0", "train -c tiny.json --set train.log_every=0", [], ["train.log_every"]),
+    Case("config: unknown arch", "model info --config tiny.json --set model.arch=gpt", [], ["model.arch", "gpt"]),
+    Case("config: unknown optimizer", "train -c tiny.json --set train.optimizer=sgd", [], ["train.optimizer", "sgd"]),
+    Case("config: unknown schedule", "train -c tiny.json --set train.schedule=linear", [], ["train.schedule", "linear"]),
+    Case("config: unknown precision", "train -c tiny.json --set train.precision=fp8", [], ["train.precision", "fp8"]),
+    Case("config: unknown checkpoint_overlap", "train -c tiny.json --set train.checkpoint_overlap=never", [], ["train.checkpoint_overlap", "never"]),
+    Case("config: seq_len beyond max_seq_len", "train -c tiny.json --set train.seq_len=64", [], ["train.seq_len = 64", "model.max_seq_len"]),
+    Case("config: heads not a multiple of kv heads", "model info --config tiny.json --set model.n_kv_heads=3", [], ["model.n_kv_heads = 3"]),
+    Case("config: odd head_dim", "model info --config tiny.json --set model.head_dim=7", [], ["model.head_dim = 7"]),
+    Case("config: top_k above n_experts", "model info --config tiny.json --set model.top_k=5", [], ["model.top_k = 5"]),
+    Case("config: odd rotary dims", "model info --config tiny.json --set model.rope_fraction=0.375", [], ["model.rope_fraction"]),
+    Case("config: zaya1 key on arch moe", "model info --config tiny.json --set model.router_eda=false", [], ["model.router_eda", "zaya1"]),
+    Case("config: zaya1 with one expert", "model info --config tiny.json --set model.arch=zaya1 --set model.n_experts=1 --set model.top_k=1", [], ["model.n_experts = 1"]),
+    Case("config: untied embeddings", "model info --config tiny.json --set model.tie_embeddings=false", [], ["model.tie_embeddings"]),
+    Case("config: expert_parallel without MPI", "train -c tiny.json --set train.expert_parallel=2", [], ["train.expert_parallel = 2"]),
+    Case("override: no '='", "train -c tiny.json --set train.lr", [], ["train.lr", "key=value"]),
+    Case("override: unknown section", "train -c tiny.json --set trian.lr=1", [], ["trian.lr"]),
+    Case("override: key below a value", "train -c tiny.json --set train.lr.max=1", [], ["train.lr.max", "not an object"]),
+    Case("config: empty data.dir (train)", "train -c tiny.json --set data.dir=", [], ["data.dir"], hint="--synthetic-data"),
+    Case("config: empty data.dir (eval)", "eval -c tiny.json --set data.dir=", [], ["data.dir"]),
+    Case("config: data.dir does not exist", "train -c tiny.json --set data.dir=nowhere", [], ["nowhere", "does not exist"]),
+
+    # -- command-line options out of range --
+    Case("option: unknown option", "train -c tiny.json --bogus", [], ["--bogus"], code=USAGE),
+    Case("option: train --steps negative", "train -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
+    Case("option: train --steps not a number", "train -c tiny.json --steps many", [], ["--steps", "many"], code=USAGE),
+    Case("option: train --stop-at-step 0", "train -c tiny.json --stop-at-step 0", [], ["--stop-at-step", "not in range 1 to"], code=USAGE),
+    Case("option: eval --batches negative", "eval -c tiny.json --batches -1", [], ["--batches", "-1"], code=USAGE),
+    Case("option: missing --config", "train --steps 2", [], ["--config"], code=USAGE),
+    Case("option: generate --top-p above 1", "generate -c tiny.json -p hi --top-p 1.5", [], ["--top-p"], code=USAGE),
+    Case("option: generate --temperature negative", "generate -c tiny.json -p hi --temperature -1", [], ["--temperature"], code=USAGE),
+    Case("option: generate --max-new-tokens 0", "generate -c tiny.json -p hi --max-new-tokens 0", [], ["--max-new-tokens"], code=USAGE),
+    Case("option: generate --top-k negative", "generate -c tiny.json -p hi --top-k -2", [], ["--top-k"], code=USAGE),
+    Case("option: model info --optimizer unknown", "model info --config tiny.json --optimizer sgd", [], ["--optimizer"], code=USAGE),
+    Case("option: model info --batch 0", "model info --config tiny.json --batch 0", [], ["--batch 0"]),
+    Case("option: model info --seq beyond max_seq_len", "model info --config tiny.json --seq 64", [], ["--seq 64", "model.max_seq_len"]),
+    Case("option: model info --dp 0", "model info --config tiny.json --dp 0", [], ["--dp 0"]),
+    Case("option: model info --ep not dividing --dp", "model info --config tiny.json --dp 4 --ep 3", [], ["--ep 3", "--dp 4"]),
+    Case("option: prepare --val-fraction 0.9", "data prepare --input corpus.txt --out new --val-fraction 0.9", [], ["--val-fraction 0.9"]),
+    Case("option: prepare --vocab-size 0", "data prepare --input corpus.txt --out new --vocab-size 0", [], ["--vocab-size 0"]),
+    Case("option: prepare --shard-tokens 0", "data prepare --input corpus.txt --out new --shard-tokens 0", [], ["--shard-tokens"]),
+    Case("option: prepare --max-sentences 0", "data prepare --input corpus.txt --out new --max-sentences 0", [], ["--max-sentences 0"]),
+    Case("option: prepare --format unknown", "data prepare --input corpus.txt --out new --format xml", [], ["'xml'"]),
+    Case("option: prepare --jsonl-field empty", "data prepare --input corpus.txt --out new --jsonl-field ''", [], ["--jsonl-field"]),
+    Case("option: plan without --profile", "plan --total-params 1M", [], ["--profile"]),
+    Case("option: plan --tolerance 2", "plan --profile profile.json --total-params 6M --active-params 2M --tolerance 2", [], ["--tolerance 2"]),
+    Case("option: plan --comm-overlap 2", "plan --profile profile.json --total-params 6M --active-params 2M --comm-overlap 2", [], ["--comm-overlap 2"]),
+    Case("option: plan --scatter 0.5", "plan --profile profile.json --total-params 6M --active-params 2M --scatter 0.5", [], ["--scatter 0.5"]),
+    Case("option: plan --total-params not a number", "plan --profile profile.json --total-params lots", [], ["--total-params 'lots'"]),
+    Case("option: plan --aspect-ratio one value", "plan --profile profile.json --total-params 6M --aspect-ratio 5", [], ["--aspect-ratio '5'"]),
+    Case("option: plan --global-batch not a multiple", "plan --profile profile.json --config tiny.json --devices 4 --global-batch 6", [], ["--global-batch 6", "--devices 4"]),
+    Case("option: plan --devices 0", "plan --profile profile.json --total-params 6M --devices 0", [], ["--devices", "not in range 1 to"], code=USAGE),
+    Case("option: plan --top 0", "plan --profile profile.json --total-params 6M --top 0", [], ["--top", "not in range 1 to"], code=USAGE),
+    Case("option: bench all --only unknown", "bench all --out bench-out --only gemm,disk", [], ["'disk'"]),
+
+    # -- data prepare inputs --
+    Case("prepare: input missing", "data prepare --input nope.txt --out new", [], ["nope.txt"]),
+    Case("prepare: broken JSONL line", "data prepare --input bad.jsonl --out new --vocab-size 300",
+         [write("bad.jsonl", '{"text": "a line"}\n{"text": "broken\n')], ["bad.jsonl:2"]),
+    Case("prepare: JSONL line without the field", "data prepare --input bad.jsonl --out new --vocab-size 300",
+         [write("bad.jsonl", '{"text": "a line"}\n{"body": "no text field"}\n')], ["bad.jsonl:2", "text"]),
+    Case("prepare: JSON array not closed", "data prepare --input bad.json --out new --vocab-size 300",
+         [write("bad.json", '["one document", "another"')], ["bad.json"]),
+    Case("prepare: only blank text", "data prepare --input blank.txt --out new", [write("blank.txt", "\n  \n\n")], ["blank.txt", "no text"]),
+    Case("prepare: vocabulary too small for the corpus", "data prepare --input corpus.txt --out new --vocab-size 50 --quiet", [], ["vocabulary size 50"], hint="--vocab-size"),
+    Case("prepare: --out holds other files", "data prepare --input corpus.txt --out notes", [write("notes/todo.txt", "keep me")], ["'notes'", "todo.txt"]),
+    Case("prepare: --out holds a dataset", "data prepare --input corpus.txt --out ds", [], ["'ds' already holds a prepared dataset"], hint="--overwrite"),
+    Case("prepare: --out is a file", "data prepare --input corpus.txt --out tiny.json", [], ["tiny.json", "not a directory"]),
+    Case("prepare: --tokenizer missing", "data prepare --input corpus.txt --out new --tokenizer nope.model", [], ["nope.model"]),
+    Case("prepare: --tokenizer not a tokenizer", "data prepare --input corpus.txt --out new --tokenizer junk.model", [write("junk.model", "not a model")], ["junk.model"]),
+
+    # -- datasets: meta.json, tokenizer.model, token shards --
+    Case("dataset: no meta.json", "train -c tiny.json", [remove("ds/meta.json")], ["'ds' is not a prepared dataset"]),
+    Case("dataset: meta.json invalid JSON", "train -c tiny.json", [write("ds/meta.json", '{"format": ')], ["ds/meta.json:1:"]),
+    Case("dataset: meta.json not an object", "eval -c tiny.json", [write("ds/meta.json", "[]")], ["ds/meta.json"]),
+    Case("dataset: meta.json unknown key", "train -c tiny.json", [edit_json("ds/meta.json", "shuffle", True)], ["ds/meta.json", "unknown key 'shuffle'"]),
+    Case("dataset: meta.json missing key", "train -c tiny.json", [edit_json("ds/meta.json", "vocab_size", delete=True)], ["ds/meta.json", "'vocab_size'"]),
+    Case("dataset: meta.json wrong type", "train -c tiny.json", [edit_json("ds/meta.json", "vocab_size", "300")], ["ds/meta.json", "'vocab_size'"]),
+    Case("dataset: meta.json other format", "train -c tiny.json", [edit_json("ds/meta.json", "format", "parquet")], ["ds/meta.json", "parquet"]),
+    Case("dataset: meta.json format_version 2", "train -c tiny.json", [edit_json("ds/meta.json", "format_version", 2)], ["ds/meta.json", "version 2"]),
+    Case("dataset: meta.json vocab and token width", "train -c tiny.json", [edit_json("ds/meta.json", "token_bytes", 4)], ["ds/meta.json", "token_bytes 4"]),
+    Case("dataset: meta.json separator", "train -c tiny.json", [edit_json("ds/meta.json", "document_separator", "newline")], ["ds/meta.json", "newline"]),
+    Case("dataset: meta.json tokenizer file", "train -c tiny.json", [edit_json("ds/meta.json", "tokenizer.file", "other.model")], ["ds/meta.json", "tokenizer.file", "other.model"]),
+    Case("dataset: meta.json checksum not hex", "train -c tiny.json", [edit_json("ds/meta.json", "tokenizer.checksum", "xyz")], ["ds/meta.json", "tokenizer.checksum"]),
+    Case("dataset: meta.json split totals", "train -c tiny.json", [edit_json("ds/meta.json", "splits.train.tokens", lambda n: n + 1)], ["ds/meta.json", "split 'train'"]),
+    Case("dataset: meta.json shard outside the directory", "train -c tiny.json", [edit_json("ds/meta.json", "splits.val.shards.0.file", "../val_00000.bin")], ["ds/meta.json", "../val_00000.bin"]),
+    Case("dataset: meta.json sources not a list", "train -c tiny.json", [edit_json("ds/meta.json", "sources", {})], ["ds/meta.json", "'sources'"]),
+    Case("dataset: tokenizer.model replaced", "train -c tiny.json", [copy("ds_other/tokenizer.model", "ds/tokenizer.model")], ["ds/tokenizer.model", "checksum"]),
+    Case("dataset: tokenizer.model missing", "eval -c tiny.json", [remove("ds/tokenizer.model")], ["tokenizer.model"]),
+    Case("dataset: shard missing", "train -c tiny.json", [remove("ds/train_00000.bin")], ["train_00000.bin", "missing"]),
+    Case("dataset: shard truncated", "train -c tiny.json", [truncate("ds/train_00000.bin", 3)], ["ds/train_00000.bin", "truncated"]),
+    Case("dataset: shard with trailing data", "train -c tiny.json", [append("ds/train_00000.bin", b"\0\0")], ["ds/train_00000.bin", "trailing data"]),
+    Case("dataset: shard magic", "train -c tiny.json", [flip("ds/train_00000.bin", 0)], ["ds/train_00000.bin", "bad magic"]),
+    Case("dataset: shard header flipped", "train -c tiny.json", [flip("ds/train_00000.bin", 17)], ["ds/train_00000.bin", "header checksum"]),
+    Case("dataset: shard data flipped", "eval -c tiny.json", [flip("ds/val_00000.bin", 70)], ["ds/val_00000.bin", "checksum"]),
+    Case("dataset: shard format version", "train -c tiny.json", [shard_header("ds/train_00000.bin", "format_version", 2)], ["ds/train_00000.bin", "format version 2"]),
+    Case("dataset: shard token width", "train -c tiny.json", [shard_header("ds/train_00000.bin", "token_bytes", 3)], ["ds/train_00000.bin", "token width 3"]),
+    Case("dataset: shard token outside the vocabulary", "train -c tiny.json", [shard_token("ds/train_00000.bin", 5, 310)], ["ds/train_00000.bin", "token 310 at position 5"]),
+    Case("dataset: shard of another dataset", "train -c tiny.json", [copy("ds_other/train_00000.bin", "ds/train_00000.bin")], ["ds/train_00000.bin", "tokenizer"]),
+    Case("dataset: shard does not match meta.json", "train -c tiny.json", [copy("ds/val_00000.bin", "ds/train_00000.bin")], ["ds/train_00000.bin", "meta.json"]),
+    Case("dataset: vocabulary vs model.vocab_size", "train -c tiny.json --set model.vocab_size=320", [], ["vocabulary size 300", "model.vocab_size = 320"], hint="--set model.vocab_size=300"),
+    Case("dataset: train split shorter than a window", "train -c tiny.json --set model.max_seq_len=100000 --set train.seq_len=90000", [], ["'train' split of dataset 'ds'", "seq_len + 1 = 90001"]),
+    Case("dataset: val split shorter than a window", "train -c tiny.json --set model.max_seq_len=4096 --set train.seq_len=4000", [], ["'val' split of dataset 'ds'", "seq_len + 1 = 4001"], hint="--val-fraction"),
+
+    # -- tokenizers --
+    Case("tokenizer: generate --tokenizer missing", "generate -c tiny.json -p hi --tokenizer nope.model", [], ["nope.model"]),
+    Case("tokenizer: generate --tokenizer not a tokenizer", "generate -c tiny.json -p hi --tokenizer junk.model", [write("junk.model", b"\x08\x01junk")], ["junk.model"]),
+    Case("tokenizer: generate --tokenizer of another vocabulary", "generate -c tiny.json -p hi --tokenizer vocab350.model", [], ["vocab350.model", "350", "model.vocab_size = 300"]),
+    Case("tokenizer: generate without a dataset or --tokenizer", "generate -c tiny.json -p hi --set data.dir=", [], ["data.dir"], hint="--tokenizer"),
+    Case("tokenizer: resume with another tokenizer", "train -c tiny.json --resume --steps 4 --set data.dir=ds_other", [], [CK, "ds_other"], hint="tokenizer"),
+
+    # -- checkpoints (format 2) --
+    Case("checkpoint: ckpt info of a missing directory", "ckpt info nothing/here", [], ["'nothing/here' does not exist"]),
+    Case("checkpoint: ckpt info of a file", "ckpt info tiny.json", [], ["'tiny.json' is not a directory"]),
+    Case("checkpoint: ckpt verify of a run directory", "ckpt verify run", [], ["'run' is not a Foundry checkpoint"], hint=CK),
+    Case("checkpoint: eval --checkpoint missing", "eval -c tiny.json --checkpoint run/checkpoints/step_00000009", [], ["step_00000009"]),
+    Case("checkpoint: no COMMITTED", "eval -c tiny.json --checkpoint " + CK, [remove(CK + "/COMMITTED")], [CK, "COMMITTED"]),
+    Case("checkpoint: COMMITTED invalid JSON", "ckpt verify " + CK, [write(CK + "/COMMITTED", "{")], [CK + "/COMMITTED"]),
+    Case("checkpoint: metadata.json edited", "eval -c tiny.json --checkpoint " + CK, [edit_json(CK + "/metadata.json", "step", 3)], [CK + "/metadata.json", "checksum"]),
+    Case("checkpoint: metadata.json format_version 3 (eval)", "eval -c tiny.json --checkpoint " + CK, [edit_json(CK + "/metadata.json", "format_version", 3), resign()], [CK + "/metadata.json", "format_version 3"], hint="version that wrote it"),
+    Case("checkpoint: metadata.json format_version 3 (info)", "ckpt info " + CK, [edit_json(CK + "/metadata.json", "format_version", 3), resign()], [CK + "/metadata.json", "format_version 3"]),
+    Case("checkpoint: metadata.json without pieces", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces", delete=True), resign()], [CK + "/metadata.json", "pieces"]),
+    Case("checkpoint: metadata.json piece outside its file", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces.0.byte_offset", 1 << 30), resign()], [CK + "/metadata.json"]),
+    Case("checkpoint: metadata.json file name with a path", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "files.0.name", "../rank_00000.bin"), resign()], [CK + "/metadata.json", "../rank_00000.bin"]),
+    Case("checkpoint: rank file missing", "eval -c tiny.json --checkpoint " + CK, [remove(CK + "/rank_00000.bin")], [CK + "/rank_00000.bin", "missing"]),
+    Case("checkpoint: rank file truncated", "ckpt verify " + CK, [truncate(CK + "/rank_00000.bin", 100)], [CK + "/rank_00000.bin"]),
+    Case("checkpoint: rank file flipped (eval)", "eval -c tiny.json --checkpoint " + CK, [flip(CK + "/rank_00000.bin", piece_offset(EMBED))], [CK + "/rank_00000.bin", EMBED]),
+    Case("checkpoint: rank file flipped (resume)", "train -c tiny.json --resume --steps 4", [flip(CK + "/rank_00000.bin", piece_offset(EMBED))], ["run/checkpoints could be loaded", CK + "/rank_00000.bin", EMBED]),
+    Case("checkpoint: rank file flipped (export)", "ckpt export " + CK + " --hf hf", [flip(CK + "/rank_00000.bin", piece_offset(EMBED))], [CK + "/rank_00000.bin"]),
+    Case("checkpoint: the run has no valid checkpoint", "eval -c tiny.json", [remove(CK + "/COMMITTED")], ["run/checkpoints"], hint="--checkpoint"),
+    Case("checkpoint: model differs from the config (eval)", "eval -c tiny.json --set model.d_model=64", [], [CK, "model.d_model = 32", "64"]),
+    Case("checkpoint: model differs from the config (resume)", "train -c tiny.json --resume --steps 4 --set model.n_layers=3", [], [CK, "model.n_layers = 2", "3"], hint="config"),
+    Case("checkpoint: written by the other optimizer", "train -c tiny.json --resume --steps 4 --set train.optimizer=muon", [], [CK, "adamw", "muon"], hint="--set train.optimizer=adamw"),
+    Case("checkpoint: data cursor of another seed", "train -c tiny.json --resume --steps 4", [edit_json(CK + "/metadata.json", "trainer_state.data_cursor.seed", 99), resign()], [CK, "seed 99"]),
+    Case("checkpoint: synthetic-data run resumed on a dataset", "train -c tiny.json --resume --steps 4", [edit_json(CK + "/metadata.json", "trainer_state.data_cursor", delete=True), resign()], [CK, "synthetic data", "'ds'"], hint="--synthetic-data"),
+    Case("checkpoint: export without --hf", "ckpt export " + CK, [], [CK, "no output directory"], hint="--hf"),
+    Case("checkpoint: export into a non-empty directory", "ckpt export " + CK + " --hf hf", [write("hf/README", "mine")], ["'hf' is not empty"]),
+
+    # -- hardware profiles --
+    Case("profile: missing file", "plan --profile nope/profile.json --config tiny.json", [], ["nope/profile.json"]),
+    Case("profile: unknown reference name", "plan --profile tpu9 --config tiny.json", [], ["'tpu9'"], hint="mi300x"),
+    Case("profile: invalid JSON", "plan --profile profile.json --config tiny.json", [write(BAD_PROFILE, '{"format": ')], ["profile.json"]),
+    Case("profile: not a profile", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "format", "something-else")], ["profile.json", "foundry-hardware-profile"]),
+    Case("profile: version 2", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "version", 2)], ["profile.json", "version 2"]),
+    Case("profile: device kind", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "device.kind", "tpu")], ["profile.json", "device.kind", "tpu"]),
+    Case("profile: negative bandwidth", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "memory.measured_bytes_per_s", -1)], ["profile.json", "measured_bytes_per_s"]),
+    Case("profile: rate as a string", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "compute.bf16.measured_flops_per_s", "fast")], ["profile.json", "measured_flops_per_s"]),
+    Case("profile: GEMM point of size 0", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "gemm.points.0.m", 0)], ["profile.json", "gemm"]),
+    Case("profile: no compute rate", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "compute", delete=True)], ["profile.json", "no compute rate"]),
+    Case("profile: no collectives for a multi-device plan", "plan --profile profile.json --config tiny.json --devices 4", [], ["profile.json", "collective measurements"], hint="bench comm"),
+    Case("profile: unknown collective", "plan --profile profile.json --config tiny.json", [edit_json(BAD_PROFILE, "collectives", [{"op": "all_scatter", "ranks": 2}])], ["profile.json", "all_scatter"]),
+    Case("profile: bench report of a bad profile", "bench report --profile profile.json --out report", [edit_json(BAD_PROFILE, "version", 7)], ["profile.json", "version 7"]),
+    Case("profile: bench all --merge into invalid JSON", "bench all --out bench-out --merge --only membw", [write("bench-out/profile.json", "{")], ["bench-out/profile.json"]),
+
+    # -- run directories: the lock, refusing to overwrite a run, the rules of --resume --
+    # One line per case, like the ones above; the fixture run directory is `run` (its
+    # checkpoint CK), e.g.
+    # Case("run dir: ...", "train -c tiny.json", [mkdir("run/...")], ["run"], hint="--resume"),
+]
+
+
+# ---- fixtures -----------------------------------------------------------------------------------
+
+WORDS = ("the expert router sends each token to a small set of experts and the model learns which "
+         "one fits best when data flows through layers while training runs on many cores with "
+         "careful checkpoints shards and tokenizers").split()
+OTHER_WORDS = ("quick brown foxes jump over lazy dogs near quiet rivers under bright stars during "
+               "long winter nights beside warm fires").split()
+
+
+def corpus(words, seed, lines):
+    rng = random.Random(seed)
+    return "".join(" ".join(rng.choice(words) for _ in range(rng.randint(5, 14))) + ".\n"
+                   for _ in range(lines))
+
+
+TINY_CONFIG = {
+    "model": {"vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+              "head_dim": 8, "n_experts": 4, "top_k": 2, "ffn_dim": 48, "max_seq_len": 32},
+    "train": {"steps": 2, "batch_size": 2, "seq_len": 16, "lr": 1e-2, "warmup_steps": 1,
+              "precision": "fp32", "log_every": 1, "eval_every": 0, "eval_batches": 1,
+              "checkpoint_every": 2, "keep_checkpoints": 2, "checkpoint_async": False,
+              "peak_gflops": 100, "run_dir": "run"},
+    "data": {"dir": "ds"},
+}
+
+PROFILE = {
+    "format": "foundry-hardware-profile", "version": 1, "name": "bad-input test cpu",
+    "device": {"kind": "cpu", "memory_bytes": 4000000000},
+    "compute": {"bf16": {"measured_flops_per_s": 8e11}, "fp32": {"measured_flops_per_s": 4e11}},
+    "memory": {"measured_bytes_per_s": 5e10},
+    "gemm": {"points": [
+        {"dtype": "bf16", "m": 2048, "n": 2048, "k": 2048, "flops_per_s": 8e11, "kind": "square"},
+        {"dtype": "fp32", "m": 256, "n": 256, "k": 256, "flops_per_s": 2e11, "kind": "square"}]},
+}
+
+
+def run_ok(foundry, args, cwd):
+    r = subprocess.run([foundry] + args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=TIMEOUT_S)
+    if r.returncode != 0:
+        sys.exit("fixture: foundry %s failed (%d):\n%s" % (" ".join(args), r.returncode, r.stdout))
+
+
+def build_fixtures(foundry, root):
+    with open(os.path.join(root, "corpus.txt"), "w") as f:
+        f.write(corpus(WORDS, 1, 400))
+    with open(os.path.join(root, "other.txt"), "w") as f:
+        f.write(corpus(OTHER_WORDS, 2, 400))
+    prep = ["data", "prepare", "--val-fraction", "0.1", "--quiet"]
+    run_ok(foundry, prep + ["--input", "corpus.txt", "--out", "ds", "--vocab-size", "300"], root)
+    run_ok(foundry, prep + ["--input", "other.txt", "--out", "ds_other", "--vocab-size", "300"], root)
+    run_ok(foundry, prep + ["--input", "corpus.txt", "--out", "ds350", "--vocab-size", "350"], root)
+    shutil.copyfile(os.path.join(root, "ds350/tokenizer.model"), os.path.join(root, "vocab350.model"))
+    shutil.rmtree(os.path.join(root, "ds350"))
+    for d in ("ds", "ds_other"):
+        assert json.load(open(os.path.join(root, d, "meta.json")))["vocab_size"] == 300, d
+    with open(os.path.join(root, "tiny.json"), "w") as f:
+        json.dump(TINY_CONFIG, f, indent=2)
+    with open(os.path.join(root, BAD_PROFILE), "w") as f:
+        json.dump(PROFILE, f, indent=2)
+    run_ok(foundry, ["train", "-c", "tiny.json", "-q"], root)
+    assert os.path.isfile(os.path.join(root, CK, "metadata.json")), "no checkpoint at " + CK
+    # The fixtures themselves must be usable: each command that a case breaks works here.
+    run_ok(foundry, ["eval", "-c", "tiny.json"], root)
+    run_ok(foundry, ["generate", "-c", "tiny.json", "-p", "the expert", "-n", "4"], root)
+    run_ok(foundry, ["ckpt", "verify", CK], root)
+    run_ok(foundry, ["plan", "--profile", BAD_PROFILE, "--config", "tiny.json"], root)
+
+
+# ---- running a case -----------------------------------------------------------------------------
+
+def snapshot(root):
+    """Every file's SHA-256 and every directory, relative to root."""
+    state = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel = os.path.relpath(dirpath, root)
+        state[rel + "/"] = "dir"
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            with open(path, "rb") as f:
+                state[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
+    return state
+
+
+def section(lines, prefix):
+    """The text of the first line starting with `prefix`, up to the next error:/hint: line."""
+    out = None
+    for line in lines:
+        if out is None:
+            if line.startswith(prefix):
+                out = [line[len(prefix):]]
+        elif line.startswith(("error: ", "hint: ")):
+            break
+        else:
+            out.append(line)
+    return None if out is None else "\n".join(out)
+
+
+def check_case(case, foundry, fixtures, work, index):
+    root = os.path.join(work, "case%03d" % index)
+    shutil.copytree(fixtures, root, symlinks=True)
+    for step in case.setup:
+        step(root)
+    before = snapshot(root)
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run([foundry] + case.argv, cwd=root, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, errors="replace", timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return ["timed out after %d s" % TIMEOUT_S], ""
+    seconds = time.monotonic() - t0
+    out = r.stderr + r.stdout
+    problems = []
+    if r.returncode == 0:
+        problems.append("exited 0")
+    elif r.returncode < 0:
+        problems.append("killed by signal %d (a crash)" % -r.returncode)
+    elif case.code == FAILED and r.returncode != 1:
+        problems.append("exit code %d, expected 1" % r.returncode)
+    elif case.code == USAGE and not (r.returncode == 2 or 100 <= r.returncode <= 127):
+        problems.append("exit code %d, expected a command-line error (2 or CLI11's 100-127)"
+                        % r.returncode)
+    lines = r.stderr.splitlines()
+    if case.code == FAILED:
+        error, hint = section(lines, "error: "), section(lines, "hint: ")
+        if error is None:
+            problems.append("no 'error: ' line on stderr")
+        else:
+            problems += ["the error does not name '%s'" % s for s in case.expect if s not in error]
+        if not hint or not hint.strip():
+            problems.append("no 'hint: ' line on stderr")
+        elif case.hint and case.hint not in hint:
+            problems.append("the hint does not mention '%s'" % case.hint)
+    else:
+        problems += ["the message does not name '%s'" % s for s in case.expect if s not in out]
+    after = snapshot(root)
+    for path in sorted(set(before) | set(after)):
+        if path not in after:
+            problems.append("%s was removed" % path)
+        elif path not in before:
+            problems.append("%s was left behind" % path)
+        elif before[path] != after[path]:
+            problems.append("%s was changed" % path)
+    if not problems:
+        shutil.rmtree(root)
+    detail = "(rc %d, %.2f s)" % (r.returncode, seconds)
+    if problems:
+        detail += "\n    $ foundry %s\n%s" % (shlex.join(case.argv),
+                                             "\n".join("    | " + l for l in out.splitlines()))
+    return problems, detail
+
+
+def main():
+    if len(sys.argv) < 3:
+        sys.exit(__doc__)
+    # argv[2], the source directory, is part of the tests' calling convention; the fixtures
+    # are generated, so nothing is read from it.
+    foundry, only = os.path.realpath(sys.argv[1]), sys.argv[3:]
+    cases = [c for c in CASES if not only or any(s in c.name for s in only)]
+    names = [c.name for c in CASES]
+    assert len(names) == len(set(names)), "duplicate case names"
+    work = tempfile.mkdtemp(prefix="foundry-bad-input-")
+    failures = 0
+    try:
+        fixtures = os.path.join(work, "fixtures")
+        os.makedirs(fixtures)
+        t0 = time.monotonic()
+        build_fixtures(foundry, fixtures)
+        print("fixtures built in %.1f s" % (time.monotonic() - t0), flush=True)
+        # Two cases at a time: most of a case is process start-up and file copying.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
+            futures = [pool.submit(check_case, c, foundry, fixtures, work, i)
+                       for i, c in enumerate(cases)]
+            for case, future in zip(cases, futures):
+                problems, detail = future.result()
+                if problems:
+                    failures += 1
+                    print("FAIL: %s: %s %s" % (case.name, "; ".join(problems), detail), flush=True)
+                else:
+                    print("ok: %s %s" % (case.name, detail), flush=True)
+    finally:
+        if failures == 0:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("the failing cases' directories are kept in %s" % work)
+    print("%d cases: %d passed, %d failed" % (len(cases), len(cases) - failures, failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
