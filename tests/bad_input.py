@@ -74,6 +74,23 @@ def remove(rel):
     return lambda root: os.remove(_path(root, rel))
 
 
+def remove_tree(rel):
+    return lambda root: shutil.rmtree(_path(root, rel))
+
+
+def remove_committed():
+    """Every checkpoint of the run without its commit marker (saves that never finished)."""
+    def step(root):
+        base = os.path.join(root, "run", "checkpoints")
+        for name in os.listdir(base):
+            marker = os.path.join(base, name, "COMMITTED")
+            if os.path.exists(marker):
+                os.remove(marker)
+        if os.path.exists(os.path.join(base, "latest")):
+            os.remove(os.path.join(base, "latest"))
+    return step
+
+
 def mkdir(rel):
     return lambda root: os.makedirs(_path(root, rel))
 
@@ -351,10 +368,17 @@ CASES = [
     Case("profile: bench report of a bad profile", "bench report --profile profile.json --out report", [edit_json(BAD_PROFILE, "version", 7)], ["profile.json", "version 7"]),
     Case("profile: bench all --merge into invalid JSON", "bench all --out bench-out --merge --only membw", [write("bench-out/profile.json", "{")], ["bench-out/profile.json"]),
 
-    # -- run directories: the lock, refusing to overwrite a run, the rules of --resume --
-    # One line per case, like the ones above; the fixture run directory is `run` (its
-    # checkpoint CK), e.g.
-    # Case("run dir: ...", "train -c tiny.json", [mkdir("run/...")], ["run"], hint="--resume"),
+    # -- run directories: refusing to replace a run, the rules of --resume --
+    Case("run dir: a new run over a finished one", "train -c tiny.json", [], ["'run' already holds a run", "checkpoint(s)"], hint="--resume"),
+    Case("run dir: --steps 0 over a finished run", "train -c tiny.json --steps 0", [], ["'run' already holds a run"], hint="--overwrite"),
+    Case("run dir: a new run over metrics alone", "train -c tiny.json", [remove_tree("run/checkpoints")], ["line(s) of metrics.jsonl"], hint="--overwrite"),
+    Case("run dir: --resume without a checkpoint", "train -c tiny.json --resume", [remove_tree("run/checkpoints")], ["has no checkpoint to resume from"], hint="--auto-resume"),
+    Case("run dir: --resume with only interrupted saves", "train -c tiny.json --resume", [remove_committed()], ["no committed checkpoint in 'run/checkpoints'"], hint="--overwrite"),
+    Case("run dir: --auto-resume with only interrupted saves", "train -c tiny.json --auto-resume", [remove_committed()], ["no committed checkpoint"]),
+    Case("run dir: --resume and --overwrite together", "train -c tiny.json --resume --overwrite", [], ["--overwrite"], code=USAGE),
+    Case("run dir: launch --restart-np 0", "launch -c tiny.json --restart-np 0", [], ["--restart-np"], code=USAGE),
+    Case("run dir: launch --launcher unknown", "launch -c tiny.json --launcher pbs", [], ["--launcher"], code=USAGE),
+    Case("run dir: heartbeat timeout under two beats", "train -c tiny.json --overwrite --set train.heartbeat_timeout_s=1", [], ["train.heartbeat_timeout_s = 1"], hint="twice"),
 ]
 
 

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <thread>
@@ -50,6 +52,7 @@ struct Attempt {
   bool progressed = false;    // some rank completed a step in this attempt
   std::map<int, ChangeClock> beats, progress;
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
+  std::string host;                        // this host's name
 };
 
 // The last step in metrics.jsonl (heartbeats are a second behind).
@@ -66,6 +69,11 @@ int64_t last_logged_step(const std::string& run_dir) {
   } catch (const json::parse_error&) {
     return 0;  // torn by the failure
   }
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  return gethostname(buf, sizeof buf - 1) == 0 ? buf : "?";
 }
 
 int64_t latest_committed_step(const std::string& run_dir) {
@@ -88,6 +96,8 @@ class Supervisor {
   Outcome classify_exit(const Attempt& a, int status) const;
   bool fatal_event_since(double unix_start) const;
   void end_job(Attempt& a, bool graceful);
+  void kill_leftover_ranks(const Attempt& a);
+  bool is_job_rank(int64_t pid) const;
   void record(const std::string& event, const json& fields, const std::string& line);
 
   const LaunchOptions& o_;
@@ -115,6 +125,7 @@ void Supervisor::record(const std::string& event, const json& fields, const std:
 Attempt Supervisor::start(int number) {
   Attempt a;
   a.number = number;
+  a.host = host_name();
   a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
   a.resume_step = latest_committed_step(run_dir_);
   // Records of the previous attempt would read as silent ranks.
@@ -232,12 +243,24 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
   return o;
 }
 
+// Whether `pid` on this host is a rank of this job (a pid can be reused).
+bool Supervisor::is_job_rank(int64_t pid) const {
+  std::ifstream cmdline(fmt::format("/proc/{}/cmdline", pid));
+  std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+  return args.find(o_.config_path) != std::string::npos;
+}
+
+// Ranks of a failed attempt still alive on this host (stopped, or missed by mpirun's clean-up),
+// found by their heartbeat records.
+void Supervisor::kill_leftover_ranks(const Attempt& a) {
+  for (const auto& [rank, r] : read_heartbeats(run_dir_))
+    if (!r.exited && r.host == a.host && is_job_rank(r.pid)) kill(pid_t(r.pid), SIGKILL);
+}
+
 // Ends the job: gracefully (SIGTERM: the job checkpoints and exits), or at once (SIGKILL to
 // every rank this host runs, then mpirun/srun's own clean-up of the rest).
 void Supervisor::end_job(Attempt& a, bool graceful) {
-  if (!graceful)
-    for (const auto& [rank, r] : a.records)
-      if (!r.exited) kill(pid_t(r.pid), SIGKILL);
+  if (!graceful) kill_leftover_ranks(a);
   kill(-a.pid, graceful ? SIGTERM : SIGKILL);
   if (!graceful) kill(a.pid, SIGTERM);
 }
@@ -250,6 +273,8 @@ Outcome Supervisor::watch(Attempt& a) {
     if (waitpid(a.pid, &status, WNOHANG) == a.pid) {
       Outcome o = classify_exit(a, status);
       if (stopping) o.kind = Outcome::interrupted;
+      // mpirun's SIGTERM does not end a stopped rank: one left behind would hold its memory.
+      if (o.kind == Outcome::failed) kill_leftover_ranks(a);
       return o;
     }
     const double now = now_seconds();

@@ -191,8 +191,6 @@ int64_t Checkpointer::resume() {
                      newest_failure),
          "restore the checkpoint files, resume with the config they were written with, or "
          "start a new run directory");
-  std::fprintf(stderr, "resume: no valid checkpoint in %s/checkpoints, starting fresh\n",
-               run_dir.c_str());
   return 0;
 }
 

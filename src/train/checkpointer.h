@@ -53,7 +53,7 @@ class Checkpointer {
 
   // Loads the latest valid checkpoint of the run directory (either format, any layout) into
   // the model, optimizer, data cursor and router balancers, reading only what this rank
-  // holds, and returns its step; 0 (with a message) when there is none. Collective. Fails
+  // holds, and returns its step; 0 when there is none. Collective. Fails
   // before loading anything when the checkpoint was written by the other optimizer.
   int64_t resume();
 

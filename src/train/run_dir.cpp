@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -74,35 +75,47 @@ RunDirContents inspect_run_dir(const std::string& run_dir) {
   return c;
 }
 
-RunDirLock::RunDirLock(const std::string& run_dir) {
-  const std::string path = join(run_dir, kLockFile);
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    fail(fmt::format("cannot open the lock file '{}': {}", path, std::strerror(errno)),
-         "check that the run directory is writable");
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd_);
-    fd_ = -1;
-    if (err != EWOULDBLOCK)
-      fail(fmt::format("cannot lock '{}': {}", path, std::strerror(err)),
-           "the run directory's file system must support flock(2)");
-    const LockHolder h = read_holder(path);
-    fail(fmt::format("run directory '{}' is in use by another training job (pid {} on host {}, "
-                     "since {})",
-                     run_dir, h.pid, h.host, h.since),
-         "wait for that job to end or stop it, or set another train.run_dir");
+// The lock file exists only while it is held: the holder removes it when it ends (or the
+// next holder replaces a file whose holder died). A process that opened the file just before
+// its holder removed it could lock a file no longer in the directory, so a lock counts only
+// while the path still names the file locked.
+RunDirLock::RunDirLock(const std::string& run_dir) : path_(join(run_dir, kLockFile)) {
+  for (;;) {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0)
+      fail(fmt::format("cannot open the lock file '{}': {}", path_, std::strerror(errno)),
+           "check that the run directory is writable");
+    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      ::close(fd_);
+      fd_ = -1;
+      if (err != EWOULDBLOCK)
+        fail(fmt::format("cannot lock '{}': {}", path_, std::strerror(err)),
+             "the run directory's file system must support flock(2)");
+      const LockHolder h = read_holder(path_);
+      fail(fmt::format("run directory '{}' is in use by another training job (pid {} on host {}, "
+                       "since {})",
+                       run_dir, h.pid, h.host, h.since),
+           "wait for that job to end or stop it, or set another train.run_dir");
+    }
+    struct stat locked {}, named {};
+    if (::fstat(fd_, &locked) == 0 && ::stat(path_.c_str(), &named) == 0 &&
+        locked.st_ino == named.st_ino && locked.st_dev == named.st_dev)
+      break;
+    ::close(fd_);  // removed by its holder meanwhile: lock the new one
   }
   const json holder = {{"pid", int64_t(getpid())}, {"host", host_name()},
                        {"since", utc_timestamp(unix_now())}};
   const std::string text = holder.dump() + "\n";
   if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
-    fail(fmt::format("cannot write the lock file '{}': {}", path, std::strerror(errno)),
+    fail(fmt::format("cannot write the lock file '{}': {}", path_, std::strerror(errno)),
          "free space on the run directory's file system");
 }
 
 RunDirLock::~RunDirLock() {
-  if (fd_ >= 0) ::close(fd_);  // releases the flock
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());  // while still holding it: nobody else's file
+  ::close(fd_);
 }
 
 RunDir::RunDir(const std::string& run_dir, StartMode mode, const Processes& processes)

@@ -120,6 +120,7 @@ struct TrainingRun {
     return metrics;
   }
   void start_heartbeat();
+  int64_t resume();
   void mark(int64_t step, const char* phase) {
     if (heartbeat) heartbeat->progress(step, phase);
   }
@@ -139,11 +140,10 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
       quiet(opt.quiet || !procs.root()) {
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
+  if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
   check_training_memory(rc, procs);
-  if (!opt.synthetic_data) open_dataset();
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
   run_dir.emplace(tc.run_dir, opt.start, procs);
-  start_heartbeat();
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,
@@ -152,6 +152,20 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
   watch_anomalies(run_dir->resume());
+}
+
+// The step to go on from: 0 for a new run, else the latest checkpoint's. The run directory
+// holds checkpoints when it says to resume, so finding none that loads is an error (starting
+// over would replace them).
+int64_t TrainingRun::resume() {
+  if (!run_dir->resume()) return 0;
+  const int64_t step = checkpointer->resume();
+  if (step == 0)
+    fail(fmt::format("no committed checkpoint in '{}/checkpoints' to resume from (the directories "
+                     "there are interrupted saves)",
+                     tc.run_dir),
+         "start a new run with --overwrite (it removes them), or set another train.run_dir");
+  return step;
 }
 
 // A dead, stopped or hung rank ends the job with kExitRankLost, named on the console and in
@@ -465,10 +479,12 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
-  run.mark(0, "loading checkpoint");
-  const int64_t start_step = run.run_dir->resume() ? run.checkpointer->resume() : 0;
+  const int64_t start_step = run.resume();
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
   run.run_dir->started();
+  // From here on the run directory is this run's: heartbeats (before, a failure changes
+  // nothing on disk, and the communication watchdog and launch's start-up limit watch).
+  run.start_heartbeat();
   run.measure_peak();
   run.print_header();
   TrainSummary summary;

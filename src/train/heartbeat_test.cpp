@@ -1,0 +1,138 @@
+#include "train/heartbeat.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "base/config_reader.h"
+#include "base/io.h"
+#include "data/test_util.h"
+
+namespace foundry {
+namespace {
+using testing::TempDir;
+
+// What a Heartbeat reported, waited for from the test's thread.
+struct Reports {
+  std::mutex mutex;
+  std::string cause, message;
+  int rank = -2;
+  Heartbeat::FailureHandler handler() {
+    return [this](const std::string& c, int r, const std::string& m) {
+      std::lock_guard<std::mutex> lock(mutex);
+      cause = c, rank = r, message = m;
+    };
+  }
+  // Waits up to `seconds` for a report; its cause ("" if none).
+  std::string wait(double seconds) {
+    for (double t = 0; t < seconds; t += 0.02) {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!cause.empty()) return cause;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return "";
+  }
+};
+
+// A record as a rank that stopped writing (killed) left it.
+void write_frozen_record(const std::string& run_dir, int rank, int64_t pid, const std::string& host) {
+  make_dirs(heartbeat_dir(run_dir));
+  const json j = {{"rank", rank}, {"pid", pid},  {"host", host},         {"beats", 7},
+                  {"progress", 9}, {"step", 42}, {"phase", "step"}, {"hang_after_s", 45.0},
+                  {"exited", false}};
+  write_file_atomic(fmt::format("{}/rank_{:05d}.json", heartbeat_dir(run_dir), rank), j.dump());
+}
+
+std::string this_host() {
+  char buf[256] = {};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+TEST(ChangeClock, MeasuresTimeSinceTheValueLastChanged) {
+  ChangeClock c;
+  EXPECT_EQ(c.seen(5, 10.0), 0.0);
+  EXPECT_EQ(c.seen(5, 12.5), 2.5);
+  EXPECT_EQ(c.seen(6, 13.0), 0.0);
+  EXPECT_EQ(c.seen(6, 14.0), 1.0);
+}
+
+TEST(Heartbeat, WritesARecordAndMarksItExitedAtTheEnd) {
+  TempDir tmp;
+  {
+    Heartbeat hb(tmp.path(), 0, 1, {0.05, 1, 10}, [](auto&&...) { ADD_FAILURE() << "no failure expected"; });
+    hb.progress(3, "step");
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    const auto r = read_heartbeat(tmp.path(), 0);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->pid, getpid());
+    EXPECT_EQ(r->step, 3);
+    EXPECT_EQ(r->phase, "step");
+    EXPECT_GE(r->beats, 2);
+    EXPECT_FALSE(r->exited);
+  }
+  EXPECT_TRUE(read_heartbeat(tmp.path(), 0)->exited);
+}
+
+TEST(Heartbeat, ASilentNeighbourIsReportedNamingItAndWhetherItDied) {
+  TempDir tmp;
+  // Rank 1's record never changes, and its pid is not a live process on this host.
+  write_frozen_record(tmp.path(), 1, 999999999, this_host());
+  Reports reports;
+  Heartbeat hb(tmp.path(), 0, 2, {0.05, 0.3, 10}, reports.handler());
+  EXPECT_EQ(reports.wait(3), "rank_lost");
+  EXPECT_EQ(reports.rank, 1);
+  EXPECT_NE(reports.message.find("rank 1 (pid 999999999 on " + this_host() + ") at step 42 (step) has died"),
+            std::string::npos)
+      << reports.message;
+}
+
+TEST(Heartbeat, AnExitedNeighbourIsNotWatched) {
+  TempDir tmp;
+  { Heartbeat neighbour(tmp.path(), 1, 2, {0.05, 0.3, 10}, {}); }
+  Reports reports;
+  Heartbeat hb(tmp.path(), 0, 2, {0.05, 0.3, 10}, reports.handler());
+  EXPECT_EQ(reports.wait(0.8), "");
+}
+
+TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
+  TempDir tmp;
+  Reports reports;
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 0.4}, reports.handler());
+  hb.progress(1, "step");
+  hb.progress(2, "step");  // the first step is complete: the threshold is hang_after_s
+  EXPECT_EQ(reports.wait(0.2), "");
+  EXPECT_EQ(reports.wait(2), "hang");
+  EXPECT_NE(reports.message.find("rank 0 has made no progress"), std::string::npos) << reports.message;
+  EXPECT_NE(reports.message.find("rank 0 at step 2 (step)"), std::string::npos) << reports.message;
+}
+
+TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
+  TempDir tmp;
+  Reports reports;
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 0.2}, reports.handler());
+  hb.progress(1, "step");
+  hb.progress(2, "step");
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  hb.progress(3, "step");  // a 0.15 s step: the threshold becomes 3 × 0.15 s = 0.45 s
+  EXPECT_EQ(reports.wait(0.3), "");
+  EXPECT_EQ(reports.wait(2), "hang");
+}
+
+TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {
+  std::map<int, HeartbeatRecord> records;
+  for (int r = 0; r < 4; ++r) records[r] = HeartbeatRecord{r, 1, "h", 1, 1, 12, "step", 45, false};
+  records[2].step = 11;
+  records[2].phase = "validation";
+  records[3].exited = true;
+  EXPECT_EQ(describe_positions(records),
+            "ranks 0, 1 at step 12 (step); rank 2 at step 11 (validation); rank 3 exited");
+}
+
+}  // namespace
+}  // namespace foundry
