@@ -108,8 +108,11 @@ def main():
             restarts = [e for e in events(run)[n_events:] if e['event'] == 'restart']
             if restarts:
                 fault['steps_lost'] = restarts[0]['steps_lost']
-                starts = [e for e in events(run)[n_events:] if e['event'] == 'start']
-                if starts and last_step(run) > restarts[0]['from_step']:
+                # The new attempt first cuts metrics.jsonl back to its checkpoint, then trains.
+                step = last_step(run)
+                if step <= restarts[0]['from_step']:
+                    fault['truncated'] = True
+                elif fault.get('truncated'):
                     fault['restart'] = time.time() - now
                     break
         if kind.startswith('SIGSTOP'):

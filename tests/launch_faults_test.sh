@@ -94,7 +94,8 @@ wait_step stop2 300 && pid=$(rank_pid stop2 1) && kill -STOP "$pid"
 check "SIGSTOP of rank 1 (2 ranks)" stop2 "$ref2" rank_lost
 kill -9 "$pid" 2>/dev/null
 grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat" stop2.log \
-  && ok "rank 0 names the stopped rank 1" || { bad "the stopped rank is not named"; cat stop2.log; }
+  && grep -q "the job exited with code 3 (a rank died, stopped or hung" stop2.log \
+  && ok "rank 0 names the stopped rank 1 and the job exits 3" || { bad "the stopped rank is not named"; cat stop2.log; }
 
 # ---- a full disk: the job stops, the supervisor retries until space is freed ----
 mkdir -p disk

@@ -82,4 +82,16 @@ expect_fail "checkpoint from another config" "d_model" \
 "$FOUNDRY" train --help >/dev/null && "$FOUNDRY" eval --help >/dev/null && "$FOUNDRY" generate --help >/dev/null \
   && ok "--help on train/eval/generate" || bad "--help failed"
 
+# ---- a run directory belongs to one job: a second is refused, naming the holder ----
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=locked --set train.steps=100000 \
+  --set train.checkpoint_every=0 -q >locked.log 2>&1 &
+pid=$!
+for _ in $(seq 100); do [ -s locked/metrics.jsonl ] && break; sleep 0.1; done
+out="$("$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=locked --auto-resume 2>&1)"; rc=$?
+kill -TERM $pid; wait $pid; first=$?
+if [ $rc -eq 1 ] && grep -q "run directory 'locked' is in use by another training job (pid $pid on" <<<"$out"; then
+  ok "a second job on a locked run directory is refused, naming the holder's pid"
+else bad "second job: rc=$rc"; echo "$out"; fi
+[ $first -eq 75 ] && [ ! -e locked/lock ] && ok "the holder exits 75 on SIGTERM and its lock file goes with it" \
+  || bad "holder: rc=$first, lock file $(ls locked/lock 2>&1)"
 finish

@@ -19,6 +19,7 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
 }
 
 void fsync_path(const std::string& path);  // fsync a file or directory
+std::string host_name();                   // this host's name ("?" if unknown)
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);   // mkdir -p
 void remove_all(const std::string& path);  // rm -rf (no error if absent)

@@ -71,11 +71,6 @@ int64_t last_logged_step(const std::string& run_dir) {
   }
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  return gethostname(buf, sizeof buf - 1) == 0 ? buf : "?";
-}
-
 int64_t latest_committed_step(const std::string& run_dir) {
   const std::optional<std::string> dir = find_latest_checkpoint(run_dir);
   if (!dir) return 0;

@@ -21,11 +21,6 @@ std::string record_path(const std::string& run_dir, int rank) {
   return fmt::format("{}/rank_{:05d}.json", heartbeat_dir(run_dir), rank);
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  return gethostname(buf, sizeof buf - 1) == 0 ? buf : "?";
-}
-
 // A record is rewritten in place at a fixed size: the blocks are allocated once, at start, so
 // heartbeats go on when the disk fills up (a full disk is not a dead rank), and no fsync: a
 // heartbeat need not survive a crash. Readers may, rarely, see a torn record: it does not

@@ -48,12 +48,6 @@ void write_frozen_record(const std::string& run_dir, int rank, int64_t pid, cons
   write_file_atomic(fmt::format("{}/rank_{:05d}.json", heartbeat_dir(run_dir), rank), j.dump());
 }
 
-std::string this_host() {
-  char buf[256] = {};
-  gethostname(buf, sizeof buf - 1);
-  return buf;
-}
-
 TEST(ChangeClock, MeasuresTimeSinceTheValueLastChanged) {
   ChangeClock c;
   EXPECT_EQ(c.seen(5, 10.0), 0.0);
@@ -82,12 +76,12 @@ TEST(Heartbeat, WritesARecordAndMarksItExitedAtTheEnd) {
 TEST(Heartbeat, ASilentNeighbourIsReportedNamingItAndWhetherItDied) {
   TempDir tmp;
   // Rank 1's record never changes, and its pid is not a live process on this host.
-  write_frozen_record(tmp.path(), 1, 999999999, this_host());
+  write_frozen_record(tmp.path(), 1, 999999999, host_name());
   Reports reports;
   Heartbeat hb(tmp.path(), 0, 2, {0.05, 0.3, 10}, reports.handler());
   EXPECT_EQ(reports.wait(3), "rank_lost");
   EXPECT_EQ(reports.rank, 1);
-  EXPECT_NE(reports.message.find("rank 1 (pid 999999999 on " + this_host() + ") at step 42 (step) has died"),
+  EXPECT_NE(reports.message.find("rank 1 (pid 999999999 on " + host_name() + ") at step 42 (step) has died"),
             std::string::npos)
       << reports.message;
 }

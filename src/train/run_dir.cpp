@@ -19,12 +19,6 @@
 namespace foundry {
 namespace {
 
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
-
 int64_t count_lines(const std::string& path) {
   if (!path_exists(path)) return 0;
   const std::string text = read_text_file(path);
