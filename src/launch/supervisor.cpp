@@ -100,16 +100,21 @@ class Supervisor {
   const std::string run_dir_;
   StopSignals signals_;
   double attempt_unix_ = 0;
-  std::vector<std::pair<std::string, json>> pending_;  // events before the directory exists
+  struct PendingEvent {
+    std::string event;
+    json fields;
+    double time;
+  };
+  std::vector<PendingEvent> pending_;  // not yet in the events log (no directory, a full disk)
 };
 
 // The console line, and the events log once the run directory exists (the job creates it).
 void Supervisor::record(const std::string& event, const json& fields, const std::string& line) {
   std::fprintf(stderr, "launch: %s\n", line.c_str());
-  pending_.emplace_back(event, fields);
+  pending_.push_back({event, fields, unix_now()});
   if (!path_exists(run_dir_)) return;
   try {
-    for (const auto& [e, f] : pending_) append_event(run_dir_, "launch", e, f);
+    for (const PendingEvent& p : pending_) append_event(run_dir_, "launch", p.event, p.fields, p.time);
     pending_.clear();
   } catch (const Error& e) {
     // A full disk: the events wait for the next record; the console has them now.

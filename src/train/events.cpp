@@ -31,8 +31,8 @@ std::string utc_timestamp(double unix_seconds) {
 }
 
 void append_event(const std::string& run_dir, const std::string& source, const std::string& event,
-                  const json& fields) {
-  const double now = unix_now();
+                  const json& fields, double unix_time) {
+  const double now = unix_time >= 0 ? unix_time : unix_now();
   json line = {{"time", utc_timestamp(now)}, {"unix", now}, {"source", source}, {"event", event}};
   if (fields.is_object()) line.update(fields);
   const std::string text = line.dump() + "\n";

@@ -18,8 +18,10 @@ inline constexpr char kEventsFile[] = "events.jsonl";
 
 // Appends {"time", "unix", "source", "event", ...fields} to RUN_DIR/events.jsonl (creating
 // it; the directory must exist). `fields` must be a JSON object (or null).
+// `unix_time` is when it happened (default: now; an event recorded before the run directory
+// existed is written later with its own time).
 void append_event(const std::string& run_dir, const std::string& source, const std::string& event,
-                  const json& fields = json::object());
+                  const json& fields = json::object(), double unix_time = -1);
 
 // The events of RUN_DIR/events.jsonl in order (none when the file does not exist); a torn
 // last line is skipped.
