@@ -34,7 +34,8 @@ rank_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/hea
 events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
 launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
   local dir="$1" np="$2"; shift 2
-  "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
+  # launch shares the cores among the ranks itself when OMP_NUM_THREADS is unset.
+  env -u OMP_NUM_THREADS "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
     --set train.run_dir="$dir" "$@" >"$dir.log" 2>&1 &
   lpid=$!
 }

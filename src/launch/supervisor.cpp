@@ -144,6 +144,12 @@ Attempt Supervisor::start(int number) {
   in.root = geteuid() == 0;
   in.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;
   const JobCommand cmd = job_command(in);
+  if (const char* threads = std::getenv("OMP_NUM_THREADS"); threads && a.ranks > 1)
+    if (std::atoi(threads) * a.ranks > in.host_cores)
+      std::fprintf(stderr,
+                   "launch: warning: OMP_NUM_THREADS=%s × %d ranks is more threads than this "
+                   "host's %d cores (if the ranks share it): unset OMP_NUM_THREADS to share them\n",
+                   threads, a.ranks, in.host_cores);
 
   const pid_t pid = fork();
   if (pid < 0) fail(fmt::format("cannot start the job: fork: {}", std::strerror(errno)));
