@@ -378,6 +378,7 @@ CASES = [
     Case("run dir: --resume and --overwrite together", "train -c tiny.json --resume --overwrite", [], ["--overwrite"], code=USAGE),
     Case("run dir: launch --restart-np 0", "launch -c tiny.json --restart-np 0", [], ["--restart-np"], code=USAGE),
     Case("run dir: launch --launcher unknown", "launch -c tiny.json --launcher pbs", [], ["--launcher"], code=USAGE),
+    Case("run dir: in-memory checkpoint directory missing", "train -c tiny.json --overwrite --set train.memory_checkpoint_every=2 train.memory_checkpoint_dir=nowhere", [], ["train.memory_checkpoint_dir = 'nowhere' is not a directory"], hint="memory_checkpoint_every=0"),
     Case("run dir: heartbeat timeout under two beats", "train -c tiny.json --overwrite --set train.heartbeat_timeout_s=1", [], ["train.heartbeat_timeout_s = 1"], hint="twice"),
 ]
 

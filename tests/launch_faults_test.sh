@@ -98,6 +98,17 @@ grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat"
   && grep -q "the job exited with code 3 (a rank died, stopped or hung" stop2.log \
   && ok "rank 0 names the stopped rank 1 and the job exits 3" || { bad "the stopped rank is not named"; cat stop2.log; }
 
+# ---- in-memory checkpoints every 10 steps: a kill loses at most about 10 steps ----
+mkdir -p shm
+launch mem2 2 --steps 1000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
+wait_step mem2 300 && kill -9 "$(rank_pid mem2 1)"
+check "SIGKILL of rank 1 with in-memory checkpoints (2 ranks)" mem2 "$ref2" "exit|rank_lost"
+lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem2/events.jsonl)
+grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 11 ] \
+  && ok "resumed from the in-memory checkpoint, $lost step(s) lost" \
+  || { bad "in-memory resume: $lost step(s) lost"; cat mem2.log; }
+[ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
+
 # ---- a full disk: the job stops, the supervisor retries until space is freed ----
 mkdir -p disk
 if mount -t tmpfs -o size=6M tmpfs disk 2>/dev/null; then

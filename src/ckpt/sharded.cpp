@@ -45,8 +45,10 @@ void for_each_tensor_in(const ParamTable& table, int64_t begin, int64_t end, F f
 // A file written front to back with checked writes.
 class ShardFile {
  public:
-  explicit ShardFile(std::string path) : path_(std::move(path)) {
-    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // `truncate` false: overwrites an existing file in place (its pages are reused), cut to
+  // size when closed.
+  explicit ShardFile(std::string path, bool truncate = true) : path_(std::move(path)) {
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (truncate ? O_TRUNC : 0), 0644);
     if (fd_ < 0) fail_io("cannot create");
   }
   ~ShardFile() {
@@ -73,6 +75,7 @@ class ShardFile {
     }
   }
   void sync_and_close() {
+    if (::ftruncate(fd_, size_) != 0) fail_io("cannot truncate");
     if (::fsync(fd_) != 0) fail_io("cannot fsync");
     if (::close(fd_) != 0) {
       fd_ = -1;
@@ -316,10 +319,12 @@ std::string staging_dir(const std::string& run_dir, int64_t step, const std::str
 }
 
 json write_rank_shard(const std::string& staging, int rank, const ParamTable& table,
-                      const std::vector<SlabRun>& runs) {
+                      const std::vector<SlabRun>& runs, const std::string& recycle_dir) {
   make_dirs(staging);
   const std::string name = rank_file_name(rank);
-  ShardFile file(join(staging, name));
+  const bool reuse = !recycle_dir.empty() &&
+                     ::rename(join(recycle_dir, name).c_str(), join(staging, name).c_str()) == 0;
+  ShardFile file(join(staging, name), /*truncate=*/!reuse);
   json pieces = json::array();
   for (const SlabRun& run : runs) {
     if (runs.size() > 1 && &run == &runs[1])  // once a save: parameters written, states not

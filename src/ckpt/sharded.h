@@ -56,8 +56,11 @@ std::string staging_dir(const std::string& run_dir, int64_t step, const std::str
 // staging/rank_<rank>.bin and fsyncs it. Returns the rank's description for the metadata:
 // {"file", "bytes", "pieces": [{"tensor", "offsets", "lengths", "byte_offset", "byte_length",
 // "xxh3_64": [per chunk]}]}. Fails naming the file on any I/O error (the caller reports it).
+// `recycle_dir`: an old checkpoint on its way out whose file of this rank, if it has one, is
+// moved here and overwritten in place (a RAM-backed directory then allocates no new pages);
+// that checkpoint is no longer valid afterwards.
 json write_rank_shard(const std::string& staging, int rank, const ParamTable& table,
-                      const std::vector<SlabRun>& runs);
+                      const std::vector<SlabRun>& runs, const std::string& recycle_dir = "");
 
 // What the metadata says about the layout that wrote a checkpoint (informational).
 struct SavedLayout {

@@ -19,10 +19,9 @@
 #include "base/exit_codes.h"
 #include "base/io.h"
 #include "base/timer.h"
-#include "ckpt/checkpoint.h"
-#include "ckpt/checkpoint_dir.h"
 #include "train/events.h"
 #include "train/heartbeat.h"
+#include "train/memory_tier.h"
 #include "train/run_config.h"
 #include "train/signals.h"
 
@@ -71,12 +70,6 @@ int64_t last_logged_step(const std::string& run_dir) {
   }
 }
 
-int64_t latest_committed_step(const std::string& run_dir) {
-  const std::optional<std::string> dir = find_latest_checkpoint(run_dir);
-  if (!dir) return 0;
-  const size_t slash = dir->find_last_of('/');
-  return parse_checkpoint_dir_name(dir->substr(slash + 1)).value_or(0);
-}
 
 class Supervisor {
  public:
@@ -127,7 +120,7 @@ Attempt Supervisor::start(int number) {
   a.number = number;
   a.host = host_name();
   a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
-  a.resume_step = latest_committed_step(run_dir_);
+  a.resume_step = latest_resume_step(rc_.train);
   // Records of the previous attempt would read as silent ranks.
   remove_all(heartbeat_dir(run_dir_));
   CommandInputs in;
@@ -307,7 +300,7 @@ int Supervisor::run() {
   for (int number = 1;; ++number) {
     Attempt a = start(number);
     Outcome o = watch(a);
-    const int64_t committed = latest_committed_step(run_dir_);
+    const int64_t committed = latest_resume_step(rc_.train);
     a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
     if (o.kind == Outcome::finished) {
       record("finished", {{"attempt", number}, {"step", committed}},

@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/hash.h"
+#include "base/io.h"
 #include "base/timer.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/fault.h"
@@ -18,6 +19,7 @@
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "model/model.h"
+#include "train/memory_tier.h"
 
 namespace foundry {
 
@@ -81,6 +83,8 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
       quiet_(quiet),
       tag_(agreed_tag(processes)) {
   set_checkpoint_fault_rank(processes.rank());
+  disk_.root = rc.train.run_dir;
+  disk_.keep = rc.train.keep_checkpoints;
   // The snapshot buffer, allocated and touched once here rather than in the first save.
   if (rc.train.checkpoint_async) {
     const SlabInterval params = optimizer.parameters_to_save();
@@ -88,10 +92,64 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
     for (const StateRun& r : optimizer.states_to_save_runs()) total += r.end - r.begin;
     buffer_.assign(static_cast<size_t>(total), 0.0f);
   }
+  if (rc.train.memory_checkpoint_every > 0) open_memory_tier();
 }
 
 Checkpointer::~Checkpointer() {
-  if (writer_.joinable()) writer_.join();
+  for (Tier* tier : {&disk_, &memory_})
+    if (tier->writer.joinable()) tier->writer.join();
+}
+
+// ---- the memory tier ------------------------------------------------------------------------
+
+// Turns the memory tier on when every rank runs on this host (TrainingRun checked its
+// directory and room before the run started). Collective.
+void Checkpointer::open_memory_tier() {
+  std::vector<std::string> hosts = {host_name()};
+  if (const Communicator* w = processes_.world()) hosts = allgather_strings(*w, hosts[0]);
+  for (const std::string& h : hosts)
+    if (h != hosts[0]) {
+      if (processes_.root())
+        warn(fmt::format("in-memory checkpoints are off: the ranks run on several hosts ({} and "
+                         "{}), and a rank restarted elsewhere could not read them",
+                         hosts[0], h));
+      return;
+    }
+  memory_.root = memory_tier_root(rc_.train);
+  memory_.keep = 2;
+}
+
+void Checkpointer::save_in_memory(int64_t step) {
+  if (memory_.root.empty() || memory_.in_flight) return;
+  memory_.started = now_seconds();
+  plan(memory_, step);
+  memory_.state[kDurableStepKey] = durable_step_;
+  // The older of the two committed checkpoints lends its files (and their pages) to this one.
+  const std::vector<CheckpointDir> kept = list_checkpoint_dirs(memory_.root);
+  memory_.recycle = kept.size() >= 2 ? kept.front().path : "";
+  // Straight from the live buffers, beside the next step's forward and backward, which
+  // change neither; protect_state() waits for the whole write before they change. At normal
+  // priority: the optimizer step waits for it.
+  memory_.snapshot_pending = true;
+  memory_.writer = std::thread([this] {
+    write_shard(memory_);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      memory_.snapshot_pending = false;
+    }
+    snapshot_done_.notify_all();
+  });
+  memory_.blocked_seconds = now_seconds() - memory_.started;
+}
+
+void Checkpointer::retire_memory_tier() {
+  if (memory_.root.empty()) return;
+  finish();
+  if (processes_.root()) remove_all(memory_.root);
+}
+
+void Checkpointer::clear_memory_tier() {
+  if (!memory_.root.empty() && processes_.root()) remove_all(memory_.root);
 }
 
 // ---- resume ---------------------------------------------------------------------------------
@@ -106,8 +164,6 @@ std::vector<SlabTarget> Checkpointer::load_targets() {
   return targets;
 }
 
-// The checkpoints to try, newest first: the one find_latest_checkpoint picks, then the
-// older ones (a checkpoint whose data fails its checksums while loading is skipped).
 void Checkpointer::check_same_tokenizer(const std::string& dir, const json& state) const {
   auto saved = state.find("tokenizer_xxh3_64");
   if (!tokenizer_checksum_ || saved == state.end()) return;
@@ -119,8 +175,14 @@ void Checkpointer::check_same_tokenizer(const std::string& dir, const json& stat
          "resume with the dataset (and tokenizer) the run was trained on");
 }
 
-static std::vector<std::string> resume_candidates(const std::string& run_dir) {
+// The checkpoints to try, newest first: the memory tier's when a resume may use it
+// (train/memory_tier.h), the one find_latest_checkpoint picks, then the older ones (a
+// checkpoint whose data fails its checksums while loading is skipped).
+std::vector<std::string> Checkpointer::resume_candidates() const {
   std::vector<std::string> candidates;
+  if (!memory_.root.empty())
+    if (auto memory = usable_memory_checkpoint(rc_.train)) candidates.push_back(*memory);
+  const std::string& run_dir = rc_.train.run_dir;
   const auto latest = find_latest_checkpoint(run_dir);
   if (!latest) return candidates;
   candidates.push_back(*latest);
@@ -136,7 +198,7 @@ static std::vector<std::string> resume_candidates(const std::string& run_dir) {
 int64_t Checkpointer::resume() {
   const std::string& run_dir = rc_.train.run_dir;
   const double t0 = now_seconds();
-  const std::vector<std::string> candidates = resume_candidates(run_dir);
+  const std::vector<std::string> candidates = resume_candidates();
   std::string newest_failure;  // why the newest checkpoint could not be loaded
   for (const std::string& dir : candidates) {
     // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
@@ -180,9 +242,12 @@ int64_t Checkpointer::resume() {
     restore_router_balancers(model_, state, dir, /*required=*/true);
     if (restore_hook_) restore_hook_(state);
     model_.sync_weights();
+    const bool from_memory = state.contains(kDurableStepKey);
+    durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
     if (processes_.root())
-      std::fprintf(stderr, "resumed from %s (step %lld, loaded in %.2f s)\n", dir.c_str(),
-                   static_cast<long long>(step), now_seconds() - t0);
+      std::fprintf(stderr, "resumed from %s%s (step %lld, loaded in %.2f s)\n", dir.c_str(),
+                   from_memory ? ", an in-memory checkpoint" : "", static_cast<long long>(step),
+                   now_seconds() - t0);
     return step;
   }
   // A failed load may have written part of the state: never train on from there.
@@ -196,7 +261,7 @@ int64_t Checkpointer::resume() {
 
 int64_t Checkpointer::rollback() {
   finish();
-  if (resume_candidates(rc_.train.run_dir).empty()) return -1;
+  if (resume_candidates().empty()) return -1;
   return resume();
 }
 
@@ -223,113 +288,120 @@ json Checkpointer::trainer_state(int64_t step) const {
 }
 
 void Checkpointer::save(int64_t step) {
-  const double t0 = save_started_ = now_seconds();
-  if (in_flight_) {
+  const double t0 = disk_.started = now_seconds();
+  if (disk_.in_flight) {
     if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip) {
       if (processes_.root())
         std::fprintf(stderr, "skipping the checkpoint of step %lld: step %lld is still being "
                              "written (train.checkpoint_overlap = skip)\n",
-                     static_cast<long long>(step), static_cast<long long>(step_));
+                     static_cast<long long>(step), static_cast<long long>(disk_.step));
       return;
     }
     if (processes_.root())
       std::fprintf(stderr, "checkpoint of step %lld waits for step %lld to be written\n",
-                   static_cast<long long>(step), static_cast<long long>(step_));
-    finish();
+                   static_cast<long long>(step), static_cast<long long>(disk_.step));
+    commit(disk_);
   }
-  plan(step);
+  plan(disk_, step);
   if (rc_.train.checkpoint_async) {
     // The copy runs beside the next step's forward and backward, which change neither the
     // parameters nor the optimizer state; protect_state() waits for it before they change.
-    snapshot_pending_ = true;
-    writer_ = std::thread([this] {
-      copy_snapshot();
+    disk_.snapshot_pending = true;
+    disk_.writer = std::thread([this] {
+      copy_snapshot(disk_);
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        snapshot_pending_ = false;
+        disk_.snapshot_pending = false;
       }
       snapshot_done_.notify_all();
       // The write yields the cores to training: on a machine whose cores all compute, a
       // writer at equal priority preempts OpenMP threads and stalls every parallel region.
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
-      write_shard();
+      write_shard(disk_);
     });
   } else {
-    write_shard();  // straight from the live buffers: nothing changes them meanwhile
-    commit();
+    write_shard(disk_);  // straight from the live buffers: nothing changes them meanwhile
+    commit(disk_);
   }
-  blocked_seconds_ = now_seconds() - t0;
+  disk_.blocked_seconds = now_seconds() - t0;
 }
 
 void Checkpointer::protect_state() {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!snapshot_pending_) return;
-  const double t0 = now_seconds();
-  snapshot_done_.wait(lock, [this] { return !snapshot_pending_; });
-  blocked_seconds_ += now_seconds() - t0;
+  for (Tier* tier : {&disk_, &memory_}) {
+    if (!tier->snapshot_pending) continue;
+    const double t0 = now_seconds();
+    snapshot_done_.wait(lock, [tier] { return !tier->snapshot_pending; });
+    tier->blocked_seconds += now_seconds() - t0;
+  }
 }
 
 // What this rank saves: its share of the parameters and its optimizer state runs, pointing
 // at the live buffers (copy_snapshot points them at the snapshot instead).
-void Checkpointer::plan(int64_t step) {
-  in_flight_ = true;
-  step_ = step;
-  state_ = trainer_state(step);
-  staging_ = staging_dir(rc_.train.run_dir, step, tag_);
+void Checkpointer::plan(Tier& tier, int64_t step) {
+  tier.in_flight = true;
+  tier.step = step;
+  tier.state = trainer_state(step);
+  tier.staging = staging_dir(tier.root, step, tag_);
   const SlabInterval params = optimizer_.parameters_to_save();
-  runs_.clear();
-  runs_.push_back({"", params.begin, params.end, model_.params() + params.begin});
+  tier.runs.clear();
+  tier.runs.push_back({"", params.begin, params.end, model_.params() + params.begin});
   for (const StateRun& r : optimizer_.states_to_save_runs())
-    runs_.push_back({r.state, r.begin, r.end, r.data});
-  written_ = false;
-  shard_.clear();
-  error_.clear();
+    tier.runs.push_back({r.state, r.begin, r.end, r.data});
+  tier.written = false;
+  tier.recycle.clear();
+  tier.shard.clear();
+  tier.error.clear();
 }
 
 // Copies every run into the reused snapshot buffer and points the runs at the copies.
-void Checkpointer::copy_snapshot() {
+void Checkpointer::copy_snapshot(Tier& tier) {
   const double t0 = now_seconds();
   int64_t total = 0;
-  for (const SlabRun& r : runs_) total += r.end - r.begin;
+  for (const SlabRun& r : tier.runs) total += r.end - r.begin;
   if (static_cast<int64_t>(buffer_.size()) < total) buffer_.resize(static_cast<size_t>(total));
   float* at = buffer_.data();
-  for (SlabRun& r : runs_) {
+  for (SlabRun& r : tier.runs) {
     std::memcpy(at, r.data, static_cast<size_t>(r.end - r.begin) * sizeof(float));
     r.data = at;
     at += r.end - r.begin;
   }
-  snapshot_seconds_ = now_seconds() - t0;
+  tier.snapshot_seconds = now_seconds() - t0;
 }
 
-void Checkpointer::write_shard() {
+void Checkpointer::write_shard(Tier& tier) {
   try {
     const double t0 = now_seconds();
-    json shard = write_rank_shard(staging_, processes_.rank(), model_.table(), runs_);
+    json shard =
+        write_rank_shard(tier.staging, processes_.rank(), model_.table(), tier.runs, tier.recycle);
     shard["write_seconds"] = now_seconds() - t0;
-    shard_ = shard.dump();
+    tier.shard = shard.dump();
   } catch (const std::exception& e) {
-    error_ = e.what();
+    tier.error = e.what();
   }
-  written_ = true;
+  tier.written = true;
 }
 
 void Checkpointer::poll() {
-  if (!in_flight_) return;
-  int64_t written = written_ ? 1 : 0;
-  if (const Communicator* w = processes_.world()) w->allreduce(&written, &written, 1, ReduceOp::min);
-  if (written) commit();
+  if (!disk_.in_flight && !memory_.in_flight) return;
+  // Per tier: 1 when nothing is in flight or every rank has written it.
+  int64_t written[2] = {!disk_.in_flight || disk_.written ? 1 : 0,
+                        !memory_.in_flight || memory_.written ? 1 : 0};
+  if (const Communicator* w = processes_.world()) w->allreduce(written, written, 2, ReduceOp::min);
+  if (disk_.in_flight && written[0]) commit(disk_);
+  if (memory_.in_flight && written[1]) commit(memory_);
 }
 
 void Checkpointer::finish() {
-  if (!in_flight_) return;
-  commit();
+  if (disk_.in_flight) commit(disk_);
+  if (memory_.in_flight) commit(memory_);
 }
 
 // "saved checkpoint DIR: 704.9 MB from 2 ranks, written in 0.989 s (357 MB/s by the slowest
 // rank); the step loop was blocked 0.000 s (its snapshot took 0.065 s beside the next step),
 // the commit 0.011 s".
-void Checkpointer::report_save(const std::string& path, const std::vector<json>& shards,
-                               double commit_seconds) const {
+void Checkpointer::report_save(const Tier& tier, const std::string& path,
+                               const std::vector<json>& shards, double commit_seconds) const {
   double bytes = 0, write_seconds = 0;
   for (const json& s : shards) {
     bytes += s.at("bytes").get<double>();
@@ -338,10 +410,10 @@ void Checkpointer::report_save(const std::string& path, const std::vector<json>&
   // A synchronous save is reported from inside save(): the loop has been blocked since it
   // began.
   const double blocked =
-      rc_.train.checkpoint_async ? blocked_seconds_ : now_seconds() - save_started_;
+      rc_.train.checkpoint_async ? tier.blocked_seconds : now_seconds() - tier.started;
   const std::string how =
       rc_.train.checkpoint_async
-          ? fmt::format("its snapshot took {:.3f} s beside the next step", snapshot_seconds_)
+          ? fmt::format("its snapshot took {:.3f} s beside the next step", tier.snapshot_seconds)
           : std::string("a synchronous save");
   std::fprintf(stderr,
                "saved checkpoint %s: %.1f MB from %zu ranks, written in %.3f s (%.0f MB/s by the "
@@ -351,42 +423,57 @@ void Checkpointer::report_save(const std::string& path, const std::vector<json>&
                commit_seconds);
 }
 
-void Checkpointer::commit() {
-  if (writer_.joinable()) writer_.join();
+void Checkpointer::commit(Tier& tier) {
+  if (tier.writer.joinable()) tier.writer.join();
   const double t0 = now_seconds();
-  in_flight_ = false;
-  auto g = processes_.guard(fmt::format("checkpoint of step {}", step_));
+  tier.in_flight = false;
+  auto g = processes_.guard(fmt::format("{} of step {}", tier.name, tier.step));
   // Every rank learns every rank's outcome; the descriptions travel with them.
-  const std::string mine = error_.empty() ? "ok " + shard_ : "error " + error_;
+  const std::string mine = tier.error.empty() ? "ok " + tier.shard : "error " + tier.error;
   std::vector<std::string> all = {mine};
   if (const Communicator* w = processes_.world()) all = allgather_strings(*w, mine);
   std::vector<std::string> failures;
   for (size_t r = 0; r < all.size(); ++r)
     if (all[r].starts_with("error "))
       failures.push_back(fmt::format("rank {}: {}", r, all[r].substr(6)));
-  if (!failures.empty())
-    fail(fmt::format("the checkpoint of step {} failed: {}", step_, fmt::join(failures, "; ")),
-         "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
   std::string outcome = "ok";
-  if (processes_.root()) {
+  if (!failures.empty()) {
+    outcome = fmt::format("{}", fmt::join(failures, "; "));
+  } else if (processes_.root()) {
     try {
       std::vector<json> shards;
       for (const std::string& s : all) shards.push_back(json::parse(s.substr(3)));
       const SavedLayout layout{processes_.ranks(), static_cast<int>(rc_.train.expert_parallel),
                                rc_.train.zero1 && processes_.ranks() > 1};
       const std::string path =
-          commit_sharded_checkpoint(rc_.train.run_dir, staging_, step_, rc_.model, model_.table(),
-                                    shards, state_, layout, rc_.train.keep_checkpoints);
-      if (!quiet_) report_save(path, shards, now_seconds() - t0);
+          commit_sharded_checkpoint(tier.root, tier.staging, tier.step, rc_.model,
+                                    model_.table(), shards, tier.state, layout, tier.keep);
+      if (!quiet_ && &tier == &disk_) report_save(tier, path, shards, now_seconds() - t0);
     } catch (const std::exception& e) {
-      outcome = e.what();
+      outcome = "rank 0: " + std::string(e.what());
     }
   }
   // Every rank learns the commit's outcome: nobody goes on past a failed one.
   if (const Communicator* w = processes_.world()) outcome = allgather_strings(*w, outcome)[0];
-  if (outcome != "ok")
-    fail(fmt::format("the checkpoint of step {} failed: rank 0: {}", step_, outcome),
+  if (outcome == "ok") {
+    if (&tier == &disk_) durable_step_ = tier.step;
+    return;
+  }
+  if (&tier == &disk_)
+    fail(fmt::format("the checkpoint of step {} failed: {}", tier.step, outcome),
          "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
+  // The memory tier only shortens restarts: the run goes on without it.
+  if (processes_.root()) {
+    warn(fmt::format("the in-memory checkpoint of step {} failed ({}); in-memory checkpoints "
+                     "are off for the rest of this run",
+                     tier.step, outcome));
+    try {
+      remove_all(tier.root);
+    } catch (const Error& e) {
+      warn(e.what());
+    }
+  }
+  tier.root.clear();
 }
 
 }  // namespace foundry

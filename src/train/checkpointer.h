@@ -78,8 +78,19 @@ class Checkpointer {
   // fails (on every rank) if a rank's write failed. Collective: every rank calls it at the
   // same steps (one small all-reduce while a save is in flight).
   void poll();
-  // Waits for the save in flight and commits it (end of run, signal). Collective.
+  // Starts an in-memory checkpoint of `step` (train/memory_tier.h), unless the tier is off
+  // or its previous save is still in flight: written from the live buffers by a background
+  // thread beside the next step's forward and backward (protect_state() waits for it), and
+  // committed by a later poll(). Collective.
+  void save_in_memory(int64_t step);
+  bool memory_tier_on() const { return !memory_.root.empty(); }
+  // Waits for the saves in flight and commits them (end of run, signal). Collective.
   void finish();
+  // After the final checkpoint is committed in the run directory: removes the memory tier,
+  // which holds nothing newer. Collective.
+  void retire_memory_tier();
+  // A new run: removes what an earlier run in this directory left in the memory tier.
+  void clear_memory_tier();
   // Before the optimizer changes the parameters or its state: waits until the snapshot of
   // an asynchronous save (copied beside this step's forward and backward) is complete.
   void protect_state();
@@ -89,15 +100,41 @@ class Checkpointer {
   void set_tokenizer_checksum(uint64_t checksum) { tokenizer_checksum_ = checksum; }
 
  private:
+  // Where checkpoints go: the run directory (durable) or the memory tier (train/memory_tier.h),
+  // each with at most one save in flight.
+  struct Tier {
+    explicit Tier(const char* what) : name(what) {}
+    const char* name;  // "checkpoint" or "in-memory checkpoint", for messages
+    std::string root;  // the directory holding checkpoints/ ("" for a tier that is off)
+    int64_t keep = 0;  // committed checkpoints kept (0 = all)
+    // The save in flight (in_flight from snapshot to commit).
+    bool in_flight = false;
+    int64_t step = 0;
+    json state;
+    std::string staging;
+    std::string recycle;  // an old checkpoint whose files this save reuses ("" for none)
+    std::vector<SlabRun> runs;
+    std::thread writer;
+    std::atomic<bool> written{false};
+    bool snapshot_pending = false;  // guarded by mutex_
+    std::string shard;  // this rank's description (JSON) or, on failure, ""
+    std::string error;  // this rank's write error
+    // When save() began, its snapshot copy, and the time the step loop waited for it (save()
+    // and protect_state()), for the save's log line.
+    double started = 0, snapshot_seconds = 0, blocked_seconds = 0;
+  };
+
   json trainer_state(int64_t step) const;
-  void plan(int64_t step);
-  void copy_snapshot();
-  void write_shard();  // the write phase (background thread or inline)
-  void commit();       // the commit phase, collective
-  void report_save(const std::string& path, const std::vector<json>& shards,
+  void plan(Tier& tier, int64_t step);
+  void copy_snapshot(Tier& tier);
+  void write_shard(Tier& tier);  // the write phase (background thread or inline)
+  void commit(Tier& tier);       // the commit phase, collective
+  void report_save(const Tier& tier, const std::string& path, const std::vector<json>& shards,
                    double commit_seconds) const;
   std::vector<SlabTarget> load_targets();
+  std::vector<std::string> resume_candidates() const;
   void check_same_tokenizer(const std::string& dir, const json& state) const;
+  void open_memory_tier();
 
   const RunConfig& rc_;
   LrSchedule schedule_;
@@ -111,24 +148,16 @@ class Checkpointer {
   std::function<void(json&)> save_hook_;
   std::function<void(const json&)> restore_hook_;
 
-  // The save in flight (in_flight_ from snapshot to commit).
-  bool in_flight_ = false;
-  int64_t step_ = 0;
-  json state_;
-  std::string staging_;
-  std::vector<float> buffer_;  // the snapshot, reused
-  std::vector<SlabRun> runs_;
-  std::thread writer_;
-  std::atomic<bool> written_{false};
+  Tier disk_{"checkpoint"};
+  Tier memory_{"in-memory checkpoint"};
+  // The run directory's newest committed checkpoint (as this run knows it; 0 for none): the
+  // memory tier's checkpoints name it as the durable one they descend from.
+  int64_t durable_step_ = 0;
+  std::vector<float> buffer_;  // the durable tier's snapshot, reused
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
-  bool snapshot_pending_ = false;  // guarded by mutex_
-  std::string shard_;  // this rank's description (JSON) or, on failure, ""
-  std::string error_;  // this rank's write error
-  // The save in flight: when save() began, its snapshot copy, and the time the step loop
-  // waited for it (save() and protect_state()), for the save's log line.
-  double save_started_ = 0, snapshot_seconds_ = 0, blocked_seconds_ = 0;
 };
+
 
 // Fails unless the checkpoint `dir` (its trainer state `saved_state`) was written by the
 // `configured` optimizer: the state of one cannot continue the other. Checkpoints from

@@ -1,11 +1,13 @@
 #include "train/checkpointer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <cstring>
 
 #include "base/test_expect_error.h"
 #include "model/model.h"
+#include "train/memory_tier.h"
 #include "train/optimizer_config.h"
 #include "train/test_support.h"
 #include "train/trainer.h"
@@ -182,6 +184,159 @@ TEST(Checkpointer, RefusesTheStateOfTheOtherOptimizer) {
   check_same_optimizer("old", json::object(), OptimizerKind::adamw);
   expect_error([] { check_same_optimizer("old", {{"optimizer", 3}}, OptimizerKind::adamw); },
                "\"optimizer\" is not a string");
+}
+
+// ---- the memory tier ------------------------------------------------------------------------
+
+RunConfig memory_tier_config(const TempDir& dir) {
+  RunConfig rc = testing::tiny_run_config(dir.path() + "/run");
+  rc.train.keep_checkpoints = 0;
+  rc.train.memory_checkpoint_every = 1;
+  rc.train.memory_checkpoint_dir = dir.path() + "/shm";
+  make_dirs(rc.train.run_dir);
+  make_dirs(rc.train.memory_checkpoint_dir);
+  return rc;
+}
+
+TEST(MemoryTier, ARestartResumesFromTheNewerInMemoryCheckpointBitwise) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  TinyRun run(rc, 1);
+  const std::string root = memory_tier_root(rc.train);
+  const auto inode = [](const std::string& dir) {
+    struct stat st;
+    return ::stat((dir + "/rank_00000.bin").c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  std::vector<float> after_5, after_6;
+  ino_t step_3_file = 0;
+  for (int64_t s = 1; s <= 6; ++s) {
+    run.step(s);
+    run.checkpointer.poll();
+    if (s == 5) {
+      after_5 = run.params();
+      step_3_file = inode(list_checkpoint_dirs(root).at(0).path);
+    }
+    if (s == 6) after_6 = run.params();
+    if (s <= 2) {
+      run.checkpointer.save(s);
+      run.checkpointer.finish();
+    } else if (s < 6) {
+      run.checkpointer.save_in_memory(s);
+    }
+  }
+  // The memory tier keeps its two newest checkpoints, beside the run directory's; the newest
+  // wrote over the oldest's file.
+  const std::vector<CheckpointDir> kept = list_checkpoint_dirs(root);
+  ASSERT_EQ(kept.size(), 2u);
+  EXPECT_EQ(kept[0].step, 4);
+  EXPECT_EQ(kept[1].step, 5);
+  EXPECT_NE(step_3_file, 0u);
+  EXPECT_EQ(inode(kept[1].path), step_3_file);
+  EXPECT_EQ(list_checkpoint_dirs(rc.train.run_dir).size(), 2u);
+  EXPECT_EQ(latest_resume_step(rc.train), 5);
+
+  TinyRun resumed(rc, 99);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(resumed.checkpointer.resume(), 5);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("an in-memory checkpoint"), std::string::npos) << log;
+  EXPECT_EQ(resumed.params(), after_5);
+  resumed.step(6);
+  EXPECT_EQ(resumed.params(), after_6);
+}
+
+// The memory tier is used only while it is newer than the run directory and descends from a
+// checkpoint still there: going back by deleting checkpoints sets it aside.
+TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  TinyRun run(rc, 1);
+  for (int64_t s = 1; s <= 4; ++s) {
+    run.step(s);
+    run.checkpointer.poll();
+    if (s <= 2) {
+      run.checkpointer.save(s);
+      run.checkpointer.finish();
+    } else {
+      run.checkpointer.save_in_memory(s);
+    }
+  }
+  run.checkpointer.finish();
+  const std::string memory = list_checkpoint_dirs(memory_tier_root(rc.train)).back().path;
+  EXPECT_EQ(read_checkpoint_trainer_state(memory).at("durable_step"), 2);
+  ASSERT_EQ(usable_memory_checkpoint(rc.train), memory);
+
+  remove_all(list_checkpoint_dirs(rc.train.run_dir).at(1).path);  // step 2: back to step 1
+  EXPECT_EQ(usable_memory_checkpoint(rc.train), std::nullopt);
+  TinyRun resumed(rc, 99);
+  EXPECT_EQ(resumed.checkpointer.resume(), 1);
+
+  // A durable checkpoint of a later step wins over the memory tier.
+  resumed.step(2);
+  resumed.step(3);
+  resumed.step(4);
+  resumed.step(5);
+  resumed.checkpointer.save(5);
+  resumed.checkpointer.finish();
+  EXPECT_EQ(usable_memory_checkpoint(rc.train), std::nullopt);
+  EXPECT_EQ(latest_resume_step(rc.train), 5);
+}
+
+TEST(MemoryTier, ANewRunClearsItAndTheEndOfARunRetiresIt) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  const std::string root = memory_tier_root(rc.train);
+  EXPECT_EQ(root.rfind(rc.train.memory_checkpoint_dir + "/foundry-", 0), 0u) << root;
+  TinyRun run(rc, 1);
+  run.step(1);
+  run.checkpointer.save_in_memory(1);
+  run.step(2);
+  run.checkpointer.poll();
+  ASSERT_EQ(list_checkpoint_dirs(root).size(), 1u);
+  run.checkpointer.clear_memory_tier();
+  EXPECT_FALSE(path_exists(root));
+  run.checkpointer.save_in_memory(2);
+  run.step(3);
+  run.checkpointer.save(3);
+  run.checkpointer.retire_memory_tier();  // commits both, then removes the tier
+  EXPECT_FALSE(path_exists(root));
+  EXPECT_EQ(list_checkpoint_dirs(rc.train.run_dir).size(), 1u);
+}
+
+// A failing memory tier only costs its checkpoints: the run goes on without them.
+TEST(MemoryTier, AFailedSaveTurnsTheTierOffAndTrainingGoesOn) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  const std::string root = memory_tier_root(rc.train);
+  write_file_atomic(root, std::string_view("not a directory"));  // every write there fails
+  TinyRun run(rc, 1);
+  ASSERT_TRUE(run.checkpointer.memory_tier_on());
+  run.step(1);
+  run.checkpointer.save_in_memory(1);
+  run.step(2);
+  ::testing::internal::CaptureStderr();
+  run.checkpointer.poll();
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("in-memory checkpoints are off for the rest of this run"), std::string::npos)
+      << log;
+  EXPECT_FALSE(run.checkpointer.memory_tier_on());
+  run.checkpointer.save_in_memory(2);  // nothing: the tier is off
+  run.step(3);
+  run.checkpointer.save(3);
+  run.checkpointer.finish();
+  EXPECT_EQ(list_checkpoint_dirs(rc.train.run_dir).size(), 1u);
+}
+
+TEST(MemoryTier, RefusesADirectoryThatIsNotThereOrTooSmall) {
+  TempDir dir;
+  RunConfig rc = memory_tier_config(dir);
+  check_memory_tier_room(rc.train, 1e6);
+  expect_error([&] { check_memory_tier_room(rc.train, 1e18); },
+               "train.memory_checkpoint_dir = '" + rc.train.memory_checkpoint_dir + "' has ");
+  rc.train.memory_checkpoint_dir = dir.path() + "/missing";
+  expect_error([&] { check_memory_tier_room(rc.train, 1e6); },
+               "train.memory_checkpoint_dir = '" + rc.train.memory_checkpoint_dir +
+                   "' is not a directory");
 }
 
 }  // namespace

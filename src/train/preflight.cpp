@@ -85,6 +85,17 @@ MemoryNeed eval_need(const RunConfig& rc, int64_t batch) {
 
 }  // namespace
 
+int64_t rank_checkpoint_bytes(const RunConfig& rc, int ranks) {
+  const TrainConfig& tc = rc.train;
+  const bool muon = tc.optimizer == OptimizerKind::muon;
+  if (ranks > 1 && tc.zero1) {
+    const Zero1RankMemory peak = zero1_memory(Zero1Layout(ParamTable(rc.model), ranks, muon)).peak;
+    return 4 * peak.shard_elements + peak.adamw_state_bytes + peak.muon_momentum_bytes;
+  }
+  const MemoryEstimate m = estimate_memory(rc.model, 1, 1, tc.precision, muon);
+  return m.weights_fp32_bytes + m.optimizer_bytes;
+}
+
 MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks) {
   const TrainConfig& tc = rc.train;
   const bool muon = tc.optimizer == OptimizerKind::muon, bf16 = tc.precision == DType::bf16;
@@ -93,13 +104,13 @@ MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ran
   // Elements of the fp32 weight and gradient slabs this rank stores (the whole table unless
   // expert parallelism releases other ranks' experts), and its optimizer state and snapshot.
   int64_t weights = m.weights_fp32_bytes / 4, grads = weights;
-  int64_t optimizer = m.optimizer_bytes, snapshot = m.weights_fp32_bytes + m.optimizer_bytes;
+  int64_t optimizer = m.optimizer_bytes;
+  const int64_t snapshot = rank_checkpoint_bytes(rc, ranks);
   if (ranks > 1 && tc.zero1) {
     const ParamTable table(rc.model);
     const Zero1Layout layout(table, ranks, muon);
     const Zero1RankMemory peak = zero1_memory(layout).peak;
     optimizer = peak.total_bytes();
-    snapshot = 4 * peak.shard_elements + peak.adamw_state_bytes + peak.muon_momentum_bytes;
     const int ep = static_cast<int>(tc.expert_parallel);
     // A layout that does not divide fails later with its own error; until then, count it whole.
     if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {
@@ -114,6 +125,8 @@ MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ran
                    {"optimizer", optimizer},
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
   if (tc.checkpoint_async) need.parts.emplace_back("checkpoint snapshot", snapshot);
+  // RAM-backed files count against the same memory: the two copies the tier keeps.
+  if (tc.memory_checkpoint_every > 0) need.parts.emplace_back("in-memory checkpoints", 2 * snapshot);
   add_margin(need);
   return need;
 }

@@ -18,6 +18,10 @@ class Processes;
 // and the margin the estimate leaves out.
 MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks);
 
+// The bytes of one rank's checkpoint (its parameters to save and its optimizer state) in a
+// run over `ranks` ranks: the snapshot's size, and one copy in the in-memory tier.
+int64_t rank_checkpoint_bytes(const RunConfig& rc, int ranks);
+
 // Training: training_memory_need times the ranks on each host against each rank's budget.
 // Collective over procs.world(): every rank reaches the same verdict and fails together.
 void check_training_memory(const RunConfig& rc, const Processes& procs,

@@ -60,6 +60,8 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get_choice<CheckpointOverlap>("checkpoint_overlap", t.checkpoint_overlap,
                                   {{"wait", CheckpointOverlap::wait},
                                    {"skip", CheckpointOverlap::skip}});
+  r.get("memory_checkpoint_every", t.memory_checkpoint_every, int64_t{0}, int64_t{1} << 40);
+  r.get("memory_checkpoint_dir", t.memory_checkpoint_dir);
   r.get_choice<AnomalyPolicy>("anomaly_policy", t.anomaly_policy,
                               {{"skip", AnomalyPolicy::skip},
                                {"rollback", AnomalyPolicy::rollback},

@@ -79,6 +79,12 @@ struct TrainConfig {
   // A checkpoint falls due while the previous one is still being written: wait for it to
   // commit, or skip the new one.
   CheckpointOverlap checkpoint_overlap = CheckpointOverlap::wait;
+  // In-memory checkpoints (train/memory_tier.h): every memory_checkpoint_every steps (0 =
+  // off) each rank also writes its state to a RAM-backed directory under
+  // memory_checkpoint_dir, from which a restart after a crash resumes when it is newer than
+  // the run directory's checkpoints. Needs every rank on one host.
+  int64_t memory_checkpoint_every = 0;
+  std::string memory_checkpoint_dir = "/dev/shm";
   // Numerical anomalies (train/anomaly.h): a non-finite loss or gradient norm, or a loss
   // above spike_factor × the median loss of the last spike_window good steps (once there
   // are spike_warmup of them; spike_factor 0 = no spike detection), drops the step's update

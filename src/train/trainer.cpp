@@ -23,6 +23,7 @@
 #include "train/evaluate.h"
 #include "train/events.h"
 #include "train/heartbeat.h"
+#include "train/memory_tier.h"
 #include "train/metrics.h"
 #include "train/optimizer_config.h"
 #include "train/preflight.h"
@@ -109,6 +110,9 @@ struct TrainingRun {
   bool checkpoint_due(int64_t step) const {
     return tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0;
   }
+  bool memory_checkpoint_due(int64_t step) const {
+    return tc.memory_checkpoint_every > 0 && step % tc.memory_checkpoint_every == 0;
+  }
   RankMemory memory_now() const {
     return {double(peak_rss_bytes()), double(model->resident_slab_bytes())};
   }
@@ -142,6 +146,8 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   check_layout(rc, opt, procs);
   if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
   check_training_memory(rc, procs);
+  if (tc.memory_checkpoint_every > 0)
+    check_memory_tier_room(tc, 2.0 * rank_checkpoint_bytes(rc, procs.ranks()) * procs.ranks());
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
   run_dir.emplace(tc.run_dir, opt.start, procs);
   model.emplace(rc.model, tc.precision);
@@ -158,7 +164,10 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
 // holds checkpoints when it says to resume, so finding none that loads is an error (starting
 // over would replace them).
 int64_t TrainingRun::resume() {
-  if (!run_dir->resume()) return 0;
+  if (!run_dir->resume()) {
+    checkpointer->clear_memory_tier();
+    return 0;
+  }
   const int64_t step = checkpointer->resume();
   if (step == 0)
     fail(fmt::format("no committed checkpoint in '{}/checkpoints' to resume from (the directories "
@@ -537,8 +546,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     if (final_step || stop.any() || run.checkpoint_due(step)) {
       run.mark(step, "checkpoint");
       run.checkpointer->save(step);
+    } else if (run.memory_checkpoint_due(step)) {
+      run.checkpointer->save_in_memory(step);
     }
     if (final_step || stop.any()) run.checkpointer->finish();
+    if (final_step || stop.signal) run.checkpointer->retire_memory_tier();
     if (stop.output_failed) report_output_failure(run, step, output_error);
     if (stop.signal) {
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",

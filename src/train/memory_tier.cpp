@@ -1,0 +1,98 @@
+#include "train/memory_tier.h"
+
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+
+#include <filesystem>
+
+#include "base/error.h"
+#include "base/hash.h"
+#include "base/io.h"
+#include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_dir.h"
+
+namespace foundry {
+
+namespace {
+
+int64_t step_of(const std::string& checkpoint_dir) {
+  const size_t slash = checkpoint_dir.find_last_of('/');
+  return parse_checkpoint_dir_name(checkpoint_dir.substr(slash + 1)).value_or(0);
+}
+
+// Whether the run directory still holds the committed checkpoint of `step`.
+bool holds_committed(const std::string& run_dir, int64_t step) {
+  for (const CheckpointDir& d : list_checkpoint_dirs(run_dir)) {
+    if (d.step != step) continue;
+    try {
+      verify_checkpoint(d.path);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+void check_memory_tier_room(const TrainConfig& tc, double bytes) {
+  const std::string& dir = tc.memory_checkpoint_dir;
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    fail(fmt::format("train.memory_checkpoint_dir = '{}' is not a directory", dir),
+         "point it at a RAM-backed directory (/dev/shm) or turn in-memory checkpoints off with "
+         "train.memory_checkpoint_every=0");
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) != 0) return;
+  const double free = static_cast<double>(fs.f_bavail) * fs.f_frsize;
+  if (free < bytes)
+    fail(fmt::format("train.memory_checkpoint_dir = '{}' has {:.2f} GB free; in-memory "
+                     "checkpoints need {:.2f} GB there (two copies of every rank's state)",
+                     dir, free / 1e9, bytes / 1e9),
+         "free space there, point train.memory_checkpoint_dir at a larger RAM-backed "
+         "directory, or turn in-memory checkpoints off with train.memory_checkpoint_every=0");
+}
+
+std::string memory_tier_root(const TrainConfig& tc) {
+  if (tc.memory_checkpoint_every <= 0) return "";
+  std::error_code ec;
+  std::string run_dir = std::filesystem::weakly_canonical(tc.run_dir, ec).string();
+  if (ec) run_dir = std::filesystem::absolute(tc.run_dir).lexically_normal().string();
+  while (run_dir.size() > 1 && run_dir.back() == '/') run_dir.pop_back();
+  return join(tc.memory_checkpoint_dir,
+              "foundry-" + hash64_hex(hash64(run_dir.data(), run_dir.size())));
+}
+
+std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc) {
+  const std::string root = memory_tier_root(tc);
+  if (root.empty() || !path_exists(root)) return std::nullopt;
+  const std::optional<std::string> memory = find_latest_checkpoint(root);
+  if (!memory) return std::nullopt;
+  const std::optional<std::string> durable = find_latest_checkpoint(tc.run_dir);
+  if (durable && step_of(*durable) >= step_of(*memory)) return std::nullopt;
+  try {
+    const json state = read_checkpoint_trainer_state(*memory);
+    const auto base = state.find(kDurableStepKey);
+    if (base == state.end() || !base->is_number_integer()) return std::nullopt;
+    const int64_t base_step = base->get<int64_t>();
+    if (base_step != 0 && !holds_committed(tc.run_dir, base_step)) return std::nullopt;
+  } catch (const Error& e) {
+    warn(fmt::format("skipping in-memory checkpoint {}: {}", *memory, e.what()));
+    return std::nullopt;
+  }
+  return memory;
+}
+
+int64_t latest_resume_step(const TrainConfig& tc) {
+  if (const auto memory = usable_memory_checkpoint(tc)) return step_of(*memory);
+  const auto durable = find_latest_checkpoint(tc.run_dir);
+  return durable ? step_of(*durable) : 0;
+}
+
+void remove_memory_tier(const TrainConfig& tc) {
+  const std::string root = memory_tier_root(tc);
+  if (!root.empty()) remove_all(root);
+}
+
+}  // namespace foundry

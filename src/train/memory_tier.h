@@ -1,0 +1,44 @@
+// The in-memory checkpoint tier: checkpoints of the same sharded format as the run
+// directory's, written every train.memory_checkpoint_every steps to a RAM-backed directory
+// (train.memory_checkpoint_dir, /dev/shm by default), so that a restart after a crash loses
+// a few steps instead of up to a checkpoint interval. They outlive the processes, not the
+// host: the run directory's checkpoints remain the durable ones.
+//
+// The tier keeps two committed checkpoints in MEMORY_DIR/foundry-<XXH3 of the run directory's
+// absolute path>/checkpoints; a save moves the older one's files into its staging directory
+// and overwrites them in place, so the tier holds two copies of the state at most and a save
+// allocates no memory. A resume uses
+// it only when it is newer than every checkpoint of the run directory and descends from one
+// still there (its trainer state's "durable_step": the run directory's newest committed
+// checkpoint when it was written, 0 for none), so removing checkpoints from the run directory
+// to go back sets the memory tier aside too. A new run, and a run that ends with its final
+// checkpoint in the run directory, remove the tier.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "train/run_config.h"
+
+namespace foundry {
+
+inline constexpr char kDurableStepKey[] = "durable_step";
+
+// Before a run starts (the tier on): fails unless train.memory_checkpoint_dir is a directory
+// with room for `bytes` (two copies of every rank's state on this host).
+void check_memory_tier_room(const TrainConfig& tc, double bytes);
+
+// The tier's directory for this run; "" when the tier is off.
+std::string memory_tier_root(const TrainConfig& tc);
+
+// The tier's newest committed checkpoint that a resume may use (see above), if any.
+std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc);
+
+// The step of the newest checkpoint a resume would start from (the memory tier's when
+// usable, else the run directory's latest); 0 when there is none.
+int64_t latest_resume_step(const TrainConfig& tc);
+
+// Removes the tier's directory (nothing when the tier is off or absent).
+void remove_memory_tier(const TrainConfig& tc);
+
+}  // namespace foundry
