@@ -48,8 +48,8 @@ void register_launch_command(CLI::App& app) {
   cmd->add_option("--max-restarts", o->max_restarts, "Restart budget")
       ->check(CLI::Range(0, 1000000));
   cmd->add_option("--backoff", o->backoff_s,
-                  "Seconds before the first restart; doubles while restarts commit no new "
-                  "checkpoint")
+                  "Seconds before restarting an attempt that committed no new checkpoint; "
+                  "doubles while attempts make no headway (one that did restarts at once)")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_option("--max-backoff", o->max_backoff_s, "Longest wait between restarts (s)")
       ->check(CLI::Range(0.0, 86400.0));

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
@@ -29,6 +30,7 @@ namespace foundry {
 namespace {
 
 constexpr double kPollSeconds = 0.2;
+constexpr double kGoneGraceSeconds = 0.3;
 const char* const kFaultVariables[] = {"FOUNDRY_CHECKPOINT_FAULT", "FOUNDRY_TRAIN_FAULT"};
 
 // How an attempt ended.
@@ -51,6 +53,7 @@ struct Attempt {
   bool progressed = false;    // some rank completed a step in this attempt
   std::map<int, ChangeClock> beats, progress;
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
+  std::map<int, double> gone_since;        // ranks whose process has vanished, since when
   std::string host;                        // this host's name
 };
 
@@ -81,8 +84,10 @@ class Supervisor {
   Attempt start(int number);
   Outcome watch(Attempt& a);
   std::optional<Outcome> check_heartbeats(Attempt& a, double now);
+  std::optional<Outcome> check_rank_processes(Attempt& a, double now);
   Outcome classify_exit(const Attempt& a, int status) const;
-  bool fatal_event_since(double unix_start) const;
+  // Whether the job logged an event matching `match` since `unix_start`.
+  bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
   void end_job(Attempt& a, bool graceful);
   void kill_leftover_ranks(const Attempt& a);
   bool is_job_rank(int64_t pid) const;
@@ -207,10 +212,38 @@ std::optional<Outcome> Supervisor::check_heartbeats(Attempt& a, double now) {
   return std::nullopt;
 }
 
-bool Supervisor::fatal_event_since(double unix_start) const {
+// A rank on this host whose process is gone without saying it exited died (SIGKILL, the OOM
+// killer, a crash): noticed within a poll, not after mpirun's own clean-up or a heartbeat
+// timeout. The job's own exit says more when it comes soon (kGoneGraceSeconds: a job
+// failing as a whole keeps its exit code), when the rank did exit normally since its record
+// was read, or when a rank's heartbeat watch is already ending the job.
+std::optional<Outcome> Supervisor::check_rank_processes(Attempt& a, double now) {
+  for (auto& [rank, r] : a.records) {
+    if (r.exited || r.host != a.host || local_process_state(r.pid) != "gone") {
+      a.gone_since.erase(rank);
+      continue;
+    }
+    const double since = a.gone_since.emplace(rank, now).first->second;
+    if (now - since < kGoneGraceSeconds) continue;
+    if (auto fresh = read_heartbeat(run_dir_, rank); fresh && fresh->exited) {
+      r = *fresh;
+      continue;
+    }
+    const auto ending = [](const json& e) {
+      const std::string event = e.value("event", "");
+      return event == "rank_lost" || event == "hang";
+    };
+    if (job_event_since(attempt_unix_, ending)) continue;
+    return Outcome{Outcome::failed, true, "rank_lost", rank,
+                   fmt::format("{} has died (its process is gone)", describe_rank(r))};
+  }
+  return std::nullopt;
+}
+
+bool Supervisor::job_event_since(double unix_start,
+                                 const std::function<bool(const json&)>& match) const {
   for (const json& e : read_events(run_dir_))
-    if (e.value("unix", 0.0) >= unix_start && e.value("source", "") == "train" &&
-        e.value("fatal", false))
+    if (e.value("unix", 0.0) >= unix_start && e.value("source", "") == "train" && match(e))
       return true;
   return false;
 }
@@ -231,7 +264,8 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
   // A first start that fails before its first step met bad input and would fail the same
   // way again; a restart's may be the environment (a disk still full) and is retried.
   const bool bad_input = !a.progressed && a.number == 1;
-  if (code == kExitFailed && (bad_input || fatal_event_since(attempt_unix_))) {
+  const auto fatal = [](const json& e) { return e.value("fatal", false); };
+  if (code == kExitFailed && (bad_input || job_event_since(attempt_unix_, fatal))) {
     o.retry = false;
     o.detail += bad_input ? " before completing a step (it would fail the same way again)"
                           : " (a failure the job marked fatal)";
@@ -283,6 +317,13 @@ Outcome Supervisor::watch(Attempt& a) {
              "stop signal: asking the job to checkpoint and exit");
       end_job(a, /*graceful=*/true);
     }
+    if (!stopping) {
+      if (std::optional<Outcome> o = check_rank_processes(a, now)) {
+        end_job(a, /*graceful=*/false);
+        waitpid(a.pid, &status, 0);
+        return *o;
+      }
+    }
     if (!stopping && now >= next_check) {
       next_check = now + std::min(1.0, std::max(kPollSeconds, rc_.train.heartbeat_interval_s));
       if (std::optional<Outcome> o = check_heartbeats(a, now)) {
@@ -325,15 +366,22 @@ int Supervisor::run() {
              fmt::format("giving up after {} restarts (--max-restarts)", o_.max_restarts));
       return kExitFailed;
     }
-    // Back off more while attempts make no headway; start over once one does.
-    if (committed > a.resume_step) backoff = o_.backoff_s;
+    // An attempt that saved a newer checkpoint restarts at once; attempts that make no
+    // headway wait, longer each time.
+    double wait = 0;
+    if (committed > a.resume_step) {
+      backoff = o_.backoff_s;
+    } else {
+      wait = backoff;
+      backoff = std::min(o_.max_backoff_s, 2 * backoff);
+    }
     record("restart",
            {{"attempt", number + 1}, {"from_step", committed}, {"steps_lost", lost},
-            {"backoff_s", backoff}},
-           fmt::format("restarting in {:.0f} s from step {} ({} step(s) lost)", backoff, committed,
-                       lost));
-    std::this_thread::sleep_for(std::chrono::duration<double>(backoff));
-    backoff = std::min(o_.max_backoff_s, 2 * backoff);
+            {"backoff_s", wait}},
+           fmt::format("restarting {} from step {} ({} step(s) lost)",
+                       wait > 0 ? fmt::format("in {:.1f} s", wait) : std::string("now"),
+                       committed, lost));
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     if (signals_.received()) return kExitInterrupted;
   }
 }

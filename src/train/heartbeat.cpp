@@ -40,7 +40,8 @@ json to_json(const HeartbeatRecord& r) {
           {"hang_after_s", r.hang_after_s}, {"exited", r.exited}};
 }
 
-// The state of process `pid` on this host: "running", "stopped", "gone".
+}  // namespace
+
 std::string local_process_state(int64_t pid) {
   std::ifstream stat(fmt::format("/proc/{}/stat", pid));
   std::string line;
@@ -52,8 +53,6 @@ std::string local_process_state(int64_t pid) {
   if (state == 'Z' || state == 'X') return "gone";
   return "running";
 }
-
-}  // namespace
 
 std::string heartbeat_dir(const std::string& run_dir) { return run_dir + "/heartbeat"; }
 

@@ -70,6 +70,8 @@ class ChangeClock {
 // Why a rank is silent, from this host when it is the rank's: "has died", "is stopped
 // (SIGSTOP?)", else "has stopped responding".
 std::string describe_silence(const HeartbeatRecord& r);
+// The state of process `pid` on this host: "running", "stopped", "gone" (none, or a zombie).
+std::string local_process_state(int64_t pid);
 // "rank 3 (pid 4121 on node7) at step 12 (step)".
 std::string describe_rank(const HeartbeatRecord& r);
 // Where every rank is, for a hang report: "ranks 0, 1, 3 at step 12 (step); rank 2 at step

@@ -250,7 +250,9 @@ void TrainingRun::build_model_and_optimizer() {
   // Expert parallel with ZeRO-1: a rank stores its own experts, the dense tensors and its
   // shard, not the other ranks' experts (before initializing, so it never writes them).
   if (ep_groups) optimizer->shard_expert_storage(*model, static_cast<int>(tc.expert_parallel));
-  model->init_weights(tc.seed);
+  // A resume loads every stored element or fails: drawing the initial weights first would
+  // only delay a restart (seconds for a model of 10⁸ parameters).
+  if (!run_dir->resume()) model->init_weights(tc.seed);
   optimizer->set_op_times(&model->op_times());
   // Data parallel: the backward pass reports finished gradients and the reduction of the
   // first buckets starts while the rest of backward computes (optim/grad_reduce.h).
