@@ -112,6 +112,16 @@ grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 11 ] \
   || { bad "in-memory resume: $lost step(s) lost"; cat mem2.log; }
 [ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
 
+# ---- SIGTERM to launch under mpirun, with steps of about a second: the ranks (not mpirun,
+# which would kill them) get it, save a checkpoint and exit; launch exits 75 ----
+"$FOUNDRY" launch --config "$SRC/configs/moe-bench.json" --synthetic-data --np 2 --steps 100000 \
+  --set train.run_dir=term2 train.peak_gflops=1000 train.checkpoint_every=0 >term2.log 2>&1 &
+lpid=$!
+wait_step term2 2; kill -TERM $lpid; wait $lpid; rc=$?
+[ $rc -eq 75 ] && [ "$(grep -c 'received SIGTERM: checkpoint saved at step' term2.log)" -ge 1 ] \
+  && [ -s term2/checkpoints/latest ] && ok "SIGTERM under mpirun: checkpoint saved, exit 75" \
+  || { bad "SIGTERM under mpirun: rc=$rc"; cat term2.log; }
+
 # ---- a full disk: the job stops, the supervisor retries until space is freed ----
 mkdir -p disk
 if mount -t tmpfs -o size=6M tmpfs disk 2>/dev/null; then

@@ -88,7 +88,8 @@ class Supervisor {
   Outcome classify_exit(const Attempt& a, int status) const;
   // Whether the job logged an event matching `match` since `unix_start`.
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
-  void end_job(Attempt& a, bool graceful);
+  void stop_job(const Attempt& a);
+  void kill_job(Attempt& a);
   void kill_leftover_ranks(const Attempt& a);
   bool is_job_rank(int64_t pid) const;
   void record(const std::string& event, const json& fields, const std::string& line);
@@ -290,12 +291,24 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
     if (!r.exited && r.host == a.host && is_job_rank(r.pid)) kill(pid_t(r.pid), SIGKILL);
 }
 
-// Ends the job: gracefully (SIGTERM: the job checkpoints and exits), or at once (SIGKILL to
-// every rank this host runs, then mpirun/srun's own clean-up of the rest).
-void Supervisor::end_job(Attempt& a, bool graceful) {
-  if (!graceful) kill_leftover_ranks(a);
-  kill(-a.pid, graceful ? SIGTERM : SIGKILL);
-  if (!graceful) kill(a.pid, SIGTERM);
+// Asks the job to checkpoint and exit: SIGTERM to the ranks this host runs, which agree on
+// the stop with every other rank at the end of the step. Not to mpirun: it answers SIGTERM by
+// killing the ranks, long before a large model's checkpoint is written. Before any rank has
+// a heartbeat record, or with no rank here, the whole process group gets it.
+void Supervisor::stop_job(const Attempt& a) {
+  bool signalled = false;
+  for (const auto& [rank, r] : read_heartbeats(run_dir_))
+    if (!r.exited && r.host == a.host && is_job_rank(r.pid))
+      signalled = kill(pid_t(r.pid), SIGTERM) == 0 || signalled;
+  if (!signalled) kill(-a.pid, SIGTERM);
+}
+
+// Ends the job at once: SIGKILL to every rank this host runs, then mpirun/srun's own clean-up
+// of the rest.
+void Supervisor::kill_job(Attempt& a) {
+  kill_leftover_ranks(a);
+  kill(-a.pid, SIGKILL);
+  kill(a.pid, SIGTERM);
 }
 
 Outcome Supervisor::watch(Attempt& a) {
@@ -315,11 +328,11 @@ Outcome Supervisor::watch(Attempt& a) {
       stopping = true;  // the job saves a checkpoint and exits 75
       record("stop", {{"attempt", a.number}, {"signal", signals_.received()}},
              "stop signal: asking the job to checkpoint and exit");
-      end_job(a, /*graceful=*/true);
+      stop_job(a);
     }
     if (!stopping) {
       if (std::optional<Outcome> o = check_rank_processes(a, now)) {
-        end_job(a, /*graceful=*/false);
+        kill_job(a);
         waitpid(a.pid, &status, 0);
         return *o;
       }
@@ -327,7 +340,7 @@ Outcome Supervisor::watch(Attempt& a) {
     if (!stopping && now >= next_check) {
       next_check = now + std::min(1.0, std::max(kPollSeconds, rc_.train.heartbeat_interval_s));
       if (std::optional<Outcome> o = check_heartbeats(a, now)) {
-        end_job(a, /*graceful=*/false);
+        kill_job(a);
         waitpid(a.pid, &status, 0);
         return *o;
       }
