@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "base/exit_codes.h"
@@ -73,7 +74,6 @@ int64_t last_logged_step(const std::string& run_dir) {
   }
 }
 
-
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o)
@@ -90,6 +90,7 @@ class Supervisor {
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
   void stop_job(const Attempt& a);
   void kill_job(Attempt& a);
+  std::vector<pid_t> local_rank_pids(const Attempt& a) const;
   void kill_leftover_ranks(const Attempt& a);
   bool is_job_rank(int64_t pid) const;
   void record(const std::string& event, const json& fields, const std::string& line);
@@ -284,11 +285,18 @@ bool Supervisor::is_job_rank(int64_t pid) const {
   return args.find(o_.config_path) != std::string::npos;
 }
 
-// Ranks of a failed attempt still alive on this host (stopped, or missed by mpirun's clean-up),
-// found by their heartbeat records.
-void Supervisor::kill_leftover_ranks(const Attempt& a) {
+// The pids of the attempt's ranks running on this host that have not exited, found by their
+// heartbeat records.
+std::vector<pid_t> Supervisor::local_rank_pids(const Attempt& a) const {
+  std::vector<pid_t> pids;
   for (const auto& [rank, r] : read_heartbeats(run_dir_))
-    if (!r.exited && r.host == a.host && is_job_rank(r.pid)) kill(pid_t(r.pid), SIGKILL);
+    if (!r.exited && r.host == a.host && is_job_rank(r.pid)) pids.push_back(pid_t(r.pid));
+  return pids;
+}
+
+// Ranks of a failed attempt still alive on this host (stopped, or missed by mpirun's clean-up).
+void Supervisor::kill_leftover_ranks(const Attempt& a) {
+  for (const pid_t pid : local_rank_pids(a)) kill(pid, SIGKILL);
 }
 
 // Asks the job to checkpoint and exit: SIGTERM to the ranks this host runs, which agree on
@@ -297,9 +305,7 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
 // a heartbeat record, or with no rank here, the whole process group gets it.
 void Supervisor::stop_job(const Attempt& a) {
   bool signalled = false;
-  for (const auto& [rank, r] : read_heartbeats(run_dir_))
-    if (!r.exited && r.host == a.host && is_job_rank(r.pid))
-      signalled = kill(pid_t(r.pid), SIGTERM) == 0 || signalled;
+  for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGTERM) == 0 || signalled;
   if (!signalled) kill(-a.pid, SIGTERM);
 }
 

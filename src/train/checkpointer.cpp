@@ -133,11 +133,7 @@ void Checkpointer::save_in_memory(int64_t step) {
   memory_.snapshot_pending = true;
   memory_.writer = std::thread([this] {
     write_shard(memory_);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      memory_.snapshot_pending = false;
-    }
-    snapshot_done_.notify_all();
+    release_snapshot(memory_);
   });
   memory_.blocked_seconds = now_seconds() - memory_.started;
 }
@@ -180,10 +176,10 @@ void Checkpointer::check_same_tokenizer(const std::string& dir, const json& stat
 // checkpoint whose data fails its checksums while loading is skipped).
 std::vector<std::string> Checkpointer::resume_candidates() const {
   std::vector<std::string> candidates;
-  if (!memory_.root.empty())
-    if (auto memory = usable_memory_checkpoint(rc_.train)) candidates.push_back(*memory);
   const std::string& run_dir = rc_.train.run_dir;
   const auto latest = find_latest_checkpoint(run_dir);
+  if (!memory_.root.empty())
+    if (auto memory = usable_memory_checkpoint(rc_.train, latest)) candidates.push_back(*memory);
   if (!latest) return candidates;
   candidates.push_back(*latest);
   const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(run_dir);
@@ -309,11 +305,7 @@ void Checkpointer::save(int64_t step) {
     disk_.snapshot_pending = true;
     disk_.writer = std::thread([this] {
       copy_snapshot(disk_);
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        disk_.snapshot_pending = false;
-      }
-      snapshot_done_.notify_all();
+      release_snapshot(disk_);
       // The write yields the cores to training: on a machine whose cores all compute, a
       // writer at equal priority preempts OpenMP threads and stalls every parallel region.
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
@@ -324,6 +316,15 @@ void Checkpointer::save(int64_t step) {
     commit(disk_);
   }
   disk_.blocked_seconds = now_seconds() - t0;
+}
+
+// The writer thread: the live buffers are no longer read, protect_state() may return.
+void Checkpointer::release_snapshot(Tier& tier) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    tier.snapshot_pending = false;
+  }
+  snapshot_done_.notify_all();
 }
 
 void Checkpointer::protect_state() {

@@ -127,6 +127,7 @@ class Checkpointer {
   json trainer_state(int64_t step) const;
   void plan(Tier& tier, int64_t step);
   void copy_snapshot(Tier& tier);
+  void release_snapshot(Tier& tier);
   void write_shard(Tier& tier);  // the write phase (background thread or inline)
   void commit(Tier& tier);       // the commit phase, collective
   void report_save(const Tier& tier, const std::string& path, const std::vector<json>& shards,
@@ -157,7 +158,6 @@ class Checkpointer {
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
 };
-
 
 // Fails unless the checkpoint `dir` (its trainer state `saved_state`) was written by the
 // `configured` optimizer: the state of one cannot continue the other. Checkpoints from

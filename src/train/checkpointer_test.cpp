@@ -264,10 +264,10 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   run.checkpointer.finish();
   const std::string memory = list_checkpoint_dirs(memory_tier_root(rc.train)).back().path;
   EXPECT_EQ(read_checkpoint_trainer_state(memory).at("durable_step"), 2);
-  ASSERT_EQ(usable_memory_checkpoint(rc.train), memory);
+  ASSERT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), memory);
 
   remove_all(list_checkpoint_dirs(rc.train.run_dir).at(1).path);  // step 2: back to step 1
-  EXPECT_EQ(usable_memory_checkpoint(rc.train), std::nullopt);
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), std::nullopt);
   TinyRun resumed(rc, 99);
   EXPECT_EQ(resumed.checkpointer.resume(), 1);
 
@@ -278,7 +278,7 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   resumed.step(5);
   resumed.checkpointer.save(5);
   resumed.checkpointer.finish();
-  EXPECT_EQ(usable_memory_checkpoint(rc.train), std::nullopt);
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), std::nullopt);
   EXPECT_EQ(latest_resume_step(rc.train), 5);
 }
 

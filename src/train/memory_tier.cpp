@@ -64,12 +64,12 @@ std::string memory_tier_root(const TrainConfig& tc) {
               "foundry-" + hash64_hex(hash64(run_dir.data(), run_dir.size())));
 }
 
-std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc) {
+std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
+                                                    const std::optional<std::string>& durable) {
   const std::string root = memory_tier_root(tc);
   if (root.empty() || !path_exists(root)) return std::nullopt;
   const std::optional<std::string> memory = find_latest_checkpoint(root);
   if (!memory) return std::nullopt;
-  const std::optional<std::string> durable = find_latest_checkpoint(tc.run_dir);
   if (durable && step_of(*durable) >= step_of(*memory)) return std::nullopt;
   try {
     const json state = read_checkpoint_trainer_state(*memory);
@@ -85,14 +85,9 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc) {
 }
 
 int64_t latest_resume_step(const TrainConfig& tc) {
-  if (const auto memory = usable_memory_checkpoint(tc)) return step_of(*memory);
   const auto durable = find_latest_checkpoint(tc.run_dir);
+  if (const auto memory = usable_memory_checkpoint(tc, durable)) return step_of(*memory);
   return durable ? step_of(*durable) : 0;
-}
-
-void remove_memory_tier(const TrainConfig& tc) {
-  const std::string root = memory_tier_root(tc);
-  if (!root.empty()) remove_all(root);
 }
 
 }  // namespace foundry

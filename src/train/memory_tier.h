@@ -31,14 +31,13 @@ void check_memory_tier_room(const TrainConfig& tc, double bytes);
 // The tier's directory for this run; "" when the tier is off.
 std::string memory_tier_root(const TrainConfig& tc);
 
-// The tier's newest committed checkpoint that a resume may use (see above), if any.
-std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc);
+// The tier's newest committed checkpoint that a resume may use (see above), if any, given
+// the run directory's latest committed checkpoint (find_latest_checkpoint(tc.run_dir)).
+std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
+                                                    const std::optional<std::string>& durable);
 
 // The step of the newest checkpoint a resume would start from (the memory tier's when
 // usable, else the run directory's latest); 0 when there is none.
 int64_t latest_resume_step(const TrainConfig& tc);
-
-// Removes the tier's directory (nothing when the tier is off or absent).
-void remove_memory_tier(const TrainConfig& tc);
 
 }  // namespace foundry
