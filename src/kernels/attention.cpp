@@ -13,294 +13,364 @@
 namespace foundry::ops {
 namespace {
 
-// A batch of matrices inside a larger tensor: batch dims with their strides, then a row and
-// a column stride (elements). Sub-blocks of it become oneDNN matmul operands.
-struct Strided {
-  const void* data;
-  DType dtype;
-  std::vector<int64_t> batch_dims, batch_strides;
-  int64_t row_stride, col_stride;
+// One causal attention problem. Query rows [q_begin, q_end) of q/out/dq/dout [B, q_rows, H, D]
+// (lse, the row statistics, [B, H, q_rows]) against key rows [0, k_rows) of k/v/dk/dv
+// [B, k_rows, KVH, D]; query row r sits at key position r − q_begin + q_pos and sees the
+// keys at or before it.
+struct Problem {
+  int64_t b, h, kvh, d, g;
+  int64_t q_rows, k_rows;
+  int64_t q_begin, q_end, q_pos;
 
-  Strided offset(int64_t elements) const {
-    Strided s = *this;
-    const size_t bytes = dtype == DType::bf16 ? sizeof(bf16) : sizeof(float);
-    s.data = static_cast<const char*>(data) + elements * static_cast<int64_t>(bytes);
-    return s;
+  static Problem self_attention(const AttentionShape& s) {
+    return {s.b, s.h, s.kvh, s.d, s.h / s.kvh, s.t, s.t, 0, s.t, 0};
   }
-  Strided transposed() const {
-    Strided s = *this;
-    std::swap(s.row_stride, s.col_stride);
-    return s;
-  }
-  // Rows [r0, r1) and columns [c0, c1) of every matrix in the batch.
-  MatView block(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const {
-    const Strided s = offset(r0 * row_stride + c0 * col_stride);
-    MatView v{s.data, dtype, batch_dims, batch_strides};
-    v.dims.insert(v.dims.end(), {r1 - r0, c1 - c0});
-    v.strides.insert(v.strides.end(), {row_stride, col_stride});
-    return v;
-  }
-  OutView out_block(int64_t r0, int64_t r1, int64_t c0, int64_t c1) const {
-    FOUNDRY_CHECK(dtype == DType::f32);
-    const MatView v = block(r0, r1, c0, c1);
-    return OutView{static_cast<float*>(const_cast<void*>(v.data)), v.dims, v.strides};
-  }
+  // The key position of query row r.
+  int64_t position(int64_t r) const { return r - q_begin + q_pos; }
 };
-
-// The layouts of the attention tensors as batches over [B, KVH, G] (G = H / KVH query heads
-// per kv head), so that one matmul covers every head and kv heads broadcast over G.
-struct Layouts {
-  int64_t b, t, h, kvh, d, g;
-  explicit Layouts(const AttentionShape& s)
-      : b(s.b), t(s.t), h(s.h), kvh(s.kvh), d(s.d), g(s.h / s.kvh) {}
-
-  // q, out, dq, dout [B, T, H, D] as [B, KVH, G] × [T, D].
-  Strided query(const void* p, DType dt) const {
-    return {p, dt, {b, kvh, g}, {t * h * d, g * d, d}, h * d, 1};
-  }
-  // k, v, dk, dv [B, T, KVH, D] as [B, KVH, 1] × [T, D].
-  Strided key(const void* p, DType dt) const {
-    return {p, dt, {b, kvh, 1}, {t * kvh * d, d, d}, kvh * d, 1};
-  }
-  // probs and score-shaped scratch [B, H, T, T] as [B, KVH, G] × [T, T].
-  Strided scores(const void* p, DType dt) const {
-    return {p, dt, {b, kvh, g}, {h * t * t, g * t * t, t * t}, t, 1};
-  }
-  // For the dK, dV sums over each group: query head j of every group, and the kv heads, as
-  // [B, KVH] × [T, D] (or × [T, T] for scores).
-  Strided query_head(const void* p, DType dt, int64_t j) const {
-    return Strided{p, dt, {b, kvh}, {t * h * d, g * d}, h * d, 1}.offset(j * d);
-  }
-  Strided key_4d(const void* p, DType dt) const {
-    return {p, dt, {b, kvh}, {t * kvh * d, d}, kvh * d, 1};
-  }
-  Strided scores_head(const void* p, DType dt, int64_t j) const {
-    return Strided{p, dt, {b, kvh}, {h * t * t, g * t * t}, t, 1}.offset(j * t * t);
-  }
-};
-
-// Causal block split of the T positions. Query block [r0, r1) only meets keys [0, r1), and
-// key block [c0, c1) only meets queries [c0, T): the score products skip the blocks above the
-// diagonal (with n blocks they do (n+1)/2n of the full work).
-std::vector<int64_t> block_bounds(int64_t t) {
-  constexpr int64_t kTargetRows = 64, kMaxBlocks = 8, kAlign = 16;
-  const int64_t blocks = std::clamp<int64_t>((t + kTargetRows - 1) / kTargetRows, 1, kMaxBlocks);
-  const int64_t rows = (t + blocks - 1) / blocks;
-  const int64_t aligned = blocks == 1 ? t : (rows + kAlign - 1) / kAlign * kAlign;
-  std::vector<int64_t> bounds{0};
-  while (bounds.back() < t) bounds.push_back(std::min(t, bounds.back() + aligned));
-  return bounds;
-}
 
 void check_shape(const AttentionShape& s) {
   FOUNDRY_CHECK(s.b > 0 && s.t > 0 && s.h > 0 && s.kvh > 0 && s.d > 0);
   FOUNDRY_CHECK(s.h % s.kvh == 0);
 }
 
-// The GEMM operands of a call: the float inputs themselves for fp32; for bf16, copies (same
-// layout) converted in a single parallel region.
-class GemmOperands {
- public:
-  static constexpr size_t kMaxInputs = 4;
+size_t element_bytes(DType dt) { return dt == DType::bf16 ? sizeof(bf16) : sizeof(float); }
 
-  GemmOperands(DType dtype, std::initializer_list<std::pair<const float*, int64_t>> inputs)
-      : dtype_(dtype) {
-    FOUNDRY_CHECK(inputs.size() <= kMaxInputs);
-    thread_local std::array<detail::ScratchBuffer<bf16>, kMaxInputs> scratch;
-    std::array<std::pair<const float*, int64_t>, kMaxInputs> src{};
-    std::array<bf16*, kMaxInputs> dst{};
-    size_t count = 0;
-    for (const auto& input : inputs) {
-      src[count] = input;
-      if (dtype == DType::bf16) dst[count] = scratch[count].get(input.second);
-      base_[count] = dtype == DType::bf16 ? static_cast<const void*>(dst[count]) : input.first;
-      ++count;
-    }
-    if (dtype != DType::bf16) return;
-    constexpr int64_t kBlock = 8192;
-#pragma omp parallel
-    for (size_t i = 0; i < count; ++i) {
-      const int64_t n = src[i].second;
-#pragma omp for schedule(static) nowait
-      for (int64_t start = 0; start < n; start += kBlock)
-        detail::to_bf16_serial(src[i].first + start, dst[i] + start, std::min(kBlock, n - start));
-    }
+const void* at(const void* base, DType dt, int64_t elements) {
+  return static_cast<const char*>(base) + elements * static_cast<int64_t>(element_bytes(dt));
+}
+
+// Rows (and keys) per tile: the largest of 256, 128, 64 whose score tile over every head,
+// B·H·tile² floats, fits in 4 MB, so a tile's softmax pass reads what its matmul just wrote
+// from cache. Fewer, larger tiles amortize each matmul call (a few microseconds).
+int64_t g_tile_override = 0;
+
+int64_t tile_size(const Problem& p) {
+  const int64_t longest = std::max(p.q_end - p.q_begin, p.k_rows);
+  if (g_tile_override > 0) return std::min(g_tile_override, longest);
+  constexpr int64_t kTileBytes = 4 << 20;
+  for (int64_t tile : {256, 128})
+    if (p.b * p.h * tile * tile * static_cast<int64_t>(sizeof(float)) <= kTileBytes)
+      return std::min(tile, longest);
+  return std::min<int64_t>(64, longest);
+}
+
+// A matrix operand or output for a batch over [B, KVH].
+MatView batch_view(const void* data, DType dt, const Problem& p, int64_t rows, int64_t cols,
+                   std::array<int64_t, 4> strides) {
+  return MatView{data, dt, {p.b, p.kvh, rows, cols}, {strides.begin(), strides.end()}};
+}
+OutView batch_out(float* data, const Problem& p, int64_t rows, int64_t cols,
+                  std::array<int64_t, 4> strides) {
+  return OutView{data, {p.b, p.kvh, rows, cols}, {strides.begin(), strides.end()}};
+}
+
+// The tensors of one (query block, key block) pair as matmul operands. A query block's rows
+// are gathered head-major, [B, KVH, G·br, D] (the G query heads of a kv head stacked), and its
+// score tiles are [B, KVH, G·br, bc]; keys stay where they are, [B, k_rows, KVH, D].
+struct TileViews {
+  const Problem& p;
+  int64_t br, bc;  // query rows, keys
+
+  int64_t rows() const { return p.g * br; }
+  MatView block(const void* data, DType dt) const {  // Q, dO: [G·br, D]
+    return batch_view(data, dt, p, rows(), p.d, {p.h * br * p.d, p.g * br * p.d, p.d, 1});
   }
-
-  // Element `offset` of input i, in the GEMM dtype.
-  const void* at(size_t i, int64_t offset) const {
-    const int64_t bytes = dtype_ == DType::bf16 ? sizeof(bf16) : sizeof(float);
-    return static_cast<const char*>(base_[i]) + offset * bytes;
+  OutView block_out(float* data) const {
+    return batch_out(data, p, rows(), p.d, {p.h * br * p.d, p.g * br * p.d, p.d, 1});
   }
-
- private:
-  DType dtype_;
-  std::array<const void*, kMaxInputs> base_{};
+  MatView scores(const void* data, DType dt) const {  // P, dS: [G·br, bc]
+    return batch_view(data, dt, p, rows(), bc, {p.h * br * bc, p.g * br * bc, bc, 1});
+  }
+  MatView scores_t(const void* data, DType dt) const {  // P^T, dS^T: [bc, G·br]
+    return batch_view(data, dt, p, bc, rows(), {p.h * br * bc, p.g * br * bc, 1, bc});
+  }
+  OutView scores_out(float* data) const {
+    return batch_out(data, p, rows(), bc, {p.h * br * bc, p.g * br * bc, bc, 1});
+  }
+  // Keys [c0, c0 + bc) of k or v: [bc, D], and transposed [D, bc].
+  MatView keys(const void* data, DType dt, int64_t c0) const {
+    return batch_view(at(data, dt, c0 * p.kvh * p.d), dt, p, bc, p.d,
+                      {p.k_rows * p.kvh * p.d, p.d, p.kvh * p.d, 1});
+  }
+  MatView keys_t(const void* data, DType dt, int64_t c0) const {
+    return batch_view(at(data, dt, c0 * p.kvh * p.d), dt, p, p.d, bc,
+                      {p.k_rows * p.kvh * p.d, p.d, 1, p.kvh * p.d});
+  }
+  OutView keys_out(float* data, int64_t c0) const {
+    return batch_out(data + c0 * p.kvh * p.d, p, bc, p.d,
+                     {p.k_rows * p.kvh * p.d, p.d, p.kvh * p.d, 1});
+  }
+  // How many of the tile's keys query row r (of the block starting at r0) sees.
+  int64_t visible(int64_t r0, int64_t r, int64_t c0) const {
+    return std::clamp<int64_t>(p.position(r0 + r) + 1 - c0, 0, bc);
+  }
+  // Whether any key of the tile lies after the block's first query (the tile needs masking).
+  bool masked(int64_t r0, int64_t c0) const { return c0 + bc - 1 > p.position(r0); }
 };
 
-// Forward on one batch chunk: S = Q·K^T (causal blocks) into probs, softmax(S/sqrt(D)) in
-// place with the future masked to exactly 0, then out = P·V. qg, kg, vg are q, k, v in the
-// GEMM dtype.
-void forward_chunk(float* out, float* probs, const void* qg, const void* kg, const void* vg,
-                   const AttentionShape& s, DType dtype) {
-  const Layouts lay(s);
-  const int64_t t = s.t;
-  thread_local detail::ScratchBuffer<bf16> probs_scratch;
-  const int64_t score_count = s.b * s.h * t * t;
-  bf16* probs_bf16 = dtype == DType::bf16 ? probs_scratch.get(score_count) : nullptr;
+// Scratch that survives across calls (the kernels run on one thread at a time).
+struct Scratch {
+  detail::ScratchBuffer<bf16> k, v, block, block2, p, ds;
+  detail::ScratchBuffer<float> block_f32, block2_f32, acc, s, dp, row_a, row_b;
 
-  const std::vector<int64_t> bounds = block_bounds(t);
-  const Strided q_mats = lay.query(qg, dtype), k_mats = lay.key(kg, dtype);
-  const Strided score_mats = lay.scores(probs, DType::f32);
-  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
-    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
-    matmul(q_mats.block(r0, r1, 0, s.d), k_mats.transposed().block(0, s.d, 0, r1),
-           score_mats.out_block(r0, r1, 0, r1));
+  // A [count] buffer in the GEMM dtype: bf16 from `half`, fp32 from `full`.
+  static void* of(DType dt, detail::ScratchBuffer<bf16>& half,
+                  detail::ScratchBuffer<float>& full, int64_t count) {
+    return dt == DType::bf16 ? static_cast<void*>(half.get(count))
+                             : static_cast<void*>(full.get(count));
   }
+};
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
 
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+// k or v in the GEMM dtype: the input itself, or a bf16 copy.
+const void* gemm_input(const float* x, int64_t count, DType dt,
+                       detail::ScratchBuffer<bf16>& buffer) {
+  if (dt != DType::bf16) return x;
+  bf16* out = buffer.get(count);
+  constexpr int64_t kBlock = 8192;
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < s.b * s.h * t; ++row) {
-    const int64_t ti = row % t;
-    float* p = probs + row * t;
-    const float max_score = detail::max_of(p, ti + 1);
+  for (int64_t start = 0; start < count; start += kBlock)
+    detail::to_bf16_serial(x + start, out + start, std::min(kBlock, count - start));
+  return out;
+}
+
+// Rows [r0, r0 + br) of src [B, q_rows, H, D] into dst [B, H, br, D] (= [B, KVH, G·br, D]) in
+// the GEMM dtype.
+void gather_block(void* dst, DType dt, const float* src, const Problem& p, int64_t r0,
+                  int64_t br) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < p.b * p.h * br; ++row) {
+    const int64_t r = row % br, bh = row / br, b = bh / p.h, h = bh % p.h;
+    const float* from = src + ((b * p.q_rows + r0 + r) * p.h + h) * p.d;
+    if (dt == DType::bf16)
+      detail::to_bf16_serial(from, static_cast<bf16*>(dst) + row * p.d, p.d);
+    else
+      std::copy(from, from + p.d, static_cast<float*>(dst) + row * p.d);
+  }
+}
+
+// The lse entry of block row `row` ([B, H, br] order).
+int64_t lse_index(const Problem& p, int64_t r0, int64_t br, int64_t row) {
+  return (row / br) * p.q_rows + r0 + row % br;
+}
+
+// ---- forward ----------------------------------------------------------------------------
+
+// One key tile's softmax step for every row of the block: scores s [rows, bc] become
+// probabilities exp(s·scale − m) (0 where masked) in place and, for bf16, in p_out; the
+// running maximum m and sum l advance, and o [rows, D] is rescaled to the new maximum.
+void online_softmax_tile(float* s, bf16* p_out, float* m, float* l, float* o,
+                         const TileViews& tv, int64_t r0, int64_t c0, bool first, float scale) {
+  const int64_t bc = tv.bc, d = tv.p.d, br = tv.br;
+  const bool masked = tv.masked(r0, c0);
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < tv.p.b * tv.p.h * br; ++row) {
+    float* sr = s + row * bc;
+    const int64_t n = masked ? tv.visible(r0, row % br, c0) : bc;
+    const float m_old = first ? -std::numeric_limits<float>::infinity() : m[row];
+    const float m_new = std::max(m_old, detail::max_of(sr, n) * scale);
     float sum = 0;
 #pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j <= ti; ++j) {
-      p[j] = detail::exp_fast((p[j] - max_score) * scale);
-      sum += p[j];
+    for (int64_t j = 0; j < n; ++j) {
+      sr[j] = detail::exp_fast(sr[j] * scale - m_new);
+      sum += sr[j];
     }
-    const float inv_sum = 1.0f / sum;
+    std::fill(sr + n, sr + bc, 0.0f);
+    if (first) {
+      l[row] = sum;
+    } else {
+      const float alpha = detail::exp_fast(m_old - m_new);
+      l[row] = l[row] * alpha + sum;
+      if (alpha != 1.0f) {
+        float* orow = o + row * d;
 #pragma omp simd
-    for (int64_t j = 0; j <= ti; ++j) p[j] *= inv_sum;
-    std::fill(p + ti + 1, p + t, 0.0f);
-    if (probs_bf16) detail::to_bf16_serial(p, probs_bf16 + row * t, t);
-  }
-
-  const Strided p_mats = lay.scores(probs_bf16 ? static_cast<const void*>(probs_bf16) : probs,
-                                    dtype);
-  const Strided v_mats = lay.key(vg, dtype), out_mats = lay.query(out, DType::f32);
-  for (size_t i = 0; i + 1 < bounds.size(); ++i) {
-    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
-    matmul(p_mats.block(r0, r1, 0, r1), v_mats.block(0, r1, 0, s.d),
-           out_mats.out_block(r0, r1, 0, s.d));
+        for (int64_t x = 0; x < d; ++x) orow[x] *= alpha;
+      }
+    }
+    m[row] = m_new;
+    if (p_out) detail::to_bf16_serial(sr, p_out + row * bc, bc);
   }
 }
 
-struct BackwardScratch {
-  detail::ScratchBuffer<bf16> probs, dscores;
-  detail::ScratchBuffer<float> dscores_f32;
-};
-
-// Backward on one batch chunk: dP = dO·V^T, dS = P∘(dP − rowsum(dP∘P)) / sqrt(D), dQ = dS·K,
-// and per kv head dV = Σ_g P_g^T·dO_g, dK = Σ_g dS_g^T·Q_g over the G query heads sharing it.
-// doutg, qg, kg, vg are dout, q, k, v in the GEMM dtype; probs are the saved probabilities.
-void backward_chunk(float* dq, float* dk, float* dv, const void* doutg, const float* probs,
-                    const void* qg, const void* kg, const void* vg, const AttentionShape& s,
-                    DType dtype) {
-  const Layouts lay(s);
-  const int64_t t = s.t;
-  thread_local BackwardScratch scratch;
-  const int64_t score_count = s.b * s.h * t * t;
-  float* dscores = scratch.dscores_f32.get(score_count);
-  bf16* dscores_bf16 = dtype == DType::bf16 ? scratch.dscores.get(score_count) : nullptr;
-  bf16* probs_bf16 = dtype == DType::bf16 ? scratch.probs.get(score_count) : nullptr;
-
-  const std::vector<int64_t> bounds = block_bounds(t);
-  const size_t blocks = bounds.size() - 1;
-  const Strided dout_mats = lay.query(doutg, dtype), v_mats = lay.key(vg, dtype);
-  const Strided dscore_mats = lay.scores(dscores, DType::f32);
-  for (size_t i = 0; i < blocks; ++i) {
-    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
-    matmul(dout_mats.block(r0, r1, 0, s.d), v_mats.transposed().block(0, s.d, 0, r1),
-           dscore_mats.out_block(r0, r1, 0, r1));
-  }
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(s.d));
+// out rows [r0, r0 + br) = o / l, and lse = m + log l.
+void finish_block(float* out, float* lse, const float* o, const float* m, const float* l,
+                  const Problem& p, int64_t r0, int64_t br) {
 #pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < s.b * s.h * t; ++row) {
-    const int64_t ti = row % t;
-    const float* p = probs + row * t;
-    float* ds = dscores + row * t;
+  for (int64_t row = 0; row < p.b * p.h * br; ++row) {
+    const int64_t r = row % br, bh = row / br, b = bh / p.h, h = bh % p.h;
+    float* dst = out + ((b * p.q_rows + r0 + r) * p.h + h) * p.d;
+    const float inv = 1.0f / l[row];
+#pragma omp simd
+    for (int64_t x = 0; x < p.d; ++x) dst[x] = o[row * p.d + x] * inv;
+    lse[lse_index(p, r0, br, row)] = m[row] + std::log(l[row]);
+  }
+}
+
+void forward_problem(float* out, float* lse, const float* q, const void* kg, const void* vg,
+                     const Problem& p, DType dt) {
+  Scratch& sc = scratch();
+  const int64_t tile = tile_size(p);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
+  const int64_t block_rows = p.b * p.h * tile;
+  void* qb = Scratch::of(dt, sc.block, sc.block_f32, block_rows * p.d);
+  float* o = sc.acc.get(block_rows * p.d);
+  float* s = sc.s.get(block_rows * tile);
+  bf16* pb = dt == DType::bf16 ? sc.p.get(block_rows * tile) : nullptr;
+  float* m = sc.row_a.get(block_rows);
+  float* l = sc.row_b.get(block_rows);
+
+  for (int64_t r0 = p.q_begin; r0 < p.q_end; r0 += tile) {
+    const int64_t br = std::min(tile, p.q_end - r0);
+    gather_block(qb, dt, q, p, r0, br);
+    const int64_t keys = p.position(r0 + br - 1) + 1;
+    for (int64_t c0 = 0; c0 < keys; c0 += tile) {
+      const TileViews tv{p, br, std::min(tile, keys - c0)};
+      matmul(tv.block(qb, dt), tv.keys_t(kg, dt, c0), tv.scores_out(s));
+      online_softmax_tile(s, pb, m, l, o, tv, r0, c0, c0 == 0, scale);
+      matmul(tv.scores(pb ? static_cast<const void*>(pb) : s, dt), tv.keys(vg, dt, c0),
+             tv.block_out(o), /*accumulate=*/c0 > 0);
+    }
+    finish_block(out, lse, o, m, l, p, r0, br);
+  }
+}
+
+// ---- backward ---------------------------------------------------------------------------
+
+// delta [B, H, br] = rowsum(dO ∘ O) over rows [r0, r0 + br), and lse rows in the same order.
+void block_row_stats(float* delta, float* lse_rows, const float* dout, const float* out,
+                     const float* lse, const Problem& p, int64_t r0, int64_t br) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < p.b * p.h * br; ++row) {
+    const int64_t r = row % br, bh = row / br, b = bh / p.h, h = bh % p.h;
+    const int64_t off = ((b * p.q_rows + r0 + r) * p.h + h) * p.d;
     float dot = 0;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t j = 0; j <= ti; ++j) dot += ds[j] * p[j];
-#pragma omp simd
-    for (int64_t j = 0; j <= ti; ++j) ds[j] = p[j] * (ds[j] - dot) * scale;
-    std::fill(ds + ti + 1, ds + t, 0.0f);
-    if (dscores_bf16) {
-      detail::to_bf16_serial(ds, dscores_bf16 + row * t, t);
-      detail::to_bf16_serial(p, probs_bf16 + row * t, t);
-    }
+    for (int64_t x = 0; x < p.d; ++x) dot += dout[off + x] * out[off + x];
+    delta[row] = dot;
+    lse_rows[row] = lse[lse_index(p, r0, br, row)];
   }
+}
 
-  const void* dsg = dscores_bf16 ? static_cast<const void*>(dscores_bf16) : dscores;
-  const void* pg = probs_bf16 ? static_cast<const void*>(probs_bf16) : probs;
-  // dQ, by query block.
-  const Strided ds_mats = lay.scores(dsg, dtype), k_mats = lay.key(kg, dtype);
-  const Strided dq_mats = lay.query(dq, DType::f32);
-  for (size_t i = 0; i < blocks; ++i) {
-    const int64_t r0 = bounds[i], r1 = bounds[i + 1];
-    matmul(ds_mats.block(r0, r1, 0, r1), k_mats.block(0, r1, 0, s.d),
-           dq_mats.out_block(r0, r1, 0, s.d));
-  }
-  // dK and dV, by key block; the first query head of each group writes, the others add.
-  const Strided dk_mats = lay.key_4d(dk, DType::f32), dv_mats = lay.key_4d(dv, DType::f32);
-  for (int64_t j = 0; j < lay.g; ++j) {
-    const Strided p_t = lay.scores_head(pg, dtype, j).transposed();
-    const Strided ds_t = lay.scores_head(dsg, dtype, j).transposed();
-    const Strided dout_j = lay.query_head(doutg, dtype, j), q_j = lay.query_head(qg, dtype, j);
-    for (size_t i = 0; i < blocks; ++i) {
-      const int64_t c0 = bounds[i], c1 = bounds[i + 1];
-      matmul(p_t.block(c0, c1, c0, t), dout_j.block(c0, t, 0, s.d),
-             dv_mats.out_block(c0, c1, 0, s.d), /*accumulate=*/j > 0);
-      matmul(ds_t.block(c0, c1, c0, t), q_j.block(c0, t, 0, s.d),
-             dk_mats.out_block(c0, c1, 0, s.d), /*accumulate=*/j > 0);
+// P = exp(S·scale − lse) (0 where masked) in place of s, dS = P∘(dP − delta)·scale in place of
+// dp; for bf16 also into p_out and ds_out.
+void softmax_backward_tile(float* s, float* dp, bf16* p_out, bf16* ds_out, const float* lse,
+                           const float* delta, const TileViews& tv, int64_t r0, int64_t c0,
+                           float scale) {
+  const int64_t bc = tv.bc, br = tv.br;
+  const bool masked = tv.masked(r0, c0);
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < tv.p.b * tv.p.h * br; ++row) {
+    float* sr = s + row * bc;
+    float* dr = dp + row * bc;
+    const int64_t n = masked ? tv.visible(r0, row % br, c0) : bc;
+    const float lr = lse[row], dl = delta[row];
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      sr[j] = detail::exp_fast(sr[j] * scale - lr);
+      dr[j] = sr[j] * (dr[j] - dl) * scale;
+    }
+    std::fill(sr + n, sr + bc, 0.0f);
+    std::fill(dr + n, dr + bc, 0.0f);
+    if (p_out) {
+      detail::to_bf16_serial(sr, p_out + row * bc, bc);
+      detail::to_bf16_serial(dr, ds_out + row * bc, bc);
     }
   }
 }
 
-// Batch elements go through in chunks whose scores (H·T·T floats each) fit in about 2 MB, the
-// L2 of this class of machine, so that each chunk's softmax reads scores the GEMM has just
-// written and the value product reads probabilities still in cache. Every tensor has the
-// batch outermost, so a chunk is the same computation at an offset.
-template <typename Fn>
-void for_each_batch_chunk(const AttentionShape& s, Fn&& fn) {
-  constexpr int64_t kChunkScoreBytes = 2 << 20;
-  const int64_t per_batch = s.h * s.t * s.t * static_cast<int64_t>(sizeof(float));
-  const int64_t chunk = std::clamp<int64_t>(kChunkScoreBytes / per_batch, 1, s.b);
-  for (int64_t b0 = 0; b0 < s.b; b0 += chunk) {
-    AttentionShape part = s;
-    part.b = std::min(chunk, s.b - b0);
-    fn(part, b0 * s.t * s.h * s.d, b0 * s.t * s.kvh * s.d, b0 * s.h * s.t * s.t);
+// dq rows [r0, r0 + br) from the block's accumulator [B, H, br, D].
+void scatter_block(float* dq, const float* acc, const Problem& p, int64_t r0, int64_t br) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < p.b * p.h * br; ++row) {
+    const int64_t r = row % br, bh = row / br, b = bh / p.h, h = bh % p.h;
+    std::copy(acc + row * p.d, acc + (row + 1) * p.d,
+              dq + ((b * p.q_rows + r0 + r) * p.h + h) * p.d);
+  }
+}
+
+// dq rows of the problem (writes); dk, dv [B, k_rows, KVH, D] accumulate.
+void backward_problem(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                      const float* lse, const float* q, const void* kg, const void* vg,
+                      const Problem& p, DType dt) {
+  Scratch& sc = scratch();
+  const int64_t tile = tile_size(p);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
+  const int64_t block_rows = p.b * p.h * tile;
+  void* qb = Scratch::of(dt, sc.block, sc.block_f32, block_rows * p.d);
+  void* dob = Scratch::of(dt, sc.block2, sc.block2_f32, block_rows * p.d);
+  float* dqb = sc.acc.get(block_rows * p.d);
+  float* s = sc.s.get(block_rows * tile);
+  float* dp = sc.dp.get(block_rows * tile);
+  bf16* pb = dt == DType::bf16 ? sc.p.get(block_rows * tile) : nullptr;
+  bf16* dsb = dt == DType::bf16 ? sc.ds.get(block_rows * tile) : nullptr;
+  const void* pg = pb ? static_cast<const void*>(pb) : s;
+  const void* dsg = dsb ? static_cast<const void*>(dsb) : dp;
+  float* delta = sc.row_a.get(block_rows);
+  float* lse_rows = sc.row_b.get(block_rows);
+
+  for (int64_t r0 = p.q_begin; r0 < p.q_end; r0 += tile) {
+    const int64_t br = std::min(tile, p.q_end - r0);
+    gather_block(qb, dt, q, p, r0, br);
+    gather_block(dob, dt, dout, p, r0, br);
+    block_row_stats(delta, lse_rows, dout, out, lse, p, r0, br);
+    const int64_t keys = p.position(r0 + br - 1) + 1;
+    for (int64_t c0 = 0; c0 < keys; c0 += tile) {
+      const TileViews tv{p, br, std::min(tile, keys - c0)};
+      matmul(tv.block(qb, dt), tv.keys_t(kg, dt, c0), tv.scores_out(s));
+      matmul(tv.block(dob, dt), tv.keys_t(vg, dt, c0), tv.scores_out(dp));
+      softmax_backward_tile(s, dp, pb, dsb, lse_rows, delta, tv, r0, c0, scale);
+      matmul(tv.scores_t(pg, dt), tv.block(dob, dt), tv.keys_out(dv, c0), /*accumulate=*/true);
+      matmul(tv.scores_t(dsg, dt), tv.block(qb, dt), tv.keys_out(dk, c0), /*accumulate=*/true);
+      matmul(tv.scores(dsg, dt), tv.keys(kg, dt, c0), tv.block_out(dqb), /*accumulate=*/c0 > 0);
+    }
+    scatter_block(dq, dqb, p, r0, br);
   }
 }
 
 }  // namespace
 
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
-                       const AttentionShape& s, DType dtype) {
+int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
   check_shape(s);
-  const int64_t q_count = s.b * s.t * s.h * s.d, kv_count = s.b * s.t * s.kvh * s.d;
-  const GemmOperands in(dtype, {{q, q_count}, {k, kv_count}, {v, kv_count}});
-  for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
-                              int64_t p_off) {
-    forward_chunk(out + q_off, probs + p_off, in.at(0, q_off), in.at(1, kv_off),
-                  in.at(2, kv_off), part, dtype);
-  });
+  const Problem p = Problem::self_attention(s);
+  const int64_t tile = tile_size(p), f32 = sizeof(float);
+  const int64_t in = static_cast<int64_t>(element_bytes(dtype));
+  const int64_t block_rows = s.b * s.h * tile;
+  const int64_t half = dtype == DType::bf16 ? static_cast<int64_t>(sizeof(bf16)) : 0;
+  const int64_t kv_copies = 2 * half * s.b * s.t * s.kvh * s.d;
+  return kv_copies + block_rows * s.d * (2 * in + f32) + block_rows * tile * 2 * (f32 + half) +
+         2 * block_rows * f32;
 }
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                        const float* q, const float* k, const float* v, const AttentionShape& s,
-                        DType dtype) {
+ScopedAttentionTile::ScopedAttentionTile(int64_t rows) : previous_(g_tile_override) {
+  g_tile_override = rows;
+}
+ScopedAttentionTile::~ScopedAttentionTile() { g_tile_override = previous_; }
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionShape& s, DType dtype) {
   check_shape(s);
-  const int64_t q_count = s.b * s.t * s.h * s.d, kv_count = s.b * s.t * s.kvh * s.d;
-  const GemmOperands in(dtype, {{dout, q_count}, {q, q_count}, {k, kv_count}, {v, kv_count}});
-  for_each_batch_chunk(s, [&](const AttentionShape& part, int64_t q_off, int64_t kv_off,
-                              int64_t p_off) {
-    backward_chunk(dq + q_off, dk + kv_off, dv + kv_off, in.at(0, q_off), probs + p_off,
-                   in.at(1, q_off), in.at(2, kv_off), in.at(3, kv_off), part, dtype);
-  });
+  Scratch& sc = scratch();
+  const int64_t kv_count = s.b * s.t * s.kvh * s.d;
+  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
+  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
+  forward_problem(out, lse, q, kg, vg, Problem::self_attention(s), dtype);
+}
+
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const AttentionShape& s, DType dtype) {
+  check_shape(s);
+  Scratch& sc = scratch();
+  const int64_t kv_count = s.b * s.t * s.kvh * s.d;
+  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
+  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
+  std::fill(dk, dk + kv_count, 0.0f);
+  std::fill(dv, dv + kv_count, 0.0f);
+  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, Problem::self_attention(s), dtype);
 }
 
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,

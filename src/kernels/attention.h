@@ -1,10 +1,19 @@
-// Causal grouped-query attention core (after the q/k/v projections and RoPE).
+// Causal grouped-query attention core (after the q/k/v projections and RoPE), tiled with an
+// online softmax: memory grows linearly with the sequence, never with T×T.
 //
 //   q [B, T, H, D], k/v [B, T, KVH, D] (H a multiple of KVH; query head h uses kv head
-//   h / (H/KVH)), out [B, T, H, D], probs [B, H, T, T] saved for backward (the softmax of
-//   q·k^T/sqrt(D) with future positions masked; row t attends to 0..t).
-// The score and value products run as batched oneDNN matmuls (bf16 inputs when dtype is
-// bf16; scratch buffers are managed internally).
+//   h / (H/KVH)), out [B, T, H, D]; row t attends to positions 0..t.
+//   lse [B, H, T] (writes) is saved for backward: the log-sum-exp of each row's scaled
+//   scores q·k^T/sqrt(D) over the positions it sees.
+//
+// How: the queries go in blocks of rows; each block meets the key blocks at or before it one
+// at a time. Per key block, S = Q·K^T and (forward) O += P·V run as batched oneDNN matmuls
+// over [B, KVH] with the group's G query heads stacked as rows, so a kv head's keys are read
+// once for all its query heads; between them, one pass per row keeps a running maximum and
+// sum (the online softmax) and rescales O. Backward recomputes S tile by tile from the saved
+// lse (P = exp(S·scale − lse)), with dS = P∘(dP − Δ)·scale, Δ = rowsum(dO∘O), and
+// dQ += dS·K, dK += dS^T·Q, dV += P^T·dO. Scratch is a few tiles, reused across calls.
+// bf16: matmul inputs (q, k, v, dO, P, dS) in bf16, accumulation and softmax in fp32.
 #pragma once
 #include <cstdint>
 
@@ -16,12 +25,29 @@ struct AttentionShape {
   int64_t b, t, h, kvh, d;
 };
 
-void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& s, DType dtype);
-// dq, dk, dv (writes) from dout.
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* probs,
-                        const float* q, const float* k, const float* v, const AttentionShape& s,
-                        DType dtype);
+// dq, dk, dv (writes) from dout, with out and lse from the forward.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const AttentionShape& s, DType dtype);
+
+// Bytes of scratch the two kernels keep between calls for this shape (backward's, the larger):
+// a few score tiles and query blocks, and bf16 copies of k and v.
+int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype);
+
+// Tests only: while alive, every tile has `rows` rows and keys (0 restores the automatic
+// choice), so that small shapes exercise many tiles, ragged edges and masked tiles.
+class ScopedAttentionTile {
+ public:
+  explicit ScopedAttentionTile(int64_t rows);
+  ~ScopedAttentionTile();
+  ScopedAttentionTile(const ScopedAttentionTile&) = delete;
+  ScopedAttentionTile& operator=(const ScopedAttentionTile&) = delete;
+
+ private:
+  int64_t previous_;
+};
 
 // One new query row per head against a cache of len positions (incremental decoding):
 // q [H, D], k_cache/v_cache [len, KVH, D], out [H, D] (writes), scores [len] scratch.

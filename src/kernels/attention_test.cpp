@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -21,23 +22,45 @@ struct Inputs {
     v = random_normal(s.b * s.t * s.kvh * s.d, seed + 2);
   }
   int64_t q_count() const { return s.b * s.t * s.h * s.d; }
-  int64_t prob_count() const { return s.b * s.h * s.t * s.t; }
+  int64_t row_count() const { return s.b * s.h * s.t; }
   std::vector<double> reference() const {
     std::vector<double> out(q_count());
     attention_reference(out.data(), q.data(), k.data(), v.data(), s);
     return out;
   }
+  // lse [B, H, T]: log Σ_{j ≤ t} exp(q_t·k_j / sqrt(D)), in double.
+  std::vector<double> reference_lse() const {
+    std::vector<double> lse(row_count());
+    const int64_t g = s.h / s.kvh;
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t h = 0; h < s.h; ++h)
+        for (int64_t i = 0; i < s.t; ++i) {
+          std::vector<double> z;
+          for (int64_t j = 0; j <= i; ++j) {
+            double dot = 0;
+            for (int64_t x = 0; x < s.d; ++x)
+              dot += q[((b * s.t + i) * s.h + h) * s.d + x] *
+                     k[((b * s.t + j) * s.kvh + h / g) * s.d + x];
+            z.push_back(dot / std::sqrt(static_cast<double>(s.d)));
+          }
+          const double m = *std::max_element(z.begin(), z.end());
+          double sum = 0;
+          for (double x : z) sum += std::exp(x - m);
+          lse[(b * s.h + h) * s.t + i] = m + std::log(sum);
+        }
+    return lse;
+  }
 };
 
 struct Result {
-  std::vector<float> out, probs;
+  std::vector<float> out, lse;
 };
 
 Result run_forward(const Inputs& in, DType dtype) {
   const auto q = cast_vector<float>(in.q), k = cast_vector<float>(in.k),
              v = cast_vector<float>(in.v);
-  Result r{std::vector<float>(in.q_count()), std::vector<float>(in.prob_count(), 7.0f)};
-  attention_forward(r.out.data(), r.probs.data(), q.data(), k.data(), v.data(), in.s, dtype);
+  Result r{std::vector<float>(in.q_count(), 7.0f), std::vector<float>(in.row_count(), 7.0f)};
+  attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), in.s, dtype);
   return r;
 }
 
@@ -52,50 +75,66 @@ Grads run_backward(const Inputs& in, const std::vector<double>& dout_d, DType dt
   // Written, not accumulated: start from garbage.
   Grads g{std::vector<float>(q.size(), 5.0f), std::vector<float>(k.size(), 5.0f),
           std::vector<float>(v.size(), 5.0f)};
-  attention_backward(g.dq.data(), g.dk.data(), g.dv.data(), dout.data(), fwd.probs.data(),
-                     q.data(), k.data(), v.data(), in.s, dtype);
+  attention_backward(g.dq.data(), g.dk.data(), g.dv.data(), dout.data(), fwd.out.data(),
+                     fwd.lse.data(), q.data(), k.data(), v.data(), in.s, dtype);
   return g;
 }
 
-// T = 130 splits into three causal blocks (48, 48, 34 rows), T = 7 is one block; at
-// T = 260, H = 8 each batch element's scores take 2.2 MB, so the batch goes through in two
-// chunks of five blocks each.
-const AttentionShape kShapes[] = {
-    {2, 7, 4, 2, 8}, {1, 130, 2, 2, 16}, {2, 67, 4, 1, 32}, {1, 130, 4, 2, 8}, {2, 260, 8, 2, 4}};
+// A shape and the tile size it runs with (0: the kernel's own choice, one tile for these
+// small shapes). Tiles of 16 and 48 give ragged last blocks, several masked tiles per row
+// block and, with 48 against T = 130, a diagonal that is not the only masked tile's edge.
+struct TiledShape {
+  AttentionShape s;
+  int64_t tile;
+};
+const TiledShape kShapes[] = {{{2, 7, 4, 2, 8}, 0},     {{1, 130, 2, 2, 16}, 48},
+                              {{2, 67, 4, 1, 32}, 16},  {{1, 130, 4, 2, 8}, 0},
+                              {{2, 260, 8, 2, 4}, 64},  {{1, 33, 6, 3, 8}, 16}};
 
-class AttentionShapes : public ::testing::TestWithParam<AttentionShape> {};
+class AttentionShapes : public ::testing::TestWithParam<TiledShape> {
+ protected:
+  ScopedAttentionTile tile_{GetParam().tile};
+};
 
 TEST_P(AttentionShapes, Fp32ForwardMatchesReference) {
-  const Inputs in(GetParam(), 11);
+  const Inputs in(GetParam().s, 11);
   const auto expected = in.reference();
   const Result r = run_forward(in, DType::f32);
   EXPECT_LT(norm_relative_error(r.out, expected), 2e-6);
   for (size_t i = 0; i < expected.size(); ++i) ASSERT_NEAR(r.out[i], expected[i], 2e-5) << i;
-
-  const AttentionShape s = in.s;
-  for (int64_t row = 0; row < s.b * s.h * s.t; ++row) {
-    const int64_t t = row % s.t;
-    double sum = 0;
-    for (int64_t j = 0; j <= t; ++j) sum += r.probs[row * s.t + j];
-    ASSERT_NEAR(sum, 1.0, 1e-5) << "row " << row;
-    for (int64_t j = t + 1; j < s.t; ++j) ASSERT_EQ(r.probs[row * s.t + j], 0.0f);
-  }
+  const auto lse = in.reference_lse();
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(r.lse[i], lse[i], 2e-5) << "row " << i;
 }
 
 TEST_P(AttentionShapes, Bf16ForwardMatchesReferenceLoosely) {
-  const Inputs in(GetParam(), 12);
+  const Inputs in(GetParam().s, 12);
   const auto expected = in.reference();
   const Result r = run_forward(in, DType::bf16);
   EXPECT_LT(norm_relative_error(r.out, expected), 1e-2);
-  const AttentionShape s = in.s;
-  for (int64_t row = 0; row < s.b * s.h * s.t; ++row)
-    for (int64_t j = row % s.t + 1; j < s.t; ++j) ASSERT_EQ(r.probs[row * s.t + j], 0.0f);
+  EXPECT_LT(norm_relative_error(r.lse, in.reference_lse()), 1e-2);
+}
+
+// The tiling changes only the rounding: any tile size gives the one-tile result to fp32
+// rounding, and a given tile size is bitwise repeatable.
+TEST_P(AttentionShapes, TilingChangesOnlyRounding) {
+  const Inputs in(GetParam().s, 15);
+  const auto dout = random_normal(in.q_count(), 16);
+  const Grads tiled = run_backward(in, dout, DType::f32);
+  const Grads again = run_backward(in, dout, DType::f32);
+  EXPECT_EQ(tiled.dq, again.dq);
+  EXPECT_EQ(tiled.dk, again.dk);
+  EXPECT_EQ(tiled.dv, again.dv);
+  ScopedAttentionTile whole(1 << 20);
+  const Grads one = run_backward(in, dout, DType::f32);
+  EXPECT_LT(norm_relative_error(tiled.dq, cast_vector<double>(one.dq)), 1e-5);
+  EXPECT_LT(norm_relative_error(tiled.dk, cast_vector<double>(one.dk)), 1e-5);
+  EXPECT_LT(norm_relative_error(tiled.dv, cast_vector<double>(one.dv)), 1e-5);
 }
 
 // Directional derivatives of <reference(q, k, v), dout> against the kernel's gradient: cheap
 // enough for the multi-block shapes, where full finite differences would be slow.
 TEST_P(AttentionShapes, BackwardMatchesDirectionalFiniteDifferences) {
-  Inputs in(GetParam(), 13);
+  Inputs in(GetParam().s, 13);
   const auto dout = random_normal(in.q_count(), 14);
   const Grads g = run_backward(in, dout, DType::f32);
   auto loss = [&] { return dot(in.reference(), dout); };
@@ -124,6 +163,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionShapes, ::testing::ValuesIn(kShapes));
 
 TEST(Attention, OutputsBeforeAPositionIgnoreThatPositionsKeysAndValues) {
   const AttentionShape s{2, 130, 4, 2, 8};
+  ScopedAttentionTile tile(32);
   Inputs in(s, 21);
   for (DType dtype : {DType::f32, DType::bf16}) {
     const Result base = run_forward(in, dtype);
@@ -150,11 +190,14 @@ TEST(Attention, OutputsBeforeAPositionIgnoreThatPositionsKeysAndValues) {
   }
 }
 
-class AttentionGradients : public ::testing::TestWithParam<AttentionShape> {};
+class AttentionGradients : public ::testing::TestWithParam<TiledShape> {
+ protected:
+  ScopedAttentionTile tile_{GetParam().tile};
+};
 
 // Every input element, central differences of the double reference.
 TEST_P(AttentionGradients, BackwardMatchesFiniteDifferences) {
-  Inputs in(GetParam(), 31);
+  Inputs in(GetParam().s, 31);
   const auto dout = random_normal(in.q_count(), 32);
   auto loss = [&] { return dot(in.reference(), dout); };
   const auto numeric_dq = numeric_gradient(in.q, loss);
@@ -172,11 +215,13 @@ TEST_P(AttentionGradients, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(norm_relative_error(h.dv, numeric_dv), 1.5e-2);
 }
 
-// GQA with two query heads per kv head, and plain multi-head attention (KVH = H).
+// GQA with two query heads per kv head, plain multi-head attention (KVH = H), and tiles of
+// three rows (three row blocks, the last one ragged).
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGradients,
-                         ::testing::Values(AttentionShape{2, 5, 4, 2, 4},
-                                           AttentionShape{1, 6, 4, 4, 8},
-                                           AttentionShape{1, 4, 3, 1, 5}));
+                         ::testing::Values(TiledShape{{2, 5, 4, 2, 4}, 0},
+                                           TiledShape{{1, 6, 4, 4, 8}, 0},
+                                           TiledShape{{1, 4, 3, 1, 5}, 0},
+                                           TiledShape{{1, 8, 4, 2, 4}, 3}));
 
 TEST(Attention, ReferenceOfASinglePositionReturnsItsValue) {
   // With one position the softmax is 1 whatever the scores.

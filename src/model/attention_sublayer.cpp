@@ -30,7 +30,7 @@ void AttentionActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   q = arena.take<float>(N * c.q_dim());
   k = arena.take<float>(N * c.kv_dim());
   v = arena.take<float>(N * c.kv_dim());
-  probs = arena.take<float>(s.batch * c.n_heads * s.seq * s.seq);
+  lse = arena.take<float>(s.batch * c.n_heads * s.seq);
   att = arena.take<float>(N * c.q_dim());
 }
 
@@ -43,7 +43,7 @@ void AttentionGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   datt = arena.take<float>(N * c.q_dim());
 }
 
-void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* probs,
+void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* lse,
                             float* att, BatchShape s) {
   const ModelConfig& c = cx.config;
   {
@@ -54,16 +54,16 @@ void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, flo
                     false);
   }
   auto t = cx.time("attention");
-  ops::attention_forward(att, probs, q, k, v, attention_shape(c, s), cx.precision);
+  ops::attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
 }
 
 void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
-                             const float* probs, const float* q, const float* k, const float* v,
-                             BatchShape s) {
+                             const float* att, const float* lse, const float* q, const float* k,
+                             const float* v, BatchShape s) {
   const ModelConfig& c = cx.config;
   {
     auto t = cx.time("attention");
-    ops::attention_backward(dq, dk, dv, datt, probs, q, k, v, attention_shape(c, s),
+    ops::attention_backward(dq, dk, dv, datt, att, lse, q, k, v, attention_shape(c, s),
                             cx.precision);
   }
   auto t = cx.time("rope");
@@ -88,7 +88,7 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
     gemm(n, false, cx.weight(w.k), true, a.k, N, KVD, C, cx.precision);
     gemm(n, false, cx.weight(w.v), true, a.v, N, KVD, C, cx.precision);
   }
-  rope_attention_forward(cx, a.q, a.k, a.v, a.probs, a.att, s);
+  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, s);
   auto t = cx.time("attn_out_gemm");
   std::memcpy(out, x, N * C * sizeof(float));
   cx.linear_forward(out, a.att, w.o, N, C, QD, 0, /*accumulate=*/true);
@@ -102,7 +102,7 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
     auto t = cx.time("attn_out_gemm");
     cx.linear_backward(g.datt, dx, a.att, w.o, N, C, QD, false);
   }
-  rope_attention_backward(cx, g.dq, g.dk, g.dv, g.datt, a.probs, a.q, a.k, a.v, s);
+  rope_attention_backward(cx, g.dq, g.dk, g.dv, g.datt, a.att, a.lse, a.q, a.k, a.v, s);
   {
     auto t = cx.time("attn_qkv_gemm");
     cx.projections_backward(g.dn, a.n, N, C, {{g.dq, w.q, QD}, {g.dk, w.k, KVD}, {g.dv, w.v, KVD}});

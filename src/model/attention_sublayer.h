@@ -25,7 +25,7 @@ struct AttentionActs {
   float* q;      // [N, H·D]    after RoPE
   float* k;      // [N, KVH·D]  after RoPE
   float* v;      // [N, KVH·D]
-  float* probs;  // [B, H, T, T] attention probabilities
+  float* lse;    // [B, H, T]   each row's softmax log-sum-exp
   float* att;    // [N, H·D]    attention output, before Wo
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
@@ -60,12 +60,12 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
 
 // ---- the core both attention sublayers share ------------------------------------------------
 // q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping
-// probs [B, H, T, T].
-void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* probs,
+// lse [B, H, T].
+void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* lse,
                             float* att, BatchShape s);
-// From datt: dq, dk (through RoPE) and dv, all written.
+// From datt (with att and lse from the forward): dq, dk (through RoPE) and dv, all written.
 void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
-                             const float* probs, const float* q, const float* k, const float* v,
-                             BatchShape s);
+                             const float* att, const float* lse, const float* q, const float* k,
+                             const float* v, BatchShape s);
 
 }  // namespace foundry

@@ -42,7 +42,7 @@ void CcaActs::take(Arena& arena, const ModelConfig& cfg, BatchShape s) {
   q = arena.take<float>(N * cfg.q_dim());
   k = arena.take<float>(N * cfg.kv_dim());
   v = arena.take<float>(N * cfg.kv_dim());
-  probs = arena.take<float>(s.batch * cfg.n_heads * s.seq * s.seq);
+  lse = arena.take<float>(s.batch * cfg.n_heads * s.seq);
   att = arena.take<float>(N * cfg.q_dim());
 }
 
@@ -79,7 +79,7 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, BatchShape s, con
     ops::cca_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, cx.p(w.temp), N, Hq, Hk, d, kQkNormEps);
     ops::cca_value_shift_inplace_forward(a.v, static_cast<float*>(nullptr), B, T, KVD / 2);
   }
-  rope_attention_forward(cx, a.q, a.k, a.v, a.probs, a.att, s);
+  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, s);
   auto t = cx.time("attn_out_gemm");
   cx.linear_forward(h, a.att, w.wo, N, C, QD);
 }
@@ -94,7 +94,8 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     auto t = cx.time("attn_out_gemm");
     cx.linear_backward(ga.datt, dh, a.att, w.wo, N, C, QD, false);
   }
-  rope_attention_backward(cx, ga.dq, ga.dk, ga.dv, ga.datt, a.probs, a.q, a.k, a.v, s);
+  rope_attention_backward(cx, ga.dq, ga.dk, ga.dv, ga.datt, a.att, a.lse, a.q, a.k, a.v,
+                          s);
   {
     auto t = cx.time("cca_conv");
     ops::cca_value_shift_inplace_backward(ga.dv, B, T, KVD / 2);

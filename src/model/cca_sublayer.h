@@ -32,7 +32,7 @@ struct CcaActs {
   float* q;      // [N, Hq·d]    after RoPE
   float* k;      // [N, Hk·d]    after RoPE
   float* v;      // [N, Hk·d]    after the value shift
-  float* probs;  // [B, Hq, T, T]
+  float* lse;    // [B, Hq, T]   each row's softmax log-sum-exp
   float* att;    // [N, Hq·d]
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };

@@ -7,6 +7,7 @@
 
 #include "base/error.h"
 #include "base/format.h"
+#include "kernels/attention.h"
 #include "kernels/cca.h"
 
 namespace foundry {
@@ -123,7 +124,8 @@ void add_item(std::vector<MemoryItem>& items, std::string name, std::string shap
   items.push_back({std::move(name), std::move(shape), copies, copies * bytes_each});
 }
 
-void standard_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate& m) {
+void standard_activations(const ModelConfig& c, int64_t B, int64_t T, DType precision,
+                          MemoryEstimate& m) {
   const int64_t N = B * T, C = c.d_model, L = c.n_layers;
   const int64_t H = c.n_heads, E = c.n_experts, K = active_experts(c), F = c.ffn_dim;
   const int64_t Dq = c.q_dim(), Dkv = c.kv_dim();
@@ -133,7 +135,7 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEsti
   add_item(a, "norm 1 1/rms", "[N]", L, kF32Bytes * N);
   add_item(a, "q (after RoPE)", "[N,Dq]", L, kF32Bytes * N * Dq);
   add_item(a, "k, v (k after RoPE)", "2*[N,Dkv]", L, kF32Bytes * 2 * N * Dkv);
-  add_item(a, "attention probabilities", "[B,H,T,T]", L, kF32Bytes * B * H * T * T);
+  add_item(a, "attention row log-sum-exp", "[B,H,T]", L, kF32Bytes * B * H * T);
   add_item(a, "attention output", "[N,Dq]", L, kF32Bytes * N * Dq);
   add_item(a, "residual after attention", "[N,C]", L, kF32Bytes * N * C);
   add_item(a, "norm 2 output", "[N,C]", L, kF32Bytes * N * C);
@@ -150,14 +152,16 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEsti
   add_item(g, "residual and norm gradients", "2*[N,C]", 1, kF32Bytes * 2 * N * C);
   add_item(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
-  add_item(g, "attention score gradient", "[B,H,T,T]", 1, kF32Bytes * B * H * T * T);
+  add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Dkv]", 1,
+           ops::attention_scratch_bytes({B, T, H, c.n_kv_heads, c.head_dim}, precision));
   add_item(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
   add_item(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
            kF32Bytes * N * K * 3 * F);
   add_item(g, "gate weight and router gradients", "[N,K] + [N,E]", 1, kF32Bytes * N * (K + E));
 }
 
-void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate& m) {
+void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, DType precision,
+                      MemoryEstimate& m) {
   const int64_t N = B * T, C = c.d_model, L = c.n_layers;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, K = active_experts(c), F = c.ffn_dim;
   const int64_t Dq = c.q_dim(), Dkv = c.kv_dim(), Cc = cca_dims(c).channels();
@@ -172,7 +176,7 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate
   add_item(a, "CCA: QK-norm 1/norms", "[N,Hq+Hk]", L, kF32Bytes * N * (Hq + Hk));
   add_item(a, "CCA: q (after RoPE)", "[N,Hq*d]", L, kF32Bytes * N * Dq);
   add_item(a, "CCA: k, v", "2*[N,Hk*d]", L, kF32Bytes * 2 * N * Dkv);
-  add_item(a, "CCA: attention probabilities", "[B,Hq,T,T]", L, kF32Bytes * B * Hq * T * T);
+  add_item(a, "CCA: attention row log-sum-exp", "[B,Hq,T]", L, kF32Bytes * B * Hq * T);
   add_item(a, "CCA: attention output", "[N,Hq*d]", L, kF32Bytes * N * Dq);
   add_item(a, "CCA: sublayer output h", "[N,C]", L, kF32Bytes * N * C);
   // The MoE sublayer.
@@ -196,7 +200,8 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, MemoryEstimate
   add_item(g, "dc, dy, dqk", "3*[N,Cc]", 1, kF32Bytes * 3 * N * Cc);
   add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Hq*d]", 1, kF32Bytes * N * Dq);
-  add_item(g, "attention score gradient", "[B,Hq,T,T]", 1, kF32Bytes * B * Hq * T * T);
+  add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Hk*d]", 1,
+           ops::attention_scratch_bytes({B, T, Hq, Hk, c.head_dim}, precision));
   add_item(g, "router state gradients d_r, d_r_prev", "2*[N,R]", 1, kF32Bytes * 2 * N * R);
   add_item(g, "router MLP and logits gradients", "2*[N,R] + [N,S]", 1,
            kF32Bytes * N * (2 * R + S));
@@ -223,9 +228,9 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   m.optimizer_bytes = m.adamw_state_bytes + m.muon_momentum_bytes;
 
   if (c.is_zaya())
-    zaya_activations(c, batch, seq, m);
+    zaya_activations(c, batch, seq, precision, m);
   else
-    standard_activations(c, batch, seq, m);
+    standard_activations(c, batch, seq, precision, m);
   auto& a = m.activations;
   add_item(a, "final residual", "[N,C]", 1, kF32Bytes * N * C);
   add_item(a, "final norm output and 1/rms", "[N,C] + [N]", 1, kF32Bytes * (N * C + N));

@@ -116,26 +116,32 @@ TEST(ModelInfo, HandComputedFlopsPerToken) {
 }
 
 // tiny_moe at B = 1, T = 8 (N = 8, N·K = 16), in floats:
-//   per layer: x, n1, q, k+v, att, x_mid, n2 = 7·128; two 1/rms 2·8; probs 1·4·8·8 = 256;
+//   per layer: x, n1, q, k+v, att, x_mid, n2 = 7·128; two 1/rms 2·8; row lse 1·4·8 = 32;
 //     router probs 8·4 = 32; top-k ids + weights 2·16; dispatch plan 2·16; expert inputs
-//     16·16 = 256; hidden 16·48 = 768; SwiGLU 16·24 = 384; expert outputs 256  -> 2928
+//     16·16 = 256; hidden 16·48 = 768; SwiGLU 16·24 = 384; expert outputs 256  -> 2704
 //   once: final residual 128; final norm 128 + 8; logits 8·256 = 2048; losses 8; ids 16
 //     -> 2336
-//   activations = 4·(2·2928 + 2336) = 32768 bytes
-//   backward: 2·128 + (128 + 2·64) + 128 + 256 + 2·256 + 16·72 + 8·6 = 2608 -> 10432 bytes
+//   activations = 4·(2·2704 + 2336) = 30976 bytes
+//   backward: 2·128 + (128 + 2·64) + 128 + 2·256 + 16·72 + 8·6 = 2352 -> 9408 bytes, and the
+//     attention kernel's scratch (bf16; one tile of 8 rows over B·H = 4 heads, 32 rows):
+//     k, v copies 2·2·64 = 256; q and dO blocks (bf16) and the fp32 accumulator
+//     32·4·(2·2 + 4) = 1024; two fp32 and two bf16 tiles 32·8·2·(4 + 2) = 3072; two row
+//     statistics 2·32·4 = 256 -> 4608 bytes; in all 14016
 TEST(ModelInfo, HandComputedMemory) {
   const MemoryEstimate m = estimate_memory(tiny_moe(), 1, 8, DType::bf16);
   EXPECT_EQ(m.weights_fp32_bytes, 4 * 15056);
   EXPECT_EQ(m.weights_bf16_bytes, 2 * 15056);
   EXPECT_EQ(m.grads_bytes, 4 * 15056);
   EXPECT_EQ(m.optimizer_bytes, 8 * 15056);
-  EXPECT_EQ(m.activations_bytes, 32768);
-  EXPECT_EQ(m.backward_buffers_bytes, 10432);
-  EXPECT_EQ(m.total_bytes, 18 * 15056 + 32768 + 10432);
+  EXPECT_EQ(m.activations_bytes, 30976);
+  EXPECT_EQ(m.backward_buffers_bytes, 14016);
+  EXPECT_EQ(m.total_bytes, 18 * 15056 + 30976 + 14016);
 
   const MemoryEstimate fp32 = estimate_memory(tiny_moe(), 1, 8, DType::f32);
   EXPECT_EQ(fp32.weights_bf16_bytes, 0);
-  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056);
+  // fp32: no bf16 weights, no bf16 k, v copies, fp32 blocks (32·4·4·2 - 32·4·2·2 = 512 more)
+  // and no bf16 tiles (32·8·2·2 = 1024 less).
+  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 - 256 + 512 - 1024);
 }
 
 TEST(ModelInfo, MemoryScalesLinearlyInBatch) {
@@ -347,23 +353,24 @@ TEST(ModelInfo, HandComputedZayaFlopsPerToken) {
 
 // tiny_zaya at B = 1, T = 8 (N = 8, N·K = 8), in 4-byte elements:
 //   CCA per layer: residual 128; norm 128 + 8; c, y, qk 3·192; 1/norms 8·6 = 48; q 128;
-//     k, v 2·64; probs 4·8·8 = 256; attention output 128; h 128          -> 1656
+//     k, v 2·64; row lse 4·8 = 32; attention output 128; h 128            -> 1432
 //   MoE per layer: residual 128; norm 136; r 64; u 64 + 8; a1 g1 a2 g2 256; probs 8·5 = 40;
 //     choice + gate 16; plan 16; expert inputs 128; hidden 384; SwiGLU 192; outputs 128;
 //     h 128                                                                -> 1688
 //   once: embedding output 128; final residual 128; final norm 136; logits 2048; losses 8;
 //     ids 16                                                               -> 2464
-//   activations = 4·(2·(1656 + 1688) + 2464) = 36608 bytes
-//   backward: 3·128 + 3·192 + 8·(16 + 16) + 128 + 256 + 2·64 + 8·(16 + 5) + 2·128 + 8·72
-//     + 8 = 2736 -> 10944 bytes
+//   activations = 4·(2·(1432 + 1688) + 2464) = 34816 bytes
+//   backward: 3·128 + 3·192 + 8·(16 + 16) + 128 + 2·64 + 8·(16 + 5) + 2·128 + 8·72 + 8
+//     = 2480 -> 9920 bytes, and the attention kernel's fp32 scratch: blocks 32·4·12 = 1536,
+//     tiles 32·8·2·4 = 2048, row statistics 256 -> 3840 bytes; in all 13760
 TEST(ModelInfo, HandComputedZayaMemory) {
   const MemoryEstimate m = estimate_memory(tiny_zaya(), 1, 8, DType::f32);
-  EXPECT_EQ(m.activations_bytes, 36608);
-  EXPECT_EQ(m.backward_buffers_bytes, 10944);
+  EXPECT_EQ(m.activations_bytes, 34816);
+  EXPECT_EQ(m.backward_buffers_bytes, 13760);
   EXPECT_EQ(m.weights_fp32_bytes, 4 * 16460);
   EXPECT_EQ(m.weights_bf16_bytes, 0);
   EXPECT_EQ(m.optimizer_bytes, 8 * 16460);
-  EXPECT_EQ(m.total_bytes, 16 * 16460 + 36608 + 10944);
+  EXPECT_EQ(m.total_bytes, 16 * 16460 + 34816 + 13760);
   // Muon keeps AdamW's full slabs and adds its momentum slab: 12·P of optimizer state.
   const MemoryEstimate muon = estimate_memory(tiny_zaya(), 1, 8, DType::f32, true);
   EXPECT_EQ(muon.adamw_state_bytes, 8 * 16460);
