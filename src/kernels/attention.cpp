@@ -13,18 +13,15 @@
 namespace foundry::ops {
 namespace {
 
-// One causal attention problem. Query rows [q_begin, q_end) of q/out/dq/dout [B, q_rows, H, D]
-// (lse, the row statistics, [B, H, q_rows]) against key rows [0, k_rows) of k/v/dk/dv
-// [B, k_rows, KVH, D]; query row r sits at key position r − q_begin + q_pos and sees the
-// keys at or before it.
-struct Problem {
-  int64_t b, h, kvh, d, g;
-  int64_t q_rows, k_rows;
-  int64_t q_begin, q_end, q_pos;
+// The self-attention of a whole sequence as a chunk: every row, at its own position.
+AttentionChunk whole_sequence(const AttentionShape& s) {
+  return {s.b, s.h, s.kvh, s.d, s.t, s.t, 0, s.t, 0};
+}
 
-  static Problem self_attention(const AttentionShape& s) {
-    return {s.b, s.h, s.kvh, s.d, s.h / s.kvh, s.t, s.t, 0, s.t, 0};
-  }
+// A chunk with its derived sizes.
+struct Problem : AttentionChunk {
+  int64_t g;  // query heads per kv head
+  explicit Problem(const AttentionChunk& c) : AttentionChunk(c), g(c.h / c.kvh) {}
   // The key position of query row r.
   int64_t position(int64_t r) const { return r - q_begin + q_pos; }
 };
@@ -32,6 +29,12 @@ struct Problem {
 void check_shape(const AttentionShape& s) {
   FOUNDRY_CHECK(s.b > 0 && s.t > 0 && s.h > 0 && s.kvh > 0 && s.d > 0);
   FOUNDRY_CHECK(s.h % s.kvh == 0);
+}
+
+void check_chunk(const AttentionChunk& c) {
+  FOUNDRY_CHECK(c.b > 0 && c.h > 0 && c.kvh > 0 && c.d > 0 && c.h % c.kvh == 0);
+  FOUNDRY_CHECK(0 <= c.q_begin && c.q_begin < c.q_end && c.q_end <= c.q_rows);
+  FOUNDRY_CHECK(c.q_pos >= 0 && c.q_pos + (c.q_end - c.q_begin) <= c.k_rows);
 }
 
 size_t element_bytes(DType dt) { return dt == DType::bf16 ? sizeof(bf16) : sizeof(float); }
@@ -335,7 +338,7 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
 
 int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
   check_shape(s);
-  const Problem p = Problem::self_attention(s);
+  const Problem p = Problem(whole_sequence(s));
   const int64_t tile = tile_size(p), f32 = sizeof(float);
   const int64_t in = static_cast<int64_t>(element_bytes(dtype));
   const int64_t block_rows = s.b * s.h * tile;
@@ -343,6 +346,27 @@ int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
   const int64_t kv_copies = 2 * half * s.b * s.t * s.kvh * s.d;
   return kv_copies + block_rows * s.d * (2 * in + f32) + block_rows * tile * 2 * (f32 + half) +
          2 * block_rows * f32;
+}
+
+void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const AttentionChunk& c, DType dtype) {
+  check_chunk(c);
+  Scratch& sc = scratch();
+  const int64_t kv_count = c.b * c.k_rows * c.kvh * c.d;
+  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
+  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
+  forward_problem(out, lse, q, kg, vg, Problem(c), dtype);
+}
+
+void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* out, const float* lse, const float* q, const float* k,
+                              const float* v, const AttentionChunk& c, DType dtype) {
+  check_chunk(c);
+  Scratch& sc = scratch();
+  const int64_t kv_count = c.b * c.k_rows * c.kvh * c.d;
+  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
+  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
+  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, Problem(c), dtype);
 }
 
 ScopedAttentionTile::ScopedAttentionTile(int64_t rows) : previous_(g_tile_override) {
@@ -353,24 +377,17 @@ ScopedAttentionTile::~ScopedAttentionTile() { g_tile_override = previous_; }
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionShape& s, DType dtype) {
   check_shape(s);
-  Scratch& sc = scratch();
-  const int64_t kv_count = s.b * s.t * s.kvh * s.d;
-  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
-  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
-  forward_problem(out, lse, q, kg, vg, Problem::self_attention(s), dtype);
+  attention_chunk_forward(out, lse, q, k, v, whole_sequence(s), dtype);
 }
 
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         const AttentionShape& s, DType dtype) {
   check_shape(s);
-  Scratch& sc = scratch();
   const int64_t kv_count = s.b * s.t * s.kvh * s.d;
-  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
-  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
   std::fill(dk, dk + kv_count, 0.0f);
   std::fill(dv, dv + kv_count, 0.0f);
-  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, Problem::self_attention(s), dtype);
+  attention_chunk_backward(dq, dk, dv, dout, out, lse, q, k, v, whole_sequence(s), dtype);
 }
 
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,

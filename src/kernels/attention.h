@@ -32,6 +32,25 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* lse, const float* q, const float* k, const float* v,
                         const AttentionShape& s, DType dtype);
 
+// One chunk of a sequence's queries against all keys up to it (context parallelism: a rank
+// holds some chunks of each sequence and the gathered keys and values of all of it).
+// Query rows [q_begin, q_end) of q/out/dq/dout [B, q_rows, H, D] sit at key positions
+// q_pos, q_pos + 1, …; keys k/v/dk/dv [B, k_rows, KVH, D] are in position order, and query
+// row r sees keys 0 … r − q_begin + q_pos. lse [B, H, q_rows]: the chunk's rows.
+struct AttentionChunk {
+  int64_t b, h, kvh, d;
+  int64_t q_rows, k_rows;
+  int64_t q_begin, q_end, q_pos;
+};
+// out and lse rows of the chunk (writes).
+void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const AttentionChunk& c, DType dtype);
+// dq rows of the chunk (writes); dk, dv [B, k_rows, KVH, D] ACCUMULATE (the chunks of a
+// sequence add up their key gradients).
+void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                              const float* out, const float* lse, const float* q, const float* k,
+                              const float* v, const AttentionChunk& c, DType dtype);
+
 // Bytes of scratch the two kernels keep between calls for this shape (backward's, the larger):
 // a few score tiles and query blocks, and bf16 copies of k and v.
 int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype);

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -222,6 +223,64 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionGradients,
                                            TiledShape{{1, 6, 4, 4, 8}, 0},
                                            TiledShape{{1, 4, 3, 1, 5}, 0},
                                            TiledShape{{1, 8, 4, 2, 4}, 3}));
+
+// Context parallelism's layout: a sequence of 4 chunks over 2 ranks, rank 0 holding chunks
+// 0 and 3 and rank 1 chunks 1 and 2, each rank's queries against the whole sequence's keys.
+// The ranks' rows of out and dq match the whole sequence's, and their dk, dv add up to its
+// dk, dv. Chunks of 24 rows against tiles of 16 put tile edges inside chunks.
+TEST(Attention, ChunksOfASequenceAddUpToTheWholeSequence) {
+  const AttentionShape s{2, 96, 4, 2, 8};
+  ScopedAttentionTile tile(16);
+  const Inputs in(s, 41);
+  const auto q = cast_vector<float>(in.q), k = cast_vector<float>(in.k),
+             v = cast_vector<float>(in.v);
+  const auto dout = cast_vector<float>(random_normal(in.q_count(), 42));
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    const Result whole = run_forward(in, dtype);
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), whole.out.data(),
+                       whole.lse.data(), q.data(), k.data(), v.data(), s, dtype);
+
+    const int64_t chunk = s.t / 4, local = 2 * chunk, row = s.h * s.d;
+    std::vector<float> dk_sum(k.size(), 0.0f), dv_sum(v.size(), 0.0f);
+    for (const auto& held : {std::array<int64_t, 2>{0, 3}, std::array<int64_t, 2>{1, 2}}) {
+      // The rank's rows: [B, 2·chunk, H, D], its chunks one after the other.
+      auto local_rows = [&](const std::vector<float>& x) {
+        std::vector<float> out(s.b * local * row);
+        for (int64_t b = 0; b < s.b; ++b)
+          for (int64_t i = 0; i < 2; ++i)
+            std::copy_n(x.begin() + (b * s.t + held[i] * chunk) * row, chunk * row,
+                        out.begin() + (b * local + i * chunk) * row);
+        return out;
+      };
+      const auto lq = local_rows(q), ldout = local_rows(dout);
+      std::vector<float> lout(lq.size()), llse(s.b * s.h * local), ldq(lq.size());
+      std::vector<float> ldk(k.size(), 0.0f), ldv(v.size(), 0.0f);
+      for (int64_t i = 0; i < 2; ++i) {
+        const AttentionChunk c{s.b, s.h, s.kvh, s.d, local, s.t, i * chunk, (i + 1) * chunk,
+                               held[i] * chunk};
+        attention_chunk_forward(lout.data(), llse.data(), lq.data(), k.data(), v.data(), c,
+                                dtype);
+      }
+      for (int64_t i = 0; i < 2; ++i) {
+        const AttentionChunk c{s.b, s.h, s.kvh, s.d, local, s.t, i * chunk, (i + 1) * chunk,
+                               held[i] * chunk};
+        attention_chunk_backward(ldq.data(), ldk.data(), ldv.data(), ldout.data(), lout.data(),
+                                 llse.data(), lq.data(), k.data(), v.data(), c, dtype);
+      }
+      const double tolerance = dtype == DType::f32 ? 1e-6 : 1e-2;
+      EXPECT_LT(norm_relative_error(lout, cast_vector<double>(local_rows(whole.out))), tolerance);
+      EXPECT_LT(norm_relative_error(ldq, cast_vector<double>(local_rows(dq))), tolerance);
+      for (size_t i = 0; i < k.size(); ++i) {
+        dk_sum[i] += ldk[i];
+        dv_sum[i] += ldv[i];
+      }
+    }
+    const double tolerance = dtype == DType::f32 ? 1e-6 : 1e-2;
+    EXPECT_LT(norm_relative_error(dk_sum, cast_vector<double>(dk)), tolerance);
+    EXPECT_LT(norm_relative_error(dv_sum, cast_vector<double>(dv)), tolerance);
+  }
+}
 
 TEST(Attention, ReferenceOfASinglePositionReturnsItsValue) {
   // With one position the softmax is 1 whatever the scores.

@@ -71,7 +71,7 @@ class Composition : public Architecture {
 
   // The activations for shape s (allocated again when the shape changes), inputs copied in.
   Acts& begin_forward(const int32_t* inputs, const int32_t* targets, BatchShape s) {
-    if (!acts_ || acts_->shape.batch != s.batch || acts_->shape.seq != s.seq)
+    if (!acts_ || !(acts_->shape == s))
       acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel());
     std::copy(inputs, inputs + s.rows(), acts_->inputs);
     acts_->has_targets = targets != nullptr;

@@ -1,11 +1,13 @@
 #include "model/attention_sublayer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/context_parallel.h"
 
 namespace foundry {
 namespace {
@@ -32,6 +34,7 @@ void AttentionActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   v = arena.take<float>(N * c.kv_dim());
   lse = arena.take<float>(s.batch * c.n_heads * s.seq);
   att = arena.take<float>(N * c.q_dim());
+  kv.take(arena, c, s);
 }
 
 void AttentionGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
@@ -41,36 +44,95 @@ void AttentionGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   dk = arena.take<float>(N * c.kv_dim());
   dv = arena.take<float>(N * c.kv_dim());
   datt = arena.take<float>(N * c.q_dim());
+  dkv.take(arena, c, s);
 }
 
+void KvAll::take(Arena& arena, const ModelConfig& c, BatchShape s) {
+  if (s.context == 1) return;
+  k = arena.take<float>(s.batch * s.full_seq() * c.kv_dim());
+  v = arena.take<float>(s.batch * s.full_seq() * c.kv_dim());
+}
+
+namespace {
+
+// RoPE on x [B, seq, heads, D] in place (inverse: its transpose, for gradients): positions
+// 0 … seq−1, or with context parallelism each chunk at its own positions.
+void rope_rows(Compute& cx, float* x, int64_t heads, BatchShape s, bool inverse) {
+  const ModelConfig& c = cx.config;
+  const ContextParallel* cp = cx.context_parallel;
+  if (!cp) {
+    ops::rope_apply(x, s.batch, s.seq, heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
+                    inverse);
+    return;
+  }
+  const int64_t tc = s.chunk(), row = heads * c.head_dim;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int slot = 0; slot < 2; ++slot)
+      ops::rope_apply(x + (b * s.seq + slot * tc) * row, 1, tc, heads, c.head_dim,
+                      c.rotary_dim(), cp->chunk(slot) * tc, c.rope_theta, inverse);
+}
+
+// The query rows of `slot` against the whole sequences' keys.
+ops::AttentionChunk chunk_of_slot(const ModelConfig& c, BatchShape s, const ContextParallel& cp,
+                                  int slot) {
+  const int64_t tc = s.chunk();
+  return {s.batch, c.n_heads, c.n_kv_heads, c.head_dim, s.seq, s.full_seq(), slot * tc,
+          (slot + 1) * tc, cp.chunk(slot) * tc};
+}
+
+}  // namespace
+
 void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* lse,
-                            float* att, BatchShape s) {
+                            float* att, const KvAll& kv, BatchShape s) {
   const ModelConfig& c = cx.config;
   {
     auto t = cx.time("rope");
-    ops::rope_apply(q, s.batch, s.seq, c.n_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
-                    false);
-    ops::rope_apply(k, s.batch, s.seq, c.n_kv_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
-                    false);
+    rope_rows(cx, q, c.n_heads, s, false);
+    rope_rows(cx, k, c.n_kv_heads, s, false);
+  }
+  ContextParallel* cp = cx.context_parallel;
+  if (!cp) {
+    auto t = cx.time("attention");
+    ops::attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
+    return;
+  }
+  {
+    auto t = cx.time("cp_kv_exchange");
+    cp->gather(k, kv.k, s.batch, s.chunk(), c.kv_dim());
+    cp->gather(v, kv.v, s.batch, s.chunk(), c.kv_dim());
   }
   auto t = cx.time("attention");
-  ops::attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
+  for (int slot = 0; slot < 2; ++slot)
+    ops::attention_chunk_forward(att, lse, q, kv.k, kv.v, chunk_of_slot(c, s, *cp, slot),
+                                 cx.precision);
 }
 
 void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
                              const float* att, const float* lse, const float* q, const float* k,
-                             const float* v, BatchShape s) {
+                             const float* v, const KvAll& kv, const KvAll& dkv, BatchShape s) {
   const ModelConfig& c = cx.config;
-  {
+  ContextParallel* cp = cx.context_parallel;
+  if (!cp) {
     auto t = cx.time("attention");
     ops::attention_backward(dq, dk, dv, datt, att, lse, q, k, v, attention_shape(c, s),
                             cx.precision);
+  } else {
+    {
+      auto t = cx.time("attention");
+      const int64_t n = s.batch * s.full_seq() * c.kv_dim();
+      std::fill(dkv.k, dkv.k + n, 0.0f);
+      std::fill(dkv.v, dkv.v + n, 0.0f);
+      for (int slot = 0; slot < 2; ++slot)
+        ops::attention_chunk_backward(dq, dkv.k, dkv.v, datt, att, lse, q, kv.k, kv.v,
+                                      chunk_of_slot(c, s, *cp, slot), cx.precision);
+    }
+    auto t = cx.time("cp_kv_exchange");
+    cp->reduce_scatter(dkv.k, dk, s.batch, s.chunk(), c.kv_dim());
+    cp->reduce_scatter(dkv.v, dv, s.batch, s.chunk(), c.kv_dim());
   }
   auto t = cx.time("rope");
-  ops::rope_apply(dq, s.batch, s.seq, c.n_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
-                  true);
-  ops::rope_apply(dk, s.batch, s.seq, c.n_kv_heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
-                  true);
+  rope_rows(cx, dq, c.n_heads, s, true);
+  rope_rows(cx, dk, c.n_kv_heads, s, true);
 }
 
 void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a, BatchShape s,
@@ -88,7 +150,7 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
     gemm(n, false, cx.weight(w.k), true, a.k, N, KVD, C, cx.precision);
     gemm(n, false, cx.weight(w.v), true, a.v, N, KVD, C, cx.precision);
   }
-  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, s);
+  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
   auto t = cx.time("attn_out_gemm");
   std::memcpy(out, x, N * C * sizeof(float));
   cx.linear_forward(out, a.att, w.o, N, C, QD, 0, /*accumulate=*/true);
@@ -102,7 +164,8 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
     auto t = cx.time("attn_out_gemm");
     cx.linear_backward(g.datt, dx, a.att, w.o, N, C, QD, false);
   }
-  rope_attention_backward(cx, g.dq, g.dk, g.dv, g.datt, a.att, a.lse, a.q, a.k, a.v, s);
+  rope_attention_backward(cx, g.dq, g.dk, g.dv, g.datt, a.att, a.lse, a.q, a.k, a.v, a.kv, g.dkv,
+                          s);
   {
     auto t = cx.time("attn_qkv_gemm");
     cx.projections_backward(g.dn, a.n, N, C, {{g.dq, w.q, QD}, {g.dk, w.k, KVD}, {g.dv, w.v, KVD}});

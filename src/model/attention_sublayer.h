@@ -18,6 +18,14 @@ struct AttentionWeights {
   static AttentionWeights of_layer(const ParamTable& table, int64_t layer);
 };
 
+// With context parallelism, the keys and values of the whole sequences, gathered from the
+// group: [B, C·seq, KVH·D] each (null without it).
+struct KvAll {
+  float* k = nullptr;
+  float* v = nullptr;
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
+};
+
 // One layer's activations, kept for the backward.
 struct AttentionActs {
   float* n;      // [N, C]      rms(x)
@@ -27,6 +35,7 @@ struct AttentionActs {
   float* v;      // [N, KVH·D]
   float* lse;    // [B, H, T]   each row's softmax log-sum-exp
   float* att;    // [N, H·D]    attention output, before Wo
+  KvAll kv;      // context parallel: the whole sequences' k and v
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 
@@ -37,6 +46,7 @@ struct AttentionGrads {
   float* dk;    // [N, KVH·D]
   float* dv;    // [N, KVH·D]
   float* datt;  // [N, H·D]
+  KvAll dkv;    // context parallel: gradients of the whole sequences' k and v
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 
@@ -60,12 +70,16 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
 
 // ---- the core both attention sublayers share ------------------------------------------------
 // q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping
-// lse [B, H, T].
+// lse [B, H, T]. With context parallelism each chunk's rows rotate at their positions in the
+// sequence, kv receives the whole sequences' k and v (one all-gather each) and the rank's
+// queries attend to them.
 void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, float* lse,
-                            float* att, BatchShape s);
+                            float* att, const KvAll& kv, BatchShape s);
 // From datt (with att and lse from the forward): dq, dk (through RoPE) and dv, all written.
+// With context parallelism the whole sequences' key and value gradients accumulate in dkv,
+// and each rank receives the sum over the group of its own rows' (one reduce-scatter each).
 void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
                              const float* att, const float* lse, const float* q, const float* k,
-                             const float* v, BatchShape s);
+                             const float* v, const KvAll& kv, const KvAll& dkv, BatchShape s);
 
 }  // namespace foundry

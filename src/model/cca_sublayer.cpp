@@ -1,17 +1,149 @@
 #include "model/cca_sublayer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include <fmt/format.h>
 
 #include "kernels/attention.h"
 #include "kernels/ops.h"
+#include "model/context_parallel.h"
 
 namespace foundry {
 namespace {
 
 // ‖·‖ = sqrt(Σx² + eps) in the QK norm (see kernels/cca.h).
 constexpr float kQkNormEps = 1e-6f;
+
+// ---- context parallelism: the rows before each chunk ------------------------------------------
+// The convolutions at a chunk's first positions read the last R = (t0−1) + (t1−1) packed rows
+// c of the chunk before it (t0−1 for the depthwise window, and t1−1 more to recompute the
+// depthwise outputs y the grouped window reads); the value shift reads the previous token's
+// x·Wv2ᵀ. Each chunk runs as its own sequence of R + Tc rows, [halo ‖ chunk], and the halo
+// rows' outputs are dropped; their gradients go back to the chunk they came from.
+
+int64_t halo_rows(const ModelConfig& c) {
+  return (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
+}
+int64_t boundary_width(const ModelConfig& c) {
+  return std::max(halo_rows(c) * (c.q_dim() + c.kv_dim()), c.kv_dim() / 2);
+}
+
+// Views of [B, 2, R + Tc, Cc]: (b, slot) = sequence bs = 2b + slot.
+struct Extended {
+  int64_t sequences, halo, tc, width;
+  int64_t length() const { return halo + tc; }
+  int64_t count() const { return sequences * length() * width; }
+  float* halo_rows(float* x, int64_t bs) const { return x + bs * length() * width; }
+  float* chunk_rows(float* x, int64_t bs) const { return x + (bs * length() + halo) * width; }
+};
+
+Extended extended(const ModelConfig& c, BatchShape s) {
+  return {2 * s.batch, halo_rows(c), s.chunk(), c.q_dim() + c.kv_dim()};
+}
+
+// Before chunk 0 there is nothing: its halo of y is the convolutions' zero padding (and has
+// no gradient), not conv(0) + bias.
+void zero_halo_before_chunk0(float* x, const Extended& e, const ContextParallel& cp) {
+  for (int slot = 0; slot < 2; ++slot)
+    if (cp.chunk(slot) == 0)
+      for (int64_t b = 0; b < e.sequences / 2; ++b)
+        std::fill_n(e.halo_rows(x, 2 * b + slot), e.halo * e.width, 0.0f);
+}
+
+void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g,
+                                   BatchShape s) {
+  const ModelConfig& c = cx.config;
+  ContextParallel& cp = *cx.context_parallel;
+  const Extended e = extended(c, s);
+  if (e.halo > 0) {
+    auto t = cx.time("cp_halo_exchange");
+    take_chunk_rows(a.c, g.tails, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
+    cp.exchange_halo(g.tails, g.halos, s.batch, e.halo, e.width);
+  }
+  auto t = cx.time("cca_conv");
+  for (int64_t bs = 0; bs < e.sequences; ++bs) {
+    std::copy_n(g.halos + bs * e.halo * e.width, e.halo * e.width, e.halo_rows(a.c_ext, bs));
+    std::copy_n(a.c + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(a.c_ext, bs));
+  }
+  ops::cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
+                                  e.length(), e.width, c.cca_kernel_depthwise);
+  zero_halo_before_chunk0(a.y_ext, e, cp);
+  ops::cca_grouped_conv_forward(g.ext_a, a.y_ext, cx.p(w.w1), cx.p(w.b1), e.sequences,
+                                e.length(), c.n_heads + c.n_kv_heads, c.head_dim,
+                                c.cca_kernel_grouped);
+  for (int64_t bs = 0; bs < e.sequences; ++bs)
+    std::copy_n(e.chunk_rows(g.ext_a, bs), e.tc * e.width, a.qk + bs * e.tc * e.width);
+}
+
+// g.dqk holds the gradient of qk; adds the convolutions' part of the gradient of c to g.dc
+// (here and, through the halos, on the ranks of the chunks before).
+void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaActs& a,
+                                    CcaGrads& g, BatchShape s) {
+  const ModelConfig& c = cx.config;
+  ContextParallel& cp = *cx.context_parallel;
+  const Extended e = extended(c, s);
+  {
+    auto t = cx.time("cca_conv");
+    float* dz = g.ext_a;
+    for (int64_t bs = 0; bs < e.sequences; ++bs) {
+      std::fill_n(e.halo_rows(dz, bs), e.halo * e.width, 0.0f);
+      std::copy_n(g.dqk + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(dz, bs));
+    }
+    std::fill_n(g.ext_b, e.count(), 0.0f);
+    ops::cca_grouped_conv_backward(g.ext_b, cx.g(w.w1), cx.g(w.b1), dz, a.y_ext, cx.p(w.w1),
+                                   e.sequences, e.length(), c.n_heads + c.n_kv_heads,
+                                   c.head_dim, c.cca_kernel_grouped);
+    zero_halo_before_chunk0(g.ext_b, e, cp);
+    float* dc_ext = g.ext_a;
+    std::fill_n(dc_ext, e.count(), 0.0f);
+    ops::cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext,
+                                     cx.p(w.w0), e.sequences, e.length(), e.width,
+                                     c.cca_kernel_depthwise);
+    for (int64_t bs = 0; bs < e.sequences; ++bs) {
+      const float* from = e.chunk_rows(dc_ext, bs);
+      float* to = g.dc + bs * e.tc * e.width;
+      for (int64_t i = 0; i < e.tc * e.width; ++i) to[i] += from[i];
+      std::copy_n(e.halo_rows(dc_ext, bs), e.halo * e.width, g.halos + bs * e.halo * e.width);
+    }
+  }
+  if (e.halo == 0) return;
+  auto t = cx.time("cp_halo_exchange");
+  std::fill_n(g.tails, e.sequences * e.halo * e.width, 0.0f);
+  cp.return_halo_gradient(g.halos, g.tails, s.batch, e.halo, e.width);
+  add_chunk_rows(g.tails, g.dc, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
+}
+
+// The value shift across chunks: each chunk's first row takes the x·Wv2ᵀ of the last token
+// of the chunk before it.
+void value_shift_forward_context_parallel(Compute& cx, float* v, CcaGrads& g, BatchShape s) {
+  const int64_t half = cx.config.kv_dim() / 2, width = 2 * half, tc = s.chunk();
+  {
+    auto t = cx.time("cca_conv");
+    ops::cca_value_shift_inplace_forward(v, g.tails, 2 * s.batch, tc, half);
+  }
+  auto t = cx.time("cp_halo_exchange");
+  cx.context_parallel->exchange_halo(g.tails, g.halos, s.batch, 1, half);
+  for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
+    std::copy_n(g.halos + bs * half, half, v + bs * tc * width + half);
+}
+
+void value_shift_backward_context_parallel(Compute& cx, float* dv, CcaGrads& g, BatchShape s) {
+  const int64_t half = cx.config.kv_dim() / 2, width = 2 * half, tc = s.chunk();
+  {
+    auto t = cx.time("cca_conv");
+    for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
+      std::copy_n(dv + bs * tc * width + half, half, g.halos + bs * half);
+    ops::cca_value_shift_inplace_backward(dv, 2 * s.batch, tc, half);
+  }
+  auto t = cx.time("cp_halo_exchange");
+  std::fill_n(g.tails, 2 * s.batch * half, 0.0f);
+  cx.context_parallel->return_halo_gradient(g.halos, g.tails, s.batch, 1, half);
+  for (int64_t bs = 0; bs < 2 * s.batch; ++bs) {
+    float* last = dv + (bs * tc + tc - 1) * width + half;
+    for (int64_t j = 0; j < half; ++j) last[j] += g.tails[bs * half + j];
+  }
+}
 
 }  // namespace
 
@@ -44,6 +176,11 @@ void CcaActs::take(Arena& arena, const ModelConfig& cfg, BatchShape s) {
   v = arena.take<float>(N * cfg.kv_dim());
   lse = arena.take<float>(s.batch * cfg.n_heads * s.seq);
   att = arena.take<float>(N * cfg.q_dim());
+  kv.take(arena, cfg, s);
+  if (s.context > 1) {
+    c_ext = arena.take<float>(extended(cfg, s).count());
+    y_ext = arena.take<float>(extended(cfg, s).count());
+  }
 }
 
 void CcaGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
@@ -51,10 +188,16 @@ void CcaGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   dc = arena.take<float>(n);
   dy = arena.take<float>(n);
   dqk = arena.take<float>(n);
+  if (s.context > 1) {
+    ext_a = arena.take<float>(extended(c, s).count());
+    ext_b = arena.take<float>(extended(c, s).count());
+    tails = arena.take<float>(2 * s.batch * boundary_width(c));
+    halos = arena.take<float>(2 * s.batch * boundary_width(c));
+  }
 }
 
-void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, BatchShape s, const float* x,
-                 float* h) {
+void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, BatchShape s,
+                 const float* x, float* h) {
   const ModelConfig& c = cx.config;
   const int64_t B = s.batch, T = s.seq, N = s.rows(), C = c.d_model;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
@@ -69,17 +212,24 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, BatchShape s, con
     gemm(n, false, cx.weight(w.wqk), true, a.c, N, Cc, C, cx.precision);
     gemm(n, false, cx.weight(w.wv), true, a.v, N, KVD, C, cx.precision);
   }
-  {
+  if (cx.context_parallel) {
+    conv_forward_context_parallel(cx, w, a, g, s);
+  } else {
     auto t = cx.time("cca_conv");
     ops::cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
                                     c.cca_kernel_depthwise);
     ops::cca_grouped_conv_forward(a.qk, a.y, cx.p(w.w1), cx.p(w.b1), B, T, Hq + Hk, d,
                                   c.cca_kernel_grouped);
+  }
+  {
+    auto t = cx.time("cca_conv");
     ops::cca_means_forward(a.qk, a.c, N, Hq, Hk, d);
     ops::cca_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, cx.p(w.temp), N, Hq, Hk, d, kQkNormEps);
-    ops::cca_value_shift_inplace_forward(a.v, static_cast<float*>(nullptr), B, T, KVD / 2);
+    if (!cx.context_parallel)
+      ops::cca_value_shift_inplace_forward(a.v, static_cast<float*>(nullptr), B, T, KVD / 2);
   }
-  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, s);
+  if (cx.context_parallel) value_shift_forward_context_parallel(cx, a.v, g, s);
+  rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
   auto t = cx.time("attn_out_gemm");
   cx.linear_forward(h, a.att, w.wo, N, C, QD);
 }
@@ -94,22 +244,26 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     auto t = cx.time("attn_out_gemm");
     cx.linear_backward(ga.datt, dh, a.att, w.wo, N, C, QD, false);
   }
-  rope_attention_backward(cx, ga.dq, ga.dk, ga.dv, ga.datt, a.att, a.lse, a.q, a.k, a.v,
-                          s);
+  rope_attention_backward(cx, ga.dq, ga.dk, ga.dv, ga.datt, a.att, a.lse, a.q, a.k, a.v, a.kv,
+                          ga.dkv, s);
+  if (cx.context_parallel) value_shift_backward_context_parallel(cx, ga.dv, g, s);
   {
     auto t = cx.time("cca_conv");
-    ops::cca_value_shift_inplace_backward(ga.dv, B, T, KVD / 2);
+    if (!cx.context_parallel) ops::cca_value_shift_inplace_backward(ga.dv, B, T, KVD / 2);
     std::memset(g.dqk, 0, N * Cc * sizeof(float));
     ops::cca_qk_norm_backward(g.dqk, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm, cx.p(w.temp), N,
                               Hq, Hk, d);
     std::memset(g.dc, 0, N * Cc * sizeof(float));
     ops::cca_means_backward(g.dc, g.dqk, N, Hq, Hk, d);
-    std::memset(g.dy, 0, N * Cc * sizeof(float));
-    ops::cca_grouped_conv_backward(g.dy, cx.g(w.w1), cx.g(w.b1), g.dqk, a.y, cx.p(w.w1), B, T,
-                                   Hq + Hk, d, c.cca_kernel_grouped);
-    ops::cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T, Cc,
-                                     c.cca_kernel_depthwise);
+    if (!cx.context_parallel) {
+      std::memset(g.dy, 0, N * Cc * sizeof(float));
+      ops::cca_grouped_conv_backward(g.dy, cx.g(w.w1), cx.g(w.b1), g.dqk, a.y, cx.p(w.w1), B, T,
+                                     Hq + Hk, d, c.cca_kernel_grouped);
+      ops::cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
+                                       Cc, c.cca_kernel_depthwise);
+    }
   }
+  if (cx.context_parallel) conv_backward_context_parallel(cx, w, a, g, s);
   {
     auto t = cx.time("attn_qkv_gemm");
     cx.projections_backward(ga.dn, a.n, N, C, {{g.dc, w.wqk, Cc}, {ga.dv, w.wv, KVD}});

@@ -34,18 +34,27 @@ struct CcaActs {
   float* v;      // [N, Hk·d]    after the value shift
   float* lse;    // [B, Hq, T]   each row's softmax log-sum-exp
   float* att;    // [N, Hq·d]
+  KvAll kv;      // context parallel: the whole sequences' k and v
+  // Context parallel: each chunk's c and y with the R = (t0−1) + (t1−1) rows before it
+  // (the previous chunk's last c rows, and y recomputed from them), [B, 2, R + Tc, Cc];
+  // y is then unused.
+  float* c_ext = nullptr;
+  float* y_ext = nullptr;
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 
-// Backward scratch beyond AttentionGrads, shared by every layer.
+// Scratch beyond AttentionGrads, shared by every layer.
 struct CcaGrads {
   float *dc, *dy, *dqk;  // [N, Cc] each
+  // Context parallel: [B, 2, R + Tc, Cc] ×2 (the grouped convolution's output forward, the
+  // gradients of the extended rows backward), and boundary rows [B, 2, max(R·Cc, half)] ×2.
+  float *ext_a = nullptr, *ext_b = nullptr, *tails = nullptr, *halos = nullptr;
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 
-// x [N, C] → h [N, C].
-void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, BatchShape s, const float* x,
-                 float* h);
+// x [N, C] → h [N, C] (g: scratch).
+void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, BatchShape s,
+                 const float* x, float* h);
 // From dh [N, C] = d loss/d h: dx [N, C] += d loss/d x through the norm; accumulates the
 // sublayer's weight gradients.
 void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,

@@ -15,10 +15,18 @@
 
 namespace foundry {
 
-// The batch shape of a forward/backward: B sequences of T tokens, N = B·T rows.
+class ContextParallel;
+
+// The batch shape of a forward/backward: B sequences of T tokens, N = B·T rows. With context
+// parallelism over C ranks (`context` = C > 1) the rows are this rank's two chunks of each
+// sequence (model/context_parallel.h): seq = 2·Tc local rows of sequences of C·seq tokens.
 struct BatchShape {
   int64_t batch = 0, seq = 0;
+  int64_t context = 1;
   int64_t rows() const { return batch * seq; }
+  int64_t full_seq() const { return seq * context; }
+  int64_t chunk() const { return seq / 2; }  // Tc (context parallel only)
+  bool operator==(const BatchShape&) const = default;
 };
 
 class Compute {
@@ -31,6 +39,8 @@ class Compute {
 
   const ModelConfig& config;
   const DType precision;
+  // The context-parallel group, or null (Model::set_context_parallel).
+  ContextParallel* context_parallel = nullptr;
 
   const float* p(int64_t offset) const { return params_ + offset; }  // fp32 parameters
   float* g(int64_t offset) const { return grads_ + offset; }         // their gradients

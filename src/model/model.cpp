@@ -9,6 +9,7 @@
 #include "base/rng.h"
 #include "model/architecture.h"
 #include "model/compute.h"
+#include "model/context_parallel.h"
 #include "model/expert_parallel.h"
 #include "model/experts.h"
 
@@ -106,6 +107,12 @@ int Model::expert_owner(const ParamInfo& p) const {
   return s ? s->owner(p) : -1;
 }
 
+void Model::set_context_parallel(const Communicator* group) {
+  context_ = group && group->size() > 1 ? std::make_unique<ContextParallel>(*group) : nullptr;
+  compute_->context_parallel = context_.get();
+  arch_->drop_activations();
+}
+
 void Model::set_data_parallel(const Communicator* group) { arch_->set_data_parallel(group); }
 
 std::vector<int64_t> Model::expert_loads() const {
@@ -132,7 +139,24 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
                        inputs[i], i, c.vocab_size),
            "the data and the model config disagree on the vocabulary");
   }
-  return arch_->forward(inputs, targets, {batch, seq});
+  BatchShape shape{batch, seq};
+  if (context_) {
+    shape.context = context_->size();
+    if (seq % 2 != 0)
+      fail(fmt::format("with context parallelism a rank's rows are two chunks of each "
+                       "sequence, but it was given {} rows per sequence", seq));
+    const int64_t halo = c.is_zaya() ? (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1)
+                                     : 0;
+    if (shape.chunk() < std::max<int64_t>(halo, 1))
+      fail(fmt::format("context-parallel chunks of {} tokens are shorter than the {} rows the "
+                       "CCA convolutions read before each chunk",
+                       shape.chunk(), halo),
+           "use longer sequences or a smaller train.context_parallel");
+    if (shape.full_seq() > c.max_seq_len)
+      fail(fmt::format("sequence length {} ({} ranks × {} rows) exceeds model.max_seq_len = {}",
+                       shape.full_seq(), shape.context, seq, c.max_seq_len));
+  }
+  return arch_->forward(inputs, targets, shape);
 }
 
 void Model::backward() { arch_->backward(); }

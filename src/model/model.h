@@ -39,6 +39,7 @@ struct ForwardResult {
 class Architecture;
 class Communicator;
 class Compute;
+class ContextParallel;
 class ExpertSharding;
 class Experts;
 
@@ -140,6 +141,17 @@ class Model {
   // Must be set between steps (not between a forward and its backward). Fails, naming the
   // rank, unless P divides n_experts.
   void set_expert_parallel(const Communicator* group);
+  // ---- context parallelism ----------------------------------------------------------------
+  // Splits every sequence over `group` (C ranks; null, the default, turns it off): rank r
+  // holds chunks r and 2C−1−r of each sequence (model/context_parallel.h), and forward then
+  // takes this rank's rows, inputs/targets [B, 2·Tc] (ContextParallel::take_local), for
+  // sequences of seq·C tokens. Forward and backward are collective over the group; the
+  // loss is the mean over this rank's tokens and the gradients are this rank's tokens'
+  // (summed with the other ranks' by the data-parallel reduction, like a data-parallel
+  // rank's). Must be set between steps. Decoding does not use the group.
+  void set_context_parallel(const Communicator* group);
+  const ContextParallel* context_parallel() const { return context_.get(); }
+
   // The sharding in use, or null without expert parallelism.
   const ExpertSharding* expert_sharding() const;
   const Communicator* expert_parallel_group() const;
@@ -201,6 +213,7 @@ class Model {
   std::function<void(int64_t)> gradients_final_;
   OpTimes op_times_;
   std::unique_ptr<Compute> compute_;
+  std::unique_ptr<ContextParallel> context_;
   std::unique_ptr<Experts> experts_;
   std::unique_ptr<Architecture> arch_;  // the one dispatch point between the architectures
 };

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,7 @@
 #include "base/rng.h"
 #include "comm/comm.h"
 #include "comm/mpi_test_main.h"
+#include "model/context_parallel.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
 #include "model/test_support.h"
@@ -401,6 +403,150 @@ TEST(ExpertParallelMpi, GroupsOfADataByExpertLayout) {
   }
 }
 
+
+// ---- context parallelism ---------------------------------------------------------------------
+
+// The CP sizes this world is tested with: all ranks, and 2 when the world has 4 (DP 2 × CP 2).
+std::vector<int> cp_sizes() {
+  std::vector<int> sizes = {world().size()};
+  if (world().size() == 4) sizes.push_back(2);
+  return sizes;
+}
+
+// A CP group of `cp` consecutive world ranks.
+Communicator split_context_parallel(int cp) {
+  return world().split(world().rank() / cp, world().rank());
+}
+
+// Row values that name their place: sequence b, position t, column j.
+float position_code(int64_t b, int64_t t, int64_t j) {
+  return static_cast<float>(b * 10000 + t * 10 + j);
+}
+
+TEST(ContextParallelMpi, ExchangesMoveTheRightRows) {
+  for (int cp_size : cp_sizes()) {
+    const Communicator group = split_context_parallel(cp_size);
+    ContextParallel cp(group);
+    const int64_t B = 2, tc = 3, T = 2 * cp_size * tc, W = 2;
+    SCOPED_TRACE(fmt::format("CP rank {} of {}", cp.rank(), cp.size()));
+    std::vector<float> full(B * T * W);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t j = 0; j < W; ++j) full[(b * T + t) * W + j] = position_code(b, t, j);
+    std::vector<float> local(B * 2 * tc * W);
+    cp.take_local(full.data(), local.data(), B, T, W);
+    for (int64_t b = 0; b < B; ++b)
+      for (int slot = 0; slot < 2; ++slot)
+        EXPECT_EQ(local[((2 * b + slot) * tc) * W], position_code(b, cp.chunk(slot) * tc, 0));
+
+    // gather: the whole sequences in position order.
+    std::vector<float> gathered(full.size());
+    cp.gather(local.data(), gathered.data(), B, tc, W);
+    EXPECT_EQ(gathered, full);
+    // reduce_scatter: the sum over the group of (rank + 1)·full, this rank's rows.
+    std::vector<float> scaled(full), summed(local.size());
+    for (float& x : scaled) x *= static_cast<float>(cp.rank() + 1);
+    cp.reduce_scatter(scaled.data(), summed.data(), B, tc, W);
+    const float ranks_sum = static_cast<float>(cp_size * (cp_size + 1) / 2);
+    for (size_t i = 0; i < local.size(); ++i) EXPECT_EQ(summed[i], ranks_sum * local[i]);
+
+    // exchange_halo: each slot's halo is the last 2 rows before its chunk (zero before 0).
+    const int64_t rows = 2;
+    std::vector<float> tails(B * 2 * rows * W), halos(tails.size(), -1.0f);
+    take_chunk_rows(local.data(), tails.data(), B, tc, W, tc - rows, rows);
+    cp.exchange_halo(tails.data(), halos.data(), B, rows, W);
+    for (int64_t b = 0; b < B; ++b)
+      for (int slot = 0; slot < 2; ++slot)
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t t = cp.chunk(slot) * tc - rows + r;  // the position of halo row r
+          EXPECT_EQ(halos[((2 * b + slot) * rows + r) * W + 1], t < 0 ? 0.0f : position_code(b, t, 1))
+              << "b " << b << " slot " << slot << " row " << r;
+        }
+    // return_halo_gradient: every halo's gradient arrives at the tail it came from, once.
+    std::vector<float> dtails(tails.size(), 0.0f);
+    cp.return_halo_gradient(halos.data(), dtails.data(), B, rows, W);
+    for (int64_t b = 0; b < B; ++b)
+      for (int slot = 0; slot < 2; ++slot) {
+        // The last chunk (2C − 1) has no successor: nobody's halo came from it.
+        const bool has_successor = cp.chunk(slot) < 2 * cp_size - 1;
+        for (int64_t i = 0; i < rows * W; ++i) {
+          const int64_t at = (2 * b + slot) * rows * W + i;
+          EXPECT_EQ(dtails[at], has_successor ? tails[at] : 0.0f) << "b " << b << " slot " << slot;
+        }
+      }
+  }
+}
+
+// Loss and gradients of a step over the global batch, one process, against the same batch
+// split over DP × CP (× EP) ranks: each rank's rows are its chunks of its DP slice of the
+// batch. The mean over ranks of the losses and of the gradients must be the reference's
+// (every rank has the same number of tokens). Chunks of 3 tokens: every chunk's first
+// positions read the previous chunk through the CCA convolutions and the value shift, and
+// every query reads earlier chunks' keys, so a dropped exchange changes the result (checked:
+// the same rows without context parallelism give another loss).
+void expect_context_parallel_equivalent(ModelConfig c, int cp_size, int ep_size) {
+  const int W = world().size(), rank = world().rank(), dp = W / cp_size;
+  const int64_t B = 1 + (c.arch == Arch::zaya1), tc = 3, T = 2 * cp_size * tc;
+  c.max_seq_len = T;
+  SCOPED_TRACE(fmt::format("{} model, CP {} × DP {}, EP {}, world rank {}", arch_name(c.arch),
+                           cp_size, dp, ep_size, rank));
+  const testing::Batch global = testing::random_batch(c, dp * B * T, 700);
+
+  Model model(c, DType::f32);
+  model.init_weights(17);
+  model.set_data_parallel(&world());  // the aux loss's expert shares: the global batch's
+  const StepResult ref = train_step(model, global, dp * B, T);
+
+  const Communicator group = split_context_parallel(cp_size);
+  std::optional<ExpertParallelGroups> ep;
+  if (ep_size > 1) {
+    ep.emplace(split_expert_parallel(world(), ep_size));
+    model.set_expert_parallel(&ep->expert);
+  }
+  model.set_context_parallel(&group);
+  const ContextParallel& cp = *model.context_parallel();
+  testing::Batch mine;
+  mine.inputs.resize(B * 2 * tc);
+  mine.targets.resize(B * 2 * tc);
+  const int64_t slice = (rank / cp_size) * B * T;
+  cp.take_local(global.inputs.data() + slice, mine.inputs.data(), B, T, 1);
+  cp.take_local(global.targets.data() + slice, mine.targets.data(), B, T, 1);
+  const StepResult got = train_step(model, mine, B, 2 * tc);
+  const StepResult again = train_step(model, mine, B, 2 * tc);
+
+  double loss = got.loss;
+  world().allreduce(&loss, &loss, 1);
+  EXPECT_NEAR(loss / W, ref.loss, kLossRelTol * std::abs(ref.loss));
+  std::vector<float> grads = got.grads;
+  world().allreduce(grads.data(), grads.data(), grads.size());
+  for (float& g : grads) g /= static_cast<float>(W);
+  for (const auto& p : model.table().params())
+    EXPECT_LE(relative_error(grads.data() + p.offset, ref.grads.data() + p.offset, p.numel),
+              kGradRelTol)
+        << p.name;
+  EXPECT_EQ(again.loss, got.loss);
+  EXPECT_TRUE(again.grads == got.grads) << "a second identical step differs";
+
+  // The same rows as independent sequences: the exchanges carry something.
+  model.set_context_parallel(nullptr);
+  const StepResult alone = train_step(model, mine, 2 * B, tc);
+  EXPECT_GT(std::abs(alone.loss - got.loss), 1e-4 * std::abs(got.loss));
+  model.set_expert_parallel(nullptr);
+  model.set_data_parallel(nullptr);
+}
+
+TEST(ContextParallelMpi, StandardMoeMatchesOneProcess) {
+  for (int cp_size : cp_sizes()) expect_context_parallel_equivalent(moe_config(), cp_size, 1);
+  // With expert parallelism over the whole world (CP groups and EP groups cross).
+  expect_context_parallel_equivalent(moe_config(), world().size() == 4 ? 2 : world().size(),
+                                     world().size());
+}
+
+TEST(ContextParallelMpi, ZayaMatchesOneProcess) {
+  for (int cp_size : cp_sizes()) expect_context_parallel_equivalent(zaya_config(), cp_size, 1);
+  expect_context_parallel_equivalent(zaya_config(), world().size() == 4 ? 2 : world().size(),
+                                     world().size());
+}
 
 }  // namespace
 }  // namespace foundry

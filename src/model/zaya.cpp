@@ -211,7 +211,7 @@ ForwardResult Zaya1::forward(const int32_t* inputs, const int32_t* targets, Batc
   }
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& w = layers_[l];
-    cca_forward(cx_, w.cca, a.cca[l], s, res(2 * l), h(2 * l));
+    cca_forward(cx_, w.cca, a.cca[l], a.cca_grads, s, res(2 * l), h(2 * l));
     {
       auto t = cx_.time("residual_scale");
       residual_scale_forward(cx_, w.cca_merge, res(2 * l + 1), res(2 * l), h(2 * l), N);

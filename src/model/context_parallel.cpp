@@ -1,0 +1,153 @@
+#include "model/context_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+
+namespace foundry {
+namespace {
+
+// Message tags of the two boundary exchanges (one per slot) and their gradients.
+constexpr int kSlot0Tag = 7101, kSlot1Tag = 7102, kSlot0GradTag = 7103, kSlot1GradTag = 7104;
+
+// Slot `slot` of packed [B, 2, rows, width] ↔ contiguous [B, rows, width].
+void pack_slot(const float* packed, float* slot_rows, int64_t batch, int64_t block, int slot) {
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(slot_rows + b * block, packed + (2 * b + slot) * block, block * sizeof(float));
+}
+void unpack_slot(const float* slot_rows, float* packed, int64_t batch, int64_t block, int slot,
+                 bool add) {
+  for (int64_t b = 0; b < batch; ++b) {
+    float* to = packed + (2 * b + slot) * block;
+    const float* from = slot_rows + b * block;
+    if (add)
+      for (int64_t i = 0; i < block; ++i) to[i] += from[i];
+    else
+      std::memcpy(to, from, block * sizeof(float));
+  }
+}
+
+}  // namespace
+
+ContextParallel::ContextParallel(const Communicator& group) : group_(group) {}
+
+int64_t ContextParallel::chunk_length(int64_t seq) const {
+  const int64_t chunks = 2 * static_cast<int64_t>(size());
+  if (seq % chunks != 0)
+    fail(fmt::format("sequence length {} cannot be cut into {} equal chunks (2 per rank for "
+                     "train.context_parallel = {})",
+                     seq, chunks, size()),
+         fmt::format("use a sequence length that is a multiple of {}", chunks));
+  return seq / chunks;
+}
+
+template <typename T>
+void ContextParallel::take_local(const T* full, T* local, int64_t batch, int64_t seq,
+                                 int64_t width) const {
+  const int64_t tc = chunk_length(seq), block = tc * width;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int slot = 0; slot < 2; ++slot)
+      std::copy_n(full + (b * seq + chunk(slot) * tc) * width, block,
+                  local + (2 * b + slot) * block);
+}
+template void ContextParallel::take_local<int32_t>(const int32_t*, int32_t*, int64_t, int64_t,
+                                                   int64_t) const;
+template void ContextParallel::take_local<float>(const float*, float*, int64_t, int64_t,
+                                                 int64_t) const;
+
+void ContextParallel::gather(const float* local, float* full, int64_t batch, int64_t tc,
+                             int64_t width) {
+  const int64_t block = tc * width, per_rank = 2 * batch * block, c = size();
+  recv_.resize(static_cast<size_t>(per_rank * c));
+  group_.allgather(local, recv_.data(), static_cast<size_t>(per_rank));
+  const int64_t seq = 2 * c * tc;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t p = 0; p < c; ++p)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int slot = 0; slot < 2; ++slot)
+        std::memcpy(full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
+                    recv_.data() + p * per_rank + (2 * b + slot) * block, block * sizeof(float));
+}
+
+void ContextParallel::reduce_scatter(const float* full, float* local, int64_t batch, int64_t tc,
+                                     int64_t width) {
+  const int64_t block = tc * width, per_rank = 2 * batch * block, c = size();
+  send_.resize(static_cast<size_t>(per_rank * c));
+  const int64_t seq = 2 * c * tc;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t p = 0; p < c; ++p)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int slot = 0; slot < 2; ++slot)
+        std::memcpy(send_.data() + p * per_rank + (2 * b + slot) * block,
+                    full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
+                    block * sizeof(float));
+  group_.reduce_scatter(send_.data(), local, static_cast<size_t>(per_rank));
+}
+
+// Slot 0 of rank r is chunk r: its halo is the tail of chunk r − 1, slot 0 of rank r − 1.
+// Slot 1 of rank r is chunk 2C − 1 − r: its halo is the tail of chunk 2C − 2 − r, slot 1 of
+// rank r + 1, except on the last rank, where it is the rank's own slot 0 (chunk C − 1).
+void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch,
+                                    int64_t rows, int64_t width) {
+  const int me = rank(), last = size() - 1;
+  const int64_t block = rows * width, n = batch * block;
+  send_.resize(static_cast<size_t>(2 * n));
+  recv_.resize(static_cast<size_t>(2 * n));
+  float *send0 = send_.data(), *send1 = send0 + n, *recv0 = recv_.data(), *recv1 = recv0 + n;
+  pack_slot(tails, send0, batch, block, 0);
+  pack_slot(tails, send1, batch, block, 1);
+  std::vector<Request> requests;
+  if (me > 0) requests.push_back(group_.irecv(recv0, n, me - 1, kSlot0Tag));
+  if (me < last) requests.push_back(group_.irecv(recv1, n, me + 1, kSlot1Tag));
+  if (me < last) requests.push_back(group_.isend(send0, n, me + 1, kSlot0Tag));
+  if (me > 0) requests.push_back(group_.isend(send1, n, me - 1, kSlot1Tag));
+  for (Request& r : requests) r.wait();
+  if (me == 0) std::fill(recv0, recv0 + n, 0.0f);
+  if (me == last) std::memcpy(recv1, send0, n * sizeof(float));
+  unpack_slot(recv0, halos, batch, block, 0, false);
+  unpack_slot(recv1, halos, batch, block, 1, false);
+}
+
+void ContextParallel::return_halo_gradient(const float* dhalos, float* dtails, int64_t batch,
+                                           int64_t rows, int64_t width) {
+  const int me = rank(), last = size() - 1;
+  const int64_t block = rows * width, n = batch * block;
+  send_.resize(static_cast<size_t>(2 * n));
+  recv_.resize(static_cast<size_t>(2 * n));
+  float *send0 = send_.data(), *send1 = send0 + n, *recv0 = recv_.data(), *recv1 = recv0 + n;
+  pack_slot(dhalos, send0, batch, block, 0);
+  pack_slot(dhalos, send1, batch, block, 1);
+  std::vector<Request> requests;
+  if (me < last) requests.push_back(group_.irecv(recv0, n, me + 1, kSlot0GradTag));
+  if (me > 0) requests.push_back(group_.irecv(recv1, n, me - 1, kSlot1GradTag));
+  if (me > 0) requests.push_back(group_.isend(send0, n, me - 1, kSlot0GradTag));
+  if (me < last) requests.push_back(group_.isend(send1, n, me + 1, kSlot1GradTag));
+  for (Request& r : requests) r.wait();
+  // Rank 0's slot 0 halo was zero (no chunk before chunk 0): its gradient goes nowhere.
+  if (me < last) unpack_slot(recv0, dtails, batch, block, 0, true);
+  if (me > 0) unpack_slot(recv1, dtails, batch, block, 1, true);
+  if (me == last) unpack_slot(send1, dtails, batch, block, 0, true);
+}
+
+void take_chunk_rows(const float* local, float* packed, int64_t batch, int64_t tc, int64_t width,
+                     int64_t row0, int64_t rows) {
+  FOUNDRY_CHECK(row0 >= 0 && row0 + rows <= tc);
+  for (int64_t bs = 0; bs < 2 * batch; ++bs)
+    std::memcpy(packed + bs * rows * width, local + (bs * tc + row0) * width,
+                rows * width * sizeof(float));
+}
+
+void add_chunk_rows(const float* packed, float* local, int64_t batch, int64_t tc, int64_t width,
+                    int64_t row0, int64_t rows) {
+  FOUNDRY_CHECK(row0 >= 0 && row0 + rows <= tc);
+  for (int64_t bs = 0; bs < 2 * batch; ++bs) {
+    float* to = local + (bs * tc + row0) * width;
+    const float* from = packed + bs * rows * width;
+    for (int64_t i = 0; i < rows * width; ++i) to[i] += from[i];
+  }
+}
+
+}  // namespace foundry

@@ -1,0 +1,73 @@
+// Context parallelism (docs/long-context.md): every sequence of a batch is cut into 2C chunks
+// of equal length Tc = T / 2C, and rank r of a context-parallel group of C ranks holds chunks
+// r and 2C−1−r, one early and one late, so that every rank has the same causal attention
+// work. A rank's rows are [B, 2·Tc]: for each sequence its first chunk ("slot 0"), then its
+// second ("slot 1"). Everything token-local (projections, norms, experts, the loss) runs on
+// those rows unchanged; what mixes positions needs the other ranks:
+//   attention      the keys and values of the whole sequence: one all-gather per layer
+//                  (gather), and their gradients summed back to their owners (reduce_scatter);
+//   CCA            the convolutions and the value shift read a few rows before each chunk:
+//                  the last rows of the chunk before it (exchange_halo), whose gradients go
+//                  back to that chunk's owner (return_halo_gradient);
+//   RoPE           each chunk's rows sit at positions chunk·Tc + i (position).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm.h"
+
+namespace foundry {
+
+class ContextParallel {
+ public:
+  // `group` (C ranks, rank order = CP rank) must outlive this object.
+  explicit ContextParallel(const Communicator& group);
+
+  int size() const { return group_.size(); }
+  int rank() const { return group_.rank(); }
+  const Communicator& group() const { return group_; }
+
+  // The chunk held in `slot` (0 or 1) by CP rank `rank` (default: this rank).
+  int64_t chunk(int slot) const { return chunk_of(rank(), slot); }
+  int64_t chunk_of(int rank, int slot) const {
+    return slot == 0 ? rank : 2 * static_cast<int64_t>(size()) - 1 - rank;
+  }
+  // Chunk length for sequences of `seq` tokens; fails, naming the values, unless 2C | seq.
+  int64_t chunk_length(int64_t seq) const;
+
+  // This rank's rows of full [B, T, width] rows: local [B, 2·Tc, width].
+  template <typename T>
+  void take_local(const T* full, T* local, int64_t batch, int64_t seq, int64_t width) const;
+
+  // All-gather over the group: every rank's local [B, 2·Tc, width] → full [B, 2C·Tc, width]
+  // in position order, on every rank.
+  void gather(const float* local, float* full, int64_t batch, int64_t tc, int64_t width);
+  // The inverse's adjoint: full [B, 2C·Tc, width] of every rank, summed over the group, and
+  // this rank's rows of the sum in local [B, 2·Tc, width] (writes).
+  void reduce_scatter(const float* full, float* local, int64_t batch, int64_t tc,
+                      int64_t width);
+
+  // Boundary rows. tails [B, 2, rows, width]: the last `rows` rows of each of this rank's
+  // chunks (or any per-chunk rows a neighbour needs). halos [B, 2, rows, width] (writes): for
+  // each slot, the tails of the chunk just before it, zero before chunk 0. Non-blocking
+  // point-to-point messages with the neighbours in chunk order.
+  void exchange_halo(const float* tails, float* halos, int64_t batch, int64_t rows,
+                     int64_t width);
+  // The adjoint: dhalos [B, 2, rows, width], gradients with respect to this rank's halos,
+  // are sent back to the chunks they came from and added to their owners' dtails (+=).
+  void return_halo_gradient(const float* dhalos, float* dtails, int64_t batch, int64_t rows,
+                            int64_t width);
+
+ private:
+  const Communicator& group_;
+  std::vector<float> send_, recv_;  // staging, grow-only
+};
+
+// Rows [row0, row0 + rows) of each chunk of local [B, 2·Tc, width] into packed
+// [B, 2, rows, width] (take_chunk_rows) and back, added (add_chunk_rows).
+void take_chunk_rows(const float* local, float* packed, int64_t batch, int64_t tc, int64_t width,
+                     int64_t row0, int64_t rows);
+void add_chunk_rows(const float* packed, float* local, int64_t batch, int64_t tc, int64_t width,
+                    int64_t row0, int64_t rows);
+
+}  // namespace foundry
