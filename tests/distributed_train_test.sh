@@ -191,6 +191,45 @@ if [ -n "$full" ] && [ -n "$half" ] && [ $((full - half)) -ge 15 ]; then
   ok "expert parallel 2 stores less: weight and gradient slabs $half MiB against $full MiB"
 else bad "expert storage: slabs '$half' MiB at expert parallel 2 against '$full' MiB"; fi
 
+# ---- context parallelism: each sequence in 2C chunks, two per rank ----
+# C = 2 and 4 alone, DP 2 × CP 2, and with expert parallelism across the CP groups; the
+# losses match one process's (seq_len 16: chunks of 4 and 2 tokens, so the CCA convolutions
+# and the value shift read across every chunk boundary).
+for arch in moe zaya; do
+  for layout in "2 2 1" "4 4 1" "4 2 1" "4 2 2" "4 2 4"; do
+    set -- $layout
+    np=$1 cp=$2 ep=$3
+    run=$arch-$np-cp$cp-ep$ep
+    what="$arch: $np ranks, context parallel $cp, expert parallel $ep"
+    if train "$np" $arch.json $run --set train.context_parallel=$cp --set train.expert_parallel=$ep \
+        >$run.log 2>&1; then
+      close $arch-1 $run && ok "$what match one process" || bad "$what differ from one process"
+    else bad "$what failed"; cat $run.log; fi
+  done
+done
+train 4 zaya.json zaya-cp-again --set train.context_parallel=2 --set train.expert_parallel=2 \
+  >cp-again.log 2>&1 || { bad "second context-parallel run failed"; cat cp-again.log; }
+[ "$(losses zaya-4-cp2-ep2/metrics.jsonl)" = "$(losses zaya-cp-again/metrics.jsonl)" ] \
+  && ok "zaya: the same context-parallel layout twice gives bitwise-identical losses" \
+  || bad "zaya: context-parallel runs of one layout differ"
+# A checkpoint written at context parallel 2 resumes at 4 and in one process.
+train 4 zaya.json ckcp --set train.context_parallel=2 --set train.checkpoint_every=15 --stop-at-step 15 \
+  >ckcp.log 2>&1 || { bad "context-parallel run to step 15 failed"; cat ckcp.log; }
+for target in "4 4" "1 1"; do
+  set -- $target
+  rm -rf ckcp-$2 && cp -r ckcp ckcp-$2
+  if train "$1" zaya.json ckcp-$2 --set train.context_parallel=$2 --resume >ckcp-$2.log 2>&1; then
+    close zaya-4-cp2-ep1 ckcp-$2 && ok "zaya: written at context parallel 2, resumed at $2: matches" \
+      || bad "zaya: written at context parallel 2, resumed at $2: differs"
+  else bad "zaya: resume at context parallel $2 failed"; cat ckcp-$2.log; fi
+done
+expect_fail "context parallel on one process" "train.context_parallel = 2 needs" \
+  "$FOUNDRY" train --config zaya.json --synthetic-data --set train.run_dir=bad --set train.context_parallel=2 -q
+expect_fail "sequence not divisible into 2C chunks" "cannot be cut into 6 equal chunks" \
+  "$FOUNDRY" train --config zaya.json --synthetic-data --set train.run_dir=bad --set train.context_parallel=3 -q
+expect_fail "chunks shorter than the CCA's halo" "fewer than the 2 rows" \
+  "$FOUNDRY" train --config zaya.json --synthetic-data --set train.run_dir=bad --set train.context_parallel=8 -q
+
 # ---- failures: clear errors, never a hang ----
 expect_fail "batch not divisible by the ranks" "cannot be split evenly over 3 ranks" \
   timeout 120 "${MPIRUN[@]}" -np 3 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q

@@ -116,7 +116,8 @@ std::vector<SavedTensor> read_v2(const std::string& dir, CheckpointInfo& info) {
   const json layout = field<json>(m, "layout", path);
   info.layout = SavedLayout{field<int>(layout, "world", path),
                             field<int>(layout, "expert_parallel", path),
-                            field<bool>(layout, "zero1", path)};
+                            field<bool>(layout, "zero1", path),
+                            layout.value("context_parallel", 1)};  // absent before it existed
   info.model = parse_model_config(field<json>(m, "model", path), path);
   info.optimizer = recorded_optimizer(field<json>(m, "trainer_state", path)).value_or("");
   for (const json& f : field<json>(m, "files", path))
@@ -289,8 +290,11 @@ namespace {
 std::string format_layout(const CheckpointInfo& info) {
   if (!info.layout) return "not recorded (format version 1)";
   const SavedLayout& l = *info.layout;
-  return fmt::format("{} rank{}, expert_parallel {}, ZeRO-1 {}", l.world, l.world == 1 ? "" : "s",
-                     l.expert_parallel, l.zero1 ? "on" : "off");
+  return fmt::format("{} rank{}, expert_parallel {}, ZeRO-1 {}{}", l.world,
+                     l.world == 1 ? "" : "s", l.expert_parallel, l.zero1 ? "on" : "off",
+                     l.context_parallel > 1
+                         ? fmt::format(", context_parallel {}", l.context_parallel)
+                         : std::string());
 }
 
 // One note per group of states that lack the same parameters, in slab order: "note: no
@@ -363,7 +367,7 @@ json to_json(const CheckpointInfo& info) {
   json layout = nullptr;
   if (info.layout)
     layout = {{"world", info.layout->world}, {"expert_parallel", info.layout->expert_parallel},
-              {"zero1", info.layout->zero1}};
+              {"zero1", info.layout->zero1}, {"context_parallel", info.layout->context_parallel}};
   return {{"dir", info.dir},
           {"format_version", info.format_version},
           {"committed", info.committed},

@@ -378,7 +378,7 @@ json build_metadata(int64_t step, const ModelConfig& config, const ParamTable& t
           {"chunk_bytes", kChecksumChunkBytes},
           {"layout",
            {{"world", layout.world}, {"expert_parallel", layout.expert_parallel},
-            {"zero1", layout.zero1}}},
+            {"zero1", layout.zero1}, {"context_parallel", layout.context_parallel}}},
           {"model", to_json(config)},
           {"trainer_state", trainer_state},
           {"files", std::move(files)},

@@ -66,6 +66,7 @@ json write_rank_shard(const std::string& staging, int rank, const ParamTable& ta
 struct SavedLayout {
   int world = 1, expert_parallel = 1;
   bool zero1 = false;
+  int context_parallel = 1;
 };
 
 // One rank, after every rank's write_rank_shard succeeded: writes metadata.json (from the

@@ -74,6 +74,11 @@ class Compute {
   void gradients_final(int64_t offset) const {
     if (*gradients_final_) (*gradients_final_)(offset);
   }
+  // A layer's forward or backward is done (model.h, set_progress_hook).
+  void progress(const char* phase) const {
+    if (progress_ && *progress_) (*progress_)(phase);
+  }
+  void set_progress(const std::function<void(const char*)>* hook) { progress_ = hook; }
 
  private:
   float* params_;
@@ -81,6 +86,7 @@ class Compute {
   const bf16* params_bf16_;
   OpTimes* times_;
   const std::function<void(int64_t)>* gradients_final_;
+  const std::function<void(const char*)>* progress_ = nullptr;
   std::vector<bf16> scratch_[3];
 };
 

@@ -23,6 +23,7 @@ Model::Model(const ModelConfig& config, DType precision)
   reset_balancers();
   compute_ = std::make_unique<Compute>(config_, precision_, params_.data(), grads_.data(),
                                        params_bf16_.data(), &op_times_, &gradients_final_);
+  compute_->set_progress(&progress_);
   experts_ = std::make_unique<Experts>(*compute_, config_.n_layers);
   const ArchitectureParts parts{*compute_, *experts_, table_, balancers_, class_counts_};
   arch_ = config_.is_zaya() ? make_zaya1(parts) : make_standard_moe(parts);

@@ -94,6 +94,10 @@ class Model {
   void set_gradients_final_hook(std::function<void(int64_t)> hook) {
     gradients_final_ = std::move(hook);
   }
+  // Called with "forward" or "backward" after each layer's forward and backward: a long
+  // step (a long sequence on few cores) shows progress layer by layer, so a watchdog can
+  // tell it from a hang. An empty function turns it off.
+  void set_progress_hook(std::function<void(const char*)> hook) { progress_ = std::move(hook); }
 
   // ---- ZAYA1 router balancing (arch zaya1; empty for arch moe) ----------------------------
   // One balancer per MoE sublayer (layer order), holding the per-class balancing bias used
@@ -211,6 +215,7 @@ class Model {
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
   std::function<void(int64_t)> gradients_final_;
+  std::function<void(const char*)> progress_;
   OpTimes op_times_;
   std::unique_ptr<Compute> compute_;
   std::unique_ptr<ContextParallel> context_;

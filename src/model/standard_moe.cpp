@@ -128,6 +128,7 @@ ForwardResult StandardMoe::forward(const int32_t* inputs, const int32_t* targets
                   aux_sum += standard_router_forward(cx_, w.router, a.router[l],
                                                      a.router_scratch, m, s, dp_group_);
                 });
+    cx_.progress("forward");
   }
   ForwardResult r;
   r.ce_loss = lm_head_forward(cx_, head_, a.head, x(L), targets, N);
@@ -153,6 +154,7 @@ void StandardMoe::backward() {
                  });
     cx_.gradients_final(w.moe.norm);
     attention_backward(cx_, w.attn, a.attn[l], a.attn_grads, s, x(l), a.dx);
+    cx_.progress("backward");
     cx_.gradients_final(w.attn.norm);
   }
   {

@@ -217,6 +217,7 @@ ForwardResult Zaya1::forward(const int32_t* inputs, const int32_t* targets, Batc
       residual_scale_forward(cx_, w.cca_merge, res(2 * l + 1), res(2 * l), h(2 * l), N);
     }
     moe_layer_forward(l);
+    cx_.progress("forward");
   }
   ForwardResult result;
   result.ce_loss = lm_head_forward(cx_, head_, a.head, res(2 * L), targets, N);
@@ -253,6 +254,7 @@ void Zaya1::backward() {
     dres = dres_in;
     cca_backward(cx_, w.cca, a.cca[l], a.attn_grads, a.cca_grads, a.shape, res(2 * l), a.dh, dres);
     cx_.gradients_final(w.cca.norm);
+    cx_.progress("backward");
   }
   embedding_backward(dres);
   cx_.gradients_final(0);

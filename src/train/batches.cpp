@@ -14,16 +14,26 @@ void synthetic_batch(int32_t* inputs, int32_t* targets, int64_t n, int64_t vocab
   }
 }
 
+namespace {
+int group_count(int ranks, const ContextParallel* cp) { return cp ? ranks / cp->size() : ranks; }
+int group_index(int rank, const ContextParallel* cp) { return cp ? rank / cp->size() : rank; }
+}  // namespace
+
 TrainBatches::TrainBatches(data::BatchLoader* loader, int64_t batch, int64_t seq, int rank,
-                           int ranks, int64_t vocab, uint64_t seed)
+                           int ranks, int64_t vocab, uint64_t seed, const ContextParallel* cp)
     : loader_(loader),
+      cp_(cp),
       seq_(seq),
-      local_batch_(batch / ranks),
-      offset_(rank * (batch / ranks) * seq),
+      local_batch_(batch / group_count(ranks, cp)),
+      offset_(group_index(rank, cp) * local_batch_ * seq),
       vocab_(vocab),
       seed_(seed),
       inputs_(static_cast<size_t>(batch * seq)),
-      targets_(static_cast<size_t>(batch * seq)) {}
+      targets_(static_cast<size_t>(batch * seq)) {
+  if (!cp_) return;
+  local_inputs_.resize(static_cast<size_t>(local_batch_ * local_seq()));
+  local_targets_.resize(local_inputs_.size());
+}
 
 int64_t TrainBatches::next() {
   for (;;) {
@@ -33,7 +43,12 @@ int64_t TrainBatches::next() {
     else if (!skipped_.count(batch_))  // a synthetic batch is a function of its number
       synthetic_batch(inputs_.data(), targets_.data(), static_cast<int64_t>(inputs_.size()),
                       vocab_, seed_, batch_);
-    if (!skipped_.count(batch_)) return batch_;
+    if (skipped_.count(batch_)) continue;
+    if (cp_) {
+      cp_->take_local(inputs_.data() + offset_, local_inputs_.data(), local_batch_, seq_, 1);
+      cp_->take_local(targets_.data() + offset_, local_targets_.data(), local_batch_, seq_, 1);
+    }
+    return batch_;
   }
 }
 

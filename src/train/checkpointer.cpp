@@ -445,7 +445,8 @@ void Checkpointer::commit(Tier& tier) {
       std::vector<json> shards;
       for (const std::string& s : all) shards.push_back(json::parse(s.substr(3)));
       const SavedLayout layout{processes_.ranks(), static_cast<int>(rc_.train.expert_parallel),
-                               rc_.train.zero1 && processes_.ranks() > 1};
+                               rc_.train.zero1 && processes_.ranks() > 1,
+                               static_cast<int>(rc_.train.context_parallel)};
       const std::string path =
           commit_sharded_checkpoint(tier.root, tier.staging, tier.step, rc_.model,
                                     model_.table(), shards, tier.state, layout, tier.keep);

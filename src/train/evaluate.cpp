@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "model/context_parallel.h"
 #include "model/model.h"
 
 namespace foundry {
@@ -15,15 +16,25 @@ double mean_over_ranks(const Communicator* world, double local) {
 
 double evaluate_loss(Model& model, data::BatchLoader& loader, int64_t batches,
                      const Communicator* world) {
-  const int ranks = world ? world->size() : 1, rank = world ? world->rank() : 0;
-  const int64_t B = loader.batch_size(), T = loader.seq_len(), Bl = B / ranks;
+  // Context-parallel groups (C consecutive ranks) share their sequences, as in training.
+  const ContextParallel* cp = model.context_parallel();
+  const int c = cp ? cp->size() : 1;
+  const int groups = (world ? world->size() : 1) / c, group = (world ? world->rank() : 0) / c;
+  const int64_t B = loader.batch_size(), T = loader.seq_len(), Bl = B / groups;
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-  const int64_t offset = rank * Bl * T;
+  std::vector<int32_t> local_inputs(static_cast<size_t>(Bl * T / c)), local_targets(local_inputs.size());
+  const int64_t offset = group * Bl * T;
   loader.reset();
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     loader.next(inputs.data(), targets.data());
-    sum += model.forward(inputs.data() + offset, targets.data() + offset, Bl, T).ce_loss;
+    if (cp) {
+      cp->take_local(inputs.data() + offset, local_inputs.data(), Bl, T, 1);
+      cp->take_local(targets.data() + offset, local_targets.data(), Bl, T, 1);
+      sum += model.forward(local_inputs.data(), local_targets.data(), Bl, T / c).ce_loss;
+    } else {
+      sum += model.forward(inputs.data() + offset, targets.data() + offset, Bl, T).ce_loss;
+    }
   }
   return mean_over_ranks(world, sum / static_cast<double>(batches));
 }

@@ -1,5 +1,7 @@
 #include "train/run_config.h"
 
+#include <algorithm>
+
 namespace foundry {
 
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides) {
@@ -76,6 +78,7 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
+  r.get("context_parallel", t.context_parallel, int64_t{1}, int64_t{1} << 20);
   r.get("comm_timeout_s", t.comm_timeout_s, 0.0, 1e7);
   r.get("heartbeat_interval_s", t.heartbeat_interval_s, 0.0, 3600.0);
   r.get("heartbeat_timeout_s", t.heartbeat_timeout_s, 0.1, 1e7);
@@ -88,6 +91,20 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,
                      rc.model.max_seq_len),
          "raise model.max_seq_len or lower train.seq_len");
+  if (t.seq_len % (2 * t.context_parallel) != 0)
+    fail(fmt::format("{}: train.seq_len = {} cannot be cut into {} equal chunks (two per rank "
+                     "for train.context_parallel = {})",
+                     where, t.seq_len, 2 * t.context_parallel, t.context_parallel),
+         fmt::format("make train.seq_len a multiple of {}", 2 * t.context_parallel));
+  const int64_t halo = rc.model.is_zaya() ? (rc.model.cca_kernel_depthwise - 1) +
+                                                (rc.model.cca_kernel_grouped - 1)
+                                          : 0;
+  if (t.context_parallel > 1 && t.seq_len / (2 * t.context_parallel) < std::max<int64_t>(halo, 1))
+    fail(fmt::format("{}: train.context_parallel = {} cuts train.seq_len = {} into chunks of {} "
+                     "tokens, fewer than the {} rows the CCA convolutions read before a chunk",
+                     where, t.context_parallel, t.seq_len, t.seq_len / (2 * t.context_parallel),
+                     halo),
+         "use a smaller train.context_parallel or longer sequences");
 
   if (t.heartbeat_interval_s > 0 && t.heartbeat_timeout_s < 2 * t.heartbeat_interval_s)
     fail(fmt::format("{}: train.heartbeat_timeout_s = {} is shorter than two heartbeats "

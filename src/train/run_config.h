@@ -49,6 +49,9 @@ struct TrainConfig {
   // Under mpirun: ranks per expert-parallel group (experts sharded over them; must divide the
   // ranks and n_experts). Every rank is also a data-parallel (ZeRO-1) rank.
   int64_t expert_parallel = 1;
+  // Under mpirun: ranks per context-parallel group (each sequence cut into 2C chunks, two per
+  // rank; must divide the ranks, and 2C must divide seq_len). docs/long-context.md.
+  int64_t context_parallel = 1;
   // Under mpirun: a step (or checkpoint) that takes longer than this ends the job with an
   // error naming the rank, instead of hanging when a peer died (0 = no limit).
   double comm_timeout_s = 300;

@@ -56,10 +56,23 @@ void check_same_config(const Communicator& world, const RunConfig& rc) {
 // The layout checks that must pass before anything is allocated or communicated.
 void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes& procs) {
   const TrainConfig& tc = rc.train;
-  if (tc.batch_size % procs.ranks() != 0)
-    fail(fmt::format("train.batch_size = {} sequences cannot be split evenly over {} ranks",
-                     tc.batch_size, procs.ranks()),
-         fmt::format("make train.batch_size a multiple of {} (it is the global batch)", procs.ranks()));
+  if (tc.context_parallel > 1 && (!procs.world() || procs.ranks() % tc.context_parallel != 0))
+    fail(fmt::format("train.context_parallel = {} needs a multiple of {} MPI ranks, but this "
+                     "job has {}",
+                     tc.context_parallel, tc.context_parallel, procs.ranks()),
+         fmt::format("run under mpirun -np N with N a multiple of {}, or set "
+                     "train.context_parallel=1",
+                     tc.context_parallel));
+  // Context-parallel groups share their sequences: the batch splits over the groups.
+  const int64_t groups = procs.ranks() / tc.context_parallel;
+  if (tc.batch_size % groups != 0)
+    fail(fmt::format("train.batch_size = {} sequences cannot be split evenly over {} {}",
+                     tc.batch_size, groups,
+                     tc.context_parallel > 1
+                         ? fmt::format("context-parallel groups ({} ranks of {})", procs.ranks(),
+                                       tc.context_parallel)
+                         : std::string("ranks")),
+         fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
   if (procs.world()) check_same_config(*procs.world(), rc);
   if (tc.expert_parallel > 1 && !procs.world())
     fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but this is one process",
@@ -84,6 +97,7 @@ struct TrainingRun {
   std::optional<BatchLoader> train_loader, val_loader;
   std::optional<Model> model;
   std::optional<ExpertParallelGroups> ep_groups;
+  std::optional<Communicator> cp_group;  // context parallel: C consecutive ranks
   std::unique_ptr<DataParallelOptimizer> optimizer;
   bool overlap = false;  // the gradient reduction runs during backward
   std::optional<TrainBatches> batches;
@@ -126,8 +140,10 @@ struct TrainingRun {
   void start_heartbeat();
   int64_t resume();
   void mark(int64_t step, const char* phase) {
+    marked_step = step;
     if (heartbeat) heartbeat->progress(step, phase);
   }
+  int64_t marked_step = 0;
   void open_dataset();
   void build_model_and_optimizer();
   void watch_anomalies(bool resume);
@@ -153,7 +169,8 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,
-                  procs.rank(), procs.ranks(), rc.model.vocab_size, tc.seed);
+                  procs.rank(), procs.ranks(), rc.model.vocab_size, tc.seed,
+                  model->context_parallel());
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
@@ -194,6 +211,9 @@ void TrainingRun::start_heartbeat() {
                       }
                       abort_job(kExitRankLost);
                     });
+  // Layer by layer inside a step: a step of minutes (long sequences on few cores) is not a
+  // hang.
+  model->set_progress_hook([this](const char* phase) { mark(marked_step, phase); });
 }
 
 // The anomaly monitor, its part of the checkpoints' trainer state, and the batches earlier
@@ -246,6 +266,11 @@ void TrainingRun::build_model_and_optimizer() {
     ep_groups.emplace(split_expert_parallel(*world, static_cast<int>(tc.expert_parallel)));
     model->set_expert_parallel(&ep_groups->expert);
   }
+  if (world && tc.context_parallel > 1) {
+    const int c = static_cast<int>(tc.context_parallel);
+    cp_group.emplace(world->split(world->rank() / c, world->rank()));
+    model->set_context_parallel(&*cp_group);
+  }
   optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
   // Expert parallel with ZeRO-1: a rank stores its own experts, the dense tensors and its
   // shard, not the other ranks' experts (before initializing, so it never writes them).
@@ -287,8 +312,13 @@ void TrainingRun::print_header() const {
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
   if (!procs.world()) return;
   std::fprintf(
-      stderr, "processes: %d ranks, %lld sequences each per step, expert parallel %lld%s\n",
+      stderr, "processes: %d ranks, %lld sequences each per step%s, expert parallel %lld%s\n",
       procs.ranks(), static_cast<long long>(batches->local_batch()),
+      tc.context_parallel > 1
+          ? fmt::format(" (context parallel {}: {} tokens of each per rank)", tc.context_parallel,
+                        batches->local_seq())
+                .c_str()
+          : "",
       static_cast<long long>(tc.expert_parallel),
       fmt::format(" | optimizer state per rank {} ({}) | gradient reduction {}",
                   format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
@@ -445,7 +475,7 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   const int64_t batch = batches.batch();
   model.zero_grads();
   r.losses = model.forward(batches.local_inputs(), batches.local_targets(), batches.local_batch(),
-                           batches.seq_len());
+                           batches.local_seq());
   if (anomalies) anomalies->faults().poison_losses(batch, r.losses);
   // This batch's routing, for the balancer update after the optimizer step (a copy: a
   // validation forward before then would overwrite the model's counts), summed over ranks:
