@@ -26,6 +26,7 @@ struct ModelInfoOptions {
   std::string optimizer;  // "" = train.optimizer
   int64_t dp = 1;         // data-parallel ranks for the ZeRO-1 memory report
   int64_t ep = 1;         // expert-parallel group size for the weight storage report
+  int64_t cp = 0;         // context-parallel ranks per sequence (0 = train.context_parallel)
   bool json = false;
 };
 
@@ -47,9 +48,10 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   const OptimizerKind optimizer =
       o.optimizer.empty() ? rc.train.optimizer : parse_optimizer(o.optimizer).value();
   const bool muon = optimizer == OptimizerKind::muon;
+  const int64_t cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
   const ModelInfo info =
       model_info(rc.model, batch, seq, precision, optimizer_name(optimizer),
-                 [muon](const ParamInfo& p) { return optimizer_for(p, muon); });
+                 [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
   if (o.dp < 1)
     fail(fmt::format("--dp {} must be >= 1", o.dp),
          "pass the number of data-parallel ranks, or leave it out for one process");
@@ -117,6 +119,9 @@ void register_model_commands(CLI::App& app) {
       ->check(CLI::IsMember({"adamw", "muon"}));
   info->add_option("--dp", o->dp, "Also report ZeRO-1 optimizer memory per rank over N "
                                   "data-parallel ranks");
+  info->add_option("--cp", o->cp, "Context-parallel ranks per sequence (default "
+                   "train.context_parallel): memory per rank and bytes each sends per step")
+      ->check(CLI::PositiveNumber);
   info->add_option("--ep", o->ep, "With --dp: also report the weights and gradients each rank "
                                   "stores when experts are sharded over groups of P ranks");
   info->add_flag("--json", o->json, "Print JSON instead of a table");

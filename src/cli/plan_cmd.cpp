@@ -25,6 +25,7 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   std::string total = "0", active = "0", tokens = "0", memory = "0";
   int64_t seq = 0, global_batch = 0, devices = 1, vocab = 0;
+  int64_t cp = 0;  // 0 = train.context_parallel
   std::string arch = "zaya1", precision = "bf16", optimizer = "muon";
   double tolerance = 0.05, overlap = 1.0, scatter = 1.0;
   std::string aspect = "20,200";
@@ -89,6 +90,9 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
               (long long)(s.micro_batch * s.accumulation), (long long)s.seq, (long long)s.micro_batch,
               (long long)s.accumulation, (long long)s.dp, dtype_name(s.precision),
               s.muon ? "Muon + AdamW" : "AdamW");
+  if (s.cp > 1)
+    std::printf("context parallel %lld: each device holds %lld of every sequence's %lld tokens\n",
+                (long long)s.cp, (long long)(s.seq / s.cp), (long long)s.seq);
   std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
   for (const auto& it : p.items)
     std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
@@ -122,11 +126,16 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     s.micro_batch = rc.train.batch_size;
     s.accumulation = 1;
     s.dp = o.devices;
+    s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
+    if (o.devices % s.cp != 0 || s.seq % (2 * s.cp) != 0)
+      fail(fmt::format("--cp {} must divide --devices {} and cut --seq {} into {} equal chunks",
+                       s.cp, o.devices, s.seq, 2 * s.cp),
+           "each sequence is split over cp devices, two chunks per device");
     if (batch_given) {
       if (o.global_batch % o.devices != 0)
         fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices),
              "make the global batch a multiple of the device count");
-      s.accumulation = std::max<int64_t>(1, o.global_batch / o.devices / s.micro_batch);
+      s.accumulation = std::max<int64_t>(1, o.global_batch / (o.devices / s.cp) / s.micro_batch);
     }
     s.precision = rc.train.precision;
     s.muon = rc.train.optimizer == OptimizerKind::muon;
@@ -135,7 +144,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     s.comm_overlap = o.overlap;
     const StepPrediction p = predict_step(rc.model, s, profile);
     if (o.json) {
-      json j = {{"config_path", o.config_path}, {"profile", profile.path},
+      json j = {{"config_path", o.config_path}, {"profile", profile.path}, {"context_parallel", s.cp},
                 {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
                 {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
                 {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
@@ -222,6 +231,9 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--tokens", o->tokens, "Training tokens (reports the training time; sets train.steps)");
   CLI::Option* seq = plan->add_option("--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
   CLI::Option* batch = plan->add_option("--global-batch", o->global_batch, "Sequences per optimizer step over all devices (default: one per device)");
+  plan->add_option("--cp", o->cp, "With --config: devices per sequence (context parallel; default "
+                                  "train.context_parallel)")
+      ->check(CLI::PositiveNumber);
   plan->add_option("--devices", o->devices, "Devices (data-parallel ranks; ZeRO-1 shards over them)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--memory-per-device", o->memory, "Bytes per device (default: the profile's; e.g. 192GiB)");

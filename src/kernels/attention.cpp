@@ -336,6 +336,11 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
 
 }  // namespace
 
+int64_t attention_tile_rows(const AttentionShape& s) {
+  check_shape(s);
+  return tile_size(Problem(whole_sequence(s)));
+}
+
 int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
   check_shape(s);
   const Problem p = Problem(whole_sequence(s));

@@ -51,6 +51,9 @@ void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout
                               const float* out, const float* lse, const float* q, const float* k,
                               const float* v, const AttentionChunk& c, DType dtype);
 
+// The rows (and keys) per tile the kernels use for this shape.
+int64_t attention_tile_rows(const AttentionShape& s);
+
 // Bytes of scratch the two kernels keep between calls for this shape (backward's, the larger):
 // a few score tiles and query blocks, and bf16 copies of k and v.
 int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype);

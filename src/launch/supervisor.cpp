@@ -194,9 +194,11 @@ std::optional<Outcome> Supervisor::check_heartbeats(Attempt& a, double now) {
     }
     const HeartbeatRecord& r = it->second;
     a.records[rank] = r;
-    // A step is complete once its rank has marked anything after it.
+    // A step is complete once its rank has marked anything after it (its layers' forward and
+    // backward marks are inside it).
+    const bool inside_step = r.phase == "step" || r.phase == "forward" || r.phase == "backward";
     a.progressed = a.progressed || r.step > a.resume_step + 1 ||
-                   (r.step == a.resume_step + 1 && r.phase != "step");
+                   (r.step == a.resume_step + 1 && !inside_step);
     a.last_step = std::max(a.last_step, r.step);
     if (r.exited) continue;
     const double silent = a.beats[rank].seen(r.beats, now);

@@ -124,7 +124,7 @@ void add_item(std::vector<MemoryItem>& items, std::string name, std::string shap
   items.push_back({std::move(name), std::move(shape), copies, copies * bytes_each});
 }
 
-void standard_activations(const ModelConfig& c, int64_t B, int64_t T, DType precision,
+void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DType precision,
                           MemoryEstimate& m) {
   const int64_t N = B * T, C = c.d_model, L = c.n_layers;
   const int64_t H = c.n_heads, E = c.n_experts, K = active_experts(c), F = c.ffn_dim;
@@ -153,14 +153,14 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, DType prec
   add_item(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
   add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Dkv]", 1,
-           ops::attention_scratch_bytes({B, T, H, c.n_kv_heads, c.head_dim}, precision));
+           ops::attention_scratch_bytes({B, Tk, H, c.n_kv_heads, c.head_dim}, precision));
   add_item(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
   add_item(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
            kF32Bytes * N * K * 3 * F);
   add_item(g, "gate weight and router gradients", "[N,K] + [N,E]", 1, kF32Bytes * N * (K + E));
 }
 
-void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, DType precision,
+void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DType precision,
                       MemoryEstimate& m) {
   const int64_t N = B * T, C = c.d_model, L = c.n_layers;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, K = active_experts(c), F = c.ffn_dim;
@@ -201,7 +201,7 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, DType precisio
   add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Hq*d]", 1, kF32Bytes * N * Dq);
   add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Hk*d]", 1,
-           ops::attention_scratch_bytes({B, T, Hq, Hk, c.head_dim}, precision));
+           ops::attention_scratch_bytes({B, Tk, Hq, Hk, c.head_dim}, precision));
   add_item(g, "router state gradients d_r, d_r_prev", "2*[N,R]", 1, kF32Bytes * 2 * N * R);
   add_item(g, "router MLP and logits gradients", "2*[N,R] + [N,S]", 1,
            kF32Bytes * N * (2 * R + S));
@@ -211,12 +211,37 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, DType precisio
   add_item(g, "gate gradient", "[N,K]", 1, kF32Bytes * N * K);
 }
 
+// Context parallelism over C ranks: the whole sequences' keys and values, gathered every
+// layer and kept for backward, their gradients, and for CCA each chunk's c and y with the
+// R rows before it (model/context_parallel.h).
+void context_parallel_items(const ModelConfig& c, int64_t B, int64_t T, int64_t C,
+                            MemoryEstimate& m) {
+  if (C == 1) return;
+  const int64_t L = c.n_layers, Dkv = c.kv_dim();
+  add_item(m.activations, "gathered k, v (context parallel)", "2*[B,T,Dkv]", L,
+           kF32Bytes * 2 * B * T * Dkv);
+  add_item(m.backward_buffers, "gathered k, v gradients (context parallel)", "2*[B,T,Dkv]", 1,
+           kF32Bytes * 2 * B * T * Dkv);
+  if (!c.is_zaya()) return;
+  const int64_t Cc = cca_dims(c).channels(), tc = T / (2 * C);
+  const int64_t R = (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
+  const int64_t ext = 2 * B * (R + tc) * Cc;
+  add_item(m.activations, "CCA: c, y with halo rows (context parallel)", "2*[2B,R+Tc,Cc]", L,
+           kF32Bytes * 2 * ext);
+  add_item(m.backward_buffers, "CCA: halo-row scratch (context parallel)",
+           "2*[2B,R+Tc,Cc] + halos", 1,
+           kF32Bytes * (2 * ext + 2 * 2 * B * std::max(R * Cc, Dkv / 2)));
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
-                               DType precision, bool muon) {
+                               DType precision, bool muon, int64_t context) {
+  FOUNDRY_CHECK(context >= 1);
   const int64_t P = count_parameters(c).total;
-  const int64_t N = batch * seq, C = c.d_model, Vp = c.padded_vocab();
+  // With context parallelism a rank holds T = seq / context rows of each sequence.
+  const int64_t T = std::max<int64_t>(1, seq / context);
+  const int64_t N = batch * T, C = c.d_model, Vp = c.padded_vocab();
 
   MemoryEstimate m;
   m.weights_fp32_bytes = kF32Bytes * P;
@@ -228,9 +253,10 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   m.optimizer_bytes = m.adamw_state_bytes + m.muon_momentum_bytes;
 
   if (c.is_zaya())
-    zaya_activations(c, batch, seq, precision, m);
+    zaya_activations(c, batch, T, seq, precision, m);
   else
-    standard_activations(c, batch, seq, precision, m);
+    standard_activations(c, batch, T, seq, precision, m);
+  context_parallel_items(c, batch, seq, context, m);
   auto& a = m.activations;
   add_item(a, "final residual", "[N,C]", 1, kF32Bytes * N * C);
   add_item(a, "final norm output and 1/rms", "[N,C] + [N]", 1, kF32Bytes * (N * C + N));
@@ -301,10 +327,33 @@ std::vector<ParamGroup> param_groups(const ModelConfig& config, const OptimizerO
   return groups;
 }
 
+ContextParallelTraffic context_parallel_traffic(const ModelConfig& c, int64_t batch, int64_t seq,
+                                                int64_t context) {
+  ContextParallelTraffic t;
+  if (context <= 1) return t;
+  const int64_t L = c.n_layers, block = kF32Bytes * batch * (seq / context) * c.kv_dim();
+  t.kv_gather_bytes = L * 2 * (context - 1) * block;
+  t.kv_grad_bytes = L * 2 * (context - 1) * block;
+  if (c.is_zaya()) {
+    // A middle rank sends each of its two chunks' last rows to one neighbour, forward, and
+    // the halos' gradients back, backward: R packed rows and one half-width value row.
+    const int64_t R = (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
+    const int64_t row = R * cca_dims(c).channels() + c.kv_dim() / 2;
+    t.halo_bytes = L * 2 * 2 * kF32Bytes * batch * row;
+  }
+  return t;
+}
+
 ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision,
-                     const std::string& optimizer, const OptimizerOf& optimizer_of) {
+                     const std::string& optimizer, const OptimizerOf& optimizer_of,
+                     int64_t context) {
   if (batch < 1 || seq < 1)
     fail(fmt::format("batch size {} and sequence length {} must both be >= 1", batch, seq));
+  if (context < 1 || seq % (2 * context) != 0)
+    fail(fmt::format("context parallel {} does not cut sequences of {} tokens into {} equal "
+                     "chunks",
+                     context, seq, 2 * context),
+         fmt::format("use a sequence length that is a multiple of {}", 2 * context));
   const std::optional<OptimizerKind> kind = parse_optimizer(optimizer);
   if (!kind) fail(fmt::format("unknown optimizer '{}'", optimizer), "choose adamw or muon");
   ModelInfo info;
@@ -317,7 +366,10 @@ ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DTyp
   info.flops = flops_per_token(config, seq);
   info.train_flops_per_step =
       info.flops.train_flops * static_cast<double>(batch) * static_cast<double>(seq);
-  info.memory = estimate_memory(config, batch, seq, precision, *kind == OptimizerKind::muon);
+  info.memory =
+      estimate_memory(config, batch, seq, precision, *kind == OptimizerKind::muon, context);
+  info.context = context;
+  info.traffic = context_parallel_traffic(config, batch, seq, context);
   info.groups = param_groups(config, optimizer_of);
   return info;
 }
@@ -386,6 +438,12 @@ json to_json(const ModelInfo& info) {
       {"batch_size", info.batch},
       {"seq_len", info.seq},
       {"tokens_per_step", info.batch * info.seq},
+      {"context_parallel",
+       {{"ranks", info.context},
+        {"kv_gather_bytes", info.traffic.kv_gather_bytes},
+        {"kv_grad_bytes", info.traffic.kv_grad_bytes},
+        {"halo_bytes", info.traffic.halo_bytes},
+        {"sent_bytes_per_step", info.traffic.total()}}},
       {"precision", dtype_name(info.precision)},
       {"optimizer", optimizer_name(info.optimizer)},
       {"parameters", params},
@@ -522,6 +580,17 @@ std::string format_model_info(const ModelInfo& info) {
   flops_row("attention if causal-halved (info)", f.attention_causal_flops);
   flops_row("per step", info.train_flops_per_step);
   line("");
+  if (info.context > 1) {
+    line(fmt::format("context parallel {}: each rank holds chunks r and {}-r of every sequence, "
+                     "{} of its {} tokens; memory below is per rank",
+                     info.context, 2 * info.context - 1, info.seq / info.context, info.seq));
+    const ContextParallelTraffic& t = info.traffic;
+    bytes_row("sent per step per rank: k, v all-gathers", t.kv_gather_bytes);
+    bytes_row("  their gradients' reduce-scatters", t.kv_grad_bytes);
+    if (zaya) bytes_row("  CCA boundary rows (a middle rank)", t.halo_bytes);
+    bytes_row("  total", t.total());
+    line("");
+  }
   line("memory");
   bytes_row("weights fp32", m.weights_fp32_bytes);
   if (m.weights_bf16_bytes) bytes_row("weights bf16 (GEMM copies)", m.weights_bf16_bytes);
@@ -534,7 +603,7 @@ std::string format_model_info(const ModelInfo& info) {
   line("");
   line(fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "
                    "copy per layer)",
-                   info.batch, info.seq, active_experts(c)));
+                   info.batch, info.seq / info.context, active_experts(c)));
   for (const MemoryItem& item : m.activations) {
     const std::string label =
         item.copies > 1 ? fmt::format("{} x{}", item.name, item.copies) : item.name;

@@ -203,9 +203,23 @@ struct ParamGroup {
 // optimizers: callers pass optim's optimizer_for(info, muon_enabled).
 using OptimizerOf = std::function<std::string(const ParamInfo&)>;
 
+// Bytes one rank sends per training step for context parallelism over C ranks, with ring
+// collectives (an all-gather or reduce-scatter whose result is C blocks sends C − 1 blocks).
+// The block of a tensor is a rank's rows of it, B·(T/C)·Dkv fp32 values.
+struct ContextParallelTraffic {
+  int64_t kv_gather_bytes = 0;  // forward: all-gathers of k and v, every layer
+  int64_t kv_grad_bytes = 0;    // backward: reduce-scatters of their gradients, every layer
+  int64_t halo_bytes = 0;       // CCA: boundary rows and their gradients (a middle rank's)
+  int64_t total() const { return kv_gather_bytes + kv_grad_bytes + halo_bytes; }
+};
+ContextParallelTraffic context_parallel_traffic(const ModelConfig& config, int64_t batch,
+                                                int64_t seq, int64_t context);
+
 struct ModelInfo {
   ModelConfig config;
   int64_t batch = 0, seq = 0;
+  int64_t context = 1;  // context-parallel ranks per sequence (memory is per rank)
+  ContextParallelTraffic traffic;
   DType precision = DType::bf16;
   OptimizerKind optimizer = OptimizerKind::adamw;  // train.optimizer
   ParamCounts params;
@@ -220,8 +234,10 @@ FlopsPerToken flops_per_token(const ModelConfig& config, int64_t seq);
 // The FLOPs of one training step per token (forward + backward); the MFU numerator.
 double train_flops_per_token(const ModelConfig& config, int64_t seq);
 // `muon`: train.optimizer is Muon (adds Muon's momentum slab).
+// `context`: context-parallel ranks per sequence (each holds seq / context of its rows, and
+// gathers the whole sequences' keys and values).
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
-                               DType precision, bool muon = false);
+                               DType precision, bool muon = false, int64_t context = 1);
 
 // The decoding state of one sequence of up to `max_len` tokens (Model::new_decode_state):
 // key and value caches 2·L·max_len·Dkv fp32, for zaya1 the CCA convolution state
@@ -238,7 +254,7 @@ std::vector<ParamGroup> param_groups(const ModelConfig& config, const OptimizerO
 // unknown optimizer.
 ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DType precision,
                      const std::string& optimizer = "adamw",
-                     const OptimizerOf& optimizer_of = {});
+                     const OptimizerOf& optimizer_of = {}, int64_t context = 1);
 
 json to_json(const ModelInfo& info);
 // A readable report: counts with thousands separators and in M/B, FLOPs, memory in MiB/GiB.

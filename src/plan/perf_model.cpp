@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/attention.h"
 #include "model/info.h"
 
 namespace foundry {
@@ -89,7 +90,8 @@ class Ledger {
 // One micro-step (forward + backward over micro_batch·T tokens) into `led`.
 void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
                 Ledger& led) {
-  const int64_t T = s.seq, B = s.micro_batch, N = B * T;
+  // With context parallelism a device holds T / cp rows of each sequence.
+  const int64_t T = s.seq, B = s.micro_batch, N = B * T / s.cp;
   const int64_t C = c.d_model, L = c.n_layers, Vp = c.padded_vocab();
   const int64_t E = c.n_experts, K = std::min(c.top_k, c.n_experts), F = c.ffn_dim;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
@@ -136,17 +138,19 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   }
   led.linear("LM head", N, Vp, C, 1, dt);
 
-  // ---- attention core: S = Q·Kᵀ, O = P·V forward; dP, dV, dQ, dK backward ----
-  // Causal share of the products: the CPU kernel splits T into n ≤ 8 blocks and computes
-  // (n+1)/2n of the square; a GPU flash kernel skips masked tiles (taken as ~½ + one tile).
-  const int64_t blocks = std::clamp<int64_t>((T + 63) / 64, 1, 8);
-  const double causal = gpu ? std::min(1.0, 0.5 + 64.0 / double(T))
-                            : double(blocks + 1) / double(2 * blocks);
+  // ---- attention core: S = Q·Kᵀ, O = P·V forward; S again, dP, dV, dQ, dK backward ----
+  // Causal share of the products: the tiled kernel computes the tiles at or below the
+  // diagonal, (n+1)/2n of the square for n tiles; a GPU flash kernel likewise (tiles of 64).
+  // Context parallelism splits that work evenly over the cp devices.
+  const int64_t tile =
+      gpu ? 64 : ops::attention_tile_rows({B, T, Hq, c.n_kv_heads, d});
+  const double tiles = std::ceil(double(T) / double(tile));
+  const double causal = (tiles + 1) / (2 * tiles) / double(s.cp);
   // One batched product covers all B·Hq heads of a layer (oneDNN batched matmul on the CPU,
   // a flash kernel on a GPU): its rate is that of the heads' rows stacked.
   const double heads = double(B * Hq) * Ld * causal;
   const int64_t TH = T * B * Hq;
-  led.product("attention core", CostCategory::attention, TH, T, d, heads, dt, T);      // Q·Kᵀ
+  led.product("attention core", CostCategory::attention, TH, T, d, 2 * heads, dt, T);  // Q·Kᵀ twice
   led.product("attention core", CostCategory::attention, TH, d, T, heads, dt, T);      // P·V
   led.product("attention core", CostCategory::attention, TH, T, d, heads, dt, T);      // dP = dO·Vᵀ
   led.product("attention core", CostCategory::attention, TH, d, T, 3 * heads, dt, T);  // dV, dQ, dK
@@ -239,7 +243,8 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
 
 int64_t predict_memory(const ModelConfig& config, const StepShape& s,
                        const HardwareProfile& profile) {
-  const MemoryEstimate m = estimate_memory(config, s.micro_batch, s.seq, s.precision, s.muon);
+  const MemoryEstimate m =
+      estimate_memory(config, s.micro_batch, s.seq, s.precision, s.muon, s.cp);
   int64_t activations = m.activations_bytes + m.backward_buffers_bytes;
   if (profile.kind == "gpu") {
     for (const auto* items : {&m.activations, &m.backward_buffers})
@@ -252,7 +257,7 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
 
 StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
                             const HardwareProfile& profile) {
-  FOUNDRY_CHECK(s.seq > 0 && s.micro_batch > 0 && s.accumulation > 0 && s.dp > 0);
+  FOUNDRY_CHECK(s.seq > 0 && s.micro_batch > 0 && s.accumulation > 0 && s.dp > 0 && s.cp > 0);
   Ledger led(profile);
   micro_step(config, s, profile, led);
   led.scale(double(s.accumulation));
@@ -271,6 +276,19 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
       led.add("gradient all-reduce", CostCategory::comm, profile.collective_time("all_reduce", s.dp, ar), 0, ar);
     }
   }
+  // Context parallelism: k and v of the whole sequences, all-gathered per layer, and their
+  // gradients reduce-scattered; blocking, so never hidden.
+  double cp_s = 0;
+  if (s.cp > 1) {
+    const double whole = double(s.micro_batch) * double(s.seq) * double(config.kv_dim()) * kF32;
+    const double count = 2.0 * double(config.n_layers) * double(s.accumulation);
+    const double sent = count * whole * double(s.cp - 1) / double(s.cp);
+    const double gather = count * profile.collective_time("all_gather", s.cp, whole);
+    const double scatter = count * profile.collective_time("reduce_scatter", s.cp, whole);
+    led.add("context-parallel k, v all-gather", CostCategory::comm, gather, 0, sent);
+    led.add("context-parallel k, v gradient reduce-scatter", CostCategory::comm, scatter, 0, sent);
+    cp_s = gather + scatter;
+  }
   for (const auto& it : led.items()) {
     switch (it.category) {
       case CostCategory::gemm: p.gemm_s += it.seconds; break;
@@ -282,9 +300,9 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
   }
   p.compute_s = p.gemm_s + p.attention_s + p.elementwise_s + p.optimizer_s;
   const double backward = 2.0 / 3.0 * (p.compute_s - p.optimizer_s);
-  p.comm_exposed_s = std::max(0.0, p.comm_s - s.comm_overlap * backward);
+  p.comm_exposed_s = std::max(0.0, p.comm_s - cp_s - s.comm_overlap * backward) + cp_s;
   p.step_s = p.compute_s + p.comm_exposed_s;
-  p.tokens_per_step = double(s.micro_batch * s.seq * s.accumulation);
+  p.tokens_per_step = double(s.micro_batch * s.seq * s.accumulation) / double(s.cp);
   p.tokens_per_s = p.tokens_per_step / p.step_s;
   p.model_flops_per_step = train_flops_per_token(config, s.seq) * p.tokens_per_step;
   const double achieved = p.model_flops_per_step / p.step_s;

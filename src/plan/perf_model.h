@@ -7,8 +7,10 @@
 //                E GEMMs of N·k/E rows each (balanced routing). The ZAYA1 router runs in fp32.
 //                The CCA grouped convolution counts as a GEMM of N × d × d·t1 per group.
 //   attention    the score and value products as batched GEMMs (T × T × d per head), over the
-//                causal share the kernels compute, plus the softmax's memory traffic over the
-//                T × T scores (none on a GPU: a fused flash kernel keeps them on chip).
+//                causal share the tiled kernel computes (the backward recomputes the scores:
+//                five products against the forward's two), plus the softmax passes over the
+//                scores (none on a GPU: a fused flash kernel keeps them on chip). With context
+//                parallelism a device computes 1/cp of it (the chunks balance the causal work).
 //   elementwise  norms, residual adds and scales, RoPE, SwiGLU, routing, dispatch/combine,
 //                cross-entropy and bf16 conversions, as bytes moved over memory bandwidth
 //                (per-operation byte counts in perf_model.cpp).
@@ -18,7 +20,9 @@
 //   comm         ZeRO-1: gradients reduce-scattered (fp32) and weights all-gathered (bf16
 //                under bf16 precision); without ZeRO-1 one all-reduce. Times from the
 //                profile's fitted t = α + S/β. `comm_overlap` of it hides behind the
-//                backward pass (2/3 of the compute).
+//                backward pass (2/3 of the compute). Context parallelism: per layer an
+//                all-gather of k and v forward and a reduce-scatter of their gradients
+//                backward among the cp ranks, in the critical path (never hidden).
 // What is not modelled: load imbalance between experts, kernel launch and framework
 // overheads, stragglers, pipeline or tensor parallelism.
 #pragma once
@@ -35,7 +39,9 @@ struct StepShape {
   int64_t seq = 256;           // T
   int64_t micro_batch = 8;     // sequences in one forward/backward pass on a device
   int64_t accumulation = 1;    // micro-batches per optimizer step
-  int64_t dp = 1;              // data-parallel ranks (the ZeRO-1 shards)
+  int64_t dp = 1;              // ranks (the ZeRO-1 shards and the gradient reduction)
+  int64_t cp = 1;              // context-parallel ranks per sequence: a device holds seq / cp
+                               // tokens of each of micro_batch sequences (docs/long-context.md)
   DType precision = DType::bf16;
   bool muon = false;
   int64_t muon_ns_steps = 5;

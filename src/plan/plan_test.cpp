@@ -102,6 +102,44 @@ TEST(PerfModel, ZeroOneCommunicationAndSharding) {
   EXPECT_NEAR(o.comm_exposed_s, std::max(0.0, o.comm_s - 2.0 / 3.0 * (o.compute_s - o.optimizer_s)), 1e-12);
 }
 
+// Context parallelism over cp devices: a device computes 1/cp of the tokens' GEMMs and of the
+// causal attention, holds about 1/cp of the activations, and pays an all-gather and a
+// reduce-scatter of k and v per layer that no overlap hides, growing with cp.
+TEST(PerfModel, ContextParallelSplitsTheWorkAndAddsExposedExchanges) {
+  const ModelConfig c = model_of("zaya-long.json");
+  const HardwareProfile prof = flat_profile("cpu", 1e15);
+  StepShape one;
+  one.seq = 32768;
+  one.micro_batch = 1;
+  one.comm_overlap = 1;
+  const StepPrediction base = predict_step(c, one, prof);
+  double previous_comm = 0;
+  for (int64_t cp : {2, 4}) {
+    StepShape s = one;
+    s.cp = cp;
+    s.dp = cp;  // the cp devices are the run's ranks
+    const StepPrediction p = predict_step(c, s, prof);
+    EXPECT_NEAR(p.gemm_s, base.gemm_s / double(cp), 0.02 * base.gemm_s / double(cp)) << cp;
+    EXPECT_NEAR(p.attention_s, base.attention_s / double(cp), 1e-9 * base.attention_s) << cp;
+    EXPECT_DOUBLE_EQ(p.tokens_per_step, base.tokens_per_step / double(cp));
+    EXPECT_LT(p.memory_bytes, base.memory_bytes);
+    double cp_comm = 0, cp_bytes = 0;
+    for (const auto& it : p.items)
+      if (it.name.starts_with("context-parallel")) {
+        cp_comm += it.seconds;
+        cp_bytes += it.bytes;
+      }
+    // Bytes a rank sends: (cp − 1)/cp of the whole k and v, twice (forward and backward),
+    // every layer: what `model info` reports.
+    EXPECT_NEAR(cp_bytes, double(context_parallel_traffic(c, 1, 32768, cp).kv_gather_bytes +
+                                 context_parallel_traffic(c, 1, 32768, cp).kv_grad_bytes),
+                1.0);
+    EXPECT_GT(cp_comm, previous_comm);
+    EXPECT_GE(p.comm_exposed_s, cp_comm);  // blocking: never hidden
+    previous_comm = cp_comm;
+  }
+}
+
 TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
   const ModelConfig c = moe_bench();  // 8 experts, top-2
   const HardwareProfile prof = flat_profile();

@@ -3,8 +3,8 @@
 //
 // Every rank's heartbeat thread rewrites RUN_DIR/heartbeat/rank_NNNNN.json every
 // `interval_s` (docs/formats.md): its pid and host, a beat counter, and its progress (a
-// counter the training loop advances at every step, validation and checkpoint, with the
-// step and the phase). The same thread watches:
+// counter the training loop advances at every step, validation and checkpoint, and after every
+// layer's forward and backward, with the step and the phase). The same thread watches:
 //   - its right neighbour (rank r watches r+1 mod N, so every rank is watched once and the
 //     reads stay O(N) over the job): a beat counter that has not changed for `lost_after_s`
 //     means the neighbour died or was stopped (a stopped process's threads stop too);

@@ -52,16 +52,21 @@ int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t
 
 std::string training_hint(const RunConfig& rc, int ranks, int processes, const MemoryBudget& budget) {
   const TrainConfig& tc = rc.train;
-  const int64_t per_rank = largest_fitting(1, tc.batch_size / ranks - 1, [&](int64_t b) {
-    MemoryNeed need = training_memory_need(rc, b * ranks, ranks);
+  const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
+  const int64_t per_group = largest_fitting(1, tc.batch_size / groups - 1, [&](int64_t b) {
+    MemoryNeed need = training_memory_need(rc, b * groups, ranks);
     need.processes = processes;
     return fits(need, budget);
   });
-  if (per_rank > 0)
+  if (per_group > 0)
     return fmt::format("the largest train.batch_size that fits is {} (--set train.batch_size={}), "
                        "or shorten train.seq_len",
-                       per_rank * ranks, per_rank * ranks);
-  std::string hint = fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len", ranks);
+                       per_group * groups, per_group * groups);
+  std::string hint = fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len",
+                                 groups);
+  if (ranks > 1 && ranks % (2 * tc.context_parallel) == 0)
+    hint += fmt::format(", split each sequence over more ranks with train.context_parallel = {}",
+                        2 * tc.context_parallel);
   if (ranks > 1 && !tc.zero1) hint += ", shard the optimizer state with train.zero1=true";
   if (ranks > 1 && tc.zero1 && rc.model.n_experts > 1 && tc.expert_parallel == 1)
     hint += ", shard the experts with train.expert_parallel (it must divide the ranks and "
@@ -99,8 +104,11 @@ int64_t rank_checkpoint_bytes(const RunConfig& rc, int ranks) {
 MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks) {
   const TrainConfig& tc = rc.train;
   const bool muon = tc.optimizer == OptimizerKind::muon, bf16 = tc.precision == DType::bf16;
-  const MemoryEstimate m =
-      estimate_memory(rc.model, std::max<int64_t>(1, batch_size / ranks), tc.seq_len, tc.precision, muon);
+  // Context-parallel groups share their sequences: a rank holds batch / (ranks / C) sequences'
+  // worth of chunks.
+  const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
+  const MemoryEstimate m = estimate_memory(rc.model, std::max<int64_t>(1, batch_size / groups),
+                                           tc.seq_len, tc.precision, muon, tc.context_parallel);
   // Elements of the fp32 weight and gradient slabs this rank stores (the whole table unless
   // expert parallelism releases other ranks' experts), and its optimizer state and snapshot.
   int64_t weights = m.weights_fp32_bytes / 4, grads = weights;
