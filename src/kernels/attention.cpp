@@ -43,11 +43,12 @@ const void* at(const void* base, DType dt, int64_t elements) {
   return static_cast<const char*>(base) + elements * static_cast<int64_t>(element_bytes(dt));
 }
 
+// Set by ScopedAttentionTile (tests); 0: the automatic choice.
+int64_t g_tile_override = 0;
+
 // Rows (and keys) per tile: the largest of 256, 128, 64 whose score tile over every head,
 // B·H·tile² floats, fits in 4 MB, so a tile's softmax pass reads what its matmul just wrote
 // from cache. Fewer, larger tiles amortize each matmul call (a few microseconds).
-int64_t g_tile_override = 0;
-
 int64_t tile_size(const Problem& p) {
   const int64_t longest = std::max(p.q_end - p.q_begin, p.k_rows);
   if (g_tile_override > 0) return std::min(g_tile_override, longest);

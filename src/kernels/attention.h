@@ -75,7 +75,7 @@ class ScopedAttentionTile {
 // q [H, D], k_cache/v_cache [len, KVH, D], out [H, D] (writes), scores [len] scratch.
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
                       const float* v_cache, int64_t len, int64_t h, int64_t kvh, int64_t d);
-// Plain double-precision reference (for tests): same layout, no saved probs.
+// Plain double-precision reference (for tests): same layout, no saved statistics.
 void attention_reference(double* out, const double* q, const double* k, const double* v,
                          const AttentionShape& s);
 

@@ -43,7 +43,7 @@
 //   v  [N, Hk·d]: x·Wv1^T into columns [0, half), x·Wv2^T into [half, 2·half)
 //                                                                     GEMMs (ld = 2·half)
 //   cca_value_shift_inplace_forward(v, nullptr, B, T, half)
-//   attention_forward(o, probs, q, k, v, {B, T, Hq, Hk, d}, dtype)  (attention.h), then Wo.
+//   attention_forward(o, lse, q, k, v, {B, T, Hq, Hk, d}, dtype)  (attention.h), then Wo.
 //
 // Backward (dc, dqk, dy zeroed first):
 //   attention_backward → dq, dk, dv (writes)
