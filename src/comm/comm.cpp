@@ -273,6 +273,29 @@ void Communicator::allgather(const T* send, T* recv, size_t block) const {
 }
 
 template <CommElement T>
+Request Communicator::ireduce_scatter(const T* send, T* recv, size_t block) const {
+  require_distinct(send, recv, "MPI_Ireduce_scatter_block");
+  to_mpi_count(block * static_cast<size_t>(size_), "MPI_Ireduce_scatter_block");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ireduce_scatter_block(send, recv,
+                                      to_mpi_count(block, "MPI_Ireduce_scatter_block"),
+                                      mpi_type<T>(), MPI_SUM, comm_, &r),
+            "MPI_Ireduce_scatter_block", comm_);
+  return Request(r, "MPI_Ireduce_scatter_block", comm_);
+}
+
+template <CommElement T>
+Request Communicator::iallgather(const T* send, T* recv, size_t block) const {
+  require_distinct(send, recv, "MPI_Iallgather");
+  const int n = to_mpi_count(block, "MPI_Iallgather");
+  to_mpi_count(block * static_cast<size_t>(size_), "MPI_Iallgather");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallgather(send, n, mpi_type<T>(), recv, n, mpi_type<T>(), comm_, &r),
+            "MPI_Iallgather", comm_);
+  return Request(r, "MPI_Iallgather", comm_);
+}
+
+template <CommElement T>
 void Communicator::broadcast(T* data, size_t count, int root) const {
   check_mpi(MPI_Bcast(data, to_mpi_count(count, "MPI_Bcast"), mpi_type<T>(), root, comm_),
             "MPI_Bcast", comm_);
@@ -358,6 +381,8 @@ std::vector<Request> Communicator::irecv_ranges(
   template void Communicator::allreduce<T>(const T*, T*, size_t, ReduceOp) const;             \
   template void Communicator::reduce_scatter<T>(const T*, T*, size_t) const;                  \
   template void Communicator::allgather<T>(const T*, T*, size_t) const;                       \
+  template Request Communicator::ireduce_scatter<T>(const T*, T*, size_t) const;              \
+  template Request Communicator::iallgather<T>(const T*, T*, size_t) const;                   \
   template void Communicator::broadcast<T>(T*, size_t, int) const;                            \
   template void Communicator::alltoall<T>(const T*, T*, size_t) const;                        \
   template void Communicator::alltoallv<T>(const T*, std::span<const int64_t>, T*,            \

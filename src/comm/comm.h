@@ -129,6 +129,14 @@ class Communicator {
   template <CommElement T>
   void allgather(const T* send, T* recv, size_t block) const;
 
+  // Non-blocking forms of the two above: the buffers must stay untouched until the request
+  // completes. MPI progresses them inside MPI calls (Request::test), so a caller that wants
+  // them to move during its own computation tests the request now and then.
+  template <CommElement T>
+  Request ireduce_scatter(const T* send, T* recv, size_t block) const;
+  template <CommElement T>
+  Request iallgather(const T* send, T* recv, size_t block) const;
+
   // `data` (count elements) of rank `root` is copied to every rank's `data`.
   template <CommElement T>
   void broadcast(T* data, size_t count, int root) const;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <utility>
 #include <vector>
@@ -130,15 +131,22 @@ Scratch& scratch() {
   return s;
 }
 
-// k or v in the GEMM dtype: the input itself, or a bf16 copy.
-const void* gemm_input(const float* x, int64_t count, DType dt,
+// k or v [B, k_rows, KVH, D] in the GEMM dtype: the input itself, or a bf16 copy of the rows
+// the chunk's queries can see (rows after them are never read, and may not be filled yet).
+const void* gemm_input(const float* x, const Problem& p, DType dt,
                        detail::ScratchBuffer<bf16>& buffer) {
   if (dt != DType::bf16) return x;
-  bf16* out = buffer.get(count);
+  const int64_t row = p.kvh * p.d, seen = (p.position(p.q_end - 1) + 1) * row;
+  const int64_t per_sequence = p.k_rows * row;
+  bf16* out = buffer.get(p.b * per_sequence);
   constexpr int64_t kBlock = 8192;
-#pragma omp parallel for schedule(static)
-  for (int64_t start = 0; start < count; start += kBlock)
-    detail::to_bf16_serial(x + start, out + start, std::min(kBlock, count - start));
+  const int64_t blocks = (seen + kBlock - 1) / kBlock;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.b; ++b)
+    for (int64_t i = 0; i < blocks; ++i) {
+      const int64_t start = b * per_sequence + i * kBlock;
+      detail::to_bf16_serial(x + start, out + start, std::min(kBlock, seen - i * kBlock));
+    }
   return out;
 }
 
@@ -215,7 +223,7 @@ void finish_block(float* out, float* lse, const float* o, const float* m, const 
 }
 
 void forward_problem(float* out, float* lse, const float* q, const void* kg, const void* vg,
-                     const Problem& p, DType dt) {
+                     const Problem& p, DType dt, const std::function<void()>& between_blocks) {
   Scratch& sc = scratch();
   const int64_t tile = tile_size(p);
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
@@ -239,6 +247,7 @@ void forward_problem(float* out, float* lse, const float* q, const void* kg, con
              tv.block_out(o), /*accumulate=*/c0 > 0);
     }
     finish_block(out, lse, o, m, l, p, r0, br);
+    if (between_blocks) between_blocks();
   }
 }
 
@@ -299,7 +308,7 @@ void scatter_block(float* dq, const float* acc, const Problem& p, int64_t r0, in
 // dq rows of the problem (writes); dk, dv [B, k_rows, KVH, D] accumulate.
 void backward_problem(float* dq, float* dk, float* dv, const float* dout, const float* out,
                       const float* lse, const float* q, const void* kg, const void* vg,
-                      const Problem& p, DType dt) {
+                      const Problem& p, DType dt, const std::function<void()>& between_blocks) {
   Scratch& sc = scratch();
   const int64_t tile = tile_size(p);
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
@@ -332,6 +341,7 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
       matmul(tv.scores(dsg, dt), tv.keys(kg, dt, c0), tv.block_out(dqb), /*accumulate=*/c0 > 0);
     }
     scatter_block(dq, dqb, p, r0, br);
+    if (between_blocks) between_blocks();
   }
 }
 
@@ -355,24 +365,26 @@ int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
 }
 
 void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const AttentionChunk& c, DType dtype) {
+                             const float* v, const AttentionChunk& c, DType dtype,
+                             const std::function<void()>& between_blocks) {
   check_chunk(c);
   Scratch& sc = scratch();
-  const int64_t kv_count = c.b * c.k_rows * c.kvh * c.d;
-  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
-  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
-  forward_problem(out, lse, q, kg, vg, Problem(c), dtype);
+  const Problem p(c);
+  const void* kg = gemm_input(k, p, dtype, sc.k);
+  const void* vg = gemm_input(v, p, dtype, sc.v);
+  forward_problem(out, lse, q, kg, vg, p, dtype, between_blocks);
 }
 
 void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
                               const float* out, const float* lse, const float* q, const float* k,
-                              const float* v, const AttentionChunk& c, DType dtype) {
+                              const float* v, const AttentionChunk& c, DType dtype,
+                              const std::function<void()>& between_blocks) {
   check_chunk(c);
   Scratch& sc = scratch();
-  const int64_t kv_count = c.b * c.k_rows * c.kvh * c.d;
-  const void* kg = gemm_input(k, kv_count, dtype, sc.k);
-  const void* vg = gemm_input(v, kv_count, dtype, sc.v);
-  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, Problem(c), dtype);
+  const Problem p(c);
+  const void* kg = gemm_input(k, p, dtype, sc.k);
+  const void* vg = gemm_input(v, p, dtype, sc.v);
+  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, p, dtype, between_blocks);
 }
 
 ScopedAttentionTile::ScopedAttentionTile(int64_t rows) : previous_(g_tile_override) {

@@ -16,6 +16,7 @@
 // bf16: matmul inputs (q, k, v, dO, P, dS) in bf16, accumulation and softmax in fp32.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 #include "kernels/gemm.h"
 
@@ -42,14 +43,18 @@ struct AttentionChunk {
   int64_t q_rows, k_rows;
   int64_t q_begin, q_end, q_pos;
 };
-// out and lse rows of the chunk (writes).
+// out and lse rows of the chunk (writes). Only the keys the chunk's queries see are read.
+// `between_blocks` (if set) runs after each block of query rows: a caller can let its
+// communication progress there.
 void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const AttentionChunk& c, DType dtype);
+                             const float* v, const AttentionChunk& c, DType dtype,
+                             const std::function<void()>& between_blocks = {});
 // dq rows of the chunk (writes); dk, dv [B, k_rows, KVH, D] ACCUMULATE (the chunks of a
 // sequence add up their key gradients).
 void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
                               const float* out, const float* lse, const float* q, const float* k,
-                              const float* v, const AttentionChunk& c, DType dtype);
+                              const float* v, const AttentionChunk& c, DType dtype,
+                              const std::function<void()>& between_blocks = {});
 
 // The rows (and keys) per tile the kernels use for this shape.
 int64_t attention_tile_rows(const AttentionShape& s);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include <fmt/format.h>
 
@@ -96,15 +97,26 @@ void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, flo
     ops::attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
     return;
   }
+  // Slot 0's queries read only the chunks all ranks hold in slot 0 (0 … C−1): they attend
+  // while the slot-1 chunks are still on their way.
   {
     auto t = cx.time("cp_kv_exchange");
-    cp->gather(k, kv.k, s.batch, s.chunk(), c.kv_dim());
-    cp->gather(v, kv.v, s.batch, s.chunk(), c.kv_dim());
+    for (int slot = 0; slot < 2; ++slot) {
+      cp->start_gather(slot, 0, k, kv.k, s.batch, s.chunk(), c.kv_dim());
+      cp->start_gather(slot, 1, v, kv.v, s.batch, s.chunk(), c.kv_dim());
+    }
+    cp->finish(0);
   }
-  auto t = cx.time("attention");
-  for (int slot = 0; slot < 2; ++slot)
+  const std::function<void()> progress = [cp] { cp->progress(); };
+  for (int slot = 0; slot < 2; ++slot) {
+    if (slot == 1) {
+      auto t = cx.time("cp_kv_exchange");
+      cp->finish(1);
+    }
+    auto t = cx.time("attention");
     ops::attention_chunk_forward(att, lse, q, kv.k, kv.v, chunk_of_slot(c, s, *cp, slot),
-                                 cx.precision);
+                                 cx.precision, slot == 0 ? progress : nullptr);
+  }
 }
 
 void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const float* datt,
@@ -117,18 +129,26 @@ void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const
     ops::attention_backward(dq, dk, dv, datt, att, lse, q, k, v, attention_shape(c, s),
                             cx.precision);
   } else {
-    {
-      auto t = cx.time("attention");
-      const int64_t n = s.batch * s.full_seq() * c.kv_dim();
-      std::fill(dkv.k, dkv.k + n, 0.0f);
-      std::fill(dkv.v, dkv.v + n, 0.0f);
-      for (int slot = 0; slot < 2; ++slot)
+    // Slot 1 first: the slot-1 chunks' key gradients (C … 2C−1) are then complete, since the
+    // slot-0 queries never see them, and they travel while slot 0 computes.
+    const int64_t n = s.batch * s.full_seq() * c.kv_dim();
+    std::fill(dkv.k, dkv.k + n, 0.0f);
+    std::fill(dkv.v, dkv.v + n, 0.0f);
+    const std::function<void()> progress = [cp] { cp->progress(); };
+    for (int slot : {1, 0}) {
+      {
+        auto t = cx.time("attention");
         ops::attention_chunk_backward(dq, dkv.k, dkv.v, datt, att, lse, q, kv.k, kv.v,
-                                      chunk_of_slot(c, s, *cp, slot), cx.precision);
+                                      chunk_of_slot(c, s, *cp, slot), cx.precision,
+                                      slot == 0 ? progress : nullptr);
+      }
+      auto t = cx.time("cp_kv_exchange");
+      cp->start_reduce_scatter(slot, 0, dkv.k, dk, s.batch, s.chunk(), c.kv_dim());
+      cp->start_reduce_scatter(slot, 1, dkv.v, dv, s.batch, s.chunk(), c.kv_dim());
     }
     auto t = cx.time("cp_kv_exchange");
-    cp->reduce_scatter(dkv.k, dk, s.batch, s.chunk(), c.kv_dim());
-    cp->reduce_scatter(dkv.v, dv, s.batch, s.chunk(), c.kv_dim());
+    cp->finish(1);
+    cp->finish(0);
   }
   auto t = cx.time("rope");
   rope_rows(cx, dq, c.n_heads, s, true);

@@ -60,31 +60,89 @@ template void ContextParallel::take_local<float>(const float*, float*, int64_t, 
 
 void ContextParallel::gather(const float* local, float* full, int64_t batch, int64_t tc,
                              int64_t width) {
-  const int64_t block = tc * width, per_rank = 2 * batch * block, c = size();
-  recv_.resize(static_cast<size_t>(per_rank * c));
-  group_.allgather(local, recv_.data(), static_cast<size_t>(per_rank));
-  const int64_t seq = 2 * c * tc;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t p = 0; p < c; ++p)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int slot = 0; slot < 2; ++slot)
-        std::memcpy(full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
-                    recv_.data() + p * per_rank + (2 * b + slot) * block, block * sizeof(float));
+  for (int slot = 0; slot < 2; ++slot) start_gather(slot, 0, local, full, batch, tc, width);
+  finish(0);
+  finish(1);
 }
 
 void ContextParallel::reduce_scatter(const float* full, float* local, int64_t batch, int64_t tc,
                                      int64_t width) {
-  const int64_t block = tc * width, per_rank = 2 * batch * block, c = size();
-  send_.resize(static_cast<size_t>(per_rank * c));
-  const int64_t seq = 2 * c * tc;
+  for (int slot = 0; slot < 2; ++slot)
+    start_reduce_scatter(slot, 0, full, local, batch, tc, width);
+  finish(0);
+  finish(1);
+}
+
+ContextParallel::Exchange& ContextParallel::exchange(int slot, int tensor) {
+  FOUNDRY_CHECK(slot >= 0 && slot < 2 && tensor >= 0 && tensor < 2);
+  Exchange& e = exchanges_[2 * slot + tensor];
+  FOUNDRY_CHECK(!e.active);
+  return e;
+}
+
+// A slot's rows of local [B, 2, Tc, width]: [B, Tc, width] at (2b + slot)·Tc·width.
+void ContextParallel::start_gather(int slot, int tensor, const float* local, float* full,
+                                   int64_t batch, int64_t tc, int64_t width) {
+  Exchange& e = exchange(slot, tensor);
+  const int64_t block = tc * width, mine = batch * block;
+  e.send.resize(static_cast<size_t>(mine));
+  e.recv.resize(static_cast<size_t>(mine * size()));
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(e.send.data() + b * block, local + (2 * b + slot) * block, block * sizeof(float));
+  e.request = group_.iallgather(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
+  e.active = true;
+  e.gather = true;
+  e.out = full;
+  e.batch = batch;
+  e.tc = tc;
+  e.width = width;
+}
+
+void ContextParallel::start_reduce_scatter(int slot, int tensor, const float* full, float* local,
+                                           int64_t batch, int64_t tc, int64_t width) {
+  Exchange& e = exchange(slot, tensor);
+  const int64_t block = tc * width, mine = batch * block, c = size(), seq = 2 * c * tc;
+  e.send.resize(static_cast<size_t>(mine * c));
+  e.recv.resize(static_cast<size_t>(mine));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t p = 0; p < c; ++p)
     for (int64_t b = 0; b < batch; ++b)
-      for (int slot = 0; slot < 2; ++slot)
-        std::memcpy(send_.data() + p * per_rank + (2 * b + slot) * block,
-                    full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
+      std::memcpy(e.send.data() + p * mine + b * block,
+                  full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
+                  block * sizeof(float));
+  e.request = group_.ireduce_scatter(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
+  e.active = true;
+  e.gather = false;
+  e.out = local;
+  e.batch = batch;
+  e.tc = tc;
+  e.width = width;
+}
+
+void ContextParallel::finish(int slot) {
+  for (int tensor = 0; tensor < 2; ++tensor) {
+    Exchange& e = exchanges_[2 * slot + tensor];
+    if (!e.active) continue;
+    e.request.wait();
+    e.active = false;
+    const int64_t block = e.tc * e.width, mine = e.batch * block, c = size(), seq = 2 * c * e.tc;
+    if (e.gather) {
+#pragma omp parallel for collapse(2) schedule(static)
+      for (int64_t p = 0; p < c; ++p)
+        for (int64_t b = 0; b < e.batch; ++b)
+          std::memcpy(e.out + (b * seq + chunk_of(static_cast<int>(p), slot) * e.tc) * e.width,
+                      e.recv.data() + p * mine + b * block, block * sizeof(float));
+    } else {
+      for (int64_t b = 0; b < e.batch; ++b)
+        std::memcpy(e.out + (2 * b + slot) * block, e.recv.data() + b * block,
                     block * sizeof(float));
-  group_.reduce_scatter(send_.data(), local, static_cast<size_t>(per_rank));
+    }
+  }
+}
+
+void ContextParallel::progress() {
+  for (Exchange& e : exchanges_)
+    if (e.active) e.request.test();
 }
 
 // Slot 0 of rank r is chunk r: its halo is the tail of chunk r − 1, slot 0 of rank r − 1.

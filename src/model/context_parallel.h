@@ -47,6 +47,20 @@ class ContextParallel {
   void reduce_scatter(const float* full, float* local, int64_t batch, int64_t tc,
                       int64_t width);
 
+  // The same, one slot at a time and non-blocking, so that an exchange can run while the
+  // other slot computes: the chunks all ranks hold in `slot` (slot 0: chunks 0 … C−1, all
+  // that the slot-0 queries read). `tensor` (0 or 1) tells two exchanges of one slot apart
+  // (k and v). Buffers must stay untouched until the matching finish_*.
+  void start_gather(int slot, int tensor, const float* local, float* full, int64_t batch,
+                    int64_t tc, int64_t width);
+  void start_reduce_scatter(int slot, int tensor, const float* full, float* local,
+                            int64_t batch, int64_t tc, int64_t width);
+  // Waits for the slot's started exchanges and writes their results: a gather the rows of
+  // the slot's chunks in full, a reduce-scatter this rank's slot rows of local.
+  void finish(int slot);
+  // Lets MPI move the started exchanges along (call between pieces of computation).
+  void progress();
+
   // Boundary rows. tails [B, 2, rows, width]: the last `rows` rows of each of this rank's
   // chunks (or any per-chunk rows a neighbour needs). halos [B, 2, rows, width] (writes): for
   // each slot, the tails of the chunk just before it, zero before chunk 0. Non-blocking
@@ -59,8 +73,20 @@ class ContextParallel {
                             int64_t width);
 
  private:
+  // One started exchange: its request, staging (grow-only, reused every layer) and where
+  // its result goes.
+  struct Exchange {
+    Request request;
+    bool active = false, gather = false;
+    std::vector<float> send, recv;
+    float* out = nullptr;
+    int64_t batch = 0, tc = 0, width = 0;
+  };
+  Exchange& exchange(int slot, int tensor);
+
   const Communicator& group_;
-  std::vector<float> send_, recv_;  // staging, grow-only
+  std::vector<float> send_, recv_;  // staging of the halo exchanges, grow-only
+  Exchange exchanges_[4];           // [slot][tensor]
 };
 
 // Rows [row0, row0 + rows) of each chunk of local [B, 2·Tc, width] into packed
