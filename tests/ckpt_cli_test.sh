@@ -45,7 +45,7 @@ d = sys.argv[1]
 info = json.load(open("info.json"))
 meta = json.load(open(d + "/metadata.json"))
 assert info["format_version"] == 2 and info["committed"] and info["step"] == 4, info
-assert info["layout"] == {"world": 1, "expert_parallel": 1, "zero1": False}, info["layout"]
+assert info["layout"] == {"world": 1, "expert_parallel": 1, "zero1": False, "context_parallel": 1}, info["layout"]
 assert info["model"]["arch"] == "moe" and info["optimizer"] == "muon", info["model"]
 assert info["problems"] == [], info["problems"]
 slabs = {s["name"]: s for s in info["slabs"]}
