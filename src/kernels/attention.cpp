@@ -32,10 +32,11 @@ void check_shape(const AttentionShape& s) {
   FOUNDRY_CHECK(s.h % s.kvh == 0);
 }
 
-void check_chunk(const AttentionChunk& c) {
+Problem checked(const AttentionChunk& c) {
   FOUNDRY_CHECK(c.b > 0 && c.h > 0 && c.kvh > 0 && c.d > 0 && c.h % c.kvh == 0);
   FOUNDRY_CHECK(0 <= c.q_begin && c.q_begin < c.q_end && c.q_end <= c.q_rows);
   FOUNDRY_CHECK(c.q_pos >= 0 && c.q_pos + (c.q_end - c.q_begin) <= c.k_rows);
+  return Problem(c);
 }
 
 size_t element_bytes(DType dt) { return dt == DType::bf16 ? sizeof(bf16) : sizeof(float); }
@@ -149,6 +150,14 @@ const void* gemm_input(const float* x, const Problem& p, DType dt,
     }
   return out;
 }
+
+// k and v of a call as matmul operands.
+struct KvOperands {
+  const void* k;
+  const void* v;
+  KvOperands(const float* k_in, const float* v_in, const Problem& p, DType dt)
+      : k(gemm_input(k_in, p, dt, scratch().k)), v(gemm_input(v_in, p, dt, scratch().v)) {}
+};
 
 // Rows [r0, r0 + br) of src [B, q_rows, H, D] into dst [B, H, br, D] (= [B, KVH, G·br, D]) in
 // the GEMM dtype.
@@ -367,24 +376,18 @@ int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
 void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
                              const float* v, const AttentionChunk& c, DType dtype,
                              const std::function<void()>& between_blocks) {
-  check_chunk(c);
-  Scratch& sc = scratch();
-  const Problem p(c);
-  const void* kg = gemm_input(k, p, dtype, sc.k);
-  const void* vg = gemm_input(v, p, dtype, sc.v);
-  forward_problem(out, lse, q, kg, vg, p, dtype, between_blocks);
+  const Problem p = checked(c);
+  const KvOperands kv(k, v, p, dtype);
+  forward_problem(out, lse, q, kv.k, kv.v, p, dtype, between_blocks);
 }
 
 void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
                               const float* out, const float* lse, const float* q, const float* k,
                               const float* v, const AttentionChunk& c, DType dtype,
                               const std::function<void()>& between_blocks) {
-  check_chunk(c);
-  Scratch& sc = scratch();
-  const Problem p(c);
-  const void* kg = gemm_input(k, p, dtype, sc.k);
-  const void* vg = gemm_input(v, p, dtype, sc.v);
-  backward_problem(dq, dk, dv, dout, out, lse, q, kg, vg, p, dtype, between_blocks);
+  const Problem p = checked(c);
+  const KvOperands kv(k, v, p, dtype);
+  backward_problem(dq, dk, dv, dout, out, lse, q, kv.k, kv.v, p, dtype, between_blocks);
 }
 
 ScopedAttentionTile::ScopedAttentionTile(int64_t rows) : previous_(g_tile_override) {

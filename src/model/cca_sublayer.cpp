@@ -22,11 +22,8 @@ constexpr float kQkNormEps = 1e-6f;
 // x·Wv2ᵀ. Each chunk runs as its own sequence of R + Tc rows, [halo ‖ chunk], and the halo
 // rows' outputs are dropped; their gradients go back to the chunk they came from.
 
-int64_t halo_rows(const ModelConfig& c) {
-  return (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
-}
 int64_t boundary_width(const ModelConfig& c) {
-  return std::max(halo_rows(c) * (c.q_dim() + c.kv_dim()), c.kv_dim() / 2);
+  return std::max(c.context_halo_rows() * (c.q_dim() + c.kv_dim()), c.kv_dim() / 2);
 }
 
 // Views of [B, 2, R + Tc, Cc]: (b, slot) = sequence bs = 2b + slot.
@@ -39,7 +36,7 @@ struct Extended {
 };
 
 Extended extended(const ModelConfig& c, BatchShape s) {
-  return {2 * s.batch, halo_rows(c), s.chunk(), c.q_dim() + c.kv_dim()};
+  return {2 * s.batch, c.context_halo_rows(), s.chunk(), c.q_dim() + c.kv_dim()};
 }
 
 // Before chunk 0 there is nothing: its halo of y is the convolutions' zero padding (and has
@@ -168,7 +165,7 @@ void CcaActs::take(Arena& arena, const ModelConfig& cfg, BatchShape s) {
   n = arena.take<float>(N * cfg.d_model);
   rstd = arena.take<float>(N);
   c = arena.take<float>(N * Cc);
-  y = arena.take<float>(N * Cc);
+  if (s.context == 1) y = arena.take<float>(N * Cc);  // else y_ext
   qk = arena.take<float>(N * Cc);
   rnorm = arena.take<float>(N * (cfg.n_heads + cfg.n_kv_heads));
   q = arena.take<float>(N * cfg.q_dim());
@@ -186,7 +183,7 @@ void CcaActs::take(Arena& arena, const ModelConfig& cfg, BatchShape s) {
 void CcaGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   const int64_t n = s.rows() * (c.q_dim() + c.kv_dim());
   dc = arena.take<float>(n);
-  dy = arena.take<float>(n);
+  if (s.context == 1) dy = arena.take<float>(n);  // else ext_b
   dqk = arena.take<float>(n);
   if (s.context > 1) {
     ext_a = arena.take<float>(extended(c, s).count());

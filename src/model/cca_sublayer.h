@@ -26,7 +26,7 @@ struct CcaActs {
   float* n;      // [N, C]       rms(x)
   float* rstd;   // [N]
   float* c;      // [N, Cc]      [q0 ‖ k0], the convolutions' input
-  float* y;      // [N, Cc]      depthwise convolution output
+  float* y = nullptr;  // [N, Cc] depthwise convolution output (without context parallelism)
   float* qk;     // [N, Cc]      before the QK norm
   float* rnorm;  // [N, G]       per-head 1/norms
   float* q;      // [N, Hq·d]    after RoPE
@@ -37,7 +37,7 @@ struct CcaActs {
   KvAll kv;      // context parallel: the whole sequences' k and v
   // Context parallel: each chunk's c and y with the R = (t0−1) + (t1−1) rows before it
   // (the previous chunk's last c rows, and y recomputed from them), [B, 2, R + Tc, Cc];
-  // y is then unused.
+  // y is then not allocated.
   float* c_ext = nullptr;
   float* y_ext = nullptr;
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
@@ -45,7 +45,8 @@ struct CcaActs {
 
 // Scratch beyond AttentionGrads, shared by every layer.
 struct CcaGrads {
-  float *dc, *dy, *dqk;  // [N, Cc] each
+  float *dc, *dqk;        // [N, Cc] each
+  float* dy = nullptr;    // [N, Cc], without context parallelism
   // Context parallel: [B, 2, R + Tc, Cc] ×2 (the grouped convolution's output forward, the
   // gradients of the extended rows backward), and boundary rows [B, 2, max(R·Cc, half)] ×2.
   float *ext_a = nullptr, *ext_b = nullptr, *tails = nullptr, *halos = nullptr;

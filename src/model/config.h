@@ -50,6 +50,11 @@ struct ModelConfig {
   double skip_bias_init = -1.0;      // initial balancing bias of the skip class
 
   bool is_zaya() const { return arch == Arch::zaya1; }
+  // Rows before a context-parallel chunk that its sublayers read: the CCA convolutions'
+  // windows, (t0 − 1) + (t1 − 1), for zaya1; none for moe (docs/long-context.md).
+  int64_t context_halo_rows() const {
+    return is_zaya() ? (cca_kernel_depthwise - 1) + (cca_kernel_grouped - 1) : 0;
+  }
   // Router classes: experts plus the skip class when enabled (zaya1); experts otherwise.
   int64_t router_classes() const { return n_experts + (is_zaya() && router_skip_class ? 1 : 0); }
   int64_t rotary_dim() const {

@@ -10,8 +10,9 @@
 namespace foundry {
 namespace {
 
-// Message tags of the two boundary exchanges (one per slot) and their gradients.
-constexpr int kSlot0Tag = 7101, kSlot1Tag = 7102, kSlot0GradTag = 7103, kSlot1GradTag = 7104;
+// Message tags of the boundary exchange and of its gradients (slot 0 with the tag, slot 1
+// with tag + 1).
+constexpr int kSlotTag = 7101, kSlotGradTag = 7103;
 
 // Slot `slot` of packed [B, 2, rows, width] ↔ contiguous [B, rows, width].
 void pack_slot(const float* packed, float* slot_rows, int64_t batch, int64_t block, int slot) {
@@ -151,43 +152,46 @@ void ContextParallel::progress() {
 void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch,
                                     int64_t rows, int64_t width) {
   const int me = rank(), last = size() - 1;
-  const int64_t block = rows * width, n = batch * block;
-  send_.resize(static_cast<size_t>(2 * n));
-  recv_.resize(static_cast<size_t>(2 * n));
-  float *send0 = send_.data(), *send1 = send0 + n, *recv0 = recv_.data(), *recv1 = recv0 + n;
-  pack_slot(tails, send0, batch, block, 0);
-  pack_slot(tails, send1, batch, block, 1);
-  std::vector<Request> requests;
-  if (me > 0) requests.push_back(group_.irecv(recv0, n, me - 1, kSlot0Tag));
-  if (me < last) requests.push_back(group_.irecv(recv1, n, me + 1, kSlot1Tag));
-  if (me < last) requests.push_back(group_.isend(send0, n, me + 1, kSlot0Tag));
-  if (me > 0) requests.push_back(group_.isend(send1, n, me - 1, kSlot1Tag));
-  for (Request& r : requests) r.wait();
-  if (me == 0) std::fill(recv0, recv0 + n, 0.0f);
-  if (me == last) std::memcpy(recv1, send0, n * sizeof(float));
-  unpack_slot(recv0, halos, batch, block, 0, false);
-  unpack_slot(recv1, halos, batch, block, 1, false);
+  const int64_t n = batch * rows * width;
+  const SlotMessages m = swap_slots(tails, batch, rows * width, me > 0 ? me - 1 : -1,
+                                    me < last ? me + 1 : -1, kSlotTag);
+  if (me == 0) std::fill(m.recv0, m.recv0 + n, 0.0f);
+  if (me == last) std::memcpy(m.recv1, m.send0, n * sizeof(float));
+  unpack_slot(m.recv0, halos, batch, rows * width, 0, false);
+  unpack_slot(m.recv1, halos, batch, rows * width, 1, false);
 }
 
+// The adjoint: every message of exchange_halo travels back.
 void ContextParallel::return_halo_gradient(const float* dhalos, float* dtails, int64_t batch,
                                            int64_t rows, int64_t width) {
   const int me = rank(), last = size() - 1;
-  const int64_t block = rows * width, n = batch * block;
+  const SlotMessages m = swap_slots(dhalos, batch, rows * width, me < last ? me + 1 : -1,
+                                    me > 0 ? me - 1 : -1, kSlotGradTag);
+  // Rank 0's slot 0 halo was zero (no chunk before chunk 0): its gradient goes nowhere.
+  if (me < last) unpack_slot(m.recv0, dtails, batch, rows * width, 0, true);
+  if (me > 0) unpack_slot(m.recv1, dtails, batch, rows * width, 1, true);
+  if (me == last) unpack_slot(m.send1, dtails, batch, rows * width, 0, true);
+}
+
+// One neighbour exchange of packed [B, 2, rows, width] (block = rows·width): slot 0 is
+// received from `slot0_peer` and sent to `slot1_peer`, slot 1 received from `slot1_peer` and
+// sent to `slot0_peer` (-1: no such neighbour, nothing moves).
+ContextParallel::SlotMessages ContextParallel::swap_slots(const float* packed, int64_t batch,
+                                                          int64_t block, int slot0_peer,
+                                                          int slot1_peer, int tag) {
+  const int64_t n = batch * block;
   send_.resize(static_cast<size_t>(2 * n));
   recv_.resize(static_cast<size_t>(2 * n));
-  float *send0 = send_.data(), *send1 = send0 + n, *recv0 = recv_.data(), *recv1 = recv0 + n;
-  pack_slot(dhalos, send0, batch, block, 0);
-  pack_slot(dhalos, send1, batch, block, 1);
+  const SlotMessages m{send_.data(), send_.data() + n, recv_.data(), recv_.data() + n};
+  pack_slot(packed, m.send0, batch, block, 0);
+  pack_slot(packed, m.send1, batch, block, 1);
   std::vector<Request> requests;
-  if (me < last) requests.push_back(group_.irecv(recv0, n, me + 1, kSlot0GradTag));
-  if (me > 0) requests.push_back(group_.irecv(recv1, n, me - 1, kSlot1GradTag));
-  if (me > 0) requests.push_back(group_.isend(send0, n, me - 1, kSlot0GradTag));
-  if (me < last) requests.push_back(group_.isend(send1, n, me + 1, kSlot1GradTag));
+  if (slot0_peer >= 0) requests.push_back(group_.irecv(m.recv0, n, slot0_peer, tag));
+  if (slot1_peer >= 0) requests.push_back(group_.irecv(m.recv1, n, slot1_peer, tag + 1));
+  if (slot1_peer >= 0) requests.push_back(group_.isend(m.send0, n, slot1_peer, tag));
+  if (slot0_peer >= 0) requests.push_back(group_.isend(m.send1, n, slot0_peer, tag + 1));
   for (Request& r : requests) r.wait();
-  // Rank 0's slot 0 halo was zero (no chunk before chunk 0): its gradient goes nowhere.
-  if (me < last) unpack_slot(recv0, dtails, batch, block, 0, true);
-  if (me > 0) unpack_slot(recv1, dtails, batch, block, 1, true);
-  if (me == last) unpack_slot(send1, dtails, batch, block, 0, true);
+  return m;
 }
 
 void take_chunk_rows(const float* local, float* packed, int64_t batch, int64_t tc, int64_t width,

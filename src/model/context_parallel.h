@@ -83,6 +83,12 @@ class ContextParallel {
     int64_t batch = 0, tc = 0, width = 0;
   };
   Exchange& exchange(int slot, int tensor);
+  // The two slots' messages of a boundary exchange, in the halo staging.
+  struct SlotMessages {
+    float *send0, *send1, *recv0, *recv1;
+  };
+  SlotMessages swap_slots(const float* packed, int64_t batch, int64_t block, int slot0_peer,
+                          int slot1_peer, int tag);
 
   const Communicator& group_;
   std::vector<float> send_, recv_;  // staging of the halo exchanges, grow-only

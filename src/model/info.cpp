@@ -171,7 +171,8 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
   add_item(a, "CCA: residual in", "[N,C]", L, kF32Bytes * N * C);
   add_item(a, "CCA: norm output and 1/rms", "[N,C] + [N]", L, kF32Bytes * (N * C + N));
   add_item(a, "CCA: packed c = [q0|k0]", "[N,Cc]", L, kF32Bytes * N * Cc);
-  add_item(a, "CCA: depthwise conv output y", "[N,Cc]", L, kF32Bytes * N * Cc);
+  const bool split = T != Tk;  // context parallel: y and dy live in the halo-row buffers
+  if (!split) add_item(a, "CCA: depthwise conv output y", "[N,Cc]", L, kF32Bytes * N * Cc);
   add_item(a, "CCA: pre-norm qk", "[N,Cc]", L, kF32Bytes * N * Cc);
   add_item(a, "CCA: QK-norm 1/norms", "[N,Hq+Hk]", L, kF32Bytes * N * (Hq + Hk));
   add_item(a, "CCA: q (after RoPE)", "[N,Hq*d]", L, kF32Bytes * N * Dq);
@@ -197,7 +198,8 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
 
   auto& g = m.backward_buffers;
   add_item(g, "residual, output and norm gradients", "3*[N,C]", 1, kF32Bytes * 3 * N * C);
-  add_item(g, "dc, dy, dqk", "3*[N,Cc]", 1, kF32Bytes * 3 * N * Cc);
+  add_item(g, split ? "dc, dqk" : "dc, dy, dqk", split ? "2*[N,Cc]" : "3*[N,Cc]", 1,
+           kF32Bytes * (split ? 2 : 3) * N * Cc);
   add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Hq*d]", 1, kF32Bytes * N * Dq);
   add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Hk*d]", 1,
@@ -224,7 +226,7 @@ void context_parallel_items(const ModelConfig& c, int64_t B, int64_t T, int64_t 
            kF32Bytes * 2 * B * T * Dkv);
   if (!c.is_zaya()) return;
   const int64_t Cc = cca_dims(c).channels(), tc = T / (2 * C);
-  const int64_t R = (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
+  const int64_t R = c.context_halo_rows();
   const int64_t ext = 2 * B * (R + tc) * Cc;
   add_item(m.activations, "CCA: c, y with halo rows (context parallel)", "2*[2B,R+Tc,Cc]", L,
            kF32Bytes * 2 * ext);
@@ -337,7 +339,7 @@ ContextParallelTraffic context_parallel_traffic(const ModelConfig& c, int64_t ba
   if (c.is_zaya()) {
     // A middle rank sends each of its two chunks' last rows to one neighbour, forward, and
     // the halos' gradients back, backward: R packed rows and one half-width value row.
-    const int64_t R = (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1);
+    const int64_t R = c.context_halo_rows();
     const int64_t row = R * cca_dims(c).channels() + c.kv_dim() / 2;
     t.halo_bytes = L * 2 * 2 * kF32Bytes * batch * row;
   }

@@ -146,8 +146,7 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
     if (seq % 2 != 0)
       fail(fmt::format("with context parallelism a rank's rows are two chunks of each "
                        "sequence, but it was given {} rows per sequence", seq));
-    const int64_t halo = c.is_zaya() ? (c.cca_kernel_depthwise - 1) + (c.cca_kernel_grouped - 1)
-                                     : 0;
+    const int64_t halo = c.context_halo_rows();
     if (shape.chunk() < std::max<int64_t>(halo, 1))
       fail(fmt::format("context-parallel chunks of {} tokens are shorter than the {} rows the "
                        "CCA convolutions read before each chunk",

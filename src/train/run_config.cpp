@@ -96,9 +96,7 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
                      "for train.context_parallel = {})",
                      where, t.seq_len, 2 * t.context_parallel, t.context_parallel),
          fmt::format("make train.seq_len a multiple of {}", 2 * t.context_parallel));
-  const int64_t halo = rc.model.is_zaya() ? (rc.model.cca_kernel_depthwise - 1) +
-                                                (rc.model.cca_kernel_grouped - 1)
-                                          : 0;
+  const int64_t halo = rc.model.context_halo_rows();
   if (t.context_parallel > 1 && t.seq_len / (2 * t.context_parallel) < std::max<int64_t>(halo, 1))
     fail(fmt::format("{}: train.context_parallel = {} cuts train.seq_len = {} into chunks of {} "
                      "tokens, fewer than the {} rows the CCA convolutions read before a chunk",
