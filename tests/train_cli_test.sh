@@ -82,6 +82,33 @@ expect_fail "checkpoint from another config" "d_model" \
 "$FOUNDRY" train --help >/dev/null && "$FOUNDRY" eval --help >/dev/null && "$FOUNDRY" generate --help >/dev/null \
   && ok "--help on train/eval/generate" || bad "--help failed"
 
+# ---- the MFU denominator: named in the log and in metrics.jsonl ----
+cat > profile.json <<'JSON'
+{"format": "foundry-hardware-profile", "version": 1, "name": "test machine",
+ "device": {"kind": "cpu", "name": "test"},
+ "compute": {"fp32": {"measured_flops_per_s": 5e9, "spec_flops_per_s": 6e9},
+             "bf16": {"measured_flops_per_s": 7e9}}}
+JSON
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=prof --set train.peak_gflops=0 \
+  --set train.hardware_profile=profile.json --set train.steps=2 >prof.log 2>&1 || { bad "run with a profile failed"; cat prof.log; }
+src="profile profile.json, measured fp32 GEMM peak × 1 host"
+if grep -qF "MFU peak: 5 GFLOP/s ($src)" prof.log &&
+   python3 - "$src" <<'PY'
+import json, sys
+lines = [json.loads(l) for l in open("prof/metrics.jsonl")]
+assert all(l["peak_source"] == sys.argv[1] and l["peak_gflops"] == 5 for l in lines), lines[0]
+PY
+then ok "train.hardware_profile: the profile's measured fp32 peak is the MFU denominator, named in the log and metrics"
+else bad "profile peak not reported as expected"; cat prof.log; head -c 600 prof/metrics.jsonl; fi
+expect_fail "unknown profile" "no-such-profile" "$FOUNDRY" train --config tiny.json --synthetic-data \
+  --set train.run_dir=prof2 --set train.peak_gflops=0 --set train.hardware_profile=no-such-profile
+[ ! -d prof2 ] && ok "a bad profile leaves no run directory" || bad "a bad profile left prof2"
+# A peak far below what a step achieves is a bug the run reports, once.
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=low --set train.peak_gflops=1e-6 \
+  --set train.steps=3 >low.log 2>&1 || bad "run with a tiny peak failed"
+[ "$(grep -c 'is above 100%' low.log)" = 1 ] && ok "an MFU above 100% is reported once, naming the peak's source" \
+  || { bad "MFU above 100% not reported once"; cat low.log; }
+
 # ---- a run directory belongs to one job: a second is refused, naming the holder ----
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=locked --set train.steps=100000 \
   --set train.checkpoint_every=0 -q >locked.log 2>&1 &

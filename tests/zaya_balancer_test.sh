@@ -20,7 +20,8 @@ PY
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.1 --quiet >prep.log 2>&1 \
   || { bad "data prepare failed"; cat prep.log; finish; exit 1; }
 
-# A large balance_bias_lr so the biases move far enough in 12 steps to change the routing,
+# A large balance_bias_lr (the sign-adaptive rule's initial step) so the biases move far
+# enough in 12 steps to change the routing,
 # and init_std 0.15 so the experts' outputs (hence the routing) show in the loss: with the
 # initial biases instead of the trained ones, the final val loss differs in the third decimal.
 cat > zaya.json <<'JSON'
@@ -91,7 +92,9 @@ bal = state["router_balancers"]
 assert len(bal) == L, bal
 for b in bal:
     assert b["step"] == 12, b  # one balancing update per optimizer step
-    assert len(b["bias"]) == len(b["exp_avg"]) == len(b["exp_avg_sq"]) == S
+    # The default rule, sign_adaptive: a step size and the last error sign per class.
+    assert len(b["bias"]) == len(b["step_size"]) == len(b["last_sign"]) == S
+    assert all(0 < x <= 0.05 + 1e-7 for x in b["step_size"]) and set(b["last_sign"]) <= {-1.0, 0.0, 1.0}, b
     init = [0.0] * (S - 1) + [-1.0]
     assert max(abs(x - y) for x, y in zip(b["bias"], init)) > 0.05, b["bias"]  # they moved
 raw = open("exported/model.safetensors", "rb").read()

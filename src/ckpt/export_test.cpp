@@ -11,6 +11,7 @@
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_state.h"
 #include "ckpt/safetensors.h"
+#include "model/model.h"
 #include "ckpt/test_support.h"
 
 namespace foundry {
@@ -58,9 +59,7 @@ TEST_F(ExportTest, AVersionTwoCheckpointFromThreeRanksExportsEveryParameterBitFo
 
 // Balancers moved away from their initial state, and the trainer state that holds them.
 std::vector<ops::ZayaBalancer> trained_balancers(const ModelConfig& config) {
-  ops::ZayaBalancerOptions o;
-  o.lr = config.balance_bias_lr;
-  o.skip_bias_init = static_cast<float>(config.skip_bias_init);
+  const ops::ZayaBalancerOptions o = balancer_options(config);
   std::vector<ops::ZayaBalancer> balancers;
   for (int64_t l = 0; l < config.n_layers; ++l) {
     balancers.emplace_back(config.n_experts, config.router_skip_class, o);

@@ -25,33 +25,18 @@ std::vector<ops::ZayaBalancer> saved_router_balancers(const ModelConfig& config,
                                                       const json& trainer_state,
                                                       const std::string& where) {
   if (!config.is_zaya()) return {};
-  ops::ZayaBalancerOptions o;  // as Model::reset_balancers builds them
-  o.lr = config.balance_bias_lr;
-  o.skip_bias_init = static_cast<float>(config.skip_bias_init);
   std::vector<ops::ZayaBalancer> balancers(
       static_cast<size_t>(config.n_layers),
-      ops::ZayaBalancer(config.n_experts, config.router_skip_class, o));
+      ops::ZayaBalancer(config.n_experts, config.router_skip_class, balancer_options(config)));
   auto it = trainer_state.find("router_balancers");
   if (it == trainer_state.end() || (it->is_array() && it->empty())) {
     std::fprintf(stderr, "warning: %s has no \"router_balancers\"; the initial balancing "
                          "biases are used\n", where.c_str());
     return balancers;
   }
-  if (!it->is_array() || it->size() != balancers.size())
-    fail(fmt::format("{}: \"router_balancers\" holds {} MoE sublayers, the model has {}", where,
-                     it->is_array() ? it->size() : 0, balancers.size()),
-         "the checkpoint is corrupt or was written for another model");
   try {
-    for (size_t l = 0; l < balancers.size(); ++l) {
-      const json& s = (*it)[l];
-      balancers[l].load_state(s.at("bias").get<std::vector<float>>(),
-                              s.at("exp_avg").get<std::vector<float>>(),
-                              s.at("exp_avg_sq").get<std::vector<float>>(),
-                              s.at("step").get<int64_t>());
-    }
-  } catch (const json::exception& e) {
-    fail(fmt::format("{}: \"router_balancers\" is malformed: {}", where, e.what()),
-         "the checkpoint is corrupt or was written by another version of foundry");
+    const std::string note = balancers_from_json(balancers, *it);
+    if (!note.empty()) std::fprintf(stderr, "warning: %s: %s\n", where.c_str(), note.c_str());
   } catch (const Error& e) {
     fail(fmt::format("{}: {}", where, e.what()), e.hint());
   }
@@ -75,7 +60,8 @@ void restore_router_balancers(Model& model, const json& trainer_state,
     return;
   }
   try {
-    model.load_balancer_state(*it);
+    const std::string note = model.load_balancer_state(*it);
+    if (!note.empty()) std::fprintf(stderr, "warning: %s: %s\n", file.c_str(), note.c_str());
   } catch (const Error& e) {
     fail(fmt::format("{}: {}", file, e.what()), e.hint());
   }

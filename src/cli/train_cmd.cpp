@@ -11,6 +11,7 @@
 #include "base/exit_codes.h"
 #include "base/io.h"
 #include "base/rng.h"
+#include "bench/profile.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_state.h"
 #include "comm/comm.h"
@@ -117,6 +118,24 @@ int32_t sample_token(const float* logits, int64_t v, int64_t position, double te
   return cand.back().second;
 }
 
+// train.hardware_profile's measured GEMM peak for the run's precision, per device; none when
+// the config names no profile or gives train.peak_gflops (which wins).
+std::optional<DevicePeak> profile_peak(const TrainConfig& tc) {
+  if (tc.hardware_profile.empty() || tc.peak_gflops > 0) return std::nullopt;
+  const HardwareProfile profile = load_profile(tc.hardware_profile);
+  const PeakCompute& peak = profile.peak(tc.precision);
+  if (peak.measured_flops_per_s <= 0)
+    fail(fmt::format("train.hardware_profile '{}' has no measured {} GEMM peak "
+                     "(compute.{}.measured_flops_per_s)",
+                     profile.path, dtype_name(tc.precision), dtype_name(tc.precision)),
+         "write a profile of this machine with `foundry bench all --out DIR` and name "
+         "DIR/profile.json, or set train.peak_gflops");
+  return DevicePeak{peak.measured_flops_per_s,
+                    fmt::format("profile {}, measured {} GEMM peak", profile.path,
+                                dtype_name(tc.precision)),
+                    profile.kind == "cpu"};
+}
+
 }  // namespace
 
 void register_train_commands(CLI::App& app) {
@@ -155,6 +174,7 @@ void register_train_commands(CLI::App& app) {
       if (launched_by_mpi()) session.emplace();
       TrainOptions o = *opts;
       o.world = session ? &session->world() : nullptr;
+      o.profile_peak = profile_peak(rc.train);
       TrainSummary s = train(rc, o);
       const bool root = !session || session->world().rank() == 0;
       if (session) session->finalize();
@@ -165,8 +185,8 @@ void register_train_commands(CLI::App& app) {
                   s.last_train_loss);
       if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
       if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
-      std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s\n", s.tokens_per_s, 100 * s.mfu,
-                  s.peak_gflops);
+      std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s,
+                  100 * s.mfu, s.peak_gflops, s.peak_source.c_str());
     });
   }
   // ---- eval ----

@@ -77,6 +77,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gemm.h"
+
 namespace foundry::ops {
 
 // The shape of one CCA sublayer's latent, and the sizes of its convolution parameters in the
@@ -138,6 +140,17 @@ void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, int64_
 template <typename T>
 void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
+
+// The same two as oneDNN matmuls on float activations (kernels/cca_gemm.cpp), the form the
+// model runs: per tap one batched product over sequences and groups. `dtype` is the GEMMs'
+// input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation), as for the model's
+// other GEMMs. fp32 agrees with the reference above to rounding.
+void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
+                                   int64_t b, int64_t t, int64_t groups, int64_t d,
+                                   int64_t taps, DType dtype);
+void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
+                                    const float* y, const float* w1, int64_t b, int64_t t,
+                                    int64_t groups, int64_t d, int64_t taps, DType dtype);
 
 // ---- value time shift (spec §2 step 5) ------------------------------------------------------
 // In place (the form to use): v [B, T, 2·half] holds [x_t·Wv1^T ‖ x_t·Wv2^T] on entry and

@@ -312,6 +312,44 @@ TEST(CcaGroupedConv, LargeShapeOnTwoThreadsMatchesReference) {
   EXPECT_LT(max_relative_error(db, db_ref), 1e-13);
 }
 
+// The oneDNN form against the double references: fp32 GEMMs to fp32 rounding, bf16 GEMMs to
+// bf16 rounding of the inputs (8 significant bits, errors averaging over the d·t1 products).
+// Shapes: one to three taps, sequences shorter than the window (t = 1, 2), ragged d.
+TEST(CcaGroupedConv, GemmFormMatchesTheReferenceInFp32AndBf16) {
+  struct Shape { int64_t b, t, groups, d, taps; };
+  for (const Shape& sh : {Shape{2, 7, 3, 36, 2}, Shape{3, 1, 2, 8, 3}, Shape{2, 2, 2, 8, 3},
+                          Shape{1, 33, 5, 24, 1}, Shape{4, 19, 2, 64, 2}}) {
+    const auto [b, t, groups, d, taps] = sh;
+    const int64_t ch = groups * d;
+    SCOPED_TRACE(::testing::Message() << "b " << b << " t " << t << " groups " << groups << " d "
+                                      << d << " taps " << taps);
+    const auto y = random_normal(b * t * ch, 80), w1 = random_normal(ch * d * taps, 81, 0.2),
+               b1 = random_normal(ch, 82), dz = random_normal(b * t * ch, 83);
+    const auto z_ref = grouped_reference(y, w1, b1, b, t, groups, d, taps);
+    const auto dy_prior = random_normal(b * t * ch, 84), dw_prior = random_normal(ch * d * taps, 85),
+               db_prior = random_normal(ch, 86);
+    Vec dy_ref = dy_prior, dw_ref = dw_prior, db_ref = db_prior;
+    grouped_backward_reference(dy_ref, dw_ref, db_ref, dz, y, w1, b, t, groups, d, taps);
+    const auto yf = cast_vector<float>(y), w1f = cast_vector<float>(w1),
+               b1f = cast_vector<float>(b1), dzf = cast_vector<float>(dz);
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(dtype_name(dtype));
+      const double tol = dtype == DType::f32 ? 2e-6 : 1.5e-2;
+      std::vector<float> z(b * t * ch);
+      cca_grouped_conv_forward_gemm(z.data(), yf.data(), w1f.data(), b1f.data(), b, t, groups, d,
+                                    taps, dtype);
+      EXPECT_LT(max_relative_error(z, z_ref), tol);
+      auto dy = cast_vector<float>(dy_prior), dw = cast_vector<float>(dw_prior),
+           db = cast_vector<float>(db_prior);
+      cca_grouped_conv_backward_gemm(dy.data(), dw.data(), db.data(), dzf.data(), yf.data(),
+                                     w1f.data(), b, t, groups, d, taps, dtype);
+      EXPECT_LT(max_relative_error(dy, dy_ref), tol);
+      EXPECT_LT(max_relative_error(dw, dw_ref), tol);
+      EXPECT_LT(max_relative_error(db, db_ref), 2e-6);  // sums of dz: no GEMM
+    }
+  }
+}
+
 // ---- value shift ---------------------------------------------------------------------------
 
 TEST(CcaValueShift, ForwardMatchesReferenceInBothForms) {

@@ -1,7 +1,9 @@
 #include "kernels/zaya_router.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <type_traits>
 
 #include "base/error.h"
 #include "kernels/kernel_support.h"
@@ -78,27 +80,57 @@ constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 }  // namespace
 
+// Φ(x) = (1 + erf(x/√2)) / 2. Double: std::erf. Float: a branch-free form the compiler
+// vectorizes (std::erf is a scalar library call, and the router evaluates it on 4·N·R values
+// per sublayer and step): Abramowitz and Stegun 7.1.26, erfc(z) ≈ t·P(t)·e^{−z²} with
+// t = 1/(1 + p·z) for z ≥ 0, absolute error below 1.5e-7 (float rounding is 6e-8), and e^{−z²}
+// by range reduction to 2^k·e^r with a degree-6 polynomial for e^r.
+inline float exp_nonpositive(float x) {
+  x = std::max(x, -87.0f);  // e^-87 ≈ 1.6e-38: the smallest normal float
+  const float k = std::floor(x * 1.44269504f + 0.5f);
+  const float r = (x - k * 0.693145752f) - k * 1.42860677e-06f;  // ln 2 in two parts
+  const float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666679f +
+                  r * (0.00833333377f + r * 0.00138888892f)))));
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+template <typename T>
+inline T normal_cdf(T x) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float z = std::fabs(x) * static_cast<float>(kInvSqrt2);
+    const float t = 1.0f / (1.0f + 0.3275911f * z);
+    const float poly = t * (0.254829592f + t * (-0.284496736f + t * (1.421413741f +
+                       t * (-1.453152027f + t * 1.061405429f))));
+    const float half_erfc = 0.5f * poly * exp_nonpositive(-z * z);  // Φ(−|x|)
+    return x >= 0 ? 1.0f - half_erfc : half_erfc;
+  } else {
+    return T(0.5) * (T(1) + std::erf(x * static_cast<T>(kInvSqrt2)));
+  }
+}
+
+template <typename T>
+inline T normal_pdf(T x) {
+  if constexpr (std::is_same_v<T, float>)
+    return static_cast<float>(kInvSqrt2Pi) * exp_nonpositive(-0.5f * x * x);
+  else
+    return static_cast<T>(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+}
+
 template <typename T>
 void gelu_forward(T* out, const T* in, int64_t n, int64_t c) {
   const int64_t count = n * c;
-  const T inv_sqrt2 = static_cast<T>(kInvSqrt2);
-#pragma omp parallel for schedule(static) if (is_parallel(count))
-  for (int64_t i = 0; i < count; ++i) {
-    const T x = in[i];
-    out[i] = T(0.5) * x * (T(1) + std::erf(x * inv_sqrt2));
-  }
+#pragma omp parallel for simd schedule(static) if (is_parallel(count))
+  for (int64_t i = 0; i < count; ++i) out[i] = in[i] * normal_cdf(in[i]);
 }
 
 template <typename T>
 void gelu_backward(T* din, const T* dout, const T* in, int64_t n, int64_t c) {
   const int64_t count = n * c;
-  const T inv_sqrt2 = static_cast<T>(kInvSqrt2), inv_sqrt2pi = static_cast<T>(kInvSqrt2Pi);
-#pragma omp parallel for schedule(static) if (is_parallel(count))
+#pragma omp parallel for simd schedule(static) if (is_parallel(count))
   for (int64_t i = 0; i < count; ++i) {
     const T x = in[i];
-    const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
-    const T pdf = inv_sqrt2pi * std::exp(T(-0.5) * x * x);
-    din[i] = dout[i] * (cdf + x * pdf);
+    din[i] = dout[i] * (normal_cdf(x) + x * normal_pdf(x));
   }
 }
 
@@ -217,6 +249,10 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
     err[s] = static_cast<double>(counts[s]) / static_cast<double>(assignments) - uniform;
 }
 
+const char* balance_rule_name(BalanceRule rule) {
+  return rule == BalanceRule::adamw ? "adamw" : "sign_adaptive";
+}
+
 ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& opts)
     : options(opts) {
   if (experts < 1) fail(fmt::format("the router needs at least one expert, got {}", experts));
@@ -225,11 +261,32 @@ ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerO
     fail(fmt::format("balancing-bias optimizer: lr = {}, betas = ({}, {}), eps = {} out of range",
                      opts.lr, opts.beta1, opts.beta2, opts.eps),
          "use lr >= 0, betas in [0, 1) and eps >= 0");
+  if (!(opts.step_min > 0 && opts.step_min <= opts.step_max) || !(opts.increase >= 1) ||
+      !(opts.decrease > 0 && opts.decrease <= 1))
+    fail(fmt::format("balancing-bias steps: min {}, max {}, increase {}, decrease {} out of range",
+                     opts.step_min, opts.step_max, opts.increase, opts.decrease),
+         "use 0 < step_min <= step_max, increase >= 1 and 0 < decrease <= 1");
   const int64_t classes = experts + (skip_class ? 1 : 0);
   bias.assign(classes, 0.0f);
   if (skip_class) bias[experts] = opts.skip_bias_init;
-  exp_avg.assign(classes, 0.0f);
-  exp_avg_sq.assign(classes, 0.0f);
+  if (opts.rule == BalanceRule::adamw) {
+    exp_avg.assign(classes, 0.0f);
+    exp_avg_sq.assign(classes, 0.0f);
+  } else {
+    const double initial = std::clamp(opts.lr, opts.step_min, opts.step_max);
+    step_size.assign(classes, static_cast<float>(initial));
+    last_sign.assign(classes, 0.0f);
+  }
+}
+
+std::array<const char*, 2> ZayaBalancer::rule_state_names() const {
+  if (options.rule == BalanceRule::adamw) return {"exp_avg", "exp_avg_sq"};
+  return {"step_size", "last_sign"};
+}
+
+std::array<const std::vector<float>*, 2> ZayaBalancer::rule_state() const {
+  if (options.rule == BalanceRule::adamw) return {&exp_avg, &exp_avg_sq};
+  return {&step_size, &last_sign};
 }
 
 void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
@@ -240,40 +297,76 @@ void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
 
 void ZayaBalancer::update_from_error(const double* err) {
   ++step;
+  if (options.rule == BalanceRule::adamw)
+    adamw_update(err);
+  else
+    sign_adaptive_update(err);
+}
+
+void ZayaBalancer::adamw_update(const double* err) {
   const double t = static_cast<double>(step);
   const double correction1 = 1.0 - std::pow(options.beta1, t);
   const double sqrt_correction2 = std::sqrt(1.0 - std::pow(options.beta2, t));
-  const double step_size = options.lr / correction1;
+  const double step_size_now = options.lr / correction1;
   for (int64_t s = 0; s < classes(); ++s) {
     const double m = options.beta1 * exp_avg[s] + (1.0 - options.beta1) * err[s];
     const double v = options.beta2 * exp_avg_sq[s] + (1.0 - options.beta2) * err[s] * err[s];
     exp_avg[s] = static_cast<float>(m);
     exp_avg_sq[s] = static_cast<float>(v);
-    bias[s] = static_cast<float>(bias[s] - step_size * m / (std::sqrt(v) / sqrt_correction2 +
-                                                             options.eps));
+    bias[s] = static_cast<float>(bias[s] - step_size_now * m / (std::sqrt(v) / sqrt_correction2 +
+                                                                 options.eps));
   }
 }
 
-void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<float> exp_avg_in,
-                              std::vector<float> exp_avg_sq_in, int64_t step_in) {
+void ZayaBalancer::sign_adaptive_update(const double* err) {
+  for (int64_t s = 0; s < classes(); ++s) {
+    const double sign = (err[s] > 0) - (err[s] < 0);
+    const double agreement = sign * last_sign[s];
+    double size = step_size[s];
+    if (agreement < 0) {  // the error changed sign: the last move overshot
+      step_size[s] = static_cast<float>(std::max(size * options.decrease, options.step_min));
+      last_sign[s] = 0.0f;
+      continue;
+    }
+    if (agreement > 0) size = std::min(size * options.increase, options.step_max);
+    step_size[s] = static_cast<float>(size);
+    bias[s] = static_cast<float>(bias[s] - sign * size);
+    last_sign[s] = static_cast<float>(sign);
+  }
+}
+
+void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<float> rule_a,
+                              std::vector<float> rule_b, int64_t step_in) {
   const size_t classes_here = bias.size();
-  if (bias_in.size() != classes_here || exp_avg_in.size() != classes_here ||
-      exp_avg_sq_in.size() != classes_here)
-    fail(fmt::format("balancing-bias state has sizes bias {}, exp_avg {}, exp_avg_sq {}; this "
-                     "router has {} classes",
-                     bias_in.size(), exp_avg_in.size(), exp_avg_sq_in.size(), classes_here),
+  const std::array<const char*, 2> names = rule_state_names();
+  if (bias_in.size() != classes_here || rule_a.size() != classes_here ||
+      rule_b.size() != classes_here)
+    fail(fmt::format("balancing-bias state has sizes bias {}, {} {}, {} {}; this router has {} "
+                     "classes",
+                     bias_in.size(), names[0], rule_a.size(), names[1], rule_b.size(),
+                     classes_here),
          "the checkpoint was written for a different number of experts or skip setting");
   if (step_in < 0) fail(fmt::format("balancing-bias step count {} is negative", step_in));
-  auto finite = [](const std::vector<float>& v) {
-    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
-  };
-  if (!finite(bias_in) || !finite(exp_avg_in) || !finite(exp_avg_sq_in) ||
-      !std::all_of(exp_avg_sq_in.begin(), exp_avg_sq_in.end(), [](float x) { return x >= 0; }))
-    fail("balancing-bias state holds non-finite values or a negative second moment",
+  auto all = [](const std::vector<float>& v, auto&& ok) { return std::all_of(v.begin(), v.end(), ok); };
+  auto finite = [](float x) { return std::isfinite(x); };
+  const bool rule_ok =
+      options.rule == BalanceRule::adamw
+          ? all(rule_a, finite) && all(rule_b, [](float x) { return std::isfinite(x) && x >= 0; })
+          : all(rule_a, [](float x) { return std::isfinite(x) && x > 0; }) &&
+                all(rule_b, [](float x) { return x == -1.0f || x == 0.0f || x == 1.0f; });
+  if (!all(bias_in, finite) || !rule_ok)
+    fail(fmt::format("balancing-bias state holds values its {} rule cannot hold (non-finite, a "
+                     "negative second moment or step size, a sign outside {{-1, 0, 1}})",
+                     balance_rule_name(options.rule)),
          "the checkpoint is corrupt; resume from an earlier one");
   bias = std::move(bias_in);
-  exp_avg = std::move(exp_avg_in);
-  exp_avg_sq = std::move(exp_avg_sq_in);
+  if (options.rule == BalanceRule::adamw) {
+    exp_avg = std::move(rule_a);
+    exp_avg_sq = std::move(rule_b);
+  } else {
+    step_size = std::move(rule_a);
+    last_sign = std::move(rule_b);
+  }
   step = step_in;
 }
 

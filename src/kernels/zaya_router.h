@@ -65,6 +65,7 @@
 //                           d_res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
 // where d_res and d_h are zeroed buffers (or buffers already holding other contributions).
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -131,43 +132,77 @@ void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_
 // (global over data-parallel ranks when the counts are).
 void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, int64_t classes);
 
-// The per-class balancing bias of one MoE sublayer and its optimizer. The load error is the
-// bias's "gradient" in an AdamW step without weight decay (torch.optim.AdamW's form):
-//   step += 1;  m = β1·m + (1 − β1)·err;  v = β2·v + (1 − β2)·err²
-//   bias −= lr / (1 − β1^step) · m / (√v / √(1 − β2^step) + eps)
-// so an over-used class (err > 0) moves down and an under-used one moves up. The arithmetic
-// is double; the state is stored in float.
+// The per-class balancing bias of one MoE sublayer and its update rule. The load error err
+// [S] is the bias's "gradient": an over-used class (err > 0) moves down, an under-used one up.
+// Two rules (docs/zaya1.md, "Balancing", explains the choice):
 //
-// Serializable state (all of it; write these four to a checkpoint and load_state() them back
-// to resume bitwise): bias, exp_avg (m), exp_avg_sq (v), each [S] floats, and step (the
-// number of updates applied). The options are configuration, not state.
+// - sign_adaptive (the default): a per-class step size that follows the scale of the routing
+//   scores. Each class moves by its step against the sign of its error; the step grows by
+//   `increase` while the sign persists and shrinks by `decrease` when it flips, within
+//   [step_min, step_max]; on a flip the class does not move that update (the Rprop rule of
+//   Riedmiller and Braun, 1993, in its iRprop− form):
+//     same sign as last:  step = min(step·increase, step_max);  bias −= sign(err)·step
+//     sign flipped:       step = max(step·decrease, step_min);  no move, last sign := 0
+//     otherwise:          bias −= sign(err)·step
+//   Why: the bias needed to move a share of tokens is of the order of the spread of the
+//   probabilities p over tokens, which is ~1e-3 at initialization and ~0.1–1 once the
+//   router is confident. A fixed step is then either far too coarse early (every token of a
+//   sublayer follows the bias to one class) or far too slow later.
+// - adamw: the bias's AdamW step without weight decay (torch.optim.AdamW's form), the rule
+//   the ZAYA1 description gives:
+//     step += 1;  m = β1·m + (1 − β1)·err;  v = β2·v + (1 − β2)·err²
+//     bias −= lr / (1 − β1^step) · m / (√v / √(1 − β2^step) + eps)
+//
+// The arithmetic is double; the state is stored in float. Serializable state (all of it;
+// saved in checkpoints and load_state()d back to resume bitwise): bias [S], the two per-class
+// vectors of the rule (adamw: exp_avg m, exp_avg_sq v; sign_adaptive: step size, last sign
+// in {−1, 0, 1}), and step (the number of updates applied). The options are configuration.
+enum class BalanceRule { sign_adaptive, adamw };
+const char* balance_rule_name(BalanceRule rule);
+
 struct ZayaBalancerOptions {
-  double lr = 1e-3;
+  BalanceRule rule = BalanceRule::sign_adaptive;
+  double lr = 1e-3;  // adamw: the learning rate; sign_adaptive: the initial step
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
+  double step_min = 1e-6;  // sign_adaptive
+  double step_max = 0.05;
+  double increase = 1.2;
+  double decrease = 0.5;
   float skip_bias_init = -1.0f;  // initial bias of the skip class (experts start at 0)
 };
 
 struct ZayaBalancer {
   ZayaBalancerOptions options;
   std::vector<float> bias;        // [S]
-  std::vector<float> exp_avg;     // [S]
-  std::vector<float> exp_avg_sq;  // [S]
+  std::vector<float> exp_avg;     // [S] adamw (empty under sign_adaptive)
+  std::vector<float> exp_avg_sq;  // [S] adamw
+  std::vector<float> step_size;   // [S] sign_adaptive (empty under adamw)
+  std::vector<float> last_sign;   // [S] sign_adaptive
   int64_t step = 0;
 
   // S = experts + (skip_class ? 1 : 0) classes; bias 0 for experts, skip_bias_init for skip.
   ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& options = {});
 
   int64_t classes() const { return static_cast<int64_t>(bias.size()); }
-  // One AdamW step from counts [S] covering `assignments` = N·K choices.
+  // The rule's two per-class state vectors, with their names in checkpoints: exp_avg and
+  // exp_avg_sq (adamw), or step_size and last_sign (sign_adaptive).
+  std::array<const char*, 2> rule_state_names() const;
+  std::array<const std::vector<float>*, 2> rule_state() const;
+  // One update from counts [S] covering `assignments` = N·K choices.
   void update(const int64_t* counts, int64_t assignments);
-  // One AdamW step from a load error [S] computed elsewhere.
+  // One update from a load error [S] computed elsewhere.
   void update_from_error(const double* err);
-  // Restores the state saved from a balancer with the same number of classes; fails (Error)
-  // on a size mismatch, a negative step or non-finite values.
-  void load_state(std::vector<float> bias_in, std::vector<float> exp_avg_in,
-                  std::vector<float> exp_avg_sq_in, int64_t step_in);
+  // Restores the state saved from a balancer with the same number of classes and rule
+  // (`rule_in` the two vectors of rule_state(), in order); fails (Error) on a size mismatch,
+  // a negative step or values the rule cannot hold.
+  void load_state(std::vector<float> bias_in, std::vector<float> rule_a, std::vector<float> rule_b,
+                  int64_t step_in);
+
+ private:
+  void adamw_update(const double* err);
+  void sign_adaptive_update(const double* err);
 };
 
 // ---- residual scaling ----------------------------------------------------------------------

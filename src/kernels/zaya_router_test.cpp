@@ -85,6 +85,28 @@ TEST(ZayaGelu, ForwardIsTheExactErfForm) {
   EXPECT_LT(max_relative_error(in_f, expected), 1e-6);
 }
 
+// Float GELU runs a vectorized erf and exp (zaya_router.cpp): over a dense sweep of [−12, 12]
+// (and the extremes that clamp the exponential) forward and backward stay within 4e-7·(1+|x|)
+// of the double reference, the same order as float rounding itself.
+TEST(ZayaGelu, FloatFormIsAccurateOverTheWholeRange) {
+  std::vector<float> x;
+  for (int i = -240000; i <= 240000; ++i) x.push_back(static_cast<float>(i) * 5e-5f);
+  for (float v : {-200.0f, -40.0f, -13.5f, 13.5f, 40.0f, 200.0f}) x.push_back(v);
+  const int64_t n = static_cast<int64_t>(x.size());
+  std::vector<float> y(n), dy(n), ones(n, 1.0f);
+  gelu_forward(y.data(), x.data(), 1, n);
+  gelu_backward(dy.data(), ones.data(), x.data(), 1, n);
+  double worst_y = 0, worst_dy = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double xi = x[i], phi = 0.5 * std::erfc(-xi / std::sqrt(2.0));
+    const double pdf = std::exp(-0.5 * xi * xi) / std::sqrt(2.0 * M_PI);
+    worst_y = std::max(worst_y, std::abs(y[i] - xi * phi) / (1 + std::abs(xi)));
+    worst_dy = std::max(worst_dy, std::abs(dy[i] - (phi + xi * pdf)) / (1 + std::abs(xi)));
+  }
+  EXPECT_LT(worst_y, 4e-7);
+  EXPECT_LT(worst_dy, 4e-7);
+}
+
 TEST(ZayaGelu, BackwardMatchesFiniteDifferencesAndMayRunInPlace) {
   const int64_t n = 9, c = 13;
   auto in = random_normal(n * c, 8, 2.5);
@@ -402,8 +424,14 @@ TEST(ZayaLoad, CountsAndErrorByHand) {
   EXPECT_THROW(zaya_class_counts(counts.data(), bad.data(), 1, 2, 5), Error);
 }
 
+ZayaBalancerOptions rule_options(BalanceRule rule) {
+  ZayaBalancerOptions o;
+  o.rule = rule;
+  return o;
+}
+
 TEST(ZayaBalancer, InitAndUpdatesFollowAdamWWithOverusedClassesMovingDown) {
-  ZayaBalancer balancer(4, true);
+  ZayaBalancer balancer(4, true, rule_options(BalanceRule::adamw));
   EXPECT_EQ(balancer.bias, (std::vector<float>{0, 0, 0, 0, -1}));
   EXPECT_EQ(balancer.step, 0);
 
@@ -433,54 +461,98 @@ TEST(ZayaBalancer, InitAndUpdatesFollowAdamWWithOverusedClassesMovingDown) {
   EXPECT_EQ(balancer.step, 4);
 }
 
-TEST(ZayaBalancer, StateRoundTripsBitwiseAndBadStateIsRejected) {
-  ZayaBalancer a(3, true);
-  const std::vector<int64_t> c1{5, 1, 1, 1}, c2{2, 3, 1, 2};
-  a.update(c1.data(), 8);
-  a.update(c2.data(), 8);
-  ZayaBalancer b(3, true);
-  b.load_state(a.bias, a.exp_avg, a.exp_avg_sq, a.step);
-  for (int i = 0; i < 3; ++i) {
-    a.update(c1.data(), 8);
-    b.update(c1.data(), 8);
+TEST(ZayaBalancer, SignAdaptiveStepsGrowWhileTheSignHoldsAndHalveOnAFlip) {
+  ZayaBalancerOptions o = rule_options(BalanceRule::sign_adaptive);
+  o.lr = 0.01;  // the initial step
+  o.step_max = 0.0144;
+  ZayaBalancer balancer(1, true, o);  // classes: expert 0, skip
+  EXPECT_EQ(balancer.bias, (std::vector<float>{0, -1}));
+  EXPECT_TRUE(balancer.exp_avg.empty());
+  const std::vector<int64_t> over{8, 2}, under{2, 8}, even{5, 5};
+  // Expected bias of expert 0 and its step after each update (float rounding aside).
+  struct Expect { const std::vector<int64_t>* counts; double bias, step; };
+  const Expect rounds[] = {
+      {&over, -0.01, 0.01},              // first move: the initial step, down
+      {&over, -0.022, 0.012},            // same sign: ×1.2
+      {&over, -0.0364, 0.0144},          // ×1.2 = 0.0144 (the cap)
+      {&over, -0.0508, 0.0144},          // capped
+      {&under, -0.0508, 0.0072},         // flipped: no move, ×0.5
+      {&under, -0.0436, 0.0072},         // after a flip: move with the halved step, up
+      {&even, -0.0436, 0.0072},          // zero error: no move
+      {&under, -0.0364, 0.0072},         // last sign was 0: plain step
+  };
+  for (const Expect& r : rounds) {
+    balancer.update(r.counts->data(), 10);
+    EXPECT_NEAR(balancer.bias[0], r.bias, 1e-6) << "step " << balancer.step;
+    EXPECT_NEAR(balancer.step_size[0], r.step, 1e-7) << "step " << balancer.step;
   }
-  EXPECT_EQ(a.bias, b.bias);
-  EXPECT_EQ(a.exp_avg, b.exp_avg);
-  EXPECT_EQ(a.exp_avg_sq, b.exp_avg_sq);
-  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(balancer.step, 8);
+  // The step never goes below step_min.
+  ZayaBalancerOptions tiny = o;
+  tiny.step_min = 0.004;
+  ZayaBalancer floor(1, true, tiny);
+  for (int i = 0; i < 6; ++i) floor.update((i % 2 ? under : over).data(), 10);
+  EXPECT_FLOAT_EQ(floor.step_size[0], 0.004f);
+  EXPECT_THROW({ ZayaBalancer bad(2, true, [] { ZayaBalancerOptions b; b.decrease = 2; return b; }()); },
+               Error);
+}
 
-  ZayaBalancer c(3, true);
-  EXPECT_THROW(c.load_state({0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 1), Error);
-  EXPECT_THROW(c.load_state({0, 0, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, -1), Error);
-  EXPECT_THROW(c.load_state({0, NAN, 0, 0}, {0, 0, 0, 0}, {0, 0, 0, 0}, 1), Error);
-  EXPECT_THROW(c.load_state({0, 0, 0, 0}, {0, 0, 0, 0}, {0, -1, 0, 0}, 1), Error);
-  EXPECT_EQ(c.bias, (std::vector<float>{0, 0, 0, -1}));  // a rejected state leaves it unchanged
+TEST(ZayaBalancer, StateRoundTripsBitwiseAndBadStateIsRejected) {
+  for (BalanceRule rule : {BalanceRule::adamw, BalanceRule::sign_adaptive}) {
+    SCOPED_TRACE(balance_rule_name(rule));
+    const ZayaBalancerOptions o = rule_options(rule);
+    ZayaBalancer a(3, true, o);
+    const std::vector<int64_t> c1{5, 1, 1, 1}, c2{2, 3, 1, 2};
+    a.update(c1.data(), 8);
+    a.update(c2.data(), 8);
+    ZayaBalancer b(3, true, o);
+    b.load_state(a.bias, *a.rule_state()[0], *a.rule_state()[1], a.step);
+    for (int i = 0; i < 3; ++i) {
+      a.update(c1.data(), 8);
+      b.update(c1.data(), 8);
+    }
+    EXPECT_EQ(a.bias, b.bias);
+    EXPECT_EQ(*a.rule_state()[0], *b.rule_state()[0]);
+    EXPECT_EQ(*a.rule_state()[1], *b.rule_state()[1]);
+    EXPECT_EQ(a.step, b.step);
+
+    ZayaBalancer c(3, true, o);
+    const std::vector<float> ok_a(4, 0.5f), ok_b(4, 0.0f);
+    c.load_state({0, 0, 0, 0}, ok_a, ok_b, 1);  // a valid state of either rule
+    c = ZayaBalancer(3, true, o);
+    EXPECT_THROW(c.load_state({0, 0, 0}, ok_a, ok_b, 1), Error);
+    EXPECT_THROW(c.load_state({0, 0, 0, 0}, ok_a, ok_b, -1), Error);
+    EXPECT_THROW(c.load_state({0, NAN, 0, 0}, ok_a, ok_b, 1), Error);
+    if (rule == BalanceRule::adamw) {
+      EXPECT_THROW(c.load_state({0, 0, 0, 0}, ok_a, {0, -1, 0, 0}, 1), Error);  // v < 0
+    } else {
+      EXPECT_THROW(c.load_state({0, 0, 0, 0}, {0.5f, 0, 0.5f, 0.5f}, ok_b, 1), Error);  // step 0
+      EXPECT_THROW(c.load_state({0, 0, 0, 0}, ok_a, {0, 0.5f, 0, 0}, 1), Error);        // sign 0.5
+    }
+    EXPECT_EQ(c.bias, (std::vector<float>{0, 0, 0, -1}));  // a rejected state leaves it unchanged
+  }
   EXPECT_THROW({ ZayaBalancer no_experts(0, true); }, Error);
 }
 
-// Fixed router logits that favour expert 0 strongly (+4 on its logit: 99% of the tokens pick
-// it with zero bias; the skip class starts at bias −1, so nobody picks it). No learning: only
-// the balancing bias moves, one AdamW update (lr 1e-3) per round from the round's counts.
-// Each bias moves by about lr per update while its error keeps its sign, and the skip bias
-// has to climb from −1 to about +0.27, so the first ~1300 updates are spent getting there;
-// after that the loads settle to within the 1/N granularity of uniform.
-TEST(ZayaBalancer, DrivesAStronglySkewedRouterTowardUniformLoad) {
-  const int64_t n = 2048, e = 4, classes = e + 1;
-  constexpr int kUpdates = 2000;
-  constexpr int kReachBy = 1500;       // max |load error| < 0.05 within this many updates
-  constexpr double kReachThreshold = 0.05;
-  constexpr double kSettledThreshold = 0.01;  // and < 0.01 from update kReachBy to kUpdates
-  auto logits = random_normal<float>(n * classes, 100);
-  for (int64_t i = 0; i < n; ++i) logits[i * classes + 0] += 4.0f;
+// How a balancer drives fixed router logits [n, e + 1] (no learning: only the bias moves,
+// one update per round from the round's counts) toward uniform load.
+struct BalanceTrace {
+  double initial = 0;        // max |load error| before any update
+  int reached = -1;          // the first update count after which it is below `threshold`
+  double settled_worst = 0;  // the largest after update `settle_from`
+};
 
-  ZayaBalancer balancer(e, true);
+BalanceTrace balance_fixed_logits(const std::vector<float>& logits, int64_t n, int64_t e,
+                                  const ZayaBalancerOptions& options, int updates,
+                                  double threshold, int settle_from) {
+  const int64_t classes = e + 1;
+  ZayaBalancer balancer(e, true, options);
   std::vector<float> probs(n * classes), gate(n);
   std::vector<int32_t> choice(n);
   std::vector<int64_t> counts(classes);
   std::vector<double> err(classes);
-  double initial = 0, settled_worst = 0;
-  int reached = -1;
-  for (int u = 0; u <= kUpdates; ++u) {
+  BalanceTrace trace;
+  for (int u = 0; u <= updates; ++u) {
     // The load this bias (after u updates) gives, then the next update.
     zaya_gating_forward(probs.data(), choice.data(), gate.data(), logits.data(),
                         balancer.bias.data(), n, e, 1, true, false);
@@ -488,20 +560,61 @@ TEST(ZayaBalancer, DrivesAStronglySkewedRouterTowardUniformLoad) {
     zaya_load_error(err.data(), counts.data(), n, classes);
     double max_err = 0;
     for (double x : err) max_err = std::max(max_err, std::abs(x));
-    if (u == 0) initial = max_err;
-    if (reached < 0 && max_err < kReachThreshold) reached = u;
-    if (u >= kReachBy) settled_worst = std::max(settled_worst, max_err);
+    if (u == 0) trace.initial = max_err;
+    if (trace.reached < 0 && max_err < threshold) trace.reached = u;
+    if (u >= settle_from) trace.settled_worst = std::max(trace.settled_worst, max_err);
     balancer.update(counts.data(), n);
   }
-  EXPECT_GT(initial, 0.75);  // expert 0 takes almost every token at the start
-  EXPECT_GE(reached, 0);
-  EXPECT_LE(reached, kReachBy);
-  EXPECT_LT(settled_worst, kSettledThreshold);
-  EXPECT_LT(balancer.bias[0], balancer.bias[1]);  // the over-used expert was pushed down
-  EXPECT_GT(balancer.bias[4], -1.0f);             // the unused skip class was pushed up
-  std::printf("[ balancing ] max |load error| %.3f at start, < %.2f after %d updates, worst over "
-              "updates %d..%d: %.4f\n",
-              initial, kReachThreshold, reached, kReachBy, kUpdates, settled_worst);
+  return trace;
+}
+
+// Fixed router logits that favour expert 0 strongly (+4 on its logit: 99% of the tokens pick
+// it with zero bias; the skip class starts at bias −1, so nobody picks it).
+// AdamW (lr 1e-3) moves each bias by about lr per update while its error keeps its sign, and
+// the skip bias has to climb from −1 to about +0.27, so the first ~1300 updates are spent
+// getting there. The sign-adaptive rule's steps grow geometrically to that distance and
+// shrink once the loads are near uniform: there within a hundred updates. Both then settle
+// to within the 1/N granularity of uniform.
+TEST(ZayaBalancer, DrivesAStronglySkewedRouterTowardUniformLoad) {
+  const int64_t n = 2048, e = 4;
+  auto logits = random_normal<float>(n * (e + 1), 100);
+  for (int64_t i = 0; i < n; ++i) logits[i * (e + 1) + 0] += 4.0f;
+  struct Case { BalanceRule rule; int reach_by; };
+  for (const Case& c : {Case{BalanceRule::adamw, 1500}, Case{BalanceRule::sign_adaptive, 100}}) {
+    const BalanceTrace t = balance_fixed_logits(logits, n, e, rule_options(c.rule), 2000, 0.05,
+                                                c.reach_by);
+    EXPECT_GT(t.initial, 0.75);  // expert 0 takes almost every token at the start
+    EXPECT_GE(t.reached, 0) << balance_rule_name(c.rule);
+    EXPECT_LE(t.reached, c.reach_by) << balance_rule_name(c.rule);
+    EXPECT_LT(t.settled_worst, 0.01) << balance_rule_name(c.rule);
+    std::printf("[ balancing ] %s: max |load error| %.3f at start, < 0.05 after %d updates, "
+                "worst from update %d on: %.4f\n",
+                balance_rule_name(c.rule), t.initial, t.reached, c.reach_by, t.settled_worst);
+  }
+}
+
+// A router at initialization: its probabilities differ between tokens by ~1e-4 (logits of
+// std 1e-3 around class offsets of std 3e-3). A fixed step of 1e-3 is ten times that spread,
+// so each AdamW update moves every token of the batch at once from class to class and the
+// load never settles; the sign-adaptive step shrinks to the spread and balances.
+TEST(ZayaBalancer, BalancesARouterWhoseProbabilitiesBarelyDifferBetweenTokens) {
+  const int64_t n = 2048, e = 8, classes = e + 1;
+  auto logits = random_normal<float>(n * classes, 101);
+  const auto offsets = random_normal<float>(classes, 102);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t s = 0; s < classes; ++s)
+      logits[i * classes + s] = 1e-3f * logits[i * classes + s] + 3e-3f * offsets[s];
+  const BalanceTrace adamw =
+      balance_fixed_logits(logits, n, e, rule_options(BalanceRule::adamw), 400, 0.1, 200);
+  const BalanceTrace adaptive =
+      balance_fixed_logits(logits, n, e, rule_options(BalanceRule::sign_adaptive), 400, 0.1, 200);
+  EXPECT_GT(adamw.settled_worst, 0.5);  // whole batches still jump between classes
+  EXPECT_GE(adaptive.reached, 0);
+  EXPECT_LE(adaptive.reached, 150);
+  EXPECT_LT(adaptive.settled_worst, 0.1);
+  std::printf("[ balancing ] spread 1e-4: worst max |load error| over updates 200..400: adamw "
+              "%.3f, sign_adaptive %.3f (below 0.1 after %d updates)\n",
+              adamw.settled_worst, adaptive.settled_worst, adaptive.reached);
 }
 
 // ---- residual scaling ------------------------------------------------------------------------

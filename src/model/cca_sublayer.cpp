@@ -12,6 +12,33 @@
 namespace foundry {
 namespace {
 
+// The grouped convolution (qk [B, T, G·d] from y), forward and backward: oneDNN GEMMs in bf16
+// (1.5–1.8× the register-tiled kernel at zaya-bench's shape), the register-tiled kernel in
+// fp32 (faster than oneDNN's fp32 at d = 64). docs/PERFORMANCE.md has the figures.
+void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
+                          int64_t b, int64_t t) {
+  const ModelConfig& c = cx.config;
+  const int64_t groups = c.n_heads + c.n_kv_heads;
+  if (cx.precision == DType::bf16)
+    ops::cca_grouped_conv_forward_gemm(z, y, cx.p(w.w1), cx.p(w.b1), b, t, groups, c.head_dim,
+                                       c.cca_kernel_grouped, DType::bf16);
+  else
+    ops::cca_grouped_conv_forward(z, y, cx.p(w.w1), cx.p(w.b1), b, t, groups, c.head_dim,
+                                  c.cca_kernel_grouped);
+}
+
+void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, const float* dz,
+                           const float* y, int64_t b, int64_t t) {
+  const ModelConfig& c = cx.config;
+  const int64_t groups = c.n_heads + c.n_kv_heads;
+  if (cx.precision == DType::bf16)
+    ops::cca_grouped_conv_backward_gemm(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
+                                        groups, c.head_dim, c.cca_kernel_grouped, DType::bf16);
+  else
+    ops::cca_grouped_conv_backward(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t, groups,
+                                   c.head_dim, c.cca_kernel_grouped);
+}
+
 // ‖·‖ = sqrt(Σx² + eps) in the QK norm (see kernels/cca.h).
 constexpr float kQkNormEps = 1e-6f;
 
@@ -66,9 +93,7 @@ void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a,
   ops::cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
                                   e.length(), e.width, c.cca_kernel_depthwise);
   zero_halo_before_chunk0(a.y_ext, e, cp);
-  ops::cca_grouped_conv_forward(g.ext_a, a.y_ext, cx.p(w.w1), cx.p(w.b1), e.sequences,
-                                e.length(), c.n_heads + c.n_kv_heads, c.head_dim,
-                                c.cca_kernel_grouped);
+  grouped_conv_forward(cx, w, g.ext_a, a.y_ext, e.sequences, e.length());
   for (int64_t bs = 0; bs < e.sequences; ++bs)
     std::copy_n(e.chunk_rows(g.ext_a, bs), e.tc * e.width, a.qk + bs * e.tc * e.width);
 }
@@ -88,9 +113,7 @@ void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaA
       std::copy_n(g.dqk + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(dz, bs));
     }
     std::fill_n(g.ext_b, e.count(), 0.0f);
-    ops::cca_grouped_conv_backward(g.ext_b, cx.g(w.w1), cx.g(w.b1), dz, a.y_ext, cx.p(w.w1),
-                                   e.sequences, e.length(), c.n_heads + c.n_kv_heads,
-                                   c.head_dim, c.cca_kernel_grouped);
+    grouped_conv_backward(cx, w, g.ext_b, dz, a.y_ext, e.sequences, e.length());
     zero_halo_before_chunk0(g.ext_b, e, cp);
     float* dc_ext = g.ext_a;
     std::fill_n(dc_ext, e.count(), 0.0f);
@@ -215,8 +238,7 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
     auto t = cx.time("cca_conv");
     ops::cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
                                     c.cca_kernel_depthwise);
-    ops::cca_grouped_conv_forward(a.qk, a.y, cx.p(w.w1), cx.p(w.b1), B, T, Hq + Hk, d,
-                                  c.cca_kernel_grouped);
+    grouped_conv_forward(cx, w, a.qk, a.y, B, T);
   }
   {
     auto t = cx.time("cca_conv");
@@ -254,8 +276,7 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     ops::cca_means_backward(g.dc, g.dqk, N, Hq, Hk, d);
     if (!cx.context_parallel) {
       std::memset(g.dy, 0, N * Cc * sizeof(float));
-      ops::cca_grouped_conv_backward(g.dy, cx.g(w.w1), cx.g(w.b1), g.dqk, a.y, cx.p(w.w1), B, T,
-                                     Hq + Hk, d, c.cca_kernel_grouped);
+      grouped_conv_backward(cx, w, g.dy, g.dqk, a.y, B, T);
       ops::cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
                                        Cc, c.cca_kernel_depthwise);
     }

@@ -46,7 +46,13 @@ struct ModelConfig {
   bool router_eda = true;            // exponential depth averaging of the router state
   bool router_skip_class = true;     // one extra router class that runs no expert
   bool skip_passes_input = false;    // a skipped token gets p_skip·x instead of zero
-  double balance_bias_lr = 1e-3;     // AdamW lr of the per-class balancing bias
+  // Normal std of the router MLP's three weights; 0 = 1/sqrt(router_latent_dim) (fan-in).
+  double router_init_std = 0;
+  // How the per-class balancing bias moves (kernels/zaya_router.h, docs/zaya1.md "Balancing"):
+  // "sign_adaptive" (steps that follow the scale of the routing scores) or "adamw" (the
+  // ZAYA1 description's fixed-lr AdamW).
+  std::string balance_rule = "sign_adaptive";
+  double balance_bias_lr = 1e-3;     // adamw: its lr; sign_adaptive: the initial step
   double skip_bias_init = -1.0;      // initial balancing bias of the skip class
 
   bool is_zaya() const { return arch == Arch::zaya1; }

@@ -108,7 +108,7 @@ FlopsPerToken flops_per_token(const ModelConfig& c, int64_t seq) {
   f.matmul_flops = 6.0 * static_cast<double>(f.matmul_params);
   f.attention_flops = 6.0 * 2.0 * L * T * q_dim;
   f.attention_causal_flops = 6.0 * 2.0 * L * q_dim * (T + 1.0) / 2.0;
-  f.train_flops = f.matmul_flops + f.conv_flops + f.attention_flops;
+  f.train_flops = f.matmul_flops + f.conv_flops + f.attention_causal_flops;
   f.forward_flops = f.train_flops / 3.0;
   return f;
 }
@@ -576,10 +576,10 @@ std::string format_model_info(const ModelInfo& info) {
   flops_row(fmt::format("matmuls (6 x {} weights)", format_count(double(f.matmul_params))),
             f.matmul_flops);
   if (zaya) flops_row("CCA convolutions (6*L*(Cc*t0 + Cc*d*t1))", f.conv_flops);
-  flops_row("attention (12*L*T*Dq, full T x T)", f.attention_flops);
+  flops_row("attention (12*L*Dq*(T+1)/2, causal)", f.attention_causal_flops);
   flops_row("total (used for MFU)", f.train_flops);
   flops_row("  of which forward", f.forward_flops);
-  flops_row("attention if causal-halved (info)", f.attention_causal_flops);
+  flops_row("attention if full T x T (info)", f.attention_flops);
   flops_row("per step", info.train_flops_per_step);
   line("");
   if (info.context > 1) {

@@ -19,11 +19,12 @@
 //               i.e. 6 × every weight a token multiplies, including the LM head over the
 //               padded vocabulary. The embedding lookup, norms, RoPE, softmax, SwiGLU and
 //               routing are not matmuls and are not counted (O(C) per token, not O(C²)).
-//   attention   6 · 2 · L · T · Dq   (q·kᵀ and probs·v, 2·T·Dq FLOPs each per token forward)
-//               Convention: the full T×T score matrix is counted, without halving for the
-//               causal mask (as in PaLM's MFU accounting and as our attention kernel
-//               computes it). The causal count, 6·2·L·Dq·(T+1)/2 (a token at position t sees
-//               t+1 keys), is reported alongside as attention_causal_flops.
+//   attention   6 · 2 · L · Dq · (T+1)/2   (q·kᵀ and probs·v, 2·Dq FLOPs each per key a token
+//               sees, and a token at position t sees t+1 keys: the causal count).
+//               Convention: only the products a causal model needs are counted; the tiled
+//               kernel skips the masked tiles, and counting the full T×T (PaLM's accounting,
+//               6·2·L·T·Dq, reported alongside as attention_flops) would let MFU pass 100%
+//               on long sequences.
 //   train_flops_per_token = matmul + attention. MFU = tokens/s · this / peak FLOP/s.
 //
 // Memory (bytes; fp32 = 4 bytes per element; alignment padding in the slabs, under 64 bytes
@@ -80,7 +81,7 @@
 //                 + K·3·F·C) + Vp·C)          (biases, EDA, norms, GELU: elementwise, uncounted)
 //   convolutions  6 · L · (Cc·t0 + Cc·d·t1): counted like matmuls, a forward of 2·Cc·t0
 //                 (depthwise) + 2·Cc·d·t1 (grouped) multiply-adds per token
-//   attention     6 · 2 · L · T · Hq·d        (full T×T, as for moe; causal-halved alongside)
+//   attention     6 · 2 · L · Hq·d · (T+1)/2  (causal, as for moe; full T×T alongside)
 //   train_flops_per_token = matmul + convolutions + attention.
 //
 // Memory: weights, gradients and optimizer state as for moe. Activations saved for backward
@@ -164,10 +165,10 @@ struct FlopsPerToken {              // one training step's FLOPs per token
   int64_t matmul_params = 0;        // active weights that take part in a GEMM, incl. LM head
   double matmul_flops = 0;          // 6·matmul_params
   double conv_flops = 0;            // zaya1: 6·L·(Cc·t0 + Cc·d·t1); 0 for moe
-  double attention_flops = 0;       // 12·L·T·Dq (full T×T, the convention used for MFU)
-  double attention_causal_flops = 0;  // 12·L·Dq·(T+1)/2 (only the unmasked half)
+  double attention_flops = 0;       // 12·L·T·Dq (full T×T; for information)
+  double attention_causal_flops = 0;  // 12·L·Dq·(T+1)/2 (the unmasked half; counted for MFU)
   double forward_flops = 0;         // a third of train_flops
-  double train_flops = 0;           // matmul_flops + conv_flops + attention_flops
+  double train_flops = 0;           // matmul_flops + conv_flops + attention_causal_flops
 };
 
 struct MemoryItem {

@@ -107,12 +107,12 @@ TEST(ModelInfo, HandComputedFlopsPerToken) {
   EXPECT_DOUBLE_EQ(f.matmul_flops, 62208);
   EXPECT_DOUBLE_EQ(f.attention_flops, 3072);
   EXPECT_DOUBLE_EQ(f.attention_causal_flops, 1728);
-  EXPECT_DOUBLE_EQ(f.train_flops, 62208 + 3072);
-  EXPECT_DOUBLE_EQ(f.forward_flops, (62208 + 3072) / 3.0);
-  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_moe(), 8), 65280);
+  EXPECT_DOUBLE_EQ(f.train_flops, 62208 + 1728);  // MFU counts the causal attention
+  EXPECT_DOUBLE_EQ(f.forward_flops, (62208 + 1728) / 3.0);
+  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_moe(), 8), 63936);
 
-  // Dense, T = 4: 6·(192 + 384 + 1024) + 12·1·4·8 = 9600 + 384.
-  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_dense(), 4), 9984);
+  // Dense, T = 4: 6·(192 + 384 + 1024) + 12·1·8·(4+1)/2 = 9600 + 240.
+  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_dense(), 4), 9840);
 }
 
 // tiny_moe at B = 1, T = 8 (N = 8, N·K = 16), in floats:
@@ -345,8 +345,8 @@ TEST(ModelInfo, HandComputedZayaFlopsPerToken) {
   EXPECT_DOUBLE_EQ(f.conv_flops, 2880);
   EXPECT_DOUBLE_EQ(f.attention_flops, 3072);
   EXPECT_DOUBLE_EQ(f.attention_causal_flops, 1728);
-  EXPECT_DOUBLE_EQ(f.train_flops, 6 * 8528 + 2880 + 3072);
-  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_zaya(), 8), 57120);
+  EXPECT_DOUBLE_EQ(f.train_flops, 6 * 8528 + 2880 + 1728);
+  EXPECT_DOUBLE_EQ(train_flops_per_token(tiny_zaya(), 8), 55776);
   // The moe path has no convolution term.
   EXPECT_DOUBLE_EQ(flops_per_token(tiny_moe(), 8).conv_flops, 0);
 }

@@ -186,13 +186,61 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
 
 // ---- ZAYA1 router balancing -----------------------------------------------------------------
 
+ops::ZayaBalancerOptions balancer_options(const ModelConfig& config) {
+  ops::ZayaBalancerOptions o;
+  o.rule = config.balance_rule == "adamw" ? ops::BalanceRule::adamw : ops::BalanceRule::sign_adaptive;
+  o.lr = config.balance_bias_lr;
+  o.skip_bias_init = static_cast<float>(config.skip_bias_init);
+  return o;
+}
+
+json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers) {
+  json layers = json::array();
+  for (const auto& b : balancers) {
+    const auto names = b.rule_state_names();
+    const auto state = b.rule_state();
+    layers.push_back({{"bias", b.bias}, {names[0], *state[0]}, {names[1], *state[1]}, {"step", b.step}});
+  }
+  return layers;
+}
+
+std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const json& state) {
+  if (!state.is_array() || state.size() != balancers.size())
+    fail(fmt::format("router balancer state holds {} MoE sublayers, the model has {}",
+                     state.is_array() ? state.size() : 0, balancers.size()),
+         "load a checkpoint written for this model config");
+  std::string note;
+  try {
+    for (size_t l = 0; l < balancers.size(); ++l) {
+      const json& s = state[l];
+      ops::ZayaBalancer& b = balancers[l];
+      const auto names = b.rule_state_names();
+      if (s.is_object() && !s.contains(names[0])) {
+        // Written under the other rule: its biases route as trained; the rule starts afresh.
+        ops::ZayaBalancer fresh = b;
+        b.load_state(s.at("bias").get<std::vector<float>>(), *fresh.rule_state()[0],
+                     *fresh.rule_state()[1], s.at("step").get<int64_t>());
+        note = fmt::format("the router balancers were saved under the other balance rule (no "
+                           "\"{}\"); their biases are kept and model.balance_rule = \"{}\" "
+                           "continues from its initial state",
+                           names[0], ops::balance_rule_name(b.options.rule));
+        continue;
+      }
+      b.load_state(s.at("bias").get<std::vector<float>>(), s.at(names[0]).get<std::vector<float>>(),
+                   s.at(names[1]).get<std::vector<float>>(), s.at("step").get<int64_t>());
+    }
+  } catch (const json::exception& e) {
+    fail(fmt::format("router balancer state is malformed: {}", e.what()),
+         "load a checkpoint written by this version of foundry");
+  }
+  return note;
+}
+
 void Model::reset_balancers() {
   balancers_.clear();
   class_counts_.clear();
   if (!config_.is_zaya()) return;
-  ops::ZayaBalancerOptions o;
-  o.lr = config_.balance_bias_lr;
-  o.skip_bias_init = static_cast<float>(config_.skip_bias_init);
+  const ops::ZayaBalancerOptions o = balancer_options(config_);
   for (int64_t l = 0; l < config_.n_layers; ++l)
     balancers_.emplace_back(config_.n_experts, config_.router_skip_class, o);
   class_counts_.assign(config_.n_layers * config_.router_classes(), 0);
@@ -203,31 +251,10 @@ void Model::update_balancers(const int64_t* counts, int64_t assignments) {
   for (size_t l = 0; l < balancers_.size(); ++l) balancers_[l].update(counts + l * S, assignments);
 }
 
-json Model::balancer_state() const {
-  json layers = json::array();
-  for (const auto& b : balancers_)
-    layers.push_back({{"bias", b.bias}, {"exp_avg", b.exp_avg}, {"exp_avg_sq", b.exp_avg_sq},
-                      {"step", b.step}});
-  return layers;
-}
+json Model::balancer_state() const { return balancers_to_json(balancers_); }
 
-void Model::load_balancer_state(const json& state) {
-  if (!state.is_array() || state.size() != balancers_.size())
-    fail(fmt::format("router balancer state holds {} MoE sublayers, the model has {}",
-                     state.is_array() ? state.size() : 0, balancers_.size()),
-         "load a checkpoint written for this model config");
-  try {
-    for (size_t l = 0; l < balancers_.size(); ++l) {
-      const json& s = state[l];
-      balancers_[l].load_state(s.at("bias").get<std::vector<float>>(),
-                               s.at("exp_avg").get<std::vector<float>>(),
-                               s.at("exp_avg_sq").get<std::vector<float>>(),
-                               s.at("step").get<int64_t>());
-    }
-  } catch (const json::exception& e) {
-    fail(fmt::format("router balancer state is malformed: {}", e.what()),
-         "load a checkpoint written by this version of foundry");
-  }
+std::string Model::load_balancer_state(const json& state) {
+  return balancers_from_json(balancers_, state);
 }
 
 }  // namespace foundry

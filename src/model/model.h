@@ -48,6 +48,18 @@ struct DecodeScratch {
   virtual ~DecodeScratch() = default;
 };
 
+// The balancer options of a config's MoE sublayers (model.balance_rule, balance_bias_lr,
+// skip_bias_init).
+ops::ZayaBalancerOptions balancer_options(const ModelConfig& config);
+// Router balancers as JSON, one object per MoE sublayer: {"bias": [S], the rule's two state
+// vectors by name ("exp_avg", "exp_avg_sq" or "step_size", "last_sign"), "step": n}; and its
+// inverse into balancers built for the config, which fails (Error) naming the problem on a
+// state of another shape. A state saved under the other rule gives its biases (so routing is
+// as trained) with the configured rule's initial state, and returns a note saying so (empty
+// otherwise).
+json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers);
+std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const json& state);
+
 class Model {
  public:
   Model(const ModelConfig& config, DType precision);
@@ -101,7 +113,7 @@ class Model {
 
   // ---- ZAYA1 router balancing (arch zaya1; empty for arch moe) ----------------------------
   // One balancer per MoE sublayer (layer order), holding the per-class balancing bias used
-  // for the expert choice and its AdamW state.
+  // for the expert choice and its update rule's state.
   std::vector<ops::ZayaBalancer>& balancers() { return balancers_; }
   const std::vector<ops::ZayaBalancer>& balancers() const { return balancers_; }
   // Class counts of the last forward: [n_layers × router_classes()] (row l = MoE sublayer l),
@@ -113,10 +125,9 @@ class Model {
   void update_balancers(const int64_t* counts, int64_t assignments);
   // Every balancer back to its initial state (init_weights calls this).
   void reset_balancers();
-  // The balancers' complete state (bias, exp_avg, exp_avg_sq, step per sublayer) as JSON,
-  // and its inverse, which fails naming the problem on a state of another shape.
+  // The balancers' complete state as JSON (balancers_to_json) and its inverse.
   json balancer_state() const;
-  void load_balancer_state(const json& state);
+  std::string load_balancer_state(const json& state);  // balancers_from_json's note
 
   // ---- router load statistics ---------------------------------------------------------------
   // Rows routed to each expert in the last forward on this rank: [n_layers × n_experts] (row l

@@ -106,11 +106,16 @@ void ParamTable::add_zaya_layer(const ModelConfig& c, int l) {
   if (c.router_eda && l > 0)
     constant(add(g + "router_states_scale", {R}, ParamKind::scale, l), 1.0);
   constant(add(g + "router_mlp.norm.weight", {R}, ParamKind::norm, l), 1.0);
-  add(g + "router_mlp.fc1.weight", {R, R}, ParamKind::router, l);
+  // The router MLP at fan-in scale (model.router_init_std; docs/zaya1.md "Balancing"): at
+  // init_std its logits would barely differ between tokens.
+  const double router_std =
+      c.router_init_std > 0 ? c.router_init_std : 1.0 / std::sqrt(static_cast<double>(R));
+  add(g + "router_mlp.fc1.weight", {R, R}, ParamKind::router, l).init_value = router_std;
   constant(add(g + "router_mlp.fc1.bias", {R}, ParamKind::router, l), 0.0);
-  add(g + "router_mlp.fc2.weight", {R, R}, ParamKind::router, l);
+  add(g + "router_mlp.fc2.weight", {R, R}, ParamKind::router, l).init_value = router_std;
   constant(add(g + "router_mlp.fc2.bias", {R}, ParamKind::router, l), 0.0);
-  add(g + "router_mlp.out_proj.weight", {c.router_classes(), R}, ParamKind::router, l);
+  add(g + "router_mlp.out_proj.weight", {c.router_classes(), R}, ParamKind::router, l)
+      .init_value = router_std;
   for (int e = 0; e < c.n_experts; ++e) {
     const std::string ep = fmt::format("{}mlp.experts.{}.", p, e);
     add(ep + "gate_proj.weight", {c.ffn_dim, C}, ParamKind::expert, l, e);

@@ -118,14 +118,16 @@ void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
                         float* a1, float* g1, float* a2, float* g2, float* logits) {
   const ModelConfig& c = cx.config;
   const int64_t C = c.d_model, R = c.router_latent_dim, S = c.router_classes();
-  gemm(n, false, cx.p(w.down_w), true, r, N, R, C, DType::f32);
+  // The GEMMs run in the training precision like every linear layer; the logits' product and
+  // the softmax stay fp32.
+  cx.linear_forward(r, n, w.down_w, N, R, C);
   ops::bias_add_forward(r, cx.p(w.down_b), N, R);
   if (w.gamma >= 0) ops::eda_forward(r, r_prev, cx.p(w.gamma), N, R);
   ops::rmsnorm_forward(u, rstd, r, cx.p(w.norm), N, R, static_cast<float>(c.rms_norm_eps));
-  gemm(u, false, cx.p(w.fc1_w), true, a1, N, R, R, DType::f32);
+  cx.linear_forward(a1, u, w.fc1_w, N, R, R);
   ops::bias_add_forward(a1, cx.p(w.fc1_b), N, R);
   ops::gelu_forward(g1, a1, N, R);
-  gemm(g1, false, cx.p(w.fc2_w), true, a2, N, R, R, DType::f32);
+  cx.linear_forward(a2, g1, w.fc2_w, N, R, R);
   ops::bias_add_forward(a2, cx.p(w.fc2_b), N, R);
   ops::gelu_forward(g2, a2, N, R);
   gemm(g2, false, cx.p(w.out_w), true, logits, N, S, R, DType::f32);
@@ -159,13 +161,11 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
   // a2 = g1·W2ᵀ + b2, g2 = gelu(a2)
   ops::gelu_backward(sc.da, sc.dg, r.a2, N, R);
   ops::bias_add_backward(cx.g(w.fc2_b), sc.da, N, R);
-  gemm(sc.da, true, r.g1, false, cx.g(w.fc2_w), R, R, N, DType::f32, true);
-  gemm(sc.da, false, cx.p(w.fc2_w), false, sc.dg, N, R, R, DType::f32);
+  cx.linear_backward(sc.dg, sc.da, r.g1, w.fc2_w, N, R, R, /*accumulate_dx=*/false);
   // a1 = u·W1ᵀ + b1, g1 = gelu(a1)
   ops::gelu_backward(sc.da, sc.dg, r.a1, N, R);
   ops::bias_add_backward(cx.g(w.fc1_b), sc.da, N, R);
-  gemm(sc.da, true, r.u, false, cx.g(w.fc1_w), R, R, N, DType::f32, true);
-  gemm(sc.da, false, cx.p(w.fc1_w), false, sc.dg, N, R, R, DType::f32);
+  cx.linear_backward(sc.dg, sc.da, r.u, w.fc1_w, N, R, R, /*accumulate_dx=*/false);
   // u = rms(r): dr += (dr already holds the next MoE sublayer's EDA contribution)
   ops::rmsnorm_backward(sc.dr, cx.g(w.norm), sc.dg, r.r, cx.p(w.norm), r.rstd, N, R);
   // r = n·Wdownᵀ + b (+ γ ⊙ r_prev): the pre-EDA gradient is dr itself.
@@ -173,8 +173,7 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
   if (w.gamma >= 0)
     ops::eda_backward(sc.dr_prev, cx.g(w.gamma), sc.dr, r_prev, cx.p(w.gamma), N, R);
   ops::bias_add_backward(cx.g(w.down_b), sc.dr, N, R);
-  gemm(sc.dr, true, moe.n, false, cx.g(w.down_w), R, C, N, DType::f32, true);
-  gemm(sc.dr, false, cx.p(w.down_w), false, dn, N, C, R, DType::f32, true);
+  cx.linear_backward(dn, sc.dr, moe.n, w.down_w, N, R, C, /*accumulate_dx=*/true);
   std::swap(sc.dr, sc.dr_prev);
 }
 

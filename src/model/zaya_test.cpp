@@ -223,9 +223,17 @@ TEST(Zaya, BalancingBiasDrivesLoadsTowardUniform) {
   // Round trip of the balancer state.
   json state = model.balancer_state();
   Model other(c, DType::f32);
-  other.load_balancer_state(state);
+  EXPECT_EQ(other.load_balancer_state(state), "");
   EXPECT_EQ(other.balancers()[1].bias, model.balancers()[1].bias);
+  EXPECT_EQ(other.balancers()[1].step_size, model.balancers()[1].step_size);
   EXPECT_EQ(other.balancers()[1].step, 300);
+  // A state saved under the other rule routes as trained and restarts the configured rule.
+  ModelConfig adamw = c;
+  adamw.balance_rule = "adamw";
+  Model switched(adamw, DType::f32);
+  EXPECT_NE(switched.load_balancer_state(state).find("other balance rule"), std::string::npos);
+  EXPECT_EQ(switched.balancers()[1].bias, model.balancers()[1].bias);
+  EXPECT_EQ(switched.balancers()[1].exp_avg, std::vector<float>(S, 0.0f));
   EXPECT_THROW(Model(tiny_zaya(3), DType::f32).load_balancer_state(state), Error);
 }
 

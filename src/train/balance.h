@@ -10,6 +10,7 @@ namespace foundry {
 struct BalanceStats {
   double max_load_error = 0;  // max over sublayers and classes of |load − 1/S|
   double skip_fraction = -1;  // mean over sublayers of the skip class's load (-1: no skip class)
+  std::vector<double> loads;  // [sublayers × classes]: each class's share of the assignments
 };
 
 BalanceStats balance_stats(const std::vector<int64_t>& counts, int64_t classes,

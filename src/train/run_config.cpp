@@ -76,6 +76,7 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   json skip = json::array();
   r.get("skip_batches", skip);
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
+  r.get("hardware_profile", t.hardware_profile);
   r.get("run_dir", t.run_dir);
   r.get("expert_parallel", t.expert_parallel, int64_t{1}, int64_t{1} << 20);
   r.get("context_parallel", t.context_parallel, int64_t{1}, int64_t{1} << 20);

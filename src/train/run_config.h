@@ -102,7 +102,10 @@ struct TrainConfig {
   // Training batches (1-based, in data order) never trained on: read and dropped, as the
   // anomaly policy drops a batch.
   std::vector<int64_t> skip_batches;
-  double peak_gflops = 0;       // MFU denominator; 0 = measure the GEMM peak at start
+  double peak_gflops = 0;       // MFU denominator per process (train/mfu.h); 0 = not given
+  // A hardware profile (path or name, `foundry bench all`) whose measured GEMM peak is the
+  // MFU denominator when peak_gflops is 0; empty: measured at the start of the run.
+  std::string hardware_profile;
   std::string run_dir = "runs/default";
 };
 

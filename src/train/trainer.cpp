@@ -19,12 +19,14 @@
 #include "kernels/gemm.h"
 #include "model/expert_parallel.h"
 #include "model/info.h"
+#include "ckpt/checkpoint_dir.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/events.h"
 #include "train/heartbeat.h"
 #include "train/memory_tier.h"
 #include "train/metrics.h"
+#include "train/mfu.h"
 #include "train/optimizer_config.h"
 #include "train/preflight.h"
 #include "train/processes.h"
@@ -105,7 +107,7 @@ struct TrainingRun {
   std::optional<RunDir> run_dir;  // locked for this run
   std::optional<Heartbeat> heartbeat;
   std::optional<AnomalyMonitor> anomalies;
-  double peak_gflops = 0;
+  MfuPeak peak;  // the MFU denominator (train/mfu.h)
 
   double evaluate() {
     if (!val_loader) return -1;
@@ -148,7 +150,6 @@ struct TrainingRun {
   void build_model_and_optimizer();
   void watch_anomalies(bool resume);
   int64_t after_anomaly(int64_t step);
-  void measure_peak();
   void print_header() const;
 };
 
@@ -286,29 +287,18 @@ void TrainingRun::build_model_and_optimizer() {
     model->set_gradients_final_hook([this](int64_t o) { optimizer->gradients_final(o); });
 }
 
-void TrainingRun::measure_peak() {
-  peak_gflops = tc.peak_gflops;
-  if (peak_gflops <= 0) {
-    // Every rank measures at once, so on a shared host each sees its share of the cores:
-    // the sum is the job's peak.
-    peak_gflops = measure_gemm_peak_gflops(tc.precision == DType::bf16);
-    if (procs.world()) procs.world()->allreduce(&peak_gflops, &peak_gflops, 1);
-  } else {
-    peak_gflops *= procs.ranks();  // train.peak_gflops is per process
-  }
-}
-
 void TrainingRun::print_header() const {
   if (quiet) return;
   const ModelConfig& mc = rc.model;
   const ParamCounts counts = count_parameters(mc);
   std::fprintf(stderr,
                "model: %s params (%s active/token), %lld layers, %lld experts top-%lld | "
-               "batch %lld x %lld tokens | %s GEMMs, peak %.0f GFLOP/s\n",
+               "batch %lld x %lld tokens | %s GEMMs\n",
                format_count(counts.total).c_str(), format_count(counts.active).c_str(),
                static_cast<long long>(mc.n_layers), static_cast<long long>(mc.n_experts),
                static_cast<long long>(mc.top_k), static_cast<long long>(tc.batch_size),
-               static_cast<long long>(tc.seq_len), dtype_name(tc.precision), peak_gflops);
+               static_cast<long long>(tc.seq_len), dtype_name(tc.precision));
+  std::fprintf(stderr, "MFU peak: %.0f GFLOP/s (%s)\n", peak.flops_per_s / 1e9, peak.source.c_str());
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
   if (!procs.world()) return;
   std::fprintf(
@@ -326,6 +316,27 @@ void TrainingRun::print_header() const {
                   overlap ? fmt::format("overlapped with backward, {:g} MiB buckets", tc.grad_bucket_mib)
                           : std::string("after backward"))
           .c_str());
+}
+
+// [sublayers][classes] rows of a flat array, rounded to 5 decimals (metrics stay readable).
+json per_sublayer(const std::vector<double>& flat, int64_t classes) {
+  json rows = json::array();
+  for (size_t i = 0; i < flat.size(); i += classes) {
+    json row = json::array();
+    for (int64_t c = 0; c < classes; ++c) row.push_back(std::round(flat[i + c] * 1e5) / 1e5);
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The router's detail on logged steps: each sublayer's class loads (after this step's
+// routing) and balancing biases (after this step's update).
+void add_router_detail(json& m, const StepResult& r, const Model& model) {
+  const int64_t S = model.config().router_classes();
+  std::vector<double> bias;
+  for (const ops::ZayaBalancer& b : model.balancers()) bias.insert(bias.end(), b.bias.begin(), b.bias.end());
+  m["class_loads"] = per_sublayer(r.balance.loads, S);
+  m["balance_bias"] = per_sublayer(bias, S);
 }
 
 // One step's line of metrics.jsonl.
@@ -374,6 +385,7 @@ class StepLog {
         // table leaves them out when there are enough steps.
         warmup_(total_steps_ - start_step > 4 ? 2 : 0),
         balancing_(!run.model->balancers().empty()),  // arch zaya1
+        watch_(run.peak),
         progress_("train", total_steps_, "step"),
         show_bar_(Progress::stderr_is_terminal() && !run.quiet) {}
 
@@ -388,9 +400,17 @@ class StepLog {
       timed_seconds_ += r.seconds;
       timed_tokens_ += tokens_per_step_;
     }
-    const double mfu = tokens_per_step_ / r.seconds * flops_per_token_ / (run_.peak_gflops * 1e9);
-    return step_metrics(step, r, tokens_per_step_, mfu, *run_.optimizer, balancing_);
+    const double mfu = watch_.mfu(tokens_per_step_ / r.seconds * flops_per_token_);
+    json m = step_metrics(step, r, tokens_per_step_, mfu, *run_.optimizer, balancing_);
+    m["peak_gflops"] = watch_.peak().flops_per_s / 1e9;
+    m["peak_source"] = watch_.peak().source;
+    if (const std::string warning = watch_.check(step, mfu); !warning.empty() && run_.procs.root())
+      warn(warning);
+    if (balancing_ && r.applied && logged(step)) add_router_detail(m, r, *run_.model);
+    return m;
   }
+
+  bool logged(int64_t step) const { return step % run_.tc.log_every == 0 || step == total_steps_; }
 
   // After a rollback to `step`: metrics.jsonl drops the lines of the steps after it.
   void rewind(int64_t step) {
@@ -401,7 +421,7 @@ class StepLog {
   void publish(const json& m, bool evaluated) {
     const int64_t step = m["step"].get<int64_t>();
     if (metrics_) metrics_->write(m);
-    if (!run_.quiet && (step % run_.tc.log_every == 0 || step == total_steps_ || evaluated)) {
+    if (!run_.quiet && (logged(step) || evaluated)) {
       if (show_bar_) std::fprintf(stderr, "\r\x1b[K");
       std::fprintf(stderr, "%s\n", step_line(m, total_steps_, balancing_).c_str());
     }
@@ -413,7 +433,7 @@ class StepLog {
     if (show_bar_) progress_.finish();
     if (timed_seconds_ <= 0) return;
     summary.tokens_per_s = timed_tokens_ / timed_seconds_;
-    summary.mfu = summary.tokens_per_s * flops_per_token_ / (run_.peak_gflops * 1e9);
+    summary.mfu = watch_.mfu(summary.tokens_per_s * flops_per_token_);
   }
 
  private:
@@ -423,6 +443,7 @@ class StepLog {
   double flops_per_token_;
   int64_t warmup_;
   bool balancing_;
+  MfuWatch watch_;
   Progress progress_;
   bool show_bar_;
   GradientCommTotals comm_;
@@ -526,11 +547,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // From here on the run directory is this run's: heartbeats (before, a failure changes
   // nothing on disk, and the communication watchdog and launch's start-up limit watch).
   run.start_heartbeat();
-  run.measure_peak();
+  run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs);
   run.print_header();
   TrainSummary summary;
   summary.start_step = start_step;
-  summary.peak_gflops = run.peak_gflops;
+  summary.peak_gflops = run.peak.flops_per_s / 1e9;
+  summary.peak_source = run.peak.source;
   run.mark(start_step, "validation");
   if (start_step == 0 && run.val_loader && total_steps > 0) summary.initial_val_loss = run.initial_evaluation();
 
@@ -596,24 +618,6 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   summary.final_step = step;
   finish_report(run, opt, memory, log.comm(), step - start_step - log.warmup(), summary);
   return summary;
-}
-
-double measure_gemm_peak_gflops(bool use_bf16) {
-  // The best of several square products large enough to reach the library's top rate.
-  const int64_t n = 2048;
-  std::vector<float> a(n * n, 0.5f), c(n * n);
-  std::vector<bf16> ah(n * n);
-  convert_to_bf16(a.data(), ah.data(), n * n);
-  const void* ap = use_bf16 ? static_cast<const void*>(ah.data()) : a.data();
-  const DType dt = use_bf16 ? DType::bf16 : DType::f32;
-  gemm(ap, false, ap, true, c.data(), n, n, n, dt);  // warm-up and primitive creation
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    double t0 = now_seconds();
-    gemm(ap, false, ap, true, c.data(), n, n, n, dt);
-    best = std::min(best, now_seconds() - t0);
-  }
-  return 2.0 * n * n * n / best / 1e9;
 }
 
 }  // namespace foundry

@@ -16,6 +16,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "base/config_reader.h"
@@ -24,6 +25,7 @@
 #include "train/anomaly.h"
 #include "train/balance.h"
 #include "train/batches.h"
+#include "train/mfu.h"
 #include "train/run_dir.h"
 #include "train/run_config.h"
 
@@ -44,6 +46,8 @@ struct TrainOptions {
   // optimizer is sharded over all ranks (ZeRO-1); with train.expert_parallel = P the experts
   // are also sharded over groups of P consecutive ranks. Rank 0 writes metrics and checkpoints.
   const Communicator* world = nullptr;
+  // train.hardware_profile's peak, read by the command line (null when the config names none).
+  std::optional<DevicePeak> profile_peak;
 };
 
 struct TrainSummary {
@@ -51,8 +55,9 @@ struct TrainSummary {
   double initial_val_loss = -1, final_val_loss = -1;  // -1 when not evaluated
   double last_train_loss = 0;
   double tokens_per_s = 0;   // over the steps run in this process (first step excluded)
-  double mfu = 0;            // model FLOP utilization against the GEMM peak
+  double mfu = 0;            // model FLOP utilization against the peak below (train/mfu.h)
   double peak_gflops = 0;
+  std::string peak_source;   // where the peak came from
   bool interrupted = false;  // stopped by SIGINT/SIGTERM with a checkpoint saved
   int64_t optimizer_state_bytes = 0;  // this rank's optimizer state and buffers
   int64_t peak_rss_bytes = 0;         // the largest peak RSS over the ranks (before the final checkpoint)
@@ -82,9 +87,5 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
                     double lr, int64_t step, double max_grad_norm, bool overlap,
                     const Communicator* world, const std::function<void()>& before_update = {},
                     AnomalyMonitor* anomalies = nullptr);
-
-// Measures the best GEMM rate of this machine (GFLOP/s) for bf16 or fp32 inputs, in well
-// under a second: the denominator of MFU when the config gives no peak.
-double measure_gemm_peak_gflops(bool use_bf16);
 
 }  // namespace foundry
