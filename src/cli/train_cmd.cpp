@@ -136,6 +136,28 @@ std::optional<DevicePeak> profile_peak(const TrainConfig& tc) {
                     profile.kind == "cpu"};
 }
 
+// `foundry train`: one process, or every rank under mpirun; rank 0 prints the summary.
+void run_train(const ConfigArgs& args, TrainOptions options) {
+  RunConfig rc = load_run_config(args.config_path, args.overrides);
+  // Under mpirun every rank runs this; a plain run never initializes MPI.
+  std::optional<MpiSession> session;
+  if (launched_by_mpi()) session.emplace();
+  options.world = session ? &session->world() : nullptr;
+  options.profile_peak = profile_peak(rc.train);
+  const TrainSummary s = train(rc, options);
+  const bool root = !session || session->world().rank() == 0;
+  if (session) session->finalize();
+  if (s.interrupted) set_exit_code(kExitInterrupted);
+  if (!root) return;
+  std::printf("trained steps %lld..%lld | final train loss %.4f",
+              static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
+              s.last_train_loss);
+  if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
+  if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
+  std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s,
+              100 * s.mfu, s.peak_gflops, s.peak_source.c_str());
+}
+
 }  // namespace
 
 void register_train_commands(CLI::App& app) {
@@ -167,27 +189,7 @@ void register_train_commands(CLI::App& app) {
     cmd->add_flag("--op-breakdown", opts->op_breakdown,
                   "Time every operation and print a per-operation table at the end");
     cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
-    cmd->callback([args, opts] {
-      RunConfig rc = load_run_config(args->config_path, args->overrides);
-      // Under mpirun every rank runs this; a plain run never initializes MPI.
-      std::optional<MpiSession> session;
-      if (launched_by_mpi()) session.emplace();
-      TrainOptions o = *opts;
-      o.world = session ? &session->world() : nullptr;
-      o.profile_peak = profile_peak(rc.train);
-      TrainSummary s = train(rc, o);
-      const bool root = !session || session->world().rank() == 0;
-      if (session) session->finalize();
-      if (s.interrupted) set_exit_code(kExitInterrupted);
-      if (!root) return;
-      std::printf("trained steps %lld..%lld | final train loss %.4f", 
-                  static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
-                  s.last_train_loss);
-      if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
-      if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
-      std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s,
-                  100 * s.mfu, s.peak_gflops, s.peak_source.c_str());
-    });
+    cmd->callback([args, opts] { run_train(*args, *opts); });
   }
   // ---- eval ----
   {

@@ -6,81 +6,78 @@
 // over all padded rows, [rows, d] × [d, d] with leading dimension C, and the rows of the padding
 // are dropped when copying out.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "base/bf16.h"
 #include "base/error.h"
 #include "kernels/cca.h"
 #include "kernels/gemm.h"
-#include "kernels/kernel_support.h"
 
 namespace foundry::ops {
 
 namespace {
 
-// [B, T, C] rows laid out as [B, pad + T, C] with `pad` zero rows before each sequence, in
-// the GEMMs' input type.
-class PaddedRows {
+// Floats in the GEMMs' input type: kept as fp32, or converted to bf16.
+class GemmOperand {
  public:
-  PaddedRows(const float* x, int64_t b, int64_t t, int64_t channels, int64_t pad, DType dtype)
-      : dtype_(dtype), channels_(channels) {
-    const int64_t stride = pad + t, total = b * stride * channels;
+  GemmOperand(std::vector<float> values, DType dtype) : dtype_(dtype) {
     if (dtype == DType::bf16) {
-      bf16_.assign(total, bf16{});
-      for (int64_t s = 0; s < b; ++s)
-        convert_to_bf16(x + s * t * channels, bf16_.data() + (s * stride + pad) * channels,
-                        t * channels);
+      bf16_.resize(values.size());
+      convert_to_bf16(values.data(), bf16_.data(), static_cast<int64_t>(values.size()));
     } else {
-      f32_.assign(total, 0.0f);
-      for (int64_t s = 0; s < b; ++s)
-        std::memcpy(f32_.data() + (s * stride + pad) * channels, x + s * t * channels,
-                    t * channels * sizeof(float));
+      f32_ = std::move(values);
     }
   }
-  // Element (row, column) in the GEMMs' type.
-  const void* at(int64_t row, int64_t column) const {
-    const int64_t offset = row * channels_ + column;
+  const void* at(int64_t offset) const {
     if (dtype_ == DType::bf16) return bf16_.data() + offset;
     return f32_.data() + offset;
   }
 
  private:
   DType dtype_;
-  int64_t channels_;
   std::vector<bf16> bf16_;
   std::vector<float> f32_;
 };
 
-// w1 [G·d (o), d (ci), t1] repacked per tap as [t1][G][o][ci] in the GEMMs' type.
+// [B, T, C] rows laid out as [B, pad + T, C] with `pad` zero rows before each sequence.
+class PaddedRows {
+ public:
+  PaddedRows(const float* x, int64_t b, int64_t t, int64_t channels, int64_t pad, DType dtype)
+      : channels_(channels), data_(padded(x, b, t, channels, pad), dtype) {}
+  // Element (row, column) in the GEMMs' type.
+  const void* at(int64_t row, int64_t column) const { return data_.at(row * channels_ + column); }
+
+ private:
+  static std::vector<float> padded(const float* x, int64_t b, int64_t t, int64_t channels,
+                                   int64_t pad) {
+    std::vector<float> out(b * (pad + t) * channels, 0.0f);
+    for (int64_t s = 0; s < b; ++s)
+      std::copy_n(x + s * t * channels, t * channels, out.data() + (s * (pad + t) + pad) * channels);
+    return out;
+  }
+  int64_t channels_;
+  GemmOperand data_;
+};
+
+// w1 [G·d (o), d (ci), t1] repacked per tap as [t1][G][o][ci].
 class PackedTaps {
  public:
   PackedTaps(const float* w1, int64_t groups, int64_t d, int64_t taps, DType dtype)
-      : dtype_(dtype), d_(d), groups_(groups) {
-    std::vector<float> packed(taps * groups * d * d);
+      : d_(d), groups_(groups), data_(packed(w1, groups, d, taps), dtype) {}
+  // Tap i, group g: the [o, ci] matrix, row-major.
+  const void* at(int64_t i, int64_t g) const { return data_.at((i * groups_ + g) * d_ * d_); }
+
+ private:
+  static std::vector<float> packed(const float* w1, int64_t groups, int64_t d, int64_t taps) {
+    std::vector<float> out(taps * groups * d * d);
     for (int64_t row = 0; row < groups * d; ++row)  // row = g·d + o
       for (int64_t ci = 0; ci < d; ++ci)
         for (int64_t i = 0; i < taps; ++i)
-          packed[(i * groups * d + row) * d + ci] = w1[(row * d + ci) * taps + i];
-    if (dtype == DType::bf16) {
-      bf16_.resize(packed.size());
-      convert_to_bf16(packed.data(), bf16_.data(), static_cast<int64_t>(packed.size()));
-    } else {
-      f32_ = std::move(packed);
-    }
+          out[(i * groups * d + row) * d + ci] = w1[(row * d + ci) * taps + i];
+    return out;
   }
-  // Tap i, group g: the [o, ci] matrix, row-major.
-  const void* at(int64_t i, int64_t g) const {
-    const int64_t offset = (i * groups_ + g) * d_ * d_;
-    if (dtype_ == DType::bf16) return bf16_.data() + offset;
-    return f32_.data() + offset;
-  }
-
- private:
-  DType dtype_;
   int64_t d_, groups_;
-  std::vector<bf16> bf16_;
-  std::vector<float> f32_;
+  GemmOperand data_;
 };
 
 }  // namespace

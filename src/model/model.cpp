@@ -217,9 +217,9 @@ std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const
       const auto names = b.rule_state_names();
       if (s.is_object() && !s.contains(names[0])) {
         // Written under the other rule: its biases route as trained; the rule starts afresh.
-        ops::ZayaBalancer fresh = b;
-        b.load_state(s.at("bias").get<std::vector<float>>(), *fresh.rule_state()[0],
-                     *fresh.rule_state()[1], s.at("step").get<int64_t>());
+        const ops::ZayaBalancer initial(b.classes(), /*skip_class=*/false, b.options);
+        b.load_state(s.at("bias").get<std::vector<float>>(), *initial.rule_state()[0],
+                     *initial.rule_state()[1], s.at("step").get<int64_t>());
         note = fmt::format("the router balancers were saved under the other balance rule (no "
                            "\"{}\"); their biases are kept and model.balance_rule = \"{}\" "
                            "continues from its initial state",
