@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The ZAYA1 router's balance on the demo: trains configs/demo.json with the old balancing
-# settings (AdamW on the bias at lr 1e-3, router MLP initialized at init_std 0.02) and with the
-# defaults (sign-adaptive steps, fan-in router initialization), then plots the max load error
+# The ZAYA1 router's balance on the demo: trains configs/demo.json with the ZAYA1
+# description's balancing (AdamW at lr 1e-3 on a bias added to the probabilities, router MLP
+# initialized at init_std 0.02) and with the defaults (a proportional bias step on the logits,
+# fan-in router initialization), then plots the max load error
 # and the training loss of both against the step (docs/figures/router_balance.png) and prints
 # a Markdown table. The runs are deterministic; a finished run is kept (FRESH=1 retrains).
 #   bench/router_balance.sh [steps=1600]
@@ -30,7 +31,8 @@ train() {  # train NAME [--set ...]
     --set train.log_every=20 --set train.checkpoint_every=0 --set train.keep_checkpoints=1 \
     --set train.run_dir="$run" "$@" >"$run.log" 2>&1
 }
-train old --set model.balance_rule=adamw --set model.router_init_std=0.02
+train old --set model.balance_rule=adamw --set model.balance_bias_on=probs \
+  --set model.balance_bias_lr=0.001 --set model.router_init_std=0.02
 train new
 
 # Per-step series (step, max load error, loss, skip share) and the validation losses.
@@ -53,8 +55,8 @@ set key top right
 set ylabel 'max load error (worst class, all sublayers)'
 set yrange [0:1]
 set arrow from graph 0, first 0.2 to graph 1, first 0.2 nohead dashtype 2 lc rgb 'gray40'
-plot '$out/old.dat' using 1:2 with lines lw 1 lc rgb '#c0392b' title 'old: AdamW bias lr 1e-3, router init 0.02', \
-     '$out/new.dat' using 1:2 with lines lw 1 lc rgb '#2471a3' title 'new: sign-adaptive bias steps, fan-in router init'
+plot '$out/old.dat' using 1:2 with lines lw 1 lc rgb '#c0392b' title 'old: AdamW (lr 1e-3) on a bias added to p, router init 0.02', \
+     '$out/new.dat' using 1:2 with lines lw 1 lc rgb '#2471a3' title 'new: proportional step (gain 1) on a bias added to the logits, fan-in init'
 unset arrow
 set ylabel 'training loss'
 set xlabel 'step (2,048 tokens each)'
@@ -70,7 +72,7 @@ import json, sys
 out = sys.argv[1]
 print("| settings | max load error at 100 / 200 / 400 | worst from step 300 | steps from 300 above 0.2 | mean skip share from 300 | final val loss |")
 print("|---|---|---|---|---|---|")
-for name, label in (("old", "old (adamw, init 0.02)"), ("new", "new (sign_adaptive, fan-in)")):
+for name, label in (("old", "old (adamw on p, init 0.02)"), ("new", "new (proportional on logits, fan-in)")):
     rows = [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
     by = {r["step"]: r for r in rows}
     late = [r for r in rows if r["step"] >= 300]

@@ -20,17 +20,15 @@ PY
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.1 --quiet >prep.log 2>&1 \
   || { bad "data prepare failed"; cat prep.log; finish; exit 1; }
 
-# A large balance_bias_lr (the sign-adaptive rule's initial step) so the biases move far
-# enough in 12 steps to change the routing,
-# and init_std 0.15 so the experts' outputs (hence the routing) show in the loss: with the
+# The default balancing (proportional, gain 1 on the logits) moves the biases far enough in
+# 12 steps to change the routing, and init_std 0.15 so the experts' outputs (hence the routing) show in the loss: with the
 # initial biases instead of the trained ones, the final val loss differs in the third decimal.
 cat > zaya.json <<'JSON'
 {
   "model": {"arch": "zaya1", "vocab_size": 300, "d_model": 32, "n_layers": 2, "n_heads": 4,
             "n_kv_heads": 2, "head_dim": 8, "n_experts": 4, "top_k": 1, "ffn_dim": 48,
             "max_seq_len": 32, "router_latent_dim": 16, "rope_fraction": 0.5,
-            "norm_topk_prob": false, "aux_loss_coef": 0, "balance_bias_lr": 0.05,
-            "init_std": 0.15},
+            "norm_topk_prob": false, "aux_loss_coef": 0, "init_std": 0.15},
   "train": {"steps": 12, "batch_size": 2, "seq_len": 16, "lr": 1e-2, "warmup_steps": 2,
             "optimizer": "muon", "precision": "fp32", "log_every": 4, "eval_every": 0,
             "eval_batches": 2, "checkpoint_every": 4, "keep_checkpoints": 2,
@@ -92,9 +90,9 @@ bal = state["router_balancers"]
 assert len(bal) == L, bal
 for b in bal:
     assert b["step"] == 12, b  # one balancing update per optimizer step
-    # The default rule, sign_adaptive: a step size and the last error sign per class.
-    assert len(b["bias"]) == len(b["step_size"]) == len(b["last_sign"]) == S
-    assert all(0 < x <= 0.05 + 1e-7 for x in b["step_size"]) and set(b["last_sign"]) <= {-1.0, 0.0, 1.0}, b
+    # The default rule, proportional: the bias is its whole state.
+    assert b["rule"] == "proportional" and set(b) == {"rule", "bias", "step"}, b
+    assert len(b["bias"]) == S, b
     init = [0.0] * (S - 1) + [-1.0]
     assert max(abs(x - y) for x, y in zip(b["bias"], init)) > 0.05, b["bias"]  # they moved
 raw = open("exported/model.safetensors", "rb").read()

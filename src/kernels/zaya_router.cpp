@@ -166,9 +166,11 @@ void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* 
 
 // ---- gating --------------------------------------------------------------------------------
 
+const char* bias_on_name(BiasOn on) { return on == BiasOn::logits ? "logits" : "probs"; }
+
 template <typename T>
 void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
-                         const T* balance_bias, int64_t n, int64_t e, int64_t k,
+                         const T* balance_bias, BiasOn bias_on, int64_t n, int64_t e, int64_t k,
                          bool skip_class, bool skip_passes_input) {
   const int64_t classes = e + (skip_class ? 1 : 0);
   FOUNDRY_CHECK(e >= 1 && k >= 1 && k <= classes);
@@ -178,6 +180,7 @@ void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
     const T* z = logits + i * classes;
     T* p = probs + i * classes;
     detail::softmax_row(p, z, classes);
+    const T* scores = bias_on == BiasOn::logits ? z : p;
 
     // Repeated arg-max of p + bias over the classes not yet chosen. Scanning in ascending
     // index with a strict '>' keeps the lower index on ties; starting from the first free
@@ -189,7 +192,7 @@ void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
       T best_score = 0;
       for (int64_t j = 0; j < classes; ++j) {
         if (std::find(idx, idx + slot, static_cast<int32_t>(j)) != idx + slot) continue;
-        const T score = balance_bias ? p[j] + balance_bias[j] : p[j];
+        const T score = balance_bias ? scores[j] + balance_bias[j] : scores[j];
         if (best < 0 || score > best_score) {
           best = j;
           best_score = score;
@@ -250,7 +253,12 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 }
 
 const char* balance_rule_name(BalanceRule rule) {
-  return rule == BalanceRule::adamw ? "adamw" : "sign_adaptive";
+  switch (rule) {
+    case BalanceRule::proportional: return "proportional";
+    case BalanceRule::adamw: return "adamw";
+    case BalanceRule::sign_adaptive: break;
+  }
+  return "sign_adaptive";
 }
 
 ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& opts)
@@ -272,20 +280,28 @@ ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerO
   if (opts.rule == BalanceRule::adamw) {
     exp_avg.assign(classes, 0.0f);
     exp_avg_sq.assign(classes, 0.0f);
-  } else {
+  } else if (opts.rule == BalanceRule::sign_adaptive) {
     const double initial = std::clamp(opts.lr, opts.step_min, opts.step_max);
     step_size.assign(classes, static_cast<float>(initial));
     last_sign.assign(classes, 0.0f);
   }
 }
 
-std::array<const char*, 2> ZayaBalancer::rule_state_names() const {
-  if (options.rule == BalanceRule::adamw) return {"exp_avg", "exp_avg_sq"};
+std::vector<const char*> ZayaBalancer::rule_state_names() const {
+  switch (options.rule) {
+    case BalanceRule::proportional: return {};
+    case BalanceRule::adamw: return {"exp_avg", "exp_avg_sq"};
+    case BalanceRule::sign_adaptive: break;
+  }
   return {"step_size", "last_sign"};
 }
 
-std::array<const std::vector<float>*, 2> ZayaBalancer::rule_state() const {
-  if (options.rule == BalanceRule::adamw) return {&exp_avg, &exp_avg_sq};
+std::vector<const std::vector<float>*> ZayaBalancer::rule_state() const {
+  switch (options.rule) {
+    case BalanceRule::proportional: return {};
+    case BalanceRule::adamw: return {&exp_avg, &exp_avg_sq};
+    case BalanceRule::sign_adaptive: break;
+  }
   return {&step_size, &last_sign};
 }
 
@@ -297,10 +313,16 @@ void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
 
 void ZayaBalancer::update_from_error(const double* err) {
   ++step;
-  if (options.rule == BalanceRule::adamw)
-    adamw_update(err);
-  else
-    sign_adaptive_update(err);
+  switch (options.rule) {
+    case BalanceRule::proportional: return proportional_update(err);
+    case BalanceRule::adamw: return adamw_update(err);
+    case BalanceRule::sign_adaptive: return sign_adaptive_update(err);
+  }
+}
+
+void ZayaBalancer::proportional_update(const double* err) {
+  for (int64_t s = 0; s < classes(); ++s)
+    bias[s] = static_cast<float>(bias[s] - options.lr * err[s]);
 }
 
 void ZayaBalancer::adamw_update(const double* err) {
@@ -335,25 +357,34 @@ void ZayaBalancer::sign_adaptive_update(const double* err) {
   }
 }
 
-void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<float> rule_a,
-                              std::vector<float> rule_b, int64_t step_in) {
+void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<std::vector<float>> rule_in,
+                              int64_t step_in) {
   const size_t classes_here = bias.size();
-  const std::array<const char*, 2> names = rule_state_names();
-  if (bias_in.size() != classes_here || rule_a.size() != classes_here ||
-      rule_b.size() != classes_here)
-    fail(fmt::format("balancing-bias state has sizes bias {}, {} {}, {} {}; this router has {} "
-                     "classes",
-                     bias_in.size(), names[0], rule_a.size(), names[1], rule_b.size(),
+  const std::vector<const char*> names = rule_state_names();
+  if (rule_in.size() != names.size())
+    fail(fmt::format("balancing-bias state has {} vectors for the {} rule, which keeps {}",
+                     rule_in.size(), balance_rule_name(options.rule), names.size()),
+         "the checkpoint was written under another balance rule");
+  std::string sizes = fmt::format("bias {}", bias_in.size());
+  bool sizes_ok = bias_in.size() == classes_here;
+  for (size_t i = 0; i < names.size(); ++i) {
+    sizes += fmt::format(", {} {}", names[i], rule_in[i].size());
+    sizes_ok = sizes_ok && rule_in[i].size() == classes_here;
+  }
+  if (!sizes_ok)
+    fail(fmt::format("balancing-bias state has sizes {}; this router has {} classes", sizes,
                      classes_here),
          "the checkpoint was written for a different number of experts or skip setting");
   if (step_in < 0) fail(fmt::format("balancing-bias step count {} is negative", step_in));
   auto all = [](const std::vector<float>& v, auto&& ok) { return std::all_of(v.begin(), v.end(), ok); };
   auto finite = [](float x) { return std::isfinite(x); };
-  const bool rule_ok =
-      options.rule == BalanceRule::adamw
-          ? all(rule_a, finite) && all(rule_b, [](float x) { return std::isfinite(x) && x >= 0; })
-          : all(rule_a, [](float x) { return std::isfinite(x) && x > 0; }) &&
-                all(rule_b, [](float x) { return x == -1.0f || x == 0.0f || x == 1.0f; });
+  bool rule_ok = true;
+  if (options.rule == BalanceRule::adamw)
+    rule_ok = all(rule_in[0], finite) &&
+              all(rule_in[1], [](float x) { return std::isfinite(x) && x >= 0; });
+  else if (options.rule == BalanceRule::sign_adaptive)
+    rule_ok = all(rule_in[0], [](float x) { return std::isfinite(x) && x > 0; }) &&
+              all(rule_in[1], [](float x) { return x == -1.0f || x == 0.0f || x == 1.0f; });
   if (!all(bias_in, finite) || !rule_ok)
     fail(fmt::format("balancing-bias state holds values its {} rule cannot hold (non-finite, a "
                      "negative second moment or step size, a sign outside {{-1, 0, 1}})",
@@ -361,11 +392,11 @@ void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<float> rul
          "the checkpoint is corrupt; resume from an earlier one");
   bias = std::move(bias_in);
   if (options.rule == BalanceRule::adamw) {
-    exp_avg = std::move(rule_a);
-    exp_avg_sq = std::move(rule_b);
-  } else {
-    step_size = std::move(rule_a);
-    last_sign = std::move(rule_b);
+    exp_avg = std::move(rule_in[0]);
+    exp_avg_sq = std::move(rule_in[1]);
+  } else if (options.rule == BalanceRule::sign_adaptive) {
+    step_size = std::move(rule_in[0]);
+    last_sign = std::move(rule_in[1]);
   }
   step = step_in;
 }
@@ -429,8 +460,8 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
   template void eda_forward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void eda_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t);       \
-  template void zaya_gating_forward<T>(T*, int32_t*, T*, const T*, const T*, int64_t, int64_t, \
-                                       int64_t, bool, bool);                                   \
+  template void zaya_gating_forward<T>(T*, int32_t*, T*, const T*, const T*, BiasOn, int64_t,  \
+                                       int64_t, int64_t, bool, bool);                          \
   template void zaya_gating_backward<T>(T*, const T*, const T*, const int32_t*, int64_t,       \
                                         int64_t, int64_t, bool, bool);                         \
   template void residual_scale_forward<T>(T*, const T*, const T*, const T*, const T*,          \

@@ -102,18 +102,22 @@ void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* 
 // ---- ZAYA gating ---------------------------------------------------------------------------
 // logits [N, S], S = E + (skip_class ? 1 : 0). Writes:
 //   probs [N, S] = softmax(logits) (float when T = float: the router softmax runs in fp32);
-//   choice [N, K] = the K classes with the largest probs + balance_bias, in descending order
-//     of that score (ties: lower index first); balance_bias [S] may be null (= zero) and gets
-//     no gradient;
+//   choice [N, K] = the K classes with the largest score + balance_bias, in descending order
+//     of that sum (ties: lower index first), where the score is probs under
+//     BiasOn::probs (the ZAYA1 description) or logits under BiasOn::logits (the same choice
+//     as log(probs) + bias: docs/zaya1.md, "Balancing"); balance_bias [S] may be null
+//     (= zero) and gets no gradient;
 //   gate [N, K] = probs[n, choice] (the unbiased probability, not renormalized), except for
 //     the skip class (index E): gate 0 by default (the token gets no expert output from that
 //     choice), or probs[n, E] = p_skip when skip_passes_input (the caller then adds
 //     p_skip · x, i.e. treats the skip class as an identity expert, and the gradient of
 //     p_skip flows back through gate).
 // skip_passes_input requires skip_class. 1 ≤ K ≤ S.
+enum class BiasOn { probs, logits };
+const char* bias_on_name(BiasOn on);
 template <typename T>
 void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
-                         const T* balance_bias, int64_t n, int64_t e, int64_t k,
+                         const T* balance_bias, BiasOn bias_on, int64_t n, int64_t e, int64_t k,
                          bool skip_class, bool skip_passes_input);
 // dlogits [N, S] (writes) from dgate [N, K] through the softmax: dp[choice] = dgate (dropped
 // for a skip choice whose gate is the constant 0), dlogits = p ⊙ (dp − <dp, p>). The choice
@@ -134,35 +138,40 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 
 // The per-class balancing bias of one MoE sublayer and its update rule. The load error err
 // [S] is the bias's "gradient": an over-used class (err > 0) moves down, an under-used one up.
-// Two rules (docs/zaya1.md, "Balancing", explains the choice):
+// Three rules (docs/zaya1.md, "Balancing", explains the choice):
 //
-// - sign_adaptive (the default): a per-class step size that follows the scale of the routing
-//   scores. Each class moves by its step against the sign of its error; the step grows by
-//   `increase` while the sign persists and shrinks by `decrease` when it flips, within
+// - proportional (the default): bias −= gain·err, gain = `lr`. The bias is then the integral
+//   of the load error (an integral controller): a persistent error keeps moving it, a
+//   batch's noise moves it by only gain × the noise. On the logits (BiasOn::logits), where
+//   the scores keep their scale through training, one gain serves the whole run.
+// - sign_adaptive: a per-class step size that follows the scale of the routing scores. Each
+//   class moves by its step against the sign of its error; the step grows by `increase`
+//   while the sign persists and shrinks by `decrease` when it flips, within
 //   [step_min, step_max]; on a flip the class does not move that update (the Rprop rule of
 //   Riedmiller and Braun, 1993, in its iRprop− form):
 //     same sign as last:  step = min(step·increase, step_max);  bias −= sign(err)·step
 //     sign flipped:       step = max(step·decrease, step_min);  no move, last sign := 0
 //     otherwise:          bias −= sign(err)·step
-//   Why: the bias needed to move a share of tokens is of the order of the spread of the
-//   probabilities p over tokens, which is ~1e-3 at initialization and ~0.1–1 once the
-//   router is confident. A fixed step is then either far too coarse early (every token of a
-//   sublayer follows the bias to one class) or far too slow later.
+//   It suits scores whose scale changes by orders of magnitude (the probabilities), but a
+//   batch's noise flips the sign often, which shrinks the step to step_min and leaves a
+//   class to lag a drifting router.
 // - adamw: the bias's AdamW step without weight decay (torch.optim.AdamW's form), the rule
 //   the ZAYA1 description gives:
 //     step += 1;  m = β1·m + (1 − β1)·err;  v = β2·v + (1 − β2)·err²
 //     bias −= lr / (1 − β1^step) · m / (√v / √(1 − β2^step) + eps)
 //
 // The arithmetic is double; the state is stored in float. Serializable state (all of it;
-// saved in checkpoints and load_state()d back to resume bitwise): bias [S], the two per-class
-// vectors of the rule (adamw: exp_avg m, exp_avg_sq v; sign_adaptive: step size, last sign
-// in {−1, 0, 1}), and step (the number of updates applied). The options are configuration.
-enum class BalanceRule { sign_adaptive, adamw };
+// saved in checkpoints and load_state()d back to resume bitwise): bias [S], the rule's
+// per-class vectors (proportional: none; adamw: exp_avg m, exp_avg_sq v; sign_adaptive: step
+// size, last sign in {−1, 0, 1}), and step (the number of updates applied). The options are
+// configuration.
+enum class BalanceRule { proportional, sign_adaptive, adamw };
 const char* balance_rule_name(BalanceRule rule);
 
 struct ZayaBalancerOptions {
-  BalanceRule rule = BalanceRule::sign_adaptive;
-  double lr = 1e-3;  // adamw: the learning rate; sign_adaptive: the initial step
+  BalanceRule rule = BalanceRule::proportional;
+  // proportional: the gain; adamw: the learning rate; sign_adaptive: the initial step.
+  double lr = 1.0;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
@@ -176,9 +185,9 @@ struct ZayaBalancerOptions {
 struct ZayaBalancer {
   ZayaBalancerOptions options;
   std::vector<float> bias;        // [S]
-  std::vector<float> exp_avg;     // [S] adamw (empty under sign_adaptive)
+  std::vector<float> exp_avg;     // [S] adamw (empty under the other rules)
   std::vector<float> exp_avg_sq;  // [S] adamw
-  std::vector<float> step_size;   // [S] sign_adaptive (empty under adamw)
+  std::vector<float> step_size;   // [S] sign_adaptive (empty under the other rules)
   std::vector<float> last_sign;   // [S] sign_adaptive
   int64_t step = 0;
 
@@ -186,21 +195,23 @@ struct ZayaBalancer {
   ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerOptions& options = {});
 
   int64_t classes() const { return static_cast<int64_t>(bias.size()); }
-  // The rule's two per-class state vectors, with their names in checkpoints: exp_avg and
-  // exp_avg_sq (adamw), or step_size and last_sign (sign_adaptive).
-  std::array<const char*, 2> rule_state_names() const;
-  std::array<const std::vector<float>*, 2> rule_state() const;
+  // The rule's per-class state vectors, with their names in checkpoints: none
+  // (proportional), exp_avg and exp_avg_sq (adamw), or step_size and last_sign
+  // (sign_adaptive).
+  std::vector<const char*> rule_state_names() const;
+  std::vector<const std::vector<float>*> rule_state() const;
   // One update from counts [S] covering `assignments` = N·K choices.
   void update(const int64_t* counts, int64_t assignments);
   // One update from a load error [S] computed elsewhere.
   void update_from_error(const double* err);
   // Restores the state saved from a balancer with the same number of classes and rule
-  // (`rule_in` the two vectors of rule_state(), in order); fails (Error) on a size mismatch,
-  // a negative step or values the rule cannot hold.
-  void load_state(std::vector<float> bias_in, std::vector<float> rule_a, std::vector<float> rule_b,
+  // (`rule_in` the vectors of rule_state(), in order); fails (Error) on a size mismatch, a
+  // negative step or values the rule cannot hold.
+  void load_state(std::vector<float> bias_in, std::vector<std::vector<float>> rule_in,
                   int64_t step_in);
 
  private:
+  void proportional_update(const double* err);
   void adamw_update(const double* err);
   void sign_adaptive_update(const double* err);
 };

@@ -49,10 +49,16 @@ struct ModelConfig {
   // Normal std of the router MLP's three weights; 0 = 1/sqrt(router_latent_dim) (fan-in).
   double router_init_std = 0;
   // How the per-class balancing bias moves (kernels/zaya_router.h, docs/zaya1.md "Balancing"):
-  // "sign_adaptive" (steps that follow the scale of the routing scores) or "adamw" (the
-  // ZAYA1 description's fixed-lr AdamW).
-  std::string balance_rule = "sign_adaptive";
-  double balance_bias_lr = 1e-3;     // adamw: its lr; sign_adaptive: the initial step
+  // "proportional" (bias −= gain × load error), "sign_adaptive" (Rprop-like steps) or
+  // "adamw" (the ZAYA1 description's fixed-lr AdamW).
+  std::string balance_rule = "proportional";
+  // What the balancing bias is added to when the router chooses: "logits" (the choice is
+  // argmax(log p + b), invariant to how much probability the other classes hold) or "probs"
+  // (the ZAYA1 description's argmax(p + b)).
+  std::string balance_bias_on = "logits";
+  // proportional: the gain; adamw: its lr; sign_adaptive: the initial step. 0 = the rule's
+  // default (model.h, default_balance_bias_lr).
+  double balance_bias_lr = 0;
   double skip_bias_init = -1.0;      // initial balancing bias of the skip class
 
   bool is_zaya() const { return arch == Arch::zaya1; }

@@ -188,21 +188,43 @@ const float* Model::decode_step(DecodeState& s, int32_t token) {
 
 ops::ZayaBalancerOptions balancer_options(const ModelConfig& config) {
   ops::ZayaBalancerOptions o;
-  o.rule = config.balance_rule == "adamw" ? ops::BalanceRule::adamw : ops::BalanceRule::sign_adaptive;
-  o.lr = config.balance_bias_lr;
+  o.rule = config.balance_rule == "adamw"           ? ops::BalanceRule::adamw
+           : config.balance_rule == "sign_adaptive" ? ops::BalanceRule::sign_adaptive
+                                                    : ops::BalanceRule::proportional;
+  o.lr = config.balance_bias_lr > 0 ? config.balance_bias_lr : default_balance_bias_lr(o.rule);
   o.skip_bias_init = static_cast<float>(config.skip_bias_init);
   return o;
+}
+
+double default_balance_bias_lr(ops::BalanceRule rule) {
+  return rule == ops::BalanceRule::proportional ? kProportionalBalanceGain : 1e-3;
 }
 
 json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers) {
   json layers = json::array();
   for (const auto& b : balancers) {
+    json layer = {{"rule", ops::balance_rule_name(b.options.rule)}, {"bias", b.bias}};
     const auto names = b.rule_state_names();
     const auto state = b.rule_state();
-    layers.push_back({{"bias", b.bias}, {names[0], *state[0]}, {names[1], *state[1]}, {"step", b.step}});
+    for (size_t i = 0; i < names.size(); ++i) layer[names[i]] = *state[i];
+    layer["step"] = b.step;
+    layers.push_back(std::move(layer));
   }
   return layers;
 }
+
+namespace {
+
+// The rule a saved balancer state was written under: its "rule", or for states written before
+// that field, the rule whose vectors it holds.
+std::string saved_balance_rule(const json& s) {
+  if (s.contains("rule")) return s.at("rule").get<std::string>();
+  if (s.contains("exp_avg")) return "adamw";
+  if (s.contains("step_size")) return "sign_adaptive";
+  return "proportional";
+}
+
+}  // namespace
 
 std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const json& state) {
   if (!state.is_array() || state.size() != balancers.size())
@@ -214,20 +236,23 @@ std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const
     for (size_t l = 0; l < balancers.size(); ++l) {
       const json& s = state[l];
       ops::ZayaBalancer& b = balancers[l];
-      const auto names = b.rule_state_names();
-      if (s.is_object() && !s.contains(names[0])) {
-        // Written under the other rule: its biases route as trained; the rule starts afresh.
+      const std::string rule = ops::balance_rule_name(b.options.rule);
+      const std::string saved = saved_balance_rule(s);
+      std::vector<std::vector<float>> rule_state;
+      if (saved == rule) {
+        for (const char* name : b.rule_state_names())
+          rule_state.push_back(s.at(name).get<std::vector<float>>());
+      } else {
+        // Written under another rule: its biases route as trained; the rule starts afresh.
         const ops::ZayaBalancer initial(b.classes(), /*skip_class=*/false, b.options);
-        b.load_state(s.at("bias").get<std::vector<float>>(), *initial.rule_state()[0],
-                     *initial.rule_state()[1], s.at("step").get<int64_t>());
-        note = fmt::format("the router balancers were saved under the other balance rule (no "
-                           "\"{}\"); their biases are kept and model.balance_rule = \"{}\" "
-                           "continues from its initial state",
-                           names[0], ops::balance_rule_name(b.options.rule));
-        continue;
+        for (const std::vector<float>* v : initial.rule_state()) rule_state.push_back(*v);
+        note = fmt::format("the router balancers were saved under balance rule \"{}\"; their "
+                           "biases are kept and model.balance_rule = \"{}\" continues from its "
+                           "initial state",
+                           saved, rule);
       }
-      b.load_state(s.at("bias").get<std::vector<float>>(), s.at(names[0]).get<std::vector<float>>(),
-                   s.at(names[1]).get<std::vector<float>>(), s.at("step").get<int64_t>());
+      b.load_state(s.at("bias").get<std::vector<float>>(), std::move(rule_state),
+                   s.at("step").get<int64_t>());
     }
   } catch (const json::exception& e) {
     fail(fmt::format("router balancer state is malformed: {}", e.what()),

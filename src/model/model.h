@@ -49,14 +49,21 @@ struct DecodeScratch {
 };
 
 // The balancer options of a config's MoE sublayers (model.balance_rule, balance_bias_lr,
-// skip_bias_init).
+// skip_bias_init); balance_bias_lr 0 takes the rule's default below.
 ops::ZayaBalancerOptions balancer_options(const ModelConfig& config);
-// Router balancers as JSON, one object per MoE sublayer: {"bias": [S], the rule's two state
-// vectors by name ("exp_avg", "exp_avg_sq" or "step_size", "last_sign"), "step": n}; and its
-// inverse into balancers built for the config, which fails (Error) naming the problem on a
-// state of another shape. A state saved under the other rule gives its biases (so routing is
-// as trained) with the configured rule's initial state, and returns a note saying so (empty
-// otherwise).
+// The gain of the proportional rule on the logits (docs/zaya1.md, "Balancing"): a load error
+// of 0.1 moves the bias by this × 0.1 logit units in one update.
+inline constexpr double kProportionalBalanceGain = 1.0;
+// balance_bias_lr's default under a rule: kProportionalBalanceGain, or 1e-3 (adamw's lr and
+// sign_adaptive's initial step).
+double default_balance_bias_lr(ops::BalanceRule rule);
+// Router balancers as JSON, one object per MoE sublayer: {"rule": name, "bias": [S], the
+// rule's state vectors by name (none, "exp_avg" and "exp_avg_sq", or "step_size" and
+// "last_sign"), "step": n}; and its inverse into balancers built for the config, which fails
+// (Error) naming the problem on a state of another shape. A state saved under another rule
+// gives its biases (so routing is as trained) with the configured rule's initial state, and
+// returns a note saying so (empty otherwise). States without "rule" are read by the vectors
+// they hold.
 json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers);
 std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const json& state);
 

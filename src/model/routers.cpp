@@ -111,6 +111,10 @@ void ZayaRouterScratch::begin_backward(const ModelConfig& c, BatchShape s) {
 
 namespace {
 
+ops::BiasOn bias_on(const ModelConfig& c) {
+  return c.balance_bias_on == "probs" ? ops::BiasOn::probs : ops::BiasOn::logits;
+}
+
 // The router MLP on N rows, all fp32 (it is small, and the choice is sensitive to rounding):
 // n [N, C] → r, u, a1, g1, a2, g2 [N, R] and logits [N, S]; rstd [N].
 void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
@@ -142,8 +146,8 @@ void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs
   const int64_t N = s.rows();
   zaya_router_logits(cx, w, moe.n, r_prev, N, r.r, r.u, r.rstd, r.a1, r.g1, r.a2, r.g2,
                      scratch.logits);
-  ops::zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, N, c.n_experts,
-                           c.top_k, c.router_skip_class, c.skip_passes_input);
+  ops::zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, bias_on(c), N,
+                           c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
   ops::zaya_class_counts(counts, moe.choice, N, c.top_k, c.router_classes());
 }
 
@@ -183,8 +187,8 @@ void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n,
   const ModelConfig& c = cx.config;
   float rstd;
   zaya_router_logits(cx, w, n, r_prev, 1, r, s.u, &rstd, s.a1, s.g1, s.a2, s.g2, s.logits);
-  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, 1, c.n_experts, c.top_k,
-                           c.router_skip_class, c.skip_passes_input);
+  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, bias_on(c), 1, c.n_experts,
+                           c.top_k, c.router_skip_class, c.skip_passes_input);
 }
 
 }  // namespace foundry
