@@ -166,8 +166,6 @@ void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* 
 
 // ---- gating --------------------------------------------------------------------------------
 
-const char* bias_on_name(BiasOn on) { return on == BiasOn::logits ? "logits" : "probs"; }
-
 template <typename T>
 void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
                          const T* balance_bias, BiasOn bias_on, int64_t n, int64_t e, int64_t k,
@@ -182,7 +180,7 @@ void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
     detail::softmax_row(p, z, classes);
     const T* scores = bias_on == BiasOn::logits ? z : p;
 
-    // Repeated arg-max of p + bias over the classes not yet chosen. Scanning in ascending
+    // Repeated arg-max of score + bias over the classes not yet chosen. Scanning in ascending
     // index with a strict '>' keeps the lower index on ties; starting from the first free
     // class keeps the choice a valid index even if a score is NaN.
     int32_t* idx = choice + i * k;
@@ -287,22 +285,32 @@ ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerO
   }
 }
 
-std::vector<const char*> ZayaBalancer::rule_state_names() const {
-  switch (options.rule) {
+namespace {
+
+// A balancer's rule state vectors by checkpoint name, the one place that says which they are
+// (const or mutable with the balancer).
+template <typename Balancer>
+auto rule_vectors(Balancer& b) -> std::vector<std::pair<const char*, decltype(&b.bias)>> {
+  switch (b.options.rule) {
     case BalanceRule::proportional: return {};
-    case BalanceRule::adamw: return {"exp_avg", "exp_avg_sq"};
+    case BalanceRule::adamw: return {{"exp_avg", &b.exp_avg}, {"exp_avg_sq", &b.exp_avg_sq}};
     case BalanceRule::sign_adaptive: break;
   }
-  return {"step_size", "last_sign"};
+  return {{"step_size", &b.step_size}, {"last_sign", &b.last_sign}};
+}
+
+}  // namespace
+
+std::vector<const char*> ZayaBalancer::rule_state_names() const {
+  std::vector<const char*> names;
+  for (const auto& v : rule_vectors(*this)) names.push_back(v.first);
+  return names;
 }
 
 std::vector<const std::vector<float>*> ZayaBalancer::rule_state() const {
-  switch (options.rule) {
-    case BalanceRule::proportional: return {};
-    case BalanceRule::adamw: return {&exp_avg, &exp_avg_sq};
-    case BalanceRule::sign_adaptive: break;
-  }
-  return {&step_size, &last_sign};
+  std::vector<const std::vector<float>*> state;
+  for (const auto& v : rule_vectors(*this)) state.push_back(v.second);
+  return state;
 }
 
 void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
@@ -391,13 +399,8 @@ void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<std::vecto
                      balance_rule_name(options.rule)),
          "the checkpoint is corrupt; resume from an earlier one");
   bias = std::move(bias_in);
-  if (options.rule == BalanceRule::adamw) {
-    exp_avg = std::move(rule_in[0]);
-    exp_avg_sq = std::move(rule_in[1]);
-  } else if (options.rule == BalanceRule::sign_adaptive) {
-    step_size = std::move(rule_in[0]);
-    last_sign = std::move(rule_in[1]);
-  }
+  const auto targets = rule_vectors(*this);
+  for (size_t i = 0; i < targets.size(); ++i) *targets[i].second = std::move(rule_in[i]);
   step = step_in;
 }
 

@@ -65,7 +65,6 @@
 //                           d_res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
 // where d_res and d_h are zeroed buffers (or buffers already holding other contributions).
 #pragma once
-#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -114,7 +113,6 @@ void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* 
 //     p_skip flows back through gate).
 // skip_passes_input requires skip_class. 1 ≤ K ≤ S.
 enum class BiasOn { probs, logits };
-const char* bias_on_name(BiasOn on);
 template <typename T>
 void zaya_gating_forward(T* probs, int32_t* choice, T* gate, const T* logits,
                          const T* balance_bias, BiasOn bias_on, int64_t n, int64_t e, int64_t k,
