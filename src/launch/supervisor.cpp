@@ -51,7 +51,8 @@ struct Attempt {
   double started = 0;         // monotonic
   int64_t resume_step = 0;    // the checkpoint it starts from (0: none)
   int64_t last_step = 0;      // the furthest step any rank reached
-  bool progressed = false;    // some rank completed a step in this attempt
+  bool progressed = false;    // some rank completed a step in this attempt (by heartbeats)
+  int64_t logged_at_start = 0;  // metrics.jsonl's last step when the attempt started
   std::map<int, ChangeClock> beats, progress;
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
   std::map<int, double> gone_since;        // ranks whose process has vanished, since when
@@ -151,6 +152,7 @@ Attempt Supervisor::start(int number) {
                    "host's %d cores (if the ranks share it): unset OMP_NUM_THREADS to share them\n",
                    threads, a.ranks, in.host_cores);
 
+  a.logged_at_start = last_logged_step(run_dir_);
   const pid_t pid = fork();
   if (pid < 0) fail(fmt::format("cannot start the job: fork: {}", std::strerror(errno)));
   if (pid == 0) {
@@ -266,8 +268,11 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
     o.detail += " (a rank died, stopped or hung: see the job's error above)";
   }
   // A first start that fails before its first step met bad input and would fail the same
-  // way again; a restart's may be the environment (a disk still full) and is retried.
-  const bool bad_input = !a.progressed && a.number == 1;
+  // way again; a restart's may be the environment (a disk still full) and is retried. A fast
+  // job can run many steps between two heartbeat reads, so a step logged since the start
+  // counts as progress too.
+  const bool progressed = a.progressed || last_logged_step(run_dir_) > a.logged_at_start;
+  const bool bad_input = !progressed && a.number == 1;
   const auto fatal = [](const json& e) { return e.value("fatal", false); };
   if (code == kExitFailed && (bad_input || job_event_since(attempt_unix_, fatal))) {
     o.retry = false;
