@@ -37,7 +37,7 @@ struct PlanOptions {
   int64_t tp = 1, pp = 1, vp = 1, ep = 1;
   double expert_imbalance = 0;
   std::string recompute = "none";
-  bool overlap_param_gather = false;
+  bool overlap_param_gather = false, overlap_expert_comm = false, dedup_dispatch = false;
   // Goodput: a negative value means "derive the default".
   double failure_rate = 1.97e-5;  // per device-hour: Llama 3 (docs/anchors.md)
   double checkpoint_stall = -1, checkpoint_write = -1, restart = -1, checkpoint_interval = 0;
@@ -158,6 +158,8 @@ void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) 
                 : o.recompute == "selective" ? Recompute::selective
                                              : Recompute::none;
   s.overlap_param_gather = o.overlap_param_gather;
+  s.overlap_expert_comm = o.overlap_expert_comm;
+  s.dedup_expert_dispatch = o.dedup_dispatch;
   s.data_scatter = o.scatter;
 }
 
@@ -398,6 +400,10 @@ void register_plan_commands(CLI::App& app) {
       ->check(CLI::IsMember({"none", "selective", "full"}));
   plan->add_flag("--overlap-param-gather", o->overlap_param_gather,
                  "The weight all-gather hides behind the next forward (default: exposed)");
+  plan->add_flag("--overlap-expert-comm", o->overlap_expert_comm,
+                 "Expert all-to-alls hide behind another micro-batch's compute (DualPipe)");
+  plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
+                 "A token crosses to each other node once (DeepEP-style dispatch)");
   plan->add_option("--failure-rate", o->failure_rate,
                    "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
   plan->add_option("--checkpoint-stall", o->checkpoint_stall,

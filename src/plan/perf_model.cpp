@@ -37,6 +37,7 @@ namespace {
 
 constexpr double kF32 = 4, kBf16 = 2;
 constexpr const char* kFrameworkName = "framework overhead (kernel launches)";
+constexpr const char* kAllToAllName = "expert-parallel dispatch and combine all-to-alls";
 constexpr const char* kElementwiseName =
     "elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)";
 
@@ -453,10 +454,14 @@ double add_blocking_comm(const ModelConfig& c, const StepShape& s, const Hardwar
   // buffer (the busiest rank's, under imbalance).
   if (s.ep > 1 && c.n_experts > 1) {
     const double tokens = double(s.micro_batch) * double(s.seq / s.cp) / double(s.tp);
-    const double send = tokens * double(std::min(c.top_k, c.n_experts)) *
-                        double(c.d_model) * act * expert_imbalance(c, s);
+    const int64_t k = std::min(c.top_k, c.n_experts);
+    const double dedup = s.dedup_expert_dispatch
+                             ? dispatch_dedup_factor(c.n_experts, k, s.ep, profile.devices_per_node)
+                             : 1.0;
+    const double send =
+        tokens * double(k) * double(c.d_model) * act * expert_imbalance(c, s) * dedup;
     const double one = group_collective_s(profile, "all_to_all", s.ep, send, 1);
-    led.add("expert-parallel dispatch and combine all-to-alls", CostCategory::comm,
+    led.add(kAllToAllName, CostCategory::comm,
             4 * layers * one, 0, 4 * layers * send * double(s.ep - 1) / double(s.ep));
     if (spans_nodes(profile, s.ep, 1)) backward_inter = 2 * layers * one;
   }
@@ -542,6 +547,20 @@ double expert_imbalance(const ModelConfig& c, const StepShape& s) {
   return binomial_imbalance(routed, s.ep);
 }
 
+double dispatch_dedup_factor(int64_t experts, int64_t top_k, int64_t ep, int64_t per_node) {
+  if (per_node <= 1 || ep <= per_node || top_k <= 0) return 1.0;
+  const int64_t nodes = (ep + per_node - 1) / per_node;
+  const double local = double(ep) / double(nodes);
+  const double per_node_experts = double(experts) / double(nodes);
+  double miss = 1;  // a given other node holds none of the token's k experts
+  for (int64_t i = 0; i < top_k; ++i)
+    miss *= std::max(0.0, (double(experts) - per_node_experts - double(i)) /
+                              (double(experts) - double(i)));
+  const double dedup = double(nodes - 1) * (1 - miss);
+  const double plain = double(top_k) * (double(ep) - local) / double(ep);
+  return plain > 0 ? std::min(1.0, dedup / plain) : 1.0;
+}
+
 double binomial_imbalance(double routed, int64_t ranks) {
   if (ranks <= 1 || routed <= 0) return 1.0;
   const double r = double(ranks);
@@ -559,11 +578,22 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
         (inter == nullptr || f.ranks > inter->ranks))
       inter = &f;
   if (inter == nullptr) return profile.collective_time(op, ranks, bytes);
+  const CollectiveFit& intra = profile.collective(op, per_node);
+  const double ring = inter->alpha_s * double(ranks - 1) / double(inter->ranks - 1);
+  const double alpha = std::max(ring, intra.alpha_s);
+  if (op == "all_to_all") {
+    // Each rank sends S/ranks to every peer: the share for peers on other nodes leaves
+    // through the NIC (the inter-node fit's bus bandwidth, about one NIC's), the share for
+    // peers on its own node crosses the intra-node links at the same time.
+    const int64_t local = std::clamp<int64_t>(per_node / std::max<int64_t>(stride, 1), 1, ranks);
+    const double remote = bytes * double(ranks - local) / double(ranks);
+    const double near = bytes * double(local - 1) / double(ranks);
+    return alpha + std::max(remote / (inter->beta_bytes_per_s * busbw_factor(op, inter->ranks)),
+                            near / (intra.beta_bytes_per_s * busbw_factor(op, intra.ranks)));
+  }
   const double share = double(std::min(std::max<int64_t>(stride, 1), per_node));
   const double busbw = inter->beta_bytes_per_s * busbw_factor(op, inter->ranks) / share;
   const double algbw = busbw / busbw_factor(op, ranks);
-  const double ring = inter->alpha_s * double(ranks - 1) / double(inter->ranks - 1);
-  const double alpha = std::max(ring, profile.collective(op, per_node).alpha_s);
   return alpha + bytes / algbw;
 }
 
@@ -611,7 +641,11 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
                                led.seconds(CostCategory::elementwise) +
                                led.seconds(CostCategory::recompute);
   const double backward_inter = add_blocking_comm(config, s, profile, led);
-  const double blocking = led.seconds(CostCategory::comm);
+  double blocking = led.seconds(CostCategory::comm);
+  if (s.overlap_expert_comm) {
+    const double all_to_all = led.seconds(kAllToAllName);
+    blocking += std::max(0.0, all_to_all - s.comm_overlap * micro_compute) - all_to_all;
+  }
   led.add(kFrameworkName, CostCategory::overhead, led.kernels() * eff.kernel_overhead_s, 0, 0);
   const double micro_s = micro_compute + blocking + led.seconds(kFrameworkName);
   led.scale(double(s.accumulation));

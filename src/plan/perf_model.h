@@ -35,7 +35,9 @@
 //                next forward. Blocking, in the critical path: context parallelism's k, v
 //                all-gathers and reduce-scatters, tensor parallelism's activation all-gathers
 //                and reduce-scatters (sequence parallel), expert parallelism's dispatch and
-//                combine all-to-alls. Contention: a hidden gradient reduction and the
+//                combine all-to-alls (hidden behind another micro-batch's compute with
+//                `overlap_expert_comm`; across nodes only the bytes for other nodes' peers
+//                cross the NIC). Contention: a hidden gradient reduction and the
 //                backward's all-to-alls that share inter-node links queue behind each other.
 //   pipeline     the 1F1B bubble, (pp − 1)/vp micro-batch times of a stage.
 //   overhead     framework: kernels launched × the profile's per-kernel overhead; data
@@ -83,6 +85,12 @@ struct StepShape {
   double expert_imbalance = 0; // busiest ep rank's tokens / mean (>= 1); 0 = binomial routing
   Recompute recompute = Recompute::none;
   bool overlap_param_gather = false;  // the weight all-gather hides behind the next forward
+  // The expert-parallel all-to-alls hide behind another micro-batch's compute (DeepSeek's
+  // DualPipe, Megatron's 1F1B all-to-all overlap), up to comm_overlap of it.
+  bool overlap_expert_comm = false;
+  // Node-deduplicating dispatch (DeepEP, DeepSeek-V3's kernels): a token crosses to each
+  // other node holding one of its experts once and is forwarded inside that node.
+  bool dedup_expert_dispatch = false;
   double data_scatter = 1.0;   // σ of the storage analysis (page touches per page read)
   int64_t data_bytes_per_token = 4;
 };
@@ -140,6 +148,12 @@ double expert_imbalance(const ModelConfig& config, const StepShape& shape);
 // (token × k choices landing on one rank on average) picks a rank uniformly: the max of
 // `ranks` binomial loads, ≈ 1 + sqrt(2·ln(ranks)·(1 − 1/ranks)/routed). 1 for one rank.
 double binomial_imbalance(double routed, int64_t ranks);
+
+// With node-deduplicating dispatch: the copies of a token that cross the NIC over those
+// without, ≤ 1. Experts spread evenly over the nodes the ep ranks span; a token's k distinct
+// experts hit each other node with probability 1 − C(E − E/nodes, k)/C(E, k), against
+// k·(ep − local)/ep copies sent one per expert. 1 when the ranks fit in one node.
+double dispatch_dedup_factor(int64_t experts, int64_t top_k, int64_t ep, int64_t per_node);
 
 // Seconds of one collective among `ranks` devices placed `stride` apart (devices numbered
 // node by node, profile.devices_per_node to a node): the intra-node fit when the group fits

@@ -209,6 +209,11 @@ TEST(Topology, CollectivesFollowNodesAndNeverShrinkWithRanks) {
             group_collective_s(prof, "all_gather", 8, S, 1));
   EXPECT_NEAR(group_collective_s(prof, "all_gather", 64, S, 8) - 1e-4,
               8 * (group_collective_s(prof, "all_gather", 64, S, 1) - 1e-4), 1e-9);
+  // An all-to-all across nodes: only the bytes for peers on other nodes cross the NIC.
+  const double alpha16 = std::max(1e-4 * 15 / 63, 1e-5);
+  EXPECT_NEAR(group_collective_s(prof, "all_to_all", 16, S, 1),
+              alpha16 + std::max(S * 8 / 16 / (1e10 * 63 / 64), S * 7 / 16 / (1e11 * 7 / 8)),
+              1e-12);
   // More devices never less communication time, for every op and stride.
   for (const char* op : {"reduce_scatter", "all_gather", "all_reduce", "all_to_all"})
     for (int64_t stride : {1, 2, 8}) {
@@ -244,6 +249,41 @@ TEST(PerfModel, MoreDevicesNeverLessCommunication) {
     EXPECT_GT(a2a, previous_a2a) << ep;
     previous_a2a = a2a;
   }
+}
+
+TEST(PerfModel, OverlappedAllToAllsHideBehindCompute) {
+  const ModelConfig c = moe_bench();
+  const HardwareProfile prof = cluster_profile();
+  StepShape s;
+  s.dp = 8;
+  s.ep = 8;
+  const StepPrediction exposed = predict_step(c, s, prof);
+  s.overlap_expert_comm = true;
+  const StepPrediction hidden = predict_step(c, s, prof);
+  const double a2a = item_seconds(exposed, "expert-parallel");
+  ASSERT_GT(a2a, 0);
+  EXPECT_LT(hidden.step_s, exposed.step_s);
+  EXPECT_GE(hidden.comm_exposed_s, exposed.comm_exposed_s - a2a - 1e-15);
+  EXPECT_DOUBLE_EQ(item_seconds(hidden, "expert-parallel"), a2a);  // the same traffic
+}
+
+TEST(PerfModel, DedupDispatchSendsFewerCopiesAcrossNodes) {
+  EXPECT_DOUBLE_EQ(dispatch_dedup_factor(128, 8, 8, 8), 1.0);  // one node: nothing to save
+  // 128 experts on 4 nodes, top-8: each other node is hit with p = 1 − C(96,8)/C(128,8).
+  double miss = 1;
+  for (int i = 0; i < 8; ++i) miss *= (96.0 - i) / (128.0 - i);
+  EXPECT_NEAR(dispatch_dedup_factor(128, 8, 32, 8), 3 * (1 - miss) / (8 * 24.0 / 32), 1e-12);
+  EXPECT_LT(dispatch_dedup_factor(128, 8, 32, 8), dispatch_dedup_factor(128, 2, 32, 8));
+  EXPECT_LE(dispatch_dedup_factor(128, 1, 32, 8), 1.0);
+  const ModelConfig c = model_of("moe-bench.json");
+  StepShape s;
+  s.dp = 16;
+  s.ep = 8;
+  s.micro_batch = 1;
+  const HardwareProfile prof = cluster_profile();
+  const double plain = item_seconds(predict_step(c, s, prof), "expert-parallel");
+  s.dedup_expert_dispatch = true;
+  EXPECT_DOUBLE_EQ(item_seconds(predict_step(c, s, prof), "expert-parallel"), plain);
 }
 
 TEST(PerfModel, MoreImbalanceIsNeverFaster) {
