@@ -16,7 +16,8 @@ import re, sys
 text = open(sys.argv[1]).read()
 m = re.search(r"= ([0-9.]+)% of the best shape's", text)
 assert m, "no comparison line"
-# 80%: the attention-efficiency and launch-overhead terms charge ZAYA1-base's depth (81%).
+# 80%: the exposed all-gather, launch overhead and attention efficiency charge ZAYA1-base's
+# depth (81%; docs/planning.md).
 assert float(m.group(1)) >= 80.0, m.group(0)
 PY
 for needle in "Ranked by predicted training throughput" "Pareto front" "Rejected shapes" \

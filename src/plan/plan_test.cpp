@@ -569,9 +569,10 @@ TEST(Plan, Zaya1BaseIsNearTheBestOnMi300x) {
   ASSERT_EQ(r.compared.size(), 1u);
   const Candidate& z = r.compared[0].second;
   EXPECT_TRUE(z.reject.empty()) << z.reject << " " << z.detail;
-  // Within 20%: the fused attention's achieved efficiency and the launch overhead per kernel
-  // (profiles/README.md, note 5) charge depth, and ZAYA1-base has 40 layers against the best
-  // shape's 17 (81% of its throughput; 92.6% before those terms).
+  // Within 20%: the exposed weight all-gather (no longer hidden by its longer compute), the
+  // launch overhead per kernel and the fused attention's efficiency (profiles/README.md,
+  // note 5) charge depth: ZAYA1-base's 40 layers against the best shape's 17 give 81% of its
+  // throughput (92.6% before those terms).
   EXPECT_GE(z.cluster_tokens_per_s, 0.8 * r.ranked.front().cluster_tokens_per_s);
 }
 
