@@ -6,7 +6,8 @@
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 
-python3 - "$FOUNDRY" "$SRC" <<'PY' && ok "every anchor predicts its recorded step time" || bad "anchor predictions moved"
+python3 - "$FOUNDRY" "$SRC" <<'PY' && ok "every anchor predicts its recorded step time" \
+  || bad "anchor predictions moved"
 import json, os, shlex, subprocess, sys
 foundry, src = sys.argv[1], sys.argv[2]
 anchors = json.load(open(os.path.join(src, "docs", "anchors.json")))
@@ -35,18 +36,23 @@ out="$("$FOUNDRY" plan --profile mi300x --config "$SRC/configs/anchors/qwen3-30b
   --devices 16 --global-batch 512 --pp 2 --vp 24 --ep 8 --recompute selective 2>&1)"
 for needle in "pipeline bubble (1F1B fill and drain)" "expert-parallel dispatch and combine" \
               "activation recompute (selective)" "framework overhead (kernel launches)" \
-              "weight all-gather (after the optimizer step)" "model parallel: tp 1, pp 2 (vp 24), ep 8" \
+              "weight all-gather (after the optimizer step)" \
+              "model parallel: tp 1, pp 2 (vp 24), ep 8" \
               "job MTBF" "Daly" "predicted goodput"; do
   grep -qF -- "$needle" <<<"$out" || bad "plan output lacks '$needle'"
 done
 ok "the breakdown shows the layout's terms and the goodput"
 "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
   --global-batch 4096 --failure-rate 0 --json >g0.json 2>&1
-python3 -c "import json; g = json.load(open('g0.json'))['goodput']; assert g['goodput'] == 1 and g['mtbf_s'] is None, g" \
-  && ok "no failures: goodput 1" || bad "goodput without failures"
+python3 - g0.json <<'PY' && ok "no failures: goodput 1" || bad "goodput without failures"
+import json, sys
+g = json.load(open(sys.argv[1]))["goodput"]
+assert g["goodput"] == 1 and g["mtbf_s"] is None, g
+PY
 "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
   --global-batch 4096 --checkpoint-stall 10 --checkpoint-write 0 --restart 60 --json >g1.json 2>&1
-python3 - g1.json <<'PY' && ok "the interval is Daly's for the given stall" || bad "goodput interval"
+python3 - g1.json <<'PY' && ok "the interval is Daly's for the given stall" \
+  || bad "goodput interval"
 import json, math, sys
 g = json.load(open(sys.argv[1]))["goodput"]
 M = 3600 / (1024 * 1.97e-5)
