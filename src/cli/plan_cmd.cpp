@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
@@ -386,14 +387,13 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
-  plan->add_option("--tp", o->tp, "With --config: tensor-parallel ranks (sequence parallel)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  plan->add_option("--pp", o->pp, "With --config: pipeline stages (1F1B)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  plan->add_option("--vp", o->vp, "With --config: virtual stages per device (interleaved 1F1B)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-  plan->add_option("--ep", o->ep, "With --config: expert-parallel ranks (all-to-all dispatch)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
+  for (const auto& [flag, value, help] : {
+           LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
+           LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
+           LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
+           LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
+    plan->add_option(flag, *value, help)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--expert-imbalance", o->expert_imbalance,
                    "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");
   plan->add_option("--recompute", o->recompute, "Activation recomputation (default none)")
