@@ -397,18 +397,16 @@ void add_imbalance(const ModelConfig& c, const StepShape& s, Ledger& led) {
 }
 
 // Activation recomputation: a second forward in the backward. Full: a third of every GEMM
-// and elementwise pass, and the attention forward (2 of 7 products, at the forward's
-// rate); selective: the elementwise forward passes (about 2/5 of their bytes).
-void add_recompute(const StepShape& s, Ledger& led) {
+// and elementwise pass, and the attention forward (its 2 products of 7, at the forward's
+// efficiency); selective: the elementwise forward passes (about 2/5 of their bytes).
+void add_recompute(const StepShape& s, const Efficiency& eff, Ledger& led) {
   if (s.recompute == Recompute::none) return;
   const double elementwise = led.seconds(CostCategory::elementwise);
   double seconds = 0.4 * elementwise;
   if (s.recompute == Recompute::full) {
-    double attention_fwd = 0;
-    for (const auto& it : led.items())
-      if (it.category == CostCategory::attention && it.name == "attention core")
-        attention_fwd += it.seconds;
-    seconds = led.seconds(CostCategory::gemm) / 3 + elementwise / 3 + attention_fwd * 2 / 7;
+    const double forward = 2 / eff.attention_forward, backward = 5 / eff.attention_backward;
+    const double attention_fwd = led.seconds("attention core") * forward / (forward + backward);
+    seconds = led.seconds(CostCategory::gemm) / 3 + elementwise / 3 + attention_fwd;
   }
   led.add(fmt::format("activation recompute ({})", recompute_name(s.recompute)),
           CostCategory::recompute, seconds, 0, 0);
@@ -426,10 +424,12 @@ double add_blocking_comm(const ModelConfig& c, const StepShape& s, const Hardwar
   const double layers = double(c.n_layers) / double(s.pp);
   const double act = s.precision == DType::bf16 ? kBf16 : kF32;
   double backward_inter = 0;
-  // Context parallelism: k and v of the whole sequences, all-gathered per layer forward,
-  // their gradients reduce-scattered backward (fp32 activations).
+  // Context parallelism: k and v of the whole sequences (a tensor-parallel rank's share of
+  // the heads), all-gathered per layer forward, their gradients reduce-scattered backward
+  // (fp32 activations).
   if (s.cp > 1) {
-    const double whole = double(s.micro_batch) * double(s.seq) * double(c.kv_dim()) * kF32;
+    const double whole =
+        double(s.micro_batch) * double(s.seq) * double(c.kv_dim()) * kF32 / double(s.tp);
     const double count = 2.0 * layers;
     const double sent = count * whole * double(s.cp - 1) / double(s.cp);
     led.add("context-parallel k, v all-gather", CostCategory::comm,
@@ -635,7 +635,7 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
   micro_step(config, s, profile, led);
   led.scale(1.0 / double(s.pp));
   add_imbalance(config, s, led);
-  add_recompute(s, led);
+  add_recompute(s, eff, led);
   const double micro_compute = led.seconds(CostCategory::gemm) +
                                led.seconds(CostCategory::attention) +
                                led.seconds(CostCategory::elementwise) +
