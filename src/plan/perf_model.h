@@ -37,8 +37,9 @@
 //                and reduce-scatters (sequence parallel), expert parallelism's dispatch and
 //                combine all-to-alls (hidden behind another micro-batch's compute with
 //                `overlap_expert_comm`; across nodes only the bytes for other nodes' peers
-//                cross the NIC). Contention: a hidden gradient reduction and the
-//                backward's all-to-alls that share inter-node links queue behind each other.
+//                cross the NIC, one copy per node hit with `dedup_expert_dispatch`).
+//                Contention: a hidden gradient reduction and the backward's all-to-alls that
+//                share inter-node links queue behind each other.
 //   pipeline     the 1F1B bubble, (pp − 1)/vp micro-batch times of a stage.
 //   overhead     framework: kernels launched × the profile's per-kernel overhead; data
 //                loading: the step's pages over the storage IOPS budget, prefetched during the
@@ -46,7 +47,7 @@
 // Tensor and pipeline parallelism divide a micro-step's work by tp · pp, its GEMMs at the
 // rates of the split shapes.
 // What is not modelled: stragglers, pipeline stages of unequal cost (embedding and LM head),
-// TP communication overlapped with compute, FP8.
+// FSDP's per-layer all-gathers, TP communication overlapped with compute, FP8.
 #pragma once
 #include <cstdint>
 #include <string>
