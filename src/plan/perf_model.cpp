@@ -523,6 +523,60 @@ double data_loading_s(const StepShape& s, const HardwareProfile& profile) {
                                    s.data_scatter);
 }
 
+// One micro-step of one pipeline stage (L/pp layers) into `led`: compute, the blocking
+// collectives, the launches.
+struct MicroStep {
+  double compute_s = 0;         // GEMMs, attention, elementwise, recompute
+  double exposed_comm_s = 0;    // blocking collectives not hidden
+  double backward_inter_s = 0;  // the backward's all-to-alls across nodes (contention)
+  double total_s = 0;           // what one micro-step of the stage takes
+};
+
+MicroStep stage_micro_step(const ModelConfig& c, const StepShape& s,
+                           const HardwareProfile& profile, Ledger& led) {
+  const Efficiency eff = efficiency_at(profile, s.seq);
+  micro_step(c, s, profile, led);
+  led.scale(1.0 / double(s.pp));
+  add_imbalance(c, s, led);
+  add_recompute(s, eff, led);
+  MicroStep m;
+  m.compute_s = led.seconds(CostCategory::gemm) + led.seconds(CostCategory::attention) +
+                led.seconds(CostCategory::elementwise) + led.seconds(CostCategory::recompute);
+  m.backward_inter_s = add_blocking_comm(c, s, profile, led);
+  m.exposed_comm_s = led.seconds(CostCategory::comm);
+  if (s.overlap_expert_comm) {
+    const double all_to_all = led.seconds(kAllToAllName);
+    m.exposed_comm_s +=
+        std::max(0.0, all_to_all - s.comm_overlap * m.compute_s) - all_to_all;
+  }
+  led.add(kFrameworkName, CostCategory::overhead, led.kernels() * eff.kernel_overhead_s, 0, 0);
+  m.total_s = m.compute_s + m.exposed_comm_s + led.seconds(kFrameworkName);
+  return m;
+}
+
+// The data-parallel collectives into `led`, and the seconds of them exposed: the gradient
+// reduction hides behind the last micro-step's backward (where the gradients become final),
+// the weight all-gather follows the optimizer step, and a hidden reduction that shares
+// inter-node links with the backward's all-to-alls queues with them.
+double exposed_data_parallel_s(const StepShape& s, const HardwareProfile& profile,
+                               const Layout& lay, const MicroStep& micro, Ledger& led) {
+  const DataParallelComm dpc = add_data_parallel_comm(s, profile, lay, led);
+  const double reduce_exposed =
+      std::max(0.0, dpc.reduce_s - s.comm_overlap * 2.0 / 3.0 * micro.compute_s);
+  const double gather_exposed =
+      s.overlap_param_gather
+          ? std::max(0.0, dpc.gather_s - s.comm_overlap * micro.compute_s / 3.0)
+          : dpc.gather_s;
+  double contention = 0;
+  if (dpc.inter_node && micro.backward_inter_s > 0) {
+    contention = std::min(dpc.reduce_s - reduce_exposed, micro.backward_inter_s);
+    if (contention > 0)
+      led.add("contention (gradient reduction and all-to-alls on shared links)",
+              CostCategory::comm, contention, 0, 0);
+  }
+  return reduce_exposed + gather_exposed + contention;
+}
+
 // Sums the ledger into the prediction's categories.
 void sum_categories(const Ledger& led, StepPrediction& p) {
   p.gemm_s = led.seconds(CostCategory::gemm);
@@ -627,57 +681,21 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
                             const HardwareProfile& profile) {
   FOUNDRY_CHECK(s.seq > 0 && s.micro_batch > 0 && s.accumulation > 0 && s.dp > 0 && s.cp > 0);
   FOUNDRY_CHECK(s.tp > 0 && s.pp > 0 && s.vp > 0 && s.ep > 0);
-  const Layout lay = layout_of(config, s);
-  const Efficiency eff = efficiency_at(profile, s.seq);
   Ledger led(profile, s.tp);
-
-  // One micro-step of one pipeline stage: compute, the blocking collectives, the launches.
-  micro_step(config, s, profile, led);
-  led.scale(1.0 / double(s.pp));
-  add_imbalance(config, s, led);
-  add_recompute(s, eff, led);
-  const double micro_compute = led.seconds(CostCategory::gemm) +
-                               led.seconds(CostCategory::attention) +
-                               led.seconds(CostCategory::elementwise) +
-                               led.seconds(CostCategory::recompute);
-  const double backward_inter = add_blocking_comm(config, s, profile, led);
-  double blocking = led.seconds(CostCategory::comm);
-  if (s.overlap_expert_comm) {
-    const double all_to_all = led.seconds(kAllToAllName);
-    blocking += std::max(0.0, all_to_all - s.comm_overlap * micro_compute) - all_to_all;
-  }
-  led.add(kFrameworkName, CostCategory::overhead, led.kernels() * eff.kernel_overhead_s, 0, 0);
-  const double micro_s = micro_compute + blocking + led.seconds(kFrameworkName);
+  const MicroStep micro = stage_micro_step(config, s, profile, led);
   led.scale(double(s.accumulation));
   // Pipeline fill and drain: (pp − 1)/vp micro-steps of a stage.
   if (s.pp > 1)
     led.add("pipeline bubble (1F1B fill and drain)", CostCategory::pipeline,
-            double(s.pp - 1) / double(s.vp) * micro_s, 0, 0);
+            double(s.pp - 1) / double(s.vp) * micro.total_s, 0, 0);
   led.set_split(1);
   optimizer_step(config, s, profile, led);
-
-  // The gradient reduction hides behind the last micro-step's backward (where the
-  // gradients become final); the weight all-gather follows the optimizer step. A hidden
-  // reduction that shares inter-node links with the backward's all-to-alls queues with it.
-  const DataParallelComm dpc = add_data_parallel_comm(s, profile, lay, led);
-  const double reduce_exposed =
-      std::max(0.0, dpc.reduce_s - s.comm_overlap * 2.0 / 3.0 * micro_compute);
-  const double gather_exposed =
-      s.overlap_param_gather
-          ? std::max(0.0, dpc.gather_s - s.comm_overlap * micro_compute / 3.0)
-          : dpc.gather_s;
-  double contention = 0;
-  if (dpc.inter_node && backward_inter > 0) {
-    contention = std::min(dpc.reduce_s - reduce_exposed, backward_inter);
-    if (contention > 0)
-      led.add("contention (gradient reduction and all-to-alls on shared links)",
-              CostCategory::comm, contention, 0, 0);
-  }
+  const double data_parallel_exposed =
+      exposed_data_parallel_s(s, profile, layout_of(config, s), micro, led);
 
   StepPrediction p;
   sum_categories(led, p);
-  p.comm_exposed_s =
-      blocking * double(s.accumulation) + reduce_exposed + gather_exposed + contention;
+  p.comm_exposed_s = micro.exposed_comm_s * double(s.accumulation) + data_parallel_exposed;
   const double busy = p.compute_s + p.comm_exposed_s + p.bubble_s + p.overhead_s;
   p.data_s = data_loading_s(s, profile);
   p.data_exposed_s = std::max(0.0, p.data_s - busy);
