@@ -226,6 +226,13 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   const DType precision = parse_dtype(o.precision).value();
   const double memory = parse_amount("--memory-per-device", o.memory);
 
+  if (o.overlap < 0 || o.overlap > 1)
+    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
+         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
+  if (o.scatter < 1)
+    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
+         "1 means contiguous storage; leave it out if unsure");
+
   if (!o.config_path.empty()) {
     // Predict one config: the step `foundry train` would run on one device of this profile.
     const RunConfig rc = load_run_config(o.config_path, o.overrides);
@@ -319,12 +326,6 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
   }
-  if (o.overlap < 0 || o.overlap > 1)
-    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
-         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
-  if (o.scatter < 1)
-    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
-         "1 means contiguous storage; leave it out if unsure");
 
   const PlanResult r = plan_search(rq, profile);
   if (r.ranked.empty()) {
