@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The ZAYA1 router's balance on the demo: trains configs/demo.json with the ZAYA1
 # description's balancing (AdamW at lr 1e-3 on a bias added to the probabilities, router MLP
-# initialized at init_std 0.02) and with the defaults (a proportional bias step on the logits,
-# fan-in router initialization), then plots the max load error
-# and the training loss of both against the step (docs/figures/router_balance.png) and prints
-# a Markdown table. The runs are deterministic; a finished run is kept (FRESH=1 retrains).
+# initialized at init_std 0.02), with a proportional bias step (gain 1) on the logits and
+# with the defaults (the newton step on the logits; both with fan-in router initialization),
+# then plots the max load error and the training loss of the three against the step
+# (docs/figures/router_balance.png) and prints a Markdown table. The runs are deterministic;
+# a finished run is kept (FRESH=1 retrains).
 #   bench/router_balance.sh [steps=1600]
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -33,13 +34,14 @@ train() {  # train NAME [--set ...]
 }
 train old --set model.balance_rule=adamw --set model.balance_bias_on=probs \
   --set model.balance_bias_lr=0.001 --set model.router_init_std=0.02
+train proportional --set model.balance_rule=proportional
 train new
 
 # Per-step series (step, max load error, loss, skip share) and the validation losses.
 python3 - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
-for name in ("old", "new"):
+for name in ("old", "proportional", "new"):
     rows = [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
     with open(f"{out}/{name}.dat", "w") as f:
         for r in rows:
@@ -49,20 +51,22 @@ PY
 gnuplot <<GP
 set terminal pngcairo size 1000,760
 set output 'docs/figures/router_balance.png'
-set multiplot layout 2,1 title 'ZAYA1 router on the demo (configs/demo.json): old and new balancing'
+set multiplot layout 2,1 title 'ZAYA1 router on the demo (configs/demo.json): three balancing rules'
 set grid
 set key top right
 set ylabel 'max load error (worst class, all sublayers)'
 set yrange [0:1]
 set arrow from graph 0, first 0.2 to graph 1, first 0.2 nohead dashtype 2 lc rgb 'gray40'
-plot '$out/old.dat' using 1:2 with lines lw 1 lc rgb '#c0392b' title 'old: AdamW (lr 1e-3) on a bias added to p, router init 0.02', \
-     '$out/new.dat' using 1:2 with lines lw 1 lc rgb '#2471a3' title 'new: proportional step (gain 1) on a bias added to the logits, fan-in init'
+plot '$out/old.dat' using 1:2 with lines lw 1 lc rgb '#c0392b' title 'description: AdamW (lr 1e-3) on a bias added to p, router init 0.02', \
+     '$out/proportional.dat' using 1:2 with lines lw 1 lc rgb '#7f8c8d' title 'proportional step (gain 1) on the logits, fan-in init', \
+     '$out/new.dat' using 1:2 with lines lw 1 lc rgb '#2471a3' title 'default: newton step (damping 0.5) on the logits, fan-in init'
 unset arrow
 set ylabel 'training loss'
 set xlabel 'step (2,048 tokens each)'
 set yrange [3.5:8]
-plot '$out/old.dat' using 1:3 with lines lw 1 lc rgb '#c0392b' title 'old', \
-     '$out/new.dat' using 1:3 with lines lw 1 lc rgb '#2471a3' title 'new'
+plot '$out/old.dat' using 1:3 with lines lw 1 lc rgb '#c0392b' title 'description', \
+     '$out/proportional.dat' using 1:3 with lines lw 1 lc rgb '#7f8c8d' title 'proportional', \
+     '$out/new.dat' using 1:3 with lines lw 1 lc rgb '#2471a3' title 'newton (default)'
 unset multiplot
 GP
 echo "wrote docs/figures/router_balance.png" >&2
@@ -72,7 +76,9 @@ import json, sys
 out = sys.argv[1]
 print("| settings | max load error at 100 / 200 / 400 | worst from step 300 | steps from 300 above 0.2 | mean skip share from 300 | final val loss |")
 print("|---|---|---|---|---|---|")
-for name, label in (("old", "old (adamw on p, init 0.02)"), ("new", "new (proportional on logits, fan-in)")):
+for name, label in (("old", "description (adamw on p, init 0.02)"),
+                    ("proportional", "proportional gain 1 on the logits, fan-in"),
+                    ("new", "newton on the logits, fan-in (default)")):
     rows = [json.loads(l) for l in open(f"{out}/{name}/metrics.jsonl")]
     by = {r["step"]: r for r in rows}
     late = [r for r in rows if r["step"] >= 300]

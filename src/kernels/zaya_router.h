@@ -147,9 +147,10 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 
 // The per-class balancing bias of one MoE sublayer and its update rule. The load error err
 // [S] is the bias's "gradient": an over-used class (err > 0) moves down, an under-used one up.
-// Three rules (docs/zaya1.md, "Balancing", explains the choice):
+// Four rules (docs/zaya1.md, "Balancing", explains the choice; the model's default is
+// model.balance_rule, these options' is proportional):
 //
-// - proportional (the default): bias −= gain·err, gain = `lr`. The bias is then the integral
+// - proportional: bias −= gain·err, gain = `lr`. The bias is then the integral
 //   of the load error (an integral controller): a persistent error keeps moving it, a
 //   batch's noise moves it by only gain × the noise. On the logits (BiasOn::logits), where
 //   the scores keep their scale through training, one gain serves the whole run.
@@ -180,9 +181,9 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 //
 // The arithmetic is double; the state is stored in float. Serializable state (all of it;
 // saved in checkpoints and load_state()d back to resume bitwise): bias [S], the rule's
-// per-class vectors (proportional: none; adamw: exp_avg m, exp_avg_sq v; sign_adaptive: step
-// size, last sign in {−1, 0, 1}), and step (the number of updates applied). The options are
-// configuration.
+// per-class vectors (proportional and newton: none; adamw: exp_avg m, exp_avg_sq v;
+// sign_adaptive: step size, last sign in {−1, 0, 1}), and step (the number of updates
+// applied). The options are configuration.
 enum class BalanceRule { proportional, sign_adaptive, adamw, newton };
 const char* balance_rule_name(BalanceRule rule);
 

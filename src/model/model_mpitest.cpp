@@ -337,8 +337,11 @@ TEST(ExpertParallelMpi, RouterCountsSumOverAllRanks) {
     EXPECT_EQ(total, global_assignments) << "layer " << l;
     EXPECT_EQ(routed + counts[l * S + E], global_assignments) << "layer " << l;
   }
-  // Summed counts keep the balancers identical on every rank (they decide the routing).
-  model.update_balancers(counts.data(), global_assignments);
+  // Summed counts keep the balancers identical on every rank (they decide the routing), with
+  // the boundary counts summed likewise when the rule uses them.
+  std::vector<int64_t> near = model.router_boundary_counts();
+  if (!near.empty()) sum_router_counts(world(), near);
+  model.update_balancers(counts.data(), global_assignments, near.empty() ? nullptr : near.data());
   std::vector<double> bias(model.balancers()[0].bias.begin(), model.balancers()[0].bias.end());
   std::vector<double> hi = bias, lo = bias;
   world().allreduce(hi.data(), hi.data(), hi.size(), ReduceOp::max);

@@ -190,6 +190,7 @@ TEST(Zaya, BalancingBiasDrivesLoadsTowardUniform) {
   ModelConfig c = tiny_zaya(2);
   // This tiny router's logits differ little between its 64 tokens, so a gain of 1 would
   // move every token at once; the gain is of the order of that spread.
+  c.balance_rule = "proportional";
   c.balance_bias_lr = 0.1;
   Model model(c, DType::f32);
   model.init_weights(9);

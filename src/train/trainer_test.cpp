@@ -39,10 +39,13 @@ TEST_P(RunStepTest, IsForwardBackwardStepAndBalancers) {
     const ForwardResult f = reference.forward(batches.local_inputs(), batches.local_targets(), 4,
                                               rc.train.seq_len);
     const std::vector<int64_t> counts = reference.router_class_counts();
+    const std::vector<int64_t> near = reference.router_boundary_counts();
     reference.backward();
     const double norm = ref_optimizer->step(reference.params(), reference.grads(), 1e-2, step, 1.0);
     reference.sync_weights();
-    if (!counts.empty()) reference.update_balancers(counts.data(), 4 * rc.train.seq_len * rc.model.top_k);
+    if (!counts.empty())
+      reference.update_balancers(counts.data(), 4 * rc.train.seq_len * rc.model.top_k,
+                                 near.empty() ? nullptr : near.data());
 
     EXPECT_EQ(r.losses.loss, f.loss);
     EXPECT_EQ(r.losses.ce_loss, f.ce_loss);
