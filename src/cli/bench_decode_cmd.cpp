@@ -75,7 +75,7 @@ void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
                        profile->path);
     for (DecodePoint& p : r.points)
       p.predicted_s = predict_decode_latency(with_width(o.model, p.width), p.batch, o.context,
-                                             *profile);
+                                             *profile, o.precision);
   }
   const std::string text = header(provenance, r, note) + format_decode_table(r) + "\n" +
                            format_kv_cache_sizes(o.model);

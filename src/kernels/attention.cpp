@@ -420,6 +420,7 @@ void decode_head(float* o, float* scores, const float* qh, const float* k, const
   for (int64_t t = 0; t < len; ++t) {
     const float* kt = k + t * stride;
     float dot = 0;
+#pragma omp simd reduction(+ : dot)
     for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
     scores[t] = dot * scale;
     max_score = std::max(max_score, scores[t]);
@@ -433,6 +434,7 @@ void decode_head(float* o, float* scores, const float* qh, const float* k, const
   for (int64_t t = 0; t < len; ++t) {
     const float w = static_cast<float>(scores[t] / sum);
     const float* vt = v + t * stride;
+#pragma omp simd
     for (int64_t i = 0; i < d; ++i) o[i] += w * vt[i];
   }
 }

@@ -314,17 +314,66 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
   return p;
 }
 
-double predict_decode_latency(const ModelConfig& c, int64_t batch, int64_t context,
-                              const HardwareProfile& profile) {
-  const ParamCounts pc = count_parameters(c);
+namespace {
+
+// The fixed cost of one decode GEMM call and the small operations around it (norms, RoPE,
+// routing, residuals): oneDNN's execute, OpenMP fork and join. Measured on the development
+// machine (docs/PERFORMANCE.md, "Decode latency") from a model small enough that its
+// weights stay in cache and its steps are nothing but calls.
+constexpr double kDecodeCallOverheadS = 8e-6;
+
+// One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
+// which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
+// fixed cost of a call. m may be fractional (an expert's expected rows); it runs as ⌈m⌉.
+double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t n, int64_t k) {
+  const int64_t rows = std::max<int64_t>(1, int64_t(std::ceil(m - 1e-9)));
+  const double flops = 2.0 * double(rows) * double(n) * double(k);
+  return flops / profile.gemm_rate(dt, rows, n, k) + kDecodeCallOverheadS;
+}
+
+// The GEMMs of one layer's attention and router for `batch` tokens. The routers' logits run
+// in fp32 (and ZAYA1's whole router MLP in the GEMM precision), as model/routers.cpp does.
+double decode_dense_layer_s(const ModelConfig& c, double batch, DType dt,
+                            const HardwareProfile& p) {
+  const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim();
+  if (c.is_zaya()) {
+    const int64_t R = c.router_latent_dim, S = c.router_classes();
+    return decode_gemm_s(p, dt, batch, Dq + Dkv, C) + decode_gemm_s(p, dt, batch, Dkv, C) +
+           decode_gemm_s(p, dt, batch, C, Dq) + decode_gemm_s(p, dt, batch, R, C) +
+           2 * decode_gemm_s(p, dt, batch, R, R) + decode_gemm_s(p, DType::f32, batch, S, R);
+  }
+  double s = decode_gemm_s(p, dt, batch, Dq, C) + 2 * decode_gemm_s(p, dt, batch, Dkv, C) +
+             decode_gemm_s(p, dt, batch, C, Dq);
+  if (c.n_experts > 1) s += decode_gemm_s(p, DType::f32, batch, c.n_experts, C);
+  return s;
+}
+
+}  // namespace
+
+DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t context,
+                                const HardwareProfile& profile, DType precision) {
+  FOUNDRY_CHECK(batch > 0 && context >= 0);
+  const double B = double(batch), L = double(c.n_layers);
   const double E = double(c.n_experts), K = double(std::min(c.top_k, c.n_experts));
-  const double expert_params = double(pc.per_expert) * double(c.n_layers);  // one expert, all layers
-  const double dense = double(pc.total) - E * expert_params;                // everything else
-  const double touched = E > 1 ? E * (1.0 - std::pow(1.0 - K / E, double(batch))) : 1.0;
-  const double kv_per_token = 2.0 * double(c.kv_dim()) * double(c.n_layers);  // K and V
-  const double bytes = kBf16 * (dense + touched * expert_params) +
-                       kBf16 * kv_per_token * double(context) * double(batch);
-  return bytes / profile.memory_bandwidth();
+  const int64_t C = c.d_model, F = c.ffn_dim;
+  DecodePrediction r;
+  r.experts_touched = E > 1 ? E * (1.0 - std::pow(1.0 - K / E, B)) : 1.0;
+  const double rows = B * K / r.experts_touched;  // per touched expert, balanced routing
+  r.gemm_s = L * decode_dense_layer_s(c, B, precision, profile);
+  r.gemm_s += decode_gemm_s(profile, precision, B, c.padded_vocab(), C);  // LM head
+  r.expert_s = L * r.experts_touched *
+               (decode_gemm_s(profile, precision, rows, 2 * F, C) +
+                decode_gemm_s(profile, precision, rows, C, F));
+  // Every sequence's fp32 keys and values of every cached position, read once per step.
+  r.kv_cache_bytes = 2.0 * kF32 * double(c.kv_dim()) * L * double(context) * B;
+  r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
+  r.step_s = r.gemm_s + r.expert_s + r.attention_s;
+  return r;
+}
+
+double predict_decode_latency(const ModelConfig& c, int64_t batch, int64_t context,
+                              const HardwareProfile& profile, DType precision) {
+  return predict_decode(c, batch, context, profile, precision).step_s;
 }
 
 double data_loading_iops(int64_t global_batch, int64_t seq, int64_t bytes_per_token,

@@ -87,13 +87,29 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& shape,
 int64_t predict_memory(const ModelConfig& config, const StepShape& shape,
                        const HardwareProfile& profile);
 
-// Decoding, memory-bound: seconds per generated token for `batch` sequences at `context`
-// tokens, = (bf16 bytes of the non-expert weights + of the experts that the batch touches,
-// E·(1 − (1 − k/E)^batch) per layer + KV cache of the batch) / memory bandwidth.
-// Only the active weights for batch 1; approaches all experts as the batch grows, which is
-// where fine-grained experts win.
+// Decoding: one step of `batch` sequences at `context` cached tokens, as Foundry's batched
+// decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once,
+// each GEMM at the profile's rate for its shape (gemm_rate, whose roofline makes a small
+// batch's GEMMs stream their weights at memory bandwidth, and a large one's compute-bound),
+// plus a fixed cost per call; the experts the batch touches, E·(1 − (1 − k/E)^batch) per
+// layer, each once on its B·k/touched rows (balanced routing); and the fp32 KV caches of the
+// batch read once over memory bandwidth. Only the active experts run for batch 1; all of
+// them as the batch grows, which is where fine-grained experts win. Not modelled: routing
+// imbalance, ZAYA1's skip class (counted as experts), the elementwise work (inside the
+// per-call cost).
+struct DecodePrediction {
+  double gemm_s = 0;       // attention projections, routers, LM head
+  double expert_s = 0;     // the experts' GEMMs
+  double attention_s = 0;  // reading the KV caches
+  double step_s = 0;       // all of it: seconds per step (per generated token of each sequence)
+  double experts_touched = 0;  // per layer
+  double kv_cache_bytes = 0;   // read per step
+};
+DecodePrediction predict_decode(const ModelConfig& config, int64_t batch, int64_t context,
+                                const HardwareProfile& profile,
+                                DType precision = DType::bf16);
 double predict_decode_latency(const ModelConfig& config, int64_t batch, int64_t context,
-                              const HardwareProfile& profile);
+                              const HardwareProfile& profile, DType precision = DType::bf16);
 
 // The paper's storage analysis: reads of G sequences of s tokens of b bytes per step of t
 // seconds, in pages of P bytes, with scatter factor σ: IOPS = σ·G·s·b/(P·t). The break-even

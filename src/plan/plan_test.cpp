@@ -144,12 +144,29 @@ TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
   const ModelConfig c = moe_bench();  // 8 experts, top-2
   const HardwareProfile prof = flat_profile();
   const ParamCounts pc = count_parameters(c);
-  const double kv1 = 2.0 * 2 * c.kv_dim() * c.n_layers;  // bf16 K and V per token of context
-  // Batch 1: exactly the active weights (bf16) plus one sequence's KV cache.
-  EXPECT_NEAR(predict_decode_latency(c, 1, 100, prof), (2.0 * pc.active + kv1 * 100) / 1e11, 1e-12);
-  // A large batch touches every expert: all weights.
-  const double big = predict_decode_latency(c, 1000, 1, prof);
-  EXPECT_NEAR(big, (2.0 * pc.total + kv1 * 1000) / 1e11, 1e-6 * big);
+  const double kv1 = 2.0 * 4 * c.kv_dim() * c.n_layers;  // fp32 K and V per token of context
+  // Batch 1: memory-bound GEMMs stream the active weights (bf16) and their tiny operands, the
+  // KV cache is read once, and every GEMM call costs a fixed overhead.
+  const int64_t calls = c.n_layers * (4 + 1 + 2 * c.top_k) + 1;
+  const double one = predict_decode_latency(c, 1, 100, prof);
+  const double weights = (2.0 * (pc.active - pc.norms_per_layer * c.n_layers - c.d_model) +
+                          kv1 * 100) / 1e11;
+  EXPECT_GT(one, weights + calls * 5e-6);
+  EXPECT_LT(one, 1.1 * weights + calls * 1e-5);
+  const DecodePrediction p1 = predict_decode(c, 1, 100, prof);
+  EXPECT_DOUBLE_EQ(p1.experts_touched, 2.0);
+  EXPECT_DOUBLE_EQ(p1.attention_s, kv1 * 100 / 1e11);
+  EXPECT_DOUBLE_EQ(p1.step_s, p1.gemm_s + p1.expert_s + p1.attention_s);
+  // A large batch touches every expert, and its GEMMs become compute-bound: at 1e12 FLOP/s,
+  // two FLOPs per weight and token.
+  const DecodePrediction big = predict_decode(c, 1000, 1, prof);
+  EXPECT_NEAR(big.experts_touched, 8.0, 1e-9);
+  const double compute = 2.0 * 1000 * (pc.active - pc.norms_per_layer * c.n_layers - c.d_model) / 1e12;
+  EXPECT_GT(big.gemm_s + big.expert_s, compute);
+  EXPECT_LT(big.gemm_s + big.expert_s, 1.5 * compute);
+  // fp32 weights stream twice the bytes of bf16 ones.
+  EXPECT_GT(predict_decode_latency(c, 1, 1, prof, DType::f32),
+            1.8 * predict_decode_latency(c, 1, 1, prof) - 40e-6 * calls);
 }
 
 TEST(Plan, RespectsItsConstraints) {
