@@ -18,7 +18,7 @@ for arch in moe zaya1; do
  "train": {"precision": "bf16", "seq_len": 32}, "data": {"dir": ""}}
 EOF
   if "$F" bench decode --config "$arch.json" --finer 2 --batches 1,3 --context 16 --warmup 1 \
-       --steps 3 --profile "$SRC/profiles/dev-machine.json" --out "$arch-decode.json" \
+       --warmup-seconds 0 --steps 3 --profile "$SRC/profiles/dev-machine.json" --out "$arch-decode.json" \
        >"$arch.txt" 2>"$arch.err"; then
     ok "$arch: bench decode exits 0"
   else
@@ -54,7 +54,7 @@ grep -qE "^\| width \| batch \| params \(total / active\) \| ms/step \| tokens/s
 grep -qE "^\| CCA \(K and V of the KV heads\) \| 64 \| 128 \| 256 \| 1.0x \|$" zaya1.txt \
   && ok "zaya1: the KV cache table names CCA" || bad "zaya1: no CCA row in the KV cache table"
 
-"$F" bench decode --config moe.json --widths 4x128x1 --batches 2 --context 8 --steps 2 --quiet \
+"$F" bench decode --config moe.json --widths 4x128x1 --batches 2 --context 8 --steps 2 --warmup-seconds 0.2 --quiet \
   --out table.md >/dev/null 2>&1 && ok "bench decode without --profile exits 0" || bad "without --profile"
 if [ "$(grep -cE '^\| 4x128 top-1 \| 2 \| [0-9.]+M / [0-9.]+M \| [0-9.]+ \| [0-9]+ \|$' table.md)" = 1 ]; then
   ok "Markdown --out: one row, no prediction columns without a profile"
@@ -68,6 +68,7 @@ expect_fail "--widths 4x128x8" "--widths '4x128x8'" "$F" bench decode --config m
 expect_fail "--widths 4x" "'4x' is not EXPERTSxFFNxTOPK" "$F" bench decode --config moe.json --widths 4x
 expect_fail "--steps 0" "--steps 0" "$F" bench decode --config moe.json --steps 0 --out bad.json
 expect_fail "--context -1" "--context -1" "$F" bench decode --config moe.json --context -1
+expect_fail "--warmup-seconds -1" "--warmup-seconds -1" "$F" bench decode --config moe.json --warmup-seconds=-1
 [ -e bad.json ] && bad "a failed run left bad.json behind" || ok "failed runs write no output file"
 
 finish

@@ -95,13 +95,21 @@ std::vector<double> time_steps(Model& model, const DecodeBenchOptions& o, int64_
   Model::DecodeState state = model.new_decode_state(positions(o), batch);
   state.pos = o.context;  // the caches hold `context` positions already (see decode_bench.h)
   std::vector<int32_t> tokens(batch);
-  std::vector<double> seconds;
-  for (int64_t step = 0; step < o.warmup + o.steps; ++step) {
+  auto step = [&] {
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(model.config().vocab_size));
     const double start = now_seconds();
     model.decode_step(state, tokens.data());
-    if (step >= o.warmup) seconds.push_back(now_seconds() - start);
+    return now_seconds() - start;
+  };
+  // Warm-up: `warmup` steps, then more (at the same position) until warmup_s has passed.
+  const double warm_start = now_seconds();
+  for (int64_t i = 0; i < o.warmup; ++i) step();
+  while (now_seconds() - warm_start < o.warmup_s) {
+    step();
+    --state.pos;
   }
+  std::vector<double> seconds;
+  for (int64_t i = 0; i < o.steps; ++i) seconds.push_back(step());
   return seconds;
 }
 
@@ -113,6 +121,8 @@ void validate(const DecodeBenchOptions& o) {
     if (b < 1) fail(fmt::format("--batches {}: batch sizes must be >= 1", b));
   if (o.context < 0) fail(fmt::format("--context {}: must be >= 0", o.context));
   if (o.warmup < 0) fail(fmt::format("--warmup {}: must be >= 0", o.warmup));
+  if (!(o.warmup_s >= 0 && o.warmup_s <= 600))
+    fail(fmt::format("--warmup-seconds {}: must be between 0 and 600", o.warmup_s));
   if (o.steps < 1) fail(fmt::format("--steps {}: must be >= 1", o.steps));
   for (const MoeWidth& w : widths_of(o)) {
     if (w.experts < 1 || w.ffn_dim < 1 || w.top_k < 1 || w.top_k > w.experts)

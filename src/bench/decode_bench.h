@@ -7,7 +7,8 @@
 // position `context` with its KV caches already that long (holding zeros: attention reads
 // and weighs every cached position whatever it holds), so every timed step attends over
 // context + its offset positions without a prefill. `warmup` untimed steps (oneDNN creates
-// its primitives, pages are touched), then `steps` timed ones; the median is reported.
+// its primitives, pages are touched) for at least warmup_s seconds, then `steps` timed ones;
+// the median is reported.
 //
 // The library does not print: results come back as structs, and the formatter returns text.
 // The planner's prediction (plan/perf_model.h) is filled in by the caller, as bench does not
@@ -47,6 +48,9 @@ struct DecodeBenchOptions {
   std::vector<int64_t> batches = {1, 4, 16, 64};
   int64_t context = 256;           // cached positions before the first timed step
   int64_t warmup = 3, steps = 10;
+  // Warm-up steps go on until this much time has passed, too: a process's first seconds of
+  // decoding run slower (threads, page mappings) than what follows.
+  double warmup_s = 1.0;
   DType precision = DType::bf16;   // the GEMM weights (as train.precision)
   uint64_t seed = 1;
   // Called after each (width, batch) with points done, total, and what finished.

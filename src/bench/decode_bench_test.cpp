@@ -87,6 +87,7 @@ TEST(DecodeBench, RunsEveryWidthAndBatch) {
   o.context = 8;
   o.warmup = 1;
   o.steps = 3;
+  o.warmup_s = 0;
   int64_t reported = 0;
   o.on_progress = [&](int64_t done, int64_t total, const std::string&) {
     EXPECT_EQ(total, 4);

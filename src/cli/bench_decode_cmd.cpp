@@ -28,6 +28,7 @@ struct DecodeFlags {
   std::string config_path, profile, widths, batches = "1,4,16,64", out;
   std::vector<std::string> overrides;
   int64_t context = 256, warmup = 3, steps = 10, finer = 3;
+  double warmup_s = 1.0;
   bool quiet = false;
 };
 
@@ -48,6 +49,7 @@ void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
   o.precision = rc.train.precision;
   o.context = f.context;
   o.warmup = f.warmup;
+  o.warmup_s = f.warmup_s;
   o.steps = f.steps;
   o.batches = parse_int_list("--batches", f.batches);
   if (f.finer < 1) fail(fmt::format("--finer {}: must be >= 1", f.finer));
@@ -119,6 +121,8 @@ void register_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--context", f->context, "Cached positions each step attends over")
       ->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "Untimed steps first")->capture_default_str();
+  cmd->add_option("--warmup-seconds", f->warmup_s, "... and at least this long")
+      ->capture_default_str();
   cmd->add_option("--steps", f->steps, "Timed steps (the median is reported)")
       ->capture_default_str();
   cmd->add_option("--profile", f->profile,
