@@ -325,10 +325,13 @@ constexpr double kDecodeCallOverheadS = 8e-6;
 // One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
 // which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
 // fixed cost of a call. m may be fractional (an expert's expected rows); it runs as ⌈m⌉.
-double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t n, int64_t k) {
+// `calls` = 0 for one GEMM of a grouped launch (GPU MoE kernels), whose one call the caller
+// counts.
+double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t n, int64_t k,
+                     double calls = 1) {
   const int64_t rows = std::max<int64_t>(1, int64_t(std::ceil(m - 1e-9)));
   const double flops = 2.0 * double(rows) * double(n) * double(k);
-  return flops / profile.gemm_rate(dt, rows, n, k) + kDecodeCallOverheadS;
+  return flops / profile.gemm_rate(dt, rows, n, k) + calls * kDecodeCallOverheadS;
 }
 
 // The GEMMs of one layer's attention and router for `batch` tokens. The routers' logits run
@@ -361,11 +364,17 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   const double rows = B * K / r.experts_touched;  // per touched expert, balanced routing
   r.gemm_s = L * decode_dense_layer_s(c, B, precision, profile);
   r.gemm_s += decode_gemm_s(profile, precision, B, c.padded_vocab(), C);  // LM head
+  // One GEMM call per touched expert and projection on the CPU; one grouped launch per
+  // projection for all experts on a GPU (profile.grouped_expert_gemms).
+  const bool grouped = profile.grouped_expert_gemms;
   r.expert_s = L * r.experts_touched *
-               (decode_gemm_s(profile, precision, rows, 2 * F, C) +
-                decode_gemm_s(profile, precision, rows, C, F));
-  // Every sequence's fp32 keys and values of every cached position, read once per step.
-  r.kv_cache_bytes = 2.0 * kF32 * double(c.kv_dim()) * L * double(context) * B;
+               (decode_gemm_s(profile, precision, rows, 2 * F, C, grouped ? 0 : 1) +
+                decode_gemm_s(profile, precision, rows, C, F, grouped ? 0 : 1));
+  if (grouped) r.expert_s += L * 2 * kDecodeCallOverheadS;
+  // Every sequence's keys and values of every cached position, read once per step: fp32 in
+  // Foundry's decode (CPU profiles), bf16 in a GPU serving stack's cache.
+  const double kv_bytes = profile.kind == "gpu" ? kBf16 : kF32;
+  r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
   r.step_s = r.gemm_s + r.expert_s + r.attention_s;
   return r;
