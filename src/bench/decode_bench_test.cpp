@@ -7,6 +7,7 @@
 #include "base/io.h"
 #include "base/test_expect_error.h"
 #include "model/info.h"
+#include "model/test_support.h"
 
 namespace foundry {
 namespace {
@@ -16,20 +17,8 @@ ModelConfig config_file(const std::string& name) {
   return parse_model_config(json::parse(read_text_file(path))["model"], path);
 }
 
-ModelConfig tiny_moe() {
-  ModelConfig c;
-  c.vocab_size = 256;
-  c.d_model = 32;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 8;
-  c.n_experts = 4;
-  c.top_k = 1;
-  c.ffn_dim = 128;
-  c.max_seq_len = 32;
-  return c;
-}
+// vocab 50, C = 16, 2 layers, 4 / 2 heads of 4, 4 experts of F = 24, top-1.
+ModelConfig tiny_moe() { return testing::small_moe_config(4, 1); }
 
 TEST(DecodeBench, ParsesWidthsAndNamesTheBadOne) {
   const auto w = parse_widths("--widths", "8x1024x2,16x512x4");

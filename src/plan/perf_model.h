@@ -94,10 +94,9 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& shape,
 // plus a fixed cost per call (one per GEMM; one per grouped expert launch on a GPU); the
 // experts the batch touches, E·(1 − (1 − k/E)^batch) per layer, each once on its
 // B·k/touched rows (balanced routing); and the KV caches of the batch (fp32 as Foundry
-// stores them; bf16 on a GPU profile) read once over memory bandwidth. Only the active experts run for batch 1; all of
-// them as the batch grows, which is where fine-grained experts win. Not modelled: routing
-// imbalance, ZAYA1's skip class (counted as experts), the elementwise work (inside the
-// per-call cost).
+// stores them; bf16 on a GPU profile) read once over memory bandwidth. Only the active
+// experts run for batch 1; all of them as the batch grows. Not modelled: routing imbalance,
+// ZAYA1's skip class (counted as experts), the elementwise work (inside the per-call cost).
 struct DecodePrediction {
   double gemm_s = 0;       // attention projections, routers, LM head
   double expert_s = 0;     // the experts' GEMMs
