@@ -446,7 +446,8 @@ void attention_decode(float* out, float* scores, const float* q, const float* k_
                       int64_t d) {
   const int64_t group = h / kvh, row = kvh * d, stride = batch * row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-#pragma omp parallel for schedule(static)
+  const bool parallel = batch * h * len * d >= detail::kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t bh = 0; bh < batch * h; ++bh) {
     const int64_t b = bh / h, g = (bh % h) / group;
     const int64_t kv = b * row + g * d;
