@@ -35,7 +35,7 @@ widths = {(r["experts"], r["ffn_dim"], r["top_k"]) for r in rows}
 assert widths == {(4, 128, 1), (8, 64, 2)}, widths  # the config's and one finer
 assert sorted(r["batch"] for r in rows) == [1, 1, 3, 3], rows
 for r in rows:
-    for key in ("median_ms", "min_ms", "max_ms", "tokens_per_s", "predicted_ms",
+    for key in ("median_ms", "min_ms", "max_ms", "median_cpu_ms", "tokens_per_s", "predicted_ms",
                 "total_params", "active_params"):
         assert r[key] > 0, (key, r)
     assert r["min_ms"] <= r["median_ms"] <= r["max_ms"], r
@@ -49,14 +49,14 @@ PY
   else bad "$arch: JSON table content"; fi
 done
 
-grep -qE "^\| width \| batch \| params \(total / active\) \| ms/step \| tokens/s \| predicted ms \| error \|$" moe.txt \
+grep -qE "^\| width \| batch \| params \(total / active\) \| ms/step \| CPU ms/step \| tokens/s \| predicted ms \| error \|$" moe.txt \
   && ok "the Markdown table has its columns" || bad "Markdown table header"
 grep -qE "^\| CCA \(K and V of the KV heads\) \| 64 \| 128 \| 256 \| 1.0x \|$" zaya1.txt \
   && ok "zaya1: the KV cache table names CCA" || bad "zaya1: no CCA row in the KV cache table"
 
 "$F" bench decode --config moe.json --widths 4x128x1 --batches 2 --context 8 --steps 2 --warmup-seconds 0.2 --quiet \
   --out table.md >/dev/null 2>&1 && ok "bench decode without --profile exits 0" || bad "without --profile"
-if [ "$(grep -cE '^\| 4x128 top-1 \| 2 \| [0-9.]+M / [0-9.]+M \| [0-9.]+ \| [0-9]+ \|$' table.md)" = 1 ]; then
+if [ "$(grep -cE '^\| 4x128 top-1 \| 2 \| [0-9.]+M / [0-9.]+M \| [0-9.]+ \| [0-9.]+ \| [0-9]+ \|$' table.md)" = 1 ]; then
   ok "Markdown --out: one row, no prediction columns without a profile"
 else
   bad "Markdown --out content:"; cat table.md

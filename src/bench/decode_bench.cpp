@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <ctime>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -89,16 +90,28 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// One batch size on one model: the per-step times of the timed steps.
-std::vector<double> time_steps(Model& model, const DecodeBenchOptions& o, int64_t batch,
-                               Rng& rng) {
+// CPU time of this process, all threads (seconds).
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
+}
+
+struct StepTimes {
+  std::vector<double> wall, cpu;  // per timed step
+};
+
+// One batch size on one model: the wall and CPU times of the timed steps.
+StepTimes time_steps(Model& model, const DecodeBenchOptions& o, int64_t batch, Rng& rng) {
   Model::DecodeState state = model.new_decode_state(positions(o), batch);
   state.pos = o.context;  // the caches hold `context` positions already (see decode_bench.h)
   std::vector<int32_t> tokens(batch);
+  StepTimes times;
   auto step = [&] {
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(model.config().vocab_size));
-    const double start = now_seconds();
+    const double start = now_seconds(), cpu_start = cpu_seconds();
     model.decode_step(state, tokens.data());
+    times.cpu.push_back(cpu_seconds() - cpu_start);
     return now_seconds() - start;
   };
   // Warm-up: `warmup` steps, then more (at the same position) until warmup_s has passed.
@@ -108,9 +121,9 @@ std::vector<double> time_steps(Model& model, const DecodeBenchOptions& o, int64_
     step();
     --state.pos;
   }
-  std::vector<double> seconds;
-  for (int64_t i = 0; i < o.steps; ++i) seconds.push_back(step());
-  return seconds;
+  times.cpu.clear();
+  for (int64_t i = 0; i < o.steps; ++i) times.wall.push_back(step());
+  return times;
 }
 
 }  // namespace
@@ -163,7 +176,8 @@ DecodeBenchResult run_decode_bench(const DecodeBenchOptions& o) {
     Model model(c, o.precision);
     model.init_weights(o.seed);
     for (int64_t batch : o.batches) {
-      const std::vector<double> s = time_steps(model, o, batch, rng);
+      const StepTimes t = time_steps(model, o, batch, rng);
+      const std::vector<double>& s = t.wall;
       DecodePoint p;
       p.width = w;
       p.batch = batch;
@@ -173,6 +187,7 @@ DecodeBenchResult run_decode_bench(const DecodeBenchOptions& o) {
       p.min_s = *std::min_element(s.begin(), s.end());
       p.max_s = *std::max_element(s.begin(), s.end());
       p.tokens_per_s = double(batch) / p.median_s;
+      p.median_cpu_s = median(t.cpu);
       r.points.push_back(p);
       if (o.on_progress)
         o.on_progress(static_cast<int64_t>(r.points.size()), total,
@@ -189,14 +204,14 @@ std::string format_decode_table(const DecodeBenchResult& r) {
       "decode, arch {}, {} weights, {} cached positions, median of {} steps after {} "
       "warm-up\n\n",
       r.arch, dtype_name(r.precision), r.context, r.steps, r.warmup);
-  out += "| width | batch | params (total / active) | ms/step | tokens/s |";
+  out += "| width | batch | params (total / active) | ms/step | CPU ms/step | tokens/s |";
   out += predicted ? " predicted ms | error |\n" : "\n";
-  out += "| --- | ---: | ---: | ---: | ---: |";
+  out += "| --- | ---: | ---: | ---: | ---: | ---: |";
   out += predicted ? " ---: | ---: |\n" : "\n";
   for (const DecodePoint& p : r.points) {
-    out += fmt::format("| {} | {} | {:.1f}M / {:.1f}M | {:.3f} | {:.0f} |", p.width.label(),
-                       p.batch, p.total_params / 1e6, p.active_params / 1e6, 1e3 * p.median_s,
-                       p.tokens_per_s);
+    out += fmt::format("| {} | {} | {:.1f}M / {:.1f}M | {:.3f} | {:.3f} | {:.0f} |",
+                       p.width.label(), p.batch, p.total_params / 1e6, p.active_params / 1e6,
+                       1e3 * p.median_s, 1e3 * p.median_cpu_s, p.tokens_per_s);
     if (predicted)
       out += p.predicted_s > 0
                  ? fmt::format(" {:.3f} | {:+.0f}% |", 1e3 * p.predicted_s,
@@ -219,6 +234,7 @@ nlohmann::json decode_bench_json(const DecodeBenchResult& r, const Provenance& p
                           {"median_ms", 1e3 * p.median_s},
                           {"min_ms", 1e3 * p.min_s},
                           {"max_ms", 1e3 * p.max_s},
+                          {"median_cpu_ms", 1e3 * p.median_cpu_s},
                           {"tokens_per_s", p.tokens_per_s}};
     if (p.predicted_s > 0) {
       row["predicted_ms"] = 1e3 * p.predicted_s;

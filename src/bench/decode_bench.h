@@ -62,6 +62,9 @@ struct DecodePoint {
   int64_t batch = 0;
   int64_t total_params = 0, active_params = 0;  // without embeddings
   double median_s = 0, min_s = 0, max_s = 0;    // seconds per decode step
+  // CPU seconds per step, all threads: on a shared machine, with one thread, what a step
+  // costs without the time other processes take (spinning OpenMP threads count too).
+  double median_cpu_s = 0;
   double tokens_per_s = 0;                       // batch / median_s
   double predicted_s = 0;                        // the planner's, 0 = not predicted
 };
@@ -83,8 +86,8 @@ void validate(const DecodeBenchOptions& options);
 int64_t decode_bench_bytes(const DecodeBenchOptions& options);
 DecodeBenchResult run_decode_bench(const DecodeBenchOptions& options);
 
-// A Markdown table, one row per point: width, batch, parameters, measured ms per step,
-// tokens/s, and (when predicted) predicted ms and the error (measured − predicted) /
+// A Markdown table, one row per point: width, batch, parameters, measured ms per step
+// (wall and CPU), tokens/s, and (when predicted) predicted ms and the error (measured − predicted) /
 // predicted. `title`: a line above it.
 std::string format_decode_table(const DecodeBenchResult& result);
 nlohmann::json decode_bench_json(const DecodeBenchResult& result, const Provenance& provenance);

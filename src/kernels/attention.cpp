@@ -426,8 +426,9 @@ void decode_head(float* o, float* scores, const float* qh, const float* k, const
     max_score = std::max(max_score, scores[t]);
   }
   double sum = 0;
+#pragma omp simd reduction(+ : sum)
   for (int64_t t = 0; t < len; ++t) {
-    scores[t] = std::exp(scores[t] - max_score);
+    scores[t] = detail::exp_fast(scores[t] - max_score);
     sum += scores[t];
   }
   std::fill(o, o + d, 0.0f);

@@ -322,16 +322,38 @@ namespace {
 // weights stay in cache and its steps are nothing but calls.
 constexpr double kDecodeCallOverheadS = 8e-6;
 
+// oneDNN's CPU kernels at decode's shapes, which the profile's GEMM points (m ≥ 128) do not
+// cover; measured on the development machine with `bench gemm`, one thread, weights larger
+// than the caches (docs/PERFORMANCE.md, "Decode latency"):
+//   m = 1 runs as a matrix-vector product that streams the weights but pays a fixed time per
+//   weight row (output) besides: rows of k = 512 bf16 stream at 10.6 GB/s, of k = 65,536 at
+//   31.6 GB/s (STREAM triad: 25.1): 1 KiB / 10.6 GB/s − 1 KiB / 25.1 GB/s ≈ 55 ns;
+//   m > 1 runs the GEMM kernel, whose register blocking covers kCpuGemmTileRows rows: fewer
+//   rows cost the whole block (m = 4: 21–30 GFLOP/s on one core, against ~200 from m = 64).
+constexpr double kCpuGemvRowS = 55e-9;  // per weight row, on one core
+constexpr double kCpuGemmTileRows = 24;
+
 // One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
 // which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
-// fixed cost of a call. m may be fractional (an expert's expected rows); it runs as ⌈m⌉.
-// `calls` = 0 for one GEMM of a grouped launch (GPU MoE kernels), whose one call the caller
-// counts.
+// fixed cost of a call; on a CPU profile, oneDNN's small-m behaviour above. m may be
+// fractional (an expert's expected rows); it runs as ⌈m⌉. `calls` = 0 for one GEMM of a
+// grouped launch (GPU MoE kernels), whose one call the caller counts.
 double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t n, int64_t k,
                      double calls = 1) {
   const int64_t rows = std::max<int64_t>(1, int64_t(std::ceil(m - 1e-9)));
   const double flops = 2.0 * double(rows) * double(n) * double(k);
-  return flops / profile.gemm_rate(dt, rows, n, k) + calls * kDecodeCallOverheadS;
+  const double call = calls * kDecodeCallOverheadS;
+  if (profile.kind == "gpu") return flops / profile.gemm_rate(dt, rows, n, k) + call;
+  const double in = dt == DType::bf16 ? kBf16 : kF32;
+  const double bytes = (double(rows) * double(k) + double(k) * double(n)) * in +
+                       double(rows) * double(n) * kF32;
+  const double memory_s = bytes / profile.memory_bandwidth();
+  const json device = profile.raw.value("device", json::object());
+  const double cores = std::max(1.0, device.value("cores", 1.0));
+  if (rows == 1) return memory_s + double(n) * kCpuGemvRowS / cores + call;
+  const double tile = std::min(1.0, double(rows) / kCpuGemmTileRows);
+  const double compute_s = flops / (profile.gemm_rate(dt, rows, n, k, false) * tile);
+  return std::max(memory_s, compute_s) + call;
 }
 
 // The GEMMs of one layer's attention and router for `batch` tokens. The routers' logits run
