@@ -1,9 +1,11 @@
 // foundry plan: size a model to a hardware profile. Two modes:
 //   foundry plan --profile P --total-params ... --active-params ...   search shapes
 //   foundry plan --profile P --config run.json                        predict one config
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/error.h"
@@ -12,6 +14,7 @@
 #include "bench/profile.h"
 #include "cli/commands.h"
 #include "model/info.h"
+#include "plan/goodput.h"
 #include "plan/search.h"
 #include "train/run_config.h"
 
@@ -31,6 +34,14 @@ struct PlanOptions {
   std::string aspect = "20,200";
   std::string hidden, head_dims, experts, top_ks, kv_ratios;
   int64_t decode_batch = 32;
+  // Model-parallel layout and what the step repeats or waits for (--config).
+  int64_t tp = 1, pp = 1, vp = 1, ep = 1;
+  double expert_imbalance = 0;
+  std::string recompute = "none";
+  bool overlap_param_gather = false, overlap_expert_comm = false, dedup_dispatch = false;
+  // Goodput: a negative value means "derive the default".
+  double failure_rate = 1.97e-5;  // per device-hour: Llama 3 (docs/anchors.md)
+  double checkpoint_stall = -1, checkpoint_write = -1, restart = -1, checkpoint_interval = 0;
   int top = 10;
   std::string out;
   std::vector<std::string> compare;
@@ -93,20 +104,117 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
   if (s.cp > 1)
     std::printf("context parallel %lld: each device holds %lld of every sequence's %lld tokens\n",
                 (long long)s.cp, (long long)(s.seq / s.cp), (long long)s.seq);
+  if (s.tp > 1 || s.pp > 1 || s.ep > 1)
+    std::printf("model parallel: tp %lld, pp %lld (vp %lld), ep %lld; %lld devices\n",
+                (long long)s.tp, (long long)s.pp, (long long)s.vp, (long long)s.ep,
+                (long long)(s.dp * s.tp * s.pp));
+  if (s.recompute != Recompute::none)
+    std::printf("activation recompute: %s\n", recompute_name(s.recompute));
   std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
   for (const auto& it : p.items)
     std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
                 100 * it.seconds / p.step_s, it.flops / 1e9);
   std::printf("\npredicted step time: %.2f ms (GEMMs %.2f, attention %.2f, elementwise %.2f, "
-              "optimizer %.2f, communication exposed %.2f of %.2f)\n",
+              "recompute %.2f, optimizer %.2f, communication exposed %.2f of %.2f, "
+              "pipeline bubble %.2f, framework overhead %.2f, data loading exposed %.2f of "
+              "%.2f)\n",
               1e3 * p.step_s, 1e3 * p.gemm_s, 1e3 * p.attention_s, 1e3 * p.elementwise_s,
-              1e3 * p.optimizer_s, 1e3 * p.comm_exposed_s, 1e3 * p.comm_s);
+              1e3 * p.recompute_s, 1e3 * p.optimizer_s, 1e3 * p.comm_exposed_s, 1e3 * p.comm_s,
+              1e3 * p.bubble_s, 1e3 * p.overhead_s, 1e3 * p.data_exposed_s, 1e3 * p.data_s);
   std::printf("predicted tokens/s per device: %.0f   MFU: %.1f%% of the best measured GEMM rate",
               p.tokens_per_s, 100 * p.mfu_measured);
   if (p.mfu_spec > 0) std::printf(", %.1f%% of spec peak", 100 * p.mfu_spec);
   std::printf("\nmemory per device: %s\n",
               format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2).c_str());
   (void)rc;
+}
+
+// The model-parallel flags into `s`, checked against the device count and the model.
+void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) {
+  const int64_t stage = o.tp * o.pp;
+  if (o.devices % stage != 0)
+    fail(fmt::format("--tp {} x --pp {} = {} does not divide --devices {}", o.tp, o.pp, stage,
+                     o.devices),
+         "devices = data-parallel ranks x tp x pp: pick tp and pp that divide the device count");
+  if ((o.devices / o.pp) % o.ep != 0)
+    fail(fmt::format("--ep {} does not divide the {} devices of a pipeline stage", o.ep,
+                     o.devices / o.pp),
+         "expert-parallel ranks must divide --devices / --pp");
+  if (o.ep > 1 && o.ep > model.n_experts)
+    fail(fmt::format("--ep {} is more than model.n_experts = {}", o.ep, model.n_experts),
+         "each expert-parallel rank holds at least one expert");
+  if (o.vp > 1 && o.pp == 1)
+    fail(fmt::format("--vp {} needs --pp > 1", o.vp), "virtual stages interleave a pipeline");
+  if (o.expert_imbalance != 0 && !(o.expert_imbalance >= 1))
+    fail(fmt::format("--expert-imbalance {} must be >= 1 (busiest rank's tokens / mean)",
+                     o.expert_imbalance),
+         "leave it out for balanced (binomial) routing, or give e.g. 1.2");
+  s.tp = o.tp;
+  s.pp = o.pp;
+  s.vp = o.vp;
+  s.ep = o.ep;
+  s.dp = o.devices / stage;
+  s.expert_imbalance = o.expert_imbalance;
+  s.recompute = o.recompute == "full"        ? Recompute::full
+                : o.recompute == "selective" ? Recompute::selective
+                                             : Recompute::none;
+  s.overlap_param_gather = o.overlap_param_gather;
+  s.overlap_expert_comm = o.overlap_expert_comm;
+  s.dedup_expert_dispatch = o.dedup_dispatch;
+  s.data_scatter = o.scatter;
+}
+
+// Goodput for a run of `devices` with this step: the flags, or defaults derived from the
+// checkpoint's size (goodput_defaults).
+std::pair<GoodputInputs, GoodputPrediction> plan_goodput(const PlanOptions& o,
+                                                         const ModelConfig& model,
+                                                         const StepShape& s,
+                                                         const HardwareProfile& profile) {
+  if (!(o.failure_rate >= 0) || !std::isfinite(o.failure_rate))
+    fail(fmt::format("--failure-rate {} must be a finite number >= 0", o.failure_rate),
+         "failures per device-hour, e.g. 1.97e-5 (Llama 3's, the default)");
+  if (!(o.checkpoint_interval >= 0))
+    fail(fmt::format("--checkpoint-interval {} must be >= 0", o.checkpoint_interval),
+         "seconds between checkpoints; 0 = the best interval (Daly)");
+  const MemoryEstimate m =
+      estimate_memory(model, s.micro_batch, s.seq, s.precision, s.muon, s.cp);
+  const double bytes = double(m.weights_fp32_bytes + m.optimizer_bytes);
+  GoodputInputs in = goodput_defaults(bytes, o.devices, profile.kind == "gpu");
+  in.failures_per_device_hour = o.failure_rate;
+  if (o.checkpoint_stall >= 0) in.checkpoint_stall_s = o.checkpoint_stall;
+  if (o.checkpoint_write >= 0) in.checkpoint_write_s = o.checkpoint_write;
+  if (o.restart >= 0) in.restart_s = o.restart;
+  in.interval_s = o.checkpoint_interval;
+  return {in, predict_goodput(in)};
+}
+
+void print_goodput(const GoodputInputs& in, const GoodputPrediction& g, double step_s) {
+  std::printf("\ngoodput: %lld devices x %.3g failures per device-hour", (long long)in.devices,
+              in.failures_per_device_hour);
+  if (!std::isfinite(g.mtbf_s)) {
+    std::printf(": no failures, goodput 100%%\n");
+    return;
+  }
+  std::printf(" -> job MTBF %.1f h\n", g.mtbf_s / 3600);
+  std::printf("  checkpoint stall %.3f s, write %.2f s, restart %.2f s\n", in.checkpoint_stall_s,
+              in.checkpoint_write_s, in.restart_s);
+  std::printf("  interval: Young %.1f s, Daly %.1f s; evaluated %.1f s (every %.0f steps)\n",
+              g.young_s, g.daly_s, g.interval_s, std::max(1.0, std::round(g.interval_s / step_s)));
+  std::printf("  lost per failure %.1f s; predicted goodput %.2f%%\n", g.lost_per_failure_s,
+              100 * g.goodput);
+}
+
+json goodput_json(const GoodputInputs& in, const GoodputPrediction& g, double step_s) {
+  const bool failures = std::isfinite(g.mtbf_s);
+  return {{"devices", in.devices}, {"failures_per_device_hour", in.failures_per_device_hour},
+          {"mtbf_s", failures ? json(g.mtbf_s) : json(nullptr)},
+          {"checkpoint_stall_s", in.checkpoint_stall_s},
+          {"checkpoint_write_s", in.checkpoint_write_s}, {"restart_s", in.restart_s},
+          {"young_interval_s", g.young_s}, {"daly_interval_s", g.daly_s},
+          {"interval_s", g.interval_s},
+          {"interval_steps", g.interval_s > 0 ? std::max(1.0, std::round(g.interval_s / step_s))
+                                              : 0.0},
+          {"lost_per_failure_s", g.lost_per_failure_s}, {"goodput", g.goodput}};
 }
 
 void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_given) {
@@ -118,6 +226,13 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   const DType precision = parse_dtype(o.precision).value();
   const double memory = parse_amount("--memory-per-device", o.memory);
 
+  if (o.overlap < 0 || o.overlap > 1)
+    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
+         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
+  if (o.scatter < 1)
+    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
+         "1 means contiguous storage; leave it out if unsure");
+
   if (!o.config_path.empty()) {
     // Predict one config: the step `foundry train` would run on one device of this profile.
     const RunConfig rc = load_run_config(o.config_path, o.overrides);
@@ -125,17 +240,19 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     s.seq = seq_given ? o.seq : rc.train.seq_len;
     s.micro_batch = rc.train.batch_size;
     s.accumulation = 1;
-    s.dp = o.devices;
+    apply_layout(o, rc.model, s);
     s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
-    if (o.devices % s.cp != 0 || s.seq % (2 * s.cp) != 0)
-      fail(fmt::format("--cp {} must divide --devices {} and cut --seq {} into {} equal chunks",
-                       s.cp, o.devices, s.seq, 2 * s.cp),
+    if (s.dp % s.cp != 0 || s.seq % (2 * s.cp) != 0)
+      fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
+                       "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
            "each sequence is split over cp devices, two chunks per device");
     if (batch_given) {
-      if (o.global_batch % o.devices != 0)
-        fail(fmt::format("--global-batch {} is not a multiple of --devices {}", o.global_batch, o.devices),
+      const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
+      if (o.global_batch % groups != 0)
+        fail(fmt::format("--global-batch {} is not a multiple of the {} data-parallel groups "
+                         "(--devices {} / (tp x pp x cp))", o.global_batch, groups, o.devices),
              "make the global batch a multiple of the device count");
-      s.accumulation = std::max<int64_t>(1, o.global_batch / (o.devices / s.cp) / s.micro_batch);
+      s.accumulation = std::max<int64_t>(1, o.global_batch / groups / s.micro_batch);
     }
     s.precision = rc.train.precision;
     s.muon = rc.train.optimizer == OptimizerKind::muon;
@@ -143,13 +260,23 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     s.muon_bf16 = rc.train.muon_ns_precision == DType::bf16;
     s.comm_overlap = o.overlap;
     const StepPrediction p = predict_step(rc.model, s, profile);
+    const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
     if (o.json) {
       json j = {{"config_path", o.config_path}, {"profile", profile.path}, {"context_parallel", s.cp},
                 {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
                 {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
                 {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
-                                 {"elementwise", p.elementwise_s}, {"optimizer", p.optimizer_s},
-                                 {"comm", p.comm_s}, {"comm_exposed", p.comm_exposed_s}}}};
+                                 {"elementwise", p.elementwise_s}, {"recompute", p.recompute_s},
+                                 {"optimizer", p.optimizer_s}, {"comm", p.comm_s},
+                                 {"comm_exposed", p.comm_exposed_s},
+                                 {"imbalance", p.imbalance_s}, {"pipeline_bubble", p.bubble_s},
+                                 {"framework_overhead", p.overhead_s}, {"data", p.data_s},
+                                 {"data_exposed", p.data_exposed_s}}},
+                {"layout", {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"vp", s.vp},
+                            {"ep", s.ep}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
+                            {"accumulation", s.accumulation},
+                            {"recompute", recompute_name(s.recompute)}}},
+                {"mfu_spec", p.mfu_spec}, {"goodput", goodput_json(gin, gp, p.step_s)}};
       j["items"] = json::array();
       for (const auto& it : p.items)
         j["items"].push_back({{"name", it.name}, {"category", category_name(it.category)},
@@ -157,6 +284,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
       std::printf("%s\n", j.dump(2).c_str());
     } else {
       print_prediction(rc, s, p, profile, o.config_path);
+      print_goodput(gin, gp, p.step_s);
     }
     return;
   }
@@ -198,16 +326,24 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
   }
-  if (o.overlap < 0 || o.overlap > 1)
-    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
-         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
-  if (o.scatter < 1)
-    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
-         "1 means contiguous storage; leave it out if unsure");
 
   const PlanResult r = plan_search(rq, profile);
-  if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
-  else std::printf("%s", format_plan(r, profile, o.top).c_str());
+  if (r.ranked.empty()) {
+    if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
+    else std::printf("%s", format_plan(r, profile, o.top).c_str());
+  } else {
+    const Candidate& best = r.ranked.front();
+    const auto [gin, gp] = plan_goodput(o, best.config, best.shape, profile);
+    if (o.json) {
+      json j = plan_to_json(r, o.top);
+      j["goodput"] = goodput_json(gin, gp, best.prediction.step_s);
+      std::printf("%s\n", j.dump(2).c_str());
+    } else {
+      std::printf("%s", format_plan(r, profile, o.top).c_str());
+      std::printf("\nThe best shape's run:");
+      print_goodput(gin, gp, best.prediction.step_s);
+    }
+  }
   if (!o.out.empty()) {
     write_file_atomic(o.out, plan_run_config(r.ranked.front(), rq).dump(2) + "\n");
     std::fprintf(stderr, "wrote the best shape's run config to %s (train it with `foundry train "
@@ -252,6 +388,33 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
+  using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
+  for (const auto& [flag, value, help] : {
+           LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
+           LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
+           LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
+           LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
+    plan->add_option(flag, *value, help)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  plan->add_option("--expert-imbalance", o->expert_imbalance,
+                   "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");
+  plan->add_option("--recompute", o->recompute, "Activation recomputation (default none)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  plan->add_flag("--overlap-param-gather", o->overlap_param_gather,
+                 "The weight all-gather hides behind the next forward (default: exposed)");
+  plan->add_flag("--overlap-expert-comm", o->overlap_expert_comm,
+                 "Expert all-to-alls hide behind another micro-batch's compute (DualPipe)");
+  plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
+                 "A token crosses to each other node once (DeepEP-style dispatch)");
+  plan->add_option("--failure-rate", o->failure_rate,
+                   "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
+  plan->add_option("--checkpoint-stall", o->checkpoint_stall,
+                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)");
+  plan->add_option("--checkpoint-write", o->checkpoint_write,
+                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)");
+  plan->add_option("--restart", o->restart,
+                   "Seconds from a failure to the first step after restart (default: derived)");
+  plan->add_option("--checkpoint-interval", o->checkpoint_interval,
+                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)");
   plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::Range(1, 1 << 20));
   plan->add_option("--compare", o->compare, "Also predict this run config's shape under the same run and "
                                              "compare it with the best (repeatable)");

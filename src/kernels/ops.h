@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/bf16.h"
+
 namespace foundry::ops {
 
 // ---- embedding -------------------------------------------------------------------------
@@ -49,6 +51,10 @@ void swiglu_forward(T* out, const T* h, int64_t n, int64_t f);
 // dh [N, 2F] (writes) from dout [N, F].
 template <typename T>
 void swiglu_backward(T* dh, const T* dout, const T* h, int64_t n, int64_t f);
+// The same, rounded once to bf16 (the next GEMM's input): the fp32 results never go to
+// memory. Bitwise equal to the fp32 kernels followed by a bf16 conversion.
+void swiglu_forward_bf16(bf16* out, const float* h, int64_t n, int64_t f);
+void swiglu_backward_bf16(bf16* dh, const float* dout, const float* h, int64_t n, int64_t f);
 
 // ---- router: softmax over experts, top-k, renormalization, auxiliary loss ---------------
 // probs [N, E] = softmax(logits) (writes); topk_idx [N, K] expert ids in descending

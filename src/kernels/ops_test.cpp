@@ -253,6 +253,24 @@ TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
   EXPECT_LT(max_relative_error(dh, numeric), 1e-8);
 }
 
+// The bf16-output kernels equal the fp32 ones followed by the bf16 conversion, bit for bit,
+// over rows longer than their stack pieces (f = 600: pieces of 256, 256 and 88 columns).
+TEST(SwiGlu, Bf16OutputsEqualTheFp32ResultsRounded) {
+  const int64_t n = 7, f = 600;
+  const auto h = cast_vector<float>(random_normal(n * 2 * f, 4, 3.0));
+  const auto dout = cast_vector<float>(random_normal(n * f, 5));
+  std::vector<float> act(n * f), dh(n * 2 * f);
+  swiglu_forward(act.data(), h.data(), n, f);
+  swiglu_backward(dh.data(), dout.data(), h.data(), n, f);
+  std::vector<bf16> act_bf16(n * f), dh_bf16(n * 2 * f);
+  swiglu_forward_bf16(act_bf16.data(), h.data(), n, f);
+  swiglu_backward_bf16(dh_bf16.data(), dout.data(), h.data(), n, f);
+  for (int64_t i = 0; i < n * f; ++i)
+    ASSERT_EQ(act_bf16[i], float_to_bf16(act[i])) << "act element " << i;
+  for (int64_t i = 0; i < n * 2 * f; ++i)
+    ASSERT_EQ(dh_bf16[i], float_to_bf16(dh[i])) << "dh element " << i;
+}
+
 // ---- cross-entropy -----------------------------------------------------------------------
 
 TEST(CrossEntropy, ForwardIgnoresPaddedColumns) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "base/error.h"
@@ -243,6 +244,36 @@ void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_
   }
 }
 
+template <typename T>
+void zaya_boundary_counts(int64_t* near, const T* probs, const T* logits, const T* balance_bias,
+                          BiasOn bias_on, const int32_t* choice, int64_t n, int64_t classes,
+                          int64_t k, double window) {
+  FOUNDRY_CHECK(classes >= 1 && k >= 1 && k <= classes && window > 0);
+  std::fill(near, near + classes, int64_t{0});
+  if (k == classes) return;  // every class always chosen: no boundary to cross
+  std::vector<double> score(classes);
+  std::vector<char> chosen(classes);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* z = (bias_on == BiasOn::logits ? logits : probs) + i * classes;
+    for (int64_t j = 0; j < classes; ++j)
+      score[j] = static_cast<double>(z[j]) + (balance_bias ? balance_bias[j] : T(0));
+    std::fill(chosen.begin(), chosen.end(), char{0});
+    for (int64_t slot = 0; slot < k; ++slot) chosen[choice[i * k + slot]] = 1;
+    double lowest_chosen = std::numeric_limits<double>::infinity();
+    double best_unchosen = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < classes; ++j) {
+      if (chosen[j])
+        lowest_chosen = std::min(lowest_chosen, score[j]);
+      else
+        best_unchosen = std::max(best_unchosen, score[j]);
+    }
+    for (int64_t j = 0; j < classes; ++j) {
+      const double gap = chosen[j] ? score[j] - best_unchosen : lowest_chosen - score[j];
+      if (gap < window) ++near[j];
+    }
+  }
+}
+
 void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, int64_t classes) {
   FOUNDRY_CHECK(assignments > 0 && classes > 0);
   const double uniform = 1.0 / static_cast<double>(classes);
@@ -254,6 +285,7 @@ const char* balance_rule_name(BalanceRule rule) {
   switch (rule) {
     case BalanceRule::proportional: return "proportional";
     case BalanceRule::adamw: return "adamw";
+    case BalanceRule::newton: return "newton";
     case BalanceRule::sign_adaptive: break;
   }
   return "sign_adaptive";
@@ -272,6 +304,9 @@ ZayaBalancer::ZayaBalancer(int64_t experts, bool skip_class, const ZayaBalancerO
     fail(fmt::format("balancing-bias steps: min {}, max {}, increase {}, decrease {} out of range",
                      opts.step_min, opts.step_max, opts.increase, opts.decrease),
          "use 0 < step_min <= step_max, increase >= 1 and 0 < decrease <= 1");
+  if (!(opts.window > 0) || !(opts.gain_max > 0))
+    fail(fmt::format("newton balancing: window {} and gain_max {} must be positive",
+                     opts.window, opts.gain_max));
   const int64_t classes = experts + (skip_class ? 1 : 0);
   bias.assign(classes, 0.0f);
   if (skip_class) bias[experts] = opts.skip_bias_init;
@@ -292,7 +327,8 @@ namespace {
 template <typename Balancer>
 auto rule_vectors(Balancer& b) -> std::vector<std::pair<const char*, decltype(&b.bias)>> {
   switch (b.options.rule) {
-    case BalanceRule::proportional: return {};
+    case BalanceRule::proportional:
+    case BalanceRule::newton: return {};
     case BalanceRule::adamw: return {{"exp_avg", &b.exp_avg}, {"exp_avg_sq", &b.exp_avg_sq}};
     case BalanceRule::sign_adaptive: break;
   }
@@ -313,15 +349,23 @@ std::vector<const std::vector<float>*> ZayaBalancer::rule_state() const {
   return state;
 }
 
-void ZayaBalancer::update(const int64_t* counts, int64_t assignments) {
+void ZayaBalancer::update(const int64_t* counts, int64_t assignments, const int64_t* near) {
   std::vector<double> err(classes());
   zaya_load_error(err.data(), counts, assignments, classes());
-  update_from_error(err.data());
+  if (options.rule != BalanceRule::newton) return update_from_error(err.data());
+  if (!near)
+    fail("the newton balancing rule needs the boundary counts of the tokens",
+         "pass them to update() (ops::zaya_boundary_counts)");
+  ++step;
+  newton_update(err.data(), near, assignments);
 }
 
 void ZayaBalancer::update_from_error(const double* err) {
   ++step;
   switch (options.rule) {
+    case BalanceRule::newton:
+      fail("the newton balancing rule needs the boundary counts of the tokens",
+           "call update() with them");
     case BalanceRule::proportional: return proportional_update(err);
     case BalanceRule::adamw: return adamw_update(err);
     case BalanceRule::sign_adaptive: return sign_adaptive_update(err);
@@ -331,6 +375,15 @@ void ZayaBalancer::update_from_error(const double* err) {
 void ZayaBalancer::proportional_update(const double* err) {
   for (int64_t s = 0; s < classes(); ++s)
     bias[s] = static_cast<float>(bias[s] - options.lr * err[s]);
+}
+
+void ZayaBalancer::newton_update(const double* err, const int64_t* near, int64_t assignments) {
+  const double floor = options.lr / options.gain_max;
+  for (int64_t s = 0; s < classes(); ++s) {
+    const double slope = static_cast<double>(near[s]) /
+                         (2.0 * options.window * static_cast<double>(assignments));
+    bias[s] = static_cast<float>(bias[s] - options.lr / std::max(slope, floor) * err[s]);
+  }
 }
 
 void ZayaBalancer::adamw_update(const double* err) {
@@ -467,6 +520,8 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
                                        int64_t, int64_t, bool, bool);                          \
   template void zaya_gating_backward<T>(T*, const T*, const T*, const int32_t*, int64_t,       \
                                         int64_t, int64_t, bool, bool);                         \
+  template void zaya_boundary_counts<T>(int64_t*, const T*, const T*, const T*, BiasOn,       \
+                                        const int32_t*, int64_t, int64_t, int64_t, double);    \
   template void residual_scale_forward<T>(T*, const T*, const T*, const T*, const T*,          \
                                           const T*, const T*, int64_t, int64_t);               \
   template void residual_scale_backward<T>(T*, T*, T*, T*, T*, T*, const T*, const T*,         \

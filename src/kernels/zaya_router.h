@@ -130,6 +130,17 @@ void zaya_gating_backward(T* dlogits, const T* dgate, const T* probs, const int3
 // so the result, and a sum of it over ranks, is independent of order and thread count).
 void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
                        int64_t classes);
+// near [S] (writes) = per class, how many of the N tokens have it within `window` of their
+// selection boundary under the biased scores (score + balance_bias, the score as in
+// zaya_gating_forward): a chosen class that beats the best unchosen one by less than window
+// (it would leave if its bias fell by window), or an unchosen class that trails the lowest
+// chosen one by less than window (it would join if its bias rose by window). So
+// near[s] / (2·window·N·K) estimates d load_s / d bias_s, the slope the newton rule divides
+// by. Exact integers, summable over ranks like the class counts.
+template <typename T>
+void zaya_boundary_counts(int64_t* near, const T* probs, const T* logits, const T* balance_bias,
+                          BiasOn bias_on, const int32_t* choice, int64_t n, int64_t classes,
+                          int64_t k, double window);
 // err [S] (writes) = counts[s] / assignments − 1/S, assignments = the N·K the counts cover
 // (global over data-parallel ranks when the counts are).
 void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, int64_t classes);
@@ -153,6 +164,15 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 //   It suits scores whose scale changes by orders of magnitude (the probabilities), but a
 //   batch's noise flips the sign often, which shrinks the step to step_min and leaves a
 //   class to lag a drifting router.
+// - newton: a proportional step whose gain is the inverse of the class's measured slope,
+//   a damped Newton step on each class's load as a function of its own bias:
+//     slope = near / (2·window·assignments)   (zaya_boundary_counts)
+//     bias −= lr / max(slope, lr / gain_max) · err
+//   lr (the damping, 0.5 by default) halves the full step because every class moves at once
+//   and an exchange of tokens between two classes closes both errors. Where few tokens sit
+//   near a class's boundary (a flat load) the step is large, up to gain_max·err, so a
+//   drifting router is tracked closely; where many do (a cluster of tokens that two classes
+//   nearly tie on) it is small, so the cluster is split instead of flipped back and forth.
 // - adamw: the bias's AdamW step without weight decay (torch.optim.AdamW's form), the rule
 //   the ZAYA1 description gives:
 //     step += 1;  m = β1·m + (1 − β1)·err;  v = β2·v + (1 − β2)·err²
@@ -163,13 +183,16 @@ void zaya_load_error(double* err, const int64_t* counts, int64_t assignments, in
 // per-class vectors (proportional: none; adamw: exp_avg m, exp_avg_sq v; sign_adaptive: step
 // size, last sign in {−1, 0, 1}), and step (the number of updates applied). The options are
 // configuration.
-enum class BalanceRule { proportional, sign_adaptive, adamw };
+enum class BalanceRule { proportional, sign_adaptive, adamw, newton };
 const char* balance_rule_name(BalanceRule rule);
 
 struct ZayaBalancerOptions {
   BalanceRule rule = BalanceRule::proportional;
-  // proportional: the gain; adamw: the learning rate; sign_adaptive: the initial step.
+  // proportional: the gain; adamw: the learning rate; sign_adaptive: the initial step;
+  // newton: the damping of the Newton step.
   double lr = 1.0;
+  double window = 0.1;     // newton: the boundary window, in units of the routing score
+  double gain_max = 4.0;   // newton: the largest gain (where no token is near the boundary)
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-8;
@@ -198,8 +221,11 @@ struct ZayaBalancer {
   // (sign_adaptive).
   std::vector<const char*> rule_state_names() const;
   std::vector<const std::vector<float>*> rule_state() const;
-  // One update from counts [S] covering `assignments` = N·K choices.
-  void update(const int64_t* counts, int64_t assignments);
+  // One update from counts [S] covering `assignments` = N·K choices, and (newton only,
+  // which requires them) the boundary counts near [S] of the same tokens.
+  void update(const int64_t* counts, int64_t assignments, const int64_t* near = nullptr);
+  // Whether the rule needs boundary counts.
+  bool needs_boundary_counts() const { return options.rule == BalanceRule::newton; }
   // One update from a load error [S] computed elsewhere.
   void update_from_error(const double* err);
   // Restores the state saved from a balancer with the same number of classes and rule
@@ -210,6 +236,7 @@ struct ZayaBalancer {
 
  private:
   void proportional_update(const double* err);
+  void newton_update(const double* err, const int64_t* near, int64_t assignments);
   void adamw_update(const double* err);
   void sign_adaptive_update(const double* err);
 };

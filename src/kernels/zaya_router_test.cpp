@@ -445,8 +445,39 @@ TEST(ZayaLoad, CountsAndErrorByHand) {
 ZayaBalancerOptions rule_options(BalanceRule rule) {
   ZayaBalancerOptions o;
   o.rule = rule;
-  o.lr = rule == BalanceRule::proportional ? 1.0 : 1e-3;
+  o.lr = rule == BalanceRule::proportional ? 1.0 : rule == BalanceRule::newton ? 0.5 : 1e-3;
   return o;
+}
+
+// Biased scores (logits + bias) of 3 tokens over 4 classes, window 0.5:
+//   token 0: 2.0  1.8  0.0  -1.0   top-1: class 0 beats class 1 by 0.2 → 0 and 1 near
+//   token 1: 0.0  0.0  3.0   2.6   top-1: class 2 beats 3 by 0.4 → 2 and 3 near
+//   token 2: 1.0  0.0  0.0   0.0   top-1: class 0 beats the rest by 1.0 → none near
+// top-2: token 0 {0, 1}, lowest chosen 1.8, best unchosen 0.0 → none near; token 1 {2, 3},
+// 2.6 vs 0.0 → none; token 2 {0, then 1 (tie, lower index)}, lowest chosen 0.0 = best
+// unchosen 0.0 → classes 1, 2 and 3 near (gap 0 < 0.5), class 0 not (gap 1.0).
+TEST(ZayaLoad, BoundaryCountsByHand) {
+  const std::vector<float> logits{2.5f, 1.8f, 0.0f, -1.0f, 0.5f, 0.0f, 3.0f, 2.6f,
+                                  1.5f, 0.0f, 0.0f, 0.0f};
+  const std::vector<float> bias{-0.5f, 0.0f, 0.0f, 0.0f};
+  std::vector<float> probs(12), gate(6);
+  std::vector<int32_t> choice(6);
+  std::vector<int64_t> near(4);
+  zaya_gating_forward(probs.data(), choice.data(), gate.data(), logits.data(), bias.data(),
+                      BiasOn::logits, 3, 4, 1, false, false);
+  zaya_boundary_counts(near.data(), probs.data(), logits.data(), bias.data(), BiasOn::logits,
+                       choice.data(), 3, 4, 1, 0.5);
+  EXPECT_EQ(near, (std::vector<int64_t>{1, 1, 1, 1}));
+  zaya_gating_forward(probs.data(), choice.data(), gate.data(), logits.data(), bias.data(),
+                      BiasOn::logits, 3, 4, 2, false, false);
+  zaya_boundary_counts(near.data(), probs.data(), logits.data(), bias.data(), BiasOn::logits,
+                       choice.data(), 3, 4, 2, 0.5);
+  EXPECT_EQ(near, (std::vector<int64_t>{0, 1, 1, 1}));
+  // On the probabilities the same rule applies to p + bias: with a tiny window nobody is near
+  // except exact ties (token 2's three zeros have equal probabilities).
+  zaya_boundary_counts<float>(near.data(), probs.data(), logits.data(), nullptr, BiasOn::probs,
+                       choice.data(), 3, 4, 2, 1e-6);
+  EXPECT_EQ(near, (std::vector<int64_t>{0, 1, 1, 1}));
 }
 
 TEST(ZayaBalancer, InitAndUpdatesFollowAdamWWithOverusedClassesMovingDown) {
@@ -538,20 +569,37 @@ std::vector<std::vector<float>> rule_state_copy(const ZayaBalancer& b) {
   return out;
 }
 
+// slope = near / (2·window·assignments); bias −= lr / max(slope, lr / gain_max) · err.
+TEST(ZayaBalancer, NewtonRuleDividesTheErrorByTheMeasuredSlope) {
+  ZayaBalancerOptions o = rule_options(BalanceRule::newton);
+  o.window = 0.1;
+  o.gain_max = 4.0;
+  ZayaBalancer balancer(3, true, o);
+  const std::vector<int64_t> counts{50, 25, 25, 0};  // errors 0.25, 0, 0, −0.25
+  const std::vector<int64_t> near{40, 10, 10, 0};    // slopes 2, 0.5, 0.5, 0
+  balancer.update(counts.data(), 100, near.data());
+  EXPECT_FLOAT_EQ(balancer.bias[0], -0.5f / 2.0f * 0.25f);   // steep: a small step
+  EXPECT_FLOAT_EQ(balancer.bias[1], 0.0f);
+  EXPECT_FLOAT_EQ(balancer.bias[3], -1.0f + 4.0f * 0.25f);  // flat: gain_max
+  EXPECT_EQ(balancer.step, 1);
+  EXPECT_THROW(balancer.update(counts.data(), 100), Error);  // needs the boundary counts
+  EXPECT_THROW(balancer.update_from_error(std::vector<double>(4).data()), Error);
+}
+
 TEST(ZayaBalancer, StateRoundTripsBitwiseAndBadStateIsRejected) {
-  for (BalanceRule rule :
-       {BalanceRule::proportional, BalanceRule::adamw, BalanceRule::sign_adaptive}) {
+  for (BalanceRule rule : {BalanceRule::proportional, BalanceRule::newton, BalanceRule::adamw,
+                           BalanceRule::sign_adaptive}) {
     SCOPED_TRACE(balance_rule_name(rule));
     const ZayaBalancerOptions o = rule_options(rule);
     ZayaBalancer a(3, true, o);
-    const std::vector<int64_t> c1{5, 1, 1, 1}, c2{2, 3, 1, 2};
-    a.update(c1.data(), 8);
-    a.update(c2.data(), 8);
+    const std::vector<int64_t> c1{5, 1, 1, 1}, c2{2, 3, 1, 2}, near{3, 1, 0, 2};
+    a.update(c1.data(), 8, near.data());
+    a.update(c2.data(), 8, near.data());
     ZayaBalancer b(3, true, o);
     b.load_state(a.bias, rule_state_copy(a), a.step);
     for (int i = 0; i < 3; ++i) {
-      a.update(c1.data(), 8);
-      b.update(c1.data(), 8);
+      a.update(c1.data(), 8, near.data());
+      b.update(c1.data(), 8, near.data());
     }
     EXPECT_EQ(a.bias, b.bias);
     EXPECT_EQ(rule_state_copy(a), rule_state_copy(b));
@@ -559,7 +607,8 @@ TEST(ZayaBalancer, StateRoundTripsBitwiseAndBadStateIsRejected) {
 
     ZayaBalancer c(3, true, o);
     const size_t vectors = c.rule_state_names().size();
-    EXPECT_EQ(vectors, rule == BalanceRule::proportional ? 0u : 2u);
+    const bool stateless = rule == BalanceRule::proportional || rule == BalanceRule::newton;
+    EXPECT_EQ(vectors, stateless ? 0u : 2u);
     const std::vector<float> ok_a(4, 0.5f), ok_b(4, 0.0f);
     const std::vector<std::vector<float>> ok =
         vectors == 0 ? std::vector<std::vector<float>>{} : std::vector<std::vector<float>>{ok_a, ok_b};
@@ -598,7 +647,7 @@ BalanceTrace balance_trace(LogitsAt&& logits_at, int64_t n, int64_t e,
   ZayaBalancer balancer(e, true, options);
   std::vector<float> probs(n * classes), gate(n);
   std::vector<int32_t> choice(n);
-  std::vector<int64_t> counts(classes);
+  std::vector<int64_t> counts(classes), near(classes);
   std::vector<double> err(classes);
   BalanceTrace trace;
   for (int u = 0; u <= updates; ++u) {
@@ -607,13 +656,15 @@ BalanceTrace balance_trace(LogitsAt&& logits_at, int64_t n, int64_t e,
     zaya_gating_forward(probs.data(), choice.data(), gate.data(), logits.data(),
                         balancer.bias.data(), bias_on, n, e, 1, true, false);
     zaya_class_counts(counts.data(), choice.data(), n, 1, classes);
+    zaya_boundary_counts(near.data(), probs.data(), logits.data(), balancer.bias.data(),
+                         bias_on, choice.data(), n, classes, 1, options.window);
     zaya_load_error(err.data(), counts.data(), n, classes);
     double max_err = 0;
     for (double x : err) max_err = std::max(max_err, std::abs(x));
     if (u == 0) trace.initial = max_err;
     if (trace.reached < 0 && max_err < threshold) trace.reached = u;
     if (u >= settle_from) trace.settled_worst = std::max(trace.settled_worst, max_err);
-    balancer.update(counts.data(), n);
+    balancer.update(counts.data(), n, near.data());
   }
   return trace;
 }
@@ -702,6 +753,9 @@ TEST(ZayaBalancer, ProportionalOnTheLogitsFollowsANoisyDriftingRouter) {
       batch, n, e, rule_options(BalanceRule::proportional), BiasOn::logits, updates, 0.2, 300);
   const BalanceTrace adaptive = balance_trace(
       batch, n, e, rule_options(BalanceRule::sign_adaptive), BiasOn::logits, updates, 0.2, 300);
+  const BalanceTrace newton = balance_trace(
+      batch, n, e, rule_options(BalanceRule::newton), BiasOn::logits, updates, 0.2, 300);
+  std::printf("newton %.3f reached %d\n", newton.settled_worst, newton.reached);
   EXPECT_GE(proportional.reached, 0);
   EXPECT_LE(proportional.reached, 100);
   EXPECT_LT(proportional.settled_worst, 0.2);

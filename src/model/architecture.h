@@ -96,6 +96,7 @@ struct ArchitectureParts {
   const ParamTable& table;
   std::vector<ops::ZayaBalancer>& balancers;  // ZAYA1: one per MoE sublayer
   std::vector<int64_t>& class_counts;         // ZAYA1: [n_layers × classes] of the last forward
+  std::vector<int64_t>& boundary_counts;      // ZAYA1, newton rule: the same layout (else empty)
 };
 std::unique_ptr<Architecture> make_standard_moe(const ArchitectureParts& parts);
 std::unique_ptr<Architecture> make_zaya1(const ArchitectureParts& parts);

@@ -115,11 +115,14 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
   }
   {
     auto t = cx_.time("swiglu");
-    ops::swiglu_forward(act, h, rows_all, F);
+    if (dt == DType::bf16)
+      ops::swiglu_forward_bf16(reinterpret_cast<bf16*>(act), h, rows_all, F);
+    else
+      ops::swiglu_forward(act, h, rows_all, F);
   }
   {
     auto t = cx_.time("expert_down_gemm");
-    const char* act_g = static_cast<const char*>(cx_.input(act, rows_all * F, 0));
+    const char* act_g = reinterpret_cast<const char*>(act);  // already in the GEMM dtype
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) continue;
@@ -139,7 +142,7 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
   {
     auto t = cx_.time("expert_down_gemm");
     const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
-    const char* act_g = static_cast<const char*>(cx_.input(act, rows_all * F, 1));
+    const char* act_g = reinterpret_cast<const char*>(act);
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) continue;
@@ -150,11 +153,14 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
   }
   {
     auto t = cx_.time("swiglu");
-    ops::swiglu_backward(dh, dact, h, rows_all, F);
+    if (dt == DType::bf16)
+      ops::swiglu_backward_bf16(reinterpret_cast<bf16*>(dh), dact, h, rows_all, F);
+    else
+      ops::swiglu_backward(dh, dact, h, rows_all, F);
   }
   {
     auto t = cx_.time("expert_up_gemm");
-    const char* dh_g = static_cast<const char*>(cx_.input(dh, rows_all * 2 * F, 0));
+    const char* dh_g = reinterpret_cast<const char*>(dh);  // already in the GEMM dtype
     const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 1));
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];

@@ -34,11 +34,13 @@ class Experts {
 
   // Sublayer `layer`'s experts e < E on sorted rows (offsets [E+1] or more; rows from
   // offsets[E] on, the ZAYA1 skip class, are not touched): xs [R, C] → ys [R, C], keeping
-  // h [R, 2F] and act [R, F] for the backward (unused when parallel()).
+  // h [R, 2F] and act [R, F] for the backward (unused when parallel()). act holds the GEMM
+  // dtype: under bf16 precision, R·F bf16 values at the start of the buffer.
   void forward(int64_t layer, const int64_t* offsets, const float* xs, float* h, float* act,
                float* ys, const ExpertWeights& w);
   // The backward of the same layer's last forward from dys: dxs [R, C] (written) and the
-  // weight gradients (+=); dh and dact are scratch shaped like h and act.
+  // weight gradients (+=); dh and dact are scratch shaped like h and act (dh, like act, in
+  // the GEMM dtype).
   void backward(int64_t layer, const int64_t* offsets, const float* dys, const float* xs,
                 const float* h, const float* act, float* dxs, float* dh, float* dact,
                 const ExpertWeights& w);

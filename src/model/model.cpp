@@ -25,7 +25,8 @@ Model::Model(const ModelConfig& config, DType precision)
                                        params_bf16_.data(), &op_times_, &gradients_final_);
   compute_->set_progress(&progress_);
   experts_ = std::make_unique<Experts>(*compute_, config_.n_layers);
-  const ArchitectureParts parts{*compute_, *experts_, table_, balancers_, class_counts_};
+  const ArchitectureParts parts{*compute_, *experts_, table_, balancers_, class_counts_,
+                                     boundary_counts_};
   arch_ = config_.is_zaya() ? make_zaya1(parts) : make_standard_moe(parts);
 }
 
@@ -196,14 +197,22 @@ ops::ZayaBalancerOptions balancer_options(const ModelConfig& config) {
   ops::ZayaBalancerOptions o;
   o.rule = config.balance_rule == "adamw"           ? ops::BalanceRule::adamw
            : config.balance_rule == "sign_adaptive" ? ops::BalanceRule::sign_adaptive
+           : config.balance_rule == "newton"        ? ops::BalanceRule::newton
                                                     : ops::BalanceRule::proportional;
   o.lr = config.balance_bias_lr > 0 ? config.balance_bias_lr : default_balance_bias_lr(o.rule);
+  o.window = config.balance_bias_on == "probs" ? kNewtonWindowProbs : kNewtonWindowLogits;
   o.skip_bias_init = static_cast<float>(config.skip_bias_init);
   return o;
 }
 
 double default_balance_bias_lr(ops::BalanceRule rule) {
-  return rule == ops::BalanceRule::proportional ? kProportionalBalanceGain : 1e-3;
+  switch (rule) {
+    case ops::BalanceRule::proportional: return kProportionalBalanceGain;
+    case ops::BalanceRule::newton: return kNewtonBalanceDamping;
+    case ops::BalanceRule::adamw:
+    case ops::BalanceRule::sign_adaptive: break;
+  }
+  return 1e-3;
 }
 
 json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers) {
@@ -270,16 +279,19 @@ std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const
 void Model::reset_balancers() {
   balancers_.clear();
   class_counts_.clear();
+  boundary_counts_.clear();
   if (!config_.is_zaya()) return;
   const ops::ZayaBalancerOptions o = balancer_options(config_);
   for (int64_t l = 0; l < config_.n_layers; ++l)
     balancers_.emplace_back(config_.n_experts, config_.router_skip_class, o);
   class_counts_.assign(config_.n_layers * config_.router_classes(), 0);
+  if (balancers_.front().needs_boundary_counts()) boundary_counts_ = class_counts_;
 }
 
-void Model::update_balancers(const int64_t* counts, int64_t assignments) {
+void Model::update_balancers(const int64_t* counts, int64_t assignments, const int64_t* near) {
   const int64_t S = config_.router_classes();
-  for (size_t l = 0; l < balancers_.size(); ++l) balancers_[l].update(counts + l * S, assignments);
+  for (size_t l = 0; l < balancers_.size(); ++l)
+    balancers_[l].update(counts + l * S, assignments, near ? near + l * S : nullptr);
 }
 
 json Model::balancer_state() const { return balancers_to_json(balancers_); }

@@ -54,8 +54,13 @@ ops::ZayaBalancerOptions balancer_options(const ModelConfig& config);
 // The gain of the proportional rule on the logits (docs/zaya1.md, "Balancing"): a load error
 // of 0.1 moves the bias by this × 0.1 logit units in one update.
 inline constexpr double kProportionalBalanceGain = 1.0;
-// balance_bias_lr's default under a rule: kProportionalBalanceGain, or 1e-3 (adamw's lr and
-// sign_adaptive's initial step).
+// The newton rule's damping (its balance_bias_lr) and its boundary window: 0.1 logit units
+// on the logits, 0.01 on the probabilities (both about one step of a balanced class).
+inline constexpr double kNewtonBalanceDamping = 0.5;
+inline constexpr double kNewtonWindowLogits = 0.1;
+inline constexpr double kNewtonWindowProbs = 0.01;
+// balance_bias_lr's default under a rule: kProportionalBalanceGain, kNewtonBalanceDamping,
+// or 1e-3 (adamw's lr and sign_adaptive's initial step).
 double default_balance_bias_lr(ops::BalanceRule rule);
 // Router balancers as JSON, one object per MoE sublayer: {"rule": name, "bias": [S], the
 // rule's state vectors by name (none, "exp_avg" and "exp_avg_sq", or "step_size" and
@@ -126,10 +131,15 @@ class Model {
   // Class counts of the last forward: [n_layers × router_classes()] (row l = MoE sublayer l),
   // each row summing to batch·seq·top_k. Empty for arch moe.
   const std::vector<int64_t>& router_class_counts() const { return class_counts_; }
+  // Under the newton balancing rule, the boundary counts of the last forward
+  // (ops::zaya_boundary_counts), laid out like router_class_counts(); empty otherwise.
+  const std::vector<int64_t>& router_boundary_counts() const { return boundary_counts_; }
   // One balancing step per MoE sublayer from counts laid out like router_class_counts()
   // (the caller sums them over data-parallel ranks first) covering `assignments` choices
-  // per sublayer. No-op for arch moe.
-  void update_balancers(const int64_t* counts, int64_t assignments);
+  // per sublayer, with the boundary counts likewise summed when the rule needs them
+  // (router_boundary_counts() not empty; null otherwise). No-op for arch moe.
+  void update_balancers(const int64_t* counts, int64_t assignments,
+                        const int64_t* near = nullptr);
   // Every balancer back to its initial state (init_weights calls this).
   void reset_balancers();
   // The balancers' complete state as JSON (balancers_to_json) and its inverse.
@@ -240,6 +250,7 @@ class Model {
   PageSlab<bf16> params_bf16_;
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
+  std::vector<int64_t> boundary_counts_;
   std::function<void(int64_t)> gradients_final_;
   std::function<void(const char*)> progress_;
   OpTimes op_times_;

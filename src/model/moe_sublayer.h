@@ -32,7 +32,8 @@ struct MoeActs {
   int32_t* assignment_slot;  // [N·K]       the sorted row of each (token, choice)
   float* xs;                 // [N·K, C]    n, one row per (token, choice), sorted by class
   float* h;                  // [N·K, 2F]   gate | up (no rows under expert parallelism:
-  float* act;                // [N·K, F]    swiglu       the owners keep them)
+  float* act;                // [N·K, F]    swiglu       the owners keep them; act in
+                             //                          the GEMM dtype, Experts::forward)
   float* ys;                 // [N·K, C]    class outputs
   void take(Arena& arena, const ModelConfig& c, BatchShape s, bool expert_parallel);
 };

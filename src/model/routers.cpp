@@ -140,15 +140,20 @@ void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
 }  // namespace
 
 void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
-                         ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
-                         MoeActs& moe, BatchShape s, int64_t* counts) {
+                         ZayaRouterScratch& scratch, const float* r_prev,
+                         const ops::ZayaBalancer& balancer, MoeActs& moe, BatchShape s,
+                         int64_t* counts, int64_t* near) {
   const ModelConfig& c = cx.config;
   const int64_t N = s.rows();
+  const float* bias = balancer.bias.data();
   zaya_router_logits(cx, w, moe.n, r_prev, N, r.r, r.u, r.rstd, r.a1, r.g1, r.a2, r.g2,
                      scratch.logits);
   ops::zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, bias_on(c), N,
                            c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
   ops::zaya_class_counts(counts, moe.choice, N, c.top_k, c.router_classes());
+  if (near)
+    ops::zaya_boundary_counts(near, r.probs, scratch.logits, bias, bias_on(c), moe.choice, N,
+                              c.router_classes(), c.top_k, balancer.options.window);
 }
 
 void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRouterActs& r,

@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "base/arena.h"
+#include "kernels/zaya_router.h"
 #include "model/compute.h"
 #include "model/moe_sublayer.h"
 #include "model/params.h"
@@ -76,11 +77,13 @@ struct ZayaRouterScratch {
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
   void begin_backward(const ModelConfig& c, BatchShape s);  // zeroes the chained d r
 };
-// r_prev: the previous MoE sublayer's r (null in the first). bias [S]: the balancing bias.
-// counts [S] (written): rows per class.
+// r_prev: the previous MoE sublayer's r (null in the first). balancer: the sublayer's
+// balancing bias [S] and rule. counts [S] (written): rows per class; near [S] (written
+// unless null): the boundary counts (ops::zaya_boundary_counts) of the newton rule.
 void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
-                         ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
-                         MoeActs& moe, BatchShape s, int64_t* counts);
+                         ZayaRouterScratch& scratch, const float* r_prev,
+                         const ops::ZayaBalancer& balancer, MoeActs& moe, BatchShape s,
+                         int64_t* counts, int64_t* near);
 // dn [N, C] += from dgate; hands the EDA gradient of r_prev on to the previous sublayer.
 void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRouterActs& r,
                           ZayaRouterScratch& scratch, const float* r_prev, const MoeActs& moe,

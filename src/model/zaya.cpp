@@ -193,7 +193,8 @@ class Zaya1 final : public Composition<Activations> {
  public:
   explicit Zaya1(const ArchitectureParts& parts)
       : Composition(parts.cx, parts.experts), balancers_(parts.balancers),
-        class_counts_(parts.class_counts), head_(LmHeadWeights::of(parts.table)) {
+        class_counts_(parts.class_counts), boundary_counts_(parts.boundary_counts),
+        head_(LmHeadWeights::of(parts.table)) {
     const ParamTable& t = parts.table;
     in_alpha_ = t.get("model.input_hidden_states_scale").offset;
     in_beta_ = t.get("model.input_hidden_states_bias").offset;
@@ -220,6 +221,7 @@ class Zaya1 final : public Composition<Activations> {
 
   std::vector<ops::ZayaBalancer>& balancers_;
   std::vector<int64_t>& class_counts_;
+  std::vector<int64_t>& boundary_counts_;
   std::vector<LayerWeights> layers_;
   LmHeadWeights head_;
   int64_t in_alpha_, in_beta_;
@@ -256,7 +258,8 @@ void Zaya1::moe_layer_forward(int64_t l) {
   const int64_t i = 2 * l + 1, S = cx_.config.router_classes();
   moe_forward(cx_, experts_, l, w.moe, a.moe[l], a.shape, res(i), nullptr, h(i), [&](MoeActs& m) {
     zaya_router_forward(cx_, w.router, a.router[l], a.router_scratch, r_prev(l),
-                        balancers_[l].bias.data(), m, a.shape, class_counts_.data() + l * S);
+                        balancers_[l], m, a.shape, class_counts_.data() + l * S,
+                        boundary_counts_.empty() ? nullptr : boundary_counts_.data() + l * S);
   });
   auto t = cx_.time("residual_scale");
   residual_scale_forward(cx_, w.moe_merge, res(i + 1), res(i), h(i), a.shape.rows());

@@ -243,6 +243,7 @@ TEST(Zaya, BalancingBiasDrivesLoadsTowardUniform) {
   EXPECT_EQ(other.load_balancer_state(state), "");
   EXPECT_EQ(other.balancers()[1].bias, model.balancers()[1].bias);
   EXPECT_EQ(other.balancers()[1].step, 300);
+
   // A state saved under the other rule routes as trained and restarts the configured rule.
   ModelConfig adamw = c;
   adamw.balance_rule = "adamw";
@@ -252,6 +253,44 @@ TEST(Zaya, BalancingBiasDrivesLoadsTowardUniform) {
   EXPECT_EQ(switched.balancers()[1].bias, model.balancers()[1].bias);
   EXPECT_EQ(switched.balancers()[1].exp_avg, std::vector<float>(S, 0.0f));
   EXPECT_THROW(Model(tiny_zaya(3), DType::f32).load_balancer_state(state), Error);
+}
+
+// The newton rule measures the slope the proportional rule above needs its gain tuned to: on
+// the same router, with its default damping, it balances as well, from the boundary counts
+// the forward pass leaves beside the class counts.
+TEST(Zaya, NewtonBalancingNeedsNoTunedGain) {
+  ModelConfig c = tiny_zaya(2);
+  c.balance_rule = "newton";
+  Model model(c, DType::f32);
+  model.init_weights(9);
+  const int64_t S = c.router_classes(), R = c.router_latent_dim;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    float* w = model.param(fmt::format("model.layers.{}.mlp.gate.router_mlp.out_proj.weight", l));
+    for (int64_t i = 0; i < R; ++i) w[i] += 1.0f;
+  }
+  model.sync_weights();
+  const int64_t B = 8, T = 8, N = B * T;
+  Batch batch = random_batch(c, N, 21);
+  auto forward_max_load_error = [&]() {
+    model.forward(batch.inputs.data(), batch.targets.data(), B, T);
+    double worst = 0;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      for (int64_t s = 0; s < S; ++s)
+        worst = std::max(worst, std::abs(static_cast<double>(
+                                             model.router_class_counts()[l * S + s]) / N -
+                                         1.0 / S));
+    return worst;
+  };
+  const double initial = forward_max_load_error();
+  ASSERT_EQ(model.router_boundary_counts().size(), model.router_class_counts().size());
+  for (int step = 0; step < 300; ++step) {
+    forward_max_load_error();
+    const std::vector<int64_t> counts = model.router_class_counts();
+    const std::vector<int64_t> near = model.router_boundary_counts();
+    model.update_balancers(counts.data(), N * c.top_k, near.data());
+  }
+  EXPECT_LT(forward_max_load_error(), 0.1) << "initial " << initial;
+  EXPECT_EQ(model.balancer_state()[0]["rule"], "newton");
 }
 
 TEST(Zaya, ParamTableHasZayaNamesAndFusedPairs) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/error.h"
+#include "base/format.h"
 #include "kernels/attention.h"
 #include "model/info.h"
 
@@ -13,8 +15,20 @@ const char* category_name(CostCategory category) {
     case CostCategory::gemm: return "gemm";
     case CostCategory::attention: return "attention";
     case CostCategory::elementwise: return "elementwise";
+    case CostCategory::recompute: return "recompute";
     case CostCategory::optimizer: return "optimizer";
     case CostCategory::comm: return "comm";
+    case CostCategory::pipeline: return "pipeline";
+    case CostCategory::overhead: return "overhead";
+  }
+  return "?";
+}
+
+const char* recompute_name(Recompute recompute) {
+  switch (recompute) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
   }
   return "?";
 }
@@ -22,46 +36,67 @@ const char* category_name(CostCategory category) {
 namespace {
 
 constexpr double kF32 = 4, kBf16 = 2;
+constexpr const char* kFrameworkName = "framework overhead (kernel launches)";
+constexpr const char* kAllToAllName = "expert-parallel dispatch and combine all-to-alls";
+constexpr const char* kElementwiseName =
+    "elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)";
 
 // Accumulates items by name so the breakdown stays short (one row per kind of operation).
+// With tensor parallelism (split = tp) every product and pass of a micro-step is cut tp
+// ways: a device runs 1/split of the FLOPs and bytes, its GEMMs at the rate of a shape with
+// 1/split of the rows (the same work as splitting a weight dimension). `kernels` counts the
+// kernel launches for the framework overhead.
 class Ledger {
  public:
-  explicit Ledger(const HardwareProfile& profile) : profile_(profile) {}
+  explicit Ledger(const HardwareProfile& profile, int64_t split = 1)
+      : profile_(profile), split_(split) {}
 
   // A GEMM C[m,n] = A[m,k]·B[k,n] run `count` times per micro-step, forward and backward:
   // forward m×n×k, input gradient m×k×n, weight gradient n×k×m (accumulated over tokens).
   void linear(const std::string& name, int64_t tokens, int64_t out, int64_t in, double count,
               DType dtype) {
     if (tokens <= 0 || out <= 0 || in <= 0 || count <= 0) return;
-    const double f = 2.0 * double(tokens) * double(out) * double(in);
-    const double t = f / profile_.gemm_rate(dtype, tokens, out, in) +
-                     f / profile_.gemm_rate(dtype, tokens, in, out) +
-                     f / profile_.gemm_rate(dtype, out, in, tokens);
+    const int64_t m = rows(tokens);
+    const double f = 2.0 * double(m) * double(out) * double(in);
+    const double t = f / profile_.gemm_rate(dtype, m, out, in) +
+                     f / profile_.gemm_rate(dtype, m, in, out) +
+                     f / profile_.gemm_rate(dtype, out, in, m);
     add(name, CostCategory::gemm, count * t, count * 3 * f, 0);
+    kernels_ += 3 * count;
   }
   // `groups` independent GEMMs of one shape run as one grouped GEMM, `count` times: the
   // rate is that of one GEMM with the groups' rows stacked (dW: their columns).
   void grouped(const std::string& name, int64_t tokens, int64_t out, int64_t in, int64_t groups,
                double count, DType dtype) {
-    const double f = 2.0 * double(tokens) * double(out) * double(in) * double(groups);
-    const int64_t stacked = tokens * groups;
+    const int64_t m = rows(tokens);
+    const double f = 2.0 * double(m) * double(out) * double(in) * double(groups);
+    const int64_t stacked = m * groups;
     const double t = f / profile_.gemm_rate(dtype, stacked, out, in) +
                      f / profile_.gemm_rate(dtype, stacked, in, out) +
-                     f / profile_.gemm_rate(dtype, out * groups, in, tokens);
+                     f / profile_.gemm_rate(dtype, out * groups, in, m);
     add(name, CostCategory::gemm, count * t, count * 3 * f, 0);
+    kernels_ += 3 * count;
   }
   // A product that only runs forward and backward as given (no weight): `flops` each.
   // `flops_m` (if given) is the M of one product when `m` is the stacked M its rate follows;
   // such batched attention products get no roofline cap (their score traffic is counted
-  // apart on a CPU, and stays on chip in a GPU's fused kernel).
+  // apart on a CPU, and stays on chip in a GPU's fused kernel). `efficiency` scales the rate
+  // (a fused attention kernel's achieved share of the GEMM rate).
   void product(const std::string& name, CostCategory category, int64_t m, int64_t n,
-               int64_t k, double count, DType dtype, int64_t flops_m = 0) {
+               int64_t k, double count, DType dtype, int64_t flops_m = 0,
+               double efficiency = 1.0) {
     const double f = 2.0 * double(flops_m > 0 ? flops_m : m) * double(n) * double(k);
-    add(name, category, count * f / profile_.gemm_rate(dtype, m, n, k, flops_m == 0), count * f, 0);
+    const double rate = efficiency * profile_.gemm_rate(dtype, rows(m), n, k, flops_m == 0);
+    add(name, category, count * f / double(split_) / rate, count * f / double(split_), 0);
   }
   void memory(const std::string& name, CostCategory category, double bytes) {
-    add(name, category, bytes / profile_.memory_bandwidth(), 0, bytes);
+    const double b = bytes / double(split_);
+    add(name, category, b / profile_.memory_bandwidth(), 0, b);
   }
+  void count_kernels(double kernels) { kernels_ += kernels; }
+  // The optimizer's work is already the device's share: no further split.
+  void set_split(int64_t split) { split_ = split; }
+  double kernels() const { return kernels_; }
   void add(const std::string& name, CostCategory category, double s, double flops,
            double bytes) {
     for (auto& it : items_)
@@ -74,18 +109,92 @@ class Ledger {
     items_.push_back({name, category, s, flops, bytes});
   }
   void scale(double factor) {
+    kernels_ *= factor;
     for (auto& it : items_) {
       it.seconds *= factor;
       it.flops *= factor;
       it.bytes *= factor;
     }
   }
+  double seconds(const std::string& name) const {
+    for (const auto& it : items_)
+      if (it.name == name) return it.seconds;
+    return 0;
+  }
+  double seconds(CostCategory category) const {
+    double s = 0;
+    for (const auto& it : items_)
+      if (it.category == category) s += it.seconds;
+    return s;
+  }
   std::vector<PredictionItem>& items() { return items_; }
 
  private:
+  int64_t rows(int64_t m) const { return std::max<int64_t>(1, (m + split_ - 1) / split_); }
+
   const HardwareProfile& profile_;
+  int64_t split_ = 1;
+  double kernels_ = 0;
   std::vector<PredictionItem> items_;
 };
+
+// A profile's optional "efficiency" section (profiles/README.md): a fused attention kernel's
+// achieved share of the best GEMM rate, forward and backward, against sequence length, and
+// the framework's cost per kernel launch. Without it: attention at the GEMM rate, no
+// overhead (a measured CPU profile: the measured GEMM rates are what the kernels achieve).
+struct Efficiency {
+  double attention_forward = 1, attention_backward = 1;
+  double kernel_overhead_s = 0;
+};
+
+double efficiency_number(const json& obj, const char* key, const std::string& where,
+                         double lo, double hi) {
+  const auto it = obj.find(key);
+  if (it == obj.end() || !it->is_number() || !(it->get<double>() >= lo) ||
+      !(it->get<double>() <= hi))
+    fail(fmt::format("{}: efficiency: '{}' must be a number in [{}, {}], got {}", where, key, lo,
+                     hi, it == obj.end() ? std::string("nothing") : it->dump()),
+         "fix the profile's efficiency section (profiles/README.md)");
+  return it->get<double>();
+}
+
+// The attention curve is interpolated linearly in log2(seq) and held flat past its ends.
+Efficiency efficiency_at(const HardwareProfile& profile, int64_t seq) {
+  Efficiency e;
+  const auto section = profile.raw.find("efficiency");
+  if (section == profile.raw.end() || !section->is_object()) return e;
+  const std::string& where = profile.path.empty() ? profile.name : profile.path;
+  if (section->contains("kernel_overhead_s"))
+    e.kernel_overhead_s = efficiency_number(*section, "kernel_overhead_s", where, 0, 1e-3);
+  const auto curve = section->find("attention");
+  if (curve == section->end()) return e;
+  if (!curve->is_array() || curve->empty())
+    fail(fmt::format("{}: efficiency: 'attention' must be a list of {{seq, forward, backward}}",
+                     where), "fix the profile's efficiency section (profiles/README.md)");
+  struct Point { double x, fwd, bwd; };
+  std::vector<Point> pts;
+  for (const auto& p : *curve)
+    pts.push_back({std::log2(efficiency_number(p, "seq", where, 1, 1e9)),
+                   efficiency_number(p, "forward", where, 1e-3, 1),
+                   efficiency_number(p, "backward", where, 1e-3, 1)});
+  std::sort(pts.begin(), pts.end(), [](const Point& a, const Point& b) { return a.x < b.x; });
+  const double x = std::log2(double(std::max<int64_t>(1, seq)));
+  Point at = x <= pts.front().x ? pts.front() : pts.back();
+  for (size_t i = 1; i < pts.size(); ++i)
+    if (x > pts[i - 1].x && x <= pts[i].x) {
+      const double w = (x - pts[i - 1].x) / (pts[i].x - pts[i - 1].x);
+      at = {x, pts[i - 1].fwd + w * (pts[i].fwd - pts[i - 1].fwd),
+            pts[i - 1].bwd + w * (pts[i].bwd - pts[i - 1].bwd)};
+    }
+  e.attention_forward = at.fwd;
+  e.attention_backward = at.bwd;
+  return e;
+}
+
+// Elementwise kernels per layer, forward and backward (norms, residual adds, RoPE, SwiGLU,
+// routing, dispatch, combine; ZAYA1 adds residual scaling, the CCA's means, convolution,
+// QK-norm, value shift and the router's MLP passes), for the launch overhead.
+constexpr double kElementwiseKernelsPerLayer = 30, kZayaElementwiseKernelsPerLayer = 72;
 
 // One micro-step (forward + backward over micro_batch·T tokens) into `led`.
 void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
@@ -148,12 +257,19 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   const double causal = (tiles + 1) / (2 * tiles) / double(s.cp);
   // One batched product covers all B·Hq heads of a layer (oneDNN batched matmul on the CPU,
   // a flash kernel on a GPU): its rate is that of the heads' rows stacked.
+  // A fused kernel's achieved efficiency (the profile's curve at this sequence length)
+  // applies to the forward's two products and the backward's five.
   const double heads = double(B * Hq) * Ld * causal;
   const int64_t TH = T * B * Hq;
-  led.product("attention core", CostCategory::attention, TH, T, d, 2 * heads, dt, T);  // Q·Kᵀ twice
-  led.product("attention core", CostCategory::attention, TH, d, T, heads, dt, T);      // P·V
-  led.product("attention core", CostCategory::attention, TH, T, d, heads, dt, T);      // dP = dO·Vᵀ
-  led.product("attention core", CostCategory::attention, TH, d, T, 3 * heads, dt, T);  // dV, dQ, dK
+  const Efficiency eff = efficiency_at(profile, T);
+  const double fw = eff.attention_forward, bw = eff.attention_backward;
+  const auto core = CostCategory::attention;
+  led.product("attention core", core, TH, T, d, heads, dt, T, fw);      // S = Q·Kᵀ
+  led.product("attention core", core, TH, d, T, heads, dt, T, fw);      // O = P·V
+  led.product("attention core", core, TH, T, d, heads, dt, T, bw);      // S again
+  led.product("attention core", core, TH, T, d, heads, dt, T, bw);      // dP = dO·Vᵀ
+  led.product("attention core", core, TH, d, T, 3 * heads, dt, T, bw);  // dV, dQ, dK
+  led.count_kernels(2 * Ld);
   if (!gpu) {
     // Scores written, read and probabilities written forward (12 B per element), then
     // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
@@ -191,8 +307,39 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     converted += Ld * (Dq + 2 * Dkv + C + K * (2 * F + C)) + double(Vp);   // output gradients
     bytes += converted * (kF32 + kBf16);
   }
-  led.memory("elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)", CostCategory::elementwise,
-             bytes * double(N));
+  led.memory(kElementwiseName, CostCategory::elementwise, bytes * double(N));
+  led.count_kernels(Ld * (c.is_zaya() ? kZayaElementwiseKernelsPerLayer
+                                      : kElementwiseKernelsPerLayer));
+}
+
+// Where a step's parameters live: experts spread over ep ranks (and, without expert
+// parallelism, split tp ways like the dense weights), everything else tp ways, layers pp
+// ways. Each part reduces over its own data-parallel group: dense weights over dp ranks
+// strided by tp, experts over devices / (pp · ep · etp) ranks strided by ep · etp.
+struct Layout {
+  int64_t devices = 1, etp = 1, edp = 1;
+  double params = 0;                   // the whole model
+  double dense_held = 0, expert_held = 0;  // on one device
+};
+
+Layout layout_of(const ModelConfig& c, const StepShape& s) {
+  Layout lay;
+  const ParamCounts pc = count_parameters(c);
+  lay.params = double(pc.total);
+  const double experts =
+      c.n_experts > 1 ? double(pc.experts_per_layer) * double(c.n_layers) : 0.0;
+  lay.devices = s.dp * s.tp * s.pp;
+  lay.etp = s.ep > 1 ? 1 : s.tp;
+  lay.edp = std::max<int64_t>(1, lay.devices / (s.pp * s.ep * lay.etp));
+  lay.dense_held = (lay.params - experts) / double(s.tp * s.pp);
+  lay.expert_held = experts / double(s.pp * s.ep * lay.etp);
+  return lay;
+}
+
+// The share of the model's parameters whose optimizer state this device updates.
+double optimizer_share(const StepShape& s, const Layout& lay) {
+  if (!s.zero1) return (lay.dense_held + lay.expert_held) / lay.params;
+  return (lay.dense_held / double(s.dp) + lay.expert_held / double(lay.edp)) / lay.params;
 }
 
 // The optimizer step over this rank's share of the parameters.
@@ -200,7 +347,7 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
                     Ledger& led) {
   const ParamCounts pc = count_parameters(c);
   const double P = double(pc.total);
-  const double share = s.zero1 ? 1.0 / double(s.dp) : 1.0;
+  const double share = optimizer_share(s, layout_of(c, s));
   const bool bf16 = s.precision == DType::bf16;
   // Muon's matrices: every attention projection and every expert matrix.
   struct Mat {
@@ -239,7 +386,270 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
   }
 }
 
+// Expert parallelism: the busiest rank's extra expert rows, as a share of the expert GEMMs.
+void add_imbalance(const ModelConfig& c, const StepShape& s, Ledger& led) {
+  if (s.ep <= 1 || c.n_experts <= 1) return;
+  const double extra = expert_imbalance(c, s) - 1;
+  const double experts = led.seconds("expert GEMMs");
+  if (extra > 0 && experts > 0)
+    led.add("expert load imbalance (busiest expert-parallel rank)", CostCategory::gemm,
+            extra * experts, 0, 0);
+}
+
+// Activation recomputation: a second forward in the backward. Full: a third of every GEMM
+// and elementwise pass, and the attention forward (its 2 products of 7, at the forward's
+// efficiency); selective: the elementwise forward passes (about 2/5 of their bytes).
+void add_recompute(const StepShape& s, const Efficiency& eff, Ledger& led) {
+  if (s.recompute == Recompute::none) return;
+  const double elementwise = led.seconds(CostCategory::elementwise);
+  double seconds = 0.4 * elementwise;
+  if (s.recompute == Recompute::full) {
+    const double forward = 2 / eff.attention_forward, backward = 5 / eff.attention_backward;
+    const double attention_fwd = led.seconds("attention core") * forward / (forward + backward);
+    seconds = led.seconds(CostCategory::gemm) / 3 + elementwise / 3 + attention_fwd;
+  }
+  led.add(fmt::format("activation recompute ({})", recompute_name(s.recompute)),
+          CostCategory::recompute, seconds, 0, 0);
+}
+
+bool spans_nodes(const HardwareProfile& profile, int64_t ranks, int64_t stride) {
+  return profile.devices_per_node > 1 && ranks > 1 && ranks * stride > profile.devices_per_node;
+}
+
+// Collectives inside a micro-step that the next operation waits for (per micro-step, on one
+// device of a stage of L/pp layers). Returns the backward's share of those that cross
+// nodes (they contend with the gradient reduction).
+double add_blocking_comm(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
+                         Ledger& led) {
+  const double layers = double(c.n_layers) / double(s.pp);
+  const double act = s.precision == DType::bf16 ? kBf16 : kF32;
+  double backward_inter = 0;
+  // Context parallelism: k and v of the whole sequences (a tensor-parallel rank's share of
+  // the heads), all-gathered per layer forward, their gradients reduce-scattered backward
+  // (fp32 activations).
+  if (s.cp > 1) {
+    const double whole =
+        double(s.micro_batch) * double(s.seq) * double(c.kv_dim()) * kF32 / double(s.tp);
+    const double count = 2.0 * layers;
+    const double sent = count * whole * double(s.cp - 1) / double(s.cp);
+    led.add("context-parallel k, v all-gather", CostCategory::comm,
+            count * group_collective_s(profile, "all_gather", s.cp, whole, s.tp), 0, sent);
+    led.add("context-parallel k, v gradient reduce-scatter", CostCategory::comm,
+            count * group_collective_s(profile, "reduce_scatter", s.cp, whole, s.tp), 0, sent);
+  }
+  // Tensor parallelism with sequence parallelism: before each of a layer's two sublayers an
+  // all-gather of its input, after it a reduce-scatter of its output; the backward mirrors
+  // them. S = the micro-batch's activations of the whole sequence chunk.
+  if (s.tp > 1) {
+    const double whole =
+        double(s.micro_batch) * double(s.seq / s.cp) * double(c.d_model) * act;
+    const double count = 4.0 * layers;
+    led.add("tensor-parallel activation all-gathers and reduce-scatters", CostCategory::comm,
+            count * (group_collective_s(profile, "all_gather", s.tp, whole, 1) +
+                     group_collective_s(profile, "reduce_scatter", s.tp, whole, 1)),
+            0, 2 * count * whole * double(s.tp - 1) / double(s.tp));
+  }
+  // Expert parallelism: per MoE layer the tokens' k copies are dispatched to the experts'
+  // ranks and combined back, forward and backward: four all-to-alls of one rank's send
+  // buffer (the busiest rank's, under imbalance).
+  if (s.ep > 1 && c.n_experts > 1) {
+    const double tokens = double(s.micro_batch) * double(s.seq / s.cp) / double(s.tp);
+    const int64_t k = std::min(c.top_k, c.n_experts);
+    const double dedup = s.dedup_expert_dispatch
+                             ? dispatch_dedup_factor(c.n_experts, k, s.ep, profile.devices_per_node)
+                             : 1.0;
+    const double send =
+        tokens * double(k) * double(c.d_model) * act * expert_imbalance(c, s) * dedup;
+    const double one = group_collective_s(profile, "all_to_all", s.ep, send, 1);
+    led.add(kAllToAllName, CostCategory::comm,
+            4 * layers * one, 0, 4 * layers * send * double(s.ep - 1) / double(s.ep));
+    if (spans_nodes(profile, s.ep, 1)) backward_inter = 2 * layers * one;
+  }
+  return backward_inter;
+}
+
+// The data-parallel collectives of one step: ZeRO-1's reduce-scatter and all-gather (or one
+// all-reduce) of each parameter group over its data-parallel ranks.
+struct DataParallelComm {
+  double reduce_s = 0, gather_s = 0;
+  bool inter_node = false;  // some group leaves the node
+};
+
+DataParallelComm add_data_parallel_comm(const StepShape& s, const HardwareProfile& profile,
+                                        const Layout& lay, Ledger& led) {
+  DataParallelComm dpc;
+  const double weight_bytes = s.precision == DType::bf16 ? kBf16 : kF32;
+  struct Group { double params; int64_t ranks, stride; };
+  std::vector<Group> groups;
+  if (s.ep > 1) {
+    groups = {{lay.dense_held, s.dp, s.tp}, {lay.expert_held, lay.edp, s.ep * lay.etp}};
+  } else {
+    groups = {{lay.dense_held + lay.expert_held, s.dp, s.tp}};
+  }
+  double rs_bytes = 0, ag_bytes = 0;
+  for (const Group& g : groups) {
+    if (g.ranks <= 1 || g.params <= 0) continue;
+    dpc.inter_node = dpc.inter_node || spans_nodes(profile, g.ranks, g.stride);
+    if (s.zero1) {
+      dpc.reduce_s += group_collective_s(profile, "reduce_scatter", g.ranks, g.params * kF32,
+                                         g.stride);
+      dpc.gather_s += group_collective_s(profile, "all_gather", g.ranks,
+                                         g.params * weight_bytes, g.stride);
+      ag_bytes += g.params * weight_bytes;
+    } else {
+      dpc.reduce_s += group_collective_s(profile, "all_reduce", g.ranks, g.params * kF32,
+                                         g.stride);
+    }
+    rs_bytes += g.params * kF32;
+  }
+  if (rs_bytes == 0) return dpc;
+  if (s.zero1) {
+    led.add("gradient reduce-scatter", CostCategory::comm, dpc.reduce_s, 0, rs_bytes);
+    led.add("weight all-gather (after the optimizer step)", CostCategory::comm, dpc.gather_s,
+            0, ag_bytes);
+  } else {
+    led.add("gradient all-reduce", CostCategory::comm, dpc.reduce_s, 0, rs_bytes);
+  }
+  return dpc;
+}
+
+// Reading the step's tokens: the pages of the global batch over the storage IOPS budget
+// (spec §5), prefetched while the step before runs.
+double data_loading_s(const StepShape& s, const HardwareProfile& profile) {
+  if (profile.storage_iops_budget <= 0) return 0;
+  const int64_t sequences = s.micro_batch * s.accumulation * s.dp / s.cp;
+  return data_loading_break_even_s(sequences, s.seq, s.data_bytes_per_token,
+                                   profile.storage_page_bytes, profile.storage_iops_budget,
+                                   s.data_scatter);
+}
+
+// One micro-step of one pipeline stage (L/pp layers) into `led`: compute, the blocking
+// collectives, the launches.
+struct MicroStep {
+  double compute_s = 0;         // GEMMs, attention, elementwise, recompute
+  double exposed_comm_s = 0;    // blocking collectives not hidden
+  double backward_inter_s = 0;  // the backward's all-to-alls across nodes (contention)
+  double total_s = 0;           // what one micro-step of the stage takes
+};
+
+MicroStep stage_micro_step(const ModelConfig& c, const StepShape& s,
+                           const HardwareProfile& profile, Ledger& led) {
+  const Efficiency eff = efficiency_at(profile, s.seq);
+  micro_step(c, s, profile, led);
+  led.scale(1.0 / double(s.pp));
+  add_imbalance(c, s, led);
+  add_recompute(s, eff, led);
+  MicroStep m;
+  m.compute_s = led.seconds(CostCategory::gemm) + led.seconds(CostCategory::attention) +
+                led.seconds(CostCategory::elementwise) + led.seconds(CostCategory::recompute);
+  m.backward_inter_s = add_blocking_comm(c, s, profile, led);
+  m.exposed_comm_s = led.seconds(CostCategory::comm);
+  if (s.overlap_expert_comm) {
+    const double all_to_all = led.seconds(kAllToAllName);
+    m.exposed_comm_s +=
+        std::max(0.0, all_to_all - s.comm_overlap * m.compute_s) - all_to_all;
+  }
+  led.add(kFrameworkName, CostCategory::overhead, led.kernels() * eff.kernel_overhead_s, 0, 0);
+  m.total_s = m.compute_s + m.exposed_comm_s + led.seconds(kFrameworkName);
+  return m;
+}
+
+// The data-parallel collectives into `led`, and the seconds of them exposed: the gradient
+// reduction hides behind the last micro-step's backward (where the gradients become final),
+// the weight all-gather follows the optimizer step, and a hidden reduction that shares
+// inter-node links with the backward's all-to-alls queues with them.
+double exposed_data_parallel_s(const StepShape& s, const HardwareProfile& profile,
+                               const Layout& lay, const MicroStep& micro, Ledger& led) {
+  const DataParallelComm dpc = add_data_parallel_comm(s, profile, lay, led);
+  const double reduce_exposed =
+      std::max(0.0, dpc.reduce_s - s.comm_overlap * 2.0 / 3.0 * micro.compute_s);
+  const double gather_exposed =
+      s.overlap_param_gather
+          ? std::max(0.0, dpc.gather_s - s.comm_overlap * micro.compute_s / 3.0)
+          : dpc.gather_s;
+  double contention = 0;
+  if (dpc.inter_node && micro.backward_inter_s > 0) {
+    contention = std::min(dpc.reduce_s - reduce_exposed, micro.backward_inter_s);
+    if (contention > 0)
+      led.add("contention (gradient reduction and all-to-alls on shared links)",
+              CostCategory::comm, contention, 0, 0);
+  }
+  return reduce_exposed + gather_exposed + contention;
+}
+
+// Sums the ledger into the prediction's categories.
+void sum_categories(const Ledger& led, StepPrediction& p) {
+  p.gemm_s = led.seconds(CostCategory::gemm);
+  p.attention_s = led.seconds(CostCategory::attention);
+  p.elementwise_s = led.seconds(CostCategory::elementwise);
+  p.recompute_s = led.seconds(CostCategory::recompute);
+  p.optimizer_s = led.seconds(CostCategory::optimizer);
+  p.comm_s = led.seconds(CostCategory::comm);
+  p.bubble_s = led.seconds(CostCategory::pipeline);
+  p.overhead_s = led.seconds(kFrameworkName);
+  p.imbalance_s = led.seconds("expert load imbalance (busiest expert-parallel rank)");
+  p.compute_s = p.gemm_s + p.attention_s + p.elementwise_s + p.recompute_s + p.optimizer_s;
+}
+
 }  // namespace
+
+double expert_imbalance(const ModelConfig& c, const StepShape& s) {
+  if (s.ep <= 1 || c.n_experts <= 1) return 1.0;
+  if (s.expert_imbalance > 0) return std::max(1.0, s.expert_imbalance);
+  const double routed = double(s.micro_batch) * double(s.seq / s.cp) / double(s.tp) *
+                        double(std::min(c.top_k, c.n_experts));
+  return binomial_imbalance(routed, s.ep);
+}
+
+double dispatch_dedup_factor(int64_t experts, int64_t top_k, int64_t ep, int64_t per_node) {
+  if (per_node <= 1 || ep <= per_node || top_k <= 0) return 1.0;
+  const int64_t nodes = (ep + per_node - 1) / per_node;
+  const double local = double(ep) / double(nodes);
+  const double per_node_experts = double(experts) / double(nodes);
+  double miss = 1;  // a given other node holds none of the token's k experts
+  for (int64_t i = 0; i < top_k; ++i)
+    miss *= std::max(0.0, (double(experts) - per_node_experts - double(i)) /
+                              (double(experts) - double(i)));
+  const double dedup = double(nodes - 1) * (1 - miss);
+  const double plain = double(top_k) * (double(ep) - local) / double(ep);
+  return plain > 0 ? std::min(1.0, dedup / plain) : 1.0;
+}
+
+double binomial_imbalance(double routed, int64_t ranks) {
+  if (ranks <= 1 || routed <= 0) return 1.0;
+  const double r = double(ranks);
+  return 1.0 + std::sqrt(2.0 * std::log(r) * (1.0 - 1.0 / r) / routed);
+}
+
+double group_collective_s(const HardwareProfile& profile, const std::string& op, int64_t ranks,
+                          double bytes, int64_t stride) {
+  if (ranks <= 1) return 0;
+  const int64_t per_node = profile.devices_per_node;
+  if (!spans_nodes(profile, ranks, stride)) return profile.collective_time(op, ranks, bytes);
+  const CollectiveFit* inter = nullptr;  // the fit at the most ranks beyond one node
+  for (const auto& f : profile.collectives)
+    if (f.op == op && f.ranks > per_node && f.scope != "intra-node" &&
+        (inter == nullptr || f.ranks > inter->ranks))
+      inter = &f;
+  if (inter == nullptr) return profile.collective_time(op, ranks, bytes);
+  const CollectiveFit& intra = profile.collective(op, per_node);
+  const double ring = inter->alpha_s * double(ranks - 1) / double(inter->ranks - 1);
+  const double alpha = std::max(ring, intra.alpha_s);
+  if (op == "all_to_all") {
+    // Each rank sends S/ranks to every peer: the share for peers on other nodes leaves
+    // through the NIC (the inter-node fit's bus bandwidth, about one NIC's), the share for
+    // peers on its own node crosses the intra-node links at the same time.
+    const int64_t local = std::clamp<int64_t>(per_node / std::max<int64_t>(stride, 1), 1, ranks);
+    const double remote = bytes * double(ranks - local) / double(ranks);
+    const double near = bytes * double(local - 1) / double(ranks);
+    return alpha + std::max(remote / (inter->beta_bytes_per_s * busbw_factor(op, inter->ranks)),
+                            near / (intra.beta_bytes_per_s * busbw_factor(op, intra.ranks)));
+  }
+  const double share = double(std::min(std::max<int64_t>(stride, 1), per_node));
+  const double busbw = inter->beta_bytes_per_s * busbw_factor(op, inter->ranks) / share;
+  const double algbw = busbw / busbw_factor(op, ranks);
+  return alpha + bytes / algbw;
+}
 
 int64_t predict_memory(const ModelConfig& config, const StepShape& s,
                        const HardwareProfile& profile) {
@@ -251,58 +661,49 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
       for (const auto& it : *items)
         if (it.shape.find("T,T]") != std::string::npos) activations -= it.bytes;
   }
-  const int64_t optimizer = s.zero1 ? (m.optimizer_bytes + s.dp - 1) / s.dp : m.optimizer_bytes;
-  return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer + activations;
+  if (s.tp == 1 && s.pp == 1 && s.ep == 1) {
+    const int64_t optimizer =
+        s.zero1 ? (m.optimizer_bytes + s.dp - 1) / s.dp : m.optimizer_bytes;
+    return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer +
+           activations;
+  }
+  // Model parallel: a device holds its part of the weights and gradients, its share of the
+  // optimizer state, and 1/tp of the activations (1F1B keeps pp micro-batches of L/pp
+  // layers in flight on the first stage: a whole model's worth).
+  const Layout lay = layout_of(config, s);
+  const double held = (lay.dense_held + lay.expert_held) / lay.params;
+  const double states = double(m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes);
+  return int64_t(held * states + optimizer_share(s, lay) * double(m.optimizer_bytes) +
+                 double(activations) / double(s.tp));
 }
 
 StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
                             const HardwareProfile& profile) {
   FOUNDRY_CHECK(s.seq > 0 && s.micro_batch > 0 && s.accumulation > 0 && s.dp > 0 && s.cp > 0);
-  Ledger led(profile);
-  micro_step(config, s, profile, led);
+  FOUNDRY_CHECK(s.tp > 0 && s.pp > 0 && s.vp > 0 && s.ep > 0);
+  Ledger led(profile, s.tp);
+  const MicroStep micro = stage_micro_step(config, s, profile, led);
   led.scale(double(s.accumulation));
+  // Pipeline fill and drain: (pp − 1)/vp micro-steps of a stage.
+  if (s.pp > 1)
+    led.add("pipeline bubble (1F1B fill and drain)", CostCategory::pipeline,
+            double(s.pp - 1) / double(s.vp) * micro.total_s, 0, 0);
+  led.set_split(1);
   optimizer_step(config, s, profile, led);
+  const double data_parallel_exposed =
+      exposed_data_parallel_s(s, profile, layout_of(config, s), micro, led);
 
   StepPrediction p;
-  const double P = double(count_parameters(config).total);
-  if (s.dp > 1) {
-    const bool bf16 = s.precision == DType::bf16;
-    if (s.zero1) {
-      const double rs = P * kF32, ag = P * (bf16 ? kBf16 : kF32);
-      led.add("gradient reduce-scatter", CostCategory::comm, profile.collective_time("reduce_scatter", s.dp, rs), 0, rs);
-      led.add("weight all-gather", CostCategory::comm, profile.collective_time("all_gather", s.dp, ag), 0, ag);
-    } else {
-      const double ar = P * kF32;
-      led.add("gradient all-reduce", CostCategory::comm, profile.collective_time("all_reduce", s.dp, ar), 0, ar);
-    }
-  }
-  // Context parallelism: k and v of the whole sequences, all-gathered per layer, and their
-  // gradients reduce-scattered; blocking, so never hidden.
-  double cp_s = 0;
-  if (s.cp > 1) {
-    const double whole = double(s.micro_batch) * double(s.seq) * double(config.kv_dim()) * kF32;
-    const double count = 2.0 * double(config.n_layers) * double(s.accumulation);
-    const double sent = count * whole * double(s.cp - 1) / double(s.cp);
-    const double gather = count * profile.collective_time("all_gather", s.cp, whole);
-    const double scatter = count * profile.collective_time("reduce_scatter", s.cp, whole);
-    led.add("context-parallel k, v all-gather", CostCategory::comm, gather, 0, sent);
-    led.add("context-parallel k, v gradient reduce-scatter", CostCategory::comm, scatter, 0, sent);
-    cp_s = gather + scatter;
-  }
-  for (const auto& it : led.items()) {
-    switch (it.category) {
-      case CostCategory::gemm: p.gemm_s += it.seconds; break;
-      case CostCategory::attention: p.attention_s += it.seconds; break;
-      case CostCategory::elementwise: p.elementwise_s += it.seconds; break;
-      case CostCategory::optimizer: p.optimizer_s += it.seconds; break;
-      case CostCategory::comm: p.comm_s += it.seconds; break;
-    }
-  }
-  p.compute_s = p.gemm_s + p.attention_s + p.elementwise_s + p.optimizer_s;
-  const double backward = 2.0 / 3.0 * (p.compute_s - p.optimizer_s);
-  p.comm_exposed_s = std::max(0.0, p.comm_s - cp_s - s.comm_overlap * backward) + cp_s;
-  p.step_s = p.compute_s + p.comm_exposed_s;
-  p.tokens_per_step = double(s.micro_batch * s.seq * s.accumulation) / double(s.cp);
+  sum_categories(led, p);
+  p.comm_exposed_s = micro.exposed_comm_s * double(s.accumulation) + data_parallel_exposed;
+  const double busy = p.compute_s + p.comm_exposed_s + p.bubble_s + p.overhead_s;
+  p.data_s = data_loading_s(s, profile);
+  p.data_exposed_s = std::max(0.0, p.data_s - busy);
+  if (p.data_s > 0)
+    led.add("data loading (prefetched during the step)", CostCategory::overhead, p.data_s, 0, 0);
+  p.step_s = busy + p.data_exposed_s;
+  p.tokens_per_step =
+      double(s.micro_batch * s.seq * s.accumulation) / double(s.cp) / double(s.tp * s.pp);
   p.tokens_per_s = p.tokens_per_step / p.step_s;
   p.model_flops_per_step = train_flops_per_token(config, s.seq) * p.tokens_per_step;
   const double achieved = p.model_flops_per_step / p.step_s;

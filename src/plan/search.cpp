@@ -353,6 +353,8 @@ std::string compare_breakdown(const Candidate& c, const Candidate& best) {
       {"optimizer", per_token(c, c.prediction.optimizer_s), per_token(best, best.prediction.optimizer_s)},
       {"exposed communication", per_token(c, c.prediction.comm_exposed_s),
        per_token(best, best.prediction.comm_exposed_s)},
+      {"framework overhead", per_token(c, c.prediction.overhead_s),
+       per_token(best, best.prediction.overhead_s)},
   };
   const double total = per_token(best, best.prediction.step_s);
   std::string out = "  why (time per token against the best shape, as a share of its step):";
@@ -402,9 +404,11 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
   for (const auto& c : r.ranked) within += c.cluster_tokens_per_s >= 0.9 * b.cluster_tokens_per_s;
   out += fmt::format("({} of the {} accepted shapes are within 10% of the best)\n", within, r.ranked.size());
   out += fmt::format("\nBest shape, step breakdown (s): GEMMs {:.4f}, attention {:.4f}, elementwise {:.4f}, "
-                     "optimizer {:.4f}, communication {:.4f} ({:.4f} exposed)\n",
+                     "optimizer {:.4f}, communication {:.4f} ({:.4f} exposed), framework overhead "
+                     "{:.4f}, data loading {:.4f} ({:.4f} exposed)\n",
                      b.prediction.gemm_s, b.prediction.attention_s, b.prediction.elementwise_s,
-                     b.prediction.optimizer_s, b.prediction.comm_s, b.prediction.comm_exposed_s);
+                     b.prediction.optimizer_s, b.prediction.comm_s, b.prediction.comm_exposed_s,
+                     b.prediction.overhead_s, b.prediction.data_s, b.prediction.data_exposed_s);
   if (q.tokens > 0)
     out += fmt::format("Training {} tokens: {:.1f} days at the predicted rate\n", format_count(q.tokens),
                        q.tokens / b.cluster_tokens_per_s / 86400);
@@ -463,7 +467,10 @@ json plan_to_json(const PlanResult& r, int top) {
               {"breakdown_s", {{"gemm", c.prediction.gemm_s}, {"attention", c.prediction.attention_s},
                                {"elementwise", c.prediction.elementwise_s},
                                {"optimizer", c.prediction.optimizer_s}, {"comm", c.prediction.comm_s},
-                               {"comm_exposed", c.prediction.comm_exposed_s}}}};
+                               {"comm_exposed", c.prediction.comm_exposed_s},
+                               {"framework_overhead", c.prediction.overhead_s},
+                               {"data", c.prediction.data_s},
+                               {"data_exposed", c.prediction.data_exposed_s}}}};
     if (!c.reject.empty()) j["reject"] = c.reject;
     return j;
   };

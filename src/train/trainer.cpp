@@ -502,10 +502,12 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   // validation forward before then would overwrite the model's counts), summed over ranks:
   // every rank's balancer sees the global batch and stays identical.
   const bool balancing = !model.balancers().empty();
-  std::vector<int64_t> class_counts;
+  std::vector<int64_t> class_counts, boundary_counts;
   if (balancing) {
     class_counts = model.router_class_counts();
+    boundary_counts = model.router_boundary_counts();
     if (world) sum_router_counts(*world, class_counts);
+    if (world && !boundary_counts.empty()) sum_router_counts(*world, boundary_counts);
   }
   if (anomalies) anomalies->faults().poison_gradients(batch, model);
   if (overlap) optimizer.begin_backward(model.grads());
@@ -533,7 +535,8 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
     const int64_t assignments = batches.global_tokens() * mc.top_k;  // per MoE sublayer
     FOUNDRY_CHECK(static_cast<int64_t>(class_counts.size()) == mc.n_layers * S);
     r.balance = balance_stats(class_counts, S, assignments, mc.router_skip_class);
-    model.update_balancers(class_counts.data(), assignments);
+    model.update_balancers(class_counts.data(), assignments,
+                           boundary_counts.empty() ? nullptr : boundary_counts.data());
   }
   return r;
 }

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# End-to-end checks of `foundry plan` against the published anchors (docs/anchors.json): each
+# anchor's config, with its recorded arguments, predicts the step recorded beside it (within
+# 0.5%: a change to the model must re-record them with bench/plan_anchors.py --record and
+# update the table in docs/planning.md); the goodput report; errors for bad layouts.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+
+python3 - "$FOUNDRY" "$SRC" <<'PY' && ok "every anchor predicts its recorded step time" \
+  || bad "anchor predictions moved"
+import json, os, shlex, subprocess, sys
+foundry, src = sys.argv[1], sys.argv[2]
+anchors = json.load(open(os.path.join(src, "docs", "anchors.json")))
+checked = 0
+for a in anchors:
+    rec = a.get("prediction")
+    if not rec:
+        continue
+    words = shlex.split(rec["args"])
+    i = words.index("--profile")
+    words[i + 1] = os.path.join(src, "profiles", words[i + 1] + ".json")
+    r = subprocess.run([foundry, "plan", "--config", os.path.join(src, a["config"])] + words +
+                       ["--json"], capture_output=True, text=True)
+    assert r.returncode == 0, (a["name"], r.stderr)
+    out = json.loads(r.stdout)
+    got = out["step_s"]
+    assert abs(got / rec["step_s"] - 1) < 0.005, (a["name"], got, rec["step_s"])
+    assert out["goodput"]["goodput"] <= 1 and out["goodput"]["interval_s"] > 0, a["name"]
+    checked += 1
+assert checked >= 11, checked
+print(f"{checked} anchors checked")
+PY
+
+# ---- the report: new terms in the breakdown and goodput ----
+out="$("$FOUNDRY" plan --profile mi300x --config "$SRC/configs/anchors/qwen3-30b-a3b-16xH100.json" \
+  --devices 16 --global-batch 512 --pp 2 --vp 24 --ep 8 --recompute selective 2>&1)"
+for needle in "pipeline bubble (1F1B fill and drain)" "expert-parallel dispatch and combine" \
+              "activation recompute (selective)" "framework overhead (kernel launches)" \
+              "weight all-gather (after the optimizer step)" \
+              "model parallel: tp 1, pp 2 (vp 24), ep 8" \
+              "job MTBF" "Daly" "predicted goodput"; do
+  grep -qF -- "$needle" <<<"$out" || bad "plan output lacks '$needle'"
+done
+ok "the breakdown shows the layout's terms and the goodput"
+"$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
+  --global-batch 4096 --failure-rate 0 --json >g0.json 2>&1
+python3 - g0.json <<'PY' && ok "no failures: goodput 1" || bad "goodput without failures"
+import json, sys
+g = json.load(open(sys.argv[1]))["goodput"]
+assert g["goodput"] == 1 and g["mtbf_s"] is None, g
+PY
+"$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
+  --global-batch 4096 --checkpoint-stall 10 --checkpoint-write 0 --restart 60 --json >g1.json 2>&1
+python3 - g1.json <<'PY' && ok "the interval is Daly's for the given stall" \
+  || bad "goodput interval"
+import json, math, sys
+g = json.load(open(sys.argv[1]))["goodput"]
+M = 3600 / (1024 * 1.97e-5)
+r = 10 / (2 * M)
+daly = math.sqrt(2 * 10 * M) * (1 + math.sqrt(r) / 3 + r / 9) - 10
+assert abs(g["interval_s"] - daly) < 1e-6 * daly and abs(g["mtbf_s"] - M) < 1e-6 * M, g
+PY
+
+# ---- bad layouts fail with the flag named ----
+expect_fail "tp x pp not dividing the devices" "--tp 3 x --pp 1 = 3 does not divide --devices 8" \
+  "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 8 --tp 3
+expect_fail "more expert ranks than experts" "--ep 16" \
+  "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 16 --ep 16
+expect_fail "imbalance below 1" "--expert-imbalance 0.5 must be >= 1" \
+  "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 8 --ep 8 \
+  --expert-imbalance 0.5
+expect_fail "negative failure rate" "--failure-rate -1" \
+  "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --failure-rate -1
+
+finish
