@@ -718,10 +718,16 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
 namespace {
 
 // The fixed cost of one decode GEMM call and the small operations around it (norms, RoPE,
-// routing, residuals): oneDNN's execute, OpenMP fork and join. Measured on the development
-// machine (docs/PERFORMANCE.md, "Decode latency") from a model small enough that its
-// weights stay in cache and its steps are nothing but calls.
+// routing, residuals) on a CPU: oneDNN's execute, OpenMP fork and join. Measured on the
+// development machine (docs/PERFORMANCE.md, "Decode latency") from a model small enough
+// that its weights stay in cache and its steps are nothing but calls. A GPU profile states
+// its own per-kernel cost (efficiency.kernel_overhead_s).
 constexpr double kDecodeCallOverheadS = 8e-6;
+
+double decode_call_s(const HardwareProfile& profile) {
+  return profile.kind == "gpu" ? efficiency_at(profile, 1).kernel_overhead_s
+                               : kDecodeCallOverheadS;
+}
 
 // oneDNN's CPU kernels at decode's shapes, which the profile's GEMM points (m ≥ 128) do not
 // cover; measured on the development machine with `bench gemm`, one thread, weights larger
@@ -743,7 +749,7 @@ double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t
                      double calls = 1) {
   const int64_t rows = std::max<int64_t>(1, int64_t(std::ceil(m - 1e-9)));
   const double flops = 2.0 * double(rows) * double(n) * double(k);
-  const double call = calls * kDecodeCallOverheadS;
+  const double call = calls * decode_call_s(profile);
   if (profile.kind == "gpu") return flops / profile.gemm_rate(dt, rows, n, k) + call;
   const double in = dt == DType::bf16 ? kBf16 : kF32;
   const double bytes = (double(rows) * double(k) + double(k) * double(n)) * in +
@@ -793,7 +799,7 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   r.expert_s = L * r.experts_touched *
                (decode_gemm_s(profile, precision, rows, 2 * F, C, grouped ? 0 : 1) +
                 decode_gemm_s(profile, precision, rows, C, F, grouped ? 0 : 1));
-  if (grouped) r.expert_s += L * 2 * kDecodeCallOverheadS;
+  if (grouped) r.expert_s += L * 2 * decode_call_s(profile);
   // Every sequence's keys and values of every cached position, read once per step: fp32 in
   // Foundry's decode (CPU profiles), bf16 in a GPU serving stack's cache.
   const double kv_bytes = profile.kind == "gpu" ? kBf16 : kF32;

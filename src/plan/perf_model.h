@@ -168,9 +168,10 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
 // decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once,
 // each GEMM at the profile's rate for its shape (gemm_rate, whose roofline makes a small
 // batch's GEMMs stream their weights at memory bandwidth, and a large one's compute-bound),
-// plus a fixed cost per call (one per GEMM; one per grouped expert launch on a GPU) and, on a
-// CPU, oneDNN's small-m behaviour (a time per weight row at m = 1, a whole row block for
-// fewer rows than the block; measured, perf_model.cpp); the experts the batch touches,
+// plus a fixed cost per call (one per GEMM; one per grouped expert launch on a GPU, at the
+// profile's kernel_overhead_s) and, on a CPU, oneDNN's small-m behaviour (a time per weight
+// row at m = 1, a whole row block for fewer rows than the block; measured, perf_model.cpp);
+// the experts the batch touches,
 // E·(1 − (1 − k/E)^batch) per layer, each once on its B·k/touched rows (balanced routing);
 // and the KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile) read
 // once over memory bandwidth. Only the active experts run for batch 1; all of them as the
