@@ -193,6 +193,7 @@ void register_bench_commands(CLI::App& app) {
   bench->require_subcommand(1);
   register_bench_comm_command(*bench);
   register_bench_gemm_commands(*bench);
+  register_bench_decode_command(*bench);
 
   CLI::App* all = bench->add_subcommand(
       "all", "Run every benchmark and write a hardware profile (JSON), CSV tables, plots and a "

@@ -411,33 +411,49 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   attention_chunk_backward(dq, dk, dv, dout, out, lse, q, k, v, whole_sequence(s), dtype);
 }
 
+namespace {
+
+// One head of one sequence: q [D] against keys and values at `stride` floats apart.
+void decode_head(float* o, float* scores, const float* qh, const float* k, const float* v,
+                 int64_t len, int64_t stride, int64_t d, float scale) {
+  float max_score = -std::numeric_limits<float>::infinity();
+  for (int64_t t = 0; t < len; ++t) {
+    const float* kt = k + t * stride;
+    float dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
+    scores[t] = dot * scale;
+    max_score = std::max(max_score, scores[t]);
+  }
+  double sum = 0;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t t = 0; t < len; ++t) {
+    scores[t] = detail::exp_fast(scores[t] - max_score);
+    sum += scores[t];
+  }
+  std::fill(o, o + d, 0.0f);
+  for (int64_t t = 0; t < len; ++t) {
+    const float w = static_cast<float>(scores[t] / sum);
+    const float* vt = v + t * stride;
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) o[i] += w * vt[i];
+  }
+}
+
+}  // namespace
+
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
-                      const float* v_cache, int64_t len, int64_t h, int64_t kvh, int64_t d) {
-  const int64_t group = h / kvh, row = kvh * d;
+                      const float* v_cache, int64_t len, int64_t batch, int64_t h, int64_t kvh,
+                      int64_t d) {
+  const int64_t group = h / kvh, row = kvh * d, stride = batch * row;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  for (int64_t hh = 0; hh < h; ++hh) {
-    const int64_t g = hh / group;
-    const float* qh = q + hh * d;
-    float max_score = -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < len; ++t) {
-      const float* kt = k_cache + t * row + g * d;
-      float dot = 0;
-      for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
-      scores[t] = dot * scale;
-      max_score = std::max(max_score, scores[t]);
-    }
-    double sum = 0;
-    for (int64_t t = 0; t < len; ++t) {
-      scores[t] = std::exp(scores[t] - max_score);
-      sum += scores[t];
-    }
-    float* o = out + hh * d;
-    std::fill(o, o + d, 0.0f);
-    for (int64_t t = 0; t < len; ++t) {
-      const float w = static_cast<float>(scores[t] / sum);
-      const float* vt = v_cache + t * row + g * d;
-      for (int64_t i = 0; i < d; ++i) o[i] += w * vt[i];
-    }
+  const bool parallel = batch * h * len * d >= detail::kParallelMinElements;
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t bh = 0; bh < batch * h; ++bh) {
+    const int64_t b = bh / h, g = (bh % h) / group;
+    const int64_t kv = b * row + g * d;
+    decode_head(out + bh * d, scores + bh * len, q + bh * d, k_cache + kv, v_cache + kv, len,
+                stride, d, scale);
   }
 }
 

@@ -76,10 +76,14 @@ class ScopedAttentionTile {
   int64_t previous_;
 };
 
-// One new query row per head against a cache of len positions (incremental decoding):
-// q [H, D], k_cache/v_cache [len, KVH, D], out [H, D] (writes), scores [len] scratch.
+// One new query row per head of each of B sequences against their caches of len positions
+// (incremental decoding, the sequences in step): q [B, H, D], k_cache/v_cache [len, B, KVH, D]
+// (position-major: the B sequences' rows of one position are adjacent), out [B, H, D]
+// (writes), scores [B·H·len] scratch. Each (sequence, head) is computed alone, in the same
+// order whatever B and the thread count.
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
-                      const float* v_cache, int64_t len, int64_t h, int64_t kvh, int64_t d);
+                      const float* v_cache, int64_t len, int64_t batch, int64_t h, int64_t kvh,
+                      int64_t d);
 // Plain double-precision reference (for tests): same layout, no saved statistics.
 void attention_reference(double* out, const double* q, const double* k, const double* v,
                          const AttentionShape& s);

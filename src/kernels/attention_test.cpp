@@ -291,5 +291,31 @@ TEST(Attention, ReferenceOfASinglePositionReturnsItsValue) {
   EXPECT_EQ(out, (std::vector<double>{7, 8, 9, 7, 8, 9}));
 }
 
+// B sequences decoded in step, their caches position-major [t, B, KVH, D]: each new row
+// equals the causal attention of the whole sequences at its position (the double reference).
+TEST(Attention, BatchedDecodeMatchesTheReferenceAtEveryPosition) {
+  const AttentionShape s{3, 9, 4, 2, 8};
+  const Inputs in(s, 31);
+  const std::vector<double> ref = in.reference();
+  const int64_t row = s.kvh * s.d, qrow = s.h * s.d;
+  std::vector<float> k_cache(s.t * s.b * row), v_cache(s.t * s.b * row);
+  std::vector<float> q(s.b * qrow), out(s.b * qrow), scores(s.b * s.h * s.t);
+  for (int64_t t = 0; t < s.t; ++t) {
+    for (int64_t b = 0; b < s.b; ++b) {
+      for (int64_t x = 0; x < row; ++x) {
+        k_cache[(t * s.b + b) * row + x] = float(in.k[(b * s.t + t) * row + x]);
+        v_cache[(t * s.b + b) * row + x] = float(in.v[(b * s.t + t) * row + x]);
+      }
+      for (int64_t x = 0; x < qrow; ++x) q[b * qrow + x] = float(in.q[(b * s.t + t) * qrow + x]);
+    }
+    attention_decode(out.data(), scores.data(), q.data(), k_cache.data(), v_cache.data(), t + 1,
+                     s.b, s.h, s.kvh, s.d);
+    for (int64_t b = 0; b < s.b; ++b)
+      for (int64_t x = 0; x < qrow; ++x)
+        ASSERT_NEAR(out[b * qrow + x], ref[(b * s.t + t) * qrow + x], 1e-5)
+            << "sequence " << b << " position " << t;
+  }
+}
+
 }  // namespace
 }  // namespace foundry::ops

@@ -34,9 +34,10 @@ class Architecture {
   virtual void drop_activations() = 0;
   virtual void set_data_parallel(const Communicator* group) {}
 
-  virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len) const = 0;
-  // Token `token` at position `pos` → logits [Vp].
-  virtual void decode_step(DecodeScratch& scratch, int64_t pos, int32_t token,
+  // The state of `batch` sequences decoded in step, of up to max_len tokens each.
+  virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const = 0;
+  // tokens [B], one per sequence, all at position `pos` → logits [B, Vp].
+  virtual void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
                            float* logits) = 0;
 };
 

@@ -194,21 +194,20 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
   ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
-                      float* kc, float* vc, const float* k_cache, const float* v_cache,
-                      const AttentionDecodeScratch& s, float* h) {
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t batch,
+                      int64_t pos, float* kc, float* vc, const float* k_cache,
+                      const float* v_cache, const AttentionDecodeScratch& s, float* h) {
   const ModelConfig& c = cx.config;
-  const int64_t C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim(), D = c.head_dim;
-  float rstd;
-  ops::rmsnorm_forward(s.n, &rstd, x, cx.p(w.norm), 1, C, static_cast<float>(c.rms_norm_eps));
-  cx.linear_forward(s.q, s.n, w.q, 1, QD, C);
-  cx.linear_forward(kc, s.n, w.k, 1, KVD, C);
-  cx.linear_forward(vc, s.n, w.v, 1, KVD, C);
-  ops::rope_apply(s.q, 1, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  ops::rope_apply(kc, 1, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, c.n_heads, c.n_kv_heads,
-                        D);
-  cx.linear_forward(h, s.att, w.o, 1, C, QD);
+  const int64_t B = batch, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim(), D = c.head_dim;
+  ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
+  cx.linear_forward(s.q, s.n, w.q, B, QD, C);
+  cx.linear_forward(kc, s.n, w.k, B, KVD, C);
+  cx.linear_forward(vc, s.n, w.v, B, KVD, C);
+  ops::rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
+  ops::rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
+  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, B, c.n_heads,
+                        c.n_kv_heads, D);
+  cx.linear_forward(h, s.att, w.o, B, C, QD);
 }
 
 }  // namespace foundry

@@ -58,15 +58,15 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
 void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionActs& a,
                         AttentionGrads& g, BatchShape s, const float* x, float* dx);
 
-// One new token of one sequence at position `pos`: x [C] → h [C] = att·Woᵀ (the caller adds
-// the residual). Writes the token's rotated k and its v into kc, vc [KVH·D] (its rows of
-// k_cache, v_cache [pos + 1, KVH·D]).
+// One new token of each of B sequences, all at position `pos`: x [B, C] → h [B, C] =
+// att·Woᵀ (the caller adds the residual). Writes the tokens' rotated k and their v into kc, vc
+// [B, KVH·D] (position pos of k_cache, v_cache [pos + 1, B, KVH·D]).
 struct AttentionDecodeScratch {
-  float *n, *q, *att, *scores;  // [C], [H·D] ×2, [max_len]
+  float *n, *rstd, *q, *att, *scores;  // [B, C], [B], [B, H·D] ×2, [B·H·max_len]
 };
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
-                      float* kc, float* vc, const float* k_cache, const float* v_cache,
-                      const AttentionDecodeScratch& scratch, float* h);
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t batch,
+                      int64_t pos, float* kc, float* vc, const float* k_cache,
+                      const float* v_cache, const AttentionDecodeScratch& scratch, float* h);
 
 // ---- the core both attention sublayers share ------------------------------------------------
 // q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping

@@ -294,20 +294,19 @@ void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& st
                 const float* x, int64_t pos, float* kc, float* vc, const float* k_cache,
                 const float* v_cache, const CcaDecodeScratch& s, float* h) {
   const ModelConfig& c = cx.config;
-  const int64_t C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
-  const int64_t QD = c.q_dim(), KVD = c.kv_dim(), rot = c.rotary_dim();
-  float rstd;
-  ops::rmsnorm_forward(s.n, &rstd, x, cx.p(w.norm), 1, C, static_cast<float>(c.rms_norm_eps));
-  cx.linear_forward(s.c, s.n, w.wqk, 1, QD + KVD, C);
+  const int64_t B = state.batch, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
+  const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim(), rot = c.rotary_dim();
+  ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
+  cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
   ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1));
-  ops::cca_means_forward(s.qk, s.c, 1, Hq, Hk, d);
-  ops::cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), 1, Hq, Hk, d, kQkNormEps);
-  ops::rope_apply(s.q, 1, 1, Hq, d, rot, pos, c.rope_theta, false);
-  ops::rope_apply(kc, 1, 1, Hk, d, rot, pos, c.rope_theta, false);
-  cx.linear_forward(vc, s.n, w.wv, 1, KVD, C);
+  ops::cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
+  ops::cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
+  ops::rope_apply(s.q, B, 1, Hq, d, rot, pos, c.rope_theta, false);
+  ops::rope_apply(kc, B, 1, Hk, d, rot, pos, c.rope_theta, false);
+  cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
   ops::cca_value_shift_decode(vc, state);
-  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, Hq, Hk, d);
-  cx.linear_forward(h, s.att, w.wo, 1, C, QD);
+  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, B, Hq, Hk, d);
+  cx.linear_forward(h, s.att, w.wo, B, C, QD);
 }
 
 }  // namespace foundry

@@ -61,11 +61,12 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
 void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,
                   CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx);
 
-// One new token of one sequence at position `pos`: x [C] → h [C]. Writes the token's k and v
-// into kc, vc [Hk·d] (its rows of k_cache, v_cache [pos + 1, Hk·d]) and advances the
-// convolution and value-shift state.
+// One new token of each of B sequences (state.batch), all at position `pos`: x [B, C] →
+// h [B, C]. Writes the tokens' k and v into kc, vc [B, Hk·d] (position pos of k_cache, v_cache
+// [pos + 1, B, Hk·d]) and advances the convolution and value-shift state.
 struct CcaDecodeScratch {
-  float *n, *c, *qk, *rnorm, *q, *att, *scores;  // [C], [Cc] ×2, [G], [Hq·d] ×2, [max_len]
+  // [B, C], [B], [B, Cc] ×2, [B, G], [B, Hq·d] ×2, [B·Hq·max_len]
+  float *n, *rstd, *c, *qk, *rnorm, *q, *att, *scores;
 };
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
                 const float* x, int64_t pos, float* kc, float* vc, const float* k_cache,

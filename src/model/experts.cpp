@@ -173,21 +173,4 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
   }
 }
 
-void Experts::decode(float* y, const float* x, const int32_t* choice, const float* gate,
-                     int64_t k, const ExpertWeights& w, float* h, float* act, float* out) {
-  const ModelConfig& c = cx_.config;
-  const int64_t C = c.d_model, F = c.ffn_dim;
-  for (int64_t j = 0; j < k; ++j) {
-    if (choice[j] >= c.n_experts) {  // the ZAYA1 skip class: the input itself, or nothing
-      if (c.skip_passes_input)
-        for (int64_t i = 0; i < C; ++i) y[i] += gate[j] * x[i];
-      continue;
-    }
-    cx_.linear_forward(h, x, w.w13[choice[j]], 1, 2 * F, C);
-    ops::swiglu_forward(act, h, 1, F);
-    cx_.linear_forward(out, act, w.w2[choice[j]], 1, C, F);
-    for (int64_t i = 0; i < C; ++i) y[i] += gate[j] * out[i];
-  }
-}
-
 }  // namespace foundry

@@ -45,10 +45,13 @@ class Experts {
                 const float* h, const float* act, float* dxs, float* dh, float* dact,
                 const ExpertWeights& w);
 
-  // Single-token decoding (no group): y [C] += Σ_j gate[j] · expert_{choice[j]}(x) over the
-  // choices that are experts (< E); h [2F], act [F], out [C] are scratch.
-  void decode(float* y, const float* x, const int32_t* choice, const float* gate, int64_t k,
-              const ExpertWeights& w, float* h, float* act, float* out);
+  // Decoding (never the group): every expert e < E on its sorted rows, as forward does
+  // locally; xs [R, C] → ys [R, C], h [R, 2F] and act [R, F] scratch. Each expert's rows run
+  // as one GEMM, so the batch's tokens read an expert's weights once.
+  void decode(const int64_t* offsets, const float* xs, float* h, float* act, float* ys,
+              const ExpertWeights& w) {
+    local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2);
+  }
 
  private:
   struct Parallel;  // the group, its sharding and per-layer exchanges and buffers

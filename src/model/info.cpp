@@ -273,17 +273,18 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   return m;
 }
 
-int64_t decode_state_bytes(const ModelConfig& c, int64_t max_len) {
+int64_t decode_state_bytes(const ModelConfig& c, int64_t max_len, int64_t batch) {
   const int64_t L = c.n_layers, Dq = c.q_dim(), Dkv = c.kv_dim(), Cc = Dq + Dkv;
-  int64_t floats = 2 * L * max_len * Dkv + c.padded_vocab();
+  const int64_t C = c.d_model, K = c.top_k, F = c.ffn_dim;
+  // Per sequence: its key and value caches, its logits and its scores over the context.
+  int64_t floats = 2 * L * max_len * Dkv + c.padded_vocab() + c.n_heads * max_len;
   if (c.is_zaya())  // convolution windows and the ZAYA1 router's state vectors
     floats += L * (Cc * (c.cca_kernel_depthwise - 1 + c.cca_kernel_grouped - 1) + Dkv / 2) +
               7 * c.router_latent_dim;
-  // Per-token vectors: hidden states, q/k/v and attention output, scores over the context,
-  // the FFN's gate|up and activation, router probabilities, top-k choice and gate.
-  floats += 4 * c.d_model + 3 * Cc + max_len + 3 * c.ffn_dim + 2 * c.router_classes() +
-            2 * c.top_k;
-  return kF32Bytes * floats;
+  // Per-token vectors: hidden states, q/k/v and attention output, the MoE rows (input, gate|up,
+  // activation, output), router probabilities, top-k choice and gate.
+  floats += 5 * C + 3 * Cc + K * (2 * C + 3 * F) + 2 * c.router_classes() + 2 * K;
+  return kF32Bytes * floats * batch;
 }
 
 namespace {

@@ -240,10 +240,11 @@ double train_flops_per_token(const ModelConfig& config, int64_t seq);
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
                                DType precision, bool muon = false, int64_t context = 1);
 
-// The decoding state of one sequence of up to `max_len` tokens (Model::new_decode_state):
-// key and value caches 2·L·max_len·Dkv fp32, for zaya1 the CCA convolution state
-// L·(Cc·(t0 − 1 + t1 − 1) + Dkv/2), the logits [Vp] and the per-token buffers.
-int64_t decode_state_bytes(const ModelConfig& config, int64_t max_len);
+// The decoding state of `batch` sequences of up to `max_len` tokens (Model::new_decode_state):
+// per sequence the key and value caches 2·L·max_len·Dkv fp32, the scores Hq·max_len, for
+// zaya1 the CCA convolution state L·(Cc·(t0 − 1 + t1 − 1) + Dkv/2), the logits [Vp] and the
+// per-token buffers.
+int64_t decode_state_bytes(const ModelConfig& config, int64_t max_len, int64_t batch = 1);
 
 // The parameter groups of the config's ParamTable in table order of first appearance, with
 // their optimizers from `optimizer_of` (unset: "adamw" for all). A group whose tensors get

@@ -465,10 +465,13 @@ TEST(ModelInfo, Zaya1BaseReportAndJson) {
 
 TEST(ModelInfo, DecodeStateGrowsByTheKeyValueCachesPerToken) {
   const ModelConfig c = tiny_moe();
-  // Per token of context: a key and a value of kv_dim floats in every layer, and its score.
-  const int64_t per_token = 4 * (2 * c.n_layers * c.kv_dim() + 1);
+  // Per token of context: a key and a value of kv_dim floats in every layer, and its score
+  // in every head.
+  const int64_t per_token = 4 * (2 * c.n_layers * c.kv_dim() + c.n_heads);
   EXPECT_EQ(decode_state_bytes(c, 32) - decode_state_bytes(c, 16), 16 * per_token);
   EXPECT_GT(decode_state_bytes(c, 1), 4 * c.padded_vocab());  // the logits, and more
+  // A batch holds that much per sequence.
+  EXPECT_EQ(decode_state_bytes(c, 32, 8), 8 * decode_state_bytes(c, 32));
 }
 
 }  // namespace

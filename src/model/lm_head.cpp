@@ -1,5 +1,6 @@
 #include "model/lm_head.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 
@@ -58,15 +59,16 @@ void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, 
   ops::rmsnorm_backward(dx, cx.g(w.norm), dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
-void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, float* n,
-                    float* logits) {
+void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, int64_t batch,
+                    float* n, float* rstd, float* logits) {
   const ModelConfig& c = cx.config;
-  float rstd;
-  ops::rmsnorm_forward(n, &rstd, x, cx.p(w.norm), 1, c.d_model,
+  const int64_t Vp = c.padded_vocab();
+  ops::rmsnorm_forward(n, rstd, x, cx.p(w.norm), batch, c.d_model,
                        static_cast<float>(c.rms_norm_eps));
-  cx.linear_forward(logits, n, w.embed, 1, c.padded_vocab(), c.d_model);
-  for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v)
-    logits[v] = -std::numeric_limits<float>::infinity();
+  cx.linear_forward(logits, n, w.embed, batch, Vp, c.d_model);
+  for (int64_t b = 0; b < batch; ++b)
+    std::fill(logits + b * Vp + c.vocab_size, logits + (b + 1) * Vp,
+              -std::numeric_limits<float>::infinity());
 }
 
 }  // namespace foundry

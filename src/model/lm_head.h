@@ -32,8 +32,9 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
 // gradients. dn [N, C] is scratch.
 void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, const float* x,
                       float* dx, float* dn, int64_t N);
-// Single-token decoding: x [C] → logits [Vp] (padded entries −inf); n [C] is scratch.
-void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, float* n,
-                    float* logits);
+// Decoding B tokens: x [B, C] → logits [B, Vp] (padded entries −inf); n [B, C] and rstd [B]
+// are scratch.
+void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, int64_t batch,
+                    float* n, float* rstd, float* logits);
 
 }  // namespace foundry

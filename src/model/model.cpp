@@ -164,23 +164,29 @@ void Model::backward() { arch_->backward(); }
 
 const float* Model::logits() const { return arch_->logits(); }
 
-Model::DecodeState Model::new_decode_state(int64_t max_len) const {
+Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const {
   if (max_len > config_.max_seq_len)
     fail(fmt::format("generation length {} exceeds model.max_seq_len = {}", max_len,
                      config_.max_seq_len),
          "shorten the prompt or the number of new tokens");
+  if (max_len < 1 || batch < 1)
+    fail(fmt::format("a decode state needs max_len >= 1 and batch >= 1 (got {} and {})",
+                     max_len, batch));
   DecodeState s;
   s.max_len = max_len;
-  s.logits.resize(config_.padded_vocab());
-  s.arch = arch_->new_decode(max_len);
+  s.batch = batch;
+  s.logits.resize(batch * config_.padded_vocab());
+  s.arch = arch_->new_decode(max_len, batch);
   return s;
 }
 
-const float* Model::decode_step(DecodeState& s, int32_t token) {
+const float* Model::decode_step(DecodeState& s, const int32_t* tokens) {
   if (s.pos >= s.max_len) fail("decode state is full", "create a longer decode state");
-  if (token < 0 || token >= config_.vocab_size)
-    fail(fmt::format("token id {} is outside the vocabulary [0, {})", token, config_.vocab_size));
-  arch_->decode_step(*s.arch, s.pos, token, s.logits.data());
+  for (int64_t b = 0; b < s.batch; ++b)
+    if (tokens[b] < 0 || tokens[b] >= config_.vocab_size)
+      fail(fmt::format("token id {} is outside the vocabulary [0, {})", tokens[b],
+                       config_.vocab_size));
+  arch_->decode_step(*s.arch, s.pos, tokens, s.logits.data());
   ++s.pos;
   return s.logits.data();
 }

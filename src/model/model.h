@@ -222,15 +222,23 @@ class Model {
   void set_data_parallel(const Communicator* group);
 
   // ---- incremental decoding (generation) -------------------------------------------------
-  // One token at position `pos` (0-based) of a single sequence; uses and extends a KV cache
-  // that holds positions < pos. Returns logits [padded_vocab] (padded entries = -inf).
+  // `batch` sequences advance one token each per step, all at position `pos` (0-based), using
+  // and extending their KV caches, which hold positions < pos. Each step reads the weights
+  // once for the whole batch: the projections are GEMMs of B rows and each expert runs once
+  // on the batch's tokens routed to it. Sequence b's logits are those it would get decoded
+  // alone (up to the GEMMs' rounding order).
   struct DecodeState {
-    int64_t pos = 0, max_len = 0;
-    std::vector<float> logits;             // [padded_vocab] of the last step
+    int64_t pos = 0, max_len = 0, batch = 1;
+    std::vector<float> logits;             // [batch, padded_vocab] of the last step
     std::unique_ptr<DecodeScratch> arch;   // the architecture's caches and buffers
   };
-  DecodeState new_decode_state(int64_t max_len) const;
-  const float* decode_step(DecodeState& state, int32_t token);
+  DecodeState new_decode_state(int64_t max_len, int64_t batch = 1) const;
+  // tokens [batch] → logits [batch, padded_vocab] (padded entries = -inf).
+  const float* decode_step(DecodeState& state, const int32_t* tokens);
+  // One sequence (batch 1): logits [padded_vocab].
+  const float* decode_step(DecodeState& state, int32_t token) {
+    return decode_step(state, &token);
+  }
 
  private:
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;

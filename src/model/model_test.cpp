@@ -60,6 +60,16 @@ TEST(Model, IncrementalDecodingMatchesFullForward) {
   }
 }
 
+TEST(Model, BatchedDecodingMatchesSingleSequences) {
+  for (const auto& [experts, top_k] : {std::pair{4, 2}, std::pair{1, 1}})
+    for (DType precision : {DType::f32, DType::bf16}) {
+      Model model(small_moe_config(experts, top_k), precision);
+      model.init_weights(3);
+      testing::expect_batched_decode_matches_single(model, 5, 7, 9,
+                                                    precision == DType::f32 ? 1e-5 : 1e-3);
+    }
+}
+
 TEST(Model, SameSeedSameLossBitwise) {
   ModelConfig c = small_moe_config(4, 2);
   Batch batch = random_batch(c, 2, 6, 1);

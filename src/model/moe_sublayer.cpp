@@ -45,25 +45,26 @@ void skip_rows(const ModelConfig& c, const int64_t* offsets, float* dst, const f
     std::memset(dst + offsets[E] * C, 0, elems * sizeof(float));
 }
 
-}  // namespace
-
-void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w, MoeActs& a,
-                 BatchShape s, const float* x, const float* base, float* out,
-                 const RouteForward& route) {
+// n = rms(x), the router's choice, and the rows sorted by class into xs.
+void route_and_gather(Compute& cx, const MoeWeights& w, MoeActs& a, int64_t N, const float* x,
+                      const RouteForward& route) {
   const ModelConfig& c = cx.config;
-  const int64_t N = s.rows(), C = c.d_model, K = c.top_k;
+  const int64_t C = c.d_model, K = c.top_k;
   {
     auto t = cx.time("rmsnorm");
     ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
   }
-  {
-    auto t = cx.time("router");
-    route(a);
-    ops::moe_dispatch_plan(a.offsets, a.slot_token, a.assignment_slot, a.choice, N,
-                           c.router_classes(), K);
-    ops::moe_gather(a.xs, a.n, a.slot_token, N * K, C);
-  }
-  experts.forward(layer, a.offsets, a.xs, a.h, a.act, a.ys, w.experts);
+  auto t = cx.time("router");
+  route(a);
+  ops::moe_dispatch_plan(a.offsets, a.slot_token, a.assignment_slot, a.choice, N,
+                         c.router_classes(), K);
+  ops::moe_gather(a.xs, a.n, a.slot_token, N * K, C);
+}
+
+// out = base + Σ_k gate_k · ys_k, once the classes' outputs ys are ready.
+void combine(Compute& cx, const MoeActs& a, int64_t N, const float* base, float* out) {
+  const ModelConfig& c = cx.config;
+  const int64_t C = c.d_model;
   skip_rows(c, a.offsets, a.ys, a.xs);
   auto t = cx.time("moe_combine");
   if (base != out) {
@@ -72,7 +73,24 @@ void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights&
     else
       std::memset(out, 0, N * C * sizeof(float));
   }
-  ops::moe_combine(out, a.ys, a.gate, a.assignment_slot, N, K, C);
+  ops::moe_combine(out, a.ys, a.gate, a.assignment_slot, N, c.top_k, C);
+}
+
+}  // namespace
+
+void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w, MoeActs& a,
+                 BatchShape s, const float* x, const float* base, float* out,
+                 const RouteForward& route) {
+  route_and_gather(cx, w, a, s.rows(), x, route);
+  experts.forward(layer, a.offsets, a.xs, a.h, a.act, a.ys, w.experts);
+  combine(cx, a, s.rows(), base, out);
+}
+
+void moe_decode(Compute& cx, Experts& experts, const MoeWeights& w, MoeActs& a, int64_t batch,
+                const float* x, const float* base, float* out, const RouteForward& route) {
+  route_and_gather(cx, w, a, batch, x, route);
+  experts.decode(a.offsets, a.xs, a.h, a.act, a.ys, w.experts);
+  combine(cx, a, batch, base, out);
 }
 
 void moe_backward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w,

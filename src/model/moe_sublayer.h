@@ -58,6 +58,10 @@ using RouteBackward = std::function<void(const float* dgate, float* dn)>;
 void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w, MoeActs& a,
                  BatchShape s, const float* x, const float* base, float* out,
                  const RouteForward& route);
+// Decoding B tokens, one per sequence: moe_forward on B rows (a laid out for shape {B, 1})
+// with every expert local, as decoding does not use an expert-parallel group.
+void moe_decode(Compute& cx, Experts& experts, const MoeWeights& w, MoeActs& a, int64_t batch,
+                const float* x, const float* base, float* out, const RouteForward& route);
 // From dmix [N, C] = d loss/d (out − base): dx [N, C] += d loss/d x through the norm (dmix
 // may alias dx: it is read before dx is written); accumulates the experts' and the norm's
 // weight gradients, and the router's through `route`.

@@ -61,17 +61,17 @@ void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterA
   gemm(dlogits, true, moe.n, false, cx.g(weight), E, C, N, DType::f32, true);
 }
 
-void standard_router_decode(Compute& cx, int64_t weight, const float* n, float* logits,
-                            float* probs, int32_t* choice, float* gate) {
+void standard_router_decode(Compute& cx, int64_t weight, const float* n, int64_t batch,
+                            float* logits, float* probs, int32_t* choice, float* gate) {
   const ModelConfig& c = cx.config;
   const int64_t E = c.n_experts, K = c.top_k;
   if (E == 1) {
-    std::fill(choice, choice + K, 0);
-    std::fill(gate, gate + K, 1.0f);
+    std::fill(choice, choice + batch * K, 0);
+    std::fill(gate, gate + batch * K, 1.0f);
     return;
   }
-  gemm(n, false, cx.p(weight), true, logits, 1, E, c.d_model, DType::f32);
-  ops::router_forward(probs, choice, gate, logits, 1, E, K, c.norm_topk_prob);
+  gemm(n, false, cx.p(weight), true, logits, batch, E, c.d_model, DType::f32);
+  ops::router_forward(probs, choice, gate, logits, batch, E, K, c.norm_topk_prob);
 }
 
 // ---- ZAYA1 -------------------------------------------------------------------------------------
@@ -186,14 +186,13 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
   std::swap(sc.dr, sc.dr_prev);
 }
 
-void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n, float* r,
-                        const float* r_prev, const float* bias,
+void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n, int64_t batch,
+                        float* r, const float* r_prev, const float* bias,
                         const ZayaRouterDecodeScratch& s, int32_t* choice, float* gate) {
   const ModelConfig& c = cx.config;
-  float rstd;
-  zaya_router_logits(cx, w, n, r_prev, 1, r, s.u, &rstd, s.a1, s.g1, s.a2, s.g2, s.logits);
-  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, bias_on(c), 1, c.n_experts,
-                           c.top_k, c.router_skip_class, c.skip_passes_input);
+  zaya_router_logits(cx, w, n, r_prev, batch, r, s.u, s.rstd, s.a1, s.g1, s.a2, s.g2, s.logits);
+  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, bias_on(c), batch,
+                           c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
 }
 
 }  // namespace foundry

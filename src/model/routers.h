@@ -48,9 +48,9 @@ void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterA
                               StandardRouterScratch& scratch, const MoeActs& moe, BatchShape s,
                               const float* dgate, float aux_coef, float* dn);
 
-// Single-token decoding: n [C] → choice, gate [K]; logits, probs [E] are scratch.
-void standard_router_decode(Compute& cx, int64_t weight, const float* n, float* logits,
-                            float* probs, int32_t* choice, float* gate);
+// Decoding B tokens: n [B, C] → choice, gate [B, K]; logits, probs [B, E] are scratch.
+void standard_router_decode(Compute& cx, int64_t weight, const float* n, int64_t batch,
+                            float* logits, float* probs, int32_t* choice, float* gate);
 
 // ---- ZAYA1 -------------------------------------------------------------------------------------
 struct ZayaRouterWeights {
@@ -89,13 +89,14 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
                           ZayaRouterScratch& scratch, const float* r_prev, const MoeActs& moe,
                           BatchShape s, const float* dgate, float* dn);
 
-// Single-token decoding: n [C] → choice, gate [K]; r [R] is this sublayer's state and r_prev
-// [R] the previous one's; u, a1, g1, a2, g2 [R], logits and probs [S] are scratch.
+// Decoding B tokens: n [B, C] → choice, gate [B, K]; r [B, R] is this sublayer's state and
+// r_prev [B, R] the previous one's; u, a1, g1, a2, g2 [B, R], rstd [B], logits and probs
+// [B, S] are scratch.
 struct ZayaRouterDecodeScratch {
-  float *u, *a1, *g1, *a2, *g2, *logits, *probs;
+  float *u, *rstd, *a1, *g1, *a2, *g2, *logits, *probs;
 };
-void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n, float* r,
-                        const float* r_prev, const float* bias,
+void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n, int64_t batch,
+                        float* r, const float* r_prev, const float* bias,
                         const ZayaRouterDecodeScratch& scratch, int32_t* choice, float* gate);
 
 }  // namespace foundry

@@ -78,12 +78,31 @@ struct Activations : CommonActivations {
   }
 };
 
+// The decoding state of B sequences in step, in one allocation.
 struct DecodeBuffers : DecodeScratch {
-  int64_t max_len = 0;
-  std::vector<float> k_cache, v_cache;  // [L, max_len, KVH·D]
-  std::vector<float> x, n, q, att, h, act, out, scores, router_logits, router_probs;
-  std::vector<int32_t> choice;
-  std::vector<float> gate;
+  int64_t max_len = 0, batch = 0;
+  float *k_cache, *v_cache;  // [L, max_len, B, KVH·D]
+  float *x, *out;            // [B, C]
+  AttentionDecodeScratch attn;
+  MoeActs moe;               // shape {B, 1}, shared by the layers
+  float *router_logits, *router_probs;  // [B, E]
+  float* rstd;               // [B]
+  Arena arena;
+
+  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
+      : max_len(max_len), batch(batch) {
+    const int64_t B = batch, cache = c.n_layers * max_len * B * c.kv_dim();
+    arena.build([&](Arena& a) {
+      k_cache = a.take<float>(cache);
+      v_cache = a.take<float>(cache);
+      for (float** p : {&x, &out, &attn.n}) *p = a.take<float>(B * c.d_model);
+      for (float** p : {&attn.rstd, &rstd}) *p = a.take<float>(B);
+      for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
+      attn.scores = a.take<float>(B * c.n_heads * max_len);
+      moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
+      for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
+    });
+  }
 };
 
 class StandardMoe final : public Composition<Activations> {
@@ -97,8 +116,9 @@ class StandardMoe final : public Composition<Activations> {
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, BatchShape s) override;
   void backward() override;
   void set_data_parallel(const Communicator* group) override { dp_group_ = group; }
-  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len) const override;
-  void decode_step(DecodeScratch& scratch, int64_t pos, int32_t token, float* logits) override;
+  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const override;
+  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+                   float* logits) override;
 
  private:
   float* x(int64_t l) const { return acts_->x + l * acts_->shape.rows() * cx_.config.d_model; }
@@ -164,48 +184,30 @@ void StandardMoe::backward() {
   cx_.gradients_final(0);
 }
 
-std::unique_ptr<DecodeScratch> StandardMoe::new_decode(int64_t max_len) const {
-  const ModelConfig& c = cx_.config;
-  auto d = std::make_unique<DecodeBuffers>();
-  d->k_cache.resize(c.n_layers * max_len * c.kv_dim());
-  d->v_cache.resize(c.n_layers * max_len * c.kv_dim());
-  for (auto* v : {&d->x, &d->n, &d->out}) v->resize(c.d_model);
-  d->q.resize(c.q_dim());
-  d->att.resize(c.q_dim());
-  d->h.resize(2 * c.ffn_dim);
-  d->act.resize(c.ffn_dim);
-  d->scores.resize(max_len);
-  d->router_logits.resize(c.n_experts);
-  d->router_probs.resize(c.n_experts);
-  d->choice.resize(c.top_k);
-  d->gate.resize(c.top_k);
-  d->max_len = max_len;
-  return d;
+std::unique_ptr<DecodeScratch> StandardMoe::new_decode(int64_t max_len, int64_t batch) const {
+  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch);
 }
 
-void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, int32_t token, float* logits) {
+void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+                              float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t C = c.d_model, KVD = c.kv_dim();
-  float* x = d.x.data();
-  ops::embedding_forward(x, &token, cx_.p(head_.embed), 1, C);
+  const int64_t B = d.batch, BC = B * c.d_model, KVD = c.kv_dim();
+  float* x = d.x;
+  ops::embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    float* k_cache = d.k_cache.data() + l * d.max_len * KVD;
-    float* v_cache = d.v_cache.data() + l * d.max_len * KVD;
-    attention_decode(cx_, w.attn, x, pos, k_cache + pos * KVD, v_cache + pos * KVD, k_cache,
-                     v_cache, {d.n.data(), d.q.data(), d.att.data(), d.scores.data()},
-                     d.out.data());
-    for (int64_t i = 0; i < C; ++i) x[i] += d.out[i];
-    float rstd;
-    ops::rmsnorm_forward(d.n.data(), &rstd, x, cx_.p(w.moe.norm), 1, C,
-                         static_cast<float>(c.rms_norm_eps));
-    standard_router_decode(cx_, w.router, d.n.data(), d.router_logits.data(),
-                           d.router_probs.data(), d.choice.data(), d.gate.data());
-    experts_.decode(x, d.n.data(), d.choice.data(), d.gate.data(), c.top_k, w.moe.experts,
-                    d.h.data(), d.act.data(), d.out.data());
+    float* k_cache = d.k_cache + l * d.max_len * B * KVD;
+    float* v_cache = d.v_cache + l * d.max_len * B * KVD;
+    attention_decode(cx_, w.attn, x, B, pos, k_cache + pos * B * KVD, v_cache + pos * B * KVD,
+                     k_cache, v_cache, d.attn, d.out);
+    for (int64_t i = 0; i < BC; ++i) x[i] += d.out[i];
+    moe_decode(cx_, experts_, w.moe, d.moe, B, x, x, x, [&](MoeActs& m) {
+      standard_router_decode(cx_, w.router, m.n, B, d.router_logits, d.router_probs, m.choice,
+                             m.gate);
+    });
   }
-  lm_head_decode(cx_, head_, x, d.n.data(), logits);
+  lm_head_decode(cx_, head_, x, B, d.attn.n, d.rstd, logits);
 }
 
 }  // namespace

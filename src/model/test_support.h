@@ -149,4 +149,35 @@ inline void expect_gradients_final_hook_is_honest(Model& model, const Batch& bat
   }
 }
 
+// B sequences decoded in step (one decode state of batch B) against each decoded alone: the
+// logits of every sequence at every position agree within tol·(1 + |logit|) (the GEMMs of B
+// rows may round in another order than those of one row), padded entries stay −inf.
+inline void expect_batched_decode_matches_single(Model& model, int64_t B, int64_t T,
+                                                 uint64_t seed, double tol) {
+  const ModelConfig& c = model.config();
+  const int64_t Vp = c.padded_vocab();
+  const Batch batch = random_batch(c, B * T, seed);  // sequence b: inputs [b·T, (b + 1)·T)
+  std::vector<float> single(B * T * Vp);
+  for (int64_t b = 0; b < B; ++b) {
+    auto state = model.new_decode_state(T);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* step = model.decode_step(state, batch.inputs[b * T + t]);
+      std::copy(step, step + Vp, single.begin() + (b * T + t) * Vp);
+    }
+  }
+  auto state = model.new_decode_state(T, B);
+  std::vector<int32_t> tokens(B);
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t b = 0; b < B; ++b) tokens[b] = batch.inputs[b * T + t];
+    const float* step = model.decode_step(state, tokens.data());
+    for (int64_t b = 0; b < B; ++b) {
+      const float* alone = single.data() + (b * T + t) * Vp;
+      for (int64_t v = 0; v < c.vocab_size; ++v)
+        ASSERT_NEAR(step[b * Vp + v], alone[v], tol * (1 + std::abs(alone[v])))
+            << "sequence " << b << " position " << t;
+      for (int64_t v = c.vocab_size; v < Vp; ++v) ASSERT_TRUE(std::isinf(step[b * Vp + v]));
+    }
+  }
+}
+
 }  // namespace foundry::testing

@@ -152,17 +152,41 @@ struct Activations : CommonActivations {
   }
 };
 
+// The decoding state of B sequences in step, in one allocation (the CCA states beside it).
 struct DecodeBuffers : DecodeScratch {
-  int64_t max_len = 0;
-  std::vector<float> k_cache, v_cache;  // [L, max_len, Hk·d]
-  std::vector<ops::CcaDecodeState<float>> cca;  // per layer
-  std::vector<float> x, n, y, out;      // [C]
-  std::vector<float> c, qk, rnorm, q, att, scores;
-  std::vector<float> h, act;            // [2F], [F]
-  std::vector<float> r, r_prev, u, a1, g1, a2, g2;  // [R]
-  std::vector<float> router_logits, router_probs;   // [S]
-  std::vector<int32_t> choice;
-  std::vector<float> gate;
+  int64_t max_len = 0, batch = 0;
+  float *k_cache, *v_cache;  // [L, max_len, B, Hk·d]
+  std::vector<ops::CcaDecodeState<float>> cca;  // per layer, B sequences each
+  float *x, *y, *emb;        // [B, C]
+  CcaDecodeScratch attn;
+  MoeActs moe;               // shape {B, 1}, shared by the layers
+  float *r, *r_prev;         // [B, R]: this MoE sublayer's router state and the previous one's
+  ZayaRouterDecodeScratch router;
+  float* rstd;               // [B]
+  Arena arena;
+
+  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
+      : max_len(max_len), batch(batch) {
+    const int64_t B = batch, cache = c.n_layers * max_len * B * c.kv_dim();
+    const int64_t Cc = c.q_dim() + c.kv_dim(), R = c.router_latent_dim, S = c.router_classes();
+    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
+                            c.cca_kernel_grouped};
+    cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, B));
+    arena.build([&](Arena& a) {
+      k_cache = a.take<float>(cache);
+      v_cache = a.take<float>(cache);
+      for (float** p : {&x, &y, &emb, &attn.n}) *p = a.take<float>(B * c.d_model);
+      for (float** p : {&attn.rstd, &router.rstd, &rstd}) *p = a.take<float>(B);
+      for (float** p : {&attn.c, &attn.qk}) *p = a.take<float>(B * Cc);
+      attn.rnorm = a.take<float>(B * (c.n_heads + c.n_kv_heads));
+      for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
+      attn.scores = a.take<float>(B * c.n_heads * max_len);
+      moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
+      for (float** p : {&r, &r_prev, &router.u, &router.a1, &router.g1, &router.a2, &router.g2})
+        *p = a.take<float>(B * R);
+      for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
+    });
+  }
 };
 
 class Zaya1 final : public Composition<Activations> {
@@ -180,8 +204,9 @@ class Zaya1 final : public Composition<Activations> {
 
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, BatchShape s) override;
   void backward() override;
-  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len) const override;
-  void decode_step(DecodeScratch& scratch, int64_t pos, int32_t token, float* logits) override;
+  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const override;
+  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+                   float* logits) override;
 
  private:
   // Sublayer i's input (i = 2l: layer l's CCA, 2l + 1: its MoE, 2L: the output) and output.
@@ -290,64 +315,33 @@ void Zaya1::embedding_backward(const float* dres) {
   ops::embedding_backward(cx_.g(head_.embed), demb, a.inputs, N, c.d_model, c.padded_vocab());
 }
 
-std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len) const {
-  const ModelConfig& c = cx_.config;
-  const int64_t QD = c.q_dim(), KVD = c.kv_dim(), R = c.router_latent_dim;
-  auto d = std::make_unique<DecodeBuffers>();
-  d->max_len = max_len;
-  d->k_cache.resize(c.n_layers * max_len * KVD);
-  d->v_cache.resize(c.n_layers * max_len * KVD);
-  const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
-                          c.cca_kernel_grouped};
-  d->cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, 1));
-  for (auto* v : {&d->x, &d->n, &d->y, &d->out}) v->resize(c.d_model);
-  for (auto* v : {&d->c, &d->qk}) v->resize(QD + KVD);
-  d->rnorm.resize(c.n_heads + c.n_kv_heads);
-  d->q.resize(QD);
-  d->att.resize(QD);
-  d->scores.resize(max_len);
-  d->h.resize(2 * c.ffn_dim);
-  d->act.resize(c.ffn_dim);
-  for (auto* v : {&d->r, &d->r_prev, &d->u, &d->a1, &d->g1, &d->a2, &d->g2}) v->resize(R);
-  d->router_logits.resize(c.router_classes());
-  d->router_probs.resize(c.router_classes());
-  d->choice.resize(c.top_k);
-  d->gate.resize(c.top_k);
-  return d;
+std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len, int64_t batch) const {
+  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch);
 }
 
-void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, int32_t token, float* logits) {
+void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+                        float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t C = c.d_model, KVD = c.kv_dim();
-  float* x = d.x.data();
-  ops::embedding_forward(d.y.data(), &token, cx_.p(head_.embed), 1, C);
-  scale_shift_forward(x, d.y.data(), cx_.p(in_alpha_), cx_.p(in_beta_), 1, C);
+  const int64_t B = d.batch, C = c.d_model, KVD = c.kv_dim();
+  float* x = d.x;
+  ops::embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
+  scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    float* k_cache = d.k_cache.data() + l * d.max_len * KVD;
-    float* v_cache = d.v_cache.data() + l * d.max_len * KVD;
-    cca_decode(cx_, w.cca, d.cca[l], x, pos, k_cache + pos * KVD, v_cache + pos * KVD, k_cache,
-               v_cache,
-               {d.n.data(), d.c.data(), d.qk.data(), d.rnorm.data(), d.q.data(), d.att.data(),
-                d.scores.data()},
-               d.y.data());
-    residual_scale_forward(cx_, w.cca_merge, x, x, d.y.data(), 1);
-    float rstd;
-    ops::rmsnorm_forward(d.n.data(), &rstd, x, cx_.p(w.moe.norm), 1, C,
-                         static_cast<float>(c.rms_norm_eps));
-    zaya_router_decode(cx_, w.router, d.n.data(), d.r.data(), d.r_prev.data(),
-                       balancers_[l].bias.data(),
-                       {d.u.data(), d.a1.data(), d.g1.data(), d.a2.data(), d.g2.data(),
-                        d.router_logits.data(), d.router_probs.data()},
-                       d.choice.data(), d.gate.data());
-    std::fill(d.y.begin(), d.y.end(), 0.0f);
-    experts_.decode(d.y.data(), d.n.data(), d.choice.data(), d.gate.data(), c.top_k,
-                    w.moe.experts, d.h.data(), d.act.data(), d.out.data());
-    residual_scale_forward(cx_, w.moe_merge, x, x, d.y.data(), 1);
+    float* k_cache = d.k_cache + l * d.max_len * B * KVD;
+    float* v_cache = d.v_cache + l * d.max_len * B * KVD;
+    cca_decode(cx_, w.cca, d.cca[l], x, pos, k_cache + pos * B * KVD, v_cache + pos * B * KVD,
+               k_cache, v_cache, d.attn, d.y);
+    residual_scale_forward(cx_, w.cca_merge, x, x, d.y, B);
+    moe_decode(cx_, experts_, w.moe, d.moe, B, x, nullptr, d.y, [&](MoeActs& m) {
+      zaya_router_decode(cx_, w.router, m.n, B, d.r, d.r_prev, balancers_[l].bias.data(),
+                         d.router, m.choice, m.gate);
+    });
+    residual_scale_forward(cx_, w.moe_merge, x, x, d.y, B);
     std::swap(d.r, d.r_prev);
   }
-  lm_head_decode(cx_, head_, x, d.n.data(), logits);
+  lm_head_decode(cx_, head_, x, B, d.attn.n, d.rstd, logits);
 }
 
 }  // namespace

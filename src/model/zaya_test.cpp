@@ -167,6 +167,21 @@ TEST(Zaya, IncrementalDecodingMatchesFullForward) {
   check_decode(c, DType::f32, 1e-4);
 }
 
+TEST(Zaya, BatchedDecodingMatchesSingleSequences) {
+  ModelConfig c = tiny_zaya();
+  for (bool skip_passes_input : {false, true}) {
+    c.top_k = skip_passes_input ? 2 : 1;
+    c.skip_passes_input = skip_passes_input;
+    for (DType precision : {DType::f32, DType::bf16}) {
+      Model model(c, precision);
+      model.init_weights(3);
+      randomize_scalars(model, 4);
+      testing::expect_batched_decode_matches_single(model, 5, 8, 9,
+                                                    precision == DType::f32 ? 1e-5 : 1e-3);
+    }
+  }
+}
+
 TEST(Zaya, SameSeedSameLossBitwise) {
   ModelConfig c = tiny_zaya();
   Batch batch = random_batch(c, 12, 1);

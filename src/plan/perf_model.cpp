@@ -715,17 +715,103 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
   return p;
 }
 
-double predict_decode_latency(const ModelConfig& c, int64_t batch, int64_t context,
-                              const HardwareProfile& profile) {
-  const ParamCounts pc = count_parameters(c);
+namespace {
+
+// The fixed cost of one decode GEMM call and the small operations around it (norms, RoPE,
+// routing, residuals) on a CPU: oneDNN's execute, OpenMP fork and join. Measured on the
+// development machine (docs/PERFORMANCE.md, "Decode latency") from a model small enough
+// that its weights stay in cache and its steps are nothing but calls. A GPU profile states
+// its own per-kernel cost (efficiency.kernel_overhead_s).
+constexpr double kDecodeCallOverheadS = 8e-6;
+
+double decode_call_s(const HardwareProfile& profile) {
+  return profile.kind == "gpu" ? efficiency_at(profile, 1).kernel_overhead_s
+                               : kDecodeCallOverheadS;
+}
+
+// oneDNN's CPU kernels at decode's shapes, which the profile's GEMM points (m ≥ 128) do not
+// cover; measured on the development machine with `bench gemm`, one thread, weights larger
+// than the caches (docs/PERFORMANCE.md, "Decode latency"):
+//   m = 1 runs as a matrix-vector product that streams the weights but pays a fixed time per
+//   weight row (output) besides: rows of k = 512 bf16 stream at 10.6 GB/s, of k = 65,536 at
+//   31.6 GB/s (STREAM triad: 25.1): 1 KiB / 10.6 GB/s − 1 KiB / 25.1 GB/s ≈ 55 ns;
+//   m > 1 runs the GEMM kernel, whose register blocking covers kCpuGemmTileRows rows: fewer
+//   rows cost the whole block (m = 4: 21–30 GFLOP/s on one core, against ~200 from m = 64).
+constexpr double kCpuGemvRowS = 55e-9;  // per weight row, on one core
+constexpr double kCpuGemmTileRows = 24;
+
+// One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
+// which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
+// fixed cost of a call; on a CPU profile, oneDNN's small-m behaviour above. m may be
+// fractional (an expert's expected rows); it runs as ⌈m⌉. `calls` = 0 for one GEMM of a
+// grouped launch (GPU MoE kernels), whose one call the caller counts.
+double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t n, int64_t k,
+                     double calls = 1) {
+  const int64_t rows = std::max<int64_t>(1, int64_t(std::ceil(m - 1e-9)));
+  const double flops = 2.0 * double(rows) * double(n) * double(k);
+  const double call = calls * decode_call_s(profile);
+  if (profile.kind == "gpu") return flops / profile.gemm_rate(dt, rows, n, k) + call;
+  const double in = dt == DType::bf16 ? kBf16 : kF32;
+  const double bytes = (double(rows) * double(k) + double(k) * double(n)) * in +
+                       double(rows) * double(n) * kF32;
+  const double memory_s = bytes / profile.memory_bandwidth();
+  const json device = profile.raw.value("device", json::object());
+  const double cores = std::max(1.0, device.value("cores", 1.0));
+  if (rows == 1) return memory_s + double(n) * kCpuGemvRowS / cores + call;
+  const double tile = std::min(1.0, double(rows) / kCpuGemmTileRows);
+  const double compute_s = flops / (profile.gemm_rate(dt, rows, n, k, false) * tile);
+  return std::max(memory_s, compute_s) + call;
+}
+
+// The GEMMs of one layer's attention and router for `batch` tokens. The routers' logits run
+// in fp32 (and ZAYA1's whole router MLP in the GEMM precision), as model/routers.cpp does.
+double decode_dense_layer_s(const ModelConfig& c, double batch, DType dt,
+                            const HardwareProfile& p) {
+  const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim();
+  if (c.is_zaya()) {
+    const int64_t R = c.router_latent_dim, S = c.router_classes();
+    return decode_gemm_s(p, dt, batch, Dq + Dkv, C) + decode_gemm_s(p, dt, batch, Dkv, C) +
+           decode_gemm_s(p, dt, batch, C, Dq) + decode_gemm_s(p, dt, batch, R, C) +
+           2 * decode_gemm_s(p, dt, batch, R, R) + decode_gemm_s(p, DType::f32, batch, S, R);
+  }
+  double s = decode_gemm_s(p, dt, batch, Dq, C) + 2 * decode_gemm_s(p, dt, batch, Dkv, C) +
+             decode_gemm_s(p, dt, batch, C, Dq);
+  if (c.n_experts > 1) s += decode_gemm_s(p, DType::f32, batch, c.n_experts, C);
+  return s;
+}
+
+}  // namespace
+
+DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t context,
+                                const HardwareProfile& profile, DType precision) {
+  FOUNDRY_CHECK(batch > 0 && context >= 0);
+  const double B = double(batch), L = double(c.n_layers);
   const double E = double(c.n_experts), K = double(std::min(c.top_k, c.n_experts));
-  const double expert_params = double(pc.per_expert) * double(c.n_layers);  // one expert, all layers
-  const double dense = double(pc.total) - E * expert_params;                // everything else
-  const double touched = E > 1 ? E * (1.0 - std::pow(1.0 - K / E, double(batch))) : 1.0;
-  const double kv_per_token = 2.0 * double(c.kv_dim()) * double(c.n_layers);  // K and V
-  const double bytes = kBf16 * (dense + touched * expert_params) +
-                       kBf16 * kv_per_token * double(context) * double(batch);
-  return bytes / profile.memory_bandwidth();
+  const int64_t C = c.d_model, F = c.ffn_dim;
+  DecodePrediction r;
+  r.experts_touched = E > 1 ? E * (1.0 - std::pow(1.0 - K / E, B)) : 1.0;
+  const double rows = B * K / r.experts_touched;  // per touched expert, balanced routing
+  r.gemm_s = L * decode_dense_layer_s(c, B, precision, profile);
+  r.gemm_s += decode_gemm_s(profile, precision, B, c.padded_vocab(), C);  // LM head
+  // One GEMM call per touched expert and projection on the CPU; one grouped launch per
+  // projection for all experts on a GPU (profile.grouped_expert_gemms).
+  const bool grouped = profile.grouped_expert_gemms;
+  r.expert_s = L * r.experts_touched *
+               (decode_gemm_s(profile, precision, rows, 2 * F, C, grouped ? 0 : 1) +
+                decode_gemm_s(profile, precision, rows, C, F, grouped ? 0 : 1));
+  if (grouped) r.expert_s += L * 2 * decode_call_s(profile);
+  // Every sequence's keys and values of every cached position, read once per step: fp32 in
+  // Foundry's decode (CPU profiles), bf16 in a GPU serving stack's cache.
+  const double kv_bytes = profile.kind == "gpu" ? kBf16 : kF32;
+  r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
+  r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
+  r.step_s = r.gemm_s + r.expert_s + r.attention_s;
+  return r;
+}
+
+double predict_decode_latency(const ModelConfig& c, int64_t batch, int64_t context,
+                              const HardwareProfile& profile, DType precision) {
+  return predict_decode(c, batch, context, profile, precision).step_s;
 }
 
 double data_loading_iops(int64_t global_batch, int64_t seq, int64_t bytes_per_token,

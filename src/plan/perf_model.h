@@ -164,13 +164,32 @@ double dispatch_dedup_factor(int64_t experts, int64_t top_k, int64_t ep, int64_t
 double group_collective_s(const HardwareProfile& profile, const std::string& op, int64_t ranks,
                           double bytes, int64_t stride);
 
-// Decoding, memory-bound: seconds per generated token for `batch` sequences at `context`
-// tokens, = (bf16 bytes of the non-expert weights + of the experts that the batch touches,
-// E·(1 − (1 − k/E)^batch) per layer + KV cache of the batch) / memory bandwidth.
-// Only the active weights for batch 1; approaches all experts as the batch grows, which is
-// where fine-grained experts win.
+// Decoding: one step of `batch` sequences at `context` cached tokens, as Foundry's batched
+// decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once,
+// each GEMM at the profile's rate for its shape (gemm_rate, whose roofline makes a small
+// batch's GEMMs stream their weights at memory bandwidth, and a large one's compute-bound),
+// plus a fixed cost per call (one per GEMM; one per grouped expert launch on a GPU, at the
+// profile's kernel_overhead_s) and, on a CPU, oneDNN's small-m behaviour (a time per weight
+// row at m = 1, a whole row block for fewer rows than the block; measured, perf_model.cpp);
+// the experts the batch touches,
+// E·(1 − (1 − k/E)^batch) per layer, each once on its B·k/touched rows (balanced routing);
+// and the KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile) read
+// once over memory bandwidth. Only the active experts run for batch 1; all of them as the
+// batch grows. Not modelled: routing imbalance, ZAYA1's skip class (counted as experts), the
+// elementwise work (inside the per-call cost).
+struct DecodePrediction {
+  double gemm_s = 0;       // attention projections, routers, LM head
+  double expert_s = 0;     // the experts' GEMMs
+  double attention_s = 0;  // reading the KV caches
+  double step_s = 0;       // all of it: seconds per step (per generated token of each sequence)
+  double experts_touched = 0;  // per layer
+  double kv_cache_bytes = 0;   // read per step
+};
+DecodePrediction predict_decode(const ModelConfig& config, int64_t batch, int64_t context,
+                                const HardwareProfile& profile,
+                                DType precision = DType::bf16);
 double predict_decode_latency(const ModelConfig& config, int64_t batch, int64_t context,
-                              const HardwareProfile& profile);
+                              const HardwareProfile& profile, DType precision = DType::bf16);
 
 // The paper's storage analysis: reads of G sequences of s tokens of b bytes per step of t
 // seconds, in pages of P bytes, with scatter factor σ: IOPS = σ·G·s·b/(P·t). The break-even

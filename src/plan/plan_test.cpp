@@ -154,12 +154,38 @@ TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
   const ModelConfig c = moe_bench();  // 8 experts, top-2
   const HardwareProfile prof = flat_profile();
   const ParamCounts pc = count_parameters(c);
-  const double kv1 = 2.0 * 2 * c.kv_dim() * c.n_layers;  // bf16 K and V per token of context
-  // Batch 1: exactly the active weights (bf16) plus one sequence's KV cache.
-  EXPECT_NEAR(predict_decode_latency(c, 1, 100, prof), (2.0 * pc.active + kv1 * 100) / 1e11, 1e-12);
-  // A large batch touches every expert: all weights.
-  const double big = predict_decode_latency(c, 1000, 1, prof);
-  EXPECT_NEAR(big, (2.0 * pc.total + kv1 * 1000) / 1e11, 1e-6 * big);
+  const double kv1 = 2.0 * 4 * c.kv_dim() * c.n_layers;  // fp32 K and V per token of context
+  // Batch 1 on a CPU: matrix-vector products stream the active weights (bf16) and pay a
+  // fixed time per weight row, every GEMM call a fixed cost, and the KV cache is read once.
+  const int64_t calls = c.n_layers * (4 + 1 + 2 * c.top_k) + 1;
+  const int64_t rows = c.n_layers * (c.q_dim() + 2 * c.kv_dim() + c.d_model + c.n_experts +
+                                     c.top_k * (2 * c.ffn_dim + c.d_model)) +
+                       c.padded_vocab();
+  const double one = predict_decode_latency(c, 1, 100, prof);
+  // The matrices a token multiplies: the active parameters without the norms' vectors.
+  const double matrices = double(pc.active - pc.norms_per_layer * c.n_layers - c.d_model);
+  const double weights = (2.0 * matrices + kv1 * 100) / 1e11;
+  EXPECT_GT(one, weights + rows * 50e-9 + calls * 5e-6);
+  EXPECT_LT(one, 1.1 * weights + rows * 60e-9 + calls * 1e-5);
+  const DecodePrediction p1 = predict_decode(c, 1, 100, prof);
+  EXPECT_DOUBLE_EQ(p1.experts_touched, 2.0);
+  EXPECT_DOUBLE_EQ(p1.attention_s, kv1 * 100 / 1e11);
+  EXPECT_DOUBLE_EQ(p1.step_s, p1.gemm_s + p1.expert_s + p1.attention_s);
+  // A large batch touches every expert, and its GEMMs become compute-bound: at 1e12 FLOP/s,
+  // two FLOPs per weight and token.
+  const DecodePrediction big = predict_decode(c, 1000, 1, prof);
+  EXPECT_NEAR(big.experts_touched, 8.0, 1e-9);
+  const double compute = 2.0 * 1000 * matrices / 1e12;
+  EXPECT_GT(big.gemm_s + big.expert_s, compute);
+  EXPECT_LT(big.gemm_s + big.expert_s, 1.5 * compute);
+  // fp32 weights stream twice the bytes of bf16 ones.
+  const double extra = predict_decode_latency(c, 1, 1, prof, DType::f32) -
+                       predict_decode_latency(c, 1, 1, prof);
+  EXPECT_NEAR(extra, 2.0 * matrices / 1e11, 0.05 * 2.0 * matrices / 1e11);
+  // Below the CPU GEMM kernel's row block (24 rows) a GEMM costs the whole block: the
+  // compute-bound projections of batch 2 take as long as those of batch 24.
+  EXPECT_NEAR(predict_decode(c, 2, 1, prof).gemm_s, predict_decode(c, 24, 1, prof).gemm_s,
+              0.02 * predict_decode(c, 24, 1, prof).gemm_s);
 }
 
 
