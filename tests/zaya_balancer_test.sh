@@ -20,7 +20,7 @@ PY
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.1 --quiet >prep.log 2>&1 \
   || { bad "data prepare failed"; cat prep.log; finish; exit 1; }
 
-# The default balancing (proportional, gain 1 on the logits) moves the biases far enough in
+# The default balancing (the newton step on the logits) moves the biases far enough in
 # 12 steps to change the routing, and init_std 0.15 so the experts' outputs (hence the routing) show in the loss: with the
 # initial biases instead of the trained ones, the final val loss differs in the third decimal.
 cat > zaya.json <<'JSON'
@@ -90,8 +90,8 @@ bal = state["router_balancers"]
 assert len(bal) == L, bal
 for b in bal:
     assert b["step"] == 12, b  # one balancing update per optimizer step
-    # The default rule, proportional: the bias is its whole state.
-    assert b["rule"] == "proportional" and set(b) == {"rule", "bias", "step"}, b
+    # The default rule, newton: the bias is its whole state.
+    assert b["rule"] == "newton" and set(b) == {"rule", "bias", "step"}, b
     assert len(b["bias"]) == S, b
     init = [0.0] * (S - 1) + [-1.0]
     assert max(abs(x - y) for x, y in zip(b["bias"], init)) > 0.05, b["bias"]  # they moved

@@ -51,7 +51,7 @@ struct ModelConfig {
   // How the per-class balancing bias moves (kernels/zaya_router.h, docs/zaya1.md "Balancing"):
   // "proportional" (bias −= gain × load error), "sign_adaptive" (Rprop-like steps) or
   // "adamw" (the ZAYA1 description's fixed-lr AdamW).
-  std::string balance_rule = "proportional";
+  std::string balance_rule = "newton";
   // What the balancing bias is added to when the router chooses: "logits" (the choice is
   // argmax(log p + b), invariant to how much probability the other classes hold) or "probs"
   // (the ZAYA1 description's argmax(p + b)).
