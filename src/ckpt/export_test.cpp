@@ -65,7 +65,9 @@ std::vector<ops::ZayaBalancer> trained_balancers(const ModelConfig& config) {
     balancers.emplace_back(config.n_experts, config.router_skip_class, o);
     std::vector<int64_t> counts(static_cast<size_t>(config.router_classes()), 1);
     counts[static_cast<size_t>(l)] = 9;
-    for (int step = 0; step < 3; ++step) balancers.back().update(counts.data(), 8 + counts.size());
+    const std::vector<int64_t> near(counts.size(), 2);  // boundary counts, for the newton rule
+    for (int step = 0; step < 3; ++step)
+      balancers.back().update(counts.data(), 8 + counts.size(), near.data());
   }
   return balancers;
 }
