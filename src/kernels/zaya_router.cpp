@@ -251,24 +251,25 @@ void zaya_boundary_counts(int64_t* near, const T* probs, const T* logits, const 
   FOUNDRY_CHECK(classes >= 1 && k >= 1 && k <= classes && window > 0);
   std::fill(near, near + classes, int64_t{0});
   if (k == classes) return;  // every class always chosen: no boundary to cross
-  std::vector<double> score(classes);
-  std::vector<char> chosen(classes);
+  // Per token, nothing allocated: the biased scores are recomputed, and membership in the
+  // choice is a scan of its K entries.
   for (int64_t i = 0; i < n; ++i) {
     const T* z = (bias_on == BiasOn::logits ? logits : probs) + i * classes;
-    for (int64_t j = 0; j < classes; ++j)
-      score[j] = static_cast<double>(z[j]) + (balance_bias ? balance_bias[j] : T(0));
-    std::fill(chosen.begin(), chosen.end(), char{0});
-    for (int64_t slot = 0; slot < k; ++slot) chosen[choice[i * k + slot]] = 1;
+    const int32_t* idx = choice + i * k;
+    auto score = [&](int64_t j) {
+      return static_cast<double>(z[j]) + (balance_bias ? balance_bias[j] : T(0));
+    };
+    auto chosen = [&](int64_t j) { return std::find(idx, idx + k, j) != idx + k; };
     double lowest_chosen = std::numeric_limits<double>::infinity();
     double best_unchosen = -std::numeric_limits<double>::infinity();
     for (int64_t j = 0; j < classes; ++j) {
-      if (chosen[j])
-        lowest_chosen = std::min(lowest_chosen, score[j]);
+      if (chosen(j))
+        lowest_chosen = std::min(lowest_chosen, score(j));
       else
-        best_unchosen = std::max(best_unchosen, score[j]);
+        best_unchosen = std::max(best_unchosen, score(j));
     }
     for (int64_t j = 0; j < classes; ++j) {
-      const double gap = chosen[j] ? score[j] - best_unchosen : lowest_chosen - score[j];
+      const double gap = chosen(j) ? score(j) - best_unchosen : lowest_chosen - score(j);
       if (gap < window) ++near[j];
     }
   }
