@@ -25,8 +25,8 @@ Model::Model(const ModelConfig& config, DType precision)
                                        params_bf16_.data(), &op_times_, &gradients_final_);
   compute_->set_progress(&progress_);
   experts_ = std::make_unique<Experts>(*compute_, config_.n_layers);
-  const ArchitectureParts parts{*compute_, *experts_, table_, balancers_, class_counts_,
-                                     boundary_counts_};
+  const ArchitectureParts parts{*compute_,  *experts_,     table_,
+                                balancers_, class_counts_, boundary_counts_};
   arch_ = config_.is_zaya() ? make_zaya1(parts) : make_standard_moe(parts);
 }
 
