@@ -1,5 +1,8 @@
 // bfloat16 storage: the top 16 bits of an IEEE float, rounded to nearest even.
 #pragma once
+#include <immintrin.h>
+
+#include <bit>
 #include <cstdint>
 #include <cstring>
 
@@ -20,6 +23,19 @@ inline float bf16_to_float(bf16 h) {
   float f;
   std::memcpy(&f, &bits, 4);
   return f;
+}
+
+// Converts n floats to bf16 (round to nearest even) on the calling thread, for use inside
+// parallel loops.
+inline void to_bf16_serial(const float* src, bf16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), std::bit_cast<__m256i>(h));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
 }
 
 // Converts n floats to bf16 (OpenMP-parallel, vectorized).

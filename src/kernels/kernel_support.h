@@ -80,18 +80,7 @@ inline void softmax_row(T* p, const T* z, int64_t n) {
   for (int64_t j = 0; j < n; ++j) p[j] *= inv_sum;
 }
 
-// Converts n floats to bf16 (round to nearest even) on the calling thread, for use inside
-// parallel loops.
-inline void to_bf16_serial(const float* src, bf16* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__)
-  for (; i + 16 <= n; i += 16) {
-    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(src + i));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), std::bit_cast<__m256i>(h));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = float_to_bf16(src[i]);
-}
+using ::foundry::to_bf16_serial;  // base/bf16.h
 
 // A buffer that only grows: kernels keep one per purpose (thread_local) and reuse it across
 // calls instead of allocating every step. Contents are unspecified after get().

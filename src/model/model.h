@@ -95,6 +95,9 @@ class Model {
   void init_weights(uint64_t seed);
   // Refreshes the bf16 GEMM copies after the fp32 weights change (no-op in fp32).
   void sync_weights();
+  // The bf16 GEMM copy's slab (laid out like params()), for an optimizer that writes it
+  // during its update (DataParallelOptimizer::write_bf16_weights); null in fp32.
+  bf16* bf16_weights() { return precision_ == DType::bf16 ? params_bf16_.data() : nullptr; }
 
   // inputs/targets [B, T]. Keeps what backward needs. targets may be null (logits only).
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, int64_t batch,

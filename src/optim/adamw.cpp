@@ -78,11 +78,12 @@ AdamWScalars adamw_scalars(const AdamWOptions& o, double lr, int64_t step) {
   return s;
 }
 
-void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay) {
+namespace {
+
+void adamw_elements(float* __restrict p, const float* __restrict g, float* __restrict m,
+                    float* __restrict v, int64_t n, const AdamWScalars& s, float keep) {
   const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
   const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
-  const float keep = decay ? s.decay_factor : 1.0f;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float gi = g[i];
@@ -95,18 +96,44 @@ void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restri
   }
 }
 
-void AdamW::step(float* params, const float* grads, double lr, int64_t step) {
+}  // namespace
+
+void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
+                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay,
+                 float grad_scale, bf16* __restrict p16) {
+  const float keep = decay ? s.decay_factor : 1.0f;
+  if (grad_scale == 1.0f && !p16) return adamw_elements(p, g, m, v, n, s, keep);
+  // Blocks that stay in L1: the scaled gradient is stored (rounded, as a scaled slab would
+  // be, before the update's arithmetic sees it) and the updated weights converted from cache.
+  constexpr int64_t kBlock = 1024;
+  float scaled[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    const float* gb = g + i;
+    if (grad_scale != 1.0f) {
+      for (int64_t j = 0; j < len; ++j) scaled[j] = gb[j] * grad_scale;
+      gb = scaled;
+    }
+    adamw_elements(p + i, gb, m + i, v + i, len, s, keep);
+    if (p16) to_bf16_serial(p + i, p16 + i, len);
+  }
+}
+
+void AdamW::step(float* params, const float* grads, double lr, int64_t step,
+                 const StepFusion& fusion) {
   if (step < 1) fail(fmt::format("AdamW step number {} must be >= 1 (steps are 1-based)", step));
   const AdamWScalars s = adamw_scalars(options_, lr, step);
 
   const int64_t n_chunks = static_cast<int64_t>(chunks_.size());
   float* m = exp_avg_.data();
   float* v = exp_avg_sq_.data();
+  bf16* p16 = fusion.weights_bf16;
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < n_chunks; ++c) {
     const SlabChunk& chunk = chunks_[c];
     const int64_t at = chunk.offset;
-    adamw_chunk(params + at, grads + at, m + at, v + at, chunk.size, s, chunk.decay);
+    adamw_chunk(params + at, grads + at, m + at, v + at, chunk.size, s, chunk.decay,
+                fusion.grad_scale, p16 ? p16 + at : nullptr);
   }
 }
 

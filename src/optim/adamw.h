@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/bf16.h"
 #include "model/params.h"
 #include "optim/slab_chunks.h"
 
@@ -43,9 +44,18 @@ struct AdamWOptions {
   std::function<bool(const ParamInfo&)> applies;
 };
 
+// Work fused into an update's one pass over the slab. The gradient is used as g · grad_scale
+// (the clip factor, rounded to float: the same bits as scaling the slab first, and g itself
+// at 1). When weights_bf16 is set (a slab laid out like the parameters), the bf16 copy of
+// every updated weight is written there while the weight is still in cache.
+struct StepFusion {
+  float grad_scale = 1.0f;
+  bf16* weights_bf16 = nullptr;
+};
+
 // Per-step constants of the update, each rounded to float once; and the elementwise update
-// of n consecutive elements. Shared by AdamW and the ZeRO-1 optimizer (optim/zero1.h), so a
-// sharded step does exactly the single-process arithmetic.
+// of n consecutive elements (p16: their bf16 copy, or null). Shared by AdamW and the ZeRO-1
+// optimizer (optim/zero1.h), so a sharded step does exactly the single-process arithmetic.
 struct AdamWScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
   float step_size;           // lr / (1 - beta1^t)
@@ -55,7 +65,8 @@ struct AdamWScalars {
 };
 AdamWScalars adamw_scalars(const AdamWOptions& options, double lr, int64_t step);
 void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
-                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay);
+                 float* __restrict v, int64_t n, const AdamWScalars& s, bool decay,
+                 float grad_scale = 1.0f, bf16* __restrict p16 = nullptr);
 
 class AdamW {
  public:
@@ -65,7 +76,8 @@ class AdamW {
   // One update of `params` from `grads` (both slabs of table.total_elements() floats).
   // `step` is the 1-based index of this update; it sets the bias corrections, so a resumed
   // run passes the same step numbers it would have without the interruption.
-  void step(float* params, const float* grads, double lr, int64_t step);
+  void step(float* params, const float* grads, double lr, int64_t step,
+            const StepFusion& fusion = {});
 
   // The moment slabs by name ("exp_avg", "exp_avg_sq"), for checkpoints. Fails on an
   // unknown name.

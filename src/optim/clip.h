@@ -24,6 +24,11 @@ double grad_norm(const float* grads, const ParamTable& table);
 // gradients are then left untouched so the caller can skip the step and report it.
 double clip_grad_norm(float* grads, const ParamTable& table, double max_norm);
 
+// The factor clipping multiplies the gradients by, as clip_grad_norm would apply it: max_norm /
+// norm rounded to float when a finite norm exceeds max_norm, else 1. Fails on a negative
+// max_norm.
+float clip_factor(double norm, double max_norm);
+
 // An optimizer step's last word before it changes anything: called with the global gradient
 // norm before clipping (the same value on every rank, NaN or inf included) once it is known
 // and before any parameter or state is written; true drops the update, and the step returns

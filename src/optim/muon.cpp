@@ -151,10 +151,12 @@ Muon::Muon(const ParamTable& table, const MuonOptions& options)
   update_.resize(largest);
 }
 
-void Muon::step(float* params, const float* grads, double lr, int64_t step) {
+void Muon::step(float* params, const float* grads, double lr, int64_t step,
+                const StepFusion& fusion) {
   if (step < 1) fail(fmt::format("Muon step number {} must be >= 1 (steps are 1-based)", step));
   const float mu = static_cast<float>(options_.momentum);
   const bool nesterov = options_.nesterov;
+  const float grad_scale = fusion.grad_scale;
   float* u = update_.data();
   // One tensor at a time: the GEMMs inside Newton–Schulz use every thread through oneDNN.
   for (const ParamInfo& t : tensors_) {
@@ -162,11 +164,20 @@ void Muon::step(float* params, const float* grads, double lr, int64_t step) {
     float* __restrict w = params + t.offset;
     const float* __restrict g = grads + t.offset;
     float* __restrict buf = momentum_.data() + t.offset;
+    // A clipped gradient is stored (rounded) before the momentum arithmetic reads it, as a
+    // scaled slab would be: a fused multiply-add must not absorb the scaling.
+    const float* gs = g;
+    if (grad_scale != 1.0f) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+      for (int64_t i = 0; i < n; ++i) u[i] = g[i] * grad_scale;
+      gs = u;
+    }
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
-      const float b = mu * buf[i] + g[i];
+      const float gi = gs[i];
+      const float b = mu * buf[i] + gi;
       buf[i] = b;
-      u[i] = nesterov ? g[i] + mu * b : b;
+      u[i] = nesterov ? gi + mu * b : b;
     }
 
     newton_schulz_.run(u, u, rows, cols, options_.ns_steps, options_.bf16_newton_schulz);
@@ -177,6 +188,7 @@ void Muon::step(float* params, const float* grads, double lr, int64_t step) {
         lr * options_.rms_scale * std::sqrt(static_cast<double>(std::max(rows, cols))));
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
     for (int64_t i = 0; i < n; ++i) w[i] = w[i] * keep - step_size * u[i];
+    if (fusion.weights_bf16) convert_to_bf16(w, fusion.weights_bf16 + t.offset, n);
   }
 }
 

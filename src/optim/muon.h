@@ -51,6 +51,7 @@
 
 #include "base/bf16.h"
 #include "model/params.h"
+#include "optim/adamw.h"
 
 namespace foundry {
 
@@ -95,8 +96,9 @@ class Muon {
   // Updates the Muon tensors of `params` from `grads` (slabs of table.total_elements()
   // floats); every other element, padding included, is left alone. `step` is the 1-based
   // index of this update (Muon has no bias correction; it is checked for symmetry with
-  // AdamW so both are driven the same way).
-  void step(float* params, const float* grads, double lr, int64_t step);
+  // AdamW so both are driven the same way). `fusion` as for AdamW (optim/adamw.h).
+  void step(float* params, const float* grads, double lr, int64_t step,
+            const StepFusion& fusion = {});
 
   // The momentum slab by name ("muon_momentum"), for checkpoints. Fails on an unknown name.
   std::span<float> state(std::string_view name);

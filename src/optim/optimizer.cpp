@@ -85,6 +85,10 @@ class LocalOptimizer final : public DataParallelOptimizer {
     return clip_and_update(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return nullptr; }
+  bool write_bf16_weights(bf16* mirror) override {
+    weights_bf16_ = mirror;
+    return true;
+  }
 
   int64_t state_bytes() const override {
     int64_t n = 0;
@@ -116,13 +120,17 @@ class LocalOptimizer final : public DataParallelOptimizer {
   const char* layout_name() const override { return "single process"; }
   void set_op_times(OpTimes* times) override { op_times_ = times; }
 
-  // Clip, then both optimizers on the whole slab (shared with the replicated layout).
+  // Clip, then both optimizers on the whole slab (shared with the replicated layout). The
+  // clip factor and the bf16 copy ride along the updates' own passes: the gradients are
+  // left unscaled.
   double clip_and_update(float* params, float* grads, double lr, int64_t step, double max_norm,
                          const UpdateVeto& veto) {
-    const double norm = clip_grad_norm(grads, table_, max_norm);
+    clip_factor(0, max_norm);  // checks max_norm before any work
+    const double norm = grad_norm(grads, table_);
     if ((veto && veto(norm)) || !std::isfinite(norm)) return norm;
-    adam_.step(params, grads, lr, step);
-    if (muon_) muon_->step(params, grads, lr, step);
+    const StepFusion fusion{clip_factor(norm, max_norm), weights_bf16_};
+    adam_.step(params, grads, lr, step, fusion);
+    if (muon_) muon_->step(params, grads, lr, step, fusion);
     return norm;
   }
   OpTimes* op_times() const { return op_times_; }
@@ -133,6 +141,7 @@ class LocalOptimizer final : public DataParallelOptimizer {
   AdamW adam_;
   std::optional<Muon> muon_;
   OpTimes* op_times_ = nullptr;
+  bf16* weights_bf16_ = nullptr;
 };
 
 // Data parallel with the state replicated: every rank gets the summed gradient (a direct
@@ -161,6 +170,7 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
     return local_.clip_and_update(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return &last_reduce_; }
+  bool write_bf16_weights(bf16* mirror) override { return local_.write_bf16_weights(mirror); }
 
   int64_t state_bytes() const override { return local_.state_bytes(); }
   // Every rank holds everything: each saves an even share, and loads all.

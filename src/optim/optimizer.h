@@ -72,6 +72,15 @@ class DataParallelOptimizer {
   // The last step's gradient reduction; null in one process.
   virtual const GradientReduceStats* last_reduce() const = 0;
 
+  // Asks step() to write the bf16 GEMM copy of every weight it updates into `mirror` (a
+  // slab laid out like the parameters; null: stop), in the update's own pass. Returns false
+  // when this layout cannot: the caller then refreshes the copy after each step
+  // (Model::sync_weights).
+  virtual bool write_bf16_weights(bf16* mirror) {
+    (void)mirror;
+    return false;
+  }
+
   // Optimizer memory of this rank (bytes): the state it keeps and its buffers.
   virtual int64_t state_bytes() const = 0;
 

@@ -46,6 +46,32 @@ TEST_P(LocalOptimizerTest, StepIsClipThenTheOptimizersOnTheWholeSlab) {
   }
 }
 
+// The bf16 copy written in the update's pass is the copy of the updated weights, for the
+// tensors of both optimizers; the padding between tensors is left alone.
+TEST_P(LocalOptimizerTest, WritesTheBf16CopyOfTheUpdatedWeights) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  auto optimizer = make_optimizer(table, options(with_muon), nullptr);
+  const bf16 kUntouched = 0x7fc1;
+  std::vector<bf16> mirror(table.total_elements(), kUntouched);
+  ASSERT_TRUE(optimizer->write_bf16_weights(mirror.data()));
+  std::vector<float> params = random_slab(table, 3, 0.1);
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grads = random_slab(table, 300 + step, 1.0);
+    optimizer->step(params.data(), grads.data(), 1e-2, step, 0.5);
+  }
+  std::vector<bool> in_tensor(table.total_elements(), false);
+  for (const ParamInfo& p : table.params())
+    for (int64_t i = p.offset; i < p.offset + p.numel; ++i) in_tensor[i] = true;
+  int64_t checked = 0;
+  for (int64_t i = 0; i < table.total_elements(); ++i) {
+    const bf16 expected = in_tensor[i] ? float_to_bf16(params[i]) : kUntouched;
+    ASSERT_EQ(mirror[i], expected) << "element " << i;
+    checked += in_tensor[i];
+  }
+  EXPECT_GT(checked, 0);
+}
+
 TEST_P(LocalOptimizerTest, CheckpointStateRoundTrips) {
   const bool with_muon = GetParam();
   ParamTable table(test::tiny_moe_config());

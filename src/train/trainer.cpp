@@ -520,14 +520,17 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   auto judge = [&](double norm) { return !(r.applied = !anomalies->veto(step, batch, r.losses, norm)); };
   UpdateVeto veto;
   if (anomalies) veto = std::ref(judge);  // by reference: nothing allocated per step
-  // The optimizer times its own phases (communication apart from the local update).
+  // The optimizer times its own phases (communication apart from the local update), and
+  // refreshes the bf16 weight copy in its update's pass where its layout can.
+  bf16* weights_bf16 = model.bf16_weights();
+  const bool mirrored = weights_bf16 && optimizer.write_bf16_weights(weights_bf16);
   r.grad_norm = optimizer.step(model.params(), model.grads(), lr, step, max_grad_norm, veto);
   if (!r.applied) return r;
   if (!std::isfinite(r.losses.loss) || !std::isfinite(r.grad_norm))
     fail(fmt::format("step {}: loss {} / gradient norm {} is not finite", step, r.losses.loss,
                      r.grad_norm),
          "lower train.lr, raise train.warmup_steps, or use precision fp32 to investigate");
-  model.sync_weights();
+  if (!mirrored) model.sync_weights();
   if (balancing) {
     ScopedOpTimer t(&model.op_times(), "router balancing");
     const ModelConfig& mc = model.config();
