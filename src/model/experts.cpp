@@ -1,5 +1,7 @@
 #include "model/experts.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 #include "kernels/ops.h"
 
@@ -43,6 +45,11 @@ void Experts::set_group(const Communicator* group) {
 const Communicator* Experts::group() const { return ep_ ? ep_->group : nullptr; }
 
 const ExpertSharding* Experts::sharding() const { return ep_ ? &ep_->sharding : nullptr; }
+
+bool Experts::writes_whole_gradient(const ParamInfo& p) const {
+  if (p.kind != ParamKind::expert) return false;
+  return !ep_ || ep_->sharding.owner(p) == ep_->group->rank();
+}
 
 void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
                       float* act, float* ys, const ExpertWeights& w) {
@@ -145,10 +152,13 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     const char* act_g = reinterpret_cast<const char*>(act);
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
+      if (rows == 0) {
+        std::fill_n(cx_.g(w2[e]), C * F, 0.0f);
+        continue;
+      }
       const char* dys_e = dys_g + offsets[e] * C * elem;
       gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
-      gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt, true);
+      gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt);
     }
   }
   {
@@ -164,11 +174,13 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 1));
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
+      if (rows == 0) {
+        std::fill_n(cx_.g(w13[e]), 2 * F * C, 0.0f);
+        continue;
+      }
       const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
       gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F, dt);
-      gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows, dt,
-           true);
+      gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows, dt);
     }
   }
 }

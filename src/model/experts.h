@@ -31,6 +31,9 @@ class Experts {
   // True when the owners keep the hidden activations (h, act) of the rows they compute, so
   // the caller needs none.
   bool parallel() const { return ep_ != nullptr; }
+  // Whether backward writes the whole gradient of `p`: the expert weights this process
+  // computes (all of them without a group, the owned ones with one).
+  bool writes_whole_gradient(const ParamInfo& p) const;
 
   // Sublayer `layer`'s experts e < E on sorted rows (offsets [E+1] or more; rows from
   // offsets[E] on, the ZAYA1 skip class, are not touched): xs [R, C] → ys [R, C], keeping
@@ -38,9 +41,10 @@ class Experts {
   // dtype: under bf16 precision, R·F bf16 values at the start of the buffer.
   void forward(int64_t layer, const int64_t* offsets, const float* xs, float* h, float* act,
                float* ys, const ExpertWeights& w);
-  // The backward of the same layer's last forward from dys: dxs [R, C] (written) and the
-  // weight gradients (+=); dh and dact are scratch shaped like h and act (dh, like act, in
-  // the GEMM dtype).
+  // The backward of the same layer's last forward from dys: dxs [R, C] and the weight
+  // gradients of the experts this process computes (both written whole: zero for an expert
+  // without rows); dh and dact are scratch shaped like h and act (dh, like act, in the GEMM
+  // dtype).
   void backward(int64_t layer, const int64_t* offsets, const float* dys, const float* xs,
                 const float* h, const float* act, float* dxs, float* dh, float* dact,
                 const ExpertWeights& w);

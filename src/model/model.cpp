@@ -64,9 +64,27 @@ void Model::sync_weights() {
 }
 
 void Model::zero_grads() {
+  // The expert weights backward writes whole are left alone: sorted slab intervals to skip.
+  std::vector<std::pair<int64_t, int64_t>> skip;
+  for (const ParamInfo& p : table_.params())
+    if (p.numel > 0 && experts_->writes_whole_gradient(p))
+      skip.emplace_back(p.offset, p.offset + p.numel);
+  std::sort(skip.begin(), skip.end());
+  float* g = grads_.data();
+  auto zero = [g](int64_t b, int64_t e) {
+    if (e > b) std::memset(g + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+  };
   grads_.for_each_stored([&](int64_t b, int64_t e) {
-    std::memset(grads_.data() + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+    int64_t at = b;
+    for (const auto& [skip_b, skip_e] : skip) {
+      if (skip_e <= at) continue;
+      if (skip_b >= e) break;
+      zero(at, skip_b);
+      at = std::max(at, skip_e);
+    }
+    zero(at, e);
   });
+  grads_zeroed_ = true;
 }
 
 void Model::shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released) {
@@ -160,7 +178,13 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
   return arch_->forward(inputs, targets, shape);
 }
 
-void Model::backward() { arch_->backward(); }
+void Model::backward() {
+  if (!grads_zeroed_)
+    fail("Model::backward needs zero_grads() since the last backward (it writes the experts' "
+         "gradients whole instead of adding to them)");
+  grads_zeroed_ = false;
+  arch_->backward();
+}
 
 const float* Model::logits() const { return arch_->logits(); }
 

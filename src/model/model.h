@@ -102,7 +102,10 @@ class Model {
   // inputs/targets [B, T]. Keeps what backward needs. targets may be null (logits only).
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
                         int64_t seq);
-  // Accumulates d(loss)/d(params) into grads() for the last forward (which had targets).
+  // d(loss)/d(params) into grads() for the last forward (which had targets). Needs
+  // zero_grads() before each call: it adds into the zeroed gradients, except the expert
+  // weights' it writes whole (zero_grads leaves those alone), so two backward passes never
+  // accumulate.
   void backward();
   void zero_grads();
 
@@ -251,6 +254,7 @@ class Model {
   DType precision_;
   PageSlab<float> params_, grads_;
   PageSlab<bf16> params_bf16_;
+  bool grads_zeroed_ = false;  // zero_grads() since the last backward()
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;
   std::vector<int64_t> boundary_counts_;

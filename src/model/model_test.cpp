@@ -4,7 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "base/rng.h"
 #include "model/test_support.h"
@@ -67,6 +71,34 @@ TEST(Model, BatchedDecodingMatchesSingleSequences) {
       model.init_weights(3);
       testing::expect_batched_decode_matches_single(model, 5, 7, 9,
                                                     precision == DType::f32 ? 1e-5 : 1e-3);
+    }
+}
+
+// backward writes the experts' gradients whole (zero_grads leaves them alone): gradients left
+// as NaN by an earlier step change nothing, also for experts that get no rows (8 experts,
+// top-1, 4 tokens: at least 4 empty), in both architectures and precisions.
+TEST(Model, BackwardOverwritesWhatZeroGradsLeaves) {
+  for (const bool zaya : {false, true})
+    for (const DType dt : {DType::f32, DType::bf16}) {
+      SCOPED_TRACE(std::string(zaya ? "zaya1 " : "moe ") + (dt == DType::bf16 ? "bf16" : "f32"));
+      const ModelConfig moe = small_moe_config(8, 1);
+      const ModelConfig c = zaya ? testing::small_zaya_config(moe) : moe;
+      const Batch batch = random_batch(c, 1, 4, 5);
+      Model model(c, dt);
+      model.init_weights(3);
+      auto gradients = [&] {
+        model.zero_grads();
+        model.forward(batch.inputs.data(), batch.targets.data(), 1, 4);
+        model.backward();
+        return std::vector<float>(model.grads(), model.grads() + model.slab_size());
+      };
+      const std::vector<float> clean = gradients();
+      const std::vector<int64_t> loads = model.expert_loads();
+      ASSERT_GE(std::count(loads.begin(), loads.end(), 0), 4);
+      std::fill(model.grads(), model.grads() + model.slab_size(), std::nanf(""));
+      const std::vector<float> again = gradients();
+      ASSERT_EQ(std::memcmp(clean.data(), again.data(), clean.size() * sizeof(float)), 0);
+      EXPECT_THROW(model.backward(), Error);  // no zero_grads since the last backward
     }
 }
 
