@@ -81,12 +81,16 @@ AdamWScalars adamw_scalars(const AdamWOptions& o, double lr, int64_t step) {
 namespace {
 
 void adamw_elements(float* __restrict p, const float* __restrict g, float* __restrict m,
-                    float* __restrict v, int64_t n, const AdamWScalars& s, float keep) {
+                    float* __restrict v, int64_t n, const AdamWScalars& s, float keep,
+                    float grad_scale) {
   const float b1 = s.beta1, c1 = s.one_minus_beta1, b2 = s.beta2, c2 = s.one_minus_beta2;
   const float step_size = s.step_size, sqrt_c2 = s.sqrt_correction2, eps = s.eps;
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
+    // Every use of gi is a product, so no fused multiply-add can absorb the scaling: gi is
+    // rounded to float exactly as a clipped slab would hold it (optimizer_test checks the
+    // bits against clipping first).
+    const float gi = g[i] * grad_scale;
     const float mi = b1 * m[i] + c1 * gi;
     const float vi = b2 * v[i] + c2 * gi * gi;
     m[i] = mi;
@@ -102,20 +106,13 @@ void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restri
                  float* __restrict v, int64_t n, const AdamWScalars& s, bool decay,
                  float grad_scale, bf16* __restrict p16) {
   const float keep = decay ? s.decay_factor : 1.0f;
-  if (grad_scale == 1.0f && !p16) return adamw_elements(p, g, m, v, n, s, keep);
-  // Blocks that stay in L1: the scaled gradient is stored (rounded, as a scaled slab would
-  // be, before the update's arithmetic sees it) and the updated weights converted from cache.
+  if (!p16) return adamw_elements(p, g, m, v, n, s, keep, grad_scale);
+  // Blocks small enough that the updated weights are converted from L1.
   constexpr int64_t kBlock = 1024;
-  float scaled[kBlock];
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    const float* gb = g + i;
-    if (grad_scale != 1.0f) {
-      for (int64_t j = 0; j < len; ++j) scaled[j] = gb[j] * grad_scale;
-      gb = scaled;
-    }
-    adamw_elements(p + i, gb, m + i, v + i, len, s, keep);
-    if (p16) to_bf16_serial(p + i, p16 + i, len);
+    adamw_elements(p + i, g + i, m + i, v + i, len, s, keep, grad_scale);
+    to_bf16_serial(p + i, p16 + i, len);
   }
 }
 
