@@ -22,7 +22,7 @@ else
 fi
 for line in "^# date: " "^# command: .*bench gemm --quick" "^# host: .* cpu: " "^# libraries: oneDNN" \
             "^# load average before: " "^peak compute" "fp32: measured best .*estimate .* cores × .* GHz × .* lanes × 2" \
-            "^square GEMMs" "^transformer GEMMs" "^expert GEMMs" "^offsize GEMMs" \
+            "^square GEMMs" "^transformer GEMMs" "^expert GEMMs" "^offsize GEMMs" "^decode GEMMs" \
             "^dtype +M +N +K +lay +ms +GFLOP/s +eff +%peak +shape" "n = 128 \(multiple of 64\)" \
             "top-2 of 4 experts"; do
   grep -qE -- "$line" gemm.txt && ok "gemm output has /$line/" || bad "gemm output lacks /$line/"
@@ -41,7 +41,7 @@ for dt in ("bf16", "fp32"):
 g = j["gemm"]
 assert g["source"] == "measured"
 kinds = {p["kind"] for p in g["points"]}
-assert kinds == {"square", "transformer", "expert", "offsize"}, kinds
+assert kinds == {"square", "transformer", "expert", "offsize", "decode"}, kinds
 for p in g["points"]:
     for key in ("dtype", "m", "n", "k", "kind", "label", "seconds", "flops_per_s", "efficiency"):
         assert key in p, (key, p)

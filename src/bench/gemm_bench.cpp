@@ -21,7 +21,7 @@ namespace foundry {
 
 namespace {
 
-const char* kKinds[] = {"square", "transformer", "expert", "offsize"};
+const char* kKinds[] = {"square", "transformer", "expert", "offsize", "decode"};
 
 bool has_kind(const GemmBenchOptions& o, const std::string& kind) {
   return std::find(o.kinds.begin(), o.kinds.end(), kind) != o.kinds.end();
@@ -32,6 +32,7 @@ const char* flags_of_kind(const std::string& kind) {
   if (kind == "square") return "--sizes";
   if (kind == "transformer") return "--tokens/--hidden/--ffn";
   if (kind == "expert") return "--tokens/--hidden/--ffn/--experts/--top-k";
+  if (kind == "decode") return "--decode-rows/--hidden/--ffn";
   return "--offsize/--offsize-base";
 }
 
@@ -66,9 +67,10 @@ int64_t physical_memory_bytes() {
   return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
 }
 
-// fp32 A, B, C plus the bf16 copies of A and B.
+// fp32 A, B, C plus the bf16 copies of A and B (and B's cold copies).
 int64_t shape_bytes(const GemmShape& s) {
-  return 4 * (s.m * s.k + s.k * s.n + s.m * s.n) + 2 * (s.m * s.k + s.k * s.n);
+  return 4 * (s.m * s.k + s.k * s.n + s.m * s.n) + 2 * (s.m * s.k + s.k * s.n) +
+         (s.cold_b ? cold_weight_bytes() : 0);
 }
 
 // The largest power of two (up to 64) dividing x: how well a dimension fits vector widths
@@ -88,13 +90,16 @@ std::string layout_name(const GemmShape& s) {
 
 void validate(const GemmBenchOptions& o) {
   if (o.dtypes.empty()) fail("--dtype is empty", "use --dtype fp32,bf16");
-  if (o.kinds.empty()) fail("--kinds is empty", "use --kinds square,transformer,expert,offsize");
+  if (o.kinds.empty())
+    fail("--kinds is empty", "use --kinds square,transformer,expert,offsize,decode");
   for (const std::string& kind : o.kinds)
     if (std::find(std::begin(kKinds), std::end(kKinds), kind) == std::end(kKinds))
       fail(fmt::format("--kinds: unknown kind '{}'", kind),
-           "choose from square, transformer, expert, offsize");
+           "choose from square, transformer, expert, offsize, decode");
   check_positive("--sizes", o.square_sizes, has_kind(o, "square"));
-  const bool layer = has_kind(o, "transformer") || has_kind(o, "expert");
+  check_positive("--decode-rows", o.decode_rows, has_kind(o, "decode"));
+  const bool layer =
+      has_kind(o, "transformer") || has_kind(o, "expert") || has_kind(o, "decode");
   check_positive("--tokens", o.tokens, layer);
   check_positive("--hidden", o.hidden, layer);
   check_positive("--ffn", o.ffn, layer);
@@ -140,6 +145,11 @@ int64_t gemm_bench_bytes(const GemmBenchOptions& o) {
   return most;
 }
 
+int64_t cold_weight_bytes() {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return std::max<int64_t>(int64_t{64} << 20, 2 * static_cast<int64_t>(std::max(llc, 0L)));
+}
+
 int64_t expert_tokens(int64_t tokens, int64_t top_k, int64_t experts) {
   const double rows = static_cast<double>(tokens) * static_cast<double>(top_k) /
                       static_cast<double>(experts);
@@ -155,7 +165,8 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
                  bool trans_a, bool trans_b) {
     const auto [it, inserted] = seen.emplace(std::tuple{kind, m, n, k, trans_a, trans_b}, shapes.size());
     if (inserted) {
-      shapes.push_back(GemmShape{m, n, k, kind, std::move(label), trans_a, trans_b});
+      shapes.push_back(
+          GemmShape{m, n, k, kind, std::move(label), trans_a, trans_b, kind == "decode"});
     } else if (shapes[it->second].label.find(label) == std::string::npos) {
       shapes[it->second].label += " = " + label;
     }
@@ -186,6 +197,16 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
             add(rows, h, f, "expert", fmt::format("expert rows x ffn -> hidden (down fwd; {})", who), false, true);
             add(2 * f, h, rows, "expert", fmt::format("2*ffn x expert rows -> hidden (weight grad; {})", who), true, false);
           }
+      }
+  // Decoding's projections as the model stores them (trans_b), one GEMM per call.
+  if (has_kind(o, "decode"))
+    for (int64_t m : o.decode_rows)
+      for (int64_t h : o.hidden) {
+        add(m, h, h, "decode", "decode rows x hidden -> hidden (attention projection)", false, true);
+        for (int64_t f : o.ffn) {
+          add(m, 2 * f, h, "decode", "decode rows x hidden -> 2*ffn (gate|up)", false, true);
+          add(m, h, f, "decode", "decode rows x ffn -> hidden (down)", false, true);
+        }
       }
   if (has_kind(o, "offsize"))
     for (int64_t x = o.offsize_from; x <= o.offsize_to; ++x) {
@@ -234,12 +255,17 @@ class GemmCase {
       convert_to_bf16(a_.data(), a16_.data(), static_cast<int64_t>(a_.size()));
       convert_to_bf16(b_.data(), b16_.data(), static_cast<int64_t>(b_.size()));
     }
+    if (shape.cold_b) make_cold_copies();
   }
 
   void call() {
     const bool h = dtype_ == DType::bf16;
     const void* a = h ? static_cast<const void*>(a16_.data()) : a_.data();
     const void* b = h ? static_cast<const void*>(b16_.data()) : b_.data();
+    if (cold_) {
+      b = cold_ + next_ * b_bytes_;
+      next_ = (next_ + 1) % copies_;
+    }
     gemm(a, shape_.trans_a, b, shape_.trans_b, c_.data(), shape_.m, shape_.n, shape_.k, dtype_);
   }
 
@@ -262,10 +288,32 @@ class GemmCase {
   }
 
  private:
+  // B's bytes in the GEMM dtype, repeated until they exceed the caches. The buffer is shared
+  // by every cold shape of the process (grown, never freed): faulting in fresh pages for
+  // each shape would cost more than the sweep.
+  static std::vector<char>& cold_pool() {
+    static std::vector<char> pool;
+    return pool;
+  }
+  void make_cold_copies() {
+    const bool h = dtype_ == DType::bf16;
+    const char* b = h ? reinterpret_cast<const char*>(b16_.data())
+                      : reinterpret_cast<const char*>(b_.data());
+    b_bytes_ = static_cast<int64_t>(b_.size()) * (h ? 2 : 4);
+    copies_ = std::max<int64_t>(2, (cold_weight_bytes() + b_bytes_ - 1) / b_bytes_);
+    std::vector<char>& pool = cold_pool();
+    if (static_cast<int64_t>(pool.size()) < copies_ * b_bytes_)
+      pool.resize(static_cast<size_t>(copies_ * b_bytes_));
+    for (int64_t c = 0; c < copies_; ++c) std::copy(b, b + b_bytes_, pool.data() + c * b_bytes_);
+    cold_ = pool.data();
+  }
+
   DType dtype_;
   GemmShape shape_;
   std::vector<float> a_, b_, c_;
   std::vector<bf16> a16_, b16_;
+  const char* cold_ = nullptr;  // cold_b: copies_ copies of B in the GEMM dtype (the pool)
+  int64_t b_bytes_ = 0, copies_ = 0, next_ = 0;
 };
 
 // How one timed run of a shape is cut into samples. Each sample times one call, or a batch

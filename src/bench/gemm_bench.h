@@ -4,7 +4,10 @@
 // tokens × hidden → 2·FFN, tokens × FFN → hidden, and the weight gradient whose inner
 // dimension is the token count); the same per expert, with tokens·top_k/experts rows; and an
 // off-size scan that moves one dimension in steps of 1 around an aligned size, so that the cost
-// of widths that are not multiples of 16/32/64 shows.
+// of widths that are not multiples of 16/32/64 shows; and decoding's products, a few rows
+// against weights read from memory (a decode step reads every weight once, and all of them
+// do not fit in the caches): those calls cycle through copies of B that together exceed the
+// last-level cache twice.
 //
 // Each point: one warm-up call (creates and JIT-compiles the oneDNN primitive), then
 // `repeats` timed runs, each of enough calls to last min_seconds, spread over as many passes
@@ -32,10 +35,15 @@ namespace foundry {
 // One product C[M,N] = op(A)[M,K] · op(B)[K,N].
 struct GemmShape {
   int64_t m = 0, n = 0, k = 0;
-  std::string kind;   // "square", "transformer", "expert", "offsize"
+  std::string kind;   // "square", "transformer", "expert", "offsize", "decode"
   std::string label;  // free text, e.g. "tokens x hidden -> 2*ffn (gate|up fwd)"
   bool trans_a = false, trans_b = false;  // storage, as in foundry::gemm
+  bool cold_b = false;  // B read from memory (decode), not from the caches
 };
+
+// Bytes of the copies of B a cold-weights shape cycles through: 2× the last-level cache
+// (sysconf), at least 64 MiB.
+int64_t cold_weight_bytes();
 
 struct GemmBenchOptions {
   std::vector<DType> dtypes = {DType::f32, DType::bf16};
@@ -49,7 +57,10 @@ struct GemmBenchOptions {
   // steps of 1; the other two dimensions are offsize_base.
   std::string offsize_dim = "n";
   int64_t offsize_from = 1008, offsize_to = 1040, offsize_base = 1024;
-  std::vector<std::string> kinds = {"square", "transformer", "expert", "offsize"};
+  // Decode: rows (sequences decoded together, or an expert's share of them) against the
+  // hidden and FFN widths' projections, weights cold.
+  std::vector<int64_t> decode_rows = {1, 4, 16, 64};
+  std::vector<std::string> kinds = {"square", "transformer", "expert", "offsize", "decode"};
   int repeats = 5;
   double min_seconds = 0.01;  // per timed run; fast shapes loop inside it
   // Called after each point: done, total, what was measured.
@@ -57,8 +68,8 @@ struct GemmBenchOptions {
 };
 
 // Throws foundry::Error naming the flag (--dtype, --sizes, --tokens, --hidden, --ffn,
-// --experts, --top-k, --offsize, --offsize-dim, --offsize-base, --kinds, --repeats) when a
-// value is out of range.
+// --experts, --top-k, --offsize, --offsize-dim, --offsize-base, --decode-rows, --kinds,
+// --repeats) when a value is out of range.
 void validate(const GemmBenchOptions& o);
 
 // The operands of the largest GEMM of the sweep (fp32 A, B, C and the bf16 copies of A and

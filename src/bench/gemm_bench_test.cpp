@@ -1,6 +1,7 @@
 #include "bench/gemm_bench.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -144,6 +145,35 @@ TEST(GemmBench, SweepFollowsTheOptions) {
   o.kinds = {"square"};
   o.square_sizes = {64, 64, 128};  // duplicates are measured once
   EXPECT_EQ(gemm_sweep(o).size(), 2u);
+
+  // Decode: per row count, the attention projection and each FFN width's two projections,
+  // as stored (B transposed), every one against weights read from memory.
+  o.kinds = {"decode"};
+  o.decode_rows = {1, 16};
+  o.hidden = {512};
+  o.ffn = {384, 1024};  // 2F ≠ hidden: no product shared with the attention projection
+  shapes = gemm_sweep(o);
+  ASSERT_EQ(shapes.size(), 2u * 5u);
+  for (const GemmShape& s : shapes) {
+    EXPECT_TRUE(s.cold_b && s.trans_b && !s.trans_a) << s.label;
+    EXPECT_TRUE(s.m == 1 || s.m == 16);
+  }
+  EXPECT_EQ(shapes[1].n, 768);  // gate|up of F = 384: N = 2F
+  EXPECT_EQ(shapes[2].k, 384);  // down of F = 384: K = F
+}
+
+// A cold-weights product cycles through copies of B at least twice the last-level cache and
+// still computes the right product.
+TEST(GemmBench, ColdWeightsAreRightAndExceedTheCache) {
+  const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+  EXPECT_GE(cold_weight_bytes(), std::max<int64_t>(int64_t{64} << 20, 2 * int64_t{llc}));
+  for (DType t : {DType::f32, DType::bf16}) {
+    GemmShape s{3, 96, 80, "decode", "test", false, true};
+    s.cold_b = true;
+    const GemmMeasurement p = measure_gemm(t, s, 2, 0.0);
+    EXPECT_TRUE(p.valid) << dtype_name(t);
+    EXPECT_GT(p.seconds, 0);
+  }
 }
 
 TEST(GemmBench, OptionErrorsNameTheFlag) {

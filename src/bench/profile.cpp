@@ -128,6 +128,40 @@ double HardwareProfile::alignment_factor(int64_t n, int64_t k) const {
   return alignment.empty() ? 1.0 : alignment.back().factor;
 }
 
+namespace {
+
+// Inverse-distance weighting over the 4 nearest points of `dtype` (and of the decode kind or
+// not) in log space, of their rates over `best`; an exact match returns its own. -1 when no
+// point qualifies.
+double nearest_efficiency(const std::vector<GemmPoint>& points, DType dtype, bool decode,
+                          int64_t m, int64_t n, int64_t k, double best) {
+  struct Near {
+    double d2, eff;
+  };
+  std::vector<Near> near;
+  const double lm = std::log2(double(m)), ln = std::log2(double(n)), lk = std::log2(double(k));
+  for (const auto& p : points) {
+    if (p.dtype != dtype || (p.kind == "decode") != decode) continue;
+    const double dm = lm - std::log2(double(p.m)), dn = ln - std::log2(double(p.n)),
+                 dk = lk - std::log2(double(p.k));
+    near.push_back({dm * dm + dn * dn + dk * dk, p.flops_per_s / best});
+  }
+  if (near.empty()) return -1;
+  const size_t keep = std::min<size_t>(4, near.size());
+  std::partial_sort(near.begin(), near.begin() + keep, near.end(),
+                    [](const Near& a, const Near& b) { return a.d2 < b.d2; });
+  double wsum = 0, esum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    if (near[i].d2 < 1e-12) return near[i].eff;
+    const double w = 1.0 / near[i].d2;
+    wsum += w;
+    esum += w * near[i].eff;
+  }
+  return esum / wsum;
+}
+
+}  // namespace
+
 double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, bool roofline) const {
   const double best = max_gemm_rate(dtype);
   FOUNDRY_CHECK(best > 0 && m > 0 && n > 0 && k > 0);
@@ -136,38 +170,8 @@ double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, 
     const double w = 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
     efficiency = w / (w + gemm_half_efficiency_flops);
   } else {
-    // Inverse-distance weighting over the 4 nearest measured shapes in log space. An exact
-    // match returns its own efficiency.
-    struct Near {
-      double d2, eff;
-    };
-    std::vector<Near> near;
-    const double lm = std::log2(double(m)), ln = std::log2(double(n)), lk = std::log2(double(k));
-    for (const auto& p : gemm_points) {
-      if (p.dtype != dtype) continue;
-      const double dm = lm - std::log2(double(p.m)), dn = ln - std::log2(double(p.n)),
-                   dk = lk - std::log2(double(p.k));
-      near.push_back({dm * dm + dn * dn + dk * dk, p.flops_per_s / best});
-    }
-    if (near.empty()) {
-      efficiency = 1.0;
-    } else {
-      const size_t keep = std::min<size_t>(4, near.size());
-      std::partial_sort(near.begin(), near.begin() + keep, near.end(),
-                        [](const Near& a, const Near& b) { return a.d2 < b.d2; });
-      double wsum = 0, esum = 0;
-      for (size_t i = 0; i < keep; ++i) {
-        if (near[i].d2 < 1e-12) {
-          wsum = 1;
-          esum = near[i].eff;
-          break;
-        }
-        const double w = 1.0 / near[i].d2;
-        wsum += w;
-        esum += w * near[i].eff;
-      }
-      efficiency = std::min(1.0, esum / wsum);
-    }
+    const double near = nearest_efficiency(gemm_points, dtype, false, m, n, k, best);
+    efficiency = near < 0 ? 1.0 : std::min(1.0, near);
   }
   double rate = best * efficiency * alignment_factor(n, k);
   // Roofline: a GEMM cannot outrun the memory traffic of its operands (A and B in the
@@ -179,6 +183,13 @@ double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, 
     rate = std::min(rate, 2.0 * double(m) * double(n) * double(k) / bytes * bw);
   }
   return rate;
+}
+
+double HardwareProfile::decode_gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const {
+  const double best = max_gemm_rate(dtype);
+  FOUNDRY_CHECK(best > 0 && m > 0 && n > 0 && k > 0);
+  const double near = nearest_efficiency(gemm_points, dtype, true, m, n, k, best);
+  return near < 0 ? 0.0 : best * near;
 }
 
 double HardwareProfile::memory_bandwidth() const {

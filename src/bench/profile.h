@@ -76,7 +76,12 @@ struct HardwareProfile {
   // FLOPs over the operands' bytes (A, B in the input type, C in fp32) times the memory
   // bandwidth.
   // `roofline` false: for fused kernels whose output never reaches memory (flash attention).
+  // Decode points (kind "decode", weights read from memory) are left out: they answer
+  // decode_gemm_rate.
   double gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, bool roofline = true) const;
+  // FLOP/s of a decode GEMM (few rows, weights read from memory) by the same weighting over
+  // the profile's decode points of the dtype; 0 when it has none.
+  double decode_gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const;
   double alignment_factor(int64_t n, int64_t k) const;
   double memory_bandwidth() const;  // measured if known, else spec
   // The fit for `op` at the largest profiled rank count <= ranks (or the smallest above it

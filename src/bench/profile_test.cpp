@@ -51,6 +51,27 @@ TEST(Profile, GemmRateMatchesMeasuredPointsAndInterpolatesBetween) {
   EXPECT_DOUBLE_EQ(p.gemm_rate(DType::f32, 512, 512, 512), 4e11);
 }
 
+// Decode points (weights from memory) answer decode_gemm_rate and only it: the training
+// rates keep coming from the other points.
+TEST(Profile, DecodePointsAnswerOnlyTheDecodeRate) {
+  json doc = minimal_profile();
+  const HardwareProfile without = parse_profile(doc, "test.json");
+  EXPECT_EQ(without.decode_gemm_rate(DType::bf16, 16, 2048, 512), 0.0);
+  doc["gemm"]["points"].push_back(json::parse(
+      R"({"dtype": "bf16", "m": 16, "n": 2048, "k": 512, "flops_per_s": 1e11, "kind": "decode"})"));
+  doc["gemm"]["points"].push_back(json::parse(
+      R"({"dtype": "bf16", "m": 64, "n": 2048, "k": 512, "flops_per_s": 3e11, "kind": "decode"})"));
+  const HardwareProfile with = parse_profile(doc, "test.json");
+  EXPECT_DOUBLE_EQ(with.decode_gemm_rate(DType::bf16, 16, 2048, 512), 1e11);
+  EXPECT_DOUBLE_EQ(with.decode_gemm_rate(DType::bf16, 64, 2048, 512), 3e11);
+  const double mid = with.decode_gemm_rate(DType::bf16, 32, 2048, 512);
+  EXPECT_GT(mid, 1e11);
+  EXPECT_LT(mid, 3e11);
+  EXPECT_EQ(with.decode_gemm_rate(DType::f32, 16, 2048, 512), 0.0);  // none of the dtype
+  for (int64_t m : {16, 64, 300})
+    EXPECT_DOUBLE_EQ(with.gemm_rate(DType::bf16, m, 2048, 512), without.gemm_rate(DType::bf16, m, 2048, 512));
+}
+
 TEST(Profile, AlignmentFactorsComeFromTheOffSizeScan) {
   const HardwareProfile p = parse_profile(minimal_profile(), "test.json");
   // n = 1024 (multiple of 64) is the reference; 1026 (multiple of 2) runs at 0.75, 1025 at 0.5.

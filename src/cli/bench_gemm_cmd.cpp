@@ -88,7 +88,8 @@ void write_outputs(const OutputFlags& o, const nlohmann::json& sections, const s
 
 struct GemmFlags {
   OutputFlags out;
-  std::string dtype = "fp32,bf16", sizes, tokens, hidden, ffn, experts, offsize, kinds;
+  std::string dtype = "fp32,bf16", sizes, tokens, hidden, ffn, experts, offsize, kinds,
+      decode_rows;
   std::string offsize_dim = "n";
   int64_t top_k = 2, offsize_base = 0;
   int repeats = 0;
@@ -108,6 +109,7 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
     o.offsize_from = 120;
     o.offsize_to = 136;
     o.offsize_base = 128;
+    o.decode_rows = {1, 16};
     o.repeats = 2;
     o.min_seconds = 0.002;
   }
@@ -121,6 +123,7 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   if (given("--offsize")) std::tie(o.offsize_from, o.offsize_to) = parse_range("--offsize", f.offsize);
   if (given("--offsize-dim")) o.offsize_dim = f.offsize_dim;
   if (given("--offsize-base")) o.offsize_base = f.offsize_base;
+  if (given("--decode-rows")) o.decode_rows = parse_int_list("--decode-rows", f.decode_rows);
   if (given("--repeats")) o.repeats = f.repeats;
   if (given("--kinds")) {
     o.kinds.clear();
@@ -237,8 +240,12 @@ void register_bench_gemm_commands(CLI::App& bench) {
       ->capture_default_str();
   gemm->add_option("--offsize-base", g->offsize_base,
                    "The other two dimensions of the scan (default 1024)");
+  gemm->add_option("--decode-rows", g->decode_rows,
+                   "Rows of the decode sweep, against weights read from memory (default "
+                   "1,4,16,64)")
+      ->type_name("N,...");
   gemm->add_option("--kinds", g->kinds,
-                   "Which sweeps: square,transformer,expert,offsize (default all)")
+                   "Which sweeps: square,transformer,expert,offsize,decode (default all)")
       ->type_name("LIST");
   gemm->add_option("--repeats", g->repeats, "Timed runs per shape after the warm-up (default 5)");
   gemm->add_option("--peak-clock-ghz", g->peak_clock_ghz,
