@@ -740,6 +740,13 @@ double decode_call_s(const HardwareProfile& profile) {
 constexpr double kCpuGemvRowS = 55e-9;  // per weight row, on one core
 constexpr double kCpuGemmTileRows = 24;
 
+// Foundry's decode attention on a CPU (ops::attention_decode: per query head, a 64-wide dot
+// product and a weighted sum per cached position) is bound by its arithmetic before the
+// memory at these sizes: 8.3–9.9 GFLOP/s per core for moe-bench and zaya-bench at batch 64,
+// context 256 (docs/PERFORMANCE.md, "Decode latency"), against the 16.6 and 4.9 GB/s its KV
+// reads then need.
+constexpr double kCpuDecodeAttentionFlopsPerCoreS = 9e9;
+
 // One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
 // which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
 // fixed cost of a call; on a CPU profile, oneDNN's small-m behaviour above. m may be
@@ -807,7 +814,13 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   // Foundry's decode (CPU profiles), bf16 in a GPU serving stack's cache.
   const double kv_bytes = profile.kind == "gpu" ? kBf16 : kF32;
   r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
+  r.attention_flops = 4.0 * B * double(c.n_heads) * double(context) * double(c.head_dim) * L;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
+  if (profile.kind != "gpu") {
+    const double cores = std::max(1.0, profile.raw.value("device", json::object()).value("cores", 1.0));
+    r.attention_s = std::max(r.attention_s,
+                             r.attention_flops / (cores * kCpuDecodeAttentionFlopsPerCoreS));
+  }
   r.step_s = r.gemm_s + r.expert_s + r.attention_s;
   return r;
 }

@@ -165,25 +165,30 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
                           double bytes, int64_t stride);
 
 // Decoding: one step of `batch` sequences at `context` cached tokens, as Foundry's batched
-// decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once,
-// each GEMM at the profile's rate for its shape (gemm_rate, whose roofline makes a small
-// batch's GEMMs stream their weights at memory bandwidth, and a large one's compute-bound),
-// plus a fixed cost per call (one per GEMM; one per grouped expert launch on a GPU, at the
-// profile's kernel_overhead_s) and, on a CPU, oneDNN's small-m behaviour (a time per weight
-// row at m = 1, a whole row block for fewer rows than the block; measured, perf_model.cpp);
-// the experts the batch touches,
-// E·(1 − (1 − k/E)^batch) per layer, each once on its B·k/touched rows (balanced routing);
-// and the KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile) read
-// once over memory bandwidth. Only the active experts run for batch 1; all of them as the
-// batch grows. Not modelled: routing imbalance, ZAYA1's skip class (counted as experts), the
-// elementwise work (inside the per-call cost).
+// decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once.
+// On a CPU profile with decode points (bench gemm's decode sweep: few rows, weights read from
+// memory) each GEMM takes its FLOPs at the rate those points give for its shape
+// (HardwareProfile::decode_gemm_rate); without them, at gemm_rate (whose roofline makes a
+// small batch's GEMMs stream their weights at memory bandwidth) with oneDNN's small-m
+// behaviour (a time per weight row at m = 1, a whole row block for fewer rows than the block;
+// measured, perf_model.cpp). Plus a fixed cost per call (one per GEMM; one per grouped expert
+// launch on a GPU, at the profile's kernel_overhead_s). The experts the batch touches,
+// E·(1 − (1 − k/E)^batch) per layer, each run once on its B·k/touched rows (balanced
+// routing). The KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile)
+// are read once over memory bandwidth; on a CPU the attention kernel's arithmetic bounds it
+// when slower (its measured rate per core, perf_model.cpp). Only the active experts run for
+// batch 1; all of them as the batch grows. Not modelled: routing imbalance, ZAYA1's skip
+// class (counted as experts), the CCA convolutions and the other elementwise work (inside
+// the per-call cost).
 struct DecodePrediction {
   double gemm_s = 0;       // attention projections, routers, LM head
   double expert_s = 0;     // the experts' GEMMs
-  double attention_s = 0;  // reading the KV caches
+  double attention_s = 0;  // attending over the KV caches: their bytes, or on a CPU the
+                           // kernel's arithmetic when that takes longer
   double step_s = 0;       // all of it: seconds per step (per generated token of each sequence)
   double experts_touched = 0;  // per layer
   double kv_cache_bytes = 0;   // read per step
+  double attention_flops = 0;  // per step: scores and weighted values, 4·B·H·context·D·L
 };
 DecodePrediction predict_decode(const ModelConfig& config, int64_t batch, int64_t context,
                                 const HardwareProfile& profile,

@@ -162,14 +162,18 @@ TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
                                      c.top_k * (2 * c.ffn_dim + c.d_model)) +
                        c.padded_vocab();
   const double one = predict_decode_latency(c, 1, 100, prof);
+  const DecodePrediction p1 = predict_decode(c, 1, 100, prof);
+  // The attention: the KV cache read once, or on a CPU the kernel's arithmetic, 4·H·context·D
+  // per layer, when that takes longer; either grows linearly with the context.
+  EXPECT_DOUBLE_EQ(p1.attention_flops, 4.0 * c.n_heads * 100 * c.head_dim * c.n_layers);
+  EXPECT_GE(p1.attention_s, kv1 * 100 / 1e11);
+  EXPECT_NEAR(predict_decode(c, 1, 200, prof).attention_s, 2 * p1.attention_s, 1e-15);
   // The matrices a token multiplies: the active parameters without the norms' vectors.
   const double matrices = double(pc.active - pc.norms_per_layer * c.n_layers - c.d_model);
-  const double weights = (2.0 * matrices + kv1 * 100) / 1e11;
+  const double weights = 2.0 * matrices / 1e11 + p1.attention_s;
   EXPECT_GT(one, weights + rows * 50e-9 + calls * 5e-6);
   EXPECT_LT(one, 1.1 * weights + rows * 60e-9 + calls * 1e-5);
-  const DecodePrediction p1 = predict_decode(c, 1, 100, prof);
   EXPECT_DOUBLE_EQ(p1.experts_touched, 2.0);
-  EXPECT_DOUBLE_EQ(p1.attention_s, kv1 * 100 / 1e11);
   EXPECT_DOUBLE_EQ(p1.step_s, p1.gemm_s + p1.expert_s + p1.attention_s);
   // A large batch touches every expert, and its GEMMs become compute-bound: at 1e12 FLOP/s,
   // two FLOPs per weight and token.
@@ -600,6 +604,15 @@ TEST(Plan, Zaya1BaseIsNearTheBestOnMi300x) {
   // note 5) charge depth: ZAYA1-base's 40 layers against the best shape's 17 give 81% of its
   // throughput (92.6% before those terms).
   EXPECT_GE(z.cluster_tokens_per_s, 0.8 * r.ranked.front().cluster_tokens_per_s);
+}
+
+// On a GPU profile the decode attention reads its bf16 KV cache at memory bandwidth; the CPU
+// kernel's arithmetic bound does not apply.
+TEST(PerfModel, GpuDecodeAttentionReadsItsCache) {
+  const ModelConfig c = moe_bench();
+  const DecodePrediction p = predict_decode(c, 4, 1000, cluster_profile());
+  EXPECT_DOUBLE_EQ(p.kv_cache_bytes, 2.0 * 2 * c.kv_dim() * c.n_layers * 1000 * 4);
+  EXPECT_DOUBLE_EQ(p.attention_s, p.kv_cache_bytes / 1e12);
 }
 
 }  // namespace
