@@ -758,9 +758,10 @@ double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t
   const double flops = 2.0 * double(rows) * double(n) * double(k);
   const double call = calls * decode_call_s(profile);
   if (profile.kind == "gpu") return flops / profile.gemm_rate(dt, rows, n, k) + call;
-  // A CPU profile with decode points (bench gemm's decode sweep: cold weights, measured calls).
+  // A CPU profile with decode points (bench gemm's decode sweep: cold weights, whole calls,
+  // their fixed cost included).
   const double measured = profile.decode_gemm_rate(dt, rows, n, k);
-  if (measured > 0) return flops / measured + call;
+  if (measured > 0) return flops / measured;
   const double in = dt == DType::bf16 ? kBf16 : kF32;
   const double bytes = (double(rows) * double(k) + double(k) * double(n)) * in +
                        double(rows) * double(n) * kF32;

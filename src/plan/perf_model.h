@@ -168,11 +168,12 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
 // decode runs it (Model::decode_step): every weight matrix multiplies the batch's rows once.
 // On a CPU profile with decode points (bench gemm's decode sweep: few rows, weights read from
 // memory) each GEMM takes its FLOPs at the rate those points give for its shape
-// (HardwareProfile::decode_gemm_rate); without them, at gemm_rate (whose roofline makes a
-// small batch's GEMMs stream their weights at memory bandwidth) with oneDNN's small-m
-// behaviour (a time per weight row at m = 1, a whole row block for fewer rows than the block;
-// measured, perf_model.cpp). Plus a fixed cost per call (one per GEMM; one per grouped expert
-// launch on a GPU, at the profile's kernel_overhead_s). The experts the batch touches,
+// (HardwareProfile::decode_gemm_rate; the points time whole calls). Without them, at
+// gemm_rate (whose roofline makes a small batch's GEMMs stream their weights at memory
+// bandwidth) with oneDNN's small-m behaviour (a time per weight row at m = 1, a whole row
+// block for fewer rows than the block; measured, perf_model.cpp), plus a fixed cost per call
+// (one per GEMM; one per grouped expert launch on a GPU, at the profile's
+// kernel_overhead_s). The experts the batch touches,
 // E·(1 − (1 − k/E)^batch) per layer, each run once on its B·k/touched rows (balanced
 // routing). The KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile)
 // are read once over memory bandwidth; on a CPU the attention kernel's arithmetic bounds it
