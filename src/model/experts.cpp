@@ -32,7 +32,8 @@ struct Experts::Parallel {
   }
 };
 
-Experts::Experts(Compute& cx, int64_t n_layers) : cx_(cx), n_layers_(n_layers) {}
+Experts::Experts(Compute& cx, int64_t n_layers)
+    : cx_(cx), n_layers_(n_layers), xs_gemm_(n_layers) {}
 
 Experts::~Experts() = default;
 
@@ -53,7 +54,9 @@ bool Experts::writes_whole_gradient(const ParamInfo& p) const {
 
 void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
                       float* act, float* ys, const ExpertWeights& w) {
-  if (!ep_) return local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2);
+  if (!ep_)
+    return local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2,
+                         &xs_gemm_[layer]);
   Parallel& s = *ep_;
   Parallel::Layer& b = s.layers[layer];
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim;
@@ -68,7 +71,7 @@ void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, fl
     b.exchange.dispatch(xs, b.xs.data(), C, s.wire);
   }
   local_forward(b.exchange.local_offsets(), b.exchange.local_experts(), b.xs.data(), b.h.data(),
-                b.act.data(), s.ys.data(), s.local(w.w13), s.local(w.w2));
+                b.act.data(), s.ys.data(), s.local(w.w13), s.local(w.w2), &xs_gemm_[layer]);
   {
     auto t = cx_.time("ep_combine");
     b.exchange.combine(s.ys.data(), ys, C, s.wire);
@@ -80,7 +83,7 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
                        const ExpertWeights& w) {
   if (!ep_)
     return local_backward(offsets, cx_.config.n_experts, dys, xs, h, act, dxs, dh, dact, w.w13,
-                          w.w2);
+                          w.w2, &xs_gemm_[layer]);
   // The forward's plan still describes these rows: the routing is that of the forward.
   Parallel& s = *ep_;
   Parallel::Layer& b = s.layers[layer];
@@ -96,7 +99,7 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
   }
   local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(),
                  b.xs.data(), b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(), s.dact.data(),
-                 s.local(w.w13), s.local(w.w2));
+                 s.local(w.w13), s.local(w.w2), &xs_gemm_[layer]);
   {
     auto t = cx_.time("ep_combine");
     b.exchange.combine(s.dxs.data(), dxs, C, s.wire);
@@ -106,13 +109,21 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
 // Experts e < n_experts, each on its rows [offsets[e], offsets[e+1]) of the sorted matrix.
 void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                             float* act, float* ys, const std::vector<int64_t>& w13,
-                            const std::vector<int64_t>& w2) {
+                            const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
   const DType dt = cx_.precision;
   const size_t elem = dt == DType::bf16 ? 2 : 4;
   {
     auto t = cx_.time("expert_up_gemm");
-    const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 0));
+    const void* xs_in;
+    if (dt == DType::bf16 && xs_gemm) {  // kept for the backward's weight gradient
+      if (static_cast<int64_t>(xs_gemm->size()) < rows_all * C) xs_gemm->resize(rows_all * C);
+      convert_to_bf16(xs, xs_gemm->data(), rows_all * C);
+      xs_in = xs_gemm->data();
+    } else {
+      xs_in = cx_.input(xs, rows_all * C, 0);
+    }
+    const char* xs_g = static_cast<const char*>(xs_in);
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) continue;
@@ -142,7 +153,7 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
 void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
                              const float* xs, const float* h, const float* act, float* dxs,
                              float* dh, float* dact, const std::vector<int64_t>& w13,
-                             const std::vector<int64_t>& w2) {
+                             const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
   const DType dt = cx_.precision;
   const size_t elem = dt == DType::bf16 ? 2 : 4;
@@ -171,7 +182,8 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
   {
     auto t = cx_.time("expert_up_gemm");
     const char* dh_g = reinterpret_cast<const char*>(dh);  // already in the GEMM dtype
-    const char* xs_g = static_cast<const char*>(cx_.input(xs, rows_all * C, 1));
+    const char* xs_g = static_cast<const char*>(
+        dt == DType::bf16 && xs_gemm ? xs_gemm->data() : cx_.input(xs, rows_all * C, 1));
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {

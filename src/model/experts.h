@@ -54,22 +54,25 @@ class Experts {
   // as one GEMM, so the batch's tokens read an expert's weights once.
   void decode(const int64_t* offsets, const float* xs, float* h, float* act, float* ys,
               const ExpertWeights& w) {
-    local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2);
+    local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2, nullptr);
   }
 
  private:
   struct Parallel;  // the group, its sharding and per-layer exchanges and buffers
+  // `xs_gemm`: the layer's copy of xs in the GEMM dtype, written by the forward and read by
+  // the backward (bf16 only; null: no copy kept, as in decoding).
   void local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                      float* act, float* ys, const std::vector<int64_t>& w13,
-                     const std::vector<int64_t>& w2);
+                     const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm);
   void local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
                       const float* xs, const float* h, const float* act, float* dxs, float* dh,
                       float* dact, const std::vector<int64_t>& w13,
-                      const std::vector<int64_t>& w2);
+                      const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm);
 
   Compute& cx_;
   int64_t n_layers_;
   std::unique_ptr<Parallel> ep_;
+  std::vector<std::vector<bf16>> xs_gemm_;  // per layer: its rows in bf16 (bf16 precision)
 };
 
 }  // namespace foundry
