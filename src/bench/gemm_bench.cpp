@@ -202,7 +202,8 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
   if (has_kind(o, "decode"))
     for (int64_t m : o.decode_rows)
       for (int64_t h : o.hidden) {
-        add(m, h, h, "decode", "decode rows x hidden -> hidden (attention projection)", false, true);
+        add(m, h, h, "decode", "decode rows x hidden -> hidden (attention projection)", false,
+            true);
         for (int64_t f : o.ffn) {
           add(m, 2 * f, h, "decode", "decode rows x hidden -> 2*ffn (gate|up)", false, true);
           add(m, h, f, "decode", "decode rows x ffn -> hidden (down)", false, true);

@@ -69,7 +69,8 @@ TEST(Profile, DecodePointsAnswerOnlyTheDecodeRate) {
   EXPECT_LT(mid, 3e11);
   EXPECT_EQ(with.decode_gemm_rate(DType::f32, 16, 2048, 512), 0.0);  // none of the dtype
   for (int64_t m : {16, 64, 300})
-    EXPECT_DOUBLE_EQ(with.gemm_rate(DType::bf16, m, 2048, 512), without.gemm_rate(DType::bf16, m, 2048, 512));
+    EXPECT_DOUBLE_EQ(with.gemm_rate(DType::bf16, m, 2048, 512),
+                     without.gemm_rate(DType::bf16, m, 2048, 512));
 }
 
 TEST(Profile, AlignmentFactorsComeFromTheOffSizeScan) {

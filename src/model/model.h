@@ -103,9 +103,9 @@ class Model {
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
                         int64_t seq);
   // d(loss)/d(params) into grads() for the last forward (which had targets). Needs
-  // zero_grads() before each call: it adds into the zeroed gradients, except the expert
-  // weights' it writes whole (zero_grads leaves those alone), so two backward passes never
-  // accumulate.
+  // zero_grads() before each call: it adds into the zeroed gradients, except those of the
+  // expert weights, which it writes whole (zero_grads leaves them alone); so two backward
+  // passes never accumulate.
   void backward();
   void zero_grads();
 

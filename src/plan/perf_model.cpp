@@ -818,7 +818,8 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   r.attention_flops = 4.0 * B * double(c.n_heads) * double(context) * double(c.head_dim) * L;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
   if (profile.kind != "gpu") {
-    const double cores = std::max(1.0, profile.raw.value("device", json::object()).value("cores", 1.0));
+    const json device = profile.raw.value("device", json::object());
+    const double cores = std::max(1.0, device.value("cores", 1.0));
     r.attention_s = std::max(r.attention_s,
                              r.attention_flops / (cores * kCpuDecodeAttentionFlopsPerCoreS));
   }
