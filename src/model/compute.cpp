@@ -8,11 +8,14 @@ const void* Compute::weight(int64_t offset) const {
 }
 
 const void* Compute::input(const float* x, int64_t n, int slot) {
+  return input(x, n, scratch_[slot]);
+}
+
+const void* Compute::input(const float* x, int64_t n, std::vector<bf16>& keep) const {
   if (precision == DType::f32) return x;
-  std::vector<bf16>& buf = scratch_[slot];
-  if (static_cast<int64_t>(buf.size()) < n) buf.resize(n);
-  convert_to_bf16(x, buf.data(), n);
-  return buf.data();
+  if (static_cast<int64_t>(keep.size()) < n) keep.resize(n);
+  convert_to_bf16(x, keep.data(), n);
+  return keep.data();
 }
 
 void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n,

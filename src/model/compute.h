@@ -47,8 +47,10 @@ class Compute {
   // A GEMM weight operand: the bf16 copy in bf16, the fp32 tensor otherwise.
   const void* weight(int64_t offset) const;
   // A GEMM input operand in the GEMM precision: x itself in fp32, else a bf16 copy in
-  // scratch slot `slot` (0..2; a slot is reused by the next call with the same slot).
+  // scratch slot `slot` (0..2; a slot is reused by the next call with the same slot), or in
+  // `keep`, a buffer the caller owns (grown as needed) to use the copy again later.
   const void* input(const float* x, int64_t n, int slot);
+  const void* input(const float* x, int64_t n, std::vector<bf16>& keep) const;
 
   // y [n, out] = x [n, in] · Wᵀ (accumulated into y when `accumulate`), W [out, in] at
   // `weight_offset`; x is converted in scratch slot `slot`.

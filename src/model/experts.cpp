@@ -115,15 +115,9 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
   const size_t elem = dt == DType::bf16 ? 2 : 4;
   {
     auto t = cx_.time("expert_up_gemm");
-    const void* xs_in;
-    if (dt == DType::bf16 && xs_gemm) {  // kept for the backward's weight gradient
-      if (static_cast<int64_t>(xs_gemm->size()) < rows_all * C) xs_gemm->resize(rows_all * C);
-      convert_to_bf16(xs, xs_gemm->data(), rows_all * C);
-      xs_in = xs_gemm->data();
-    } else {
-      xs_in = cx_.input(xs, rows_all * C, 0);
-    }
-    const char* xs_g = static_cast<const char*>(xs_in);
+    // Kept for the backward's weight gradient when the caller gives a buffer.
+    const char* xs_g = static_cast<const char*>(
+        xs_gemm ? cx_.input(xs, rows_all * C, *xs_gemm) : cx_.input(xs, rows_all * C, 0));
     for (int64_t e = 0; e < n_experts; ++e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) continue;

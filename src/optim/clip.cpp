@@ -45,16 +45,20 @@ double grad_norm(const float* grads, const ParamTable& table) {
   return std::sqrt(total);
 }
 
-float clip_factor(double norm, double max_norm) {
+void check_max_norm(double max_norm) {
   if (!(max_norm >= 0))
     fail(fmt::format("gradient clip norm {} must be >= 0", max_norm),
          "set train.grad_clip to 0 (off) or a positive norm");
+}
+
+float clip_factor(double norm, double max_norm) {
+  check_max_norm(max_norm);
   if (!std::isfinite(norm) || max_norm == 0 || norm <= max_norm) return 1.0f;
   return static_cast<float>(max_norm / norm);
 }
 
 double clip_grad_norm(float* grads, const ParamTable& table, double max_norm) {
-  clip_factor(0, max_norm);  // checks max_norm before any work
+  check_max_norm(max_norm);  // before any work
   const double norm = grad_norm(grads, table);
   const float factor = clip_factor(norm, max_norm);
   if (factor == 1.0f) return norm;

@@ -24,6 +24,9 @@ double grad_norm(const float* grads, const ParamTable& table);
 // gradients are then left untouched so the caller can skip the step and report it.
 double clip_grad_norm(float* grads, const ParamTable& table, double max_norm);
 
+// Fails, naming train.grad_clip, unless max_norm >= 0 (0 = clipping off).
+void check_max_norm(double max_norm);
+
 // The factor clipping multiplies the gradients by, as clip_grad_norm would apply it: max_norm /
 // norm rounded to float when a finite norm exceeds max_norm, else 1. Fails on a negative
 // max_norm.

@@ -125,7 +125,7 @@ class LocalOptimizer final : public DataParallelOptimizer {
   // left unscaled.
   double clip_and_update(float* params, float* grads, double lr, int64_t step, double max_norm,
                          const UpdateVeto& veto) {
-    clip_factor(0, max_norm);  // checks max_norm before any work
+    check_max_norm(max_norm);  // before any work
     const double norm = grad_norm(grads, table_);
     if ((veto && veto(norm)) || !std::isfinite(norm)) return norm;
     const StepFusion fusion{clip_factor(norm, max_norm), weights_bf16_};

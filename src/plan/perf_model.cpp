@@ -724,6 +724,11 @@ namespace {
 // its own per-kernel cost (efficiency.kernel_overhead_s).
 constexpr double kDecodeCallOverheadS = 8e-6;
 
+// The cores of a CPU profile's device (at least 1).
+double cpu_cores(const HardwareProfile& profile) {
+  return std::max(1.0, profile.raw.value("device", json::object()).value("cores", 1.0));
+}
+
 double decode_call_s(const HardwareProfile& profile) {
   return profile.kind == "gpu" ? efficiency_at(profile, 1).kernel_overhead_s
                                : kDecodeCallOverheadS;
@@ -766,9 +771,7 @@ double decode_gemm_s(const HardwareProfile& profile, DType dt, double m, int64_t
   const double bytes = (double(rows) * double(k) + double(k) * double(n)) * in +
                        double(rows) * double(n) * kF32;
   const double memory_s = bytes / profile.memory_bandwidth();
-  const json device = profile.raw.value("device", json::object());
-  const double cores = std::max(1.0, device.value("cores", 1.0));
-  if (rows == 1) return memory_s + double(n) * kCpuGemvRowS / cores + call;
+  if (rows == 1) return memory_s + double(n) * kCpuGemvRowS / cpu_cores(profile) + call;
   const double tile = std::min(1.0, double(rows) / kCpuGemmTileRows);
   const double compute_s = flops / (profile.gemm_rate(dt, rows, n, k, false) * tile);
   return std::max(memory_s, compute_s) + call;
@@ -817,12 +820,10 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
   r.attention_flops = 4.0 * B * double(c.n_heads) * double(context) * double(c.head_dim) * L;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
-  if (profile.kind != "gpu") {
-    const json device = profile.raw.value("device", json::object());
-    const double cores = std::max(1.0, device.value("cores", 1.0));
-    r.attention_s = std::max(r.attention_s,
-                             r.attention_flops / (cores * kCpuDecodeAttentionFlopsPerCoreS));
-  }
+  if (profile.kind != "gpu")
+    r.attention_s =
+        std::max(r.attention_s, r.attention_flops / (cpu_cores(profile) *
+                                                      kCpuDecodeAttentionFlopsPerCoreS));
   r.step_s = r.gemm_s + r.expert_s + r.attention_s;
   return r;
 }
