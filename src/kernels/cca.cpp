@@ -277,58 +277,61 @@ void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int6
 // dc[b, t, ch] += Σ_i w0[ch, i] · dy[b, t + (t0−1) − i, ch]   (positions < T)
 // dw0[ch, i]   += Σ_{b,t} dy[b, t, ch] · c[b, t − (t0−1) + i, ch]
 // db0[ch]      += Σ_{b,t} dy[b, t, ch]
-// One pass, tasks by channel block: each task owns its channels' dc, dw0 and db0, and sums
-// rows in a fixed order (blocks of kRowsPerBlock rows within each sequence, then the blocks).
+// One pass over contiguous rows, tasks by (sequence, block of kRowsPerBlock rows): each task
+// owns its rows of dc and sums its rows in order into its own partial sums; the partials are
+// then added per channel in task order. The order depends only on the shape.
 template <typename T>
 void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
                                  int64_t b, int64_t t, int64_t channels, int64_t taps) {
   FOUNDRY_CHECK(taps >= 1 && channels > 0);
-  thread_local detail::ScratchBuffer<T> weight_buffer;
+  thread_local detail::ScratchBuffer<T> weight_buffer, partial_buffer;
   T* wt = weight_buffer.get(taps * channels);
   for (int64_t ch = 0; ch < channels; ++ch)
     for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
 
-  const int64_t blocks = (channels + kChannelsPerTask - 1) / kChannelsPerTask;
-#pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && blocks > 1)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kChannelsPerTask, cols = std::min(channels - c0, kChannelsPerTask);
-    // [taps + 1, kChannelsPerTask] each: per-tap weight sums, then the bias sum last.
-    std::vector<T> total((taps + 1) * kChannelsPerTask, T(0));
-    std::vector<T> partial((taps + 1) * kChannelsPerTask);
-    for (int64_t bi = 0; bi < b; ++bi)
-      for (int64_t r0 = 0; r0 < t; r0 += kRowsPerBlock) {
-        std::fill(partial.begin(), partial.end(), T(0));
-        const int64_t r1 = std::min(t, r0 + kRowsPerBlock);
-        for (int64_t ti = r0; ti < r1; ++ti) {
-          const T* g = dy + (bi * t + ti) * channels + c0;
-          T* bias_sum = partial.data() + taps * kChannelsPerTask;
+  // Per task [taps + 1, C]: the per-tap weight sums, then the bias sum last.
+  const int64_t blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock, tasks = b * blocks;
+  const int64_t sums = (taps + 1) * channels;
+  T* partials = partial_buffer.get(tasks * sums);
+#pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && tasks > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t bi = task / blocks, r0 = task % blocks * kRowsPerBlock;
+    const int64_t r1 = std::min(t, r0 + kRowsPerBlock);
+    T* partial = partials + task * sums;
+    std::fill(partial, partial + sums, T(0));
+    T* bias_sum = partial + taps * channels;
+    for (int64_t ti = r0; ti < r1; ++ti) {
+      const T* g = dy + (bi * t + ti) * channels;
 #pragma omp simd
-          for (int64_t j = 0; j < cols; ++j) bias_sum[j] += g[j];
-          for (int64_t i = 0; i < taps; ++i) {
-            const int64_t src = ti - (taps - 1) + i;
-            if (src < 0) continue;
-            const T* in = c + (bi * t + src) * channels + c0;
-            T* w_sum = partial.data() + i * kChannelsPerTask;
+      for (int64_t j = 0; j < channels; ++j) bias_sum[j] += g[j];
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t src = ti - (taps - 1) + i;
+        if (src < 0) continue;
+        const T* in = c + (bi * t + src) * channels;
+        T* w_sum = partial + i * channels;
 #pragma omp simd
-            for (int64_t j = 0; j < cols; ++j) w_sum[j] += g[j] * in[j];
-          }
-          T* din = dc + (bi * t + ti) * channels + c0;
-          for (int64_t i = 0; i < taps; ++i) {
-            const int64_t dst = ti + (taps - 1) - i;
-            if (dst >= t) continue;
-            const T* g_later = dy + (bi * t + dst) * channels + c0;
-            const T* w = wt + i * channels + c0;
-#pragma omp simd
-            for (int64_t j = 0; j < cols; ++j) din[j] += w[j] * g_later[j];
-          }
-        }
-        for (size_t k = 0; k < total.size(); ++k) total[k] += partial[k];
+        for (int64_t j = 0; j < channels; ++j) w_sum[j] += g[j] * in[j];
       }
-    for (int64_t j = 0; j < cols; ++j) {
-      for (int64_t i = 0; i < taps; ++i)
-        dw0[(c0 + j) * taps + i] += total[i * kChannelsPerTask + j];
-      db0[c0 + j] += total[taps * kChannelsPerTask + j];
+      T* din = dc + (bi * t + ti) * channels;
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t dst = ti + (taps - 1) - i;
+        if (dst >= t) continue;
+        const T* g_later = dy + (bi * t + dst) * channels;
+        const T* w = wt + i * channels;
+#pragma omp simd
+        for (int64_t j = 0; j < channels; ++j) din[j] += w[j] * g_later[j];
+      }
     }
+  }
+#pragma omp parallel for schedule(static) if (is_parallel(tasks * sums))
+  for (int64_t j = 0; j < sums; ++j) {
+    T total = 0;
+    for (int64_t task = 0; task < tasks; ++task) total += partials[task * sums + j];
+    const int64_t i = j / channels, ch = j % channels;
+    if (i < taps)
+      dw0[ch * taps + i] += total;
+    else
+      db0[ch] += total;
   }
 }
 

@@ -142,9 +142,9 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, c
                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
 
 // The same two as oneDNN matmuls on float activations (kernels/cca_gemm.cpp), the form the
-// model runs: per tap one batched product over sequences and groups. `dtype` is the GEMMs'
-// input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation), as for the model's
-// other GEMMs. fp32 agrees with the reference above to rounding.
+// model runs in both precisions: per tap one product batched over sequences and groups.
+// `dtype` is the GEMMs' input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation),
+// as for the model's other GEMMs. fp32 agrees with the reference above to rounding.
 void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
                                    int64_t b, int64_t t, int64_t groups, int64_t d,
                                    int64_t taps, DType dtype);

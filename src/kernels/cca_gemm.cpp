@@ -1,84 +1,111 @@
 // The CCA grouped convolution as oneDNN matmuls (kernels/cca.h).
 //
-// The sequences are copied into a padded buffer with t1 − 1 zero rows before each one, so a
-// causal tap never reads across a sequence boundary. In padded rows, output row R reads input
-// rows R − (t1 − 1) + i for taps i; every (tap, group) pair is then one plain 2-D product
-// over all padded rows, [rows, d] × [d, d] with leading dimension C, and the rows of the padding
-// are dropped when copying out.
+// The sequences are copied, in the GEMMs' input type, into a padded buffer with pad = t1 − 1
+// zero rows before each one and pad more after the last: stride = pad + T rows a sequence.
+// A causal tap then never reads across a sequence boundary, and every tap is ONE batched
+// product over [sequences, groups] of [T, d] × [d, d], reading the padded rows at the tap's
+// offset and writing (or adding into) the caller's unpadded rows directly. The weight
+// gradient of a tap is one batched product over the groups with K = all padded rows.
 #include <algorithm>
-#include <vector>
+#include <cstring>
 
-#include "base/bf16.h"
 #include "base/error.h"
 #include "kernels/cca.h"
 #include "kernels/gemm.h"
+#include "kernels/kernel_support.h"
 
 namespace foundry::ops {
 
 namespace {
 
-// Floats in the GEMMs' input type: kept as fp32, or converted to bf16.
-class GemmOperand {
+using detail::ScratchBuffer;
+
+int64_t element_size(DType dtype) { return dtype == DType::bf16 ? 2 : 4; }
+
+// n floats into dst in the GEMMs' type (serial; called inside parallel loops).
+void store_as(DType dtype, const float* src, void* dst, int64_t n) {
+  if (dtype == DType::bf16)
+    to_bf16_serial(src, static_cast<bf16*>(dst), n);
+  else
+    std::memcpy(dst, src, n * sizeof(float));
+}
+
+// x [B, T, C] as [B, pad + T, C] plus pad trailing rows, zero outside the sequences, in the
+// GEMMs' type; kept in a grow-only per-thread buffer (one per purpose).
+class PaddedRows {
  public:
-  GemmOperand(std::vector<float> values, DType dtype) : dtype_(dtype) {
-    if (dtype == DType::bf16) {
-      bf16_.resize(values.size());
-      convert_to_bf16(values.data(), bf16_.data(), static_cast<int64_t>(values.size()));
-    } else {
-      f32_ = std::move(values);
+  PaddedRows(ScratchBuffer<unsigned char>& buffer, const float* x, int64_t b, int64_t t,
+             int64_t channels, int64_t pad, DType dtype)
+      : dtype_(dtype), channels_(channels), stride_(pad + t) {
+    const int64_t rows = b * stride_ + pad, elem = element_size(dtype);
+    data_ = buffer.get(rows * channels * elem);
+#pragma omp parallel for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t s = row / stride_, r = row % stride_ - pad;
+      unsigned char* dst = data_ + row * channels * elem;
+      if (s < b && r >= 0)
+        store_as(dtype, x + (s * t + r) * channels, dst, channels);
+      else
+        std::memset(dst, 0, channels * elem);
     }
   }
-  const void* at(int64_t offset) const {
-    if (dtype_ == DType::bf16) return bf16_.data() + offset;
-    return f32_.data() + offset;
+  DType dtype() const { return dtype_; }
+  int64_t stride() const { return stride_; }  // rows per sequence
+  // Element (padded row, column).
+  const void* at(int64_t row, int64_t column) const {
+    return data_ + (row * channels_ + column) * element_size(dtype_);
   }
 
  private:
   DType dtype_;
-  std::vector<bf16> bf16_;
-  std::vector<float> f32_;
+  int64_t channels_, stride_;
+  unsigned char* data_ = nullptr;
 };
 
-// [B, T, C] rows laid out as [B, pad + T, C] with `pad` zero rows before each sequence.
-class PaddedRows {
- public:
-  PaddedRows(const float* x, int64_t b, int64_t t, int64_t channels, int64_t pad, DType dtype)
-      : channels_(channels), data_(padded(x, b, t, channels, pad), dtype) {}
-  // Element (row, column) in the GEMMs' type.
-  const void* at(int64_t row, int64_t column) const { return data_.at(row * channels_ + column); }
-
- private:
-  static std::vector<float> padded(const float* x, int64_t b, int64_t t, int64_t channels,
-                                   int64_t pad) {
-    std::vector<float> out(b * (pad + t) * channels, 0.0f);
-    for (int64_t s = 0; s < b; ++s)
-      std::copy_n(x + s * t * channels, t * channels, out.data() + (s * (pad + t) + pad) * channels);
-    return out;
-  }
-  int64_t channels_;
-  GemmOperand data_;
-};
-
-// w1 [G·d (o), d (ci), t1] repacked per tap as [t1][G][o][ci].
+// w1 [G·d (o), d (ci), t1] repacked per tap as [t1][G][o][ci] in the GEMMs' type.
 class PackedTaps {
  public:
   PackedTaps(const float* w1, int64_t groups, int64_t d, int64_t taps, DType dtype)
-      : d_(d), groups_(groups), data_(packed(w1, groups, d, taps), dtype) {}
-  // Tap i, group g: the [o, ci] matrix, row-major.
-  const void* at(int64_t i, int64_t g) const { return data_.at((i * groups_ + g) * d_ * d_); }
-
- private:
-  static std::vector<float> packed(const float* w1, int64_t groups, int64_t d, int64_t taps) {
-    std::vector<float> out(taps * groups * d * d);
+      : dtype_(dtype), d_(d), groups_(groups) {
+    thread_local ScratchBuffer<float> packed;
+    thread_local ScratchBuffer<unsigned char> converted;
+    const int64_t n = taps * groups * d * d;
+    float* out = packed.get(n);
     for (int64_t row = 0; row < groups * d; ++row)  // row = g·d + o
       for (int64_t ci = 0; ci < d; ++ci)
         for (int64_t i = 0; i < taps; ++i)
           out[(i * groups * d + row) * d + ci] = w1[(row * d + ci) * taps + i];
-    return out;
+    data_ = converted.get(n * element_size(dtype));
+    store_as(dtype, out, data_, n);
   }
+  // Tap i: [1, G, o, ci] (transposed: [1, G, ci, o]) for a product batched over
+  // [sequences, groups].
+  MatView tap(int64_t i, bool transposed) const {
+    const int64_t dd = d_ * d_;
+    const void* base = data_ + i * groups_ * dd * element_size(dtype_);
+    if (transposed) return MatView{base, dtype_, {1, groups_, d_, d_}, {groups_ * dd, dd, 1, d_}};
+    return MatView{base, dtype_, {1, groups_, d_, d_}, {groups_ * dd, dd, d_, 1}};
+  }
+
+ private:
+  DType dtype_;
   int64_t d_, groups_;
-  GemmOperand data_;
+  unsigned char* data_ = nullptr;
 };
+
+// [B, G, T, d]: T rows of each sequence from padded row `first` of it, one group per batch.
+MatView sequence_groups(const PaddedRows& x, int64_t first, int64_t b, int64_t t,
+                        int64_t groups, int64_t d) {
+  const int64_t channels = groups * d;
+  return MatView{x.at(first, 0), x.dtype(), {b, groups, t, d},
+                 {x.stride() * channels, d, channels, 1}};
+}
+
+// The caller's [B, T, G·d] rows as [B, G, T, d].
+OutView unpadded_groups(float* x, int64_t b, int64_t t, int64_t groups, int64_t d) {
+  const int64_t channels = groups * d;
+  return OutView{x, {b, groups, t, d}, {t * channels, d, channels, 1}};
+}
 
 }  // namespace
 
@@ -86,61 +113,56 @@ void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, co
                                    int64_t b, int64_t t, int64_t groups, int64_t d,
                                    int64_t taps, DType dtype) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
-  const int64_t channels = groups * d, pad = taps - 1, stride = pad + t, total = b * stride;
-  const PaddedRows yp(y, b, t, channels, pad, dtype);
+  const int64_t channels = groups * d, pad = taps - 1;
+  thread_local ScratchBuffer<unsigned char> y_buffer;
+  const PaddedRows yp(y_buffer, y, b, t, channels, pad, dtype);
   const PackedTaps w(w1, groups, d, taps, dtype);
-  // Output row R (R ≥ pad) of the padded layout = Σ_i W_i · yp[R − pad + i].
-  std::vector<float> out((total - pad) * channels);
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < b * t; ++row) std::copy_n(b1, channels, z + row * channels);
+  // z[s, r] += Σ_i W_i · y[s, r − pad + i]: padded row r + i of sequence s.
   for (int64_t i = 0; i < taps; ++i)
-    for (int64_t g = 0; g < groups; ++g)
-      matmul(MatView::rows_major(yp.at(i, g * d), dtype, total - pad, d, channels),
-             MatView::transposed(w.at(i, g), dtype, d, d),
-             OutView::rows_major(out.data() + g * d, total - pad, d, channels),
-             /*accumulate=*/i > 0);
-  for (int64_t s = 0; s < b; ++s)
-    for (int64_t r = 0; r < t; ++r) {
-      const float* src = out.data() + (s * stride + r) * channels;  // padded row s·stride + pad + r
-      float* dst = z + (s * t + r) * channels;
-      for (int64_t ch = 0; ch < channels; ++ch) dst[ch] = src[ch] + b1[ch];
-    }
+    matmul(sequence_groups(yp, i, b, t, groups, d), w.tap(i, /*transposed=*/true),
+           unpadded_groups(z, b, t, groups, d), /*accumulate=*/true);
 }
 
 void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
                                     const float* y, const float* w1, int64_t b, int64_t t,
                                     int64_t groups, int64_t d, int64_t taps, DType dtype) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
-  const int64_t channels = groups * d, pad = taps - 1, stride = pad + t, total = b * stride;
-  const PaddedRows yp(y, b, t, channels, pad, dtype), dzp(dz, b, t, channels, pad, dtype);
+  const int64_t channels = groups * d, pad = taps - 1;
+  thread_local ScratchBuffer<unsigned char> y_buffer, dz_buffer;
+  const PaddedRows yp(y_buffer, y, b, t, channels, pad, dtype);
+  const PaddedRows dzp(dz_buffer, dz, b, t, channels, pad, dtype);
   const PackedTaps w(w1, groups, d, taps, dtype);
-  // dy: padded row S += Σ_i dzp[S + pad − i] · W_i, for the rows S + pad − i < total.
-  std::vector<float> dyp(total * channels);
-  for (int64_t i = taps - 1; i >= 0; --i)  // tap t1 − 1 covers every row: it writes first
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t rows = total - (pad - i);
-      matmul(MatView::rows_major(dzp.at(pad - i, g * d), dtype, rows, d, channels),
-             MatView::rows_major(w.at(i, g), dtype, d, d),
-             OutView::rows_major(dyp.data() + g * d, rows, d, channels),
-             /*accumulate=*/i < taps - 1);
-    }
-  for (int64_t s = 0; s < b; ++s)
-    for (int64_t r = 0; r < t; ++r) {
-      const float* src = dyp.data() + (s * stride + pad + r) * channels;
-      float* dst = dy + (s * t + r) * channels;
-      for (int64_t ch = 0; ch < channels; ++ch) dst[ch] += src[ch];
-    }
-  // dW_i[g] = Σ_R dzp[R][g]ᵀ · yp[R − pad + i][g] over R ≥ pad (padding rows of dz are zero).
-  std::vector<float> dw(taps * groups * d * d);  // [t1][G][o][ci]
+  // dy[s, r] += Σ_i dz[s, r + pad − i] · W_i: padded row 2·pad − i + r of sequence s (rows
+  // past the sequence's end land in the zero rows after it).
   for (int64_t i = 0; i < taps; ++i)
-    for (int64_t g = 0; g < groups; ++g)
-      matmul(MatView::transposed(dzp.at(pad, g * d), dtype, d, total - pad, channels),
-             MatView::rows_major(yp.at(i, g * d), dtype, total - pad, d, channels),
-             OutView::rows_major(dw.data() + (i * groups + g) * d * d, d, d));
+    matmul(sequence_groups(dzp, 2 * pad - i, b, t, groups, d), w.tap(i, /*transposed=*/false),
+           unpadded_groups(dy, b, t, groups, d), /*accumulate=*/true);
+  // dW_i[g] = Σ_R dzp[R][g]ᵀ · yp[R − pad + i][g] over padded rows R ≥ pad (dz's padding rows
+  // are zero): per tap one product batched over the groups, K = the padded rows.
+  const int64_t k = b * yp.stride() - pad, dd = d * d;
+  thread_local ScratchBuffer<float> dw_buffer;
+  float* dw = dw_buffer.get(taps * groups * dd);  // [t1][G][o][ci]
+  for (int64_t i = 0; i < taps; ++i)
+    matmul(MatView{dzp.at(pad, 0), dtype, {groups, d, k}, {d, 1, channels}},
+           MatView{yp.at(i, 0), dtype, {groups, k, d}, {d, channels, 1}},
+           OutView{dw + i * groups * dd, {groups, d, d}, {dd, d, 1}});
   for (int64_t row = 0; row < groups * d; ++row)
     for (int64_t ci = 0; ci < d; ++ci)
       for (int64_t i = 0; i < taps; ++i)
         dw1[(row * d + ci) * taps + i] += dw[(i * groups * d + row) * d + ci];
-  for (int64_t row = 0; row < b * t; ++row)
-    for (int64_t ch = 0; ch < channels; ++ch) db1[ch] += dz[row * channels + ch];
+  // db1 += the column sums of dz, each column summed over the rows in order.
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < channels; c0 += kBlock) {
+    const int64_t width = std::min(kBlock, channels - c0);
+    for (int64_t row = 0; row < b * t; ++row) {
+      const float* src = dz + row * channels + c0;
+#pragma omp simd
+      for (int64_t ch = 0; ch < width; ++ch) db1[c0 + ch] += src[ch];
+    }
+  }
 }
 
 }  // namespace foundry::ops

@@ -1,5 +1,6 @@
-// The CCA grouped convolution at zaya-bench's shape (8 sequences of 256 tokens, 10 groups of
-// 64 channels, 2 taps): the register-tiled reference kernel against the oneDNN form.
+// The CCA convolutions at zaya-bench's shape (8 sequences of 256 tokens, 10 groups of
+// 64 channels, 2 taps): the grouped convolution's register-tiled reference kernel against the
+// oneDNN form, and the depthwise convolution's backward.
 #include <benchmark/benchmark.h>
 
 #include <vector>
@@ -48,8 +49,22 @@ void BM_CcaGroupedBackward(benchmark::State& state) {
   state.counters["GFLOP/s"] = benchmark::Counter(2 * conv_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The depthwise convolution's backward (dc, dw0, db0 in one pass): memory-bound.
+void BM_CcaDepthwiseBackward(benchmark::State& state) {
+  Data d;
+  std::vector<float> w0(kC * kTaps, 0.3f), dw0 = w0, db0 = d.b1;
+  for (auto _ : state) {
+    cca_depthwise_conv_backward(d.dy.data(), dw0.data(), db0.data(), d.dz.data(), d.y.data(),
+                                w0.data(), kB, kT, kC, kTaps);
+    benchmark::DoNotOptimize(d.dy.data());
+  }
+  // dz and y read, dy read and written.
+  state.SetBytesProcessed(state.iterations() * 4 * kB * kT * kC * int64_t{sizeof(float)});
+}
+
 BENCHMARK(BM_CcaGroupedForward)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_CcaGroupedBackward)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CcaDepthwiseBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace foundry::ops

@@ -496,8 +496,8 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
         T* sum_hg = acc + 2 * c;
 #pragma omp simd
         for (int64_t j = 0; j < c; ++j) {
-          dr[j] += alpha_res[j] * g[j];
-          dx[j] += alpha_h[j] * g[j];
+          dr[j] = alpha_res[j] * g[j];
+          dx[j] = alpha_h[j] * g[j];
           sum_g[j] += g[j];
           sum_rg[j] += (r[j] + beta_res[j]) * g[j];
           sum_hg[j] += (x[j] + beta_h[j]) * g[j];

@@ -63,7 +63,7 @@
 // backward):
 //   residual_scale_backward(d_res, d_h, dalpha_res, dbeta_res, dalpha_h, dbeta_h,
 //                           d_res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
-// where d_res and d_h are zeroed buffers (or buffers already holding other contributions).
+// which writes d_res and d_h (the only gradients of res and h there are).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -249,7 +249,8 @@ template <typename T>
 void residual_scale_forward(T* out, const T* res, const T* h, const T* alpha_res,
                             const T* beta_res, const T* alpha_h, const T* beta_h, int64_t n,
                             int64_t c);
-// From dout [N, C]: dres [N, C] += alpha_res ⊙ dout; dh [N, C] += alpha_h ⊙ dout;
+// From dout [N, C]: dres [N, C] (writes) = alpha_res ⊙ dout; dh [N, C] (writes) =
+// alpha_h ⊙ dout;
 // dalpha_res [C] += Σ_n (res + beta_res) ⊙ dout; dbeta_res [C] += alpha_res ⊙ Σ_n dout;
 // dalpha_h [C] += Σ_n (h + beta_h) ⊙ dout; dbeta_h [C] += alpha_h ⊙ Σ_n dout.
 // dres and dh must not alias dout or each other.

@@ -12,31 +12,23 @@
 namespace foundry {
 namespace {
 
-// The grouped convolution (qk [B, T, G·d] from y), forward and backward: oneDNN GEMMs in bf16
-// (1.5–1.8× the register-tiled kernel at zaya-bench's shape), the register-tiled kernel in
-// fp32 (faster than oneDNN's fp32 at d = 64). docs/PERFORMANCE.md has the figures.
+// The grouped convolution (qk [B, T, G·d] from y), forward and backward: one batched oneDNN
+// GEMM per tap in the training precision (faster than the register-tiled reference kernel in
+// both precisions at zaya-bench's shape; docs/PERFORMANCE.md has the figures).
 void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
                           int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  const int64_t groups = c.n_heads + c.n_kv_heads;
-  if (cx.precision == DType::bf16)
-    ops::cca_grouped_conv_forward_gemm(z, y, cx.p(w.w1), cx.p(w.b1), b, t, groups, c.head_dim,
-                                       c.cca_kernel_grouped, DType::bf16);
-  else
-    ops::cca_grouped_conv_forward(z, y, cx.p(w.w1), cx.p(w.b1), b, t, groups, c.head_dim,
-                                  c.cca_kernel_grouped);
+  ops::cca_grouped_conv_forward_gemm(z, y, cx.p(w.w1), cx.p(w.b1), b, t,
+                                     c.n_heads + c.n_kv_heads, c.head_dim, c.cca_kernel_grouped,
+                                     cx.precision);
 }
 
 void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, const float* dz,
                            const float* y, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  const int64_t groups = c.n_heads + c.n_kv_heads;
-  if (cx.precision == DType::bf16)
-    ops::cca_grouped_conv_backward_gemm(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
-                                        groups, c.head_dim, c.cca_kernel_grouped, DType::bf16);
-  else
-    ops::cca_grouped_conv_backward(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t, groups,
-                                   c.head_dim, c.cca_kernel_grouped);
+  ops::cca_grouped_conv_backward_gemm(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
+                                      c.n_heads + c.n_kv_heads, c.head_dim,
+                                      c.cca_kernel_grouped, cx.precision);
 }
 
 // ‖·‖ = sqrt(Σx² + eps) in the QK norm (see kernels/cca.h).

@@ -6,7 +6,6 @@
 //   loss = lm_head(res)   (no auxiliary loss: the router balances with per-class biases)
 // The router chains its EDA state r through the MoE sublayers.
 #include <algorithm>
-#include <cstring>
 
 #include <fmt/format.h>
 
@@ -44,8 +43,6 @@ void residual_scale_backward(Compute& cx, const ResidualScaleWeights& w, float* 
                              const float* dout, const float* res, const float* h, int64_t n) {
   const int64_t C = cx.config.d_model;
   auto t = cx.time("residual_scale");
-  std::memset(dres, 0, n * C * sizeof(float));
-  std::memset(dh, 0, n * C * sizeof(float));
   ops::residual_scale_backward(dres, dh, cx.g(w.alpha_res), cx.g(w.beta_res), cx.g(w.alpha_h),
                                cx.g(w.beta_h), dout, res, h, cx.p(w.alpha_res),
                                cx.p(w.beta_res), cx.p(w.alpha_h), cx.p(w.beta_h), n, C);
