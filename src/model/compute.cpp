@@ -26,7 +26,11 @@ void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, in
 
 void Compute::linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
                               int64_t n, int64_t out, int64_t in, bool accumulate_dx) {
-  const void* dy_in = input(dy, n * out, 0);
+  linear_backward(dx, input(dy, n * out, 0), x, weight_offset, n, out, in, accumulate_dx);
+}
+
+void Compute::linear_backward(float* dx, const void* dy_in, const float* x, int64_t weight_offset,
+                              int64_t n, int64_t out, int64_t in, bool accumulate_dx) {
   if (dx)
     gemm(dy_in, false, weight(weight_offset), false, dx, n, in, out, precision, accumulate_dx);
   gemm(dy_in, true, input(x, n * in, 1), false, g(weight_offset), out, in, n, precision,
