@@ -1,9 +1,14 @@
 #include "kernels/gemm.h"
 
+#include <algorithm>
+#include <exception>
 #include <mutex>
+#include <numeric>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "base/error.h"
 
@@ -14,16 +19,34 @@ dnnl::memory::data_type to_dnnl(DType t) {
   return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
 }
 
+// A cached primitive and the scratchpad bytes it needs. Primitives use user-managed
+// scratchpads, so one primitive may run on several threads at once (each with its own
+// scratchpad and stream): the experts' GEMMs run concurrently (model/experts.cpp).
+struct Primitive {
+  dnnl::matmul matmul;
+  size_t scratchpad_bytes = 0;
+};
+
 struct Engine {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-  std::mutex mutex;
-  std::unordered_map<std::string, std::pair<dnnl::matmul, dnnl::matmul::primitive_desc>> cache;
+  std::mutex mutex;  // guards the cache
+  std::unordered_map<std::string, Primitive> cache;
 };
 
 Engine& engine() {
   static Engine e;
   return e;
+}
+
+// The calling thread's stream and scratchpad (grown as needed).
+struct ThreadContext {
+  dnnl::stream stream{engine().engine};
+  std::vector<unsigned char> scratchpad;
+};
+
+ThreadContext& thread_context() {
+  thread_local ThreadContext context;
+  return context;
 }
 
 void append_key(std::string& key, const std::vector<int64_t>& v) {
@@ -104,30 +127,46 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   const auto f32 = dnnl::memory::data_type::f32;
 
   Engine& e = engine();
-  std::lock_guard<std::mutex> lock(e.mutex);
-  auto it = e.cache.find(key);
-  if (it == e.cache.end()) {
-    dnnl::primitive_attr attr;
-    if (accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
+  Primitive primitive;
+  {
+    std::lock_guard<std::mutex> lock(e.mutex);
+    auto it = e.cache.find(key);
+    if (it == e.cache.end()) {
+      dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+      if (accumulate) {
+        dnnl::post_ops ops;
+        ops.append_sum(1.0f);
+        attr.set_post_ops(ops);
+      }
+      try {
+        dnnl::matmul::desc d(desc(a_dims, in_type, a.strides), desc(b_dims, in_type, b.strides),
+                             desc(c_dims, f32, c.strides));
+        dnnl::matmul::primitive_desc pd(d, attr, e.engine);
+        it = e.cache.emplace(key, Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()})
+                 .first;
+      } catch (const dnnl::error& err) {
+        fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
+      }
     }
-    try {
-      dnnl::matmul::desc d(desc(a_dims, in_type, a.strides), desc(b_dims, in_type, b.strides),
-                           desc(c_dims, f32, c.strides));
-      dnnl::matmul::primitive_desc pd(d, attr, e.engine);
-      it = e.cache.emplace(key, std::make_pair(dnnl::matmul(pd), pd)).first;
-    } catch (const dnnl::error& err) {
-      fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
-    }
+    primitive = it->second;
   }
+  ThreadContext& tc = thread_context();
+  if (tc.scratchpad.size() < primitive.scratchpad_bytes)
+    tc.scratchpad.resize(primitive.scratchpad_bytes);
   dnnl::memory a_mem(desc(a.dims, in_type, a.strides), e.engine, const_cast<void*>(a.data));
   dnnl::memory b_mem(desc(b.dims, in_type, b.strides), e.engine, const_cast<void*>(b.data));
   dnnl::memory c_mem(desc(c.dims, f32, c.strides), e.engine, c.data);
-  it->second.first.execute(e.stream,
-                           {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
-  e.stream.wait();
+  std::unordered_map<int, dnnl::memory> args = {
+      {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
+  if (primitive.scratchpad_bytes > 0)
+    args.emplace(DNNL_ARG_SCRATCHPAD,
+                 dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
+                                                 dnnl::memory::data_type::u8,
+                                                 dnnl::memory::format_tag::a),
+                              e.engine, tc.scratchpad.data()));
+  primitive.matmul.execute(tc.stream, args);
+  tc.stream.wait();
 }
 
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
@@ -135,6 +174,53 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
   MatView av = trans_a ? MatView::transposed(a, dtype, m, k) : MatView::rows_major(a, dtype, m, k);
   MatView bv = trans_b ? MatView::transposed(b, dtype, k, n) : MatView::rows_major(b, dtype, k, n);
   matmul(av, bv, OutView::rows_major(c, m, n), accumulate);
+}
+
+namespace {
+
+// Whether `costs` split among `threads` largest first, each to the least-loaded thread, keep
+// the busiest thread within kMaxImbalance of an even share.
+constexpr double kMaxImbalance = 1.15;
+
+bool splits_evenly(const std::vector<int64_t>& costs, int threads) {
+  std::vector<int64_t> sorted = costs;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  std::vector<int64_t> load(threads, 0);
+  int64_t total = 0;
+  for (int64_t c : sorted) {
+    *std::min_element(load.begin(), load.end()) += c;
+    total += c;
+  }
+  const int64_t busiest = *std::max_element(load.begin(), load.end());
+  return total > 0 && static_cast<double>(busiest) * threads <= kMaxImbalance * total;
+}
+
+}  // namespace
+
+void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (threads < 2 || !splits_evenly(costs, threads)) {
+    for (int64_t i = 0; i < n; ++i) task(i);
+    return;
+  }
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t x, int64_t y) { return costs[x] > costs[y]; });
+  // An exception may not leave a parallel region: the first one is kept and rethrown.
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t j = 0; j < n; ++j) {
+    try {
+      task(order[j]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 size_t matmul_cache_size() {

@@ -6,6 +6,7 @@
 // bf16); C is always fp32 and accumulation is fp32.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -54,6 +55,15 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
 // `a` is stored M×K (or K×M when trans_a); `b` is stored K×N (or N×K when trans_b).
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
           int64_t n, int64_t k, DType dtype, bool accumulate = false);
+
+// Runs task(i) for every i < costs.size(): independent groups of GEMM calls (one expert's
+// products each), costs[i] ∝ the work of task i. When two or more threads are available and
+// the tasks split evenly among them (largest first, each to the least-loaded thread, the
+// busiest thread at most 1.15× an even share), the tasks run concurrently, each GEMM on its
+// calling thread alone: products of a few hundred rows run faster so than each split across
+// the threads (perf_kernels BM_ExpertGemms). Otherwise they run one after another, each GEMM
+// on every thread. A GEMM gives the same bits either way (gemm_test checks).
+void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task);
 
 // Number of cached oneDNN primitives (for tests and diagnostics).
 size_t matmul_cache_size();

@@ -1,11 +1,15 @@
 #include "kernels/gemm.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
+#include "base/error.h"
 #include "base/rng.h"
+#include "kernels/test_support.h"
 
 namespace foundry {
 namespace {
@@ -124,6 +128,81 @@ TEST(Gemm, TokenDimensionIsRuntimeSoRowCountsShareAPrimitive) {
     for (int64_t i = 0; i < n * k; ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-4);
   }
   EXPECT_EQ(matmul_cache_size(), before);
+}
+
+// Products called from several threads at once (the experts' GEMMs) share the cached
+// primitives; each runs on its calling thread alone, with its own scratchpad. The results are
+// bitwise those of the same calls made one after another on every thread.
+TEST(Gemm, ConcurrentCallsMatchSequentialCallsBitwise) {
+  const int64_t k = 96, n = 160;
+  const std::vector<int64_t> rows = {37, 64, 1, 90, 53, 64};
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  const auto a = random_vec(total * k, 9), w = random_vec(rows.size() * n * k, 10);
+  std::vector<bf16> a16(a.size()), w16(w.size());
+  convert_to_bf16(a.data(), a16.data(), static_cast<int64_t>(a.size()));
+  convert_to_bf16(w.data(), w16.data(), static_cast<int64_t>(w.size()));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const size_t elem = dt == DType::bf16 ? 2 : 4;
+    const char* ap = dt == DType::bf16 ? reinterpret_cast<const char*>(a16.data())
+                                       : reinterpret_cast<const char*>(a.data());
+    const char* wp = dt == DType::bf16 ? reinterpret_cast<const char*>(w16.data())
+                                       : reinterpret_cast<const char*>(w.data());
+    // Per expert e: y_e = a_e · W_eᵀ and the weight-gradient form dW_e = y_eᵀ[:, :k] · a_e.
+    auto run = [&](bool concurrent) {
+      std::vector<float> y(total * n), dw(rows.size() * k * k);
+      std::vector<int64_t> first(rows.size(), 0);
+      for (size_t e = 1; e < rows.size(); ++e) first[e] = first[e - 1] + rows[e - 1];
+      auto one = [&](int64_t e) {
+        gemm(ap + first[e] * k * elem, false, wp + e * n * k * elem, true, y.data() + first[e] * n,
+             rows[e], n, k, dt);
+        gemm(ap + first[e] * k * elem, true, ap + first[e] * k * elem, false,
+             dw.data() + e * k * k, k, k, rows[e], dt);
+      };
+      const int64_t experts = static_cast<int64_t>(rows.size());
+      if (concurrent) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+        for (int64_t e = 0; e < experts; ++e) one(e);
+      } else {
+        for (int64_t e = 0; e < experts; ++e) one(e);
+      }
+      y.insert(y.end(), dw.begin(), dw.end());
+      return y;
+    };
+    const auto sequential = run(false), concurrent = run(true);
+    ASSERT_EQ(sequential.size(), concurrent.size());
+    EXPECT_EQ(std::memcmp(sequential.data(), concurrent.data(), sequential.size() * sizeof(float)),
+              0);
+    // And right: the first expert's product against the double reference.
+    const auto ref = reference(a, false, w, true, rows[0], n, k);
+    const double tol = dt == DType::bf16 ? 0.15 : 1e-3;
+    for (int64_t i = 0; i < rows[0] * n; ++i) ASSERT_NEAR(concurrent[i], ref[i], tol) << i;
+  }
+}
+
+// run_products: every task once; concurrently only when the costs split evenly over the
+// threads; a task's exception reaches the caller.
+TEST(Gemm, RunProductsRunsConcurrentlyOnlyWhenTheWorkSplitsEvenly) {
+  testing::WithThreads two(2);
+  auto run = [](const std::vector<int64_t>& costs) {
+    std::vector<int> calls(costs.size(), 0), in_parallel(costs.size(), 0);
+    run_products(costs, [&](int64_t i) {
+      ++calls[i];
+      in_parallel[i] = omp_in_parallel();
+    });
+    for (int c : calls) EXPECT_EQ(c, 1);
+    return in_parallel;
+  };
+  EXPECT_EQ(run({262, 198, 0, 247, 205, 219, 256, 222}), std::vector<int>(8, 1));
+  EXPECT_EQ(run({900, 50, 50, 0}), std::vector<int>(4, 0));  // one expert holds most rows
+  EXPECT_EQ(run({300}), std::vector<int>(1, 0));
+  EXPECT_EQ(run({}), std::vector<int>());
+  EXPECT_THROW(run_products({10, 10, 10, 10},
+                            [](int64_t i) {
+                              if (i == 2) fail("task 2 failed");
+                            }),
+               Error);
 }
 
 }  // namespace

@@ -106,7 +106,19 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
   }
 }
 
-// Experts e < n_experts, each on its rows [offsets[e], offsets[e+1]) of the sorted matrix.
+namespace {
+
+// The experts' row counts: the costs of their products (kernels/gemm.h, run_products).
+std::vector<int64_t> row_counts(const int64_t* offsets, int64_t n_experts) {
+  std::vector<int64_t> rows(n_experts);
+  for (int64_t e = 0; e < n_experts; ++e) rows[e] = offsets[e + 1] - offsets[e];
+  return rows;
+}
+
+}  // namespace
+
+// Experts e < n_experts, each on its rows [offsets[e], offsets[e+1]) of the sorted matrix; the
+// experts' products run concurrently when their rows split evenly over the threads.
 void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                             float* act, float* ys, const std::vector<int64_t>& w13,
                             const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
@@ -118,12 +130,12 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
     // Kept for the backward's weight gradient when the caller gives a buffer.
     const char* xs_g = static_cast<const char*>(
         xs_gemm ? cx_.input(xs, rows_all * C, *xs_gemm) : cx_.input(xs, rows_all * C, 0));
-    for (int64_t e = 0; e < n_experts; ++e) {
+    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
+      if (rows == 0) return;
       gemm(xs_g + offsets[e] * C * elem, false, cx_.weight(w13[e]), true, h + offsets[e] * 2 * F,
            rows, 2 * F, C, dt);
-    }
+    });
   }
   {
     auto t = cx_.time("swiglu");
@@ -135,12 +147,12 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
   {
     auto t = cx_.time("expert_down_gemm");
     const char* act_g = reinterpret_cast<const char*>(act);  // already in the GEMM dtype
-    for (int64_t e = 0; e < n_experts; ++e) {
+    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
-      if (rows == 0) continue;
+      if (rows == 0) return;
       gemm(act_g + offsets[e] * F * elem, false, cx_.weight(w2[e]), true, ys + offsets[e] * C,
            rows, C, F, dt);
-    }
+    });
   }
 }
 
@@ -155,16 +167,16 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     auto t = cx_.time("expert_down_gemm");
     const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
     const char* act_g = reinterpret_cast<const char*>(act);
-    for (int64_t e = 0; e < n_experts; ++e) {
+    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
         std::fill_n(cx_.g(w2[e]), C * F, 0.0f);
-        continue;
+        return;
       }
       const char* dys_e = dys_g + offsets[e] * C * elem;
       gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
       gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt);
-    }
+    });
   }
   {
     auto t = cx_.time("swiglu");
@@ -178,16 +190,16 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     const char* dh_g = reinterpret_cast<const char*>(dh);  // already in the GEMM dtype
     const char* xs_g = static_cast<const char*>(
         dt == DType::bf16 && xs_gemm ? xs_gemm->data() : cx_.input(xs, rows_all * C, 1));
-    for (int64_t e = 0; e < n_experts; ++e) {
+    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
         std::fill_n(cx_.g(w13[e]), 2 * F * C, 0.0f);
-        continue;
+        return;
       }
       const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
       gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F, dt);
       gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows, dt);
-    }
+    });
   }
 }
 
