@@ -80,6 +80,60 @@ OutView OutView::rows_major(float* data, int64_t rows, int64_t cols, int64_t ld)
   return OutView{data, {rows, cols}, {ld ? ld : cols, 1}};
 }
 
+namespace {
+
+using dnnl::memory;
+
+memory::desc describe(const std::vector<int64_t>& dims, DType dtype,
+                      const std::vector<int64_t>& strides) {
+  return memory::desc(memory::dims(dims.begin(), dims.end()), to_dnnl(dtype),
+                      memory::dims(strides.begin(), strides.end()));
+}
+
+// The cached primitive for `key`, created from the descriptions on first use.
+Primitive cached_primitive(const std::string& key, const memory::desc& a, const memory::desc& b,
+                           const memory::desc& c, bool accumulate) {
+  Engine& e = engine();
+  std::lock_guard<std::mutex> lock(e.mutex);
+  auto it = e.cache.find(key);
+  if (it != e.cache.end()) return it->second;
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  try {
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, e.engine);
+    const Primitive made{dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+    return e.cache.emplace(key, made).first->second;
+  } catch (const dnnl::error& err) {
+    fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
+  }
+}
+
+// Runs `p` on the calling thread, with its stream and scratchpad.
+void execute(const Primitive& p, const memory::desc& a_desc, const void* a,
+             const memory::desc& b_desc, const void* b, const memory::desc& c_desc, float* c) {
+  const dnnl::engine& engine_ = engine().engine;
+  ThreadContext& tc = thread_context();
+  if (tc.scratchpad.size() < p.scratchpad_bytes) tc.scratchpad.resize(p.scratchpad_bytes);
+  std::unordered_map<int, memory> args = {
+      {DNNL_ARG_SRC, memory(a_desc, engine_, const_cast<void*>(a))},
+      {DNNL_ARG_WEIGHTS, memory(b_desc, engine_, const_cast<void*>(b))},
+      {DNNL_ARG_DST, memory(c_desc, engine_, c)}};
+  if (p.scratchpad_bytes > 0) {
+    const memory::desc bytes({static_cast<int64_t>(p.scratchpad_bytes)}, memory::data_type::u8,
+                             memory::format_tag::a);
+    args.emplace(DNNL_ARG_SCRATCHPAD, memory(bytes, engine_, tc.scratchpad.data()));
+  }
+  p.matmul.execute(tc.stream, args);
+  tc.stream.wait();
+}
+
+}  // namespace
+
 void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
   check_view("A", a.dims, a.strides);
   check_view("B", b.dims, b.strides);
@@ -117,56 +171,11 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   append_key(key, c_dims);
   append_key(key, c.strides);
 
-  using md = dnnl::memory::desc;
-  auto desc = [](const std::vector<int64_t>& dims, dnnl::memory::data_type dt,
-                 const std::vector<int64_t>& strides) {
-    return md(dnnl::memory::dims(dims.begin(), dims.end()), dt,
-              dnnl::memory::dims(strides.begin(), strides.end()));
-  };
-  const auto in_type = to_dnnl(a.dtype);
-  const auto f32 = dnnl::memory::data_type::f32;
-
-  Engine& e = engine();
-  Primitive primitive;
-  {
-    std::lock_guard<std::mutex> lock(e.mutex);
-    auto it = e.cache.find(key);
-    if (it == e.cache.end()) {
-      dnnl::primitive_attr attr;
-      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-      if (accumulate) {
-        dnnl::post_ops ops;
-        ops.append_sum(1.0f);
-        attr.set_post_ops(ops);
-      }
-      try {
-        dnnl::matmul::desc d(desc(a_dims, in_type, a.strides), desc(b_dims, in_type, b.strides),
-                             desc(c_dims, f32, c.strides));
-        dnnl::matmul::primitive_desc pd(d, attr, e.engine);
-        it = e.cache.emplace(key, Primitive{dnnl::matmul(pd), pd.scratchpad_desc().get_size()})
-                 .first;
-      } catch (const dnnl::error& err) {
-        fail(fmt::format("oneDNN cannot create a matmul for shape key {}: {}", key, err.what()));
-      }
-    }
-    primitive = it->second;
-  }
-  ThreadContext& tc = thread_context();
-  if (tc.scratchpad.size() < primitive.scratchpad_bytes)
-    tc.scratchpad.resize(primitive.scratchpad_bytes);
-  dnnl::memory a_mem(desc(a.dims, in_type, a.strides), e.engine, const_cast<void*>(a.data));
-  dnnl::memory b_mem(desc(b.dims, in_type, b.strides), e.engine, const_cast<void*>(b.data));
-  dnnl::memory c_mem(desc(c.dims, f32, c.strides), e.engine, c.data);
-  std::unordered_map<int, dnnl::memory> args = {
-      {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
-  if (primitive.scratchpad_bytes > 0)
-    args.emplace(DNNL_ARG_SCRATCHPAD,
-                 dnnl::memory(dnnl::memory::desc({static_cast<int64_t>(primitive.scratchpad_bytes)},
-                                                 dnnl::memory::data_type::u8,
-                                                 dnnl::memory::format_tag::a),
-                              e.engine, tc.scratchpad.data()));
-  primitive.matmul.execute(tc.stream, args);
-  tc.stream.wait();
+  const Primitive p = cached_primitive(key, describe(a_dims, a.dtype, a.strides),
+                                       describe(b_dims, b.dtype, b.strides),
+                                       describe(c_dims, DType::f32, c.strides), accumulate);
+  execute(p, describe(a.dims, a.dtype, a.strides), a.data, describe(b.dims, b.dtype, b.strides),
+          b.data, describe(c.dims, DType::f32, c.strides), c.data);
 }
 
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
