@@ -65,16 +65,18 @@ double cross_entropy(T* dlogits, T* losses, const T* logits, const int32_t* targ
   return mean_loss(losses, n);
 }
 
-double cross_entropy(bf16* dlogits, float* losses, const float* logits, const int32_t* targets,
-                     int64_t n, int64_t v, int64_t vp, float grad_scale) {
+double cross_entropy(bf16* dlogits, int64_t ld, float* losses, const float* logits,
+                     const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale) {
   check_targets(targets, n, v, vp);
+  FOUNDRY_CHECK(ld >= vp);
 #pragma omp parallel for schedule(static) if (n * vp >= detail::kParallelMinElements)
   for (int64_t i = 0; i < n; ++i) {
-    // The row's float gradient, from cache, then rounded into dlogits.
+    // The row's float gradient, from cache, then rounded into dlogits (the row's logits are
+    // read in full before its gradient is written).
     thread_local detail::ScratchBuffer<float> row;
     float* d = row.get(vp);
     losses[i] = cross_entropy_row(d, logits + i * vp, targets[i], v, vp, grad_scale);
-    to_bf16_serial(d, dlogits + i * vp, vp);
+    to_bf16_serial(d, dlogits + i * ld, vp);
   }
   return mean_loss(losses, n);
 }

@@ -114,9 +114,11 @@ void moe_gather_backward(T* dx, const T* dxs, const int32_t* assignment_slot, in
 template <typename T>
 double cross_entropy(T* dlogits, T* losses, const T* logits, const int32_t* targets, int64_t n,
                      int64_t v, int64_t vp, T grad_scale);
-// The same with dlogits [N, Vp] written as bf16 (the float values above, rounded): the input
-// of the LM head's backward GEMMs in bf16 training, without a float copy in between.
-double cross_entropy(bf16* dlogits, float* losses, const float* logits, const int32_t* targets,
-                     int64_t n, int64_t v, int64_t vp, float grad_scale);
+// The same with dlogits written as bf16 (the float values above, rounded), row i at
+// dlogits + i·ld: the input of the LM head's backward GEMMs in bf16 training, without a float
+// copy in between. In place: dlogits = (bf16*)logits with ld = 2·Vp puts each row's gradient
+// in the first half of its own float row.
+double cross_entropy(bf16* dlogits, int64_t ld, float* losses, const float* logits,
+                     const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale);
 
 }  // namespace foundry::ops

@@ -334,21 +334,32 @@ TEST(CrossEntropy, InPlaceGradientEqualsOutOfPlace) {
   EXPECT_EQ(dlogits, buffer);
 }
 
-// The bf16 form writes the float gradient rounded to bf16, bit for bit, and the same losses.
+// The bf16 form writes the float gradient rounded to bf16, bit for bit, and the same losses:
+// out of place (contiguous rows) and in place (each row in the first half of its float row).
 TEST(CrossEntropy, Bf16GradientIsTheFloatGradientRounded) {
   const int64_t n = 40, v = 1000, vp = 1024;  // above the parallel threshold
   const auto logits = random_normal<float>(n * vp, 7, 3.0);
   const auto targets = random_tokens(n, v, 8);
-  std::vector<float> losses(n), losses16(n), dlogits(n * vp);
+  std::vector<float> losses(n), losses16(n), losses_inplace(n), dlogits(n * vp);
   std::vector<bf16> dlogits16(n * vp, 0xFFFF);
   const double mean = cross_entropy<float>(dlogits.data(), losses.data(), logits.data(),
                                            targets.data(), n, v, vp, 0.25f);
-  const double mean16 = cross_entropy(dlogits16.data(), losses16.data(), logits.data(),
+  const double mean16 = cross_entropy(dlogits16.data(), vp, losses16.data(), logits.data(),
                                       targets.data(), n, v, vp, 0.25f);
   EXPECT_EQ(mean, mean16);
   EXPECT_EQ(losses, losses16);
   for (int64_t i = 0; i < n * vp; ++i) ASSERT_EQ(dlogits16[i], float_to_bf16(dlogits[i])) << i;
-  EXPECT_THROW(cross_entropy(dlogits16.data(), losses16.data(), logits.data(),
+
+  auto buffer = logits;
+  bf16* in_place = reinterpret_cast<bf16*>(buffer.data());
+  EXPECT_EQ(cross_entropy(in_place, 2 * vp, losses_inplace.data(), buffer.data(), targets.data(),
+                          n, v, vp, 0.25f),
+            mean);
+  EXPECT_EQ(losses_inplace, losses);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < vp; ++j) ASSERT_EQ(in_place[i * 2 * vp + j], dlogits16[i * vp + j]);
+
+  EXPECT_THROW(cross_entropy(dlogits16.data(), vp, losses16.data(), logits.data(),
                              std::vector<int32_t>(n, static_cast<int32_t>(v)).data(), n, v, vp,
                              0.25f),
                Error);

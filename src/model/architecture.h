@@ -53,8 +53,8 @@ struct CommonActivations {
 };
 
 // What both compositions share: the activations of the last batch shape (Acts derives from
-// CommonActivations and is constructed from (config, shape, experts parallel, precision)), the
-// inputs kept for the backward, the logits and the class offsets.
+// CommonActivations and is constructed from (config, shape, experts parallel)), the inputs
+// kept for the backward, the logits and the class offsets.
 template <typename Acts>
 class Composition : public Architecture {
  public:
@@ -73,7 +73,7 @@ class Composition : public Architecture {
   // The activations for shape s (allocated again when the shape changes), inputs copied in.
   Acts& begin_forward(const int32_t* inputs, const int32_t* targets, BatchShape s) {
     if (!acts_ || !(acts_->shape == s))
-      acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel(), cx_.precision);
+      acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel());
     std::copy(inputs, inputs + s.rows(), acts_->inputs);
     acts_->has_targets = targets != nullptr;
     return *acts_;

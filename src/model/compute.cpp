@@ -26,15 +26,19 @@ void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, in
 
 void Compute::linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
                               int64_t n, int64_t out, int64_t in, bool accumulate_dx) {
-  linear_backward(dx, input(dy, n * out, 0), x, weight_offset, n, out, in, accumulate_dx);
+  linear_backward(dx, input(dy, n * out, 0), out, x, weight_offset, n, out, in, accumulate_dx);
 }
 
-void Compute::linear_backward(float* dx, const void* dy_in, const float* x, int64_t weight_offset,
-                              int64_t n, int64_t out, int64_t in, bool accumulate_dx) {
+void Compute::linear_backward(float* dx, const void* dy_in, int64_t dy_ld, const float* x,
+                              int64_t weight_offset, int64_t n, int64_t out, int64_t in,
+                              bool accumulate_dx) {
   if (dx)
-    gemm(dy_in, false, weight(weight_offset), false, dx, n, in, out, precision, accumulate_dx);
-  gemm(dy_in, true, input(x, n * in, 1), false, g(weight_offset), out, in, n, precision,
-       /*accumulate=*/true);
+    matmul(MatView::rows_major(dy_in, precision, n, out, dy_ld),
+           MatView::rows_major(weight(weight_offset), precision, out, in),
+           OutView::rows_major(dx, n, in), accumulate_dx);
+  matmul(MatView::transposed(dy_in, precision, out, n, dy_ld),
+         MatView::rows_major(input(x, n * in, 1), precision, n, in),
+         OutView::rows_major(g(weight_offset), out, in), /*accumulate=*/true);
 }
 
 void Compute::projections_backward(float* dx, const float* x, int64_t n, int64_t in,

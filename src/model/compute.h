@@ -59,9 +59,11 @@ class Compute {
   // dx [n, in] (+)= dy · W (skipped when dx is null); dW [out, in] += dyᵀ · x.
   void linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
                        int64_t n, int64_t out, int64_t in, bool accumulate_dx);
-  // The same with dy already in the GEMM precision (`dy_in`: float in fp32, bf16 in bf16).
-  void linear_backward(float* dx, const void* dy_in, const float* x, int64_t weight_offset,
-                       int64_t n, int64_t out, int64_t in, bool accumulate_dx);
+  // The same with dy already in the GEMM precision (`dy_in`: float in fp32, bf16 in bf16),
+  // its rows `dy_ld` elements apart.
+  void linear_backward(float* dx, const void* dy_in, int64_t dy_ld, const float* x,
+                       int64_t weight_offset, int64_t n, int64_t out, int64_t in,
+                       bool accumulate_dx);
 
   // Several projections of one input x [n, in] (q/k/v of attention, the CCA's qk and v):
   // dx [n, in] = Σ_i dy_i · W_i (written, not accumulated), dW_i += dy_iᵀ · x.

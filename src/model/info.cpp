@@ -144,6 +144,9 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk
   add_item(a, "top-k ids and weights", "2*[N,K]", L, (kI32Bytes + kF32Bytes) * N * K);
   add_item(a, "dispatch plan", "2*[N*K]", L, kI32Bytes * 2 * N * K);
   add_item(a, "expert inputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+  if (precision == DType::bf16)
+    add_item(a, "expert inputs in bf16 (for the weight gradient)", "[N*K,C]", L,
+             kBf16Bytes * N * K * C);
   add_item(a, "expert hidden (gate|up)", "[N*K,2F]", L, kF32Bytes * N * K * 2 * F);
   add_item(a, "SwiGLU output", "[N*K,F]", L, kF32Bytes * N * K * F);
   add_item(a, "expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);
@@ -190,6 +193,9 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
   add_item(a, "MoE: choice (int) and gate", "2*[N,K]", L, (kI32Bytes + kF32Bytes) * N * K);
   add_item(a, "MoE: dispatch plan", "2*[N*K]", L, kI32Bytes * 2 * N * K);
   add_item(a, "MoE: expert inputs", "[N*K,C]", L, kF32Bytes * N * K * C);
+  if (precision == DType::bf16)
+    add_item(a, "MoE: expert inputs in bf16 (for the weight gradient)", "[N*K,C]", L,
+             kBf16Bytes * N * K * C);
   add_item(a, "MoE: expert hidden (gate|up)", "[N*K,2F]", L, kF32Bytes * N * K * 2 * F);
   add_item(a, "MoE: SwiGLU output", "[N*K,F]", L, kF32Bytes * N * K * F);
   add_item(a, "MoE: expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);

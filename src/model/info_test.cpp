@@ -121,7 +121,8 @@ TEST(ModelInfo, HandComputedFlopsPerToken) {
 //     16·16 = 256; hidden 16·48 = 768; SwiGLU 16·24 = 384; expert outputs 256  -> 2704
 //   once: final residual 128; final norm 128 + 8; logits 8·256 = 2048; losses 8; ids 16
 //     -> 2336
-//   activations = 4·(2·2704 + 2336) = 30976 bytes
+//   activations = 4·(2·2704 + 2336) = 30976 bytes, and in bf16 the experts' inputs kept in
+//     bf16, 2·(2·256) = 1024 -> 32000
 //   backward: 2·128 + (128 + 2·64) + 128 + 2·256 + 16·72 + 8·6 = 2352 -> 9408 bytes, and the
 //     attention kernel's scratch (bf16; one tile of 8 rows over B·H = 4 heads, 32 rows):
 //     k, v copies 2·2·64 = 256; q and dO blocks (bf16) and the fp32 accumulator
@@ -133,15 +134,15 @@ TEST(ModelInfo, HandComputedMemory) {
   EXPECT_EQ(m.weights_bf16_bytes, 2 * 15056);
   EXPECT_EQ(m.grads_bytes, 4 * 15056);
   EXPECT_EQ(m.optimizer_bytes, 8 * 15056);
-  EXPECT_EQ(m.activations_bytes, 30976);
+  EXPECT_EQ(m.activations_bytes, 32000);
   EXPECT_EQ(m.backward_buffers_bytes, 14016);
-  EXPECT_EQ(m.total_bytes, 18 * 15056 + 30976 + 14016);
+  EXPECT_EQ(m.total_bytes, 18 * 15056 + 32000 + 14016);
 
   const MemoryEstimate fp32 = estimate_memory(tiny_moe(), 1, 8, DType::f32);
   EXPECT_EQ(fp32.weights_bf16_bytes, 0);
-  // fp32: no bf16 weights, no bf16 k, v copies, fp32 blocks (32·4·4·2 - 32·4·2·2 = 512 more)
-  // and no bf16 tiles (32·8·2·2 = 1024 less).
-  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 - 256 + 512 - 1024);
+  // fp32: no bf16 weights, no bf16 k, v copies, fp32 blocks (32·4·4·2 - 32·4·2·2 = 512 more),
+  // no bf16 tiles (32·8·2·2 = 1024 less), no bf16 expert inputs.
+  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 - 256 + 512 - 1024 - 1024);
 }
 
 TEST(ModelInfo, MemoryScalesLinearlyInBatch) {

@@ -15,12 +15,11 @@ LmHeadWeights LmHeadWeights::of(const ParamTable& t) {
   return {t.get("model.norm.weight").offset, t.get("model.embed_tokens.weight").offset};
 }
 
-void LmHeadActs::take(Arena& arena, const ModelConfig& c, BatchShape s, DType precision) {
+void LmHeadActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   const int64_t N = s.rows();
   n = arena.take<float>(N * c.d_model);
   rstd = arena.take<float>(N);
   logits = arena.take<float>(N * c.padded_vocab());
-  dlogits16 = precision == DType::bf16 ? arena.take<bf16>(N * c.padded_vocab()) : nullptr;
   losses = arena.take<float>(N);
 }
 
@@ -42,11 +41,12 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
     if (targets[i] < 0 || targets[i] >= c.vocab_size)
       fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
                        targets[i], i, c.vocab_size));
+  // dlogits overwrite the logits in place: backward needs only the gradient. In bf16 they are
+  // written as the backward GEMMs' input, with no float copy between.
   const float scale = 1.0f / static_cast<float>(N);
-  if (cx.precision == DType::bf16)  // the backward GEMMs' input, with no float copy between
-    return ops::cross_entropy(a.dlogits16, a.losses, a.logits, targets, N, c.vocab_size, Vp,
-                              scale);
-  // dlogits overwrite the logits in place: backward needs only the gradient.
+  if (cx.precision == DType::bf16)
+    return ops::cross_entropy(reinterpret_cast<bf16*>(a.logits), 2 * Vp, a.losses, a.logits,
+                              targets, N, c.vocab_size, Vp, scale);
   return ops::cross_entropy(a.logits, a.losses, a.logits, targets, N, c.vocab_size, Vp, scale);
 }
 
@@ -56,9 +56,9 @@ void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, 
   {
     auto t = cx.time("lm_head_gemm");
     // logits = n·Eᵀ: dn = dlogits·E, dE += dlogitsᵀ·n.
-    const void* dlogits = cx.precision == DType::bf16 ? static_cast<const void*>(a.dlogits16)
-                                                       : static_cast<const void*>(a.logits);
-    cx.linear_backward(dn, dlogits, a.n, w.embed, N, Vp, C, false);
+    // dlogits in the GEMM precision, in place of the logits (bf16 rows at stride 2·Vp).
+    const int64_t ld = cx.precision == DType::bf16 ? 2 * Vp : Vp;
+    cx.linear_backward(dn, a.logits, ld, a.n, w.embed, N, Vp, C, false);
   }
   auto t = cx.time("rmsnorm");
   std::memset(dx, 0, N * C * sizeof(float));

@@ -16,18 +16,17 @@ struct LmHeadWeights {
 };
 
 struct LmHeadActs {
-  float* n;         // [N, C]   rms(x)
-  float* rstd;      // [N]
-  float* logits;    // [N, Vp]  the logits; in fp32, d loss/d logits after a forward with targets
-  bf16* dlogits16;  // [N, Vp]  in bf16, d loss/d logits after a forward with targets
-  float* losses;    // [N]      per-token cross-entropy
-  void take(Arena& arena, const ModelConfig& c, BatchShape s, DType precision);
+  float* n;       // [N, C]   rms(x)
+  float* rstd;    // [N]
+  float* logits;  // [N, Vp]  the logits; d loss/d logits after a forward with targets
+  float* losses;  // [N]      per-token cross-entropy
+  void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 
 // x [N, C]: the residual stream after the last layer. With targets [N] (each checked against
-// the vocabulary) returns the mean cross-entropy and keeps d loss/d logits for the backward,
-// in the GEMM precision (fp32: in place of the logits; bf16: in dlogits16, the logits kept);
-// without, returns 0 and keeps the logits.
+// the vocabulary) returns the mean cross-entropy, and the logits become their gradient in the
+// GEMM precision: floats in fp32; in bf16, each row's bf16 values at the start of its own
+// float row (row stride 2·Vp bf16 values). Without targets, returns 0 and keeps the logits.
 double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const float* x,
                        const int32_t* targets, int64_t N);
 // dx [N, C] (written) = d loss/d x; accumulates the embedding's and the final norm's

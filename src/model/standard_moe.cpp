@@ -54,7 +54,7 @@ struct Activations : CommonActivations {
   MoeGrads moe_grads;
   StandardRouterScratch router_scratch;
 
-  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel, DType precision) {
+  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     attn.resize(L);
@@ -69,7 +69,7 @@ struct Activations : CommonActivations {
         moe[l].take(a, c, s, expert_parallel);
         router[l].take(a, c, s);
       }
-      head.take(a, c, s, precision);
+      head.take(a, c, s);
       dx = a.take<float>(NC);
       attn_grads.take(a, c, s);
       moe_grads.take(a, c, s, expert_parallel);

@@ -123,7 +123,7 @@ struct Activations : CommonActivations {
   MoeGrads moe_grads;
   ZayaRouterScratch router_scratch;
 
-  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel, DType precision) {
+  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     cca.resize(L);
@@ -139,7 +139,7 @@ struct Activations : CommonActivations {
         moe[l].take(a, c, s, expert_parallel);
         router[l].take(a, c, s);
       }
-      head.take(a, c, s, precision);
+      head.take(a, c, s);
       for (float** p : {&dres, &dres2, &dh}) *p = a.take<float>(NC);
       attn_grads.take(a, c, s);
       cca_grads.take(a, c, s);
