@@ -25,8 +25,6 @@ constexpr int64_t kRowsPerTask = 64;
 constexpr int64_t kRowsPerBlock = 128;
 // Output channels of w1 per dw1 task.
 constexpr int64_t kOutputsPerTask = 16;
-// Channels per task of the depthwise backward and of the bias reductions.
-constexpr int64_t kChannelsPerTask = 32;
 
 // acc[r][:] += Σ_{k<count} x[r][k·x_stride] · w[k·w_stride + :], R rows × V columns held in
 // registers.
@@ -146,29 +144,6 @@ const T* pack_grouped_weight(const T* w1, int64_t groups, int64_t d, int64_t tap
       }
     }
   return packed;
-}
-
-// sums [W] += Σ_{rows} x[row, :] for x [N, W]: tasks by channel block; each sums its rows in
-// a fixed order (blocks of kRowsPerBlock rows, then the blocks).
-template <typename T>
-void add_column_sums(T* sums, const T* x, int64_t n, int64_t width) {
-  const int64_t blocks = (width + kChannelsPerTask - 1) / kChannelsPerTask;
-#pragma omp parallel for schedule(static) if (is_parallel(n * width) && blocks > 1)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kChannelsPerTask, cols = std::min(width - c0, kChannelsPerTask);
-    T total[kChannelsPerTask] = {}, partial[kChannelsPerTask];
-    for (int64_t r0 = 0; r0 < n; r0 += kRowsPerBlock) {
-      std::fill(partial, partial + cols, T(0));
-      const int64_t r1 = std::min(n, r0 + kRowsPerBlock);
-      for (int64_t r = r0; r < r1; ++r) {
-        const T* row = x + r * width + c0;
-#pragma omp simd
-        for (int64_t j = 0; j < cols; ++j) partial[j] += row[j];
-      }
-      for (int64_t j = 0; j < cols; ++j) total[j] += partial[j];
-    }
-    for (int64_t j = 0; j < cols; ++j) sums[c0 + j] += total[j];
-  }
 }
 
 void check_heads(int64_t hq, int64_t hk, int64_t d) {
@@ -419,7 +394,7 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, c
         }
       }
 
-  add_column_sums(db1, dz, b * t, channels);
+  detail::add_column_sums(db1, dz, b * t, channels);
 }
 
 // ---- value shift ---------------------------------------------------------------------------

@@ -152,17 +152,7 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
     for (int64_t ci = 0; ci < d; ++ci)
       for (int64_t i = 0; i < taps; ++i)
         dw1[(row * d + ci) * taps + i] += dw[(i * groups * d + row) * d + ci];
-  // db1 += the column sums of dz, each column summed over the rows in order.
-  constexpr int64_t kBlock = 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t c0 = 0; c0 < channels; c0 += kBlock) {
-    const int64_t width = std::min(kBlock, channels - c0);
-    for (int64_t row = 0; row < b * t; ++row) {
-      const float* src = dz + row * channels + c0;
-#pragma omp simd
-      for (int64_t ch = 0; ch < width; ++ch) db1[c0 + ch] += src[ch];
-    }
-  }
+  detail::add_column_sums(db1, dz, b * t, channels);
 }
 
 }  // namespace foundry::ops

@@ -90,9 +90,9 @@ memory::desc describe(const std::vector<int64_t>& dims, DType dtype,
                       memory::dims(strides.begin(), strides.end()));
 }
 
-// The cached primitive for `key`, created from the descriptions on first use.
-Primitive cached_primitive(const std::string& key, const memory::desc& a, const memory::desc& b,
-                           const memory::desc& c, bool accumulate) {
+// The cached primitive for `key`, created on first use from the description `make` returns.
+Primitive cached_primitive(const std::string& key, bool accumulate,
+                           const std::function<dnnl::matmul::desc()>& make) {
   Engine& e = engine();
   std::lock_guard<std::mutex> lock(e.mutex);
   auto it = e.cache.find(key);
@@ -105,7 +105,7 @@ Primitive cached_primitive(const std::string& key, const memory::desc& a, const 
     attr.set_post_ops(ops);
   }
   try {
-    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, e.engine);
+    dnnl::matmul::primitive_desc pd(make(), attr, e.engine);
     const Primitive made{dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
     return e.cache.emplace(key, made).first->second;
   } catch (const dnnl::error& err) {
@@ -171,9 +171,11 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   append_key(key, c_dims);
   append_key(key, c.strides);
 
-  const Primitive p = cached_primitive(key, describe(a_dims, a.dtype, a.strides),
-                                       describe(b_dims, b.dtype, b.strides),
-                                       describe(c_dims, DType::f32, c.strides), accumulate);
+  const Primitive p = cached_primitive(key, accumulate, [&] {
+    return dnnl::matmul::desc(describe(a_dims, a.dtype, a.strides),
+                              describe(b_dims, b.dtype, b.strides),
+                              describe(c_dims, DType::f32, c.strides));
+  });
   execute(p, describe(a.dims, a.dtype, a.strides), a.data, describe(b.dims, b.dtype, b.strides),
           b.data, describe(c.dims, DType::f32, c.strides), c.data);
 }

@@ -1,5 +1,6 @@
 // Helpers shared by the kernel sources (not part of the kernel interface): an exp and a max
-// that vectorize, a per-thread bf16 conversion, and grow-only scratch buffers.
+// that vectorize, a per-thread bf16 conversion, fixed-order column sums, and grow-only
+// scratch buffers.
 #pragma once
 #include <immintrin.h>
 
@@ -78,6 +79,31 @@ inline void softmax_row(T* p, const T* z, int64_t n) {
   }
   const T inv_sum = T(1) / sum;
   for (int64_t j = 0; j < n; ++j) p[j] *= inv_sum;
+}
+
+// sums [W] += Σ_{rows} x[row, :] for x [N, W] (the bias gradients): tasks by blocks of 32
+// columns; each sums its rows in a fixed order (blocks of 128 rows, then the blocks), so the
+// result does not depend on the thread count.
+template <typename T>
+void add_column_sums(T* sums, const T* x, int64_t n, int64_t width) {
+  constexpr int64_t kChannels = 32, kRows = 128;
+  const int64_t blocks = (width + kChannels - 1) / kChannels;
+#pragma omp parallel for schedule(static) if (n * width >= kParallelMinElements && blocks > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t c0 = blk * kChannels, cols = std::min(width - c0, kChannels);
+    T total[kChannels] = {}, partial[kChannels];
+    for (int64_t r0 = 0; r0 < n; r0 += kRows) {
+      std::fill(partial, partial + cols, T(0));
+      const int64_t r1 = std::min(n, r0 + kRows);
+      for (int64_t r = r0; r < r1; ++r) {
+        const T* row = x + r * width + c0;
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) partial[j] += row[j];
+      }
+      for (int64_t j = 0; j < cols; ++j) total[j] += partial[j];
+    }
+    for (int64_t j = 0; j < cols; ++j) sums[c0 + j] += total[j];
+  }
 }
 
 using ::foundry::to_bf16_serial;  // base/bf16.h

@@ -123,6 +123,7 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
                             float* act, float* ys, const std::vector<int64_t>& w13,
                             const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
+  const std::vector<int64_t> costs = row_counts(offsets, n_experts);
   const DType dt = cx_.precision;
   const size_t elem = dt == DType::bf16 ? 2 : 4;
   {
@@ -130,7 +131,7 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
     // Kept for the backward's weight gradient when the caller gives a buffer.
     const char* xs_g = static_cast<const char*>(
         xs_gemm ? cx_.input(xs, rows_all * C, *xs_gemm) : cx_.input(xs, rows_all * C, 0));
-    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
+    run_products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) return;
       gemm(xs_g + offsets[e] * C * elem, false, cx_.weight(w13[e]), true, h + offsets[e] * 2 * F,
@@ -147,7 +148,7 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
   {
     auto t = cx_.time("expert_down_gemm");
     const char* act_g = reinterpret_cast<const char*>(act);  // already in the GEMM dtype
-    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
+    run_products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) return;
       gemm(act_g + offsets[e] * F * elem, false, cx_.weight(w2[e]), true, ys + offsets[e] * C,
@@ -161,13 +162,14 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
                              float* dh, float* dact, const std::vector<int64_t>& w13,
                              const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
+  const std::vector<int64_t> costs = row_counts(offsets, n_experts);
   const DType dt = cx_.precision;
   const size_t elem = dt == DType::bf16 ? 2 : 4;
   {
     auto t = cx_.time("expert_down_gemm");
     const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
     const char* act_g = reinterpret_cast<const char*>(act);
-    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
+    run_products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
         std::fill_n(cx_.g(w2[e]), C * F, 0.0f);
@@ -190,7 +192,7 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     const char* dh_g = reinterpret_cast<const char*>(dh);  // already in the GEMM dtype
     const char* xs_g = static_cast<const char*>(
         dt == DType::bf16 && xs_gemm ? xs_gemm->data() : cx_.input(xs, rows_all * C, 1));
-    run_products(row_counts(offsets, n_experts), [&](int64_t e) {
+    run_products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
         std::fill_n(cx_.g(w13[e]), 2 * F * C, 0.0f);

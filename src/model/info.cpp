@@ -482,144 +482,177 @@ json to_json(const ModelInfo& info) {
   };
 }
 
-std::string format_model_info(const ModelInfo& info) {
-  const ModelConfig& c = info.config;
-  const ParamCounts& p = info.params;
-  const FlopsPerToken& f = info.flops;
-  const MemoryEstimate& m = info.memory;
-  const bool zaya = c.is_zaya();
+namespace {
+
+// The text of `model info`, a line at a time, in aligned rows.
+struct InfoText {
   std::string out;
-  auto line = [&out](const std::string& text) { out += text + "\n"; };
-  auto count_row = [&](const std::string& label, int64_t n) {
+  void line(const std::string& text) { out += text + "\n"; }
+  void count_row(const std::string& label, int64_t n) {
     line(fmt::format("  {:<44} {:>17}  {:>10}", label, with_separators(n),
                      format_count(double(n))));
-  };
-  auto flops_row = [&](const std::string& label, double flops) {
+  }
+  void flops_row(const std::string& label, double flops) {
     line(fmt::format("  {:<44} {:>17}", label, format_flops(flops)));
-  };
-  auto bytes_row = [&](const std::string& label, int64_t bytes) {
+  }
+  void bytes_row(const std::string& label, int64_t bytes) {
     line(fmt::format("  {:<44} {:>17}", label, format_bytes(double(bytes))));
-  };
-  // Headline counts in the unit and decimals of the model's size: "0.754 B" next to "8.303 B".
-  auto in_model_scale = [&p](int64_t n) {
-    return format_count_like(double(n), double(p.non_embedding));
-  };
+  }
+};
 
-  if (zaya) {
-    line(fmt::format("model: zaya1, {} layers of CCA + MoE ({} sublayers), d_model {}, CCA {} "
-                     "query / {} kv heads x {} (latents {} / {}), {} experts top-{}{}, ffn_dim "
-                     "{}, router latent {}, vocab {} (padded {})",
-                     c.n_layers, 2 * c.n_layers, c.d_model, c.n_heads, c.n_kv_heads, c.head_dim,
-                     c.q_dim(), c.kv_dim(), c.n_experts, c.top_k,
-                     c.router_skip_class ? " + skip class" : "", c.ffn_dim, c.router_latent_dim,
-                     c.vocab_size, c.padded_vocab()));
+void describe_shape(InfoText& t, const ModelInfo& info) {
+  const ModelConfig& c = info.config;
+  if (c.is_zaya()) {
+    t.line(fmt::format("model: zaya1, {} layers of CCA + MoE ({} sublayers), d_model {}, CCA {} "
+                       "query / {} kv heads x {} (latents {} / {}), {} experts top-{}{}, "
+                       "ffn_dim {}, router latent {}, vocab {} (padded {})",
+                       c.n_layers, 2 * c.n_layers, c.d_model, c.n_heads, c.n_kv_heads,
+                       c.head_dim, c.q_dim(), c.kv_dim(), c.n_experts, c.top_k,
+                       c.router_skip_class ? " + skip class" : "", c.ffn_dim,
+                       c.router_latent_dim, c.vocab_size, c.padded_vocab()));
   } else {
     const std::string experts =
         c.n_experts == 1 ? std::string("dense SwiGLU")
                          : fmt::format("{} experts, top-{}", c.n_experts, c.top_k);
-    line(fmt::format("model: {} layers, d_model {}, {} heads x {} ({} kv heads), {}, ffn_dim {}, "
-                     "vocab {} (padded {})",
-                     c.n_layers, c.d_model, c.n_heads, c.head_dim, c.n_kv_heads, experts,
-                     c.ffn_dim, c.vocab_size, c.padded_vocab()));
+    t.line(fmt::format("model: {} layers, d_model {}, {} heads x {} ({} kv heads), {}, "
+                       "ffn_dim {}, vocab {} (padded {})",
+                       c.n_layers, c.d_model, c.n_heads, c.head_dim, c.n_kv_heads, experts,
+                       c.ffn_dim, c.vocab_size, c.padded_vocab()));
   }
-  line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}, optimizer {}", info.batch,
-                   info.seq, with_separators(info.batch * info.seq),
-                   dtype_name(info.precision), optimizer_name(info.optimizer)));
-  line("");
-  line(fmt::format("parameters: {} total / {} active per token without embeddings; "
-                   "embedding {}",
-                   in_model_scale(p.non_embedding), in_model_scale(p.active_non_embedding),
-                   in_model_scale(p.embedding)));
-  count_row("total", p.total);
-  count_row("embedding (tied with the LM head)", p.embedding);
-  count_row("non-embedding", p.non_embedding);
-  count_row("active per token", p.active);
-  count_row("active per token, non-embedding", p.active_non_embedding);
-  if (zaya) {
-    // Active counts top_k real experts per MoE sublayer: the skip class runs none.
-    count_row(fmt::format("per CCA sublayer (x{})", c.n_layers), p.cca.total);
-    count_row("  q_proj", p.cca.q);
-    count_row("  k_proj", p.cca.k);
-    count_row(fmt::format("  v_proj current + delayed (2 x {})", with_separators(p.cca.v_half)),
+  t.line(fmt::format("step:  batch {} x seq {} = {} tokens, precision {}, optimizer {}",
+                     info.batch, info.seq, with_separators(info.batch * info.seq),
+                     dtype_name(info.precision), optimizer_name(info.optimizer)));
+  t.line("");
+}
+
+void describe_zaya_parameters(InfoText& t, const ModelConfig& c, const ParamCounts& p) {
+  // Active counts top_k real experts per MoE sublayer: the skip class runs none.
+  t.count_row(fmt::format("per CCA sublayer (x{})", c.n_layers), p.cca.total);
+  t.count_row("  q_proj", p.cca.q);
+  t.count_row("  k_proj", p.cca.k);
+  t.count_row(fmt::format("  v_proj current + delayed (2 x {})", with_separators(p.cca.v_half)),
               2 * p.cca.v_half);
-    count_row("  convolutions (depthwise, grouped, biases)", p.cca.convolutions);
-    count_row("  o_proj", p.cca.o);
-    count_row("  QK-norm temperature", p.cca.temperature);
-    count_row(fmt::format("per MoE sublayer: router (x{})", c.n_layers), p.router_per_layer);
-    if (p.router_first_layer != p.router_per_layer)
-      count_row("  first MoE sublayer's router (no EDA gamma)", p.router_first_layer);
-    count_row("per expert (gate, up, down)", p.per_expert);
-    count_row(fmt::format("per MoE sublayer: all {} experts", c.n_experts), p.experts_per_layer);
-    count_row("per layer: residual scaling (2 x 4 x C)", p.residual_scales_per_layer);
-    count_row("per layer: norms (2 pre-norms)", p.norms_per_layer);
-    count_row("per layer: total (layers after the first)", p.per_layer);
-    count_row("embedding residual scale and bias", p.input_scales);
-    count_row("final norm", p.final_norm);
-    if (p.router_first_layer != p.router_per_layer)
-      line(fmt::format("  (the first MoE sublayer has no EDA weight router_states_scale: its "
+  t.count_row("  convolutions (depthwise, grouped, biases)", p.cca.convolutions);
+  t.count_row("  o_proj", p.cca.o);
+  t.count_row("  QK-norm temperature", p.cca.temperature);
+  t.count_row(fmt::format("per MoE sublayer: router (x{})", c.n_layers), p.router_per_layer);
+  if (p.router_first_layer != p.router_per_layer)
+    t.count_row("  first MoE sublayer's router (no EDA gamma)", p.router_first_layer);
+  t.count_row("per expert (gate, up, down)", p.per_expert);
+  t.count_row(fmt::format("per MoE sublayer: all {} experts", c.n_experts), p.experts_per_layer);
+  t.count_row("per layer: residual scaling (2 x 4 x C)", p.residual_scales_per_layer);
+  t.count_row("per layer: norms (2 pre-norms)", p.norms_per_layer);
+  t.count_row("per layer: total (layers after the first)", p.per_layer);
+  t.count_row("embedding residual scale and bias", p.input_scales);
+  t.count_row("final norm", p.final_norm);
+  if (p.router_first_layer != p.router_per_layer)
+    t.line(fmt::format("  (the first MoE sublayer has no EDA weight router_states_scale: its "
                        "router has {} fewer)",
                        p.router_per_layer - p.router_first_layer));
-    line(fmt::format("  (active: {} real expert(s) per MoE sublayer; a token routed to the skip "
+  t.line(fmt::format("  (active: {} real expert(s) per MoE sublayer; a token routed to the skip "
                      "class runs none)",
                      active_experts(c)));
-  } else {
-    count_row("per layer: attention (q, k, v, o)", p.attention_per_layer);
-    if (c.n_experts > 1) count_row("per layer: router", p.router_per_layer);
-    count_row(c.n_experts > 1 ? "per expert (w1, w3, w2)" : "per layer: FFN (gate, up, down)",
+}
+
+void describe_standard_parameters(InfoText& t, const ModelConfig& c, const ParamCounts& p) {
+  t.count_row("per layer: attention (q, k, v, o)", p.attention_per_layer);
+  if (c.n_experts > 1) t.count_row("per layer: router", p.router_per_layer);
+  t.count_row(c.n_experts > 1 ? "per expert (w1, w3, w2)" : "per layer: FFN (gate, up, down)",
               p.per_expert);
-    if (c.n_experts > 1) count_row("per layer: all experts", p.experts_per_layer);
-    count_row("per layer: norms", p.norms_per_layer);
-    count_row("per layer: total", p.per_layer);
-    count_row("final norm", p.final_norm);
-  }
-  line("");
-  line(fmt::format("optimizer groups (train.optimizer = {})", optimizer_name(info.optimizer)));
+  if (c.n_experts > 1) t.count_row("per layer: all experts", p.experts_per_layer);
+  t.count_row("per layer: norms", p.norms_per_layer);
+  t.count_row("per layer: total", p.per_layer);
+  t.count_row("final norm", p.final_norm);
+}
+
+void describe_parameters(InfoText& t, const ModelInfo& info) {
+  const ParamCounts& p = info.params;
+  // Headline counts in the unit and decimals of the model's size: "0.754 B" next to "8.303 B".
+  auto in_model_scale = [&p](int64_t n) {
+    return format_count_like(double(n), double(p.non_embedding));
+  };
+  t.line(fmt::format("parameters: {} total / {} active per token without embeddings; "
+                     "embedding {}",
+                     in_model_scale(p.non_embedding), in_model_scale(p.active_non_embedding),
+                     in_model_scale(p.embedding)));
+  t.count_row("total", p.total);
+  t.count_row("embedding (tied with the LM head)", p.embedding);
+  t.count_row("non-embedding", p.non_embedding);
+  t.count_row("active per token", p.active);
+  t.count_row("active per token, non-embedding", p.active_non_embedding);
+  if (info.config.is_zaya())
+    describe_zaya_parameters(t, info.config, p);
+  else
+    describe_standard_parameters(t, info.config, p);
+  t.line("");
+  t.line(fmt::format("optimizer groups (train.optimizer = {})", optimizer_name(info.optimizer)));
   for (const ParamGroup& g : info.groups)
-    line(fmt::format("  {:<44} {:>17}  {:>10}  {:>5} tensors  {}", g.name,
-                     with_separators(g.params), format_count(double(g.params)), g.tensors,
-                     g.optimizer));
-  line("");
-  line("training FLOPs per token (forward + backward)");
-  flops_row(fmt::format("matmuls (6 x {} weights)", format_count(double(f.matmul_params))),
-            f.matmul_flops);
-  if (zaya) flops_row("CCA convolutions (6*L*(Cc*t0 + Cc*d*t1))", f.conv_flops);
-  flops_row("attention (12*L*Dq*(T+1)/2, causal)", f.attention_causal_flops);
-  flops_row("total (used for MFU)", f.train_flops);
-  flops_row("  of which forward", f.forward_flops);
-  flops_row("attention if full T x T (info)", f.attention_flops);
-  flops_row("per step", info.train_flops_per_step);
-  line("");
-  if (info.context > 1) {
-    line(fmt::format("context parallel {}: each rank holds chunks r and {}-r of every sequence, "
+    t.line(fmt::format("  {:<44} {:>17}  {:>10}  {:>5} tensors  {}", g.name,
+                       with_separators(g.params), format_count(double(g.params)), g.tensors,
+                       g.optimizer));
+  t.line("");
+}
+
+void describe_flops(InfoText& t, const ModelInfo& info) {
+  const FlopsPerToken& f = info.flops;
+  t.line("training FLOPs per token (forward + backward)");
+  t.flops_row(fmt::format("matmuls (6 x {} weights)", format_count(double(f.matmul_params))),
+              f.matmul_flops);
+  if (info.config.is_zaya()) t.flops_row("CCA convolutions (6*L*(Cc*t0 + Cc*d*t1))", f.conv_flops);
+  t.flops_row("attention (12*L*Dq*(T+1)/2, causal)", f.attention_causal_flops);
+  t.flops_row("total (used for MFU)", f.train_flops);
+  t.flops_row("  of which forward", f.forward_flops);
+  t.flops_row("attention if full T x T (info)", f.attention_flops);
+  t.flops_row("per step", info.train_flops_per_step);
+  t.line("");
+}
+
+void describe_context_parallel(InfoText& t, const ModelInfo& info) {
+  if (info.context <= 1) return;
+  t.line(fmt::format("context parallel {}: each rank holds chunks r and {}-r of every sequence, "
                      "{} of its {} tokens; memory below is per rank",
                      info.context, 2 * info.context - 1, info.seq / info.context, info.seq));
-    const ContextParallelTraffic& t = info.traffic;
-    bytes_row("sent per step per rank: k, v all-gathers", t.kv_gather_bytes);
-    bytes_row("  their gradients' reduce-scatters", t.kv_grad_bytes);
-    if (zaya) bytes_row("  CCA boundary rows (a middle rank)", t.halo_bytes);
-    bytes_row("  total", t.total());
-    line("");
-  }
-  line("memory");
-  bytes_row("weights fp32", m.weights_fp32_bytes);
-  if (m.weights_bf16_bytes) bytes_row("weights bf16 (GEMM copies)", m.weights_bf16_bytes);
-  bytes_row("gradients fp32", m.grads_bytes);
-  bytes_row("AdamW state (exp_avg, exp_avg_sq)", m.adamw_state_bytes);
-  if (m.muon_momentum_bytes) bytes_row("Muon momentum", m.muon_momentum_bytes);
-  bytes_row("activations saved for backward", m.activations_bytes);
-  bytes_row("backward working buffers", m.backward_buffers_bytes);
-  bytes_row("total", m.total_bytes);
-  line("");
-  line(fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "
-                   "copy per layer)",
-                   info.batch, info.seq / info.context, active_experts(c)));
+  const ContextParallelTraffic& traffic = info.traffic;
+  t.bytes_row("sent per step per rank: k, v all-gathers", traffic.kv_gather_bytes);
+  t.bytes_row("  their gradients' reduce-scatters", traffic.kv_grad_bytes);
+  if (info.config.is_zaya()) t.bytes_row("  CCA boundary rows (a middle rank)", traffic.halo_bytes);
+  t.bytes_row("  total", traffic.total());
+  t.line("");
+}
+
+void describe_memory(InfoText& t, const ModelInfo& info) {
+  const MemoryEstimate& m = info.memory;
+  t.line("memory");
+  t.bytes_row("weights fp32", m.weights_fp32_bytes);
+  if (m.weights_bf16_bytes) t.bytes_row("weights bf16 (GEMM copies)", m.weights_bf16_bytes);
+  t.bytes_row("gradients fp32", m.grads_bytes);
+  t.bytes_row("AdamW state (exp_avg, exp_avg_sq)", m.adamw_state_bytes);
+  if (m.muon_momentum_bytes) t.bytes_row("Muon momentum", m.muon_momentum_bytes);
+  t.bytes_row("activations saved for backward", m.activations_bytes);
+  t.bytes_row("backward working buffers", m.backward_buffers_bytes);
+  t.bytes_row("total", m.total_bytes);
+  t.line("");
+  t.line(fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "
+                     "copy per layer)",
+                     info.batch, info.seq / info.context, active_experts(info.config)));
   for (const MemoryItem& item : m.activations) {
     const std::string label =
         item.copies > 1 ? fmt::format("{} x{}", item.name, item.copies) : item.name;
-    line(fmt::format("  {:<44} {:<19} {:>12}", label, item.shape,
-                     format_bytes(double(item.bytes))));
+    t.line(fmt::format("  {:<44} {:<19} {:>12}", label, item.shape,
+                       format_bytes(double(item.bytes))));
   }
-  return out;
+}
+
+}  // namespace
+
+std::string format_model_info(const ModelInfo& info) {
+  InfoText t;
+  describe_shape(t, info);
+  describe_parameters(t, info);
+  describe_flops(t, info);
+  describe_context_parallel(t, info);
+  describe_memory(t, info);
+  return t.out;
 }
 
 }  // namespace foundry
