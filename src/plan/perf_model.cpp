@@ -38,6 +38,7 @@ namespace {
 constexpr double kF32 = 4, kBf16 = 2;
 constexpr const char* kFrameworkName = "framework overhead (kernel launches)";
 constexpr const char* kAllToAllName = "expert-parallel dispatch and combine all-to-alls";
+constexpr const char* kPipelineSendsName = "pipeline sends in the fill and drain (point-to-point)";
 constexpr const char* kElementwiseName =
     "elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)";
 
@@ -242,8 +243,9 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     led.grouped("expert GEMMs", rows, 2 * F, C, E, Ld, dt);
     led.grouped("expert GEMMs", rows, C, F, E, Ld, dt);
   } else {
-    led.linear("expert GEMMs", rows, 2 * F, C, Ld * experts, dt);
-    led.linear("expert GEMMs", rows, C, F, Ld * experts, dt);
+    const char* name = E > 1 ? "expert GEMMs" : "MLP GEMMs (dense)";
+    led.linear(name, rows, 2 * F, C, Ld * experts, dt);
+    led.linear(name, rows, C, F, Ld * experts, dt);
   }
   led.linear("LM head", N, Vp, C, 1, dt);
 
@@ -577,6 +579,26 @@ double exposed_data_parallel_s(const StepShape& s, const HardwareProfile& profil
   return reduce_exposed + gather_exposed + contention;
 }
 
+// Pipeline parallelism's point-to-point sends: each micro-batch's activations leave every one
+// of a device's vp chunks forward and their gradients come back backward (each tensor-parallel
+// rank sends its 1/tp share, sequence parallel). In the steady 1F1B state they run while other
+// micro-batches compute (asynchronous sends); in the fill and the drain each of the
+// pp · vp − 1 chunk boundaries on the critical path waits for one send. A send is half of a
+// two-rank all-gather at the stage stride (tp · dp ranks apart: across nodes once a node is
+// full). Returns the exposed seconds.
+double add_pipeline_sends(const ModelConfig& c, const StepShape& s,
+                          const HardwareProfile& profile, Ledger& led) {
+  if (s.pp <= 1) return 0;
+  const double act = s.precision == DType::bf16 ? kBf16 : kF32;
+  const double bytes = double(s.micro_batch) * double(s.seq / s.cp) * double(c.d_model) * act /
+                       double(s.tp);
+  const double one = group_collective_s(profile, "all_gather", 2, 2 * bytes, s.tp * s.dp);
+  const double exposed = 2.0 * double(s.pp * s.vp - 1) * one;
+  const double sent = 2.0 * double(s.vp) * double(s.accumulation) * bytes;
+  led.add(kPipelineSendsName, CostCategory::comm, exposed, 0, sent);
+  return exposed;
+}
+
 // Sums the ledger into the prediction's categories.
 void sum_categories(const Ledger& led, StepPrediction& p) {
   p.gemm_s = led.seconds(CostCategory::gemm);
@@ -692,10 +714,12 @@ StepPrediction predict_step(const ModelConfig& config, const StepShape& s,
   optimizer_step(config, s, profile, led);
   const double data_parallel_exposed =
       exposed_data_parallel_s(s, profile, layout_of(config, s), micro, led);
+  const double pipeline_sends_exposed = add_pipeline_sends(config, s, profile, led);
 
   StepPrediction p;
   sum_categories(led, p);
-  p.comm_exposed_s = micro.exposed_comm_s * double(s.accumulation) + data_parallel_exposed;
+  p.comm_exposed_s = micro.exposed_comm_s * double(s.accumulation) + data_parallel_exposed +
+                     pipeline_sends_exposed;
   const double busy = p.compute_s + p.comm_exposed_s + p.bubble_s + p.overhead_s;
   p.data_s = data_loading_s(s, profile);
   p.data_exposed_s = std::max(0.0, p.data_s - busy);

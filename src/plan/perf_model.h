@@ -40,6 +40,9 @@
 //                cross the NIC, one copy per node hit with `dedup_expert_dispatch`).
 //                Contention: a hidden gradient reduction and the backward's all-to-alls that
 //                share inter-node links queue behind each other.
+//                Pipeline sends: the stage-to-stage activations and gradients, exposed only
+//                in the fill and drain (pp · vp − 1 chunk boundaries each way), hidden in the
+//                steady state.
 //   pipeline     the 1F1B bubble, (pp − 1)/vp micro-batch times of a stage.
 //   overhead     framework: kernels launched × the profile's per-kernel overhead; data
 //                loading: the step's pages over the storage IOPS budget, prefetched during the

@@ -365,6 +365,44 @@ TEST(PerfModel, PipelineBubbleIsStagesMinusOneMicroSteps) {
   EXPECT_LT(many.bubble_s / many.step_s, four.bubble_s / four.step_s);
 }
 
+TEST(PerfModel, PipelineSendsAreExposedOnlyInTheFillAndDrain) {
+  const ModelConfig c = moe_bench();
+  const HardwareProfile prof = cluster_profile();
+  StepShape s;
+  s.accumulation = 8;
+  s.dp = 4;
+  EXPECT_EQ(item_seconds(predict_step(c, s, prof), "pipeline sends"), 0);
+  s.pp = 4;
+  const StepPrediction four = predict_step(c, s, prof);
+  // 2 · (pp · vp − 1) sends on the critical path, each half of a two-rank all-gather of one
+  // micro-batch's bf16 activations, stages tp · dp ranks apart.
+  const double bytes = double(s.micro_batch * s.seq * c.d_model) * 2;
+  const double one = group_collective_s(prof, "all_gather", 2, 2 * bytes, s.tp * s.dp);
+  const double sends = item_seconds(four, "pipeline sends");
+  EXPECT_NEAR(sends, 2 * 3 * one, 1e-12);
+  // Exposed communication, not bubble.
+  for (const auto& it : four.items) {
+    if (it.name.starts_with("pipeline sends")) {
+      EXPECT_EQ(it.category, CostCategory::comm);
+    }
+  }
+  // The steady state hides them: more micro-batches expose no more.
+  s.accumulation = 32;
+  EXPECT_NEAR(item_seconds(predict_step(c, s, prof), "pipeline sends"), sends, 1e-12);
+  // Interleaving trades bubble for sends: more chunk boundaries on the critical path.
+  s.accumulation = 8;
+  s.vp = 2;
+  const StepPrediction two = predict_step(c, s, prof);
+  EXPECT_NEAR(item_seconds(two, "pipeline sends"), 2 * 7 * one, 1e-12);
+  EXPECT_LT(two.bubble_s, four.bubble_s);
+  // Stages on other nodes send over the slower inter-node links.
+  s.vp = 1;
+  s.dp = 16;
+  const double far = group_collective_s(prof, "all_gather", 2, 2 * bytes, s.tp * s.dp);
+  EXPECT_GT(far, one);
+  EXPECT_NEAR(item_seconds(predict_step(c, s, prof), "pipeline sends"), 2 * 3 * far, 1e-12);
+}
+
 TEST(PerfModel, TensorParallelSplitsComputeAndAddsBlockingCollectives) {
   const ModelConfig c = moe_bench();
   const HardwareProfile prof = flat_profile("cpu", 1e15);
