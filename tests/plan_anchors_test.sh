@@ -71,5 +71,15 @@ expect_fail "imbalance below 1" "--expert-imbalance 0.5 must be >= 1" \
   --expert-imbalance 0.5
 expect_fail "negative failure rate" "--failure-rate -1" \
   "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --failure-rate -1
+expect_fail "an attention kernel the profile lacks" "no attention kernel 'fa9'" \
+  "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --attention-kernel fa9
+
+# ---- the stack's kernels: shown, and slower than the fused default ----
+out="$("$FOUNDRY" plan --profile h100 --config "$SRC/configs/anchors/olmo-1b-dense-128xH100.json" \
+  --devices 128 --global-batch 1024 --eager --attention-kernel fa2 2>&1)"
+grep -qF "kernels: unfused (eager) elementwise, attention fa2" <<<"$out" \
+  && grep -qF "elementwise, unfused: RMSNorms and RoPE op by op (eager)" <<<"$out" \
+  && ok "eager kernels and the FA2 curve are named in the report" \
+  || bad "the kernels line or the eager item is missing"
 
 finish

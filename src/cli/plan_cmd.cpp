@@ -39,6 +39,8 @@ struct PlanOptions {
   double expert_imbalance = 0;
   std::string recompute = "none";
   bool overlap_param_gather = false, overlap_expert_comm = false, dedup_dispatch = false;
+  bool eager = false;            // unfused elementwise kernels
+  std::string attention_kernel;  // a curve of the profile's efficiency.attention_kernels
   // Goodput: a negative value means "derive the default".
   double failure_rate = 1.97e-5;  // per device-hour: Llama 3 (docs/anchors.md)
   double checkpoint_stall = -1, checkpoint_write = -1, restart = -1, checkpoint_interval = 0;
@@ -110,6 +112,9 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
                 (long long)(s.dp * s.tp * s.pp));
   if (s.recompute != Recompute::none)
     std::printf("activation recompute: %s\n", recompute_name(s.recompute));
+  if (s.eager || !s.attention_kernel.empty())
+    std::printf("kernels: %s elementwise, attention %s\n", s.eager ? "unfused (eager)" : "fused",
+                s.attention_kernel.empty() ? "the profile's best" : s.attention_kernel.c_str());
   std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
   for (const auto& it : p.items)
     std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
@@ -162,6 +167,8 @@ void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) 
   s.overlap_expert_comm = o.overlap_expert_comm;
   s.dedup_expert_dispatch = o.dedup_dispatch;
   s.data_scatter = o.scatter;
+  s.eager = o.eager;
+  s.attention_kernel = o.attention_kernel;
 }
 
 // Goodput for a run of `devices` with this step: the flags, or defaults derived from the
@@ -275,7 +282,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
                 {"layout", {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"vp", s.vp},
                             {"ep", s.ep}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
                             {"accumulation", s.accumulation},
-                            {"recompute", recompute_name(s.recompute)}}},
+                            {"recompute", recompute_name(s.recompute)},
+                            {"eager", s.eager}, {"attention_kernel", s.attention_kernel}}},
                 {"mfu_spec", p.mfu_spec}, {"goodput", goodput_json(gin, gp, p.step_s)}};
       j["items"] = json::array();
       for (const auto& it : p.items)
@@ -405,6 +413,11 @@ void register_plan_commands(CLI::App& app) {
                  "Expert all-to-alls hide behind another micro-batch's compute (DualPipe)");
   plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
                  "A token crosses to each other node once (DeepEP-style dispatch)");
+  plan->add_flag("--eager", o->eager,
+                 "With --config: unfused elementwise kernels (eager PyTorch, no compiler)");
+  plan->add_option("--attention-kernel", o->attention_kernel,
+                   "With --config: a fused attention kernel of the profile "
+                   "(efficiency.attention_kernels, e.g. fa2; default: its best)");
   plan->add_option("--failure-rate", o->failure_rate,
                    "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
   plan->add_option("--checkpoint-stall", o->checkpoint_stall,

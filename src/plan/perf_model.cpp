@@ -39,6 +39,8 @@ constexpr double kF32 = 4, kBf16 = 2;
 constexpr const char* kFrameworkName = "framework overhead (kernel launches)";
 constexpr const char* kAllToAllName = "expert-parallel dispatch and combine all-to-alls";
 constexpr const char* kPipelineSendsName = "pipeline sends in the fill and drain (point-to-point)";
+constexpr const char* kEagerNormsName =
+    "elementwise, unfused: RMSNorms and RoPE op by op (eager)";
 constexpr const char* kElementwiseName =
     "elementwise (norms, residuals, RoPE, SwiGLU, routing, loss)";
 
@@ -159,19 +161,43 @@ double efficiency_number(const json& obj, const char* key, const std::string& wh
   return it->get<double>();
 }
 
+// The fused attention kernel's curve the run uses: efficiency.attention_kernels[kernel] when
+// a kernel is named, else efficiency.attention (nullptr if the profile has none).
+const json* attention_curve(const json& section, const std::string& kernel,
+                            const std::string& where) {
+  if (kernel.empty()) {
+    const auto it = section.find("attention");
+    return it == section.end() ? nullptr : &*it;
+  }
+  const auto kernels = section.find("attention_kernels");
+  if (kernels != section.end() && kernels->is_object() && kernels->contains(kernel))
+    return &(*kernels)[kernel];
+  std::vector<std::string> names;
+  if (kernels != section.end() && kernels->is_object())
+    for (const auto& [name, curve] : kernels->items()) names.push_back(name);
+  fail(fmt::format("{}: no attention kernel '{}' in efficiency.attention_kernels (it has: {})",
+                   where, kernel, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))),
+       "name one of those with --attention-kernel, or add its curve to the profile");
+}
+
 // The attention curve is interpolated linearly in log2(seq) and held flat past its ends.
-Efficiency efficiency_at(const HardwareProfile& profile, int64_t seq) {
+Efficiency efficiency_at(const HardwareProfile& profile, int64_t seq,
+                         const std::string& attention_kernel) {
   Efficiency e;
-  const auto section = profile.raw.find("efficiency");
-  if (section == profile.raw.end() || !section->is_object()) return e;
   const std::string& where = profile.path.empty() ? profile.name : profile.path;
+  const auto section = profile.raw.find("efficiency");
+  if (section == profile.raw.end() || !section->is_object()) {
+    if (!attention_kernel.empty()) attention_curve(json::object(), attention_kernel, where);
+    return e;
+  }
   if (section->contains("kernel_overhead_s"))
     e.kernel_overhead_s = efficiency_number(*section, "kernel_overhead_s", where, 0, 1e-3);
-  const auto curve = section->find("attention");
-  if (curve == section->end()) return e;
+  const json* curve = attention_curve(*section, attention_kernel, where);
+  if (curve == nullptr) return e;
   if (!curve->is_array() || curve->empty())
-    fail(fmt::format("{}: efficiency: 'attention' must be a list of {{seq, forward, backward}}",
-                     where), "fix the profile's efficiency section (profiles/README.md)");
+    fail(fmt::format("{}: efficiency: an attention curve must be a list of "
+                     "{{seq, forward, backward}}", where),
+         "fix the profile's efficiency section (profiles/README.md)");
   struct Point { double x, fwd, bwd; };
   std::vector<Point> pts;
   for (const auto& p : *curve)
@@ -196,6 +222,18 @@ Efficiency efficiency_at(const HardwareProfile& profile, int64_t seq) {
 // routing, dispatch, combine; ZAYA1 adds residual scaling, the CCA's means, convolution,
 // QK-norm, value shift and the router's MLP passes), for the launch overhead.
 constexpr double kElementwiseKernelsPerLayer = 30, kZayaElementwiseKernelsPerLayer = 72;
+
+// Unfused (eager PyTorch, no compiler) RMSNorm and RoPE: each op is its own kernel that reads
+// and writes HBM. Bytes per activation element, forward + backward, bf16 in and out:
+// RMSNorm computed in fp32 (x.float(); x.pow(2); mean; x·rsqrt; .to(bf16); weight·x): forward
+// 6 + 8 + 4 + 8 + 6 + 4 = 36 B; autograd's backward of the same chain (weight·g and the weight
+// gradient's reduction 8, cast 6, the product's two gradients 16, pow 8, summing the two paths
+// of x 12, cast 6) = 56 B: 92 B, where one fused kernel each way moves 10 B (bf16) and the fused
+// count above 20 B (fp32). RoPE in fp32 in the rotate-half form (x.float(); neg and cat of the
+// halves; x·cos; rot·sin; add; cast back): forward 6 + 12 + 8 + 8 + 12 + 6 = 52 B, backward the
+// mirror image 52 B: 104 B against 16 B fused. Kernels: 14 per norm and 15 per RoPE of q or k.
+constexpr double kEagerNormBytes = 92, kEagerRopeBytes = 104;
+constexpr double kEagerNormKernels = 14, kEagerRopeKernels = 15;
 
 // One micro-step (forward + backward over micro_batch·T tokens) into `led`.
 void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
@@ -263,7 +301,7 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   // applies to the forward's two products and the backward's five.
   const double heads = double(B * Hq) * Ld * causal;
   const int64_t TH = T * B * Hq;
-  const Efficiency eff = efficiency_at(profile, T);
+  const Efficiency eff = efficiency_at(profile, T, s.attention_kernel);
   const double fw = eff.attention_forward, bw = eff.attention_backward;
   const auto core = CostCategory::attention;
   led.product("attention core", core, TH, T, d, heads, dt, T, fw);      // S = Q·Kᵀ
@@ -286,11 +324,20 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   // SwiGLU per routed token: forward reads gate|up (2F) writes F; backward reads 2F + F,
   // writes 2F: 8F. Dispatch and combine: gather C forward, scatter-add C, the same backward
   // plus the gate gradient's dot product: 6C per routed token.
+  // Unfused (eager) kernels replace the norms' and RoPE's counts by their op-by-op bytes.
+  const double norm_elements = Ld * 2 * C + C;  // two per layer and the final norm
+  const double rope_elements = Ld * double(Dq + Dkv) * c.rope_fraction;
   double words = 0;
-  words += Ld * (2 * 5 * C + 2 * 5 * C);              // two norms, two residual adds
-  words += Ld * 4 * double(Dq + Dkv) * c.rope_fraction;  // RoPE on q and k
+  words += Ld * 2 * 5 * C;                            // two residual adds
   words += Ld * double(K) * (8 * F + 6 * C);          // SwiGLU, dispatch/combine
-  words += 5 * C + 3 * double(Vp) + 2 * C;            // final norm, cross-entropy, embedding
+  words += 3 * double(Vp) + 2 * C;                    // cross-entropy, embedding
+  if (s.eager) {
+    led.memory(kEagerNormsName, CostCategory::elementwise,
+               (norm_elements * kEagerNormBytes + rope_elements * kEagerRopeBytes) * double(N));
+    led.count_kernels(Ld * (2 * kEagerNormKernels + 2 * kEagerRopeKernels) + kEagerNormKernels);
+  } else {
+    words += 5 * norm_elements + 4 * rope_elements;   // RMSNorm 5 words, RoPE 4
+  }
   if (c.is_zaya()) {
     const int64_t Cc = Dq + Dkv, R = c.router_latent_dim;
     words += Ld * 2 * 12 * C;          // residual scaling: 2 merges of 4 vectors, fwd + bwd
@@ -536,7 +583,7 @@ struct MicroStep {
 
 MicroStep stage_micro_step(const ModelConfig& c, const StepShape& s,
                            const HardwareProfile& profile, Ledger& led) {
-  const Efficiency eff = efficiency_at(profile, s.seq);
+  const Efficiency eff = efficiency_at(profile, s.seq, s.attention_kernel);
   micro_step(c, s, profile, led);
   led.scale(1.0 / double(s.pp));
   add_imbalance(c, s, led);
@@ -754,7 +801,7 @@ double cpu_cores(const HardwareProfile& profile) {
 }
 
 double decode_call_s(const HardwareProfile& profile) {
-  return profile.kind == "gpu" ? efficiency_at(profile, 1).kernel_overhead_s
+  return profile.kind == "gpu" ? efficiency_at(profile, 1, "").kernel_overhead_s
                                : kDecodeCallOverheadS;
 }
 

@@ -95,6 +95,12 @@ struct StepShape {
   // Node-deduplicating dispatch (DeepEP, DeepSeek-V3's kernels): a token crosses to each
   // other node holding one of its experts once and is forwarded inside that node.
   bool dedup_expert_dispatch = false;
+  // The training stack's kernels: `eager` = unfused elementwise kernels (eager PyTorch without
+  // a compiler: every op of a norm or RoPE reads and writes HBM); `attention_kernel` names a
+  // fused attention curve in the profile's efficiency.attention_kernels ("" = the profile's
+  // efficiency.attention, its best kernel).
+  bool eager = false;
+  std::string attention_kernel;
   double data_scatter = 1.0;   // σ of the storage analysis (page touches per page read)
   int64_t data_bytes_per_token = 4;
 };

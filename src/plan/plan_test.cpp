@@ -458,6 +458,57 @@ TEST(PerfModel, AttentionEfficiencyAndLaunchOverheadComeFromTheProfile) {
   EXPECT_THROW(predict_step(c, s, cluster_profile(eff)), Error);
 }
 
+TEST(PerfModel, NamedAttentionKernelUsesItsOwnCurve) {
+  const ModelConfig c = moe_bench();
+  StepShape s;
+  s.seq = 1024;
+  json eff = {{"attention", {{{"seq", 512}, {"forward", 1.0}, {"backward", 1.0}}}},
+              {"attention_kernels",
+               {{"older", {{{"seq", 512}, {"forward", 0.5}, {"backward", 0.25}}}}}}};
+  const HardwareProfile prof = cluster_profile(eff);
+  const StepPrediction best = predict_step(c, s, prof);
+  s.attention_kernel = "older";
+  const StepPrediction older = predict_step(c, s, prof);
+  EXPECT_NEAR(older.attention_s, best.attention_s * (2.0 / 7 * 2 + 5.0 / 7 * 4),
+              1e-9 * older.attention_s);
+  EXPECT_EQ(older.gemm_s, best.gemm_s);
+  // A kernel the profile does not have fails, naming the ones it has.
+  s.attention_kernel = "fa9";
+  try {
+    predict_step(c, s, prof);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'fa9'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("older"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(predict_step(c, s, cluster_profile()), Error);
+}
+
+TEST(PerfModel, EagerKernelsMoveTheNormsAndRopeOpByOp) {
+  const ModelConfig c = moe_bench();
+  const HardwareProfile prof = cluster_profile();  // 1e12 B/s of memory bandwidth
+  StepShape s;
+  const StepPrediction fused = predict_step(c, s, prof);
+  s.eager = true;
+  const StepPrediction eager = predict_step(c, s, prof);
+  // Per element: RMSNorm 92 B instead of 20, RoPE 104 B instead of 16 (perf_model.cpp).
+  const double N = double(s.micro_batch * s.seq);
+  const double norms = double(c.n_layers * 2 * c.d_model + c.d_model);
+  const double rope = double(c.n_layers * (c.q_dim() + c.kv_dim())) * c.rope_fraction;
+  EXPECT_NEAR(eager.elementwise_s - fused.elementwise_s,
+              ((92 - 20) * norms + (104 - 16) * rope) * N / 1e12, 1e-12);
+  EXPECT_GT(item_seconds(eager, "elementwise, unfused"), 0);
+  EXPECT_EQ(item_seconds(fused, "elementwise, unfused"), 0);
+  EXPECT_EQ(eager.gemm_s, fused.gemm_s);
+  // More launches too: never faster.
+  const HardwareProfile launches = cluster_profile({{"kernel_overhead_s", 5e-6}});
+  s.eager = false;
+  const double fused_overhead = predict_step(c, s, launches).overhead_s;
+  s.eager = true;
+  EXPECT_GT(predict_step(c, s, launches).overhead_s, fused_overhead);
+  EXPECT_GT(eager.step_s, fused.step_s);
+}
+
 TEST(PerfModel, DataLoadingIsHiddenUnlessLongerThanTheStep) {
   const ModelConfig c = moe_bench();
   const HardwareProfile prof = cluster_profile();
