@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "base/error.h"
+#include "kernels/gemm.h"
 #include "kernels/kernel_support.h"
 
 namespace foundry::ops {
@@ -586,10 +588,28 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
     std::fill(state.v_prev.begin(), state.v_prev.end(), T(0));
 }
 
+namespace {
+
+// The grouped step for a batch of new rows as one oneDNN matmul batched over the groups:
+// qk[b, g·d + o] = b1[g·d + o] + Σ_j w1[g·d + o, j] · window[b, g·d·t1 + j], j < d·t1, read
+// in place through strides (A [groups, batch, d·t1], B = w1ᵀ per group, C into qk's rows).
+void grouped_conv_decode_matmul(float* qk, const float* window, const float* w1,
+                                const float* b1, int64_t batch, int64_t channels, int64_t d,
+                                int64_t t1) {
+  const int64_t groups = channels / d, row = d * t1;
+  for (int64_t bi = 0; bi < batch; ++bi) std::copy_n(b1, channels, qk + bi * channels);
+  const MatView a{window, DType::f32, {groups, batch, row}, {row, channels * t1, 1}};
+  const MatView b{w1, DType::f32, {groups, row, d}, {d * row, 1, row}};
+  const OutView c{qk, {groups, batch, d}, {d, channels, 1}};
+  matmul(a, b, c, /*accumulate=*/true);
+}
+
+}  // namespace
+
 // The depthwise step sums in the forward's order (bias, then taps oldest first). The grouped
-// step works directly on w1's layout: each output is the dot product of its row
-// w1[grp, o, :, :] (d·t1 contiguous elements) with the window interleaved the same way,
-// window[grp, ci, i], so one token costs one pass over w1 and no repacking.
+// step: in fp32 one batched matmul over the groups (grouped_conv_decode_matmul); in double
+// (the tests' reference) each output is the dot product of its row w1[grp, o, :, :] (d·t1
+// contiguous elements) with the window interleaved the same way, window[grp, ci, i].
 template <typename T>
 void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
                      const T* w1, const T* b1) {
@@ -623,6 +643,10 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
     }
   }
 
+  if constexpr (std::is_same_v<T, float>) {
+    grouped_conv_decode_matmul(qk, window, w1, b1, batch, channels, d, t1);
+    return;
+  }
   const int64_t row_len = d * t1;
   const bool parallel = is_parallel(batch * channels * row_len / 8);
 #pragma omp parallel for collapse(2) schedule(static) if (parallel)

@@ -855,9 +855,13 @@ double decode_dense_layer_s(const ModelConfig& c, double batch, DType dt,
   const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim();
   if (c.is_zaya()) {
     const int64_t R = c.router_latent_dim, S = c.router_classes();
+    // The CCA's grouped convolution of the new row: one fp32 matmul batched over the
+    // groups, the FLOPs and weights of a [B, d·t1] × [d·t1, Dq + Dkv] product.
+    const int64_t conv_k = c.head_dim * c.cca_kernel_grouped;
     return decode_gemm_s(p, dt, batch, Dq + Dkv, C) + decode_gemm_s(p, dt, batch, Dkv, C) +
            decode_gemm_s(p, dt, batch, C, Dq) + decode_gemm_s(p, dt, batch, R, C) +
-           2 * decode_gemm_s(p, dt, batch, R, R) + decode_gemm_s(p, DType::f32, batch, S, R);
+           2 * decode_gemm_s(p, dt, batch, R, R) + decode_gemm_s(p, DType::f32, batch, S, R) +
+           decode_gemm_s(p, DType::f32, batch, Dq + Dkv, conv_k);
   }
   double s = decode_gemm_s(p, dt, batch, Dq, C) + 2 * decode_gemm_s(p, dt, batch, Dkv, C) +
              decode_gemm_s(p, dt, batch, C, Dq);

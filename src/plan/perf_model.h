@@ -187,9 +187,10 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
 // routing). The KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile)
 // are read once over memory bandwidth; on a CPU the attention kernel's arithmetic bounds it
 // when slower (its measured rate per core, perf_model.cpp). Only the active experts run for
-// batch 1; all of them as the batch grows. Not modelled: routing imbalance, ZAYA1's skip
-// class (counted as experts), the CCA convolutions and the other elementwise work (inside
-// the per-call cost).
+// batch 1; all of them as the batch grows. ZAYA1's CCA grouped convolution of the new row is
+// one fp32 batched matmul (priced as a [B, d·t1] × [d·t1, Dq + Dkv] GEMM). Not modelled:
+// routing imbalance, ZAYA1's skip class (counted as experts), the depthwise convolution and
+// the other elementwise work (inside the per-call cost).
 struct DecodePrediction {
   double gemm_s = 0;       // attention projections, routers, LM head
   double expert_s = 0;     // the experts' GEMMs
