@@ -172,11 +172,11 @@ const json* attention_curve(const json& section, const std::string& kernel,
   const auto kernels = section.find("attention_kernels");
   if (kernels != section.end() && kernels->is_object() && kernels->contains(kernel))
     return &(*kernels)[kernel];
-  std::vector<std::string> names;
+  std::string names;
   if (kernels != section.end() && kernels->is_object())
-    for (const auto& [name, curve] : kernels->items()) names.push_back(name);
+    for (const auto& [name, curve] : kernels->items()) names += (names.empty() ? "" : ", ") + name;
   fail(fmt::format("{}: no attention kernel '{}' in efficiency.attention_kernels (it has: {})",
-                   where, kernel, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))),
+                   where, kernel, names.empty() ? "none" : names),
        "name one of those with --attention-kernel, or add its curve to the profile");
 }
 
