@@ -83,7 +83,8 @@ std::vector<int64_t> parse_list(const std::string& flag, const std::string& text
   size_t start = 0;
   while (start <= text.size()) {
     size_t comma = text.find(',', start);
-    const std::string item = text.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    const size_t length = comma == std::string::npos ? std::string::npos : comma - start;
+    const std::string item = text.substr(start, length);
     const double v = parse_amount(flag, item);
     if (v < 1 || v != double(int64_t(v)))
       fail(fmt::format("{} '{}': '{}' is not a positive integer", flag, text, item),
@@ -99,10 +100,11 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
                       const HardwareProfile& profile, const std::string& config_path) {
   std::printf("profile: %s (%s)\nconfig: %s\n", profile.name.c_str(), profile.path.c_str(),
               config_path.c_str());
-  std::printf("step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), %lld data-parallel rank(s), %s, %s\n",
-              (long long)(s.micro_batch * s.accumulation), (long long)s.seq, (long long)s.micro_batch,
-              (long long)s.accumulation, (long long)s.dp, dtype_name(s.precision),
-              s.muon ? "Muon + AdamW" : "AdamW");
+  std::printf("step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), "
+              "%lld data-parallel rank(s), %s, %s\n",
+              (long long)(s.micro_batch * s.accumulation), (long long)s.seq,
+              (long long)s.micro_batch, (long long)s.accumulation, (long long)s.dp,
+              dtype_name(s.precision), s.muon ? "Muon + AdamW" : "AdamW");
   if (s.cp > 1)
     std::printf("context parallel %lld: each device holds %lld of every sequence's %lld tokens\n",
                 (long long)s.cp, (long long)(s.seq / s.cp), (long long)s.seq);
@@ -269,7 +271,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     const StepPrediction p = predict_step(rc.model, s, profile);
     const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
     if (o.json) {
-      json j = {{"config_path", o.config_path}, {"profile", profile.path}, {"context_parallel", s.cp},
+      json j = {{"config_path", o.config_path}, {"profile", profile.path},
+                {"context_parallel", s.cp},
                 {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
                 {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
                 {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
@@ -315,7 +318,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   rq.decode_batch = o.decode_batch;
   const std::vector<int64_t> aspect = parse_list("--aspect-ratio", o.aspect);
   if (aspect.size() != 2)
-    fail(fmt::format("--aspect-ratio '{}' must be min,max", o.aspect), "e.g. --aspect-ratio 20,200");
+    fail(fmt::format("--aspect-ratio '{}' must be min,max", o.aspect),
+         "e.g. --aspect-ratio 20,200");
   rq.aspect_min = double(aspect[0]);
   rq.aspect_max = double(aspect[1]);
   if (!o.hidden.empty()) rq.hidden = parse_list("--hidden", o.hidden);
@@ -366,34 +370,51 @@ void register_plan_commands(CLI::App& app) {
       "plan", "Size a model to a hardware profile: search shapes for a parameter budget and rank "
               "them by predicted throughput, or predict one config's step time (--config)");
   auto o = std::make_shared<PlanOptions>();
-  plan->add_option("--profile", o->profile, "Hardware profile: a JSON path or a reference name (mi300x, h100)");
-  plan->add_option("--config", o->config_path, "Predict this run config's step time instead of searching");
+  plan->add_option("--profile", o->profile,
+                   "Hardware profile: a JSON path or a reference name (mi300x, h100)");
+  plan->add_option("--config", o->config_path,
+                   "Predict this run config's step time instead of searching");
   plan->add_option("--set", o->overrides, "Override a field of --config, e.g. train.batch_size=4")
       ->type_name("KEY=VALUE");
-  plan->add_option("--total-params", o->total, "Budget: all parameters without embeddings (e.g. 8.3B)");
-  plan->add_option("--active-params", o->active, "Budget: parameters a token uses, without embeddings (e.g. 760M)");
-  plan->add_option("--tokens", o->tokens, "Training tokens (reports the training time; sets train.steps)");
-  CLI::Option* seq = plan->add_option("--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
-  CLI::Option* batch = plan->add_option("--global-batch", o->global_batch, "Sequences per optimizer step over all devices (default: one per device)");
+  plan->add_option("--total-params", o->total,
+                   "Budget: all parameters without embeddings (e.g. 8.3B)");
+  plan->add_option("--active-params", o->active,
+                   "Budget: parameters a token uses, without embeddings (e.g. 760M)");
+  plan->add_option("--tokens", o->tokens,
+                   "Training tokens (reports the training time; sets train.steps)");
+  CLI::Option* seq = plan->add_option(
+      "--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
+  CLI::Option* batch = plan->add_option(
+      "--global-batch", o->global_batch,
+      "Sequences per optimizer step over all devices (default: one per device)");
   plan->add_option("--cp", o->cp, "With --config: devices per sequence (context parallel; default "
                                   "train.context_parallel)")
       ->check(CLI::PositiveNumber);
-  plan->add_option("--devices", o->devices, "Devices (data-parallel ranks; ZeRO-1 shards over them)")
+  plan->add_option("--devices", o->devices,
+                   "Devices (data-parallel ranks; ZeRO-1 shards over them)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  plan->add_option("--memory-per-device", o->memory, "Bytes per device (default: the profile's; e.g. 192GiB)");
-  CLI::Option* arch = plan->add_option("--arch", o->arch, "Architecture to size")->check(CLI::IsMember({"zaya1", "moe"}));
+  plan->add_option("--memory-per-device", o->memory,
+                   "Bytes per device (default: the profile's; e.g. 192GiB)");
+  CLI::Option* arch = plan->add_option("--arch", o->arch, "Architecture to size")
+                          ->check(CLI::IsMember({"zaya1", "moe"}));
   plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)");
-  plan->add_option("--precision", o->precision, "GEMM inputs")->check(CLI::IsMember({"bf16", "fp32"}));
-  plan->add_option("--optimizer", o->optimizer, "Optimizer")->check(CLI::IsMember({"adamw", "muon"}));
+  plan->add_option("--precision", o->precision, "GEMM inputs")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  plan->add_option("--optimizer", o->optimizer, "Optimizer")
+      ->check(CLI::IsMember({"adamw", "muon"}));
   plan->add_option("--tolerance", o->tolerance, "Relative slack on each budget (default 0.05)");
-  plan->add_option("--aspect-ratio", o->aspect, "Allowed d_model / n_layers as min,max (default 20,200)");
-  plan->add_option("--hidden", o->hidden, "Hidden sizes to try (default: multiples of 256 with off-size probes)");
+  plan->add_option("--aspect-ratio", o->aspect,
+                   "Allowed d_model / n_layers as min,max (default 20,200)");
+  plan->add_option("--hidden", o->hidden,
+                   "Hidden sizes to try (default: multiples of 256 with off-size probes)");
   plan->add_option("--head-dims", o->head_dims, "Head dims to try (default 64,80,96,128)");
   plan->add_option("--experts", o->experts, "Expert counts to try (default 8,16,32,64,128)");
   plan->add_option("--top-k", o->top_ks, "Top-k values to try (default 1,2,4,8)");
   plan->add_option("--kv-ratios", o->kv_ratios, "Query heads per KV head to try (default 1,2,4,8)");
-  plan->add_option("--comm-overlap", o->overlap, "Share of the backward pass communication hides behind (default 1)");
-  plan->add_option("--decode-batch", o->decode_batch, "Sequences decoded together for the latency column (default 32)")
+  plan->add_option("--comm-overlap", o->overlap,
+                   "Share of the backward pass communication hides behind (default 1)");
+  plan->add_option("--decode-batch", o->decode_batch,
+                   "Sequences decoded together for the latency column (default 32)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
   using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
@@ -429,8 +450,9 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--checkpoint-interval", o->checkpoint_interval,
                    "Seconds between checkpoints to evaluate (default 0: the best, Daly)");
   plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::Range(1, 1 << 20));
-  plan->add_option("--compare", o->compare, "Also predict this run config's shape under the same run and "
-                                             "compare it with the best (repeatable)");
+  plan->add_option("--compare", o->compare,
+                   "Also predict this run config's shape under the same run and compare it "
+                   "with the best (repeatable)");
   plan->add_option("--out", o->out, "Write the best shape's run config here");
   plan->add_flag("--json", o->json, "Print JSON instead of tables");
   plan->callback([o, seq, batch, arch] {
