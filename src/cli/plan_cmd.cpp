@@ -315,6 +315,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   rq.tolerance = o.tolerance;
   rq.comm_overlap = o.overlap;
   rq.scatter = o.scatter;
+  rq.eager = o.eager;
+  rq.attention_kernel = o.attention_kernel;
   rq.decode_batch = o.decode_batch;
   const std::vector<int64_t> aspect = parse_list("--aspect-ratio", o.aspect);
   if (aspect.size() != 2)
@@ -435,10 +437,10 @@ void register_plan_commands(CLI::App& app) {
   plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
                  "A token crosses to each other node once (DeepEP-style dispatch)");
   plan->add_flag("--eager", o->eager,
-                 "With --config: unfused elementwise kernels (eager PyTorch, no compiler)");
+                 "Unfused elementwise kernels (eager PyTorch, no compiler)");
   plan->add_option("--attention-kernel", o->attention_kernel,
-                   "With --config: a fused attention kernel of the profile "
-                   "(efficiency.attention_kernels, e.g. fa2; default: its best)");
+                   "A fused attention kernel of the profile (efficiency.attention_kernels, "
+                   "e.g. fa2; default: its best)");
   plan->add_option("--failure-rate", o->failure_rate,
                    "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
   plan->add_option("--checkpoint-stall", o->checkpoint_stall,

@@ -655,6 +655,26 @@ TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
   EXPECT_THROW(plan_search(rq, flat_profile()), Error);
 }
 
+TEST(Plan, TheStacksKernelsReachTheSearch) {
+  PlanRequest rq;
+  rq.arch = "moe";
+  rq.active_params = 30e6;
+  rq.seq = 1024;
+  rq.global_batch = 8;
+  rq.vocab = 8000;
+  rq.hidden = {512};
+  rq.experts = {8};
+  rq.top_ks = {2};
+  const PlanResult fused = plan_search(rq, flat_profile());
+  rq.eager = true;
+  const PlanResult eager = plan_search(rq, flat_profile());
+  ASSERT_EQ(fused.ranked.size(), eager.ranked.size());
+  for (size_t i = 0; i < fused.ranked.size(); ++i) EXPECT_TRUE(eager.ranked[i].shape.eager);
+  EXPECT_GT(eager.ranked.front().prediction.step_s, fused.ranked.front().prediction.step_s);
+  rq.attention_kernel = "fa2";  // the flat profile names no kernels
+  EXPECT_THROW(plan_search(rq, flat_profile()), Error);
+}
+
 TEST(Plan, BadRequestsFailClearly) {
   PlanRequest rq;
   rq.global_batch = 8;

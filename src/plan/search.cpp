@@ -70,6 +70,8 @@ Candidate evaluate_shape(const ModelConfig& cc, const PlanRequest& rq, const Har
   s.precision = rq.precision;
   s.muon = rq.muon;
   s.comm_overlap = rq.comm_overlap;
+  s.eager = rq.eager;
+  s.attention_kernel = rq.attention_kernel;
   const bool budget_ok = !off(cand.total_params, rq.total_params) && !off(cand.active_params, rq.active_params);
   const int64_t mb = budget_ok || rq.evaluate_all ? fit_micro_batch(cc, s, per_device, memory_limit, profile) : 0;
   if (!budget_ok) {

@@ -45,6 +45,8 @@ struct PlanRequest {
   int64_t decode_batch = 32;      // sequences decoded together for the latency column
   int64_t decode_context = 0;     // 0 = seq
   double scatter = 1.0;           // σ of the storage analysis
+  bool eager = false;             // the training stack's kernels (StepShape::eager,
+  std::string attention_kernel;   // StepShape::attention_kernel)
   int64_t bytes_per_token = 4;    // token width in the data shards
   std::vector<int64_t> hidden;    // empty: multiples of 256 (and off-size probes)
   std::vector<int64_t> head_dims = {64, 80, 96, 128};
