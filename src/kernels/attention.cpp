@@ -413,30 +413,55 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 namespace {
 
-// One head of one sequence: q [D] against keys and values at `stride` floats apart.
-void decode_head(float* o, float* scores, const float* qh, const float* k, const float* v,
-                 int64_t len, int64_t stride, int64_t d, float scale) {
-  float max_score = -std::numeric_limits<float>::infinity();
+// Rows of the cache `ahead` positions on are fetched while the current one is used: a row of
+// one sequence's KV head is `stride` floats after the previous one (B · KVH · D: beyond what
+// the hardware prefetchers follow once the batch is large).
+constexpr int64_t kDecodePrefetchAhead = 4, kPageBytes = 4096;
+
+inline void prefetch_row(const float* row, int64_t d) {
+  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i);
+}
+
+// The `group` query heads of one sequence that share a KV head: q [group, D] against keys and
+// values at `stride` floats apart, out [group, D], scores [group, len]. Each key and value row
+// is read once for the whole group; each head's arithmetic is in the same order as alone.
+void decode_group(float* o, float* scores, const float* q, const float* k, const float* v,
+                  int64_t group, int64_t len, int64_t stride, int64_t d, float scale) {
+  // Strides within a page the hardware prefetchers follow by themselves.
+  const int64_t ahead = stride * int64_t(sizeof(float)) > kPageBytes ? kDecodePrefetchAhead : len;
   for (int64_t t = 0; t < len; ++t) {
     const float* kt = k + t * stride;
-    float dot = 0;
+    if (t + ahead < len) prefetch_row(kt + ahead * stride, d);
+    for (int64_t j = 0; j < group; ++j) {
+      const float* qh = q + j * d;
+      float dot = 0;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
-    scores[t] = dot * scale;
-    max_score = std::max(max_score, scores[t]);
+      for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
+      scores[j * len + t] = dot * scale;
+    }
   }
-  double sum = 0;
+  for (int64_t j = 0; j < group; ++j) {
+    float* sj = scores + j * len;
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) max_score = std::max(max_score, sj[t]);
+    double sum = 0;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t t = 0; t < len; ++t) {
-    scores[t] = detail::exp_fast(scores[t] - max_score);
-    sum += scores[t];
+    for (int64_t t = 0; t < len; ++t) {
+      sj[t] = detail::exp_fast(sj[t] - max_score);
+      sum += sj[t];
+    }
+    for (int64_t t = 0; t < len; ++t) sj[t] = static_cast<float>(sj[t] / sum);
   }
-  std::fill(o, o + d, 0.0f);
+  std::fill(o, o + group * d, 0.0f);
   for (int64_t t = 0; t < len; ++t) {
-    const float w = static_cast<float>(scores[t] / sum);
     const float* vt = v + t * stride;
+    if (t + ahead < len) prefetch_row(vt + ahead * stride, d);
+    for (int64_t j = 0; j < group; ++j) {
+      const float w = scores[j * len + t];
+      float* oj = o + j * d;
 #pragma omp simd
-    for (int64_t i = 0; i < d; ++i) o[i] += w * vt[i];
+      for (int64_t i = 0; i < d; ++i) oj[i] += w * vt[i];
+    }
   }
 }
 
@@ -449,11 +474,11 @@ void attention_decode(float* out, float* scores, const float* q, const float* k_
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const bool parallel = batch * h * len * d >= detail::kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t bh = 0; bh < batch * h; ++bh) {
-    const int64_t b = bh / h, g = (bh % h) / group;
-    const int64_t kv = b * row + g * d;
-    decode_head(out + bh * d, scores + bh * len, q + bh * d, k_cache + kv, v_cache + kv, len,
-                stride, d, scale);
+  for (int64_t bg = 0; bg < batch * kvh; ++bg) {
+    const int64_t b = bg / kvh, g = bg % kvh;
+    const int64_t first = b * h + g * group;  // the group's first query head
+    decode_group(out + first * d, scores + first * len, q + first * d, k_cache + b * row + g * d,
+                 v_cache + b * row + g * d, group, len, stride, d, scale);
   }
 }
 

@@ -79,8 +79,8 @@ class ScopedAttentionTile {
 // One new query row per head of each of B sequences against their caches of len positions
 // (incremental decoding, the sequences in step): q [B, H, D], k_cache/v_cache [len, B, KVH, D]
 // (position-major: the B sequences' rows of one position are adjacent), out [B, H, D]
-// (writes), scores [B·H·len] scratch. Each (sequence, head) is computed alone, in the same
-// order whatever B and the thread count.
+// (writes), scores [B·H·len] scratch. Each (sequence, head) is computed in the same order
+// whatever B and the thread count; the query heads that share a KV head read its rows once.
 void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
                       const float* v_cache, int64_t len, int64_t batch, int64_t h, int64_t kvh,
                       int64_t d);

@@ -83,12 +83,28 @@ void BM_BatchedScoreGemm(benchmark::State& state) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// One decode step's attention: args {kv heads, batch}, 8 query heads of 64 against caches of
+// 256 positions (moe-bench: 8 kv heads; zaya-bench: 2). "GFLOPs": 4·B·H·len·D.
+void BM_AttentionDecode(benchmark::State& state) {
+  const int64_t h = 8, kvh = state.range(0), batch = state.range(1), len = 256, d = 64;
+  const auto q = random_floats(batch * h * d, 1);
+  const auto k = random_floats(len * batch * kvh * d, 2), v = random_floats(k.size(), 3);
+  std::vector<float> out(batch * h * d), scores(batch * h * len);
+  for (auto _ : state)
+    attention_decode(out.data(), scores.data(), q.data(), k.data(), v.data(), len, batch, h,
+                     kvh, d);
+  state.counters["GFLOPs"] = benchmark::Counter(4.0 * batch * h * len * d * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Args: {kv heads, bf16?}.
 BENCHMARK(BM_AttentionForward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttentionBackward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttentionForward)->Name("BM_AttentionLongForward")->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_AttentionBackward)->Name("BM_AttentionLongBackward")->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BatchedScoreGemm)->ArgsProduct({{8}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+// Args: {kv heads, batch}.
+BENCHMARK(BM_AttentionDecode)->ArgsProduct({{8, 2}, {1, 16, 64}})->Unit(benchmark::kMicrosecond)->UseRealTime();
 
 }  // namespace
 }  // namespace foundry::ops
