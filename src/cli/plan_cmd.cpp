@@ -226,80 +226,80 @@ json goodput_json(const GoodputInputs& in, const GoodputPrediction& g, double st
           {"lost_per_failure_s", g.lost_per_failure_s}, {"goodput", g.goodput}};
 }
 
-void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_given) {
-  if (o.profile.empty())
-    fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
-                                 "written by `foundry bench all`");
-  const HardwareProfile profile = load_profile(o.profile);
-  // --precision and --optimizer are CLI11's checked choices.
-  const DType precision = parse_dtype(o.precision).value();
-  const double memory = parse_amount("--memory-per-device", o.memory);
-
-  if (o.overlap < 0 || o.overlap > 1)
-    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
-         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
-  if (o.scatter < 1)
-    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
-         "1 means contiguous storage; leave it out if unsure");
-
-  if (!o.config_path.empty()) {
-    // Predict one config: the step `foundry train` would run on one device of this profile.
-    const RunConfig rc = load_run_config(o.config_path, o.overrides);
-    StepShape s;
-    s.seq = seq_given ? o.seq : rc.train.seq_len;
-    s.micro_batch = rc.train.batch_size;
-    s.accumulation = 1;
-    apply_layout(o, rc.model, s);
-    s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
-    if (s.dp % s.cp != 0 || s.seq % (2 * s.cp) != 0)
-      fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
-                       "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
-           "each sequence is split over cp devices, two chunks per device");
-    if (batch_given) {
-      const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
-      if (o.global_batch % groups != 0)
-        fail(fmt::format("--global-batch {} is not a multiple of the {} data-parallel groups "
-                         "(--devices {} / (tp x pp x cp))", o.global_batch, groups, o.devices),
-             "make the global batch a multiple of the device count");
-      s.accumulation = std::max<int64_t>(1, o.global_batch / groups / s.micro_batch);
-    }
-    s.precision = rc.train.precision;
-    s.muon = rc.train.optimizer == OptimizerKind::muon;
-    s.muon_ns_steps = static_cast<int>(rc.train.muon_ns_steps);
-    s.muon_bf16 = rc.train.muon_ns_precision == DType::bf16;
-    s.comm_overlap = o.overlap;
-    const StepPrediction p = predict_step(rc.model, s, profile);
-    const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
-    if (o.json) {
-      json j = {{"config_path", o.config_path}, {"profile", profile.path},
-                {"context_parallel", s.cp},
-                {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
-                {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
-                {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
-                                 {"elementwise", p.elementwise_s}, {"recompute", p.recompute_s},
-                                 {"optimizer", p.optimizer_s}, {"comm", p.comm_s},
-                                 {"comm_exposed", p.comm_exposed_s},
-                                 {"imbalance", p.imbalance_s}, {"pipeline_bubble", p.bubble_s},
-                                 {"framework_overhead", p.overhead_s}, {"data", p.data_s},
-                                 {"data_exposed", p.data_exposed_s}}},
-                {"layout", {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"vp", s.vp},
-                            {"ep", s.ep}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
-                            {"accumulation", s.accumulation},
-                            {"recompute", recompute_name(s.recompute)},
-                            {"eager", s.eager}, {"attention_kernel", s.attention_kernel}}},
-                {"mfu_spec", p.mfu_spec}, {"goodput", goodput_json(gin, gp, p.step_s)}};
-      j["items"] = json::array();
-      for (const auto& it : p.items)
-        j["items"].push_back({{"name", it.name}, {"category", category_name(it.category)},
-                              {"seconds", it.seconds}, {"flops", it.flops}, {"bytes", it.bytes}});
-      std::printf("%s\n", j.dump(2).c_str());
-    } else {
-      print_prediction(rc, s, p, profile, o.config_path);
-      print_goodput(gin, gp, p.step_s);
-    }
-    return;
+// The one-device step `foundry train` would run for --config under the flags' layout.
+StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_given,
+                            bool batch_given) {
+  StepShape s;
+  s.seq = seq_given ? o.seq : rc.train.seq_len;
+  s.micro_batch = rc.train.batch_size;
+  s.accumulation = 1;
+  apply_layout(o, rc.model, s);
+  s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
+  if (s.dp % s.cp != 0 || s.seq % (2 * s.cp) != 0)
+    fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
+                     "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
+         "each sequence is split over cp devices, two chunks per device");
+  if (batch_given) {
+    const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
+    if (o.global_batch % groups != 0)
+      fail(fmt::format("--global-batch {} is not a multiple of the {} data-parallel groups "
+                       "(--devices {} / (tp x pp x cp))", o.global_batch, groups, o.devices),
+           "make the global batch a multiple of the device count");
+    s.accumulation = std::max<int64_t>(1, o.global_batch / groups / s.micro_batch);
   }
+  s.precision = rc.train.precision;
+  s.muon = rc.train.optimizer == OptimizerKind::muon;
+  s.muon_ns_steps = static_cast<int>(rc.train.muon_ns_steps);
+  s.muon_bf16 = rc.train.muon_ns_precision == DType::bf16;
+  s.comm_overlap = o.overlap;
+  return s;
+}
 
+json prediction_json(const PlanOptions& o, const StepShape& s, const StepPrediction& p,
+                     const HardwareProfile& profile, const GoodputInputs& gin,
+                     const GoodputPrediction& gp) {
+  json j = {{"config_path", o.config_path}, {"profile", profile.path},
+            {"context_parallel", s.cp},
+            {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
+            {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
+            {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
+                             {"elementwise", p.elementwise_s}, {"recompute", p.recompute_s},
+                             {"optimizer", p.optimizer_s}, {"comm", p.comm_s},
+                             {"comm_exposed", p.comm_exposed_s},
+                             {"imbalance", p.imbalance_s}, {"pipeline_bubble", p.bubble_s},
+                             {"framework_overhead", p.overhead_s}, {"data", p.data_s},
+                             {"data_exposed", p.data_exposed_s}}},
+            {"layout", {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"vp", s.vp},
+                        {"ep", s.ep}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
+                        {"accumulation", s.accumulation},
+                        {"recompute", recompute_name(s.recompute)},
+                        {"eager", s.eager}, {"attention_kernel", s.attention_kernel}}},
+            {"mfu_spec", p.mfu_spec}, {"goodput", goodput_json(gin, gp, p.step_s)}};
+  j["items"] = json::array();
+  for (const auto& it : p.items)
+    j["items"].push_back({{"name", it.name}, {"category", category_name(it.category)},
+                          {"seconds", it.seconds}, {"flops", it.flops}, {"bytes", it.bytes}});
+  return j;
+}
+
+// --config: predict one config's step on one device of the profile.
+void predict_config(const PlanOptions& o, const HardwareProfile& profile, bool seq_given,
+                    bool batch_given) {
+  const RunConfig rc = load_run_config(o.config_path, o.overrides);
+  const StepShape s = config_step_shape(o, rc, seq_given, batch_given);
+  const StepPrediction p = predict_step(rc.model, s, profile);
+  const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
+  if (o.json) {
+    std::printf("%s\n", prediction_json(o, s, p, profile, gin, gp).dump(2).c_str());
+  } else {
+    print_prediction(rc, s, p, profile, o.config_path);
+    print_goodput(gin, gp, p.step_s);
+  }
+}
+
+// The search's request from the flags (budgets, shape lists, --compare configs).
+PlanRequest search_request(const PlanOptions& o, double memory, bool seq_given,
+                           bool batch_given) {
   PlanRequest rq;
   rq.arch = o.arch;
   rq.total_params = parse_amount("--total-params", o.total);
@@ -310,7 +310,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   rq.devices = o.devices;
   rq.global_batch = batch_given ? o.global_batch : o.devices;
   rq.vocab = o.vocab > 0 ? o.vocab : 32000;
-  rq.precision = precision;
+  rq.precision = parse_dtype(o.precision).value();  // CLI11 checked the choice
   rq.muon = parse_optimizer(o.optimizer) == OptimizerKind::muon;
   rq.tolerance = o.tolerance;
   rq.comm_overlap = o.overlap;
@@ -329,7 +329,6 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
   if (!o.experts.empty()) rq.experts = parse_list("--experts", o.experts);
   if (!o.top_ks.empty()) rq.top_ks = parse_list("--top-k", o.top_ks);
   if (!o.kv_ratios.empty()) rq.kv_ratios = parse_list("--kv-ratios", o.kv_ratios);
-  (void)arch_given;
   const Arch arch = parse_arch(rq.arch, "--arch");
   for (const auto& path : o.compare) {
     const RunConfig rc = load_run_config(path);
@@ -340,7 +339,13 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
   }
+  return rq;
+}
 
+// The search: the ranking, the best shape's goodput, and its run config with --out.
+void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double memory,
+                   bool seq_given, bool batch_given) {
+  const PlanRequest rq = search_request(o, memory, seq_given, batch_given);
   const PlanResult r = plan_search(rq, profile);
   if (r.ranked.empty()) {
     if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
@@ -363,6 +368,22 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given, bool arch_
     std::fprintf(stderr, "wrote the best shape's run config to %s (train it with `foundry train "
                          "--config %s`)\n", o.out.c_str(), o.out.c_str());
   }
+}
+
+void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
+  if (o.profile.empty())
+    fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
+                                 "written by `foundry bench all`");
+  const HardwareProfile profile = load_profile(o.profile);
+  const double memory = parse_amount("--memory-per-device", o.memory);
+  if (o.overlap < 0 || o.overlap > 1)
+    fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
+         "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
+  if (o.scatter < 1)
+    fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
+         "1 means contiguous storage; leave it out if unsure");
+  if (!o.config_path.empty()) predict_config(o, profile, seq_given, batch_given);
+  else search_shapes(o, profile, memory, seq_given, batch_given);
 }
 
 }  // namespace
@@ -397,8 +418,8 @@ void register_plan_commands(CLI::App& app) {
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--memory-per-device", o->memory,
                    "Bytes per device (default: the profile's; e.g. 192GiB)");
-  CLI::Option* arch = plan->add_option("--arch", o->arch, "Architecture to size")
-                          ->check(CLI::IsMember({"zaya1", "moe"}));
+  plan->add_option("--arch", o->arch, "Architecture to size")
+      ->check(CLI::IsMember({"zaya1", "moe"}));
   plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)");
   plan->add_option("--precision", o->precision, "GEMM inputs")
       ->check(CLI::IsMember({"bf16", "fp32"}));
@@ -457,8 +478,8 @@ void register_plan_commands(CLI::App& app) {
                    "with the best (repeatable)");
   plan->add_option("--out", o->out, "Write the best shape's run config here");
   plan->add_flag("--json", o->json, "Print JSON instead of tables");
-  plan->callback([o, seq, batch, arch] {
-    run_plan(*o, seq->count() > 0, batch->count() > 0, arch->count() > 0);
+  plan->callback([o, seq, batch] {
+    run_plan(*o, seq->count() > 0, batch->count() > 0);
   });
 }
 

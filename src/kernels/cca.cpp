@@ -645,20 +645,20 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
 
   if constexpr (std::is_same_v<T, float>) {
     grouped_conv_decode_matmul(qk, window, w1, b1, batch, channels, d, t1);
-    return;
-  }
-  const int64_t row_len = d * t1;
-  const bool parallel = is_parallel(batch * channels * row_len / 8);
+  } else {
+    const int64_t row_len = d * t1;
+    const bool parallel = is_parallel(batch * channels * row_len / 8);
 #pragma omp parallel for collapse(2) schedule(static) if (parallel)
-  for (int64_t bi = 0; bi < batch; ++bi)
-    for (int64_t out = 0; out < channels; ++out) {
-      const T* w = w1 + out * row_len;
-      const T* x = window + bi * channels * t1 + (out / d) * row_len;
-      T sum = 0;
+    for (int64_t bi = 0; bi < batch; ++bi)
+      for (int64_t out = 0; out < channels; ++out) {
+        const T* w = w1 + out * row_len;
+        const T* x = window + bi * channels * t1 + (out / d) * row_len;
+        T sum = 0;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t k = 0; k < row_len; ++k) sum += w[k] * x[k];
-      qk[bi * channels + out] = b1[out] + sum;
-    }
+        for (int64_t k = 0; k < row_len; ++k) sum += w[k] * x[k];
+        qk[bi * channels + out] = b1[out] + sum;
+      }
+  }
 }
 
 template <typename T>

@@ -185,14 +185,12 @@ Efficiency efficiency_at(const HardwareProfile& profile, int64_t seq,
                          const std::string& attention_kernel) {
   Efficiency e;
   const std::string& where = profile.path.empty() ? profile.name : profile.path;
-  const auto section = profile.raw.find("efficiency");
-  if (section == profile.raw.end() || !section->is_object()) {
-    if (!attention_kernel.empty()) attention_curve(json::object(), attention_kernel, where);
-    return e;
-  }
-  if (section->contains("kernel_overhead_s"))
-    e.kernel_overhead_s = efficiency_number(*section, "kernel_overhead_s", where, 0, 1e-3);
-  const json* curve = attention_curve(*section, attention_kernel, where);
+  static const json kNone = json::object();
+  const auto found = profile.raw.find("efficiency");
+  const json& section = found != profile.raw.end() && found->is_object() ? *found : kNone;
+  if (section.contains("kernel_overhead_s"))
+    e.kernel_overhead_s = efficiency_number(section, "kernel_overhead_s", where, 0, 1e-3);
+  const json* curve = attention_curve(section, attention_kernel, where);
   if (curve == nullptr) return e;
   if (!curve->is_array() || curve->empty())
     fail(fmt::format("{}: efficiency: an attention curve must be a list of "

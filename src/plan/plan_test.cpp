@@ -632,7 +632,8 @@ TEST(Plan, RespectsItsConstraints) {
   EXPECT_EQ(out["train"]["batch_size"].get<int64_t>(), r.ranked.front().shape.micro_batch);
 }
 
-TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
+// A small MoE search: 30M active parameters, hidden 512 or 768, 8 experts top-2.
+PlanRequest small_moe_request() {
   PlanRequest rq;
   rq.arch = "moe";
   rq.active_params = 30e6;
@@ -642,6 +643,11 @@ TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
   rq.hidden = {512, 768};
   rq.experts = {8};
   rq.top_ks = {2};
+  return rq;
+}
+
+TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
+  PlanRequest rq = small_moe_request();
   rq.memory_per_device = int64_t{64} << 30;
   const PlanResult roomy = plan_search(rq, flat_profile());
   rq.memory_per_device = int64_t{3} << 30;
@@ -656,15 +662,7 @@ TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
 }
 
 TEST(Plan, TheStacksKernelsReachTheSearch) {
-  PlanRequest rq;
-  rq.arch = "moe";
-  rq.active_params = 30e6;
-  rq.seq = 1024;
-  rq.global_batch = 8;
-  rq.vocab = 8000;
-  rq.hidden = {512};
-  rq.experts = {8};
-  rq.top_ks = {2};
+  PlanRequest rq = small_moe_request();
   const PlanResult fused = plan_search(rq, flat_profile());
   rq.eager = true;
   const PlanResult eager = plan_search(rq, flat_profile());
