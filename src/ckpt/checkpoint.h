@@ -113,7 +113,11 @@ json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected
 // anything.
 void check_finite_weights(const std::string& dir, const ParamTable& table, const float* params);
 
-// The Hugging Face config.json object for `config` (Mixtral, or Llama when dense).
+// The Hugging Face config.json object for `config` (Mixtral, Llama when dense, Qwen3 when
+// dense with per-head QK-Norm, ZAYA). A model no transformers class reads under Foundry's
+// tensor names (QK-Norm with experts, or over whole projections) gets no architectures and
+// no model_type: has_hf_class says which.
 json hf_config_json(const ModelConfig& config);
+bool has_hf_class(const ModelConfig& config);
 
 }  // namespace foundry

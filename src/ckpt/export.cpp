@@ -138,6 +138,12 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
   check_out_dir(out);
   verify_checkpoint(checkpoint_dir);  // v2: metadata and file sizes; v1: every checksum
   const ModelConfig config = checkpoint_model_config(checkpoint_dir);
+  if (!has_hf_class(config))
+    fail(fmt::format("{}: model.qk_norm = \"{}\" with {} expert(s): no Hugging Face class reads "
+                     "these tensors under their names", checkpoint_dir,
+                     qk_norm_name(config.qk_norm), config.n_experts),
+         "export supports model.qk_norm \"head\" on a dense model (Qwen3) and models without "
+         "qk_norm (Llama, Mixtral)");
   const ParamTable table(config);
   const std::string state_where =
       version == kShardedFormatVersion ? join(checkpoint_dir, kMetadataFile) + " (trainer_state)"

@@ -141,6 +141,16 @@ TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
   EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
 }
 
+TEST_F(ExportTest, AModelNoHuggingFaceClassReadsIsRefusedBeforeAnythingIsWritten) {
+  ModelConfig config = testing::tiny_moe_config();
+  config.qk_norm = QkNorm::full;
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 2, 1, config, {{"", &params, {}}}, {{"step", 2}});
+  expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, "model.qk_norm = \"full\"");
+  EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
+}
+
 TEST_F(ExportTest, ADirectoryThatIsNotACheckpointIsNamed) {
   expect_error([&] { export_hf_model(root_ + "/nothing", root_ + "/hf"); },
                "checkpoint '" + root_ + "/nothing' does not exist");

@@ -1,17 +1,38 @@
 // The Hugging Face config.json of a checkpoint: Mixtral (or Llama when dense) for arch "moe",
-// transformers' ZAYA (ZayaConfig) for arch "zaya1". Foundry's own model config rides along
-// under "foundry" (exactly to_json(ModelConfig)), which is what Foundry reads back.
+// Qwen3 for a dense model with per-head QK-Norm, transformers' ZAYA (ZayaConfig) for arch
+// "zaya1". Foundry's own model config rides along under "foundry" (exactly
+// to_json(ModelConfig)), which is what Foundry reads back.
 #include "ckpt/checkpoint.h"
 
 namespace foundry {
 
 namespace {
 
+// The transformers class that reads a standard model's tensors under Foundry's names.
+const char* standard_hf_class(const ModelConfig& c, const char** model_type) {
+  const bool dense = c.n_experts == 1;
+  switch (c.qk_norm) {
+    case QkNorm::none:
+      *model_type = dense ? "llama" : "mixtral";
+      return dense ? "LlamaForCausalLM" : "MixtralForCausalLM";
+    case QkNorm::head:
+      *model_type = dense ? "qwen3" : nullptr;
+      return dense ? "Qwen3ForCausalLM" : nullptr;
+    case QkNorm::full: break;
+  }
+  *model_type = nullptr;
+  return nullptr;
+}
+
+// Without such a class the config names none: a loader fails instead of dropping the norms.
 json standard_hf_config(const ModelConfig& c) {
   const bool dense = c.n_experts == 1;
   json j;
-  j["architectures"] = json::array({dense ? "LlamaForCausalLM" : "MixtralForCausalLM"});
-  j["model_type"] = dense ? "llama" : "mixtral";
+  const char* model_type = nullptr;
+  if (const char* cls = standard_hf_class(c, &model_type)) {
+    j["architectures"] = json::array({cls});
+    j["model_type"] = model_type;
+  }
   j["vocab_size"] = c.padded_vocab();
   j["hidden_size"] = c.d_model;
   j["intermediate_size"] = c.ffn_dim;
@@ -87,6 +108,11 @@ json zaya_hf_config(const ModelConfig& c) {
 
 json hf_config_json(const ModelConfig& c) {
   return c.is_zaya() ? zaya_hf_config(c) : standard_hf_config(c);
+}
+
+bool has_hf_class(const ModelConfig& c) {
+  const char* model_type = nullptr;
+  return c.is_zaya() || standard_hf_class(c, &model_type) != nullptr;
 }
 
 }  // namespace foundry

@@ -146,5 +146,30 @@ TEST(HfConfig, MoeOutputUnchanged) {
   EXPECT_EQ(dense.size(), expected.size() - 5 + 2);
 }
 
+// Per-head QK-Norm on a dense model is Qwen3 (q_norm, k_norm [head_dim] under the same names);
+// with experts, or over whole projections, no class reads the tensors: none is named.
+TEST(HfConfig, QkNormNamesQwen3OrNoClass) {
+  ModelConfig c;
+  c.n_experts = 1;
+  c.top_k = 1;
+  c.qk_norm = QkNorm::head;
+  const json qwen3 = hf_config_json(c);
+  EXPECT_EQ(qwen3["architectures"], json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(qwen3["model_type"], "qwen3");
+  EXPECT_EQ(qwen3["head_dim"], 64);
+  EXPECT_EQ(qwen3["foundry"]["qk_norm"], "head");
+  EXPECT_TRUE(has_hf_class(c));
+  for (auto [experts, qk] : {std::pair{8, QkNorm::head}, std::pair{1, QkNorm::full},
+                             std::pair{8, QkNorm::full}}) {
+    c.n_experts = experts;
+    c.top_k = experts > 1 ? 2 : 1;
+    c.qk_norm = qk;
+    const json j = hf_config_json(c);
+    EXPECT_FALSE(j.contains("architectures")) << j.dump();
+    EXPECT_FALSE(j.contains("model_type")) << j.dump();
+    EXPECT_FALSE(has_hf_class(c));
+  }
+}
+
 }  // namespace
 }  // namespace foundry

@@ -21,9 +21,16 @@ ops::AttentionShape attention_shape(const ModelConfig& c, BatchShape s) {
 
 AttentionWeights AttentionWeights::of_layer(const ParamTable& t, int64_t layer) {
   const std::string p = fmt::format("model.layers.{}.", layer);
-  return {t.get(p + "input_layernorm.weight").offset, t.get(p + "self_attn.q_proj.weight").offset,
-          t.get(p + "self_attn.k_proj.weight").offset, t.get(p + "self_attn.v_proj.weight").offset,
-          t.get(p + "self_attn.o_proj.weight").offset};
+  AttentionWeights w{t.get(p + "input_layernorm.weight").offset,
+                     t.get(p + "self_attn.q_proj.weight").offset,
+                     t.get(p + "self_attn.k_proj.weight").offset,
+                     t.get(p + "self_attn.v_proj.weight").offset,
+                     t.get(p + "self_attn.o_proj.weight").offset};
+  if (const ParamInfo* q = t.find(p + "self_attn.q_norm.weight")) {
+    w.q_norm = q->offset;
+    w.k_norm = t.get(p + "self_attn.k_norm.weight").offset;
+  }
+  return w;
 }
 
 void AttentionActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
@@ -35,6 +42,12 @@ void AttentionActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   v = arena.take<float>(N * c.kv_dim());
   lse = arena.take<float>(s.batch * c.n_heads * s.seq);
   att = arena.take<float>(N * c.q_dim());
+  if (c.qk_norm != QkNorm::none) {
+    q_raw = arena.take<float>(N * c.q_dim());
+    k_raw = arena.take<float>(N * c.kv_dim());
+    q_rstd = arena.take<float>(N * c.q_dim() / c.q_norm_width());
+    k_rstd = arena.take<float>(N * c.kv_dim() / c.k_norm_width());
+  }
   kv.take(arena, c, s);
 }
 
@@ -45,6 +58,10 @@ void AttentionGrads::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   dk = arena.take<float>(N * c.kv_dim());
   dv = arena.take<float>(N * c.kv_dim());
   datt = arena.take<float>(N * c.q_dim());
+  if (c.qk_norm != QkNorm::none) {
+    dq_raw = arena.take<float>(N * c.q_dim());
+    dk_raw = arena.take<float>(N * c.kv_dim());
+  }
   dkv.take(arena, c, s);
 }
 
@@ -71,6 +88,33 @@ void rope_rows(Compute& cx, float* x, int64_t heads, BatchShape s, bool inverse)
     for (int slot = 0; slot < 2; ++slot)
       ops::rope_apply(x + (b * s.seq + slot * tc) * row, 1, tc, heads, c.head_dim,
                       c.rotary_dim(), cp->chunk(slot) * tc, c.rope_theta, inverse);
+}
+
+// model.qk_norm over n rows of q [n, H·D] and k [n, KVH·D]: rows of the norms' widths (a head
+// each, or the whole projection). Forward: q_out, k_out from q_in, k_in (may alias them).
+void qk_norm_forward(Compute& cx, const AttentionWeights& w, int64_t n, const float* q_in,
+                     const float* k_in, float* q_out, float* k_out, float* q_rstd,
+                     float* k_rstd) {
+  const ModelConfig& c = cx.config;
+  const int64_t wq = c.q_norm_width(), wk = c.k_norm_width();
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  ops::rmsnorm_forward(q_out, q_rstd, q_in, cx.p(w.q_norm), n * c.q_dim() / wq, wq, eps);
+  ops::rmsnorm_forward(k_out, k_rstd, k_in, cx.p(w.k_norm), n * c.kv_dim() / wk, wk, eps);
+}
+
+// From the gradients after the norms (g.dq, g.dk) to those before them (g.dq_raw, g.dk_raw,
+// written), accumulating the norms' weight gradients.
+void qk_norm_backward(Compute& cx, const AttentionWeights& w, const AttentionActs& a,
+                      AttentionGrads& g, int64_t n) {
+  const ModelConfig& c = cx.config;
+  const int64_t wq = c.q_norm_width(), wk = c.k_norm_width();
+  const int64_t q_rows = n * c.q_dim() / wq, k_rows = n * c.kv_dim() / wk;
+  std::fill(g.dq_raw, g.dq_raw + n * c.q_dim(), 0.0f);
+  std::fill(g.dk_raw, g.dk_raw + n * c.kv_dim(), 0.0f);
+  ops::rmsnorm_backward(g.dq_raw, cx.g(w.q_norm), g.dq, a.q_raw, cx.p(w.q_norm), a.q_rstd,
+                        q_rows, wq);
+  ops::rmsnorm_backward(g.dk_raw, cx.g(w.k_norm), g.dk, a.k_raw, cx.p(w.k_norm), a.k_rstd,
+                        k_rows, wk);
 }
 
 // The query rows of `slot` against the whole sequences' keys.
@@ -159,6 +203,7 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
                        const float* x, float* out) {
   const ModelConfig& c = cx.config;
   const int64_t N = s.rows(), C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim();
+  const bool qk_norm = w.q_norm >= 0;
   {
     auto t = cx.time("rmsnorm");
     ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
@@ -166,9 +211,13 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
   {
     auto t = cx.time("attn_qkv_gemm");
     const void* n = cx.input(a.n, N * C, 2);
-    gemm(n, false, cx.weight(w.q), true, a.q, N, QD, C, cx.precision);
-    gemm(n, false, cx.weight(w.k), true, a.k, N, KVD, C, cx.precision);
+    gemm(n, false, cx.weight(w.q), true, qk_norm ? a.q_raw : a.q, N, QD, C, cx.precision);
+    gemm(n, false, cx.weight(w.k), true, qk_norm ? a.k_raw : a.k, N, KVD, C, cx.precision);
     gemm(n, false, cx.weight(w.v), true, a.v, N, KVD, C, cx.precision);
+  }
+  if (qk_norm) {
+    auto t = cx.time("qk_norm");
+    qk_norm_forward(cx, w, N, a.q_raw, a.k_raw, a.q, a.k, a.q_rstd, a.k_rstd);
   }
   rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
   auto t = cx.time("attn_out_gemm");
@@ -186,9 +235,16 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
   }
   rope_attention_backward(cx, g.dq, g.dk, g.dv, g.datt, a.att, a.lse, a.q, a.k, a.v, a.kv, g.dkv,
                           s);
+  const bool qk_norm = w.q_norm >= 0;
+  if (qk_norm) {
+    auto t = cx.time("qk_norm");
+    qk_norm_backward(cx, w, a, g, N);
+  }
   {
     auto t = cx.time("attn_qkv_gemm");
-    cx.projections_backward(g.dn, a.n, N, C, {{g.dq, w.q, QD}, {g.dk, w.k, KVD}, {g.dv, w.v, KVD}});
+    float* dq = qk_norm ? g.dq_raw : g.dq;
+    float* dk = qk_norm ? g.dk_raw : g.dk;
+    cx.projections_backward(g.dn, a.n, N, C, {{dq, w.q, QD}, {dk, w.k, KVD}, {g.dv, w.v, KVD}});
   }
   auto t = cx.time("rmsnorm");
   ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
@@ -203,6 +259,8 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
   cx.linear_forward(s.q, s.n, w.q, B, QD, C);
   cx.linear_forward(kc, s.n, w.k, B, KVD, C);
   cx.linear_forward(vc, s.n, w.v, B, KVD, C);
+  if (w.q_norm >= 0)
+    qk_norm_forward(cx, w, B, s.q, kc, s.q, kc, s.qk_rstd, s.qk_rstd);
   ops::rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
   ops::rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
   ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, B, c.n_heads,

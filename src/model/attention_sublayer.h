@@ -14,7 +14,8 @@
 namespace foundry {
 
 struct AttentionWeights {
-  int64_t norm, q, k, v, o;  // slab offsets
+  int64_t norm, q, k, v, o;            // slab offsets
+  int64_t q_norm = -1, k_norm = -1;    // model.qk_norm's weights (-1: none)
   static AttentionWeights of_layer(const ParamTable& table, int64_t layer);
 };
 
@@ -33,6 +34,11 @@ struct AttentionActs {
   float* q;      // [N, H·D]    after RoPE
   float* k;      // [N, KVH·D]  after RoPE
   float* v;      // [N, KVH·D]
+  // model.qk_norm: the projections before their norms and the norms' 1/rms (null without it).
+  float* q_raw = nullptr;   // [N, H·D]
+  float* k_raw = nullptr;   // [N, KVH·D]
+  float* q_rstd = nullptr;  // [N·H·D / q_norm_width]
+  float* k_rstd = nullptr;  // [N·KVH·D / k_norm_width]
   float* lse;    // [B, H, T]   each row's softmax log-sum-exp
   float* att;    // [N, H·D]    attention output, before Wo
   KvAll kv;      // context parallel: the whole sequences' k and v
@@ -46,6 +52,8 @@ struct AttentionGrads {
   float* dk;    // [N, KVH·D]
   float* dv;    // [N, KVH·D]
   float* datt;  // [N, H·D]
+  float* dq_raw = nullptr;  // model.qk_norm: [N, H·D], the gradient before the q norm
+  float* dk_raw = nullptr;  // [N, KVH·D]
   KvAll dkv;    // context parallel: gradients of the whole sequences' k and v
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
@@ -63,6 +71,7 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
 // [B, KVH·D] (position pos of k_cache, v_cache [pos + 1, B, KVH·D]).
 struct AttentionDecodeScratch {
   float *n, *rstd, *q, *att, *scores;  // [B, C], [B], [B, H·D] ×2, [B·H·max_len]
+  float* qk_rstd = nullptr;             // model.qk_norm: [B·H]
 };
 void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t batch,
                       int64_t pos, float* kc, float* vc, const float* k_cache,

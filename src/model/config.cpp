@@ -8,6 +8,15 @@ Arch parse_arch(const std::string& name, const std::string& what) {
   fail(fmt::format("{} {}: unknown architecture", what, name), "use zaya1 or moe");
 }
 
+const char* qk_norm_name(QkNorm n) {
+  switch (n) {
+    case QkNorm::head: return "head";
+    case QkNorm::full: return "full";
+    case QkNorm::none: break;
+  }
+  return "none";
+}
+
 ModelConfig parse_model_config(const json& obj, const std::string& where) {
   ModelConfig c;
   ConfigReader r(obj, where, "model.");
@@ -36,6 +45,8 @@ ModelConfig parse_model_config(const json& obj, const std::string& where) {
   r.get("init_std", c.init_std, 0.0, 10.0);
   r.get("tie_embeddings", c.tie_embeddings);
   r.get("rope_fraction", c.rope_fraction, 0.0, 1.0);
+  r.get_choice<QkNorm>("qk_norm", c.qk_norm,
+                       {{"none", QkNorm::none}, {"head", QkNorm::head}, {"full", QkNorm::full}});
   r.get("cca_kernel_depthwise", c.cca_kernel_depthwise, int64_t{1}, int64_t{64});
   r.get("cca_kernel_grouped", c.cca_kernel_grouped, int64_t{1}, int64_t{64});
   r.get("qk_temperature_init", c.qk_temperature_init, -1e3, 1e3);
@@ -97,6 +108,10 @@ void ModelConfig::validate(const std::string& where) const {
       bad("model.norm_topk_prob and model.aux_loss_coef belong to the standard router",
           "arch zaya1 gates with the unnormalized probability and balances with a bias: "
           "set norm_topk_prob false and aux_loss_coef 0 (the defaults for zaya1)");
+    if (qk_norm != QkNorm::none)
+      bad(fmt::format("model.qk_norm = \"{}\" applies only to model.arch = \"moe\"",
+                      qk_norm_name(qk_norm)),
+          "remove the key: arch zaya1's CCA normalizes its queries and keys itself");
     if (n_experts < 2)
       bad(fmt::format("model.n_experts = {}: arch zaya1 needs at least 2 experts", n_experts),
           "use arch \"moe\" with n_experts = 1 for a dense model");
@@ -124,6 +139,7 @@ json to_json(const ModelConfig& c) {
               {"init_std", c.init_std},
               {"tie_embeddings", c.tie_embeddings}};
   j["rope_fraction"] = c.rope_fraction;
+  if (c.qk_norm != QkNorm::none) j["qk_norm"] = qk_norm_name(c.qk_norm);
   if (c.is_zaya()) {
     j["cca_kernel_depthwise"] = c.cca_kernel_depthwise;
     j["cca_kernel_grouped"] = c.cca_kernel_grouped;

@@ -16,6 +16,13 @@ inline const char* arch_name(Arch a) { return a == Arch::zaya1 ? "zaya1" : "moe"
 // The architecture named `name` ("moe" | "zaya1"); fails naming `what` (a key or flag) otherwise.
 Arch parse_arch(const std::string& name, const std::string& what);
 
+// model.qk_norm (arch "moe"): RMSNorm of the queries and keys after their projections, before
+// RoPE. "none"; "head": over each head's head_dim, one weight [head_dim] shared by all heads
+// (Qwen3); "full": over the whole q projection [Dq] and the whole k projection [Dkv], one
+// weight each (OLMo 2, OLMoE). ZAYA1's CCA has a normalization of its own.
+enum class QkNorm { none, head, full };
+const char* qk_norm_name(QkNorm n);
+
 struct ModelConfig {
   Arch arch = Arch::moe;
   int64_t vocab_size = 8192;   // tokenizer vocabulary (real ids)
@@ -37,6 +44,7 @@ struct ModelConfig {
   // Share of each head's dimensions that RoPE rotates (the first rope_fraction·head_dim;
   // ZAYA1: 0.5). rotary_dim() must be even.
   double rope_fraction = 1.0;
+  QkNorm qk_norm = QkNorm::none;
 
   // ---- arch "zaya1" only (rejected for "moe" unless left at their defaults) ----------------
   int64_t cca_kernel_depthwise = 2;  // t0: taps of the depthwise causal convolution
@@ -77,6 +85,10 @@ struct ModelConfig {
   int64_t padded_vocab() const { return (vocab_size + 127) / 128 * 128; }
   int64_t q_dim() const { return n_heads * head_dim; }
   int64_t kv_dim() const { return n_kv_heads * head_dim; }
+  // Widths of the rows model.qk_norm normalizes (0 without it): the q and k norms' weights.
+  int64_t q_norm_width() const { return qk_norm == QkNorm::full ? q_dim() : qk_width(); }
+  int64_t k_norm_width() const { return qk_norm == QkNorm::full ? kv_dim() : qk_width(); }
+  int64_t qk_width() const { return qk_norm == QkNorm::head ? head_dim : 0; }
 
   // Validates ranges and divisibility; `where` names the source in messages.
   void validate(const std::string& where) const;

@@ -39,7 +39,7 @@ ParamCounts count_parameters(const ModelConfig& c) {
   const int64_t C = c.d_model, L = c.n_layers;
   ParamCounts p;
   p.embedding = c.padded_vocab() * C;
-  p.norms_per_layer = 2 * C;
+  p.norms_per_layer = 2 * C + c.q_norm_width() + c.k_norm_width();
   p.per_expert = 3 * c.ffn_dim * C;
   p.experts_per_layer = c.n_experts * p.per_expert;
   p.final_norm = C;
@@ -133,6 +133,11 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk
   add_item(a, "layer input (residual)", "[N,C]", L, kF32Bytes * N * C);
   add_item(a, "norm 1 output", "[N,C]", L, kF32Bytes * N * C);
   add_item(a, "norm 1 1/rms", "[N]", L, kF32Bytes * N);
+  if (c.qk_norm != QkNorm::none) {
+    add_item(a, "q, k before their norms", "[N,Dq] + [N,Dkv]", L, kF32Bytes * N * (Dq + Dkv));
+    add_item(a, "q, k norms' 1/rms", c.qk_norm == QkNorm::head ? "[N,H] + [N,KVH]" : "2*[N]", L,
+             kF32Bytes * N * (Dq / c.q_norm_width() + Dkv / c.k_norm_width()));
+  }
   add_item(a, "q (after RoPE)", "[N,Dq]", L, kF32Bytes * N * Dq);
   add_item(a, "k, v (k after RoPE)", "2*[N,Dkv]", L, kF32Bytes * 2 * N * Dkv);
   add_item(a, "attention row log-sum-exp", "[B,H,T]", L, kF32Bytes * B * H * T);
@@ -154,6 +159,8 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk
   auto& g = m.backward_buffers;
   add_item(g, "residual and norm gradients", "2*[N,C]", 1, kF32Bytes * 2 * N * C);
   add_item(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
+  if (c.qk_norm != QkNorm::none)
+    add_item(g, "dq, dk before their norms", "[N,Dq] + [N,Dkv]", 1, kF32Bytes * N * (Dq + Dkv));
   add_item(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
   add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Dkv]", 1,
            ops::attention_scratch_bytes({B, Tk, H, c.n_kv_heads, c.head_dim}, precision));
@@ -560,7 +567,9 @@ void describe_standard_parameters(InfoText& t, const ModelConfig& c, const Param
   t.count_row(c.n_experts > 1 ? "per expert (w1, w3, w2)" : "per layer: FFN (gate, up, down)",
               p.per_expert);
   if (c.n_experts > 1) t.count_row("per layer: all experts", p.experts_per_layer);
-  t.count_row("per layer: norms", p.norms_per_layer);
+  t.count_row(c.qk_norm == QkNorm::none ? "per layer: norms"
+                                          : "per layer: norms (2 pre-norms, q and k norms)",
+              p.norms_per_layer);
   t.count_row("per layer: total", p.per_layer);
   t.count_row("final norm", p.final_norm);
 }

@@ -145,7 +145,7 @@ struct CcaParamCounts {
 struct ParamCounts {
   int64_t embedding = 0;            // Vp·C (also the LM head)
   int64_t attention_per_layer = 0;  // q, k, v, o projections (zaya1: the whole CCA sublayer)
-  int64_t norms_per_layer = 0;      // the two RMSNorm weights (pre-norms of the sublayers)
+  int64_t norms_per_layer = 0;      // the two pre-norms' weights (and model.qk_norm's two)
   int64_t router_per_layer = 0;     // E·C; 0 for a dense model; zaya1: the whole router
   int64_t router_first_layer = 0;   // the router of layer 0 (zaya1: no EDA weight there)
   int64_t per_expert = 0;           // 3·F·C (w1, w3, w2), or the dense FFN

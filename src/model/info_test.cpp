@@ -89,6 +89,10 @@ TEST(ModelInfo, TotalMatchesParamTable) {
   wide.top_k = 1;
   wide.n_kv_heads = 2;
   configs.push_back(wide);
+  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+    odd.qk_norm = qk;  // q and k norms: head_dim each, or Dq and Dkv
+    configs.push_back(odd);
+  }
   for (const ModelConfig& c : configs) {
     const ParamTable table(c);
     const ParamCounts p = count_parameters(c);

@@ -545,6 +545,15 @@ TEST(ContextParallelMpi, StandardMoeMatchesOneProcess) {
                                      world().size());
 }
 
+// model.qk_norm normalizes each rank's own rows before the keys travel.
+TEST(ContextParallelMpi, QkNormMatchesOneProcess) {
+  for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+    ModelConfig c = moe_config();
+    c.qk_norm = qk;
+    expect_context_parallel_equivalent(c, world().size(), 1);
+  }
+}
+
 TEST(ContextParallelMpi, ZayaMatchesOneProcess) {
   for (int cp_size : cp_sizes()) expect_context_parallel_equivalent(zaya_config(), cp_size, 1);
   expect_context_parallel_equivalent(zaya_config(), world().size() == 4 ? 2 : world().size(),

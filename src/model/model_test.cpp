@@ -2,6 +2,7 @@
 // incremental decoding against the full forward pass.
 #include "model/model.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +41,38 @@ TEST(ModelGradient, MoeWithoutRenormalizationMatchesFiniteDifferences) {
   check_gradients(c);
 }
 
+ModelConfig with_qk_norm(ModelConfig c, QkNorm n) {
+  c.qk_norm = n;
+  c.validate("test");
+  return c;
+}
+
+// Queries and keys normalized per head (one weight shared by the heads) or over the whole
+// projection: the norms' weight gradients and the gradients through them.
+TEST(ModelGradient, QkNormPerHeadMatchesFiniteDifferences) {
+  check_gradients(with_qk_norm(small_moe_config(4, 2), QkNorm::head));
+}
+TEST(ModelGradient, QkNormFullMatchesFiniteDifferences) {
+  check_gradients(with_qk_norm(small_moe_config(1, 1), QkNorm::full));
+}
+
+// Normalizing q and k changes the function (the loss differs from that of the same weights
+// without the norms), and a model config round-trips the setting.
+TEST(Model, QkNormChangesTheLossAndRoundTrips) {
+  const ModelConfig plain = small_moe_config(4, 2);
+  const ModelConfig normed = with_qk_norm(plain, QkNorm::head);
+  EXPECT_EQ(parse_model_config(to_json(normed), "t").qk_norm, QkNorm::head);
+  EXPECT_EQ(parse_model_config(to_json(plain), "t").qk_norm, QkNorm::none);
+  EXPECT_FALSE(to_json(plain).contains("qk_norm"));
+  Batch batch = random_batch(plain, 2, 6, 11);
+  Model a(plain, DType::f32), b(normed, DType::f32);
+  a.init_weights(7);
+  b.init_weights(7);
+  const double la = a.forward(batch.inputs.data(), batch.targets.data(), 2, 6).ce_loss;
+  const double lb = b.forward(batch.inputs.data(), batch.targets.data(), 2, 6).ce_loss;
+  EXPECT_GT(std::fabs(la - lb), 1e-6) << "per-head RMSNorm of q and k left the loss unchanged";
+}
+
 TEST(Model, GradientsFinalHookReportsOnlyFinishedGradients) {
   const ModelConfig c = small_moe_config(4, 2);
   Model model(c, DType::f32);
@@ -48,19 +81,11 @@ TEST(Model, GradientsFinalHookReportsOnlyFinishedGradients) {
 }
 
 TEST(Model, IncrementalDecodingMatchesFullForward) {
-  ModelConfig c = small_moe_config(4, 2);
-  Model model(c, DType::f32);
-  model.init_weights(3);
-  const int64_t T = 7;
-  Batch batch = random_batch(c, 1, T, 5);
-  model.forward(batch.inputs.data(), nullptr, 1, T);
-  std::vector<float> full(model.logits(), model.logits() + T * c.padded_vocab());
-  auto state = model.new_decode_state(T);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* step = model.decode_step(state, batch.inputs[t]);
-    for (int64_t v = 0; v < c.vocab_size; ++v)
-      ASSERT_NEAR(step[v], full[t * c.padded_vocab() + v], 1e-4) << "position " << t;
-    for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v) ASSERT_TRUE(std::isinf(step[v]));
+  for (QkNorm qk : {QkNorm::none, QkNorm::head, QkNorm::full}) {
+    SCOPED_TRACE(fmt::format("qk_norm {}", qk_norm_name(qk)));
+    Model model(with_qk_norm(small_moe_config(4, 2), qk), DType::f32);
+    model.init_weights(3);
+    testing::expect_decode_matches_forward(model, 7, 5, 1e-4);
   }
 }
 

@@ -52,6 +52,10 @@ void ParamTable::add_standard_layer(const ModelConfig& c, int l) {
   add(p + "self_attn.k_proj.weight", {c.kv_dim(), C}, ParamKind::attention, l);
   add(p + "self_attn.v_proj.weight", {c.kv_dim(), C}, ParamKind::attention, l);
   add(p + "self_attn.o_proj.weight", {C, c.q_dim()}, ParamKind::attention, l);
+  if (c.qk_norm != QkNorm::none) {
+    constant(add(p + "self_attn.q_norm.weight", {c.q_norm_width()}, ParamKind::norm, l), 1.0);
+    constant(add(p + "self_attn.k_norm.weight", {c.k_norm_width()}, ParamKind::norm, l), 1.0);
+  }
   constant(add(p + "post_attention_layernorm.weight", {C}, ParamKind::norm, l), 1.0);
   // The gate (w1) and up (w3) projections of an expert sit back to back in the slab, so
   // together they form one [2F, C] matrix and run as a single GEMM.

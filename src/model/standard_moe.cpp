@@ -99,6 +99,7 @@ struct DecodeBuffers : DecodeScratch {
       for (float** p : {&attn.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
       attn.scores = a.take<float>(B * c.n_heads * max_len);
+      if (c.qk_norm != QkNorm::none) attn.qk_rstd = a.take<float>(B * c.n_heads);
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
     });

@@ -149,6 +149,22 @@ inline void expect_gradients_final_hook_is_honest(Model& model, const Batch& bat
   }
 }
 
+// One sequence of T random tokens decoded a token at a time against the full forward pass:
+// every real logit within tol, the padded vocabulary −inf.
+inline void expect_decode_matches_forward(Model& model, int64_t T, uint64_t seed, double tol) {
+  const ModelConfig& c = model.config();
+  const Batch batch = random_batch(c, T, seed);
+  model.forward(batch.inputs.data(), nullptr, 1, T);
+  const std::vector<float> full(model.logits(), model.logits() + T * c.padded_vocab());
+  auto state = model.new_decode_state(T);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* step = model.decode_step(state, batch.inputs[t]);
+    for (int64_t v = 0; v < c.vocab_size; ++v)
+      ASSERT_NEAR(step[v], full[t * c.padded_vocab() + v], tol) << "position " << t;
+    for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v) ASSERT_TRUE(std::isinf(step[v]));
+  }
+}
+
 // B sequences decoded in step (one decode state of batch B) against each decoded alone: the
 // logits of every sequence at every position agree within tol·(1 + |logit|) (the GEMMs of B
 // rows may round in another order than those of one row), padded entries stay −inf.

@@ -145,17 +145,7 @@ void check_decode(const ModelConfig& c, DType precision, double tol) {
   Model model(c, precision);
   model.init_weights(3);
   randomize_scalars(model, 4);
-  const int64_t T = 8;
-  Batch batch = random_batch(c, T, 5);
-  model.forward(batch.inputs.data(), nullptr, 1, T);
-  std::vector<float> full(model.logits(), model.logits() + T * c.padded_vocab());
-  auto state = model.new_decode_state(T);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* step = model.decode_step(state, batch.inputs[t]);
-    for (int64_t v = 0; v < c.vocab_size; ++v)
-      ASSERT_NEAR(step[v], full[t * c.padded_vocab() + v], tol) << "position " << t;
-    for (int64_t v = c.vocab_size; v < c.padded_vocab(); ++v) ASSERT_TRUE(std::isinf(step[v]));
-  }
+  testing::expect_decode_matches_forward(model, 8, 5, tol);
 }
 
 TEST(Zaya, IncrementalDecodingMatchesFullForward) {
@@ -327,6 +317,14 @@ TEST(Zaya, RejectsBadConfigs) {
   json odd = to_json(tiny_zaya());
   odd["rope_fraction"] = 0.25;  // 1 rotary dim of head_dim 4: odd
   EXPECT_THROW(parse_model_config(odd, "t.json"), Error);
+  json qk = to_json(tiny_zaya());
+  qk["qk_norm"] = "head";  // the CCA normalizes q and k itself
+  try {
+    parse_model_config(qk, "t.json");
+    FAIL() << "model.qk_norm on arch zaya1 must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.qk_norm"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -323,7 +323,10 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   // writes 2F: 8F. Dispatch and combine: gather C forward, scatter-add C, the same backward
   // plus the gate gradient's dot product: 6C per routed token.
   // Unfused (eager) kernels replace the norms' and RoPE's counts by their op-by-op bytes.
-  const double norm_elements = Ld * 2 * C + C;  // two per layer and the final norm
+  // Two per layer, the final norm, and model.qk_norm's over the q and k projections.
+  const bool qk_norm = c.qk_norm != QkNorm::none;
+  const double norm_elements = Ld * (2 * C + (qk_norm ? double(Dq + Dkv) : 0.0)) + C;
+  const double norms_per_layer = qk_norm ? 4 : 2;
   const double rope_elements = Ld * double(Dq + Dkv) * c.rope_fraction;
   double words = 0;
   words += Ld * 2 * 5 * C;                            // two residual adds
@@ -332,7 +335,8 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   if (s.eager) {
     led.memory(kEagerNormsName, CostCategory::elementwise,
                (norm_elements * kEagerNormBytes + rope_elements * kEagerRopeBytes) * double(N));
-    led.count_kernels(Ld * (2 * kEagerNormKernels + 2 * kEagerRopeKernels) + kEagerNormKernels);
+    led.count_kernels(Ld * (norms_per_layer * kEagerNormKernels + 2 * kEagerRopeKernels) +
+                      kEagerNormKernels);
   } else {
     words += 5 * norm_elements + 4 * rope_elements;   // RMSNorm 5 words, RoPE 4
   }
@@ -355,8 +359,9 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     bytes += converted * (kF32 + kBf16);
   }
   led.memory(kElementwiseName, CostCategory::elementwise, bytes * double(N));
+  // A fused norm is one kernel forward and one backward.
   led.count_kernels(Ld * (c.is_zaya() ? kZayaElementwiseKernelsPerLayer
-                                      : kElementwiseKernelsPerLayer));
+                                      : kElementwiseKernelsPerLayer + 2 * (norms_per_layer - 2)));
 }
 
 // Where a step's parameters live: experts spread over ep ranks (and, without expert

@@ -509,6 +509,30 @@ TEST(PerfModel, EagerKernelsMoveTheNormsAndRopeOpByOp) {
   EXPECT_GT(eager.step_s, fused.step_s);
 }
 
+// model.qk_norm adds two norms per layer over the q and k projections' elements, whichever
+// the norm's rows (a head or the projection), fused or op by op; the GEMMs are unchanged.
+TEST(PerfModel, QkNormAddsTwoNormsOverTheProjections) {
+  const HardwareProfile prof = cluster_profile();  // 1e12 B/s of memory bandwidth
+  const ModelConfig plain = moe_bench();
+  for (bool eager : {false, true}) {
+    StepShape s;
+    s.eager = eager;
+    const double N = double(s.micro_batch * s.seq);
+    const double extra = double(plain.n_layers * (plain.q_dim() + plain.kv_dim())) * N;
+    const StepPrediction base = predict_step(plain, s, prof);
+    for (QkNorm qk : {QkNorm::head, QkNorm::full}) {
+      ModelConfig c = plain;
+      c.qk_norm = qk;
+      const StepPrediction got = predict_step(c, s, prof);
+      // Per element: 92 B op by op, 5 fp32 words (20 B) fused.
+      EXPECT_NEAR(got.elementwise_s - base.elementwise_s, (eager ? 92 : 20) * extra / 1e12,
+                  1e-12) << qk_norm_name(qk);
+      EXPECT_EQ(got.gemm_s, base.gemm_s);
+      EXPECT_GT(got.step_s, base.step_s);
+    }
+  }
+}
+
 TEST(PerfModel, DataLoadingIsHiddenUnlessLongerThanTheStep) {
   const ModelConfig c = moe_bench();
   const HardwareProfile prof = cluster_profile();
