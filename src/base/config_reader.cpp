@@ -106,7 +106,8 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
   size_t start = 0;
   while (true) {
     size_t dot = key.find('.', start);
-    std::string part = key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+    std::string part =
+        key.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
     if (!node->is_object())
       fail(fmt::format("bad override '{}': '{}' is not an object", assignment,
                        key.substr(0, start ? start - 1 : 0)),

@@ -49,7 +49,8 @@ class ConfigReader {
   }
 
   // One of a fixed set of strings.
-  void get_choice(const std::string& key, std::string& out, const std::vector<std::string>& allowed);
+  void get_choice(const std::string& key, std::string& out,
+                  const std::vector<std::string>& allowed);
   // A choice of typed values by name: the config's name selects the value (errors list the
   // names); absent, `out` keeps its default.
   template <typename T>
@@ -96,7 +97,8 @@ class ConfigReader {
     else if constexpr (std::is_same_v<T, std::string>) return "a string";
     else return "a value of the right type";
   }
-  [[noreturn]] void type_error(const std::string& key, const json& value, const char* expected) const;
+  [[noreturn]] void type_error(const std::string& key, const json& value,
+                               const char* expected) const;
   [[noreturn]] void not_one_of(const std::string& key, const std::string& value,
                                const std::string& names) const;
 

@@ -35,8 +35,9 @@ std::optional<std::string> read_first_line(const std::string& path) {
 }
 
 int64_t parse_count(const std::string& text, const std::string& path) {
-  const bool digits = !text.empty() && text.size() <= 19 &&
-                      std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
+  const bool digits =
+      !text.empty() && text.size() <= 19 &&
+      std::all_of(text.begin(), text.end(), [](unsigned char c) { return std::isdigit(c); });
   if (!digits) fail(fmt::format("{}: '{}' is not a byte count", path, text), kBadFileHint);
   return std::stoll(text);
 }
@@ -188,11 +189,13 @@ std::string memory_shortfall(const MemoryNeed& need, const MemoryBudget& budget,
                              const std::string& host) {
   std::string parts;
   for (const auto& [name, bytes] : need.parts)
-    parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", name, format_bytes(double(bytes), 1));
+    parts +=
+        fmt::format("{}{} {}", parts.empty() ? "" : ", ", name, format_bytes(double(bytes), 1));
   std::string text = fmt::format("{} needs about {} per process ({})", need.what,
                                  format_bytes(double(need.per_process()), 1), parts);
   if (need.processes > 1) text += fmt::format(" × {} ranks on {}", need.processes, host);
-  return text + fmt::format(", but this process may use {} ({})", format_bytes(double(budget.bytes), 1),
+  return text + fmt::format(", but this process may use {} ({})",
+                            format_bytes(double(budget.bytes), 1),
                             budget_source_name(budget.source));
 }
 

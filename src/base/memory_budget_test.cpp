@@ -123,7 +123,8 @@ TEST_F(FakeMemoryFiles, TheEnvironmentReplacesOrSwitchesOffTheDetectedBudget) {
   const MemoryBudget off = memory_budget("off", files_);
   EXPECT_EQ(off.source, BudgetSource::off);
   EXPECT_TRUE(fits({"x", {{"all", int64_t{1} << 60}}}, off));
-  expect_error([&] { memory_budget("lots", files_); }, "FOUNDRY_MEMORY_LIMIT='lots' is not a memory size");
+  expect_error([&] { memory_budget("lots", files_); },
+               "FOUNDRY_MEMORY_LIMIT='lots' is not a memory size");
 }
 
 TEST(MemorySize, BytesOrPowersOf1024) {
@@ -132,7 +133,8 @@ TEST(MemorySize, BytesOrPowersOf1024) {
   EXPECT_EQ(parse_memory_size("1.5G", "X"), 3 * kGiB / 2);
   EXPECT_EQ(parse_memory_size("2T", "X"), 2048 * kGiB);
   for (const char* bad : {"", "G", "-1", "0", "1.2.3", "12Q", "12GB", "1e9", " 5", "inf"})
-    expect_error([&] { parse_memory_size(bad, "X"); }, "X='" + std::string(bad) + "' is not a memory size");
+    expect_error([&] { parse_memory_size(bad, "X"); },
+                 "X='" + std::string(bad) + "' is not a memory size");
 }
 
 TEST(MemoryNeed, ComparesTheNeedOfEveryProcessOnTheHostWithTheBudget) {
@@ -150,7 +152,8 @@ TEST(MemoryNeed, ComparesTheNeedOfEveryProcessOnTheHostWithTheBudget) {
   try {
     check_memory(one, {BudgetSource::meminfo, 1 << 19}, "lower --sizes");
   } catch (const Error& e) {
-    EXPECT_TRUE(e.hint().starts_with("lower --sizes; if that limit is wrong, set FOUNDRY_MEMORY_LIMIT"))
+    EXPECT_TRUE(
+        e.hint().starts_with("lower --sizes; if that limit is wrong, set FOUNDRY_MEMORY_LIMIT"))
         << e.hint();
   }
   EXPECT_NO_THROW(check_memory(one, {BudgetSource::meminfo, 1 << 20}, "lower --sizes"));

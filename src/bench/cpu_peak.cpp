@@ -165,8 +165,10 @@ CpuPeak cpu_peak(const CpuInfo& cpu, int cores, const PeakOverrides& overrides) 
   } else if (cpu.measured_clock_hz > 0) {
     clock_hz = cpu.measured_clock_hz;
     peak.clock_source = cpu.cpuinfo_mhz > 0
-                            ? fmt::format("measured by a dependent-add chain (no cpufreq; /proc/cpuinfo "
-                                          "says {:.2f} GHz)", cpu.cpuinfo_mhz / 1e3)
+                            ? fmt::format(
+                                  "measured by a dependent-add chain (no cpufreq; /proc/cpuinfo "
+                                  "says {:.2f} GHz)",
+                                  cpu.cpuinfo_mhz / 1e3)
                             : std::string("measured by a dependent-add chain (no cpufreq)");
   } else if (cpu.cpuinfo_mhz > 0) {
     clock_hz = cpu.cpuinfo_mhz * 1e6;
@@ -210,7 +212,8 @@ double measure_clock_hz() {
     const double start = cpu_seconds();
     // Each add needs the previous result, so the chain runs at one add per cycle whatever
     // the core's width; the loop counter runs alongside it for free.
-    for (int64_t i = 0; i < kLoops; ++i) asm volatile(".rept 1000\n\taddq $1, %0\n\t.endr" : "+r"(x));
+    for (int64_t i = 0; i < kLoops; ++i)
+      asm volatile(".rept 1000\n\taddq $1, %0\n\t.endr" : "+r"(x));
     const double seconds = cpu_seconds() - start;
     if (seconds > 0) best = std::max(best, static_cast<double>(kLoops * kAddsPerLoop) / seconds);
   }

@@ -92,11 +92,13 @@ TEST(CpuPeak, AmxDrivesBf16Peak) {
 }
 
 TEST(CpuPeak, Avx2AndSse) {
-  const CpuPeak avx2 = cpu_peak(parse_cpuinfo(cpuinfo_text("GenuineIntel", 6, "avx2 fma", 2, 2, 3000.0)), 2);
+  const CpuPeak avx2 =
+      cpu_peak(parse_cpuinfo(cpuinfo_text("GenuineIntel", 6, "avx2 fma", 2, 2, 3000.0)), 2);
   EXPECT_EQ(avx2.isa, "avx2");
   EXPECT_DOUBLE_EQ(avx2.fp32.flops_per_s, 2 * 3e9 * 2 * 8 * 2);
   EXPECT_DOUBLE_EQ(avx2.bf16.flops_per_s, avx2.fp32.flops_per_s);
-  const CpuPeak sse = cpu_peak(parse_cpuinfo(cpuinfo_text("GenuineIntel", 6, "sse sse2", 1, 1, 1000.0)), 1);
+  const CpuPeak sse =
+      cpu_peak(parse_cpuinfo(cpuinfo_text("GenuineIntel", 6, "sse sse2", 1, 1, 1000.0)), 1);
   EXPECT_EQ(sse.isa, "sse");
   EXPECT_DOUBLE_EQ(sse.fp32.flops_per_s, 1e9 * 1 * 4 * 2);
 }

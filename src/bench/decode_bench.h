@@ -87,8 +87,8 @@ int64_t decode_bench_bytes(const DecodeBenchOptions& options);
 DecodeBenchResult run_decode_bench(const DecodeBenchOptions& options);
 
 // A Markdown table, one row per point: width, batch, parameters, measured ms per step
-// (wall and CPU), tokens/s, and (when predicted) predicted ms and the error (measured − predicted) /
-// predicted. `title`: a line above it.
+// (wall and CPU), tokens/s, and (when predicted) predicted ms and the error (measured − predicted)
+// / predicted. `title`: a line above it.
 std::string format_decode_table(const DecodeBenchResult& result);
 nlohmann::json decode_bench_json(const DecodeBenchResult& result, const Provenance& provenance);
 

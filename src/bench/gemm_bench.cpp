@@ -38,7 +38,8 @@ const char* flags_of_kind(const std::string& kind) {
 
 void check_positive(const char* flag, const std::vector<int64_t>& values, bool needed) {
   if (needed && values.empty())
-    fail(fmt::format("{} is empty", flag), fmt::format("give at least one value, e.g. {} 1024", flag));
+    fail(fmt::format("{} is empty", flag),
+         fmt::format("give at least one value, e.g. {} 1024", flag));
   for (int64_t v : values)
     if (v < 1 || v > (int64_t{1} << 20))
       fail(fmt::format("{} {}: a dimension must be between 1 and 1048576", flag, v),
@@ -163,7 +164,8 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
   std::map<std::tuple<std::string, int64_t, int64_t, int64_t, bool, bool>, size_t> seen;
   auto add = [&](int64_t m, int64_t n, int64_t k, const std::string& kind, std::string label,
                  bool trans_a, bool trans_b) {
-    const auto [it, inserted] = seen.emplace(std::tuple{kind, m, n, k, trans_a, trans_b}, shapes.size());
+    const auto [it, inserted] =
+        seen.emplace(std::tuple{kind, m, n, k, trans_a, trans_b}, shapes.size());
     if (inserted) {
       shapes.push_back(
           GemmShape{m, n, k, kind, std::move(label), trans_a, trans_b, kind == "decode"});
@@ -172,18 +174,22 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
     }
   };
   if (has_kind(o, "square"))
-    for (int64_t s : o.square_sizes) add(s, s, s, "square", fmt::format("{0} x {0} x {0}", s), false, false);
+    for (int64_t s : o.square_sizes)
+      add(s, s, s, "square", fmt::format("{0} x {0} x {0}", s), false, false);
   // Layouts follow training: weights are stored [out, in] and used transposed (trans_b);
   // the weight gradient is dY^T · X (trans_a) with the token count as inner dimension.
   if (has_kind(o, "transformer"))
     for (int64_t t : o.tokens)
       for (int64_t h : o.hidden) {
-        add(t, h, h, "transformer", "tokens x hidden -> hidden (attention projection fwd)", false, true);
+        add(t, h, h, "transformer", "tokens x hidden -> hidden (attention projection fwd)", false,
+            true);
         for (int64_t f : o.ffn) {
           add(t, 2 * f, h, "transformer", "tokens x hidden -> 2*ffn (gate|up fwd)", false, true);
           add(t, h, f, "transformer", "tokens x ffn -> hidden (down fwd)", false, true);
-          add(t, h, 2 * f, "transformer", "tokens x 2*ffn -> hidden (gate|up input grad)", false, false);
-          add(2 * f, h, t, "transformer", "2*ffn x tokens -> hidden (gate|up weight grad)", true, false);
+          add(t, h, 2 * f, "transformer", "tokens x 2*ffn -> hidden (gate|up input grad)", false,
+              false);
+          add(2 * f, h, t, "transformer", "2*ffn x tokens -> hidden (gate|up weight grad)", true,
+              false);
         }
       }
   if (has_kind(o, "expert"))
@@ -193,9 +199,12 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
         const std::string who = fmt::format("{} tokens, top-{} of {} experts", t, o.top_k, e);
         for (int64_t h : o.hidden)
           for (int64_t f : o.ffn) {
-            add(rows, 2 * f, h, "expert", fmt::format("expert rows x hidden -> 2*ffn (gate|up fwd; {})", who), false, true);
-            add(rows, h, f, "expert", fmt::format("expert rows x ffn -> hidden (down fwd; {})", who), false, true);
-            add(2 * f, h, rows, "expert", fmt::format("2*ffn x expert rows -> hidden (weight grad; {})", who), true, false);
+            add(rows, 2 * f, h, "expert",
+                fmt::format("expert rows x hidden -> 2*ffn (gate|up fwd; {})", who), false, true);
+            add(rows, h, f, "expert",
+                fmt::format("expert rows x ffn -> hidden (down fwd; {})", who), false, true);
+            add(2 * f, h, rows, "expert",
+                fmt::format("2*ffn x expert rows -> hidden (weight grad; {})", who), true, false);
           }
       }
   // Decoding's projections as the model stores them (trans_b), one GEMM per call.
@@ -215,7 +224,8 @@ std::vector<GemmShape> gemm_sweep(const GemmBenchOptions& o) {
       const int64_t m = o.offsize_dim == "m" ? x : b;
       const int64_t n = o.offsize_dim == "n" ? x : b;
       const int64_t k = o.offsize_dim == "k" ? x : b;
-      add(m, n, k, "offsize", fmt::format("{} = {} (multiple of {})", o.offsize_dim, x, alignment_of(x)), false, false);
+      add(m, n, k, "offsize",
+          fmt::format("{} = {} (multiple of {})", o.offsize_dim, x, alignment_of(x)), false, false);
     }
   return shapes;
 }
@@ -445,7 +455,8 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
   std::vector<int64_t> out;
   std::stringstream in(text);
   std::string item;
-  const std::string hint = fmt::format("give comma-separated positive integers, e.g. {} 256,512,1024", flag);
+  const std::string hint =
+      fmt::format("give comma-separated positive integers, e.g. {} 256,512,1024", flag);
   while (std::getline(in, item, ',')) {
     size_t used = 0;
     long long v = 0;
@@ -456,7 +467,8 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
     } catch (...) {
       fail(fmt::format("{} '{}': '{}' is not an integer", flag, text, item), hint);
     }
-    if (used != item.size()) fail(fmt::format("{} '{}': '{}' is not an integer", flag, text, item), hint);
+    if (used != item.size())
+      fail(fmt::format("{} '{}': '{}' is not an integer", flag, text, item), hint);
     if (v < 1) fail(fmt::format("{} {}: values must be ≥ 1", flag, v), hint);
     out.push_back(v);
   }
@@ -467,11 +479,13 @@ std::vector<int64_t> parse_int_list(const std::string& flag, const std::string& 
 std::pair<int64_t, int64_t> parse_range(const std::string& flag, const std::string& text) {
   const auto colon = text.find(':');
   if (colon == std::string::npos)
-    fail(fmt::format("{} '{}' is not a range FROM:TO", flag, text), fmt::format("e.g. {} 1008:1040", flag));
+    fail(fmt::format("{} '{}' is not a range FROM:TO", flag, text),
+         fmt::format("e.g. {} 1008:1040", flag));
   const int64_t from = parse_int_list(flag, text.substr(0, colon)).at(0);
   const int64_t to = parse_int_list(flag, text.substr(colon + 1)).at(0);
   if (to < from)
-    fail(fmt::format("{} {}: TO is below FROM", flag, text), fmt::format("e.g. {} 1008:1040", flag));
+    fail(fmt::format("{} {}: TO is below FROM", flag, text),
+         fmt::format("e.g. {} 1008:1040", flag));
   return {from, to};
 }
 
@@ -535,9 +549,10 @@ std::string format_gemm_tables(const GemmBenchResult& r, const CpuPeak& peak) {
     const DtypePeak& spec = t == DType::bf16 ? peak.bf16 : peak.fp32;
     const double best = r.best(t);
     std::string measured = best > 0 ? fmt::format("{:.1f}", best / 1e9) : std::string("-");
-    std::string ratio = best > 0 && spec.flops_per_s > 0
-                            ? fmt::format(" ({:.0f}% of the estimate)", 100 * best / spec.flops_per_s)
-                            : std::string();
+    std::string ratio =
+        best > 0 && spec.flops_per_s > 0
+            ? fmt::format(" ({:.0f}% of the estimate)", 100 * best / spec.flops_per_s)
+            : std::string();
     out += fmt::format("  {}: measured best {}{}; estimate {}\n", dtype_name(t), measured, ratio,
                        spec.basis);
     if (best > spec.flops_per_s * 1.02 && spec.flops_per_s > 0)

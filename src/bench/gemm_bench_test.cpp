@@ -112,9 +112,12 @@ TEST(GemmBench, DefaultSweepHasTheTransformerShapes) {
     EXPECT_EQ(offsize[i].m, 1024);
     EXPECT_EQ(offsize[i].k, 1024);
   }
-  EXPECT_NE(offsize[16].label.find("multiple of 64"), std::string::npos) << offsize[16].label;  // 1024
-  EXPECT_NE(offsize[0].label.find("multiple of 16"), std::string::npos) << offsize[0].label;    // 1008
-  EXPECT_NE(offsize[1].label.find("multiple of 1)"), std::string::npos) << offsize[1].label;    // 1009
+  EXPECT_NE(offsize[16].label.find("multiple of 64"), std::string::npos)
+      << offsize[16].label;  // 1024
+  EXPECT_NE(offsize[0].label.find("multiple of 16"), std::string::npos)
+      << offsize[0].label;  // 1008
+  EXPECT_NE(offsize[1].label.find("multiple of 1)"), std::string::npos)
+      << offsize[1].label;  // 1009
 }
 
 TEST(GemmBench, SweepFollowsTheOptions) {
@@ -182,13 +185,19 @@ TEST(GemmBench, OptionErrorsNameTheFlag) {
     change(o);
     return o;
   };
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.square_sizes = {0}; })); }, "--sizes 0");
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.square_sizes = {}; })); }, "--sizes is empty");
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.tokens = {-4}; })); }, "--tokens -4");
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.top_k = 9; })); }, "--top-k 9 exceeds --experts 8");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.square_sizes = {0}; })); },
+               "--sizes 0");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.square_sizes = {}; })); },
+               "--sizes is empty");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.tokens = {-4}; })); },
+               "--tokens -4");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.top_k = 9; })); },
+               "--top-k 9 exceeds --experts 8");
   expect_error([&] { validate(with([](GemmBenchOptions& o) { o.dtypes = {}; })); }, "--dtype");
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.kinds = {"cubes"}; })); }, "--kinds: unknown kind 'cubes'");
-  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.offsize_dim = "x"; })); }, "--offsize-dim 'x'");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.kinds = {"cubes"}; })); },
+               "--kinds: unknown kind 'cubes'");
+  expect_error([&] { validate(with([](GemmBenchOptions& o) { o.offsize_dim = "x"; })); },
+               "--offsize-dim 'x'");
   expect_error([&] {
     validate(with([](GemmBenchOptions& o) {
       o.offsize_from = 1040;
@@ -217,7 +226,8 @@ TEST(GemmBench, ParsesFlags) {
   expect_error([] { parse_dtypes("--dtype", "fp16"); }, "--dtype 'fp16': unsupported dtype 'fp16'");
   expect_error([] { parse_dtypes("--dtype", ""); }, "--dtype is empty");
   EXPECT_EQ(parse_int_list("--sizes", "128,256,1024"), (std::vector<int64_t>{128, 256, 1024}));
-  expect_error([] { parse_int_list("--sizes", "128,abc"); }, "--sizes '128,abc': 'abc' is not an integer");
+  expect_error([] { parse_int_list("--sizes", "128,abc"); },
+               "--sizes '128,abc': 'abc' is not an integer");
   expect_error([] { parse_int_list("--sizes", "12x"); }, "'12x' is not an integer");
   expect_error([] { parse_int_list("--sizes", "0"); }, "--sizes 0: values must be ≥ 1");
   expect_error([] { parse_int_list("--sizes", "128,,256"); }, "--sizes");
@@ -230,7 +240,8 @@ TEST(GemmBench, MeasuresEveryLayoutCorrectly) {
   // Odd sizes, all three layouts the sweep uses, both dtypes: the result check passes and
   // the numbers are sane.
   for (DType t : {DType::f32, DType::bf16})
-    for (auto [ta, tb] : {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}}) {
+    for (auto [ta, tb] :
+         {std::pair{false, false}, std::pair{false, true}, std::pair{true, false}}) {
       const GemmShape s{67, 45, 93, "square", "test", ta, tb};
       const GemmMeasurement p = measure_gemm(t, s, 2, 0.0);
       EXPECT_TRUE(p.valid) << dtype_name(t) << " trans_a " << ta << " trans_b " << tb;
@@ -263,7 +274,8 @@ TEST(GemmBench, TinyRunAndItsOutputs) {
   for (const GemmMeasurement& p : r.points) {
     EXPECT_GT(p.efficiency, 0);
     EXPECT_LE(p.efficiency, 1.0);
-    (p.dtype == DType::bf16 ? top_bf16 : top_fp32) = std::max(p.dtype == DType::bf16 ? top_bf16 : top_fp32, p.efficiency);
+    (p.dtype == DType::bf16 ? top_bf16 : top_fp32) =
+        std::max(p.dtype == DType::bf16 ? top_bf16 : top_fp32, p.efficiency);
   }
   EXPECT_DOUBLE_EQ(top_fp32, 1.0);
   EXPECT_DOUBLE_EQ(top_bf16, 1.0);
@@ -281,7 +293,8 @@ TEST(GemmBench, TinyRunAndItsOutputs) {
 
   const nlohmann::json gemm = gemm_profile_section(r, Provenance{});
   ASSERT_EQ(gemm["points"].size(), r.points.size());
-  for (const char* key : {"dtype", "m", "n", "k", "kind", "label", "seconds", "flops_per_s", "efficiency"})
+  for (const char* key :
+       {"dtype", "m", "n", "k", "kind", "label", "seconds", "flops_per_s", "efficiency"})
     EXPECT_TRUE(gemm["points"][0].contains(key)) << key;
   EXPECT_EQ(gemm["points"][0]["dtype"], "fp32");
   EXPECT_EQ(gemm["points"][0]["m"], 32);
@@ -291,11 +304,13 @@ TEST(GemmBench, TinyRunAndItsOutputs) {
 
   const std::string csv = gemm_csv(r, Provenance{});
   EXPECT_EQ(csv.rfind("# date:", 0), 0u);
-  EXPECT_NE(csv.find("\ndtype,kind,m,n,k,layout,seconds,gflops_per_s,efficiency,valid,label\n"), std::string::npos);
+  EXPECT_NE(csv.find("\ndtype,kind,m,n,k,layout,seconds,gflops_per_s,efficiency,valid,label\n"),
+            std::string::npos);
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5 + 1 + static_cast<long>(r.points.size()));
 
   const std::string tables = format_gemm_tables(r, peak);
-  for (const char* kind : {"square GEMMs", "transformer GEMMs", "expert GEMMs", "offsize GEMMs", "test bf16"})
+  for (const char* kind :
+       {"square GEMMs", "transformer GEMMs", "expert GEMMs", "offsize GEMMs", "test bf16"})
     EXPECT_NE(tables.find(kind), std::string::npos) << kind;
 }
 
@@ -320,7 +335,8 @@ TEST(GemmBench, MergesIntoAProfileKeepingOtherSections) {
   j["collectives"] = nlohmann::json::array({{{"op", "all_reduce"}}});
   j["name"] = "kept";
   write_file_atomic(path, j.dump());
-  merge_profile_sections(path, {{"gemm", {{"points", nlohmann::json::array()}}}, {"memory", {{"x", 1}}}}, prov);
+  merge_profile_sections(
+      path, {{"gemm", {{"points", nlohmann::json::array()}}}, {"memory", {{"x", 1}}}}, prov);
   j = nlohmann::json::parse(read_text_file(path));
   EXPECT_EQ(j["collectives"][0]["op"], "all_reduce");
   EXPECT_EQ(j["name"], "kept");
@@ -330,7 +346,11 @@ TEST(GemmBench, MergesIntoAProfileKeepingOtherSections) {
 
   // Something else: refused and left alone.
   write_file_atomic(path, std::string("{\"model\": {}}"));
-  expect_error([&] { merge_profile_sections(path, {{"gemm", 1}}, prov); }, "not a foundry hardware profile");
+  expect_error(
+      [&] {
+        merge_profile_sections(path, {{"gemm", 1}}, prov);
+      },
+      "not a foundry hardware profile");
   EXPECT_EQ(read_text_file(path), "{\"model\": {}}");
   write_file_atomic(path, std::string("{oops"));
   expect_error([&] { merge_profile_sections(path, {{"gemm", 1}}, prov); }, "not valid JSON");

@@ -445,7 +445,8 @@ MembwResult run_membw_bench(const MembwOptions& options) {
             check.c_error));
       }
       for (int k = 0; k < 4; ++k) {
-        result.stream.push_back(make_stream_result(kStreamKernels[k], t, n, seconds[k], check.valid));
+        result.stream.push_back(
+            make_stream_result(kStreamKernels[k], t, n, seconds[k], check.valid));
         if (kStreamKernels[k] == StreamKernel::triad)
           result.best_triad_bytes_per_s =
               std::max(result.best_triad_bytes_per_s, result.stream.back().bytes_per_s);
@@ -510,7 +511,8 @@ MembwResult run_membw_bench(const MembwOptions& options) {
 nlohmann::json memory_profile_section(const MembwResult& r, const Provenance& provenance) {
   using nlohmann::json;
   json j;
-  j["measured_bytes_per_s"] = r.best_triad_bytes_per_s > 0 ? json(r.best_triad_bytes_per_s) : json();
+  j["measured_bytes_per_s"] =
+      r.best_triad_bytes_per_s > 0 ? json(r.best_triad_bytes_per_s) : json();
   j["spec_bytes_per_s"] = nullptr;  // a CPU's DRAM spec depends on the DIMMs; unknown here
   j["stream"] = json::array();
   for (const StreamResult& s : r.stream)

@@ -88,7 +88,8 @@ struct Arrays {
   void run(int iterations) {
     for (int i = 0; i < iterations; ++i)
       for (StreamKernel k : kStreamKernels)
-        stream_kernel(k, a.data(), b.data(), c.data(), static_cast<int64_t>(a.size()), kStreamScalar);
+        stream_kernel(k, a.data(), b.data(), c.data(), static_cast<int64_t>(a.size()),
+                      kStreamScalar);
   }
   std::vector<double> a, b, c;
 };
@@ -144,7 +145,8 @@ TEST(Membw, OptionErrorsNameTheFlag) {
   };
   expect_error([&] { validate(with([](MembwOptions& o) { o.threads = {0}; })); }, "--threads 0");
   expect_error([&] { validate(with([](MembwOptions& o) { o.repeats = 1; })); }, "--repeats 1");
-  expect_error([&] { validate(with([](MembwOptions& o) { o.array_bytes = 1000; })); }, "--array-bytes");
+  expect_error([&] { validate(with([](MembwOptions& o) { o.array_bytes = 1000; })); },
+               "--array-bytes");
   expect_error([&] { validate(with([](MembwOptions& o) { o.min_bytes = 100; })); }, "--min-bytes");
   expect_error([&] {
     validate(with([](MembwOptions& o) {

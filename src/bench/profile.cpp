@@ -91,10 +91,12 @@ std::vector<AlignmentFactor> alignment_from_offsize(const std::vector<GemmPoint>
       else it->factor = std::min(it->factor, f);
     }
   }
-  std::sort(out.begin(), out.end(),
-            [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
+  std::sort(out.begin(), out.end(), [](const AlignmentFactor& a, const AlignmentFactor& b) {
+    return a.multiple > b.multiple;
+  });
   // Factors must not rise as alignment falls (noise in the scan could say otherwise).
-  for (size_t i = 1; i < out.size(); ++i) out[i].factor = std::min(out[i].factor, out[i - 1].factor);
+  for (size_t i = 1; i < out.size(); ++i)
+    out[i].factor = std::min(out[i].factor, out[i - 1].factor);
   if (!out.empty()) {
     const double top = out.front().factor;  // relative to the best-aligned points
     for (auto& a : out) a.factor /= top;
@@ -162,7 +164,8 @@ double nearest_efficiency(const std::vector<GemmPoint>& points, DType dtype, boo
 
 }  // namespace
 
-double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, bool roofline) const {
+double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k,
+                                  bool roofline) const {
   const double best = max_gemm_rate(dtype);
   FOUNDRY_CHECK(best > 0 && m > 0 && n > 0 && k > 0);
   double efficiency = 1.0;
@@ -179,7 +182,8 @@ double HardwareProfile::gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k, 
   const double bw = memory_bandwidth();
   if (roofline && bw > 0) {
     const double in = dtype == DType::bf16 ? 2.0 : 4.0;
-    const double bytes = (double(m) * double(k) + double(k) * double(n)) * in + double(m) * double(n) * 4.0;
+    const double bytes =
+        (double(m) * double(k) + double(k) * double(n)) * in + double(m) * double(n) * 4.0;
     rate = std::min(rate, 2.0 * double(m) * double(n) * double(k) / bytes * bw);
   }
   return rate;
@@ -211,9 +215,10 @@ const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t 
   }
   if (below) return *below;
   if (above) return *above;
-  fail(fmt::format("profile {} has no '{}' collective measurements", path.empty() ? name : path, op),
-       "measure them with `mpirun -np N foundry bench comm --profile FILE`, or pick a profile "
-       "that has them");
+  fail(
+      fmt::format("profile {} has no '{}' collective measurements", path.empty() ? name : path, op),
+      "measure them with `mpirun -np N foundry bench comm --profile FILE`, or pick a profile "
+      "that has them");
 }
 
 double HardwareProfile::collective_time(const std::string& op, int64_t ranks, double bytes) const {
@@ -252,7 +257,8 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
   }
   if (doc.contains("memory")) {
     p.memory_spec_bytes_per_s = number(doc["memory"], "spec_bytes_per_s", where + ": memory");
-    p.memory_measured_bytes_per_s = number(doc["memory"], "measured_bytes_per_s", where + ": memory");
+    p.memory_measured_bytes_per_s =
+        number(doc["memory"], "measured_bytes_per_s", where + ": memory");
   }
   std::vector<GemmPoint> offsize;
   if (doc.contains("gemm")) {
@@ -293,8 +299,9 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
                              number(a, "factor", w + ".alignment")});
   }
   if (p.alignment.empty()) p.alignment = alignment_from_offsize(offsize);
-  std::sort(p.alignment.begin(), p.alignment.end(),
-            [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
+  std::sort(
+      p.alignment.begin(), p.alignment.end(),
+      [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
   for (const auto& c : doc.value("collectives", json::array())) {
     CollectiveFit f;
     const std::string w = where + ": collectives";
@@ -319,7 +326,8 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
         static_cast<int64_t>(number(doc["storage"], "page_bytes", where + ": storage", 4096));
   }
   if (p.max_gemm_rate(DType::bf16) <= 0 && p.max_gemm_rate(DType::f32) <= 0)
-    fail(fmt::format("{}: no compute rate (compute.*.measured_flops_per_s or spec_flops_per_s)", where),
+    fail(fmt::format("{}: no compute rate (compute.*.measured_flops_per_s or spec_flops_per_s)",
+                     where),
          "measure one with `foundry bench gemm --profile FILE`");
   return p;
 }
@@ -365,8 +373,9 @@ HardwareProfile load_profile(const std::string& spec) {
                        "bench all`)", list.empty() ? "none found" : list));
     }
   } else if (!path_exists(path)) {
-    fail(fmt::format("profile file '{}' does not exist", path),
-         "write one with `foundry bench all --out DIR`, or name a reference profile (mi300x, h100)");
+    fail(
+        fmt::format("profile file '{}' does not exist", path),
+        "write one with `foundry bench all --out DIR`, or name a reference profile (mi300x, h100)");
   }
   json doc;
   try {

@@ -84,8 +84,9 @@ Provenance collect_provenance(int ranks) {
   p.libraries.emplace_back("MPI", mpi_library());
   p.libraries.emplace_back("compiler", fmt::format("g++ {}.{}.{}", __GNUC__, __GNUC_MINOR__,
                                                    __GNUC_PATCHLEVEL__));
-  for (const char* name : {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "ONEDNN_MAX_CPU_ISA",
-                           "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "OMPI_MCA_coll_tuned_use_dynamic_rules"}) {
+  for (const char* name :
+       {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+        "OPENBLAS_CORETYPE", "OMPI_MCA_coll_tuned_use_dynamic_rules"}) {
     if (const char* v = std::getenv(name)) p.env.emplace_back(name, v);
   }
   return p;
@@ -111,7 +112,8 @@ Provenance provenance_from_json(const nlohmann::json& j) {
   p.threads = j.value("threads", 0);
   p.ranks = j.value("ranks", 1);
   if (j.contains("libraries"))
-    for (const auto& [k, v] : j["libraries"].items()) p.libraries.emplace_back(k, v.get<std::string>());
+    for (const auto& [k, v] : j["libraries"].items())
+      p.libraries.emplace_back(k, v.get<std::string>());
   if (j.contains("env"))
     for (const auto& [k, v] : j["env"].items()) p.env.emplace_back(k, v.get<std::string>());
   return p;
@@ -124,11 +126,13 @@ std::string format_provenance(const Provenance& p, const std::string& prefix) {
   out += fmt::format("{}host: {} | cpu: {} | cores: {} | threads: {} | ranks: {}\n", prefix,
                      p.host, p.cpu, p.cores, p.threads, p.ranks);
   std::string libs;
-  for (const auto& [k, v] : p.libraries) libs += fmt::format("{}{} {}", libs.empty() ? "" : ", ", k, v);
+  for (const auto& [k, v] : p.libraries)
+    libs += fmt::format("{}{} {}", libs.empty() ? "" : ", ", k, v);
   out += fmt::format("{}libraries: {}\n", prefix, libs);
   std::string env;
   for (const auto& [k, v] : p.env) env += fmt::format("{}{}={}", env.empty() ? "" : " ", k, v);
-  out += fmt::format("{}env: {}\n", prefix, env.empty() ? "(none of the variables that change results)" : env);
+  out += fmt::format("{}env: {}\n", prefix,
+                     env.empty() ? "(none of the variables that change results)" : env);
   return out;
 }
 

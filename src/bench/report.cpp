@@ -25,7 +25,8 @@ std::string header(const json& profile, const std::string& prefix) {
   if (profile.contains("provenance") && profile["provenance"].contains("host"))
     return format_provenance(provenance_from_json(profile["provenance"]), prefix);
   return prefix + "provenance: " +
-         (profile.contains("provenance") ? profile["provenance"].dump() : std::string("unknown")) + "\n";
+         (profile.contains("provenance") ? profile["provenance"].dump() : std::string("unknown")) +
+         "\n";
 }
 
 std::string gemm_csv_from(const json& profile) {
@@ -59,8 +60,9 @@ std::string working_set_csv_from(const json& profile) {
 }
 
 std::string collectives_csv_from(const json& profile) {
-  std::string out = header(profile, "# ") +
-                    "op,ranks,algorithm,bytes,avg_us,min_us,p50_us,p99_us,max_us,algbw_gb_s,busbw_gb_s,wrong\n";
+  std::string out =
+      header(profile, "# ") +
+      "op,ranks,algorithm,bytes,avg_us,min_us,p50_us,p99_us,max_us,algbw_gb_s,busbw_gb_s,wrong\n";
   for (const auto& c : profile.value("collectives", json::array()))
     for (const auto& p : c.value("points", json::array()))
       out += fmt::format("{},{},{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.4f},{:.4f},{}\n",
@@ -73,14 +75,16 @@ std::string collectives_csv_from(const json& profile) {
 }
 
 // Runs gnuplot on `script`; returns "" on success or what went wrong.
-std::string run_gnuplot(const std::string& dir, const std::string& name, const std::string& script) {
+std::string run_gnuplot(const std::string& dir, const std::string& name,
+                        const std::string& script) {
   const std::string path = dir + "/" + name + ".gp";
   write_file_atomic(path, script);
   const std::string cmd = "gnuplot '" + path + "' 2>'" + dir + "/" + name + ".gp.log'";
   const int rc = std::system(cmd.c_str());
   if (rc != 0) {
-    return fmt::format("gnuplot failed on {} (exit {}; see {}.gp.log); install gnuplot-nox for the plots",
-                       path, WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, name);
+    return fmt::format(
+        "gnuplot failed on {} (exit {}; see {}.gp.log); install gnuplot-nox for the plots", path,
+        WIFEXITED(rc) ? WEXITSTATUS(rc) : rc, name);
   }
   std::remove((dir + "/" + name + ".gp.log").c_str());
   return "";
@@ -108,7 +112,8 @@ std::string plot_script(const std::string& png, const std::string& title, const 
   }
   s += "EOD\nplot ";
   for (size_t i = 0; i < series.size(); ++i)
-    s += fmt::format("{}$data index {} with linespoints title '{}'", i ? ", " : "", i, series[i].title);
+    s += fmt::format("{}$data index {} with linespoints title '{}'", i ? ", " : "", i,
+                     series[i].title);
   return s + "\n";
 }
 
@@ -150,24 +155,29 @@ ReportFiles write_report(const json& profile, const std::string& dir) {
       return v;
     };
     if (!square.empty())
-      plots.push_back({"gemm_square", plot_script("gemm_square.png", "GEMM throughput, square M = N = K (oneDNN)",
-                                                  "M = N = K", "GFLOP/s", to_vec(square), false)});
+      plots.push_back({"gemm_square",
+                       plot_script("gemm_square.png", "GEMM throughput, square M = N = K (oneDNN)",
+                                   "M = N = K", "GFLOP/s", to_vec(square), false)});
     if (!offsize.empty())
-      plots.push_back({"gemm_offsize", plot_script("gemm_offsize.png", "What off-size dimensions cost",
-                                                   "scanned dimension", "GFLOP/s", to_vec(offsize), false)});
+      plots.push_back(
+          {"gemm_offsize", plot_script("gemm_offsize.png", "What off-size dimensions cost",
+                                       "scanned dimension", "GFLOP/s", to_vec(offsize), false)});
   }
   if (profile.contains("memory") && profile["memory"].contains("working_set")) {
     Series ws{"triad", {}};
-    for (const auto& w : profile["memory"]["working_set"]) ws.xy.push_back({num(w, "bytes"), num(w, "bytes_per_s") / 1e9});
+    for (const auto& w : profile["memory"]["working_set"])
+      ws.xy.push_back({num(w, "bytes"), num(w, "bytes_per_s") / 1e9});
     std::string marks;
     // Mark each level at the capacity the sweep's threads reach: one instance per thread,
     // up to the instances there are (2 threads on 2 private L1s see both).
     int threads = 1;
-    for (const auto& w : profile["memory"]["working_set"]) threads = std::max(threads, w.value("threads", 1));
+    for (const auto& w : profile["memory"]["working_set"])
+      threads = std::max(threads, w.value("threads", 1));
     for (const auto& c : profile["memory"].value("caches", json::array()))
-      marks += fmt::format("set arrow from {0},graph 0 to {0},graph 1 nohead dashtype 2\n"
-                           "set label 'L{1}' at {0},graph 0.95 offset 0.5,0\n",
-                           num(c, "bytes") * std::min(threads, c.value("instances", 1)), c.value("level", 0));
+      marks += fmt::format(
+          "set arrow from {0},graph 0 to {0},graph 1 nohead dashtype 2\n"
+          "set label 'L{1}' at {0},graph 0.95 offset 0.5,0\n",
+          num(c, "bytes") * std::min(threads, c.value("instances", 1)), c.value("level", 0));
     if (!ws.xy.empty())
       plots.push_back({"memory_working_set",
                        plot_script("memory_working_set.png", "Memory bandwidth against working set",
@@ -177,13 +187,16 @@ ReportFiles write_report(const json& profile, const std::string& dir) {
   for (const auto& c : profile.value("collectives", json::array())) {
     if (!c.contains("points") || c["points"].empty()) continue;
     Series s;
-    s.title = fmt::format("{} ranks{}", c.value("ranks", 0),
-                          c.value("algorithm", "default") == "default" ? "" : ", " + c.value("algorithm", ""));
-    for (const auto& p : c["points"]) s.xy.push_back({num(p, "bytes"), num(p, "busbw_bytes_per_s") / 1e9});
+    s.title = fmt::format(
+        "{} ranks{}", c.value("ranks", 0),
+        c.value("algorithm", "default") == "default" ? "" : ", " + c.value("algorithm", ""));
+    for (const auto& p : c["points"])
+      s.xy.push_back({num(p, "bytes"), num(p, "busbw_bytes_per_s") / 1e9});
     comm[c.value("op", "")].push_back(s);
   }
   for (const auto& [op, series] : comm)
-    plots.push_back({"comm_" + op, plot_script("comm_" + op + ".png", op + " bus bandwidth (nccl-tests convention)",
+    plots.push_back({"comm_" + op, plot_script("comm_" + op + ".png",
+                                               op + " bus bandwidth (nccl-tests convention)",
                                                "message size", "busbw GB/s", series, true)});
 
   for (const auto& [name, script] : plots) {
@@ -206,55 +219,69 @@ std::string format_report(const json& profile, const std::vector<std::string>& p
   md += "Files: `profile.json` (the machine-readable profile), `gemm.csv`, `memory_stream.csv`, "
         "`memory_working_set.csv`, `collectives.csv`.\n\n";
   auto image = [&](const std::string& name) {
-    if (std::find(pngs.begin(), pngs.end(), name) != pngs.end()) md += "![" + name + "](" + name + ")\n\n";
+    if (std::find(pngs.begin(), pngs.end(), name) != pngs.end())
+      md += "![" + name + "](" + name + ")\n\n";
   };
 
   if (profile.contains("compute")) {
-    md += "## Peak compute\n\n| dtype | spec peak (GFLOP/s) | basis | best measured GEMM (GFLOP/s) | measured / spec |\n|---|---:|---|---:|---:|\n";
+    md +=
+        "## Peak compute\n\n| dtype | spec peak (GFLOP/s) | basis | best measured GEMM (GFLOP/s) | "
+        "measured / spec |\n|---|---:|---|---:|---:|\n";
     for (const char* dt : {"fp32", "bf16"}) {
       if (!profile["compute"].contains(dt)) continue;
       const json& c = profile["compute"][dt];
       const double spec = num(c, "spec_flops_per_s"), meas = num(c, "measured_flops_per_s");
-      md += fmt::format("| {} | {:.0f} | {} | {:.0f} | {} |\n", dt, spec / 1e9, c.value("spec_basis", ""),
-                        meas / 1e9, spec > 0 ? fmt::format("{:.0f}%", 100 * meas / spec) : "—");
+      md += fmt::format("| {} | {:.0f} | {} | {:.0f} | {} |\n", dt, spec / 1e9,
+                        c.value("spec_basis", ""), meas / 1e9,
+                        spec > 0 ? fmt::format("{:.0f}%", 100 * meas / spec) : "—");
     }
     md += "\n";
   }
   if (profile.contains("gemm")) {
     md += "## GEMM throughput (oneDNN, minimum time over repeats)\n\n";
     image("gemm_square.png");
-    md += "| dtype | kind | M | N | K | GFLOP/s | efficiency | shape |\n|---|---|---:|---:|---:|---:|---:|---|\n";
+    md +=
+        "| dtype | kind | M | N | K | GFLOP/s | efficiency | shape "
+        "|\n|---|---|---:|---:|---:|---:|---:|---|\n";
     for (const auto& p : profile["gemm"].value("points", json::array()))
       if (p.value("kind", "") != "offsize")
-        md += fmt::format("| {} | {} | {} | {} | {} | {:.0f} | {:.0f}% | {} |\n", p.value("dtype", ""),
-                          p.value("kind", ""), p.value("m", 0), p.value("n", 0), p.value("k", 0),
-                          num(p, "flops_per_s") / 1e9, 100 * num(p, "efficiency"), p.value("label", ""));
+        md += fmt::format("| {} | {} | {} | {} | {} | {:.0f} | {:.0f}% | {} |\n",
+                          p.value("dtype", ""), p.value("kind", ""), p.value("m", 0),
+                          p.value("n", 0), p.value("k", 0), num(p, "flops_per_s") / 1e9,
+                          100 * num(p, "efficiency"), p.value("label", ""));
     md += "\n### Off-size dimensions\n\n";
     image("gemm_offsize.png");
-    md += "Efficiency of each scanned size against the best of the scan (see gemm.csv for all points).\n\n";
+    md +=
+        "Efficiency of each scanned size against the best of the scan (see gemm.csv for all "
+        "points).\n\n";
   }
   if (profile.contains("memory")) {
     const json& m = profile["memory"];
     md += "## Memory bandwidth (STREAM, doubles, no write-allocate traffic counted)\n\n";
     md += "| kernel | threads | array | GB/s | valid |\n|---|---:|---:|---:|---|\n";
     for (const auto& s : m.value("stream", json::array()))
-      md += fmt::format("| {} | {} | {} | {:.1f} | {} |\n", s.value("kernel", ""), s.value("threads", 0),
-                        format_bytes(num(s, "array_bytes"), ByteUnit::MiB, 0), num(s, "bytes_per_s") / 1e9,
-                        s.value("valid", false) ? "yes" : "NO");
+      md +=
+          fmt::format("| {} | {} | {} | {:.1f} | {} |\n", s.value("kernel", ""),
+                      s.value("threads", 0), format_bytes(num(s, "array_bytes"), ByteUnit::MiB, 0),
+                      num(s, "bytes_per_s") / 1e9, s.value("valid", false) ? "yes" : "NO");
     md += "\n";
     image("memory_working_set.png");
   }
   if (profile.contains("collectives") && !profile["collectives"].empty()) {
     md += "## Collectives (nccl-tests conventions: algbw = S/t, busbw = algbw × factor)\n\n";
     md += "Fitted latency–bandwidth model t(S) = α + S/β (β in the algbw convention):\n\n";
-    md += "| op | ranks | algorithm | α (µs) | β (GB/s) | peak busbw (GB/s) |\n|---|---:|---|---:|---:|---:|\n";
+    md +=
+        "| op | ranks | algorithm | α (µs) | β (GB/s) | peak busbw (GB/s) "
+        "|\n|---|---:|---|---:|---:|---:|\n";
     std::set<std::string> ops;
     for (const auto& c : profile["collectives"]) {
       double peak = 0;
-      for (const auto& p : c.value("points", json::array())) peak = std::max(peak, num(p, "busbw_bytes_per_s"));
+      for (const auto& p : c.value("points", json::array()))
+        peak = std::max(peak, num(p, "busbw_bytes_per_s"));
       const json fit = c.value("fit", json::object());
-      md += fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {} |\n", c.value("op", ""), c.value("ranks", 0),
-                        c.value("algorithm", ""), 1e6 * num(fit, "alpha_s"), num(fit, "beta_bytes_per_s") / 1e9,
+      md += fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {} |\n", c.value("op", ""),
+                        c.value("ranks", 0), c.value("algorithm", ""), 1e6 * num(fit, "alpha_s"),
+                        num(fit, "beta_bytes_per_s") / 1e9,
                         peak > 0 ? fmt::format("{:.2f}", peak / 1e9) : "—");
       ops.insert(c.value("op", ""));
     }

@@ -99,9 +99,9 @@ void check_box(const std::vector<int64_t>& shape, const Box& box, const char* wh
   for (size_t d = 0; ok && d < shape.size(); ++d)
     ok = box.offsets[d] >= 0 && box.lengths[d] > 0 && box.offsets[d] + box.lengths[d] <= shape[d];
   if (!ok)
-    fail(fmt::format("{}: the box (offsets [{}], lengths [{}]) does not fit the tensor's shape [{}]",
-                     what, fmt::join(box.offsets, ", "), fmt::join(box.lengths, ", "),
-                     fmt::join(shape, ", ")),
+    fail(fmt::format(
+             "{}: the box (offsets [{}], lengths [{}]) does not fit the tensor's shape [{}]", what,
+             fmt::join(box.offsets, ", "), fmt::join(box.lengths, ", "), fmt::join(shape, ", ")),
          "the checkpoint metadata is corrupt");
 }
 

@@ -66,7 +66,8 @@ void read_sharded_params(const std::string& dir, const ModelConfig& config,
     const int64_t end = params[b.last - 1].offset + params[b.last - 1].numel;
     buffer.resize(static_cast<size_t>(std::max<int64_t>(end - begin, buffer.size())));
     load_checkpoint_targets(dir, config, table, {{"", begin, end, buffer.data()}});
-    for (size_t i = b.first; i < b.last; ++i) sink(params[i], buffer.data() + (params[i].offset - begin));
+    for (size_t i = b.first; i < b.last; ++i)
+      sink(params[i], buffer.data() + (params[i].offset - begin));
   }
 }
 

@@ -34,8 +34,9 @@ TEST_F(ExportTest, AVersionTwoCheckpointFromThreeRanksExportsEveryParameterBitFo
   const ParamTable table(config);
   const std::vector<float> params = testing::random_slab(table.total_elements(), 1);
   const std::vector<float> exp_avg = testing::random_slab(table.total_elements(), 2);
-  const std::string dir = testing::save_from_ranks(
-      root_ + "/run", 10, 3, config, {{"", &params, {}}, {"exp_avg", &exp_avg, {}}}, {{"step", 10}});
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 10, 3, config,
+                               {{"", &params, {}}, {"exp_avg", &exp_avg, {}}}, {{"step", 10}});
 
   const ExportReport report = export_hf_model(dir, root_ + "/hf");
   EXPECT_EQ(report.tensors, static_cast<int64_t>(table.params().size()));

@@ -121,8 +121,10 @@ std::vector<SavedTensor> read_v2(const std::string& dir, CheckpointInfo& info) {
   info.model = parse_model_config(field<json>(m, "model", path), path);
   info.optimizer = recorded_optimizer(field<json>(m, "trainer_state", path)).value_or("");
   for (const json& f : field<json>(m, "files", path))
-    info.files.push_back({field<std::string>(f, "name", path), -1, field<int64_t>(f, "bytes", path)});
-  for (const char* name : {kMetadataFile, kConfigFile, kCommittedFile}) info.files.push_back({name});
+    info.files.push_back(
+        {field<std::string>(f, "name", path), -1, field<int64_t>(f, "bytes", path)});
+  for (const char* name : {kMetadataFile, kConfigFile, kCommittedFile})
+    info.files.push_back({name});
   std::vector<SavedTensor> tensors;
   const json listed = field<json>(m, "tensors", path);
   for (const auto& [name, t] : listed.items()) {
@@ -213,7 +215,8 @@ void check_files(const std::string& dir, const std::string& listed_in, Checkpoin
     const auto size = fs::file_size(join(dir, f.name), ec);
     f.bytes = ec ? -1 : static_cast<int64_t>(size);
     if (f.listed_bytes >= 0 && f.bytes < 0)
-      info.problems.push_back(fmt::format("{} is missing (listed in {})", join(dir, f.name), listed_in));
+      info.problems.push_back(
+          fmt::format("{} is missing (listed in {})", join(dir, f.name), listed_in));
     else if (f.listed_bytes >= 0 && f.bytes != f.listed_bytes)
       info.problems.push_back(fmt::format("{} has {} bytes, {} lists {}", join(dir, f.name),
                                           f.bytes, listed_in, f.listed_bytes));
@@ -251,7 +254,8 @@ void check_committed(const std::string& dir, const std::string& description, con
 
 int checkpoint_format_version(const std::string& dir) {
   std::error_code ec;
-  if (!fs::exists(dir, ec)) fail(fmt::format("checkpoint '{}' does not exist", dir), kCheckpointHint);
+  if (!fs::exists(dir, ec))
+    fail(fmt::format("checkpoint '{}' does not exist", dir), kCheckpointHint);
   if (!fs::is_directory(dir, ec))
     fail(fmt::format("checkpoint '{}' is not a directory", dir), kCheckpointHint);
   if (path_exists(join(dir, kMetadataFile))) return kShardedFormatVersion;
@@ -314,9 +318,9 @@ std::string format_states_without(const CheckpointInfo& info) {
   }
   std::string out;
   for (const auto& [without, states] : groups)
-    out += fmt::format("note: no {} for {} of {} parameters (their optimizer keeps none), e.g. {}\n",
-                       fmt::join(states, ", "), without.size(), info.model_tensors,
-                       without.front());
+    out +=
+        fmt::format("note: no {} for {} of {} parameters (their optimizer keeps none), e.g. {}\n",
+                    fmt::join(states, ", "), without.size(), info.model_tensors, without.front());
   return out;
 }
 
@@ -345,7 +349,8 @@ std::string format_checkpoint_info(const CheckpointInfo& info) {
                      arch_name(info.model.arch), info.model_tensors,
                      format_count(static_cast<double>(info.model_parameters)),
                      grouped(info.model_parameters));
-  out += fmt::format("optimizer   {}\n\n", info.optimizer.empty() ? "not recorded" : info.optimizer);
+  out +=
+      fmt::format("optimizer   {}\n\n", info.optimizer.empty() ? "not recorded" : info.optimizer);
   out += fmt::format("{:<16}{:>8}  {:>15}\n", "saved", "tensors", "bytes");
   for (const SavedSlab& s : info.slabs)
     out += fmt::format("  {:<14}{:>8}  {:>15}\n", s.name, s.tensors, grouped(s.bytes));
@@ -398,7 +403,8 @@ VerifyReport verify_checkpoint_data(const std::string& dir) {
     verify_checkpoint(dir);
     const json m = read_json(join(dir, kManifestFile));
     report.files = static_cast<int64_t>(m["files"].size());
-    for (const auto& [name, entry] : m["files"].items()) report.bytes += entry["bytes"].get<int64_t>();
+    for (const auto& [name, entry] : m["files"].items())
+      report.bytes += entry["bytes"].get<int64_t>();
   }
   // The data is intact; the model must also be all there (and, for version 1, the
   // safetensors headers must parse: inspecting reads them).

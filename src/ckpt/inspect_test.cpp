@@ -112,7 +112,8 @@ TEST_F(InspectTest, InfoOfVersionOneListsItsFiles) {
                                              "optimizer.safetensors", "trainer_state.json",
                                              "manifest.json", "COMMITTED"}));
   EXPECT_TRUE(info.problems.empty());
-  EXPECT_NE(format_checkpoint_info(info).find("not recorded (format version 1)"), std::string::npos);
+  EXPECT_NE(format_checkpoint_info(info).find("not recorded (format version 1)"),
+            std::string::npos);
   const VerifyReport report = verify_checkpoint_data(dir);
   EXPECT_EQ(report.files, 4);
 }

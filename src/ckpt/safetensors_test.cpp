@@ -148,7 +148,8 @@ TEST_F(SafetensorsTest, StreamWriterWritesTheSameFileTensorByTensor) {
   const std::vector<uint16_t> b = {7, 8, 9};
   const std::vector<TensorToWrite> tensors = {{"a", StDtype::F32, {2, 3}, a.data()},
                                               {"b", StDtype::BF16, {3}, b.data()}};
-  const FileDigest whole = write_safetensors(path("whole.safetensors"), tensors, {{"format", "pt"}});
+  const FileDigest whole =
+      write_safetensors(path("whole.safetensors"), tensors, {{"format", "pt"}});
   SafetensorsStreamWriter writer(path("streamed.safetensors"),
                                  {{"a", StDtype::F32, {2, 3}}, {"b", StDtype::BF16, {3}}},
                                  {{"format", "pt"}});

@@ -222,7 +222,8 @@ class PieceReader {
       pread_all(p.file, p.byte_offset + lo, hi - lo, buffer_.data());
       for (int64_t c = chunk; c < chunk + n; ++c) verify_chunk(name, p, c, lo);
       const int64_t from = std::max(begin, lo), to = std::min(end, hi);
-      std::memcpy(out + (from - begin), buffer_.data() + (from - lo), static_cast<size_t>(to - from));
+      std::memcpy(out + (from - begin), buffer_.data() + (from - lo),
+                  static_cast<size_t>(to - from));
       chunk += n;
     }
   }

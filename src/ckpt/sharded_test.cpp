@@ -101,7 +101,8 @@ TEST_F(ShardedTest, LayoutOfTheDirectoryAndMetadata) {
 TEST_F(ShardedTest, TheWholeSlabLoaderReadsVersionTwo) {
   const std::string dir = save(5, 3);
   std::vector<float> params(n_, 0.0f), exp_avg(n_, 0.0f);
-  const json state = load_checkpoint(dir, config_, table_, params.data(), {{"exp_avg", exp_avg.data()}});
+  const json state =
+      load_checkpoint(dir, config_, table_, params.data(), {{"exp_avg", exp_avg.data()}});
   EXPECT_EQ(state["step"], 5);
   EXPECT_TRUE(same_tensors(params, params_));
   EXPECT_TRUE(same_tensors(exp_avg, exp_avg_));

@@ -84,7 +84,8 @@ inline std::string save_from_ranks(const std::string& run_dir, int64_t step, int
     for (const SlabToSave& s : slabs)
       for (const ParamInfo& p : table.params()) {
         const int64_t lo = std::max(b, p.offset), hi = std::min(e, p.offset + p.numel);
-        if (lo < hi && (!s.has || s.has(p))) runs.push_back({s.name, lo, hi, s.values->data() + lo});
+        if (lo < hi && (!s.has || s.has(p)))
+          runs.push_back({s.name, lo, hi, s.values->data() + lo});
       }
     shards.push_back(write_rank_shard(staging, r, table, runs));
   }

@@ -45,8 +45,8 @@ int64_t mem_total_bytes() {
 }
 
 // A progress callback for the library benchmarks (rank 0 only).
-std::function<void(int64_t, int64_t, const std::string&)> progress_to(std::unique_ptr<Progress>& bar,
-                                                                      const std::string& label) {
+std::function<void(int64_t, int64_t, const std::string&)> progress_to(
+    std::unique_ptr<Progress>& bar, const std::string& label) {
   return [&bar, label](int64_t done, int64_t total, const std::string& what) {
     if (!bar) bar = std::make_unique<Progress>(label, total);
     bar->update(done, what);
@@ -59,7 +59,8 @@ void run_bench_all(const BenchAllOptions& o) {
     size_t start = 0;
     while (start <= o.only.size()) {
       const size_t comma = o.only.find(',', start);
-      const std::string part = o.only.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+      const std::string part =
+          o.only.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
       if (part == "comm") do_comm = true;
       else if (part == "gemm") do_gemm = true;
       else if (part == "membw") do_membw = true;
@@ -90,9 +91,12 @@ void run_bench_all(const BenchAllOptions& o) {
   if (rank == 0 && (do_gemm || do_membw)) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
-      fail(fmt::format("bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; the "
-                       "GEMM and memory figures would be wrong", CPU_COUNT(&set), omp_get_max_threads()),
-           "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or set "
+      fail(fmt::format(
+               "bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; the "
+               "GEMM and memory figures would be wrong",
+               CPU_COUNT(&set), omp_get_max_threads()),
+           "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or "
+           "set "
            "OMP_NUM_THREADS to the CPUs it has");
   }
   const Provenance provenance = collect_provenance(ranks);
@@ -116,8 +120,9 @@ void run_bench_all(const BenchAllOptions& o) {
     comm_results = run_comm_bench(world, co);
     if (bar) bar->finish();
   } else if (do_comm && rank == 0) {
-    std::fprintf(stderr, "bench all: 1 rank, collectives skipped (run under mpirun -np N to measure "
-                         "them; add --merge to keep other rank counts in the profile)\n");
+    std::fprintf(stderr,
+                 "bench all: 1 rank, collectives skipped (run under mpirun -np N to measure "
+                 "them; add --merge to keep other rank counts in the profile)\n");
   }
 
   // ---- GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning ----
@@ -140,11 +145,13 @@ void run_bench_all(const BenchAllOptions& o) {
       if (bar) bar->finish();
       CpuInfo cpu = read_cpu_info();
       if (cpu.max_freq_hz == 0) cpu.measured_clock_hz = measure_clock_hz();  // no cpufreq (VMs)
-      const CpuPeak peak = cpu_peak(cpu, std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores)));
+      const CpuPeak peak =
+          cpu_peak(cpu, std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores)));
       sections["gemm"] = gemm_profile_section(g, provenance);
       sections["compute"] = compute_profile_section(g, peak, provenance);
       std::printf("%s\n", format_gemm_tables(g, peak).c_str());
-      if (!g.all_valid) fail("bench all: a GEMM result did not match its reference", "see the table above");
+      if (!g.all_valid)
+        fail("bench all: a GEMM result did not match its reference", "see the table above");
     }
     if (do_membw) {
       MembwOptions mo;
@@ -166,20 +173,26 @@ void run_bench_all(const BenchAllOptions& o) {
     // ---- the profile ----
     std::vector<json> entries;
     for (const auto& r : comm_results) entries.push_back(collective_entry_json(r));
-    const std::string name = !o.name.empty() ? o.name : provenance.host + " (" + provenance.cpu + ")";
+    const std::string name =
+        !o.name.empty() ? o.name : provenance.host + " (" + provenance.cpu + ")";
     profile = merge_profile_collectives(profile, entries, provenance, name);
     for (auto& [key, value] : sections.items()) profile[key] = value;
     profile["name"] = name;
     profile["provenance"] = to_json(provenance);
-    profile["device"] = {{"kind", "cpu"}, {"name", provenance.cpu}, {"memory_bytes", mem_total_bytes()},
-                         {"devices_per_node", 1}, {"cores", provenance.cores},
+    profile["device"] = {{"kind", "cpu"},
+                         {"name", provenance.cpu},
+                         {"memory_bytes", mem_total_bytes()},
+                         {"devices_per_node", 1},
+                         {"cores", provenance.cores},
                          {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
     parse_profile(profile, profile_path);  // what plan will read must parse
     write_file_atomic(profile_path, profile.dump(2) + "\n");
     const ReportFiles files = write_report(profile, o.out);
-    std::printf("wrote %s, %s/report.md, %zu CSV tables and %zu plots in %s\n", profile_path.c_str(),
-                o.out.c_str(), files.csv.size(), files.png.size(), o.out.c_str());
-    if (!files.plot_warning.empty()) std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+    std::printf("wrote %s, %s/report.md, %zu CSV tables and %zu plots in %s\n",
+                profile_path.c_str(), o.out.c_str(), files.csv.size(), files.png.size(),
+                o.out.c_str());
+    if (!files.plot_warning.empty())
+      std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
   }
   world.idle_barrier();
   session.finalize();
@@ -199,26 +212,31 @@ void register_bench_commands(CLI::App& app) {
       "all", "Run every benchmark and write a hardware profile (JSON), CSV tables, plots and a "
              "Markdown report. Under mpirun the collectives are measured at the job's rank count.");
   auto o = std::make_shared<BenchAllOptions>();
-  all->add_option("--out", o->out, "Output directory (profile.json, report.md, *.csv, *.png)")->required();
+  all->add_option("--out", o->out, "Output directory (profile.json, report.md, *.csv, *.png)")
+      ->required();
   all->add_option("--name", o->name, "Profile name (default: host and CPU)");
   all->add_flag("--quick", o->quick, "Short sweeps (about a minute; for smoke tests)");
   all->add_flag("--merge", o->merge,
                 "Keep what an existing OUT/profile.json has that this run does not measure (e.g. "
                 "collectives at other rank counts)");
-  all->add_option("--only", o->only, "Benchmarks to run, comma-separated (default comm,gemm,membw)");
+  all->add_option("--only", o->only,
+                  "Benchmarks to run, comma-separated (default comm,gemm,membw)");
   all->callback([o] { run_bench_all(*o); });
 
   CLI::App* report = bench->add_subcommand(
-      "report", "Rewrite the CSV tables, plots and Markdown report of a profile JSON (no measuring)");
+      "report",
+      "Rewrite the CSV tables, plots and Markdown report of a profile JSON (no measuring)");
   auto ro = std::make_shared<std::pair<std::string, std::string>>();
-  report->add_option("--profile", ro->first, "Profile JSON (e.g. written by bench all)")->required();
+  report->add_option("--profile", ro->first, "Profile JSON (e.g. written by bench all)")
+      ->required();
   report->add_option("--out", ro->second, "Output directory")->required();
   report->callback([ro] {
     const HardwareProfile p = load_profile(ro->first);  // validates
     const ReportFiles files = write_report(p.raw, ro->second);
     std::printf("wrote %s/report.md, %zu CSV tables and %zu plots\n", ro->second.c_str(),
                 files.csv.size(), files.png.size());
-    if (!files.plot_warning.empty()) std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+    if (!files.plot_warning.empty())
+      std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
   });
 }
 

@@ -86,10 +86,9 @@ void run_bench_comm(const BenchCommArgs& a) {
   MpiSession session(MpiSessionOptions{.allow_forced_algorithms = a.algorithms});
   const Communicator& world = session.world();
   const bool root = world.rank() == 0;
-  check_memory_on_every_host(world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}},
-                             memory_budget(), [](const MemoryNeed&, const MemoryBudget&) {
-                               return std::string("lower -e/--maxbytes");
-                             });
+  check_memory_on_every_host(
+      world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}}, memory_budget(),
+      [](const MemoryNeed&, const MemoryBudget&) { return std::string("lower -e/--maxbytes"); });
 
   Provenance provenance;
   std::unique_ptr<Progress> progress;

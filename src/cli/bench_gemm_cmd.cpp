@@ -120,7 +120,8 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   if (given("--ffn")) o.ffn = parse_int_list("--ffn", f.ffn);
   if (given("--experts")) o.experts = parse_int_list("--experts", f.experts);
   if (given("--top-k")) o.top_k = f.top_k;
-  if (given("--offsize")) std::tie(o.offsize_from, o.offsize_to) = parse_range("--offsize", f.offsize);
+  if (given("--offsize"))
+    std::tie(o.offsize_from, o.offsize_to) = parse_range("--offsize", f.offsize);
   if (given("--offsize-dim")) o.offsize_dim = f.offsize_dim;
   if (given("--offsize-base")) o.offsize_base = f.offsize_base;
   if (given("--decode-rows")) o.decode_rows = parse_int_list("--decode-rows", f.decode_rows);
@@ -142,7 +143,8 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
 
   const Provenance provenance = collect_provenance();
   CpuInfo cpu = read_cpu_info();
-  if (cpu.max_freq_hz == 0 && !given("--peak-clock-ghz")) cpu.measured_clock_hz = measure_clock_hz();
+  if (cpu.max_freq_hz == 0 && !given("--peak-clock-ghz"))
+    cpu.measured_clock_hz = measure_clock_hz();
   const int cores = std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores));
   const CpuPeak peak = cpu_peak(cpu, cores, {f.peak_clock_ghz * 1e9, f.peak_fma_units});
 
@@ -224,10 +226,13 @@ void register_bench_gemm_commands(CLI::App& bench) {
   add_output_flags(gemm, g->out);
   gemm->add_option("--dtype", g->dtype, "Input dtypes: fp32, bf16 or fp32,bf16")
       ->capture_default_str();
-  gemm->add_option("--sizes", g->sizes, "Square sizes (default 128,...,4096)")->type_name("N,N,...");
-  gemm->add_option("--tokens", g->tokens, "Tokens per step, M of the transformer GEMMs (default 2048)")
+  gemm->add_option("--sizes", g->sizes, "Square sizes (default 128,...,4096)")
+      ->type_name("N,N,...");
+  gemm->add_option("--tokens", g->tokens,
+                   "Tokens per step, M of the transformer GEMMs (default 2048)")
       ->type_name("N,...");
-  gemm->add_option("--hidden", g->hidden, "Hidden sizes (default 512,1024,2048)")->type_name("N,...");
+  gemm->add_option("--hidden", g->hidden, "Hidden sizes (default 512,1024,2048)")
+      ->type_name("N,...");
   gemm->add_option("--ffn", g->ffn, "FFN / expert widths (default 1024,4096)")->type_name("N,...");
   gemm->add_option("--experts", g->experts,
                    "Expert counts: each expert runs tokens·top_k/experts rows (default 8,32)")

@@ -20,6 +20,6 @@ void register_launch_command(CLI::App& app);  // launch                (cli/laun
 // Subcommands of `bench`, each in its own file.
 void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)
 void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw   (cli/bench_gemm_cmd.cpp)
-void register_bench_decode_command(CLI::App& bench);  // bench decode      (cli/bench_decode_cmd.cpp)
+void register_bench_decode_command(CLI::App& bench);  // bench decode (cli/bench_decode_cmd.cpp)
 
 }  // namespace foundry::cli

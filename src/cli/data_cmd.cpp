@@ -21,7 +21,8 @@ void run_prepare(const PrepareArgs& args, bool vocab_size_given) {
   options.format = data::parse_input_format(args.format);
   options.show_progress = !args.quiet;
   if (vocab_size_given && !options.tokenizer_path.empty())
-    std::fprintf(stderr, "note: --vocab-size is ignored with --tokenizer (the tokenizer sets it)\n");
+    std::fprintf(stderr,
+                 "note: --vocab-size is ignored with --tokenizer (the tokenizer sets it)\n");
 
   const data::DatasetMeta meta = data::prepare_dataset(options);
 

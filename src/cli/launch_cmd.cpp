@@ -65,7 +65,8 @@ void register_launch_command(CLI::App& app) {
     LaunchOptions opts = *o;
     opts.launcher = parse_launcher(*launcher);
     opts.exe = this_executable();
-    if (*steps >= 0) opts.train_args.insert(opts.train_args.end(), {"--steps", std::to_string(*steps)});
+    if (*steps >= 0)
+      opts.train_args.insert(opts.train_args.end(), {"--steps", std::to_string(*steps)});
     if (*synthetic) opts.train_args.push_back("--synthetic-data");
     if (*quiet) opts.train_args.push_back("--quiet");
     set_exit_code(supervise(opts));

@@ -93,8 +93,9 @@ int32_t sample_token(const float* logits, int64_t v, int64_t position, double te
   for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
   for (int64_t i = 0; i < v; ++i)
     cand.emplace_back(std::exp((logits[i] - max_logit) / temperature), static_cast<int32_t>(i));
-  std::sort(cand.begin(), cand.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  });
   if (top_k > 0 && static_cast<int64_t>(cand.size()) > top_k) cand.resize(top_k);
   double total = 0;
   for (const auto& c : cand) total += c.first;
@@ -260,8 +261,8 @@ void register_train_commands(CLI::App& app) {
       std::vector<int32_t> ids = tok.encode(g->prompt);
       // Training streams separate documents with EOS, so EOS is what precedes a document.
       ids.insert(ids.begin(), tok.eos_id());
-      const int64_t max_len = std::min<int64_t>(rc.model.max_seq_len,
-                                                static_cast<int64_t>(ids.size()) + g->max_new_tokens);
+      const int64_t max_len = std::min<int64_t>(
+          rc.model.max_seq_len, static_cast<int64_t>(ids.size()) + g->max_new_tokens);
       if (static_cast<int64_t>(ids.size()) >= max_len)
         fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
                          rc.model.max_seq_len),

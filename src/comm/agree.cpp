@@ -65,8 +65,9 @@ void check_memory_on_every_host(const Communicator& comm, MemoryNeed need,
     need.processes = static_cast<int>(all[3 * r]);
     const MemoryBudget theirs{static_cast<BudgetSource>(all[3 * r + 1]), all[3 * r + 2]};
     if (!fits(need, theirs))
-      fail(memory_shortfall(need, theirs, one_host ? "this host" : fmt::format("rank {}'s host", r)),
-           memory_hint(hint(need, theirs)));
+      fail(
+          memory_shortfall(need, theirs, one_host ? "this host" : fmt::format("rank {}'s host", r)),
+          memory_hint(hint(need, theirs)));
   }
 }
 

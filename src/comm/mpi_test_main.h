@@ -40,7 +40,8 @@ inline int mpi_test_main(int argc, char** argv, Communicator** world) {
   }
   int64_t failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
   session.world().allreduce(&failed, &failed, 1, ReduceOp::max);
-  if (rank == 0 && failed) std::fprintf(stderr, "a test failed on at least one rank (see [rank N] lines)\n");
+  if (rank == 0 && failed)
+    std::fprintf(stderr, "a test failed on at least one rank (see [rank N] lines)\n");
   session.finalize();
   *world = nullptr;
   return failed ? 1 : 0;

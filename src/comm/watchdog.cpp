@@ -62,7 +62,8 @@ void CommWatchdog::run() {
       continue;
     }
     const auto deadline = deadline_;
-    if (wake_.wait_until(lock, deadline, [&] { return stop_ || !active_ || deadline_ != deadline; }))
+    if (wake_.wait_until(lock, deadline,
+                         [&] { return stop_ || !active_ || deadline_ != deadline; }))
       continue;  // stopped, finished, or a new guard with a new deadline
     if (fired_) continue;
     fired_ = true;

@@ -27,7 +27,9 @@ std::string lowercase_extension(const std::string& path) {
   return ext;
 }
 
-bool is_blank(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v'; }
+bool is_blank(char c) {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\f' || c == '\v';
+}
 
 // Bytes to skip at the start of a file: a UTF-8 byte-order mark.
 size_t bom_length(const uint8_t* data, size_t size) {
@@ -58,7 +60,8 @@ void for_each_line(const char* data, size_t size, size_t start, OnLine&& on_line
   size_t line_number = 1;
   while (line_start < size) {
     const void* newline = std::memchr(data + line_start, '\n', size - line_start);
-    size_t line_end = newline ? static_cast<size_t>(static_cast<const char*>(newline) - data) : size;
+    size_t line_end =
+        newline ? static_cast<size_t>(static_cast<const char*>(newline) - data) : size;
     size_t content_end = line_end;
     if (content_end > line_start && data[content_end - 1] == '\r') --content_end;
     const size_t next = newline ? line_end + 1 : size;
@@ -146,8 +149,9 @@ class JsonArrayReader {
           ++pos_;
           break;
         }
-        error(pos_, pos_ >= size_ ? "the array is not closed (missing ']')"
-                                  : fmt::format("expected ',' or ']' after array element {}", index));
+        error(pos_, pos_ >= size_
+                        ? "the array is not closed (missing ']')"
+                        : fmt::format("expected ',' or ']' after array element {}", index));
       }
     }
     skip_blanks();
@@ -168,7 +172,8 @@ class JsonArrayReader {
     bool has_escape = false;
     size_t i = open + 1;
     while (i < size_ && data_[i] != '"') {
-      if (data_[i] == '\n') error(open, fmt::format("array element {}: unterminated string", index));
+      if (data_[i] == '\n')
+        error(open, fmt::format("array element {}: unterminated string", index));
       if (data_[i] == '\\') {
         has_escape = true;
         ++i;

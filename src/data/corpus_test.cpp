@@ -46,7 +46,8 @@ TEST(Corpus, EndOffsetsReachTheFileSize) {
 TEST(Corpus, JsonlReadsTheNamedField) {
   TempDir dir;
   write_file(dir.file("a.jsonl"),
-             "{\"text\": \"hello\\nworld\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"body\": \"x\", \"text\": \"é\"}\n");
+             "{\"text\": \"hello\\nworld\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"body\": \"x\", "
+             "\"text\": \"é\"}\n");
   EXPECT_EQ(documents_of(dir.file("a.jsonl"), InputFormat::Jsonl), (Docs{"hello\nworld", "é"}));
   write_file(dir.file("b.jsonl"), "{\"body\": \"one\"}\r\n{\"body\": \"two\"}");
   EXPECT_EQ(documents_of(dir.file("b.jsonl"), InputFormat::Jsonl, "body"), (Docs{"one", "two"}));
@@ -64,16 +65,19 @@ TEST(Corpus, JsonlErrorsNameFileAndLine) {
   EXPECT_TRUE(testing::contains(missing.hint(), "--jsonl-field"));
 
   write_file(path, "{\"text\": 42}\n");
-  expect_error([&] { documents_of(path, InputFormat::Jsonl); }, {path + ":1:", "a number, not a string"});
+  expect_error([&] { documents_of(path, InputFormat::Jsonl); },
+               {path + ":1:", "a number, not a string"});
 
   write_file(path, "[\"an array\"]\n");
-  expect_error([&] { documents_of(path, InputFormat::Jsonl); }, {path + ":1:", "expected a JSON object"});
+  expect_error([&] { documents_of(path, InputFormat::Jsonl); },
+               {path + ":1:", "expected a JSON object"});
 }
 
 TEST(Corpus, JsonArrayReadsStrings) {
   TempDir dir;
   write_file(dir.file("a.json"),
-             "\xEF\xBB\xBF [\n  \"plain\",\n  \"esc \\\"q\\\" \\n \\u00e9 \\ud83d\\ude00\",\n  \"\",\n  \"last\"\n]\n");
+             "\xEF\xBB\xBF [\n  \"plain\",\n  \"esc \\\"q\\\" \\n \\u00e9 \\ud83d\\ude00\",\n  "
+             "\"\",\n  \"last\"\n]\n");
   EXPECT_EQ(documents_of(dir.file("a.json"), InputFormat::JsonArray),
             (Docs{"plain", "esc \"q\" \n é 😀", "last"}));
   write_file(dir.file("empty.json"), " [ ] ");
@@ -87,7 +91,8 @@ TEST(Corpus, JsonArrayErrorsNameFileAndLine) {
     write_file(path, content);
     expect_error([&] { documents_of(path, InputFormat::JsonArray); }, what);
   };
-  expect_bad("[\n\"a\",\n\"b\"\n\"c\"\n]", {path + ":4:", "expected ',' or ']' after array element 1"});
+  expect_bad("[\n\"a\",\n\"b\"\n\"c\"\n]",
+             {path + ":4:", "expected ',' or ']' after array element 1"});
   expect_bad("[\n\"a\",\n 17\n]", {path + ":3:", "array element 1 is not a string"});
   expect_bad("[\n\"a\",\n{\"text\": \"x\"}]", {path + ":3:", "not a string"});
   expect_bad("[\n\"a\",\n\"unterminated\n]", {path + ":3:", "unterminated string"});

@@ -24,7 +24,8 @@ uint64_t parse_checksum(const std::string& hex, const std::string& where, const 
                        return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
                      });
   if (!valid)
-    fail(fmt::format("{}: '{}' = \"{}\" is not a checksum (16 lowercase hex digits)", where, key, hex),
+    fail(fmt::format("{}: '{}' = \"{}\" is not a checksum (16 lowercase hex digits)", where, key,
+                     hex),
          "meta.json is damaged; re-run foundry data prepare");
   return std::stoull(hex, nullptr, 16);
 }
@@ -44,11 +45,13 @@ T required(ConfigReader& reader, const nlohmann::json& obj, const std::string& p
 nlohmann::json split_to_json(const SplitInfo& split) {
   nlohmann::json shards = nlohmann::json::array();
   for (const ShardInfo& s : split.shards)
-    shards.push_back({{"file", s.file}, {"tokens", s.tokens}, {"checksum", hash64_hex(s.checksum)}});
+    shards.push_back(
+        {{"file", s.file}, {"tokens", s.tokens}, {"checksum", hash64_hex(s.checksum)}});
   return {{"documents", split.documents}, {"tokens", split.tokens}, {"shards", shards}};
 }
 
-SplitInfo split_from_json(const nlohmann::json& j, const std::string& where, const std::string& name) {
+SplitInfo split_from_json(const nlohmann::json& j, const std::string& where,
+                          const std::string& name) {
   const std::string prefix = "splits." + name + ".";
   ConfigReader reader(j, where, prefix, kDamagedMetaHint);
   SplitInfo split;
@@ -197,8 +200,9 @@ DatasetMeta DatasetMeta::from_json(const nlohmann::json& j, const std::string& w
                      kTokenizerFileName),
          "meta.json is damaged or was not written by foundry data prepare; re-run it");
   required<std::string>(tok_reader, tok, "tokenizer.", "type");
-  meta.tokenizer_checksum = parse_checksum(
-      required<std::string>(tok_reader, tok, "tokenizer.", "checksum"), where, "tokenizer.checksum");
+  meta.tokenizer_checksum =
+      parse_checksum(required<std::string>(tok_reader, tok, "tokenizer.", "checksum"), where,
+                     "tokenizer.checksum");
   meta.tokenizer_origin = required<std::string>(tok_reader, tok, "tokenizer.", "origin");
   meta.unk_id = required<int32_t>(tok_reader, tok, "tokenizer.", "unk_id");
   meta.bos_id = required<int32_t>(tok_reader, tok, "tokenizer.", "bos_id");

@@ -57,7 +57,8 @@ TEST(Dataset, MetaJsonIsReadStrictly) {
   expect_error([&] { DatasetMeta::from_json(j, "m.json"); }, {"m.json", "unknown key 'surprise'"});
   j = good;
   j.erase("vocab_size");
-  expect_error([&] { DatasetMeta::from_json(j, "m.json"); }, {"m.json", "missing key 'vocab_size'"});
+  expect_error([&] { DatasetMeta::from_json(j, "m.json"); },
+               {"m.json", "missing key 'vocab_size'"});
   j = good;
   j["format_version"] = 99;
   expect_error([&] { DatasetMeta::from_json(j, "m.json"); }, {"m.json", "version 99"});

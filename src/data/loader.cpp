@@ -41,11 +41,12 @@ BatchLoader::BatchLoader(const TokenSplit& split, int64_t batch_size, int64_t se
          "set train.batch_size and train.seq_len to positive values");
   const uint64_t tokens = split.token_count();
   if (tokens < static_cast<uint64_t>(seq_len) + 1)
-    fail(fmt::format("the {} has {} tokens, fewer than seq_len + 1 = {}", split_location(split),
-                     tokens, seq_len + 1),
-         split.name() == "val"
-             ? "use a shorter seq_len, or prepare the data with more text or a larger --val-fraction"
-             : "use a shorter seq_len, or prepare the data with more text");
+    fail(
+        fmt::format("the {} has {} tokens, fewer than seq_len + 1 = {}", split_location(split),
+                    tokens, seq_len + 1),
+        split.name() == "val"
+            ? "use a shorter seq_len, or prepare the data with more text or a larger --val-fraction"
+            : "use a shorter seq_len, or prepare the data with more text");
   windows_ = static_cast<int64_t>((tokens - 1) / static_cast<uint64_t>(seq_len));
   if (order_ == BatchOrder::Shuffled &&
       static_cast<uint64_t>(windows_) > std::numeric_limits<uint32_t>::max())
@@ -106,7 +107,8 @@ void BatchLoader::restore(const nlohmann::json& cursor) {
     if (!cursor.is_object() || !cursor.contains(key))
       fail(fmt::format("{}: missing key '{}'", where, key), hint);
   };
-  for (const char* key : {"version", "split", "order", "seed", "seq_len", "windows", "epoch", "position"})
+  for (const char* key :
+       {"version", "split", "order", "seed", "seq_len", "windows", "epoch", "position"})
     require(key);
   int64_t version = 0, seq_len = 0, windows = 0, epoch = 0, position = 0;
   uint64_t seed = 0;
@@ -122,18 +124,24 @@ void BatchLoader::restore(const nlohmann::json& cursor) {
   reader.finish();
 
   if (version != kCursorVersion)
-    fail(fmt::format("{}: version {} is not supported (expected {})", where, version, kCursorVersion), hint);
+    fail(fmt::format("{}: version {} is not supported (expected {})", where, version,
+                     kCursorVersion),
+         hint);
   if (split != split_.name())
-    fail(fmt::format("{}: saved for the '{}' split, this loader reads '{}'", where, split, split_.name()), hint);
+    fail(fmt::format("{}: saved for the '{}' split, this loader reads '{}'", where, split,
+                     split_.name()),
+         hint);
   if (order != order_name(order_))
-    fail(fmt::format("{}: saved for {} order, this loader is {}", where, order, order_name(order_)), hint);
+    fail(fmt::format("{}: saved for {} order, this loader is {}", where, order, order_name(order_)),
+         hint);
   if (order_ == BatchOrder::Shuffled && seed != seed_)
     fail(fmt::format("{}: saved with seed {}, this loader uses seed {}", where, seed, seed_), hint);
   if (seq_len != seq_len_)
-    fail(fmt::format("{}: saved with seq_len {}, this loader uses {}", where, seq_len, seq_len_), hint);
+    fail(fmt::format("{}: saved with seq_len {}, this loader uses {}", where, seq_len, seq_len_),
+         hint);
   if (windows != windows_)
-    fail(fmt::format("{}: saved for {} windows, the {} has {} (the dataset changed)", where, windows,
-                     split_location(split_), windows_),
+    fail(fmt::format("{}: saved for {} windows, the {} has {} (the dataset changed)", where,
+                     windows, split_location(split_), windows_),
          hint);
   if (epoch < 0 || position < 0 || position >= windows_)
     fail(fmt::format("{}: epoch {} / position {} is out of range (position must be in [0, {}))",

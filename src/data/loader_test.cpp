@@ -36,7 +36,8 @@ std::vector<Batch> take(BatchLoader& loader, int n) {
 // Token i of a synthetic split is i, so a row's first input is its window's start token.
 std::vector<int32_t> window_starts(const Batch& b, int64_t seq_len) {
   std::vector<int32_t> starts;
-  for (size_t row = 0; row * seq_len < b.inputs.size(); ++row) starts.push_back(b.inputs[row * seq_len]);
+  for (size_t row = 0; row * seq_len < b.inputs.size(); ++row)
+    starts.push_back(b.inputs[row * seq_len]);
   return starts;
 }
 
@@ -68,10 +69,12 @@ TEST_F(Loader, EachEpochVisitsEveryWindowOnceInANewOrder) {
   Dataset dataset(dir_.path());
   BatchLoader loader(dataset, 5, 16, 7);
   std::vector<int32_t> epoch0, epoch1;
-  for (const Batch& b : take(loader, 20)) for (int32_t s : window_starts(b, 16)) epoch0.push_back(s);
+  for (const Batch& b : take(loader, 20))
+    for (int32_t s : window_starts(b, 16)) epoch0.push_back(s);
   EXPECT_EQ(loader.epoch(), 1);
   EXPECT_EQ(loader.position(), 0);
-  for (const Batch& b : take(loader, 20)) for (int32_t s : window_starts(b, 16)) epoch1.push_back(s);
+  for (const Batch& b : take(loader, 20))
+    for (int32_t s : window_starts(b, 16)) epoch1.push_back(s);
   std::vector<int32_t> all(100);
   for (int i = 0; i < 100; ++i) all[i] = i * 16;
   EXPECT_NE(epoch0, all) << "shuffled, not in stream order";

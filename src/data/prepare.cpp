@@ -99,7 +99,8 @@ class ValSelector {
       : rng_(seed), remaining_(total), wanted_(wanted) {}
   bool next_is_val() {
     FOUNDRY_CHECK(remaining_ > 0);
-    const bool take = rng_.uniform() * static_cast<double>(remaining_) < static_cast<double>(wanted_);
+    const bool take =
+        rng_.uniform() * static_cast<double>(remaining_) < static_cast<double>(wanted_);
     --remaining_;
     if (take) --wanted_;
     return take;
@@ -112,7 +113,8 @@ class ValSelector {
 
 uint64_t val_document_count(uint64_t documents, double val_fraction) {
   if (documents < 2 || val_fraction <= 0) return 0;
-  const auto wanted = static_cast<uint64_t>(std::llround(val_fraction * static_cast<double>(documents)));
+  const auto wanted =
+      static_cast<uint64_t>(std::llround(val_fraction * static_cast<double>(documents)));
   return std::clamp<uint64_t>(wanted, 1, documents - 1);
 }
 
@@ -242,7 +244,8 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   flush();
   EncodedSplits splits{train.finish(train_documents), val.finish(val_documents)};
   if (progress)
-    progress->finish(fmt::format("{} train + {} val tokens", splits.train.tokens, splits.val.tokens));
+    progress->finish(
+        fmt::format("{} train + {} val tokens", splits.train.tokens, splits.val.tokens));
   return splits;
 }
 
@@ -311,13 +314,15 @@ class OutputDir {
     }
     for (const auto& entry : fs::directory_iterator(dir_)) {
       const std::string name = entry.path().filename().string();
-      if (is_dataset_file(name) && !name.starts_with(kStagingPrefix)) remove_all(entry.path().string());
+      if (is_dataset_file(name) && !name.starts_with(kStagingPrefix))
+        remove_all(entry.path().string());
     }
     for (const auto& entry : fs::directory_iterator(staging_)) {
       std::error_code ec;
       fs::rename(entry.path(), fs::path(dir_) / entry.path().filename(), ec);
       if (ec)
-        fail(fmt::format("cannot move '{}' into '{}': {}", entry.path().string(), dir_, ec.message()),
+        fail(fmt::format("cannot move '{}' into '{}': {}", entry.path().string(), dir_,
+                         ec.message()),
              "check permissions and free space of the output directory");
     }
     fsync_path(dir_);
@@ -338,7 +343,8 @@ void write_staged_file(const std::string& path, const std::string& bytes) {
 }  // namespace
 
 void validate_prepare_options(const PrepareOptions& o) {
-  if (o.inputs.empty()) fail("no input given", "pass --input PATH (a file or a folder), repeatable");
+  if (o.inputs.empty())
+    fail("no input given", "pass --input PATH (a file or a folder), repeatable");
   if (o.out_dir.empty()) fail("no output directory given", "pass --out DIR");
   if (!(o.val_fraction >= 0.0 && o.val_fraction <= 0.5))
     fail(fmt::format("--val-fraction {} is out of range [0, 0.5]", o.val_fraction),
@@ -346,7 +352,8 @@ void validate_prepare_options(const PrepareOptions& o) {
   if (o.tokenizer_path.empty() && (o.vocab_size < 1 || o.vocab_size > (1 << 20)))
     fail(fmt::format("--vocab-size {} is out of range [1, 1048576]", o.vocab_size),
          "typical sizes are 8192 to 65536; small corpora need a few hundred at least");
-  if (o.shard_tokens < 1) fail("--shard-tokens must be at least 1", "e.g. --shard-tokens 100000000");
+  if (o.shard_tokens < 1)
+    fail("--shard-tokens must be at least 1", "e.g. --shard-tokens 100000000");
   if (o.max_sentences < 1)
     fail(fmt::format("--max-sentences {} must be at least 1", o.max_sentences),
          "it bounds the lines sampled to train the tokenizer, e.g. 1000000");
@@ -355,7 +362,8 @@ void validate_prepare_options(const PrepareOptions& o) {
 
 DatasetMeta prepare_dataset(const PrepareOptions& options) {
   validate_prepare_options(options);
-  const std::vector<InputFile> files = resolve_inputs(options.inputs, options.format, options.out_dir);
+  const std::vector<InputFile> files =
+      resolve_inputs(options.inputs, options.format, options.out_dir);
 
   // Load a given tokenizer before any long work, so a bad one fails fast.
   std::optional<Tokenizer> tokenizer;
@@ -383,7 +391,8 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
     fail(fmt::format("tokenizer '{}' has no end-of-sequence piece", options.tokenizer_path),
          "documents are separated by EOS; use a tokenizer trained with an eos id");
 
-  write_staged_file((fs::path(out.staging()) / kTokenizerFileName).string(), tokenizer->model_bytes());
+  write_staged_file((fs::path(out.staging()) / kTokenizerFileName).string(),
+                    tokenizer->model_bytes());
   EncodedSplits splits = encode_corpus(files, scan, *tokenizer, options, out.staging());
 
   DatasetMeta meta;

@@ -130,7 +130,8 @@ TEST_F(Prepare, ReusesAGivenTokenizer) {
   const DatasetMeta second = prepare_dataset(reuse);
   EXPECT_EQ(second.tokenizer_checksum, first.tokenizer_checksum);
   EXPECT_EQ(second.tokenizer_origin, reuse.tokenizer_path);
-  EXPECT_EQ(read_file(dir_.file("second/train_00000.bin")), read_file(dir_.file("first/train_00000.bin")));
+  EXPECT_EQ(read_file(dir_.file("second/train_00000.bin")),
+            read_file(dir_.file("first/train_00000.bin")));
 
   write_file(dir_.file("junk.model"), "not a model at all");
   reuse.out_dir = dir_.file("third");
@@ -168,7 +169,8 @@ TEST_F(Prepare, RefusesToClobberWithoutOverwrite) {
   const DatasetMeta meta = prepare_dataset(again);
   EXPECT_EQ(meta.train.shards.size(), 1u);
   EXPECT_EQ(directory_listing(dir_.file("out")),
-            (std::vector<std::string>{"meta.json", "tokenizer.model", "train_00000.bin", "val_00000.bin"}));
+            (std::vector<std::string>{"meta.json", "tokenizer.model", "train_00000.bin",
+                                      "val_00000.bin"}));
   EXPECT_NO_THROW(Dataset d(dir_.file("out")));
 
   write_file(dir_.file("busy/notes.txt"), "mine");
@@ -198,7 +200,8 @@ TEST_F(Prepare, RejectsBadOptionsAndEmptyInput) {
 
   write_file(dir_.file("fields.jsonl"), "{\"body\": \"x\"}\n");
   o.inputs = {dir_.file("fields.jsonl")};
-  expect_error([&] { prepare_dataset(o); }, {dir_.file("fields.jsonl") + ":1:", "no field \"text\""});
+  expect_error([&] { prepare_dataset(o); },
+               {dir_.file("fields.jsonl") + ":1:", "no field \"text\""});
 }
 
 TEST_F(Prepare, SingleDocumentHasNoValidationSplit) {

@@ -60,7 +60,8 @@ uint64_t first_id_not_below(const uint8_t* tokens, uint64_t count, uint32_t voca
   for (uint64_t begin = 0; begin < count; begin += kBlock) {
     const uint64_t end = std::min(count, begin + kBlock);
     T block_max = 0;
-    for (uint64_t i = begin; i < end; ++i) block_max = std::max(block_max, get<T>(tokens, i * sizeof(T)));
+    for (uint64_t i = begin; i < end; ++i)
+      block_max = std::max(block_max, get<T>(tokens, i * sizeof(T)));
     if (block_max < vocab_size) continue;
     for (uint64_t i = begin; i < end; ++i)
       if (get<T>(tokens, i * sizeof(T)) >= vocab_size) return i;
@@ -227,9 +228,9 @@ TokenShard::TokenShard(const std::string& path, std::optional<uint64_t> expected
                                    header_.token_count, available_tokens));
 
   if (expected_tokenizer_checksum && *expected_tokenizer_checksum != header_.tokenizer_checksum)
-    fail(fmt::format("token shard '{}' was made with tokenizer {} but the dataset's tokenizer is {}",
-                     path, hash64_hex(header_.tokenizer_checksum),
-                     hash64_hex(*expected_tokenizer_checksum)),
+    fail(fmt::format(
+             "token shard '{}' was made with tokenizer {} but the dataset's tokenizer is {}", path,
+             hash64_hex(header_.tokenizer_checksum), hash64_hex(*expected_tokenizer_checksum)),
          "the shard belongs to a different dataset; re-run foundry data prepare");
 
   tokens_ = bytes + kShardHeaderBytes;
@@ -237,9 +238,10 @@ TokenShard::TokenShard(const std::string& path, std::optional<uint64_t> expected
     fail_corrupt(path, "the token data checksum does not match (corrupt data)");
 
   // One pass over the ids: everything downstream may index embeddings with them unchecked.
-  const uint64_t bad = header_.token_bytes == 2
-                           ? first_id_not_below<uint16_t>(tokens_, header_.token_count, header_.vocab_size)
-                           : first_id_not_below<uint32_t>(tokens_, header_.token_count, header_.vocab_size);
+  const uint64_t bad =
+      header_.token_bytes == 2
+          ? first_id_not_below<uint16_t>(tokens_, header_.token_count, header_.vocab_size)
+          : first_id_not_below<uint32_t>(tokens_, header_.token_count, header_.vocab_size);
   if (bad < header_.token_count)
     fail_corrupt(path, fmt::format("token {} at position {} is not below the vocabulary size {}",
                                    static_cast<uint32_t>(token(bad)), bad, header_.vocab_size));

@@ -163,7 +163,8 @@ TEST(TokenShard, IdNotBelowVocabularyNamesPathPositionAndId) {
   TempDir dir;
   const std::string path = dir.file("i.bin");
   write_file(path, craft_shard({5, 6, 7, 8, 9, 300, 10}, 300));
-  expect_error([&] { TokenShard s(path); }, {path, "token 300 at position 5", "vocabulary size 300"});
+  expect_error([&] { TokenShard s(path); },
+               {path, "token 300 at position 5", "vocabulary size 300"});
   write_file(path, craft_shard({5, 6, 65535}, 300));
   expect_error([&] { TokenShard s(path); }, {path, "token 65535 at position 2"});
   write_file(path, craft_shard({5, 6, 299}, 300));

@@ -90,7 +90,8 @@ bool is_blank_text(std::string_view text) {
 [[noreturn]] void fail_training(const std::string& message, int32_t vocab_size) {
   std::smatch m;
   static const std::regex too_small(R"(smaller than required_chars\. (\d+) vs (\d+))");
-  static const std::regex too_large(R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))");
+  static const std::regex too_large(
+      R"(Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+))");
   if (std::regex_search(message, m, too_small))
     fail(fmt::format("vocabulary size {} is too small for this corpus: it needs at least {} "
                      "(3 special ids, 256 byte-fallback tokens and the corpus's characters)",
@@ -137,7 +138,8 @@ void for_each_training_sentence(std::string_view text, size_t max_bytes,
 Tokenizer train_bpe_tokenizer(const std::vector<std::string>& sentences,
                               const BpeTrainingOptions& options) {
   if (sentences.empty())
-    fail("no text to train the tokenizer on", "the inputs must hold at least one non-empty document");
+    fail("no text to train the tokenizer on",
+         "the inputs must hold at least one non-empty document");
   if (options.vocab_size < 1)
     fail(fmt::format("vocabulary size {} must be positive", options.vocab_size),
          "use e.g. --vocab-size 8192");

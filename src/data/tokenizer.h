@@ -71,11 +71,11 @@ struct BpeTrainingOptions {
 void for_each_training_sentence(std::string_view text, size_t max_bytes,
                                 const std::function<void(std::string_view)>& emit);
 
-// Trains a BPE tokenizer on `sentences` (each passed through for_each_training_sentence) and returns it. The result depends only on the
-// sentences (in order) and the options: training is single-threaded with no sampling or
-// shuffling, so the same input gives a byte-identical model. The caller bounds the number of
-// sentences. A vocabulary too small or too large for the corpus is an Error whose hint gives
-// the usable range when SentencePiece reports it.
+// Trains a BPE tokenizer on `sentences` (each passed through for_each_training_sentence) and
+// returns it. The result depends only on the sentences (in order) and the options: training is
+// single-threaded with no sampling or shuffling, so the same input gives a byte-identical model.
+// The caller bounds the number of sentences. A vocabulary too small or too large for the corpus is
+// an Error whose hint gives the usable range when SentencePiece reports it.
 Tokenizer train_bpe_tokenizer(const std::vector<std::string>& sentences,
                               const BpeTrainingOptions& options);
 

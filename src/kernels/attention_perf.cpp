@@ -98,13 +98,33 @@ void BM_AttentionDecode(benchmark::State& state) {
 }
 
 // Args: {kv heads, bf16?}.
-BENCHMARK(BM_AttentionForward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AttentionBackward)->ArgsProduct({{8, 2}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AttentionForward)->Name("BM_AttentionLongForward")->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_AttentionBackward)->Name("BM_AttentionLongBackward")->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_BatchedScoreGemm)->ArgsProduct({{8}, {0, 1}})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_AttentionForward)
+    ->ArgsProduct({{8, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionBackward)
+    ->ArgsProduct({{8, 2}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionForward)
+    ->Name("BM_AttentionLongForward")
+    ->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionBackward)
+    ->Name("BM_AttentionLongBackward")
+    ->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_BatchedScoreGemm)
+    ->ArgsProduct({{8}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 // Args: {kv heads, batch}.
-BENCHMARK(BM_AttentionDecode)->ArgsProduct({{8, 2}, {1, 16, 64}})->Unit(benchmark::kMicrosecond)->UseRealTime();
+BENCHMARK(BM_AttentionDecode)
+    ->ArgsProduct({{8, 2}, {1, 16, 64}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace foundry::ops

@@ -25,13 +25,16 @@ void BM_CcaGroupedForward(benchmark::State& state) {
   Data d;
   for (auto _ : state) {
     if (state.range(0) == 0)
-      cca_grouped_conv_forward(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT, kGroups, kD, kTaps);
+      cca_grouped_conv_forward(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT, kGroups,
+                               kD, kTaps);
     else
-      cca_grouped_conv_forward_gemm(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT, kGroups, kD,
-                                    kTaps, state.range(0) == 2 ? DType::bf16 : DType::f32);
+      cca_grouped_conv_forward_gemm(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT,
+                                    kGroups, kD, kTaps,
+                                    state.range(0) == 2 ? DType::bf16 : DType::f32);
     benchmark::DoNotOptimize(d.z.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(conv_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(conv_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void BM_CcaGroupedBackward(benchmark::State& state) {
@@ -41,12 +44,13 @@ void BM_CcaGroupedBackward(benchmark::State& state) {
       cca_grouped_conv_backward(d.dy.data(), d.dw1.data(), d.db1.data(), d.dz.data(), d.y.data(),
                                 d.w1.data(), kB, kT, kGroups, kD, kTaps);
     else
-      cca_grouped_conv_backward_gemm(d.dy.data(), d.dw1.data(), d.db1.data(), d.dz.data(), d.y.data(),
-                                     d.w1.data(), kB, kT, kGroups, kD, kTaps,
+      cca_grouped_conv_backward_gemm(d.dy.data(), d.dw1.data(), d.db1.data(), d.dz.data(),
+                                     d.y.data(), d.w1.data(), kB, kT, kGroups, kD, kTaps,
                                      state.range(0) == 2 ? DType::bf16 : DType::f32);
     benchmark::DoNotOptimize(d.dy.data());
   }
-  state.counters["GFLOP/s"] = benchmark::Counter(2 * conv_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2 * conv_flops() * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 // The depthwise convolution's backward (dc, dw0, db0 in one pass): memory-bound.
@@ -62,8 +66,18 @@ void BM_CcaDepthwiseBackward(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 4 * kB * kT * kC * int64_t{sizeof(float)});
 }
 
-BENCHMARK(BM_CcaGroupedForward)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK(BM_CcaGroupedBackward)->Arg(0)->Arg(1)->Arg(2)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_CcaGroupedForward)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CcaGroupedBackward)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_CcaDepthwiseBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace

@@ -326,8 +326,8 @@ TEST(CcaGroupedConv, GemmFormMatchesTheReferenceInFp32AndBf16) {
     const auto y = random_normal(b * t * ch, 80), w1 = random_normal(ch * d * taps, 81, 0.2),
                b1 = random_normal(ch, 82), dz = random_normal(b * t * ch, 83);
     const auto z_ref = grouped_reference(y, w1, b1, b, t, groups, d, taps);
-    const auto dy_prior = random_normal(b * t * ch, 84), dw_prior = random_normal(ch * d * taps, 85),
-               db_prior = random_normal(ch, 86);
+    const auto dy_prior = random_normal(b * t * ch, 84),
+               dw_prior = random_normal(ch * d * taps, 85), db_prior = random_normal(ch, 86);
     Vec dy_ref = dy_prior, dw_ref = dw_prior, db_ref = db_prior;
     grouped_backward_reference(dy_ref, dw_ref, db_ref, dz, y, w1, b, t, groups, d, taps);
     const auto yf = cast_vector<float>(y), w1f = cast_vector<float>(w1),

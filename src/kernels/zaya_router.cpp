@@ -439,7 +439,9 @@ void ZayaBalancer::load_state(std::vector<float> bias_in, std::vector<std::vecto
                      classes_here),
          "the checkpoint was written for a different number of experts or skip setting");
   if (step_in < 0) fail(fmt::format("balancing-bias step count {} is negative", step_in));
-  auto all = [](const std::vector<float>& v, auto&& ok) { return std::all_of(v.begin(), v.end(), ok); };
+  auto all = [](const std::vector<float>& v, auto&& ok) {
+    return std::all_of(v.begin(), v.end(), ok);
+  };
   auto finite = [](float x) { return std::isfinite(x); };
   bool rule_ok = true;
   if (options.rule == BalanceRule::adamw)

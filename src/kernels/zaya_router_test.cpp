@@ -543,8 +543,15 @@ TEST(ZayaBalancer, SignAdaptiveStepsGrowWhileTheSignHoldsAndHalveOnAFlip) {
   ZayaBalancer floor(1, true, tiny);
   for (int i = 0; i < 6; ++i) floor.update((i % 2 ? under : over).data(), 10);
   EXPECT_FLOAT_EQ(floor.step_size[0], 0.004f);
-  EXPECT_THROW({ ZayaBalancer bad(2, true, [] { ZayaBalancerOptions b; b.decrease = 2; return b; }()); },
-               Error);
+  EXPECT_THROW(
+      {
+        ZayaBalancer bad(2, true, [] {
+          ZayaBalancerOptions b;
+          b.decrease = 2;
+          return b;
+        }());
+      },
+      Error);
 }
 
 TEST(ZayaBalancer, ProportionalRuleMovesEachBiasByGainTimesItsError) {
@@ -610,8 +617,9 @@ TEST(ZayaBalancer, StateRoundTripsBitwiseAndBadStateIsRejected) {
     const bool stateless = rule == BalanceRule::proportional || rule == BalanceRule::newton;
     EXPECT_EQ(vectors, stateless ? 0u : 2u);
     const std::vector<float> ok_a(4, 0.5f), ok_b(4, 0.0f);
-    const std::vector<std::vector<float>> ok =
-        vectors == 0 ? std::vector<std::vector<float>>{} : std::vector<std::vector<float>>{ok_a, ok_b};
+    const std::vector<std::vector<float>> ok = vectors == 0
+                                                   ? std::vector<std::vector<float>>{}
+                                                   : std::vector<std::vector<float>>{ok_a, ok_b};
     c.load_state({0, 0, 0, 0}, ok, 1);  // a valid state of any rule
     c = ZayaBalancer(3, true, o);
     EXPECT_THROW(c.load_state({0, 0, 0}, ok, 1), Error);

@@ -51,7 +51,8 @@ std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd)
 }  // namespace
 
 JobCommand job_command(const CommandInputs& in) {
-  if (in.ranks < 1) fail(fmt::format("--np {}: a job needs at least one rank", in.ranks), "use --np 1 or more");
+  if (in.ranks < 1)
+    fail(fmt::format("--np {}: a job needs at least one rank", in.ranks), "use --np 1 or more");
   Launcher l = in.launcher;
   if (l == Launcher::automatic)
     l = in.in_slurm && in.ranks > 1 ? Launcher::srun

@@ -49,12 +49,14 @@ TEST(JobCommand, MpirunSharesTheCoresAndOversubscribesOnlyWhenNeeded) {
 TEST(JobCommand, SrunInsideASlurmAllocation) {
   CommandInputs in = inputs(Launcher::automatic, 8);
   in.in_slurm = true;
-  EXPECT_EQ(joined(job_command(in)),
-            "srun --ntasks=8 --kill-on-bad-exit=1 /bin/foundry train --config c.json --auto-resume");
+  EXPECT_EQ(
+      joined(job_command(in)),
+      "srun --ntasks=8 --kill-on-bad-exit=1 /bin/foundry train --config c.json --auto-resume");
 }
 
 TEST(JobCommand, BadChoicesAreErrors) {
-  expect_error([] { job_command(inputs(Launcher::local, 2)); }, "--launcher local runs one process");
+  expect_error([] { job_command(inputs(Launcher::local, 2)); },
+               "--launcher local runs one process");
   expect_error([] { parse_launcher("pbs"); }, "--launcher pbs: unknown launcher");
 }
 

@@ -115,7 +115,8 @@ void Supervisor::record(const std::string& event, const json& fields, const std:
   pending_.push_back({event, fields, unix_now()});
   if (!path_exists(run_dir_)) return;
   try {
-    for (const PendingEvent& p : pending_) append_event(run_dir_, "launch", p.event, p.fields, p.time);
+    for (const PendingEvent& p : pending_)
+      append_event(run_dir_, "launch", p.event, p.fields, p.time);
     pending_.clear();
   } catch (const Error& e) {
     // A full disk: the events wait for the next record; the console has them now.
@@ -370,8 +371,9 @@ int Supervisor::run() {
     const int64_t committed = latest_resume_step(rc_.train);
     a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
     if (o.kind == Outcome::finished) {
-      record("finished", {{"attempt", number}, {"step", committed}},
-             fmt::format("the run finished (attempt {}, last checkpoint step {})", number, committed));
+      record(
+          "finished", {{"attempt", number}, {"step", committed}},
+          fmt::format("the run finished (attempt {}, last checkpoint step {})", number, committed));
       return kExitFinished;
     }
     if (o.kind == Outcome::interrupted) {

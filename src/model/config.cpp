@@ -55,17 +55,18 @@ ModelConfig parse_model_config(const json& obj, const std::string& where) {
   r.get("router_skip_class", c.router_skip_class);
   r.get("skip_passes_input", c.skip_passes_input);
   r.get("router_init_std", c.router_init_std, 0.0, 1e3);
-  r.get_choice("balance_rule", c.balance_rule, {"proportional", "newton", "sign_adaptive", "adamw"});
+  r.get_choice("balance_rule", c.balance_rule,
+               {"proportional", "newton", "sign_adaptive", "adamw"});
   r.get_choice("balance_bias_on", c.balance_bias_on, {"logits", "probs"});
   r.get("balance_bias_lr", c.balance_bias_lr, 0.0, 100.0);
   r.get("skip_bias_init", c.skip_bias_init, -1e3, 1e3);
   r.finish();
   if (!c.is_zaya()) {
     // The ZAYA1 keys mean nothing to the standard model: setting one is a mistake.
-    for (const char* key : {"cca_kernel_depthwise", "cca_kernel_grouped", "qk_temperature_init",
-                            "router_latent_dim", "router_eda", "router_skip_class",
-                            "skip_passes_input", "router_init_std", "balance_rule", "balance_bias_on",
-                            "balance_bias_lr", "skip_bias_init"})
+    for (const char* key :
+         {"cca_kernel_depthwise", "cca_kernel_grouped", "qk_temperature_init", "router_latent_dim",
+          "router_eda", "router_skip_class", "skip_passes_input", "router_init_std", "balance_rule",
+          "balance_bias_on", "balance_bias_lr", "skip_bias_init"})
       if (obj.contains(key))
         fail(fmt::format("{}: model.{} applies only to model.arch = \"zaya1\" (arch is \"{}\")",
                          where, key, arch_name(c.arch)),

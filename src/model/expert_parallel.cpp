@@ -63,7 +63,8 @@ std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable&
     else
       ranges.push_back({p.offset, end});
   }
-  if (!ranges.empty()) ranges.back().second = std::min(ranges.back().second, table.total_elements());
+  if (!ranges.empty())
+    ranges.back().second = std::min(ranges.back().second, table.total_elements());
   return ranges;
 }
 

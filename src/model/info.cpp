@@ -398,8 +398,10 @@ namespace {
 json items_to_json(const std::vector<MemoryItem>& items) {
   json out = json::array();
   for (const MemoryItem& item : items)
-    out.push_back(
-        {{"name", item.name}, {"shape", item.shape}, {"copies", item.copies}, {"bytes", item.bytes}});
+    out.push_back({{"name", item.name},
+                   {"shape", item.shape},
+                   {"copies", item.copies},
+                   {"bytes", item.bytes}});
   return out;
 }
 

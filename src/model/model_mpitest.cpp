@@ -195,8 +195,8 @@ void expect_equivalent(const ModelConfig& c, int ep_size) {
   ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
   const Communicator& ep = groups.expert;
   const int rank = world().rank();
-  SCOPED_TRACE(fmt::format("{} model, world rank {}, EP rank {} of {}", arch_name(c.arch), rank, ep.rank(),
-                           ep.size()));
+  SCOPED_TRACE(fmt::format("{} model, world rank {}, EP rank {} of {}", arch_name(c.arch), rank,
+                           ep.rank(), ep.size()));
   // Each rank its own batch, of its own size: the exchange does not need equal loads.
   const int64_t B = 1 + rank % 2, T = 6;
   const testing::Batch batch = testing::random_batch(c, B * T, 100 + rank);
@@ -253,7 +253,8 @@ TEST(ExpertParallelMpi, ZayaMatchesWithoutExpertParallelism) {
   for (int ep_size : ep_sizes()) expect_equivalent(zaya_config(), ep_size);
 }
 
-// ---- data parallel: the aux loss of the global batch ---------------------------------------------
+// ---- data parallel: the aux loss of the global batch
+// ---------------------------------------------
 
 TEST(DataParallelMpi, AuxLossAndGradientsAreTheGlobalBatchs) {
   const ModelConfig c = moe_config();  // aux_loss_coef 0.1
@@ -462,7 +463,8 @@ TEST(ContextParallelMpi, ExchangesMoveTheRightRows) {
       for (int slot = 0; slot < 2; ++slot)
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t t = cp.chunk(slot) * tc - rows + r;  // the position of halo row r
-          EXPECT_EQ(halos[((2 * b + slot) * rows + r) * W + 1], t < 0 ? 0.0f : position_code(b, t, 1))
+          EXPECT_EQ(halos[((2 * b + slot) * rows + r) * W + 1],
+                    t < 0 ? 0.0f : position_code(b, t, 1))
               << "b " << b << " slot " << slot << " row " << r;
         }
     // return_halo_gradient: every halo's gradient arrives at the tail it came from, once.

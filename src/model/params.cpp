@@ -37,9 +37,10 @@ ParamTable::ParamTable(const ModelConfig& c) {
   const double std_out = c.init_std / std::sqrt(2.0 * static_cast<double>(c.n_layers));
   for (ParamInfo& p : params_) {
     if (p.init != ParamInit::normal || p.init_value > 0) continue;  // set where added
-    const bool output_proj = p.name.ends_with("o_proj.weight") ||
-                             (p.kind == ParamKind::expert && (p.name.ends_with("w2.weight") ||
-                                                              p.name.ends_with("down_proj.weight")));
+    const bool output_proj =
+        p.name.ends_with("o_proj.weight") ||
+        (p.kind == ParamKind::expert &&
+         (p.name.ends_with("w2.weight") || p.name.ends_with("down_proj.weight")));
     p.init_value = output_proj ? std_out : c.init_std;
   }
 }

@@ -26,7 +26,8 @@ struct LayerWeights {
 
 LayerWeights layer_weights(const ParamTable& t, const ModelConfig& c, int64_t l) {
   const std::string p = fmt::format("model.layers.{}.", l);
-  LayerWeights w{AttentionWeights::of_layer(t, l), {t.get(p + "post_attention_layernorm.weight").offset, {}}};
+  LayerWeights w{AttentionWeights::of_layer(t, l),
+                 {t.get(p + "post_attention_layernorm.weight").offset, {}}};
   ExpertWeights& e = w.moe.experts;
   if (c.n_experts == 1) {
     e.w13.push_back(t.get(p + "mlp.gate_proj.weight").offset);

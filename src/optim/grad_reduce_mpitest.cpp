@@ -171,7 +171,8 @@ TEST(GradientReducer, ZeroRangesAreNeitherSentNorRead) {
   auto gradient = [&](int r, bool poison) {
     std::vector<float> g = rank_gradient(r);
     for (const auto& [b, e] : zero_of(r))
-      for (int64_t i = b; i < e; ++i) g[i] = poison ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+      for (int64_t i = b; i < e; ++i)
+        g[i] = poison ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
     return g;
   };
   // The reference: +0, then each rank's gradient added in rank order (zeros where zero).

@@ -59,7 +59,8 @@ std::vector<StateRun> merge_runs(std::vector<StateRun> runs) {
   for (StateRun& r : runs) {
     if (!merged.empty()) {
       StateRun& last = merged.back();
-      if (last.state == r.state && last.end == r.begin && last.data + (last.end - last.begin) == r.data) {
+      if (last.state == r.state && last.end == r.begin &&
+          last.data + (last.end - last.begin) == r.data) {
         last.end = r.end;
         continue;
       }
@@ -185,7 +186,8 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   // Every rank updates every parameter, so every rank keeps them all.
   void shard_expert_storage(Model&, int) override {}
   std::string describe() const override {
-    return local_.describe() + fmt::format(", replicated on {} ranks (train.zero1 = false)", ranks_);
+    return local_.describe() +
+           fmt::format(", replicated on {} ranks (train.zero1 = false)", ranks_);
   }
   const char* layout_name() const override { return "replicated"; }
   void set_op_times(OpTimes* times) override {

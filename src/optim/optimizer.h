@@ -10,9 +10,9 @@
 //                    (optim/zero1.h): reduce-scatter, a local step on the shard, all-gather.
 //
 // Every implementation clips the global gradient norm before updating, and lets the caller
-// veto the update once that norm is known (the trainer's anomaly checks, train/anomaly.h). For checkpoints each
-// names the runs of state it keeps, in the single-process optimizers' slab coordinates and
-// state names, so a checkpoint written under one layout loads under any other.
+// veto the update once that norm is known (the trainer's anomaly checks, train/anomaly.h). For
+// checkpoints each names the runs of state it keeps, in the single-process optimizers' slab
+// coordinates and state names, so a checkpoint written under one layout loads under any other.
 #pragma once
 #include <cstdint>
 #include <memory>

@@ -46,7 +46,8 @@ std::vector<float> rank_gradient(const ParamTable& table, int64_t step, int rank
 double max_relative_error(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (size_t i = 0; i < a.size(); ++i)
-    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / std::max(std::abs(double(b[i])), 1.0));
+    worst = std::max(worst,
+                     std::abs(double(a[i]) - double(b[i])) / std::max(std::abs(double(b[i])), 1.0));
   return worst;
 }
 
@@ -154,12 +155,13 @@ TEST_P(DataParallelOptimizerTest, VetoedStepChangesNothingOnAnyRank) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, DataParallelOptimizerTest,
-    ::testing::Values(Layout{true, false}, Layout{true, true}, Layout{false, false}, Layout{false, true}),
-    [](const auto& info) {
-      return std::string(info.param.zero1 ? "Zero1" : "Replicated") + (info.param.with_muon ? "Muon" : "AdamW");
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelOptimizerTest,
+                         ::testing::Values(Layout{true, false}, Layout{true, true},
+                                           Layout{false, false}, Layout{false, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.zero1 ? "Zero1" : "Replicated") +
+                                  (info.param.with_muon ? "Muon" : "AdamW");
+                         });
 
 // What a checkpoint holds does not depend on the layout: after the same steps, the state
 // the ZeRO-1 ranks save equals the replicated optimizer's (within the summation-order

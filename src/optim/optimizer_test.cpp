@@ -98,7 +98,8 @@ TEST_P(LocalOptimizerTest, NonFiniteGradientChangesNothing) {
   auto optimizer = make_optimizer(table, options(with_muon), nullptr);
   std::vector<float> params = random_slab(table, 3, 0.1), before = params;
   std::vector<float> grads = random_slab(table, 4, 1.0);
-  grads[static_cast<size_t>(table.params().back().offset)] = std::numeric_limits<float>::quiet_NaN();
+  grads[static_cast<size_t>(table.params().back().offset)] =
+      std::numeric_limits<float>::quiet_NaN();
   EXPECT_FALSE(std::isfinite(optimizer->step(params.data(), grads.data(), 1e-2, 1, 1.0)));
   EXPECT_TRUE(bitwise_equal(params, before));
 }
@@ -141,7 +142,8 @@ TEST(LocalOptimizer, DescribesItsSplitAndLayout) {
   auto adamw = make_optimizer(table, options(false), nullptr);
   EXPECT_STREQ(adamw->layout_name(), "single process");
   EXPECT_EQ(adamw->last_reduce(), nullptr);
-  EXPECT_EQ(adamw->describe().rfind(fmt::format("adamw (all {} tensors, ", table.params().size()), 0), 0u)
+  EXPECT_EQ(
+      adamw->describe().rfind(fmt::format("adamw (all {} tensors, ", table.params().size()), 0), 0u)
       << adamw->describe();
   EXPECT_EQ(adamw->state_bytes(), 2 * table.total_elements() * 4);
   auto muon = make_optimizer(table, options(true), nullptr);

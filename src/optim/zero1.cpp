@@ -355,10 +355,12 @@ Zero1Optimizer::BoundaryExchange Zero1Optimizer::start_boundary_exchange(float* 
 
 // The owned split matrix: assemble its gradient, update it, send the pieces back; then wait
 // for this rank's own piece of the matrix it holds.
-void Zero1Optimizer::finish_boundary_exchange(float* params, double lr, BoundaryExchange& exchange) {
+void Zero1Optimizer::finish_boundary_exchange(float* params, double lr,
+                                              BoundaryExchange& exchange) {
   if (owned_split_ >= 0) {
     const MuonPlacement& m = layout_.muon_matrices()[owned_split_];
-    std::memcpy(exchange_.data(), shard_gradient(m.offset), sizeof(float) * (shard_.end - m.offset));
+    std::memcpy(exchange_.data(), shard_gradient(m.offset),
+                sizeof(float) * (shard_.end - m.offset));
     {
       ScopedOpTimer t(op_times_, "comm: norm and boundary exchange");
       for (Request& r : exchange.gradient_receives) r.wait();

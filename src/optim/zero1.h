@@ -104,7 +104,9 @@ class Zero1Optimizer {
   void set_released_ranges(std::vector<Ranges> released);
   // Gradient ranges each rank never writes (the other EP ranks' experts), per rank: the
   // reduce-scatter neither sends nor reads them (GradientReducer::set_zero_ranges).
-  void set_zero_gradient_ranges(std::vector<Ranges> zero) { reducer_->set_zero_ranges(std::move(zero)); }
+  void set_zero_gradient_ranges(std::vector<Ranges> zero) {
+    reducer_->set_zero_ranges(std::move(zero));
+  }
   // Collective: rank `root` receives from the shards' owners every parameter of its released
   // ranges (a checkpoint written by root needs them all); no-op without released ranges.
   void gather_released(float* params, int root);

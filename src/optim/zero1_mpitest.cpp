@@ -416,7 +416,8 @@ TEST(Zero1MultiRank, SparseAllGatherWritesOnlyWhatEachRankStores) {
     if (is_released)
       released_written += !std::isnan(params[i]);
     else
-      stored_differ += std::bit_cast<uint32_t>(params[i]) != std::bit_cast<uint32_t>(dense.params[i]);
+      stored_differ +=
+          std::bit_cast<uint32_t>(params[i]) != std::bit_cast<uint32_t>(dense.params[i]);
   }
   EXPECT_EQ(released_written, 0) << "the all-gather wrote released elements";
   EXPECT_EQ(stored_differ, 0) << "stored elements differ from the dense run";

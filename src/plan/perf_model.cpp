@@ -313,7 +313,8 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
     // copies of P and dS for the products (2 × 6 B).
     const double per_element = 24 + (bf16 ? 12 : 0);
-    led.memory("attention softmax", CostCategory::attention, heads * double(T) * double(T) * per_element);
+    led.memory("attention softmax", CostCategory::attention,
+               heads * double(T) * double(T) * per_element);
   }
 
   // ---- elementwise traffic, bytes per token (fwd + bwd), fp32 activations ----
@@ -346,7 +347,8 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     words += Ld * 10 * double(Cc);     // q-k means, depthwise convolution, biases
     words += Ld * 8 * double(Dq + Dkv);  // QK-norm with temperature
     words += Ld * 6 * double(Dkv / 2);   // value shift
-    words += Ld * (12 * double(R) + 3 * double(c.router_classes()));  // router norm, GELUs, EDA, softmax
+    words +=
+        Ld * (12 * double(R) + 3 * double(c.router_classes()));  // router norm, GELUs, EDA, softmax
   } else if (E > 1) {
     words += Ld * 4 * double(E);  // router softmax and top-k
   }
@@ -427,7 +429,8 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
   // read + write, gradient read, weight read + write (20 B), plus the orthogonalization's
   // own passes (normalize, scale: ~16 B) and the same clip, copy and zeroing.
   const double extra = 4 + 4 + (bf16 ? 2 : 0);
-  led.memory("optimizer", CostCategory::optimizer, share * (adam_params * (28 + extra) + muon_params * (36 + extra)));
+  led.memory("optimizer", CostCategory::optimizer,
+             share * (adam_params * (28 + extra) + muon_params * (36 + extra)));
   const DType ns = s.muon_bf16 ? DType::bf16 : DType::f32;
   for (const auto& m : mats) {
     const int64_t a = std::min(m.rows, m.cols), b = std::max(m.rows, m.cols);

@@ -43,8 +43,10 @@ TEST(Storage, ReproducesThePapersExample) {
   for (double sigma : {1.0, 8.0}) {
     EXPECT_NEAR(data_loading_iops(4096, 4096, 4, 4096, 2.5, sigma), 6553.6 * sigma, 1e-9);
     // Break-even against 70,000 IOPS: 16,384 pages / 70,000 = 0.234 s per unit of σ.
-    EXPECT_NEAR(data_loading_break_even_s(4096, 4096, 4, 4096, 70000, sigma), 16384.0 / 70000 * sigma, 1e-12);
-    EXPECT_NEAR(data_loading_break_even_s(4096, 4096, 4, 4096, 70000, sigma), 0.234 * sigma, 1e-3 * sigma);
+    EXPECT_NEAR(data_loading_break_even_s(4096, 4096, 4, 4096, 70000, sigma),
+                16384.0 / 70000 * sigma, 1e-12);
+    EXPECT_NEAR(data_loading_break_even_s(4096, 4096, 4, 4096, 70000, sigma), 0.234 * sigma,
+                1e-3 * sigma);
   }
 }
 
@@ -61,7 +63,8 @@ TEST(PerfModel, GemmFlopsMatchTheModelCalculator) {
   for (const auto& it : p.items)
     if (it.category == CostCategory::gemm) gemm_flops += it.flops;
   const double tokens = 8 * 256;
-  EXPECT_NEAR(gemm_flops / tokens, flops_per_token(c, 256).matmul_flops, 1e-6 * gemm_flops / tokens);
+  EXPECT_NEAR(gemm_flops / tokens, flops_per_token(c, 256).matmul_flops,
+              1e-6 * gemm_flops / tokens);
   // On a flat machine the GEMM time is exactly FLOPs / rate.
   EXPECT_NEAR(p.gemm_s, gemm_flops / 1e12, 1e-9);
 }

@@ -98,7 +98,9 @@ std::string Anomaly::describe() const {
   std::string what;
   switch (kind) {
     case AnomalyKind::nan_loss: what = fmt::format("loss {}", loss); break;
-    case AnomalyKind::nan_grad: what = fmt::format("gradient norm {} (loss {:.4f})", grad_norm, loss); break;
+    case AnomalyKind::nan_grad:
+      what = fmt::format("gradient norm {} (loss {:.4f})", grad_norm, loss);
+      break;
     case AnomalyKind::spike:
       what = fmt::format("loss {:.4f} above the spike threshold {:.4f}", loss, threshold);
       break;
@@ -182,8 +184,9 @@ void AnomalyMonitor::rolled_back(int64_t to_step) {
     std::fprintf(stderr, "no checkpoint to roll back to yet: batch %lld skipped, step %lld runs "
                          "on the next batch\n",
                  static_cast<long long>(a.batch), static_cast<long long>(a.step));
-    append_event(tc_.run_dir, "train", "skip",
-                 {{"step", a.step}, {"batch", a.batch}, {"reason", "no checkpoint to roll back to"}});
+    append_event(
+        tc_.run_dir, "train", "skip",
+        {{"step", a.step}, {"batch", a.batch}, {"reason", "no checkpoint to roll back to"}});
     return;
   }
   std::fprintf(stderr, "rolled back to the checkpoint of step %lld; replaying without batch %lld\n",
@@ -202,7 +205,8 @@ std::string AnomalyMonitor::budget_report() const {
                      [&](const Anomaly& a) { return a.batch == e.at("batch").get<int64_t>(); }))
       earlier.push_back(e.at("batch").get<int64_t>());
   if (!earlier.empty())
-    lines.push_back(fmt::format("batches dropped earlier in the run: {}", fmt::join(earlier, ", ")));
+    lines.push_back(
+        fmt::format("batches dropped earlier in the run: {}", fmt::join(earlier, ", ")));
   return fmt::format("{}", fmt::join(lines, "; "));
 }
 

@@ -91,7 +91,8 @@ enum class AnomalyAction { skip, rollback, stop };
 class AnomalyMonitor {
  public:
   // `batches`: where dropped batches go. `root` writes events and the record, and reports.
-  AnomalyMonitor(const TrainConfig& tc, const Communicator* world, bool root, TrainBatches& batches);
+  AnomalyMonitor(const TrainConfig& tc, const Communicator* world, bool root,
+                 TrainBatches& batches);
 
   const TrainFaults& faults() const { return faults_; }
 

@@ -69,7 +69,8 @@ TEST(TrainFaults, ParsesTheListAndRejectsMalformedEntries) {
   EXPECT_FALSE(TrainFaults::parse("nan_grad@3,loss_spike@12,nan_loss@1").empty());
   for (const char* bad : {"nan_grad", "nan_grad@", "nan_grad@0", "nan_grad@x", "nan@3",
                           "nan_grad@3,", "nan_grad@3,,spike@2", "nan_gradx@3", "nan_grad@3x"}) {
-    const Error e = testing::expect_error([&] { TrainFaults::parse(bad); }, {"FOUNDRY_TRAIN_FAULT"});
+    const Error e =
+        testing::expect_error([&] { TrainFaults::parse(bad); }, {"FOUNDRY_TRAIN_FAULT"});
     EXPECT_NE(e.hint().find("loss_spike"), std::string::npos) << bad;
   }
 }
@@ -167,7 +168,8 @@ TEST(AnomalyMonitor, TheTotalBudgetAndPolicyStop) {
   MonitorFixture stop(AnomalyPolicy::stop);
   EXPECT_TRUE(stop.step(1, 5.0, kNaN));
   EXPECT_EQ(stop.monitor->handle(), AnomalyAction::stop);
-  const Error e = testing::expect_error([&] { stop.monitor->stop(); }, {"train.anomaly_policy = stop"});
+  const Error e =
+      testing::expect_error([&] { stop.monitor->stop(); }, {"train.anomaly_policy = stop"});
   EXPECT_NE(e.hint().find("train.anomaly_policy=skip"), std::string::npos) << e.hint();
 }
 

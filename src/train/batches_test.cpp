@@ -65,7 +65,8 @@ TEST(Batches, SkippedLoaderBatchesMoveTheCursorPastThem) {
   testing::make_synthetic_dataset(dir.path(), 4000, 600, 100000, 50);
   data::Dataset dataset(dir.path());
   data::BatchLoader plain_loader(dataset, 2, 8, 5), skipping_loader(dataset, 2, 8, 5);
-  TrainBatches plain(&plain_loader, 2, 8, 0, 1, 50, 5), skipping(&skipping_loader, 2, 8, 0, 1, 50, 5);
+  TrainBatches plain(&plain_loader, 2, 8, 0, 1, 50, 5),
+      skipping(&skipping_loader, 2, 8, 0, 1, 50, 5);
   skipping.skip(2);
   for (int i = 0; i < 3; ++i) plain.next();
   EXPECT_EQ(skipping.next(), 1);

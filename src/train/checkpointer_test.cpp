@@ -94,7 +94,8 @@ TEST(Checkpointer, KeepsTheNewestCheckpointsAndResumesTheLatest) {
   EXPECT_EQ(state.at("step"), 3);
   EXPECT_EQ(state.at("optimizer"), "adamw");
   EXPECT_EQ(state.at("schedule").at("total_steps"), rc.train.steps);
-  EXPECT_DOUBLE_EQ(state.at("schedule").at("lr").get<double>(), learning_rate(lr_schedule(rc.train), 3));
+  EXPECT_DOUBLE_EQ(state.at("schedule").at("lr").get<double>(),
+                   learning_rate(lr_schedule(rc.train), 3));
   TinyRun resumed(rc, 7);
   EXPECT_EQ(resumed.checkpointer.resume(), 3);
 }
@@ -176,8 +177,10 @@ TEST(Checkpointer, RefusesTheStateOfTheOtherOptimizer) {
     check_same_optimizer("runs/x/step_1", {{"optimizer", "muon"}}, OptimizerKind::adamw);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("runs/x/step_1 was written with train.optimizer = \"muon\""),
-              std::string::npos) << e.what();
+    EXPECT_NE(
+        std::string(e.what()).find("runs/x/step_1 was written with train.optimizer = \"muon\""),
+        std::string::npos)
+        << e.what();
     EXPECT_NE(e.hint().find("--set train.optimizer=muon"), std::string::npos) << e.hint();
   }
   // Checkpoints from before train.optimizer existed were written by AdamW.
@@ -267,7 +270,8 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   ASSERT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), memory);
 
   remove_all(list_checkpoint_dirs(rc.train.run_dir).at(1).path);  // step 2: back to step 1
-  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), std::nullopt);
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
+            std::nullopt);
   TinyRun resumed(rc, 99);
   EXPECT_EQ(resumed.checkpointer.resume(), 1);
 
@@ -278,7 +282,8 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   resumed.step(5);
   resumed.checkpointer.save(5);
   resumed.checkpointer.finish();
-  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), std::nullopt);
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
+            std::nullopt);
   EXPECT_EQ(latest_resume_step(rc.train), 5);
 }
 

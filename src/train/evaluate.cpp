@@ -22,7 +22,8 @@ double evaluate_loss(Model& model, data::BatchLoader& loader, int64_t batches,
   const int groups = (world ? world->size() : 1) / c, group = (world ? world->rank() : 0) / c;
   const int64_t B = loader.batch_size(), T = loader.seq_len(), Bl = B / groups;
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-  std::vector<int32_t> local_inputs(static_cast<size_t>(Bl * T / c)), local_targets(local_inputs.size());
+  std::vector<int32_t> local_inputs(static_cast<size_t>(Bl * T / c)),
+      local_targets(local_inputs.size());
   const int64_t offset = group * Bl * T;
   loader.reset();
   double sum = 0;

@@ -39,8 +39,9 @@ void append_event(const std::string& run_dir, const std::string& source, const s
   const std::string path = run_dir + "/" + kEventsFile;
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0)
-    fail(fmt::format("cannot open '{}' to record event '{}': {}", path, event, std::strerror(errno)),
-         "check that the run directory exists and is writable");
+    fail(
+        fmt::format("cannot open '{}' to record event '{}': {}", path, event, std::strerror(errno)),
+        "check that the run directory exists and is writable");
   const ssize_t n = ::write(fd, text.data(), text.size());
   const int write_errno = errno;
   ::close(fd);

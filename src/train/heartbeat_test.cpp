@@ -40,7 +40,8 @@ struct Reports {
 };
 
 // A record as a rank that stopped writing (killed) left it.
-void write_frozen_record(const std::string& run_dir, int rank, int64_t pid, const std::string& host) {
+void write_frozen_record(const std::string& run_dir, int rank, int64_t pid,
+                         const std::string& host) {
   make_dirs(heartbeat_dir(run_dir));
   const json j = {{"rank", rank}, {"pid", pid},  {"host", host},         {"beats", 7},
                   {"progress", 9}, {"step", 42}, {"phase", "step"}, {"hang_after_s", 45.0},
@@ -59,7 +60,8 @@ TEST(ChangeClock, MeasuresTimeSinceTheValueLastChanged) {
 TEST(Heartbeat, WritesARecordAndMarksItExitedAtTheEnd) {
   TempDir tmp;
   {
-    Heartbeat hb(tmp.path(), 0, 1, {0.05, 1, 10}, [](auto&&...) { ADD_FAILURE() << "no failure expected"; });
+    Heartbeat hb(tmp.path(), 0, 1, {0.05, 1, 10},
+                 [](auto&&...) { ADD_FAILURE() << "no failure expected"; });
     hb.progress(3, "step");
     std::this_thread::sleep_for(std::chrono::milliseconds(150));
     const auto r = read_heartbeat(tmp.path(), 0);
@@ -81,7 +83,8 @@ TEST(Heartbeat, ASilentNeighbourIsReportedNamingItAndWhetherItDied) {
   Heartbeat hb(tmp.path(), 0, 2, {0.05, 0.3, 10}, reports.handler());
   EXPECT_EQ(reports.wait(3), "rank_lost");
   EXPECT_EQ(reports.rank, 1);
-  EXPECT_NE(reports.message.find("rank 1 (pid 999999999 on " + host_name() + ") at step 42 (step) has died"),
+  EXPECT_NE(reports.message.find("rank 1 (pid 999999999 on " + host_name() +
+                                 ") at step 42 (step) has died"),
             std::string::npos)
       << reports.message;
 }
@@ -102,7 +105,8 @@ TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
   hb.progress(2, "step");  // the first step is complete: the threshold is hang_after_s
   EXPECT_EQ(reports.wait(0.2), "");
   EXPECT_EQ(reports.wait(2), "hang");
-  EXPECT_NE(reports.message.find("rank 0 has made no progress"), std::string::npos) << reports.message;
+  EXPECT_NE(reports.message.find("rank 0 has made no progress"), std::string::npos)
+      << reports.message;
   EXPECT_NE(reports.message.find("rank 0 at step 2 (step)"), std::string::npos) << reports.message;
 }
 

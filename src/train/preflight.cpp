@@ -35,7 +35,8 @@ constexpr double kUncountedShare = 0.10;
 
 void add_margin(MemoryNeed& need) {
   const double counted = static_cast<double>(need.per_process());
-  need.parts.emplace_back("margin", kRuntimeBytes + static_cast<int64_t>(kUncountedShare * counted));
+  need.parts.emplace_back("margin",
+                          kRuntimeBytes + static_cast<int64_t>(kUncountedShare * counted));
 }
 
 // The largest v in [lo, hi] with fits(v), for fits true up to some value and false above;
@@ -50,7 +51,8 @@ int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t
   return lo;
 }
 
-std::string training_hint(const RunConfig& rc, int ranks, int processes, const MemoryBudget& budget) {
+std::string training_hint(const RunConfig& rc, int ranks, int processes,
+                          const MemoryBudget& budget) {
   const TrainConfig& tc = rc.train;
   const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
   const int64_t per_group = largest_fitting(1, tc.batch_size / groups - 1, [&](int64_t b) {
@@ -76,9 +78,11 @@ std::string training_hint(const RunConfig& rc, int ranks, int processes, const M
 }
 
 // Weights as loaded for inference (fp32 and, for bf16 GEMMs, their bf16 copies), then `what`.
-MemoryNeed inference_need(const char* command, const RunConfig& rc, const char* what, int64_t bytes) {
+MemoryNeed inference_need(const char* command, const RunConfig& rc, const char* what,
+                          int64_t bytes) {
   const MemoryEstimate m = estimate_memory(rc.model, 1, 1, rc.train.precision);
-  MemoryNeed need{command, {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes}, {what, bytes}}};
+  MemoryNeed need{command,
+                  {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes}, {what, bytes}}};
   add_margin(need);
   return need;
 }
@@ -122,7 +126,8 @@ MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ran
     const int ep = static_cast<int>(tc.expert_parallel);
     // A layout that does not divide fails later with its own error; until then, count it whole.
     if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {
-      const ExpertStorageReport s = expert_storage(table, layout, ExpertSharding(rc.model.n_experts, ep));
+      const ExpertStorageReport s =
+          expert_storage(table, layout, ExpertSharding(rc.model.n_experts, ep));
       weights = s.weight_elements;
       grads = s.gradient_elements;
     }
@@ -134,12 +139,14 @@ MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ran
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
   if (tc.checkpoint_async) need.parts.emplace_back("checkpoint snapshot", snapshot);
   // RAM-backed files count against the same memory: the two copies the tier keeps.
-  if (tc.memory_checkpoint_every > 0) need.parts.emplace_back("in-memory checkpoints", 2 * snapshot);
+  if (tc.memory_checkpoint_every > 0)
+    need.parts.emplace_back("in-memory checkpoints", 2 * snapshot);
   add_margin(need);
   return need;
 }
 
-void check_training_memory(const RunConfig& rc, const Processes& procs, const MemoryBudget& budget) {
+void check_training_memory(const RunConfig& rc, const Processes& procs,
+                           const MemoryBudget& budget) {
   const MemoryNeed need = training_memory_need(rc, rc.train.batch_size, procs.ranks());
   const auto hint = [&](const MemoryNeed& failing, const MemoryBudget& theirs) {
     return training_hint(rc, procs.ranks(), failing.processes, theirs);

@@ -51,15 +51,17 @@ TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
   const RunConfig rc = wide_run_config();
   const Processes one(nullptr, 0);
   const int64_t at_40 = training_memory_need(rc, 40, 1).per_process();
-  EXPECT_NO_THROW(check_training_memory(rc, one, {BudgetSource::cgroup_v2, training_memory_need(rc, 64, 1).total()}));
+  EXPECT_NO_THROW(check_training_memory(
+      rc, one, {BudgetSource::cgroup_v2, training_memory_need(rc, 64, 1).total()}));
   try {
     check_training_memory(rc, one, {BudgetSource::cgroup_v2, at_40});
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_TRUE(std::regex_search(std::string(e.what()),
-                                  std::regex("^training needs about [0-9.]+ MiB per process \\(weights .*, "
-                                             "margin [0-9.]+ MiB\\), but this process may use "
-                                             "[0-9.]+ MiB \\(cgroup memory.max\\)$")))
+    EXPECT_TRUE(
+        std::regex_search(std::string(e.what()),
+                          std::regex("^training needs about [0-9.]+ MiB per process \\(weights .*, "
+                                     "margin [0-9.]+ MiB\\), but this process may use "
+                                     "[0-9.]+ MiB \\(cgroup memory.max\\)$")))
         << e.what();
     EXPECT_TRUE(e.hint().starts_with("the largest train.batch_size that fits is 40 (--set "
                                      "train.batch_size=40)"))

@@ -19,9 +19,10 @@ TEST(Report, OpBreakdownGivesTheMeanPerStepAndTheShare) {
 
 TEST(Report, MemoryLineNamesEveryRankUnderDataParallelism) {
   const double mib = 1 << 20;
-  EXPECT_EQ(format_memory_line(2.5 * mib, "ZeRO-1", {{100 * mib, 60 * mib}, {90 * mib, 50 * mib}}, true),
-            "memory per rank: optimizer state 2.5 MiB (ZeRO-1) | weight and gradient slabs rank 0 "
-            "60 MiB, rank 1 50 MiB | peak RSS before the final checkpoint rank 0 100 MiB, rank 1 90 MiB");
+  EXPECT_EQ(
+      format_memory_line(2.5 * mib, "ZeRO-1", {{100 * mib, 60 * mib}, {90 * mib, 50 * mib}}, true),
+      "memory per rank: optimizer state 2.5 MiB (ZeRO-1) | weight and gradient slabs rank 0 "
+      "60 MiB, rank 1 50 MiB | peak RSS before the final checkpoint rank 0 100 MiB, rank 1 90 MiB");
   EXPECT_EQ(format_memory_line(1 * mib, "single process", {{10 * mib, 4 * mib}}, false),
             "memory per rank: optimizer state 1.0 MiB | weight and gradient slabs 4 MiB | peak RSS "
             "before the final checkpoint 10 MiB");

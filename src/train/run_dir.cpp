@@ -53,7 +53,8 @@ constexpr char kSeparator = '\x1f';
 std::string RunDirContents::describe() const {
   std::vector<std::string> parts;
   if (checkpoints > 0) parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
-  if (metrics_lines > 0) parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
+  if (metrics_lines > 0)
+    parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
   return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, " and "));
 }
 
@@ -101,7 +102,8 @@ RunDirLock::RunDirLock(const std::string& run_dir) : path_(join(run_dir, kLockFi
   const json holder = {{"pid", int64_t(getpid())}, {"host", host_name()},
                        {"since", utc_timestamp(unix_now())}};
   const std::string text = holder.dump() + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
+  if (::ftruncate(fd_, 0) != 0 ||
+      ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
     fail(fmt::format("cannot write the lock file '{}': {}", path_, std::strerror(errno)),
          "free space on the run directory's file system");
 }
@@ -123,7 +125,8 @@ RunDir::RunDir(const std::string& run_dir, StartMode mode, const Processes& proc
       verdict = std::string(e.what()) + kSeparator + e.hint();
     }
   }
-  if (const Communicator* world = processes.world()) verdict = allgather_strings(*world, verdict)[0];
+  if (const Communicator* world = processes.world())
+    verdict = allgather_strings(*world, verdict)[0];
   if (verdict.rfind("ok ", 0) == 0) {
     resume_ = verdict == "ok 1";
     return;

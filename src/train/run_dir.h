@@ -1,6 +1,7 @@
 // A run directory belongs to one run. Before a training job writes anything into it, rank 0
 // takes its lock (RUN_DIR/lock, flock: released by the kernel when the process ends, however
-// it ends; the file names the holder and is removed when it ends) and checks what the directory holds against what the user asked for:
+// it ends; the file names the holder and is removed when it ends) and checks what the directory
+// holds against what the user asked for:
 //
 //   start            a new run: refused if the directory holds another run's checkpoints
 //                    or metrics (nothing is touched)

@@ -47,7 +47,8 @@ TEST(RunDir, ANewRunIntoAnotherRunsDirectoryIsRefusedAndNothingChanges) {
   const std::string dir = tmp.path() + "/run";
   fake_previous_run(dir, true);
   Processes one(nullptr, 0);
-  expect_error([&] { RunDir d(dir, StartMode::fresh, one); }, "already holds a run (1 checkpoint(s)");
+  expect_error([&] { RunDir d(dir, StartMode::fresh, one); },
+               "already holds a run (1 checkpoint(s)");
   EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002"));
   EXPECT_EQ(read_text_file(dir + "/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
 }

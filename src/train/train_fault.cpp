@@ -9,9 +9,10 @@ namespace foundry {
 
 namespace {
 
-const std::pair<const char*, TrainFaultKind> kKinds[] = {{"nan_grad", TrainFaultKind::nan_grad},
-                                                         {"nan_loss", TrainFaultKind::nan_loss},
-                                                         {"loss_spike", TrainFaultKind::loss_spike}};
+const std::pair<const char*, TrainFaultKind> kKinds[] = {
+    {"nan_grad", TrainFaultKind::nan_grad},
+    {"nan_loss", TrainFaultKind::nan_loss},
+    {"loss_spike", TrainFaultKind::loss_spike}};
 
 }  // namespace
 

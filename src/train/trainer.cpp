@@ -77,10 +77,12 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
          fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
   if (procs.world()) check_same_config(*procs.world(), rc);
   if (tc.expert_parallel > 1 && !procs.world())
-    fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but this is one process",
-                     tc.expert_parallel),
-         fmt::format("run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
-                     tc.expert_parallel));
+    fail(
+        fmt::format("train.expert_parallel = {} needs that many MPI ranks, but this is one process",
+                    tc.expert_parallel),
+        fmt::format(
+            "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
+            tc.expert_parallel));
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty", "prepare one with 'foundry data prepare' and set "
          "data.dir, or train on random tokens with --synthetic-data");
@@ -121,7 +123,8 @@ struct TrainingRun {
     return loss;
   }
   bool evaluation_due(int64_t step) const {
-    return val_loader && ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == schedule.total_steps);
+    return val_loader &&
+           ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == schedule.total_steps);
   }
   bool checkpoint_due(int64_t step) const {
     return tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0;
@@ -298,23 +301,24 @@ void TrainingRun::print_header() const {
                static_cast<long long>(mc.n_layers), static_cast<long long>(mc.n_experts),
                static_cast<long long>(mc.top_k), static_cast<long long>(tc.batch_size),
                static_cast<long long>(tc.seq_len), dtype_name(tc.precision));
-  std::fprintf(stderr, "MFU peak: %.0f GFLOP/s (%s)\n", peak.flops_per_s / 1e9, peak.source.c_str());
+  std::fprintf(stderr, "MFU peak: %.0f GFLOP/s (%s)\n", peak.flops_per_s / 1e9,
+               peak.source.c_str());
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
   if (!procs.world()) return;
   std::fprintf(
       stderr, "processes: %d ranks, %lld sequences each per step%s, expert parallel %lld%s\n",
       procs.ranks(), static_cast<long long>(batches->local_batch()),
-      tc.context_parallel > 1
-          ? fmt::format(" (context parallel {}: {} tokens of each per rank)", tc.context_parallel,
-                        batches->local_seq())
-                .c_str()
-          : "",
+      tc.context_parallel > 1 ? fmt::format(" (context parallel {}: {} tokens of each per rank)",
+                                            tc.context_parallel, batches->local_seq())
+                                    .c_str()
+                              : "",
       static_cast<long long>(tc.expert_parallel),
-      fmt::format(" | optimizer state per rank {} ({}) | gradient reduction {}",
-                  format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
-                  optimizer->layout_name(),
-                  overlap ? fmt::format("overlapped with backward, {:g} MiB buckets", tc.grad_bucket_mib)
-                          : std::string("after backward"))
+      fmt::format(
+          " | optimizer state per rank {} ({}) | gradient reduction {}",
+          format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
+          optimizer->layout_name(),
+          overlap ? fmt::format("overlapped with backward, {:g} MiB buckets", tc.grad_bucket_mib)
+                  : std::string("after backward"))
           .c_str());
 }
 
@@ -334,7 +338,8 @@ json per_sublayer(const std::vector<double>& flat, int64_t classes) {
 void add_router_detail(json& m, const StepResult& r, const Model& model) {
   const int64_t S = model.config().router_classes();
   std::vector<double> bias;
-  for (const ops::ZayaBalancer& b : model.balancers()) bias.insert(bias.end(), b.bias.begin(), b.bias.end());
+  for (const ops::ZayaBalancer& b : model.balancers())
+    bias.insert(bias.end(), b.bias.begin(), b.bias.end());
   m["class_loads"] = per_sublayer(r.balance.loads, S);
   m["balance_bias"] = per_sublayer(bias, S);
 }
@@ -343,9 +348,9 @@ void add_router_detail(json& m, const StepResult& r, const Model& model) {
 json step_metrics(int64_t step, const StepResult& r, int64_t tokens_per_step, double mfu,
                   const DataParallelOptimizer& optimizer, bool balancing) {
   const double tokens_per_s = tokens_per_step / r.seconds;
-  json m = {{"step", step},           {"loss", r.losses.ce_loss}, {"aux_loss", r.losses.aux_loss},
-            {"lr", r.lr},             {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s},
-            {"mfu", mfu},             {"step_time_s", r.seconds}, {"tokens", step * tokens_per_step}};
+  json m = {{"step", step}, {"loss", r.losses.ce_loss}, {"aux_loss", r.losses.aux_loss},
+            {"lr", r.lr},   {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s},
+            {"mfu", mfu},   {"step_time_s", r.seconds}, {"tokens", step * tokens_per_step}};
   if (const GradientReduceStats* reduce = optimizer.last_reduce())
     m["grad_comm_exposed_s"] = reduce->exposed_seconds;
   if (balancing) {
@@ -366,7 +371,8 @@ std::string step_line(const json& m, int64_t total_steps, bool balancing) {
     if (m.contains("skip_fraction"))
       line += fmt::format(" | skip {:.1f}%", 100 * m["skip_fraction"].get<double>());
   }
-  if (m.contains("val_loss")) line += fmt::format(" | val loss {:.4f}", m["val_loss"].get<double>());
+  if (m.contains("val_loss"))
+    line += fmt::format(" | val loss {:.4f}", m["val_loss"].get<double>());
   return line;
 }
 
@@ -394,7 +400,8 @@ class StepLog {
 
   // The metrics of step `step`, counted into the totals.
   json record(int64_t step, const StepResult& r) {
-    if (const GradientReduceStats* reduce = run_.optimizer->last_reduce(); reduce && step > start_step_ + warmup_)
+    if (const GradientReduceStats* reduce = run_.optimizer->last_reduce();
+        reduce && step > start_step_ + warmup_)
       comm_.add(*reduce);
     if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {  // the first step warms caches
       timed_seconds_ += r.seconds;
@@ -517,7 +524,9 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   r.losses.loss = mean_over_ranks(world, r.losses.loss);
   r.losses.ce_loss = mean_over_ranks(world, r.losses.ce_loss);
   r.losses.aux_loss = mean_over_ranks(world, r.losses.aux_loss);
-  auto judge = [&](double norm) { return !(r.applied = !anomalies->veto(step, batch, r.losses, norm)); };
+  auto judge = [&](double norm) {
+    return !(r.applied = !anomalies->veto(step, batch, r.losses, norm));
+  };
   UpdateVeto veto;
   if (anomalies) veto = std::ref(judge);  // by reference: nothing allocated per step
   // The optimizer times its own phases (communication apart from the local update), and
@@ -560,7 +569,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   summary.peak_gflops = run.peak.flops_per_s / 1e9;
   summary.peak_source = run.peak.source;
   run.mark(start_step, "validation");
-  if (start_step == 0 && run.val_loader && total_steps > 0) summary.initial_val_loss = run.initial_evaluation();
+  if (start_step == 0 && run.val_loader && total_steps > 0)
+    summary.initial_val_loss = run.initial_evaluation();
 
   StopSignals signals;
   run.model->op_times().enabled = opt.op_breakdown;
@@ -574,9 +584,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     auto step_guard = run.procs.guard(fmt::format("training step {}", step));
     run.mark(step, "step");
     run.batches->next();
-    StepResult r = run_step(*run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step),
-                            step, rc.train.grad_clip, run.overlap, run.procs.world(),
-                            [&] { run.checkpointer->protect_state(); }, &*run.anomalies);
+    StepResult r = run_step(
+        *run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step), step,
+        rc.train.grad_clip, run.overlap, run.procs.world(),
+        [&] { run.checkpointer->protect_state(); }, &*run.anomalies);
     if (!r.applied) {  // nothing changed: skip the batch, or roll back (train/anomaly.h)
       const int64_t last = run.after_anomaly(step);
       if (last < step - 1) log.rewind(last);
