@@ -413,36 +413,36 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
 
 namespace {
 
-// Rows of the cache `ahead` positions on are fetched while the current one is used: a row of
-// one sequence's KV head is `stride` floats after the previous one (B · KVH · D: beyond what
-// the hardware prefetchers follow once the batch is large).
-constexpr int64_t kDecodePrefetchAhead = 4, kPageBytes = 4096;
+// Output dims a head's weighted sum keeps in registers at a time (4 AVX-512 vectors).
+constexpr int64_t kDecodeRow = 64;
 
-inline void prefetch_row(const float* row, int64_t d) {
-  for (int64_t i = 0; i < d; i += 16) __builtin_prefetch(row + i);
-}
-
-// The `group` query heads of one sequence that share a KV head: q [group, D] against keys and
-// values at `stride` floats apart, out [group, D], scores [group, len]. Each key and value row
-// is read once for the whole group; each head's arithmetic is in the same order as alone.
-void decode_group(float* o, float* scores, const float* q, const float* k, const float* v,
-                  int64_t group, int64_t len, int64_t stride, int64_t d, float scale) {
-  // Strides within a page the hardware prefetchers follow by themselves.
-  const int64_t ahead = stride * int64_t(sizeof(float)) > kPageBytes ? kDecodePrefetchAhead : len;
-  for (int64_t t = 0; t < len; ++t) {
-    const float* kt = k + t * stride;
-    if (t + ahead < len) prefetch_row(kt + ahead * stride, d);
+// The `group` query heads of one sequence that share a KV head: q [group, D] against its
+// blocked transposed keys kb [blocks, D, 16] and values v [max_len, D], up to len positions;
+// out [group, D], scores [group, len]. Each key and value is read once for the whole group.
+void decode_group(float* o, float* scores, const float* q, const float* kb, const float* v,
+                  int64_t group, int64_t len, int64_t d, float scale) {
+  constexpr int64_t W = kDecodeBlock;
+  // scores[j, t] = scale · Σ_i q[j, i] · k[t, i], summed over i in order for every t.
+  for (int64_t t0 = 0; t0 < len; t0 += W) {
+    const float* block = kb + (t0 / W) * d * W;
+    const int64_t n = std::min(W, len - t0);
     for (int64_t j = 0; j < group; ++j) {
-      const float* qh = q + j * d;
-      float dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t i = 0; i < d; ++i) dot += qh[i] * kt[i];
-      scores[j * len + t] = dot * scale;
+      const float* qj = q + j * d;
+      float acc[W] = {};
+      for (int64_t i = 0; i < d; ++i) {
+        const float qi = qj[i];
+        const float* row = block + i * W;
+#pragma omp simd
+        for (int64_t x = 0; x < W; ++x) acc[x] += qi * row[x];
+      }
+      for (int64_t x = 0; x < n; ++x) scores[j * len + t0 + x] = acc[x] * scale;
     }
   }
+  // Softmax per head; the normalization is applied to the weighted sum, once per output.
   for (int64_t j = 0; j < group; ++j) {
     float* sj = scores + j * len;
     float max_score = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : max_score)
     for (int64_t t = 0; t < len; ++t) max_score = std::max(max_score, sj[t]);
     double sum = 0;
 #pragma omp simd reduction(+ : sum)
@@ -450,35 +450,53 @@ void decode_group(float* o, float* scores, const float* q, const float* k, const
       sj[t] = detail::exp_fast(sj[t] - max_score);
       sum += sj[t];
     }
-    for (int64_t t = 0; t < len; ++t) sj[t] = static_cast<float>(sj[t] / sum);
-  }
-  std::fill(o, o + group * d, 0.0f);
-  for (int64_t t = 0; t < len; ++t) {
-    const float* vt = v + t * stride;
-    if (t + ahead < len) prefetch_row(vt + ahead * stride, d);
-    for (int64_t j = 0; j < group; ++j) {
-      const float w = scores[j * len + t];
-      float* oj = o + j * d;
+    // out = Σ_t p_t · v_t / Σ_t p_t, accumulated a head at a time in kDecodeRow-wide chunks
+    // that stay in registers while the value rows stream past.
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i0 = 0; i0 < d; i0 += kDecodeRow) {
+      const int64_t m = std::min(kDecodeRow, d - i0);
+      float acc[kDecodeRow] = {};
+      const float* vi = v + i0;
+      if (m == kDecodeRow) {
+        for (int64_t t = 0; t < len; ++t) {
 #pragma omp simd
-      for (int64_t i = 0; i < d; ++i) oj[i] += w * vt[i];
+          for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += sj[t] * vi[t * d + i];
+        }
+      } else {
+        for (int64_t t = 0; t < len; ++t)
+          for (int64_t i = 0; i < m; ++i) acc[i] += sj[t] * vi[t * d + i];
+      }
+      for (int64_t i = 0; i < m; ++i) o[j * d + i0 + i] = acc[i] * inv;
     }
   }
 }
 
 }  // namespace
 
-void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
-                      const float* v_cache, int64_t len, int64_t batch, int64_t h, int64_t kvh,
-                      int64_t d) {
-  const int64_t group = h / kvh, row = kvh * d, stride = batch * row;
+void decode_kv_store(const DecodeKv& c, int64_t pos, const float* k, const float* v) {
+  if (pos < 0 || pos >= c.max_len)
+    fail(fmt::format("decode position {} is outside the cache of {} positions", pos, c.max_len),
+         "make the decode state longer (its max_len) or stop at its end");
+  const int64_t W = kDecodeBlock, head_k = c.blocks() * c.d * W, head_v = c.blocks() * W * c.d;
+  for (int64_t bg = 0; bg < c.batch * c.kvh; ++bg) {
+    const float* kr = k + bg * c.d;
+    float* kb = c.k + bg * head_k + (pos / W) * c.d * W + pos % W;
+    for (int64_t i = 0; i < c.d; ++i) kb[i * W] = kr[i];
+    std::copy(v + bg * c.d, v + (bg + 1) * c.d, c.v + bg * head_v + pos * c.d);
+  }
+}
+
+void attention_decode(float* out, float* scores, const float* q, const DecodeKv& c,
+                      int64_t len, int64_t h) {
+  const int64_t kvh = c.kvh, d = c.d, group = h / kvh, head = c.blocks() * kDecodeBlock * d;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const bool parallel = batch * h * len * d >= detail::kParallelMinElements;
+  const bool parallel = c.batch * h * len * d >= detail::kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t bg = 0; bg < batch * kvh; ++bg) {
+  for (int64_t bg = 0; bg < c.batch * kvh; ++bg) {
     const int64_t b = bg / kvh, g = bg % kvh;
     const int64_t first = b * h + g * group;  // the group's first query head
-    decode_group(out + first * d, scores + first * len, q + first * d, k_cache + b * row + g * d,
-                 v_cache + b * row + g * d, group, len, stride, d, scale);
+    decode_group(out + first * d, scores + first * len, q + first * d, c.k + bg * head,
+                 c.v + bg * head, group, len, d, scale);
   }
 }
 

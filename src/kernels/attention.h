@@ -76,14 +76,31 @@ class ScopedAttentionTile {
   int64_t previous_;
 };
 
-// One new query row per head of each of B sequences against their caches of len positions
-// (incremental decoding, the sequences in step): q [B, H, D], k_cache/v_cache [len, B, KVH, D]
-// (position-major: the B sequences' rows of one position are adjacent), out [B, H, D]
-// (writes), scores [B·H·len] scratch. Each (sequence, head) is computed in the same order
-// whatever B and the thread count; the query heads that share a KV head read its rows once.
-void attention_decode(float* out, float* scores, const float* q, const float* k_cache,
-                      const float* v_cache, int64_t len, int64_t batch, int64_t h, int64_t kvh,
-                      int64_t d);
+// One layer's decode cache: B sequences × KVH heads, up to max_len positions of D dims.
+// Values are rows, v [B, KVH, max_len, D], so that a head's weighted sum streams them. Keys
+// are transposed in blocks of kDecodeBlock positions, k [B, KVH, ⌈max_len / 16⌉, D, 16]: a
+// block's scores are one vector of FMAs per dimension over 4 KiB read in order.
+constexpr int64_t kDecodeBlock = 16;
+struct DecodeKv {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t batch = 1, kvh = 1, d = 1, max_len = 1;
+  int64_t blocks() const { return (max_len + kDecodeBlock - 1) / kDecodeBlock; }
+  // Floats of k (and of v) for these dimensions: max_len rounded up to whole blocks.
+  static int64_t floats(int64_t batch, int64_t kvh, int64_t d, int64_t max_len) {
+    return batch * kvh * d * ((max_len + kDecodeBlock - 1) / kDecodeBlock * kDecodeBlock);
+  }
+};
+
+// Stores each sequence's new key and value rows, k and v [B, KVH·D], at position pos.
+void decode_kv_store(const DecodeKv& cache, int64_t pos, const float* k, const float* v);
+
+// One new query row per head of each of B sequences against positions 0 … len−1 of their
+// caches (incremental decoding, the sequences in step): q [B, H, D], out [B, H, D] (writes),
+// scores [B·H·len] scratch. Each (sequence, head) is computed in the same order whatever B
+// and the thread count; the query heads that share a KV head read its rows once.
+void attention_decode(float* out, float* scores, const float* q, const DecodeKv& cache,
+                      int64_t len, int64_t h);
 // Plain double-precision reference (for tests): same layout, no saved statistics.
 void attention_reference(double* out, const double* q, const double* k, const double* v,
                          const AttentionShape& s);

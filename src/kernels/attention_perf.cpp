@@ -88,11 +88,10 @@ void BM_BatchedScoreGemm(benchmark::State& state) {
 void BM_AttentionDecode(benchmark::State& state) {
   const int64_t h = 8, kvh = state.range(0), batch = state.range(1), len = 256, d = 64;
   const auto q = random_floats(batch * h * d, 1);
-  const auto k = random_floats(len * batch * kvh * d, 2), v = random_floats(k.size(), 3);
+  auto k = random_floats(DecodeKv::floats(batch, kvh, d, len), 2), v = random_floats(k.size(), 3);
+  const DecodeKv cache{k.data(), v.data(), batch, kvh, d, len};
   std::vector<float> out(batch * h * d), scores(batch * h * len);
-  for (auto _ : state)
-    attention_decode(out.data(), scores.data(), q.data(), k.data(), v.data(), len, batch, h,
-                     kvh, d);
+  for (auto _ : state) attention_decode(out.data(), scores.data(), q.data(), cache, len, h);
   state.counters["GFLOPs"] = benchmark::Counter(4.0 * batch * h * len * d * 1e-9,
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -122,7 +121,7 @@ BENCHMARK(BM_BatchedScoreGemm)
     ->UseRealTime();
 // Args: {kv heads, batch}.
 BENCHMARK(BM_AttentionDecode)
-    ->ArgsProduct({{8, 2}, {1, 16, 64}})
+    ->ArgsProduct({{8, 4, 2, 1}, {1, 16, 64}})
     ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "base/error.h"
 #include "kernels/test_support.h"
 
 namespace foundry::ops {
@@ -291,30 +292,50 @@ TEST(Attention, ReferenceOfASinglePositionReturnsItsValue) {
   EXPECT_EQ(out, (std::vector<double>{7, 8, 9, 7, 8, 9}));
 }
 
-// B sequences decoded in step, their caches position-major [t, B, KVH, D]: each new row
-// equals the causal attention of the whole sequences at its position (the double reference).
-TEST(Attention, BatchedDecodeMatchesTheReferenceAtEveryPosition) {
-  const AttentionShape s{3, 9, 4, 2, 8};
+void expect_decode_matches_reference(const AttentionShape& s) {
   const Inputs in(s, 31);
   const std::vector<double> ref = in.reference();
-  const int64_t row = s.kvh * s.d, qrow = s.h * s.d;
-  std::vector<float> k_cache(s.t * s.b * row), v_cache(s.t * s.b * row);
+  const int64_t row = s.kvh * s.d, qrow = s.h * s.d, max_len = s.t + 3;
+  std::vector<float> k_cache(DecodeKv::floats(s.b, s.kvh, s.d, max_len), NAN);
+  std::vector<float> v_cache(k_cache.size(), NAN);
+  const DecodeKv cache{k_cache.data(), v_cache.data(), s.b, s.kvh, s.d, max_len};
+  std::vector<float> k(s.b * row), v(s.b * row);
   std::vector<float> q(s.b * qrow), out(s.b * qrow), scores(s.b * s.h * s.t);
   for (int64_t t = 0; t < s.t; ++t) {
     for (int64_t b = 0; b < s.b; ++b) {
       for (int64_t x = 0; x < row; ++x) {
-        k_cache[(t * s.b + b) * row + x] = float(in.k[(b * s.t + t) * row + x]);
-        v_cache[(t * s.b + b) * row + x] = float(in.v[(b * s.t + t) * row + x]);
+        k[b * row + x] = float(in.k[(b * s.t + t) * row + x]);
+        v[b * row + x] = float(in.v[(b * s.t + t) * row + x]);
       }
       for (int64_t x = 0; x < qrow; ++x) q[b * qrow + x] = float(in.q[(b * s.t + t) * qrow + x]);
     }
-    attention_decode(out.data(), scores.data(), q.data(), k_cache.data(), v_cache.data(), t + 1,
-                     s.b, s.h, s.kvh, s.d);
+    decode_kv_store(cache, t, k.data(), v.data());
+    attention_decode(out.data(), scores.data(), q.data(), cache, t + 1, s.h);
     for (int64_t b = 0; b < s.b; ++b)
       for (int64_t x = 0; x < qrow; ++x)
         ASSERT_NEAR(out[b * qrow + x], ref[(b * s.t + t) * qrow + x], 1e-5)
             << "sequence " << b << " position " << t;
   }
+}
+
+// B sequences decoded in step, each position's rows stored as it comes (the cache longer than
+// the sequences): each new row equals the causal attention of the whole sequences at its
+// position (the double reference).
+TEST(Attention, BatchedDecodeMatchesTheReferenceAtEveryPosition) {
+  // Head dims below the kernel's 64-wide register chunk, and one full chunk with a tail; more
+  // positions than a key block (16).
+  for (const AttentionShape& s :
+       {AttentionShape{3, 9, 4, 2, 8}, AttentionShape{2, 21, 2, 1, 80}}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << s.d);
+    expect_decode_matches_reference(s);
+  }
+}
+
+TEST(Attention, DecodeCacheRefusesAPositionPastItsEnd) {
+  std::vector<float> k(DecodeKv::floats(1, 1, 4, 3)), v(k.size()), row(4, 1.0f);
+  const DecodeKv cache{k.data(), v.data(), 1, 1, 4, 3};
+  decode_kv_store(cache, 2, row.data(), row.data());
+  EXPECT_THROW(decode_kv_store(cache, 3, row.data(), row.data()), foundry::Error);
 }
 
 }  // namespace

@@ -250,11 +250,23 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
   ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t batch,
-                      int64_t pos, float* kc, float* vc, const float* k_cache,
-                      const float* v_cache, const AttentionDecodeScratch& s, float* h) {
+int64_t decode_cache_floats(const ModelConfig& c, int64_t max_len, int64_t batch) {
+  return c.n_layers * ops::DecodeKv::floats(batch, c.n_kv_heads, c.head_dim, max_len);
+}
+
+ops::DecodeKv decode_cache_of_layer(const ModelConfig& c, float* k, float* v, int64_t layer,
+                                    int64_t max_len, int64_t batch) {
+  const int64_t per_layer = ops::DecodeKv::floats(batch, c.n_kv_heads, c.head_dim, max_len);
+  return {k + layer * per_layer, v + layer * per_layer, batch, c.n_kv_heads, c.head_dim,
+          max_len};
+}
+
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
+                      const ops::DecodeKv& cache, const AttentionDecodeScratch& s, float* h) {
   const ModelConfig& c = cx.config;
-  const int64_t B = batch, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim(), D = c.head_dim;
+  const int64_t B = cache.batch, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim();
+  const int64_t D = c.head_dim;
+  float *kc = s.k, *vc = s.v;
   ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.q, s.n, w.q, B, QD, C);
   cx.linear_forward(kc, s.n, w.k, B, KVD, C);
@@ -263,8 +275,8 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
     qk_norm_forward(cx, w, B, s.q, kc, s.q, kc, s.qk_rstd, s.qk_rstd);
   ops::rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
   ops::rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, B, c.n_heads,
-                        c.n_kv_heads, D);
+  ops::decode_kv_store(cache, pos, kc, vc);
+  ops::attention_decode(s.att, s.scores, s.q, cache, pos + 1, c.n_heads);
   cx.linear_forward(h, s.att, w.o, B, C, QD);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "base/arena.h"
+#include "kernels/attention.h"
 #include "model/compute.h"
 #include "model/params.h"
 
@@ -67,15 +68,22 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
                         AttentionGrads& g, BatchShape s, const float* x, float* dx);
 
 // One new token of each of B sequences, all at position `pos`: x [B, C] → h [B, C] =
-// att·Woᵀ (the caller adds the residual). Writes the tokens' rotated k and their v into kc, vc
-// [B, KVH·D] (position pos of k_cache, v_cache [pos + 1, B, KVH·D]).
+// att·Woᵀ (the caller adds the residual). Stores the tokens' rotated k and their v at
+// position pos of `cache` (B = cache.batch) and attends over positions 0 … pos.
 struct AttentionDecodeScratch {
   float *n, *rstd, *q, *att, *scores;  // [B, C], [B], [B, H·D] ×2, [B·H·max_len]
+  float *k, *v;                         // [B, KVH·D]: the new rows, before they are stored
   float* qk_rstd = nullptr;             // model.qk_norm: [B·H]
 };
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t batch,
-                      int64_t pos, float* kc, float* vc, const float* k_cache,
-                      const float* v_cache, const AttentionDecodeScratch& scratch, float* h);
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
+                      const ops::DecodeKv& cache, const AttentionDecodeScratch& scratch,
+                      float* h);
+
+// The decode caches of all layers, k and v each [L, per layer]: floats of one of them, and
+// layer l's cache in them (both attention sublayers keep their keys and values so).
+int64_t decode_cache_floats(const ModelConfig& c, int64_t max_len, int64_t batch);
+ops::DecodeKv decode_cache_of_layer(const ModelConfig& c, float* k, float* v, int64_t layer,
+                                    int64_t max_len, int64_t batch);
 
 // ---- the core both attention sublayers share ------------------------------------------------
 // q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping

@@ -283,11 +283,12 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
 }
 
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, int64_t pos, float* kc, float* vc, const float* k_cache,
-                const float* v_cache, const CcaDecodeScratch& s, float* h) {
+                const float* x, int64_t pos, const ops::DecodeKv& cache,
+                const CcaDecodeScratch& s, float* h) {
   const ModelConfig& c = cx.config;
   const int64_t B = state.batch, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
   const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim(), rot = c.rotary_dim();
+  float *kc = s.k, *vc = s.v;
   ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
   ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1));
@@ -297,7 +298,8 @@ void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& st
   ops::rope_apply(kc, B, 1, Hk, d, rot, pos, c.rope_theta, false);
   cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
   ops::cca_value_shift_decode(vc, state);
-  ops::attention_decode(s.att, s.scores, s.q, k_cache, v_cache, pos + 1, B, Hq, Hk, d);
+  ops::decode_kv_store(cache, pos, kc, vc);
+  ops::attention_decode(s.att, s.scores, s.q, cache, pos + 1, Hq);
   cx.linear_forward(h, s.att, w.wo, B, C, QD);
 }
 

@@ -62,14 +62,14 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
                   CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx);
 
 // One new token of each of B sequences (state.batch), all at position `pos`: x [B, C] →
-// h [B, C]. Writes the tokens' k and v into kc, vc [B, Hk·d] (position pos of k_cache, v_cache
-// [pos + 1, B, Hk·d]) and advances the convolution and value-shift state.
+// h [B, C]. Stores the tokens' k and v at position pos of `cache`, attends over positions
+// 0 … pos, and advances the convolution and value-shift state.
 struct CcaDecodeScratch {
-  // [B, C], [B], [B, Cc] ×2, [B, G], [B, Hq·d] ×2, [B·Hq·max_len]
-  float *n, *rstd, *c, *qk, *rnorm, *q, *att, *scores;
+  // [B, C], [B], [B, Cc] ×2, [B, G], [B, Hq·d] ×2, [B·Hq·max_len], [B, Hk·d] ×2
+  float *n, *rstd, *c, *qk, *rnorm, *q, *att, *scores, *k, *v;
 };
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, int64_t pos, float* kc, float* vc, const float* k_cache,
-                const float* v_cache, const CcaDecodeScratch& scratch, float* h);
+                const float* x, int64_t pos, const ops::DecodeKv& cache,
+                const CcaDecodeScratch& scratch, float* h);
 
 }  // namespace foundry

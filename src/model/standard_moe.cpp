@@ -82,7 +82,7 @@ struct Activations : CommonActivations {
 // The decoding state of B sequences in step, in one allocation.
 struct DecodeBuffers : DecodeScratch {
   int64_t max_len = 0, batch = 0;
-  float *k_cache, *v_cache;  // [L, max_len, B, KVH·D]
+  float *k_cache, *v_cache;  // per layer an ops::DecodeKv of B sequences, max_len positions
   float *x, *out;            // [B, C]
   AttentionDecodeScratch attn;
   MoeActs moe;               // shape {B, 1}, shared by the layers
@@ -92,18 +92,23 @@ struct DecodeBuffers : DecodeScratch {
 
   DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
       : max_len(max_len), batch(batch) {
-    const int64_t B = batch, cache = c.n_layers * max_len * B * c.kv_dim();
+    const int64_t B = batch, cache = decode_cache_floats(c, max_len, B);
     arena.build([&](Arena& a) {
       k_cache = a.take<float>(cache);
       v_cache = a.take<float>(cache);
       for (float** p : {&x, &out, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
+      for (float** p : {&attn.k, &attn.v}) *p = a.take<float>(B * c.kv_dim());
       attn.scores = a.take<float>(B * c.n_heads * max_len);
       if (c.qk_norm != QkNorm::none) attn.qk_rstd = a.take<float>(B * c.n_heads);
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
     });
+    // The caches' pages made resident now: a step then reads memory (not the kernel's shared
+    // zero page) and never faults, whatever the positions written so far.
+    std::fill(k_cache, k_cache + cache, 0.0f);
+    std::fill(v_cache, v_cache + cache, 0.0f);
   }
 };
 
@@ -194,15 +199,14 @@ void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t
                               float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t B = d.batch, BC = B * c.d_model, KVD = c.kv_dim();
+  const int64_t B = d.batch, BC = B * c.d_model;
   float* x = d.x;
   ops::embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    float* k_cache = d.k_cache + l * d.max_len * B * KVD;
-    float* v_cache = d.v_cache + l * d.max_len * B * KVD;
-    attention_decode(cx_, w.attn, x, B, pos, k_cache + pos * B * KVD, v_cache + pos * B * KVD,
-                     k_cache, v_cache, d.attn, d.out);
+    const ops::DecodeKv cache =
+        decode_cache_of_layer(c, d.k_cache, d.v_cache, l, d.max_len, B);
+    attention_decode(cx_, w.attn, x, pos, cache, d.attn, d.out);
     for (int64_t i = 0; i < BC; ++i) x[i] += d.out[i];
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, x, x, [&](MoeActs& m) {
       standard_router_decode(cx_, w.router, m.n, B, d.router_logits, d.router_probs, m.choice,

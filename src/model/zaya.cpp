@@ -152,7 +152,7 @@ struct Activations : CommonActivations {
 // The decoding state of B sequences in step, in one allocation (the CCA states beside it).
 struct DecodeBuffers : DecodeScratch {
   int64_t max_len = 0, batch = 0;
-  float *k_cache, *v_cache;  // [L, max_len, B, Hk·d]
+  float *k_cache, *v_cache;  // per layer an ops::DecodeKv of B sequences, max_len positions
   std::vector<ops::CcaDecodeState<float>> cca;  // per layer, B sequences each
   float *x, *y, *emb;        // [B, C]
   CcaDecodeScratch attn;
@@ -164,7 +164,7 @@ struct DecodeBuffers : DecodeScratch {
 
   DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
       : max_len(max_len), batch(batch) {
-    const int64_t B = batch, cache = c.n_layers * max_len * B * c.kv_dim();
+    const int64_t B = batch, cache = decode_cache_floats(c, max_len, B);
     const int64_t Cc = c.q_dim() + c.kv_dim(), R = c.router_latent_dim, S = c.router_classes();
     const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
                             c.cca_kernel_grouped};
@@ -177,12 +177,17 @@ struct DecodeBuffers : DecodeScratch {
       for (float** p : {&attn.c, &attn.qk}) *p = a.take<float>(B * Cc);
       attn.rnorm = a.take<float>(B * (c.n_heads + c.n_kv_heads));
       for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
+      for (float** p : {&attn.k, &attn.v}) *p = a.take<float>(B * c.kv_dim());
       attn.scores = a.take<float>(B * c.n_heads * max_len);
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&r, &r_prev, &router.u, &router.a1, &router.g1, &router.a2, &router.g2})
         *p = a.take<float>(B * R);
       for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
     });
+    // The caches' pages made resident now: a step then reads memory (not the kernel's shared
+    // zero page) and never faults, whatever the positions written so far.
+    std::fill(k_cache, k_cache + cache, 0.0f);
+    std::fill(v_cache, v_cache + cache, 0.0f);
   }
 };
 
@@ -320,16 +325,15 @@ void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* toke
                         float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t B = d.batch, C = c.d_model, KVD = c.kv_dim();
+  const int64_t B = d.batch, C = c.d_model;
   float* x = d.x;
   ops::embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
   scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    float* k_cache = d.k_cache + l * d.max_len * B * KVD;
-    float* v_cache = d.v_cache + l * d.max_len * B * KVD;
-    cca_decode(cx_, w.cca, d.cca[l], x, pos, k_cache + pos * B * KVD, v_cache + pos * B * KVD,
-               k_cache, v_cache, d.attn, d.y);
+    const ops::DecodeKv cache =
+        decode_cache_of_layer(c, d.k_cache, d.v_cache, l, d.max_len, B);
+    cca_decode(cx_, w.cca, d.cca[l], x, pos, cache, d.attn, d.y);
     residual_scale_forward(cx_, w.cca_merge, x, x, d.y, B);
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, nullptr, d.y, [&](MoeActs& m) {
       zaya_router_decode(cx_, w.router, m.n, B, d.r, d.r_prev, balancers_[l].bias.data(),

@@ -822,12 +822,13 @@ double decode_call_s(const HardwareProfile& profile) {
 constexpr double kCpuGemvRowS = 55e-9;  // per weight row, on one core
 constexpr double kCpuGemmTileRows = 24;
 
-// Foundry's decode attention on a CPU (ops::attention_decode: per query head, a 64-wide dot
-// product and a weighted sum per cached position) is bound by its arithmetic before the
-// memory at these sizes: 8.3–9.9 GFLOP/s per core for moe-bench and zaya-bench at batch 64,
-// context 256 (docs/PERFORMANCE.md, "Decode latency"), against the 16.6 and 4.9 GB/s its KV
-// reads then need.
-constexpr double kCpuDecodeAttentionFlopsPerCoreS = 9e9;
+// Foundry's decode attention on a CPU (ops::attention_decode over its blocked transposed key
+// cache): per KV head, cached position and head dim, the key and value rows read; per query
+// head sharing it, the FMAs of its score and weighted sum and its softmax. One core, caches
+// resident (BM_AttentionDecode, batch 1, 256 positions, head_dim 64, 8 query heads, medians
+// of 5: 23.4 µs with 8 KV heads, 21.1 µs with 1; docs/PERFORMANCE.md, "Decode attention over
+// a blocked transposed key cache"): 0.020 ns per KV-head element, 0.158 ns per query-head one.
+constexpr double kCpuDecodeKvElementS = 0.020e-9, kCpuDecodeQueryElementS = 0.158e-9;
 
 // One decode GEMM y [m, n] = x [m, k] · Wᵀ: its FLOPs at the profile's rate for the shape,
 // which the roofline caps by the operands' bytes (at small m, the weights' n·k), plus the
@@ -901,10 +902,17 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
   r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
   r.attention_flops = 4.0 * B * double(c.n_heads) * double(context) * double(c.head_dim) * L;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
-  if (profile.kind != "gpu")
-    r.attention_s =
-        std::max(r.attention_s, r.attention_flops / (cpu_cores(profile) *
-                                                      kCpuDecodeAttentionFlopsPerCoreS));
+  if (profile.kind != "gpu") {
+    // Plus the kernel's arithmetic: it reads a KV head's block, then computes on it, with
+    // little overlap between the two (BM_AttentionDecode, batch 64, two threads: the sum falls
+    // inside the measured spread, the longer of the two below it). Its threads split the
+    // sequences' KV heads, so fewer of those than cores leave cores idle.
+    const double per_head = B * L * double(context) * double(c.head_dim);
+    const double arithmetic = per_head * (double(c.n_kv_heads) * kCpuDecodeKvElementS +
+                                          double(c.n_heads) * kCpuDecodeQueryElementS);
+    const double threads = std::min(cpu_cores(profile), B * double(c.n_kv_heads));
+    r.attention_s += arithmetic / threads;
+  }
   r.step_s = r.gemm_s + r.expert_s + r.attention_s;
   return r;
 }

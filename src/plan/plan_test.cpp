@@ -166,8 +166,8 @@ TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
                        c.padded_vocab();
   const double one = predict_decode_latency(c, 1, 100, prof);
   const DecodePrediction p1 = predict_decode(c, 1, 100, prof);
-  // The attention: the KV cache read once, or on a CPU the kernel's arithmetic, 4·H·context·D
-  // per layer, when that takes longer; either grows linearly with the context.
+  // The attention: the KV cache read once, or on a CPU the kernel's arithmetic when that takes
+  // longer; either grows linearly with the context.
   EXPECT_DOUBLE_EQ(p1.attention_flops, 4.0 * c.n_heads * 100 * c.head_dim * c.n_layers);
   EXPECT_GE(p1.attention_s, kv1 * 100 / 1e11);
   EXPECT_NEAR(predict_decode(c, 1, 200, prof).attention_s, 2 * p1.attention_s, 1e-15);
@@ -195,6 +195,33 @@ TEST(PerfModel, DecodeLatencyGrowsFromActiveToAllExperts) {
               0.02 * predict_decode(c, 24, 1, prof).gemm_s);
 }
 
+
+// On a CPU the decode attention's arithmetic after its reads: per KV-head element a pass over
+// the cached rows, per query-head element its FMAs (perf_model.cpp), split over the cores, but
+// only as many as there are sequences' KV heads. Sharing KV heads (GQA) is never slower.
+TEST(PerfModel, CpuDecodeAttentionFollowsTheKernel) {
+  ModelConfig c = moe_bench();  // 8 heads of 64, each its own KV head
+  HardwareProfile prof = flat_profile("cpu", 1e18);  // the reads take no time
+  prof.raw["device"]["cores"] = 2;
+  const double per_head = double(4 * c.n_layers * 256 * c.head_dim);  // batch 4, context 256
+  const double mha = predict_decode(c, 4, 256, prof).attention_s;
+  EXPECT_NEAR(mha, per_head * 8 * (0.020e-9 + 0.158e-9) / 2, 1e-6 * mha);
+  // With memory at 1e11 B/s the reads add their time.
+  HardwareProfile slow = flat_profile("cpu", 1e11);
+  slow.raw["device"]["cores"] = 2;
+  const double reads = 2.0 * 4 * c.kv_dim() * c.n_layers * 256 * 4;  // fp32 K and V, batch 4
+  EXPECT_NEAR(predict_decode(c, 4, 256, slow).attention_s - mha, reads / 1e11, 1e-6 * mha);
+  double previous = mha;
+  for (int64_t kvh : {4, 2, 1}) {
+    c.n_kv_heads = kvh;
+    const double got = predict_decode(c, 4, 256, prof).attention_s;
+    EXPECT_LT(got, previous) << kvh;
+    previous = got;
+  }
+  // One sequence with one KV head: one thread works.
+  const double one = per_head / 4 * (0.020e-9 + 8 * 0.158e-9);
+  EXPECT_NEAR(predict_decode(c, 1, 256, prof).attention_s, one, 1e-6 * one);
+}
 
 // A cluster of nodes of 8 GPUs: intra-node collectives at 1e11 B/s (8-rank fits), inter-node
 // at 1e10 B/s (64-rank fits), every GEMM at 1e14 FLOP/s, memory 1e12 B/s.
