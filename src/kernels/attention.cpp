@@ -477,18 +477,18 @@ void decode_kv_store(const DecodeKv& c, int64_t pos, const float* k, const float
   if (pos < 0 || pos >= c.max_len)
     fail(fmt::format("decode position {} is outside the cache of {} positions", pos, c.max_len),
          "make the decode state longer (its max_len) or stop at its end");
-  const int64_t W = kDecodeBlock, head_k = c.blocks() * c.d * W, head_v = c.blocks() * W * c.d;
+  const int64_t W = kDecodeBlock, head = c.head_floats();
   for (int64_t bg = 0; bg < c.batch * c.kvh; ++bg) {
     const float* kr = k + bg * c.d;
-    float* kb = c.k + bg * head_k + (pos / W) * c.d * W + pos % W;
+    float* kb = c.k + bg * head + (pos / W) * c.d * W + pos % W;
     for (int64_t i = 0; i < c.d; ++i) kb[i * W] = kr[i];
-    std::copy(v + bg * c.d, v + (bg + 1) * c.d, c.v + bg * head_v + pos * c.d);
+    std::copy(v + bg * c.d, v + (bg + 1) * c.d, c.v + bg * head + pos * c.d);
   }
 }
 
 void attention_decode(float* out, float* scores, const float* q, const DecodeKv& c,
                       int64_t len, int64_t h) {
-  const int64_t kvh = c.kvh, d = c.d, group = h / kvh, head = c.blocks() * kDecodeBlock * d;
+  const int64_t kvh = c.kvh, d = c.d, group = h / kvh, head = c.head_floats();
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   const bool parallel = c.batch * h * len * d >= detail::kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)

@@ -86,6 +86,8 @@ struct DecodeKv {
   float* v = nullptr;
   int64_t batch = 1, kvh = 1, d = 1, max_len = 1;
   int64_t blocks() const { return (max_len + kDecodeBlock - 1) / kDecodeBlock; }
+  // Floats of one sequence's KV head, in k and in v alike: whole blocks of positions.
+  int64_t head_floats() const { return blocks() * kDecodeBlock * d; }
   // Floats of k (and of v) for these dimensions: max_len rounded up to whole blocks.
   static int64_t floats(int64_t batch, int64_t kvh, int64_t d, int64_t max_len) {
     return batch * kvh * d * ((max_len + kDecodeBlock - 1) / kDecodeBlock * kDecodeBlock);

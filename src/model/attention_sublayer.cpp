@@ -250,15 +250,26 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
   ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
-int64_t decode_cache_floats(const ModelConfig& c, int64_t max_len, int64_t batch) {
-  return c.n_layers * ops::DecodeKv::floats(batch, c.n_kv_heads, c.head_dim, max_len);
+void DecodeCaches::take(Arena& arena, const ModelConfig& c, int64_t len, int64_t b) {
+  layers = c.n_layers;
+  kvh = c.n_kv_heads;
+  d = c.head_dim;
+  max_len = len;
+  batch = b;
+  const int64_t n = layers * ops::DecodeKv::floats(batch, kvh, d, max_len);
+  k = arena.take<float>(n);
+  v = arena.take<float>(n);
 }
 
-ops::DecodeKv decode_cache_of_layer(const ModelConfig& c, float* k, float* v, int64_t layer,
-                                    int64_t max_len, int64_t batch) {
-  const int64_t per_layer = ops::DecodeKv::floats(batch, c.n_kv_heads, c.head_dim, max_len);
-  return {k + layer * per_layer, v + layer * per_layer, batch, c.n_kv_heads, c.head_dim,
-          max_len};
+void DecodeCaches::make_resident() const {
+  const int64_t n = layers * ops::DecodeKv::floats(batch, kvh, d, max_len);
+  std::fill(k, k + n, 0.0f);
+  std::fill(v, v + n, 0.0f);
+}
+
+ops::DecodeKv DecodeCaches::layer(int64_t l) const {
+  const int64_t per_layer = ops::DecodeKv::floats(batch, kvh, d, max_len);
+  return {k + l * per_layer, v + l * per_layer, batch, kvh, d, max_len};
 }
 
 void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,

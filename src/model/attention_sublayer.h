@@ -79,11 +79,17 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
                       const ops::DecodeKv& cache, const AttentionDecodeScratch& scratch,
                       float* h);
 
-// The decode caches of all layers, k and v each [L, per layer]: floats of one of them, and
-// layer l's cache in them (both attention sublayers keep their keys and values so).
-int64_t decode_cache_floats(const ModelConfig& c, int64_t max_len, int64_t batch);
-ops::DecodeKv decode_cache_of_layer(const ModelConfig& c, float* k, float* v, int64_t layer,
-                                    int64_t max_len, int64_t batch);
+// The decode caches of all layers, k and v each [L, one ops::DecodeKv], for B sequences of up
+// to max_len positions (both attention sublayers keep their keys and values so).
+struct DecodeCaches {
+  float *k = nullptr, *v = nullptr;
+  int64_t layers = 0, kvh = 1, d = 1, max_len = 0, batch = 0;
+  void take(Arena& arena, const ModelConfig& c, int64_t max_len, int64_t batch);
+  // Touches every page once the arena is built: a step then reads memory (not the kernel's
+  // shared zero page) and never faults, whatever the positions written so far.
+  void make_resident() const;
+  ops::DecodeKv layer(int64_t l) const;
+};
 
 // ---- the core both attention sublayers share ------------------------------------------------
 // q [N, H·D] and k [N, KVH·D] rotated in place, then att = causal_attention(q, k, v), keeping

@@ -82,7 +82,7 @@ struct Activations : CommonActivations {
 // The decoding state of B sequences in step, in one allocation.
 struct DecodeBuffers : DecodeScratch {
   int64_t max_len = 0, batch = 0;
-  float *k_cache, *v_cache;  // per layer an ops::DecodeKv of B sequences, max_len positions
+  DecodeCaches caches;
   float *x, *out;            // [B, C]
   AttentionDecodeScratch attn;
   MoeActs moe;               // shape {B, 1}, shared by the layers
@@ -92,10 +92,9 @@ struct DecodeBuffers : DecodeScratch {
 
   DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
       : max_len(max_len), batch(batch) {
-    const int64_t B = batch, cache = decode_cache_floats(c, max_len, B);
+    const int64_t B = batch;
     arena.build([&](Arena& a) {
-      k_cache = a.take<float>(cache);
-      v_cache = a.take<float>(cache);
+      caches.take(a, c, max_len, B);
       for (float** p : {&x, &out, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
@@ -105,10 +104,7 @@ struct DecodeBuffers : DecodeScratch {
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
     });
-    // The caches' pages made resident now: a step then reads memory (not the kernel's shared
-    // zero page) and never faults, whatever the positions written so far.
-    std::fill(k_cache, k_cache + cache, 0.0f);
-    std::fill(v_cache, v_cache + cache, 0.0f);
+    caches.make_resident();
   }
 };
 
@@ -204,8 +200,7 @@ void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t
   ops::embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    const ops::DecodeKv cache =
-        decode_cache_of_layer(c, d.k_cache, d.v_cache, l, d.max_len, B);
+    const ops::DecodeKv cache = d.caches.layer(l);
     attention_decode(cx_, w.attn, x, pos, cache, d.attn, d.out);
     for (int64_t i = 0; i < BC; ++i) x[i] += d.out[i];
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, x, x, [&](MoeActs& m) {

@@ -152,7 +152,7 @@ struct Activations : CommonActivations {
 // The decoding state of B sequences in step, in one allocation (the CCA states beside it).
 struct DecodeBuffers : DecodeScratch {
   int64_t max_len = 0, batch = 0;
-  float *k_cache, *v_cache;  // per layer an ops::DecodeKv of B sequences, max_len positions
+  DecodeCaches caches;
   std::vector<ops::CcaDecodeState<float>> cca;  // per layer, B sequences each
   float *x, *y, *emb;        // [B, C]
   CcaDecodeScratch attn;
@@ -164,14 +164,13 @@ struct DecodeBuffers : DecodeScratch {
 
   DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
       : max_len(max_len), batch(batch) {
-    const int64_t B = batch, cache = decode_cache_floats(c, max_len, B);
+    const int64_t B = batch;
     const int64_t Cc = c.q_dim() + c.kv_dim(), R = c.router_latent_dim, S = c.router_classes();
     const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
                             c.cca_kernel_grouped};
     cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, B));
     arena.build([&](Arena& a) {
-      k_cache = a.take<float>(cache);
-      v_cache = a.take<float>(cache);
+      caches.take(a, c, max_len, B);
       for (float** p : {&x, &y, &emb, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &router.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.c, &attn.qk}) *p = a.take<float>(B * Cc);
@@ -184,10 +183,7 @@ struct DecodeBuffers : DecodeScratch {
         *p = a.take<float>(B * R);
       for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
     });
-    // The caches' pages made resident now: a step then reads memory (not the kernel's shared
-    // zero page) and never faults, whatever the positions written so far.
-    std::fill(k_cache, k_cache + cache, 0.0f);
-    std::fill(v_cache, v_cache + cache, 0.0f);
+    caches.make_resident();
   }
 };
 
@@ -331,8 +327,7 @@ void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* toke
   scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    const ops::DecodeKv cache =
-        decode_cache_of_layer(c, d.k_cache, d.v_cache, l, d.max_len, B);
+    const ops::DecodeKv cache = d.caches.layer(l);
     cca_decode(cx_, w.cca, d.cca[l], x, pos, cache, d.attn, d.y);
     residual_scale_forward(cx_, w.cca_merge, x, x, d.y, B);
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, nullptr, d.y, [&](MoeActs& m) {
