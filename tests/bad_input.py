@@ -284,6 +284,8 @@ CASES = [
     Case("prepare: --out is a file", "data prepare --input corpus.txt --out tiny.json", [], ["tiny.json", "not a directory"]),
     Case("prepare: --tokenizer missing", "data prepare --input corpus.txt --out new --tokenizer nope.model", [], ["nope.model"]),
     Case("prepare: --tokenizer not a tokenizer", "data prepare --input corpus.txt --out new --tokenizer junk.model", [write("junk.model", "not a model")], ["junk.model"]),
+    Case("prepare: binary input", "data prepare --input random.bin --out new --vocab-size 300",
+         [write("random.bin", random.Random(5).randbytes(200000))], ["random.bin", "is not text", "NUL"], hint="--allow-binary"),
 
     # -- datasets: meta.json, tokenizer.model, token shards --
     Case("dataset: no meta.json", "train -c tiny.json", [remove("ds/meta.json")], ["'ds' is not a prepared dataset"]),
@@ -324,6 +326,9 @@ CASES = [
     Case("tokenizer: generate --tokenizer of another vocabulary", "generate -c tiny.json -p hi --tokenizer vocab350.model", [], ["vocab350.model", "350", "model.vocab_size = 300"]),
     Case("tokenizer: generate without a dataset or --tokenizer", "generate -c tiny.json -p hi --set data.dir=", [], ["data.dir"], hint="--tokenizer"),
     Case("tokenizer: resume with another tokenizer", "train -c tiny.json --resume --steps 4 --set data.dir=ds_other", [], [CK, "ds_other"], hint="tokenizer"),
+    Case("tokenizer: eval with another dataset of the same vocabulary", "eval -c tiny.json --set data.dir=ds_other", [], [CK, "ds_other"], hint="tokenizer"),
+    Case("tokenizer: generate with another dataset's tokenizer", "generate -c tiny.json -p hi --tokenizer ds_other/tokenizer.model", [], [CK, "ds_other/tokenizer.model"], hint="tokenizer"),
+    Case("tokenizer: generate --tokenizer is a dataset's meta.json", "generate -c tiny.json -p hi --tokenizer ds/meta.json", [], ["ds/meta.json", "not a valid SentencePiece"]),
 
     # -- checkpoints (format 2) --
     Case("checkpoint: ckpt info of a missing directory", "ckpt info nothing/here", [], ["'nothing/here' does not exist"]),
@@ -370,7 +375,7 @@ CASES = [
 
     # -- run directories: refusing to replace a run, the rules of --resume --
     Case("run dir: a new run over a finished one", "train -c tiny.json", [], ["'run' already holds a run", "checkpoint(s)"], hint="--resume"),
-    Case("run dir: --steps 0 over a finished run", "train -c tiny.json --steps 0", [], ["'run' already holds a run"], hint="--overwrite"),
+    Case("run dir: --steps 0 over a finished run", "train -c tiny.json --steps 0", [], ["train.steps is 0"], hint="--steps"),
     Case("run dir: a new run over metrics alone", "train -c tiny.json", [remove_tree("run/checkpoints")], ["line(s) of metrics.jsonl"], hint="--overwrite"),
     Case("run dir: --resume without a checkpoint", "train -c tiny.json --resume", [remove_tree("run/checkpoints")], ["has no checkpoint to resume from"], hint="--auto-resume"),
     Case("run dir: --resume with only interrupted saves", "train -c tiny.json --resume", [remove_committed()], ["no committed checkpoint in 'run/checkpoints'"], hint="--overwrite"),
@@ -380,6 +385,23 @@ CASES = [
     Case("run dir: launch --launcher unknown", "launch -c tiny.json --launcher pbs", [], ["--launcher"], code=USAGE),
     Case("run dir: in-memory checkpoint directory missing", "train -c tiny.json --overwrite --set train.memory_checkpoint_every=2 train.memory_checkpoint_dir=nowhere", [], ["train.memory_checkpoint_dir = 'nowhere' is not a directory"], hint="memory_checkpoint_every=0"),
     Case("run dir: heartbeat timeout under two beats", "train -c tiny.json --overwrite --set train.heartbeat_timeout_s=1", [], ["train.heartbeat_timeout_s = 1"], hint="twice"),
+    Case("run dir: --resume --steps below the checkpoint", "train -c tiny.json --resume --steps 1", [], ["train.steps = 1", "step 2"], hint="above 2"),
+    Case("run dir: a new run of 0 steps", "train -c tiny.json --steps 0 --set train.run_dir=fresh", [], ["train.steps is 0"]),
+    Case("run dir: --stop-at-step beyond the run", "train -c tiny.json --overwrite --stop-at-step 50", [], ["--stop-at-step 50", "1 to 2"]),
+    Case("run dir: --stop-at-step before the resumed step", "train -c tiny.json --resume --steps 6 --stop-at-step 2", [], ["--stop-at-step 2", "3 to 6"]),
+    Case("run dir: --overwrite with a file of the user's in checkpoints/", "train -c tiny.json --overwrite", [write("run/checkpoints/mine.txt", "notes")], ["mine.txt", "nothing was removed"], hint="move them"),
+    Case("run dir: --overwrite with a step directory no save wrote", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009")], ["step_00000009", "without a commit marker"]),
+
+    # -- a file that parses but belongs to something else --
+    Case("other file: a hardware profile as the run config", "train -c profile.json", [], ["profile.json", "unknown key"], hint="model, train"),
+    Case("other file: a run config as the hardware profile", "plan --profile tiny.json --config tiny.json", [], ["tiny.json", "not a foundry hardware profile"]),
+    Case("other file: a run config as train.hardware_profile", "train -c tiny.json --overwrite --set train.hardware_profile=tiny.json --set train.peak_gflops=0", [], ["tiny.json", "not a foundry hardware profile"]),
+    Case("other file: a run directory as data.dir", "train -c tiny.json --overwrite --set data.dir=run", [], ["'run' is not a prepared dataset"]),
+    Case("other file: a dataset as --checkpoint", "eval -c tiny.json --checkpoint ds", [], ["'ds' is not a Foundry checkpoint"]),
+    Case("other file: a dataset as ckpt export's checkpoint", "ckpt export ds --hf hf", [], ["'ds' is not a Foundry checkpoint"]),
+
+    # -- a count beyond what the data holds --
+    Case("count: eval --batches beyond the validation split", "eval -c tiny.json --batches 100000", [], ["--batches 100000", "validation split holds"], hint="or fewer"),
 ]
 
 

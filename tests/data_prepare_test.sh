@@ -120,4 +120,17 @@ expect_fail "existing dataset is not clobbered" "already holds a prepared datase
 cmp -s ds/train_00000.bin ds2/train_00000.bin && ok "the existing dataset is intact" || bad "the existing dataset changed"
 "$F" data prepare --input corpus/a.txt --out ds --overwrite "${common[@]}" >/dev/null 2>&1 \
   && grep -q '"documents": 150' ds/meta.json && ok "--overwrite replaces a dataset" || bad "--overwrite"
+# ---- text that is not UTF-8: named and counted, not replaced silently; binary is refused ----
+{ printf 'br\xfbl\xe9e and cr\xe8me are desserts.\n'; cat corpus/a.txt; } > latin1.txt
+"$F" data prepare --input latin1.txt --out latin "${common[@]}" >latin.log 2>&1 \
+  && grep -q "'latin1.txt': 3 byte(s) on 1 line(s) are not valid UTF-8 (the first on line 1) and become U+FFFD" latin.log \
+  && ok "Latin-1 bytes are counted and named" || { bad "Latin-1 input:"; cat latin.log; }
+head -c 100000 /dev/urandom > noise.bin
+expect_fail "binary input is refused" "'noise.bin' is not text" "$F" data prepare --input noise.bin --out e10 "${common[@]}"
+no_dataset e10 "binary input"
+{ cat corpus/a.txt; printf 'a line with a NUL \0 in it\n'; } > nul.txt
+expect_fail "a NUL byte is refused" "'nul.txt' is not text: 1 control byte(s), NUL among them" \
+  "$F" data prepare --input nul.txt --out e11 "${common[@]}"
+"$F" data prepare --input nul.txt --out binary --allow-binary "${common[@]}" >/dev/null 2>&1 \
+  && [ -s binary/meta.json ] && ok "--allow-binary reads it anyway" || bad "--allow-binary"
 finish

@@ -7,6 +7,10 @@
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# One thread per process, whatever the host's core count and whatever runs beside the test
+# (launch would otherwise give each rank its share of all the host's cores; command_test
+# checks that sharing).
+export OMP_NUM_THREADS=1
 
 cat > tiny.json <<'JSON'
 {
@@ -34,8 +38,7 @@ rank_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/hea
 events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
 launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
   local dir="$1" np="$2"; shift 2
-  # launch shares the cores among the ranks itself when OMP_NUM_THREADS is unset.
-  env -u OMP_NUM_THREADS "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
+  "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
     --set train.run_dir="$dir" "$@" >"$dir.log" 2>&1 &
   lpid=$!
 }
@@ -54,9 +57,9 @@ check() {
 # ---- references: uninterrupted runs, one process and two ranks ----
 "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=ref1 >ref1.log 2>&1 || bad "reference run failed"
 ref1="$(losses ref1/metrics.jsonl)"
-# Two ranks run a shorter schedule (--steps 1000): their steps are slower.
-mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS=1 "$FOUNDRY" train --config tiny.json \
-  --synthetic-data -q --steps 1000 --set train.run_dir=ref2 >ref2.log 2>&1 || bad "two-rank reference run failed"
+# Two ranks, one thread each, on the same schedule.
+mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS "$FOUNDRY" train --config tiny.json \
+  --synthetic-data -q --steps 3000 --set train.run_dir=ref2 >ref2.log 2>&1 || bad "two-rank reference run failed"
 ref2="$(losses ref2/metrics.jsonl)"
 
 # ---- one process killed mid-step ----
@@ -86,14 +89,14 @@ sleep 2; kill -9 $pid  # paused in the load for two minutes
 check "SIGKILL mid-load (1 process)" load1 "$ref1" signal
 
 # ---- two ranks: rank 1 killed mid-step; rank 1 stopped (rank 0's heartbeat watch) ----
-launch kill2 2 --steps 1000
+launch kill2 2 --steps 3000
 wait_step kill2 300 && kill -9 "$(rank_pid kill2 1)"
 check "SIGKILL of rank 1 mid-step (2 ranks)" kill2 "$ref2" "rank_lost"
 # launch sees the rank's process vanish before mpirun's clean-up reports it.
 grep -q "rank 1 (pid .*) at step .* has died (its process is gone)" kill2.log \
   && grep -q '"event":"failure".*"rank":1' kill2/events.jsonl \
   && ok "launch names the killed rank 1 as dead" || { bad "the killed rank is not named"; cat kill2.log; }
-launch stop2 2 --steps 1000
+launch stop2 2 --steps 3000
 wait_step stop2 300 && pid=$(rank_pid stop2 1) && kill -STOP "$pid"
 check "SIGSTOP of rank 1 (2 ranks)" stop2 "$ref2" rank_lost
 kill -9 "$pid" 2>/dev/null
@@ -103,7 +106,7 @@ grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat"
 
 # ---- in-memory checkpoints every 10 steps: a kill loses at most about 10 steps ----
 mkdir -p shm
-launch mem2 2 --steps 1000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
+launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
 wait_step mem2 300 && kill -9 "$(rank_pid mem2 1)"
 check "SIGKILL of rank 1 with in-memory checkpoints (2 ranks)" mem2 "$ref2" "exit|rank_lost"
 lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem2/events.jsonl)
@@ -111,6 +114,30 @@ grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 11 ] \
   && ok "resumed from the in-memory checkpoint, $lost step(s) lost" \
   || { bad "in-memory resume: $lost step(s) lost"; cat mem2.log; }
 [ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
+
+# ---- one launch per run directory: a second is refused and changes nothing ----
+launch dup 1
+wait_step dup 50
+events_before="$(cat dup/events.jsonl)"
+"$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=dup >dup2.log 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "'dup' is in use by another foundry launch (pid $lpid on host" dup2.log \
+  && [ "$(cat dup/events.jsonl)" = "$events_before" ] \
+  && ok "a second launch on a supervised run directory is refused, its events untouched" \
+  || { bad "second launch: rc=$rc"; cat dup2.log; }
+wait $lpid; rc=$?
+[ $rc -eq 0 ] && [ "$(losses dup/metrics.jsonl)" = "$ref1" ] \
+  && ok "the first launch finished undisturbed" || { bad "first launch: rc=$rc"; cat dup.log; }
+
+# ---- before the first durable checkpoint (step 250), only the in-memory tier holds the
+# run: the restart resumes from it, not from step 0 ----
+launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
+wait_step mem1 120 && kill -9 "$(rank_pid mem1 0)"
+check "SIGKILL before the first durable checkpoint, in-memory checkpoints (1 process)" mem1 "$ref1" signal
+lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem1/events.jsonl)
+grep -q "resumed from .*, an in-memory checkpoint (step" mem1.log && [ "$lost" -le 11 ] \
+  && ok "resumed from the in-memory checkpoint alone, $lost step(s) lost" \
+  || { bad "in-memory-only resume: $lost step(s) lost"; cat mem1.log; }
 
 # ---- SIGTERM to launch under mpirun, with steps of about a second: the ranks (not mpirun,
 # which would kill them) get it, save a checkpoint and exit; launch exits 75 ----

@@ -605,9 +605,9 @@ nlohmann::json merge_profile_collectives(nlohmann::json profile,
   if (!list.is_array()) fail("hardware profile: \"collectives\" is not an array");
   for (const nlohmann::json& entry : entries) {
     auto same = [&](const nlohmann::json& e) {
-      return e.is_object() && e.value("op", "") == entry.at("op") &&
-             e.value("ranks", -1) == entry.at("ranks") &&
-             e.value("algorithm", "") == entry.at("algorithm");
+      return e.is_object() && e.value("op", "") == entry.at("op").get<std::string>() &&
+             e.value("ranks", -1) == entry.at("ranks").get<int>() &&
+             e.value("algorithm", "") == entry.at("algorithm").get<std::string>();
     };
     auto it = std::find_if(list.begin(), list.end(), same);
     if (it != list.end()) *it = entry;

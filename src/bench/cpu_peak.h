@@ -36,11 +36,21 @@ CpuInfo parse_cpuinfo(const std::string& text);
 CpuInfo read_cpu_info(const std::string& cpuinfo_path = "/proc/cpuinfo",
                       const std::string& cpu_sysfs_dir = "/sys/devices/system/cpu");
 
-// The clock this core actually runs at, from a chain of dependent integer adds (one cycle
-// each) timed in thread CPU time, so preemption does not count. Virtual machines often have
-// no cpufreq and report the base clock as "cpu MHz" while the core boosts well above it.
-// Takes about 0.2 s. Returns 0 where it cannot measure (not x86-64).
-double measure_clock_hz();
+// The clock this core actually runs at, timed in thread CPU time (so preemption does not
+// count) over two chains of dependent instructions of known latency: register-register adds
+// (one cycle) and 64-bit multiplies (three). Virtual machines often have no cpufreq and
+// report the base clock as "cpu MHz" while the core boosts well above it. A core may run a
+// chain faster than its latency says (Intel's Golden Cove folds add-immediate chains at
+// rename, many a cycle), never slower, so the clock is the lower of the two; a reading
+// outside [0.3, 7] GHz is no reading. Takes about 0.4 s.
+struct ClockReading {
+  double hz = 0;            // the clock; 0 where it cannot be measured (not x86-64)
+  double add_chain_hz = 0;  // what each chain alone implies
+  double mul_chain_hz = 0;
+};
+inline constexpr double kMinPlausibleClockHz = 0.3e9, kMaxPlausibleClockHz = 7e9;
+ClockReading measure_clock();
+double measure_clock_hz();  // measure_clock().hz
 
 // Factors of the estimate set by hand (0 = detect).
 struct PeakOverrides {

@@ -3,6 +3,11 @@
 // A callback that ends otherwise than "finished" (an interrupted run) sets its exit code.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
 
 namespace foundry::cli {
 
@@ -21,5 +26,21 @@ void register_launch_command(CLI::App& app);  // launch                (cli/laun
 void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)
 void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw   (cli/bench_gemm_cmd.cpp)
 void register_bench_decode_command(CLI::App& bench);  // bench decode (cli/bench_decode_cmd.cpp)
+
+// A value between lo and hi (inclusive). CLI::Range's message changes between CLI11 releases
+// ("not in range 1 to 9" in 2.1, "[1 - 9]" in 2.4); this one reads the same everywhere:
+// "--top: 0 is not in range 1 to 1048576".
+template <typename T>
+CLI::Validator in_range(T lo, T hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& input) -> std::string {
+        std::conditional_t<std::is_floating_point_v<T>, double, int64_t> value{};
+        if (!CLI::detail::lexical_cast(input, value)) return "'" + input + "' is not a number";
+        if (value < lo || value > hi)
+          return fmt::format("{} is not in range {} to {}", input, lo, hi);
+        return {};
+      },
+      fmt::format("in [{} - {}]", lo, hi));
+}
 
 }  // namespace foundry::cli

@@ -33,11 +33,11 @@ void register_launch_command(CLI::App& app) {
   cmd->add_option("--config,-c", o->config_path, "Run config (JSON)")->required();
   cmd->add_option("--set", o->overrides, "Override a config value: section.key=value")->take_all();
   cmd->add_option("--np", o->ranks, "Ranks of the job (1: one process without MPI)")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(in_range(1, 1 << 20));
   cmd->add_option("--restart-np", o->restart_ranks,
                   "Ranks of the restarts, e.g. fewer after losing a node (default: --np); "
                   "checkpoints load under any rank count")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(in_range(1, 1 << 20));
   cmd->add_option("--launcher", *launcher,
                   "auto (srun in a Slurm allocation, else mpirun for several ranks, else one "
                   "process), local, mpirun, srun")
@@ -46,16 +46,16 @@ void register_launch_command(CLI::App& app) {
                   "Extra options for mpirun/srun (e.g. --launcher-args=--hostfile=hosts)")
       ->take_all();
   cmd->add_option("--max-restarts", o->max_restarts, "Restart budget")
-      ->check(CLI::Range(0, 1000000));
+      ->check(in_range(0, 1000000));
   cmd->add_option("--backoff", o->backoff_s,
                   "Seconds before restarting an attempt that committed no new checkpoint; "
                   "doubles while attempts make no headway (one that did restarts at once)")
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(in_range(0.0, 3600.0));
   cmd->add_option("--max-backoff", o->max_backoff_s, "Longest wait between restarts (s)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(in_range(0.0, 86400.0));
   cmd->add_option("--startup-timeout", o->startup_timeout_s,
                   "A rank with no heartbeat this long after a start never started (s)")
-      ->check(CLI::Range(1.0, 86400.0));
+      ->check(in_range(1.0, 86400.0));
   cmd->add_flag("--overwrite", o->overwrite,
                 "The first start replaces the run in train.run_dir (default: resume it)");
   cmd->add_option("--steps", *steps, "Override train.steps");

@@ -121,7 +121,7 @@ void register_model_commands(CLI::App& app) {
                                   "data-parallel ranks");
   info->add_option("--cp", o->cp, "Context-parallel ranks per sequence (default "
                    "train.context_parallel): memory per rank and bytes each sends per step")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(int64_t{1}, int64_t{1} << 30));
   info->add_option("--ep", o->ep, "With --dp: also report the weights and gradients each rank "
                                   "stores when experts are sharded over groups of P ranks");
   info->add_flag("--json", o->json, "Print JSON instead of a table");

@@ -412,10 +412,10 @@ void register_plan_commands(CLI::App& app) {
       "Sequences per optimizer step over all devices (default: one per device)");
   plan->add_option("--cp", o->cp, "With --config: devices per sequence (context parallel; default "
                                   "train.context_parallel)")
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--devices", o->devices,
                    "Devices (data-parallel ranks; ZeRO-1 shards over them)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+      ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--memory-per-device", o->memory,
                    "Bytes per device (default: the profile's; e.g. 192GiB)");
   plan->add_option("--arch", o->arch, "Architecture to size")
@@ -438,7 +438,7 @@ void register_plan_commands(CLI::App& app) {
                    "Share of the backward pass communication hides behind (default 1)");
   plan->add_option("--decode-batch", o->decode_batch,
                    "Sequences decoded together for the latency column (default 32)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
   using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
   for (const auto& [flag, value, help] : {
@@ -446,7 +446,7 @@ void register_plan_commands(CLI::App& app) {
            LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
            LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
            LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
-    plan->add_option(flag, *value, help)->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    plan->add_option(flag, *value, help)->check(in_range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--expert-imbalance", o->expert_imbalance,
                    "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");
   plan->add_option("--recompute", o->recompute, "Activation recomputation (default none)")
@@ -472,7 +472,7 @@ void register_plan_commands(CLI::App& app) {
                    "Seconds from a failure to the first step after restart (default: derived)");
   plan->add_option("--checkpoint-interval", o->checkpoint_interval,
                    "Seconds between checkpoints to evaluate (default 0: the best, Daly)");
-  plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(CLI::Range(1, 1 << 20));
+  plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(in_range(1, 1 << 20));
   plan->add_option("--compare", o->compare,
                    "Also predict this run config's shape under the same run and compare it "
                    "with the best (repeatable)");

@@ -9,10 +9,12 @@
 
 #include "base/error.h"
 #include "base/exit_codes.h"
+#include "base/hash.h"
 #include "base/io.h"
 #include "base/rng.h"
 #include "bench/profile.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/inspect.h"
 #include "ckpt/model_state.h"
 #include "comm/comm.h"
 #include "comm/launch.h"
@@ -22,6 +24,7 @@
 #include "data/tokenizer.h"
 #include "model/model.h"
 #include "train/run_config.h"
+#include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/preflight.h"
 #include "train/trainer.h"
@@ -47,6 +50,7 @@ void add_config_options(CLI::App* cmd, ConfigArgs& args) {
 // The checkpoint to read: an explicit directory, or the latest valid one of the run.
 std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig& rc) {
   if (!explicit_dir.empty()) {
+    checkpoint_format_version(explicit_dir);  // a directory of something else says so first
     verify_checkpoint(explicit_dir);
     return explicit_dir;
   }
@@ -150,6 +154,12 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
   if (session) session->finalize();
   if (s.interrupted) set_exit_code(kExitInterrupted);
   if (!root) return;
+  if (s.already_complete) {
+    std::printf("the run in %s is already at step %lld = train.steps: nothing to train (pass "
+                "--steps above it to train further)\n",
+                rc.train.run_dir.c_str(), static_cast<long long>(s.final_step));
+    return;
+  }
   std::printf("trained steps %lld..%lld | final train loss %.4f",
               static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
               s.last_train_loss);
@@ -169,10 +179,10 @@ void register_train_commands(CLI::App& app) {
     auto opts = std::make_shared<TrainOptions>();
     add_config_options(cmd, *args);
     cmd->add_option("--steps", opts->steps, "Override train.steps")
-        ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
+        ->check(in_range(int64_t{0}, int64_t{1} << 40));
     cmd->add_option("--stop-at-step", opts->stop_at_step,
                     "Checkpoint and stop after this step (the schedule still targets train.steps)")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+        ->check(in_range(int64_t{1}, int64_t{1} << 40));
     auto* resume = cmd->add_flag_function(
         "--resume", [opts](int64_t) { opts->start = StartMode::resume; },
         "Continue the run in train.run_dir from its latest valid checkpoint (an error if it has "
@@ -201,7 +211,7 @@ void register_train_commands(CLI::App& app) {
     add_config_options(cmd, *args);
     cmd->add_option("--checkpoint", *ckpt, "Checkpoint directory (default: latest of the run)");
     cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+        ->check(in_range(int64_t{1}, int64_t{1} << 20));
     cmd->callback([args, ckpt, batches] {
       RunConfig rc = load_run_config(args->config_path, args->overrides);
       if (rc.data.dir.empty())
@@ -209,11 +219,15 @@ void register_train_commands(CLI::App& app) {
              "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
       check_eval_memory(rc);
       const std::string dir = resolve_checkpoint(*ckpt, rc);
-      auto model = load_model(rc, dir, rc.train.precision);
       Dataset dataset(rc.data.dir);
+      check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
+                                 dataset.meta().tokenizer_checksum,
+                                 fmt::format("data.dir '{}'", rc.data.dir));
+      auto model = load_model(rc, dir, rc.train.precision);
       const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
       BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
-      const int64_t n = *batches > 0 ? *batches : rc.train.eval_batches;
+      const int64_t n = *batches > 0 ? validation_batches(loader, *batches, "--batches")
+                                     : validation_batches(loader, rc.train.eval_batches);
       const double loss = evaluate_loss(*model, loader, n);
       if (!std::isfinite(loss))
         fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir,
@@ -241,11 +255,11 @@ void register_train_commands(CLI::App& app) {
     cmd->add_option("--tokenizer", g->tokenizer,
                     "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
     cmd->add_option("--max-new-tokens,-n", g->max_new_tokens, "Tokens to generate")
-        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
-    cmd->add_option("--temperature", g->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
+        ->check(in_range(int64_t{1}, int64_t{1} << 20));
+    cmd->add_option("--temperature", g->temperature, "0 = greedy")->check(in_range(0.0, 100.0));
     cmd->add_option("--top-k", g->top_k, "Keep the k most likely tokens (0 = all)")
-        ->check(CLI::Range(int64_t{0}, int64_t{1} << 24));
-    cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+        ->check(in_range(int64_t{0}, int64_t{1} << 24));
+    cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(in_range(0.0, 1.0));
     cmd->add_option("--seed", g->seed, "Sampling seed (same seed, same text)");
     cmd->callback([g] {
       RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
@@ -269,6 +283,10 @@ void register_train_commands(CLI::App& app) {
              "shorten the prompt");
       check_generate_memory(rc, max_len);
       const std::string dir = resolve_checkpoint(g->checkpoint, rc);
+      const std::string tok_bytes = read_text_file(tok_path);
+      check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
+                                 hash64(tok_bytes.data(), tok_bytes.size()),
+                                 fmt::format("tokenizer '{}'", tok_path));
       auto model = load_model(rc, dir, rc.train.precision);
       auto state = model->new_decode_state(max_len);
       const float* logits = nullptr;

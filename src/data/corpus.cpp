@@ -305,6 +305,63 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
   return files;
 }
 
+namespace {
+
+// The length of the valid UTF-8 sequence at data[i] (1 to 4), or 0 when it is invalid.
+size_t utf8_sequence_length(const uint8_t* data, size_t size, size_t i) {
+  const uint8_t b = data[i];
+  if (b < 0x80) return 1;
+  size_t n = 0;
+  uint8_t lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (b >= 0xC2 && b <= 0xDF) n = 2;
+  else if (b == 0xE0) n = 3, lo = 0xA0;
+  else if (b >= 0xE1 && b <= 0xEC) n = 3;
+  else if (b == 0xED) n = 3, hi = 0x9F;  // no surrogates
+  else if (b >= 0xEE && b <= 0xEF) n = 3;
+  else if (b == 0xF0) n = 4, lo = 0x90;
+  else if (b >= 0xF1 && b <= 0xF3) n = 4;
+  else if (b == 0xF4) n = 4, hi = 0x8F;  // up to U+10FFFF
+  else return 0;
+  if (i + n > size || data[i + 1] < lo || data[i + 1] > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (data[i + k] < 0x80 || data[i + k] > 0xBF) return 0;
+  return n;
+}
+
+bool is_control_byte(uint8_t b) {
+  return b < 0x20 && b != '\t' && b != '\n' && b != '\v' && b != '\f' && b != '\r' && b != 0x1B;
+}
+
+}  // namespace
+
+TextCheck check_text(const std::string& path) {
+  MappedFile mapped(path);
+  const uint8_t* data = mapped.data();
+  const size_t size = mapped.size();
+  TextCheck c;
+  c.bytes = size;
+  uint64_t line = 1, last_invalid_line = 0;
+  for (size_t i = bom_length(data, size); i < size;) {
+    const uint8_t b = data[i];
+    if (b == '\n') ++line;
+    if (is_control_byte(b)) {
+      ++c.control_bytes;
+      c.has_nul = c.has_nul || b == 0;
+      if (c.first_control_line == 0) c.first_control_line = line;
+    }
+    const size_t n = utf8_sequence_length(data, size, i);
+    if (n > 0) {
+      i += n;
+      continue;
+    }
+    ++c.invalid_utf8_bytes;
+    if (c.first_invalid_line == 0) c.first_invalid_line = line;
+    if (last_invalid_line != line) ++c.invalid_utf8_lines, last_invalid_line = line;
+    ++i;
+  }
+  return c;
+}
+
 void read_documents(const InputFile& file, const std::string& jsonl_field,
                     const DocumentCallback& on_document) {
   MappedFile mapped(file.path);

@@ -41,6 +41,23 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
 // The format of one file by its name and first non-blank byte (see the top of this file).
 InputFormat detect_input_format(const std::string& path);
 
+// What a scan of a file's bytes found that is not UTF-8 text. Invalid UTF-8 becomes U+FFFD
+// (the replacement character) in the tokenizer; control bytes (NUL and the C0 controls other
+// than tab, line feed, vertical tab, form feed, carriage return and escape) do not occur in
+// text of any encoding.
+struct TextCheck {
+  uint64_t bytes = 0;
+  uint64_t invalid_utf8_bytes = 0;
+  uint64_t invalid_utf8_lines = 0;  // lines holding at least one
+  uint64_t first_invalid_line = 0;  // 1-based; 0 when none
+  uint64_t control_bytes = 0;
+  uint64_t first_control_line = 0;
+  // Binary rather than text: a NUL, or control bytes above one in a thousand.
+  bool binary() const { return control_bytes > 0 && (has_nul || control_bytes * 1000 > bytes); }
+  bool has_nul = false;
+};
+TextCheck check_text(const std::string& path);
+
 // Calls on_document(text, end_offset) for every non-empty document of `file`, in order;
 // end_offset is the byte offset in the file just past the document (for progress).
 // Malformed input is an Error naming the file and line.

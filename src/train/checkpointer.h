@@ -165,4 +165,11 @@ class Checkpointer {
 void check_same_optimizer(const std::string& dir, const json& saved_state,
                           OptimizerKind configured);
 
+// Fails unless the checkpoint `dir` (its trainer state `saved_state`) was trained with the
+// tokenizer whose XXH3-64 is `checksum`, read from `source` (a dataset or a tokenizer file,
+// for the message): another tokenizer of the same size gives wrong losses and garbage text
+// without any other error. Checkpoints of runs on synthetic data record none: no check.
+void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state,
+                                uint64_t checksum, const std::string& source);
+
 }  // namespace foundry

@@ -1,6 +1,10 @@
 #include "train/evaluate.h"
 
+#include <cstdio>
+#include <string>
 #include <vector>
+
+#include "base/error.h"
 
 #include "comm/comm.h"
 #include "model/context_parallel.h"
@@ -12,6 +16,22 @@ double mean_over_ranks(const Communicator* world, double local) {
   if (!world) return local;
   world->allreduce(&local, &local, 1);
   return local / world->size();
+}
+
+int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
+                           const char* flag) {
+  const int64_t held = loader.batches_per_epoch();
+  if (requested <= held) return requested;
+  const std::string what = fmt::format(
+      "the validation split holds {} window(s) of {} tokens, {} batch(es) of {}",
+      loader.windows_per_epoch(), loader.seq_len() + 1, held, loader.batch_size());
+  if (flag)
+    fail(fmt::format("{} {} is more than there is: {}", flag, requested, what),
+         fmt::format("pass {} {} or fewer, or prepare the data with a larger --val-fraction",
+                     flag, held));
+  std::fprintf(stderr, "warning: train.eval_batches = %lld, but %s: evaluating those %lld\n",
+               static_cast<long long>(requested), what.c_str(), static_cast<long long>(held));
+  return held;
 }
 
 double evaluate_loss(Model& model, data::BatchLoader& loader, int64_t batches,

@@ -13,6 +13,13 @@ class Model;
 // counts per rank, the mean over the global batch.
 double mean_over_ranks(const Communicator* world, double local);
 
+// The validation batches to evaluate: `requested`, or what the split holds when it holds
+// fewer (more would repeat batches and weigh them twice). A count the user gave on the
+// command line (`flag`, e.g. "--batches") beyond the split is an error naming the flag; one
+// from the config (train.eval_batches) is cut to the split with a warning.
+int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
+                           const char* flag = nullptr);
+
 // Mean cross-entropy of `model` over the first `batches` validation batches of `loader`
 // (rewound first; its batch is the global batch). Under data parallelism (`world` with
 // several ranks) each rank evaluates its slice of every batch and the result is the mean

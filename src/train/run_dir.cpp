@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <sstream>
@@ -14,7 +15,10 @@
 #include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
 #include "train/events.h"
+#include "train/memory_tier.h"
 #include "train/processes.h"
+#include "train/run_config.h"
+#include "ckpt/checkpoint.h"
 
 namespace foundry {
 namespace {
@@ -55,18 +59,44 @@ std::string RunDirContents::describe() const {
   if (checkpoints > 0) parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
   if (metrics_lines > 0)
     parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
+  if (memory_step > 0) parts.push_back(fmt::format("an in-memory checkpoint of step {}", memory_step));
   return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, " and "));
 }
 
-RunDirContents inspect_run_dir(const std::string& run_dir) {
+namespace {
+
+// Why Foundry did not write entry `name` of checkpoints/ ("" when it did).
+std::string foreign_reason(const std::string& root, const std::string& name, bool is_dir) {
+  if (name == kLatestFile || name.starts_with(std::string(kLatestFile) + ".tmp.")) return "";
+  if (name.starts_with(kStepPrefix) && name.ends_with(kTmpSuffix) && is_dir) return "";
+  if (is_dir && parse_checkpoint_dir_name(name)) {
+    // A save writes its commit marker before the directory takes its step_N name.
+    if (path_exists(join(join(root, name), kCommittedFile))) return "";
+    return "a step directory without a commit marker";
+  }
+  return is_dir ? "not a checkpoint directory" : "not a checkpoint file";
+}
+
+}  // namespace
+
+RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* tier) {
   RunDirContents c;
   c.exists = path_exists(run_dir);
   if (!c.exists) return c;
   const std::string root = checkpoints_root(run_dir);
   if (path_exists(root))
-    for (const auto& [name, is_dir] : list_dir(root))
+    for (const auto& [name, is_dir] : list_dir(root)) {
       if (name == kLatestFile || (is_dir && parse_checkpoint_dir_name(name))) ++c.checkpoints;
+      const std::string why = foreign_reason(root, name, is_dir);
+      if (why.empty()) c.foundry_entries.push_back(name);
+      else c.foreign_entries.push_back(fmt::format("{} ({})", name, why));
+    }
+  std::sort(c.foundry_entries.begin(), c.foundry_entries.end());
+  std::sort(c.foreign_entries.begin(), c.foreign_entries.end());
   c.metrics_lines = count_lines(join(run_dir, kMetricsFile));
+  if (tier && tier->memory_checkpoint_every > 0)
+    if (const auto memory = usable_memory_checkpoint(*tier, find_latest_checkpoint(run_dir)))
+      c.memory_step = latest_resume_step(*tier);
   return c;
 }
 
@@ -74,7 +104,9 @@ RunDirContents inspect_run_dir(const std::string& run_dir) {
 // next holder replaces a file whose holder died). A process that opened the file just before
 // its holder removed it could lock a file no longer in the directory, so a lock counts only
 // while the path still names the file locked.
-RunDirLock::RunDirLock(const std::string& run_dir) : path_(join(run_dir, kLockFile)) {
+RunDirLock::RunDirLock(const std::string& run_dir, const char* file)
+    : path_(join(run_dir, file)) {
+  const bool launch = std::string(file) == kLaunchLockFile;
   for (;;) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
@@ -88,10 +120,12 @@ RunDirLock::RunDirLock(const std::string& run_dir) : path_(join(run_dir, kLockFi
         fail(fmt::format("cannot lock '{}': {}", path_, std::strerror(err)),
              "the run directory's file system must support flock(2)");
       const LockHolder h = read_holder(path_);
-      fail(fmt::format("run directory '{}' is in use by another training job (pid {} on host {}, "
-                       "since {})",
-                       run_dir, h.pid, h.host, h.since),
-           "wait for that job to end or stop it, or set another train.run_dir");
+      fail(fmt::format("run directory '{}' is in use by another {} (pid {} on host {}, since {})",
+                       run_dir, launch ? "foundry launch" : "training job", h.pid, h.host,
+                       h.since),
+           launch ? "one launch supervises a run: wait for that one to end or stop it (SIGTERM "
+                    "saves a checkpoint), or set another train.run_dir"
+                  : "wait for that job to end or stop it, or set another train.run_dir");
     }
     struct stat locked {}, named {};
     if (::fstat(fd_, &locked) == 0 && ::stat(path_.c_str(), &named) == 0 &&
@@ -114,8 +148,8 @@ RunDirLock::~RunDirLock() {
   ::close(fd_);
 }
 
-RunDir::RunDir(const std::string& run_dir, StartMode mode, const Processes& processes)
-    : path_(run_dir), root_(processes.root()) {
+RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes)
+    : path_(tc.run_dir), tc_(tc), root_(processes.root()) {
   std::string verdict;
   if (root_) {
     try {
@@ -152,9 +186,10 @@ void RunDir::claim(StartMode mode) {
   }
   lock_ = std::make_unique<RunDirLock>(path_);
   // Checked under the lock: another job cannot change the directory meanwhile.
-  const RunDirContents held = inspect_run_dir(path_);
+  const RunDirContents held = inspect_run_dir(path_, &tc_);
   const std::string other_hint =
       "continue it with --resume, replace it with --overwrite, or set another train.run_dir";
+  const bool can_resume = held.checkpoints > 0 || held.memory_step > 0;
   switch (mode) {
     case StartMode::fresh:
       if (held.any())
@@ -163,7 +198,7 @@ void RunDir::claim(StartMode mode) {
              other_hint);
       break;
     case StartMode::resume:
-      if (held.checkpoints == 0)
+      if (!can_resume)
         fail(fmt::format("--resume: run directory '{}' has no checkpoint to resume from ({})",
                          path_, held.describe()),
              "start a new run without --resume (add --overwrite if the directory holds metrics), "
@@ -171,18 +206,41 @@ void RunDir::claim(StartMode mode) {
       resume_ = true;
       break;
     case StartMode::auto_resume:
-      resume_ = held.checkpoints > 0;
+      resume_ = can_resume;
+      if (!resume_)
+        std::fprintf(stderr, "starting a new run in %s: no checkpoint to resume from (%s)\n",
+                     path_.c_str(), held.describe().c_str());
       break;
     case StartMode::overwrite:
-      if (held.any()) {
-        remove_all(checkpoints_root(path_));
-        remove_all(join(path_, kMetricsFile));
-        append_event(path_, "train", "overwrite", {{"removed", held.describe()}});
-        std::fprintf(stderr, "overwrite: removed the previous run's %s from %s\n",
-                     held.describe().c_str(), path_.c_str());
-      }
+      overwrite(held);
       break;
   }
+}
+
+// Removes the previous run's checkpoints and metrics, naming each, or nothing at all when
+// checkpoints/ holds something Foundry did not write.
+void RunDir::overwrite(const RunDirContents& held) {
+  const std::string root = checkpoints_root(path_);
+  if (!held.foreign_entries.empty())
+    fail(fmt::format("--overwrite: {} holds what Foundry did not write there: {}; nothing was "
+                     "removed",
+                     root, fmt::join(held.foreign_entries, ", ")),
+         "move them out of the checkpoints directory (or delete them yourself), then run again");
+  std::vector<std::string> removed;
+  for (const std::string& name : held.foundry_entries) {
+    remove_all(join(root, name));
+    removed.push_back("checkpoints/" + name);
+  }
+  if (held.metrics_lines > 0 || path_exists(join(path_, kMetricsFile))) {
+    remove_all(join(path_, kMetricsFile));
+    removed.push_back(fmt::format("{} ({} line(s))", kMetricsFile, held.metrics_lines));
+  }
+  if (held.memory_step > 0) removed.push_back("the in-memory checkpoint tier");  // TrainingRun
+  if (removed.empty()) return;
+  append_event(path_, "train", "overwrite",
+               {{"removed", held.describe()}, {"entries", removed}});
+  std::fprintf(stderr, "overwrite: removed the previous run's files from %s: %s\n", path_.c_str(),
+               fmt::format("{}", fmt::join(removed, ", ")).c_str());
 }
 
 }  // namespace foundry

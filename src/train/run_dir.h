@@ -8,7 +8,13 @@
 //   --resume         continue the run: refused if it has no checkpoint to continue from
 //   --auto-resume    continue if there is a checkpoint, else start a new run (metrics of
 //                    steps never checkpointed are replaced); what `foundry launch` uses
-//   --overwrite      remove the previous run's checkpoints, metrics and events, then start
+//   --overwrite      remove the previous run's checkpoints and metrics, naming each, then
+//                    start; refused, with nothing removed, when checkpoints/ holds anything
+//                    Foundry does not write there (a file of the user's, a step_N directory
+//                    without a commit marker: saves commit before they take that name)
+//
+// A checkpoint is one in the run directory or a usable one of the in-memory tier
+// (train/memory_tier.h): a run whose only checkpoint is in memory resumes from it.
 //
 // A second process on a locked directory is refused, naming the holder's pid and host. A
 // directory this job created is removed again if the job fails before training starts.
@@ -16,10 +22,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace foundry {
 
 class Processes;
+struct TrainConfig;
 
 enum class StartMode { fresh, resume, auto_resume, overwrite };
 
@@ -31,10 +39,15 @@ struct RunDirContents {
   bool exists = false;
   int64_t checkpoints = 0;     // step_N directories (committed or not) and `latest`
   int64_t metrics_lines = 0;   // lines of metrics.jsonl
-  bool any() const { return checkpoints > 0 || metrics_lines > 0; }
-  std::string describe() const;  // "3 checkpoints and 120 metrics lines"
+  int64_t memory_step = 0;     // step of the in-memory tier's usable checkpoint (0: none)
+  // Entries of checkpoints/ that Foundry writes (committed step_N directories, `latest`,
+  // staging and leftover *.tmp), and those it does not (with the reason), by name.
+  std::vector<std::string> foundry_entries, foreign_entries;
+  bool any() const { return checkpoints > 0 || metrics_lines > 0 || memory_step > 0; }
+  std::string describe() const;  // "3 checkpoint(s) and 120 line(s) of metrics.jsonl"
 };
-RunDirContents inspect_run_dir(const std::string& run_dir);
+// `tier`: the run's config, to count the in-memory tier's checkpoint too.
+RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* tier = nullptr);
 
 // The holder of a run directory's lock, as written in RUN_DIR/lock.
 struct LockHolder {
@@ -42,10 +55,13 @@ struct LockHolder {
   std::string host, since;
 };
 
+inline constexpr char kLaunchLockFile[] = "launch.lock";
+
 class RunDirLock {
  public:
-  // Takes the lock of `run_dir` (which must exist) or fails naming the holder.
-  explicit RunDirLock(const std::string& run_dir);
+  // Takes the lock file `file` of `run_dir` (which must exist) or fails naming the holder:
+  // kLockFile for the training job, kLaunchLockFile for the `foundry launch` supervising it.
+  explicit RunDirLock(const std::string& run_dir, const char* file = kLockFile);
   ~RunDirLock();
   RunDirLock(const RunDirLock&) = delete;
   RunDirLock& operator=(const RunDirLock&) = delete;
@@ -60,7 +76,8 @@ class RunDirLock {
 // Returns whether to resume (`resume` or `auto_resume` with a checkpoint present).
 class RunDir {
  public:
-  RunDir(const std::string& run_dir, StartMode mode, const Processes& processes);
+  // `tc.run_dir` is the directory; the rest of `tc` locates the in-memory tier.
+  RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes);
   ~RunDir();
   RunDir(const RunDir&) = delete;
   RunDir& operator=(const RunDir&) = delete;
@@ -71,8 +88,10 @@ class RunDir {
 
  private:
   void claim(StartMode mode);  // rank 0
+  void overwrite(const RunDirContents& held);
 
   std::string path_;
+  const TrainConfig& tc_;
   bool root_;
   bool created_ = false;  // rank 0 made the directory (removed again if nothing starts)
   std::string created_path_;  // the outermost directory it made

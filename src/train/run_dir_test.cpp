@@ -14,6 +14,12 @@ namespace foundry {
 namespace {
 using testing::TempDir;
 
+TrainConfig at(const std::string& dir) {
+  TrainConfig tc;
+  tc.run_dir = dir;
+  return tc;
+}
+
 // A run directory as a finished run leaves it: metrics and one checkpoint directory.
 void fake_previous_run(const std::string& dir, bool with_checkpoint) {
   make_dirs(dir + "/checkpoints");
@@ -47,7 +53,7 @@ TEST(RunDir, ANewRunIntoAnotherRunsDirectoryIsRefusedAndNothingChanges) {
   const std::string dir = tmp.path() + "/run";
   fake_previous_run(dir, true);
   Processes one(nullptr, 0);
-  expect_error([&] { RunDir d(dir, StartMode::fresh, one); },
+  expect_error([&] { RunDir d(at(dir), StartMode::fresh, one); },
                "already holds a run (1 checkpoint(s)");
   EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002"));
   EXPECT_EQ(read_text_file(dir + "/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
@@ -58,35 +64,76 @@ TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
   const std::string dir = tmp.path() + "/run";
   fake_previous_run(dir, false);
   Processes one(nullptr, 0);
-  expect_error([&] { RunDir d(dir, StartMode::resume, one); }, "has no checkpoint to resume from");
-  EXPECT_FALSE(RunDir(dir, StartMode::auto_resume, one).resume());
+  expect_error([&] { RunDir d(at(dir), StartMode::resume, one); }, "has no checkpoint to resume from");
+  EXPECT_FALSE(RunDir(at(dir), StartMode::auto_resume, one).resume());
   make_dirs(dir + "/checkpoints/step_00000002");
-  EXPECT_TRUE(RunDir(dir, StartMode::auto_resume, one).resume());
-  EXPECT_TRUE(RunDir(dir, StartMode::resume, one).resume());
+  EXPECT_TRUE(RunDir(at(dir), StartMode::auto_resume, one).resume());
+  EXPECT_TRUE(RunDir(at(dir), StartMode::resume, one).resume());
+}
+
+// What the saver leaves: a committed step directory (its marker is written before it takes
+// the name), a staging directory and `latest`.
+void fake_committed_checkpoint(const std::string& dir, int64_t step) {
+  const std::string name = fmt::format("{}/checkpoints/step_{:08d}", dir, step);
+  make_dirs(name);
+  write_file_atomic(name + "/COMMITTED", "{}\n");
+  write_file_atomic(dir + "/checkpoints/latest", fmt::format("step_{:08d}\n", step));
+}
+
+TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, false);
+  fake_committed_checkpoint(dir, 2);
+  make_dirs(dir + "/checkpoints/step_00000004.abc.tmp");  // an interrupted save
+  // A file of the user's and a step directory no save wrote (no commit marker): refused,
+  // and nothing at all is removed.
+  write_file_atomic(dir + "/checkpoints/mine.txt", "notes\n");
+  make_dirs(dir + "/checkpoints/step_00000007");
+  expect_error([&] { RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0)); },
+               "holds what Foundry did not write there: mine.txt (not a checkpoint file), "
+               "step_00000007 (a step directory without a commit marker); nothing was removed");
+  EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002/COMMITTED"));
+  EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000004.abc.tmp"));
+  EXPECT_TRUE(path_exists(dir + "/metrics.jsonl"));
+  EXPECT_EQ(read_text_file(dir + "/checkpoints/mine.txt"), "notes\n");
+  // Once they are moved away, the run's own files go, each named in the event.
+  remove_all(dir + "/checkpoints/mine.txt");
+  remove_all(dir + "/checkpoints/step_00000007");
+  { RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0)); }
+  EXPECT_FALSE(inspect_run_dir(dir).any());
+  EXPECT_FALSE(path_exists(dir + "/checkpoints/step_00000004.abc.tmp"));
+  const std::vector<json> events = read_events(dir);
+  ASSERT_EQ(events.size(), 1u);
+  const std::vector<std::string> entries = events[0]["entries"];
+  EXPECT_EQ(entries, (std::vector<std::string>{"checkpoints/latest", "checkpoints/step_00000002",
+                                               "checkpoints/step_00000004.abc.tmp",
+                                               "metrics.jsonl (2 line(s))"}));
 }
 
 TEST(RunDir, OverwriteRemovesThePreviousRunAndRecordsIt) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
-  fake_previous_run(dir, true);
+  fake_previous_run(dir, false);
+  fake_committed_checkpoint(dir, 2);
   {
-    RunDir d(dir, StartMode::overwrite, Processes(nullptr, 0));
+    RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0));
     EXPECT_FALSE(d.resume());
   }
   EXPECT_FALSE(inspect_run_dir(dir).any());
   const std::vector<json> events = read_events(dir);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0]["event"], "overwrite");
-  EXPECT_EQ(events[0]["removed"], "1 checkpoint(s) and 2 line(s) of metrics.jsonl");
+  EXPECT_EQ(events[0]["removed"], "2 checkpoint(s) and 2 line(s) of metrics.jsonl");
 }
 
 TEST(RunDir, ADirectoryCreatedForARunThatNeverStartedIsRemoved) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/new/run";
-  { RunDir d(dir, StartMode::fresh, Processes(nullptr, 0)); }
+  { RunDir d(at(dir), StartMode::fresh, Processes(nullptr, 0)); }
   EXPECT_FALSE(path_exists(tmp.path() + "/new"));
   {
-    RunDir d(dir, StartMode::fresh, Processes(nullptr, 0));
+    RunDir d(at(dir), StartMode::fresh, Processes(nullptr, 0));
     d.started();
   }
   EXPECT_TRUE(path_exists(dir));
@@ -102,8 +149,8 @@ TEST(RunDir, TrainingTwiceIntoOneDirectoryNeedsResumeOrOverwrite) {
   train(rc, opt);
   const std::string metrics = read_text_file(tmp.path() + "/metrics.jsonl");
   expect_error([&] { train(rc, opt); }, "already holds a run");
-  opt.steps = 0;  // once emptied metrics.jsonl
-  expect_error([&] { train(rc, opt); }, "already holds a run");
+  opt.steps = 0;  // once emptied metrics.jsonl; now refused before the directory is looked at
+  expect_error([&] { train(rc, opt); }, "train.steps is 0: nothing to train");
   EXPECT_EQ(read_text_file(tmp.path() + "/metrics.jsonl"), metrics);
   opt.start = StartMode::overwrite;
   opt.steps = 1;

@@ -110,11 +110,12 @@ struct TrainingRun {
   std::optional<Heartbeat> heartbeat;
   std::optional<AnomalyMonitor> anomalies;
   MfuPeak peak;  // the MFU denominator (train/mfu.h)
+  int64_t eval_batches = 0;  // train.eval_batches, or what the validation split holds
 
   double evaluate() {
     if (!val_loader) return -1;
     auto g = procs.guard("validation");
-    return evaluate_loss(*model, *val_loader, tc.eval_batches, procs.world());
+    return evaluate_loss(*model, *val_loader, eval_batches, procs.world());
   }
   // Validation at step 0, logged.
   double initial_evaluation() {
@@ -156,6 +157,26 @@ struct TrainingRun {
   void print_header() const;
 };
 
+// A run needs steps to take. train.steps below the step it resumes from is an error (those
+// steps were trained already, and the run would end at once reporting nothing); equal to
+// it, the run is complete (a restart after the final checkpoint) and train() returns.
+void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_step,
+                      const std::string& run_dir) {
+  if (start_step == 0 && total_steps == 0)
+    fail("train.steps is 0: nothing to train",
+         "set train.steps (or --steps) to the number of steps to train");
+  if (start_step > total_steps)
+    fail(fmt::format("train.steps = {} (or --steps) is below step {}, the step of the checkpoint "
+                     "this run resumes from in '{}': there is nothing left to train",
+                     total_steps, start_step, run_dir),
+         fmt::format("pass --steps N with N above {} to train further", start_step));
+  if (stop_at_step > 0 && (stop_at_step > total_steps || stop_at_step <= start_step))
+    fail(fmt::format("--stop-at-step {} is outside the steps this run trains, {} to {}",
+                     stop_at_step, start_step + 1, total_steps),
+         fmt::format("pass a step from {} to {}, or change --steps", start_step + 1,
+                     total_steps));
+}
+
 TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     : rc(rc_),
       tc(rc_.train),
@@ -168,8 +189,13 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   check_training_memory(rc, procs);
   if (tc.memory_checkpoint_every > 0)
     check_memory_tier_room(tc, 2.0 * rank_checkpoint_bytes(rc, procs.ranks()) * procs.ranks());
+  // The steps to train, against the checkpoint a resume would start from: before --overwrite
+  // removes anything (train() checks again once the checkpoint is loaded).
+  const bool resuming = opt.start == StartMode::resume || opt.start == StartMode::auto_resume;
+  check_steps_left(resuming ? latest_resume_step(tc) : 0, schedule.total_steps, opt.stop_at_step,
+                   tc.run_dir);
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
-  run_dir.emplace(tc.run_dir, opt.start, procs);
+  run_dir.emplace(tc, opt.start, procs);
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,
@@ -260,6 +286,8 @@ void TrainingRun::open_dataset() {
                      dataset->vocab_size(), dataset->vocab_size()));
   train_loader.emplace(*dataset, tc.batch_size, tc.seq_len, tc.seed);
   val_loader.emplace(BatchLoader::for_eval(*dataset, tc.batch_size, tc.seq_len));
+  eval_batches = procs.root() ? validation_batches(*val_loader, tc.eval_batches)
+                              : std::min(tc.eval_batches, val_loader->batches_per_epoch());
 }
 
 void TrainingRun::build_model_and_optimizer() {
@@ -557,6 +585,13 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
   const int64_t start_step = run.resume();
+  check_steps_left(start_step, total_steps, opt.stop_at_step, rc.train.run_dir);
+  if (start_step == total_steps) {  // nothing written: the run stays as it is
+    TrainSummary done;
+    done.start_step = done.final_step = start_step;
+    done.already_complete = true;
+    return done;
+  }
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
   run.run_dir->started();
   // From here on the run directory is this run's: heartbeats (before, a failure changes
