@@ -385,6 +385,7 @@ CASES = [
     Case("run dir: launch --launcher unknown", "launch -c tiny.json --launcher pbs", [], ["--launcher"], code=USAGE),
     Case("run dir: in-memory checkpoint directory missing", "train -c tiny.json --overwrite --set train.memory_checkpoint_every=2 train.memory_checkpoint_dir=nowhere", [], ["train.memory_checkpoint_dir = 'nowhere' is not a directory"], hint="memory_checkpoint_every=0"),
     Case("run dir: heartbeat timeout under two beats", "train -c tiny.json --overwrite --set train.heartbeat_timeout_s=1", [], ["train.heartbeat_timeout_s = 1"], hint="twice"),
+    Case("run dir: --resume with another lr than the run's", "train -c tiny.json --resume --steps 4 --set train.lr=0.5", [], ["run/config.json", "train.lr: 0.01 -> 0.5"], hint="--allow-config-change"),
     Case("run dir: --resume --steps below the checkpoint", "train -c tiny.json --resume --steps 1", [], ["train.steps = 1", "step 2"], hint="above 2"),
     Case("run dir: a new run of 0 steps", "train -c tiny.json --steps 0 --set train.run_dir=fresh", [], ["train.steps is 0"]),
     Case("run dir: --stop-at-step beyond the run", "train -c tiny.json --overwrite --stop-at-step 50", [], ["--stop-at-step 50", "1 to 2"]),

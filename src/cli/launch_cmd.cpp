@@ -61,7 +61,10 @@ void register_launch_command(CLI::App& app) {
   cmd->add_option("--steps", *steps, "Override train.steps");
   cmd->add_flag("--synthetic-data", *synthetic, "Train on random tokens (no dataset)");
   cmd->add_flag("--quiet,-q", *quiet, "No per-step log lines from the job");
-  cmd->callback([o, launcher, steps, synthetic, quiet] {
+  auto allow_change = std::make_shared<bool>(false);
+  cmd->add_flag("--allow-config-change", *allow_change,
+                "Resume even when train.* settings that shape the run differ from its config.json");
+  cmd->callback([o, launcher, steps, synthetic, quiet, allow_change] {
     LaunchOptions opts = *o;
     opts.launcher = parse_launcher(*launcher);
     opts.exe = this_executable();
@@ -69,6 +72,7 @@ void register_launch_command(CLI::App& app) {
       opts.train_args.insert(opts.train_args.end(), {"--steps", std::to_string(*steps)});
     if (*synthetic) opts.train_args.push_back("--synthetic-data");
     if (*quiet) opts.train_args.push_back("--quiet");
+    if (*allow_change) opts.train_args.push_back("--allow-config-change");
     set_exit_code(supervise(opts));
   });
 }

@@ -195,6 +195,9 @@ void register_train_commands(CLI::App& app) {
         "Start a new run, removing the checkpoints and metrics of the run in train.run_dir");
     resume->excludes(auto_resume)->excludes(overwrite);
     auto_resume->excludes(overwrite);
+    cmd->add_flag("--allow-config-change", opts->allow_config_change,
+                  "With --resume: allow train.* settings that shape the run (lr, batch, seed, "
+                  "schedule, ...) to differ from the run's config.json");
     cmd->add_flag("--synthetic-data", opts->synthetic_data,
                   "Train on uniformly random tokens (no dataset; for benchmarking)");
     cmd->add_flag("--op-breakdown", opts->op_breakdown,

@@ -134,4 +134,49 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   return rc;
 }
 
+namespace {
+
+const char* schedule_name(ScheduleKind k) {
+  switch (k) {
+    case ScheduleKind::cosine: return "cosine";
+    case ScheduleKind::wsd: return "wsd";
+    case ScheduleKind::constant: return "constant";
+  }
+  return "?";
+}
+
+}  // namespace
+
+std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now) {
+  using Show = std::string (*)(const TrainConfig&);
+  static const std::pair<const char*, Show> kFields[] = {
+      {"batch_size", [](const TrainConfig& t) { return fmt::format("{}", t.batch_size); }},
+      {"seq_len", [](const TrainConfig& t) { return fmt::format("{}", t.seq_len); }},
+      {"seed", [](const TrainConfig& t) { return fmt::format("{}", t.seed); }},
+      {"precision", [](const TrainConfig& t) { return std::string(dtype_name(t.precision)); }},
+      {"lr", [](const TrainConfig& t) { return fmt::format("{}", t.lr); }},
+      {"min_lr_ratio", [](const TrainConfig& t) { return fmt::format("{}", t.min_lr_ratio); }},
+      {"warmup_steps", [](const TrainConfig& t) { return fmt::format("{}", t.warmup_steps); }},
+      {"schedule", [](const TrainConfig& t) { return std::string(schedule_name(t.schedule)); }},
+      {"decay_fraction", [](const TrainConfig& t) { return fmt::format("{}", t.decay_fraction); }},
+      {"weight_decay", [](const TrainConfig& t) { return fmt::format("{}", t.weight_decay); }},
+      {"beta1", [](const TrainConfig& t) { return fmt::format("{}", t.beta1); }},
+      {"beta2", [](const TrainConfig& t) { return fmt::format("{}", t.beta2); }},
+      {"eps", [](const TrainConfig& t) { return fmt::format("{}", t.eps); }},
+      {"grad_clip", [](const TrainConfig& t) { return fmt::format("{}", t.grad_clip); }},
+      {"muon_momentum", [](const TrainConfig& t) { return fmt::format("{}", t.muon_momentum); }},
+      {"muon_nesterov", [](const TrainConfig& t) { return fmt::format("{}", t.muon_nesterov); }},
+      {"muon_ns_steps", [](const TrainConfig& t) { return fmt::format("{}", t.muon_ns_steps); }},
+      {"muon_rms_scale", [](const TrainConfig& t) { return fmt::format("{}", t.muon_rms_scale); }},
+      {"muon_ns_precision",
+       [](const TrainConfig& t) { return std::string(dtype_name(t.muon_ns_precision)); }},
+  };
+  std::vector<std::string> changes;
+  for (const auto& [key, show] : kFields) {
+    const std::string a = show(before), b = show(now);
+    if (a != b) changes.push_back(fmt::format("train.{}: {} -> {}", key, a, b));
+  }
+  return changes;
+}
+
 }  // namespace foundry

@@ -120,6 +120,13 @@ struct RunConfig {
   json source;                  // the effective JSON (after overrides), saved with checkpoints
 };
 
+// The train.* settings that shape a run's trajectory (batch, sequence, seed, precision, the
+// schedule and the optimizer's hyperparameters; train.optimizer itself is checked against the
+// checkpoint) that differ between `before` and `now`, one "train.lr: 0.001 -> 0.0003" each.
+// Operational settings (steps, logging, checkpoints, heartbeats, skip_batches) are free to
+// change on a resume.
+std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now);
+
 // The learning-rate schedule of train.schedule, lr, min_lr_ratio, warmup_steps, steps and
 // decay_fraction.
 LrSchedule lr_schedule(const TrainConfig& config);

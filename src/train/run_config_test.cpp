@@ -112,5 +112,23 @@ TEST(RunConfig, UnknownChoiceNamesTheKeyAndTheChoices) {
   }
 }
 
+TEST(RunConfig, TrajectoryChangesNameTheSettingsThatShapeTheRun) {
+  TrainConfig before, now;
+  EXPECT_TRUE(trajectory_changes(before, now).empty());
+  now.steps = before.steps * 2;  // operational: free to change on a resume
+  now.log_every = 3;
+  now.skip_batches = {7};
+  EXPECT_TRUE(trajectory_changes(before, now).empty());
+  now.lr = 1e-3;
+  now.precision = before.precision == DType::bf16 ? DType::f32 : DType::bf16;
+  now.seed = before.seed + 1;
+  const std::vector<std::string> changes = trajectory_changes(before, now);
+  ASSERT_EQ(changes.size(), 3u);
+  EXPECT_EQ(changes[0], fmt::format("train.seed: {} -> {}", before.seed, now.seed));
+  EXPECT_EQ(changes[1], fmt::format("train.precision: {} -> {}", dtype_name(before.precision),
+                                    dtype_name(now.precision)));
+  EXPECT_EQ(changes[2], fmt::format("train.lr: {} -> 0.001", before.lr));
+}
+
 }  // namespace
 }  // namespace foundry

@@ -177,6 +177,33 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
                      total_steps));
 }
 
+// A resume trains on with the settings the run was trained with (RUN_DIR/config.json): a
+// learning rate, batch or seed changed by a forgotten --set would make another run under the
+// run's name. Changes meant as such pass with --allow-config-change, printed and logged.
+// Deterministic on every rank (each reads the file), so no agreement is needed.
+void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
+  const std::string path = rc.train.run_dir + "/config.json";
+  if (!path_exists(path)) return;
+  RunConfig before;
+  try {
+    before = load_run_config(path, {});
+  } catch (const Error& e) {
+    if (root) warn(fmt::format("cannot compare with the run's {}: {}", path, e.what()));
+    return;
+  }
+  const std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
+  if (changes.empty()) return;
+  if (!allowed)
+    fail(fmt::format("this resume would train on with other settings than the run's ({}): {}",
+                     path, fmt::join(changes, "; ")),
+         fmt::format("resume with the run's own settings (--config {} holds them all), or pass "
+                     "--allow-config-change to change them on purpose",
+                     path));
+  if (!root) return;
+  std::fprintf(stderr, "resume: changing %s\n", fmt::format("{}", fmt::join(changes, "; ")).c_str());
+  append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
+}
+
 TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     : rc(rc_),
       tc(rc_.train),
@@ -196,6 +223,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
                    tc.run_dir);
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
   run_dir.emplace(tc, opt.start, procs);
+  if (run_dir->resume()) check_same_trajectory(rc, opt.allow_config_change, procs.root());
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,

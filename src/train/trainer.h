@@ -41,6 +41,9 @@ struct TrainOptions {
   int64_t stop_at_step = -1;    // checkpoint and stop after this step (schedule unchanged)
   bool op_breakdown = false;    // time every operation and print a per-op table at the end
   bool quiet = false;           // no per-step log lines (metrics.jsonl is still written)
+  // A resume may change train.* settings that shape the trajectory (lr, batch, seed, ...);
+  // without this it is refused (trainer.cpp, check_same_trajectory).
+  bool allow_config_change = false;
   // All ranks of an mpirun job (null: one process). Each rank trains on its share of every
   // global batch (train.batch_size sequences, split evenly), gradients are averaged and the
   // optimizer is sharded over all ranks (ZeRO-1); with train.expert_parallel = P the experts
