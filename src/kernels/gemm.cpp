@@ -1,6 +1,7 @@
 #include "kernels/gemm.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <numeric>
@@ -64,6 +65,36 @@ void check_view(const char* what, const std::vector<int64_t>& dims,
 }
 
 }  // namespace
+
+GemmRows gemm_rows_mode() {
+  static const GemmRows mode = [] {
+    if (const char* env = std::getenv("FOUNDRY_GEMM_ROWS"); env && *env) {
+      const std::string name = env;
+      if (name == "runtime") return GemmRows::runtime;
+      if (name == "exact-m") return GemmRows::exact_m;
+      if (name == "exact") return GemmRows::exact;
+      if (name != "auto")
+        fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
+                         name),
+             "use auto, runtime, exact-m or exact (or unset it)");
+    }
+    // oneDNN 2.6 runs matmuls with a runtime dimension through its GEMM driver, which packs
+    // the weights again on every call; on AMX cores the packing outweighs the products of a
+    // few hundred rows, and the exact-shape (brgemm) kernels avoid it.
+    return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx ? GemmRows::exact_m
+                                                                           : GemmRows::runtime;
+  }();
+  return mode;
+}
+
+const char* gemm_rows_name(GemmRows mode) {
+  switch (mode) {
+    case GemmRows::runtime: return "runtime";
+    case GemmRows::exact_m: return "exact-m";
+    case GemmRows::exact: return "exact";
+  }
+  return "?";
+}
 
 MatView MatView::rows_major(const void* data, DType dtype, int64_t rows, int64_t cols,
                             int64_t ld) {
@@ -148,15 +179,16 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   if (a.dims[r - 1] == 0) return;
 
   // The token dimension of 2-D products varies from call to call (rows per expert), so it
-  // is made a runtime dimension whenever no stride depends on it: one primitive then serves
-  // every row count (oneDNN runs such shapes at full speed), instead of one JIT compile per
-  // count. That is M when A and C are row-major, or K when A is transposed and B row-major.
+  // is made a runtime dimension whenever no stride depends on it (gemm_rows_mode() permitting):
+  // one primitive then serves every row count, instead of one JIT compile per count. That is
+  // M when A and C are row-major, or K when A is transposed and B row-major.
   std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
   if (r == 2) {
+    const GemmRows mode = gemm_rows_mode();
     if (a.strides[1] == 1 && c.strides[1] == 1) {
-      a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      if (mode == GemmRows::runtime) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
     } else if (a.strides[0] == 1 && b.strides[1] == 1) {
-      a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      if (mode != GemmRows::exact) a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
     }
   }
 

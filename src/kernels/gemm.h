@@ -65,6 +65,17 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
 // on every thread. A GEMM gives the same bits either way (gemm_test checks).
 void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task);
 
+// How the token dimension of 2-D products (rows per expert, varying from call to call)
+// reaches oneDNN: a runtime dimension (one primitive for every row count), or the exact
+// count (one primitive per count, created on first use in about a millisecond): exact-m for
+// the products whose rows are M (forward, input gradients), exact for the weight gradients'
+// K too. The results are the same bits for a given mode and machine, not across modes.
+// FOUNDRY_GEMM_ROWS=auto|runtime|exact-m|exact chooses; auto is exact-m on AMX cores (where
+// oneDNN 2.6 runs runtime shapes without its AMX kernels' efficiency) and runtime elsewhere.
+enum class GemmRows { runtime, exact_m, exact };
+GemmRows gemm_rows_mode();
+const char* gemm_rows_name(GemmRows mode);
+
 // Number of cached oneDNN primitives (for tests and diagnostics).
 size_t matmul_cache_size();
 
