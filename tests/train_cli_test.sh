@@ -24,6 +24,8 @@ expect_fail "bad value" "train.precision" "$FOUNDRY" train --config tiny.json --
 expect_fail "wrong type" "train.lr" "$FOUNDRY" train --config tiny.json --set 'train.lr="fast"' --synthetic-data
 expect_fail "heads/kv heads" "n_kv_heads" "$FOUNDRY" train --config tiny.json --set model.n_kv_heads=3 --synthetic-data
 expect_fail "no dataset" "data.dir" "$FOUNDRY" train --config tiny.json
+expect_fail "unknown GEMM rows mode" "FOUNDRY_GEMM_ROWS = 'fast'" \
+  env FOUNDRY_GEMM_ROWS=fast "$FOUNDRY" train --config tiny.json --synthetic-data
 [ ! -d run ] && ok "failed runs leave no run directory" || bad "a failed run left a run directory"
 
 # ---- straight run vs stop-and-resume: identical losses, bit for bit ----

@@ -6,6 +6,7 @@
 #include "base/exit_codes.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+#include "kernels/gemm.h"
 
 namespace foundry::cli {
 namespace {
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
   foundry::cli::register_launch_command(app);
   foundry::set_command_line(argc, argv);
   try {
+    foundry::gemm_rows_mode();  // a bad FOUNDRY_GEMM_ROWS fails before any command starts
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error naming the option

@@ -68,21 +68,15 @@ void check_view(const char* what, const std::vector<int64_t>& dims,
 
 GemmRows gemm_rows_mode() {
   static const GemmRows mode = [] {
-    if (const char* env = std::getenv("FOUNDRY_GEMM_ROWS"); env && *env) {
-      const std::string name = env;
-      if (name == "runtime") return GemmRows::runtime;
-      if (name == "exact-m") return GemmRows::exact_m;
-      if (name == "exact") return GemmRows::exact;
-      if (name != "auto")
-        fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
-                         name),
-             "use auto, runtime, exact-m or exact (or unset it)");
-    }
-    // oneDNN 2.6 runs matmuls with a runtime dimension through its GEMM driver, which packs
-    // the weights again on every call; on AMX cores the packing outweighs the products of a
-    // few hundred rows, and the exact-shape (brgemm) kernels avoid it.
-    return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx ? GemmRows::exact_m
-                                                                           : GemmRows::runtime;
+    const char* env = std::getenv("FOUNDRY_GEMM_ROWS");
+    const std::string name = env ? env : "";
+    for (GemmRows m : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact})
+      if (name == gemm_rows_name(m)) return m;
+    if (!name.empty())
+      fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
+                       name),
+           "use runtime, exact-m, exact-k or exact (or unset it: runtime)");
+    return GemmRows::runtime;
   }();
   return mode;
 }
@@ -91,6 +85,7 @@ const char* gemm_rows_name(GemmRows mode) {
   switch (mode) {
     case GemmRows::runtime: return "runtime";
     case GemmRows::exact_m: return "exact-m";
+    case GemmRows::exact_k: return "exact-k";
     case GemmRows::exact: return "exact";
   }
   return "?";
@@ -185,10 +180,12 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
   if (r == 2) {
     const GemmRows mode = gemm_rows_mode();
+    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact;
+    const bool exact_k = mode == GemmRows::exact_k || mode == GemmRows::exact;
     if (a.strides[1] == 1 && c.strides[1] == 1) {
-      if (mode == GemmRows::runtime) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      if (!exact_m) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
     } else if (a.strides[0] == 1 && b.strides[1] == 1) {
-      if (mode != GemmRows::exact) a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      if (!exact_k) a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
     }
   }
 

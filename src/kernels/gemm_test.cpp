@@ -111,10 +111,11 @@ TEST(Gemm, PrimitivesAreCachedPerShape) {
 
 TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
   // Expert GEMMs see a different row count every step: in the runtime mode M (or K for weight
-  // gradients) creates no primitive per value; exact-m creates one per M, exact one per K too
-  // (gemm_rows_mode()). Every row count is exact in each mode.
+  // gradients) creates no primitive per value; exact-m creates one per M, exact-k one per K,
+  // exact both (gemm_rows_mode()). Every row count is exact in each mode.
   const GemmRows mode = gemm_rows_mode();
-  const size_t per_count = (mode != GemmRows::runtime ? 1 : 0) + (mode == GemmRows::exact ? 1 : 0);
+  const size_t per_count = (mode == GemmRows::exact_m || mode == GemmRows::exact ? 1 : 0) +
+                           (mode == GemmRows::exact_k || mode == GemmRows::exact ? 1 : 0);
   const int64_t n = 24, k = 40;
   auto a = random_vec(64 * k, 6), b = random_vec(k * n, 7), dy = random_vec(64 * n, 8);
   std::vector<float> c(64 * n), dw(n * k);

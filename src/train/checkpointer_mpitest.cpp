@@ -4,12 +4,14 @@
 // layouts are the first k ranks of the world, k = 1, 2 and the whole world, with expert
 // parallel 1 or 2, ZeRO-1 on or off, for both architectures and both optimizers.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <optional>
 
 #include "ckpt/checkpoint.h"
+#include "comm/agree.h"
 #include "comm/mpi_test_main.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
@@ -105,7 +107,10 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 // Saves under `a` after two steps, loads and saves under `b`, loads and saves under `a`.
 void round_trip(const RunConfig& base, const Layout& a, const Layout& b) {
   Communicator& world = *g_world;
-  const std::string root = (fs::temp_directory_path() / "foundry_ckpt_layouts").string();
+  // Rank 0's pid names the directory: the runs at 2, 3 and 4 ranks may run side by side.
+  const std::string root = allgather_strings(
+      world, (fs::temp_directory_path() / fmt::format("foundry_ckpt_layouts_{}", ::getpid()))
+                 .string())[0];
   const std::string dirs[3] = {root + "/first", root + "/second", root + "/third"};
   if (world.rank() == 0) {
     fs::remove_all(root);
