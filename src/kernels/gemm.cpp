@@ -1,7 +1,9 @@
 #include "kernels/gemm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <numeric>
@@ -66,19 +68,42 @@ void check_view(const char* what, const std::vector<int64_t>& dims,
 
 }  // namespace
 
-GemmRows gemm_rows_mode() {
-  static const GemmRows mode = [] {
-    const char* env = std::getenv("FOUNDRY_GEMM_ROWS");
-    const std::string name = env ? env : "";
-    for (GemmRows m : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact})
-      if (name == gemm_rows_name(m)) return m;
-    if (!name.empty())
-      fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
-                       name),
-           "use runtime, exact-m, exact-k or exact (or unset it: runtime)");
-    return GemmRows::runtime;
-  }();
+namespace {
+
+GemmRows rows_mode_from_environment() {
+  const char* env = std::getenv("FOUNDRY_GEMM_ROWS");
+  const std::string name = env ? env : "";
+  for (GemmRows m : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact})
+    if (name == gemm_rows_name(m)) return m;
+  if (!name.empty() && name != "auto")
+    fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
+                     name),
+         "use auto, runtime, exact-m, exact-k or exact (or unset it: auto)");
+  // oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores its exact (brgemm)
+  // weight-gradient kernels are 1.2-1.5x faster, and padding K keeps their count small.
+  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx ? GemmRows::exact_k
+                                                                         : GemmRows::runtime;
+}
+
+std::atomic<int>& rows_mode_slot() {
+  static std::atomic<int> mode{-1};
   return mode;
+}
+
+}  // namespace
+
+GemmRows gemm_rows_mode() {
+  std::atomic<int>& slot = rows_mode_slot();
+  int mode = slot.load(std::memory_order_relaxed);
+  if (mode < 0) {
+    mode = static_cast<int>(rows_mode_from_environment());
+    slot.store(mode, std::memory_order_relaxed);
+  }
+  return static_cast<GemmRows>(mode);
+}
+
+void set_gemm_rows_mode(GemmRows mode) {
+  rows_mode_slot().store(static_cast<int>(mode), std::memory_order_relaxed);
 }
 
 const char* gemm_rows_name(GemmRows mode) {
@@ -160,6 +185,36 @@ void execute(const Primitive& p, const memory::desc& a_desc, const void* a,
 
 }  // namespace
 
+namespace {
+
+// Weight gradients in the exact-k modes: K (the expert's rows) rounded up to a multiple of
+// kReductionQuantum, so that the products of every step share a few primitives. The rows
+// of A (stored K × M) and B (K × N) are copied into the calling thread's scratch with zero
+// rows after them; zero rows add nothing to the sums.
+constexpr int64_t kReductionQuantum = 64;
+
+struct PaddedOperands {
+  std::vector<unsigned char> a, b;
+};
+
+PaddedOperands& padded_operands() {
+  thread_local PaddedOperands p;
+  return p;
+}
+
+// Copies `rows` rows of `cols` elements (leading dimension ld) into `out`, then zero rows up
+// to `padded_rows`.
+void copy_padded(std::vector<unsigned char>& out, const void* src, int64_t rows,
+                 int64_t padded_rows, int64_t cols, int64_t ld, size_t elem) {
+  out.resize(static_cast<size_t>(padded_rows * cols) * elem);
+  const auto* from = static_cast<const unsigned char*>(src);
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(out.data() + i * cols * elem, from + i * ld * elem, cols * elem);
+  std::memset(out.data() + rows * cols * elem, 0, (padded_rows - rows) * cols * elem);
+}
+
+}  // namespace
+
 void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
   check_view("A", a.dims, a.strides);
   check_view("B", b.dims, b.strides);
@@ -185,7 +240,19 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
     if (a.strides[1] == 1 && c.strides[1] == 1) {
       if (!exact_m) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
     } else if (a.strides[0] == 1 && b.strides[1] == 1) {
-      if (!exact_k) a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      const int64_t k = a.dims[1], padded = (k + kReductionQuantum - 1) / kReductionQuantum *
+                                              kReductionQuantum;
+      if (!exact_k) {
+        a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
+      } else if (padded != k) {
+        const size_t elem = a.dtype == DType::bf16 ? 2 : 4;
+        const int64_t m = a.dims[0], n = b.dims[1];
+        PaddedOperands& pad = padded_operands();
+        copy_padded(pad.a, a.data, k, padded, m, a.strides[1], elem);
+        copy_padded(pad.b, b.data, k, padded, n, b.strides[0], elem);
+        return matmul(MatView::transposed(pad.a.data(), a.dtype, m, padded, m),
+                      MatView::rows_major(pad.b.data(), b.dtype, padded, n, n), c, accumulate);
+      }
     }
   }
 

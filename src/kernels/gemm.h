@@ -66,16 +66,19 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
 void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task);
 
 // How the token dimension of 2-D products (rows per expert, varying from call to call)
-// reaches oneDNN: as a runtime dimension (the default: one primitive serves every row count),
-// or as the exact count, one primitive per count, created on first use (0.6 ms here, more on
-// AMX cores): exact-m for the products whose rows are M (forward, input gradients), exact-k
-// for the weight gradients' K, exact for both. oneDNN 2.6 runs runtime shapes through its
-// GEMM driver: on AMX cores the exact weight-gradient kernels were 1.2-1.5x faster once
-// created, but every step brings new row counts, so short runs lose more to the creations
-// than they gain (docs/PERFORMANCE.md). Results are the same bits for a given mode and
-// machine, not across modes. FOUNDRY_GEMM_ROWS=runtime|exact-m|exact-k|exact chooses.
+// reaches oneDNN: as a runtime dimension (one primitive serves every row count), or exactly:
+// exact-m for the products whose rows are M (forward, input gradients: one primitive per
+// count, created on first use, 0.6 ms here), exact-k for the weight gradients' K (rounded up
+// to a multiple of 64 with zero rows, in scratch, so that a few primitives serve every
+// count), exact for both. oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores
+// the exact weight-gradient kernels ran 1.2-1.5x faster (docs/PERFORMANCE.md), elsewhere the
+// driver is as fast or faster. Results are the same bits for a given mode and machine, not
+// across modes. FOUNDRY_GEMM_ROWS=auto|runtime|exact-m|exact-k|exact chooses; auto (the
+// default) is exact-k on AMX cores and runtime elsewhere.
 enum class GemmRows { runtime, exact_m, exact_k, exact };
 GemmRows gemm_rows_mode();
+// Sets the mode for the rest of the process (tests and benchmarks compare the modes).
+void set_gemm_rows_mode(GemmRows mode);
 const char* gemm_rows_name(GemmRows mode);
 
 // Number of cached oneDNN primitives (for tests and diagnostics).

@@ -111,11 +111,11 @@ TEST(Gemm, PrimitivesAreCachedPerShape) {
 
 TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
   // Expert GEMMs see a different row count every step: in the runtime mode M (or K for weight
-  // gradients) creates no primitive per value; exact-m creates one per M, exact-k one per K,
-  // exact both (gemm_rows_mode()). Every row count is exact in each mode.
+  // gradients) creates no primitive per value; exact-m creates one per M; exact-k pads K to a
+  // multiple of 64 (1, 3, 17 and 64 rows share one primitive), exact both
+  // (gemm_rows_mode()). Every row count is exact in each mode.
   const GemmRows mode = gemm_rows_mode();
-  const size_t per_count = (mode == GemmRows::exact_m || mode == GemmRows::exact ? 1 : 0) +
-                           (mode == GemmRows::exact_k || mode == GemmRows::exact ? 1 : 0);
+  const size_t per_count = mode == GemmRows::exact_m || mode == GemmRows::exact ? 1 : 0;
   const int64_t n = 24, k = 40;
   auto a = random_vec(64 * k, 6), b = random_vec(k * n, 7), dy = random_vec(64 * n, 8);
   std::vector<float> c(64 * n), dw(n * k);
@@ -137,7 +137,12 @@ TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
 // Products called from several threads at once (the experts' GEMMs) share the cached
 // primitives; each runs on its calling thread alone, with its own scratchpad. The results are
 // bitwise those of the same calls made one after another on every thread.
+// In every rows mode (gemm_rows_mode(): runtime, exact M, K padded to a multiple of 64, both).
 TEST(Gemm, ConcurrentCallsMatchSequentialCallsBitwise) {
+  const GemmRows restore = gemm_rows_mode();
+  for (GemmRows mode : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact}) {
+  SCOPED_TRACE(gemm_rows_name(mode));
+  set_gemm_rows_mode(mode);
   const int64_t k = 96, n = 160;
   const std::vector<int64_t> rows = {37, 64, 1, 90, 53, 64};
   int64_t total = 0;
@@ -182,7 +187,14 @@ TEST(Gemm, ConcurrentCallsMatchSequentialCallsBitwise) {
     const auto ref = reference(a, false, w, true, rows[0], n, k);
     const double tol = dt == DType::bf16 ? 0.15 : 1e-3;
     for (int64_t i = 0; i < rows[0] * n; ++i) ASSERT_NEAR(concurrent[i], ref[i], tol) << i;
+    // And the first expert's weight-gradient form (37 rows: K padded in exact-k).
+    const std::vector<float> a0(a.begin(), a.begin() + rows[0] * k);
+    const auto ref_dw = reference(a0, true, a0, false, k, k, rows[0]);
+    const float* dw0 = concurrent.data() + total * n;
+    for (int64_t i = 0; i < k * k; ++i) ASSERT_NEAR(dw0[i], ref_dw[i], tol) << i;
   }
+  }
+  set_gemm_rows_mode(restore);
 }
 
 // run_products: every task once; concurrently only when the costs split evenly over the
