@@ -147,4 +147,19 @@ std::string host_name() {
   return gethostname(buf, sizeof buf - 1) == 0 ? buf : "?";
 }
 
+double process_age_seconds() {
+  std::ifstream stat("/proc/self/stat"), uptime_file("/proc/uptime");
+  std::string line;
+  double uptime = 0;
+  if (!std::getline(stat, line) || !(uptime_file >> uptime)) return -1;
+  const size_t close = line.rfind(')');  // the command name may hold spaces
+  if (close == std::string::npos) return -1;
+  std::istringstream fields(line.substr(close + 1));
+  std::string field;
+  for (int i = 3; i < 22; ++i) fields >> field;  // state (3) .. itrealvalue (21)
+  long long start_ticks = 0;
+  if (!(fields >> start_ticks)) return -1;
+  return uptime - static_cast<double>(start_ticks) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 }  // namespace foundry

@@ -20,6 +20,8 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
 
 void fsync_path(const std::string& path);  // fsync a file or directory
 std::string host_name();                   // this host's name ("?" if unknown)
+// Seconds since this process started (from /proc/self/stat and /proc/uptime); -1 if unknown.
+double process_age_seconds();
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);   // mkdir -p
 void remove_all(const std::string& path);  // rm -rf (no error if absent)

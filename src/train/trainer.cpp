@@ -660,6 +660,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     r.seconds = now_seconds() - t0;
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;
+    // What a restart cost, start to first step (process start, MPI, allocation, the load).
+    if (step == start_step + 1 && start_step > 0 && run.procs.root())
+      std::fprintf(stderr, "first step after resuming at step %lld: %.1f s after the process "
+                   "started\n", static_cast<long long>(start_step), process_age_seconds());
     const bool eval_now = run.evaluation_due(step);
     if (eval_now) {
       run.mark(step, "validation");
