@@ -78,3 +78,39 @@ BENCHMARK(BM_ExpertGemms)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRea
 
 }  // namespace
 }  // namespace foundry
+
+namespace foundry {
+namespace {
+
+// One expert's products at zaya-bench's shape (256 rows, d_model 512, 2 × 2176 gate|up
+// outputs, 2176 down inputs) in a rows mode (gemm_rows_mode()): arg 0 the product (0 up
+// forward, 1 down forward, 2 up input gradient, 3 up weight gradient, 4 down weight
+// gradient), arg 1 the mode (0 runtime, 1 exact: exact-m for 0-2, exact-k for 3-4).
+void BM_ExpertProduct(benchmark::State& state) {
+  struct Shape { int64_t m, n, k; bool ta, tb; };
+  const int64_t rows = 256;
+  const Shape shapes[] = {{rows, 4352, 512, false, true}, {rows, 512, 2176, false, true},
+                          {rows, 512, 4352, false, false}, {4352, 512, rows, true, false},
+                          {512, 2176, rows, true, false}};
+  const Shape& s = shapes[state.range(0)];
+  const GemmRows restore = gemm_rows_mode();
+  set_gemm_rows_mode(state.range(1) == 0 ? GemmRows::runtime
+                     : state.range(0) < 3 ? GemmRows::exact_m
+                                          : GemmRows::exact_k);
+  std::vector<bf16> a(s.m * s.k, 0x3e80), b(s.k * s.n, 0x3f00);
+  std::vector<float> c(s.m * s.n);
+  gemm(a.data(), s.ta, b.data(), s.tb, c.data(), s.m, s.n, s.k, DType::bf16);  // creates it
+  for (auto _ : state) gemm(a.data(), s.ta, b.data(), s.tb, c.data(), s.m, s.n, s.k, DType::bf16);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * s.m * s.n * s.k * state.iterations(), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
+  set_gemm_rows_mode(restore);
+}
+BENCHMARK(BM_ExpertProduct)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1}})
+    ->ArgNames({"product", "exact"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
+}  // namespace
+}  // namespace foundry
