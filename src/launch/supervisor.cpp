@@ -435,7 +435,11 @@ class LaunchClaim {
   }
   ~LaunchClaim() {
     lock_.reset();
-    if (created_ && !inspect_run_dir(run_dir_).any()) remove_all(run_dir_);
+    try {
+      if (created_ && !inspect_run_dir(run_dir_).any()) remove_all(run_dir_);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "launch: warning: %s\n", e.what());
+    }
   }
 
  private:

@@ -235,7 +235,8 @@ void RunDir::overwrite(const RunDirContents& held) {
     remove_all(join(path_, kMetricsFile));
     removed.push_back(fmt::format("{} ({} line(s))", kMetricsFile, held.metrics_lines));
   }
-  if (held.memory_step > 0) removed.push_back("the in-memory checkpoint tier");  // TrainingRun
+  // The new run's start clears the tier (Checkpointer::clear_memory_tier).
+  if (held.memory_step > 0) removed.push_back("the in-memory checkpoint tier");
   if (removed.empty()) return;
   append_event(path_, "train", "overwrite",
                {{"removed", held.describe()}, {"entries", removed}});
