@@ -15,6 +15,15 @@ std::optional<ScheduleKind> parse_schedule(std::string_view name) {
   return std::nullopt;
 }
 
+const char* schedule_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::cosine: return "cosine";
+    case ScheduleKind::wsd: return "wsd";
+    case ScheduleKind::constant: return "constant";
+  }
+  return "?";
+}
+
 namespace {
 
 double cosine(const LrSchedule& s, int64_t step) {

@@ -27,6 +27,7 @@ namespace foundry {
 enum class ScheduleKind { cosine, wsd, constant };
 // The schedule named "cosine", "wsd" or "constant"; empty for any other name.
 std::optional<ScheduleKind> parse_schedule(std::string_view name);
+const char* schedule_name(ScheduleKind kind);  // the name parse_schedule reads
 
 struct LrSchedule {
   ScheduleKind kind = ScheduleKind::cosine;

@@ -84,6 +84,8 @@ TEST(Schedule, ParsesTheThreeKindsByName) {
   EXPECT_EQ(parse_schedule("constant"), ScheduleKind::constant);
   EXPECT_EQ(parse_schedule("linear"), std::nullopt);
   EXPECT_EQ(parse_schedule("Cosine"), std::nullopt);
+  for (ScheduleKind k : {ScheduleKind::cosine, ScheduleKind::wsd, ScheduleKind::constant})
+    EXPECT_EQ(parse_schedule(schedule_name(k)), k);
 }
 
 TEST(Schedule, RejectsBadInput) {

@@ -134,19 +134,6 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   return rc;
 }
 
-namespace {
-
-const char* schedule_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::cosine: return "cosine";
-    case ScheduleKind::wsd: return "wsd";
-    case ScheduleKind::constant: return "constant";
-  }
-  return "?";
-}
-
-}  // namespace
-
 std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now) {
   using Show = std::string (*)(const TrainConfig&);
   static const std::pair<const char*, Show> kFields[] = {
