@@ -164,12 +164,13 @@ CpuPeak cpu_peak(const CpuInfo& cpu, int cores, const PeakOverrides& overrides) 
     peak.clock_source = "cpufreq cpuinfo_max_freq (the boost clock; AVX-512 may run lower)";
   } else if (cpu.measured_clock_hz > 0) {
     clock_hz = cpu.measured_clock_hz;
-    peak.clock_source = cpu.cpuinfo_mhz > 0
-                            ? fmt::format(
-                                  "measured by dependent add and multiply chains (no cpufreq; /proc/cpuinfo "
-                                  "says {:.2f} GHz)",
-                                  cpu.cpuinfo_mhz / 1e3)
-                            : std::string("measured by dependent add and multiply chains (no cpufreq)");
+    peak.clock_source =
+        cpu.cpuinfo_mhz > 0
+            ? fmt::format(
+                  "measured by dependent add and multiply chains (no cpufreq; /proc/cpuinfo "
+                  "says {:.2f} GHz)",
+                  cpu.cpuinfo_mhz / 1e3)
+            : std::string("measured by dependent add and multiply chains (no cpufreq)");
   } else if (cpu.cpuinfo_mhz > 0) {
     clock_hz = cpu.cpuinfo_mhz * 1e6;
     peak.clock_source = "/proc/cpuinfo cpu MHz (often the base clock; boost may be higher)";

@@ -12,13 +12,13 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "ckpt/checkpoint.h"
 #include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
 #include "train/events.h"
 #include "train/memory_tier.h"
 #include "train/processes.h"
 #include "train/run_config.h"
-#include "ckpt/checkpoint.h"
 
 namespace foundry {
 namespace {
@@ -59,7 +59,8 @@ std::string RunDirContents::describe() const {
   if (checkpoints > 0) parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
   if (metrics_lines > 0)
     parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
-  if (memory_step > 0) parts.push_back(fmt::format("an in-memory checkpoint of step {}", memory_step));
+  if (memory_step > 0)
+    parts.push_back(fmt::format("an in-memory checkpoint of step {}", memory_step));
   return parts.empty() ? "nothing" : fmt::format("{}", fmt::join(parts, " and "));
 }
 
@@ -88,8 +89,10 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
     for (const auto& [name, is_dir] : list_dir(root)) {
       if (name == kLatestFile || (is_dir && parse_checkpoint_dir_name(name))) ++c.checkpoints;
       const std::string why = foreign_reason(root, name, is_dir);
-      if (why.empty()) c.foundry_entries.push_back(name);
-      else c.foreign_entries.push_back(fmt::format("{} ({})", name, why));
+      if (why.empty())
+        c.foundry_entries.push_back(name);
+      else
+        c.foreign_entries.push_back(fmt::format("{} ({})", name, why));
     }
   std::sort(c.foundry_entries.begin(), c.foundry_entries.end());
   std::sort(c.foreign_entries.begin(), c.foreign_entries.end());
@@ -104,8 +107,7 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
 // next holder replaces a file whose holder died). A process that opened the file just before
 // its holder removed it could lock a file no longer in the directory, so a lock counts only
 // while the path still names the file locked.
-RunDirLock::RunDirLock(const std::string& run_dir, const char* file)
-    : path_(join(run_dir, file)) {
+RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(join(run_dir, file)) {
   const bool launch = std::string(file) == kLaunchLockFile;
   for (;;) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -121,8 +123,7 @@ RunDirLock::RunDirLock(const std::string& run_dir, const char* file)
              "the run directory's file system must support flock(2)");
       const LockHolder h = read_holder(path_);
       fail(fmt::format("run directory '{}' is in use by another {} (pid {} on host {}, since {})",
-                       run_dir, launch ? "foundry launch" : "training job", h.pid, h.host,
-                       h.since),
+                       run_dir, launch ? "foundry launch" : "training job", h.pid, h.host, h.since),
            launch ? "one launch supervises a run: wait for that one to end or stop it (SIGTERM "
                     "saves a checkpoint), or set another train.run_dir"
                   : "wait for that job to end or stop it, or set another train.run_dir");
@@ -238,8 +239,7 @@ void RunDir::overwrite(const RunDirContents& held) {
   // The new run's start clears the tier (Checkpointer::clear_memory_tier).
   if (held.memory_step > 0) removed.push_back("the in-memory checkpoint tier");
   if (removed.empty()) return;
-  append_event(path_, "train", "overwrite",
-               {{"removed", held.describe()}, {"entries", removed}});
+  append_event(path_, "train", "overwrite", {{"removed", held.describe()}, {"entries", removed}});
   std::fprintf(stderr, "overwrite: removed the previous run's files from %s: %s\n", path_.c_str(),
                fmt::format("{}", fmt::join(removed, ", ")).c_str());
 }

@@ -64,7 +64,8 @@ TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
   const std::string dir = tmp.path() + "/run";
   fake_previous_run(dir, false);
   Processes one(nullptr, 0);
-  expect_error([&] { RunDir d(at(dir), StartMode::resume, one); }, "has no checkpoint to resume from");
+  expect_error([&] { RunDir d(at(dir), StartMode::resume, one); },
+               "has no checkpoint to resume from");
   EXPECT_FALSE(RunDir(at(dir), StartMode::auto_resume, one).resume());
   make_dirs(dir + "/checkpoints/step_00000002");
   EXPECT_TRUE(RunDir(at(dir), StartMode::auto_resume, one).resume());

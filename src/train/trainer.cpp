@@ -173,8 +173,7 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
   if (stop_at_step > 0 && (stop_at_step > total_steps || stop_at_step <= start_step))
     fail(fmt::format("--stop-at-step {} is outside the steps this run trains, {} to {}",
                      stop_at_step, start_step + 1, total_steps),
-         fmt::format("pass a step from {} to {}, or change --steps", start_step + 1,
-                     total_steps));
+         fmt::format("pass a step from {} to {}, or change --steps", start_step + 1, total_steps));
 }
 
 // A resume trains on with the settings the run was trained with (RUN_DIR/config.json): a
@@ -194,13 +193,14 @@ void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   const std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
   if (changes.empty()) return;
   if (!allowed)
-    fail(fmt::format("this resume would train on with other settings than the run's ({}): {}",
-                     path, fmt::join(changes, "; ")),
+    fail(fmt::format("this resume would train on with other settings than the run's ({}): {}", path,
+                     fmt::join(changes, "; ")),
          fmt::format("resume with the run's own settings (--config {} holds them all), or pass "
                      "--allow-config-change to change them on purpose",
                      path));
   if (!root) return;
-  std::fprintf(stderr, "resume: changing %s\n", fmt::format("{}", fmt::join(changes, "; ")).c_str());
+  std::fprintf(stderr, "resume: changing %s\n",
+               fmt::format("{}", fmt::join(changes, "; ")).c_str());
   append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
 }
 
@@ -662,8 +662,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     summary.last_train_loss = r.losses.ce_loss;
     // What a restart cost, start to first step (process start, MPI, allocation, the load).
     if (step == start_step + 1 && start_step > 0 && run.procs.root())
-      std::fprintf(stderr, "first step after resuming at step %lld: %.1f s after the process "
-                   "started\n", static_cast<long long>(start_step), process_age_seconds());
+      std::fprintf(stderr,
+                   "first step after resuming at step %lld: %.1f s after the process "
+                   "started\n",
+                   static_cast<long long>(start_step), process_age_seconds());
     const bool eval_now = run.evaluation_due(step);
     if (eval_now) {
       run.mark(step, "validation");
