@@ -81,6 +81,7 @@ class Supervisor {
   explicit Supervisor(const LaunchOptions& o)
       : o_(o), rc_(load_run_config(o.config_path, o.overrides)), run_dir_(rc_.train.run_dir) {}
   int run();
+  const std::string& run_dir() const { return run_dir_; }
 
  private:
   Attempt start(int number);
@@ -450,7 +451,7 @@ class LaunchClaim {
 
 int supervise(const LaunchOptions& options) {
   Supervisor supervisor(options);  // reads the config: bad input fails before anything exists
-  LaunchClaim claim(load_run_config(options.config_path, options.overrides).train.run_dir);
+  LaunchClaim claim(supervisor.run_dir());
   return supervisor.run();
 }
 

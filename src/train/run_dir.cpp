@@ -99,7 +99,7 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
   c.metrics_lines = count_lines(join(run_dir, kMetricsFile));
   if (tier && tier->memory_checkpoint_every > 0)
     if (const auto memory = usable_memory_checkpoint(*tier, find_latest_checkpoint(run_dir)))
-      c.memory_step = latest_resume_step(*tier);
+      c.memory_step = parse_checkpoint_dir_name(memory->substr(memory->rfind('/') + 1)).value_or(0);
   return c;
 }
 
