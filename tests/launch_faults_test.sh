@@ -129,13 +129,15 @@ wait $lpid; rc=$?
 [ $rc -eq 0 ] && [ "$(losses dup/metrics.jsonl)" = "$ref1" ] \
   && ok "the first launch finished undisturbed" || { bad "first launch: rc=$rc"; cat dup.log; }
 
-# ---- before the first durable checkpoint (step 250), only the in-memory tier holds the
-# run: the restart resumes from it, not from step 0 ----
-launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
+# ---- with no durable checkpoint yet (checkpoint_every=0: only the final one), only the
+# in-memory tier holds the run: the restart resumes from it, not from step 0 ----
+launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \
+  train.checkpoint_every=0
 wait_step mem1 120 && kill -9 "$(rank_pid mem1 0)"
 check "SIGKILL before the first durable checkpoint, in-memory checkpoints (1 process)" mem1 "$ref1" signal
 lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem1/events.jsonl)
-grep -q "resumed from .*, an in-memory checkpoint (step" mem1.log && [ "$lost" -le 11 ] \
+# (a save skipped while the one before is still in flight can leave 20 steps between two)
+grep -q "resumed from .*, an in-memory checkpoint (step" mem1.log && [ "$lost" -le 21 ] \
   && ok "resumed from the in-memory checkpoint alone, $lost step(s) lost" \
   || { bad "in-memory-only resume: $lost step(s) lost"; cat mem1.log; }
 
