@@ -1,8 +1,8 @@
 // A zero-initialized array whose memory is taken from the OS page by page, as it is first
-// written, and can be handed back: the parameter and gradient slabs. Untouched or released
-// pages read as zero and take no physical memory, so a rank that never writes the parts of
-// a slab it does not need (another rank's experts) does not pay for them, while every
-// offset stays where the slab layout puts it.
+// written, and can be handed back: the parameter and gradient slabs, the optimizer state. Untouched
+// or released pages read as zero and take no physical memory, so a rank that never writes the parts
+// of a slab it does not need (another rank's experts) does not pay for them, while every offset
+// stays where the slab layout puts it.
 //
 // A slab knows its holes: the ranges this process does not store (set_holes). It is the one
 // place that knows them: for_each_stored walks the rest, and write_all lets a writer fill the
@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -28,13 +29,12 @@ class PageSlab {
   PageSlab() = default;
   explicit PageSlab(size_t n) : size_(n) {
     if (n == 0) return;
-    void* p = mmap(nullptr, bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw std::bad_alloc();
-    data_ = static_cast<T*>(p);
+    data_ = static_cast<T*>(map_zeroed(bytes()));
   }
   ~PageSlab() { unmap(); }
   PageSlab(PageSlab&& o) noexcept
-      : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)),
+      : data_(std::exchange(o.data_, nullptr)),
+        size_(std::exchange(o.size_, 0)),
         holes_(std::move(o.holes_)) {}
   PageSlab& operator=(PageSlab&& o) noexcept {
     if (this != &o) {
@@ -54,6 +54,12 @@ class PageSlab {
   bool empty() const { return size_ == 0; }
   T& operator[](size_t i) { return data_[i]; }
   const T& operator[](size_t i) const { return data_[i]; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
+  const T* begin() const { return data_; }
+  const T* end() const { return data_ + size_; }
+  operator std::span<T>() { return {data_, size_}; }
+  operator std::span<const T>() const { return {data_, size_}; }
 
   // Bytes of the slab backed by memory now (mincore; pages never written, or released, are
   // not), rounded to whole pages.
@@ -108,24 +114,52 @@ class PageSlab {
   // Returns the whole pages inside elements [begin, end) to the OS: they read as zero and
   // take no memory until written again. Elements on the pages the range only partly covers
   // keep their values (they share the page with elements outside it).
-  void release(size_t begin, size_t end) {
+  void release(size_t begin, size_t end) { advise(begin, end, MADV_DONTNEED); }
+
+  // Slabs of at least this many bytes are backed by transparent huge pages where the kernel
+  // offers them (a fault maps 2 MiB instead of 4 KiB: first touch of the gigabytes of a
+  // training process costs a fraction of the time), and start on a huge-page boundary.
+  static constexpr size_t kHugePage = size_t{2} << 20;
+
+ private:
+  size_t bytes() const { return size_ * sizeof(T); }
+  // Zeroed, unbacked memory for `n` bytes; from kHugePage on, aligned to it and advised to
+  // use huge pages (the slack mapped for the alignment is unmapped again).
+  static void* map_zeroed(size_t n) {
+    const bool huge = n >= kHugePage;
+    const size_t mapped = huge ? n + kHugePage : n;
+    void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    if (!huge) return p;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t start = (base + kHugePage - 1) / kHugePage * kHugePage;
+    if (start > base) munmap(p, start - base);
+    if (const size_t tail = base + mapped - (start + n); tail > 0)
+      munmap(reinterpret_cast<void*>(start + n), tail);
+    madvise(reinterpret_cast<void*>(start), n, MADV_HUGEPAGE);  // a hint: ignored where off
+    return reinterpret_cast<void*>(start);
+  }
+  void unmap() {
+    if (data_) munmap(data_, bytes());
+    data_ = nullptr;
+  }
+  // madvise on the whole pages inside elements [begin, end).
+  void advise(size_t begin, size_t end, int advice) {
     if (!data_ || end <= begin) return;
     static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     uintptr_t lo = reinterpret_cast<uintptr_t>(data_ + begin);
     uintptr_t hi = reinterpret_cast<uintptr_t>(data_ + end);
     lo = (lo + page - 1) / page * page;
     hi = hi / page * page;
-    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+    if (hi > lo) madvise(reinterpret_cast<void*>(lo), hi - lo, advice);
   }
-
- private:
-  size_t bytes() const { return size_ * sizeof(T); }
-  void unmap() {
-    if (data_) munmap(data_, bytes());
-    data_ = nullptr;
-  }
+  // A hole takes no memory: no huge page may cover it (a write beside it would back the
+  // whole 2 MiB), and its pages go back to the OS.
   void release_holes() {
-    for (const auto& [b, e] : holes_) release(static_cast<size_t>(b), static_cast<size_t>(e));
+    for (const auto& [b, e] : holes_) {
+      advise(static_cast<size_t>(b), static_cast<size_t>(e), MADV_NOHUGEPAGE);
+      release(static_cast<size_t>(b), static_cast<size_t>(e));
+    }
   }
   T* data_ = nullptr;
   size_t size_ = 0;

@@ -3,7 +3,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
+#include <string>
 
 namespace foundry {
 namespace {
@@ -69,6 +73,59 @@ TEST(PageSlab, MoveKeepsTheHoles) {
   ASSERT_EQ(b.holes().size(), 1u);
   EXPECT_EQ(b.holes()[0].first, kPage);
   EXPECT_TRUE(a.holes().empty() || a.size() == 0);
+}
+
+// The transparent-huge-page setting of this kernel ("always", "madvise", "never"; "" unknown).
+std::string huge_page_mode() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(f, line);
+  const size_t open = line.find('['), close = line.find(']');
+  return open == std::string::npos || close < open ? "" : line.substr(open + 1, close - open - 1);
+}
+
+// The "THPeligible" flag of the mapping holding `p` (/proc/self/smaps), -1 when not found.
+int huge_page_eligible(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find('-'))
+      inside = lo <= at && at < hi;
+    else if (inside && line.rfind("THPeligible:", 0) == 0)
+      return std::atoi(line.c_str() + 12);
+  }
+  return -1;
+}
+
+TEST(PageSlab, LargeSlabsStartOnAHugePageAndAskForHugePages) {
+  PageSlab<float> big(3 * PageSlab<float>::kHugePage / sizeof(float) + 5);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(big.data()) % PageSlab<float>::kHugePage, 0u);
+  EXPECT_EQ(big[big.size() - 1], 0.0f);  // the whole length is mapped
+  big[big.size() - 1] = 2.0f;
+  const std::string mode = huge_page_mode();
+  const bool offered = mode == "always" || mode == "madvise";
+  if (offered) {
+    EXPECT_EQ(huge_page_eligible(big.data()), 1);
+  }
+  // A hole is never covered by a huge page: writing beside it backs no memory inside it.
+  const size_t per_huge = PageSlab<float>::kHugePage / sizeof(float);
+  big.set_holes({{static_cast<int64_t>(per_huge), static_cast<int64_t>(2 * per_huge)}});
+  if (offered) {
+    EXPECT_EQ(huge_page_eligible(big.data() + per_huge), 0);
+  }
+  big[per_huge - 1] = 1.0f;
+  big[2 * per_huge] = 1.0f;
+  EXPECT_EQ(big[per_huge + 7], 0.0f);
+  EXPECT_EQ(big[big.size() - 1], 2.0f);
+}
+
+TEST(PageSlab, SmallSlabsTakeOnlyTheirPages) {
+  PageSlab<float> small(3 * kPage);
+  small[0] = 1.0f;
+  EXPECT_EQ(small.resident_bytes(), static_cast<size_t>(kPage * sizeof(float)));
 }
 
 }  // namespace

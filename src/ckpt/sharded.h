@@ -54,11 +54,13 @@ std::string staging_dir(const std::string& run_dir, int64_t step, const std::str
 
 // Writes this rank's pieces of `runs` (padding between tensors is not saved) to
 // staging/rank_<rank>.bin and fsyncs it. Returns the rank's description for the metadata:
-// {"file", "bytes", "pieces": [{"tensor", "offsets", "lengths", "byte_offset", "byte_length",
-// "xxh3_64": [per chunk]}]}. Fails naming the file on any I/O error (the caller reports it).
+// {"file", "bytes", "direct_io", "pieces": [{"tensor", "offsets", "lengths", "byte_offset",
+// "byte_length", "xxh3_64": [per chunk]}]}. Fails naming the file on any I/O error (the
+// caller reports it). The file is written with direct I/O where the filesystem takes it
+// (bypassing the page cache; "direct_io" says whether it did).
 // `recycle_dir`: an old checkpoint on its way out whose file of this rank, if it has one, is
-// moved here and overwritten in place (a RAM-backed directory then allocates no new pages);
-// that checkpoint is no longer valid afterwards.
+// moved here and overwritten in place through the page cache (a RAM-backed directory then
+// allocates no new pages); that checkpoint is no longer valid afterwards.
 json write_rank_shard(const std::string& staging, int rank, const ParamTable& table,
                       const std::vector<SlabRun>& runs, const std::string& recycle_dir = "");
 

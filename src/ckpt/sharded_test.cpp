@@ -1,8 +1,13 @@
 #include "ckpt/sharded.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,9 +30,9 @@ class ShardedTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    run_dir_ = (fs::temp_directory_path() /
-                fmt::format("foundry_sharded_{}_{}", ::getpid(), info->name()))
-                   .string();
+    run_dir_ =
+        (fs::temp_directory_path() / fmt::format("foundry_sharded_{}_{}", ::getpid(), info->name()))
+            .string();
     fs::remove_all(run_dir_);
   }
   void TearDown() override { fs::remove_all(run_dir_); }
@@ -78,8 +83,8 @@ TEST_F(ShardedTest, SavedFromFourRanksLoadsBitExactUnderOneTwoThreeAndFive) {
 
 TEST_F(ShardedTest, LayoutOfTheDirectoryAndMetadata) {
   const std::string dir = save(3, 2);
-  for (const char* f : {"rank_00000.bin", "rank_00001.bin", "metadata.json", "config.json",
-                        "COMMITTED"})
+  for (const char* f :
+       {"rank_00000.bin", "rank_00001.bin", "metadata.json", "config.json", "COMMITTED"})
     EXPECT_TRUE(path_exists(dir + "/" + f)) << f;
   EXPECT_EQ(read_text_file(run_dir_ + "/checkpoints/latest"), "step_00000003\n");
   const json m = read_sharded_metadata(dir);
@@ -137,8 +142,7 @@ TEST_F(ShardedTest, AFlippedByteFailsTheReadsThatCoverItNamingFileAndBytes) {
   EXPECT_NE(e.find("checksum"), std::string::npos) << e;
   // Rank 1's share lies in the other file: it loads.
   EXPECT_NO_THROW(load_share(dir, 2, 1, params, exp_avg));
-  EXPECT_NE(error_of([&] { verify_sharded_data(dir); }).find("rank_00000.bin"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { verify_sharded_data(dir); }).find("rank_00000.bin"), std::string::npos);
 }
 
 TEST_F(ShardedTest, ATruncatedShardMakesTheCheckpointInvalidAndTheOlderOneIsFound) {
@@ -195,6 +199,73 @@ TEST_F(ShardedTest, LeftoverStagingIsIgnoredAndRemovedByTheNextCommit) {
   save(1, 1);
   EXPECT_FALSE(path_exists(leftover));
   EXPECT_TRUE(list_checkpoint_dirs(run_dir_).size() == 1);
+}
+
+// Pages of `path` in the page cache (mincore over a mapping of it).
+int64_t cached_pages(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return -1;
+  const size_t bytes = static_cast<size_t>(::lseek(fd, 0, SEEK_END));
+  void* p = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (p == MAP_FAILED) return -1;
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char> in_core((bytes + page - 1) / page);
+  int64_t n = -1;
+  if (::mincore(p, bytes, in_core.data()) == 0)
+    n = std::count_if(in_core.begin(), in_core.end(), [](unsigned char c) { return c & 1; });
+  ::munmap(p, bytes);
+  return n;
+}
+
+// Several staging buffers of data (direct I/O writes 8 MiB at a time) and a size that is no
+// multiple of the device block: written directly, and through the page cache into a recycled
+// file, the shard files are the same bytes and load the same tensors.
+TEST_F(ShardedTest, DirectAndBufferedWritesGiveTheSameFile) {
+  ModelConfig big = config_;
+  big.vocab_size = 20011;
+  big.d_model = 320;
+  const ParamTable table(big);
+  const int64_t n = table.total_elements();
+  ASSERT_GT(n * 4, int64_t{17} << 20);  // two whole staging buffers and a part
+  const std::vector<float> params = random_slab(n, 5);
+  const std::vector<SlabRun> runs = {{"", 0, n, const_cast<float*>(params.data())}};
+
+  const std::string direct_dir = run_dir_ + "/direct", old_dir = run_dir_ + "/old",
+                    recycled_dir = run_dir_ + "/recycled";
+  const json direct = write_rank_shard(direct_dir, 0, table, runs);
+  write_rank_shard(old_dir, 0, table, {{"", 0, 10, const_cast<float*>(params.data())}});
+  const json buffered = write_rank_shard(recycled_dir, 0, table, runs, old_dir);
+  EXPECT_FALSE(buffered.at("direct_io").get<bool>());
+  EXPECT_FALSE(path_exists(old_dir + "/rank_00000.bin"));  // moved and overwritten
+
+  const std::string a = read_text_file(direct_dir + "/rank_00000.bin");
+  const std::string b = read_text_file(recycled_dir + "/rank_00000.bin");
+  EXPECT_EQ(static_cast<int64_t>(a.size()), direct.at("bytes").get<int64_t>());
+  EXPECT_NE(a.size() % 4096, 0u);
+  EXPECT_TRUE(a == b) << "the two writes differ";
+  EXPECT_EQ(direct.at("pieces"), buffered.at("pieces"));
+  // Every piece holds its tensor's values at its byte offset.
+  for (const json& piece : direct.at("pieces")) {
+    const std::string name = piece.at("tensor");
+    const ParamInfo* info = nullptr;
+    for (const ParamInfo& p : table.params())
+      if (p.name == name) info = &p;
+    ASSERT_NE(info, nullptr) << name;
+    ASSERT_EQ(piece.at("byte_length").get<int64_t>(), info->numel * 4);
+    EXPECT_EQ(std::memcmp(a.data() + piece.at("byte_offset").get<int64_t>(),
+                          params.data() + info->offset, info->numel * 4),
+              0)
+        << name;
+  }
+  // Direct I/O leaves the page cache alone (a RAM-backed filesystem caches what it holds).
+  struct statfs fs_info {};
+  ::statfs(direct_dir.c_str(), &fs_info);
+  if (direct.at("direct_io").get<bool>() && fs_info.f_type != TMPFS_MAGIC) {
+    const std::string again = direct_dir + "/again";
+    const json shard = write_rank_shard(again, 0, table, runs);
+    EXPECT_LT(cached_pages(again + "/rank_00000.bin"), 16);
+  }
 }
 
 }  // namespace

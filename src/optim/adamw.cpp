@@ -42,8 +42,8 @@ std::vector<SlabChunk> restrict_chunks(const std::vector<SlabChunk>& chunks,
 
 AdamW::AdamW(const ParamTable& table, const AdamWOptions& options)
     : options_(options),
-      exp_avg_(table.total_elements(), 0.0f),
-      exp_avg_sq_(table.total_elements(), 0.0f) {
+      exp_avg_(static_cast<size_t>(table.total_elements())),
+      exp_avg_sq_(static_cast<size_t>(table.total_elements())) {
   if (!(options.beta1 >= 0 && options.beta1 < 1) || !(options.beta2 >= 0 && options.beta2 < 1))
     fail(fmt::format("AdamW betas ({}, {}) must lie in [0, 1)", options.beta1, options.beta2),
          "set train.beta1 and train.beta2 below 1");

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/page_slab.h"
 #include "model/params.h"
 #include "optim/slab_chunks.h"
 
@@ -58,10 +59,10 @@ struct StepFusion {
 // optimizer (optim/zero1.h), so a sharded step does exactly the single-process arithmetic.
 struct AdamWScalars {
   float beta1, one_minus_beta1, beta2, one_minus_beta2;
-  float step_size;           // lr / (1 - beta1^t)
-  float sqrt_correction2;    // sqrt(1 - beta2^t)
+  float step_size;         // lr / (1 - beta1^t)
+  float sqrt_correction2;  // sqrt(1 - beta2^t)
   float eps;
-  float decay_factor;        // 1 - lr * weight_decay
+  float decay_factor;  // 1 - lr * weight_decay
 };
 AdamWScalars adamw_scalars(const AdamWOptions& options, double lr, int64_t step);
 void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restrict m,
@@ -85,8 +86,8 @@ class AdamW {
   std::span<const float> state(std::string_view name) const;
   static const std::vector<std::string>& state_names();
 
-  void reset();  // zeroes both moments
-  bool decays(const ParamInfo& info) const;  // is the tensor in the weight-decay group?
+  void reset();                               // zeroes both moments
+  bool decays(const ParamInfo& info) const;   // is the tensor in the weight-decay group?
   bool updates(const ParamInfo& info) const;  // does this optimizer update the tensor?
   const AdamWOptions& options() const { return options_; }
   int64_t slab_elements() const { return static_cast<int64_t>(exp_avg_.size()); }
@@ -94,7 +95,7 @@ class AdamW {
  private:
   AdamWOptions options_;
   std::vector<SlabChunk> chunks_;
-  std::vector<float> exp_avg_, exp_avg_sq_;
+  PageSlab<float> exp_avg_, exp_avg_sq_;
 };
 
 }  // namespace foundry

@@ -33,8 +33,7 @@ double frobenius_norm(const float* x, int64_t n, std::vector<double>& block_sums
   for (int64_t b = 0; b < blocks; ++b) {
     const int64_t end = std::min(n, (b + 1) * kNormBlockElements);
     double sum = 0;
-    for (int64_t i = b * kNormBlockElements; i < end; ++i)
-      sum += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = b * kNormBlockElements; i < end; ++i) sum += static_cast<double>(x[i]) * x[i];
     block_sums[b] = sum;
   }
   double total = 0;
@@ -53,7 +52,7 @@ bool muon_applies(const ParamInfo& info) {
 
 std::string optimizer_for(const ParamInfo& info, bool muon_enabled) {
   return optimizer_name(muon_enabled && muon_applies(info) ? OptimizerKind::muon
-                                                          : OptimizerKind::adamw);
+                                                           : OptimizerKind::adamw);
 }
 
 void NewtonSchulz::run(const float* g, float* out, int64_t rows, int64_t cols, int steps,
@@ -129,7 +128,7 @@ void newton_schulz(const float* g, float* out, int64_t rows, int64_t cols, int s
 }
 
 Muon::Muon(const ParamTable& table, const MuonOptions& options)
-    : options_(options), momentum_(table.total_elements(), 0.0f) {
+    : options_(options), momentum_(static_cast<size_t>(table.total_elements())) {
   if (!(options.momentum >= 0 && options.momentum < 1))
     fail(fmt::format("Muon momentum {} must lie in [0, 1)", options.momentum),
          "0.95 is the usual value");
@@ -182,8 +181,7 @@ void Muon::step(float* params, const float* grads, double lr, int64_t step,
 
     newton_schulz_.run(u, u, rows, cols, options_.ns_steps, options_.bf16_newton_schulz);
 
-    const float keep = t.weight_decay ? static_cast<float>(1.0 - lr * options_.weight_decay)
-                                      : 1.0f;
+    const float keep = t.weight_decay ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
     const float step_size = static_cast<float>(
         lr * options_.rms_scale * std::sqrt(static_cast<double>(std::max(rows, cols))));
 #pragma omp parallel for simd schedule(static) if (n >= kParallelElements)

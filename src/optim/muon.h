@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/page_slab.h"
 #include "model/params.h"
 #include "optim/adamw.h"
 
@@ -112,7 +113,7 @@ class Muon {
  private:
   MuonOptions options_;
   std::vector<ParamInfo> tensors_;
-  std::vector<float> momentum_;
+  PageSlab<float> momentum_;
   std::vector<float> update_;  // u, then O, for one tensor at a time
   NewtonSchulz newton_schulz_;
 };

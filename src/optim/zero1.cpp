@@ -43,8 +43,6 @@ struct Fingerprint {
 
 }  // namespace
 
-
-
 namespace {
 
 std::vector<SlabTensor> optimizer_tensors(const ParamTable& table, const AdamWOptions& adamw,
@@ -142,8 +140,8 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
   if (options.max_message_elements < 1 || options.max_message_elements > INT32_MAX)
     fail(fmt::format("ZeRO-1 max_message_elements = {} must lie in [1, 2^31 - 1]",
                      options.max_message_elements));
-  layout_ = Zero1Layout(optimizer_tensors(table, adamw, muon.has_value()),
-                        table.total_elements(), size);
+  layout_ =
+      Zero1Layout(optimizer_tensors(table, adamw, muon.has_value()), table.total_elements(), size);
   shard_ = layout_.shard(rank);
   reducer_.emplace(comm_, layout_.slab_elements(), layout_.shard_counts(),
                    GradientReducerOptions{options.bucket_elements, options.max_message_elements});
@@ -177,8 +175,8 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
       state += n;
     }
   }
-  exp_avg_.assign(state, 0.0f);
-  exp_avg_sq_.assign(state, 0.0f);
+  exp_avg_ = PageSlab<float>(static_cast<size_t>(state));
+  exp_avg_sq_ = PageSlab<float>(static_cast<size_t>(state));
 
   // Muon: the matrices this rank owns, their momentum packed whole.
   const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
@@ -191,11 +189,12 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
     muon_decays_[m] = table.params()[matrices[m].tensor].weight_decay;
     if (!matrices[m].split()) muon_inside_.push_back(m);
   }
-  momentum_.assign(momentum, 0.0f);
+  momentum_ = PageSlab<float>(static_cast<size_t>(momentum));
   owned_split_ = layout_.owned_split_matrix(rank);
   held_split_ = layout_.held_split_matrix(rank);
-  if (owned_split_ >= 0) exchange_.assign(matrices[owned_split_].numel, 0.0f);
-  grad_shard_.assign(shard_.size(), 0.0f);
+  if (owned_split_ >= 0)
+    exchange_ = PageSlab<float>(static_cast<size_t>(matrices[owned_split_].numel));
+  grad_shard_ = PageSlab<float>(static_cast<size_t>(shard_.size()));
 }
 
 int64_t Zero1Optimizer::allocated_bytes() const {
@@ -387,12 +386,12 @@ void Zero1Optimizer::all_gather_weights(float* params) {
   std::vector<Request> requests;
   for (int q = 0; q < size; ++q)
     if (q != rank)
-      append_requests(requests, comm_.irecv_ranges(params, shard_parts(q, rank, true), q,
-                                                   kTagSparseGather));
+      append_requests(requests,
+                      comm_.irecv_ranges(params, shard_parts(q, rank, true), q, kTagSparseGather));
   for (int r = 0; r < size; ++r)
     if (r != rank)
-      append_requests(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true),
-                                                          r, kTagSparseGather));
+      append_requests(requests, comm_.isend_ranges<float>(params, shard_parts(rank, r, true), r,
+                                                          kTagSparseGather));
   for (Request& q : requests) q.wait();
 }
 
@@ -406,12 +405,13 @@ void Zero1Optimizer::set_released_ranges(std::vector<Ranges> released) {
     int64_t last = 0;
     for (const auto& [b, e] : released[r]) {
       if (b < last || e < b || e > layout_.slab_elements())
-        fail(fmt::format("ZeRO-1: rank {}'s released ranges are not sorted, disjoint slab "
-                         "ranges",
-                         r));
+        fail(
+            fmt::format("ZeRO-1: rank {}'s released ranges are not sorted, disjoint slab "
+                        "ranges",
+                        r));
       if (b < s.end && e > s.begin)
-        fail(fmt::format("ZeRO-1: rank {} releases [{}, {}), which overlaps its shard [{}, {})",
-                         r, b, e, s.begin, s.end),
+        fail(fmt::format("ZeRO-1: rank {} releases [{}, {}), which overlaps its shard [{}, {})", r,
+                         b, e, s.begin, s.end),
              "a rank must store the shard it updates");
       last = e;
     }

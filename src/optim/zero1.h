@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "base/page_slab.h"
 #include "base/timer.h"
 #include "comm/comm.h"
 #include "model/params.h"
@@ -199,17 +200,17 @@ class Zero1Optimizer {
   std::vector<Ranges> released_;  // per rank; empty: every rank stores everything
   // The parts of shard `q` outside rank r's released ranges (`outside`) or inside them.
   Ranges shard_parts(int q, int r, bool outside) const;
-  std::vector<SlabChunk> norm_chunks_;    // tensor elements of the shard, for norm and clip
+  std::vector<SlabChunk> norm_chunks_;  // tensor elements of the shard, for norm and clip
   std::vector<AdamWChunk> adamw_chunks_;
   std::vector<size_t> muon_inside_;       // owned matrices inside the shard
   int64_t owned_split_ = -1;              // the owned split matrix, or -1
   int64_t held_split_ = -1;               // the split matrix held without owning it, or -1
   std::vector<int64_t> momentum_offset_;  // per muon_matrices() index: into momentum_, or -1
   std::vector<bool> muon_decays_;         // per muon_matrices() index
-  std::vector<float> grad_shard_;         // the averaged, clipped gradient of the shard
-  std::vector<float> exp_avg_, exp_avg_sq_;  // AdamW moments of the shard's AdamW elements
-  std::vector<float> momentum_;           // Muon momentum of the owned matrices, whole
-  std::vector<float> exchange_;           // the owned split matrix's gradient, assembled
+  PageSlab<float> grad_shard_;            // the averaged, clipped gradient of the shard
+  PageSlab<float> exp_avg_, exp_avg_sq_;  // AdamW moments of the shard's AdamW elements
+  PageSlab<float> momentum_;              // Muon momentum of the owned matrices, whole
+  PageSlab<float> exchange_;              // the owned split matrix's gradient, assembled
   NewtonSchulz newton_schulz_;
   OpTimes* op_times_ = nullptr;
 };

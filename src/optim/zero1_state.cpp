@@ -45,7 +45,7 @@ void Zero1Optimizer::check_state_name(std::string_view name) const {
 void Zero1Optimizer::export_state(std::string_view name, float* range_values) const {
   const SlabRange range = layout_.state_range(comm_.rank());
   if (name == "exp_avg" || name == "exp_avg_sq") {
-    const std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+    const PageSlab<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
     for (const AdamWChunk& c : adamw_chunks_) {
       FOUNDRY_CHECK(c.offset >= range.begin && c.offset + c.size <= range.end);
       std::memcpy(range_values + (c.offset - range.begin), moment.data() + c.state_offset,
@@ -66,7 +66,7 @@ void Zero1Optimizer::export_state(std::string_view name, float* range_values) co
 void Zero1Optimizer::import_state(std::string_view name, const float* range_values) {
   const SlabRange range = layout_.state_range(comm_.rank());
   if (name == "exp_avg" || name == "exp_avg_sq") {
-    std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+    PageSlab<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
     for (const AdamWChunk& c : adamw_chunks_)
       std::memcpy(moment.data() + c.state_offset, range_values + (c.offset - range.begin),
                   sizeof(float) * c.size);
@@ -147,7 +147,7 @@ std::vector<Zero1Optimizer::StateRun> Zero1Optimizer::state_runs(std::string_vie
   check_state_name(name);
   std::vector<StateRun> runs;
   if (name == "exp_avg" || name == "exp_avg_sq") {
-    std::vector<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
+    PageSlab<float>& moment = name == "exp_avg" ? exp_avg_ : exp_avg_sq_;
     for (const AdamWChunk& c : adamw_chunks_)
       runs.push_back({c.offset, c.offset + c.size, moment.data() + c.state_offset});
     return runs;

@@ -89,12 +89,13 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
   set_checkpoint_fault_rank(processes.rank());
   disk_.root = rc.train.run_dir;
   disk_.keep = rc.train.keep_checkpoints;
-  // The snapshot buffer, allocated and touched once here rather than in the first save.
+  // The snapshot buffer: mapped once here, backed by memory as the first save copies into it
+  // (beside a step, not before the first one: a restart waits for none of it).
   if (rc.train.checkpoint_async) {
     const SlabInterval params = optimizer.parameters_to_save();
     int64_t total = params.end - params.begin;
     for (const StateRun& r : optimizer.states_to_save_runs()) total += r.end - r.begin;
-    buffer_.assign(static_cast<size_t>(total), 0.0f);
+    buffer_ = PageSlab<float>(static_cast<size_t>(total));
   }
   if (rc.train.memory_checkpoint_every > 0) open_memory_tier();
 }
@@ -114,9 +115,10 @@ void Checkpointer::open_memory_tier() {
   for (const std::string& h : hosts)
     if (h != hosts[0]) {
       if (processes_.root())
-        warn(fmt::format("in-memory checkpoints are off: the ranks run on several hosts ({} and "
-                         "{}), and a rank restarted elsewhere could not read them",
-                         hosts[0], h));
+        warn(
+            fmt::format("in-memory checkpoints are off: the ranks run on several hosts ({} and "
+                        "{}), and a rank restarted elsewhere could not read them",
+                        hosts[0], h));
       return;
     }
   memory_.root = memory_tier_root(rc_.train);
@@ -164,15 +166,14 @@ std::vector<SlabTarget> Checkpointer::load_targets() {
   return targets;
 }
 
-void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state,
-                                uint64_t checksum, const std::string& source) {
+void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state, uint64_t checksum,
+                                const std::string& source) {
   auto saved = saved_state.find(kTokenizerChecksumKey);
   if (saved == saved_state.end()) return;
   const std::string mine = hash64_hex(checksum);
   if (*saved != mine)
     fail(fmt::format("{} was trained with a tokenizer of XXH3-64 {}, {} has {}", dir,
-                     saved->is_string() ? saved->get<std::string>() : saved->dump(), source,
-                     mine),
+                     saved->is_string() ? saved->get<std::string>() : saved->dump(), source, mine),
          "use the dataset (or its tokenizer.model) the model was trained on");
 }
 
@@ -299,8 +300,9 @@ void Checkpointer::save(int64_t step) {
   if (disk_.in_flight) {
     if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip) {
       if (processes_.root())
-        std::fprintf(stderr, "skipping the checkpoint of step %lld: step %lld is still being "
-                             "written (train.checkpoint_overlap = skip)\n",
+        std::fprintf(stderr,
+                     "skipping the checkpoint of step %lld: step %lld is still being "
+                     "written (train.checkpoint_overlap = skip)\n",
                      static_cast<long long>(step), static_cast<long long>(disk_.step));
       return;
     }
@@ -371,7 +373,8 @@ void Checkpointer::copy_snapshot(Tier& tier) {
   const double t0 = now_seconds();
   int64_t total = 0;
   for (const SlabRun& r : tier.runs) total += r.end - r.begin;
-  if (static_cast<int64_t>(buffer_.size()) < total) buffer_.resize(static_cast<size_t>(total));
+  if (static_cast<int64_t>(buffer_.size()) < total)
+    buffer_ = PageSlab<float>(static_cast<size_t>(total));
   float* at = buffer_.data();
   for (SlabRun& r : tier.runs) {
     std::memcpy(at, r.data, static_cast<size_t>(r.end - r.begin) * sizeof(float));
@@ -410,14 +413,16 @@ void Checkpointer::finish() {
 }
 
 // "saved checkpoint DIR: 704.9 MB from 2 ranks, written in 0.989 s (357 MB/s by the slowest
-// rank); the step loop was blocked 0.000 s (its snapshot took 0.065 s beside the next step),
-// the commit 0.011 s".
+// rank, direct I/O); the step loop was blocked 0.000 s (its snapshot took 0.065 s beside the next
+// step), the commit 0.011 s".
 void Checkpointer::report_save(const Tier& tier, const std::string& path,
                                const std::vector<json>& shards, double commit_seconds) const {
   double bytes = 0, write_seconds = 0;
+  bool direct = true;
   for (const json& s : shards) {
     bytes += s.at("bytes").get<double>();
     write_seconds = std::max(write_seconds, s.at("write_seconds").get<double>());
+    direct = direct && s.value("direct_io", false);
   }
   // A synchronous save is reported from inside save(): the loop has been blocked since it
   // began.
@@ -429,10 +434,10 @@ void Checkpointer::report_save(const Tier& tier, const std::string& path,
           : std::string("a synchronous save");
   std::fprintf(stderr,
                "saved checkpoint %s: %.1f MB from %zu ranks, written in %.3f s (%.0f MB/s by the "
-               "slowest rank); the step loop was blocked %.3f s (%s), the commit %.3f s\n",
+               "slowest rank%s); the step loop was blocked %.3f s (%s), the commit %.3f s\n",
                path.c_str(), bytes / 1e6, shards.size(), write_seconds,
-               bytes / shards.size() / 1e6 / std::max(write_seconds, 1e-9), blocked, how.c_str(),
-               commit_seconds);
+               bytes / shards.size() / 1e6 / std::max(write_seconds, 1e-9),
+               direct ? ", direct I/O" : "", blocked, how.c_str(), commit_seconds);
 }
 
 void Checkpointer::commit(Tier& tier) {
@@ -459,8 +464,8 @@ void Checkpointer::commit(Tier& tier) {
                                rc_.train.zero1 && processes_.ranks() > 1,
                                static_cast<int>(rc_.train.context_parallel)};
       const std::string path =
-          commit_sharded_checkpoint(tier.root, tier.staging, tier.step, rc_.model,
-                                    model_.table(), shards, tier.state, layout, tier.keep);
+          commit_sharded_checkpoint(tier.root, tier.staging, tier.step, rc_.model, model_.table(),
+                                    shards, tier.state, layout, tier.keep);
       if (!quiet_ && &tier == &disk_) report_save(tier, path, shards, now_seconds() - t0);
     } catch (const std::exception& e) {
       outcome = "rank 0: " + std::string(e.what());
@@ -477,9 +482,10 @@ void Checkpointer::commit(Tier& tier) {
          "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
   // The memory tier only shortens restarts: the run goes on without it.
   if (processes_.root()) {
-    warn(fmt::format("the in-memory checkpoint of step {} failed ({}); in-memory checkpoints "
-                     "are off for the rest of this run",
-                     tier.step, outcome));
+    warn(
+        fmt::format("the in-memory checkpoint of step {} failed ({}); in-memory checkpoints "
+                    "are off for the rest of this run",
+                    tier.step, outcome));
     try {
       remove_all(tier.root);
     } catch (const Error& e) {

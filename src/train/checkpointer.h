@@ -21,12 +21,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "base/page_slab.h"
 #include "ckpt/checkpoint.h"
 #include "data/loader.h"
 #include "optim/optimizer.h"
@@ -117,8 +118,8 @@ class Checkpointer {
     std::thread writer;
     std::atomic<bool> written{false};
     bool snapshot_pending = false;  // guarded by mutex_
-    std::string shard;  // this rank's description (JSON) or, on failure, ""
-    std::string error;  // this rank's write error
+    std::string shard;              // this rank's description (JSON) or, on failure, ""
+    std::string error;              // this rank's write error
     // When save() began, its snapshot copy, and the time the step loop waited for it (save()
     // and protect_state()), for the save's log line.
     double started = 0, snapshot_seconds = 0, blocked_seconds = 0;
@@ -154,7 +155,7 @@ class Checkpointer {
   // The run directory's newest committed checkpoint (as this run knows it; 0 for none): the
   // memory tier's checkpoints name it as the durable one they descend from.
   int64_t durable_step_ = 0;
-  std::vector<float> buffer_;  // the durable tier's snapshot, reused
+  PageSlab<float> buffer_;  // the durable tier's snapshot, reused (backed from its first copy)
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
 };
@@ -169,7 +170,7 @@ void check_same_optimizer(const std::string& dir, const json& saved_state,
 // tokenizer whose XXH3-64 is `checksum`, read from `source` (a dataset or a tokenizer file,
 // for the message): another tokenizer of the same size gives wrong losses and garbage text
 // without any other error. Checkpoints of runs on synthetic data record none: no check.
-void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state,
-                                uint64_t checksum, const std::string& source);
+void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state, uint64_t checksum,
+                                const std::string& source);
 
 }  // namespace foundry

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/config_reader.h"
 #include "base/io.h"
 #include "base/timer.h"
 #include "comm/agree.h"
@@ -24,6 +26,19 @@ int64_t devices_in_job(const Processes& procs, bool device_is_host) {
   if (!device_is_host || !procs.world()) return device_is_host ? 1 : procs.ranks();
   const std::vector<std::string> hosts = allgather_strings(*procs.world(), host_name());
   return static_cast<int64_t>(std::set<std::string>(hosts.begin(), hosts.end()).size());
+}
+
+// The job peak the run directory's metrics.jsonl records last, if its source is `source`;
+// 0 when there is none.
+double earlier_measured_peak(const std::string& run_dir, const std::string& source) {
+  std::ifstream metrics(run_dir + "/metrics.jsonl");
+  std::string line, last;
+  while (std::getline(metrics, line))
+    if (!line.empty()) last = line;
+  const json m = json::parse(last, nullptr, /*allow_exceptions=*/false);
+  if (!m.is_object() || m.value("peak_source", "") != source) return 0;
+  const double gflops = m.value("peak_gflops", 0.0);
+  return gflops > 0 ? gflops * 1e9 : 0;
 }
 
 }  // namespace
@@ -49,7 +64,7 @@ double measure_gemm_peak(bool use_bf16, int bursts) {
 }
 
 MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& profile,
-                        const Processes& procs) {
+                        const Processes& procs, bool resuming) {
   if (tc.peak_gflops > 0)
     return {tc.peak_gflops * 1e9 * procs.ranks(),
             fmt::format("train.peak_gflops {:g} per process", tc.peak_gflops)};
@@ -60,13 +75,19 @@ MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& 
                         profile->device_is_host ? (devices == 1 ? "host" : "hosts")
                                                 : (devices == 1 ? "device" : "devices"))};
   }
+  const std::string measured =
+      fmt::format("measured at start: best {} GEMM of 5 bursts{}", dtype_name(tc.precision),
+                  procs.ranks() > 1 ? fmt::format(", summed over {} ranks", procs.ranks()) : "");
+  // A resumed run divides by the peak its first attempt measured (the same source, so the same
+  // precision and ranks): its MFU figures stay comparable, and a restart saves the seconds.
+  double peak = resuming && procs.root() ? earlier_measured_peak(tc.run_dir, measured) : 0;
+  if (procs.world()) procs.world()->broadcast(&peak, 1, 0);
+  if (peak > 0) return {peak, measured};
   // Every rank measures at once, so on a shared host each sees its share of the cores: the
   // sum is the job's peak.
-  double peak = measure_gemm_peak(tc.precision == DType::bf16);
+  peak = measure_gemm_peak(tc.precision == DType::bf16);
   if (procs.world()) procs.world()->allreduce(&peak, &peak, 1);
-  return {peak, fmt::format("measured at start: best {} GEMM of 5 bursts{}",
-                            dtype_name(tc.precision),
-                            procs.ranks() > 1 ? ", summed over the ranks" : "")};
+  return {peak, measured};
 }
 
 std::string MfuWatch::check(int64_t step, double mfu) {

@@ -24,7 +24,7 @@ struct TrainConfig;
 // train.hardware_profile, since profiles belong to the bench layer).
 struct DevicePeak {
   double flops_per_s = 0;
-  std::string source;     // e.g. "profile profiles/dev-machine.json, measured bf16 GEMM peak"
+  std::string source;          // e.g. "profile profiles/dev-machine.json, measured bf16 GEMM peak"
   bool device_is_host = true;  // CPU profiles: one device per host; GPU profiles: per rank
 };
 
@@ -33,9 +33,11 @@ struct MfuPeak {
   std::string source;
 };
 
-// Collective over the job's ranks (they measure at once and agree on one value).
+// Collective over the job's ranks (they measure at once and agree on one value). `resuming`:
+// a measured peak is taken from the run directory's metrics.jsonl when the earlier attempt
+// measured it under the same precision and ranks.
 MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& profile,
-                        const Processes& procs);
+                        const Processes& procs, bool resuming);
 
 // The best rate of 2048³ oneDNN matmuls in the given precision over `bursts` bursts of three,
 // 50 ms apart, on this process's threads (FLOP/s).

@@ -13,13 +13,13 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/timer.h"
+#include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "data/dataset.h"
 #include "kernels/gemm.h"
 #include "model/expert_parallel.h"
 #include "model/info.h"
-#include "ckpt/checkpoint_dir.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/events.h"
@@ -84,7 +84,8 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
             tc.expert_parallel));
   if (!opt.synthetic_data && rc.data.dir.empty())
-    fail("no dataset: data.dir is empty", "prepare one with 'foundry data prepare' and set "
+    fail("no dataset: data.dir is empty",
+         "prepare one with 'foundry data prepare' and set "
          "data.dir, or train on random tokens with --synthetic-data");
 }
 
@@ -109,8 +110,14 @@ struct TrainingRun {
   std::optional<RunDir> run_dir;  // locked for this run
   std::optional<Heartbeat> heartbeat;
   std::optional<AnomalyMonitor> anomalies;
-  MfuPeak peak;  // the MFU denominator (train/mfu.h)
+  MfuPeak peak;              // the MFU denominator (train/mfu.h)
   int64_t eval_batches = 0;  // train.eval_batches, or what the validation split holds
+  // Seconds since the process started when each phase of the start-up was done: MPI and the
+  // checks, the model and optimizer built (and initialized), the checkpoint loaded, the rest
+  // before the first step (the MFU peak, the validation at step 0).
+  struct {
+    double checked = 0, built = 0, loaded = 0, ready = 0;
+  } started;
 
   double evaluate() {
     if (!val_loader) return -1;
@@ -222,17 +229,18 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   check_steps_left(resuming ? latest_resume_step(tc) : 0, schedule.total_steps, opt.stop_at_step,
                    tc.run_dir);
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
+  started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
   if (run_dir->resume()) check_same_trajectory(rc, opt.allow_config_change, procs.root());
   model.emplace(rc.model, tc.precision);
   build_model_and_optimizer();
-  batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len,
-                  procs.rank(), procs.ranks(), rc.model.vocab_size, tc.seed,
-                  model->context_parallel());
+  batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len, procs.rank(),
+                  procs.ranks(), rc.model.vocab_size, tc.seed, model->context_parallel());
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
   watch_anomalies(run_dir->resume());
+  started.built = process_age_seconds();
 }
 
 // The step to go on from: 0 for a new run, else the latest checkpoint's. The run directory
@@ -609,10 +617,34 @@ StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainB
   return r;
 }
 
+// What the start cost, process start to the end of the first step, phase by phase: printed
+// after a resume (what a restart cost, even with --quiet), and for a new run unless quiet.
+void report_start_up(const TrainingRun& run, int64_t start_step) {
+  if (!run.procs.root() || (start_step == 0 && run.quiet)) return;
+  const auto& t = run.started;
+  const double now = process_age_seconds();
+  std::string phases = fmt::format("start-up and MPI {:.1f} s, model and optimizer {:.1f} s",
+                                   t.checked, t.built - t.checked);
+  if (start_step > 0)
+    phases += fmt::format(", loading the checkpoint {:.1f} s", t.loaded - t.built);
+  if (t.ready - t.loaded >= 0.05)
+    phases += fmt::format(", MFU peak and validation {:.1f} s", t.ready - t.loaded);
+  phases += fmt::format(", first step {:.1f} s", now - t.ready);
+  if (start_step > 0)
+    std::fprintf(stderr,
+                 "first step after resuming at step %lld: %.1f s after the process "
+                 "started (%s)\n",
+                 static_cast<long long>(start_step), now, phases.c_str());
+  else
+    std::fprintf(stderr, "first step: %.1f s after the process started (%s)\n", now,
+                 phases.c_str());
+}
+
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
   const int64_t start_step = run.resume();
+  run.started.loaded = process_age_seconds();
   check_steps_left(start_step, total_steps, opt.stop_at_step, rc.train.run_dir);
   if (start_step == total_steps) {  // nothing written: the run stays as it is
     TrainSummary done;
@@ -625,7 +657,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // From here on the run directory is this run's: heartbeats (before, a failure changes
   // nothing on disk, and the communication watchdog and launch's start-up limit watch).
   run.start_heartbeat();
-  run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs);
+  run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs, start_step > 0);
   run.print_header();
   TrainSummary summary;
   summary.start_step = start_step;
@@ -635,6 +667,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   if (start_step == 0 && run.val_loader && total_steps > 0)
     summary.initial_val_loss = run.initial_evaluation();
 
+  run.started.ready = process_age_seconds();
   StopSignals signals;
   run.model->op_times().enabled = opt.op_breakdown;
   StepLog log(run, std::move(metrics), start_step);
@@ -660,12 +693,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     r.seconds = now_seconds() - t0;
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;
-    // What a restart cost, start to first step (process start, MPI, allocation, the load).
-    if (step == start_step + 1 && start_step > 0 && run.procs.root())
-      std::fprintf(stderr,
-                   "first step after resuming at step %lld: %.1f s after the process "
-                   "started\n",
-                   static_cast<long long>(start_step), process_age_seconds());
+    if (step == start_step + 1) report_start_up(run, start_step);
     const bool eval_now = run.evaluation_due(step);
     if (eval_now) {
       run.mark(step, "validation");
