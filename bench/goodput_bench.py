@@ -6,7 +6,8 @@
                                    [--seed 7]
 
 Runs `foundry launch --np N` on random tokens with asynchronous checkpoints about every
---checkpoint-s seconds (steps per checkpoint from a short calibration run) and in-memory
+--checkpoint-s seconds (steps per checkpoint from a short calibration run, repeated after the
+run: the step time divided by is the mean of the two) and in-memory
 checkpoints every --memory-every steps (0 = none), kills a random rank
 with SIGKILL at random intervals (uniform in --fault-every seconds), stops one rank with SIGSTOP
 once (the third fault: a hang), and after --minutes sends SIGTERM to launch (the job saves a
@@ -43,15 +44,15 @@ def rank_pid(run, rank):
     except (FileNotFoundError, json.JSONDecodeError, KeyError):
         return None
 
-def calibrate(args, work):
-    """Seconds per step of the config on this layout."""
-    run = os.path.join(work, 'calibrate')
+def calibrate(args, work, name):
+    """Seconds per step of the config on this layout: the median of 30 steps after 3."""
+    run = os.path.join(work, name)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1')
     subprocess.run([args.foundry, 'launch', '--config', args.config, '--synthetic-data', '-q',
-                    '--np', str(args.np), '--steps', '12', '--set', 'train.run_dir=' + run,
+                    '--np', str(args.np), '--steps', '33', '--set', 'train.run_dir=' + run,
                     'train.checkpoint_every=0', 'train.peak_gflops=1000'], env=env, check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    times = sorted(m['step_time_s'] for m in metrics(run)[2:])
+    times = sorted(m['step_time_s'] for m in metrics(run)[3:])
     return times[len(times) // 2]
 
 def main():
@@ -67,7 +68,7 @@ def main():
     args = p.parse_args()
     rng = random.Random(args.seed)
     work = tempfile.mkdtemp(prefix='foundry_goodput.')
-    step_s = calibrate(args, work)
+    step_s = calibrate(args, work, 'calibrate')
     every = max(1, round(args.checkpoint_s / step_s))
     run = os.path.join(work, 'run')
     print('# foundry: goodput under injected faults')
@@ -130,8 +131,15 @@ def main():
     wall = time.time() - t_start
     final = metrics(run)
     logged = sum(m['step_time_s'] for m in final)
+    # This shared machine's speed drifts over minutes: calibrate again after the run and
+    # divide by the mean of the two.
+    before, after = step_s, calibrate(args, work, 'calibrate_after')
+    step_s = (before + after) / 2
     print('launch exit code %d (75 = stopped with a checkpoint) | wall %.1f s | %d steps kept'
           % (rc, wall, len(final)))
+    print('fault-free step time: %.3f s before the run, %.3f s after, %.3f s their mean; the '
+          'median step of the run itself: %.3f s' % (
+              before, after, step_s, sorted(m['step_time_s'] for m in final)[len(final) // 2]))
     print('goodput %.1f%% (steps kept x %.3f s fault-free step time / wall); their logged step '
           'time %.1f s is %.1f%% of the wall time' % (100 * len(final) * step_s / wall, step_s,
                                                       logged, 100 * logged / wall))
