@@ -129,6 +129,24 @@ wait $lpid; rc=$?
 [ $rc -eq 0 ] && [ "$(losses dup/metrics.jsonl)" = "$ref1" ] \
   && ok "the first launch finished undisturbed" || { bad "first launch: rc=$rc"; cat dup.log; }
 
+# ---- a run directory a launch supervises takes only the jobs that launch starts ----
+# (between two attempts no job holds the directory: a job started by hand then would train
+# beside the launch's next attempt). The launch's lock is held here by flock(1).
+mkdir -p held && echo '{"pid": 4242, "host": "h", "since": "t"}' > held/launch.lock
+flock held/launch.lock sleep 60 & fpid=$!
+sleep 0.5
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --steps 2 --set train.run_dir=held \
+  >held.log 2>&1; rc=$?
+[ $rc -eq 1 ] && grep -q "'held' is supervised by foundry launch (pid 4242 on host h" held.log \
+  && [ ! -e held/metrics.jsonl ] \
+  && ok "a training job started beside a launch is refused and writes nothing" \
+  || { bad "a job beside a launch: rc=$rc"; cat held.log; }
+FOUNDRY_LAUNCH_PID=4242 "$FOUNDRY" train --config tiny.json --synthetic-data -q --steps 2 \
+  --set train.run_dir=held >held2.log 2>&1; rc=$?
+[ $rc -eq 0 ] && [ -e held/metrics.jsonl ] \
+  && ok "the launch's own job trains in it" || { bad "the launch's own job: rc=$rc"; cat held2.log; }
+kill $fpid 2>/dev/null; wait $fpid 2>/dev/null
+
 # ---- with no durable checkpoint yet (checkpoint_every=0: only the final one), only the
 # in-memory tier holds the run: the restart resumes from it, not from step 0 ----
 launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \

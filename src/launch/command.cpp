@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "train/run_dir.h"
 
 namespace foundry {
 
@@ -16,10 +17,14 @@ Launcher parse_launcher(const std::string& name) {
 
 const char* launcher_name(Launcher l) {
   switch (l) {
-    case Launcher::automatic: return "auto";
-    case Launcher::local: return "local";
-    case Launcher::mpirun: return "mpirun";
-    case Launcher::srun: return "srun";
+    case Launcher::automatic:
+      return "auto";
+    case Launcher::local:
+      return "local";
+    case Launcher::mpirun:
+      return "mpirun";
+    case Launcher::srun:
+      return "srun";
   }
   return "?";
 }
@@ -43,8 +48,10 @@ std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd)
   }
   if (!in.omp_threads_set)
     cmd.env["OMP_NUM_THREADS"] = std::to_string(std::max(1, in.host_cores / in.ranks));
-  argv.push_back("-x");
-  argv.push_back("OMP_NUM_THREADS");
+  for (const char* exported : {"OMP_NUM_THREADS", kLaunchPidVariable}) {
+    argv.push_back("-x");
+    argv.push_back(exported);
+  }
   return argv;
 }
 

@@ -32,17 +32,21 @@ TEST(JobCommand, OneProcessRunsTrainDirectly) {
 TEST(JobCommand, MpirunSharesTheCoresAndOversubscribesOnlyWhenNeeded) {
   CommandInputs in = inputs(Launcher::automatic, 2);
   JobCommand c = job_command(in);
-  EXPECT_EQ(joined(c), "mpirun -np 2 --bind-to none -x OMP_NUM_THREADS /bin/foundry train --config "
-                       "c.json --auto-resume");
+  EXPECT_EQ(joined(c),
+            "mpirun -np 2 --bind-to none -x OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID /bin/foundry "
+            "train --config "
+            "c.json --auto-resume");
   EXPECT_EQ(c.env.at("OMP_NUM_THREADS"), "1");
   in.ranks = 4;
   in.root = true;
   in.omp_threads_set = true;  // the user's choice stays
   in.launcher_args = {"--hostfile=hosts"};
   c = job_command(in);
-  EXPECT_EQ(joined(c), "mpirun -np 4 --allow-run-as-root --oversubscribe --bind-to none -x "
-                       "OMP_NUM_THREADS --hostfile=hosts /bin/foundry train --config c.json "
-                       "--auto-resume");
+  EXPECT_EQ(
+      joined(c),
+      "mpirun -np 4 --allow-run-as-root --oversubscribe --bind-to none -x "
+      "OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID --hostfile=hosts /bin/foundry train --config c.json "
+      "--auto-resume");
   EXPECT_TRUE(c.env.empty());
 }
 

@@ -49,10 +49,10 @@ struct Outcome {
 struct Attempt {
   int number = 0, ranks = 1;
   pid_t pid = -1;
-  double started = 0;         // monotonic
-  int64_t resume_step = 0;    // the checkpoint it starts from (0: none)
-  int64_t last_step = 0;      // the furthest step any rank reached
-  bool progressed = false;    // some rank completed a step in this attempt (by heartbeats)
+  double started = 0;           // monotonic
+  int64_t resume_step = 0;      // the checkpoint it starts from (0: none)
+  int64_t last_step = 0;        // the furthest step any rank reached
+  bool progressed = false;      // some rank completed a step in this attempt (by heartbeats)
   int64_t logged_at_start = 0;  // metrics.jsonl's last step when the attempt started
   std::map<int, ChangeClock> beats, progress;
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
@@ -156,11 +156,13 @@ Attempt Supervisor::start(int number) {
                    threads, a.ranks, in.host_cores);
 
   a.logged_at_start = last_logged_step(run_dir_);
+  const std::string launch_pid = std::to_string(getpid());
   const pid_t pid = fork();
   if (pid < 0) fail(fmt::format("cannot start the job: fork: {}", std::strerror(errno)));
   if (pid == 0) {
     setpgid(0, 0);  // its own process group: ended as one
     for (const auto& [k, v] : cmd.env) setenv(k.c_str(), v.c_str(), 1);
+    setenv(kLaunchPidVariable, launch_pid.c_str(), 1);  // the run directory lets it in
     // Injected faults are for the first attempt: the restart is the recovery under test.
     if (number > 1)
       for (const char* fault : kFaultVariables) unsetenv(fault);
@@ -175,7 +177,9 @@ Attempt Supervisor::start(int number) {
   a.started = now_seconds();
   attempt_unix_ = unix_now();
   record("start",
-         {{"attempt", number}, {"ranks", a.ranks}, {"resume_step", a.resume_step},
+         {{"attempt", number},
+          {"ranks", a.ranks},
+          {"resume_step", a.resume_step},
           {"command", fmt::format("{}", fmt::join(cmd.argv, " "))}},
          fmt::format("attempt {}: {} rank(s), {} ({})", number, a.ranks,
                      a.resume_step > 0 ? fmt::format("resuming from step {}", a.resume_step)
@@ -202,8 +206,8 @@ std::optional<Outcome> Supervisor::check_heartbeats(Attempt& a, double now) {
     // A step is complete once its rank has marked anything after it (its layers' forward and
     // backward marks are inside it).
     const bool inside_step = r.phase == "step" || r.phase == "forward" || r.phase == "backward";
-    a.progressed = a.progressed || r.step > a.resume_step + 1 ||
-                   (r.step == a.resume_step + 1 && !inside_step);
+    a.progressed =
+        a.progressed || r.step > a.resume_step + 1 || (r.step == a.resume_step + 1 && !inside_step);
     a.last_step = std::max(a.last_step, r.step);
     if (r.exited) continue;
     const double silent = a.beats[rank].seen(r.beats, now);
@@ -385,8 +389,13 @@ int Supervisor::run() {
     }
     const int64_t lost = std::max<int64_t>(0, a.last_step - committed);
     record("failure",
-           {{"attempt", number}, {"cause", o.cause}, {"rank", o.rank}, {"message", o.detail},
-            {"exit_code", o.exit_code}, {"last_step", a.last_step}, {"checkpoint_step", committed},
+           {{"attempt", number},
+            {"cause", o.cause},
+            {"rank", o.rank},
+            {"message", o.detail},
+            {"exit_code", o.exit_code},
+            {"last_step", a.last_step},
+            {"checkpoint_step", committed},
             {"steps_lost", lost}},
            fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
                        o.detail, a.last_step, committed));
@@ -406,11 +415,13 @@ int Supervisor::run() {
       backoff = std::min(o_.max_backoff_s, 2 * backoff);
     }
     record("restart",
-           {{"attempt", number + 1}, {"from_step", committed}, {"steps_lost", lost},
+           {{"attempt", number + 1},
+            {"from_step", committed},
+            {"steps_lost", lost},
             {"backoff_s", wait}},
            fmt::format("restarting {} from step {} ({} step(s) lost)",
-                       wait > 0 ? fmt::format("in {:.1f} s", wait) : std::string("now"),
-                       committed, lost));
+                       wait > 0 ? fmt::format("in {:.1f} s", wait) : std::string("now"), committed,
+                       lost));
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     if (signals_.received()) return kExitInterrupted;
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -42,6 +43,27 @@ LockHolder read_holder(const std::string& path) {
     // being written by its holder this very moment
   }
   return h;
+}
+
+// A run directory a `foundry launch` supervises takes only the jobs that launch starts: one
+// started by hand between two of its attempts would train on while the launch restarts its
+// own, both writing the same checkpoints and metrics.
+void check_not_supervised_by_another(const std::string& run_dir) {
+  const std::string path = join(run_dir, kLaunchLockFile);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;  // no launch
+  const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  ::close(fd);  // (a shared lock taken here goes with it)
+  if (!held) return;
+  const LockHolder h = read_holder(path);
+  const char* mine = std::getenv(kLaunchPidVariable);
+  if (mine && h.pid > 0 && std::to_string(h.pid) == mine) return;
+  fail(fmt::format("run directory '{}' is supervised by foundry launch (pid {} on host {}, since "
+                   "{}); a training job started beside it would run alongside the launch's own "
+                   "attempts",
+                   run_dir, h.pid, h.host, h.since),
+       "let that launch train it, or stop the launch first (SIGTERM saves a checkpoint), or set "
+       "another train.run_dir");
 }
 
 std::string parent_dir(const std::string& path) {
@@ -128,14 +150,15 @@ RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(joi
                     "saves a checkpoint), or set another train.run_dir"
                   : "wait for that job to end or stop it, or set another train.run_dir");
     }
-    struct stat locked {}, named {};
+    struct stat locked {
+    }, named{};
     if (::fstat(fd_, &locked) == 0 && ::stat(path_.c_str(), &named) == 0 &&
         locked.st_ino == named.st_ino && locked.st_dev == named.st_dev)
       break;
     ::close(fd_);  // removed by its holder meanwhile: lock the new one
   }
-  const json holder = {{"pid", int64_t(getpid())}, {"host", host_name()},
-                       {"since", utc_timestamp(unix_now())}};
+  const json holder = {
+      {"pid", int64_t(getpid())}, {"host", host_name()}, {"since", utc_timestamp(unix_now())}};
   const std::string text = holder.dump() + "\n";
   if (::ftruncate(fd_, 0) != 0 ||
       ::pwrite(fd_, text.data(), text.size(), 0) != ssize_t(text.size()))
@@ -186,6 +209,7 @@ void RunDir::claim(StartMode mode) {
     created_ = true;
   }
   lock_ = std::make_unique<RunDirLock>(path_);
+  check_not_supervised_by_another(path_);
   // Checked under the lock: another job cannot change the directory meanwhile.
   const RunDirContents held = inspect_run_dir(path_, &tc_);
   const std::string other_hint =

@@ -56,6 +56,9 @@ struct LockHolder {
 };
 
 inline constexpr char kLaunchLockFile[] = "launch.lock";
+// Set by `foundry launch` in its jobs' environment: its pid, so that the job it started may
+// train in the run directory it supervises, and no other job may.
+inline constexpr char kLaunchPidVariable[] = "FOUNDRY_LAUNCH_PID";
 
 class RunDirLock {
  public:
