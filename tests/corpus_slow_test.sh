@@ -61,6 +61,9 @@ g3="$("$FOUNDRY" generate --config small.json --prompt "The city" -n 20 --seed 8
 if [ "$g1" = "$g2" ] && [ "$g1" != "$g3" ] && grep -q "^The city" <<<"$g1"; then
   ok "generate: same seed same text, other seed other text ($g1)"
 else bad "generate: '$g1' / '$g2' / '$g3'"; fi
+g4="$("$FOUNDRY" generate --config small.json --prompt "The city" -n 500 --seed 7 2>&1 >/dev/null)"
+grep -q "warning: generating at most [0-9]* tokens, not the 500 of -n: .*max_seq_len = 64" <<<"$g4" \
+  && ok "generate says when -n does not fit model.max_seq_len" || bad "generate -n 500: '$g4'"
 
 # ---- damaged shards ----
 shard="$(ls data/train_*.bin | head -1)"

@@ -14,6 +14,7 @@
 #include "base/rng.h"
 #include "bench/profile.h"
 #include "ckpt/checkpoint.h"
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/inspect.h"
 #include "ckpt/model_state.h"
 #include "comm/comm.h"
@@ -284,6 +285,11 @@ void register_train_commands(CLI::App& app) {
         fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
                          rc.model.max_seq_len),
              "shorten the prompt");
+      if (max_len < static_cast<int64_t>(ids.size()) + g->max_new_tokens)
+        warn(fmt::format("generating at most {} tokens, not the {} of -n: the prompt ({} tokens "
+                         "with the leading EOS) and the new tokens must fit model.max_seq_len = {}",
+                         max_len - static_cast<int64_t>(ids.size()), g->max_new_tokens,
+                         ids.size(), rc.model.max_seq_len));
       check_generate_memory(rc, max_len);
       const std::string dir = resolve_checkpoint(g->checkpoint, rc);
       const std::string tok_bytes = read_text_file(tok_path);
