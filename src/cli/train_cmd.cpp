@@ -17,17 +17,17 @@
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/inspect.h"
 #include "ckpt/model_state.h"
+#include "cli/commands.h"
 #include "comm/comm.h"
 #include "comm/launch.h"
-#include "cli/commands.h"
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
 #include "model/model.h"
-#include "train/run_config.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/preflight.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace foundry::cli {
@@ -136,10 +136,10 @@ std::optional<DevicePeak> profile_peak(const TrainConfig& tc) {
                      profile.path, dtype_name(tc.precision), dtype_name(tc.precision)),
          "write a profile of this machine with `foundry bench all --out DIR` and name "
          "DIR/profile.json, or set train.peak_gflops");
-  return DevicePeak{peak.measured_flops_per_s,
-                    fmt::format("profile {}, measured {} GEMM peak", profile.path,
-                                dtype_name(tc.precision)),
-                    profile.kind == "cpu"};
+  return DevicePeak{
+      peak.measured_flops_per_s,
+      fmt::format("profile {}, measured {} GEMM peak", profile.path, dtype_name(tc.precision)),
+      profile.kind == "cpu"};
 }
 
 // `foundry train`: one process, or every rank under mpirun; rank 0 prints the summary.
@@ -156,9 +156,10 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
   if (s.interrupted) set_exit_code(kExitInterrupted);
   if (!root) return;
   if (s.already_complete) {
-    std::printf("the run in %s is already at step %lld = train.steps: nothing to train (pass "
-                "--steps above it to train further)\n",
-                rc.train.run_dir.c_str(), static_cast<long long>(s.final_step));
+    std::printf(
+        "the run in %s is already at step %lld = train.steps: nothing to train (pass "
+        "--steps above it to train further)\n",
+        rc.train.run_dir.c_str(), static_cast<long long>(s.final_step));
     return;
   }
   std::printf("trained steps %lld..%lld | final train loss %.4f",
@@ -166,8 +167,70 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
               s.last_train_loss);
   if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
   if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
-  std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s,
-              100 * s.mfu, s.peak_gflops, s.peak_source.c_str());
+  std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s, 100 * s.mfu,
+              s.peak_gflops, s.peak_source.c_str());
+}
+
+// `foundry generate`: the prompt, continued by the model of a checkpoint.
+struct GenArgs {
+  ConfigArgs config;
+  std::string checkpoint, prompt, tokenizer;
+  int64_t max_new_tokens = 64, top_k = 0;
+  double temperature = 0.8, top_p = 0.95;
+  uint64_t seed = 0;
+};
+
+void run_generate(const GenArgs& g) {
+  RunConfig rc = load_run_config(g.config.config_path, g.config.overrides);
+  if (g.tokenizer.empty() && rc.data.dir.empty())
+    fail("data.dir is empty and no --tokenizer is given: generate needs a tokenizer",
+         "pass --tokenizer FILE, or set data.dir to the dataset the model was trained on");
+  std::string tok_path = g.tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g.tokenizer;
+  Tokenizer tok = Tokenizer::load(tok_path);
+  if (tok.vocab_size() != rc.model.vocab_size)
+    fail(fmt::format("tokenizer '{}' has {} pieces but model.vocab_size = {}", tok_path,
+                     tok.vocab_size(), rc.model.vocab_size),
+         "pass the tokenizer of the dataset the model was trained on");
+  std::vector<int32_t> ids = tok.encode(g.prompt);
+  // Training streams separate documents with EOS, so EOS is what precedes a document.
+  ids.insert(ids.begin(), tok.eos_id());
+  const int64_t max_len =
+      std::min<int64_t>(rc.model.max_seq_len, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
+  if (static_cast<int64_t>(ids.size()) >= max_len)
+    fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
+                     rc.model.max_seq_len),
+         "shorten the prompt");
+  if (max_len < static_cast<int64_t>(ids.size()) + g.max_new_tokens)
+    warn(
+        fmt::format("generating at most {} tokens, not the {} of -n: the prompt ({} tokens "
+                    "with the leading EOS) and the new tokens must fit model.max_seq_len = {}",
+                    max_len - static_cast<int64_t>(ids.size()), g.max_new_tokens, ids.size(),
+                    rc.model.max_seq_len));
+  check_generate_memory(rc, max_len);
+  const std::string dir = resolve_checkpoint(g.checkpoint, rc);
+  const std::string tok_bytes = read_text_file(tok_path);
+  check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
+                             hash64(tok_bytes.data(), tok_bytes.size()),
+                             fmt::format("tokenizer '{}'", tok_path));
+  auto model = load_model(rc, dir, rc.train.precision);
+  auto state = model->new_decode_state(max_len);
+  const float* logits = nullptr;
+  for (int32_t id : ids) logits = model->decode_step(state, id);
+  Rng rng(g.seed);
+  std::vector<int32_t> generated;
+  while (static_cast<int64_t>(ids.size() + generated.size()) < max_len) {
+    const int64_t position = static_cast<int64_t>(ids.size() + generated.size()) - 1;
+    int32_t next =
+        sample_token(logits, rc.model.vocab_size, position, g.temperature, g.top_k, g.top_p, rng);
+    if (next == tok.eos_id()) break;
+    generated.push_back(next);
+    if (static_cast<int64_t>(ids.size() + generated.size()) >= max_len) break;
+    logits = model->decode_step(state, next);
+  }
+  // Decode prompt and continuation together so word boundaries come out right.
+  std::vector<int32_t> text(ids.begin() + 1, ids.end());
+  text.insert(text.end(), generated.begin(), generated.end());
+  std::printf("%s\n", tok.decode(text).c_str());
 }
 
 }  // namespace
@@ -234,8 +297,8 @@ void register_train_commands(CLI::App& app) {
                                      : validation_batches(loader, rc.train.eval_batches);
       const double loss = evaluate_loss(*model, loader, n);
       if (!std::isfinite(loss))
-        fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir,
-                         loss, n),
+        fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir, loss,
+                         n),
              "the weights are finite, so the forward pass overflowed; try --set "
              "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
       std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
@@ -245,13 +308,6 @@ void register_train_commands(CLI::App& app) {
   // ---- generate ----
   {
     auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained model");
-    struct GenArgs {
-      ConfigArgs config;
-      std::string checkpoint, prompt, tokenizer;
-      int64_t max_new_tokens = 64, top_k = 0;
-      double temperature = 0.8, top_p = 0.95;
-      uint64_t seed = 0;
-    };
     auto g = std::make_shared<GenArgs>();
     add_config_options(cmd, g->config);
     cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
@@ -265,57 +321,7 @@ void register_train_commands(CLI::App& app) {
         ->check(in_range(int64_t{0}, int64_t{1} << 24));
     cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(in_range(0.0, 1.0));
     cmd->add_option("--seed", g->seed, "Sampling seed (same seed, same text)");
-    cmd->callback([g] {
-      RunConfig rc = load_run_config(g->config.config_path, g->config.overrides);
-      if (g->tokenizer.empty() && rc.data.dir.empty())
-        fail("data.dir is empty and no --tokenizer is given: generate needs a tokenizer",
-             "pass --tokenizer FILE, or set data.dir to the dataset the model was trained on");
-      std::string tok_path = g->tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g->tokenizer;
-      Tokenizer tok = Tokenizer::load(tok_path);
-      if (tok.vocab_size() != rc.model.vocab_size)
-        fail(fmt::format("tokenizer '{}' has {} pieces but model.vocab_size = {}", tok_path,
-                         tok.vocab_size(), rc.model.vocab_size),
-             "pass the tokenizer of the dataset the model was trained on");
-      std::vector<int32_t> ids = tok.encode(g->prompt);
-      // Training streams separate documents with EOS, so EOS is what precedes a document.
-      ids.insert(ids.begin(), tok.eos_id());
-      const int64_t max_len = std::min<int64_t>(
-          rc.model.max_seq_len, static_cast<int64_t>(ids.size()) + g->max_new_tokens);
-      if (static_cast<int64_t>(ids.size()) >= max_len)
-        fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
-                         rc.model.max_seq_len),
-             "shorten the prompt");
-      if (max_len < static_cast<int64_t>(ids.size()) + g->max_new_tokens)
-        warn(fmt::format("generating at most {} tokens, not the {} of -n: the prompt ({} tokens "
-                         "with the leading EOS) and the new tokens must fit model.max_seq_len = {}",
-                         max_len - static_cast<int64_t>(ids.size()), g->max_new_tokens,
-                         ids.size(), rc.model.max_seq_len));
-      check_generate_memory(rc, max_len);
-      const std::string dir = resolve_checkpoint(g->checkpoint, rc);
-      const std::string tok_bytes = read_text_file(tok_path);
-      check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
-                                 hash64(tok_bytes.data(), tok_bytes.size()),
-                                 fmt::format("tokenizer '{}'", tok_path));
-      auto model = load_model(rc, dir, rc.train.precision);
-      auto state = model->new_decode_state(max_len);
-      const float* logits = nullptr;
-      for (int32_t id : ids) logits = model->decode_step(state, id);
-      Rng rng(g->seed);
-      std::vector<int32_t> generated;
-      while (static_cast<int64_t>(ids.size() + generated.size()) < max_len) {
-        const int64_t position = static_cast<int64_t>(ids.size() + generated.size()) - 1;
-        int32_t next = sample_token(logits, rc.model.vocab_size, position, g->temperature,
-                                    g->top_k, g->top_p, rng);
-        if (next == tok.eos_id()) break;
-        generated.push_back(next);
-        if (static_cast<int64_t>(ids.size() + generated.size()) >= max_len) break;
-        logits = model->decode_step(state, next);
-      }
-      // Decode prompt and continuation together so word boundaries come out right.
-      std::vector<int32_t> text(ids.begin() + 1, ids.end());
-      text.insert(text.end(), generated.begin(), generated.end());
-      std::printf("%s\n", tok.decode(text).c_str());
-    });
+    cmd->callback([g] { run_generate(*g); });
   }
 }
 
