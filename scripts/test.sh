@@ -15,7 +15,8 @@ ctest --test-dir build --output-on-failure "${label_args[@]}"
 
 if [ "${FOUNDRY_FAST:-0}" != 1 ]; then
   echo "== sanitizer build (ASan + UBSan) ==" >&2
-  bash scripts/setup.sh build-asan -DFOUNDRY_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+  # Without the CUDA backend: this build also checks that the project builds without it.
+  bash scripts/setup.sh build-asan -DFOUNDRY_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFOUNDRY_CUDA=OFF
   # Unit tests only; the end-to-end scripts exercise the same code through the release binary.
   ASAN_OPTIONS=detect_leaks=1 ctest --test-dir build-asan --output-on-failure -R '^[a-z]+$'
 fi

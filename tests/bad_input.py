@@ -267,6 +267,11 @@ CASES = [
     Case("option: plan --global-batch not a multiple", "plan --profile profile.json --config tiny.json --devices 4 --global-batch 6", [], ["--global-batch 6", "--devices 4"]),
     Case("option: plan --devices 0", "plan --profile profile.json --total-params 6M --devices 0", [], ["--devices", "not in range 1 to"], code=USAGE),
     Case("option: plan --top 0", "plan --profile profile.json --total-params 6M --top 0", [], ["--top", "not in range 1 to"], code=USAGE),
+    Case("option: bench gemm --device gpu", "bench gemm --quick --device gpu", [], ["--device 'gpu'"], hint="cuda:N"),
+    Case("option: bench membw --device cuda:x", "bench membw --quick --device cuda:x", [], ["--device 'cuda:x'"]),
+    Case("option: bench gemm on a GPU that is not there", "bench gemm --quick --device cuda:99 --profile profile.json", [], ["--device cuda:99"]),
+    Case("option: bench membw --threads with --device cuda", "bench membw --quick --device cuda --threads 2", [], ["--threads", "--device cuda:0"]),
+    Case("option: bench gemm --peak-clock-ghz with --device cuda", "bench gemm --quick --device cuda --peak-clock-ghz 2", [], ["--peak-clock-ghz", "--device cuda:0"]),
     Case("option: bench all --only unknown", "bench all --out bench-out --only gemm,disk", [], ["'disk'"]),
 
     # -- data prepare inputs --

@@ -253,7 +253,7 @@ void compute_efficiencies(GemmBenchResult& r) {
 namespace {
 
 // One product's operands, filled with the exact test data, ready to call.
-class GemmCase {
+class GemmCase : public TimedGemm {
  public:
   GemmCase(DType dtype, const GemmShape& shape) : dtype_(dtype), shape_(shape) {
     const int64_t m = shape.m, n = shape.n, k = shape.k;
@@ -280,8 +280,11 @@ class GemmCase {
     gemm(a, shape_.trans_a, b, shape_.trans_b, c_.data(), shape_.m, shape_.n, shape_.k, dtype_);
   }
 
+  SamplingPlan plan_sampling(double min_seconds) override;
+  double timed_run(const SamplingPlan& plan) override;
+
   // Corners, the middle and a few scattered entries of C against a double reference.
-  bool check() const {
+  bool check() const override {
     const int64_t m = shape_.m, n = shape_.n, k = shape_.k;
     const int64_t entries[][2] = {{0, 0}, {m - 1, n - 1}, {m / 2, n / 3}, {m / 3, n - 1},
                                   {m - 1, 0}, {(m * 7) / 11, (n * 5) / 13}};
@@ -327,20 +330,16 @@ class GemmCase {
   int64_t b_bytes_ = 0, copies_ = 0, next_ = 0;
 };
 
-// How one timed run of a shape is cut into samples. Each sample times one call, or a batch
-// of calls lasting ≥ 50 µs for tiny shapes so that the clock's resolution does not matter.
-// Samples rather than whole runs are timed because on a busy machine a run of many calls
-// almost always contains a preemption while single calls often do not: the minimum over
-// samples is the undisturbed time per call.
-struct SamplingPlan {
-  int64_t calls_per_sample = 1;
-  int64_t samples_per_run = 1;
-};
-
-// Warms up (the first call creates and JIT-compiles the oneDNN primitive) and sizes the plan
-// from the best of a few calls (up to 5, or min_seconds' worth): a single call on a busy
-// machine may wait a whole scheduler slice for its second thread.
-SamplingPlan plan_sampling(GemmCase& g, double min_seconds) {
+// On the CPU each sample times one call, or a batch of calls lasting ≥ 50 µs for tiny shapes
+// so that the clock's resolution does not matter. Samples rather than whole runs are timed
+// because on a busy machine a run of many calls almost always contains a preemption while
+// single calls often do not: the minimum over samples is the undisturbed time per call.
+//
+// The warm-up's first call creates and JIT-compiles the oneDNN primitive; the plan comes from
+// the best of a few calls (up to 5, or min_seconds' worth): a single call on a busy machine
+// may wait a whole scheduler slice for its second thread.
+SamplingPlan GemmCase::plan_sampling(double min_seconds) {
+  GemmCase& g = *this;
   g.call();
   double once = std::numeric_limits<double>::infinity(), spent = 0;
   for (int i = 0; i < 5 && (i == 0 || spent < min_seconds); ++i) {
@@ -359,8 +358,8 @@ SamplingPlan plan_sampling(GemmCase& g, double min_seconds) {
   return plan;
 }
 
-// One timed run: the best time per call over its samples.
-double timed_run(GemmCase& g, const SamplingPlan& plan) {
+double GemmCase::timed_run(const SamplingPlan& plan) {
+  GemmCase& g = *this;
   double best = std::numeric_limits<double>::infinity();
   for (int64_t s = 0; s < plan.samples_per_run; ++s) {
     const double start = now_seconds();
@@ -383,15 +382,21 @@ GemmMeasurement make_measurement(DType dtype, const GemmShape& shape, const Samp
 
 GemmMeasurement measure_gemm(DType dtype, const GemmShape& shape, int repeats, double min_seconds) {
   GemmCase g(dtype, shape);
-  const SamplingPlan plan = plan_sampling(g, min_seconds);
+  const SamplingPlan plan = g.plan_sampling(min_seconds);
   GemmMeasurement p = make_measurement(dtype, shape, plan);
-  for (int r = 0; r < repeats; ++r) p.seconds = std::min(p.seconds, timed_run(g, plan));
+  for (int r = 0; r < repeats; ++r) p.seconds = std::min(p.seconds, g.timed_run(plan));
   p.flops_per_s = gemm_rate(shape.m, shape.n, shape.k, p.seconds);
   p.valid = g.check();
   return p;
 }
 
 GemmBenchResult run_gemm_bench(const GemmBenchOptions& options) {
+  return run_gemm_passes(options, [](DType dtype, const GemmShape& shape, size_t) {
+    return std::make_unique<GemmCase>(dtype, shape);
+  });
+}
+
+GemmBenchResult run_gemm_passes(const GemmBenchOptions& options, const MakeTimedGemm& make) {
   validate(options);
   GemmBenchResult result;
   result.repeats = options.repeats;
@@ -401,26 +406,23 @@ GemmBenchResult run_gemm_bench(const GemmBenchOptions& options) {
   for (DType dtype : options.dtypes)
     for (const GemmShape& shape : shapes) cases.emplace_back(dtype, shape);
 
-  // The repeats run as passes over the whole sweep rather than back to back per shape, so
-  // that a shape's runs are spread over the run's duration and one busy moment of a shared
-  // machine does not spoil all of them. The operands are rebuilt each pass (memory stays at
-  // one shape's worth); the sampling plan, made in the first pass, is kept.
+  // The operands are rebuilt each pass (memory stays at one shape's worth).
   std::vector<SamplingPlan> plans(cases.size());
   const int64_t total = static_cast<int64_t>(cases.size()) * options.repeats;
   int64_t done = 0;
   for (int pass = 0; pass < options.repeats; ++pass) {
     for (size_t i = 0; i < cases.size(); ++i) {
       const auto& [dtype, shape] = cases[i];
-      GemmCase g(dtype, shape);
+      const std::unique_ptr<TimedGemm> g = make(dtype, shape, i);
       if (pass == 0) {
-        plans[i] = plan_sampling(g, options.min_seconds);
+        plans[i] = g->plan_sampling(options.min_seconds);
         result.points.push_back(make_measurement(dtype, shape, plans[i]));
       }
       GemmMeasurement& p = result.points[i];
-      p.seconds = std::min(p.seconds, timed_run(g, plans[i]));
+      p.seconds = std::min(p.seconds, g->timed_run(plans[i]));
       p.flops_per_s = gemm_rate(shape.m, shape.n, shape.k, p.seconds);
       if (pass + 1 == options.repeats) {
-        p.valid = g.check();
+        p.valid = g->check();
         if (!p.valid) result.all_valid = false;
       }
       ++done;

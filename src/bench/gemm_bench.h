@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,33 @@ struct GemmBenchResult {
 void compute_efficiencies(GemmBenchResult& r);
 
 GemmBenchResult run_gemm_bench(const GemmBenchOptions& options);
+
+// How one timed run of a shape is cut into samples: each sample times calls_per_sample calls
+// back to back; a run is samples_per_run samples, and its time is the best sample's per call.
+struct SamplingPlan {
+  int64_t calls_per_sample = 1;
+  int64_t samples_per_run = 1;
+};
+
+// One product of a sweep on some device, with its operands (made fresh for each pass).
+class TimedGemm {
+ public:
+  virtual ~TimedGemm() = default;
+  // Warms up (the first call creates the primitive or plan) and sizes the samples.
+  virtual SamplingPlan plan_sampling(double min_seconds) = 0;
+  // One timed run: the best seconds per call over its samples.
+  virtual double timed_run(const SamplingPlan& plan) = 0;
+  // The result against a double-precision reference on sampled entries.
+  virtual bool check() const = 0;
+};
+using MakeTimedGemm =
+    std::function<std::unique_ptr<TimedGemm>(DType, const GemmShape&, size_t case_index)>;
+
+// The sweep of `options` (every dtype × shape) as repeated passes over the whole list, so that
+// a shape's runs are spread over the run's duration and one busy moment does not spoil all of
+// them: the sampling plan is made in the first pass and kept; each point keeps its fastest
+// run; the last pass checks the results. run_gemm_bench is this with the CPU's products.
+GemmBenchResult run_gemm_passes(const GemmBenchOptions& options, const MakeTimedGemm& make);
 
 // Times one product (warm-up, calibration, `repeats` runs back to back) and checks it. For
 // tests and for callers that want a single shape.

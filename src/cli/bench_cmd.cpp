@@ -7,20 +7,24 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "base/device.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "base/progress.h"
 #include "bench/comm_bench.h"
 #include "bench/cpu_peak.h"
 #include "bench/gemm_bench.h"
+#include "bench/gpu_bench.h"
 #include "bench/membw_bench.h"
 #include "bench/profile.h"
 #include "bench/provenance.h"
 #include "bench/report.h"
 #include "cli/commands.h"
 #include "comm/comm.h"
+#include "cuda/runtime.h"
 
 namespace foundry::cli {
 
@@ -32,6 +36,7 @@ struct BenchAllOptions {
   bool quick = false;
   bool merge = false;
   std::string only = "comm,gemm,membw";
+  std::string device = "cpu";
 };
 
 int64_t mem_total_bytes() {
@@ -54,6 +59,7 @@ std::function<void(int64_t, int64_t, const std::string&)> progress_to(
 }
 
 void run_bench_all(const BenchAllOptions& o) {
+  const DeviceSpec device = parse_device("--device", o.device);
   bool do_comm = false, do_gemm = false, do_membw = false;
   {
     size_t start = 0;
@@ -83,12 +89,18 @@ void run_bench_all(const BenchAllOptions& o) {
     parse_profile(profile, profile_path);  // validates it is a profile
   }
 
+  // Every rank, before MPI starts: a missing GPU fails the job at once, not after the collectives.
+  if (device.cuda && (do_gemm || do_membw)) gpu::check_gpu_visible(device.index, "--device " + device.name());
+
   MpiSession session;
   Communicator& world = session.world();
   const int rank = world.rank(), ranks = world.size();
   // mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
   // share one core and the profile would report half the machine.
-  if (rank == 0 && (do_gemm || do_membw)) {
+  std::optional<gpu::GpuInfo> gpu_info;  // --device cuda: GEMMs and bandwidth on rank 0's GPU
+  if (rank == 0 && device.cuda && (do_gemm || do_membw))
+    gpu_info = gpu::open_gpu(device.index, "--device " + device.name());
+  if (rank == 0 && !device.cuda && (do_gemm || do_membw)) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
       fail(fmt::format(
@@ -128,7 +140,19 @@ void run_bench_all(const BenchAllOptions& o) {
   // ---- GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning ----
   if (rank == 0) {
     json sections = json::object();
-    if (do_gemm) {
+    if (do_gemm && gpu_info) {
+      GemmBenchOptions go = o.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
+      std::unique_ptr<Progress> bar;
+      go.on_progress = progress_to(bar, "gemm (GPU)");
+      const GemmBenchResult g = run_gpu_gemm_bench(go, *gpu_info);
+      if (bar) bar->finish();
+      const CpuPeak peak = gpu_peak(*gpu_info);
+      sections["gemm"] = gemm_profile_section(g, provenance);
+      sections["compute"] = compute_profile_section(g, peak, provenance);
+      std::printf("%s\n", format_gemm_tables(g, peak).c_str());
+      if (!g.all_valid)
+        fail("bench all: a GPU GEMM result did not match its reference", "see the table above");
+    } else if (do_gemm) {
       GemmBenchOptions go;
       if (o.quick) {
         go.square_sizes = {256, 512, 1024};
@@ -153,7 +177,13 @@ void run_bench_all(const BenchAllOptions& o) {
       if (!g.all_valid)
         fail("bench all: a GEMM result did not match its reference", "see the table above");
     }
-    if (do_membw) {
+    if (do_membw && gpu_info) {
+      const MembwOptions mo = o.quick ? gpu_membw_quick() : MembwOptions{};
+      const MembwResult m = run_gpu_membw_bench(mo, *gpu_info);
+      sections["memory"] = gpu_memory_section(m, *gpu_info, provenance);
+      std::printf("%s\n", format_gpu_membw_tables(m, *gpu_info).c_str());
+      if (!m.all_valid) fail("bench all: a GPU bandwidth result failed validation", "see the table above");
+    } else if (do_membw) {
       MembwOptions mo;
       if (o.quick) {
         mo.repeats = 4;
@@ -174,17 +204,21 @@ void run_bench_all(const BenchAllOptions& o) {
     std::vector<json> entries;
     for (const auto& r : comm_results) entries.push_back(collective_entry_json(r));
     const std::string name =
-        !o.name.empty() ? o.name : provenance.host + " (" + provenance.cpu + ")";
+        !o.name.empty() ? o.name
+                        : provenance.host + " (" + (gpu_info ? gpu_info->name : provenance.cpu) + ")";
     profile = merge_profile_collectives(profile, entries, provenance, name);
     for (auto& [key, value] : sections.items()) profile[key] = value;
     profile["name"] = name;
     profile["provenance"] = to_json(provenance);
-    profile["device"] = {{"kind", "cpu"},
-                         {"name", provenance.cpu},
-                         {"memory_bytes", mem_total_bytes()},
-                         {"devices_per_node", 1},
-                         {"cores", provenance.cores},
-                         {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
+    if (gpu_info)
+      profile["device"] = gpu_device_section(*gpu_info, gpu::visible_gpus());
+    else
+      profile["device"] = {{"kind", "cpu"},
+                           {"name", provenance.cpu},
+                           {"memory_bytes", mem_total_bytes()},
+                           {"devices_per_node", 1},
+                           {"cores", provenance.cores},
+                           {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
     parse_profile(profile, profile_path);  // what plan will read must parse
     write_file_atomic(profile_path, profile.dump(2) + "\n");
     const ReportFiles files = write_report(profile, o.out);
@@ -216,6 +250,10 @@ void register_bench_commands(CLI::App& app) {
       ->required();
   all->add_option("--name", o->name, "Profile name (default: host and CPU)");
   all->add_flag("--quick", o->quick, "Short sweeps (about a minute; for smoke tests)");
+  all->add_option("--device", o->device,
+                  "Where the GEMMs and bandwidth run: cpu, or a GPU (cuda, cuda:N); collectives "
+                  "stay MPI's")
+      ->capture_default_str();
   all->add_flag("--merge", o->merge,
                 "Keep what an existing OUT/profile.json has that this run does not measure (e.g. "
                 "collectives at other rank counts)");

@@ -1,6 +1,7 @@
 // foundry bench gemm: oneDNN GEMM throughput over square, transformer, per-expert and off-size
 // shapes, fp32 and bf16, against the best measured rate and an estimated peak.
 // foundry bench membw: STREAM copy/scale/add/triad and a working-set sweep through the caches.
+// With --device cuda, the same on a GPU (cuBLASLt; STREAM plus read and write through its L2).
 //
 // Both print a provenance header and tables on stdout (progress on stderr) and can write
 // JSON, CSV, and their sections of a hardware profile.
@@ -15,15 +16,18 @@
 #include <thread>
 #include <tuple>
 
+#include "base/device.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "base/memory_budget.h"
 #include "base/progress.h"
 #include "bench/cpu_peak.h"
 #include "bench/gemm_bench.h"
+#include "bench/gpu_bench.h"
 #include "bench/membw_bench.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+#include "cuda/runtime.h"
 
 namespace foundry::cli {
 
@@ -32,6 +36,7 @@ namespace {
 // Flags common to both commands.
 struct OutputFlags {
   std::string json_path, csv_path, profile_path;
+  std::string device = "cpu";
   bool quick = false, quiet = false;
 };
 
@@ -45,6 +50,15 @@ void add_output_flags(CLI::App* cmd, OutputFlags& o) {
       ->type_name("FILE");
   cmd->add_flag("--quick", o.quick, "A tiny sweep that finishes in seconds (for smoke tests)");
   cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+  cmd->add_option("--device", o.device, "Measure the CPU, or a GPU: cuda (GPU 0) or cuda:N")
+      ->capture_default_str();
+}
+
+// The GPU a --device cuda run measures, described in the output's header.
+gpu::GpuInfo open_bench_gpu(const DeviceSpec& device) {
+  const gpu::GpuInfo g = gpu::open_gpu(device.index, "--device " + device.name());
+  std::printf("# gpu: %s\n", describe_gpu(g).c_str());
+  return g;
 }
 
 // A Progress bar created on the first report, when the total is known.
@@ -97,22 +111,9 @@ struct GemmFlags {
   int peak_fma_units = 0;
 };
 
-void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
+// The sweep the flags ask for, from `o`'s defaults.
+void apply_gemm_flags(const GemmFlags& f, const CLI::App& cmd, GemmBenchOptions& o) {
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
-  GemmBenchOptions o;
-  if (f.out.quick) {
-    o.square_sizes = {64, 128, 256};
-    o.tokens = {256};
-    o.hidden = {128};
-    o.ffn = {256};
-    o.experts = {4};
-    o.offsize_from = 120;
-    o.offsize_to = 136;
-    o.offsize_base = 128;
-    o.decode_rows = {1, 16};
-    o.repeats = 2;
-    o.min_seconds = 0.002;
-  }
   o.dtypes = parse_dtypes("--dtype", f.dtype);
   if (given("--sizes")) o.square_sizes = parse_int_list("--sizes", f.sizes);
   if (given("--tokens")) o.tokens = parse_int_list("--tokens", f.tokens);
@@ -132,6 +133,61 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
     std::string kind;
     while (std::getline(in, kind, ',')) o.kinds.push_back(kind);
   }
+}
+
+void run_bench_gemm_gpu(const GemmFlags& f, const CLI::App& cmd, const DeviceSpec& device) {
+  for (const char* flag : {"--peak-clock-ghz", "--peak-fma-units"})
+    if (cmd.count(flag) > 0)
+      fail(fmt::format("{} is for the CPU's peak estimate, not --device {}", flag, device.name()),
+           "drop it: a GPU's peak comes from its SM count and clock");
+  GemmBenchOptions o = f.out.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
+  apply_gemm_flags(f, cmd, o);
+  validate(o);
+  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  const Provenance provenance = collect_provenance();
+  std::printf("%s", format_provenance(provenance, "# ").c_str());
+  const gpu::GpuInfo g = open_bench_gpu(device);
+  if (gemm_bench_bytes(o) > g.memory_bytes)
+    fail(fmt::format("bench gemm: the largest GEMM's operands need {} and {} has {}",
+                     format_size(static_cast<double>(gemm_bench_bytes(o))), g.name,
+                     format_size(static_cast<double>(g.memory_bytes))),
+         "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
+  const CpuPeak peak = gpu_peak(g);
+
+  auto holder = std::make_shared<std::unique_ptr<Progress>>();
+  o.on_progress = progress_callback(holder, "bench gemm (GPU)", f.out.quiet);
+  const GemmBenchResult r = run_gpu_gemm_bench(o, g);
+
+  std::printf("%s\n%s", load_line(r.load_average).c_str(), format_gemm_tables(r, peak).c_str());
+  const nlohmann::json sections = {{"device", gpu_device_section(g, gpu::visible_gpus())},
+                                   {"compute", compute_profile_section(r, peak, provenance)},
+                                   {"gemm", gemm_profile_section(r, provenance)}};
+  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance);
+  if (!r.all_valid)
+    fail("some GEMM results are wrong (rows marked WRONG RESULT)",
+         "the product disagrees with an exact double-precision reference: a bug in gpu::gemm "
+         "or cuBLASLt");
+}
+
+void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  const DeviceSpec device = parse_device("--device", f.out.device);
+  if (device.cuda) return run_bench_gemm_gpu(f, cmd, device);
+  GemmBenchOptions o;
+  if (f.out.quick) {
+    o.square_sizes = {64, 128, 256};
+    o.tokens = {256};
+    o.hidden = {128};
+    o.ffn = {256};
+    o.experts = {4};
+    o.offsize_from = 120;
+    o.offsize_to = 136;
+    o.offsize_base = 128;
+    o.decode_rows = {1, 16};
+    o.repeats = 2;
+    o.min_seconds = 0.002;
+  }
+  apply_gemm_flags(f, cmd, o);
   if (given("--peak-clock-ghz") && !(f.peak_clock_ghz > 0 && f.peak_clock_ghz < 20))
     fail(fmt::format("--peak-clock-ghz {}: must be between 0 and 20", f.peak_clock_ghz));
   if (given("--peak-fma-units") && (f.peak_fma_units < 1 || f.peak_fma_units > 8))
@@ -172,8 +228,56 @@ struct MembwFlags {
   bool no_stream = false, no_working_set = false;
 };
 
+// --array-bytes, --min-bytes, --max-bytes, --repeats, --points-per-doubling and the two
+// --no-* flags into `o`.
+void apply_membw_flags(const MembwFlags& f, const CLI::App& cmd, MembwOptions& o) {
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  if (given("--array-bytes")) o.array_bytes = parse_bytes("--array-bytes", f.array_bytes);
+  if (given("--min-bytes")) o.min_bytes = parse_bytes("--min-bytes", f.min_bytes);
+  if (given("--max-bytes")) o.max_bytes = parse_bytes("--max-bytes", f.max_bytes);
+  if (given("--repeats")) o.repeats = f.repeats;
+  if (given("--points-per-doubling")) o.points_per_doubling = f.points_per_doubling;
+  o.stream = !f.no_stream;
+  o.working_set = !f.no_working_set;
+}
+
+void run_bench_membw_gpu(const MembwFlags& f, const CLI::App& cmd, const DeviceSpec& device) {
+  if (cmd.count("--threads") > 0)
+    fail(fmt::format("--threads is for the CPU, not --device {}", device.name()),
+         "drop it: the GPU kernels fill every SM");
+  MembwOptions o = f.out.quick ? gpu_membw_quick() : MembwOptions{};
+  apply_membw_flags(f, cmd, o);
+  validate(o);
+  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  const Provenance provenance = collect_provenance();
+  std::printf("%s", format_provenance(provenance, "# ").c_str());
+  const gpu::GpuInfo g = open_bench_gpu(device);
+  if (gpu_membw_bytes(o, g) > g.memory_bytes)
+    fail(fmt::format("bench membw: the arrays need {} and {} has {}",
+                     format_size(static_cast<double>(gpu_membw_bytes(o, g))), g.name,
+                     format_size(static_cast<double>(g.memory_bytes))),
+         "lower --array-bytes and --max-bytes");
+  if (!f.out.quiet)
+    o.on_progress = [](int64_t done, int64_t, const std::string& what) {
+      std::fprintf(stderr, "\rbench membw (GPU): point %lld: %s   ", static_cast<long long>(done),
+                   what.c_str());
+    };
+  const MembwResult r = run_gpu_membw_bench(o, g);
+  if (!f.out.quiet) std::fprintf(stderr, "\n");
+
+  std::printf("%s\n%s", load_line(r.load_average).c_str(), format_gpu_membw_tables(r, g).c_str());
+  const nlohmann::json sections = {{"device", gpu_device_section(g, gpu::visible_gpus())},
+                                   {"memory", gpu_memory_section(r, g, provenance)}};
+  write_outputs(f.out, sections, membw_csv(r, provenance), provenance);
+  if (!r.all_valid)
+    fail("GPU memory bandwidth results failed validation (see the notes above)",
+         "a kernel wrote wrong values: a bug in src/cuda/stream_kernels.cu, or failing memory");
+}
+
 void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  const DeviceSpec device = parse_device("--device", f.out.device);
+  if (device.cuda) return run_bench_membw_gpu(f, cmd, device);
   MembwOptions o;
   if (f.out.quick) {
     o.threads = {std::max(1, omp_get_max_threads())};
@@ -189,13 +293,7 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
       if (t > 4096) fail(fmt::format("--threads {}: at most 4096", t));
       o.threads.push_back(static_cast<int>(t));
     }
-  if (given("--array-bytes")) o.array_bytes = parse_bytes("--array-bytes", f.array_bytes);
-  if (given("--min-bytes")) o.min_bytes = parse_bytes("--min-bytes", f.min_bytes);
-  if (given("--max-bytes")) o.max_bytes = parse_bytes("--max-bytes", f.max_bytes);
-  if (given("--repeats")) o.repeats = f.repeats;
-  if (given("--points-per-doubling")) o.points_per_doubling = f.points_per_doubling;
-  o.stream = !f.no_stream;
-  o.working_set = !f.no_working_set;
+  apply_membw_flags(f, cmd, o);
   validate(o);
   check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
                "lower --array-bytes and --max-bytes");

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds Foundry with the CUDA backend on a GPU machine, runs the GPU tests and the GPU
+# benchmarks, and prints a table last. For the machine ../shared/spec/gpu.md (docs/gpu.md)
+# describes: Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN
+# and the xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download
+# libdnnl-dev libdnnl2 libxxhash-dev on a Debian 12 machine).
+#   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick]
+# OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
+set -uo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick]}"
+out="$(realpath -m "${2:-gpu-check}")"
+quick=""
+[ "${3:-}" = "--quick" ] && quick="--quick"
+mkdir -p "$out"
+cd "$root"
+build="$root/build-gpu"
+t0=$(date +%s)
+
+status_build=ok
+if ! bash scripts/build_from_debs.sh "$debs" "$build" -DFOUNDRY_CUDA=ON -DFOUNDRY_BUILD_PERF=OFF \
+     2>"$out/build.err"; then
+  status_build=FAILED
+fi
+cp "$build/build.log" "$out/build.log" 2>/dev/null || true
+if [ "$status_build" != ok ]; then
+  cat "$out/build.err" >&2
+  echo "gpu_check: the build failed (log: $out/build.log)" >&2
+  exit 1
+fi
+# shellcheck disable=SC1091
+source "$build/deps/env.sh"
+t_build=$(( $(date +%s) - t0 ))
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader \
+  > "$out/nvidia-smi.txt" 2>&1 || true
+
+# GPU tests: every CUDA kernel against the CPU.
+t1=$(date +%s)
+if ctest --test-dir "$build" -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1; then
+  status_tests=passed
+else
+  status_tests=FAILED
+fi
+skipped=$(grep -c "SKIPPED \]" "$out/gpu-tests.log" || true)
+t_tests=$(( $(date +%s) - t1 ))
+
+# Benchmarks, merged into one profile.
+foundry="$build/foundry"
+profile="$out/gpu-profile.json"
+rm -f "$profile"
+t2=$(date +%s)
+"$foundry" bench gemm --device cuda $quick --profile "$profile" --csv "$out/gemm.csv" --quiet \
+  >"$out/bench-gemm.txt" 2>&1 && status_gemm=ok || status_gemm=FAILED
+"$foundry" bench membw --device cuda $quick --profile "$profile" --csv "$out/membw.csv" --quiet \
+  >"$out/bench-membw.txt" 2>&1 && status_membw=ok || status_membw=FAILED
+t_bench=$(( $(date +%s) - t2 ))
+
+# The table.
+python3 - "$profile" "$out" <<'PY'
+import json, sys
+path, out = sys.argv[1], sys.argv[2]
+try:
+    p = json.load(open(path))
+except Exception:
+    p = {}
+d, c, m = p.get('device', {}), p.get('compute', {}), p.get('memory', {})
+def tf(x): return '%.1f' % (x / 1e12) if x else '-'
+def gb(x): return '%.0f' % (x / 1e9) if x else '-'
+print('| what | figure |')
+print('| --- | --- |')
+print('| GPU | %s (%s, %s SMs, %.1f GiB) |' % (d.get('name', '?'), d.get('arch', '?'), d.get('sm_count', '?'),
+                                          d.get('memory_bytes', 0) / 2**30))
+for t in ('bf16', 'fp32'):
+    e = c.get(t, {})
+    print('| %s GEMM best, TFLOP/s (estimate) | %s (%s) |' % (t, tf(e.get('measured_flops_per_s')),
+                                                          tf(e.get('spec_flops_per_s'))))
+for s in m.get('stream', []):
+    print('| STREAM %s, GB/s | %s%s |' % (s['kernel'], gb(s['bytes_per_s']), '' if s['valid'] else ' INVALID'))
+print('| memory spec, GB/s | %s |' % gb(m.get('spec_bytes_per_s')))
+PY
+echo "| build | $status_build (${t_build} s) |"
+echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
+echo "| bench gemm / membw | $status_gemm / $status_membw (${t_bench} s; $out/bench-*.txt) |"
+[ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ]

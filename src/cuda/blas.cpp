@@ -1,0 +1,16 @@
+#include "cuda/blas.h"
+
+#include "base/error.h"
+#include "cuda/lt_matmul.h"
+
+namespace foundry::gpu {
+
+void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
+          int64_t n, int64_t k, DType dtype, bool accumulate) {
+  FOUNDRY_CHECK(m > 0 && n > 0 && k > 0);
+  detail::lt_matmul(a, trans_a, b, trans_b, c, m, n, k, dtype == DType::bf16, accumulate);
+}
+
+int64_t gemm_plans_cached() { return detail::lt_plans_cached(); }
+
+}  // namespace foundry::gpu

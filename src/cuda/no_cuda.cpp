@@ -1,0 +1,104 @@
+// The CUDA backend's entry points in a build without it: each fails with an Error that says
+// how to build one (no_gpu.h). built_with_cuda() and visible_gpus() answer instead.
+#ifndef FOUNDRY_HAS_CUDA
+#include "cuda/adamw.h"
+#include "cuda/lt_matmul.h"
+#include "cuda/no_gpu.h"
+#include "cuda/ops.h"
+#include "cuda/random_fill.h"
+#include "cuda/runtime.h"
+#include "cuda/stream_kernels.h"
+
+namespace foundry::gpu {
+
+namespace {
+const char kWhat[] = "the CUDA backend";
+}
+
+bool built_with_cuda() { return false; }
+
+int visible_gpus(std::string* why) {
+  if (why) *why = "this foundry was built without the CUDA backend";
+  return 0;
+}
+
+void check_gpu_visible(int, const std::string& what) { fail_no_cuda_build(what); }
+GpuInfo open_gpu(int, const std::string& what) { fail_no_cuda_build(what); }
+
+DeviceBuffer::DeviceBuffer(int64_t) { fail_no_cuda_build(kWhat); }
+DeviceBuffer::~DeviceBuffer() = default;
+DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept {}
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept { return *this; }
+void DeviceBuffer::upload(const void*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void DeviceBuffer::download(void*, int64_t, int64_t) const { fail_no_cuda_build(kWhat); }
+void DeviceBuffer::fill_bytes(int) { fail_no_cuda_build(kWhat); }
+
+void synchronize() { fail_no_cuda_build(kWhat); }
+
+GpuTimer::GpuTimer() { fail_no_cuda_build(kWhat); }
+GpuTimer::~GpuTimer() = default;
+void GpuTimer::start() { fail_no_cuda_build(kWhat); }
+double GpuTimer::seconds() { fail_no_cuda_build(kWhat); }
+
+void run_stream_op(StreamOp, double*, double*, double*, int64_t, double, double*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t stream_read_partials() { return 0; }
+void fill_doubles(double*, int64_t, double) { fail_no_cuda_build(kWhat); }
+void fill_eighths(void*, int64_t, bool, uint64_t) { fail_no_cuda_build(kWhat); }
+
+namespace detail {
+void lt_matmul(const void*, bool, const void*, bool, float*, int64_t, int64_t, int64_t, bool,
+               bool) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t lt_plans_cached() { return 0; }
+}  // namespace detail
+
+void adamw_update(float*, const float*, float*, float*, uint16_t*, const AdamWRange*, int64_t,
+                  const AdamWCoefficients&, float) {
+  fail_no_cuda_build(kWhat);
+}
+
+namespace ops {
+void rmsnorm_forward(float*, float*, const float*, const float*, int64_t, int64_t, float) {
+  fail_no_cuda_build(kWhat);
+}
+void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*,
+                      int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t rmsnorm_backward_scratch(int64_t, int64_t) { return 0; }
+void rope_apply(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool) {
+  fail_no_cuda_build(kWhat);
+}
+void swiglu_forward(float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void swiglu_backward(float*, const float*, const float*, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void swiglu_forward_bf16(uint16_t*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void swiglu_backward_bf16(uint16_t*, const float*, const float*, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void router_forward(float*, int32_t*, float*, const float*, int64_t, int64_t, int64_t, bool) {
+  fail_no_cuda_build(kWhat);
+}
+void moe_gather(float*, const float*, const int32_t*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void moe_combine(float*, const float*, const float*, const int32_t*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void moe_combine_backward(float*, float*, const float*, const float*, const float*,
+                          const int32_t*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void moe_gather_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cross_entropy(float*, float*, double*, const float*, const int32_t*, int64_t, int64_t,
+                   int64_t, float) {
+  fail_no_cuda_build(kWhat);
+}
+}  // namespace ops
+
+}  // namespace foundry::gpu
+#endif  // FOUNDRY_HAS_CUDA

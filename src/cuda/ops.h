@@ -1,0 +1,57 @@
+// The model's memory-bound operations on the GPU: the same contracts as foundry::ops
+// (kernels/ops.h), in fp32 on device pointers, each queued on the default stream. Backward
+// functions accumulate (+=) where the CPU's do and write where they write. Deterministic like
+// the CPU: no atomics; every reduction has a fixed order that does not depend on the launch
+// shape (per-channel sums over rows go through fixed 32-row chunks summed in chunk order).
+//
+// Not checked on the device (a kernel cannot throw): token ids and targets must be in range;
+// the host checks them when a batch is copied in.
+#pragma once
+#include <cstdint>
+
+namespace foundry::gpu::ops {
+
+// ---- RMSNorm: out = in·rstd·weight; rstd [N] written ----
+void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                     int64_t c, float eps);
+// din [N, C] +=, dweight [C] +=. `scratch` holds rmsnorm_backward_scratch(n, c) floats.
+void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                      const float* weight, const float* rstd, int64_t n, int64_t c,
+                      float* scratch);
+int64_t rmsnorm_backward_scratch(int64_t n, int64_t c);
+
+// ---- RoPE on x [B, T, H, D] in place (rotate-half pairs of the first rotary_dim dims);
+// angles in double, as on the CPU.
+void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
+                int64_t pos_offset, double theta, bool inverse);
+
+// ---- SwiGLU: h [N, 2F] = gate | up; out [N, F] = silu(gate)·up (writes) ----
+void swiglu_forward(float* out, const float* h, int64_t n, int64_t f);
+void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n, int64_t f);
+// The same rounded once to bf16 (foundry::bf16 bits, round to nearest even as float_to_bf16).
+void swiglu_forward_bf16(uint16_t* out, const float* h, int64_t n, int64_t f);
+void swiglu_backward_bf16(uint16_t* dh, const float* dout, const float* h, int64_t n, int64_t f);
+
+// ---- router: softmax over E experts, top-k by repeated arg-max (ties: lower id), optional
+// renormalization of the chosen weights (writes probs [N, E], topk_idx [N, K], topk_w [N, K]).
+void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
+                    int64_t n, int64_t e, int64_t k, bool renormalize);
+
+// ---- MoE gather / combine over a dispatch plan (ops::moe_dispatch_plan's arrays) ----
+void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows, int64_t c);
+void moe_combine(float* out, const float* ys, const float* topk_w,
+                 const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c);
+void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const float* ys,
+                          const float* topk_w, const int32_t* assignment_slot, int64_t n,
+                          int64_t k, int64_t c);
+void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot, int64_t n,
+                         int64_t k, int64_t c);
+
+// ---- cross-entropy over a padded vocabulary: logits [N, Vp], columns < V real. Writes
+// losses [N], *mean_loss (one double: the mean over rows, summed in row order), and, when
+// dlogits is not null, dlogits [N, Vp] = (softmax − onehot)·grad_scale, 0 in padded columns
+// (dlogits may alias logits).
+void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
+                   const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale);
+
+}  // namespace foundry::gpu::ops

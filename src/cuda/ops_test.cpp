@@ -1,0 +1,223 @@
+// gpu::ops against foundry::ops (the CPU reference) on fresh random inputs. Outputs that a
+// kernel writes are poisoned (NaN) first; outputs it accumulates into start from random
+// values. Skips where no GPU is visible.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "base/bf16.h"
+#include "base/rng.h"
+#include "cuda/ops.h"
+#include "cuda/runtime.h"
+#include "kernels/ops.h"
+
+namespace foundry {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                          \
+  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible"; \
+  gpu::open_gpu(0, "test")
+
+std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1.0) {
+  Rng rng(seed);
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(scale * rng.normal());
+  return v;
+}
+
+// A device copy of a host vector, and back.
+template <typename T>
+gpu::DeviceBuffer to_device(const std::vector<T>& v) {
+  gpu::DeviceBuffer b(static_cast<int64_t>(v.size() * sizeof(T)));
+  if (!v.empty()) b.upload(v.data(), static_cast<int64_t>(v.size() * sizeof(T)));
+  return b;
+}
+gpu::DeviceBuffer poisoned(int64_t bytes) {
+  gpu::DeviceBuffer b(bytes);
+  b.fill_bytes(0xFF);
+  return b;
+}
+template <typename T>
+std::vector<T> to_host(const gpu::DeviceBuffer& b, int64_t n) {
+  std::vector<T> v(n);
+  b.download(v.data(), n * static_cast<int64_t>(sizeof(T)));
+  return v;
+}
+
+// |gpu − cpu| ≤ rel·(|cpu| + scale) elementwise, with the first mismatches reported.
+void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
+                  double scale, const char* what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  int bad = 0;
+  for (size_t i = 0; i < cpu.size() && bad < 5; ++i)
+    if (!(std::abs(gpu[i] - cpu[i]) <= rel * (std::abs(cpu[i]) + scale))) {
+      ADD_FAILURE() << what << "[" << i << "]: GPU " << gpu[i] << ", CPU " << cpu[i];
+      ++bad;
+    }
+}
+
+TEST(GpuOps, RmsNormForwardAndBackwardMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{37, 300}, {64, 2048}, {1, 7}, {70, 4096}}) {
+    const auto x = randn(n * c, 1), w = randn(c, 2), dy = randn(n * c, 3);
+    const auto dx0 = randn(n * c, 4), dw0 = randn(c, 5);
+    std::vector<float> out(n * c), rstd(n), dx = dx0, dw = dw0;
+    ops::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, c, 1e-5f);
+    ops::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), n, c);
+
+    auto gx = to_device(x), gw = to_device(w), gdy = to_device(dy), gdx = to_device(dx0),
+         gdw = to_device(dw0);
+    auto gout = poisoned(n * c * 4), grstd = poisoned(n * 4);
+    auto scratch = poisoned(gpu::ops::rmsnorm_backward_scratch(n, c) * 4);
+    gpu::ops::rmsnorm_forward(gout.as<float>(), grstd.as<float>(), gx.as<float>(), gw.as<float>(),
+                              n, c, 1e-5f);
+    gpu::ops::rmsnorm_backward(gdx.as<float>(), gdw.as<float>(), gdy.as<float>(), gx.as<float>(),
+                               gw.as<float>(), grstd.as<float>(), n, c, scratch.as<float>());
+    expect_close(to_host<float>(gout, n * c), out, 1e-5, 1e-3, "out");
+    expect_close(to_host<float>(grstd, n), rstd, 1e-5, 0, "rstd");
+    expect_close(to_host<float>(gdx, n * c), dx, 1e-4, 1e-2, "dx");
+    expect_close(to_host<float>(gdw, c), dw, 1e-4, 1e-1, "dweight");
+  }
+}
+
+TEST(GpuOps, RopeRotatesLikeTheCpuBothWays) {
+  SKIP_WITHOUT_GPU();
+  const int64_t b = 2, t = 19, h = 3, d = 64;
+  for (int64_t rotary : {64, 48, 0})
+    for (bool inverse : {false, true}) {
+      const auto x0 = randn(b * t * h * d, 7);
+      std::vector<float> x = x0;
+      ops::rope_apply(x.data(), b, t, h, d, rotary, 1000, 10000.0, inverse);
+      auto gx = to_device(x0);
+      gpu::ops::rope_apply(gx.as<float>(), b, t, h, d, rotary, 1000, 10000.0, inverse);
+      expect_close(to_host<float>(gx, b * t * h * d), x, 1e-5, 1e-3, "rope");
+    }
+}
+
+TEST(GpuOps, SwigluForwardAndBackwardMatchTheCpuInFp32AndBf16) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 33, f = 517;
+  const auto hv = randn(n * 2 * f, 11, 3.0), dy = randn(n * f, 12);
+  std::vector<float> out(n * f), dh(n * 2 * f);
+  ops::swiglu_forward(out.data(), hv.data(), n, f);
+  ops::swiglu_backward(dh.data(), dy.data(), hv.data(), n, f);
+  std::vector<bf16> out16(n * f), dh16(n * 2 * f);
+  ops::swiglu_forward_bf16(out16.data(), hv.data(), n, f);
+  ops::swiglu_backward_bf16(dh16.data(), dy.data(), hv.data(), n, f);
+
+  auto gh = to_device(hv), gdy = to_device(dy);
+  auto gout = poisoned(n * f * 4), gdh = poisoned(n * 2 * f * 4);
+  auto gout16 = poisoned(n * f * 2), gdh16 = poisoned(n * 2 * f * 2);
+  gpu::ops::swiglu_forward(gout.as<float>(), gh.as<float>(), n, f);
+  gpu::ops::swiglu_backward(gdh.as<float>(), gdy.as<float>(), gh.as<float>(), n, f);
+  gpu::ops::swiglu_forward_bf16(gout16.as<uint16_t>(), gh.as<float>(), n, f);
+  gpu::ops::swiglu_backward_bf16(gdh16.as<uint16_t>(), gdy.as<float>(), gh.as<float>(), n, f);
+  expect_close(to_host<float>(gout, n * f), out, 1e-5, 1e-4, "out");
+  expect_close(to_host<float>(gdh, n * 2 * f), dh, 1e-5, 1e-4, "dh");
+  // bf16: the same rounding of values that differ by an ulp of fp32 at most: equal, or one
+  // bf16 step apart where the fp32 value sat on a rounding boundary.
+  auto widen = [](const std::vector<bf16>& v) {
+    std::vector<float> f32(v.size());
+    for (size_t i = 0; i < v.size(); ++i) f32[i] = bf16_to_float(v[i]);
+    return f32;
+  };
+  expect_close(widen(to_host<bf16>(gout16, n * f)), widen(out16), 8e-3, 1e-4, "out bf16");
+  expect_close(widen(to_host<bf16>(gdh16, n * 2 * f)), widen(dh16), 8e-3, 1e-4, "dh bf16");
+}
+
+TEST(GpuOps, RouterChoosesTheSameExpertsWithTheSameWeights) {
+  SKIP_WITHOUT_GPU();
+  for (auto [e, k, renormalize] : {std::tuple<int64_t, int64_t, bool>{8, 2, true},
+                                   {16, 1, false}, {64, 8, true}, {3, 3, false}}) {
+    const int64_t n = 301;
+    const auto logits = randn(n * e, 13 + e, 2.0);
+    std::vector<float> probs(n * e), w(n * k);
+    std::vector<int32_t> idx(n * k);
+    ops::router_forward(probs.data(), idx.data(), w.data(), logits.data(), n, e, k, renormalize);
+    auto gl = to_device(logits);
+    auto gp = poisoned(n * e * 4), gi = poisoned(n * k * 4), gw = poisoned(n * k * 4);
+    gpu::ops::router_forward(gp.as<float>(), gi.as<int32_t>(), gw.as<float>(), gl.as<float>(), n,
+                             e, k, renormalize);
+    expect_close(to_host<float>(gp, n * e), probs, 1e-5, 1e-6, "probs");
+    EXPECT_EQ(to_host<int32_t>(gi, n * k), idx);
+    expect_close(to_host<float>(gw, n * k), w, 1e-5, 1e-6, "topk_w");
+  }
+}
+
+TEST(GpuOps, MoeGatherAndCombineMatchTheCpuWithEmptyAndFullExperts) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 45, k = 2, e = 6, c = 130;
+  // Expert 5 gets no token; expert 0 is every token's first choice.
+  Rng rng(21);
+  std::vector<int32_t> topk(n * k);
+  for (int64_t i = 0; i < n; ++i) {
+    topk[i * k] = 0;
+    topk[i * k + 1] = 1 + static_cast<int32_t>(rng.below(4));
+  }
+  std::vector<int64_t> offsets(e + 1);
+  std::vector<int32_t> slot_token(n * k), assignment_slot(n * k);
+  ops::moe_dispatch_plan(offsets.data(), slot_token.data(), assignment_slot.data(), topk.data(),
+                         n, e, k);
+  const auto x = randn(n * c, 22), ys = randn(n * k * c, 23), w = randn(n * k, 24),
+             out0 = randn(n * c, 25), dout = randn(n * c, 26), dxs = randn(n * k * c, 27),
+             dx0 = randn(n * c, 28);
+  std::vector<float> xs(n * k * c), out = out0, dys(n * k * c), dw(n * k), dx = dx0;
+  ops::moe_gather(xs.data(), x.data(), slot_token.data(), n * k, c);
+  ops::moe_combine(out.data(), ys.data(), w.data(), assignment_slot.data(), n, k, c);
+  ops::moe_combine_backward(dys.data(), dw.data(), dout.data(), ys.data(), w.data(),
+                            assignment_slot.data(), n, k, c);
+  ops::moe_gather_backward(dx.data(), dxs.data(), assignment_slot.data(), n, k, c);
+
+  auto gx = to_device(x), gys = to_device(ys), gw = to_device(w), gout = to_device(out0),
+       gdout = to_device(dout), gdxs = to_device(dxs), gdx = to_device(dx0),
+       gslot_token = to_device(slot_token), gassign = to_device(assignment_slot);
+  auto gxs = poisoned(n * k * c * 4), gdys = poisoned(n * k * c * 4), gdw = poisoned(n * k * 4);
+  gpu::ops::moe_gather(gxs.as<float>(), gx.as<float>(), gslot_token.as<int32_t>(), n * k, c);
+  gpu::ops::moe_combine(gout.as<float>(), gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(),
+                        n, k, c);
+  gpu::ops::moe_combine_backward(gdys.as<float>(), gdw.as<float>(), gdout.as<float>(),
+                                 gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(), n, k, c);
+  gpu::ops::moe_gather_backward(gdx.as<float>(), gdxs.as<float>(), gassign.as<int32_t>(), n, k, c);
+  EXPECT_EQ(to_host<float>(gxs, n * k * c), xs);  // a copy: exact
+  expect_close(to_host<float>(gout, n * c), out, 1e-5, 1e-4, "combine");
+  expect_close(to_host<float>(gdys, n * k * c), dys, 1e-6, 1e-6, "dys");
+  expect_close(to_host<float>(gdw, n * k), dw, 1e-4, 1e-2, "dtopk_w");
+  expect_close(to_host<float>(gdx, n * c), dx, 1e-5, 1e-4, "dx");
+}
+
+TEST(GpuOps, CrossEntropyMatchesTheCpuInPlaceAndNot) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 33, v = 1000, vp = 1024;
+  auto logits = randn(n * vp, 31, 3.0);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = v; j < vp; ++j) logits[i * vp + j] = 1e3f;  // padding must not count
+  Rng rng(32);
+  std::vector<int32_t> targets(n);
+  for (int32_t& t : targets) t = static_cast<int32_t>(rng.below(v));
+  const float scale = 1.0f / static_cast<float>(n);
+  std::vector<float> dlogits(n * vp), losses(n);
+  const double mean = ops::cross_entropy(dlogits.data(), losses.data(), logits.data(),
+                                         targets.data(), n, v, vp, scale);
+  for (bool in_place : {false, true}) {
+    auto gl = to_device(logits), gt = to_device(targets);
+    auto gd = poisoned(n * vp * 4), gloss = poisoned(n * 4), gmean = poisoned(8);
+    float* d = in_place ? gl.as<float>() : gd.as<float>();
+    gpu::ops::cross_entropy(d, gloss.as<float>(), gmean.as<double>(), gl.as<float>(),
+                            gt.as<int32_t>(), n, v, vp, scale);
+    expect_close(to_host<float>(gloss, n), losses, 1e-5, 1e-5, "losses");
+    EXPECT_NEAR(to_host<double>(gmean, 1)[0], mean, 1e-5 * mean);
+    expect_close(to_host<float>(in_place ? gl : gd, n * vp), dlogits, 1e-4, 1e-7, "dlogits");
+  }
+  // Without dlogits: the losses alone.
+  auto gl = to_device(logits), gt = to_device(targets);
+  auto gloss = poisoned(n * 4), gmean = poisoned(8);
+  gpu::ops::cross_entropy(nullptr, gloss.as<float>(), gmean.as<double>(), gl.as<float>(),
+                          gt.as<int32_t>(), n, v, vp, scale);
+  expect_close(to_host<float>(gloss, n), losses, 1e-5, 1e-5, "losses (no dlogits)");
+  EXPECT_EQ(to_host<float>(gl, n * vp), logits);  // untouched
+}
+
+}  // namespace
+}  // namespace foundry

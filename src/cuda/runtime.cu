@@ -1,0 +1,121 @@
+// runtime.h with the CUDA runtime.
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "cuda/check.h"
+#include "cuda/no_gpu.h"
+#include "cuda/runtime.h"
+
+namespace foundry::gpu {
+
+bool built_with_cuda() { return true; }
+
+int visible_gpus(std::string* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it: the next runtime call must not see it
+    if (why) *why = std::string(cudaGetErrorName(status)) + ": " + cudaGetErrorString(status);
+    return 0;
+  }
+  if (count == 0 && why) *why = "the CUDA runtime reports 0 devices";
+  return count;
+}
+
+void check_gpu_visible(int index, const std::string& what) {
+  std::string why;
+  const int count = visible_gpus(&why);
+  if (count == 0) fail_no_gpu(what, why);
+  if (index < 0 || index >= count) fail_gpu_index(what, index, count);
+}
+
+GpuInfo open_gpu(int index, const std::string& what) {
+  check_gpu_visible(index, what);
+  FOUNDRY_CUDA_CHECK(cudaSetDevice(index));
+  cudaDeviceProp prop{};
+  FOUNDRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  auto attribute = [index](cudaDeviceAttr a) {
+    int v = 0;
+    FOUNDRY_CUDA_CHECK(cudaDeviceGetAttribute(&v, a, index));
+    return v;
+  };
+  GpuInfo g;
+  g.index = index;
+  g.name = prop.name;
+  g.major = prop.major;
+  g.minor = prop.minor;
+  g.sm_count = attribute(cudaDevAttrMultiProcessorCount);
+  g.sm_clock_hz = attribute(cudaDevAttrClockRate) * 1e3;
+  g.memory_bytes = static_cast<int64_t>(prop.totalGlobalMem);
+  g.l2_bytes = attribute(cudaDevAttrL2CacheSize);
+  g.memory_clock_hz = attribute(cudaDevAttrMemoryClockRate) * 1e3;
+  g.memory_bus_bits = attribute(cudaDevAttrGlobalMemoryBusWidth);
+  FOUNDRY_CUDA_CHECK(cudaDriverGetVersion(&g.driver_version));
+  FOUNDRY_CUDA_CHECK(cudaRuntimeGetVersion(&g.runtime_version));
+  return g;
+}
+
+DeviceBuffer::DeviceBuffer(int64_t bytes) : bytes_(bytes) {
+  if (bytes > 0) FOUNDRY_CUDA_CHECK(cudaMalloc(&data_, static_cast<size_t>(bytes)));
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* host, int64_t bytes, int64_t offset) {
+  check_buffer_range(offset, bytes, bytes_);
+  FOUNDRY_CUDA_CHECK(cudaMemcpy(static_cast<char*>(data_) + offset, host,
+                                static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+}
+
+void DeviceBuffer::download(void* host, int64_t bytes, int64_t offset) const {
+  check_buffer_range(offset, bytes, bytes_);
+  FOUNDRY_CUDA_CHECK(cudaMemcpy(host, static_cast<const char*>(data_) + offset,
+                                static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+}
+
+void DeviceBuffer::fill_bytes(int value) {
+  FOUNDRY_CUDA_CHECK(cudaMemset(data_, value, static_cast<size_t>(bytes_)));
+}
+
+void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+GpuTimer::GpuTimer() {
+  cudaEvent_t a = nullptr, b = nullptr;
+  FOUNDRY_CUDA_CHECK(cudaEventCreate(&a));
+  FOUNDRY_CUDA_CHECK(cudaEventCreate(&b));
+  start_ = a;
+  stop_ = b;
+}
+
+GpuTimer::~GpuTimer() {
+  cudaEventDestroy(static_cast<cudaEvent_t>(start_));
+  cudaEventDestroy(static_cast<cudaEvent_t>(stop_));
+}
+
+void GpuTimer::start() { FOUNDRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(start_))); }
+
+double GpuTimer::seconds() {
+  FOUNDRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(stop_)));
+  FOUNDRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(stop_)));
+  float ms = 0;
+  FOUNDRY_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start_),
+                                          static_cast<cudaEvent_t>(stop_)));
+  return ms * 1e-3;
+}
+
+}  // namespace foundry::gpu

@@ -1,0 +1,92 @@
+// The CUDA seam: which GPU a command runs on, device memory, timing. This header needs no
+// CUDA headers, so every layer can name it; a build without the CUDA backend (FOUNDRY_CUDA
+// off, or no toolkit at configure time) links the same functions, which fail with an Error
+// that says how to get one (src/cuda/no_cuda.cpp).
+//
+// Errors from the CUDA runtime and cuBLASLt become foundry::Error naming the call, the code
+// and the GPU (check.h); nothing here exits the process.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace foundry::gpu {
+
+struct GpuInfo {
+  int index = 0;
+  std::string name;            // "NVIDIA H200"
+  int major = 0, minor = 0;    // compute capability
+  int sm_count = 0;
+  double sm_clock_hz = 0;      // the SMs' maximum clock
+  int64_t memory_bytes = 0;    // global memory
+  int64_t l2_bytes = 0;
+  double memory_clock_hz = 0;  // the memory's clock (DDR: two transfers a cycle)
+  int memory_bus_bits = 0;
+  int driver_version = 0, runtime_version = 0;  // 13000 = 13.0
+  // The memory's theoretical bandwidth: 2 · clock · bus width / 8 (0 when unknown).
+  double spec_memory_bytes_per_s() const;
+  std::string arch() const;    // "sm_90"
+};
+
+// Whether this foundry was built with the CUDA backend.
+bool built_with_cuda();
+
+// GPUs the CUDA runtime sees: 0 when none is visible, the driver is missing or too old, or
+// the build has no CUDA backend; then `why` (if given) says which.
+int visible_gpus(std::string* why = nullptr);
+
+// Fails like open_gpu when GPU `index` cannot be used, without creating a context on it (every
+// rank of a job can ask before one of them opens the GPU).
+void check_gpu_visible(int index, const std::string& what);
+
+// Makes GPU `index` current for this thread and describes it. Throws foundry::Error when the
+// build has no CUDA backend, no GPU is visible or the index is out of range; `what` names
+// the option that asked for the GPU ("--device cuda").
+GpuInfo open_gpu(int index, const std::string& what);
+
+// One allocation of device memory (cudaMalloc), freed with the object. Not copyable.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(int64_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  template <class T>
+  T* as() const { return static_cast<T*>(data_); }
+  int64_t bytes() const { return bytes_; }
+
+  // Synchronous copies between host memory and `bytes` of the buffer from `offset`.
+  void upload(const void* host, int64_t bytes, int64_t offset = 0);
+  void download(void* host, int64_t bytes, int64_t offset = 0) const;
+  // Every byte set to `value` (tests poison outputs with 0xFF: NaN in fp32 and bf16).
+  void fill_bytes(int value);
+
+ private:
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// Waits for all work queued on the current GPU.
+void synchronize();
+
+// Seconds between two points of the GPU's default stream (CUDA events): start() records the
+// first, seconds() the second and waits for it.
+class GpuTimer {
+ public:
+  GpuTimer();
+  ~GpuTimer();
+  GpuTimer(const GpuTimer&) = delete;
+  GpuTimer& operator=(const GpuTimer&) = delete;
+  void start();
+  double seconds();
+
+ private:
+  void* start_ = nullptr;
+  void* stop_ = nullptr;
+};
+
+}  // namespace foundry::gpu
