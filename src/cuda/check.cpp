@@ -11,6 +11,11 @@ void fail_cuda_call(const char* call, int code, const char* name, const char* te
        "nvidia-smi, and run with CUDA_LAUNCH_BLOCKING=1 to find the kernel");
 }
 
+void fail_internal_check(const char* condition, const char* file, int line) {
+  fail(fmt::format("internal check failed: {} ({}:{})", condition, file, line),
+       "this is a bug in foundry; please report it");
+}
+
 const char* cublas_status_name(int status) {
   switch (status) {  // cublasStatus_t's values (cublas_api.h)
     case 0: return "CUBLAS_STATUS_SUCCESS";

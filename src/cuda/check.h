@@ -8,6 +8,9 @@ namespace foundry::gpu {
 [[noreturn]] void fail_cuda_call(const char* call, int code, const char* name, const char* text,
                                  const char* file, int line);
 
+// Throws the internal-check Error of FOUNDRY_CHECK (base/error.h) from code nvcc compiles.
+[[noreturn]] void fail_internal_check(const char* condition, const char* file, int line);
+
 // "CUBLAS_STATUS_NOT_SUPPORTED" for 15, ... (cuBLASLt alone has no such function).
 const char* cublas_status_name(int status);
 
@@ -21,6 +24,12 @@ const char* cublas_status_name(int status);
       ::foundry::gpu::fail_cuda_call(#call, static_cast<int>(foundry_status_),            \
                                      cudaGetErrorName(foundry_status_),                   \
                                      cudaGetErrorString(foundry_status_), __FILE__, __LINE__); \
+  } while (0)
+
+// FOUNDRY_CHECK for .cu files: a failure is a bug in Foundry (a caller broke a contract).
+#define FOUNDRY_GPU_CHECK(cond) \
+  do {                          \
+    if (!(cond)) ::foundry::gpu::fail_internal_check(#cond, __FILE__, __LINE__); \
   } while (0)
 
 // CUBLAS_CHECK(cublasLtMatmul(...)): throws on anything but CUBLAS_STATUS_SUCCESS.

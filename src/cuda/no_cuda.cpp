@@ -98,6 +98,15 @@ void cross_entropy(float*, float*, double*, const float*, const int32_t*, int64_
                    int64_t, float) {
   fail_no_cuda_build(kWhat);
 }
+void attention_forward(float*, float*, const float*, const float*, const float*,
+                       const AttentionDims&) {
+  fail_no_cuda_build(kWhat);
+}
+void attention_backward(float*, float*, float*, const float*, const float*, const float*,
+                        const float*, const float*, const float*, const AttentionDims&, float*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t attention_backward_scratch(const AttentionDims& s) { return s.b * s.h * s.t; }
 }  // namespace ops
 
 }  // namespace foundry::gpu

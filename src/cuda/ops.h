@@ -54,4 +54,20 @@ void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_
 void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
                    const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale);
 
+// ---- causal grouped-query attention (kernels/attention.h's layout and contract) ----
+// q [B, T, H, D], k/v [B, T, KVH, D], out [B, T, H, D]; lse [B, H, T] of the scaled scores.
+// Tiled with an online softmax in fp32 (memory linear in T). D ≤ 256.
+struct AttentionDims {
+  int64_t b, t, h, kvh, d;
+};
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       const AttentionDims& s);
+// dq, dk, dv (writes) from dout, out and lse. Deterministic: dQ by query tile, dK and dV by
+// key tile summing the group's query heads in order; no atomics. `scratch` holds
+// attention_backward_scratch(s) floats.
+void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                        const float* lse, const float* q, const float* k, const float* v,
+                        const AttentionDims& s, float* scratch);
+int64_t attention_backward_scratch(const AttentionDims& s);
+
 }  // namespace foundry::gpu::ops
