@@ -107,6 +107,26 @@ void attention_backward(float*, float*, float*, const float*, const float*, cons
   fail_no_cuda_build(kWhat);
 }
 int64_t attention_backward_scratch(const AttentionDims& s) { return s.b * s.h * s.t; }
+void embedding_forward(float*, const int32_t*, const float*, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void embedding_backward(float*, const float*, const int32_t*, int64_t, int64_t, int64_t,
+                        Workspace&) {
+  fail_no_cuda_build(kWhat);
+}
+void router_backward(float*, const float*, const float*, const int32_t*, const float*, int64_t,
+                     int64_t, int64_t, bool, float, const double*) {
+  fail_no_cuda_build(kWhat);
+}
+void expert_fractions(double*, const int64_t*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void router_aux_loss(double*, const float*, const double*, int64_t, int64_t, double*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t router_aux_scratch(int64_t, int64_t) { return 0; }
+void moe_dispatch_plan(int64_t*, int32_t*, int32_t*, const int32_t*, int64_t, int64_t, int64_t,
+                       Workspace&) {
+  fail_no_cuda_build(kWhat);
+}
 }  // namespace ops
 
 }  // namespace foundry::gpu

@@ -9,7 +9,17 @@
 #pragma once
 #include <cstdint>
 
+#include "cuda/runtime.h"
+
 namespace foundry::gpu::ops {
+
+// ---- embedding: out [N, C] = wte[tokens[n], :] ----
+void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n, int64_t c);
+// dwte [V, C] += dout's rows by token, each row of dwte summing its positions in order (the
+// CPU's order, so the same bits): positions are sorted by token (a stable radix sort), then
+// each run of one token is summed by one block.
+void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t n,
+                        int64_t c, int64_t v, Workspace& workspace);
 
 // ---- RMSNorm: out = in·rstd·weight; rstd [N] written ----
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
@@ -36,6 +46,28 @@ void swiglu_backward_bf16(uint16_t* dh, const float* dout, const float* h, int64
 // renormalization of the chosen weights (writes probs [N, E], topk_idx [N, K], topk_w [N, K]).
 void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
                     int64_t n, int64_t e, int64_t k, bool renormalize);
+
+// The softmax router's backward (ops::router_backward): dlogits [N, E] (writes). `fractions`
+// (device, E doubles) are the f_e of the auxiliary loss; ignored when aux_coef is 0.
+void router_backward(float* dlogits, const float* dtopk_w, const float* probs,
+                     const int32_t* topk_idx, const float* topk_w, int64_t n, int64_t e,
+                     int64_t k, bool renormalize, float aux_coef, const double* fractions);
+// fractions [E] (device) = each expert's share of the N·K assignments, from a dispatch plan's
+// expert_offsets.
+void expert_fractions(double* fractions, const int64_t* expert_offsets, int64_t e,
+                      int64_t assignments);
+// *aux (device) = E · Σ_e f_e · mean over rows of probs[:, e], the column sums in double over
+// fixed chunks of rows summed in order. `scratch` holds router_aux_scratch(n, e) doubles.
+void router_aux_loss(double* aux, const float* probs, const double* fractions, int64_t n,
+                     int64_t e, double* scratch);
+int64_t router_aux_scratch(int64_t n, int64_t e);
+
+// ---- the dispatch plan (ops::moe_dispatch_plan's arrays, all on the device): a stable radix
+// sort of the assignments by expert. expert_offsets [E+1] is what the host copies back to size
+// the experts' GEMMs: the one synchronization routing needs.
+void moe_dispatch_plan(int64_t* expert_offsets, int32_t* slot_token, int32_t* assignment_slot,
+                       const int32_t* topk_idx, int64_t n, int64_t e, int64_t k,
+                       Workspace& workspace);
 
 // ---- MoE gather / combine over a dispatch plan (ops::moe_dispatch_plan's arrays) ----
 void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows, int64_t c);

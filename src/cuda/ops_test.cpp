@@ -220,6 +220,71 @@ TEST(GpuOps, CrossEntropyMatchesTheCpuInPlaceAndNot) {
   EXPECT_EQ(to_host<float>(gl, n * vp), logits);  // untouched
 }
 
+TEST(GpuOps, EmbeddingForwardAndBackwardAreTheCpuBits) {
+  SKIP_WITHOUT_GPU();
+  const int64_t n = 500, c = 96, v = 70;
+  Rng rng(50);
+  std::vector<int32_t> tokens(n);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(v / 2)) * 2;  // odd ids unused
+  tokens[7] = v - 1;
+  const auto wte = randn(v * c, 51), dout = randn(n * c, 52), dwte0 = randn(v * c, 53);
+  std::vector<float> out(n * c), dwte = dwte0;
+  ops::embedding_forward(out.data(), tokens.data(), wte.data(), n, c);
+  ops::embedding_backward(dwte.data(), dout.data(), tokens.data(), n, c, v);
+  auto gt = to_device(tokens), gw = to_device(wte), gdout = to_device(dout), gdw = to_device(dwte0);
+  auto gout = poisoned(n * c * 4);
+  gpu::Workspace workspace;
+  gpu::ops::embedding_forward(gout.as<float>(), gt.as<int32_t>(), gw.as<float>(), n, c);
+  gpu::ops::embedding_backward(gdw.as<float>(), gdout.as<float>(), gt.as<int32_t>(), n, c, v,
+                               workspace);
+  EXPECT_EQ(to_host<float>(gout, n * c), out);
+  EXPECT_EQ(to_host<float>(gdw, v * c), dwte);  // the same additions in the same order
+}
+
+TEST(GpuOps, DispatchPlanRouterBackwardAndAuxLossMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (auto [e, k, renormalize] : {std::tuple<int64_t, int64_t, bool>{8, 2, true}, {16, 1, false},
+                                   {6, 3, true}}) {
+    const int64_t n = 257;
+    auto logits = randn(n * e, 60 + e, 2.0);
+    const auto dw = randn(n * k, 61);
+    if (e == 6)  // expert 5 is chosen by no token: its rows are empty
+      for (int64_t i = 0; i < n; ++i) logits[i * e + 5] = -1e4f;
+    std::vector<float> probs(n * e), w(n * k), dlogits(n * e);
+    std::vector<int32_t> idx(n * k);
+    ops::router_forward(probs.data(), idx.data(), w.data(), logits.data(), n, e, k, renormalize);
+    std::vector<int64_t> offsets(e + 1);
+    std::vector<int32_t> slot_token(n * k), assignment_slot(n * k);
+    ops::moe_dispatch_plan(offsets.data(), slot_token.data(), assignment_slot.data(), idx.data(),
+                           n, e, k);
+    std::vector<double> fractions(e);
+    for (int64_t x = 0; x < e; ++x)
+      fractions[x] = static_cast<double>(offsets[x + 1] - offsets[x]) / static_cast<double>(n * k);
+    ops::router_backward(dlogits.data(), dw.data(), probs.data(), idx.data(), w.data(), n, e, k,
+                         renormalize, 0.01f, fractions.data());
+    const float aux = ops::router_aux_loss(probs.data(), idx.data(), n, e, k, fractions.data());
+
+    gpu::Workspace workspace;
+    auto gidx = to_device(idx), gp = to_device(probs), gw = to_device(w), gdw = to_device(dw);
+    auto goff = poisoned((e + 1) * 8), gslot = poisoned(n * k * 4), gassign = poisoned(n * k * 4),
+         gfrac = poisoned(e * 8), gdl = poisoned(n * e * 4), gaux = poisoned(8),
+         scratch = poisoned(gpu::ops::router_aux_scratch(n, e) * 8);
+    gpu::ops::moe_dispatch_plan(goff.as<int64_t>(), gslot.as<int32_t>(), gassign.as<int32_t>(),
+                                gidx.as<int32_t>(), n, e, k, workspace);
+    gpu::ops::expert_fractions(gfrac.as<double>(), goff.as<int64_t>(), e, n * k);
+    gpu::ops::router_backward(gdl.as<float>(), gdw.as<float>(), gp.as<float>(), gidx.as<int32_t>(),
+                              gw.as<float>(), n, e, k, renormalize, 0.01f, gfrac.as<double>());
+    gpu::ops::router_aux_loss(gaux.as<double>(), gp.as<float>(), gfrac.as<double>(), n, e,
+                              scratch.as<double>());
+    EXPECT_EQ(to_host<int64_t>(goff, e + 1), offsets);
+    EXPECT_EQ(to_host<int32_t>(gslot, n * k), slot_token);
+    EXPECT_EQ(to_host<int32_t>(gassign, n * k), assignment_slot);
+    EXPECT_EQ(to_host<double>(gfrac, e), fractions);
+    expect_close(to_host<float>(gdl, n * e), dlogits, 1e-5, 1e-6, "dlogits");
+    EXPECT_NEAR(to_host<double>(gaux, 1)[0], aux, 1e-6 * aux);
+  }
+}
+
 // Causal GQA attention, forward and backward, against the CPU kernel in fp32: ragged tiles
 // (T not a multiple of the tile), one position, several query heads per KV head, D = 32 to
 // 256.

@@ -70,6 +70,20 @@ class DeviceBuffer {
   int64_t bytes_ = 0;
 };
 
+// Device scratch that grows to the largest request and then stays: after the first steps of a
+// run, asking for it allocates nothing. The pointer is valid until the next larger request.
+class Workspace {
+ public:
+  void* get(int64_t bytes) {
+    if (bytes > buffer_.bytes()) buffer_ = DeviceBuffer(bytes);
+    return buffer_.data();
+  }
+  int64_t bytes() const { return buffer_.bytes(); }
+
+ private:
+  DeviceBuffer buffer_;
+};
+
 // Waits for all work queued on the current GPU.
 void synchronize();
 
