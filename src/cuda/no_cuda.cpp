@@ -2,6 +2,7 @@
 // how to build one (no_gpu.h). built_with_cuda() and visible_gpus() answer instead.
 #ifndef FOUNDRY_HAS_CUDA
 #include "cuda/adamw.h"
+#include "cuda/cca.h"
 #include "cuda/lt_matmul.h"
 #include "cuda/no_gpu.h"
 #include "cuda/ops.h"
@@ -127,6 +128,45 @@ void moe_dispatch_plan(int64_t*, int32_t*, int32_t*, const int32_t*, int64_t, in
                        Workspace&) {
   fail_no_cuda_build(kWhat);
 }
+void cca_means_forward(float*, const float*, int64_t, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_means_backward(float*, const float*, int64_t, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_depthwise_conv_forward(float*, const float*, const float*, const float*, int64_t,
+                                int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_depthwise_conv_backward(float*, float*, float*, const float*, const float*, const float*,
+                                 int64_t, int64_t, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t cca_depthwise_conv_scratch(int64_t, int64_t, int64_t, int64_t) { return 0; }
+void cca_grouped_conv_forward(float*, const float*, const float*, const float*, int64_t, int64_t,
+                              int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_grouped_conv_backward(float*, float*, float*, const float*, const float*, const float*,
+                               int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t cca_grouped_conv_scratch(int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }
+void cca_value_shift_inplace_forward(float*, float*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_value_shift_inplace_backward(float*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_qk_norm_forward(float*, float*, float*, const float*, const float*, int64_t, int64_t,
+                         int64_t, int64_t, float) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_qk_norm_backward(float*, float*, const float*, const float*, const float*, const float*,
+                          const float*, int64_t, int64_t, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+int64_t cca_qk_norm_scratch(int64_t, int64_t) { return 0; }
 }  // namespace ops
 
 }  // namespace foundry::gpu

@@ -1,0 +1,393 @@
+// cca.h's kernels. Elementwise work takes a thread per output element; the reductions over
+// tokens write one partial per fixed chunk of rows, then one thread per parameter sums the
+// chunks in order.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/cca.h"
+#include "cuda/check.h"
+
+namespace foundry::gpu::ops {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kRowsPerChunk = 32;        // depthwise conv and temperature partials
+constexpr int64_t kGroupedRowsPerChunk = 512;  // grouped conv weight partials
+
+int blocks_for(int64_t elements) {
+  const int64_t blocks = (elements + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
+}
+
+#define FOR_EACH(i, count)                                                          \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
+
+// ---- means ----
+
+// One thread per (row, KV head j, dim x): the group's g query heads and the key.
+__global__ void means_forward_kernel(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk,
+                                     int64_t d) {
+  const int64_t g = hq / hk, channels = (hq + hk) * d;
+  const float inv_g = 1.0f / static_cast<float>(g);
+  FOR_EACH(index, n * hk * d) {
+    const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
+    const float* q0 = c + row * channels;
+    const float kj = q0[hq * d + j * d + x];
+    float* out_q = qk + row * channels;
+    float sum = 0;
+    for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+      const float mq = (q0[h * d + x] + kj) * 0.5f;
+      out_q[h * d + x] += mq;
+      sum += mq;
+    }
+    out_q[hq * d + j * d + x] += sum * inv_g;
+  }
+}
+
+__global__ void means_backward_kernel(float* dc, const float* dqk, int64_t n, int64_t hq,
+                                      int64_t hk, int64_t d) {
+  const int64_t g = hq / hk, channels = (hq + hk) * d;
+  const float half_inv_g = 0.5f / static_cast<float>(g);
+  FOR_EACH(index, n * hk * d) {
+    const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
+    const float* dmq = dqk + row * channels;
+    const float dmk = dmq[hq * d + j * d + x];
+    float* dq0 = dc + row * channels;
+    const float from_mk = dmk * half_inv_g;
+    float sum = 0;
+    for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+      dq0[h * d + x] += dmq[h * d + x] * 0.5f + from_mk;
+      sum += dmq[h * d + x];
+    }
+    dq0[hq * d + j * d + x] += (sum + dmk) * 0.5f;
+  }
+}
+
+// ---- depthwise convolution ----
+
+__global__ void depthwise_forward_kernel(float* y, const float* c, const float* w0,
+                                         const float* b0, int64_t b, int64_t t, int64_t ch,
+                                         int64_t taps) {
+  FOR_EACH(index, b * t * ch) {
+    const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
+    float acc = b0[k];
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t src = pos - (taps - 1) + i;
+      if (src >= 0) acc += w0[k * taps + i] * c[(row - pos + src) * ch + k];
+    }
+    y[index] = acc;
+  }
+}
+
+// dc: position s receives w0[k, i]·dy at s + (taps−1) − i.
+__global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const float* w0, int64_t b,
+                                            int64_t t, int64_t ch, int64_t taps) {
+  FOR_EACH(index, b * t * ch) {
+    const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
+    float acc = 0;
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t dst = pos + (taps - 1) - i;
+      if (dst < t) acc += w0[k * taps + i] * dy[(row - pos + dst) * ch + k];
+    }
+    dc[index] += acc;
+  }
+}
+
+// partials [chunks, ch·(taps + 1)]: per channel, the taps' weight gradients then the bias's.
+__global__ void depthwise_param_partials_kernel(float* partials, const float* dy, const float* c,
+                                                int64_t n, int64_t t, int64_t ch, int64_t taps) {
+  const int64_t per_chunk = ch * (taps + 1), chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
+  FOR_EACH(index, chunks * per_chunk) {
+    const int64_t chunk = index / per_chunk, e = index % per_chunk;
+    const int64_t k = e / (taps + 1), i = e % (taps + 1);  // i == taps: the bias
+    const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
+    float acc = 0;
+    for (int64_t row = chunk * kRowsPerChunk; row < end; ++row) {
+      const float g = dy[row * ch + k];
+      if (i == taps) {
+        acc += g;
+      } else {
+        const int64_t pos = row % t, src = pos - (taps - 1) + i;
+        if (src >= 0) acc += g * c[(row - pos + src) * ch + k];
+      }
+    }
+    partials[index] = acc;
+  }
+}
+
+// params[e] += Σ_chunk partials[chunk, e] for e < count, into the weight (e's first part) and
+// bias arrays as `split` says: element e = k·(taps+1) + i goes to w[k·taps + i] (i < taps) or
+// bias[k] (i == taps).
+__global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* partials,
+                                           int64_t chunks, int64_t ch, int64_t taps) {
+  const int64_t per_chunk = ch * (taps + 1);
+  FOR_EACH(e, per_chunk) {
+    float acc = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * per_chunk + e];
+    const int64_t k = e / (taps + 1), i = e % (taps + 1);
+    if (i == taps) db0[k] += acc;
+    else dw0[k * taps + i] += acc;
+  }
+}
+
+// ---- grouped convolution ----
+
+__global__ void grouped_forward_kernel(float* z, const float* y, const float* w1, const float* b1,
+                                       int64_t b, int64_t t, int64_t groups, int64_t d,
+                                       int64_t taps) {
+  const int64_t ch = groups * d;
+  FOR_EACH(index, b * t * ch) {
+    const int64_t oc = index % ch, grp = oc / d, pos = (index / ch) % t, row = index / ch;
+    float acc = b1[oc];
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t src = pos - (taps - 1) + i;
+      if (src < 0) continue;
+      const float* in = y + (row - pos + src) * ch + grp * d;
+      const float* w = w1 + oc * d * taps + i;
+      for (int64_t ci = 0; ci < d; ++ci) acc += w[ci * taps] * in[ci];
+    }
+    z[index] = acc;
+  }
+}
+
+// dy[s, grp, ci] += Σ_i Σ_o w1[grp, o, ci, i]·dz[s + (taps−1) − i, grp, o].
+__global__ void grouped_input_grad_kernel(float* dy, const float* dz, const float* w1, int64_t b,
+                                          int64_t t, int64_t groups, int64_t d, int64_t taps) {
+  const int64_t ch = groups * d;
+  FOR_EACH(index, b * t * ch) {
+    const int64_t ic = index % ch, grp = ic / d, ci = ic % d, pos = (index / ch) % t,
+                  row = index / ch;
+    float acc = 0;
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t dst = pos + (taps - 1) - i;
+      if (dst >= t) continue;
+      const float* g = dz + (row - pos + dst) * ch + grp * d;
+      for (int64_t o = 0; o < d; ++o) acc += w1[((grp * d + o) * d + ci) * taps + i] * g[o];
+    }
+    dy[index] += acc;
+  }
+}
+
+// partials [chunks, G·d·d·taps + G·d]: the weights' gradients, then the biases'.
+__global__ void grouped_param_partials_kernel(float* partials, const float* dz, const float* y,
+                                              int64_t n, int64_t t, int64_t groups, int64_t d,
+                                              int64_t taps) {
+  const int64_t ch = groups * d, weights = ch * d * taps, per_chunk = weights + ch;
+  const int64_t chunks = (n + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk;
+  FOR_EACH(index, chunks * per_chunk) {
+    const int64_t chunk = index / per_chunk, e = index % per_chunk;
+    const int64_t end = min(n, (chunk + 1) * kGroupedRowsPerChunk);
+    float acc = 0;
+    if (e >= weights) {
+      const int64_t oc = e - weights;
+      for (int64_t row = chunk * kGroupedRowsPerChunk; row < end; ++row) acc += dz[row * ch + oc];
+    } else {
+      const int64_t i = e % taps, ci = (e / taps) % d, oc = e / (taps * d), grp = oc / d;
+      for (int64_t row = chunk * kGroupedRowsPerChunk; row < end; ++row) {
+        const int64_t pos = row % t, src = pos - (taps - 1) + i;
+        if (src >= 0) acc += dz[row * ch + oc] * y[(row - pos + src) * ch + grp * d + ci];
+      }
+    }
+    partials[index] = acc;
+  }
+}
+
+__global__ void sum_partials_kernel(float* weight, float* bias, const float* partials,
+                                    int64_t chunks, int64_t weights, int64_t biases) {
+  const int64_t per_chunk = weights + biases;
+  FOR_EACH(e, per_chunk) {
+    float acc = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * per_chunk + e];
+    if (e < weights) weight[e] += acc;
+    else bias[e - weights] += acc;
+  }
+}
+
+// ---- value shift: one thread per (sequence, channel) walks its positions ----
+
+__global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
+                                           int64_t half) {
+  FOR_EACH(index, b * half) {
+    const int64_t seq = index / half, j = index % half;
+    float* col = v + seq * t * 2 * half + half + j;  // second half, position 0
+    if (last_out) last_out[seq * half + j] = t > 0 ? col[(t - 1) * 2 * half] : 0.0f;
+    for (int64_t pos = t - 1; pos > 0; --pos) col[pos * 2 * half] = col[(pos - 1) * 2 * half];
+    if (t > 0) col[0] = 0;
+  }
+}
+
+__global__ void value_shift_backward_kernel(float* dv, int64_t b, int64_t t, int64_t half) {
+  FOR_EACH(index, b * half) {
+    const int64_t seq = index / half, j = index % half;
+    float* col = dv + seq * t * 2 * half + half + j;
+    for (int64_t pos = 0; pos + 1 < t; ++pos) col[pos * 2 * half] = col[(pos + 1) * 2 * half];
+    if (t > 0) col[(t - 1) * 2 * half] = 0;
+  }
+}
+
+// ---- QK norm: one warp per (row, head) ----
+
+__device__ float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__global__ void qk_norm_forward_kernel(float* q, float* k, float* rnorm, const float* qk,
+                                       const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                       int64_t d, float eps) {
+  const int64_t heads = hq + hk, channels = heads * d;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= n * heads) return;
+  const int64_t row = warp / heads, h = warp % heads;
+  const float* x = qk + row * channels + h * d;
+  float sum_sq = 0;
+  for (int64_t j = lane; j < d; j += 32) sum_sq += x[j] * x[j];
+  sum_sq = warp_sum(sum_sq);
+  const float r = 1.0f / sqrtf(sum_sq + eps);
+  if (lane == 0) rnorm[row * heads + h] = r;
+  const bool is_key = h >= hq;
+  const float scale = sqrtf(static_cast<float>(d)) * r * (is_key ? temp[h - hq] : 1.0f);
+  float* out = is_key ? k + (row * hk + (h - hq)) * d : q + (row * hq + h) * d;
+  for (int64_t j = lane; j < d; j += 32) out[j] = x[j] * scale;
+}
+
+// dqk +=; dtemp_rows [N, Hk] (writes) = √d·r·<x, dk> per row and KV head, summed later.
+__global__ void qk_norm_backward_kernel(float* dqk, float* dtemp_rows, const float* dq,
+                                        const float* dk, const float* qk, const float* rnorm,
+                                        const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                        int64_t d) {
+  const int64_t heads = hq + hk, channels = heads * d;
+  const int64_t warp = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (warp >= n * heads) return;
+  const int64_t row = warp / heads, h = warp % heads;
+  const bool is_key = h >= hq;
+  const float* x = qk + row * channels + h * d;
+  const float* g = is_key ? dk + (row * hk + (h - hq)) * d : dq + (row * hq + h) * d;
+  float* dx = dqk + row * channels + h * d;
+  float x_dot_g = 0;
+  for (int64_t j = lane; j < d; j += 32) x_dot_g += x[j] * g[j];
+  x_dot_g = warp_sum(x_dot_g);
+  const float sqrt_d = sqrtf(static_cast<float>(d));
+  const float r = rnorm[row * heads + h];
+  const float s_r = sqrt_d * r * (is_key ? temp[h - hq] : 1.0f);
+  const float coef = s_r * r * r * x_dot_g;
+  for (int64_t j = lane; j < d; j += 32) dx[j] += s_r * g[j] - coef * x[j];
+  if (is_key && lane == 0) dtemp_rows[row * hk + (h - hq)] = sqrt_d * r * x_dot_g;
+}
+
+// dtemp[j] += Σ over chunks (in order) of the chunk's rows (in order).
+__global__ void temp_sum_kernel(float* dtemp, const float* rows, int64_t n, int64_t hk) {
+  FOR_EACH(j, hk) {
+    float total = dtemp[j];
+    for (int64_t c0 = 0; c0 < n; c0 += kRowsPerChunk) {
+      float partial = 0;
+      for (int64_t row = c0; row < min(n, c0 + kRowsPerChunk); ++row) partial += rows[row * hk + j];
+      total += partial;
+    }
+    dtemp[j] = total;
+  }
+}
+
+}  // namespace
+
+void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  means_forward_kernel<<<blocks_for(n * hk * d), kThreads>>>(qk, c, n, hq, hk, d);
+  check_launch();
+}
+
+void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  means_backward_kernel<<<blocks_for(n * hk * d), kThreads>>>(dc, dqk, n, hq, hk, d);
+  check_launch();
+}
+
+void cca_depthwise_conv_forward(float* y, const float* c, const float* w0, const float* b0,
+                                int64_t b, int64_t t, int64_t channels, int64_t taps) {
+  depthwise_forward_kernel<<<blocks_for(b * t * channels), kThreads>>>(y, c, w0, b0, b, t,
+                                                                       channels, taps);
+  check_launch();
+}
+
+int64_t cca_depthwise_conv_scratch(int64_t b, int64_t t, int64_t channels, int64_t taps) {
+  return (b * t + kRowsPerChunk - 1) / kRowsPerChunk * channels * (taps + 1);
+}
+
+void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
+                                 const float* c, const float* w0, int64_t b, int64_t t,
+                                 int64_t channels, int64_t taps, float* scratch) {
+  const int64_t n = b * t;
+  if (n == 0) return;
+  depthwise_input_grad_kernel<<<blocks_for(n * channels), kThreads>>>(dc, dy, w0, b, t, channels,
+                                                                      taps);
+  check_launch();
+  depthwise_param_partials_kernel<<<blocks_for(cca_depthwise_conv_scratch(b, t, channels, taps)),
+                                    kThreads>>>(scratch, dy, c, n, t, channels, taps);
+  check_launch();
+  depthwise_param_sum_kernel<<<blocks_for(channels * (taps + 1)), kThreads>>>(
+      dw0, db0, scratch, (n + kRowsPerChunk - 1) / kRowsPerChunk, channels, taps);
+  check_launch();
+}
+
+void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
+                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
+  grouped_forward_kernel<<<blocks_for(b * t * groups * d), kThreads>>>(z, y, w1, b1, b, t, groups,
+                                                                       d, taps);
+  check_launch();
+}
+
+int64_t cca_grouped_conv_scratch(int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
+  const int64_t ch = groups * d;
+  return (b * t + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk * (ch * d * taps + ch);
+}
+
+void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                               const float* y, const float* w1, int64_t b, int64_t t,
+                               int64_t groups, int64_t d, int64_t taps, float* scratch) {
+  const int64_t n = b * t, ch = groups * d;
+  if (n == 0) return;
+  grouped_input_grad_kernel<<<blocks_for(n * ch), kThreads>>>(dy, dz, w1, b, t, groups, d, taps);
+  check_launch();
+  grouped_param_partials_kernel<<<blocks_for(cca_grouped_conv_scratch(b, t, groups, d, taps)),
+                                  kThreads>>>(scratch, dz, y, n, t, groups, d, taps);
+  check_launch();
+  sum_partials_kernel<<<blocks_for(ch * d * taps + ch), kThreads>>>(
+      dw1, db1, scratch, (n + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk, ch * d * taps, ch);
+  check_launch();
+}
+
+void cca_value_shift_inplace_forward(float* v, float* last_out, int64_t b, int64_t t, int64_t half) {
+  value_shift_forward_kernel<<<blocks_for(b * half), kThreads>>>(v, last_out, b, t, half);
+  check_launch();
+}
+
+void cca_value_shift_inplace_backward(float* dv, int64_t b, int64_t t, int64_t half) {
+  value_shift_backward_kernel<<<blocks_for(b * half), kThreads>>>(dv, b, t, half);
+  check_launch();
+}
+
+void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk, const float* temp,
+                         int64_t n, int64_t hq, int64_t hk, int64_t d, float eps) {
+  qk_norm_forward_kernel<<<blocks_for(n * (hq + hk) * 32), kThreads>>>(q, k, rnorm, qk, temp, n,
+                                                                       hq, hk, d, eps);
+  check_launch();
+}
+
+int64_t cca_qk_norm_scratch(int64_t n, int64_t hk) { return n * hk; }
+
+void cca_qk_norm_backward(float* dqk, float* dtemp, const float* dq, const float* dk,
+                          const float* qk, const float* rnorm, const float* temp, int64_t n,
+                          int64_t hq, int64_t hk, int64_t d, float* scratch) {
+  qk_norm_backward_kernel<<<blocks_for(n * (hq + hk) * 32), kThreads>>>(
+      dqk, scratch, dq, dk, qk, rnorm, temp, n, hq, hk, d);
+  check_launch();
+  temp_sum_kernel<<<1, 32>>>(dtemp, scratch, n, hk);
+  check_launch();
+}
+
+}  // namespace foundry::gpu::ops
