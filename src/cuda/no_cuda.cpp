@@ -9,6 +9,7 @@
 #include "cuda/random_fill.h"
 #include "cuda/runtime.h"
 #include "cuda/stream_kernels.h"
+#include "cuda/zaya.h"
 
 namespace foundry::gpu {
 
@@ -167,6 +168,42 @@ void cca_qk_norm_backward(float*, float*, const float*, const float*, const floa
   fail_no_cuda_build(kWhat);
 }
 int64_t cca_qk_norm_scratch(int64_t, int64_t) { return 0; }
+void bias_add_forward(float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void bias_add_backward(float*, const float*, int64_t, int64_t, float*) { fail_no_cuda_build(kWhat); }
+int64_t column_sum_scratch(int64_t, int64_t) { return 0; }
+void gelu_forward(float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void gelu_backward(float*, const float*, const float*, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void eda_forward(float*, const float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void eda_backward(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
+                  float*) {
+  fail_no_cuda_build(kWhat);
+}
+void zaya_gating_forward(float*, int32_t*, float*, const float*, const float*, bool, int64_t,
+                         int64_t, int64_t, bool, bool) {
+  fail_no_cuda_build(kWhat);
+}
+void zaya_gating_backward(float*, const float*, const float*, const int32_t*, int64_t, int64_t,
+                          int64_t, bool, bool) {
+  fail_no_cuda_build(kWhat);
+}
+void zaya_class_counts(int64_t*, const int32_t*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void zaya_boundary_counts(int64_t*, const float*, const float*, const float*, bool,
+                          const int32_t*, int64_t, int64_t, int64_t, double) {
+  fail_no_cuda_build(kWhat);
+}
+void residual_scale_forward(float*, const float*, const float*, const float*, const float*,
+                            const float*, const float*, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void residual_scale_backward(float*, float*, float*, float*, float*, float*, const float*,
+                             const float*, const float*, const float*, const float*, const float*,
+                             const float*, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
 }  // namespace ops
 
 }  // namespace foundry::gpu

@@ -1,0 +1,340 @@
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "cuda/check.h"
+#include "cuda/zaya.h"
+
+namespace foundry::gpu::ops {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kRowsPerChunk = 32;
+
+int blocks_for(int64_t elements) {
+  const int64_t blocks = (elements + kThreads - 1) / kThreads;
+  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
+}
+
+#define FOR_EACH(i, count)                                                          \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
+
+__host__ __device__ int64_t chunks_of(int64_t n) { return (n + kRowsPerChunk - 1) / kRowsPerChunk; }
+
+// partials [chunks, cols]: Σ over the chunk's rows of value(row, col).
+template <typename Value>
+__global__ void column_partials_kernel(float* partials, int64_t n, int64_t cols, Value value) {
+  FOR_EACH(index, chunks_of(n) * cols) {
+    const int64_t chunk = index / cols, col = index % cols;
+    const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
+    float acc = 0;
+    for (int64_t row = chunk * kRowsPerChunk; row < end; ++row) acc += value(row, col);
+    partials[index] = acc;
+  }
+}
+
+// total[col] = Σ over chunks in order; then apply(col, total).
+template <typename Apply>
+__global__ void column_totals_kernel(const float* partials, int64_t chunks, int64_t cols,
+                                     Apply apply) {
+  FOR_EACH(col, cols) {
+    float total = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[chunk * cols + col];
+    apply(col, total);
+  }
+}
+
+template <typename Value, typename Apply>
+void column_sums(float* scratch, int64_t n, int64_t cols, Value value, Apply apply) {
+  if (n == 0 || cols == 0) return;
+  column_partials_kernel<<<blocks_for(chunks_of(n) * cols), kThreads>>>(scratch, n, cols, value);
+  check_launch();
+  column_totals_kernel<<<blocks_for(cols), kThreads>>>(scratch, chunks_of(n), cols, apply);
+  check_launch();
+}
+
+struct RowValue {  // x[row, col]
+  const float* x;
+  int64_t cols;
+  __device__ float operator()(int64_t row, int64_t col) const { return x[row * cols + col]; }
+};
+struct ProductValue {  // a[row, col] · b[row, col]
+  const float *a, *b;
+  int64_t cols;
+  __device__ float operator()(int64_t row, int64_t col) const {
+    return a[row * cols + col] * b[row * cols + col];
+  }
+};
+struct AddTo {  // out[col] += total
+  float* out;
+  __device__ void operator()(int64_t col, float total) const { out[col] += total; }
+};
+
+// The three column sums of residual_scale_backward: [Σ g | Σ (res + β_res)·g | Σ (h + β_h)·g].
+struct ResidualValue {
+  const float *dout, *res, *h, *beta_res, *beta_h;
+  int64_t c;
+  __device__ float operator()(int64_t row, int64_t col) const {
+    const int64_t part = col / c, j = col % c;
+    const float g = dout[row * c + j];
+    if (part == 0) return g;
+    if (part == 1) return (res[row * c + j] + beta_res[j]) * g;
+    return (h[row * c + j] + beta_h[j]) * g;
+  }
+};
+struct ResidualApply {
+  float *dalpha_res, *dbeta_res, *dalpha_h, *dbeta_h;
+  const float *alpha_res, *alpha_h;
+  int64_t c;
+  __device__ void operator()(int64_t col, float total) const {
+    const int64_t part = col / c, j = col % c;
+    if (part == 0) {
+      dbeta_res[j] += alpha_res[j] * total;
+      dbeta_h[j] += alpha_h[j] * total;
+    } else if (part == 1) {
+      dalpha_res[j] += total;
+    } else {
+      dalpha_h[j] += total;
+    }
+  }
+};
+
+__global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t m) {
+  FOR_EACH(index, n * m) y[index] += bias[index % m];
+}
+
+__device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
+
+__global__ void gelu_forward_kernel(float* out, const float* in, int64_t count) {
+  FOR_EACH(i, count) {
+    const float x = in[i];
+    out[i] = x * normal_cdf(x);
+  }
+}
+
+__global__ void gelu_backward_kernel(float* din, const float* dout, const float* in, int64_t count) {
+  FOR_EACH(i, count) {
+    const float x = in[i];
+    const float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
+    din[i] = dout[i] * (normal_cdf(x) + x * pdf);
+  }
+}
+
+__global__ void eda_forward_kernel(float* r, const float* r_prev, const float* gamma, int64_t n,
+                                   int64_t r_dim) {
+  FOR_EACH(index, n * r_dim) r[index] += gamma[index % r_dim] * r_prev[index];
+}
+
+__global__ void eda_input_grad_kernel(float* dr_prev, const float* dr, const float* gamma,
+                                      int64_t n, int64_t r_dim) {
+  FOR_EACH(index, n * r_dim) dr_prev[index] += gamma[index % r_dim] * dr[index];
+}
+
+__global__ void gating_forward_kernel(float* probs, int32_t* choice, float* gate,
+                                      const float* logits, const float* bias, bool on_logits,
+                                      int64_t n, int64_t e, int64_t k, bool skip_class,
+                                      bool skip_passes_input) {
+  const int64_t classes = e + (skip_class ? 1 : 0);
+  FOR_EACH(i, n) {
+    const float* z = logits + i * classes;
+    float* p = probs + i * classes;
+    float max_z = -INFINITY;
+    for (int64_t j = 0; j < classes; ++j) max_z = fmaxf(max_z, z[j]);
+    float sum = 0;
+    for (int64_t j = 0; j < classes; ++j) {
+      p[j] = expf(z[j] - max_z);
+      sum += p[j];
+    }
+    const float inv_sum = 1.0f / sum;
+    for (int64_t j = 0; j < classes; ++j) p[j] *= inv_sum;
+    const float* scores = on_logits ? z : p;
+    int32_t* idx = choice + i * k;
+    float* w = gate + i * k;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      int64_t best = -1;
+      float best_score = 0;
+      for (int64_t j = 0; j < classes; ++j) {
+        bool taken = false;
+        for (int64_t s = 0; s < slot; ++s) taken |= idx[s] == j;
+        if (taken) continue;
+        const float score = bias ? scores[j] + bias[j] : scores[j];
+        if (best < 0 || score > best_score) best = j, best_score = score;
+      }
+      idx[slot] = static_cast<int32_t>(best);
+      w[slot] = (skip_class && best == e && !skip_passes_input) ? 0.0f : p[best];
+    }
+  }
+}
+
+__global__ void gating_backward_kernel(float* dlogits, const float* dgate, const float* probs,
+                                       const int32_t* choice, int64_t n, int64_t e, int64_t k,
+                                       bool skip_class, bool skip_passes_input) {
+  const int64_t classes = e + (skip_class ? 1 : 0);
+  FOR_EACH(i, n) {
+    const float* p = probs + i * classes;
+    const int32_t* idx = choice + i * k;
+    const float* dg = dgate + i * k;
+    float* dz = dlogits + i * classes;
+    float dot = 0;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      if (skip_class && idx[slot] == e && !skip_passes_input) continue;
+      dot += dg[slot] * p[idx[slot]];
+    }
+    for (int64_t j = 0; j < classes; ++j) dz[j] = -p[j] * dot;
+    for (int64_t slot = 0; slot < k; ++slot) {
+      if (skip_class && idx[slot] == e && !skip_passes_input) continue;
+      dz[idx[slot]] += p[idx[slot]] * dg[slot];
+    }
+  }
+}
+
+// One thread per class, over every choice in order: exact counts, no atomics.
+__global__ void class_counts_kernel(int64_t* counts, const int32_t* choice, int64_t assignments,
+                                    int64_t classes) {
+  FOR_EACH(s, classes) {
+    int64_t count = 0;
+    for (int64_t a = 0; a < assignments; ++a) count += choice[a] == s;
+    counts[s] = count;
+  }
+}
+
+__global__ void boundary_counts_kernel(int64_t* near, const float* probs, const float* logits,
+                                       const float* bias, bool on_logits, const int32_t* choice,
+                                       int64_t n, int64_t classes, int64_t k, double window) {
+  FOR_EACH(s, classes) {
+    int64_t count = 0;
+    for (int64_t i = 0; i < n && k < classes; ++i) {
+      const float* z = (on_logits ? logits : probs) + i * classes;
+      const int32_t* idx = choice + i * k;
+      double lowest_chosen = INFINITY, best_unchosen = -INFINITY, own = 0;
+      bool own_chosen = false;
+      for (int64_t j = 0; j < classes; ++j) {
+        bool chosen = false;
+        for (int64_t a = 0; a < k; ++a) chosen |= idx[a] == j;
+        const double score = static_cast<double>(z[j]) + (bias ? bias[j] : 0.0f);
+        if (chosen) lowest_chosen = fmin(lowest_chosen, score);
+        else best_unchosen = fmax(best_unchosen, score);
+        if (j == s) own = score, own_chosen = chosen;
+      }
+      const double gap = own_chosen ? own - best_unchosen : lowest_chosen - own;
+      count += gap < window;
+    }
+    near[s] = count;
+  }
+}
+
+__global__ void residual_forward_kernel(float* out, const float* res, const float* h,
+                                        const float* alpha_res, const float* beta_res,
+                                        const float* alpha_h, const float* beta_h, int64_t n,
+                                        int64_t c) {
+  FOR_EACH(index, n * c) {
+    const int64_t j = index % c;
+    out[index] = (res[index] + beta_res[j]) * alpha_res[j] + (h[index] + beta_h[j]) * alpha_h[j];
+  }
+}
+
+__global__ void residual_input_grads_kernel(float* dres, float* dh, const float* dout,
+                                            const float* alpha_res, const float* alpha_h,
+                                            int64_t n, int64_t c) {
+  FOR_EACH(index, n * c) {
+    const int64_t j = index % c;
+    dres[index] = alpha_res[j] * dout[index];
+    dh[index] = alpha_h[j] * dout[index];
+  }
+}
+
+}  // namespace
+
+int64_t column_sum_scratch(int64_t n, int64_t columns) { return chunks_of(n) * columns; }
+
+void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) {
+  bias_add_kernel<<<blocks_for(n * m), kThreads>>>(y, bias, n, m);
+  check_launch();
+}
+
+void bias_add_backward(float* dbias, const float* dy, int64_t n, int64_t m, float* scratch) {
+  column_sums(scratch, n, m, RowValue{dy, m}, AddTo{dbias});
+}
+
+void gelu_forward(float* out, const float* in, int64_t n, int64_t c) {
+  gelu_forward_kernel<<<blocks_for(n * c), kThreads>>>(out, in, n * c);
+  check_launch();
+}
+
+void gelu_backward(float* din, const float* dout, const float* in, int64_t n, int64_t c) {
+  gelu_backward_kernel<<<blocks_for(n * c), kThreads>>>(din, dout, in, n * c);
+  check_launch();
+}
+
+void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n, int64_t r_dim) {
+  eda_forward_kernel<<<blocks_for(n * r_dim), kThreads>>>(r, r_prev, gamma, n, r_dim);
+  check_launch();
+}
+
+void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
+                  const float* gamma, int64_t n, int64_t r_dim, float* scratch) {
+  eda_input_grad_kernel<<<blocks_for(n * r_dim), kThreads>>>(dr_prev, dr, gamma, n, r_dim);
+  check_launch();
+  column_sums(scratch, n, r_dim, ProductValue{r_prev, dr, r_dim}, AddTo{dgamma});
+}
+
+void zaya_gating_forward(float* probs, int32_t* choice, float* gate, const float* logits,
+                         const float* balance_bias, bool bias_on_logits, int64_t n, int64_t e,
+                         int64_t k, bool skip_class, bool skip_passes_input) {
+  FOUNDRY_GPU_CHECK(e >= 1 && k >= 1 && k <= e + (skip_class ? 1 : 0));
+  FOUNDRY_GPU_CHECK(skip_class || !skip_passes_input);
+  gating_forward_kernel<<<blocks_for(n), kThreads>>>(probs, choice, gate, logits, balance_bias,
+                                                     bias_on_logits, n, e, k, skip_class,
+                                                     skip_passes_input);
+  check_launch();
+}
+
+void zaya_gating_backward(float* dlogits, const float* dgate, const float* probs,
+                          const int32_t* choice, int64_t n, int64_t e, int64_t k,
+                          bool skip_class, bool skip_passes_input) {
+  gating_backward_kernel<<<blocks_for(n), kThreads>>>(dlogits, dgate, probs, choice, n, e, k,
+                                                      skip_class, skip_passes_input);
+  check_launch();
+}
+
+void zaya_class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                       int64_t classes) {
+  class_counts_kernel<<<blocks_for(classes), kThreads>>>(counts, choice, n * k, classes);
+  check_launch();
+}
+
+void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits,
+                          const float* balance_bias, bool bias_on_logits, const int32_t* choice,
+                          int64_t n, int64_t classes, int64_t k, double window) {
+  FOUNDRY_GPU_CHECK(classes >= 1 && k >= 1 && k <= classes && window > 0);
+  boundary_counts_kernel<<<blocks_for(classes), kThreads>>>(near, probs, logits, balance_bias,
+                                                            bias_on_logits, choice, n, classes, k,
+                                                            window);
+  check_launch();
+}
+
+void residual_scale_forward(float* out, const float* res, const float* h, const float* alpha_res,
+                            const float* beta_res, const float* alpha_h, const float* beta_h,
+                            int64_t n, int64_t c) {
+  residual_forward_kernel<<<blocks_for(n * c), kThreads>>>(out, res, h, alpha_res, beta_res,
+                                                           alpha_h, beta_h, n, c);
+  check_launch();
+}
+
+void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* dbeta_res,
+                             float* dalpha_h, float* dbeta_h, const float* dout, const float* res,
+                             const float* h, const float* alpha_res, const float* beta_res,
+                             const float* alpha_h, const float* beta_h, int64_t n, int64_t c,
+                             float* scratch) {
+  residual_input_grads_kernel<<<blocks_for(n * c), kThreads>>>(dres, dh, dout, alpha_res, alpha_h,
+                                                               n, c);
+  check_launch();
+  column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
+              ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
+}
+
+}  // namespace foundry::gpu::ops
