@@ -7,6 +7,7 @@
 #include "cuda/no_gpu.h"
 #include "cuda/ops.h"
 #include "cuda/random_fill.h"
+#include "cuda/reductions.h"
 #include "cuda/runtime.h"
 #include "cuda/stream_kernels.h"
 #include "cuda/zaya.h"
@@ -168,6 +169,14 @@ void cca_qk_norm_backward(float*, float*, const float*, const float*, const floa
   fail_no_cuda_build(kWhat);
 }
 int64_t cca_qk_norm_scratch(int64_t, int64_t) { return 0; }
+void sum_of_squares(double*, const float*, const AdamWRange*, int64_t, Workspace&) {
+  fail_no_cuda_build(kWhat);
+}
+void clip_factor(float*, const double*, double) { fail_no_cuda_build(kWhat); }
+void scale_ranges(float*, const AdamWRange*, int64_t, const float*) { fail_no_cuda_build(kWhat); }
+void newton_schulz(const float*, float*, int64_t, int64_t, int, bool, Workspace&) {
+  fail_no_cuda_build(kWhat);
+}
 void bias_add_forward(float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
 void bias_add_backward(float*, const float*, int64_t, int64_t, float*) { fail_no_cuda_build(kWhat); }
 int64_t column_sum_scratch(int64_t, int64_t) { return 0; }
