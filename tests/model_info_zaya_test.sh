@@ -95,4 +95,21 @@ else bad "--ep report"; cat ep.json | tail -12; fi
 expect_fail "--ep that does not divide --dp" "--ep 3 must divide --dp 16" \
   "$FOUNDRY" model info --config "$CONFIG" --dp 16 --ep 3
 
+# The GPU benchmark configs: the peer's shape (docs/gpu.md) and its ZAYA1 counterpart, whose
+# experts (half as many, twice as wide, top-1) give the same total and active expert weights.
+"$FOUNDRY" model info --config "$SRC/configs/gpu-moe-bench.json" --json >gm.json 2>&1 || bad "gpu-moe-bench"
+"$FOUNDRY" model info --config "$SRC/configs/gpu-zaya-bench.json" --json >gz.json 2>&1 || bad "gpu-zaya-bench"
+if python3 - gm.json gz.json <<'PY'
+import json, sys
+m, z = (json.load(open(f)) for f in sys.argv[1:3])
+mm, zm = m["model"], z["model"]
+assert (mm["vocab_size"], mm["d_model"], mm["n_layers"], mm["n_heads"], mm["head_dim"]) == (32768, 2048, 8, 16, 128)
+assert (mm["n_experts"], mm["top_k"], mm["ffn_dim"]) == (16, 2, 2048)
+assert (zm["d_model"], zm["n_layers"], zm["top_k"], zm["ffn_dim"]) == (2048, 8, 1, 4096)
+assert m["parameters"]["experts_per_layer"] == z["parameters"]["experts_per_layer"]
+assert m["memory_bytes"]["total"] < 78 * 2**30 and z["memory_bytes"]["total"] < 78 * 2**30
+PY
+then ok "gpu-moe-bench and gpu-zaya-bench: the peer's shape, equal expert weights, both fit an 80 GB GPU"
+else bad "gpu bench configs"; head -c 600 gm.json; fi
+
 finish
