@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/slab_range.h"
+
 namespace foundry {
 
 template <typename T>
@@ -75,7 +77,7 @@ class PageSlab {
   }
 
   // ---- holes ------------------------------------------------------------------------------
-  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  using Ranges = SlabRanges;
   // Stops storing `holes` (sorted, disjoint element ranges [begin, end) inside the slab;
   // the caller validates them): their whole pages go back to the OS and read as zero.
   void set_holes(Ranges holes) {

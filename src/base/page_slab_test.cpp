@@ -71,7 +71,7 @@ TEST(PageSlab, MoveKeepsTheHoles) {
   a.set_holes({{kPage, 2 * kPage}});
   PageSlab<float> b = std::move(a);
   ASSERT_EQ(b.holes().size(), 1u);
-  EXPECT_EQ(b.holes()[0].first, kPage);
+  EXPECT_EQ(b.holes()[0].begin, kPage);
   EXPECT_TRUE(a.holes().empty() || a.size() == 0);
 }
 

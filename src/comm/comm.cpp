@@ -361,7 +361,7 @@ Request Communicator::irecv(T* data, size_t count, int source, int tag) const {
 
 template <CommElement T>
 std::vector<Request> Communicator::isend_ranges(
-    const T* base, std::span<const std::pair<int64_t, int64_t>> ranges, int dest, int tag) const {
+    const T* base, std::span<const SlabRange> ranges, int dest, int tag) const {
   std::vector<Request> requests;
   for (const auto& [b, e] : ranges)
     if (e > b) requests.push_back(isend(base + b, static_cast<size_t>(e - b), dest, tag));
@@ -370,7 +370,7 @@ std::vector<Request> Communicator::isend_ranges(
 
 template <CommElement T>
 std::vector<Request> Communicator::irecv_ranges(
-    T* base, std::span<const std::pair<int64_t, int64_t>> ranges, int source, int tag) const {
+    T* base, std::span<const SlabRange> ranges, int source, int tag) const {
   std::vector<Request> requests;
   for (const auto& [b, e] : ranges)
     if (e > b) requests.push_back(irecv(base + b, static_cast<size_t>(e - b), source, tag));
@@ -392,9 +392,9 @@ std::vector<Request> Communicator::irecv_ranges(
   template Request Communicator::isend<T>(const T*, size_t, int, int) const;                  \
   template Request Communicator::irecv<T>(T*, size_t, int, int) const;                       \
   template std::vector<Request> Communicator::isend_ranges<T>(                                \
-      const T*, std::span<const std::pair<int64_t, int64_t>>, int, int) const;                \
+      const T*, std::span<const SlabRange>, int, int) const;                \
   template std::vector<Request> Communicator::irecv_ranges<T>(                                \
-      T*, std::span<const std::pair<int64_t, int64_t>>, int, int) const;
+      T*, std::span<const SlabRange>, int, int) const;
 FOUNDRY_COMM_INSTANTIATE(float)
 FOUNDRY_COMM_INSTANTIATE(double)
 FOUNDRY_COMM_INSTANTIATE(int64_t)

@@ -33,6 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "base/slab_range.h"
+
 namespace foundry {
 
 template <class T>
@@ -192,12 +194,11 @@ class Communicator {
   // step (docs/expert-parallel.md). Used where a rank needs only parts of another's block
   // (ZeRO-1's all-gather when ranks do not store every expert).
   template <CommElement T>
-  std::vector<Request> isend_ranges(const T* base,
-                                    std::span<const std::pair<int64_t, int64_t>> ranges, int dest,
+  std::vector<Request> isend_ranges(const T* base, std::span<const SlabRange> ranges, int dest,
                                     int tag) const;
   template <CommElement T>
-  std::vector<Request> irecv_ranges(T* base, std::span<const std::pair<int64_t, int64_t>> ranges,
-                                    int source, int tag) const;
+  std::vector<Request> irecv_ranges(T* base, std::span<const SlabRange> ranges, int source,
+                                    int tag) const;
 
  private:
   MPI_Comm comm_ = MPI_COMM_NULL;

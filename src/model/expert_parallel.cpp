@@ -50,27 +50,26 @@ int ExpertSharding::owner(const ParamInfo& p) const {
 
 // ---- process groups -----------------------------------------------------------------------
 
-std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable& table,
-                                                               const ExpertSharding& sharding,
-                                                               int ep_rank) {
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+SlabRanges unowned_expert_ranges(const ParamTable& table, const ExpertSharding& sharding,
+                                 int ep_rank) {
+  SlabRanges ranges;
   for (const ParamInfo& p : table.params()) {
     const int owner = sharding.owner(p);
     if (owner < 0 || owner == ep_rank) continue;
     const int64_t end = (p.offset + p.numel + 15) / 16 * 16;  // with its alignment padding
-    if (!ranges.empty() && ranges.back().second >= p.offset)
-      ranges.back().second = std::max(ranges.back().second, end);
+    if (!ranges.empty() && ranges.back().end >= p.offset)
+      ranges.back().end = std::max(ranges.back().end, end);
     else
       ranges.push_back({p.offset, end});
   }
   if (!ranges.empty())
-    ranges.back().second = std::min(ranges.back().second, table.total_elements());
+    ranges.back().end = std::min(ranges.back().end, table.total_elements());
   return ranges;
 }
 
-std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned_expert_ranges_by_rank(
+std::vector<SlabRanges> unowned_expert_ranges_by_rank(
     const ParamTable& table, const ExpertSharding& sharding, int ranks) {
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> by_ep_rank, by_rank;
+  std::vector<SlabRanges> by_ep_rank, by_rank;
   for (int p = 0; p < sharding.ep_size(); ++p)
     by_ep_rank.push_back(unowned_expert_ranges(table, sharding, p));
   for (int r = 0; r < ranks; ++r) by_rank.push_back(by_ep_rank[r % sharding.ep_size()]);

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/slab_range.h"
 #include "comm/comm.h"
 #include "model/params.h"
 
@@ -75,12 +76,12 @@ class ExpertSharding {
 
 // The slab ranges [begin, end) of the expert tensors EP rank `ep_rank` does not own, merged
 // (an expert's tensors and the padding after each follow one another), sorted.
-std::vector<std::pair<int64_t, int64_t>> unowned_expert_ranges(const ParamTable& table,
+SlabRanges unowned_expert_ranges(const ParamTable& table,
                                                                const ExpertSharding& sharding,
                                                                int ep_rank);
 // The same for every rank of a job of `ranks` ranks in EP groups of sharding.ep_size()
 // consecutive ranks (EP rank = rank % ep_size; each EP rank's list computed once).
-std::vector<std::vector<std::pair<int64_t, int64_t>>> unowned_expert_ranges_by_rank(
+std::vector<SlabRanges> unowned_expert_ranges_by_rank(
     const ParamTable& table, const ExpertSharding& sharding, int ranks);
 
 // The process groups of a DP × EP layout of `world` (W ranks, P = ep_size, D = W/P):

@@ -65,7 +65,7 @@ void Model::sync_weights() {
 
 void Model::zero_grads() {
   // The expert weights backward writes whole are left alone: sorted slab intervals to skip.
-  std::vector<std::pair<int64_t, int64_t>> skip;
+  SlabRanges skip;
   for (const ParamInfo& p : table_.params())
     if (p.numel > 0 && experts_->writes_whole_gradient(p))
       skip.emplace_back(p.offset, p.offset + p.numel);
@@ -87,7 +87,7 @@ void Model::zero_grads() {
   grads_zeroed_ = true;
 }
 
-void Model::shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released) {
+void Model::shard_expert_storage(const SlabRanges& released) {
   const ExpertSharding* sharding = experts_->sharding();
   if (!sharding)
     fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");

@@ -22,6 +22,7 @@
 #include "base/bf16.h"
 #include "base/config_reader.h"
 #include "base/page_slab.h"
+#include "base/slab_range.h"
 #include "base/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
@@ -201,9 +202,9 @@ class Model {
   // init_weights, zero_grads, sync_weights and backward never write them, so a rank holds its
   // experts and the dense tensors, not the whole model; the data-parallel all-gather and
   // checkpoint loads skip released_param_ranges(). Must be set between steps.
-  void shard_expert_storage(const std::vector<std::pair<int64_t, int64_t>>& released);
+  void shard_expert_storage(const SlabRanges& released);
   // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
-  const std::vector<std::pair<int64_t, int64_t>>& released_param_ranges() const {
+  const SlabRanges& released_param_ranges() const {
     return params_.holes();
   }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.

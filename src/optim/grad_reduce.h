@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/slab_range.h"
 #include "base/timer.h"
 #include "comm/comm.h"
 
@@ -84,7 +85,7 @@ class GradientReducer {
   // never read, which would make the OS back them) and count as +0 in the sums: an owner
   // starts its piece at zero and adds each rank's contribution over that rank's other parts,
   // in rank order. Empty lists (the default): every rank contributes everything.
-  using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+  using Ranges = SlabRanges;
   void set_zero_ranges(std::vector<Ranges> zero);
 
   // Times "comm: gradient buckets in backward" and the exposed "comm: gradient <kind>" into

@@ -37,13 +37,13 @@ std::string describe_split(const ParamTable& table, bool muon_on) {
 }
 
 // Rank r's share of n elements in an even split over `ranks` (ZeRO-1's shard formula).
-SlabInterval even_share(int64_t n, int ranks, int r) {
+SlabRange even_share(int64_t n, int ranks, int r) {
   const int64_t b = (n + ranks - 1) / ranks;
   return {std::min(n, r * b), std::min(n, (r + 1) * b)};
 }
 
 // The parts of `runs` inside `share`.
-std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabInterval share) {
+std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabRange share) {
   std::vector<StateRun> clipped;
   for (const StateRun& r : runs) {
     const int64_t b = std::max(r.begin, share.begin), e = std::min(r.end, share.end);
@@ -100,7 +100,7 @@ class LocalOptimizer final : public DataParallelOptimizer {
         n += static_cast<int64_t>(muon_->state(name).size());
     return n * static_cast<int64_t>(sizeof(float));
   }
-  SlabInterval parameters_to_save() const override { return {0, table_.total_elements()}; }
+  SlabRange parameters_to_save() const override { return {0, table_.total_elements()}; }
   // Each tensor's state in the slabs of the optimizer that updates it.
   std::vector<StateRun> states_to_save_runs() override {
     std::vector<StateRun> runs;
@@ -175,7 +175,7 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
 
   int64_t state_bytes() const override { return local_.state_bytes(); }
   // Every rank holds everything: each saves an even share, and loads all.
-  SlabInterval parameters_to_save() const override {
+  SlabRange parameters_to_save() const override {
     return even_share(local_.parameters_to_save().end, ranks_, rank_);
   }
   std::vector<StateRun> states_to_save_runs() override {
@@ -221,7 +221,7 @@ class ShardedOptimizer final : public DataParallelOptimizer {
   const GradientReduceStats* last_reduce() const override { return &zero1_.last_reduce(); }
 
   int64_t state_bytes() const override { return zero1_.allocated_bytes(); }
-  SlabInterval parameters_to_save() const override {
+  SlabRange parameters_to_save() const override {
     const SlabRange s = zero1_.layout().shard(zero1_.rank());
     return {s.begin, s.end};
   }

@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "base/slab_range.h"
 #include "base/timer.h"
 #include "model/params.h"
 #include "optim/adamw.h"
@@ -32,10 +33,6 @@ namespace foundry {
 class Communicator;
 class Model;
 
-// Slab elements [begin, end).
-struct SlabInterval {
-  int64_t begin = 0, end = 0;
-};
 // A run of optimizer state slab `state` this rank keeps: slab elements [begin, end), values
 // at data[0 .. end − begin).
 struct StateRun {
@@ -86,7 +83,7 @@ class DataParallelOptimizer {
 
   // ---- sharded checkpoints (format 2): each rank saves and loads its own part in place ----
   // The parameter slab range this rank saves; the ranks' ranges tile the slab.
-  virtual SlabInterval parameters_to_save() const = 0;
+  virtual SlabRange parameters_to_save() const = 0;
   // The runs of the state slabs this rank saves: over the ranks, every element the
   // optimizer keeps, once. Pointers into the optimizer's own buffers.
   virtual std::vector<StateRun> states_to_save_runs() = 0;

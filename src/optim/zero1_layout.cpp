@@ -224,7 +224,7 @@ std::string format_zero1_memory(const Zero1MemoryReport& r) {
 
 // ---- expert storage -----------------------------------------------------------------------
 
-std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank) {
+SlabRange zero1_kept_range(const Zero1Layout& layout, int rank) {
   const SlabRange shard = layout.shard(rank), state = layout.state_range(rank);
   if (state.size() == 0) return {shard.begin, shard.end};
   return {std::min(shard.begin, state.begin), std::max(shard.end, state.end)};

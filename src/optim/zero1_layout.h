@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/slab_range.h"
 #include "model/expert_parallel.h"
 #include "model/params.h"
 
@@ -29,17 +30,6 @@ struct SlabTensor {
 // tensors muon_applies() selects and AdamW the rest; without, AdamW updates everything.
 std::vector<SlabTensor> slab_tensors(const ParamTable& table, bool muon_enabled);
 
-struct SlabRange {
-  int64_t begin = 0, end = 0;  // [begin, end) in slab elements
-  int64_t size() const { return end - begin; }
-  bool operator==(const SlabRange&) const = default;
-};
-// The common part of two ranges (empty, at the later begin, when they do not overlap).
-inline SlabRange intersect(SlabRange a, SlabRange b) {
-  const int64_t begin = std::max(a.begin, b.begin);
-  const int64_t end = std::min(a.end, b.end);
-  return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
-}
 
 // A Muon matrix and the ranks whose shards hold it.
 struct MuonPlacement {
@@ -107,8 +97,7 @@ class Zero1Layout {
 // the ZeRO-1 layout keeps besides the dense tensors and its own experts (its shard, extended
 // over the split Muon matrix it owns, whose whole parameters it updates), and, from every
 // rank's unowned expert ranges (unowned_expert_ranges_by_rank), the ranges it releases.
-using SlabRanges = std::vector<std::pair<int64_t, int64_t>>;
-std::pair<int64_t, int64_t> zero1_kept_range(const Zero1Layout& layout, int rank);
+SlabRange zero1_kept_range(const Zero1Layout& layout, int rank);
 std::vector<SlabRanges> zero1_released_ranges(const Zero1Layout& layout,
                                               const std::vector<SlabRanges>& unowned_by_rank);
 

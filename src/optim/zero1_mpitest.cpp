@@ -411,8 +411,8 @@ TEST(Zero1MultiRank, SparseAllGatherWritesOnlyWhatEachRankStores) {
   size_t r = 0;
   int64_t stored_differ = 0, released_written = 0;
   for (int64_t i = 0; i < table.total_elements(); ++i) {
-    while (r < released[rank].size() && released[rank][r].second <= i) ++r;
-    const bool is_released = r < released[rank].size() && released[rank][r].first <= i;
+    while (r < released[rank].size() && released[rank][r].end <= i) ++r;
+    const bool is_released = r < released[rank].size() && released[rank][r].begin <= i;
     if (is_released)
       released_written += !std::isnan(params[i]);
     else

@@ -61,9 +61,9 @@ std::string agreed_tag(const Processes& processes) {
 }
 
 // [0, n) without `holes` (sorted, disjoint).
-std::vector<std::pair<int64_t, int64_t>> complement(
-    const std::vector<std::pair<int64_t, int64_t>>& holes, int64_t n) {
-  std::vector<std::pair<int64_t, int64_t>> parts;
+SlabRanges complement(
+    const SlabRanges& holes, int64_t n) {
+  SlabRanges parts;
   int64_t at = 0;
   for (const auto& [b, e] : holes) {
     if (b > at) parts.push_back({at, b});
@@ -92,7 +92,7 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
   // The snapshot buffer: mapped once here, backed by memory as the first save copies into it
   // (beside a step, not before the first one: a restart waits for none of it).
   if (rc.train.checkpoint_async) {
-    const SlabInterval params = optimizer.parameters_to_save();
+    const SlabRange params = optimizer.parameters_to_save();
     int64_t total = params.end - params.begin;
     for (const StateRun& r : optimizer.states_to_save_runs()) total += r.end - r.begin;
     buffer_ = PageSlab<float>(static_cast<size_t>(total));
@@ -357,7 +357,7 @@ void Checkpointer::plan(Tier& tier, int64_t step) {
   tier.step = step;
   tier.state = trainer_state(step);
   tier.staging = staging_dir(tier.root, step, tag_);
-  const SlabInterval params = optimizer_.parameters_to_save();
+  const SlabRange params = optimizer_.parameters_to_save();
   tier.runs.clear();
   tier.runs.push_back({"", params.begin, params.end, model_.params() + params.begin});
   for (const StateRun& r : optimizer_.states_to_save_runs())

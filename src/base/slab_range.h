@@ -1,0 +1,31 @@
+// A range of slab elements [begin, end), and a list of them: the one name for a piece of the
+// parameter slab, or of a slab laid out like it (gradients, optimizer state, the bf16 copies),
+// wherever one is passed around: holes a process does not store, a rank's ZeRO-1 share, the
+// parameters a checkpoint saves, the experts another rank owns.
+#pragma once
+#include <algorithm>
+#include <compare>
+#include <cstdint>
+#include <vector>
+
+namespace foundry {
+
+struct SlabRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+  bool empty() const { return end <= begin; }
+  // By begin, then end (as the pairs these replace sorted).
+  auto operator<=>(const SlabRange&) const = default;
+};
+
+// Sorted, disjoint ranges unless a use says otherwise.
+using SlabRanges = std::vector<SlabRange>;
+
+// The common part of two ranges (empty, at the later begin, when they do not overlap).
+inline SlabRange intersect(SlabRange a, SlabRange b) {
+  const int64_t begin = std::max(a.begin, b.begin);
+  const int64_t end = std::min(a.end, b.end);
+  return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
+}
+
+}  // namespace foundry
