@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds Foundry with the CUDA backend on a GPU machine, runs the GPU tests and the GPU
-# benchmarks, and prints a table last. For the machine ../shared/spec/gpu.md (docs/gpu.md)
-# describes: Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN
-# and the xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download
-# libdnnl-dev libdnnl2 libxxhash-dev on a Debian 12 machine).
+# benchmarks, and prints a table last. For a machine like the one docs/gpu.md describes:
+# Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN and the
+# xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
+# libdnnl2 libxxhash-dev on a Debian 12 machine).
 #   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick]
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
 set -uo pipefail
@@ -36,12 +36,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=c
 
 # GPU tests: every CUDA kernel against the CPU.
 t1=$(date +%s)
-if ctest --test-dir "$build" -L gpu --output-on-failure >"$out/gpu-tests.log" 2>&1; then
+# -V: every test's output, so that skipped GPU cases (no GPU visible) show and are counted.
+if ctest --test-dir "$build" -L gpu -V >"$out/gpu-tests.log" 2>&1; then
   status_tests=passed
 else
   status_tests=FAILED
 fi
-skipped=$(grep -c "SKIPPED \]" "$out/gpu-tests.log" || true)
+skipped=$(grep -o "SKIPPED \] [0-9]* test" "$out/gpu-tests.log" | awk '{s += $3} END {print s + 0}')
+[ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 t_tests=$(( $(date +%s) - t1 ))
 
 # Benchmarks, merged into one profile.
@@ -81,4 +83,8 @@ PY
 echo "| build | $status_build (${t_build} s) |"
 echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
 echo "| bench gemm / membw | $status_gemm / $status_membw (${t_bench} s; $out/bench-*.txt) |"
+for b in gemm membw; do
+  first_error=$(grep -m1 "^error:" "$out/bench-$b.txt" 2>/dev/null || true)
+  [ -n "$first_error" ] && echo "| bench $b: | ${first_error#error: } |"
+done
 [ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ]
