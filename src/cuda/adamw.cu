@@ -2,6 +2,7 @@
 
 #include "cuda/adamw.h"
 #include "cuda/check.h"
+#include "cuda/device_math.cuh"
 
 namespace foundry::gpu {
 
@@ -9,13 +10,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kBlocksPerRange = 64;  // blockIdx.y picks the range; these stride through it
-
-__device__ uint16_t round_bf16(float f) {
-  uint32_t bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
 
 __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, uint16_t* p16,
                              const AdamWRange* ranges, AdamWCoefficients c, float grad_scale) {
@@ -34,7 +28,7 @@ __global__ void adamw_kernel(float* p, const float* g, float* m, float* v, uint1
     const float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(vi), c.sqrt_correction2), c.eps);
     const float pi = __fsub_rn(__fmul_rn(p[i], keep), __fmul_rn(c.step_size, __fdiv_rn(mi, denom)));
     p[i] = pi;
-    if (p16) p16[i] = round_bf16(pi);
+    if (p16) p16[i] = to_bf16(pi);
   }
 }
 

@@ -9,13 +9,13 @@
 #include "base/rng.h"
 #include "cuda/adamw.h"
 #include "cuda/runtime.h"
+#include "cuda/test_support.h"
 
 namespace foundry {
 namespace {
 
 TEST(GpuAdamW, UpdatesEveryRangeLikeTheFormulaAndNothingElse) {
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible";
-  gpu::open_gpu(0, "test");
+  SKIP_WITHOUT_GPU();
   const int64_t n = 100000;
   // Three ranges with gaps: [10, 30010) decays, [30010, 30011) does not, [40000, 99999) decays.
   const std::vector<gpu::AdamWRange> ranges = {{10, 30000, 1}, {30010, 1, 0}, {40000, 59999, 1}};

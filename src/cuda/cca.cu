@@ -7,25 +7,15 @@
 
 #include "cuda/cca.h"
 #include "cuda/check.h"
+#include "cuda/launch.cuh"
 
 namespace foundry::gpu::ops {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kBlockThreads;
 constexpr int64_t kRowsPerChunk = 32;        // depthwise conv and temperature partials
 constexpr int64_t kGroupedRowsPerChunk = 512;  // grouped conv weight partials
-
-int blocks_for(int64_t elements) {
-  const int64_t blocks = (elements + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
-}
-
-#define FOR_EACH(i, count)                                                          \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
-void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
 // ---- means ----
 
@@ -34,7 +24,7 @@ __global__ void means_forward_kernel(float* qk, const float* c, int64_t n, int64
                                      int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float inv_g = 1.0f / static_cast<float>(g);
-  FOR_EACH(index, n * hk * d) {
+  FOUNDRY_FOR_EACH(index, n * hk * d) {
     const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
     const float* q0 = c + row * channels;
     const float kj = q0[hq * d + j * d + x];
@@ -53,7 +43,7 @@ __global__ void means_backward_kernel(float* dc, const float* dqk, int64_t n, in
                                       int64_t hk, int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float half_inv_g = 0.5f / static_cast<float>(g);
-  FOR_EACH(index, n * hk * d) {
+  FOUNDRY_FOR_EACH(index, n * hk * d) {
     const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
     const float* dmq = dqk + row * channels;
     const float dmk = dmq[hq * d + j * d + x];
@@ -73,7 +63,7 @@ __global__ void means_backward_kernel(float* dc, const float* dqk, int64_t n, in
 __global__ void depthwise_forward_kernel(float* y, const float* c, const float* w0,
                                          const float* b0, int64_t b, int64_t t, int64_t ch,
                                          int64_t taps) {
-  FOR_EACH(index, b * t * ch) {
+  FOUNDRY_FOR_EACH(index, b * t * ch) {
     const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
     float acc = b0[k];
     for (int64_t i = 0; i < taps; ++i) {
@@ -87,7 +77,7 @@ __global__ void depthwise_forward_kernel(float* y, const float* c, const float* 
 // dc: position s receives w0[k, i]·dy at s + (taps−1) − i.
 __global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const float* w0, int64_t b,
                                             int64_t t, int64_t ch, int64_t taps) {
-  FOR_EACH(index, b * t * ch) {
+  FOUNDRY_FOR_EACH(index, b * t * ch) {
     const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
     float acc = 0;
     for (int64_t i = 0; i < taps; ++i) {
@@ -102,7 +92,7 @@ __global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const fl
 __global__ void depthwise_param_partials_kernel(float* partials, const float* dy, const float* c,
                                                 int64_t n, int64_t t, int64_t ch, int64_t taps) {
   const int64_t per_chunk = ch * (taps + 1), chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
-  FOR_EACH(index, chunks * per_chunk) {
+  FOUNDRY_FOR_EACH(index, chunks * per_chunk) {
     const int64_t chunk = index / per_chunk, e = index % per_chunk;
     const int64_t k = e / (taps + 1), i = e % (taps + 1);  // i == taps: the bias
     const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
@@ -126,7 +116,7 @@ __global__ void depthwise_param_partials_kernel(float* partials, const float* dy
 __global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* partials,
                                            int64_t chunks, int64_t ch, int64_t taps) {
   const int64_t per_chunk = ch * (taps + 1);
-  FOR_EACH(e, per_chunk) {
+  FOUNDRY_FOR_EACH(e, per_chunk) {
     float acc = 0;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * per_chunk + e];
     const int64_t k = e / (taps + 1), i = e % (taps + 1);
@@ -141,7 +131,7 @@ __global__ void grouped_forward_kernel(float* z, const float* y, const float* w1
                                        int64_t b, int64_t t, int64_t groups, int64_t d,
                                        int64_t taps) {
   const int64_t ch = groups * d;
-  FOR_EACH(index, b * t * ch) {
+  FOUNDRY_FOR_EACH(index, b * t * ch) {
     const int64_t oc = index % ch, grp = oc / d, pos = (index / ch) % t, row = index / ch;
     float acc = b1[oc];
     for (int64_t i = 0; i < taps; ++i) {
@@ -159,7 +149,7 @@ __global__ void grouped_forward_kernel(float* z, const float* y, const float* w1
 __global__ void grouped_input_grad_kernel(float* dy, const float* dz, const float* w1, int64_t b,
                                           int64_t t, int64_t groups, int64_t d, int64_t taps) {
   const int64_t ch = groups * d;
-  FOR_EACH(index, b * t * ch) {
+  FOUNDRY_FOR_EACH(index, b * t * ch) {
     const int64_t ic = index % ch, grp = ic / d, ci = ic % d, pos = (index / ch) % t,
                   row = index / ch;
     float acc = 0;
@@ -179,7 +169,7 @@ __global__ void grouped_param_partials_kernel(float* partials, const float* dz, 
                                               int64_t taps) {
   const int64_t ch = groups * d, weights = ch * d * taps, per_chunk = weights + ch;
   const int64_t chunks = (n + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk;
-  FOR_EACH(index, chunks * per_chunk) {
+  FOUNDRY_FOR_EACH(index, chunks * per_chunk) {
     const int64_t chunk = index / per_chunk, e = index % per_chunk;
     const int64_t end = min(n, (chunk + 1) * kGroupedRowsPerChunk);
     float acc = 0;
@@ -200,7 +190,7 @@ __global__ void grouped_param_partials_kernel(float* partials, const float* dz, 
 __global__ void sum_partials_kernel(float* weight, float* bias, const float* partials,
                                     int64_t chunks, int64_t weights, int64_t biases) {
   const int64_t per_chunk = weights + biases;
-  FOR_EACH(e, per_chunk) {
+  FOUNDRY_FOR_EACH(e, per_chunk) {
     float acc = 0;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * per_chunk + e];
     if (e < weights) weight[e] += acc;
@@ -212,7 +202,7 @@ __global__ void sum_partials_kernel(float* weight, float* bias, const float* par
 
 __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
                                            int64_t half) {
-  FOR_EACH(index, b * half) {
+  FOUNDRY_FOR_EACH(index, b * half) {
     const int64_t seq = index / half, j = index % half;
     float* col = v + seq * t * 2 * half + half + j;  // second half, position 0
     if (last_out) last_out[seq * half + j] = t > 0 ? col[(t - 1) * 2 * half] : 0.0f;
@@ -222,7 +212,7 @@ __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b,
 }
 
 __global__ void value_shift_backward_kernel(float* dv, int64_t b, int64_t t, int64_t half) {
-  FOR_EACH(index, b * half) {
+  FOUNDRY_FOR_EACH(index, b * half) {
     const int64_t seq = index / half, j = index % half;
     float* col = dv + seq * t * 2 * half + half + j;
     for (int64_t pos = 0; pos + 1 < t; ++pos) col[pos * 2 * half] = col[(pos + 1) * 2 * half];
@@ -284,7 +274,7 @@ __global__ void qk_norm_backward_kernel(float* dqk, float* dtemp_rows, const flo
 
 // dtemp[j] += Σ over chunks (in order) of the chunk's rows (in order).
 __global__ void temp_sum_kernel(float* dtemp, const float* rows, int64_t n, int64_t hk) {
-  FOR_EACH(j, hk) {
+  FOUNDRY_FOR_EACH(j, hk) {
     float total = dtemp[j];
     for (int64_t c0 = 0; c0 < n; c0 += kRowsPerChunk) {
       float partial = 0;

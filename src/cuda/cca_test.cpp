@@ -9,45 +9,19 @@
 #include "base/rng.h"
 #include "cuda/cca.h"
 #include "cuda/runtime.h"
+#include "cuda/test_support.h"
 #include "kernels/cca.h"
 
 namespace foundry {
 namespace {
 
-std::vector<float> randn(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(rng.normal());
-  return v;
-}
+using gpu::testing::expect_close;
+using gpu::testing::randn;
+using gpu::testing::to_device;
 
-gpu::DeviceBuffer to_device(const std::vector<float>& v) {
-  gpu::DeviceBuffer b(static_cast<int64_t>(v.size()) * 4);
-  b.upload(v.data(), b.bytes());
-  return b;
-}
-
-gpu::DeviceBuffer poisoned(int64_t floats) {
-  gpu::DeviceBuffer b(std::max<int64_t>(floats, 1) * 4);
-  b.fill_bytes(0xFF);
-  return b;
-}
-
+gpu::DeviceBuffer poisoned(int64_t floats) { return gpu::testing::poisoned(floats * 4); }
 std::vector<float> to_host(const gpu::DeviceBuffer& b, int64_t n) {
-  std::vector<float> v(n);
-  b.download(v.data(), n * 4);
-  return v;
-}
-
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
-                  double scale, const char* what) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < cpu.size() && bad < 5; ++i)
-    if (!(std::abs(gpu[i] - cpu[i]) <= rel * (std::abs(cpu[i]) + scale))) {
-      ADD_FAILURE() << what << "[" << i << "]: GPU " << gpu[i] << ", CPU " << cpu[i];
-      ++bad;
-    }
+  return gpu::testing::to_host<float>(b, n);
 }
 
 struct Shape {
@@ -56,8 +30,7 @@ struct Shape {
 constexpr Shape kShapes[] = {{3, 17, 8, 2, 16, 2, 2}, {2, 9, 6, 3, 8, 3, 1}};
 
 TEST(GpuCca, MeansAndQkNormMatchTheCpu) {
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible";
-  gpu::open_gpu(0, "test");
+  SKIP_WITHOUT_GPU();
   uint64_t seed = 1;
   for (const Shape& s : kShapes) {
     const int64_t n = s.b * s.t, ch = (s.hq + s.hk) * s.d, heads = s.hq + s.hk;
@@ -97,8 +70,7 @@ TEST(GpuCca, MeansAndQkNormMatchTheCpu) {
 }
 
 TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible";
-  gpu::open_gpu(0, "test");
+  SKIP_WITHOUT_GPU();
   uint64_t seed = 100;
   for (const Shape& s : kShapes) {
     const int64_t n = s.b * s.t, groups = s.hq + s.hk, ch = groups * s.d;
@@ -147,8 +119,7 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
 }
 
 TEST(GpuCca, ValueShiftMovesTheSecondHalfOnePositionWithinEachSequence) {
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible";
-  gpu::open_gpu(0, "test");
+  SKIP_WITHOUT_GPU();
   const int64_t b = 3, t = 11, half = 24;
   const auto v0 = randn(b * t * 2 * half, 7), dv0 = randn(b * t * 2 * half, 8);
   std::vector<float> v = v0, dv = dv0, last(b * half);

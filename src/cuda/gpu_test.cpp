@@ -14,6 +14,7 @@
 #include "cuda/random_fill.h"
 #include "cuda/runtime.h"
 #include "cuda/stream_kernels.h"
+#include "cuda/test_support.h"
 #include "kernels/gemm.h"
 
 namespace foundry {
@@ -21,8 +22,6 @@ namespace {
 
 bool have_gpu() { return gpu::visible_gpus() > 0; }
 
-#define SKIP_WITHOUT_GPU() \
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA GPU visible"
 
 TEST(GpuRuntime, AskingForAGpuWhereThereIsNoneIsAClearError) {
   if (have_gpu()) {
@@ -61,7 +60,6 @@ TEST(GpuRuntime, DescribesTheGpu) {
 
 TEST(GpuRuntime, BuffersRoundTripAndPoison) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   std::vector<float> host(1000), back(1000);
   for (size_t i = 0; i < host.size(); ++i) host[i] = static_cast<float>(i) * 0.5f;
   gpu::DeviceBuffer buffer(4000);
@@ -147,7 +145,6 @@ void expect_gpu_gemm_matches_cpu(const GemmCase& s, DType dtype, bool accumulate
 
 TEST(GpuGemm, MatchesTheCpuGemmOverShapesLayoutsAndDtypes) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   const GemmCase shapes[] = {{1, 1, 1, false, false},   {17, 33, 65, false, false},
                              {128, 256, 64, false, true}, {300, 7, 513, true, false},
                              {64, 96, 1000, true, true},  {1, 2048, 512, false, true},
@@ -163,7 +160,6 @@ TEST(GpuGemm, MatchesTheCpuGemmOverShapesLayoutsAndDtypes) {
 
 TEST(GpuGemm, TakesOperandsAtAnyElementOffset) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   uint64_t seed = 100;
   for (int64_t offset : {1, 3, 8})
     for (DType dtype : {DType::f32, DType::bf16})
@@ -173,7 +169,6 @@ TEST(GpuGemm, TakesOperandsAtAnyElementOffset) {
 
 TEST(GpuGemm, TheSameProductGivesTheSameBitsEveryRun) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   const int64_t m = 777, n = 1024, k = 4096;
   Rng rng(5);
   std::vector<bf16> a(m * k), b(k * n);
@@ -210,7 +205,6 @@ TEST(GpuRandomFill, TheStreamCoversItsSeventeenValuesAndDependsOnTheSeed) {
 
 TEST(GpuRandomFill, TheDeviceStreamIsTheHostStream) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   const int64_t n = 70001;
   gpu::DeviceBuffer f32(n * 4), h16(n * 2);
   gpu::fill_eighths(f32.data(), n, false, 42);
@@ -233,7 +227,6 @@ TEST(GpuRandomFill, TheDeviceStreamIsTheHostStream) {
 
 TEST(GpuStream, EachKernelComputesItsFormula) {
   SKIP_WITHOUT_GPU();
-  gpu::open_gpu(0, "test");
   const int64_t n = 100003;  // not a multiple of any block size
   Rng rng(9);
   std::vector<double> a(n), b(n), c(n);

@@ -5,25 +5,16 @@
 #include <cmath>
 
 #include "cuda/check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 
 namespace foundry::gpu::ops {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kBlockThreads;
 constexpr int64_t kRowsPerChunk = 32;  // rmsnorm_backward's dweight chunks (as on the CPU)
-
-int grid_for(int64_t elements) {
-  const int64_t blocks = (elements + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 65535 * 16 ? 65535 * 16 : blocks));
-}
-
-void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
-
-#define FOR_EACH(i, count)                                                          \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 // Σ over the block of `value` (every thread gets the sum); `shared` holds kThreads floats.
 template <typename T>
@@ -50,14 +41,6 @@ __device__ float block_max(float value, float* shared) {
   const float m = shared[0];
   __syncthreads();
   return m;
-}
-
-// float_to_bf16 (base/bf16.h) on the device: round to nearest even, NaN kept quiet.
-__device__ uint16_t to_bf16(float f) {
-  uint32_t bits = __float_as_uint(f);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
 }
 
 __device__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
@@ -104,7 +87,7 @@ __global__ void rmsnorm_backward_kernel(float* din, float* partials, const float
 
 // dweight [C] += the chunks' partials, in chunk order.
 __global__ void sum_chunks_kernel(float* dweight, const float* partials, int64_t chunks, int64_t c) {
-  FOR_EACH(j, c) {
+  FOUNDRY_FOR_EACH(j, c) {
     float acc = dweight[j];
     for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * c + j];
     dweight[j] = acc;
@@ -116,7 +99,7 @@ __global__ void sum_chunks_kernel(float* dweight, const float* partials, int64_t
 __global__ void rope_kernel(float* x, int64_t rows, int64_t t, int64_t h, int64_t d,
                             int64_t half, int64_t pos_offset, double theta, float sin_sign) {
   // One thread per (row of [B·T], head, pair).
-  FOR_EACH(index, rows * h * half) {
+  FOUNDRY_FOR_EACH(index, rows * h * half) {
     const int64_t i = index % half;
     const int64_t head = (index / half) % h;
     const int64_t row = index / (half * h);
@@ -134,7 +117,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t t, int64_t h, int64_
 
 __global__ void swiglu_forward_kernel(float* out, uint16_t* out16, const float* h, int64_t n,
                                       int64_t f) {
-  FOR_EACH(index, n * f) {
+  FOUNDRY_FOR_EACH(index, n * f) {
     const int64_t i = index / f, j = index % f;
     const float g = h[i * 2 * f + j], u = h[i * 2 * f + f + j];
     const float y = g * sigmoid(g) * u;
@@ -145,7 +128,7 @@ __global__ void swiglu_forward_kernel(float* out, uint16_t* out16, const float* 
 
 __global__ void swiglu_backward_kernel(float* dh, uint16_t* dh16, const float* dout,
                                        const float* h, int64_t n, int64_t f) {
-  FOR_EACH(index, n * f) {
+  FOUNDRY_FOR_EACH(index, n * f) {
     const int64_t i = index / f, j = index % f;
     const float g = h[i * 2 * f + j], u = h[i * 2 * f + f + j], dy = dout[index];
     const float s = sigmoid(g);
@@ -166,18 +149,9 @@ __global__ void swiglu_backward_kernel(float* dh, uint16_t* dh16, const float* d
 __global__ void router_forward_kernel(float* probs, int32_t* topk_idx, float* topk_w,
                                       const float* logits, int64_t n, int64_t e, int64_t k,
                                       bool renormalize) {
-  FOR_EACH(i, n) {
-    const float* z = logits + i * e;
+  FOUNDRY_FOR_EACH(i, n) {
     float* p = probs + i * e;
-    float max_z = -INFINITY;
-    for (int64_t j = 0; j < e; ++j) max_z = fmaxf(max_z, z[j]);
-    float sum = 0;
-    for (int64_t j = 0; j < e; ++j) {
-      p[j] = expf(z[j] - max_z);
-      sum += p[j];
-    }
-    const float inv_sum = 1.0f / sum;
-    for (int64_t j = 0; j < e; ++j) p[j] *= inv_sum;
+    softmax_row(p, logits + i * e, e);
     int32_t* idx = topk_idx + i * k;
     float* w = topk_w + i * k;
     float selected = 0;
@@ -201,12 +175,12 @@ __global__ void router_forward_kernel(float* probs, int32_t* topk_idx, float* to
 
 __global__ void gather_kernel(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
                               int64_t c) {
-  FOR_EACH(index, rows * c) xs[index] = x[slot_token[index / c] * c + index % c];
+  FOUNDRY_FOR_EACH(index, rows * c) xs[index] = x[slot_token[index / c] * c + index % c];
 }
 
 __global__ void combine_kernel(float* out, const float* ys, const float* topk_w,
                                const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) {
-  FOR_EACH(index, n * c) {
+  FOUNDRY_FOR_EACH(index, n * c) {
     const int64_t i = index / c, j = index % c;
     float acc = out[index];
     for (int64_t a = 0; a < k; ++a)
@@ -235,7 +209,7 @@ __global__ void combine_backward_kernel(float* dys, float* dtopk_w, const float*
 
 __global__ void gather_backward_kernel(float* dx, const float* dxs, const int32_t* assignment_slot,
                                        int64_t n, int64_t k, int64_t c) {
-  FOR_EACH(index, n * c) {
+  FOUNDRY_FOR_EACH(index, n * c) {
     const int64_t i = index / c, j = index % c;
     float acc = dx[index];
     for (int64_t a = 0; a < k; ++a) acc += dxs[assignment_slot[i * k + a] * c + j];
@@ -299,7 +273,7 @@ void rmsnorm_backward(float* din, float* dweight, const float* dout, const float
   rmsnorm_backward_kernel<<<static_cast<unsigned>(chunks), kThreads>>>(din, scratch, dout, in,
                                                                        weight, rstd, n, c);
   check_launch();
-  sum_chunks_kernel<<<grid_for(c), kThreads>>>(dweight, scratch, chunks, c);
+  sum_chunks_kernel<<<blocks_for(c), kThreads>>>(dweight, scratch, chunks, c);
   check_launch();
 }
 
@@ -307,46 +281,46 @@ void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ro
                 int64_t pos_offset, double theta, bool inverse) {
   const int64_t half = rotary_dim / 2;
   if (half == 0 || b * t * h == 0) return;
-  rope_kernel<<<grid_for(b * t * h * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset,
+  rope_kernel<<<blocks_for(b * t * h * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset,
                                                         theta, inverse ? -1.0f : 1.0f);
   check_launch();
 }
 
 void swiglu_forward(float* out, const float* h, int64_t n, int64_t f) {
-  swiglu_forward_kernel<<<grid_for(n * f), kThreads>>>(out, nullptr, h, n, f);
+  swiglu_forward_kernel<<<blocks_for(n * f), kThreads>>>(out, nullptr, h, n, f);
   check_launch();
 }
 
 void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n, int64_t f) {
-  swiglu_backward_kernel<<<grid_for(n * f), kThreads>>>(dh, nullptr, dout, h, n, f);
+  swiglu_backward_kernel<<<blocks_for(n * f), kThreads>>>(dh, nullptr, dout, h, n, f);
   check_launch();
 }
 
 void swiglu_forward_bf16(uint16_t* out, const float* h, int64_t n, int64_t f) {
-  swiglu_forward_kernel<<<grid_for(n * f), kThreads>>>(nullptr, out, h, n, f);
+  swiglu_forward_kernel<<<blocks_for(n * f), kThreads>>>(nullptr, out, h, n, f);
   check_launch();
 }
 
 void swiglu_backward_bf16(uint16_t* dh, const float* dout, const float* h, int64_t n, int64_t f) {
-  swiglu_backward_kernel<<<grid_for(n * f), kThreads>>>(nullptr, dh, dout, h, n, f);
+  swiglu_backward_kernel<<<blocks_for(n * f), kThreads>>>(nullptr, dh, dout, h, n, f);
   check_launch();
 }
 
 void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
                     int64_t n, int64_t e, int64_t k, bool renormalize) {
-  router_forward_kernel<<<grid_for(n), kThreads>>>(probs, topk_idx, topk_w, logits, n, e, k,
+  router_forward_kernel<<<blocks_for(n), kThreads>>>(probs, topk_idx, topk_w, logits, n, e, k,
                                                    renormalize);
   check_launch();
 }
 
 void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows, int64_t c) {
-  gather_kernel<<<grid_for(rows * c), kThreads>>>(xs, x, slot_token, rows, c);
+  gather_kernel<<<blocks_for(rows * c), kThreads>>>(xs, x, slot_token, rows, c);
   check_launch();
 }
 
 void moe_combine(float* out, const float* ys, const float* topk_w,
                  const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) {
-  combine_kernel<<<grid_for(n * c), kThreads>>>(out, ys, topk_w, assignment_slot, n, k, c);
+  combine_kernel<<<blocks_for(n * c), kThreads>>>(out, ys, topk_w, assignment_slot, n, k, c);
   check_launch();
 }
 
@@ -361,7 +335,7 @@ void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const f
 
 void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot, int64_t n,
                          int64_t k, int64_t c) {
-  gather_backward_kernel<<<grid_for(n * c), kThreads>>>(dx, dxs, assignment_slot, n, k, c);
+  gather_backward_kernel<<<blocks_for(n * c), kThreads>>>(dx, dxs, assignment_slot, n, k, c);
   check_launch();
 }
 

@@ -11,53 +11,18 @@
 #include "base/rng.h"
 #include "cuda/ops.h"
 #include "cuda/runtime.h"
+#include "cuda/test_support.h"
 #include "kernels/attention.h"
 #include "kernels/ops.h"
 
 namespace foundry {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                          \
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible"; \
-  gpu::open_gpu(0, "test")
-
-std::vector<float> randn(int64_t n, uint64_t seed, double scale = 1.0) {
-  Rng rng(seed);
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(scale * rng.normal());
-  return v;
-}
-
-// A device copy of a host vector, and back.
-template <typename T>
-gpu::DeviceBuffer to_device(const std::vector<T>& v) {
-  gpu::DeviceBuffer b(static_cast<int64_t>(v.size() * sizeof(T)));
-  if (!v.empty()) b.upload(v.data(), static_cast<int64_t>(v.size() * sizeof(T)));
-  return b;
-}
-gpu::DeviceBuffer poisoned(int64_t bytes) {
-  gpu::DeviceBuffer b(bytes);
-  b.fill_bytes(0xFF);
-  return b;
-}
-template <typename T>
-std::vector<T> to_host(const gpu::DeviceBuffer& b, int64_t n) {
-  std::vector<T> v(n);
-  b.download(v.data(), n * static_cast<int64_t>(sizeof(T)));
-  return v;
-}
-
-// |gpu − cpu| ≤ rel·(|cpu| + scale) elementwise, with the first mismatches reported.
-void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
-                  double scale, const char* what) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  int bad = 0;
-  for (size_t i = 0; i < cpu.size() && bad < 5; ++i)
-    if (!(std::abs(gpu[i] - cpu[i]) <= rel * (std::abs(cpu[i]) + scale))) {
-      ADD_FAILURE() << what << "[" << i << "]: GPU " << gpu[i] << ", CPU " << cpu[i];
-      ++bad;
-    }
-}
+using gpu::testing::expect_close;
+using gpu::testing::poisoned;
+using gpu::testing::randn;
+using gpu::testing::to_device;
+using gpu::testing::to_host;
 
 TEST(GpuOps, RmsNormForwardAndBackwardMatchTheCpu) {
   SKIP_WITHOUT_GPU();

@@ -3,6 +3,8 @@
 #include <cmath>
 
 #include "cuda/check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/lt_matmul.h"
 #include "cuda/reductions.h"
 
@@ -10,19 +12,10 @@ namespace foundry::gpu::ops {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kBlockThreads;
 constexpr int kBlocksPerRange = 32;  // partial sums per range: a fixed layout
 
 constexpr float kNsA = 3.4445f, kNsB = -4.7750f, kNsC = 2.0315f;
-
-int blocks_for(int64_t elements) {
-  const int64_t blocks = (elements + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
-}
-
-#define FOR_EACH(i, count)                                                          \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 // partials [range][block]: each block's strided share of its range, reduced in a fixed tree.
 __global__ void squares_partials_kernel(double* partials, const float* x, const AdamWRange* ranges) {
@@ -67,27 +60,19 @@ __global__ void scale_ranges_kernel(float* x, const AdamWRange* ranges, const fl
 // y = x / (√(*squares) + 1e-7), the inverse norm rounded to float as on the CPU.
 __global__ void normalize_kernel(float* y, const float* x, const double* squares, int64_t n) {
   const float inv_norm = static_cast<float>(1.0 / (sqrt(*squares) + 1e-7));
-  FOR_EACH(i, n) y[i] = x[i] * inv_norm;
+  FOUNDRY_FOR_EACH(i, n) y[i] = x[i] * inv_norm;
 }
 
 __global__ void to_bf16_kernel(uint16_t* out, const float* x, int64_t n) {
-  FOR_EACH(i, n) {
-    uint32_t bits = __float_as_uint(x[i]);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) {
-      out[i] = static_cast<uint16_t>((bits >> 16) | 0x40);
-    } else {
-      bits += 0x7fffu + ((bits >> 16) & 1u);
-      out[i] = static_cast<uint16_t>(bits >> 16);
-    }
-  }
+  FOUNDRY_FOR_EACH(i, n) out[i] = to_bf16(x[i]);
 }
 
 __global__ void combine_kernel(float* b, const float* a, int64_t n) {  // b = kNsB·a + kNsC·b
-  FOR_EACH(i, n) b[i] = kNsB * a[i] + kNsC * b[i];
+  FOUNDRY_FOR_EACH(i, n) b[i] = kNsB * a[i] + kNsC * b[i];
 }
 
 __global__ void scale_kernel(float* y, const float* x, float s, int64_t n) {
-  FOR_EACH(i, n) y[i] = s * x[i];
+  FOUNDRY_FOR_EACH(i, n) y[i] = s * x[i];
 }
 
 // One range launch: kBlocksPerRange blocks per range, up to 65535 ranges per launch.

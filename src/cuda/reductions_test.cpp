@@ -7,27 +7,13 @@
 #include "base/rng.h"
 #include "cuda/reductions.h"
 #include "cuda/runtime.h"
+#include "cuda/test_support.h"
 
 namespace foundry {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                          \
-  if (gpu::visible_gpus() == 0) GTEST_SKIP() << "no CUDA GPU visible"; \
-  gpu::open_gpu(0, "test")
-
-template <typename T>
-gpu::DeviceBuffer to_device(const std::vector<T>& v) {
-  gpu::DeviceBuffer b(static_cast<int64_t>(v.size() * sizeof(T)));
-  b.upload(v.data(), b.bytes());
-  return b;
-}
-
-template <typename T>
-std::vector<T> to_host(const gpu::DeviceBuffer& b, int64_t n) {
-  std::vector<T> v(n);
-  b.download(v.data(), n * static_cast<int64_t>(sizeof(T)));
-  return v;
-}
+using gpu::testing::to_device;
+using gpu::testing::to_host;
 
 TEST(GpuReductions, SumOfSquaresAndClippingOverRanges) {
   SKIP_WITHOUT_GPU();

@@ -4,23 +4,15 @@
 #include <cuda_runtime.h>
 
 #include "cuda/check.h"
+#include "cuda/launch.cuh"
 #include "cuda/ops.h"
 
 namespace foundry::gpu::ops {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kBlockThreads;
 constexpr int64_t kAuxRowsPerChunk = 256;  // as the CPU's router_aux_loss
-
-int blocks_for(int64_t elements) {
-  const int64_t blocks = (elements + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
-}
-
-#define FOR_EACH(i, count)                                                          \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
 
 int bits_for(int64_t values) {  // radix bits that hold 0 .. values−1
   int bits = 1;
@@ -28,7 +20,7 @@ int bits_for(int64_t values) {  // radix bits that hold 0 .. values−1
   return bits;
 }
 
-__global__ void iota_kernel(int32_t* x, int64_t n) { FOR_EACH(i, n) x[i] = static_cast<int32_t>(i); }
+__global__ void iota_kernel(int32_t* x, int64_t n) { FOUNDRY_FOR_EACH(i, n) x[i] = static_cast<int32_t>(i); }
 
 // Sorts (key, index) pairs by key, stably: keys_out, index_out. The scratch comes from the
 // workspace after the four arrays.
@@ -52,7 +44,7 @@ void sort_by_key(const int32_t* keys, int64_t n, int64_t key_values, Workspace& 
 
 __global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
                                          int64_t n, int64_t c) {
-  FOR_EACH(index, n * c) out[index] = wte[static_cast<int64_t>(tokens[index / c]) * c + index % c];
+  FOUNDRY_FOR_EACH(index, n * c) out[index] = wte[static_cast<int64_t>(tokens[index / c]) * c + index % c];
 }
 
 // Block s starts a run when sorted key s differs from key s−1; it sums the run's rows of dout
@@ -71,7 +63,7 @@ __global__ void embedding_runs_kernel(float* dwte, const float* dout, const int3
 
 __global__ void plan_slots_kernel(int32_t* slot_token, int32_t* assignment_slot,
                                   const int32_t* sorted_assignment, int64_t rows, int64_t k) {
-  FOR_EACH(s, rows) {
+  FOUNDRY_FOR_EACH(s, rows) {
     const int32_t a = sorted_assignment[s];
     slot_token[s] = static_cast<int32_t>(a / k);
     assignment_slot[a] = static_cast<int32_t>(s);
@@ -81,7 +73,7 @@ __global__ void plan_slots_kernel(int32_t* slot_token, int32_t* assignment_slot,
 // offsets[e] = the first sorted row of expert e (a binary search), offsets[E] = rows.
 __global__ void plan_offsets_kernel(int64_t* offsets, const int32_t* sorted_expert, int64_t rows,
                                     int64_t e) {
-  FOR_EACH(x, e + 1) {
+  FOUNDRY_FOR_EACH(x, e + 1) {
     int64_t lo = 0, hi = rows;
     while (lo < hi) {
       const int64_t mid = (lo + hi) / 2;
@@ -94,7 +86,7 @@ __global__ void plan_offsets_kernel(int64_t* offsets, const int32_t* sorted_expe
 
 __global__ void fractions_kernel(double* fractions, const int64_t* offsets, int64_t e,
                                  int64_t assignments) {
-  FOR_EACH(x, e)
+  FOUNDRY_FOR_EACH(x, e)
   fractions[x] = static_cast<double>(offsets[x + 1] - offsets[x]) / static_cast<double>(assignments);
 }
 
@@ -102,7 +94,7 @@ __global__ void router_backward_kernel(float* dlogits, const float* dtopk_w, con
                                        const int32_t* topk_idx, const float* topk_w, int64_t n,
                                        int64_t e, int64_t k, bool renormalize, float aux_coef,
                                        const double* fractions) {
-  FOR_EACH(i, n) {
+  FOUNDRY_FOR_EACH(i, n) {
     const float* p = probs + i * e;
     const int32_t* idx = topk_idx + i * k;
     const float* w = topk_w + i * k;
@@ -133,7 +125,7 @@ __global__ void router_backward_kernel(float* dlogits, const float* dtopk_w, con
 // partials [chunks, E]: each chunk's column sums in double.
 __global__ void aux_partials_kernel(double* partials, const float* probs, int64_t n, int64_t e) {
   const int64_t chunks = (n + kAuxRowsPerChunk - 1) / kAuxRowsPerChunk;
-  FOR_EACH(index, chunks * e) {
+  FOUNDRY_FOR_EACH(index, chunks * e) {
     const int64_t chunk = index / e, x = index % e;
     const int64_t end = min(n, (chunk + 1) * kAuxRowsPerChunk);
     double sum = 0;

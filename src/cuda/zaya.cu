@@ -3,32 +3,23 @@
 #include <cmath>
 
 #include "cuda/check.h"
+#include "cuda/device_math.cuh"
+#include "cuda/launch.cuh"
 #include "cuda/zaya.h"
 
 namespace foundry::gpu::ops {
 
 namespace {
 
-constexpr int kThreads = 256;
+constexpr int kThreads = kBlockThreads;
 constexpr int64_t kRowsPerChunk = 32;
-
-int blocks_for(int64_t elements) {
-  const int64_t blocks = (elements + kThreads - 1) / kThreads;
-  return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
-}
-
-#define FOR_EACH(i, count)                                                          \
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
-       i += int64_t{gridDim.x} * blockDim.x)
-
-void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
 __host__ __device__ int64_t chunks_of(int64_t n) { return (n + kRowsPerChunk - 1) / kRowsPerChunk; }
 
 // partials [chunks, cols]: Σ over the chunk's rows of value(row, col).
 template <typename Value>
 __global__ void column_partials_kernel(float* partials, int64_t n, int64_t cols, Value value) {
-  FOR_EACH(index, chunks_of(n) * cols) {
+  FOUNDRY_FOR_EACH(index, chunks_of(n) * cols) {
     const int64_t chunk = index / cols, col = index % cols;
     const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
     float acc = 0;
@@ -41,7 +32,7 @@ __global__ void column_partials_kernel(float* partials, int64_t n, int64_t cols,
 template <typename Apply>
 __global__ void column_totals_kernel(const float* partials, int64_t chunks, int64_t cols,
                                      Apply apply) {
-  FOR_EACH(col, cols) {
+  FOUNDRY_FOR_EACH(col, cols) {
     float total = 0;
     for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[chunk * cols + col];
     apply(col, total);
@@ -104,20 +95,20 @@ struct ResidualApply {
 };
 
 __global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t m) {
-  FOR_EACH(index, n * m) y[index] += bias[index % m];
+  FOUNDRY_FOR_EACH(index, n * m) y[index] += bias[index % m];
 }
 
 __device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
 
 __global__ void gelu_forward_kernel(float* out, const float* in, int64_t count) {
-  FOR_EACH(i, count) {
+  FOUNDRY_FOR_EACH(i, count) {
     const float x = in[i];
     out[i] = x * normal_cdf(x);
   }
 }
 
 __global__ void gelu_backward_kernel(float* din, const float* dout, const float* in, int64_t count) {
-  FOR_EACH(i, count) {
+  FOUNDRY_FOR_EACH(i, count) {
     const float x = in[i];
     const float pdf = expf(-0.5f * x * x) * 0.39894228040143268f;
     din[i] = dout[i] * (normal_cdf(x) + x * pdf);
@@ -126,12 +117,12 @@ __global__ void gelu_backward_kernel(float* din, const float* dout, const float*
 
 __global__ void eda_forward_kernel(float* r, const float* r_prev, const float* gamma, int64_t n,
                                    int64_t r_dim) {
-  FOR_EACH(index, n * r_dim) r[index] += gamma[index % r_dim] * r_prev[index];
+  FOUNDRY_FOR_EACH(index, n * r_dim) r[index] += gamma[index % r_dim] * r_prev[index];
 }
 
 __global__ void eda_input_grad_kernel(float* dr_prev, const float* dr, const float* gamma,
                                       int64_t n, int64_t r_dim) {
-  FOR_EACH(index, n * r_dim) dr_prev[index] += gamma[index % r_dim] * dr[index];
+  FOUNDRY_FOR_EACH(index, n * r_dim) dr_prev[index] += gamma[index % r_dim] * dr[index];
 }
 
 __global__ void gating_forward_kernel(float* probs, int32_t* choice, float* gate,
@@ -139,18 +130,10 @@ __global__ void gating_forward_kernel(float* probs, int32_t* choice, float* gate
                                       int64_t n, int64_t e, int64_t k, bool skip_class,
                                       bool skip_passes_input) {
   const int64_t classes = e + (skip_class ? 1 : 0);
-  FOR_EACH(i, n) {
+  FOUNDRY_FOR_EACH(i, n) {
     const float* z = logits + i * classes;
     float* p = probs + i * classes;
-    float max_z = -INFINITY;
-    for (int64_t j = 0; j < classes; ++j) max_z = fmaxf(max_z, z[j]);
-    float sum = 0;
-    for (int64_t j = 0; j < classes; ++j) {
-      p[j] = expf(z[j] - max_z);
-      sum += p[j];
-    }
-    const float inv_sum = 1.0f / sum;
-    for (int64_t j = 0; j < classes; ++j) p[j] *= inv_sum;
+    softmax_row(p, z, classes);
     const float* scores = on_logits ? z : p;
     int32_t* idx = choice + i * k;
     float* w = gate + i * k;
@@ -174,7 +157,7 @@ __global__ void gating_backward_kernel(float* dlogits, const float* dgate, const
                                        const int32_t* choice, int64_t n, int64_t e, int64_t k,
                                        bool skip_class, bool skip_passes_input) {
   const int64_t classes = e + (skip_class ? 1 : 0);
-  FOR_EACH(i, n) {
+  FOUNDRY_FOR_EACH(i, n) {
     const float* p = probs + i * classes;
     const int32_t* idx = choice + i * k;
     const float* dg = dgate + i * k;
@@ -195,7 +178,7 @@ __global__ void gating_backward_kernel(float* dlogits, const float* dgate, const
 // One thread per class, over every choice in order: exact counts, no atomics.
 __global__ void class_counts_kernel(int64_t* counts, const int32_t* choice, int64_t assignments,
                                     int64_t classes) {
-  FOR_EACH(s, classes) {
+  FOUNDRY_FOR_EACH(s, classes) {
     int64_t count = 0;
     for (int64_t a = 0; a < assignments; ++a) count += choice[a] == s;
     counts[s] = count;
@@ -205,7 +188,7 @@ __global__ void class_counts_kernel(int64_t* counts, const int32_t* choice, int6
 __global__ void boundary_counts_kernel(int64_t* near, const float* probs, const float* logits,
                                        const float* bias, bool on_logits, const int32_t* choice,
                                        int64_t n, int64_t classes, int64_t k, double window) {
-  FOR_EACH(s, classes) {
+  FOUNDRY_FOR_EACH(s, classes) {
     int64_t count = 0;
     for (int64_t i = 0; i < n && k < classes; ++i) {
       const float* z = (on_logits ? logits : probs) + i * classes;
@@ -231,7 +214,7 @@ __global__ void residual_forward_kernel(float* out, const float* res, const floa
                                         const float* alpha_res, const float* beta_res,
                                         const float* alpha_h, const float* beta_h, int64_t n,
                                         int64_t c) {
-  FOR_EACH(index, n * c) {
+  FOUNDRY_FOR_EACH(index, n * c) {
     const int64_t j = index % c;
     out[index] = (res[index] + beta_res[j]) * alpha_res[j] + (h[index] + beta_h[j]) * alpha_h[j];
   }
@@ -240,7 +223,7 @@ __global__ void residual_forward_kernel(float* out, const float* res, const floa
 __global__ void residual_input_grads_kernel(float* dres, float* dh, const float* dout,
                                             const float* alpha_res, const float* alpha_h,
                                             int64_t n, int64_t c) {
-  FOR_EACH(index, n * c) {
+  FOUNDRY_FOR_EACH(index, n * c) {
     const int64_t j = index % c;
     dres[index] = alpha_res[j] * dout[index];
     dh[index] = alpha_h[j] * dout[index];
