@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "base/device.h"
 #include "base/error.h"
@@ -58,25 +59,92 @@ std::function<void(int64_t, int64_t, const std::string&)> progress_to(
   };
 }
 
+// The "gemm" and "compute" sections: cuBLASLt on the GPU, or oneDNN on this process's cores.
+void measure_gemms(const BenchAllOptions& o, const std::optional<gpu::GpuInfo>& gpu,
+                   const Provenance& provenance, json& sections) {
+  GemmBenchOptions go = gpu ? (o.quick ? gpu_gemm_quick() : gpu_gemm_defaults()) : GemmBenchOptions{};
+  if (o.quick && !gpu) {
+    go.square_sizes = {256, 512, 1024};
+    go.hidden = {512};
+    go.ffn = {1024};
+    go.experts = {8};
+    go.offsize_from = 1016;
+    go.offsize_to = 1032;
+    go.repeats = 3;
+  }
+  std::unique_ptr<Progress> bar;
+  go.on_progress = progress_to(bar, gpu ? "gemm (GPU)" : "gemm");
+  const GemmBenchResult g = gpu ? run_gpu_gemm_bench(go, *gpu) : run_gemm_bench(go);
+  if (bar) bar->finish();
+  CpuPeak peak;
+  if (gpu) {
+    peak = gpu_peak(*gpu);
+  } else {
+    CpuInfo cpu = read_cpu_info();
+    if (cpu.max_freq_hz == 0) cpu.measured_clock_hz = measure_clock_hz();  // no cpufreq (VMs)
+    peak = cpu_peak(cpu, std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores)));
+  }
+  sections["gemm"] = gemm_profile_section(g, provenance);
+  sections["compute"] = compute_profile_section(g, peak, provenance);
+  std::printf("%s\n", format_gemm_tables(g, peak).c_str());
+  if (!g.all_valid)
+    fail("bench all: a GEMM result did not match its reference", "see the table above");
+}
+
+// The "memory" section: the GPU's bandwidth kernels, or STREAM on this process's cores.
+void measure_memory(const BenchAllOptions& o, const std::optional<gpu::GpuInfo>& gpu,
+                    const Provenance& provenance, json& sections) {
+  MembwOptions mo = gpu && o.quick ? gpu_membw_quick() : MembwOptions{};
+  if (o.quick && !gpu) {
+    mo.repeats = 4;
+    mo.points_per_doubling = 1;
+    mo.threads = {omp_get_max_threads()};
+  }
+  std::unique_ptr<Progress> bar;
+  if (!gpu) mo.on_progress = progress_to(bar, "membw");
+  const MembwResult m = gpu ? run_gpu_membw_bench(mo, *gpu) : run_membw_bench(mo);
+  if (bar) bar->finish();
+  sections["memory"] = gpu ? gpu_memory_section(m, *gpu, provenance)
+                           : memory_profile_section(m, provenance);
+  std::printf("%s\n", (gpu ? format_gpu_membw_tables(m, *gpu) : format_membw_tables(m)).c_str());
+  if (!m.all_valid)
+    fail("bench all: a memory bandwidth result failed validation", "see the table above");
+}
+
+// The profile's "device" section: the GPU measured, or this machine's CPU.
+json device_section(const std::optional<gpu::GpuInfo>& gpu, const Provenance& provenance) {
+  if (gpu) return gpu_device_section(*gpu, gpu::visible_gpus());
+  return {{"kind", "cpu"},
+          {"name", provenance.cpu},
+          {"memory_bytes", mem_total_bytes()},
+          {"devices_per_node", 1},
+          {"cores", provenance.cores},
+          {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
+}
+
+// --only's benchmarks: {comm, gemm, membw}.
+std::tuple<bool, bool, bool> parse_only(const std::string& only) {
+  bool comm = false, gemm = false, membw = false;
+  size_t start = 0;
+  while (start <= only.size()) {
+    const size_t comma = only.find(',', start);
+    const std::string part =
+        only.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (part == "comm") comm = true;
+    else if (part == "gemm") gemm = true;
+    else if (part == "membw") membw = true;
+    else
+      fail(fmt::format("--only '{}': unknown benchmark '{}'", only, part),
+           "choose from comm, gemm, membw (comma-separated)");
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return {comm, gemm, membw};
+}
+
 void run_bench_all(const BenchAllOptions& o) {
   const DeviceSpec device = parse_device("--device", o.device);
-  bool do_comm = false, do_gemm = false, do_membw = false;
-  {
-    size_t start = 0;
-    while (start <= o.only.size()) {
-      const size_t comma = o.only.find(',', start);
-      const std::string part =
-          o.only.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
-      if (part == "comm") do_comm = true;
-      else if (part == "gemm") do_gemm = true;
-      else if (part == "membw") do_membw = true;
-      else
-        fail(fmt::format("--only '{}': unknown benchmark '{}'", o.only, part),
-             "choose from comm, gemm, membw (comma-separated)");
-      if (comma == std::string::npos) break;
-      start = comma + 1;
-    }
-  }
+  const auto [do_comm, do_gemm, do_membw] = parse_only(o.only);
   const std::string profile_path = o.out + "/profile.json";
   json profile;  // null: a new profile
   if (o.merge && path_exists(profile_path)) {
@@ -140,64 +208,8 @@ void run_bench_all(const BenchAllOptions& o) {
   // ---- GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning ----
   if (rank == 0) {
     json sections = json::object();
-    if (do_gemm && gpu_info) {
-      GemmBenchOptions go = o.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
-      std::unique_ptr<Progress> bar;
-      go.on_progress = progress_to(bar, "gemm (GPU)");
-      const GemmBenchResult g = run_gpu_gemm_bench(go, *gpu_info);
-      if (bar) bar->finish();
-      const CpuPeak peak = gpu_peak(*gpu_info);
-      sections["gemm"] = gemm_profile_section(g, provenance);
-      sections["compute"] = compute_profile_section(g, peak, provenance);
-      std::printf("%s\n", format_gemm_tables(g, peak).c_str());
-      if (!g.all_valid)
-        fail("bench all: a GPU GEMM result did not match its reference", "see the table above");
-    } else if (do_gemm) {
-      GemmBenchOptions go;
-      if (o.quick) {
-        go.square_sizes = {256, 512, 1024};
-        go.hidden = {512};
-        go.ffn = {1024};
-        go.experts = {8};
-        go.offsize_from = 1016;
-        go.offsize_to = 1032;
-        go.repeats = 3;
-      }
-      std::unique_ptr<Progress> bar;
-      go.on_progress = progress_to(bar, "gemm");
-      const GemmBenchResult g = run_gemm_bench(go);
-      if (bar) bar->finish();
-      CpuInfo cpu = read_cpu_info();
-      if (cpu.max_freq_hz == 0) cpu.measured_clock_hz = measure_clock_hz();  // no cpufreq (VMs)
-      const CpuPeak peak =
-          cpu_peak(cpu, std::min(omp_get_max_threads(), std::max(1, cpu.physical_cores)));
-      sections["gemm"] = gemm_profile_section(g, provenance);
-      sections["compute"] = compute_profile_section(g, peak, provenance);
-      std::printf("%s\n", format_gemm_tables(g, peak).c_str());
-      if (!g.all_valid)
-        fail("bench all: a GEMM result did not match its reference", "see the table above");
-    }
-    if (do_membw && gpu_info) {
-      const MembwOptions mo = o.quick ? gpu_membw_quick() : MembwOptions{};
-      const MembwResult m = run_gpu_membw_bench(mo, *gpu_info);
-      sections["memory"] = gpu_memory_section(m, *gpu_info, provenance);
-      std::printf("%s\n", format_gpu_membw_tables(m, *gpu_info).c_str());
-      if (!m.all_valid) fail("bench all: a GPU bandwidth result failed validation", "see the table above");
-    } else if (do_membw) {
-      MembwOptions mo;
-      if (o.quick) {
-        mo.repeats = 4;
-        mo.points_per_doubling = 1;
-        mo.threads = {omp_get_max_threads()};
-      }
-      std::unique_ptr<Progress> bar;
-      mo.on_progress = progress_to(bar, "membw");
-      const MembwResult m = run_membw_bench(mo);
-      if (bar) bar->finish();
-      sections["memory"] = memory_profile_section(m, provenance);
-      std::printf("%s\n", format_membw_tables(m).c_str());
-      if (!m.all_valid) fail("bench all: a STREAM result failed validation", "see the table above");
-    }
+    if (do_gemm) measure_gemms(o, gpu_info, provenance, sections);
+    if (do_membw) measure_memory(o, gpu_info, provenance, sections);
     for (const auto& r : comm_results) std::printf("%s\n", format_comm_table(r).c_str());
 
     // ---- the profile ----
@@ -210,15 +222,7 @@ void run_bench_all(const BenchAllOptions& o) {
     for (auto& [key, value] : sections.items()) profile[key] = value;
     profile["name"] = name;
     profile["provenance"] = to_json(provenance);
-    if (gpu_info)
-      profile["device"] = gpu_device_section(*gpu_info, gpu::visible_gpus());
-    else
-      profile["device"] = {{"kind", "cpu"},
-                           {"name", provenance.cpu},
-                           {"memory_bytes", mem_total_bytes()},
-                           {"devices_per_node", 1},
-                           {"cores", provenance.cores},
-                           {"source", "measured: /proc/cpuinfo, /proc/meminfo"}};
+    profile["device"] = device_section(gpu_info, provenance);
     parse_profile(profile, profile_path);  // what plan will read must parse
     write_file_atomic(profile_path, profile.dump(2) + "\n");
     const ReportFiles files = write_report(profile, o.out);

@@ -40,6 +40,17 @@ __device__ void load_rows(float* dst, const float* src, const Dims& s, int64_t h
   }
 }
 
+// The saved log-sum-exp and Δ of query rows q0 … q0+BR−1 of head h (0 past T).
+__device__ void load_row_stats(float* row_lse, float* row_delta, const float* lse,
+                               const float* delta, const Dims& s, int64_t b, int64_t h,
+                               int64_t q0) {
+  if (threadIdx.x < BR) {
+    const int64_t qi = q0 + threadIdx.x;
+    row_lse[threadIdx.x] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] : 0.0f;
+    row_delta[threadIdx.x] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
+  }
+}
+
 __device__ __forceinline__ float dot(const float* x, const float* y, int64_t d) {
   float acc = 0;
   for (int64_t i = 0; i < d; ++i) acc += x[i] * y[i];
@@ -146,11 +157,7 @@ __global__ void dq_kernel(float* dq, const float* dout, const float* lse, const 
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * BR;
   load_rows(qs, q, s, s.h, b, q0, h, BR);
   load_rows(dos, dout, s, s.h, b, q0, h, BR);
-  if (threadIdx.x < BR) {
-    const int64_t qi = q0 + threadIdx.x;
-    row_lse[threadIdx.x] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] : 0.0f;
-    row_delta[threadIdx.x] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
-  }
+  load_row_stats(row_lse, row_delta, lse, delta, s, b, h, q0);
   const int r_own = threadIdx.x / 8, lane = threadIdx.x % 8;
   float acc[kMaxD / 8];
   for (int i = 0; i < kMaxD / 8; ++i) acc[i] = 0;
@@ -217,11 +224,7 @@ __global__ void dkdv_kernel(float* dk, float* dv, const float* dout, const float
       __syncthreads();
       load_rows(qs, q, s, s.h, b, q0, h, BR);
       load_rows(dos, dout, s, s.h, b, q0, h, BR);
-      if (threadIdx.x < BR) {
-        const int64_t qi = q0 + threadIdx.x;
-        row_lse[threadIdx.x] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] : 0.0f;
-        row_delta[threadIdx.x] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
-      }
+      load_row_stats(row_lse, row_delta, lse, delta, s, b, h, q0);
       __syncthreads();
       for (int p = threadIdx.x; p < BR * BC; p += kThreads) {
         const int r = p / BC, c = p % BC;
