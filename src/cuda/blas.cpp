@@ -11,6 +11,4 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
   detail::lt_matmul(a, trans_a, b, trans_b, c, m, n, k, dtype == DType::bf16, accumulate);
 }
 
-int64_t gemm_plans_cached() { return detail::lt_plans_cached(); }
-
 }  // namespace foundry::gpu

@@ -121,10 +121,4 @@ void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* 
                                       /*stream=*/nullptr));
 }
 
-int64_t lt_plans_cached() {
-  Context& ctx = context();
-  std::lock_guard<std::mutex> lock(ctx.mutex);
-  return static_cast<int64_t>(ctx.plans.size());
-}
-
 }  // namespace foundry::gpu::detail

@@ -16,7 +16,4 @@ namespace foundry::gpu {
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
           int64_t n, int64_t k, DType dtype, bool accumulate = false);
 
-// Shapes whose cuBLASLt plan is cached (tests, diagnostics).
-int64_t gemm_plans_cached();
-
 }  // namespace foundry::gpu

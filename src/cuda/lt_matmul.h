@@ -6,6 +6,5 @@ namespace foundry::gpu::detail {
 
 void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
                int64_t n, int64_t k, bool bf16_inputs, bool accumulate);
-int64_t lt_plans_cached();
 
 }  // namespace foundry::gpu::detail

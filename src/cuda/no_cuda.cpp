@@ -55,7 +55,6 @@ void lt_matmul(const void*, bool, const void*, bool, float*, int64_t, int64_t, i
                bool) {
   fail_no_cuda_build(kWhat);
 }
-int64_t lt_plans_cached() { return 0; }
 }  // namespace detail
 
 void adamw_update(float*, const float*, float*, float*, uint16_t*, const AdamWRange*, int64_t,
