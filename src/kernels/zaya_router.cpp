@@ -513,6 +513,40 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
   }
 }
 
+void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
+                         int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = 0; j < c; ++j) out[i * c + j] = (x[i * c + j] + beta[j]) * alpha[j];
+}
+
+// Each thread owns a block of channels and walks the tokens in order (rows stay contiguous in
+// memory), so every sum has a fixed order whatever the thread count.
+void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
+                          const float* x, const float* alpha, const float* beta, int64_t n,
+                          int64_t c) {
+  constexpr int64_t kBlock = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t j0 = 0; j0 < c; j0 += kBlock) {
+    const int64_t j1 = std::min(c, j0 + kBlock);
+    double sa[kBlock] = {}, sb[kBlock] = {};
+    for (int64_t i = 0; i < n; ++i) {
+      const float* g = dout + i * c;
+      const float* xi = x + i * c;
+      float* dxi = dx + i * c;
+      for (int64_t j = j0; j < j1; ++j) {
+        sa[j - j0] += static_cast<double>((xi[j] + beta[j]) * g[j]);
+        sb[j - j0] += g[j];
+        dxi[j] = alpha[j] * g[j];
+      }
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+      dalpha[j] += static_cast<float>(sa[j - j0]);
+      dbeta[j] += static_cast<float>(alpha[j] * sb[j - j0]);
+    }
+  }
+}
+
 #define FOUNDRY_INSTANTIATE(T)                                                                 \
   template void bias_add_forward<T>(T*, const T*, int64_t, int64_t);                           \
   template void bias_add_backward<T>(T*, const T*, int64_t, int64_t);                          \

@@ -260,4 +260,13 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
                              const T* alpha_res, const T* beta_res, const T* alpha_h,
                              const T* beta_h, int64_t n, int64_t c);
 
+// The embedding's entry into the residual stream: out [N, C] = (x + beta) ⊙ alpha. Backward:
+// dx [N, C] (writes) = alpha ⊙ dout; dalpha += Σ_n (x + beta) ⊙ dout; dbeta += alpha ⊙ Σ_n dout,
+// each sum over the rows in order whatever the thread count.
+void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
+                         int64_t n, int64_t c);
+void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
+                          const float* x, const float* alpha, const float* beta, int64_t n,
+                          int64_t c);
+
 }  // namespace foundry::ops

@@ -46,7 +46,9 @@ class Architecture {
 struct CommonActivations {
   BatchShape shape;
   bool has_targets = false;
-  int32_t* inputs = nullptr;  // [N]
+  int32_t* inputs = nullptr;   // [N]
+  int32_t* targets = nullptr;  // [N] (read only when has_targets)
+  const int32_t* targets_if_any() const { return has_targets ? targets : nullptr; }
   std::vector<MoeActs> moe;   // per layer
   LmHeadActs head;
   Arena arena;
@@ -63,18 +65,22 @@ class Composition : public Architecture {
     return acts_->head.logits;
   }
   const int64_t* class_offsets(int64_t layer) const override {
-    return acts_ ? acts_->moe[layer].offsets : nullptr;
+    return acts_ ? acts_->moe[layer].host_offsets.data() : nullptr;
   }
   void drop_activations() override { acts_.reset(); }
 
  protected:
   Composition(Compute& cx, Experts& experts) : cx_(cx), experts_(experts) {}
 
-  // The activations for shape s (allocated again when the shape changes), inputs copied in.
+  // The activations for shape s (allocated again when the shape changes), inputs and
+  // targets (host memory) checked and copied in.
   Acts& begin_forward(const int32_t* inputs, const int32_t* targets, BatchShape s) {
+    if (targets) check_targets(targets, s.rows(), cx_.config.vocab_size);
     if (!acts_ || !(acts_->shape == s))
       acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel());
-    std::copy(inputs, inputs + s.rows(), acts_->inputs);
+    const int64_t bytes = s.rows() * static_cast<int64_t>(sizeof(int32_t));
+    cx_.ops.from_host(acts_->inputs, inputs, bytes);
+    if (targets) cx_.ops.from_host(acts_->targets, targets, bytes);
     acts_->has_targets = targets != nullptr;
     return *acts_;
   }

@@ -79,14 +79,14 @@ void rope_rows(Compute& cx, float* x, int64_t heads, BatchShape s, bool inverse)
   const ModelConfig& c = cx.config;
   const ContextParallel* cp = cx.context_parallel;
   if (!cp) {
-    ops::rope_apply(x, s.batch, s.seq, heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
+    cx.ops.rope_apply(x, s.batch, s.seq, heads, c.head_dim, c.rotary_dim(), 0, c.rope_theta,
                     inverse);
     return;
   }
   const int64_t tc = s.chunk(), row = heads * c.head_dim;
   for (int64_t b = 0; b < s.batch; ++b)
     for (int slot = 0; slot < 2; ++slot)
-      ops::rope_apply(x + (b * s.seq + slot * tc) * row, 1, tc, heads, c.head_dim,
+      cx.ops.rope_apply(x + (b * s.seq + slot * tc) * row, 1, tc, heads, c.head_dim,
                       c.rotary_dim(), cp->chunk(slot) * tc, c.rope_theta, inverse);
 }
 
@@ -98,8 +98,8 @@ void qk_norm_forward(Compute& cx, const AttentionWeights& w, int64_t n, const fl
   const ModelConfig& c = cx.config;
   const int64_t wq = c.q_norm_width(), wk = c.k_norm_width();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  ops::rmsnorm_forward(q_out, q_rstd, q_in, cx.p(w.q_norm), n * c.q_dim() / wq, wq, eps);
-  ops::rmsnorm_forward(k_out, k_rstd, k_in, cx.p(w.k_norm), n * c.kv_dim() / wk, wk, eps);
+  cx.ops.rmsnorm_forward(q_out, q_rstd, q_in, cx.p(w.q_norm), n * c.q_dim() / wq, wq, eps);
+  cx.ops.rmsnorm_forward(k_out, k_rstd, k_in, cx.p(w.k_norm), n * c.kv_dim() / wk, wk, eps);
 }
 
 // From the gradients after the norms (g.dq, g.dk) to those before them (g.dq_raw, g.dk_raw,
@@ -109,11 +109,11 @@ void qk_norm_backward(Compute& cx, const AttentionWeights& w, const AttentionAct
   const ModelConfig& c = cx.config;
   const int64_t wq = c.q_norm_width(), wk = c.k_norm_width();
   const int64_t q_rows = n * c.q_dim() / wq, k_rows = n * c.kv_dim() / wk;
-  std::fill(g.dq_raw, g.dq_raw + n * c.q_dim(), 0.0f);
-  std::fill(g.dk_raw, g.dk_raw + n * c.kv_dim(), 0.0f);
-  ops::rmsnorm_backward(g.dq_raw, cx.g(w.q_norm), g.dq, a.q_raw, cx.p(w.q_norm), a.q_rstd,
+  cx.ops.fill(g.dq_raw, n * c.q_dim(), 0.0f);
+  cx.ops.fill(g.dk_raw, n * c.kv_dim(), 0.0f);
+  cx.ops.rmsnorm_backward(g.dq_raw, cx.g(w.q_norm), g.dq, a.q_raw, cx.p(w.q_norm), a.q_rstd,
                         q_rows, wq);
-  ops::rmsnorm_backward(g.dk_raw, cx.g(w.k_norm), g.dk, a.k_raw, cx.p(w.k_norm), a.k_rstd,
+  cx.ops.rmsnorm_backward(g.dk_raw, cx.g(w.k_norm), g.dk, a.k_raw, cx.p(w.k_norm), a.k_rstd,
                         k_rows, wk);
 }
 
@@ -138,7 +138,7 @@ void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, flo
   ContextParallel* cp = cx.context_parallel;
   if (!cp) {
     auto t = cx.time("attention");
-    ops::attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
+    cx.ops.attention_forward(att, lse, q, k, v, attention_shape(c, s), cx.precision);
     return;
   }
   // Slot 0's queries read only the chunks all ranks hold in slot 0 (0 … C−1): they attend
@@ -170,7 +170,7 @@ void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const
   ContextParallel* cp = cx.context_parallel;
   if (!cp) {
     auto t = cx.time("attention");
-    ops::attention_backward(dq, dk, dv, datt, att, lse, q, k, v, attention_shape(c, s),
+    cx.ops.attention_backward(dq, dk, dv, datt, att, lse, q, k, v, attention_shape(c, s),
                             cx.precision);
   } else {
     // Slot 1 first: the slot-1 chunks' key gradients (C … 2C−1) are then complete, since the
@@ -206,14 +206,14 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
   const bool qk_norm = w.q_norm >= 0;
   {
     auto t = cx.time("rmsnorm");
-    ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
+    cx.ops.rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
   }
   {
     auto t = cx.time("attn_qkv_gemm");
     const void* n = cx.input(a.n, N * C, 2);
-    gemm(n, false, cx.weight(w.q), true, qk_norm ? a.q_raw : a.q, N, QD, C, cx.precision);
-    gemm(n, false, cx.weight(w.k), true, qk_norm ? a.k_raw : a.k, N, KVD, C, cx.precision);
-    gemm(n, false, cx.weight(w.v), true, a.v, N, KVD, C, cx.precision);
+    cx.ops.gemm(n, false, cx.weight(w.q), true, qk_norm ? a.q_raw : a.q, N, QD, C, cx.precision);
+    cx.ops.gemm(n, false, cx.weight(w.k), true, qk_norm ? a.k_raw : a.k, N, KVD, C, cx.precision);
+    cx.ops.gemm(n, false, cx.weight(w.v), true, a.v, N, KVD, C, cx.precision);
   }
   if (qk_norm) {
     auto t = cx.time("qk_norm");
@@ -221,7 +221,7 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
   }
   rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
   auto t = cx.time("attn_out_gemm");
-  std::memcpy(out, x, N * C * sizeof(float));
+  cx.ops.copy(out, x, N * C * sizeof(float));
   cx.linear_forward(out, a.att, w.o, N, C, QD, 0, /*accumulate=*/true);
 }
 
@@ -247,7 +247,7 @@ void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionA
     cx.projections_backward(g.dn, a.n, N, C, {{dq, w.q, QD}, {dk, w.k, KVD}, {g.dv, w.v, KVD}});
   }
   auto t = cx.time("rmsnorm");
-  ops::rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
+  cx.ops.rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
 void DecodeCaches::take(Arena& arena, const ModelConfig& c, int64_t len, int64_t b) {
@@ -278,14 +278,14 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
   const int64_t B = cache.batch, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim();
   const int64_t D = c.head_dim;
   float *kc = s.k, *vc = s.v;
-  ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
+  cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.q, s.n, w.q, B, QD, C);
   cx.linear_forward(kc, s.n, w.k, B, KVD, C);
   cx.linear_forward(vc, s.n, w.v, B, KVD, C);
   if (w.q_norm >= 0)
     qk_norm_forward(cx, w, B, s.q, kc, s.q, kc, s.qk_rstd, s.qk_rstd);
-  ops::rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  ops::rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
+  cx.ops.rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
+  cx.ops.rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
   ops::decode_kv_store(cache, pos, kc, vc);
   ops::attention_decode(s.att, s.scores, s.q, cache, pos + 1, c.n_heads);
   cx.linear_forward(h, s.att, w.o, B, C, QD);

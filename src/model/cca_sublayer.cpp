@@ -18,7 +18,7 @@ namespace {
 void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
                           int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  ops::cca_grouped_conv_forward_gemm(z, y, cx.p(w.w1), cx.p(w.b1), b, t,
+  cx.ops.cca_grouped_conv_forward(z, y, cx.p(w.w1), cx.p(w.b1), b, t,
                                      c.n_heads + c.n_kv_heads, c.head_dim, c.cca_kernel_grouped,
                                      cx.precision);
 }
@@ -26,7 +26,7 @@ void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, cons
 void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, const float* dz,
                            const float* y, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  ops::cca_grouped_conv_backward_gemm(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
+  cx.ops.cca_grouped_conv_backward(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
                                       c.n_heads + c.n_kv_heads, c.head_dim,
                                       c.cca_kernel_grouped, cx.precision);
 }
@@ -82,7 +82,7 @@ void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a,
     std::copy_n(g.halos + bs * e.halo * e.width, e.halo * e.width, e.halo_rows(a.c_ext, bs));
     std::copy_n(a.c + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(a.c_ext, bs));
   }
-  ops::cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
+  cx.ops.cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
                                   e.length(), e.width, c.cca_kernel_depthwise);
   zero_halo_before_chunk0(a.y_ext, e, cp);
   grouped_conv_forward(cx, w, g.ext_a, a.y_ext, e.sequences, e.length());
@@ -109,7 +109,7 @@ void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaA
     zero_halo_before_chunk0(g.ext_b, e, cp);
     float* dc_ext = g.ext_a;
     std::fill_n(dc_ext, e.count(), 0.0f);
-    ops::cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext,
+    cx.ops.cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext,
                                      cx.p(w.w0), e.sequences, e.length(), e.width,
                                      c.cca_kernel_depthwise);
     for (int64_t bs = 0; bs < e.sequences; ++bs) {
@@ -216,28 +216,28 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Cc = QD + KVD;
   {
     auto t = cx.time("rmsnorm");
-    ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
+    cx.ops.rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
   }
   {
     auto t = cx.time("attn_qkv_gemm");
     const void* n = cx.input(a.n, N * C, 2);
-    gemm(n, false, cx.weight(w.wqk), true, a.c, N, Cc, C, cx.precision);
-    gemm(n, false, cx.weight(w.wv), true, a.v, N, KVD, C, cx.precision);
+    cx.ops.gemm(n, false, cx.weight(w.wqk), true, a.c, N, Cc, C, cx.precision);
+    cx.ops.gemm(n, false, cx.weight(w.wv), true, a.v, N, KVD, C, cx.precision);
   }
   if (cx.context_parallel) {
     conv_forward_context_parallel(cx, w, a, g, s);
   } else {
     auto t = cx.time("cca_conv");
-    ops::cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
+    cx.ops.cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
                                     c.cca_kernel_depthwise);
     grouped_conv_forward(cx, w, a.qk, a.y, B, T);
   }
   {
     auto t = cx.time("cca_conv");
-    ops::cca_means_forward(a.qk, a.c, N, Hq, Hk, d);
-    ops::cca_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, cx.p(w.temp), N, Hq, Hk, d, kQkNormEps);
+    cx.ops.cca_means_forward(a.qk, a.c, N, Hq, Hk, d);
+    cx.ops.cca_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, cx.p(w.temp), N, Hq, Hk, d, kQkNormEps);
     if (!cx.context_parallel)
-      ops::cca_value_shift_inplace_forward(a.v, static_cast<float*>(nullptr), B, T, KVD / 2);
+      cx.ops.cca_value_shift_forward(a.v, B, T, KVD / 2);
   }
   if (cx.context_parallel) value_shift_forward_context_parallel(cx, a.v, g, s);
   rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
@@ -260,16 +260,16 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
   if (cx.context_parallel) value_shift_backward_context_parallel(cx, ga.dv, g, s);
   {
     auto t = cx.time("cca_conv");
-    if (!cx.context_parallel) ops::cca_value_shift_inplace_backward(ga.dv, B, T, KVD / 2);
-    std::memset(g.dqk, 0, N * Cc * sizeof(float));
-    ops::cca_qk_norm_backward(g.dqk, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm, cx.p(w.temp), N,
+    if (!cx.context_parallel) cx.ops.cca_value_shift_backward(ga.dv, B, T, KVD / 2);
+    cx.ops.zero(g.dqk, N * Cc * sizeof(float));
+    cx.ops.cca_qk_norm_backward(g.dqk, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm, cx.p(w.temp), N,
                               Hq, Hk, d);
-    std::memset(g.dc, 0, N * Cc * sizeof(float));
-    ops::cca_means_backward(g.dc, g.dqk, N, Hq, Hk, d);
+    cx.ops.zero(g.dc, N * Cc * sizeof(float));
+    cx.ops.cca_means_backward(g.dc, g.dqk, N, Hq, Hk, d);
     if (!cx.context_parallel) {
-      std::memset(g.dy, 0, N * Cc * sizeof(float));
+      cx.ops.zero(g.dy, N * Cc * sizeof(float));
       grouped_conv_backward(cx, w, g.dy, g.dqk, a.y, B, T);
-      ops::cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
+      cx.ops.cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
                                        Cc, c.cca_kernel_depthwise);
     }
   }
@@ -279,7 +279,7 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     cx.projections_backward(ga.dn, a.n, N, C, {{g.dc, w.wqk, Cc}, {ga.dv, w.wv, KVD}});
   }
   auto t = cx.time("rmsnorm");
-  ops::rmsnorm_backward(dx, cx.g(w.norm), ga.dn, x, cx.p(w.norm), a.rstd, N, C);
+  cx.ops.rmsnorm_backward(dx, cx.g(w.norm), ga.dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
@@ -289,13 +289,13 @@ void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& st
   const int64_t B = state.batch, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
   const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim(), rot = c.rotary_dim();
   float *kc = s.k, *vc = s.v;
-  ops::rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
+  cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
   ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1));
-  ops::cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
-  ops::cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
-  ops::rope_apply(s.q, B, 1, Hq, d, rot, pos, c.rope_theta, false);
-  ops::rope_apply(kc, B, 1, Hk, d, rot, pos, c.rope_theta, false);
+  cx.ops.cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
+  cx.ops.cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
+  cx.ops.rope_apply(s.q, B, 1, Hq, d, rot, pos, c.rope_theta, false);
+  cx.ops.rope_apply(kc, B, 1, Hk, d, rot, pos, c.rope_theta, false);
   cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
   ops::cca_value_shift_decode(vc, state);
   ops::decode_kv_store(cache, pos, kc, vc);

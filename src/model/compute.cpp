@@ -14,14 +14,14 @@ const void* Compute::input(const float* x, int64_t n, int slot) {
 const void* Compute::input(const float* x, int64_t n, std::vector<bf16>& keep) const {
   if (precision == DType::f32) return x;
   if (static_cast<int64_t>(keep.size()) < n) keep.resize(n);
-  convert_to_bf16(x, keep.data(), n);
+  ops.to_bf16(keep.data(), x, n);
   return keep.data();
 }
 
 void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n,
                              int64_t out, int64_t in, int slot, bool accumulate) {
-  gemm(input(x, n * in, slot), false, weight(weight_offset), true, y, n, out, in, precision,
-       accumulate);
+  ops.gemm(input(x, n * in, slot), false, weight(weight_offset), true, y, n, out, in, precision,
+           accumulate);
 }
 
 void Compute::linear_backward(float* dx, const float* dy, const float* x, int64_t weight_offset,
@@ -33,12 +33,10 @@ void Compute::linear_backward(float* dx, const void* dy_in, int64_t dy_ld, const
                               int64_t weight_offset, int64_t n, int64_t out, int64_t in,
                               bool accumulate_dx) {
   if (dx)
-    matmul(MatView::rows_major(dy_in, precision, n, out, dy_ld),
-           MatView::rows_major(weight(weight_offset), precision, out, in),
-           OutView::rows_major(dx, n, in), accumulate_dx);
-  matmul(MatView::transposed(dy_in, precision, out, n, dy_ld),
-         MatView::rows_major(input(x, n * in, 1), precision, n, in),
-         OutView::rows_major(g(weight_offset), out, in), /*accumulate=*/true);
+    ops.gemm(dy_in, false, weight(weight_offset), false, dx, n, in, out, precision,
+             accumulate_dx, dy_ld);
+  ops.gemm(dy_in, true, input(x, n * in, 1), false, g(weight_offset), out, in, n, precision,
+           /*accumulate=*/true, dy_ld);
 }
 
 void Compute::projections_backward(float* dx, const float* x, int64_t n, int64_t in,
@@ -47,8 +45,9 @@ void Compute::projections_backward(float* dx, const float* x, int64_t n, int64_t
   bool accumulate = false;
   for (const Projection& p : projections) {
     const void* dy_in = input(p.dy, n * p.out, 0);
-    gemm(dy_in, false, weight(p.weight), false, dx, n, in, p.out, precision, accumulate);
-    gemm(dy_in, true, x_in, false, g(p.weight), p.out, in, n, precision, /*accumulate=*/true);
+    ops.gemm(dy_in, false, weight(p.weight), false, dx, n, in, p.out, precision, accumulate);
+    ops.gemm(dy_in, true, x_in, false, g(p.weight), p.out, in, n, precision,
+             /*accumulate=*/true);
     accumulate = true;
   }
 }

@@ -1,6 +1,7 @@
-// What every sublayer computes with (internal to model/): the config, the parameter and
-// gradient slabs with the bf16 GEMM copies, the op timers, the hook that reports finished
-// gradients, and the bf16 conversion scratch. Model owns one; the sublayer functions
+// What every sublayer computes with (internal to model/): the config, the backend that runs
+// the arithmetic (kernels/backend.h: every kernel call, product, fill and copy of a sublayer
+// goes through `ops`), the parameter and gradient slabs with the bf16 GEMM copies, the op
+// timers, the hook that reports finished gradients, and the bf16 conversion scratch. Model owns one; the sublayer functions
 // (attention.h, cca_sublayer.h, moe_sublayer.h, routers.h, lm_head.h) take it by reference.
 #pragma once
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 #include "base/bf16.h"
 #include "base/timer.h"
+#include "kernels/backend.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 
@@ -31,14 +33,15 @@ struct BatchShape {
 
 class Compute {
  public:
-  Compute(const ModelConfig& config, DType precision, float* params, float* grads,
-          const bf16* params_bf16, OpTimes* times,
+  Compute(const ModelConfig& config, DType precision, Backend& backend, float* params,
+          float* grads, const bf16* params_bf16, OpTimes* times,
           const std::function<void(int64_t)>* gradients_final)
-      : config(config), precision(precision), params_(params), grads_(grads),
+      : config(config), precision(precision), ops(backend), params_(params), grads_(grads),
         params_bf16_(params_bf16), times_(times), gradients_final_(gradients_final) {}
 
   const ModelConfig& config;
   const DType precision;
+  Backend& ops;
   // The context-parallel group, or null (Model::set_context_parallel).
   ContextParallel* context_parallel = nullptr;
 

@@ -52,8 +52,8 @@ bool Experts::writes_whole_gradient(const ParamInfo& p) const {
   return !ep_ || ep_->sharding.owner(p) == ep_->group->rank();
 }
 
-void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, float* h,
-                      float* act, float* ys, const ExpertWeights& w) {
+void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, float* h, float* act,
+                      float* ys, const ExpertWeights& w) {
   if (!ep_)
     return local_forward(offsets, cx_.config.n_experts, xs, h, act, ys, w.w13, w.w2,
                          &xs_gemm_[layer]);
@@ -97,9 +97,9 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
     s.dact.resize(L * F);
     b.exchange.dispatch(dys, s.dys.data(), C, s.wire);
   }
-  local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(),
-                 b.xs.data(), b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(), s.dact.data(),
-                 s.local(w.w13), s.local(w.w2), &xs_gemm_[layer]);
+  local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(), b.xs.data(),
+                 b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(), s.dact.data(), s.local(w.w13),
+                 s.local(w.w2), &xs_gemm_[layer]);
   {
     auto t = cx_.time("ep_combine");
     b.exchange.combine(s.dxs.data(), dxs, C, s.wire);
@@ -129,30 +129,30 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
   {
     auto t = cx_.time("expert_up_gemm");
     // Kept for the backward's weight gradient when the caller gives a buffer.
-    const char* xs_g = static_cast<const char*>(
-        xs_gemm ? cx_.input(xs, rows_all * C, *xs_gemm) : cx_.input(xs, rows_all * C, 0));
-    run_products(costs, [&](int64_t e) {
+    const char* xs_g = static_cast<const char*>(xs_gemm ? cx_.input(xs, rows_all * C, *xs_gemm)
+                                                        : cx_.input(xs, rows_all * C, 0));
+    cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) return;
-      gemm(xs_g + offsets[e] * C * elem, false, cx_.weight(w13[e]), true, h + offsets[e] * 2 * F,
-           rows, 2 * F, C, dt);
+      cx_.ops.gemm(xs_g + offsets[e] * C * elem, false, cx_.weight(w13[e]), true,
+                   h + offsets[e] * 2 * F, rows, 2 * F, C, dt);
     });
   }
   {
     auto t = cx_.time("swiglu");
     if (dt == DType::bf16)
-      ops::swiglu_forward_bf16(reinterpret_cast<bf16*>(act), h, rows_all, F);
+      cx_.ops.swiglu_forward_bf16(reinterpret_cast<bf16*>(act), h, rows_all, F);
     else
-      ops::swiglu_forward(act, h, rows_all, F);
+      cx_.ops.swiglu_forward(act, h, rows_all, F);
   }
   {
     auto t = cx_.time("expert_down_gemm");
     const char* act_g = reinterpret_cast<const char*>(act);  // already in the GEMM dtype
-    run_products(costs, [&](int64_t e) {
+    cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) return;
-      gemm(act_g + offsets[e] * F * elem, false, cx_.weight(w2[e]), true, ys + offsets[e] * C,
-           rows, C, F, dt);
+      cx_.ops.gemm(act_g + offsets[e] * F * elem, false, cx_.weight(w2[e]), true,
+                   ys + offsets[e] * C, rows, C, F, dt);
     });
   }
 }
@@ -169,38 +169,40 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     auto t = cx_.time("expert_down_gemm");
     const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
     const char* act_g = reinterpret_cast<const char*>(act);
-    run_products(costs, [&](int64_t e) {
+    cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
-        std::fill_n(cx_.g(w2[e]), C * F, 0.0f);
+        cx_.ops.fill(cx_.g(w2[e]), C * F, 0.0f);
         return;
       }
       const char* dys_e = dys_g + offsets[e] * C * elem;
-      gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
-      gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt);
+      cx_.ops.gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
+      cx_.ops.gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt);
     });
   }
   {
     auto t = cx_.time("swiglu");
     if (dt == DType::bf16)
-      ops::swiglu_backward_bf16(reinterpret_cast<bf16*>(dh), dact, h, rows_all, F);
+      cx_.ops.swiglu_backward_bf16(reinterpret_cast<bf16*>(dh), dact, h, rows_all, F);
     else
-      ops::swiglu_backward(dh, dact, h, rows_all, F);
+      cx_.ops.swiglu_backward(dh, dact, h, rows_all, F);
   }
   {
     auto t = cx_.time("expert_up_gemm");
     const char* dh_g = reinterpret_cast<const char*>(dh);  // already in the GEMM dtype
     const char* xs_g = static_cast<const char*>(
         dt == DType::bf16 && xs_gemm ? xs_gemm->data() : cx_.input(xs, rows_all * C, 1));
-    run_products(costs, [&](int64_t e) {
+    cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
-        std::fill_n(cx_.g(w13[e]), 2 * F * C, 0.0f);
+        cx_.ops.fill(cx_.g(w13[e]), 2 * F * C, 0.0f);
         return;
       }
       const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
-      gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F, dt);
-      gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows, dt);
+      cx_.ops.gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F,
+                   dt);
+      cx_.ops.gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows,
+                   dt);
     });
   }
 }

@@ -21,6 +21,14 @@ void LmHeadActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   rstd = arena.take<float>(N);
   logits = arena.take<float>(N * c.padded_vocab());
   losses = arena.take<float>(N);
+  mean_loss = arena.take<double>(1);
+}
+
+void check_targets(const int32_t* targets, int64_t n, int64_t vocab_size) {
+  for (int64_t i = 0; i < n; ++i)
+    if (targets[i] < 0 || targets[i] >= vocab_size)
+      fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
+                       targets[i], i, vocab_size));
 }
 
 double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const float* x,
@@ -29,7 +37,7 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
   const int64_t C = c.d_model, Vp = c.padded_vocab();
   {
     auto t = cx.time("rmsnorm");
-    ops::rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
+    cx.ops.rmsnorm_forward(a.n, a.rstd, x, cx.p(w.norm), N, C, static_cast<float>(c.rms_norm_eps));
   }
   {
     auto t = cx.time("lm_head_gemm");
@@ -37,17 +45,18 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
   }
   if (!targets) return 0;
   auto t = cx.time("cross_entropy");
-  for (int64_t i = 0; i < N; ++i)
-    if (targets[i] < 0 || targets[i] >= c.vocab_size)
-      fail(fmt::format("target token id {} at position {} is outside the vocabulary [0, {})",
-                       targets[i], i, c.vocab_size));
   // dlogits overwrite the logits in place: backward needs only the gradient. In bf16 they are
   // written as the backward GEMMs' input, with no float copy between.
   const float scale = 1.0f / static_cast<float>(N);
   if (cx.precision == DType::bf16)
-    return ops::cross_entropy(reinterpret_cast<bf16*>(a.logits), 2 * Vp, a.losses, a.logits,
-                              targets, N, c.vocab_size, Vp, scale);
-  return ops::cross_entropy(a.logits, a.losses, a.logits, targets, N, c.vocab_size, Vp, scale);
+    cx.ops.cross_entropy_bf16(reinterpret_cast<bf16*>(a.logits), 2 * Vp, a.losses, a.mean_loss,
+                              a.logits, targets, N, c.vocab_size, Vp, scale);
+  else
+    cx.ops.cross_entropy(a.logits, a.losses, a.mean_loss, a.logits, targets, N, c.vocab_size, Vp,
+                         scale);
+  double loss = 0;
+  cx.ops.to_host(&loss, a.mean_loss, sizeof(double));
+  return loss;
 }
 
 void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, const float* x,
@@ -61,15 +70,15 @@ void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, 
     cx.linear_backward(dn, a.logits, ld, a.n, w.embed, N, Vp, C, false);
   }
   auto t = cx.time("rmsnorm");
-  std::memset(dx, 0, N * C * sizeof(float));
-  ops::rmsnorm_backward(dx, cx.g(w.norm), dn, x, cx.p(w.norm), a.rstd, N, C);
+  cx.ops.zero(dx, N * C * sizeof(float));
+  cx.ops.rmsnorm_backward(dx, cx.g(w.norm), dn, x, cx.p(w.norm), a.rstd, N, C);
 }
 
 void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, int64_t batch,
                     float* n, float* rstd, float* logits) {
   const ModelConfig& c = cx.config;
   const int64_t Vp = c.padded_vocab();
-  ops::rmsnorm_forward(n, rstd, x, cx.p(w.norm), batch, c.d_model,
+  cx.ops.rmsnorm_forward(n, rstd, x, cx.p(w.norm), batch, c.d_model,
                        static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(logits, n, w.embed, batch, Vp, c.d_model);
   for (int64_t b = 0; b < batch; ++b)

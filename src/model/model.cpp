@@ -14,15 +14,16 @@
 #include "model/experts.h"
 
 namespace foundry {
-Model::Model(const ModelConfig& config, DType precision)
+Model::Model(const ModelConfig& config, DType precision, Backend& backend)
     : config_(config), table_(config), precision_(precision) {
   params_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
   grads_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
   if (precision_ == DType::bf16)
     params_bf16_ = PageSlab<bf16>(static_cast<size_t>(table_.total_elements()));
   reset_balancers();
-  compute_ = std::make_unique<Compute>(config_, precision_, params_.data(), grads_.data(),
-                                       params_bf16_.data(), &op_times_, &gradients_final_);
+  compute_ = std::make_unique<Compute>(config_, precision_, backend, params_.data(),
+                                       grads_.data(), params_bf16_.data(), &op_times_,
+                                       &gradients_final_);
   compute_->set_progress(&progress_);
   experts_ = std::make_unique<Experts>(*compute_, config_.n_layers);
   const ArchitectureParts parts{*compute_,  *experts_,     table_,

@@ -24,6 +24,7 @@
 #include "base/page_slab.h"
 #include "base/slab_range.h"
 #include "base/timer.h"
+#include "kernels/cpu_backend.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
 #include "model/config.h"
@@ -75,7 +76,9 @@ std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const
 
 class Model {
  public:
-  Model(const ModelConfig& config, DType precision);
+  // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). A backend
+  // without host memory (a GPU) is for one process: no expert or context parallelism.
+  Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend());
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;

@@ -9,6 +9,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "base/arena.h"
 #include "model/compute.h"
@@ -28,6 +29,7 @@ struct MoeActs {
   int32_t* choice;           // [N, K]      the router's classes
   float* gate;               // [N, K]      and their weights
   int64_t* offsets;          // [S + 1]     rows of class j: [offsets[j], offsets[j+1])
+  std::vector<int64_t> host_offsets;  // the same on the host: they size the experts' GEMMs
   int32_t* slot_token;       // [N·K]       the token of each sorted row
   int32_t* assignment_slot;  // [N·K]       the sorted row of each (token, choice)
   float* xs;                 // [N·K, C]    n, one row per (token, choice), sorted by class

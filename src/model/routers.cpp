@@ -16,36 +16,51 @@ namespace foundry {
 void StandardRouterActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   probs = arena.take<float>(s.rows() * c.n_experts);
   shares = arena.take<double>(c.n_experts);
+  counts = arena.take<int64_t>(c.n_experts);
 }
 
 void StandardRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   logits = arena.take<float>(s.rows() * c.n_experts);
 }
 
-double standard_router_forward(Compute& cx, int64_t weight, StandardRouterActs& r,
-                               StandardRouterScratch& scratch, MoeActs& moe, BatchShape s,
-                               const Communicator* dp_group) {
+namespace {
+
+// r.shares = the experts' shares f_e of the global batch's N·K choices: exact integer counts
+// summed over the data-parallel ranks (on the host: one small all-reduce).
+void global_shares(Compute& cx, StandardRouterActs& r, const MoeActs& moe, int64_t N,
+                   const Communicator& dp_group) {
+  const int64_t E = cx.config.n_experts, K = cx.config.top_k;
+  std::vector<int64_t> counts(E + 1);
+  cx.ops.class_counts(r.counts, moe.choice, N, K, E);
+  cx.ops.to_host(counts.data(), r.counts, E * sizeof(int64_t));
+  counts[E] = N * K;
+  dp_group.allreduce(counts.data(), counts.data(), counts.size());
+  std::vector<double> shares(E);
+  for (int64_t j = 0; j < E; ++j)
+    shares[j] = static_cast<double>(counts[j]) / static_cast<double>(counts[E]);
+  cx.ops.from_host(r.shares, shares.data(), E * sizeof(double));
+}
+
+}  // namespace
+
+void standard_router_forward(Compute& cx, int64_t weight, StandardRouterActs& r,
+                             StandardRouterScratch& scratch, MoeActs& moe, BatchShape s,
+                             const Communicator* dp_group, double* aux) {
   const ModelConfig& c = cx.config;
   const int64_t N = s.rows(), C = c.d_model, E = c.n_experts, K = c.top_k;
-  r.global_shares = false;
   if (E == 1) {
-    std::fill(moe.choice, moe.choice + N * K, 0);
-    std::fill(moe.gate, moe.gate + N * K, 1.0f);
-    return 0;
+    cx.ops.fill(moe.choice, N * K, 0);
+    cx.ops.fill(moe.gate, N * K, 1.0f);
+    return;
   }
-  gemm(moe.n, false, cx.p(weight), true, scratch.logits, N, E, C, DType::f32);
-  ops::router_forward(r.probs, moe.choice, moe.gate, scratch.logits, N, E, K, c.norm_topk_prob);
-  if (dp_group) {
-    // The shares over the global batch: exact integer counts summed over the ranks.
-    std::vector<int64_t> counts = ops::expert_counts(moe.choice, N, E, K);
-    counts.push_back(N * K);
-    dp_group->allreduce(counts.data(), counts.data(), counts.size());
-    for (int64_t j = 0; j < E; ++j)
-      r.shares[j] = static_cast<double>(counts[j]) / static_cast<double>(counts[E]);
-    r.global_shares = true;
-  }
-  return ops::router_aux_loss(r.probs, moe.choice, N, E, K,
-                              r.global_shares ? r.shares : nullptr);
+  cx.ops.gemm(moe.n, false, cx.p(weight), true, scratch.logits, N, E, C, DType::f32);
+  cx.ops.router_forward(r.probs, moe.choice, moe.gate, scratch.logits, N, E, K,
+                        c.norm_topk_prob);
+  if (dp_group)
+    global_shares(cx, r, moe, N, *dp_group);
+  else
+    cx.ops.expert_fractions(r.shares, moe.choice, N, E, K);
+  cx.ops.router_aux_loss(aux, r.probs, r.shares, N, E);
 }
 
 void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterActs& r,
@@ -55,10 +70,10 @@ void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterA
   const int64_t N = s.rows(), C = c.d_model, E = c.n_experts, K = c.top_k;
   if (E == 1) return;
   float* dlogits = scratch.logits;
-  ops::router_backward(dlogits, dgate, r.probs, moe.choice, moe.gate, N, E, K, c.norm_topk_prob,
-                       aux_coef, r.global_shares ? r.shares : nullptr);
-  gemm(dlogits, false, cx.p(weight), false, dn, N, C, E, DType::f32, true);
-  gemm(dlogits, true, moe.n, false, cx.g(weight), E, C, N, DType::f32, true);
+  cx.ops.router_backward(dlogits, dgate, r.probs, moe.choice, moe.gate, N, E, K,
+                         c.norm_topk_prob, aux_coef, r.shares);
+  cx.ops.gemm(dlogits, false, cx.p(weight), false, dn, N, C, E, DType::f32, true);
+  cx.ops.gemm(dlogits, true, moe.n, false, cx.g(weight), E, C, N, DType::f32, true);
 }
 
 void standard_router_decode(Compute& cx, int64_t weight, const float* n, int64_t batch,
@@ -71,7 +86,7 @@ void standard_router_decode(Compute& cx, int64_t weight, const float* n, int64_t
     return;
   }
   gemm(n, false, cx.p(weight), true, logits, batch, E, c.d_model, DType::f32);
-  ops::router_forward(probs, choice, gate, logits, batch, E, K, c.norm_topk_prob);
+  cx.ops.router_forward(probs, choice, gate, logits, batch, E, K, c.norm_topk_prob);
 }
 
 // ---- ZAYA1 -------------------------------------------------------------------------------------
@@ -97,6 +112,9 @@ void ZayaRouterActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   rstd = arena.take<float>(N);
   for (float** p : {&a1, &g1, &a2, &g2}) *p = arena.take<float>(N * R);
   probs = arena.take<float>(N * c.router_classes());
+  bias = arena.take<float>(c.router_classes());
+  counts = arena.take<int64_t>(c.router_classes());
+  near = arena.take<int64_t>(c.router_classes());
 }
 
 void ZayaRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
@@ -105,8 +123,8 @@ void ZayaRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   for (float** p : {&dg, &da, &dr, &dr_prev}) *p = arena.take<float>(N * R);
 }
 
-void ZayaRouterScratch::begin_backward(const ModelConfig& c, BatchShape s) {
-  std::memset(dr, 0, s.rows() * c.router_latent_dim * sizeof(float));
+void ZayaRouterScratch::begin_backward(Backend& ops, const ModelConfig& c, BatchShape s) {
+  ops.zero(dr, s.rows() * c.router_latent_dim * sizeof(float));
 }
 
 namespace {
@@ -125,35 +143,37 @@ void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
   // The GEMMs run in the training precision like every linear layer; the logits' product and
   // the softmax stay fp32.
   cx.linear_forward(r, n, w.down_w, N, R, C);
-  ops::bias_add_forward(r, cx.p(w.down_b), N, R);
-  if (w.gamma >= 0) ops::eda_forward(r, r_prev, cx.p(w.gamma), N, R);
-  ops::rmsnorm_forward(u, rstd, r, cx.p(w.norm), N, R, static_cast<float>(c.rms_norm_eps));
+  cx.ops.bias_add_forward(r, cx.p(w.down_b), N, R);
+  if (w.gamma >= 0) cx.ops.eda_forward(r, r_prev, cx.p(w.gamma), N, R);
+  cx.ops.rmsnorm_forward(u, rstd, r, cx.p(w.norm), N, R, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(a1, u, w.fc1_w, N, R, R);
-  ops::bias_add_forward(a1, cx.p(w.fc1_b), N, R);
-  ops::gelu_forward(g1, a1, N, R);
+  cx.ops.bias_add_forward(a1, cx.p(w.fc1_b), N, R);
+  cx.ops.gelu_forward(g1, a1, N, R);
   cx.linear_forward(a2, g1, w.fc2_w, N, R, R);
-  ops::bias_add_forward(a2, cx.p(w.fc2_b), N, R);
-  ops::gelu_forward(g2, a2, N, R);
-  gemm(g2, false, cx.p(w.out_w), true, logits, N, S, R, DType::f32);
+  cx.ops.bias_add_forward(a2, cx.p(w.fc2_b), N, R);
+  cx.ops.gelu_forward(g2, a2, N, R);
+  cx.ops.gemm(g2, false, cx.p(w.out_w), true, logits, N, S, R, DType::f32);
 }
 
 }  // namespace
 
 void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
-                         ZayaRouterScratch& scratch, const float* r_prev,
+                         ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
                          const ops::ZayaBalancer& balancer, MoeActs& moe, BatchShape s,
                          int64_t* counts, int64_t* near) {
   const ModelConfig& c = cx.config;
-  const int64_t N = s.rows();
-  const float* bias = balancer.bias.data();
+  const int64_t N = s.rows(), S = c.router_classes();
   zaya_router_logits(cx, w, moe.n, r_prev, N, r.r, r.u, r.rstd, r.a1, r.g1, r.a2, r.g2,
                      scratch.logits);
-  ops::zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, bias_on(c), N,
-                           c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
-  ops::zaya_class_counts(counts, moe.choice, N, c.top_k, c.router_classes());
-  if (near)
-    ops::zaya_boundary_counts(near, r.probs, scratch.logits, bias, bias_on(c), moe.choice, N,
-                              c.router_classes(), c.top_k, balancer.options.window);
+  cx.ops.zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, bias_on(c), N,
+                             c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
+  cx.ops.class_counts(r.counts, moe.choice, N, c.top_k, S);
+  cx.ops.to_host(counts, r.counts, S * sizeof(int64_t));
+  if (near) {
+    cx.ops.zaya_boundary_counts(r.near, r.probs, scratch.logits, bias, bias_on(c), moe.choice, N,
+                                S, c.top_k, balancer.options.window);
+    cx.ops.to_host(near, r.near, S * sizeof(int64_t));
+  }
 }
 
 void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRouterActs& r,
@@ -162,26 +182,26 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
   const ModelConfig& c = cx.config;
   const int64_t N = s.rows(), C = c.d_model, R = c.router_latent_dim, S = c.router_classes();
   float* dlogits = sc.logits;
-  ops::zaya_gating_backward(dlogits, dgate, r.probs, moe.choice, N, c.n_experts, c.top_k,
+  cx.ops.zaya_gating_backward(dlogits, dgate, r.probs, moe.choice, N, c.n_experts, c.top_k,
                             c.router_skip_class, c.skip_passes_input);
   // logits = g2·W3ᵀ
-  gemm(dlogits, true, r.g2, false, cx.g(w.out_w), S, R, N, DType::f32, true);
-  gemm(dlogits, false, cx.p(w.out_w), false, sc.dg, N, R, S, DType::f32);
+  cx.ops.gemm(dlogits, true, r.g2, false, cx.g(w.out_w), S, R, N, DType::f32, true);
+  cx.ops.gemm(dlogits, false, cx.p(w.out_w), false, sc.dg, N, R, S, DType::f32);
   // a2 = g1·W2ᵀ + b2, g2 = gelu(a2)
-  ops::gelu_backward(sc.da, sc.dg, r.a2, N, R);
-  ops::bias_add_backward(cx.g(w.fc2_b), sc.da, N, R);
+  cx.ops.gelu_backward(sc.da, sc.dg, r.a2, N, R);
+  cx.ops.bias_add_backward(cx.g(w.fc2_b), sc.da, N, R);
   cx.linear_backward(sc.dg, sc.da, r.g1, w.fc2_w, N, R, R, /*accumulate_dx=*/false);
   // a1 = u·W1ᵀ + b1, g1 = gelu(a1)
-  ops::gelu_backward(sc.da, sc.dg, r.a1, N, R);
-  ops::bias_add_backward(cx.g(w.fc1_b), sc.da, N, R);
+  cx.ops.gelu_backward(sc.da, sc.dg, r.a1, N, R);
+  cx.ops.bias_add_backward(cx.g(w.fc1_b), sc.da, N, R);
   cx.linear_backward(sc.dg, sc.da, r.u, w.fc1_w, N, R, R, /*accumulate_dx=*/false);
   // u = rms(r): dr += (dr already holds the next MoE sublayer's EDA contribution)
-  ops::rmsnorm_backward(sc.dr, cx.g(w.norm), sc.dg, r.r, cx.p(w.norm), r.rstd, N, R);
+  cx.ops.rmsnorm_backward(sc.dr, cx.g(w.norm), sc.dg, r.r, cx.p(w.norm), r.rstd, N, R);
   // r = n·Wdownᵀ + b (+ γ ⊙ r_prev): the pre-EDA gradient is dr itself.
-  std::memset(sc.dr_prev, 0, N * R * sizeof(float));
+  cx.ops.zero(sc.dr_prev, N * R * sizeof(float));
   if (w.gamma >= 0)
-    ops::eda_backward(sc.dr_prev, cx.g(w.gamma), sc.dr, r_prev, cx.p(w.gamma), N, R);
-  ops::bias_add_backward(cx.g(w.down_b), sc.dr, N, R);
+    cx.ops.eda_backward(sc.dr_prev, cx.g(w.gamma), sc.dr, r_prev, cx.p(w.gamma), N, R);
+  cx.ops.bias_add_backward(cx.g(w.down_b), sc.dr, N, R);
   cx.linear_backward(dn, sc.dr, moe.n, w.down_w, N, R, C, /*accumulate_dx=*/true);
   std::swap(sc.dr, sc.dr_prev);
 }
@@ -191,7 +211,7 @@ void zaya_router_decode(Compute& cx, const ZayaRouterWeights& w, const float* n,
                         const ZayaRouterDecodeScratch& s, int32_t* choice, float* gate) {
   const ModelConfig& c = cx.config;
   zaya_router_logits(cx, w, n, r_prev, batch, r, s.u, s.rstd, s.a1, s.g1, s.a2, s.g2, s.logits);
-  ops::zaya_gating_forward(s.probs, choice, gate, s.logits, bias, bias_on(c), batch,
+  cx.ops.zaya_gating_forward(s.probs, choice, gate, s.logits, bias, bias_on(c), batch,
                            c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
 }
 

@@ -29,8 +29,9 @@ class Communicator;
 // ---- standard --------------------------------------------------------------------------------
 struct StandardRouterActs {
   float* probs;         // [N, E]
-  double* shares;       // [E] expert shares over the data-parallel batch
-  bool global_shares;   // whether the last forward used them (a data-parallel group was set)
+  double* shares;       // [E] the experts' shares f_e of the batch (of the data-parallel
+                        // group's batch when one is given)
+  int64_t* counts;      // [E] scratch: this rank's choices per expert
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 // Scratch shared by the layers: the logits in the forward, their gradient in the backward.
@@ -38,11 +39,12 @@ struct StandardRouterScratch {
   float* logits;  // [N, E]
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
-// `weight`: slab offset of Wr [E, C] (-1 when E = 1). Returns the layer's aux loss (0 when
-// E = 1). Collective over `dp_group` when it is not null (one small all-reduce).
-double standard_router_forward(Compute& cx, int64_t weight, StandardRouterActs& r,
-                               StandardRouterScratch& scratch, MoeActs& moe, BatchShape s,
-                               const Communicator* dp_group);
+// `weight`: slab offset of Wr [E, C] (-1 when E = 1). *aux (backend memory, written unless
+// E = 1): the layer's aux loss. Collective over `dp_group` when it is not null (one small
+// all-reduce of the counts, through the host).
+void standard_router_forward(Compute& cx, int64_t weight, StandardRouterActs& r,
+                             StandardRouterScratch& scratch, MoeActs& moe, BatchShape s,
+                             const Communicator* dp_group, double* aux);
 // dn [N, C] += from dgate; aux_coef: the aux loss's weight in the total loss (per layer).
 void standard_router_backward(Compute& cx, int64_t weight, const StandardRouterActs& r,
                               StandardRouterScratch& scratch, const MoeActs& moe, BatchShape s,
@@ -66,6 +68,8 @@ struct ZayaRouterActs {
   float* a2;     // [N, R]
   float* g2;     // [N, R]
   float* probs;  // [N, S]
+  float* bias;             // [S] the balancing bias this forward used
+  int64_t *counts, *near;  // [S] the class and boundary counts, before their copy to the host
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 // Scratch shared by the layers, and d r chained from one MoE sublayer's backward to the
@@ -75,13 +79,14 @@ struct ZayaRouterScratch {
   float *dg, *da;  // [N, R]
   float *dr, *dr_prev;  // [N, R]: d r of the sublayer being differentiated, and of the one before
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
-  void begin_backward(const ModelConfig& c, BatchShape s);  // zeroes the chained d r
+  void begin_backward(Backend& ops, const ModelConfig& c, BatchShape s);  // zeroes d r
 };
-// r_prev: the previous MoE sublayer's r (null in the first). balancer: the sublayer's
-// balancing bias [S] and rule. counts [S] (written): rows per class; near [S] (written
-// unless null): the boundary counts (ops::zaya_boundary_counts) of the newton rule.
+// r_prev: the previous MoE sublayer's r (null in the first). bias [S]: the sublayer's
+// balancing bias (backend memory), balancer: its rule. counts [S] (host, written): rows per
+// class; near [S] (host, written unless null): the boundary counts
+// (ops::zaya_boundary_counts) of the newton rule.
 void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
-                         ZayaRouterScratch& scratch, const float* r_prev,
+                         ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
                          const ops::ZayaBalancer& balancer, MoeActs& moe, BatchShape s,
                          int64_t* counts, int64_t* near);
 // dn [N, C] += from dgate; hands the EDA gradient of r_prev on to the previous sublayer.

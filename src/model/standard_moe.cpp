@@ -47,6 +47,8 @@ LayerWeights layer_weights(const ParamTable& t, const ModelConfig& c, int64_t l)
 struct Activations : CommonActivations {
   float* x;         // [L + 1, N, C] the residual stream entering each layer, then after the last
   float* x_mid;     // [L, N, C]     after each attention sublayer
+  double* aux;      // [L]           each layer's aux loss
+  std::vector<double> aux_host;
   std::vector<AttentionActs> attn;
   std::vector<StandardRouterActs> router;
   // backward scratch, shared by the layers
@@ -61,10 +63,13 @@ struct Activations : CommonActivations {
     attn.resize(L);
     moe.resize(L);
     router.resize(L);
+    aux_host.resize(L);
     arena.build([&](Arena& a) {
       inputs = a.take<int32_t>(s.rows());
+      targets = a.take<int32_t>(s.rows());
       x = a.take<float>((L + 1) * NC);
       x_mid = a.take<float>(L * NC);
+      aux = a.take<double>(L);
       for (int64_t l = 0; l < L; ++l) {
         attn[l].take(a, c, s);
         moe[l].take(a, c, s, expert_parallel);
@@ -140,22 +145,26 @@ ForwardResult StandardMoe::forward(const int32_t* inputs, const int32_t* targets
   const int64_t N = s.rows(), L = c.n_layers;
   {
     auto t = cx_.time("embedding");
-    ops::embedding_forward(x(0), inputs, cx_.p(head_.embed), N, c.d_model);
+    cx_.ops.embedding_forward(x(0), a.inputs, cx_.p(head_.embed), N, c.d_model);
   }
-  double aux_sum = 0;
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& w = layers_[l];
     attention_forward(cx_, w.attn, a.attn[l], s, x(l), x_mid(l));
     moe_forward(cx_, experts_, l, w.moe, a.moe[l], s, x_mid(l), x_mid(l), x(l + 1),
                 [&](MoeActs& m) {
-                  aux_sum += standard_router_forward(cx_, w.router, a.router[l],
-                                                     a.router_scratch, m, s, dp_group_);
+                  standard_router_forward(cx_, w.router, a.router[l], a.router_scratch, m, s,
+                                          dp_group_, a.aux + l);
                 });
     cx_.progress("forward");
   }
   ForwardResult r;
-  r.ce_loss = lm_head_forward(cx_, head_, a.head, x(L), targets, N);
-  if (c.n_experts > 1) r.aux_loss = aux_sum / L;
+  r.ce_loss = lm_head_forward(cx_, head_, a.head, x(L), a.targets_if_any(), N);
+  if (c.n_experts > 1) {
+    cx_.ops.to_host(a.aux_host.data(), a.aux, L * sizeof(double));
+    double aux_sum = 0;
+    for (int64_t l = 0; l < L; ++l) aux_sum += a.aux_host[l];
+    r.aux_loss = aux_sum / L;
+  }
   if (targets) r.loss = r.ce_loss + c.aux_loss_coef * r.aux_loss;
   return r;
 }
@@ -182,7 +191,7 @@ void StandardMoe::backward() {
   }
   {
     auto t = cx_.time("embedding");
-    ops::embedding_backward(cx_.g(head_.embed), a.dx, a.inputs, N, c.d_model, c.padded_vocab());
+    cx_.ops.embedding_backward(cx_.g(head_.embed), a.dx, a.inputs, N, c.d_model, c.padded_vocab());
   }
   cx_.gradients_final(0);
 }
@@ -197,7 +206,7 @@ void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t
   const ModelConfig& c = cx_.config;
   const int64_t B = d.batch, BC = B * c.d_model;
   float* x = d.x;
-  ops::embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
+  cx_.ops.embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     const ops::DecodeKv cache = d.caches.layer(l);

@@ -34,8 +34,8 @@ struct ResidualScaleWeights {
 // out [N, C] = (res + β) ⊙ α + (h + β_h) ⊙ α_h (out may alias res).
 void residual_scale_forward(Compute& cx, const ResidualScaleWeights& w, float* out,
                             const float* res, const float* h, int64_t n) {
-  ops::residual_scale_forward(out, res, h, cx.p(w.alpha_res), cx.p(w.beta_res), cx.p(w.alpha_h),
-                              cx.p(w.beta_h), n, cx.config.d_model);
+  cx.ops.residual_scale_forward(out, res, h, cx.p(w.alpha_res), cx.p(w.beta_res),
+                                cx.p(w.alpha_h), cx.p(w.beta_h), n, cx.config.d_model);
 }
 
 // From dout [N, C]: dres, dh [N, C] (written) and the four vectors' gradients (+=).
@@ -43,45 +43,10 @@ void residual_scale_backward(Compute& cx, const ResidualScaleWeights& w, float* 
                              const float* dout, const float* res, const float* h, int64_t n) {
   const int64_t C = cx.config.d_model;
   auto t = cx.time("residual_scale");
-  ops::residual_scale_backward(dres, dh, cx.g(w.alpha_res), cx.g(w.beta_res), cx.g(w.alpha_h),
-                               cx.g(w.beta_h), dout, res, h, cx.p(w.alpha_res),
-                               cx.p(w.beta_res), cx.p(w.alpha_h), cx.p(w.beta_h), n, C);
-}
-
-// The embedding's entry into the residual stream: out [N, C] = (x + β) ⊙ α.
-void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
-                         int64_t n, int64_t c) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t j = 0; j < c; ++j) out[i * c + j] = (x[i * c + j] + beta[j]) * alpha[j];
-}
-
-// dx [N, C] (writes) = α ⊙ dout; dα += Σ_n (x + β) ⊙ dout; dβ += α ⊙ Σ_n dout. Each thread
-// owns a block of channels and walks the tokens in order (rows stay contiguous in memory),
-// so every sum has a fixed order whatever the thread count.
-void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
-                          const float* x, const float* alpha, const float* beta, int64_t n,
-                          int64_t c) {
-  constexpr int64_t kBlock = 64;
-#pragma omp parallel for schedule(static)
-  for (int64_t j0 = 0; j0 < c; j0 += kBlock) {
-    const int64_t j1 = std::min(c, j0 + kBlock);
-    double sa[kBlock] = {}, sb[kBlock] = {};
-    for (int64_t i = 0; i < n; ++i) {
-      const float* g = dout + i * c;
-      const float* xi = x + i * c;
-      float* dxi = dx + i * c;
-      for (int64_t j = j0; j < j1; ++j) {
-        sa[j - j0] += static_cast<double>((xi[j] + beta[j]) * g[j]);
-        sb[j - j0] += g[j];
-        dxi[j] = alpha[j] * g[j];
-      }
-    }
-    for (int64_t j = j0; j < j1; ++j) {
-      dalpha[j] += static_cast<float>(sa[j - j0]);
-      dbeta[j] += static_cast<float>(alpha[j] * sb[j - j0]);
-    }
-  }
+  cx.ops.residual_scale_backward(dres, dh, cx.g(w.alpha_res), cx.g(w.beta_res),
+                                 cx.g(w.alpha_h), cx.g(w.beta_h), dout, res, h,
+                                 cx.p(w.alpha_res), cx.p(w.beta_res), cx.p(w.alpha_h),
+                                 cx.p(w.beta_h), n, C);
 }
 
 // ---- the composition -------------------------------------------------------------------------
@@ -131,6 +96,7 @@ struct Activations : CommonActivations {
     router.resize(L);
     arena.build([&](Arena& a) {
       inputs = a.take<int32_t>(s.rows());
+      targets = a.take<int32_t>(s.rows());
       emb = a.take<float>(NC);
       res = a.take<float>((2 * L + 1) * NC);
       h = a.take<float>(2 * L * NC);
@@ -231,8 +197,8 @@ ForwardResult Zaya1::forward(const int32_t* inputs, const int32_t* targets, Batc
   const int64_t N = s.rows(), L = c.n_layers;
   {
     auto t = cx_.time("embedding");
-    ops::embedding_forward(a.emb, inputs, cx_.p(head_.embed), N, c.d_model);
-    scale_shift_forward(res(0), a.emb, cx_.p(in_alpha_), cx_.p(in_beta_), N, c.d_model);
+    cx_.ops.embedding_forward(a.emb, a.inputs, cx_.p(head_.embed), N, c.d_model);
+    cx_.ops.scale_shift_forward(res(0), a.emb, cx_.p(in_alpha_), cx_.p(in_beta_), N, c.d_model);
   }
   for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& w = layers_[l];
@@ -245,7 +211,7 @@ ForwardResult Zaya1::forward(const int32_t* inputs, const int32_t* targets, Batc
     cx_.progress("forward");
   }
   ForwardResult result;
-  result.ce_loss = lm_head_forward(cx_, head_, a.head, res(2 * L), targets, N);
+  result.ce_loss = lm_head_forward(cx_, head_, a.head, res(2 * L), a.targets_if_any(), N);
   result.loss = result.ce_loss;
   return result;
 }
@@ -254,8 +220,10 @@ void Zaya1::moe_layer_forward(int64_t l) {
   Activations& a = *acts_;
   const LayerWeights& w = layers_[l];
   const int64_t i = 2 * l + 1, S = cx_.config.router_classes();
+  ZayaRouterActs& r = a.router[l];
+  cx_.ops.from_host(r.bias, balancers_[l].bias.data(), S * sizeof(float));
   moe_forward(cx_, experts_, l, w.moe, a.moe[l], a.shape, res(i), nullptr, h(i), [&](MoeActs& m) {
-    zaya_router_forward(cx_, w.router, a.router[l], a.router_scratch, r_prev(l),
+    zaya_router_forward(cx_, w.router, r, a.router_scratch, r_prev(l), r.bias,
                         balancers_[l], m, a.shape, class_counts_.data() + l * S,
                         boundary_counts_.empty() ? nullptr : boundary_counts_.data() + l * S);
   });
@@ -270,7 +238,7 @@ void Zaya1::backward() {
   float* dres = a.dres;
   lm_head_backward(cx_, head_, a.head, res(2 * L), dres, a.attn_grads.dn, N);
   cx_.gradients_final(head_.norm);
-  a.router_scratch.begin_backward(cx_.config, a.shape);
+  a.router_scratch.begin_backward(cx_.ops, cx_.config, a.shape);
   for (int64_t l = L - 1; l >= 0; --l) {
     const LayerWeights& w = layers_[l];
     moe_layer_backward(l, dres);
@@ -308,9 +276,9 @@ void Zaya1::embedding_backward(const float* dres) {
   const int64_t N = a.shape.rows();
   auto t = cx_.time("embedding");
   float* demb = a.attn_grads.dn;
-  scale_shift_backward(demb, cx_.g(in_alpha_), cx_.g(in_beta_), dres, a.emb, cx_.p(in_alpha_),
+  cx_.ops.scale_shift_backward(demb, cx_.g(in_alpha_), cx_.g(in_beta_), dres, a.emb, cx_.p(in_alpha_),
                        cx_.p(in_beta_), N, c.d_model);
-  ops::embedding_backward(cx_.g(head_.embed), demb, a.inputs, N, c.d_model, c.padded_vocab());
+  cx_.ops.embedding_backward(cx_.g(head_.embed), demb, a.inputs, N, c.d_model, c.padded_vocab());
 }
 
 std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len, int64_t batch) const {
@@ -323,8 +291,8 @@ void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* toke
   const ModelConfig& c = cx_.config;
   const int64_t B = d.batch, C = c.d_model;
   float* x = d.x;
-  ops::embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
-  scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
+  cx_.ops.embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
+  cx_.ops.scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     const ops::DecodeKv cache = d.caches.layer(l);

@@ -1,0 +1,196 @@
+// Where the model's arithmetic runs: one interface over the operations a training step needs,
+// implemented by the CPU (CpuBackend, kernels/cpu_backend.h: oneDNN and the OpenMP kernels of
+// ops.h, cca.h, zaya_router.h and attention.h) and by a GPU (cuda/cuda_backend.h). The model
+// (src/model) calls these and never a device's kernels itself, so one sublayer's forward and
+// backward read the same on every device.
+//
+// Every pointer is in the backend's memory (host memory for the CPU, device memory for a
+// GPU), except where a name says host. The contracts are those of the CPU kernels named
+// beside each group; results the host needs (the loss, the auxiliary loss, the class counts)
+// are written to backend memory and read with to_host, so a GPU's step synchronizes only
+// where the model asks for a value. Operations are queued in call order: a later call sees
+// an earlier one's results.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "base/bf16.h"
+#include "kernels/gemm.h"
+#include "kernels/zaya_router.h"
+
+namespace foundry {
+
+namespace ops {
+struct AttentionShape;
+}
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu" or "cuda:N".
+  virtual const char* name() const = 0;
+  // Whether the host may read and write this backend's memory directly.
+  virtual bool host_memory() const = 0;
+
+  // ---- memory --------------------------------------------------------------------------------
+  virtual void fill(float* x, int64_t n, float value) = 0;
+  virtual void fill(int32_t* x, int64_t n, int32_t value) = 0;
+  virtual void zero(void* x, int64_t bytes) = 0;
+  virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // Between host memory and the backend's; to_host waits for the value.
+  virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
+  virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
+  // out [n] = x rounded to bf16 (convert_to_bf16).
+  virtual void to_bf16(bf16* out, const float* x, int64_t n) = 0;
+
+  // ---- products (kernels/gemm.h) ------------------------------------------------------------
+  // C [m, n] (+)= op(A) · op(B), foundry::gemm's contract; lda > 0 gives A's rows (as stored)
+  // that many elements apart.
+  virtual void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c,
+                    int64_t m, int64_t n, int64_t k, DType dtype, bool accumulate = false,
+                    int64_t lda = 0) = 0;
+  // task(i) for each i < costs.size(), independent products (run_products); a backend may run
+  // them side by side.
+  virtual void products(const std::vector<int64_t>& costs,
+                        const std::function<void(int64_t)>& task) = 0;
+
+  // ---- embedding, norms, RoPE, SwiGLU (kernels/ops.h) ----------------------------------------
+  virtual void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n,
+                                 int64_t c) = 0;
+  virtual void embedding_backward(float* dwte, const float* dout, const int32_t* tokens,
+                                  int64_t n, int64_t c, int64_t v) = 0;
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight,
+                               int64_t n, int64_t c, float eps) = 0;
+  virtual void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                                const float* weight, const float* rstd, int64_t n,
+                                int64_t c) = 0;
+  virtual void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d,
+                          int64_t rotary_dim, int64_t pos_offset, double theta,
+                          bool inverse) = 0;
+  virtual void swiglu_forward(float* out, const float* h, int64_t n, int64_t f) = 0;
+  virtual void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n,
+                               int64_t f) = 0;
+  virtual void swiglu_forward_bf16(bf16* out, const float* h, int64_t n, int64_t f) = 0;
+  virtual void swiglu_backward_bf16(bf16* dh, const float* dout, const float* h, int64_t n,
+                                    int64_t f) = 0;
+
+  // ---- causal GQA attention (kernels/attention.h) ------------------------------------------
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k,
+                                 const float* v, const ops::AttentionShape& s, DType dtype) = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout,
+                                  const float* out, const float* lse, const float* q,
+                                  const float* k, const float* v, const ops::AttentionShape& s,
+                                  DType dtype) = 0;
+
+  // ---- routing and the experts' rows (kernels/ops.h) -----------------------------------------
+  virtual void router_forward(float* probs, int32_t* topk_idx, float* topk_w,
+                              const float* logits, int64_t n, int64_t e, int64_t k,
+                              bool renormalize) = 0;
+  // counts [classes] (writes): how many of the n·k choices picked each class.
+  virtual void class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                            int64_t classes) = 0;
+  // fractions [e] (writes) = class_counts / (n·k): the f_e of the load-balancing loss.
+  virtual void expert_fractions(double* fractions, const int32_t* topk_idx, int64_t n, int64_t e,
+                                int64_t k) = 0;
+  // *aux (writes) = E · Σ_e f_e · mean over rows of probs[:, e].
+  virtual void router_aux_loss(double* aux, const float* probs, const double* fractions,
+                               int64_t n, int64_t e) = 0;
+  virtual void router_backward(float* dlogits, const float* dtopk_w, const float* probs,
+                               const int32_t* topk_idx, const float* topk_w, int64_t n,
+                               int64_t e, int64_t k, bool renormalize, float aux_coef,
+                               const double* fractions) = 0;
+  virtual void moe_dispatch_plan(int64_t* expert_offsets, int32_t* slot_token,
+                                 int32_t* assignment_slot, const int32_t* topk_idx, int64_t n,
+                                 int64_t e, int64_t k) = 0;
+  virtual void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
+                          int64_t c) = 0;
+  virtual void moe_combine(float* out, const float* ys, const float* topk_w,
+                           const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) = 0;
+  virtual void moe_combine_backward(float* dys, float* dtopk_w, const float* dout,
+                                    const float* ys, const float* topk_w,
+                                    const int32_t* assignment_slot, int64_t n, int64_t k,
+                                    int64_t c) = 0;
+  virtual void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot,
+                                   int64_t n, int64_t k, int64_t c) = 0;
+
+  // ---- cross-entropy over a padded vocabulary (kernels/ops.h) --------------------------------
+  // *mean_loss (writes) = the mean of losses [n]; dlogits may alias logits.
+  virtual void cross_entropy(float* dlogits, float* losses, double* mean_loss,
+                             const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                             int64_t vp, float grad_scale) = 0;
+  // The same with dlogits written in bf16, rows `ld` elements apart (in place of the logits:
+  // ld = 2·vp).
+  virtual void cross_entropy_bf16(bf16* dlogits, int64_t ld, float* losses, double* mean_loss,
+                                  const float* logits, const int32_t* targets, int64_t n,
+                                  int64_t v, int64_t vp, float grad_scale) = 0;
+
+  // ---- ZAYA1's CCA (kernels/cca.h) ------------------------------------------------------------
+  virtual void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk,
+                                 int64_t d) = 0;
+  virtual void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq,
+                                  int64_t hk, int64_t d) = 0;
+  virtual void cca_depthwise_conv_forward(float* y, const float* c, const float* w0,
+                                          const float* b0, int64_t b, int64_t t,
+                                          int64_t channels, int64_t taps) = 0;
+  virtual void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
+                                           const float* c, const float* w0, int64_t b,
+                                           int64_t t, int64_t channels, int64_t taps) = 0;
+  virtual void cca_grouped_conv_forward(float* z, const float* y, const float* w1,
+                                        const float* b1, int64_t b, int64_t t, int64_t groups,
+                                        int64_t d, int64_t taps, DType dtype) = 0;
+  virtual void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                                         const float* y, const float* w1, int64_t b, int64_t t,
+                                         int64_t groups, int64_t d, int64_t taps,
+                                         DType dtype) = 0;
+  virtual void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) = 0;
+  virtual void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) = 0;
+  virtual void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk,
+                                   const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                   int64_t d, float eps) = 0;
+  virtual void cca_qk_norm_backward(float* dqk, float* dtemp, const float* dq, const float* dk,
+                                    const float* qk, const float* rnorm, const float* temp,
+                                    int64_t n, int64_t hq, int64_t hk, int64_t d) = 0;
+
+  // ---- ZAYA1's router and residual scaling (kernels/zaya_router.h) ---------------------------
+  virtual void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) = 0;
+  virtual void bias_add_backward(float* dbias, const float* dy, int64_t n, int64_t m) = 0;
+  virtual void gelu_forward(float* out, const float* in, int64_t n, int64_t c) = 0;
+  virtual void gelu_backward(float* din, const float* dout, const float* in, int64_t n,
+                             int64_t c) = 0;
+  virtual void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n,
+                           int64_t r_dim) = 0;
+  virtual void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
+                            const float* gamma, int64_t n, int64_t r_dim) = 0;
+  virtual void zaya_gating_forward(float* probs, int32_t* choice, float* gate,
+                                   const float* logits, const float* balance_bias,
+                                   ops::BiasOn bias_on, int64_t n, int64_t e, int64_t k,
+                                   bool skip_class, bool skip_passes_input) = 0;
+  virtual void zaya_gating_backward(float* dlogits, const float* dgate, const float* probs,
+                                    const int32_t* choice, int64_t n, int64_t e, int64_t k,
+                                    bool skip_class, bool skip_passes_input) = 0;
+  virtual void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits,
+                                    const float* balance_bias, ops::BiasOn bias_on,
+                                    const int32_t* choice, int64_t n, int64_t classes,
+                                    int64_t k, double window) = 0;
+  virtual void residual_scale_forward(float* out, const float* res, const float* h,
+                                      const float* alpha_res, const float* beta_res,
+                                      const float* alpha_h, const float* beta_h, int64_t n,
+                                      int64_t c) = 0;
+  virtual void residual_scale_backward(float* dres, float* dh, float* dalpha_res,
+                                       float* dbeta_res, float* dalpha_h, float* dbeta_h,
+                                       const float* dout, const float* res, const float* h,
+                                       const float* alpha_res, const float* beta_res,
+                                       const float* alpha_h, const float* beta_h, int64_t n,
+                                       int64_t c) = 0;
+  // out [n, c] = (x + β) ⊙ α; backward: dx (writes) = α ⊙ dout, dα += Σ (x + β) ⊙ dout,
+  // dβ += α ⊙ Σ dout.
+  virtual void scale_shift_forward(float* out, const float* x, const float* alpha,
+                                   const float* beta, int64_t n, int64_t c) = 0;
+  virtual void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
+                                    const float* x, const float* alpha, const float* beta,
+                                    int64_t n, int64_t c) = 0;
+};
+
+}  // namespace foundry

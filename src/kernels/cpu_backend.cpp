@@ -1,0 +1,263 @@
+#include "kernels/cpu_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/attention.h"
+#include "kernels/cca.h"
+#include "kernels/ops.h"
+#include "kernels/zaya_router.h"
+
+namespace foundry {
+namespace {
+
+// A thin forwarding layer: each call is the CPU kernel of the same name.
+class CpuBackend final : public Backend {
+ public:
+  const char* name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+
+  void fill(float* x, int64_t n, float value) override { std::fill(x, x + n, value); }
+  void fill(int32_t* x, int64_t n, int32_t value) override { std::fill(x, x + n, value); }
+  void zero(void* x, int64_t bytes) override { std::memset(x, 0, static_cast<size_t>(bytes)); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+  void to_host(void* host, const void* src, int64_t bytes) override { copy(host, src, bytes); }
+  void from_host(void* dst, const void* host, int64_t bytes) override { copy(dst, host, bytes); }
+  void to_bf16(bf16* out, const float* x, int64_t n) override { convert_to_bf16(x, out, n); }
+
+  void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
+            int64_t n, int64_t k, DType dtype, bool accumulate, int64_t lda) override {
+    if (lda == 0) return foundry::gemm(a, trans_a, b, trans_b, c, m, n, k, dtype, accumulate);
+    const MatView av = trans_a ? MatView::transposed(a, dtype, m, k, lda)
+                               : MatView::rows_major(a, dtype, m, k, lda);
+    const MatView bv =
+        trans_b ? MatView::transposed(b, dtype, k, n) : MatView::rows_major(b, dtype, k, n);
+    matmul(av, bv, OutView::rows_major(c, m, n), accumulate);
+  }
+  void products(const std::vector<int64_t>& costs,
+                const std::function<void(int64_t)>& task) override {
+    run_products(costs, task);
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n,
+                         int64_t c) override {
+    ops::embedding_forward(out, tokens, wte, n, c);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t n,
+                          int64_t c, int64_t v) override {
+    ops::embedding_backward(dwte, dout, tokens, n, c, v);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                       int64_t c, float eps) override {
+    ops::rmsnorm_forward(out, rstd, in, weight, n, c, eps);
+  }
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                        const float* weight, const float* rstd, int64_t n, int64_t c) override {
+    ops::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c);
+  }
+  void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
+                  int64_t pos_offset, double theta, bool inverse) override {
+    ops::rope_apply(x, b, t, h, d, rotary_dim, pos_offset, theta, inverse);
+  }
+  void swiglu_forward(float* out, const float* h, int64_t n, int64_t f) override {
+    ops::swiglu_forward(out, h, n, f);
+  }
+  void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n,
+                       int64_t f) override {
+    ops::swiglu_backward(dh, dout, h, n, f);
+  }
+  void swiglu_forward_bf16(bf16* out, const float* h, int64_t n, int64_t f) override {
+    ops::swiglu_forward_bf16(out, h, n, f);
+  }
+  void swiglu_backward_bf16(bf16* dh, const float* dout, const float* h, int64_t n,
+                            int64_t f) override {
+    ops::swiglu_backward_bf16(dh, dout, h, n, f);
+  }
+
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const ops::AttentionShape& s, DType dtype) override {
+    ops::attention_forward(out, lse, q, k, v, s, dtype);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const ops::AttentionShape& s, DType dtype) override {
+    ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s, dtype);
+  }
+
+  void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
+                      int64_t n, int64_t e, int64_t k, bool renormalize) override {
+    ops::router_forward(probs, topk_idx, topk_w, logits, n, e, k, renormalize);
+  }
+  void class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                    int64_t classes) override {
+    ops::zaya_class_counts(counts, choice, n, k, classes);
+  }
+  void expert_fractions(double* fractions, const int32_t* topk_idx, int64_t n, int64_t e,
+                        int64_t k) override {
+    const std::vector<int64_t> counts = ops::expert_counts(topk_idx, n, e, k);
+    for (int64_t j = 0; j < e; ++j)
+      fractions[j] = static_cast<double>(counts[j]) / static_cast<double>(n * k);
+  }
+  void router_aux_loss(double* aux, const float* probs, const double* fractions, int64_t n,
+                       int64_t e) override {
+    *aux = ops::router_aux_loss<float>(probs, nullptr, n, e, 0, fractions);
+  }
+  void router_backward(float* dlogits, const float* dtopk_w, const float* probs,
+                       const int32_t* topk_idx, const float* topk_w, int64_t n, int64_t e,
+                       int64_t k, bool renormalize, float aux_coef,
+                       const double* fractions) override {
+    ops::router_backward(dlogits, dtopk_w, probs, topk_idx, topk_w, n, e, k, renormalize,
+                         aux_coef, fractions);
+  }
+  void moe_dispatch_plan(int64_t* expert_offsets, int32_t* slot_token, int32_t* assignment_slot,
+                         const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) override {
+    ops::moe_dispatch_plan(expert_offsets, slot_token, assignment_slot, topk_idx, n, e, k);
+  }
+  void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
+                  int64_t c) override {
+    ops::moe_gather(xs, x, slot_token, rows, c);
+  }
+  void moe_combine(float* out, const float* ys, const float* topk_w,
+                   const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) override {
+    ops::moe_combine(out, ys, topk_w, assignment_slot, n, k, c);
+  }
+  void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const float* ys,
+                            const float* topk_w, const int32_t* assignment_slot, int64_t n,
+                            int64_t k, int64_t c) override {
+    ops::moe_combine_backward(dys, dtopk_w, dout, ys, topk_w, assignment_slot, n, k, c);
+  }
+  void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot,
+                           int64_t n, int64_t k, int64_t c) override {
+    ops::moe_gather_backward(dx, dxs, assignment_slot, n, k, c);
+  }
+
+  void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
+                     const int32_t* targets, int64_t n, int64_t v, int64_t vp,
+                     float grad_scale) override {
+    *mean_loss = ops::cross_entropy(dlogits, losses, logits, targets, n, v, vp, grad_scale);
+  }
+  void cross_entropy_bf16(bf16* dlogits, int64_t ld, float* losses, double* mean_loss,
+                          const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                          int64_t vp, float grad_scale) override {
+    *mean_loss = ops::cross_entropy(dlogits, ld, losses, logits, targets, n, v, vp, grad_scale);
+  }
+
+  void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk,
+                         int64_t d) override {
+    ops::cca_means_forward(qk, c, n, hq, hk, d);
+  }
+  void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq, int64_t hk,
+                          int64_t d) override {
+    ops::cca_means_backward(dc, dqk, n, hq, hk, d);
+  }
+  void cca_depthwise_conv_forward(float* y, const float* c, const float* w0, const float* b0,
+                                  int64_t b, int64_t t, int64_t channels,
+                                  int64_t taps) override {
+    ops::cca_depthwise_conv_forward(y, c, w0, b0, b, t, channels, taps);
+  }
+  void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
+                                   const float* c, const float* w0, int64_t b, int64_t t,
+                                   int64_t channels, int64_t taps) override {
+    ops::cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, channels, taps);
+  }
+  void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
+                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
+                                DType dtype) override {
+    ops::cca_grouped_conv_forward_gemm(z, y, w1, b1, b, t, groups, d, taps, dtype);
+  }
+  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                                 const float* y, const float* w1, int64_t b, int64_t t,
+                                 int64_t groups, int64_t d, int64_t taps, DType dtype) override {
+    ops::cca_grouped_conv_backward_gemm(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps, dtype);
+  }
+  void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) override {
+    ops::cca_value_shift_inplace_forward(v, static_cast<float*>(nullptr), b, t, half);
+  }
+  void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) override {
+    ops::cca_value_shift_inplace_backward(dv, b, t, half);
+  }
+  void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk, const float* temp,
+                           int64_t n, int64_t hq, int64_t hk, int64_t d, float eps) override {
+    ops::cca_qk_norm_forward(q, k, rnorm, qk, temp, n, hq, hk, d, eps);
+  }
+  void cca_qk_norm_backward(float* dqk, float* dtemp, const float* dq, const float* dk,
+                            const float* qk, const float* rnorm, const float* temp, int64_t n,
+                            int64_t hq, int64_t hk, int64_t d) override {
+    ops::cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
+  }
+
+  void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) override {
+    ops::bias_add_forward(y, bias, n, m);
+  }
+  void bias_add_backward(float* dbias, const float* dy, int64_t n, int64_t m) override {
+    ops::bias_add_backward(dbias, dy, n, m);
+  }
+  void gelu_forward(float* out, const float* in, int64_t n, int64_t c) override {
+    ops::gelu_forward(out, in, n, c);
+  }
+  void gelu_backward(float* din, const float* dout, const float* in, int64_t n,
+                     int64_t c) override {
+    ops::gelu_backward(din, dout, in, n, c);
+  }
+  void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n,
+                   int64_t r_dim) override {
+    ops::eda_forward(r, r_prev, gamma, n, r_dim);
+  }
+  void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
+                    const float* gamma, int64_t n, int64_t r_dim) override {
+    ops::eda_backward(dr_prev, dgamma, dr, r_prev, gamma, n, r_dim);
+  }
+  void zaya_gating_forward(float* probs, int32_t* choice, float* gate, const float* logits,
+                           const float* balance_bias, ops::BiasOn bias_on, int64_t n, int64_t e,
+                           int64_t k, bool skip_class, bool skip_passes_input) override {
+    ops::zaya_gating_forward(probs, choice, gate, logits, balance_bias, bias_on, n, e, k,
+                             skip_class, skip_passes_input);
+  }
+  void zaya_gating_backward(float* dlogits, const float* dgate, const float* probs,
+                            const int32_t* choice, int64_t n, int64_t e, int64_t k,
+                            bool skip_class, bool skip_passes_input) override {
+    ops::zaya_gating_backward(dlogits, dgate, probs, choice, n, e, k, skip_class,
+                              skip_passes_input);
+  }
+  void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits,
+                            const float* balance_bias, ops::BiasOn bias_on,
+                            const int32_t* choice, int64_t n, int64_t classes, int64_t k,
+                            double window) override {
+    ops::zaya_boundary_counts(near, probs, logits, balance_bias, bias_on, choice, n, classes, k,
+                              window);
+  }
+  void residual_scale_forward(float* out, const float* res, const float* h,
+                              const float* alpha_res, const float* beta_res,
+                              const float* alpha_h, const float* beta_h, int64_t n,
+                              int64_t c) override {
+    ops::residual_scale_forward(out, res, h, alpha_res, beta_res, alpha_h, beta_h, n, c);
+  }
+  void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* dbeta_res,
+                               float* dalpha_h, float* dbeta_h, const float* dout,
+                               const float* res, const float* h, const float* alpha_res,
+                               const float* beta_res, const float* alpha_h, const float* beta_h,
+                               int64_t n, int64_t c) override {
+    ops::residual_scale_backward(dres, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h, dout, res,
+                                 h, alpha_res, beta_res, alpha_h, beta_h, n, c);
+  }
+  void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
+                           int64_t n, int64_t c) override {
+    ops::scale_shift_forward(out, x, alpha, beta, n, c);
+  }
+  void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
+                            const float* x, const float* alpha, const float* beta, int64_t n,
+                            int64_t c) override {
+    ops::scale_shift_backward(dx, dalpha, dbeta, dout, x, alpha, beta, n, c);
+  }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace foundry
