@@ -4,7 +4,8 @@
 
 namespace foundry::gpu::detail {
 
+// lda: A's row stride as stored (k, or m when trans_a, for a dense A).
 void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
-               int64_t n, int64_t k, bool bf16_inputs, bool accumulate);
+               int64_t n, int64_t k, bool bf16_inputs, bool accumulate, int64_t lda);
 
 }  // namespace foundry::gpu::detail

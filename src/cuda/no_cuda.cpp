@@ -36,6 +36,12 @@ void DeviceBuffer::upload(const void*, int64_t, int64_t) { fail_no_cuda_build(kW
 void DeviceBuffer::download(void*, int64_t, int64_t) const { fail_no_cuda_build(kWhat); }
 void DeviceBuffer::fill_bytes(int) { fail_no_cuda_build(kWhat); }
 
+void* device_allocate(int64_t) { fail_no_cuda_build(kWhat); }
+void device_release(void*) {}
+void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void copy_to_host(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void copy_to_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void zero_bytes(void*, int64_t) { fail_no_cuda_build(kWhat); }
 void synchronize() { fail_no_cuda_build(kWhat); }
 
 GpuTimer::GpuTimer() { fail_no_cuda_build(kWhat); }
@@ -52,7 +58,7 @@ void fill_eighths(void*, int64_t, bool, uint64_t) { fail_no_cuda_build(kWhat); }
 
 namespace detail {
 void lt_matmul(const void*, bool, const void*, bool, float*, int64_t, int64_t, int64_t, bool,
-               bool) {
+               bool, int64_t) {
   fail_no_cuda_build(kWhat);
 }
 }  // namespace detail
@@ -98,6 +104,17 @@ void moe_gather_backward(float*, const float*, const int32_t*, int64_t, int64_t,
 }
 void cross_entropy(float*, float*, double*, const float*, const int32_t*, int64_t, int64_t,
                    int64_t, float) {
+  fail_no_cuda_build(kWhat);
+}
+void cross_entropy_bf16(uint16_t*, int64_t, float*, double*, const float*, const int32_t*,
+                        int64_t, int64_t, int64_t, float) {
+  fail_no_cuda_build(kWhat);
+}
+void fill(float*, int64_t, float) { fail_no_cuda_build(kWhat); }
+void fill(int32_t*, int64_t, int32_t) { fail_no_cuda_build(kWhat); }
+void convert_to_bf16(uint16_t*, const float*, int64_t) { fail_no_cuda_build(kWhat); }
+void fractions_of_counts(double*, const int64_t*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void scale_shift_forward(float*, const float*, const float*, const float*, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);
 }
 void attention_forward(float*, float*, const float*, const float*, const float*,

@@ -1,6 +1,7 @@
 #include "cuda/no_gpu.h"
 
 #include "base/error.h"
+#include "base/format.h"
 
 namespace foundry::gpu {
 
@@ -21,6 +22,16 @@ void fail_gpu_index(const std::string& what, int index, int count) {
   fail(fmt::format("{}: GPU {} does not exist ({} visible: 0 to {})", what, index, count,
                    count - 1),
        "choose a GPU the CUDA runtime lists (nvidia-smi; CUDA_VISIBLE_DEVICES renumbers them)");
+}
+
+void fail_gpu_allocation(int64_t bytes, const std::string& why, int64_t free_bytes,
+                         int64_t total_bytes) {
+  fail(fmt::format("cannot allocate {} of GPU memory ({}; {} of {} free)",
+                   format_bytes(static_cast<double>(bytes)), why,
+                   format_bytes(static_cast<double>(free_bytes)),
+                   format_bytes(static_cast<double>(total_bytes))),
+       "use a smaller batch (train.batch_size) or sequence; `foundry model info` says what a "
+       "config needs");
 }
 
 void check_buffer_range(int64_t offset, int64_t bytes, int64_t capacity) {

@@ -219,7 +219,12 @@ __global__ void gather_backward_kernel(float* dx, const float* dxs, const int32_
 
 // ---- cross-entropy ----
 
-__global__ void cross_entropy_kernel(float* dlogits, float* losses, const float* logits,
+// One block per row. Out = float: dlogits [N, Vp] at row stride vp. Out = uint16_t: bf16
+// dlogits at row stride ld, written over the logits in place (ld = 2·vp) tile by tile: a tile's
+// values are all read before any is written, and its bf16 writes reach only floats of earlier
+// tiles or its own, so nothing is overwritten before it is read.
+template <typename Out>
+__global__ void cross_entropy_kernel(Out* dlogits, int64_t ld, float* losses, const float* logits,
                                      const int32_t* targets, int64_t v, int64_t vp,
                                      float grad_scale) {
   __shared__ float shared[kThreads];
@@ -232,16 +237,24 @@ __global__ void cross_entropy_kernel(float* dlogits, float* losses, const float*
   const float max_z = block_max(m, shared);
   float sum = 0;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) sum += expf(z[j] - max_z);
-  sum = block_sum(sum, shared);  // every read of z is done: dlogits may alias it from here
-  if (dlogits) {
-    float* d = dlogits + i * vp;
-    const float scale = grad_scale / sum;
-    for (int64_t j = threadIdx.x; j < vp; j += kThreads)
-      d[j] = j < v ? expf(z[j] - max_z) * scale - (j == target ? grad_scale : 0.0f) : 0.0f;
-  }
+  sum = block_sum(sum, shared);  // every read of z but the gradient's is done
   if (threadIdx.x == 0)
     losses[i] = static_cast<float>(static_cast<double>(max_z) + log(static_cast<double>(sum)) -
                                    static_cast<double>(target_logit));
+  if (!dlogits) return;
+  Out* d = dlogits + i * ld;
+  const float scale = grad_scale / sum;
+  for (int64_t j0 = 0; j0 < vp; j0 += kThreads) {
+    const int64_t j = j0 + threadIdx.x;
+    float g = 0.0f;
+    if (j < v) g = expf(z[j] - max_z) * scale - (j == target ? grad_scale : 0.0f);
+    if constexpr (sizeof(Out) == 2) {
+      __syncthreads();  // the whole tile is read before any of it is overwritten
+      if (j < vp) d[j] = to_bf16(g);
+    } else {
+      if (j < vp) d[j] = g;
+    }
+  }
 }
 
 __global__ void mean_kernel(double* mean, const float* losses, int64_t n) {
@@ -342,8 +355,20 @@ void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_
 void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
                    const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale) {
   if (n > 0) {
-    cross_entropy_kernel<<<static_cast<unsigned>(n), kThreads>>>(dlogits, losses, logits, targets,
-                                                                 v, vp, grad_scale);
+    cross_entropy_kernel<float><<<static_cast<unsigned>(n), kThreads>>>(
+        dlogits, vp, losses, logits, targets, v, vp, grad_scale);
+    check_launch();
+  }
+  mean_kernel<<<1, kThreads>>>(mean_loss, losses, n);
+  check_launch();
+}
+
+void cross_entropy_bf16(uint16_t* dlogits, int64_t ld, float* losses, double* mean_loss,
+                        const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                        int64_t vp, float grad_scale) {
+  if (n > 0) {
+    cross_entropy_kernel<uint16_t><<<static_cast<unsigned>(n), kThreads>>>(
+        dlogits, ld, losses, logits, targets, v, vp, grad_scale);
     check_launch();
   }
   mean_kernel<<<1, kThreads>>>(mean_loss, losses, n);

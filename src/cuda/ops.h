@@ -13,6 +13,18 @@
 
 namespace foundry::gpu::ops {
 
+// ---- fills and conversions (elementwise.cu) ----
+void fill(float* x, int64_t n, float value);
+void fill(int32_t* x, int64_t n, int32_t value);
+// out [n] = x rounded to bf16 (foundry::bf16 bits, as convert_to_bf16).
+void convert_to_bf16(uint16_t* out, const float* x, int64_t n);
+// fractions [e] = counts / total, in double.
+void fractions_of_counts(double* fractions, const int64_t* counts, int64_t e, int64_t total);
+// out [N, C] = (x + beta) ⊙ alpha (ops::scale_shift_forward); its backward is residual
+// scaling's with the second term's outputs discarded (cuda_backend.cpp).
+void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
+                         int64_t n, int64_t c);
+
 // ---- embedding: out [N, C] = wte[tokens[n], :] ----
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n, int64_t c);
 // dwte [V, C] += dout's rows by token, each row of dwte summing its positions in order (the
@@ -85,6 +97,11 @@ void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_
 // (dlogits may alias logits).
 void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
                    const int32_t* targets, int64_t n, int64_t v, int64_t vp, float grad_scale);
+// The same with dlogits in bf16 (foundry::bf16 bits), rows ld elements apart; in place of the
+// logits when dlogits == logits and ld = 2·vp (ops::cross_entropy's bf16 form).
+void cross_entropy_bf16(uint16_t* dlogits, int64_t ld, float* losses, double* mean_loss,
+                        const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                        int64_t vp, float grad_scale);
 
 // ---- causal grouped-query attention (kernels/attention.h's layout and contract) ----
 // q [B, T, H, D], k/v [B, T, KVH, D], out [B, T, H, D]; lse [B, H, T] of the scaled scores.

@@ -92,6 +92,43 @@ void DeviceBuffer::fill_bytes(int value) {
   FOUNDRY_CUDA_CHECK(cudaMemset(data_, value, static_cast<size_t>(bytes_)));
 }
 
+void* device_allocate(int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t status = cudaMalloc(&p, static_cast<size_t>(bytes));
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it: the error is reported here
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    fail_gpu_allocation(bytes, cudaGetErrorString(status), static_cast<int64_t>(free_bytes),
+                        static_cast<int64_t>(total));
+  }
+  FOUNDRY_CUDA_CHECK(cudaMemset(p, 0, static_cast<size_t>(bytes)));
+  return p;
+}
+
+void device_release(void* block) {
+  if (block) cudaFree(block);
+}
+
+void copy_on_device(void* dst, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    FOUNDRY_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+}
+
+void copy_to_host(void* host, const void* src, int64_t bytes) {
+  if (bytes > 0)
+    FOUNDRY_CUDA_CHECK(cudaMemcpy(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+}
+
+void copy_to_device(void* dst, const void* host, int64_t bytes) {
+  if (bytes > 0)
+    FOUNDRY_CUDA_CHECK(cudaMemcpy(dst, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+}
+
+void zero_bytes(void* dst, int64_t bytes) {
+  if (bytes > 0) FOUNDRY_CUDA_CHECK(cudaMemset(dst, 0, static_cast<size_t>(bytes)));
+}
+
 void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 GpuTimer::GpuTimer() {

@@ -84,6 +84,19 @@ class Workspace {
   DeviceBuffer buffer_;
 };
 
+// cudaMalloc of `bytes`, zeroed (an Error naming the size and the free memory when it
+// fails), and cudaFree.
+void* device_allocate(int64_t bytes);
+void device_release(void* block);
+
+// Copies on the current GPU's default stream, in queue order with its kernels: between two
+// device addresses, from the device to the host (waits for the value) and from the host to the
+// device; zero_bytes sets `bytes` at `dst` to zero.
+void copy_on_device(void* dst, const void* src, int64_t bytes);
+void copy_to_host(void* host, const void* src, int64_t bytes);
+void copy_to_device(void* dst, const void* host, int64_t bytes);
+void zero_bytes(void* dst, int64_t bytes);
+
 // Waits for all work queued on the current GPU.
 void synchronize();
 

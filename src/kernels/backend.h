@@ -35,6 +35,9 @@ class Backend {
   virtual bool host_memory() const = 0;
 
   // ---- memory --------------------------------------------------------------------------------
+  // A zeroed block of `bytes` (> 0) in the backend's memory, 256-byte aligned, until release.
+  virtual void* allocate(int64_t bytes) = 0;
+  virtual void release(void* block) = 0;
   virtual void fill(float* x, int64_t n, float value) = 0;
   virtual void fill(int32_t* x, int64_t n, int32_t value) = 0;
   virtual void zero(void* x, int64_t bytes) = 0;
@@ -191,6 +194,64 @@ class Backend {
   virtual void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
                                     const float* x, const float* alpha, const float* beta,
                                     int64_t n, int64_t c) = 0;
+};
+
+// One block of a backend's memory, released with the object (move-only). Empty by default.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(Backend& backend, int64_t bytes)
+      : backend_(&backend), data_(bytes > 0 ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
+  ~BackendBuffer() { reset(); }
+  BackendBuffer(BackendBuffer&& o) noexcept
+      : backend_(o.backend_), data_(o.data_), bytes_(o.bytes_) {
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      backend_ = o.backend_;
+      data_ = o.data_;
+      bytes_ = o.bytes_;
+      o.data_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  int64_t bytes() const { return bytes_; }
+  explicit operator bool() const { return data_ != nullptr; }
+
+ private:
+  void reset() {
+    if (data_) backend_->release(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  Backend* backend_ = nullptr;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// Scratch in a backend's memory that grows to the largest request and then stays (its
+// contents do not survive a larger request).
+class GrowingBuffer {
+ public:
+  explicit GrowingBuffer(Backend& backend) : backend_(&backend) {}
+  void* get(int64_t bytes) {
+    if (bytes > buffer_.bytes()) buffer_ = BackendBuffer(*backend_, bytes);
+    return buffer_.as<void>();
+  }
+  void* data() const { return buffer_.as<void>(); }
+
+ private:
+  Backend* backend_;
+  BackendBuffer buffer_;
 };
 
 }  // namespace foundry

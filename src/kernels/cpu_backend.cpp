@@ -1,7 +1,9 @@
 #include "kernels/cpu_backend.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 
 #include "kernels/attention.h"
 #include "kernels/cca.h"
@@ -14,9 +16,20 @@ namespace {
 // A thin forwarding layer: each call is the CPU kernel of the same name.
 class CpuBackend final : public Backend {
  public:
-  const char* name() const override { return "cpu"; }
-  bool host_memory() const override { return true; }
+  static constexpr size_t kAlign = 256;
+  explicit CpuBackend(bool posing_as_device = false) : posing_(posing_as_device) {}
 
+  const char* name() const override { return posing_ ? "cpu (posing as a device)" : "cpu"; }
+  bool host_memory() const override { return !posing_; }
+
+  void* allocate(int64_t bytes) override {
+    const size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
+    void* p = std::aligned_alloc(kAlign, size);
+    if (!p) throw std::bad_alloc();
+    std::memset(p, 0, size);
+    return p;
+  }
+  void release(void* block) override { std::free(block); }
   void fill(float* x, int64_t n, float value) override { std::fill(x, x + n, value); }
   void fill(int32_t* x, int64_t n, int32_t value) override { std::fill(x, x + n, value); }
   void zero(void* x, int64_t bytes) override { std::memset(x, 0, static_cast<size_t>(bytes)); }
@@ -251,6 +264,9 @@ class CpuBackend final : public Backend {
                             int64_t c) override {
     ops::scale_shift_backward(dx, dalpha, dbeta, dout, x, alpha, beta, n, c);
   }
+
+ private:
+  bool posing_;
 };
 
 }  // namespace
@@ -258,6 +274,12 @@ class CpuBackend final : public Backend {
 Backend& cpu_backend() {
   static CpuBackend backend;
   return backend;
+}
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+std::unique_ptr<Backend> make_cpu_backend_posing_as_device() {
+  return std::make_unique<CpuBackend>(/*posing_as_device=*/true);
 }
 
 }  // namespace foundry

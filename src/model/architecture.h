@@ -55,7 +55,8 @@ struct CommonActivations {
 };
 
 // What both compositions share: the activations of the last batch shape (Acts derives from
-// CommonActivations and is constructed from (config, shape, experts parallel)), the inputs
+// CommonActivations and is constructed from (config, shape, experts parallel, the arena's
+// block source)), the inputs
 // kept for the backward, the logits and the class offsets.
 template <typename Acts>
 class Composition : public Architecture {
@@ -77,7 +78,7 @@ class Composition : public Architecture {
   Acts& begin_forward(const int32_t* inputs, const int32_t* targets, BatchShape s) {
     if (targets) check_targets(targets, s.rows(), cx_.config.vocab_size);
     if (!acts_ || !(acts_->shape == s))
-      acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel());
+      acts_ = std::make_unique<Acts>(cx_.config, s, experts_.parallel(), cx_.arena_source());
     const int64_t bytes = s.rows() * static_cast<int64_t>(sizeof(int32_t));
     cx_.ops.from_host(acts_->inputs, inputs, bytes);
     if (targets) cx_.ops.from_host(acts_->targets, targets, bytes);

@@ -11,11 +11,11 @@ const void* Compute::input(const float* x, int64_t n, int slot) {
   return input(x, n, scratch_[slot]);
 }
 
-const void* Compute::input(const float* x, int64_t n, std::vector<bf16>& keep) const {
+const void* Compute::input(const float* x, int64_t n, GrowingBuffer& keep) const {
   if (precision == DType::f32) return x;
-  if (static_cast<int64_t>(keep.size()) < n) keep.resize(n);
-  ops.to_bf16(keep.data(), x, n);
-  return keep.data();
+  auto* copy = static_cast<bf16*>(keep.get(n * static_cast<int64_t>(sizeof(bf16))));
+  ops.to_bf16(copy, x, n);
+  return copy;
 }
 
 void Compute::linear_forward(float* y, const float* x, int64_t weight_offset, int64_t n,

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "base/arena.h"
 #include "base/bf16.h"
 #include "base/timer.h"
 #include "kernels/backend.h"
@@ -53,7 +54,13 @@ class Compute {
   // scratch slot `slot` (0..2; a slot is reused by the next call with the same slot), or in
   // `keep`, a buffer the caller owns (grown as needed) to use the copy again later.
   const void* input(const float* x, int64_t n, int slot);
-  const void* input(const float* x, int64_t n, std::vector<bf16>& keep) const;
+  const void* input(const float* x, int64_t n, GrowingBuffer& keep) const;
+
+  // Where activation arenas come from: host pages (null) for a backend with host memory,
+  // else the backend's allocations.
+  const BlockSource* arena_source() const {
+    return ops.host_memory() ? nullptr : &arena_source_;
+  }
 
   // y [n, out] = x [n, in] · Wᵀ (accumulated into y when `accumulate`), W [out, in] at
   // `weight_offset`; x is converted in scratch slot `slot`.
@@ -97,7 +104,10 @@ class Compute {
   OpTimes* times_;
   const std::function<void(int64_t)>* gradients_final_;
   const std::function<void(const char*)>* progress_ = nullptr;
-  std::vector<bf16> scratch_[3];
+  GrowingBuffer scratch_[3]{GrowingBuffer(ops), GrowingBuffer(ops), GrowingBuffer(ops)};
+  BlockSource arena_source_{
+      [this](size_t bytes) { return ops.allocate(static_cast<int64_t>(bytes)); },
+      [this](void* block) { ops.release(block); }};
 };
 
 }  // namespace foundry

@@ -33,7 +33,9 @@ struct Experts::Parallel {
 };
 
 Experts::Experts(Compute& cx, int64_t n_layers)
-    : cx_(cx), n_layers_(n_layers), xs_gemm_(n_layers) {}
+    : cx_(cx), n_layers_(n_layers) {
+  for (int64_t l = 0; l < n_layers; ++l) xs_gemm_.emplace_back(cx.ops);
+}
 
 Experts::~Experts() = default;
 
@@ -121,7 +123,7 @@ std::vector<int64_t> row_counts(const int64_t* offsets, int64_t n_experts) {
 // experts' products run concurrently when their rows split evenly over the threads.
 void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                             float* act, float* ys, const std::vector<int64_t>& w13,
-                            const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
+                            const std::vector<int64_t>& w2, GrowingBuffer* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
   const std::vector<int64_t> costs = row_counts(offsets, n_experts);
   const DType dt = cx_.precision;
@@ -160,7 +162,7 @@ void Experts::local_forward(const int64_t* offsets, int64_t n_experts, const flo
 void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
                              const float* xs, const float* h, const float* act, float* dxs,
                              float* dh, float* dact, const std::vector<int64_t>& w13,
-                             const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm) {
+                             const std::vector<int64_t>& w2, GrowingBuffer* xs_gemm) {
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, rows_all = offsets[n_experts];
   const std::vector<int64_t> costs = row_counts(offsets, n_experts);
   const DType dt = cx_.precision;

@@ -63,16 +63,16 @@ class Experts {
   // the backward (bf16 only; null: no copy kept, as in decoding).
   void local_forward(const int64_t* offsets, int64_t n_experts, const float* xs, float* h,
                      float* act, float* ys, const std::vector<int64_t>& w13,
-                     const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm);
+                     const std::vector<int64_t>& w2, GrowingBuffer* xs_gemm);
   void local_backward(const int64_t* offsets, int64_t n_experts, const float* dys,
                       const float* xs, const float* h, const float* act, float* dxs, float* dh,
                       float* dact, const std::vector<int64_t>& w13,
-                      const std::vector<int64_t>& w2, std::vector<bf16>* xs_gemm);
+                      const std::vector<int64_t>& w2, GrowingBuffer* xs_gemm);
 
   Compute& cx_;
   int64_t n_layers_;
   std::unique_ptr<Parallel> ep_;
-  std::vector<std::vector<bf16>> xs_gemm_;  // per layer: its rows in bf16 (bf16 precision)
+  std::vector<GrowingBuffer> xs_gemm_;  // per layer: its rows in bf16 (bf16 precision)
 };
 
 }  // namespace foundry

@@ -15,15 +15,21 @@
 
 namespace foundry {
 Model::Model(const ModelConfig& config, DType precision, Backend& backend)
-    : config_(config), table_(config), precision_(precision) {
-  params_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
-  grads_ = PageSlab<float>(static_cast<size_t>(table_.total_elements()));
-  if (precision_ == DType::bf16)
-    params_bf16_ = PageSlab<bf16>(static_cast<size_t>(table_.total_elements()));
+    : config_(config), table_(config), precision_(precision), backend_(backend) {
+  const int64_t n = table_.total_elements();
+  if (on_device()) {
+    device_params_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
+    device_grads_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
+    if (precision_ == DType::bf16)
+      device_bf16_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(bf16)));
+  } else {
+    params_ = PageSlab<float>(static_cast<size_t>(n));
+    grads_ = PageSlab<float>(static_cast<size_t>(n));
+    if (precision_ == DType::bf16) params_bf16_ = PageSlab<bf16>(static_cast<size_t>(n));
+  }
   reset_balancers();
-  compute_ = std::make_unique<Compute>(config_, precision_, backend, params_.data(),
-                                       grads_.data(), params_bf16_.data(), &op_times_,
-                                       &gradients_final_);
+  compute_ = std::make_unique<Compute>(config_, precision_, backend, param_slab(), grad_slab(),
+                                       bf16_slab(), &op_times_, &gradients_final_);
   compute_->set_progress(&progress_);
   experts_ = std::make_unique<Experts>(*compute_, config_.n_layers);
   const ArchitectureParts parts{*compute_,  *experts_,     table_,
@@ -34,6 +40,13 @@ Model::Model(const ModelConfig& config, DType precision, Backend& backend)
 Model::~Model() = default;
 
 void Model::init_weights(uint64_t seed) {
+  if (on_device()) {  // initialized on the host, as on the CPU, and copied over
+    std::vector<float> host(static_cast<size_t>(slab_size()), 0.0f);
+    for (const auto& p : table_.params()) init_tensor(p, seed, host.data() + p.offset);
+    reset_balancers();
+    write_params(host.data());
+    return;
+  }
   // A tensor only partly stored here is written whole; write_all hands the holes back.
   params_.write_all([&](float* P) {
     params_.for_each_stored([&](int64_t b, int64_t e) { std::fill(P + b, P + e, 0.0f); });
@@ -57,8 +70,32 @@ void Model::init_tensor(const ParamInfo& p, uint64_t seed, float* w) const {
   for (int64_t i = 0; i < rows_real; ++i) w[i] = static_cast<float>(rng.normal() * p.init_value);
 }
 
+void Model::read_params(float* host) const {
+  backend_.to_host(host, params(), slab_size() * static_cast<int64_t>(sizeof(float)));
+}
+
+void Model::write_params(const float* host) {
+  backend_.from_host(param_slab(), host, slab_size() * static_cast<int64_t>(sizeof(float)));
+  sync_weights();
+}
+
+void Model::read_grads(float* host) const {
+  backend_.to_host(host, const_cast<Model*>(this)->grad_slab(),
+                   slab_size() * static_cast<int64_t>(sizeof(float)));
+}
+
+void Model::check_on_host(const char* what) const {
+  if (on_device())
+    fail(fmt::format("{} runs on the CPU only; this model is on {}", what, backend_.name()),
+         "train on one GPU without it, or use --device cpu");
+}
+
 void Model::sync_weights() {
   if (precision_ != DType::bf16) return;
+  if (on_device()) {
+    backend_.to_bf16(bf16_slab(), param_slab(), slab_size());
+    return;
+  }
   params_bf16_.for_each_stored([&](int64_t b, int64_t e) {
     convert_to_bf16(params_.data() + b, params_bf16_.data() + b, e - b);
   });
@@ -71,11 +108,17 @@ void Model::zero_grads() {
     if (p.numel > 0 && experts_->writes_whole_gradient(p))
       skip.emplace_back(p.offset, p.offset + p.numel);
   std::sort(skip.begin(), skip.end());
-  float* g = grads_.data();
-  auto zero = [g](int64_t b, int64_t e) {
-    if (e > b) std::memset(g + b, 0, static_cast<size_t>(e - b) * sizeof(float));
+  float* g = grad_slab();
+  auto zero = [&](int64_t b, int64_t e) {
+    if (e > b) backend_.zero(g + b, (e - b) * static_cast<int64_t>(sizeof(float)));
   };
-  grads_.for_each_stored([&](int64_t b, int64_t e) {
+  auto for_each_stored = [&](const std::function<void(int64_t, int64_t)>& f) {
+    if (on_device())
+      f(0, slab_size());
+    else
+      grads_.for_each_stored(f);
+  };
+  for_each_stored([&](int64_t b, int64_t e) {
     int64_t at = b;
     for (const auto& [skip_b, skip_e] : skip) {
       if (skip_e <= at) continue;
@@ -89,6 +132,7 @@ void Model::zero_grads() {
 }
 
 void Model::shard_expert_storage(const SlabRanges& released) {
+  check_on_host("sharding the expert storage");
   const ExpertSharding* sharding = experts_->sharding();
   if (!sharding)
     fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");
@@ -112,6 +156,7 @@ void Model::shard_expert_storage(const SlabRanges& released) {
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group) {
+  if (group) check_on_host("expert parallelism");
   if (!grads_.holes().empty())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
@@ -129,6 +174,7 @@ int Model::expert_owner(const ParamInfo& p) const {
 }
 
 void Model::set_context_parallel(const Communicator* group) {
+  if (group && group->size() > 1) check_on_host("context parallelism");
   context_ = group && group->size() > 1 ? std::make_unique<ContextParallel>(*group) : nullptr;
   compute_->context_parallel = context_.get();
   arch_->drop_activations();
@@ -190,6 +236,7 @@ void Model::backward() {
 const float* Model::logits() const { return arch_->logits(); }
 
 Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const {
+  check_on_host("decoding (generation)");
   if (max_len > config_.max_seq_len)
     fail(fmt::format("generation length {} exceeds model.max_seq_len = {}", max_len,
                      config_.max_seq_len),

@@ -87,12 +87,24 @@ class Model {
   const ParamTable& table() const { return table_; }
   DType precision() const { return precision_; }
 
-  float* params() { return params_.data(); }
-  const float* params() const { return params_.data(); }
-  float* grads() { return grads_.data(); }
+  // The slabs, in the backend's memory (device pointers on a GPU: read and write them there
+  // through read_params / write_params / read_grads).
+  float* params() { return param_slab(); }
+  const float* params() const { return const_cast<Model*>(this)->param_slab(); }
+  float* grads() { return grad_slab(); }
   int64_t slab_size() const { return table_.total_elements(); }
-  float* param(const std::string& name) { return params_.data() + table_.get(name).offset; }
-  float* grad(const std::string& name) { return grads_.data() + table_.get(name).offset; }
+  float* param(const std::string& name) { return params() + table_.get(name).offset; }
+  float* grad(const std::string& name) { return grads() + table_.get(name).offset; }
+
+  // Where the arithmetic runs (kernels/backend.h).
+  Backend& backend() const { return backend_; }
+  // Whether the slabs and activations live in a device's memory instead of the host's.
+  bool on_device() const { return !backend_.host_memory(); }
+  // The whole parameter slab to and from host memory (write_params refreshes the bf16 GEMM
+  // copy), and the gradient slab to it: slab_size() floats each.
+  void read_params(float* host) const;
+  void write_params(const float* host);
+  void read_grads(float* host) const;
 
   // Normal(0, init_std) matrices (output projections scaled by 1/sqrt(2·n_layers)), unit
   // norms, zero padded-vocabulary rows. Deterministic in `seed`.
@@ -101,7 +113,7 @@ class Model {
   void sync_weights();
   // The bf16 GEMM copy's slab (laid out like params()), for an optimizer that writes it
   // during its update (DataParallelOptimizer::write_bf16_weights); null in fp32.
-  bf16* bf16_weights() { return precision_ == DType::bf16 ? params_bf16_.data() : nullptr; }
+  bf16* bf16_weights() { return precision_ == DType::bf16 ? bf16_slab() : nullptr; }
 
   // inputs/targets [B, T]. Keeps what backward needs. targets may be null (logits only).
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
@@ -212,6 +224,8 @@ class Model {
   }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
   int64_t resident_slab_bytes() const {
+    if (on_device())
+      return device_params_.bytes() + device_grads_.bytes() + device_bf16_.bytes();
     return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
                                 params_bf16_.resident_bytes());
   }
@@ -252,12 +266,20 @@ class Model {
 
  private:
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
+  // A feature that needs host memory (expert or context parallelism, decoding) was asked
+  // of a model on a device.
+  void check_on_host(const char* what) const;
+  float* param_slab() { return on_device() ? device_params_.as<float>() : params_.data(); }
+  float* grad_slab() { return on_device() ? device_grads_.as<float>() : grads_.data(); }
+  bf16* bf16_slab() { return on_device() ? device_bf16_.as<bf16>() : params_bf16_.data(); }
 
   ModelConfig config_;
   ParamTable table_;
   DType precision_;
-  PageSlab<float> params_, grads_;
+  Backend& backend_;
+  PageSlab<float> params_, grads_;  // a backend with host memory: page-backed slabs
   PageSlab<bf16> params_bf16_;
+  BackendBuffer device_params_, device_grads_, device_bf16_;  // otherwise
   bool grads_zeroed_ = false;  // zero_grads() since the last backward()
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;

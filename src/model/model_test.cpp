@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "kernels/cpu_backend.h"
 #include "model/test_support.h"
 
 namespace foundry {
@@ -163,6 +164,58 @@ TEST(ParamTable, MixtralNamesAndCounts) {
   EXPECT_EQ(table.parameter_count(), 128 * 16 + 2 * per_layer + 16);
   EXPECT_EQ(ParamTable(small_moe_config(1, 1)).find("model.layers.0.mlp.gate_proj.weight")->numel,
             24 * 16);
+}
+
+// A model whose backend keeps its memory to itself takes the paths it takes on a GPU: slabs
+// and activations allocated through the backend, initialization on the host copied over, the
+// batch copied in, the loss, aux losses, class counts and expert offsets copied out, the
+// gradients zeroed and the bf16 weights refreshed by the backend. With the CPU's arithmetic
+// behind them, those paths must give the host model's numbers bit for bit.
+void expect_device_paths_match_host(const ModelConfig& c, DType precision) {
+  SCOPED_TRACE(fmt::format("{} {}", c.is_zaya() ? "zaya1" : "moe", dtype_name(precision)));
+  Model host(c, precision);
+  const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
+  Model device(c, precision, *backend);
+  ASSERT_FALSE(host.on_device());
+  ASSERT_TRUE(device.on_device());
+  host.init_weights(5);
+  device.init_weights(5);
+  std::vector<float> host_grads, device_grads;
+  const std::vector<double> host_losses = testing::sgd_steps(host, 3, 2, 6, 0.05, &host_grads);
+  const std::vector<double> device_losses =
+      testing::sgd_steps(device, 3, 2, 6, 0.05, &device_grads);
+  EXPECT_EQ(host_losses, device_losses);
+  EXPECT_TRUE(host_grads == device_grads);
+  std::vector<float> host_params(host.slab_size()), device_params(device.slab_size());
+  host.read_params(host_params.data());
+  device.read_params(device_params.data());
+  EXPECT_TRUE(host_params == device_params);
+  EXPECT_EQ(host.expert_loads(), device.expert_loads());
+  EXPECT_EQ(host.router_class_counts(), device.router_class_counts());
+  // The device's slabs are exactly the parameters, the gradients and the bf16 copy.
+  const int64_t bytes_per_param = precision == DType::bf16 ? 10 : 8;
+  EXPECT_EQ(device.resident_slab_bytes(), device.slab_size() * bytes_per_param);
+}
+
+TEST(ModelOnDevice, DevicePathsMatchTheHostModelBitForBit) {
+  for (DType precision : {DType::f32, DType::bf16}) {
+    expect_device_paths_match_host(small_moe_config(4, 2), precision);
+    expect_device_paths_match_host(testing::small_zaya_config(small_moe_config(4, 1)), precision);
+  }
+}
+
+TEST(ModelOnDevice, RefusesWhatRunsOnTheHostOnly) {
+  const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
+  Model model(small_moe_config(4, 2), DType::f32, *backend);
+  try {
+    model.new_decode_state(4);
+    FAIL() << "decoding on a device model did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("decoding (generation) runs on the CPU only"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(model.shard_expert_storage({}), Error);
 }
 
 }  // namespace

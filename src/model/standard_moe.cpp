@@ -57,7 +57,8 @@ struct Activations : CommonActivations {
   MoeGrads moe_grads;
   StandardRouterScratch router_scratch;
 
-  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel,
+              const BlockSource* source) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     attn.resize(L);
@@ -80,7 +81,7 @@ struct Activations : CommonActivations {
       attn_grads.take(a, c, s);
       moe_grads.take(a, c, s, expert_parallel);
       router_scratch.take(a, c, s);
-    });
+    }, source);
   }
 };
 

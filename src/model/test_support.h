@@ -62,6 +62,34 @@ inline Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
   return b;
 }
 
+// `steps` training steps of b sequences of t tokens on fresh random batches: forward, backward,
+// the ZAYA1 balancers' update, and plain SGD (p −= lr·g) on host copies of the slabs written
+// back, so a model on a device is driven through its copies in and out. Returns the losses;
+// `grads` (when given) gets the last step's gradient slab.
+inline std::vector<double> sgd_steps(Model& model, int steps, int64_t b, int64_t t, double lr,
+                                     std::vector<float>* grads = nullptr) {
+  const ModelConfig& c = model.config();
+  std::vector<float> p(model.slab_size()), g(model.slab_size());
+  std::vector<double> losses;
+  for (int s = 0; s < steps; ++s) {
+    const Batch batch = random_batch(c, b * t, 100 + s);
+    model.zero_grads();
+    losses.push_back(model.forward(batch.inputs.data(), batch.targets.data(), b, t).loss);
+    model.backward();
+    if (c.is_zaya()) {
+      const std::vector<int64_t>& near = model.router_boundary_counts();
+      model.update_balancers(model.router_class_counts().data(), b * t * c.top_k,
+                             near.empty() ? nullptr : near.data());
+    }
+    model.read_params(p.data());
+    model.read_grads(g.data());
+    for (size_t i = 0; i < p.size(); ++i) p[i] -= static_cast<float>(lr) * g[i];
+    model.write_params(p.data());
+  }
+  if (grads) *grads = g;
+  return losses;
+}
+
 // For each tensor, compares the directional derivative g·d along a random direction d
 // restricted to that tensor with the central difference (L(p+εd) − L(p−εd)) / 2ε, on the
 // model as it is (an fp32 model). Losses are summed in double, so fp32 rounding limits the

@@ -88,7 +88,8 @@ struct Activations : CommonActivations {
   MoeGrads moe_grads;
   ZayaRouterScratch router_scratch;
 
-  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  Activations(const ModelConfig& c, BatchShape s, bool expert_parallel,
+              const BlockSource* source) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     cca.resize(L);
@@ -111,7 +112,7 @@ struct Activations : CommonActivations {
       cca_grads.take(a, c, s);
       moe_grads.take(a, c, s, expert_parallel);
       router_scratch.take(a, c, s);
-    });
+    }, source);
   }
 };
 

@@ -1,0 +1,308 @@
+#include "cuda/cuda_backend.h"
+
+#include <fmt/format.h>
+
+#include "kernels/attention.h"
+#include "cuda/blas.h"
+#include "cuda/cca.h"
+#include "cuda/ops.h"
+#include "cuda/runtime.h"
+#include "cuda/zaya.h"
+
+namespace foundry::gpu {
+namespace {
+
+uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+ops::AttentionDims dims(const foundry::ops::AttentionShape& s) {
+  return {s.b, s.t, s.h, s.kvh, s.d};
+}
+
+// Each method is the GPU kernel of the same name (or a short composition of them, where said).
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(const GpuInfo& gpu) : name_(fmt::format("cuda:{}", gpu.index)) {}
+
+  const char* name() const override { return name_.c_str(); }
+  bool host_memory() const override { return false; }
+
+  // cudaMalloc's blocks are 256-byte aligned.
+  void* allocate(int64_t bytes) override { return device_allocate(bytes); }
+  void release(void* block) override { device_release(block); }
+  void fill(float* x, int64_t n, float value) override { ops::fill(x, n, value); }
+  void fill(int32_t* x, int64_t n, int32_t value) override { ops::fill(x, n, value); }
+  void zero(void* x, int64_t bytes) override { zero_bytes(x, bytes); }
+  void copy(void* dst, const void* src, int64_t bytes) override {
+    copy_on_device(dst, src, bytes);
+  }
+  void to_host(void* host, const void* src, int64_t bytes) override {
+    copy_to_host(host, src, bytes);
+  }
+  void from_host(void* dst, const void* host, int64_t bytes) override {
+    copy_to_device(dst, host, bytes);
+  }
+  void to_bf16(bf16* out, const float* x, int64_t n) override {
+    ops::convert_to_bf16(bits(out), x, n);
+  }
+
+  void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
+            int64_t n, int64_t k, DType dtype, bool accumulate, int64_t lda) override {
+    gpu::gemm(a, trans_a, b, trans_b, c, m, n, k, dtype, accumulate, lda);
+  }
+  // In order, each product queued behind the last (grouped GEMMs are the next step here).
+  void products(const std::vector<int64_t>& costs,
+                const std::function<void(int64_t)>& task) override {
+    for (size_t i = 0; i < costs.size(); ++i) task(static_cast<int64_t>(i));
+  }
+
+  void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n,
+                         int64_t c) override {
+    ops::embedding_forward(out, tokens, wte, n, c);
+  }
+  void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t n,
+                          int64_t c, int64_t v) override {
+    ops::embedding_backward(dwte, dout, tokens, n, c, v, sort_workspace_);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
+                       int64_t c, float eps) override {
+    ops::rmsnorm_forward(out, rstd, in, weight, n, c, eps);
+  }
+  void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
+                        const float* weight, const float* rstd, int64_t n, int64_t c) override {
+    ops::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c,
+                          floats(ops::rmsnorm_backward_scratch(n, c)));
+  }
+  void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
+                  int64_t pos_offset, double theta, bool inverse) override {
+    ops::rope_apply(x, b, t, h, d, rotary_dim, pos_offset, theta, inverse);
+  }
+  void swiglu_forward(float* out, const float* h, int64_t n, int64_t f) override {
+    ops::swiglu_forward(out, h, n, f);
+  }
+  void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n,
+                       int64_t f) override {
+    ops::swiglu_backward(dh, dout, h, n, f);
+  }
+  void swiglu_forward_bf16(bf16* out, const float* h, int64_t n, int64_t f) override {
+    ops::swiglu_forward_bf16(bits(out), h, n, f);
+  }
+  void swiglu_backward_bf16(bf16* dh, const float* dout, const float* h, int64_t n,
+                            int64_t f) override {
+    ops::swiglu_backward_bf16(bits(dh), dout, h, n, f);
+  }
+
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const foundry::ops::AttentionShape& s, DType) override {
+    ops::attention_forward(out, lse, q, k, v, dims(s));
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const foundry::ops::AttentionShape& s, DType) override {
+    ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(s),
+                            floats(ops::attention_backward_scratch(dims(s))));
+  }
+
+  void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
+                      int64_t n, int64_t e, int64_t k, bool renormalize) override {
+    ops::router_forward(probs, topk_idx, topk_w, logits, n, e, k, renormalize);
+  }
+  void class_counts(int64_t* counts, const int32_t* choice, int64_t n, int64_t k,
+                    int64_t classes) override {
+    ops::zaya_class_counts(counts, choice, n, k, classes);
+  }
+  // The counts in the workspace, then their shares.
+  void expert_fractions(double* fractions, const int32_t* topk_idx, int64_t n, int64_t e,
+                        int64_t k) override {
+    auto* counts = static_cast<int64_t*>(workspace_.get(e * static_cast<int64_t>(sizeof(int64_t))));
+    ops::zaya_class_counts(counts, topk_idx, n, k, e);
+    ops::fractions_of_counts(fractions, counts, e, n * k);
+  }
+  void router_aux_loss(double* aux, const float* probs, const double* fractions, int64_t n,
+                       int64_t e) override {
+    const int64_t doubles = ops::router_aux_scratch(n, e);
+    ops::router_aux_loss(aux, probs, fractions, n, e,
+                         static_cast<double*>(workspace_.get(doubles * 8)));
+  }
+  void router_backward(float* dlogits, const float* dtopk_w, const float* probs,
+                       const int32_t* topk_idx, const float* topk_w, int64_t n, int64_t e,
+                       int64_t k, bool renormalize, float aux_coef,
+                       const double* fractions) override {
+    ops::router_backward(dlogits, dtopk_w, probs, topk_idx, topk_w, n, e, k, renormalize,
+                         aux_coef, fractions);
+  }
+  void moe_dispatch_plan(int64_t* expert_offsets, int32_t* slot_token, int32_t* assignment_slot,
+                         const int32_t* topk_idx, int64_t n, int64_t e, int64_t k) override {
+    ops::moe_dispatch_plan(expert_offsets, slot_token, assignment_slot, topk_idx, n, e, k,
+                           sort_workspace_);
+  }
+  void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
+                  int64_t c) override {
+    ops::moe_gather(xs, x, slot_token, rows, c);
+  }
+  void moe_combine(float* out, const float* ys, const float* topk_w,
+                   const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) override {
+    ops::moe_combine(out, ys, topk_w, assignment_slot, n, k, c);
+  }
+  void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const float* ys,
+                            const float* topk_w, const int32_t* assignment_slot, int64_t n,
+                            int64_t k, int64_t c) override {
+    ops::moe_combine_backward(dys, dtopk_w, dout, ys, topk_w, assignment_slot, n, k, c);
+  }
+  void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot,
+                           int64_t n, int64_t k, int64_t c) override {
+    ops::moe_gather_backward(dx, dxs, assignment_slot, n, k, c);
+  }
+
+  void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,
+                     const int32_t* targets, int64_t n, int64_t v, int64_t vp,
+                     float grad_scale) override {
+    ops::cross_entropy(dlogits, losses, mean_loss, logits, targets, n, v, vp, grad_scale);
+  }
+  void cross_entropy_bf16(bf16* dlogits, int64_t ld, float* losses, double* mean_loss,
+                          const float* logits, const int32_t* targets, int64_t n, int64_t v,
+                          int64_t vp, float grad_scale) override {
+    ops::cross_entropy_bf16(bits(dlogits), ld, losses, mean_loss, logits, targets, n, v, vp,
+                            grad_scale);
+  }
+
+  void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk,
+                         int64_t d) override {
+    ops::cca_means_forward(qk, c, n, hq, hk, d);
+  }
+  void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq, int64_t hk,
+                          int64_t d) override {
+    ops::cca_means_backward(dc, dqk, n, hq, hk, d);
+  }
+  void cca_depthwise_conv_forward(float* y, const float* c, const float* w0, const float* b0,
+                                  int64_t b, int64_t t, int64_t channels,
+                                  int64_t taps) override {
+    ops::cca_depthwise_conv_forward(y, c, w0, b0, b, t, channels, taps);
+  }
+  void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
+                                   const float* c, const float* w0, int64_t b, int64_t t,
+                                   int64_t channels, int64_t taps) override {
+    ops::cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, channels, taps,
+                                     floats(ops::cca_depthwise_conv_scratch(b, t, channels, taps)));
+  }
+  void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
+                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
+                                DType) override {
+    ops::cca_grouped_conv_forward(z, y, w1, b1, b, t, groups, d, taps);
+  }
+  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                                 const float* y, const float* w1, int64_t b, int64_t t,
+                                 int64_t groups, int64_t d, int64_t taps, DType) override {
+    ops::cca_grouped_conv_backward(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps,
+                                   floats(ops::cca_grouped_conv_scratch(b, t, groups, d, taps)));
+  }
+  void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) override {
+    ops::cca_value_shift_inplace_forward(v, nullptr, b, t, half);
+  }
+  void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) override {
+    ops::cca_value_shift_inplace_backward(dv, b, t, half);
+  }
+  void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk, const float* temp,
+                           int64_t n, int64_t hq, int64_t hk, int64_t d, float eps) override {
+    ops::cca_qk_norm_forward(q, k, rnorm, qk, temp, n, hq, hk, d, eps);
+  }
+  void cca_qk_norm_backward(float* dqk, float* dtemp, const float* dq, const float* dk,
+                            const float* qk, const float* rnorm, const float* temp, int64_t n,
+                            int64_t hq, int64_t hk, int64_t d) override {
+    ops::cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d,
+                              floats(ops::cca_qk_norm_scratch(n, hk)));
+  }
+
+  void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) override {
+    ops::bias_add_forward(y, bias, n, m);
+  }
+  void bias_add_backward(float* dbias, const float* dy, int64_t n, int64_t m) override {
+    ops::bias_add_backward(dbias, dy, n, m, floats(ops::column_sum_scratch(n, m)));
+  }
+  void gelu_forward(float* out, const float* in, int64_t n, int64_t c) override {
+    ops::gelu_forward(out, in, n, c);
+  }
+  void gelu_backward(float* din, const float* dout, const float* in, int64_t n,
+                     int64_t c) override {
+    ops::gelu_backward(din, dout, in, n, c);
+  }
+  void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n,
+                   int64_t r_dim) override {
+    ops::eda_forward(r, r_prev, gamma, n, r_dim);
+  }
+  void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
+                    const float* gamma, int64_t n, int64_t r_dim) override {
+    ops::eda_backward(dr_prev, dgamma, dr, r_prev, gamma, n, r_dim,
+                      floats(ops::column_sum_scratch(n, r_dim)));
+  }
+  void zaya_gating_forward(float* probs, int32_t* choice, float* gate, const float* logits,
+                           const float* balance_bias, foundry::ops::BiasOn bias_on, int64_t n,
+                           int64_t e, int64_t k, bool skip_class,
+                           bool skip_passes_input) override {
+    ops::zaya_gating_forward(probs, choice, gate, logits, balance_bias,
+                             bias_on == foundry::ops::BiasOn::logits, n, e, k, skip_class,
+                             skip_passes_input);
+  }
+  void zaya_gating_backward(float* dlogits, const float* dgate, const float* probs,
+                            const int32_t* choice, int64_t n, int64_t e, int64_t k,
+                            bool skip_class, bool skip_passes_input) override {
+    ops::zaya_gating_backward(dlogits, dgate, probs, choice, n, e, k, skip_class,
+                              skip_passes_input);
+  }
+  void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits,
+                            const float* balance_bias, foundry::ops::BiasOn bias_on,
+                            const int32_t* choice, int64_t n, int64_t classes, int64_t k,
+                            double window) override {
+    ops::zaya_boundary_counts(near, probs, logits, balance_bias,
+                              bias_on == foundry::ops::BiasOn::logits, choice, n, classes, k,
+                              window);
+  }
+  void residual_scale_forward(float* out, const float* res, const float* h,
+                              const float* alpha_res, const float* beta_res,
+                              const float* alpha_h, const float* beta_h, int64_t n,
+                              int64_t c) override {
+    ops::residual_scale_forward(out, res, h, alpha_res, beta_res, alpha_h, beta_h, n, c);
+  }
+  void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* dbeta_res,
+                               float* dalpha_h, float* dbeta_h, const float* dout,
+                               const float* res, const float* h, const float* alpha_res,
+                               const float* beta_res, const float* alpha_h, const float* beta_h,
+                               int64_t n, int64_t c) override {
+    ops::residual_scale_backward(dres, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h, dout, res,
+                                 h, alpha_res, beta_res, alpha_h, beta_h, n, c,
+                                 floats(ops::column_sum_scratch(n, 3 * c)));
+  }
+  void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
+                           int64_t n, int64_t c) override {
+    ops::scale_shift_forward(out, x, alpha, beta, n, c);
+  }
+  // Residual scaling's backward with res = h = x: its first half is this one's; the second
+  // half's outputs (dh [N, C], dα_h, dβ_h [C]) land in the workspace, after the column sums.
+  void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
+                            const float* x, const float* alpha, const float* beta, int64_t n,
+                            int64_t c) override {
+    const int64_t sums = ops::column_sum_scratch(n, 3 * c);
+    float* scratch = floats(sums + n * c + 2 * c);
+    float* discard = scratch + sums;
+    zero_bytes(discard + n * c, 2 * c * static_cast<int64_t>(sizeof(float)));
+    ops::residual_scale_backward(dx, discard, dalpha, dbeta, discard + n * c,
+                                 discard + n * c + c, dout, x, x, alpha, beta, alpha, beta, n, c,
+                                 scratch);
+  }
+
+ private:
+  float* floats(int64_t n) {
+    return static_cast<float*>(workspace_.get(n * static_cast<int64_t>(sizeof(float))));
+  }
+
+  std::string name_;
+  Workspace workspace_;       // the float and double scratch of one operation at a time
+  Workspace sort_workspace_;  // CUB's temporary storage for the radix sorts
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(int index, const std::string& what) {
+  return std::make_unique<CudaBackend>(open_gpu(index, what));
+}
+
+}  // namespace foundry::gpu
