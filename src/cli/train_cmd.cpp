@@ -267,7 +267,14 @@ void register_train_commands(CLI::App& app) {
     cmd->add_flag("--op-breakdown", opts->op_breakdown,
                   "Time every operation and print a per-operation table at the end");
     cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
-    cmd->callback([args, opts] { run_train(*args, *opts); });
+    auto device = std::make_shared<std::string>();
+    cmd->add_option("--device", *device,
+                    "Where to train: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
+    cmd->callback([args, opts, device] {
+      ConfigArgs with_device = *args;
+      if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
+      run_train(with_device, *opts);
+    });
   }
   // ---- eval ----
   {

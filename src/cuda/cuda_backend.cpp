@@ -25,6 +25,7 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return name_.c_str(); }
   bool host_memory() const override { return false; }
+  OpClock* op_clock() override { return &clock_; }
 
   // cudaMalloc's blocks are 256-byte aligned.
   void* allocate(int64_t bytes) override { return device_allocate(bytes); }
@@ -295,6 +296,7 @@ class CudaBackend final : public Backend {
   }
 
   std::string name_;
+  EventClock clock_;
   Workspace workspace_;       // the float and double scratch of one operation at a time
   Workspace sort_workspace_;  // CUB's temporary storage for the radix sorts
 };

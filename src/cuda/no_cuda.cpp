@@ -4,6 +4,7 @@
 #include "cuda/adamw.h"
 #include "cuda/cca.h"
 #include "cuda/lt_matmul.h"
+#include "cuda/muon.h"
 #include "cuda/no_gpu.h"
 #include "cuda/ops.h"
 #include "cuda/random_fill.h"
@@ -42,6 +43,10 @@ void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_to_host(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_to_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void zero_bytes(void*, int64_t) { fail_no_cuda_build(kWhat); }
+EventClock::~EventClock() = default;
+int64_t EventClock::mark() { fail_no_cuda_build(kWhat); }
+double EventClock::seconds(int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+
 void synchronize() { fail_no_cuda_build(kWhat); }
 
 GpuTimer::GpuTimer() { fail_no_cuda_build(kWhat); }
@@ -62,6 +67,13 @@ void lt_matmul(const void*, bool, const void*, bool, float*, int64_t, int64_t, i
   fail_no_cuda_build(kWhat);
 }
 }  // namespace detail
+
+void muon_momentum(float*, float*, const float*, int64_t, float, bool, float) {
+  fail_no_cuda_build(kWhat);
+}
+void muon_apply(float*, const float*, int64_t, float, float, uint16_t*) {
+  fail_no_cuda_build(kWhat);
+}
 
 void adamw_update(float*, const float*, float*, float*, uint16_t*, const AdamWRange*, int64_t,
                   const AdamWCoefficients&, float) {

@@ -129,6 +129,28 @@ void zero_bytes(void* dst, int64_t bytes) {
   if (bytes > 0) FOUNDRY_CUDA_CHECK(cudaMemset(dst, 0, static_cast<size_t>(bytes)));
 }
 
+EventClock::~EventClock() {
+  for (void* e : events_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+}
+
+int64_t EventClock::mark() {
+  if (used_ == static_cast<int64_t>(events_.size())) {
+    cudaEvent_t e = nullptr;
+    FOUNDRY_CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  FOUNDRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(events_[used_])));
+  return used_++;
+}
+
+double EventClock::seconds(int64_t from, int64_t to) {
+  FOUNDRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(events_[to])));
+  float ms = 0;
+  FOUNDRY_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(events_[from]),
+                                          static_cast<cudaEvent_t>(events_[to])));
+  return ms * 1e-3;
+}
+
 void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 GpuTimer::GpuTimer() {

@@ -8,6 +8,9 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "base/timer.h"
 
 namespace foundry::gpu {
 
@@ -99,6 +102,23 @@ void zero_bytes(void* dst, int64_t bytes);
 
 // Waits for all work queued on the current GPU.
 void synchronize();
+
+// The op timers' clock on a GPU (base/timer.h): each mark is a CUDA event recorded on the
+// default stream, from a pool that grows to the most marks between two resets.
+class EventClock final : public OpClock {
+ public:
+  EventClock() = default;
+  ~EventClock() override;
+  EventClock(const EventClock&) = delete;
+  EventClock& operator=(const EventClock&) = delete;
+  int64_t mark() override;
+  double seconds(int64_t from, int64_t to) override;
+  void reset() override { used_ = 0; }
+
+ private:
+  std::vector<void*> events_;
+  int64_t used_ = 0;
+};
 
 // Seconds between two points of the GPU's default stream (CUDA events): start() records the
 // first, seconds() the second and waits for it.

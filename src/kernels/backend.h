@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
 
@@ -33,6 +34,9 @@ class Backend {
   virtual const char* name() const = 0;
   // Whether the host may read and write this backend's memory directly.
   virtual bool host_memory() const = 0;
+  // The clock of the op timers (base/timer.h) when the work does not run on the host (a
+  // GPU's events); null: the host's wall clock.
+  virtual OpClock* op_clock() { return nullptr; }
 
   // ---- memory --------------------------------------------------------------------------------
   // A zeroed block of `bytes` (> 0) in the backend's memory, 256-byte aligned, until release.

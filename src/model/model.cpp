@@ -28,6 +28,7 @@ Model::Model(const ModelConfig& config, DType precision, Backend& backend)
     if (precision_ == DType::bf16) params_bf16_ = PageSlab<bf16>(static_cast<size_t>(n));
   }
   reset_balancers();
+  op_times_.set_clock(backend_.op_clock());
   compute_ = std::make_unique<Compute>(config_, precision_, backend, param_slab(), grad_slab(),
                                        bf16_slab(), &op_times_, &gradients_final_);
   compute_->set_progress(&progress_);

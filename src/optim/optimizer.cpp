@@ -13,11 +13,8 @@
 #include "optim/zero1.h"
 
 namespace foundry {
-namespace {
 
-// "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
-// "adamw (all 21 tensors, 1.24M params)".
-std::string describe_split(const ParamTable& table, bool muon_on) {
+std::string describe_optimizer_split(const ParamTable& table, bool muon_on) {
   int64_t muon_tensors = 0, adam_tensors = 0;
   double muon_params = 0, adam_params = 0;
   for (const ParamInfo& p : table.params()) {
@@ -35,6 +32,8 @@ std::string describe_split(const ParamTable& table, bool muon_on) {
                        format_count(adam_params));
   return fmt::format("adamw (all {} tensors, {} params)", adam_tensors, format_count(adam_params));
 }
+
+namespace {
 
 // Rank r's share of n elements in an even split over `ranks` (ZeRO-1's shard formula).
 SlabRange even_share(int64_t n, int ranks, int r) {
@@ -117,7 +116,7 @@ class LocalOptimizer final : public DataParallelOptimizer {
   std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
   void shard_expert_storage(Model&, int) override {}
-  std::string describe() const override { return describe_split(table_, muon_.has_value()); }
+  std::string describe() const override { return describe_optimizer_split(table_, muon_.has_value()); }
   const char* layout_name() const override { return "single process"; }
   void set_op_times(OpTimes* times) override { op_times_ = times; }
 
@@ -243,7 +242,7 @@ class ShardedOptimizer final : public DataParallelOptimizer {
     zero1_.set_zero_gradient_ranges(std::move(unowned));
   }
   std::string describe() const override {
-    return describe_split(table_, muon_on_) + fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
+    return describe_optimizer_split(table_, muon_on_) + fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
   }
   const char* layout_name() const override { return "ZeRO-1"; }
   void set_op_times(OpTimes* times) override { zero1_.set_op_times(times); }

@@ -105,6 +105,10 @@ class DataParallelOptimizer {
   virtual void set_op_times(OpTimes* times) = 0;
 };
 
+// "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
+// "adamw (all 21 tensors, 1.24M params)": which optimizer updates what.
+std::string describe_optimizer_split(const ParamTable& table, bool muon_on);
+
 // The optimizer for `world` (null or one rank: single process; otherwise data parallel over
 // its ranks, ZeRO-1 or replicated as options.zero1 says). Collective over `world`.
 std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,

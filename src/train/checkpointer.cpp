@@ -157,10 +157,18 @@ void Checkpointer::clear_memory_tier() {
 // ---- resume ---------------------------------------------------------------------------------
 
 // What this rank holds: every parameter it stores, every optimizer state element it keeps.
+float* Checkpointer::host_params(bool download) {
+  if (!model_.on_device()) return model_.params();
+  host_params_.resize(static_cast<size_t>(model_.slab_size()));
+  if (download) model_.read_params(host_params_.data());
+  return host_params_.data();
+}
+
 std::vector<SlabTarget> Checkpointer::load_targets() {
   std::vector<SlabTarget> targets;
+  float* params = host_params(/*download=*/false);
   for (const auto& [b, e] : complement(model_.released_param_ranges(), model_.slab_size()))
-    targets.push_back({"", b, e, model_.params() + b});
+    targets.push_back({"", b, e, params + b});
   for (const StateRun& r : optimizer_.states_to_load_runs())
     targets.push_back({r.state, r.begin, r.end, r.data});
   return targets;
@@ -249,7 +257,10 @@ int64_t Checkpointer::resume() {
     }
     restore_router_balancers(model_, state, dir, /*required=*/true);
     if (restore_hook_) restore_hook_(state);
-    model_.sync_weights();
+    if (model_.on_device())
+      model_.write_params(host_params_.data());  // and the bf16 copy
+    else
+      model_.sync_weights();
     const bool from_memory = state.contains(kDurableStepKey);
     durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
     if (processes_.root())
@@ -359,7 +370,8 @@ void Checkpointer::plan(Tier& tier, int64_t step) {
   tier.staging = staging_dir(tier.root, step, tag_);
   const SlabRange params = optimizer_.parameters_to_save();
   tier.runs.clear();
-  tier.runs.push_back({"", params.begin, params.end, model_.params() + params.begin});
+  float* host = host_params(/*download=*/true);
+  tier.runs.push_back({"", params.begin, params.end, host + params.begin});
   for (const StateRun& r : optimizer_.states_to_save_runs())
     tier.runs.push_back({r.state, r.begin, r.end, r.data});
   tier.written = false;

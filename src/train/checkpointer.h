@@ -134,6 +134,9 @@ class Checkpointer {
   void report_save(const Tier& tier, const std::string& path, const std::vector<json>& shards,
                    double commit_seconds) const;
   std::vector<SlabTarget> load_targets();
+  // The parameter slab as the host sees it: the slab itself, or for a model on a device a
+  // host copy (filled from the device when `download`; a load writes it back).
+  float* host_params(bool download);
   std::vector<std::string> resume_candidates() const;
   void check_same_tokenizer(const std::string& dir, const json& state) const;
   void open_memory_tier();
@@ -156,6 +159,7 @@ class Checkpointer {
   // memory tier's checkpoints name it as the durable one they descend from.
   int64_t durable_step_ = 0;
   PageSlab<float> buffer_;  // the durable tier's snapshot, reused (backed from its first copy)
+  std::vector<float> host_params_;  // a model on a device: its parameters' host copy
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
 };

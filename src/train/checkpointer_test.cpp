@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "base/test_expect_error.h"
+#include "kernels/cpu_backend.h"
 #include "model/model.h"
 #include "train/memory_tier.h"
 #include "train/optimizer_config.h"
@@ -17,12 +18,13 @@ namespace {
 
 using testing::TempDir;
 
-// A model, its optimizer and a checkpointer over one run directory, in one process.
+// A model, its optimizer and a checkpointer over one run directory, in one process; the
+// model on `backend` when given (the CPU's otherwise).
 struct TinyRun {
-  explicit TinyRun(const RunConfig& config, uint64_t init_seed)
+  explicit TinyRun(const RunConfig& config, uint64_t init_seed, Backend* backend = nullptr)
       : rc(config),
         procs(nullptr, 0),
-        model(rc.model, rc.train.precision),
+        model(rc.model, rc.train.precision, backend ? *backend : cpu_backend()),
         optimizer(make_optimizer(model.table(), optimizer_options(rc.train), nullptr)),
         batches(nullptr, rc.train.batch_size, rc.train.seq_len, 0, 1, rc.model.vocab_size, 3),
         checkpointer(rc, lr_schedule(rc.train), model, *optimizer, nullptr, procs, true) {
@@ -35,7 +37,9 @@ struct TinyRun {
              [this] { checkpointer.protect_state(); });
   }
   std::vector<float> params() const {
-    return {model.params(), model.params() + model.slab_size()};
+    std::vector<float> p(model.slab_size());
+    model.read_params(p.data());
+    return p;
   }
   RunConfig rc;
   Processes procs;
@@ -68,6 +72,34 @@ TEST_P(CheckpointerTest, ResumeRestoresEverythingBitwise) {
   resumed.step(3);  // optimizer state restored too: the next step is the same
   const std::vector<float> a = trained.params(), b = resumed.params();
   EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+// A model whose slabs are not host memory (a CPU backend posing as a device, which takes the
+// paths a GPU run takes): its parameters are saved through a host copy and loaded back into
+// the device, so the checkpoint resumes on a device or on the host, bit for bit either way.
+TEST_P(CheckpointerTest, ADeviceModelSavesAndResumesThroughAHostCopy) {
+  TempDir dir;
+  RunConfig rc = testing::tiny_run_config(dir.path(), GetParam());
+  rc.train.precision = DType::bf16;  // the bf16 copy is refreshed on the device after a load
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  TinyRun trained(rc, 1, device.get());
+  ASSERT_TRUE(trained.model.on_device());
+  make_dirs(rc.train.run_dir);
+  trained.step(1);
+  trained.step(2);
+  trained.checkpointer.save(2);
+  trained.checkpointer.finish();
+
+  TinyRun on_device(rc, 99, device.get()), on_host(rc, 98);
+  EXPECT_EQ(on_device.checkpointer.resume(), 2);
+  EXPECT_EQ(on_host.checkpointer.resume(), 2);
+  EXPECT_EQ(on_device.params(), trained.params());
+  EXPECT_EQ(on_host.params(), trained.params());
+  trained.step(3);
+  on_device.step(3);
+  on_host.step(3);
+  EXPECT_TRUE(on_device.params() == trained.params());
+  EXPECT_TRUE(on_host.params() == trained.params());
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, CheckpointerTest, ::testing::Bool(),

@@ -13,6 +13,8 @@
 #include "base/timer.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
+#include "cuda/blas.h"
+#include "cuda/runtime.h"
 #include "kernels/gemm.h"
 #include "train/processes.h"
 #include "train/run_config.h"
@@ -63,6 +65,25 @@ double measure_gemm_peak(bool use_bf16, int bursts) {
   return 2.0 * n * n * n / best;
 }
 
+double measure_gpu_gemm_peak(bool use_bf16, int bursts) {
+  const int64_t n = 8192;
+  const int64_t elem = use_bf16 ? 2 : 4;
+  gpu::DeviceBuffer a(n * n * elem), c(n * n * 4);
+  a.fill_bytes(0x3c);  // small normal values in both precisions
+  const DType dt = use_bf16 ? DType::bf16 : DType::f32;
+  gpu::gemm(a.data(), false, a.data(), true, c.as<float>(), n, n, n, dt);  // warm-up, plan
+  gpu::GpuTimer timer;
+  double best = 1e30;
+  for (int burst = 0; burst < bursts; ++burst) {
+    for (int rep = 0; rep < 3; ++rep) {
+      timer.start();
+      gpu::gemm(a.data(), false, a.data(), true, c.as<float>(), n, n, n, dt);
+      best = std::min(best, timer.seconds());
+    }
+  }
+  return 2.0 * n * n * n / best;
+}
+
 MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& profile,
                         const Processes& procs, bool resuming) {
   if (tc.peak_gflops > 0)
@@ -76,7 +97,8 @@ MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& 
                                                 : (devices == 1 ? "device" : "devices"))};
   }
   const std::string measured =
-      fmt::format("measured at start: best {} GEMM of 5 bursts{}", dtype_name(tc.precision),
+      fmt::format("measured at start: best {} {}GEMM of 5 bursts{}", dtype_name(tc.precision),
+                  tc.device.cuda ? fmt::format("cuBLASLt ({}) ", tc.device.name()) : "",
                   procs.ranks() > 1 ? fmt::format(", summed over {} ranks", procs.ranks()) : "");
   // A resumed run divides by the peak its first attempt measured (the same source, so the same
   // precision and ranks): its MFU figures stay comparable, and a restart saves the seconds.
@@ -85,7 +107,8 @@ MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& 
   if (peak > 0) return {peak, measured};
   // Every rank measures at once, so on a shared host each sees its share of the cores: the
   // sum is the job's peak.
-  peak = measure_gemm_peak(tc.precision == DType::bf16);
+  peak = tc.device.cuda ? measure_gpu_gemm_peak(tc.precision == DType::bf16)
+                        : measure_gemm_peak(tc.precision == DType::bf16);
   if (procs.world()) procs.world()->allreduce(&peak, &peak, 1);
   return {peak, measured};
 }

@@ -42,6 +42,8 @@ MfuPeak choose_mfu_peak(const TrainConfig& tc, const std::optional<DevicePeak>& 
 // The best rate of 2048³ oneDNN matmuls in the given precision over `bursts` bursts of three,
 // 50 ms apart, on this process's threads (FLOP/s).
 double measure_gemm_peak(bool use_bf16, int bursts = 5);
+// The same on the current GPU: 8192³ cuBLASLt products timed with CUDA events.
+double measure_gpu_gemm_peak(bool use_bf16, int bursts = 5);
 
 // Sees every step's MFU; the first above 100% gets one message (rank 0's log).
 class MfuWatch {

@@ -52,6 +52,9 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
   r.get_parsed("muon_ns_precision", t.muon_ns_precision, parse_dtype, "bf16, fp32");
   r.get_parsed("precision", t.precision, parse_dtype, "fp32, bf16");
+  std::string device = t.device.name();
+  r.get("device", device);
+  t.device = parse_device(fmt::format("{}: train.device", where), device);
   r.get("seed", t.seed);
   r.get("log_every", t.log_every, int64_t{1}, int64_t{1} << 40);
   r.get("eval_every", t.eval_every, int64_t{0}, int64_t{1} << 40);

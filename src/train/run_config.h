@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "base/config_reader.h"
+#include "base/device.h"
 #include "kernels/gemm.h"
 #include "model/config.h"
 #include "model/info.h"
@@ -46,6 +47,9 @@ struct TrainConfig {
   // its ~3 significant digits are ample for an approximate orthogonalization) or "fp32".
   DType muon_ns_precision = DType::bf16;
   DType precision = DType::bf16;  // GEMM input type: "fp32" | "bf16"
+  // Where the arithmetic runs: "cpu", or one GPU ("cuda", "cuda:N"; one process, no expert or
+  // context parallelism).
+  DeviceSpec device;
   // Under mpirun: ranks per expert-parallel group (experts sharded over them; must divide the
   // ranks and n_experts). Every rank is also a data-parallel (ZeRO-1) rank.
   int64_t expert_parallel = 1;

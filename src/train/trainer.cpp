@@ -19,7 +19,9 @@
 #include "data/dataset.h"
 #include "kernels/gemm.h"
 #include "model/expert_parallel.h"
+#include "model/backends.h"
 #include "model/info.h"
+#include "optim/device_optimizer.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/events.h"
@@ -83,6 +85,12 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
         fmt::format(
             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
             tc.expert_parallel));
+  if (tc.device.cuda && (procs.ranks() > 1 || tc.expert_parallel > 1 || tc.context_parallel > 1))
+    fail(fmt::format("train.device {} trains in one process on one GPU, but this job has {} "
+                     "rank(s), train.expert_parallel = {} and train.context_parallel = {}",
+                     tc.device.name(), procs.ranks(), tc.expert_parallel, tc.context_parallel),
+         "run one process without expert or context parallelism on a GPU, or train on the CPU "
+         "(train.device cpu)");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
          "prepare one with 'foundry data prepare' and set "
@@ -100,6 +108,7 @@ struct TrainingRun {
   bool quiet;
   std::optional<Dataset> dataset;
   std::optional<BatchLoader> train_loader, val_loader;
+  std::unique_ptr<Backend> backend;  // where the model computes (train.device)
   std::optional<Model> model;
   std::optional<ExpertParallelGroups> ep_groups;
   std::optional<Communicator> cp_group;  // context parallel: C consecutive ranks
@@ -219,8 +228,11 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
       quiet(opt.quiet || !procs.root()) {
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
+  // The device is input too: a GPU that is not there fails before anything is written.
+  backend = open_backend(tc.device, "train.device " + tc.device.name());
   if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
-  check_training_memory(rc, procs);
+  // The host's memory; a GPU's allocations fail with its free memory named.
+  if (!tc.device.cuda) check_training_memory(rc, procs);
   if (tc.memory_checkpoint_every > 0)
     check_memory_tier_room(tc, 2.0 * rank_checkpoint_bytes(rc, procs.ranks()) * procs.ranks());
   // The steps to train, against the checkpoint a resume would start from: before --overwrite
@@ -232,7 +244,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
   if (run_dir->resume()) check_same_trajectory(rc, opt.allow_config_change, procs.root());
-  model.emplace(rc.model, tc.precision);
+  model.emplace(rc.model, tc.precision, *backend);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len, procs.rank(),
                   procs.ranks(), rc.model.vocab_size, tc.seed, model->context_parallel());
@@ -339,7 +351,8 @@ void TrainingRun::build_model_and_optimizer() {
     cp_group.emplace(world->split(world->rank() / c, world->rank()));
     model->set_context_parallel(&*cp_group);
   }
-  optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
+  optimizer = tc.device.cuda ? make_device_optimizer(model->table(), optimizer_options(tc))
+                             : make_optimizer(model->table(), optimizer_options(tc), world);
   // Expert parallel with ZeRO-1: a rank stores its own experts, the dense tensors and its
   // shard, not the other ranks' experts (before initializing, so it never writes them).
   if (ep_groups) optimizer->shard_expert_storage(*model, static_cast<int>(tc.expert_parallel));
