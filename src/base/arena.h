@@ -53,6 +53,15 @@ class Arena {
     layout(*this);
   }
 
+  // The bytes build(layout) would allocate, without allocating (take returns null).
+  template <typename F>
+  size_t measure(F&& layout) {
+    release();
+    offset_ = 0;
+    layout(*this);
+    return offset_ + kAlign;
+  }
+
   size_t bytes() const { return offset_; }
 
  private:

@@ -52,11 +52,12 @@ struct CommonActivations {
   std::vector<MoeActs> moe;   // per layer
   LmHeadActs head;
   Arena arena;
+  int64_t measured_bytes = 0;  // constructed to measure only: the arena's bytes
 };
 
 // What both compositions share: the activations of the last batch shape (Acts derives from
 // CommonActivations and is constructed from (config, shape, experts parallel, the arena's
-// block source)), the inputs
+// block source, measure only)), the inputs
 // kept for the backward, the logits and the class offsets.
 template <typename Acts>
 class Composition : public Architecture {
@@ -69,6 +70,10 @@ class Composition : public Architecture {
     return acts_ ? acts_->moe[layer].host_offsets.data() : nullptr;
   }
   void drop_activations() override { acts_.reset(); }
+  // The bytes of the activation arena of shape s, measured from the layout itself.
+  static int64_t arena_bytes(const ModelConfig& c, BatchShape s, bool expert_parallel) {
+    return Acts(c, s, expert_parallel, nullptr, /*measure_only=*/true).measured_bytes;
+  }
 
  protected:
   Composition(Compute& cx, Experts& experts) : cx_(cx), experts_(experts) {}
@@ -107,5 +112,8 @@ struct ArchitectureParts {
 };
 std::unique_ptr<Architecture> make_standard_moe(const ArchitectureParts& parts);
 std::unique_ptr<Architecture> make_zaya1(const ArchitectureParts& parts);
+// Composition::arena_bytes of each.
+int64_t standard_moe_arena_bytes(const ModelConfig& c, BatchShape s, bool expert_parallel);
+int64_t zaya1_arena_bytes(const ModelConfig& c, BatchShape s, bool expert_parallel);
 
 }  // namespace foundry

@@ -157,7 +157,8 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk
   add_item(a, "expert outputs", "[N*K,C]", L, kF32Bytes * N * K * C);
 
   auto& g = m.backward_buffers;
-  add_item(g, "residual and norm gradients", "2*[N,C]", 1, kF32Bytes * 2 * N * C);
+  add_item(g, "residual gradient and the two norms' gradients", "3*[N,C]", 1,
+           kF32Bytes * 3 * N * C);
   add_item(g, "dq, dk, dv", "[N,Dq] + 2*[N,Dkv]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   if (c.qk_norm != QkNorm::none)
     add_item(g, "dq, dk before their norms", "[N,Dq] + [N,Dkv]", 1, kF32Bytes * N * (Dq + Dkv));
@@ -210,7 +211,8 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
   add_item(a, "embedding output", "[N,C]", 1, kF32Bytes * N * C);
 
   auto& g = m.backward_buffers;
-  add_item(g, "residual, output and norm gradients", "3*[N,C]", 1, kF32Bytes * 3 * N * C);
+  add_item(g, "residual (two), output and the two norms' gradients", "5*[N,C]", 1,
+           kF32Bytes * 5 * N * C);
   add_item(g, split ? "dc, dqk" : "dc, dy, dqk", split ? "2*[N,Cc]" : "3*[N,Cc]", 1,
            kF32Bytes * (split ? 2 : 3) * N * Cc);
   add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));

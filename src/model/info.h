@@ -48,8 +48,8 @@
 //     once             final residual [N,C]; final-norm output [N,C] and 1/rms [N];
 //                      logits [N,Vp] (the loss gradient is written in place); per-token
 //                      losses [N]; input and target ids (int) 2·[N]
-//   Backward working buffers (one set, reused by every layer): residual and norm gradients
-//   2·[N,C]; dq [N,Dq], dk, dv [N,Dkv]; attention-output gradient [N,Dq]; attention-score
+//   Backward working buffers (one set, reused by every layer): the residual gradient and the
+//   attention and MoE norms' gradients 3·[N,C]; dq [N,Dq], dk, dv [N,Dkv]; attention-output gradient [N,Dq]; attention-score
 //   gradient [B,H,T,T]; expert-input and expert-output gradients 2·[N·K,C]; hidden and
 //   SwiGLU gradients [N·K,2F] + [N·K,F]; gate-weight gradient [N,K]; router gradient [N,E].
 //   Not counted: oneDNN and bf16-conversion scratch, the allocator's overhead.
@@ -97,8 +97,8 @@
 //                      SwiGLU output [Nk,F]; expert outputs [Nk,C]; output h [N,C]
 //   once               embedding output [N,C]; final residual [N,C]; final norm [N,C] + [N];
 //                      logits [N,Vp]; losses [N]; input and target ids (int) 2·[N]
-//   Backward working buffers (one set): residual, sublayer-output and norm gradients
-//   3·[N,C]; dc, dy, dqk 3·[N,Cc]; dq [N,Hq·d], dk, dv [N,Hk·d]; attention-output gradient
+//   Backward working buffers (one set): two residual gradients, the sublayer output's and
+//   the CCA and MoE norms' gradients 5·[N,C]; dc, dy, dqk 3·[N,Cc]; dq [N,Hq·d], dk, dv [N,Hk·d]; attention-output gradient
 //   [N,Hq·d]; attention-score gradient [B,Hq,T,T]; router-state gradients d_r, d_r_prev
 //   2·[N,R]; router MLP gradients 2·[N,R] + logits gradient [N,S]; expert input and output
 //   gradients 2·[Nk,C]; hidden and SwiGLU gradients [Nk,2F] + [Nk,F]; gate gradient [N,K].

@@ -236,6 +236,12 @@ void Model::backward() {
 
 const float* Model::logits() const { return arch_->logits(); }
 
+int64_t Model::activation_arena_bytes(const ModelConfig& config, int64_t batch, int64_t seq) {
+  const BatchShape s{batch, seq};
+  return config.is_zaya() ? zaya1_arena_bytes(config, s, false)
+                          : standard_moe_arena_bytes(config, s, false);
+}
+
 Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const {
   check_on_host("decoding (generation)");
   if (max_len > config_.max_seq_len)

@@ -125,8 +125,14 @@ class Model {
   void backward();
   void zero_grads();
 
-  // Logits [B, T, padded_vocab] of the last forward (after forward with targets == null).
+  // Logits [B, T, padded_vocab] of the last forward (after forward with targets == null), in
+  // the backend's memory.
   const float* logits() const;
+
+  // The bytes of the activation arena a forward of `batch` sequences of `seq` tokens lays
+  // out (everything it keeps for backward and the backward's buffers), measured from the
+  // layout itself; model info's itemized estimate is checked against it.
+  static int64_t activation_arena_bytes(const ModelConfig& config, int64_t batch, int64_t seq);
 
   OpTimes& op_times() { return op_times_; }
 

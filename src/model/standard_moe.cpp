@@ -58,14 +58,14 @@ struct Activations : CommonActivations {
   StandardRouterScratch router_scratch;
 
   Activations(const ModelConfig& c, BatchShape s, bool expert_parallel,
-              const BlockSource* source) {
+              const BlockSource* source, bool measure_only = false) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     attn.resize(L);
     moe.resize(L);
     router.resize(L);
     aux_host.resize(L);
-    arena.build([&](Arena& a) {
+    const auto layout = [&](Arena& a) {
       inputs = a.take<int32_t>(s.rows());
       targets = a.take<int32_t>(s.rows());
       x = a.take<float>((L + 1) * NC);
@@ -81,7 +81,11 @@ struct Activations : CommonActivations {
       attn_grads.take(a, c, s);
       moe_grads.take(a, c, s, expert_parallel);
       router_scratch.take(a, c, s);
-    }, source);
+    };
+    if (measure_only)
+      measured_bytes = static_cast<int64_t>(arena.measure(layout));
+    else
+      arena.build(layout, source);
   }
 };
 
@@ -222,6 +226,10 @@ void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t
 }
 
 }  // namespace
+
+int64_t standard_moe_arena_bytes(const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  return StandardMoe::arena_bytes(c, s, expert_parallel);
+}
 
 std::unique_ptr<Architecture> make_standard_moe(const ArchitectureParts& parts) {
   return std::make_unique<StandardMoe>(parts);

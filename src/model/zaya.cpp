@@ -89,13 +89,13 @@ struct Activations : CommonActivations {
   ZayaRouterScratch router_scratch;
 
   Activations(const ModelConfig& c, BatchShape s, bool expert_parallel,
-              const BlockSource* source) {
+              const BlockSource* source, bool measure_only = false) {
     shape = s;
     const int64_t L = c.n_layers, NC = s.rows() * c.d_model;
     cca.resize(L);
     moe.resize(L);
     router.resize(L);
-    arena.build([&](Arena& a) {
+    const auto layout = [&](Arena& a) {
       inputs = a.take<int32_t>(s.rows());
       targets = a.take<int32_t>(s.rows());
       emb = a.take<float>(NC);
@@ -112,7 +112,11 @@ struct Activations : CommonActivations {
       cca_grads.take(a, c, s);
       moe_grads.take(a, c, s, expert_parallel);
       router_scratch.take(a, c, s);
-    }, source);
+    };
+    if (measure_only)
+      measured_bytes = static_cast<int64_t>(arena.measure(layout));
+    else
+      arena.build(layout, source);
   }
 };
 
@@ -310,6 +314,10 @@ void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* toke
 }
 
 }  // namespace
+
+int64_t zaya1_arena_bytes(const ModelConfig& c, BatchShape s, bool expert_parallel) {
+  return Zaya1::arena_bytes(c, s, expert_parallel);
+}
 
 std::unique_ptr<Architecture> make_zaya1(const ArchitectureParts& parts) {
   return std::make_unique<Zaya1>(parts);
