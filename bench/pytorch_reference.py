@@ -5,6 +5,10 @@ Plain eager PyTorch, written from the architecture description (src/model/model.
 docs/formats.md), not from Foundry's kernels. Two uses:
 
   * performance baseline:  bench  --config configs/moe-bench.json --steps 12
+    on a GPU (the peer of `foundry train --device cuda`):
+                           bench  --config configs/gpu-moe-bench.json --device cuda --compile
+    (bf16 autocast, causal scaled_dot_product_attention, fused AdamW, torch.compile of the
+    model; the experts a loop, as in the CPU model)
   * numerical cross-check: check  --config CFG --checkpoint DIR --tokens FILE
     (loss, CE, aux loss and per-tensor gradient norms of a Foundry checkpoint on one batch;
     optionally compared element-wise with the gradient Foundry stored in the optimizer state)
@@ -28,6 +32,7 @@ The model (names are the checkpoint's, Hugging Face Mixtral / Llama):
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -139,6 +144,9 @@ class Attention(nn.Module):
         if group > 1:
             k = k.repeat_interleave(group, dim=1)
             v = v.repeat_interleave(group, dim=1)
+        if causal_mask is None:  # the fused kernel (GPU runs): the same causal softmax
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
         scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
         scores = scores.masked_fill(causal_mask, float("-inf"))
         out = torch.softmax(scores, dim=-1) @ v  # [B, H, T, D]
@@ -251,10 +259,11 @@ class FoundryMoE(nn.Module):
                 p.normal_(0.0, std_out if out_proj else c.init_std, generator=generator)
             self.model.embed_tokens.weight[c.vocab_size:].zero_()
 
-    def rope(self, T, dtype):
-        key = (T, dtype)
+    def rope(self, T, dtype, device):
+        key = (T, dtype, str(device))
         if key not in self._rope:
-            self._rope[key] = rope_tables(T, self.c.head_dim, self.c.rope_theta, dtype)
+            cos, sin = rope_tables(T, self.c.head_dim, self.c.rope_theta, dtype)
+            self._rope[key] = cos.to(device), sin.to(device)
         return self._rope[key]
 
     def forward(self, inputs, targets=None):
@@ -262,18 +271,21 @@ class FoundryMoE(nn.Module):
         c = self.c
         B, T = inputs.shape
         x = self.model.embed_tokens(inputs)
-        cos, sin = self.rope(T, x.dtype)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True above the diagonal: future
+        gpu = x.is_cuda
+        cos, sin = self.rope(T, x.dtype, x.device)
+        # True above the diagonal: the future (on a GPU the fused attention masks instead).
+        mask = None if gpu else torch.ones(T, T, dtype=torch.bool).triu(1)
         aux_losses, expert_counts = [], []
         for layer in self.model.layers:
             x, aux, counts = layer(x, cos, sin, mask)
             if aux is not None:
                 aux_losses.append(aux)
-                expert_counts.append(counts.tolist())
+                if not gpu:  # a host copy each layer would stall a GPU step
+                    expert_counts.append(counts.tolist())
         x = self.model.norm(x)
         logits = x @ self.model.embed_tokens.weight.t()  # tied output projection [B, T, Vp]
         if c.padded_vocab > c.vocab_size:
-            pad = torch.arange(c.padded_vocab) >= c.vocab_size
+            pad = torch.arange(c.padded_vocab, device=logits.device) >= c.vocab_size
             logits = logits.masked_fill(pad, float("-inf"))
         out = {"logits": logits, "expert_counts": expert_counts}  # assignments per expert
         if targets is not None:
@@ -444,46 +456,66 @@ def cmd_bench(args):
     m, t, _ = load_run_config(args.config, args.set)
     torch.set_num_threads(args.threads)
     torch.manual_seed(t.seed)
+    gpu = args.device == "cuda"
+    if gpu and not torch.cuda.is_available():
+        sys.exit("error: --device cuda: PyTorch sees no CUDA GPU")
+    device = torch.device(args.device)
     model = FoundryMoE(m)
     model.init_weights()
+    model.to(device)
     decay, no_decay = [], []
     for name, p in model.named_parameters():  # Foundry: no decay for norms and embeddings
         (no_decay if name.endswith("norm.weight") or "embed_tokens" in name else decay).append(p)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps)
+                            lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
+                            **({"fused": True} if gpu else {}))
+    # On a GPU: bf16 autocast over fp32 master weights (as Foundry's bf16), optionally compiled.
+    precision = "bf16 autocast" if gpu else "fp32"
+    step_model = torch.compile(model) if args.compile else model
     B, T = t.batch_size, t.seq_len
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"pytorch {torch.__version__} | {torch.get_num_threads()} threads | "
-          f"{n_params / 1e6:.2f}M params | batch {B} x {T} | eager fp32 | AdamW", file=sys.stderr)
+    where = (torch.cuda.get_device_name(device) if gpu
+             else f"{torch.get_num_threads()} threads")
+    print(f"pytorch {torch.__version__} | {where} | {n_params / 1e6:.2f}M params | "
+          f"batch {B} x {T} | {'compiled' if args.compile else 'eager'} {precision} | AdamW",
+          file=sys.stderr)
     schedule_steps = max(t.steps, args.steps)
     rates, losses = [], []
     for step in range(1, args.steps + 1):
-        inputs = torch.randint(0, m.vocab_size, (B, T))
-        targets = torch.randint(0, m.vocab_size, (B, T))
+        inputs = torch.randint(0, m.vocab_size, (B, T), device=device)
+        targets = torch.randint(0, m.vocab_size, (B, T), device=device)
+        if gpu:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = learning_rate(Cfg(t, steps=schedule_steps), step)
         opt.zero_grad(set_to_none=True)
-        out = model(inputs, targets)
+        with (torch.autocast("cuda", dtype=torch.bfloat16) if gpu else contextlib.nullcontext()):
+            out = step_model(inputs, targets)
         out["loss"].backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip) \
             if t.grad_clip > 0 else torch.tensor(float("nan"))
         opt.step()
+        if gpu:
+            torch.cuda.synchronize()
         dt = time.perf_counter() - t0
         rates.append(B * T / dt)
         losses.append(out["ce_loss"].item())
         print(f"step {step:3d} | loss {losses[-1]:.4f} | aux {out['aux_loss'].item():.4f} | "
               f"grad norm {gnorm.item():.3f} | {dt:.3f} s | {rates[-1]:.0f} tok/s",
               file=sys.stderr)
-    timed = rates[2:] if len(rates) > 2 else rates
-    result = {"system": "pytorch", "torch": torch.__version__, "precision": "fp32",
+    # The first steps warm up (and compile): the median of the rest.
+    skip = max(2, args.steps // 4) if args.compile else 2
+    timed = rates[skip:] if len(rates) > skip else rates
+    result = {"system": "pytorch", "torch": torch.__version__,
+              "precision": precision, "compiled": bool(args.compile), "device": where,
               "threads": torch.get_num_threads(), "config": args.config,
               "batch_size": B, "seq_len": T, "steps": args.steps, "timed_steps": len(timed),
               "tokens_per_s_median": statistics.median(timed),
               "tokens_per_s_mean": statistics.fmean(timed),
               "final_loss": losses[-1]}
-    print(f"pytorch fp32: median {result['tokens_per_s_median']:.0f} tokens/s, "
+    print(f"pytorch {precision}: median {result['tokens_per_s_median']:.0f} tokens/s, "
           f"mean {result['tokens_per_s_mean']:.0f} tokens/s over {len(timed)} steps",
           file=sys.stderr)
     print(json.dumps(result))
@@ -586,6 +618,9 @@ def main():
     common(b)
     b.add_argument("--steps", type=int, default=12)
     b.add_argument("--threads", type=int, default=2)
+    b.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: the GPU peer (bf16 autocast, fused attention and AdamW)")
+    b.add_argument("--compile", action="store_true", help="torch.compile the model")
     b.set_defaults(fn=cmd_bench)
 
     c = sub.add_parser("check", help="loss and gradients of a Foundry checkpoint on one batch")

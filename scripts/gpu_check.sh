@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Foundry with the CUDA backend on a GPU machine, runs the GPU tests and the GPU
-# benchmarks, and prints a table last. For a machine like the one docs/gpu.md describes:
+# benchmarks (GEMMs, bandwidth, training both GPU benchmark configs, and the PyTorch peer),
+# and prints a table last. For a machine like the one docs/gpu.md describes:
 # Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN and the
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
@@ -57,6 +58,32 @@ t2=$(date +%s)
   >"$out/bench-membw.txt" 2>&1 && status_membw=ok || status_membw=FAILED
 t_bench=$(( $(date +%s) - t2 ))
 
+# Training on the GPU: both benchmark configs (synthetic tokens, op breakdown on CUDA events),
+# then the PyTorch peer of gpu-moe-bench in the same call (bf16 autocast, torch.compile).
+t3=$(date +%s)
+steps=30
+[ -n "$quick" ] && steps=12
+train_status=""
+for cfg in gpu-moe-bench gpu-zaya-bench; do
+  if timeout 420 "$foundry" train -c "configs/$cfg.json" --device cuda --synthetic-data \
+       --steps "$steps" --overwrite --op-breakdown --set "train.run_dir=$out/run-$cfg" \
+       >"$out/train-$cfg.txt" 2>&1; then
+    train_status="$train_status $cfg:ok"
+  else
+    train_status="$train_status $cfg:FAILED"
+  fi
+done
+peer_steps=20
+[ -n "$quick" ] && peer_steps=10
+if timeout 420 python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
+     --device cuda --compile --steps "$peer_steps" >"$out/pytorch-gpu.json" \
+     2>"$out/pytorch-gpu.txt"; then
+  status_peer=ok
+else
+  status_peer=FAILED
+fi
+t_train=$(( $(date +%s) - t3 ))
+
 # The table.
 python3 - "$profile" "$out" <<'PY'
 import json, sys
@@ -83,8 +110,19 @@ PY
 echo "| build | $status_build (${t_build} s) |"
 echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
 echo "| bench gemm / membw | $status_gemm / $status_membw (${t_bench} s; $out/bench-*.txt) |"
+for cfg in gpu-moe-bench gpu-zaya-bench; do
+  line=$(grep -m1 "^trained steps" "$out/train-$cfg.txt" 2>/dev/null || true)
+  [ -z "$line" ] && line="FAILED: $(grep -m1 '^error:' "$out/train-$cfg.txt" 2>/dev/null || tail -n 1 "$out/train-$cfg.txt" 2>/dev/null)"
+  echo "| train $cfg (--device cuda) | $line |"
+  mem=$(grep -m1 "^GPU memory" "$out/train-$cfg.txt" 2>/dev/null || true)
+  [ -n "$mem" ] && echo "| $cfg memory | $mem |"
+done
+peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
+echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"
+echo "| training and peer time | ${t_train} s ($train_status) |"
 for b in gemm membw; do
   first_error=$(grep -m1 "^error:" "$out/bench-$b.txt" 2>/dev/null || true)
   [ -n "$first_error" ] && echo "| bench $b: | ${first_error#error: } |"
 done
-[ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ]
+[ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ] &&
+  [[ "$train_status" != *FAILED* ]]

@@ -151,6 +151,12 @@ double EventClock::seconds(int64_t from, int64_t to) {
   return ms * 1e-3;
 }
 
+int64_t memory_in_use() {
+  size_t free_bytes = 0, total = 0;
+  FOUNDRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<int64_t>(total - free_bytes);
+}
+
 void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 GpuTimer::GpuTimer() {

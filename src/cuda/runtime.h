@@ -100,6 +100,10 @@ void copy_to_host(void* host, const void* src, int64_t bytes);
 void copy_to_device(void* dst, const void* host, int64_t bytes);
 void zero_bytes(void* dst, int64_t bytes);
 
+// Bytes of the current GPU's memory in use (total − free: this process's allocations, its
+// context, and any other process's).
+int64_t memory_in_use();
+
 // Waits for all work queued on the current GPU.
 void synchronize();
 

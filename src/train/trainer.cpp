@@ -13,6 +13,7 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/timer.h"
+#include "cuda/runtime.h"
 #include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
@@ -551,6 +552,14 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
                      .c_str());
     if (comm_stats.steps > 0)
       std::fprintf(stderr, "%s\n", comm_stats.describe(run.model->slab_size()).c_str());
+    if (run.tc.device.cuda) {
+      const MemoryEstimate m =
+          estimate_memory(run.rc.model, run.tc.batch_size, run.tc.seq_len, run.tc.precision,
+                          run.tc.optimizer == OptimizerKind::muon);
+      std::fprintf(stderr, "GPU memory in use at the end: %s (model info estimates %s)\n",
+                   format_bytes(double(gpu::memory_in_use()), ByteUnit::GiB, 2).c_str(),
+                   format_bytes(double(m.total_bytes), ByteUnit::GiB, 2).c_str());
+    }
   }
   if (opt.op_breakdown && steps_run > 0)
     std::fprintf(stderr, "%s", format_op_breakdown(run.model->op_times(), steps_run).c_str());
