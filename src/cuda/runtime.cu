@@ -57,7 +57,7 @@ GpuInfo open_gpu(int index, const std::string& what) {
 }
 
 DeviceBuffer::DeviceBuffer(int64_t bytes) : bytes_(bytes) {
-  if (bytes > 0) FOUNDRY_CUDA_CHECK(cudaMalloc(&data_, static_cast<size_t>(bytes)));
+  if (bytes > 0) data_ = device_allocate(bytes);  // its error names the GPU's free memory
 }
 
 DeviceBuffer::~DeviceBuffer() {

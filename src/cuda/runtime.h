@@ -46,7 +46,8 @@ void check_gpu_visible(int index, const std::string& what);
 // the option that asked for the GPU ("--device cuda").
 GpuInfo open_gpu(int index, const std::string& what);
 
-// One allocation of device memory (cudaMalloc), freed with the object. Not copyable.
+// One allocation of device memory (device_allocate: zeroed), freed with the object. Not
+// copyable.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

@@ -1,8 +1,9 @@
 // What every sublayer computes with (internal to model/): the config, the backend that runs
 // the arithmetic (kernels/backend.h: every kernel call, product, fill and copy of a sublayer
 // goes through `ops`), the parameter and gradient slabs with the bf16 GEMM copies, the op
-// timers, the hook that reports finished gradients, and the bf16 conversion scratch. Model owns one; the sublayer functions
-// (attention.h, cca_sublayer.h, moe_sublayer.h, routers.h, lm_head.h) take it by reference.
+// timers, the hook that reports finished gradients, and the bf16 conversion scratch. Model
+// owns one; the sublayer functions (attention.h, cca_sublayer.h, moe_sublayer.h, routers.h,
+// lm_head.h) take it by reference.
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -28,9 +28,10 @@ struct LmHeadActs {
 void check_targets(const int32_t* targets, int64_t n, int64_t vocab_size);
 
 // x [N, C]: the residual stream after the last layer. With targets [N] (backend memory,
-// checked with check_targets before they were copied there) returns the mean cross-entropy, and the logits become their gradient in the
-// GEMM precision: floats in fp32; in bf16, each row's bf16 values at the start of its own
-// float row (row stride 2·Vp bf16 values). Without targets, returns 0 and keeps the logits.
+// checked with check_targets before they were copied there) returns the mean cross-entropy,
+// and the logits become their gradient in the GEMM precision: floats in fp32; in bf16, each
+// row's bf16 values at the start of its own float row (row stride 2·Vp bf16 values). Without
+// targets, returns 0 and keeps the logits.
 double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const float* x,
                        const int32_t* targets, int64_t N);
 // dx [N, C] (written) = d loss/d x; accumulates the embedding's and the final norm's

@@ -281,8 +281,8 @@ void Zaya1::embedding_backward(const float* dres) {
   const int64_t N = a.shape.rows();
   auto t = cx_.time("embedding");
   float* demb = a.attn_grads.dn;
-  cx_.ops.scale_shift_backward(demb, cx_.g(in_alpha_), cx_.g(in_beta_), dres, a.emb, cx_.p(in_alpha_),
-                       cx_.p(in_beta_), N, c.d_model);
+  cx_.ops.scale_shift_backward(demb, cx_.g(in_alpha_), cx_.g(in_beta_), dres, a.emb,
+                               cx_.p(in_alpha_), cx_.p(in_beta_), N, c.d_model);
   cx_.ops.embedding_backward(cx_.g(head_.embed), demb, a.inputs, N, c.d_model, c.padded_vocab());
 }
 

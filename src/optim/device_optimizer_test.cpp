@@ -29,7 +29,8 @@ OptimizerOptions options(bool with_muon) {
 double max_relative_difference(const std::vector<float>& got, const std::vector<float>& want) {
   double worst = 0;
   for (size_t i = 0; i < want.size(); ++i)
-    worst = std::max(worst, std::abs(double(got[i]) - want[i]) / (std::abs(double(want[i])) + 1e-3));
+    worst = std::max(worst,
+                     std::abs(double(got[i]) - want[i]) / (std::abs(double(want[i])) + 1e-3));
   return worst;
 }
 

@@ -116,7 +116,9 @@ class LocalOptimizer final : public DataParallelOptimizer {
   std::vector<StateRun> states_to_load_runs() override { return states_to_save_runs(); }
 
   void shard_expert_storage(Model&, int) override {}
-  std::string describe() const override { return describe_optimizer_split(table_, muon_.has_value()); }
+  std::string describe() const override {
+    return describe_optimizer_split(table_, muon_.has_value());
+  }
   const char* layout_name() const override { return "single process"; }
   void set_op_times(OpTimes* times) override { op_times_ = times; }
 
@@ -242,7 +244,8 @@ class ShardedOptimizer final : public DataParallelOptimizer {
     zero1_.set_zero_gradient_ranges(std::move(unowned));
   }
   std::string describe() const override {
-    return describe_optimizer_split(table_, muon_on_) + fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
+    return describe_optimizer_split(table_, muon_on_) +
+           fmt::format(", ZeRO-1 over {} ranks", zero1_.dp());
   }
   const char* layout_name() const override { return "ZeRO-1"; }
   void set_op_times(OpTimes* times) override { zero1_.set_op_times(times); }
