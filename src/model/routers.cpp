@@ -113,8 +113,6 @@ void ZayaRouterActs::take(Arena& arena, const ModelConfig& c, BatchShape s) {
   for (float** p : {&a1, &g1, &a2, &g2}) *p = arena.take<float>(N * R);
   probs = arena.take<float>(N * c.router_classes());
   bias = arena.take<float>(c.router_classes());
-  counts = arena.take<int64_t>(c.router_classes());
-  near = arena.take<int64_t>(c.router_classes());
 }
 
 void ZayaRouterScratch::take(Arena& arena, const ModelConfig& c, BatchShape s) {
@@ -167,13 +165,10 @@ void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs
                      scratch.logits);
   cx.ops.zaya_gating_forward(r.probs, moe.choice, moe.gate, scratch.logits, bias, bias_on(c), N,
                              c.n_experts, c.top_k, c.router_skip_class, c.skip_passes_input);
-  cx.ops.class_counts(r.counts, moe.choice, N, c.top_k, S);
-  cx.ops.to_host(counts, r.counts, S * sizeof(int64_t));
-  if (near) {
-    cx.ops.zaya_boundary_counts(r.near, r.probs, scratch.logits, bias, bias_on(c), moe.choice, N,
+  cx.ops.class_counts(counts, moe.choice, N, c.top_k, S);
+  if (near)
+    cx.ops.zaya_boundary_counts(near, r.probs, scratch.logits, bias, bias_on(c), moe.choice, N,
                                 S, c.top_k, balancer.options.window);
-    cx.ops.to_host(near, r.near, S * sizeof(int64_t));
-  }
 }
 
 void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRouterActs& r,

@@ -68,8 +68,7 @@ struct ZayaRouterActs {
   float* a2;     // [N, R]
   float* g2;     // [N, R]
   float* probs;  // [N, S]
-  float* bias;             // [S] the balancing bias this forward used
-  int64_t *counts, *near;  // [S] the class and boundary counts, before their copy to the host
+  float* bias;   // [S] the balancing bias this forward used
   void take(Arena& arena, const ModelConfig& c, BatchShape s);
 };
 // Scratch shared by the layers, and d r chained from one MoE sublayer's backward to the
@@ -82,9 +81,9 @@ struct ZayaRouterScratch {
   void begin_backward(Backend& ops, const ModelConfig& c, BatchShape s);  // zeroes d r
 };
 // r_prev: the previous MoE sublayer's r (null in the first). bias [S]: the sublayer's
-// balancing bias (backend memory), balancer: its rule. counts [S] (host, written): rows per
-// class; near [S] (host, written unless null): the boundary counts
-// (ops::zaya_boundary_counts) of the newton rule.
+// balancing bias, balancer: its rule. counts [S] (written): rows per class; near [S]
+// (written unless null): the boundary counts (ops::zaya_boundary_counts) of the newton rule.
+// All in backend memory.
 void zaya_router_forward(Compute& cx, const ZayaRouterWeights& w, ZayaRouterActs& r,
                          ZayaRouterScratch& scratch, const float* r_prev, const float* bias,
                          const ops::ZayaBalancer& balancer, MoeActs& moe, BatchShape s,

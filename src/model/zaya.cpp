@@ -79,6 +79,8 @@ struct Activations : CommonActivations {
   float* emb;       // [N, C]           embedding rows
   float* res;       // [2L + 1, N, C]   the residual stream entering each sublayer, then the output
   float* h;         // [2L, N, C]       each sublayer's output before its merge
+  int64_t* counts;  // [L, S]           class counts, copied to the host once per forward
+  int64_t* near;    // [L, S]           boundary counts (the newton rule)
   std::vector<CcaActs> cca;
   std::vector<ZayaRouterActs> router;
   // backward scratch, shared by the sublayers
@@ -101,6 +103,8 @@ struct Activations : CommonActivations {
       emb = a.take<float>(NC);
       res = a.take<float>((2 * L + 1) * NC);
       h = a.take<float>(2 * L * NC);
+      counts = a.take<int64_t>(L * c.router_classes());
+      near = a.take<int64_t>(L * c.router_classes());
       for (int64_t l = 0; l < L; ++l) {
         cca[l].take(a, c, s);
         moe[l].take(a, c, s, expert_parallel);
@@ -215,6 +219,10 @@ ForwardResult Zaya1::forward(const int32_t* inputs, const int32_t* targets, Batc
     moe_layer_forward(l);
     cx_.progress("forward");
   }
+  // The balancers' inputs: one copy for every layer.
+  const int64_t bytes = L * cx_.config.router_classes() * static_cast<int64_t>(sizeof(int64_t));
+  cx_.ops.to_host(class_counts_.data(), a.counts, bytes);
+  if (!boundary_counts_.empty()) cx_.ops.to_host(boundary_counts_.data(), a.near, bytes);
   ForwardResult result;
   result.ce_loss = lm_head_forward(cx_, head_, a.head, res(2 * L), a.targets_if_any(), N);
   result.loss = result.ce_loss;
@@ -229,8 +237,8 @@ void Zaya1::moe_layer_forward(int64_t l) {
   cx_.ops.from_host(r.bias, balancers_[l].bias.data(), S * sizeof(float));
   moe_forward(cx_, experts_, l, w.moe, a.moe[l], a.shape, res(i), nullptr, h(i), [&](MoeActs& m) {
     zaya_router_forward(cx_, w.router, r, a.router_scratch, r_prev(l), r.bias,
-                        balancers_[l], m, a.shape, class_counts_.data() + l * S,
-                        boundary_counts_.empty() ? nullptr : boundary_counts_.data() + l * S);
+                        balancers_[l], m, a.shape, a.counts + l * S,
+                        boundary_counts_.empty() ? nullptr : a.near + l * S);
   });
   auto t = cx_.time("residual_scale");
   residual_scale_forward(cx_, w.moe_merge, res(i + 1), res(i), h(i), a.shape.rows());

@@ -19,12 +19,7 @@ using gpu::testing::to_device;
 using gpu::testing::to_host;
 using test::random_slab;
 
-OptimizerOptions options(bool with_muon) {
-  OptimizerOptions o;
-  o.adamw = test::adamw_options(with_muon);
-  o.muon = test::muon_options(with_muon);
-  return o;
-}
+OptimizerOptions options(bool with_muon) { return test::optimizer_options(with_muon); }
 
 double max_relative_difference(const std::vector<float>& got, const std::vector<float>& want) {
   double worst = 0;

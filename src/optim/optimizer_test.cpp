@@ -17,12 +17,7 @@ namespace {
 using test::bitwise_equal;
 using test::random_slab;
 
-OptimizerOptions options(bool with_muon) {
-  OptimizerOptions o;
-  o.adamw = test::adamw_options(with_muon);
-  o.muon = test::muon_options(with_muon);
-  return o;
-}
+OptimizerOptions options(bool with_muon) { return test::optimizer_options(with_muon); }
 
 class LocalOptimizerTest : public ::testing::TestWithParam<bool> {};  // with Muon or not
 

@@ -11,6 +11,7 @@
 #include "model/params.h"
 #include "optim/adamw.h"
 #include "optim/muon.h"
+#include "optim/optimizer.h"
 
 namespace foundry::test {
 
@@ -63,6 +64,14 @@ inline AdamWOptions adamw_options(bool with_muon) {
 inline std::optional<MuonOptions> muon_options(bool with_muon) {
   if (!with_muon) return std::nullopt;
   return MuonOptions{};
+}
+
+// Both, for make_optimizer and make_device_optimizer.
+inline OptimizerOptions optimizer_options(bool with_muon) {
+  OptimizerOptions o;
+  o.adamw = adamw_options(with_muon);
+  o.muon = muon_options(with_muon);
+  return o;
 }
 
 inline bool bitwise_equal(std::span<const float> a, std::span<const float> b) {
