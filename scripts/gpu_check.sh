@@ -47,6 +47,18 @@ skipped=$(grep -o "SKIPPED \] [0-9]* test" "$out/gpu-tests.log" | awk '{s += $3}
 [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 t_tests=$(( $(date +%s) - t1 ))
 
+# compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick).
+status_sanitizer="not run"
+sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [ -z "$quick" ] && [ -x "$sanitizer" ]; then
+  if timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" '--gtest_filter=-*Slow*' \
+       >"$out/sanitizer.log" 2>&1; then
+    status_sanitizer=clean
+  else
+    status_sanitizer="FAILED (rc $?; $out/sanitizer.log)"
+  fi
+fi
+
 # Benchmarks, merged into one profile.
 foundry="$build/foundry"
 profile="$out/gpu-profile.json"
@@ -109,6 +121,7 @@ print('| memory spec, GB/s | %s |' % gb(m.get('spec_bytes_per_s')))
 PY
 echo "| build | $status_build (${t_build} s) |"
 echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
+echo "| compute-sanitizer memcheck, test_cuda | $status_sanitizer |"
 echo "| bench gemm / membw | $status_gemm / $status_membw (${t_bench} s; $out/bench-*.txt) |"
 for cfg in gpu-moe-bench gpu-zaya-bench; do
   line=$(grep -m1 "^trained steps" "$out/train-$cfg.txt" 2>/dev/null || true)
