@@ -29,12 +29,11 @@ class DeviceOptimizer final : public DataParallelOptimizer {
       : table_(table), options_(options), adam_(table, options.adamw) {
     const int64_t bytes = table.total_elements() * static_cast<int64_t>(sizeof(float));
     for (const std::string& name : AdamW::state_names())
-      slabs_.push_back({name, gpu::DeviceBuffer(bytes), {}});
+      slabs_.push_back({name, gpu::DeviceBuffer(bytes), {}});  // zeroed
     if (options.muon) {
       muon_.emplace(table, *options.muon);  // checks the options; its tensors are Muon's
       slabs_.push_back({Muon::state_names().front(), gpu::DeviceBuffer(bytes), {}});
     }
-    for (StateSlab& s : slabs_) s.device.fill_bytes(0);
     std::vector<gpu::AdamWRange> all, adam;
     for (const ParamInfo& p : table.params()) {
       if (p.numel == 0) continue;

@@ -25,13 +25,11 @@ LrSchedule lr_schedule(const TrainConfig& config) {
   return s;
 }
 
-RunConfig parse_run_config(const json& root, const std::string& where) {
-  RunConfig rc;
-  ConfigReader top(root, where);
-  rc.model = parse_model_config(top.child("model"), where);
+namespace {
 
-  TrainConfig& t = rc.train;
-  ConfigReader r(top.child("train"), where, "train.");
+// The train section's keys, each against its range; `skip` gets train.skip_batches as written.
+void read_train_keys(ConfigReader& r, TrainConfig& t, json& skip,
+                     const std::string& where) {
   r.get("steps", t.steps, int64_t{0}, int64_t{1} << 40);
   r.get("batch_size", t.batch_size, int64_t{1}, int64_t{1} << 20);
   r.get("seq_len", t.seq_len, int64_t{1}, int64_t{1} << 22);
@@ -76,7 +74,6 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("spike_warmup", t.spike_warmup, int64_t{1}, int64_t{1} << 20);
   r.get("max_consecutive_anomalies", t.max_consecutive_anomalies, int64_t{1}, int64_t{1} << 40);
   r.get("max_anomalies", t.max_anomalies, int64_t{0}, int64_t{1} << 40);
-  json skip = json::array();
   r.get("skip_batches", skip);
   r.get("peak_gflops", t.peak_gflops, 0.0, 1e12);
   r.get("hardware_profile", t.hardware_profile);
@@ -91,6 +88,11 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   r.get("overlap_grad_reduce", t.overlap_grad_reduce);
   r.get("grad_bucket_mib", t.grad_bucket_mib, 0.0, 8192.0);
   r.finish();
+}
+
+// The checks across keys (and against the model), each naming the keys and the fix.
+void check_train_config(const RunConfig& rc, const std::string& where) {
+  const TrainConfig& t = rc.train;
   if (t.seq_len > rc.model.max_seq_len)
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,
                      rc.model.max_seq_len),
@@ -118,6 +120,10 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
                      t.spike_warmup, t.spike_window),
          "spike detection starts once the window holds spike_warmup steps: lower it or widen "
          "the window");
+}
+
+// train.skip_batches: a list of 1-based batch numbers.
+void read_skip_batches(const json& skip, TrainConfig& t, const std::string& where) {
   if (!skip.is_array())
     fail(fmt::format("{}: train.skip_batches = {} is not a list", where, skip.dump()),
          "give a list of batch numbers, e.g. --set 'train.skip_batches=[17,42]'");
@@ -128,6 +134,21 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
            "list the 1-based numbers of the batches to drop (events.jsonl names them)");
     t.skip_batches.push_back(b.get<int64_t>());
   }
+}
+
+}  // namespace
+
+RunConfig parse_run_config(const json& root, const std::string& where) {
+  RunConfig rc;
+  ConfigReader top(root, where);
+  rc.model = parse_model_config(top.child("model"), where);
+
+  TrainConfig& t = rc.train;
+  ConfigReader r(top.child("train"), where, "train.");
+  json skip = json::array();
+  read_train_keys(r, t, skip, where);
+  check_train_config(rc, where);
+  read_skip_batches(skip, t, where);
 
   ConfigReader d(top.child("data"), where, "data.");
   d.get("dir", rc.data.dir);
