@@ -270,6 +270,8 @@ CASES = [
     Case("config: train.device gpu", "train -c tiny.json --synthetic-data --set train.device=gpu", [], ["train.device 'gpu'"], hint="cuda:N"),
     Case("option: train --device cuda:x", "train -c tiny.json --synthetic-data --device cuda:x", [], ["train.device 'cuda:x'"]),
     Case("option: train on a GPU that is not there", "train -c tiny.json --synthetic-data --device cuda:99", [], ["train.device cuda:99"]),
+    Case("option: eval --device gpu", "eval -c tiny.json --device gpu", [], ["train.device 'gpu'"], hint="cuda:N"),
+    Case("option: eval on a GPU that is not there", "eval -c tiny.json --device cuda:99", [], ["train.device cuda:99"]),
     Case("option: bench gemm --device gpu", "bench gemm --quick --device gpu", [], ["--device 'gpu'"], hint="cuda:N"),
     Case("option: bench membw --device cuda:x", "bench membw --quick --device cuda:x", [], ["--device 'cuda:x'"]),
     Case("option: bench gemm on a GPU that is not there", "bench gemm --quick --device cuda:99 --profile profile.json", [], ["--device cuda:99"]),

@@ -23,6 +23,7 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "model/backends.h"
 #include "model/model.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
@@ -65,14 +66,20 @@ std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig&
 // The trained model of a checkpoint: its weights, which must be finite, and, for arch zaya1,
 // the router balancing biases from trainer_state.json, so that tokens are routed as they
 // were in training.
+// On a device (a GPU backend) the weights are read into host memory and copied in.
 std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
-                                  DType precision) {
-  auto model = std::make_unique<Model>(rc.model, precision);
-  const json trainer_state =
-      load_checkpoint(ckpt_dir, rc.model, model->table(), model->params(), {});
-  check_finite_weights(ckpt_dir, model->table(), model->params());
+                                  DType precision, Backend& backend = cpu_backend()) {
+  auto model = std::make_unique<Model>(rc.model, precision, backend);
+  std::vector<float> staged;
+  if (model->on_device()) staged.resize(static_cast<size_t>(model->slab_size()));
+  float* params = model->on_device() ? staged.data() : model->params();
+  const json trainer_state = load_checkpoint(ckpt_dir, rc.model, model->table(), params, {});
+  check_finite_weights(ckpt_dir, model->table(), params);
   restore_router_balancers(*model, trainer_state, ckpt_dir, /*required=*/false);
-  model->sync_weights();
+  if (model->on_device())
+    model->write_params(staged.data());  // and its bf16 copy
+  else
+    model->sync_weights();
   return model;
 }
 
@@ -286,18 +293,25 @@ void register_train_commands(CLI::App& app) {
     cmd->add_option("--checkpoint", *ckpt, "Checkpoint directory (default: latest of the run)");
     cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)")
         ->check(in_range(int64_t{1}, int64_t{1} << 20));
-    cmd->callback([args, ckpt, batches] {
-      RunConfig rc = load_run_config(args->config_path, args->overrides);
+    auto device = std::make_shared<std::string>();
+    cmd->add_option("--device", *device,
+                    "Where to compute: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
+    cmd->callback([args, ckpt, batches, device] {
+      ConfigArgs with_device = *args;
+      if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
+      RunConfig rc = load_run_config(with_device.config_path, with_device.overrides);
       if (rc.data.dir.empty())
         fail("data.dir is empty: eval needs a prepared dataset",
              "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
-      check_eval_memory(rc);
+      const std::unique_ptr<Backend> backend =
+          open_backend(rc.train.device, "train.device " + rc.train.device.name());
+      if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
       const std::string dir = resolve_checkpoint(*ckpt, rc);
       Dataset dataset(rc.data.dir);
       check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
                                  dataset.meta().tokenizer_checksum,
                                  fmt::format("data.dir '{}'", rc.data.dir));
-      auto model = load_model(rc, dir, rc.train.precision);
+      auto model = load_model(rc, dir, rc.train.precision, *backend);
       const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
       BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
       const int64_t n = *batches > 0 ? validation_batches(loader, *batches, "--batches")

@@ -4,6 +4,7 @@
 // memory one tile at a time; the running max and sum of each row make the softmax online.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "cuda/check.h"
@@ -289,17 +290,22 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 
 int64_t attention_backward_scratch(const AttentionDims& a) { return a.b * a.h * a.t; }
 
+void attention_delta(float* delta, const float* dout, const float* out, const AttentionDims& a) {
+  const Dims s = dims_of(a);
+  const int64_t rows = s.b * s.t * s.h;
+  if (rows == 0) return;
+  const int64_t blocks = std::min<int64_t>((rows + 255) / 256, 65535);
+  delta_kernel<<<static_cast<unsigned>(blocks), 256>>>(delta, dout, out, s);
+  FOUNDRY_CUDA_CHECK(cudaGetLastError());
+}
+
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                         const float* lse, const float* q, const float* k, const float* v,
                         const AttentionDims& a, float* scratch) {
   const Dims s = dims_of(a);
   if (s.b * s.t * s.h == 0) return;
   float* delta = scratch;
-  const int64_t rows = s.b * s.t * s.h;
-  const int64_t delta_blocks = (rows + 255) / 256 < 65535 ? (rows + 255) / 256 : 65535;
-  delta_kernel<<<static_cast<unsigned>(delta_blocks), 256>>>(
-      delta, dout, out, s);
-  FOUNDRY_CUDA_CHECK(cudaGetLastError());
+  attention_delta(delta, dout, out, a);
 
   const size_t dq_shared = sizeof(float) * ((2 * BR + 2 * BC) * s.d + BR * BC + 2 * BR);
   allow_shared(dq_kernel, dq_shared);

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 #include "kernels/attention.h"
 #include "cuda/blas.h"
 #include "cuda/cca.h"
@@ -13,6 +16,12 @@ namespace foundry::gpu {
 namespace {
 
 uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
+
+bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
+}
 
 ops::AttentionDims dims(const foundry::ops::AttentionShape& s) {
   return {s.b, s.t, s.h, s.kvh, s.d};
@@ -92,15 +101,23 @@ class CudaBackend final : public Backend {
     ops::swiglu_backward_bf16(bits(dh), dout, h, n, f);
   }
 
+  // bf16 on tensor cores where the shape allows (attention_on_tensor_cores), else fp32.
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         const foundry::ops::AttentionShape& s, DType) override {
-    ops::attention_forward(out, lse, q, k, v, dims(s));
+                         const foundry::ops::AttentionShape& s, DType dtype) override {
+    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(dims(s), q, k, v, out))
+      ops::attention_forward_bf16(out, lse, q, k, v, dims(s));
+    else
+      ops::attention_forward(out, lse, q, k, v, dims(s));
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
-                          const foundry::ops::AttentionShape& s, DType) override {
-    ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(s),
-                            floats(ops::attention_backward_scratch(dims(s))));
+                          const foundry::ops::AttentionShape& s, DType dtype) override {
+    float* scratch = floats(ops::attention_backward_scratch(dims(s)));
+    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(dims(s), q, k, v, out) &&
+        aligned16({dq, dk, dv, dout}))
+      ops::attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, dims(s), scratch);
+    else
+      ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(s), scratch);
   }
 
   void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,

@@ -138,6 +138,22 @@ void attention_backward(float*, float*, float*, const float*, const float*, cons
                         const float*, const float*, const float*, const AttentionDims&, float*) {
   fail_no_cuda_build(kWhat);
 }
+bool attention_on_tensor_cores(const AttentionDims&, const void*, const void*, const void*,
+                               const void*) {
+  return false;
+}
+void attention_forward_bf16(float*, float*, const float*, const float*, const float*,
+                            const AttentionDims&) {
+  fail_no_cuda_build(kWhat);
+}
+void attention_backward_bf16(float*, float*, float*, const float*, const float*, const float*,
+                             const float*, const float*, const float*, const AttentionDims&,
+                             float*) {
+  fail_no_cuda_build(kWhat);
+}
+void attention_delta(float*, const float*, const float*, const AttentionDims&) {
+  fail_no_cuda_build(kWhat);
+}
 int64_t attention_backward_scratch(const AttentionDims& s) { return s.b * s.h * s.t; }
 void embedding_forward(float*, const int32_t*, const float*, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);

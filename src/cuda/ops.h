@@ -119,4 +119,21 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const AttentionDims& s, float* scratch);
 int64_t attention_backward_scratch(const AttentionDims& s);
 
+// The same contract with bf16 matmul inputs on tensor cores (attention_tc.cu), as the CPU's
+// DType::bf16 attention: q, k, v, dO, P and dS rounded to bf16 as tiles are loaded or formed,
+// products accumulated and the softmax kept in fp32; inputs and outputs stay fp32. Blocks of
+// 64 query rows (4 warps of 16) against tiles of 64 keys; deterministic like the fp32 kernels.
+// For D in {32, 64, 128} with 16-byte-aligned tensors: attention_on_tensor_cores says whether a
+// call qualifies (the backend falls back to the fp32 kernels otherwise).
+bool attention_on_tensor_cores(const AttentionDims& s, const void* q, const void* k,
+                               const void* v, const void* out);
+void attention_forward_bf16(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionDims& s);
+// `scratch` holds attention_backward_scratch(s) floats.
+void attention_backward_bf16(float* dq, float* dk, float* dv, const float* dout,
+                             const float* out, const float* lse, const float* q, const float* k,
+                             const float* v, const AttentionDims& s, float* scratch);
+// delta [B, H, T] = rowsum(dO ∘ O), the first pass of both backwards.
+void attention_delta(float* delta, const float* dout, const float* out, const AttentionDims& s);
+
 }  // namespace foundry::gpu::ops

@@ -288,6 +288,103 @@ TEST(GpuOps, AttentionForwardAndBackwardMatchTheCpu) {
   }
 }
 
+// The tensor-core kernels against the CPU's bf16 attention (the same roundings: q, k, v, dO,
+// P and dS to bf16, fp32 accumulation), and against the fp32 kernel by looser bounds: ragged
+// tiles, one position, GQA, every head size they take. Shapes they do not take (D = 48 or
+// 256, a misaligned tensor) go to the fp32 kernels.
+TEST(GpuOps, AttentionOnTensorCoresTracksTheCpusBf16Attention) {
+  SKIP_WITHOUT_GPU();
+  const ops::AttentionShape shapes[] = {{2, 67, 4, 2, 64},  {1, 1, 2, 2, 32},
+                                        {1, 130, 8, 1, 128}, {1, 300, 4, 4, 128},
+                                        {2, 129, 6, 2, 32},  {1, 64, 2, 1, 128}};
+  uint64_t seed = 140;
+  for (const ops::AttentionShape& s : shapes) {
+    SCOPED_TRACE(testing::Message() << "B " << s.b << " T " << s.t << " H " << s.h << " KVH "
+                                    << s.kvh << " D " << s.d);
+    const int64_t qn = s.b * s.t * s.h * s.d, kn = s.b * s.t * s.kvh * s.d;
+    const auto q = randn(qn, seed++), k = randn(kn, seed++), v = randn(kn, seed++),
+               dout = randn(qn, seed++);
+    std::vector<float> out(qn), lse(s.b * s.h * s.t), dq(qn), dk(kn), dv(kn);
+    ops::attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s, DType::bf16);
+    ops::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(), lse.data(),
+                            q.data(), k.data(), v.data(), s, DType::bf16);
+
+    const gpu::ops::AttentionDims g{s.b, s.t, s.h, s.kvh, s.d};
+    auto gq = to_device(q), gk = to_device(k), gv = to_device(v), gdout = to_device(dout);
+    auto gout = poisoned(qn * 4), glse = poisoned(s.b * s.h * s.t * 4), gdq = poisoned(qn * 4),
+         gdk = poisoned(kn * 4), gdv = poisoned(kn * 4),
+         scratch = poisoned(gpu::ops::attention_backward_scratch(g) * 4);
+    ASSERT_TRUE(gpu::ops::attention_on_tensor_cores(g, gq.data(), gk.data(), gv.data(),
+                                                    gout.data()));
+    gpu::ops::attention_forward_bf16(gout.as<float>(), glse.as<float>(), gq.as<float>(),
+                                     gk.as<float>(), gv.as<float>(), g);
+    gpu::ops::attention_backward_bf16(gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
+                                      gdout.as<float>(), gout.as<float>(), glse.as<float>(),
+                                      gq.as<float>(), gk.as<float>(), gv.as<float>(), g,
+                                      scratch.as<float>());
+    const auto g_out = to_host<float>(gout, qn), g_lse = to_host<float>(glse, s.b * s.h * s.t),
+               g_dq = to_host<float>(gdq, qn), g_dk = to_host<float>(gdk, kn),
+               g_dv = to_host<float>(gdv, kn);
+    // bf16 has 8 bits of mantissa: one rounding of P or dS differently placed moves an output
+    // by a few 0.4% steps.
+    expect_close(g_out, out, 2e-2, 3e-2, "out");
+    expect_close(g_lse, lse, 1e-3, 1e-1, "lse");
+    expect_close(g_dq, dq, 3e-2, 1e-1, "dq");
+    expect_close(g_dk, dk, 3e-2, 1e-1, "dk");
+    expect_close(g_dv, dv, 3e-2, 1e-1, "dv");
+
+    // And bf16 against exact arithmetic: the mean error stays at bf16's scale.
+    std::vector<float> out32(qn), lse32(s.b * s.h * s.t), dq32(qn), dk32(kn), dv32(kn);
+    ops::attention_forward(out32.data(), lse32.data(), q.data(), k.data(), v.data(), s, DType::f32);
+    ops::attention_backward(dq32.data(), dk32.data(), dv32.data(), dout.data(), out32.data(),
+                            lse32.data(), q.data(), k.data(), v.data(), s, DType::f32);
+    const auto mean_error = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double err = 0, norm = 0;
+      for (size_t i = 0; i < a.size(); ++i) err += std::abs(a[i] - b[i]), norm += std::abs(b[i]);
+      return err / std::max(norm, 1e-30);
+    };
+    EXPECT_LT(mean_error(g_out, out32), 1e-2);
+    EXPECT_LT(mean_error(g_dq, dq32), 2e-2);
+    EXPECT_LT(mean_error(g_dk, dk32), 2e-2);
+    EXPECT_LT(mean_error(g_dv, dv32), 2e-2);
+  }
+  const auto takes = [](const gpu::ops::AttentionDims& g, const void* p) {
+    return gpu::ops::attention_on_tensor_cores(g, p, p, p, p);
+  };
+  gpu::DeviceBuffer any(4096);
+  EXPECT_TRUE(takes({1, 8, 2, 1, 64}, any.data()));
+  EXPECT_FALSE(takes({1, 8, 2, 1, 48}, any.data()));
+  EXPECT_FALSE(takes({1, 8, 2, 1, 256}, any.data()));
+  EXPECT_FALSE(takes({1, 8, 2, 1, 64}, any.as<float>() + 1));
+}
+
+TEST(GpuOps, AttentionOnTensorCoresGivesTheSameBitsEveryRun) {
+  SKIP_WITHOUT_GPU();
+  const gpu::ops::AttentionDims g{2, 200, 4, 2, 128};
+  const int64_t qn = g.b * g.t * g.h * g.d, kn = g.b * g.t * g.kvh * g.d;
+  auto gq = to_device(randn(qn, 5)), gk = to_device(randn(kn, 6)), gv = to_device(randn(kn, 7)),
+       gdout = to_device(randn(qn, 8));
+  auto gout = poisoned(qn * 4), glse = poisoned(g.b * g.h * g.t * 4), gdq = poisoned(qn * 4),
+       gdk = poisoned(kn * 4), gdv = poisoned(kn * 4),
+       scratch = poisoned(gpu::ops::attention_backward_scratch(g) * 4);
+  std::vector<float> first;
+  for (int round = 0; round < 3; ++round) {
+    gpu::ops::attention_forward_bf16(gout.as<float>(), glse.as<float>(), gq.as<float>(),
+                                     gk.as<float>(), gv.as<float>(), g);
+    gpu::ops::attention_backward_bf16(gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
+                                      gdout.as<float>(), gout.as<float>(), glse.as<float>(),
+                                      gq.as<float>(), gk.as<float>(), gv.as<float>(), g,
+                                      scratch.as<float>());
+    std::vector<float> all = to_host<float>(gout, qn);
+    for (const auto* buffer : {&gdq, &gdk, &gdv}) {
+      const std::vector<float> part = to_host<float>(*buffer, buffer == &gdq ? qn : kn);
+      all.insert(all.end(), part.begin(), part.end());
+    }
+    if (round == 0) first = all;
+    else EXPECT_EQ(std::memcmp(first.data(), all.data(), all.size() * 4), 0) << round;
+  }
+}
+
 TEST(GpuOps, AttentionGivesTheSameBitsEveryRun) {
   SKIP_WITHOUT_GPU();
   const gpu::ops::AttentionDims g{2, 200, 4, 2, 64};

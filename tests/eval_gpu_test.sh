@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# `foundry train` and `foundry eval` with --device cuda against the CPU, end to end (label gpu;
+# exits 77, a skip, where the build has no CUDA backend or no GPU is visible):
+#  1. a checkpoint trained on the CPU evaluates to the same loss on the GPU (fp32: 1e-4
+#     relative; bf16, where attention runs on tensor cores: 2%);
+#  2. training on the GPU follows the CPU's losses (fp32, 1e-4 relative) and its checkpoint
+#     evaluates to the same loss on the CPU and on the GPU.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+
+cat > tiny.json <<'JSON'
+{
+  "model": {"vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+            "head_dim": 32, "n_experts": 4, "top_k": 2, "ffn_dim": 96, "max_seq_len": 64},
+  "train": {"steps": 8, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup_steps": 2,
+            "precision": "fp32", "log_every": 1, "checkpoint_every": 8, "eval_batches": 2,
+            "peak_gflops": 100, "run_dir": "cpu"},
+  "data": {"dir": "ds"}
+}
+JSON
+
+probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --device cuda --steps 1 \
+          --set train.run_dir=probe -q 2>&1)"
+if [ $? -ne 0 ]; then
+  echo "skipped: no GPU to train on ($(grep -m1 '^error' <<<"$probe"))"
+  exit 77
+fi
+
+python3 - <<'PY'
+import random, os
+rng = random.Random(11)
+words = ("the expert router sends each token to a small set of experts and the model learns "
+         "which one fits best when data flows through layers while training runs").split()
+os.makedirs("corpus", exist_ok=True)
+with open("corpus/a.txt", "w") as f:
+    for _ in range(1500):
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(6, 18))) + ".\n")
+PY
+"$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.2 --quiet \
+  >prep.log 2>&1 || { cat prep.log; bad "data prepare failed"; finish; exit 1; }
+
+val() { sed -n 's/^val loss \([0-9.]*\).*/\1/p' <<<"$1"; }
+close() { python3 -c "import sys; a, b, r = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= r * abs(a) else 1)" "$@"; }
+losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss']) for l in open(sys.argv[1]) if 'loss' in json.loads(l)))" "$1"; }
+
+# ---- a CPU checkpoint on the GPU ----
+"$FOUNDRY" train -c tiny.json -q >cpu.log 2>&1 || { cat cpu.log; bad "CPU training failed"; }
+for precision in fp32 bf16; do
+  tol=1e-4; [ $precision = bf16 ] && tol=2e-2
+  a="$(val "$("$FOUNDRY" eval -c tiny.json --set train.precision=$precision 2>&1)")"
+  b="$(val "$("$FOUNDRY" eval -c tiny.json --set train.precision=$precision --device cuda 2>&1)")"
+  if [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b" "$tol"; then
+    ok "eval $precision of a CPU checkpoint: CPU $a, GPU $b"
+  else bad "eval $precision of a CPU checkpoint: CPU '$a', GPU '$b' (within $tol?)"; fi
+done
+
+# ---- training on the GPU ----
+"$FOUNDRY" train -c tiny.json --device cuda --set train.run_dir=gpu -q >gpu.log 2>&1 \
+  || { cat gpu.log; bad "GPU training failed"; }
+python3 - cpu/metrics.jsonl gpu/metrics.jsonl <<'PY' && ok "GPU training follows the CPU's 8 fp32 losses within 1e-4" || bad "GPU and CPU losses differ"
+import json, sys
+def losses(p): return [json.loads(l)['loss'] for l in open(p) if 'loss' in json.loads(l)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print('CPU', a); print('GPU', b)
+sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+a="$(val "$("$FOUNDRY" eval -c tiny.json --set train.run_dir=gpu 2>&1)")"
+b="$(val "$("$FOUNDRY" eval -c tiny.json --set train.run_dir=gpu --device cuda 2>&1)")"
+if [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b" 1e-4; then
+  ok "a GPU checkpoint evaluates alike on the CPU ($a) and the GPU ($b)"
+else bad "eval of a GPU checkpoint: CPU '$a', GPU '$b'"; fi
+
+finish
