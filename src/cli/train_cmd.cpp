@@ -1,4 +1,4 @@
-// foundry train | eval | generate
+// foundry train | eval | generate (the work of eval and generate is in train/ and infer/)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -23,6 +23,10 @@
 #include "data/dataset.h"
 #include "data/loader.h"
 #include "data/tokenizer.h"
+#include "infer/batch.h"
+#include "infer/generation.h"
+#include "infer/loading.h"
+#include "infer/sampling.h"
 #include "model/backends.h"
 #include "model/model.h"
 #include "train/checkpointer.h"
@@ -47,88 +51,6 @@ void add_config_options(CLI::App* cmd, ConfigArgs& args) {
   cmd->add_option("--config,-c", args.config_path, "Run config (JSON)")->required();
   cmd->add_option("--set", args.overrides, "Override a config value: section.key=value")
       ->take_all();
-}
-
-// The checkpoint to read: an explicit directory, or the latest valid one of the run.
-std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig& rc) {
-  if (!explicit_dir.empty()) {
-    checkpoint_format_version(explicit_dir);  // a directory of something else says so first
-    verify_checkpoint(explicit_dir);
-    return explicit_dir;
-  }
-  auto latest = find_latest_checkpoint(rc.train.run_dir);
-  if (!latest)
-    fail(fmt::format("no valid checkpoint in '{}/checkpoints'", rc.train.run_dir),
-         "train first, or pass --checkpoint DIR");
-  return *latest;
-}
-
-// The trained model of a checkpoint: its weights, which must be finite, and, for arch zaya1,
-// the router balancing biases from trainer_state.json, so that tokens are routed as they
-// were in training.
-// On a device (a GPU backend) the weights are read into host memory and copied in.
-std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
-                                  DType precision, Backend& backend = cpu_backend()) {
-  auto model = std::make_unique<Model>(rc.model, precision, backend);
-  std::vector<float> staged;
-  if (model->on_device()) staged.resize(static_cast<size_t>(model->slab_size()));
-  float* params = model->on_device() ? staged.data() : model->params();
-  const json trainer_state = load_checkpoint(ckpt_dir, rc.model, model->table(), params, {});
-  check_finite_weights(ckpt_dir, model->table(), params);
-  restore_router_balancers(*model, trainer_state, ckpt_dir, /*required=*/false);
-  if (model->on_device())
-    model->write_params(staged.data());  // and its bf16 copy
-  else
-    model->sync_weights();
-  return model;
-}
-
-// Samples a token from logits [v] with temperature, top-k and top-p (nucleus) filtering.
-// Fails unless every logit is finite (they are the model's output at `position`), so there
-// is always a candidate.
-int32_t sample_token(const float* logits, int64_t v, int64_t position, double temperature,
-                     int64_t top_k, double top_p, Rng& rng) {
-  const int64_t bad = std::count_if(logits, logits + v, [](float x) { return !std::isfinite(x); });
-  if (bad > 0)
-    fail(fmt::format("{} of the {} logits at position {} are not finite", bad, v, position),
-         "the weights are finite, so the forward pass overflowed; try --set "
-         "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
-  if (temperature <= 0) {
-    int64_t best = 0;
-    for (int64_t i = 1; i < v; ++i)
-      if (logits[i] > logits[best]) best = i;
-    return static_cast<int32_t>(best);
-  }
-  std::vector<std::pair<double, int32_t>> cand;
-  cand.reserve(v);
-  double max_logit = -INFINITY;
-  for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
-  for (int64_t i = 0; i < v; ++i)
-    cand.emplace_back(std::exp((logits[i] - max_logit) / temperature), static_cast<int32_t>(i));
-  std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first || (a.first == b.first && a.second < b.second);
-  });
-  if (top_k > 0 && static_cast<int64_t>(cand.size()) > top_k) cand.resize(top_k);
-  double total = 0;
-  for (const auto& c : cand) total += c.first;
-  if (top_p < 1.0) {
-    double cum = 0;
-    size_t keep = 0;
-    while (keep < cand.size()) {
-      cum += cand[keep].first / total;
-      ++keep;
-      if (cum >= top_p) break;
-    }
-    cand.resize(keep);
-    total = 0;
-    for (const auto& c : cand) total += c.first;
-  }
-  double r = rng.uniform() * total;
-  for (const auto& c : cand) {
-    r -= c.first;
-    if (r <= 0) return c.second;
-  }
-  return cand.back().second;
 }
 
 // train.hardware_profile's measured GEMM peak for the run's precision, per device; none when
@@ -178,65 +100,80 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
               s.peak_gflops, s.peak_source.c_str());
 }
 
-// `foundry generate`: the prompt, continued by the model of a checkpoint.
+// `foundry generate`: a prompt (or, with --batch, a file of requests) continued by the model
+// of a checkpoint.
 struct GenArgs {
   ConfigArgs config;
-  std::string checkpoint, prompt, tokenizer;
-  int64_t max_new_tokens = 64, top_k = 0;
-  double temperature = 0.8, top_p = 0.95;
+  std::string checkpoint, prompt, tokenizer, batch, out;
+  int64_t max_new_tokens = 64;
+  infer::SamplingOptions sampling;
   uint64_t seed = 0;
+  bool stop_on_error = false, quiet = false;
 };
+
+void run_generate_batch(const GenArgs& g, const data::Tokenizer& tok, Model& model) {
+  infer::BatchOptions o;
+  o.in = g.batch;
+  o.out = g.out;
+  o.defaults = {g.max_new_tokens, g.sampling, g.seed};
+  o.stop_on_error = g.stop_on_error;
+  o.quiet = g.quiet;
+  const infer::BatchSummary s = infer::run_generation_batch(model, tok, o);
+  std::printf(
+      "%lld requests: %lld generated now (%lld tokens in %.1f s, %.0f tokens/s), %lld already "
+      "done, %lld invalid | results in %s\n",
+      static_cast<long long>(s.requests), static_cast<long long>(s.generated),
+      static_cast<long long>(s.generated_tokens), s.seconds,
+      s.generated_tokens / std::max(s.seconds, 1e-9), static_cast<long long>(s.already_done),
+      static_cast<long long>(s.invalid), g.out.c_str());
+  std::printf("prompt tokens %lld, of which %lld repeat a prefix another request shares\n",
+              static_cast<long long>(s.prompt_tokens),
+              static_cast<long long>(s.shared_prefix_tokens));
+}
 
 void run_generate(const GenArgs& g) {
   RunConfig rc = load_run_config(g.config.config_path, g.config.overrides);
-  if (g.tokenizer.empty() && rc.data.dir.empty())
-    fail("data.dir is empty and no --tokenizer is given: generate needs a tokenizer",
-         "pass --tokenizer FILE, or set data.dir to the dataset the model was trained on");
-  std::string tok_path = g.tokenizer.empty() ? rc.data.dir + "/tokenizer.model" : g.tokenizer;
-  Tokenizer tok = Tokenizer::load(tok_path);
-  if (tok.vocab_size() != rc.model.vocab_size)
-    fail(fmt::format("tokenizer '{}' has {} pieces but model.vocab_size = {}", tok_path,
-                     tok.vocab_size(), rc.model.vocab_size),
-         "pass the tokenizer of the dataset the model was trained on");
-  std::vector<int32_t> ids = tok.encode(g.prompt);
-  // Training streams separate documents with EOS, so EOS is what precedes a document.
-  ids.insert(ids.begin(), tok.eos_id());
-  const int64_t max_len =
-      std::min<int64_t>(rc.model.max_seq_len, static_cast<int64_t>(ids.size()) + g.max_new_tokens);
-  if (static_cast<int64_t>(ids.size()) >= max_len)
-    fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", ids.size(),
-                     rc.model.max_seq_len),
-         "shorten the prompt");
-  if (max_len < static_cast<int64_t>(ids.size()) + g.max_new_tokens)
-    warn(
-        fmt::format("generating at most {} tokens, not the {} of -n: the prompt ({} tokens "
-                    "with the leading EOS) and the new tokens must fit model.max_seq_len = {}",
-                    max_len - static_cast<int64_t>(ids.size()), g.max_new_tokens, ids.size(),
-                    rc.model.max_seq_len));
-  check_generate_memory(rc, max_len);
-  const std::string dir = resolve_checkpoint(g.checkpoint, rc);
-  const std::string tok_bytes = read_text_file(tok_path);
-  check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
-                             hash64(tok_bytes.data(), tok_bytes.size()),
-                             fmt::format("tokenizer '{}'", tok_path));
-  auto model = load_model(rc, dir, rc.train.precision);
-  auto state = model->new_decode_state(max_len);
-  const float* logits = nullptr;
-  for (int32_t id : ids) logits = model->decode_step(state, id);
-  Rng rng(g.seed);
-  std::vector<int32_t> generated;
-  while (static_cast<int64_t>(ids.size() + generated.size()) < max_len) {
-    const int64_t position = static_cast<int64_t>(ids.size() + generated.size()) - 1;
-    int32_t next =
-        sample_token(logits, rc.model.vocab_size, position, g.temperature, g.top_k, g.top_p, rng);
-    if (next == tok.eos_id()) break;
-    generated.push_back(next);
-    if (static_cast<int64_t>(ids.size() + generated.size()) >= max_len) break;
-    logits = model->decode_step(state, next);
+  if (g.batch.empty() == g.prompt.empty())
+    fail(g.batch.empty() ? "generate needs --prompt TEXT or --batch FILE"
+                         : "generate takes --prompt or --batch, not both",
+         "--prompt continues one text; --batch IN.jsonl --out OUT.jsonl runs a file of "
+         "requests");
+  if (!g.batch.empty() && g.out.empty())
+    fail("generate --batch needs --out FILE", "name the JSONL file the results go to");
+  if (!g.batch.empty() && g.out == g.batch)
+    fail(fmt::format("--out '{}' is the --batch file", g.out),
+         "write the results to another file: --out would overwrite the requests");
+  std::string tok_path;
+  const data::Tokenizer tok = infer::load_tokenizer(rc, g.tokenizer, &tok_path);
+  std::vector<int32_t> ids;
+  int64_t max_len = rc.model.max_seq_len;
+  if (g.batch.empty()) {
+    ids = tok.encode(g.prompt);
+    // Training streams separate documents with EOS, so EOS is what precedes a document.
+    ids.insert(ids.begin(), tok.eos_id());
+    const int64_t n = static_cast<int64_t>(ids.size());
+    if (n >= rc.model.max_seq_len)
+      fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", n,
+                       rc.model.max_seq_len),
+           "shorten the prompt");
+    const int64_t room = infer::new_token_room(rc.model, n, g.max_new_tokens);
+    if (room < g.max_new_tokens)
+      warn(fmt::format(
+          "generating at most {} tokens, not the {} of -n: the prompt ({} tokens with the "
+          "leading EOS) and the new tokens must fit model.max_seq_len = {}",
+          room, g.max_new_tokens, n, rc.model.max_seq_len));
+    max_len = n + room;
   }
+  check_generate_memory(rc, max_len);
+  const std::string dir = infer::resolve_checkpoint(g.checkpoint, rc);
+  infer::check_tokenizer_of(dir, tok_path);
+  auto model = infer::load_model(rc, dir, rc.train.precision);
+  if (!g.batch.empty()) return run_generate_batch(g, tok, *model);
+  const infer::Generation gen =
+      infer::generate(*model, ids, g.max_new_tokens, tok.eos_id(), g.sampling, g.seed);
   // Decode prompt and continuation together so word boundaries come out right.
   std::vector<int32_t> text(ids.begin() + 1, ids.end());
-  text.insert(text.end(), generated.begin(), generated.end());
+  text.insert(text.end(), gen.tokens.begin(), gen.tokens.end());
   std::printf("%s\n", tok.decode(text).c_str());
 }
 
@@ -306,12 +243,12 @@ void register_train_commands(CLI::App& app) {
       const std::unique_ptr<Backend> backend =
           open_backend(rc.train.device, "train.device " + rc.train.device.name());
       if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
-      const std::string dir = resolve_checkpoint(*ckpt, rc);
+      const std::string dir = infer::resolve_checkpoint(*ckpt, rc);
       Dataset dataset(rc.data.dir);
       check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
                                  dataset.meta().tokenizer_checksum,
                                  fmt::format("data.dir '{}'", rc.data.dir));
-      auto model = load_model(rc, dir, rc.train.precision, *backend);
+      auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
       const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
       BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
       const int64_t n = *batches > 0 ? validation_batches(loader, *batches, "--batches")
@@ -332,16 +269,30 @@ void register_train_commands(CLI::App& app) {
     auto g = std::make_shared<GenArgs>();
     add_config_options(cmd, g->config);
     cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
-    cmd->add_option("--prompt,-p", g->prompt, "Prompt text")->required();
+    cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
+    cmd->add_option("--batch", g->batch,
+                    "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
+                    "line, optionally max_new_tokens, temperature, top_k, top_p, seed");
+    cmd->add_option("--out", g->out,
+                    "With --batch: the results, JSONL in the requests' order (an existing file "
+                    "of these requests' results is resumed)");
+    cmd->add_flag("--stop-on-error", g->stop_on_error,
+                  "With --batch: an invalid request line stops the run before any work");
+    cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
     cmd->add_option("--tokenizer", g->tokenizer,
                     "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
-    cmd->add_option("--max-new-tokens,-n", g->max_new_tokens, "Tokens to generate")
+    cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,
+                    "Tokens to generate (with --batch: for requests that do not say)")
         ->check(in_range(int64_t{1}, int64_t{1} << 20));
-    cmd->add_option("--temperature", g->temperature, "0 = greedy")->check(in_range(0.0, 100.0));
-    cmd->add_option("--top-k", g->top_k, "Keep the k most likely tokens (0 = all)")
+    cmd->add_option("--temperature", g->sampling.temperature, "0 = greedy")
+        ->check(in_range(0.0, 100.0));
+    cmd->add_option("--top-k", g->sampling.top_k, "Keep the k most likely tokens (0 = all)")
         ->check(in_range(int64_t{0}, int64_t{1} << 24));
-    cmd->add_option("--top-p", g->top_p, "Nucleus sampling mass")->check(in_range(0.0, 1.0));
-    cmd->add_option("--seed", g->seed, "Sampling seed (same seed, same text)");
+    cmd->add_option("--top-p", g->sampling.top_p, "Nucleus sampling mass")
+        ->check(in_range(0.0, 1.0));
+    cmd->add_option("--seed", g->seed,
+                    "Sampling seed (same seed, same text; with --batch, request i's default "
+                    "seed is this + i)");
     cmd->callback([g] { run_generate(*g); });
   }
 }

@@ -1,0 +1,32 @@
+// One request's generation: its context through the model's decoder, then tokens sampled one
+// at a time until the end-of-sequence token, the request's token budget or model.max_seq_len.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "infer/sampling.h"
+#include "model/model.h"
+
+namespace foundry::infer {
+
+enum class FinishReason { length, eos };
+const char* finish_reason_name(FinishReason reason);  // "length" | "eos"
+
+struct Generation {
+  std::vector<int32_t> tokens;  // generated, without the end-of-sequence token
+  FinishReason finish = FinishReason::length;
+};
+
+// The tokens a context can grow by: max_new_tokens, or fewer where context + new tokens
+// would pass model.max_seq_len.
+int64_t new_token_room(const ModelConfig& config, int64_t context_tokens, int64_t max_new_tokens);
+
+// Continues `context` (token ids, the document's leading EOS first, as training streams
+// documents) by up to new_token_room(...) tokens, stopping before `eos_id`. Sampling draws
+// from Rng(seed) alone: the same request and seed give the same tokens. The context must be
+// non-empty and shorter than model.max_seq_len (Error otherwise).
+Generation generate(Model& model, const std::vector<int32_t>& context, int64_t max_new_tokens,
+                    int32_t eos_id, const SamplingOptions& sampling, uint64_t seed);
+
+}  // namespace foundry::infer
