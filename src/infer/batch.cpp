@@ -68,8 +68,8 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& o) {
   const ModelConfig& c = model.config();
   const RequestSet set = read_generation_requests(o.in, tok, c.max_seq_len, o.defaults);
-  report_invalid(set, o);
   std::map<int64_t, std::string> lines = read_finished_results(o.out, set);
+  report_invalid(set, o);
 
   BatchSummary s;
   s.requests = set.count;

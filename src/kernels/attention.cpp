@@ -416,26 +416,30 @@ namespace {
 // Output dims a head's weighted sum keeps in registers at a time (4 AVX-512 vectors).
 constexpr int64_t kDecodeRow = 64;
 
-// The `group` query heads of one sequence that share a KV head: q [group, D] against its
-// blocked transposed keys kb [blocks, D, 16] and values v [max_len, D], up to len positions;
-// out [group, D], scores [group, len]. Each key and value is read once for the whole group.
-void decode_group(float* o, float* scores, const float* q, const float* kb, const float* v,
-                  int64_t group, int64_t len, int64_t d, float scale) {
+// The `group` query heads of one sequence that share a KV head (head g of each span): q
+// [group, D] against the blocked transposed keys and the value rows of its spans, len
+// positions in all; scores [group, len] scratch, o [group, D] (writes).
+void decode_group(float* o, float* scores, const float* q, const DecodeSpan* spans,
+                  int64_t n_spans, int64_t g, int64_t group, int64_t len, int64_t d,
+                  float scale) {
   constexpr int64_t W = kDecodeBlock;
   // scores[j, t] = scale · Σ_i q[j, i] · k[t, i], summed over i in order for every t.
-  for (int64_t t0 = 0; t0 < len; t0 += W) {
-    const float* block = kb + (t0 / W) * d * W;
-    const int64_t n = std::min(W, len - t0);
-    for (int64_t j = 0; j < group; ++j) {
-      const float* qj = q + j * d;
-      float acc[W] = {};
-      for (int64_t i = 0; i < d; ++i) {
-        const float qi = qj[i];
-        const float* row = block + i * W;
+  for (int64_t s = 0, base = 0; s < n_spans; base += spans[s].len, ++s) {
+    const float* kb = spans[s].k + g * spans[s].head_floats(d);
+    for (int64_t t0 = 0; t0 < spans[s].len; t0 += W) {
+      const float* block = kb + (t0 / W) * d * W;
+      const int64_t n = std::min(W, spans[s].len - t0);
+      for (int64_t j = 0; j < group; ++j) {
+        const float* qj = q + j * d;
+        float acc[W] = {};
+        for (int64_t i = 0; i < d; ++i) {
+          const float qi = qj[i];
+          const float* row = block + i * W;
 #pragma omp simd
-        for (int64_t x = 0; x < W; ++x) acc[x] += qi * row[x];
+          for (int64_t x = 0; x < W; ++x) acc[x] += qi * row[x];
+        }
+        for (int64_t x = 0; x < n; ++x) scores[j * len + base + t0 + x] = acc[x] * scale;
       }
-      for (int64_t x = 0; x < n; ++x) scores[j * len + t0 + x] = acc[x] * scale;
     }
   }
   // Softmax per head; the normalization is applied to the weighted sum, once per output.
@@ -451,20 +455,23 @@ void decode_group(float* o, float* scores, const float* q, const float* kb, cons
       sum += sj[t];
     }
     // out = Σ_t p_t · v_t / Σ_t p_t, accumulated a head at a time in kDecodeRow-wide chunks
-    // that stay in registers while the value rows stream past.
+    // that stay in registers while the value rows stream past, span after span.
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t i0 = 0; i0 < d; i0 += kDecodeRow) {
       const int64_t m = std::min(kDecodeRow, d - i0);
       float acc[kDecodeRow] = {};
-      const float* vi = v + i0;
-      if (m == kDecodeRow) {
-        for (int64_t t = 0; t < len; ++t) {
+      for (int64_t s = 0, base = 0; s < n_spans; base += spans[s].len, ++s) {
+        const float* vi = spans[s].v + g * spans[s].head_floats(d) + i0;
+        const float* ps = sj + base;
+        if (m == kDecodeRow) {
+          for (int64_t t = 0; t < spans[s].len; ++t) {
 #pragma omp simd
-          for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += sj[t] * vi[t * d + i];
+            for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += ps[t] * vi[t * d + i];
+          }
+        } else {
+          for (int64_t t = 0; t < spans[s].len; ++t)
+            for (int64_t i = 0; i < m; ++i) acc[i] += ps[t] * vi[t * d + i];
         }
-      } else {
-        for (int64_t t = 0; t < len; ++t)
-          for (int64_t i = 0; i < m; ++i) acc[i] += sj[t] * vi[t * d + i];
       }
       for (int64_t i = 0; i < m; ++i) o[j * d + i0 + i] = acc[i] * inv;
     }
@@ -473,30 +480,57 @@ void decode_group(float* o, float* scores, const float* q, const float* kb, cons
 
 }  // namespace
 
-void decode_kv_store(const DecodeKv& c, int64_t pos, const float* k, const float* v) {
-  if (pos < 0 || pos >= c.max_len)
-    fail(fmt::format("decode position {} is outside the cache of {} positions", pos, c.max_len),
+DecodeSpan decode_span(const DecodeKv& c, int64_t b, int64_t len) {
+  return {c.k + b * c.kvh * c.head_floats(), c.v + b * c.kvh * c.head_floats(), len, c.max_len};
+}
+
+void decode_span_store(const DecodeSpan& s, int64_t at, const float* k, const float* v,
+                       int64_t kvh, int64_t d) {
+  if (at < 0 || at >= s.capacity)
+    fail(fmt::format("decode position {} is outside the cache of {} positions", at, s.capacity),
          "make the decode state longer (its max_len) or stop at its end");
-  const int64_t W = kDecodeBlock, head = c.head_floats();
-  for (int64_t bg = 0; bg < c.batch * c.kvh; ++bg) {
-    const float* kr = k + bg * c.d;
-    float* kb = c.k + bg * head + (pos / W) * c.d * W + pos % W;
-    for (int64_t i = 0; i < c.d; ++i) kb[i * W] = kr[i];
-    std::copy(v + bg * c.d, v + (bg + 1) * c.d, c.v + bg * head + pos * c.d);
+  const int64_t W = kDecodeBlock, head = s.head_floats(d);
+  for (int64_t g = 0; g < kvh; ++g) {
+    const float* kr = k + g * d;
+    float* kb = s.k + g * head + (at / W) * d * W + at % W;
+    for (int64_t i = 0; i < d; ++i) kb[i * W] = kr[i];
+    std::copy(v + g * d, v + (g + 1) * d, s.v + g * head + at * d);
   }
+}
+
+void decode_kv_store(const DecodeKv& c, int64_t pos, const float* k, const float* v) {
+  for (int64_t b = 0; b < c.batch; ++b)
+    decode_span_store(decode_span(c, b, pos + 1), pos, k + b * c.kvh * c.d, v + b * c.kvh * c.d,
+                      c.kvh, c.d);
 }
 
 void attention_decode(float* out, float* scores, const float* q, const DecodeKv& c,
                       int64_t len, int64_t h) {
-  const int64_t kvh = c.kvh, d = c.d, group = h / kvh, head = c.head_floats();
+  std::vector<DecodeSpan> spans(c.batch);
+  std::vector<int64_t> first(c.batch + 1, 0);
+  for (int64_t b = 0; b < c.batch; ++b) spans[b] = decode_span(c, b, len), first[b + 1] = b + 1;
+  attention_decode_rows(out, scores, len, q, spans.data(), first.data(), c.batch, h, c.kvh, c.d);
+}
+
+void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
+                           const DecodeSpan* spans, const int64_t* first, int64_t rows,
+                           int64_t h, int64_t kvh, int64_t d) {
+  const int64_t group = h / kvh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  const bool parallel = c.batch * h * len * d >= detail::kParallelMinElements;
+  std::vector<int64_t> lens(rows, 0);
+  int64_t positions = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = first[r]; s < first[r + 1]; ++s) lens[r] += spans[s].len;
+    FOUNDRY_CHECK(lens[r] >= 1 && lens[r] <= max_len);
+    positions += lens[r];
+  }
+  const bool parallel = h * positions * d >= detail::kParallelMinElements;
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t bg = 0; bg < c.batch * kvh; ++bg) {
-    const int64_t b = bg / kvh, g = bg % kvh;
-    const int64_t first = b * h + g * group;  // the group's first query head
-    decode_group(out + first * d, scores + first * len, q + first * d, c.k + bg * head,
-                 c.v + bg * head, group, len, d, scale);
+  for (int64_t rg = 0; rg < rows * kvh; ++rg) {
+    const int64_t r = rg / kvh, g = rg % kvh;
+    const int64_t head0 = r * h + g * group;  // the group's first query head
+    decode_group(out + head0 * d, scores + r * h * max_len + g * group * lens[r], q + head0 * d,
+                 spans + first[r], first[r + 1] - first[r], g, group, lens[r], d, scale);
   }
 }
 

@@ -94,6 +94,25 @@ struct DecodeKv {
   }
 };
 
+// A run of one sequence's cached positions in one layer, laid out as a DecodeKv of batch 1
+// with room for `capacity` positions: k [KVH, ⌈capacity / 16⌉, D, 16], v [KVH, ⌈capacity /
+// 16⌉·16, D]. A sequence's cache may be several spans one after another (a prefix shared with
+// other sequences, then its own positions): attention reads them in order as one run.
+struct DecodeSpan {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t len = 0;       // positions it holds (the ones attended to)
+  int64_t capacity = 0;  // positions it has room for
+  int64_t head_floats(int64_t d) const {
+    return (capacity + kDecodeBlock - 1) / kDecodeBlock * kDecodeBlock * d;
+  }
+};
+// Sequence b's positions 0 … len−1 of a batched cache, as a span.
+DecodeSpan decode_span(const DecodeKv& cache, int64_t b, int64_t len);
+// Stores one position's key and value rows, k and v [KVH·D], at index `at` of the span.
+void decode_span_store(const DecodeSpan& span, int64_t at, const float* k, const float* v,
+                       int64_t kvh, int64_t d);
+
 // Stores each sequence's new key and value rows, k and v [B, KVH·D], at position pos.
 void decode_kv_store(const DecodeKv& cache, int64_t pos, const float* k, const float* v);
 
@@ -103,6 +122,15 @@ void decode_kv_store(const DecodeKv& cache, int64_t pos, const float* k, const f
 // and the thread count; the query heads that share a KV head read its rows once.
 void attention_decode(float* out, float* scores, const float* q, const DecodeKv& cache,
                       int64_t len, int64_t h);
+// Rows at their own positions: row r's query q [rows, H, D] against the positions of its spans
+// spans[first[r]] … spans[first[r+1] − 1], in order; out [rows, H, D] (writes), scores
+// [rows·H·max_len] scratch (max_len ≥ each row's positions). A row's result depends on its
+// query and its positions alone, not on how they are cut into spans nor on the other rows:
+// every score is the same sum in the same order, and the softmax and weighted sum run over
+// the positions in order.
+void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
+                           const DecodeSpan* spans, const int64_t* first, int64_t rows,
+                           int64_t h, int64_t kvh, int64_t d);
 // Plain double-precision reference (for tests): same layout, no saved statistics.
 void attention_reference(double* out, const double* q, const double* k, const double* v,
                          const AttentionShape& s);

@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "base/error.h"
+#include "base/rng.h"
 #include "kernels/test_support.h"
 
 namespace foundry::ops {
@@ -329,6 +331,55 @@ TEST(Attention, BatchedDecodeMatchesTheReferenceAtEveryPosition) {
     SCOPED_TRACE(::testing::Message() << "head_dim " << s.d);
     expect_decode_matches_reference(s);
   }
+}
+
+// Rows at different positions, their keys cut into spans at arbitrary points (a shared
+// prefix, then a sequence's own positions, each span with its own room): each row's output
+// has the bits of its row decoded alone over one contiguous cache.
+TEST(Attention, DecodeRowsOverSpansGiveTheBitsOfOneContiguousCache) {
+  const int64_t H = 4, KVH = 2, D = 80, T = 37, kv_row = KVH * D;
+  Rng rng(12);
+  std::vector<float> keys(T * kv_row), values(T * kv_row), q(3 * H * D);
+  for (float& x : keys) x = static_cast<float>(rng.normal());
+  for (float& x : values) x = static_cast<float>(rng.normal());
+  for (float& x : q) x = static_cast<float>(rng.normal());
+  // Row r attends to positions 0 … lens[r] − 1 of the same sequence.
+  const int64_t lens[3] = {37, 20, 1};
+
+  // Alone: one contiguous cache, one row at a time.
+  std::vector<float> k_one(DecodeKv::floats(1, KVH, D, T)), v_one(k_one.size());
+  const DecodeKv one{k_one.data(), v_one.data(), 1, KVH, D, T};
+  for (int64_t t = 0; t < T; ++t) decode_kv_store(one, t, &keys[t * kv_row], &values[t * kv_row]);
+  std::vector<float> alone(3 * H * D), scores(H * T);
+  for (int r = 0; r < 3; ++r)
+    attention_decode(&alone[r * H * D], scores.data(), &q[r * H * D], one, lens[r], H);
+
+  // Rows together, over spans [0, 5), [5, 21), [21, 37) of separate storage.
+  const int64_t cuts[4] = {0, 5, 21, 37};
+  std::vector<std::vector<float>> ks(3), vs(3);
+  std::vector<DecodeSpan> pieces(3);
+  for (int s = 0; s < 3; ++s) {
+    const int64_t room = cuts[s + 1] - cuts[s] + 3 * s;  // more room than used, differently
+    ks[s].assign(DecodeKv::floats(1, KVH, D, room), NAN);
+    vs[s].assign(ks[s].size(), NAN);
+    pieces[s] = {ks[s].data(), vs[s].data(), cuts[s + 1] - cuts[s], room};
+    for (int64_t t = cuts[s]; t < cuts[s + 1]; ++t)
+      decode_span_store(pieces[s], t - cuts[s], &keys[t * kv_row], &values[t * kv_row], KVH, D);
+  }
+  std::vector<DecodeSpan> spans;
+  std::vector<int64_t> first = {0};
+  for (int r = 0; r < 3; ++r) {
+    for (int s = 0; s < 3 && cuts[s] < lens[r]; ++s) {
+      DecodeSpan piece = pieces[s];
+      piece.len = std::min(cuts[s + 1], lens[r]) - cuts[s];
+      spans.push_back(piece);
+    }
+    first.push_back(static_cast<int64_t>(spans.size()));
+  }
+  std::vector<float> together(3 * H * D, NAN), row_scores(3 * H * T);
+  attention_decode_rows(together.data(), row_scores.data(), T, q.data(), spans.data(),
+                        first.data(), 3, H, KVH, D);
+  EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * sizeof(float)), 0);
 }
 
 TEST(Attention, DecodeCacheRefusesAPositionPastItsEnd) {

@@ -562,6 +562,18 @@ void CcaDecodeState<T>::reset_sequence(int64_t sequence) {
 }
 
 template <typename T>
+void CcaDecodeState<T>::copy_sequence(int64_t to, const CcaDecodeState& from, int64_t sequence) {
+  FOUNDRY_CHECK(to >= 0 && to < batch && sequence >= 0 && sequence < from.batch);
+  FOUNDRY_CHECK(from.dims.channels() == dims.channels() && from.dims.t0 == dims.t0 &&
+                from.dims.t1 == dims.t1 && from.dims.value_half() == dims.value_half());
+  const int64_t c_rows = (dims.t0 - 1) * dims.channels(), y_rows = (dims.t1 - 1) * dims.channels();
+  const int64_t half = dims.value_half();
+  std::copy_n(from.c_hist.begin() + sequence * c_rows, c_rows, c_hist.begin() + to * c_rows);
+  std::copy_n(from.y_hist.begin() + sequence * y_rows, y_rows, y_hist.begin() + to * y_rows);
+  std::copy_n(from.v_prev.begin() + sequence * half, half, v_prev.begin() + to * half);
+}
+
+template <typename T>
 void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
                            int64_t t) {
   FOUNDRY_CHECK(t >= 0);
@@ -588,28 +600,11 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
     std::fill(state.v_prev.begin(), state.v_prev.end(), T(0));
 }
 
-namespace {
-
-// The grouped step for a batch of new rows as one oneDNN matmul batched over the groups:
-// qk[b, g·d + o] = b1[g·d + o] + Σ_j w1[g·d + o, j] · window[b, g·d·t1 + j], j < d·t1, read
-// in place through strides (A [groups, batch, d·t1], B = w1ᵀ per group, C into qk's rows).
-void grouped_conv_decode_matmul(float* qk, const float* window, const float* w1,
-                                const float* b1, int64_t batch, int64_t channels, int64_t d,
-                                int64_t t1) {
-  const int64_t groups = channels / d, row = d * t1;
-  for (int64_t bi = 0; bi < batch; ++bi) std::copy_n(b1, channels, qk + bi * channels);
-  const MatView a{window, DType::f32, {groups, batch, row}, {row, channels * t1, 1}};
-  const MatView b{w1, DType::f32, {groups, row, d}, {d * row, 1, row}};
-  const OutView c{qk, {groups, batch, d}, {d, channels, 1}};
-  matmul(a, b, c, /*accumulate=*/true);
-}
-
-}  // namespace
-
 // The depthwise step sums in the forward's order (bias, then taps oldest first). The grouped
-// step: in fp32 one batched matmul over the groups (grouped_conv_decode_matmul); in double
-// (the tests' reference) each output is the dot product of its row w1[grp, o, :, :] (d·t1
-// contiguous elements) with the window interleaved the same way, window[grp, ci, i].
+// step: each output is the dot product of its row w1[grp, o, :, :] (d·t1 contiguous elements)
+// with the window interleaved the same way, window[grp, ci, i], one row at a time, so a
+// sequence's outputs are the same bits whatever other sequences share the step (a matmul
+// batched over the rows rounds differently for different row counts).
 template <typename T>
 void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
                      const T* w1, const T* b1) {
@@ -643,9 +638,7 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
     }
   }
 
-  if constexpr (std::is_same_v<T, float>) {
-    grouped_conv_decode_matmul(qk, window, w1, b1, batch, channels, d, t1);
-  } else {
+  {
     const int64_t row_len = d * t1;
     const bool parallel = is_parallel(batch * channels * row_len / 8);
 #pragma omp parallel for collapse(2) schedule(static) if (parallel)

@@ -207,6 +207,8 @@ struct CcaDecodeState {
   CcaDecodeState(const CcaDims& dims, int64_t batch);  // validates dims; zero state
   void reset();                                         // every sequence back to zero
   void reset_sequence(int64_t sequence);                // one sequence back to zero
+  // Sequence `to` takes the state of sequence `sequence` of `from` (the same dims).
+  void copy_sequence(int64_t to, const CcaDecodeState& from, int64_t sequence);
 };
 
 // Loads the state after a full-sequence forward over T ≥ 0 prompt tokens per sequence:

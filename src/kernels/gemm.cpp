@@ -102,6 +102,16 @@ GemmRows gemm_rows_mode() {
   return static_cast<GemmRows>(mode);
 }
 
+namespace {
+std::atomic<int>& row_invariant_scopes() {
+  static std::atomic<int> scopes{0};
+  return scopes;
+}
+}  // namespace
+
+RowInvariantGemms::RowInvariantGemms() { row_invariant_scopes().fetch_add(1); }
+RowInvariantGemms::~RowInvariantGemms() { row_invariant_scopes().fetch_sub(1); }
+
 void set_gemm_rows_mode(GemmRows mode) {
   rows_mode_slot().store(static_cast<int>(mode), std::memory_order_relaxed);
 }
@@ -235,7 +245,8 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
   if (r == 2) {
     const GemmRows mode = gemm_rows_mode();
-    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact;
+    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact ||
+                         row_invariant_scopes().load(std::memory_order_relaxed) > 0;
     const bool exact_k = mode == GemmRows::exact_k || mode == GemmRows::exact;
     if (a.strides[1] == 1 && c.strides[1] == 1) {
       if (!exact_m) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;

@@ -81,6 +81,19 @@ GemmRows gemm_rows_mode();
 void set_gemm_rows_mode(GemmRows mode);
 const char* gemm_rows_name(GemmRows mode);
 
+// While one is alive (anywhere in the process), the token dimension of 2-D products is exact
+// whatever the mode (exact-m, or exact under exact-k): each row of a product is then the same
+// bits for any row count, as a runtime M is not (oneDNN's GEMM driver rounds one row
+// differently from several). Decoding holds one, so that a sequence decodes to the same bits
+// alone and beside others.
+class RowInvariantGemms {
+ public:
+  RowInvariantGemms();
+  ~RowInvariantGemms();
+  RowInvariantGemms(const RowInvariantGemms&) = delete;
+  RowInvariantGemms& operator=(const RowInvariantGemms&) = delete;
+};
+
 // Number of cached oneDNN primitives (for tests and diagnostics).
 size_t matmul_cache_size();
 

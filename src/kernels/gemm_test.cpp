@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/bf16.h"
 #include "base/error.h"
 #include "base/rng.h"
 #include "kernels/test_support.h"
@@ -132,6 +133,33 @@ TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
     for (int64_t i = 0; i < n * k; ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-4);
   }
   EXPECT_EQ(matmul_cache_size(), before + 3 * per_count) << gemm_rows_name(mode);
+}
+
+// Under RowInvariantGemms each row of a product is the same bits for every row count (what
+// decoding needs): fp32 (the precision the decoding tests use; bf16 brgemm kernels differ
+// between AVX-512 and AMX cores), shapes of a decode step's projections, a transposed weight
+// (x·Wᵀ) as the model's linears use.
+TEST(Gemm, RowInvariantProductsGiveEachRowTheBitsOfItsProductAlone) {
+  const RowInvariantGemms row_invariant;
+  const int64_t n = 96, k = 272;
+  for (DType dt : {DType::f32}) {
+    const auto a = random_vec(64 * k, 16), w = random_vec(n * k, 17);
+    std::vector<bf16> a16(a.size()), w16(w.size());
+    for (size_t i = 0; i < a.size(); ++i) a16[i] = float_to_bf16(a[i]);
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = float_to_bf16(w[i]);
+    const void* A = dt == DType::bf16 ? static_cast<const void*>(a16.data()) : a.data();
+    const void* W = dt == DType::bf16 ? static_cast<const void*>(w16.data()) : w.data();
+    const size_t elem = dt == DType::bf16 ? 2 : 4;
+    std::vector<float> alone(64 * n), together(64 * n);
+    for (int64_t r = 0; r < 64; ++r)
+      gemm(static_cast<const char*>(A) + r * k * elem, false, W, true, alone.data() + r * n, 1,
+           n, k, dt);
+    for (int64_t rows : {2, 3, 7, 16, 33, 64}) {
+      gemm(A, false, W, true, together.data(), rows, n, k, dt);
+      EXPECT_EQ(std::memcmp(together.data(), alone.data(), rows * n * sizeof(float)), 0)
+          << rows << " rows, " << dtype_name(dt);
+    }
+  }
 }
 
 // Products called from several threads at once (the experts' GEMMs) share the cached

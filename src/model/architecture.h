@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "kernels/zaya_router.h"
+#include "model/attention_sublayer.h"
 #include "model/lm_head.h"
 #include "model/moe_sublayer.h"
 #include "model/compute.h"
@@ -34,11 +35,22 @@ class Architecture {
   virtual void drop_activations() = 0;
   virtual void set_data_parallel(const Communicator* group) {}
 
-  // The state of `batch` sequences decoded in step, of up to max_len tokens each.
-  virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const = 0;
-  // tokens [B], one per sequence, all at position `pos` → logits [B, Vp].
-  virtual void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+  // The buffers of decode steps of up to `batch` rows at positions below max_len, and with
+  // `own_caches` the caches of `batch` sequences decoded in step (decode_step).
+  virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch,
+                                                    bool own_caches) const = 0;
+  // tokens [B], one per sequence, all at position `pos` → logits [B, Vp], over the scratch's
+  // own caches.
+  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens, float* logits) {
+    decode_rows(scratch, own_caches(scratch).in_step(pos), tokens, logits);
+  }
+  // tokens [rows.n], each row at its position over its spans (attention_sublayer.h's
+  // DecodeRows) → logits [rows.n, Vp].
+  virtual void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                            float* logits) = 0;
+
+ protected:
+  virtual const DecodeCaches& own_caches(const DecodeScratch& scratch) const = 0;
 };
 
 // The activations both compositions keep, beside their own (an architecture's activation

@@ -272,11 +272,47 @@ ops::DecodeKv DecodeCaches::layer(int64_t l) const {
   return {k + l * per_layer, v + l * per_layer, batch, kvh, d, max_len};
 }
 
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
-                      const ops::DecodeKv& cache, const AttentionDecodeScratch& s, float* h) {
+DecodeRows DecodeCaches::in_step(int64_t pos) const {
+  DecodeRows rows;
+  rows.n = batch;
+  rows.same_position = true;
+  rows.pos.assign(batch, pos);
+  rows.store_at.assign(batch, pos);
+  rows.first.resize(batch + 1);
+  for (int64_t b = 0; b <= batch; ++b) rows.first[b] = b;
+  rows.spans.resize(layers);
+  for (int64_t l = 0; l < layers; ++l)
+    for (int64_t b = 0; b < batch; ++b) rows.spans[l].push_back(ops::decode_span(layer(l), b, pos + 1));
+  return rows;
+}
+
+void decode_rows_attention(Compute& cx, const DecodeRows& rows, int64_t layer, float* q,
+                           float* k, const float* v, float* att, float* scores, int64_t max_len,
+                           int64_t heads) {
   const ModelConfig& c = cx.config;
-  const int64_t B = cache.batch, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim();
-  const int64_t D = c.head_dim;
+  const int64_t n = rows.n, D = c.head_dim, KVH = c.n_kv_heads, rot = c.rotary_dim();
+  if (rows.same_position) {
+    cx.ops.rope_apply(q, n, 1, heads, D, rot, rows.pos[0], c.rope_theta, false);
+    cx.ops.rope_apply(k, n, 1, KVH, D, rot, rows.pos[0], c.rope_theta, false);
+  } else {
+    for (int64_t r = 0; r < n; ++r) {
+      cx.ops.rope_apply(q + r * heads * D, 1, 1, heads, D, rot, rows.pos[r], c.rope_theta, false);
+      cx.ops.rope_apply(k + r * KVH * D, 1, 1, KVH, D, rot, rows.pos[r], c.rope_theta, false);
+    }
+  }
+  const std::vector<ops::DecodeSpan>& spans = rows.spans[layer];
+  for (int64_t r = 0; r < n; ++r)
+    ops::decode_span_store(spans[rows.first[r + 1] - 1], rows.store_at[r], k + r * KVH * D,
+                           v + r * KVH * D, KVH, D);
+  ops::attention_decode_rows(att, scores, max_len, q, spans.data(), rows.first.data(), n, heads,
+                             KVH, D);
+}
+
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x,
+                      const DecodeRows& rows, int64_t layer, const AttentionDecodeScratch& s,
+                      int64_t max_len, float* h) {
+  const ModelConfig& c = cx.config;
+  const int64_t B = rows.n, C = c.d_model, QD = c.q_dim(), KVD = c.kv_dim();
   float *kc = s.k, *vc = s.v;
   cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.q, s.n, w.q, B, QD, C);
@@ -284,10 +320,7 @@ void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, in
   cx.linear_forward(vc, s.n, w.v, B, KVD, C);
   if (w.q_norm >= 0)
     qk_norm_forward(cx, w, B, s.q, kc, s.q, kc, s.qk_rstd, s.qk_rstd);
-  cx.ops.rope_apply(s.q, B, 1, c.n_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  cx.ops.rope_apply(kc, B, 1, c.n_kv_heads, D, c.rotary_dim(), pos, c.rope_theta, false);
-  ops::decode_kv_store(cache, pos, kc, vc);
-  ops::attention_decode(s.att, s.scores, s.q, cache, pos + 1, c.n_heads);
+  decode_rows_attention(cx, rows, layer, s.q, kc, vc, s.att, s.scores, max_len, c.n_heads);
   cx.linear_forward(h, s.att, w.o, B, C, QD);
 }
 

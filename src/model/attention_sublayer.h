@@ -6,9 +6,11 @@
 // Also the core it shares with ZAYA1's CCA sublayer: RoPE and attention, forward and back.
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "base/arena.h"
 #include "kernels/attention.h"
+#include "kernels/cca.h"
 #include "model/compute.h"
 #include "model/params.h"
 
@@ -67,17 +69,35 @@ void attention_forward(Compute& cx, const AttentionWeights& w, AttentionActs& a,
 void attention_backward(Compute& cx, const AttentionWeights& w, const AttentionActs& a,
                         AttentionGrads& g, BatchShape s, const float* x, float* dx);
 
-// One new token of each of B sequences, all at position `pos`: x [B, C] → h [B, C] =
-// att·Woᵀ (the caller adds the residual). Stores the tokens' rotated k and their v at
-// position pos of `cache` (B = cache.batch) and attends over positions 0 … pos.
+// One new token of each of the rows (DecodeRows below), each at its position: x [n, C] →
+// h [n, C] = att·Woᵀ (the caller adds the residual). Stores the tokens' rotated k and their v
+// at their positions and attends over each row's positions up to its own.
 struct AttentionDecodeScratch {
   float *n, *rstd, *q, *att, *scores;  // [B, C], [B], [B, H·D] ×2, [B·H·max_len]
   float *k, *v;                         // [B, KVH·D]: the new rows, before they are stored
   float* qk_rstd = nullptr;             // model.qk_norm: [B·H]
 };
-void attention_decode(Compute& cx, const AttentionWeights& w, const float* x, int64_t pos,
-                      const ops::DecodeKv& cache, const AttentionDecodeScratch& scratch,
-                      float* h);
+// One decode step's rows as the sublayers see them: row r's token sits at position pos[r];
+// in layer l its keys and values are read from spans[l][first[r]] … spans[l][first[r+1] − 1]
+// (position order, the last including the new position) and its new position is stored in the
+// last of them, at index store_at[r]. For arch zaya1, cca[r] is the row's CCA state, one per
+// layer (null, or cca empty: slot r of the step's own state).
+struct DecodeRows {
+  int64_t n = 0;
+  std::vector<int64_t> pos, first, store_at;
+  std::vector<std::vector<ops::DecodeSpan>> spans;  // [L][spans of every row]
+  std::vector<std::vector<ops::CcaDecodeState<float>>*> cca;
+  bool same_position = false;  // every row at pos[0]: sequences decoded in step
+};
+void attention_decode(Compute& cx, const AttentionWeights& w, const float* x,
+                      const DecodeRows& rows, int64_t layer, const AttentionDecodeScratch& s,
+                      int64_t max_len, float* h);
+// What both attention sublayers do once q, k and v [n, ·] are projected: q and k rotated at
+// the rows' positions, k and v stored, att [n, heads·D] = each row's attention over its
+// positions (scores: [n·heads·max_len] scratch).
+void decode_rows_attention(Compute& cx, const DecodeRows& rows, int64_t layer, float* q,
+                           float* k, const float* v, float* att, float* scores, int64_t max_len,
+                           int64_t heads);
 
 // The decode caches of all layers, k and v each [L, one ops::DecodeKv], for B sequences of up
 // to max_len positions (both attention sublayers keep their keys and values so).
@@ -89,6 +109,8 @@ struct DecodeCaches {
   // shared zero page) and never faults, whatever the positions written so far.
   void make_resident() const;
   ops::DecodeKv layer(int64_t l) const;
+  // The rows of the B sequences decoded in step at `pos`, sequence b over its own cache.
+  DecodeRows in_step(int64_t pos) const;
 };
 
 // ---- the core both attention sublayers share ------------------------------------------------

@@ -283,23 +283,21 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
 }
 
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, int64_t pos, const ops::DecodeKv& cache,
-                const CcaDecodeScratch& s, float* h) {
+                const float* x, const DecodeRows& rows, int64_t layer,
+                const CcaDecodeScratch& s, int64_t max_len, float* h) {
   const ModelConfig& c = cx.config;
-  const int64_t B = state.batch, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
-  const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim(), rot = c.rotary_dim();
+  const int64_t B = rows.n, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
+  const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim();
+  FOUNDRY_CHECK(state.batch == B);
   float *kc = s.k, *vc = s.v;
   cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
   ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1));
   cx.ops.cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
   cx.ops.cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
-  cx.ops.rope_apply(s.q, B, 1, Hq, d, rot, pos, c.rope_theta, false);
-  cx.ops.rope_apply(kc, B, 1, Hk, d, rot, pos, c.rope_theta, false);
   cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
   ops::cca_value_shift_decode(vc, state);
-  ops::decode_kv_store(cache, pos, kc, vc);
-  ops::attention_decode(s.att, s.scores, s.q, cache, pos + 1, Hq);
+  decode_rows_attention(cx, rows, layer, s.q, kc, vc, s.att, s.scores, max_len, Hq);
   cx.linear_forward(h, s.att, w.wo, B, C, QD);
 }
 

@@ -61,15 +61,15 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
 void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,
                   CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx);
 
-// One new token of each of B sequences (state.batch), all at position `pos`: x [B, C] →
-// h [B, C]. Stores the tokens' k and v at position pos of `cache`, attends over positions
-// 0 … pos, and advances the convolution and value-shift state.
+// One new token of each of the rows (its first rows.n sequences of `state`), each at its
+// position: x [n, C] → h [n, C]. Stores the tokens' k and v at their positions, attends over
+// each row's positions up to its own, and advances the convolution and value-shift state.
 struct CcaDecodeScratch {
   // [B, C], [B], [B, Cc] ×2, [B, G], [B, Hq·d] ×2, [B·Hq·max_len], [B, Hk·d] ×2
   float *n, *rstd, *c, *qk, *rnorm, *q, *att, *scores, *k, *v;
 };
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, int64_t pos, const ops::DecodeKv& cache,
-                const CcaDecodeScratch& scratch, float* h);
+                const float* x, const DecodeRows& rows, int64_t layer,
+                const CcaDecodeScratch& scratch, int64_t max_len, float* h);
 
 }  // namespace foundry

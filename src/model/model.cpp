@@ -255,18 +255,109 @@ Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const
   s.max_len = max_len;
   s.batch = batch;
   s.logits.resize(batch * config_.padded_vocab());
-  s.arch = arch_->new_decode(max_len, batch);
+  s.arch = arch_->new_decode(max_len, batch, /*own_caches=*/true);
   return s;
 }
 
 const float* Model::decode_step(DecodeState& s, const int32_t* tokens) {
   if (s.pos >= s.max_len) fail("decode state is full", "create a longer decode state");
-  for (int64_t b = 0; b < s.batch; ++b)
+  check_tokens(tokens, s.batch);
+  const RowInvariantGemms row_invariant;  // a sequence decodes alike alone and beside others
+  arch_->decode_step(*s.arch, s.pos, tokens, s.logits.data());
+  ++s.pos;
+  return s.logits.data();
+}
+
+void Model::check_tokens(const int32_t* tokens, int64_t n) const {
+  for (int64_t b = 0; b < n; ++b)
     if (tokens[b] < 0 || tokens[b] >= config_.vocab_size)
       fail(fmt::format("token id {} is outside the vocabulary [0, {})", tokens[b],
                        config_.vocab_size));
-  arch_->decode_step(*s.arch, s.pos, tokens, s.logits.data());
-  ++s.pos;
+}
+
+int64_t Model::KvSegment::bytes() const {
+  int64_t b = static_cast<int64_t>((k.size() + v.size()) * sizeof(float));
+  for (const auto& st : cca)
+    b += static_cast<int64_t>((st.c_hist.size() + st.y_hist.size() + st.v_prev.size()) *
+                              sizeof(float));
+  return b;
+}
+
+Model::KvSegment Model::new_kv_segment(int64_t start, int64_t capacity,
+                                       const KvSegment* after) const {
+  check_on_host("decoding (generation)");
+  const ModelConfig& c = config_;
+  FOUNDRY_CHECK(start >= 0 && capacity >= 1 && start + capacity <= c.max_seq_len);
+  FOUNDRY_CHECK(!after || after->start + after->len == start);
+  KvSegment s;
+  s.start = start;
+  s.capacity = capacity;
+  const int64_t per_layer = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
+  s.k.assign(c.n_layers * per_layer, 0.0f);
+  s.v.assign(c.n_layers * per_layer, 0.0f);
+  if (c.arch == Arch::zaya1) {
+    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
+                            c.cca_kernel_grouped};
+    s.cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, 1));
+    if (after)
+      for (int64_t l = 0; l < c.n_layers; ++l) s.cca[l].copy_sequence(0, after->cca[l], 0);
+  }
+  return s;
+}
+
+Model::DecodeState Model::new_rows_state(int64_t rows) const {
+  check_on_host("decoding (generation)");
+  FOUNDRY_CHECK(rows >= 1);
+  DecodeState s;
+  s.max_len = config_.max_seq_len;
+  s.batch = rows;
+  s.logits.resize(rows * config_.padded_vocab());
+  s.arch = arch_->new_decode(s.max_len, rows, /*own_caches=*/false);
+  return s;
+}
+
+const float* Model::decode_rows(DecodeState& s, const std::vector<DecodeRow>& rows) {
+  const ModelConfig& c = config_;
+  const int64_t n = static_cast<int64_t>(rows.size());
+  FOUNDRY_CHECK(n >= 1 && n <= s.batch);
+  std::vector<int32_t> tokens(n);
+  DecodeRows d;
+  d.n = n;
+  d.spans.resize(c.n_layers);
+  d.first.push_back(0);
+  for (int64_t r = 0; r < n; ++r) {
+    const DecodeRow& row = rows[r];
+    tokens[r] = row.token;
+    FOUNDRY_CHECK(!row.chain.empty());
+    int64_t at = 0;  // the chain must cover positions 0, 1, … without a gap
+    for (size_t i = 0; i < row.chain.size(); ++i) {
+      const KvSegment& seg = *row.chain[i];
+      FOUNDRY_CHECK(seg.start == at);
+      const bool last = i + 1 == row.chain.size();
+      const int64_t len = seg.len + (last ? 1 : 0);
+      if (last && seg.len >= seg.capacity)
+        fail(fmt::format("a decode segment of {} positions (from {}) is full", seg.capacity,
+                         seg.start),
+             "give the sequence a segment with room for its new tokens");
+      const int64_t floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, seg.capacity);
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        d.spans[l].push_back({const_cast<float*>(seg.k.data()) + l * floats,
+                              const_cast<float*>(seg.v.data()) + l * floats, len,
+                              seg.capacity});
+      at += seg.len;
+    }
+    d.pos.push_back(at);
+    d.store_at.push_back(row.chain.back()->len);
+    d.first.push_back(static_cast<int64_t>(d.spans[0].size()));
+    if (c.arch == Arch::zaya1) d.cca.push_back(&row.chain.back()->cca);
+    for (int64_t q = 0; q < r; ++q)
+      FOUNDRY_CHECK(rows[q].chain.back() != row.chain.back());  // one row writes a segment
+  }
+  d.same_position = std::all_of(d.pos.begin(), d.pos.end(), [&](int64_t p) { return p == d.pos[0]; });
+  check_tokens(tokens.data(), n);
+  const RowInvariantGemms row_invariant;
+  arch_->decode_rows(*s.arch, d, tokens.data(), s.logits.data());
+  for (const DecodeRow& row : rows) ++row.chain.back()->len;
   return s.logits.data();
 }
 

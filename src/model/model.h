@@ -24,6 +24,7 @@
 #include "base/page_slab.h"
 #include "base/slab_range.h"
 #include "base/timer.h"
+#include "kernels/cca.h"
 #include "kernels/cpu_backend.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
@@ -270,11 +271,45 @@ class Model {
     return decode_step(state, &token);
   }
 
+  // ---- decoding rows at their own positions over shared caches -----------------------------
+  // The caches of a run of a sequence's positions, [start, start + capacity): a prefix that
+  // several sequences share (read by each, stored once) or a sequence's own positions. A row
+  // reads a chain of segments, position 0 onwards, and writes its new position at the end of
+  // the last. A row's logits are those of its sequence decoded alone with decode_step, bit for
+  // bit, however its positions are cut into segments and whatever rows run beside it (the
+  // products of several rows excepted: a GEMM's rounding may depend on its row count; the
+  // tests hold them equal on this build's GEMMs).
+  struct KvSegment {
+    int64_t start = 0, capacity = 0;
+    int64_t len = 0;  // positions written
+    std::vector<float> k, v;  // per layer, an ops::DecodeSpan's storage
+    // arch zaya1: per layer, the CCA convolution and value-shift state after its last position
+    std::vector<ops::CcaDecodeState<float>> cca;
+    int64_t bytes() const;
+  };
+  // A segment for positions [start, start + capacity); its CCA state continues `after`'s (the
+  // segment that ends at `start`), or starts at zero (start 0, or no `after`).
+  KvSegment new_kv_segment(int64_t start, int64_t capacity,
+                           const KvSegment* after = nullptr) const;
+  struct DecodeRow {
+    int32_t token = 0;
+    // Segments holding positions 0, 1, … in order, each but the last full up to its len; the
+    // row's position is the last one's start + len, where its keys and values go.
+    std::vector<KvSegment*> chain;
+  };
+  // The buffers of decode_rows steps of up to `rows` rows (no caches: the segments hold them).
+  DecodeState new_rows_state(int64_t rows) const;
+  // Every row's token at its position → logits [rows, padded_vocab]; each row's last segment
+  // grows by one position. Rows must write to different segments.
+  const float* decode_rows(DecodeState& state, const std::vector<DecodeRow>& rows);
+
  private:
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
   // A feature that needs host memory (expert or context parallelism, decoding) was asked
   // of a model on a device.
   void check_on_host(const char* what) const;
+  // Token ids of a decode step, each in the vocabulary (Error naming the first that is not).
+  void check_tokens(const int32_t* tokens, int64_t n) const;
   float* param_slab() { return on_device() ? device_params_.as<float>() : params_.data(); }
   float* grad_slab() { return on_device() ? device_grads_.as<float>() : grads_.data(); }
   bf16* bf16_slab() { return on_device() ? device_bf16_.as<bf16>() : params_bf16_.data(); }

@@ -100,11 +100,11 @@ struct DecodeBuffers : DecodeScratch {
   float* rstd;               // [B]
   Arena arena;
 
-  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
+  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch, bool own_caches)
       : max_len(max_len), batch(batch) {
     const int64_t B = batch;
     arena.build([&](Arena& a) {
-      caches.take(a, c, max_len, B);
+      if (own_caches) caches.take(a, c, max_len, B);
       for (float** p : {&x, &out, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.q, &attn.att}) *p = a.take<float>(B * c.q_dim());
@@ -114,7 +114,7 @@ struct DecodeBuffers : DecodeScratch {
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
     });
-    caches.make_resident();
+    if (own_caches) caches.make_resident();
   }
 };
 
@@ -129,9 +129,15 @@ class StandardMoe final : public Composition<Activations> {
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, BatchShape s) override;
   void backward() override;
   void set_data_parallel(const Communicator* group) override { dp_group_ = group; }
-  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const override;
-  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch,
+                                            bool own_caches) const override;
+  void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                    float* logits) override;
+
+ protected:
+  const DecodeCaches& own_caches(const DecodeScratch& scratch) const override {
+    return static_cast<const DecodeBuffers&>(scratch).caches;
+  }
 
  private:
   float* x(int64_t l) const { return acts_->x + l * acts_->shape.rows() * cx_.config.d_model; }
@@ -201,21 +207,22 @@ void StandardMoe::backward() {
   cx_.gradients_final(0);
 }
 
-std::unique_ptr<DecodeScratch> StandardMoe::new_decode(int64_t max_len, int64_t batch) const {
-  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch);
+std::unique_ptr<DecodeScratch> StandardMoe::new_decode(int64_t max_len, int64_t batch,
+                                                       bool own_caches) const {
+  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch, own_caches);
 }
 
-void StandardMoe::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
-                              float* logits) {
+void StandardMoe::decode_rows(DecodeScratch& scratch, const DecodeRows& rows,
+                              const int32_t* tokens, float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t B = d.batch, BC = B * c.d_model;
+  const int64_t B = rows.n, BC = B * c.d_model;
+  FOUNDRY_CHECK(B >= 1 && B <= d.batch);
   float* x = d.x;
   cx_.ops.embedding_forward(x, tokens, cx_.p(head_.embed), B, c.d_model);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    const ops::DecodeKv cache = d.caches.layer(l);
-    attention_decode(cx_, w.attn, x, pos, cache, d.attn, d.out);
+    attention_decode(cx_, w.attn, x, rows, l, d.attn, d.max_len, d.out);
     for (int64_t i = 0; i < BC; ++i) x[i] += d.out[i];
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, x, x, [&](MoeActs& m) {
       standard_router_decode(cx_, w.router, m.n, B, d.router_logits, d.router_probs, m.choice,

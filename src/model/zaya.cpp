@@ -137,7 +137,7 @@ struct DecodeBuffers : DecodeScratch {
   float* rstd;               // [B]
   Arena arena;
 
-  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch)
+  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch, bool own_caches)
       : max_len(max_len), batch(batch) {
     const int64_t B = batch;
     const int64_t Cc = c.q_dim() + c.kv_dim(), R = c.router_latent_dim, S = c.router_classes();
@@ -145,7 +145,7 @@ struct DecodeBuffers : DecodeScratch {
                             c.cca_kernel_grouped};
     cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, B));
     arena.build([&](Arena& a) {
-      caches.take(a, c, max_len, B);
+      if (own_caches) caches.take(a, c, max_len, B);
       for (float** p : {&x, &y, &emb, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &router.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.c, &attn.qk}) *p = a.take<float>(B * Cc);
@@ -158,7 +158,7 @@ struct DecodeBuffers : DecodeScratch {
         *p = a.take<float>(B * R);
       for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
     });
-    caches.make_resident();
+    if (own_caches) caches.make_resident();
   }
 };
 
@@ -177,9 +177,15 @@ class Zaya1 final : public Composition<Activations> {
 
   ForwardResult forward(const int32_t* inputs, const int32_t* targets, BatchShape s) override;
   void backward() override;
-  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch) const override;
-  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+  std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch,
+                                            bool own_caches) const override;
+  void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                    float* logits) override;
+
+ protected:
+  const DecodeCaches& own_caches(const DecodeScratch& scratch) const override {
+    return static_cast<const DecodeBuffers&>(scratch).caches;
+  }
 
  private:
   // Sublayer i's input (i = 2l: layer l's CCA, 2l + 1: its MoE, 2L: the output) and output.
@@ -294,22 +300,32 @@ void Zaya1::embedding_backward(const float* dres) {
   cx_.ops.embedding_backward(cx_.g(head_.embed), demb, a.inputs, N, c.d_model, c.padded_vocab());
 }
 
-std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len, int64_t batch) const {
-  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch);
+std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len, int64_t batch,
+                                                 bool own_caches) const {
+  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch, own_caches);
 }
 
-void Zaya1::decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens,
+// Rows with CCA states of their own (rows.cca) lend them to the step's slots 0 … n−1 and take
+// them back after each layer; otherwise slot r is row r's state.
+void Zaya1::decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                         float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
-  const int64_t B = d.batch, C = c.d_model;
+  const int64_t B = rows.n, C = c.d_model;
+  FOUNDRY_CHECK(B >= 1 && B <= d.batch);
   float* x = d.x;
   cx_.ops.embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
   cx_.ops.scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
-    const ops::DecodeKv cache = d.caches.layer(l);
-    cca_decode(cx_, w.cca, d.cca[l], x, pos, cache, d.attn, d.y);
+    ops::CcaDecodeState<float>& state = d.cca[l];
+    state.batch = B;  // the rows in use of the slots it was built with
+    for (int64_t r = 0; r < B && !rows.cca.empty(); ++r)
+      if (rows.cca[r]) state.copy_sequence(r, (*rows.cca[r])[l], 0);
+    cca_decode(cx_, w.cca, state, x, rows, l, d.attn, d.max_len, d.y);
+    for (int64_t r = 0; r < B && !rows.cca.empty(); ++r)
+      if (rows.cca[r]) (*rows.cca[r])[l].copy_sequence(0, state, r);
+    state.batch = d.batch;
     residual_scale_forward(cx_, w.cca_merge, x, x, d.y, B);
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, nullptr, d.y, [&](MoeActs& m) {
       zaya_router_decode(cx_, w.router, m.n, B, d.r, d.r_prev, balancers_[l].bias.data(),
