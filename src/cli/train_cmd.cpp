@@ -9,8 +9,10 @@
 
 #include "base/error.h"
 #include "base/exit_codes.h"
+#include "base/format.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/memory_budget.h"
 #include "base/rng.h"
 #include "bench/profile.h"
 #include "ckpt/checkpoint.h"
@@ -108,11 +110,18 @@ struct GenArgs {
   int64_t max_new_tokens = 64;
   infer::SamplingOptions sampling;
   uint64_t seed = 0;
-  bool stop_on_error = false, quiet = false;
+  bool stop_on_error = false, quiet = false, no_sharing = false;
+  int64_t batch_tokens = 32;
+  std::string kv_memory;  // a size; empty: default_kv_memory
 };
 
-void run_generate_batch(const GenArgs& g, const data::Tokenizer& tok, Model& model) {
+void run_generate_batch(const GenArgs& g, const RunConfig& rc, const data::Tokenizer& tok,
+                        Model& model) {
   infer::BatchOptions o;
+  o.engine.max_rows = g.batch_tokens;
+  o.engine.share_prefixes = !g.no_sharing;
+  o.engine.kv_budget_bytes =
+      g.kv_memory.empty() ? default_kv_memory(rc) : parse_memory_size(g.kv_memory, "--kv-memory");
   o.in = g.batch;
   o.out = g.out;
   o.defaults = {g.max_new_tokens, g.sampling, g.seed};
@@ -126,9 +135,14 @@ void run_generate_batch(const GenArgs& g, const data::Tokenizer& tok, Model& mod
       static_cast<long long>(s.generated_tokens), s.seconds,
       s.generated_tokens / std::max(s.seconds, 1e-9), static_cast<long long>(s.already_done),
       static_cast<long long>(s.invalid), g.out.c_str());
-  std::printf("prompt tokens %lld, of which %lld repeat a prefix another request shares\n",
-              static_cast<long long>(s.prompt_tokens),
-              static_cast<long long>(s.shared_prefix_tokens));
+  std::printf(
+      "prompt tokens %lld, computed %lld (shared prefixes once) | %lld steps | KV memory at "
+      "most %s of %s\n",
+      static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prefill_tokens),
+      static_cast<long long>(s.steps), format_bytes(static_cast<double>(s.peak_kv_bytes)).c_str(),
+      o.engine.kv_budget_bytes > 0
+          ? format_bytes(static_cast<double>(o.engine.kv_budget_bytes)).c_str()
+          : "no limit");
 }
 
 void run_generate(const GenArgs& g) {
@@ -168,7 +182,7 @@ void run_generate(const GenArgs& g) {
   const std::string dir = infer::resolve_checkpoint(g.checkpoint, rc);
   infer::check_tokenizer_of(dir, tok_path);
   auto model = infer::load_model(rc, dir, rc.train.precision);
-  if (!g.batch.empty()) return run_generate_batch(g, tok, *model);
+  if (!g.batch.empty()) return run_generate_batch(g, rc, tok, *model);
   const infer::Generation gen =
       infer::generate(*model, ids, g.max_new_tokens, tok.eos_id(), g.sampling, g.seed);
   // Decode prompt and continuation together so word boundaries come out right.
@@ -279,6 +293,16 @@ void register_train_commands(CLI::App& app) {
     cmd->add_flag("--stop-on-error", g->stop_on_error,
                   "With --batch: an invalid request line stops the run before any work");
     cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
+    cmd->add_option("--batch-tokens", g->batch_tokens,
+                    "With --batch: tokens per decode step (decode and prompt tokens of many "
+                    "requests together), and requests in flight at most")
+        ->check(in_range(int64_t{1}, int64_t{4096}));
+    cmd->add_flag("--no-prefix-sharing", g->no_sharing,
+                  "With --batch: compute every request's whole prompt (to measure what sharing "
+                  "saves)");
+    cmd->add_option("--kv-memory", g->kv_memory,
+                    "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
+                    "memory budget leaves beside the weights; no limit without a budget)");
     cmd->add_option("--tokenizer", g->tokenizer,
                     "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
     cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,

@@ -14,9 +14,9 @@
 #include "base/progress.h"
 #include "base/timer.h"
 #include "ckpt/checkpoint_dir.h"
+#include "infer/engine.h"
 #include "infer/generation.h"
 #include "infer/prefix_tree.h"
-#include "model/info.h"
 
 namespace foundry::infer {
 namespace {
@@ -62,80 +62,90 @@ std::string continuation_text(const data::Tokenizer& tok, const std::vector<int3
                                                       : tok.decode(tokens);
 }
 
+// The result line of a finished request.
+std::string result_of(const GenerationRequest& q, const Generation& g,
+                      const data::Tokenizer& tok) {
+  GenerationResult r;
+  r.index = q.index;
+  r.key = q.key;
+  r.prompt_tokens = q.prompt_tokens();
+  r.token_ids = g.tokens;
+  r.text = continuation_text(tok, q.context, g.tokens);
+  r.finish = g.finish;
+  return result_line(r);
+}
+
+// The requests without a result in OUT yet, said when there are some.
+std::vector<const GenerationRequest*> still_to_run(const RequestSet& set,
+                                                  const std::map<int64_t, std::string>& done,
+                                                  const std::string& out) {
+  std::vector<const GenerationRequest*> todo;
+  for (const GenerationRequest& q : set.requests)
+    if (!done.count(q.index)) todo.push_back(&q);
+  if (!done.empty())
+    std::fprintf(stderr, "resuming: %zu of the %lld requests already have results in %s\n",
+                 done.size(), static_cast<long long>(set.count), out.c_str());
+  return todo;
+}
+
+// OUT in index order, the invalid lines among the results.
+void write_in_order(const std::string& path, std::map<int64_t, std::string> lines,
+                    const RequestSet& set) {
+  for (const RequestError& e : set.errors) lines[e.index] = error_line(e);
+  std::string text;
+  for (const auto& [index, line] : lines) text += line + "\n";
+  write_file_atomic(path, text);
+}
+
 }  // namespace
 
 BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& o) {
-  const ModelConfig& c = model.config();
-  const RequestSet set = read_generation_requests(o.in, tok, c.max_seq_len, o.defaults);
+  const RequestSet set = read_generation_requests(o.in, tok, model.config().max_seq_len,
+                                                  o.defaults);
   std::map<int64_t, std::string> lines = read_finished_results(o.out, set);
   report_invalid(set, o);
-
+  const std::vector<const GenerationRequest*> todo = still_to_run(set, lines, o.out);
   BatchSummary s;
   s.requests = set.count;
   s.invalid = static_cast<int64_t>(set.errors.size());
   s.already_done = static_cast<int64_t>(lines.size());
-  std::vector<const GenerationRequest*> todo;
-  for (const GenerationRequest& q : set.requests)
-    if (!lines.count(q.index)) todo.push_back(&q);
-  if (s.already_done > 0)
-    std::fprintf(stderr, "resuming: %lld of the %lld requests already have results in %s\n",
-                 static_cast<long long>(s.already_done), static_cast<long long>(set.count),
-                 o.out.c_str());
-
   std::vector<std::vector<int32_t>> contexts;
-  std::vector<double> priority;  // decoding per prompt token: the most first
-  for (const GenerationRequest* q : todo) {
-    contexts.push_back(q->context);
-    priority.push_back(static_cast<double>(q->max_new_tokens) /
-                       static_cast<double>(q->context.size()));
-  }
-  const PrefixTree tree(contexts);
+  for (const GenerationRequest* q : todo) contexts.push_back(q->context);
+  const PrefixTree tree(contexts, o.engine.share_prefixes);
   s.prompt_tokens = tree.prompt_tokens();
   s.shared_prefix_tokens = tree.prompt_tokens() - tree.tree_tokens();
 
+  GenerationEngine engine(model, tok.eos_id(), o.engine);
+  engine.check_budget(todo);  // before OUT is touched
   std::FILE* out = open_for_append(o.out, lines);
   const double start = now_seconds();
-  {
-    Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
-    int64_t done = 0;
-    for (int64_t i : tree.order(priority)) {
-      const GenerationRequest& q = *todo[i];
-      const int64_t room = new_token_room(c, static_cast<int64_t>(q.context.size()),
-                                          q.max_new_tokens);
-      const int64_t kv = decode_state_bytes(c, static_cast<int64_t>(q.context.size()) + room);
-      s.peak_kv_bytes = std::max(s.peak_kv_bytes, kv);
-      const Generation g = generate(model, q.context, q.max_new_tokens, tok.eos_id(), q.sampling,
-                                    q.seed);
-      GenerationResult r;
-      r.index = q.index;
-      r.key = q.key;
-      r.prompt_tokens = q.prompt_tokens();
-      r.token_ids = g.tokens;
-      r.text = continuation_text(tok, q.context, g.tokens);
-      r.finish = g.finish;
-      const std::string line = result_line(r);
-      std::fprintf(out, "%s\n", line.c_str());
-      std::fflush(out);
-      lines[q.index] = line;
-      s.generated_tokens += static_cast<int64_t>(g.tokens.size());
-      ++done;
-      if (!o.quiet)
-        progress.update(done, fmt::format("{:.0f} tokens/s, KV {}",
-                                          s.generated_tokens / std::max(1e-9, now_seconds() - start),
-                                          format_bytes(static_cast<double>(kv))));
-    }
-    if (!o.quiet) progress.finish();
-    s.generated = done;
-  }
+  Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
+  const EngineStats stats = engine.run(
+      todo,
+      [&](const GenerationRequest& q, const Generation& g) {
+        const std::string line = result_of(q, g, tok);
+        std::fprintf(out, "%s\n", line.c_str());
+        std::fflush(out);
+        lines[q.index] = line;
+      },
+      [&](const EngineStats& e) {
+        if (o.quiet) return;
+        progress.update(e.requests_done,
+                        fmt::format("{:.0f} tokens/s, KV {}",
+                                    e.generated_tokens / std::max(1e-9, now_seconds() - start),
+                                    format_bytes(static_cast<double>(e.kv_bytes))));
+      });
+  if (!o.quiet && !todo.empty()) progress.finish();
   std::fclose(out);
   s.seconds = now_seconds() - start;
-
-  // OUT in index order, the invalid lines among the results.
-  for (const RequestError& e : set.errors) lines[e.index] = error_line(e);
-  std::string text;
-  for (const auto& [index, line] : lines) text += line + "\n";
-  write_file_atomic(o.out, text);
+  s.generated = stats.requests_done;
+  s.generated_tokens = stats.generated_tokens;
+  s.prefill_tokens = stats.prefill_tokens;
+  s.steps = stats.steps;
+  s.peak_kv_bytes = stats.peak_kv_bytes;
+  s.kv_bytes_at_end = stats.kv_bytes;
+  write_in_order(o.out, lines, set);
   return s;
 }
 

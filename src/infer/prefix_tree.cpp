@@ -5,7 +5,7 @@
 
 namespace foundry::infer {
 
-PrefixTree::PrefixTree(const std::vector<std::vector<int32_t>>& prompts) {
+PrefixTree::PrefixTree(const std::vector<std::vector<int32_t>>& prompts, bool share) {
   nodes_.emplace_back();
   child_by_token_.emplace_back();
   for (size_t p = 0; p < prompts.size(); ++p) {
@@ -13,6 +13,16 @@ PrefixTree::PrefixTree(const std::vector<std::vector<int32_t>>& prompts) {
     prompt_tokens_ += static_cast<int64_t>(tokens.size());
     int32_t at = 0;
     size_t i = 0;
+    if (!share && !tokens.empty()) {  // a branch of its own
+      Node leaf;
+      leaf.parent = 0;
+      leaf.tokens = tokens;
+      at = static_cast<int32_t>(nodes_.size());
+      nodes_.push_back(std::move(leaf));
+      child_by_token_.emplace_back();
+      nodes_[0].children.push_back(at);
+      i = tokens.size();
+    }
     while (i < tokens.size()) {
       const auto found = child_by_token_[at].find(tokens[i]);
       if (found == child_by_token_[at].end()) {  // a new branch: the rest of the prompt

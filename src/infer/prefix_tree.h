@@ -20,7 +20,9 @@ class PrefixTree {
     int64_t prompts_below = 0;      // prompts that end here or below
   };
 
-  explicit PrefixTree(const std::vector<std::vector<int32_t>>& prompts);
+  // With `share` false every prompt is a child of the root of its own (nothing shared: the
+  // baseline that sharing is measured against).
+  explicit PrefixTree(const std::vector<std::vector<int32_t>>& prompts, bool share = true);
 
   // Node 0 is the root, with no tokens.
   const std::vector<Node>& nodes() const { return nodes_; }

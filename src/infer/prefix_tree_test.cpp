@@ -90,6 +90,19 @@ TEST(PrefixTree, PromptsWithNothingInCommonShareNothing) {
   EXPECT_EQ(t.tree_tokens(), t.prompt_tokens());
 }
 
+TEST(PrefixTree, WithoutSharingEveryPromptIsItsOwnBranch) {
+  const std::vector<Tokens> prompts = {{1, 2, 3}, {1, 2, 3}, {1, 2}, {}};
+  const PrefixTree t(prompts, /*share=*/false);
+  EXPECT_EQ(t.nodes().size(), 4u);
+  EXPECT_EQ(t.tree_tokens(), t.prompt_tokens());
+  EXPECT_NE(t.node_of(0), t.node_of(1));
+  EXPECT_EQ(t.node_of(3), 0);
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    EXPECT_EQ(spelled(t, p), prompts[p]);
+    if (!prompts[p].empty()) EXPECT_EQ(t.nodes()[t.node_of(p)].parent, 0);
+  }
+}
+
 TEST(PrefixTree, SharesPrefixesAtEveryDepth) {
   // A system prompt, two few-shot blocks under it, questions under each.
   const std::vector<Tokens> prompts = {{9, 1, 2, 3, 10, 11}, {9, 1, 2, 3, 10, 12},

@@ -106,7 +106,8 @@ TEST_P(DecodeRows, RefusesAFullSegmentAndAGapInTheChain) {
   EXPECT_THROW(m.decode_rows(state, {Row{3, {&first, &later}}}), Error);
   Segment next = m.new_kv_segment(2, 4, &first);
   EXPECT_THROW(m.decode_rows(state, {Row{3, {&first, &next}}, Row{4, {&first, &next}}}), Error);
-  EXPECT_GT(next.bytes(), 0);
+  EXPECT_EQ(next.bytes(), m.kv_segment_bytes(4));
+  EXPECT_EQ(first.bytes(), m.kv_segment_bytes(2));
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, DecodeRows, ::testing::Values(Arch::moe, Arch::zaya1),

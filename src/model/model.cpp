@@ -283,6 +283,17 @@ int64_t Model::KvSegment::bytes() const {
   return b;
 }
 
+int64_t Model::kv_segment_bytes(int64_t capacity) const {
+  const ModelConfig& c = config_;
+  int64_t floats = 2 * c.n_layers * ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
+  if (c.arch == Arch::zaya1) {
+    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
+                            c.cca_kernel_grouped};
+    floats += c.n_layers * ((dims.t0 - 1 + dims.t1 - 1) * dims.channels() + dims.value_half());
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 Model::KvSegment Model::new_kv_segment(int64_t start, int64_t capacity,
                                        const KvSegment* after) const {
   check_on_host("decoding (generation)");

@@ -291,6 +291,8 @@ class Model {
   // segment that ends at `start`), or starts at zero (start 0, or no `after`).
   KvSegment new_kv_segment(int64_t start, int64_t capacity,
                            const KvSegment* after = nullptr) const;
+  // What new_kv_segment(·, capacity).bytes() will be.
+  int64_t kv_segment_bytes(int64_t capacity) const;
   struct DecodeRow {
     int32_t token = 0;
     // Segments holding positions 0, 1, … in order, each but the last full up to its len; the

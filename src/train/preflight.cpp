@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "base/error.h"
@@ -168,6 +169,12 @@ void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget) {
                                            batch, batch)
                              : "even one sequence does not fit: shorten train.seq_len, or "
                                "evaluate on a machine with more memory"));
+}
+
+int64_t default_kv_memory(const RunConfig& rc, const MemoryBudget& budget) {
+  if (!budget.limited()) return 0;
+  const int64_t weights = inference_need("generate", rc, "decoding state", 0).total();
+  return std::max<int64_t>(0, static_cast<int64_t>(0.8 * static_cast<double>(budget.bytes - weights)));
 }
 
 void check_generate_memory(const RunConfig& rc, int64_t max_len, const MemoryBudget& budget) {

@@ -30,6 +30,11 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 // foundry eval: the weights and the forward pass of one batch of train.batch_size sequences.
 void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());
 
+// generate --batch's default KV budget: 80% of what `budget` leaves beside the weights as
+// loaded for inference (and the preflight's margin); 0 (no limit) when the budget is not
+// limited.
+int64_t default_kv_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());
+
 // foundry generate: the weights and the decoding state of a sequence of `max_len` tokens.
 void check_generate_memory(const RunConfig& rc, int64_t max_len,
                            const MemoryBudget& budget = memory_budget());

@@ -1,0 +1,274 @@
+#include "infer/engine.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "base/error.h"
+#include "base/format.h"
+#include "base/rng.h"
+#include "infer/prefix_tree.h"
+#include "infer/sampling.h"
+
+namespace foundry::infer {
+namespace {
+
+using Segment = Model::KvSegment;
+
+struct NodeState {
+  int64_t bytes = 0;                 // of its segment
+  std::unique_ptr<Segment> segment;  // made when its parent is complete, freed with `users`
+  int64_t filled = 0;                // prompt tokens computed
+  int64_t users = 0;                 // requests below it that have not finished
+  int64_t to_start = 0;              // requests that end here and have not started
+  bool admitted = false;
+  std::vector<float> logits;         // after its last token, while requests ending here wait
+};
+
+struct RequestState {
+  const GenerationRequest* q = nullptr;
+  int32_t node = 0;  // where its prompt ends
+  int64_t room = 0, own_bytes = 0;
+  std::unique_ptr<Segment> own;  // its generated tokens' keys and values
+  Generation gen;
+  Rng rng;
+  int32_t pending = -1;  // the token it feeds at the next step
+  bool admitted = false, started = false, finished = false;
+};
+
+// One run: the tree, the streams' states, the step loop.
+class Run {
+ public:
+  Run(Model& model, int32_t eos_id, const EngineOptions& o,
+      const std::vector<const GenerationRequest*>& requests,
+      const std::function<void(const GenerationRequest&, const Generation&)>& done)
+      : model_(model), c_(model.config()), eos_(eos_id), o_(o), done_(done),
+        tree_(contexts_of(requests), o.share_prefixes), nodes_(tree_.nodes().size()),
+        reqs_(requests.size()) {
+    std::vector<double> priority;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      RequestState& r = reqs_[i];
+      r.q = requests[i];
+      r.node = tree_.node_of(static_cast<int64_t>(i));
+      const int64_t n = static_cast<int64_t>(r.q->context.size());
+      r.room = new_token_room(c_, n, r.q->max_new_tokens);
+      r.own_bytes = r.room > 1 ? model_.kv_segment_bytes(r.room - 1) : 0;
+      r.rng = Rng(r.q->seed);
+      priority.push_back(static_cast<double>(r.q->max_new_tokens) / static_cast<double>(n));
+    }
+    for (size_t n = 1; n < nodes_.size(); ++n) {
+      nodes_[n].bytes = model_.kv_segment_bytes(static_cast<int64_t>(tree_.nodes()[n].tokens.size()));
+      nodes_[n].users = tree_.nodes()[n].prompts_below;
+      nodes_[n].to_start = static_cast<int64_t>(tree_.nodes()[n].ends.size());
+    }
+    order_ = tree_.order(priority);
+  }
+
+  // Each request's KV need against the budget, before any work.
+  void check_budget() const {
+    if (o_.kv_budget_bytes <= 0) return;
+    for (const RequestState& r : reqs_) {
+      int64_t need = r.own_bytes;
+      for (int32_t n : tree_.path_to(r.node)) need += nodes_[n].bytes;
+      if (need > o_.kv_budget_bytes)
+        fail(fmt::format("request {} (line {}) needs {} of KV memory at once ({} prompt tokens "
+                         "and up to {} new ones), more than the KV budget of {}",
+                         r.q->index, r.q->line, format_bytes(static_cast<double>(need)),
+                         r.q->prompt_tokens(), r.room,
+                         format_bytes(static_cast<double>(o_.kv_budget_bytes))),
+             "raise --kv-memory, or shorten that request (its prompt or max_new_tokens)");
+    }
+  }
+
+  EngineStats run(const std::function<void(const EngineStats&)>& progress) {
+    auto state = model_.new_rows_state(o_.max_rows);
+    const int64_t Vp = c_.padded_vocab();
+    while (true) {
+      admit();
+      if (stats_.requests_done == static_cast<int64_t>(reqs_.size())) break;
+      std::vector<Model::DecodeRow> rows;
+      std::vector<int64_t> who;  // ≥ 0: a request's decode token; < 0: node −1 − who's prompt token
+      for (int64_t i : active_) {
+        RequestState& r = reqs_[i];
+        if (r.pending < 0 || static_cast<int64_t>(rows.size()) >= o_.max_rows) continue;
+        rows.push_back({r.pending, chain(r.node, r.own.get())});
+        who.push_back(i);
+      }
+      for (int32_t n : admitted_nodes_) {
+        if (static_cast<int64_t>(rows.size()) >= o_.max_rows) break;
+        if (!ready(n)) continue;
+        NodeState& node = nodes_[n];
+        if (!node.segment) {
+          const int32_t parent = tree_.nodes()[n].parent;
+          node.segment = std::make_unique<Segment>(model_.new_kv_segment(
+              tree_.nodes()[n].depth, static_cast<int64_t>(tree_.nodes()[n].tokens.size()),
+              parent > 0 ? nodes_[parent].segment.get() : nullptr));
+        }
+        rows.push_back({tree_.nodes()[n].tokens[node.filled], chain(n, nullptr)});
+        who.push_back(-1 - n);
+      }
+      FOUNDRY_CHECK(!rows.empty());  // admitted work always has a next token
+      const float* logits = model_.decode_rows(state, rows);
+      ++stats_.steps;
+      for (size_t k = 0; k < rows.size(); ++k) {
+        const float* row = logits + static_cast<int64_t>(k) * Vp;
+        if (who[k] >= 0) {
+          ++stats_.decode_tokens;
+          RequestState& r = reqs_[who[k]];
+          r.pending = -1;
+          advance(who[k], row);
+        } else {
+          ++stats_.prefill_tokens;
+          const int32_t n = static_cast<int32_t>(-1 - who[k]);
+          if (++nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size()))
+            complete(n, row);
+        }
+      }
+      if (progress) progress(stats_);
+    }
+    return stats_;
+  }
+
+ private:
+  static std::vector<std::vector<int32_t>> contexts_of(
+      const std::vector<const GenerationRequest*>& requests) {
+    std::vector<std::vector<int32_t>> out;
+    for (const GenerationRequest* q : requests) out.push_back(q->context);
+    return out;
+  }
+
+  bool complete_node(int32_t n) const {
+    return n == 0 || nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size());
+  }
+  bool ready(int32_t n) const {
+    return !complete_node(n) && complete_node(tree_.nodes()[n].parent);
+  }
+
+  // The segments of the nodes from the root to `n`, then `own` (if any).
+  std::vector<Segment*> chain(int32_t n, Segment* own) const {
+    std::vector<Segment*> out;
+    for (int32_t p : tree_.path_to(n)) out.push_back(nodes_[p].segment.get());
+    if (own) out.push_back(own);
+    return out;
+  }
+
+  // Requests in the tree's order while the unfinished ones fit a step and their new segments
+  // the budget (one always runs, whatever the budget: check_budget said it fits alone).
+  void admit() {
+    while (next_ < order_.size()) {
+      active_.erase(std::remove_if(active_.begin(), active_.end(),
+                                   [&](int64_t i) { return reqs_[i].finished; }),
+                    active_.end());
+      if (static_cast<int64_t>(active_.size()) >= o_.max_rows) break;
+      const int64_t i = order_[next_];
+      RequestState& r = reqs_[i];
+      int64_t need = r.own_bytes;
+      const std::vector<int32_t> path = tree_.path_to(r.node);
+      for (int32_t n : path)
+        if (!nodes_[n].admitted) need += nodes_[n].bytes;
+      if (o_.kv_budget_bytes > 0 && stats_.kv_bytes + need > o_.kv_budget_bytes &&
+          !active_.empty())
+        break;
+      for (int32_t n : path)
+        if (!nodes_[n].admitted) nodes_[n].admitted = true, admitted_nodes_.push_back(n);
+      stats_.kv_bytes += need;
+      stats_.peak_kv_bytes = std::max(stats_.peak_kv_bytes, stats_.kv_bytes);
+      r.admitted = true;
+      active_.push_back(i);
+      ++next_;
+      if (complete_node(r.node)) start(i);
+    }
+  }
+
+  // The prompt of node n is computed: its last logits start the requests that end there.
+  void complete(int32_t n, const float* logits) {
+    NodeState& node = nodes_[n];
+    if (node.to_start == 0) return;
+    node.logits.assign(logits, logits + c_.padded_vocab());
+    for (int64_t i : active_)
+      if (reqs_[i].node == n && !reqs_[i].started) start(i);
+  }
+
+  void start(int64_t i) {
+    RequestState& r = reqs_[i];
+    NodeState& node = nodes_[r.node];
+    r.started = true;
+    if (r.room > 1)
+      r.own = std::make_unique<Segment>(model_.new_kv_segment(
+          static_cast<int64_t>(r.q->context.size()), r.room - 1, node.segment.get()));
+    const std::vector<float> logits = node.logits;  // advance may finish r and free the node
+    if (--node.to_start == 0) node.logits = {};
+    advance(i, logits.data());
+  }
+
+  // A token from `logits`: the end of the request, or its next input.
+  void advance(int64_t i, const float* logits) {
+    RequestState& r = reqs_[i];
+    const int64_t position =
+        static_cast<int64_t>(r.q->context.size() + r.gen.tokens.size()) - 1;
+    const int32_t next = sample_token(logits, c_.vocab_size, position, r.q->sampling, r.rng);
+    if (next == eos_) {
+      r.gen.finish = FinishReason::eos;
+      return finish(i);
+    }
+    r.gen.tokens.push_back(next);
+    if (static_cast<int64_t>(r.gen.tokens.size()) >= r.room) return finish(i);
+    r.pending = next;
+  }
+
+  void finish(int64_t i) {
+    RequestState& r = reqs_[i];
+    r.finished = true;
+    r.pending = -1;
+    ++stats_.requests_done;
+    stats_.generated_tokens += static_cast<int64_t>(r.gen.tokens.size());
+    r.own.reset();
+    stats_.kv_bytes -= r.own_bytes;
+    for (int32_t n : tree_.path_to(r.node))
+      if (--nodes_[n].users == 0) {
+        nodes_[n].segment.reset();
+        nodes_[n].logits = {};
+        stats_.kv_bytes -= nodes_[n].bytes;
+      }
+    done_(*r.q, r.gen);
+  }
+
+  Model& model_;
+  const ModelConfig& c_;
+  int32_t eos_;
+  EngineOptions o_;
+  std::function<void(const GenerationRequest&, const Generation&)> done_;
+  PrefixTree tree_;
+  std::vector<NodeState> nodes_;
+  std::vector<RequestState> reqs_;
+  std::vector<int64_t> order_;
+  size_t next_ = 0;
+  std::vector<int64_t> active_;          // admitted, unfinished requests, in admission order
+  std::vector<int32_t> admitted_nodes_;  // in admission order
+  EngineStats stats_;
+};
+
+}  // namespace
+
+GenerationEngine::GenerationEngine(Model& model, int32_t eos_id, const EngineOptions& options)
+    : model_(model), eos_id_(eos_id), options_(options) {
+  FOUNDRY_CHECK(options_.max_rows >= 1);
+}
+
+void GenerationEngine::check_budget(const std::vector<const GenerationRequest*>& requests) const {
+  if (requests.empty()) return;
+  Run(model_, eos_id_, options_, requests, {}).check_budget();
+}
+
+EngineStats GenerationEngine::run(
+    const std::vector<const GenerationRequest*>& requests,
+    const std::function<void(const GenerationRequest&, const Generation&)>& done,
+    const std::function<void(const EngineStats&)>& progress) {
+  if (requests.empty()) return {};
+  Run run(model_, eos_id_, options_, requests, done);
+  run.check_budget();
+  return run.run(progress);
+}
+
+}  // namespace foundry::infer

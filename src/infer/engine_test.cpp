@@ -1,0 +1,150 @@
+#include "infer/engine.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include "base/test_expect_error.h"
+#include "infer/generation.h"
+#include "infer/prefix_tree.h"
+#include "infer/test_support.h"
+
+namespace foundry::infer {
+namespace {
+
+using testing::small_model;
+
+// Requests over a tree of prompts: 3 groups (two share a 9-token system prompt, and then
+// a few-shot block each), identical prompts, a prompt that is a prefix of others, greedy and
+// seeded sampled decoding, budgets from 1 to 7 new tokens.
+std::vector<GenerationRequest> tree_requests() {
+  const std::vector<int32_t> system = {0, 11, 12, 13, 14, 15, 16, 17, 18};
+  const std::vector<std::vector<int32_t>> tails = {
+      {30, 31, 32}, {30, 31, 33, 34}, {30, 31, 32}, {40}, {40, 41, 42, 43, 44}, {}, {30}};
+  std::vector<GenerationRequest> out;
+  for (size_t i = 0; i < tails.size(); ++i) {
+    GenerationRequest q;
+    q.index = static_cast<int64_t>(i);
+    q.line = q.index + 1;
+    q.context = system;
+    q.context.insert(q.context.end(), tails[i].begin(), tails[i].end());
+    q.max_new_tokens = 1 + static_cast<int64_t>(i);
+    q.sampling = i % 2 ? SamplingOptions{1.3, 0, 0.95} : SamplingOptions{0.0, 0, 1.0};
+    q.seed = 100 + i;
+    out.push_back(q);
+  }
+  for (int g = 0; g < 3; ++g) {  // a second group with nothing in common with the first
+    GenerationRequest q;
+    q.index = static_cast<int64_t>(out.size());
+    q.line = q.index + 1;
+    q.context = {0, 50 + g, 60, 61};
+    q.max_new_tokens = 4 + g;
+    q.sampling = {0.0, 0, 1.0};
+    out.push_back(q);
+  }
+  return out;
+}
+
+struct Outcome {
+  std::map<int64_t, Generation> results;
+  EngineStats stats;
+  int64_t kv_seen_max = 0;
+};
+
+Outcome run_engine(Model& m, const std::vector<GenerationRequest>& requests,
+                   const EngineOptions& o) {
+  std::vector<const GenerationRequest*> ptrs;
+  for (const GenerationRequest& q : requests) ptrs.push_back(&q);
+  Outcome out;
+  GenerationEngine engine(m, /*eos_id=*/-1, o);
+  out.stats = engine.run(
+      ptrs, [&](const GenerationRequest& q, const Generation& g) { out.results[q.index] = g; },
+      [&](const EngineStats& e) { out.kv_seen_max = std::max(out.kv_seen_max, e.kv_bytes); });
+  return out;
+}
+
+class Engine : public ::testing::TestWithParam<Arch> {};
+
+TEST_P(Engine, EveryRequestGetsItsTokensAloneWhateverTheBatching) {
+  auto m = small_model(GetParam());
+  const std::vector<GenerationRequest> requests = tree_requests();
+  std::map<int64_t, Generation> alone;
+  for (const GenerationRequest& q : requests)
+    alone[q.index] = generate(*m, q.context, q.max_new_tokens, -1, q.sampling, q.seed);
+  for (int64_t rows : {1, 3, 32}) {
+    const Outcome o = run_engine(*m, requests, {rows, 0});
+    ASSERT_EQ(o.results.size(), requests.size()) << rows;
+    for (const auto& [i, g] : alone) {
+      EXPECT_EQ(o.results.at(i).tokens, g.tokens) << "request " << i << ", " << rows << " rows";
+      EXPECT_EQ(o.results.at(i).finish, g.finish);
+    }
+    EXPECT_EQ(o.stats.kv_bytes, 0) << "KV memory back to its baseline";
+  }
+}
+
+TEST_P(Engine, SharedPrefixesAreComputedOnce) {
+  auto m = small_model(GetParam());
+  const std::vector<GenerationRequest> requests = tree_requests();
+  std::vector<std::vector<int32_t>> contexts;
+  int64_t decoded = 0;
+  for (const GenerationRequest& q : requests) {
+    contexts.push_back(q.context);
+    decoded += q.max_new_tokens - 1;  // every token but the last is fed back (no EOS here)
+  }
+  const PrefixTree tree(contexts);
+  const Outcome o = run_engine(*m, requests, {8, 0});
+  EXPECT_EQ(o.stats.prefill_tokens, tree.tree_tokens());
+  EXPECT_LT(tree.tree_tokens(), tree.prompt_tokens());
+  EXPECT_EQ(o.stats.decode_tokens, decoded);
+  // Without sharing, every prompt token is computed, to the same results.
+  const Outcome unshared = run_engine(*m, requests, {8, 0, /*share_prefixes=*/false});
+  EXPECT_EQ(unshared.stats.prefill_tokens, tree.prompt_tokens());
+  for (const auto& [i, g] : o.results) EXPECT_EQ(unshared.results.at(i).tokens, g.tokens) << i;
+}
+
+TEST_P(Engine, StaysWithinTheKvBudgetFreeingEachPrefixAfterItsLastRequest) {
+  auto m = small_model(GetParam());
+  const std::vector<GenerationRequest> requests = tree_requests();
+  const Outcome free_run = run_engine(*m, requests, {32, 0});
+  // Room for the largest request alone (its prompt's nodes and its own segment), and half as
+  // much again: not for everything at once.
+  std::vector<std::vector<int32_t>> contexts;
+  for (const GenerationRequest& q : requests) contexts.push_back(q.context);
+  const PrefixTree tree(contexts);
+  int64_t budget = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationRequest& q = requests[i];
+    const int64_t room = new_token_room(m->config(), static_cast<int64_t>(q.context.size()),
+                                        q.max_new_tokens);
+    int64_t need = room > 1 ? m->kv_segment_bytes(room - 1) : 0;
+    for (int32_t n : tree.path_to(tree.node_of(static_cast<int64_t>(i))))
+      need += m->kv_segment_bytes(static_cast<int64_t>(tree.nodes()[n].tokens.size()));
+    budget = std::max(budget, need);
+  }
+  budget = budget * 3 / 2;
+  ASSERT_LT(budget, free_run.stats.peak_kv_bytes);
+  const Outcome tight = run_engine(*m, requests, {32, budget});
+  EXPECT_LE(tight.stats.peak_kv_bytes, budget);
+  EXPECT_LE(tight.kv_seen_max, budget);
+  EXPECT_EQ(tight.stats.kv_bytes, 0);
+  for (const auto& [i, g] : free_run.results) EXPECT_EQ(tight.results.at(i).tokens, g.tokens) << i;
+}
+
+TEST_P(Engine, ABudgetTooSmallForOneRequestIsAnErrorBeforeAnyWork) {
+  auto m = small_model(GetParam());
+  const std::vector<GenerationRequest> requests = tree_requests();
+  std::vector<const GenerationRequest*> ptrs;
+  for (const GenerationRequest& q : requests) ptrs.push_back(&q);
+  int calls = 0;
+  GenerationEngine engine(*m, -1, {8, m->kv_segment_bytes(5)});
+  expect_error([&] { engine.run(ptrs, [&](const auto&, const auto&) { ++calls; }); },
+               "request 0 (line 1) needs");
+  EXPECT_EQ(calls, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothArchitectures, Engine, ::testing::Values(Arch::moe, Arch::zaya1),
+                         [](const auto& info) { return std::string(arch_name(info.param)); });
+
+}  // namespace
+}  // namespace foundry::infer
