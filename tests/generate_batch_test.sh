@@ -70,4 +70,27 @@ if cmp -s resumed.jsonl out.jsonl && grep -q "2 already done" resume.log; then
   ok "a killed run resumes: 2 results kept, the rest generated, the same file"
 else bad "resume: $(cat resume.log)"; diff resumed.jsonl out.jsonl; fi
 
+# ---- eval --choices ----
+cat > choices.jsonl <<'JSON'
+{"context": "the expert router", "choices": [" sends each token", " flows", " the the the"], "answer": 0}
+{"context": "the model", "choices": [" learns", " x"]}
+{"context": "bad", "choices": ["only one"]}
+JSON
+"$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out scores.jsonl -q >choices.log 2>&1 \
+  && ok "eval --choices runs" || { cat choices.log; bad "eval --choices failed"; }
+grep -q "2 items scored (1 invalid lines skipped) | accuracy" choices.log \
+  && ok "eval --choices reports the accuracy over the items with an answer" || bad "summary: $(cat choices.log)"
+python3 - <<'PY' && ok "one line per item: scores, token log-probabilities, prediction; the invalid line named" || bad "scores.jsonl"
+import json, math
+lines = [json.loads(l) for l in open("scores.jsonl")]
+assert [l["index"] for l in lines] == [0, 1, 2], lines
+a, b, c = lines
+assert len(a["scores"]) == 3 and len(a["token_logprobs"]) == 3
+for s, t in zip(a["scores"], a["token_logprobs"]):
+    assert abs(s - sum(t)) < 1e-9 and all(x <= 0 for x in t)
+assert a["prediction"] == max(range(3), key=lambda i: a["scores"][i])
+assert a["correct"] == (a["prediction"] == 0) and "answer" not in b
+assert c["line"] == 3 and "at least two" in c["error"]
+PY
+
 finish

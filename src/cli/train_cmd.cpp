@@ -29,6 +29,7 @@
 #include "infer/generation.h"
 #include "infer/loading.h"
 #include "infer/sampling.h"
+#include "infer/scoring.h"
 #include "model/backends.h"
 #include "model/model.h"
 #include "train/checkpointer.h"
@@ -102,6 +103,70 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
               s.peak_gflops, s.peak_source.c_str());
 }
 
+// `foundry eval`: the validation loss of a checkpoint, or (--choices) multiple-choice scores.
+struct EvalArgs {
+  ConfigArgs config;
+  std::string checkpoint, device, choices, out, tokenizer;
+  int64_t batches = 0;
+  bool quiet = false;
+};
+
+void run_eval(const EvalArgs& e) {
+  ConfigArgs with_device = e.config;
+  if (!e.device.empty()) with_device.overrides.push_back("train.device=" + e.device);
+  RunConfig rc = load_run_config(with_device.config_path, with_device.overrides);
+  if (rc.data.dir.empty())
+    fail("data.dir is empty: eval needs a prepared dataset",
+         "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
+  const std::unique_ptr<Backend> backend =
+      open_backend(rc.train.device, "train.device " + rc.train.device.name());
+  if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
+  const std::string dir = infer::resolve_checkpoint(e.checkpoint, rc);
+  Dataset dataset(rc.data.dir);
+  check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
+                             dataset.meta().tokenizer_checksum,
+                             fmt::format("data.dir '{}'", rc.data.dir));
+  auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
+  const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
+  BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
+  const int64_t n = e.batches > 0 ? validation_batches(loader, e.batches, "--batches")
+                                  : validation_batches(loader, rc.train.eval_batches);
+  const double loss = evaluate_loss(*model, loader, n);
+  if (!std::isfinite(loss))
+    fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir, loss, n),
+         "the weights are finite, so the forward pass overflowed; try --set "
+         "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
+  std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
+              loss, std::exp(loss), static_cast<long long>(n * B * T));
+}
+
+void run_eval_choices(const EvalArgs& e) {
+  RunConfig rc = load_run_config(e.config.config_path, e.config.overrides);
+  if (!e.device.empty() && e.device != "cpu")
+    fail(fmt::format("--device {}: eval --choices computes on the CPU", e.device),
+         "leave out --device (decoding on a GPU is not there yet)");
+  if (!e.out.empty() && e.out == e.choices)
+    fail(fmt::format("--out '{}' is the --choices file", e.out),
+         "write the scores to another file: --out would overwrite the items");
+  std::string tok_path;
+  const data::Tokenizer tok = infer::load_tokenizer(rc, e.tokenizer, &tok_path);
+  check_generate_memory(rc, rc.model.max_seq_len);
+  const std::string dir = infer::resolve_checkpoint(e.checkpoint, rc);
+  infer::check_tokenizer_of(dir, tok_path);
+  auto model = infer::load_model(rc, dir, rc.train.precision);
+  const infer::ChoiceSummary s = infer::run_choice_eval(*model, tok, e.choices, e.out, e.quiet);
+  std::printf("checkpoint %s\n%lld items scored", dir.c_str(),
+              static_cast<long long>(s.items - s.invalid));
+  if (s.invalid > 0) std::printf(" (%lld invalid lines skipped)", static_cast<long long>(s.invalid));
+  if (s.with_answer > 0)
+    std::printf(" | accuracy %.4f (%lld of %lld) | by mean per-token log-likelihood %.4f",
+                static_cast<double>(s.correct) / s.with_answer, static_cast<long long>(s.correct),
+                static_cast<long long>(s.with_answer),
+                static_cast<double>(s.correct_by_mean) / s.with_answer);
+  if (!e.out.empty()) std::printf(" | scores in %s", e.out.c_str());
+  std::printf("\n");
+}
+
 // `foundry generate`: a prompt (or, with --batch, a file of requests) continued by the model
 // of a checkpoint.
 struct GenArgs {
@@ -129,7 +194,7 @@ void run_generate_batch(const GenArgs& g, const RunConfig& rc, const data::Token
   o.quiet = g.quiet;
   const infer::BatchSummary s = infer::run_generation_batch(model, tok, o);
   std::printf(
-      "%lld requests: %lld generated now (%lld tokens in %.1f s, %.0f tokens/s), %lld already "
+      "%lld requests: %lld generated now (%lld tokens in %.2f s, %.0f tokens/s), %lld already "
       "done, %lld invalid | results in %s\n",
       static_cast<long long>(s.requests), static_cast<long long>(s.generated),
       static_cast<long long>(s.generated_tokens), s.seconds,
@@ -236,46 +301,25 @@ void register_train_commands(CLI::App& app) {
   }
   // ---- eval ----
   {
-    auto* cmd = app.add_subcommand("eval", "Validation loss and perplexity of a checkpoint");
-    auto args = std::make_shared<ConfigArgs>();
-    auto ckpt = std::make_shared<std::string>();
-    auto batches = std::make_shared<int64_t>(0);
-    add_config_options(cmd, *args);
-    cmd->add_option("--checkpoint", *ckpt, "Checkpoint directory (default: latest of the run)");
-    cmd->add_option("--batches", *batches, "Validation batches (default: train.eval_batches)")
+    auto* cmd = app.add_subcommand(
+        "eval", "Validation loss and perplexity of a checkpoint, or multiple-choice scores");
+    auto e = std::make_shared<EvalArgs>();
+    add_config_options(cmd, e->config);
+    cmd->add_option("--checkpoint", e->checkpoint,
+                    "Checkpoint directory (default: latest of the run)");
+    cmd->add_option("--batches", e->batches, "Validation batches (default: train.eval_batches)")
         ->check(in_range(int64_t{1}, int64_t{1} << 20));
-    auto device = std::make_shared<std::string>();
-    cmd->add_option("--device", *device,
+    cmd->add_option("--device", e->device,
                     "Where to compute: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
-    cmd->callback([args, ckpt, batches, device] {
-      ConfigArgs with_device = *args;
-      if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
-      RunConfig rc = load_run_config(with_device.config_path, with_device.overrides);
-      if (rc.data.dir.empty())
-        fail("data.dir is empty: eval needs a prepared dataset",
-             "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
-      const std::unique_ptr<Backend> backend =
-          open_backend(rc.train.device, "train.device " + rc.train.device.name());
-      if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
-      const std::string dir = infer::resolve_checkpoint(*ckpt, rc);
-      Dataset dataset(rc.data.dir);
-      check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
-                                 dataset.meta().tokenizer_checksum,
-                                 fmt::format("data.dir '{}'", rc.data.dir));
-      auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
-      const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
-      BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
-      const int64_t n = *batches > 0 ? validation_batches(loader, *batches, "--batches")
-                                     : validation_batches(loader, rc.train.eval_batches);
-      const double loss = evaluate_loss(*model, loader, n);
-      if (!std::isfinite(loss))
-        fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir, loss,
-                         n),
-             "the weights are finite, so the forward pass overflowed; try --set "
-             "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
-      std::printf("checkpoint %s\nval loss %.4f | perplexity %.2f | %lld tokens\n", dir.c_str(),
-                  loss, std::exp(loss), static_cast<long long>(n * B * T));
-    });
+    cmd->add_option("--choices", e->choices,
+                    "Score multiple-choice items instead, JSONL: {\"context\": \"...\", "
+                    "\"choices\": [\"...\", \"...\"], \"answer\": 0} a line (answer optional)");
+    cmd->add_option("--out", e->out,
+                    "With --choices: each item's scores, JSONL in the items' order");
+    cmd->add_option("--tokenizer", e->tokenizer,
+                    "With --choices: tokenizer.model (default: data.dir/tokenizer.model)");
+    cmd->add_flag("--quiet,-q", e->quiet, "With --choices: no progress line");
+    cmd->callback([e] { e->choices.empty() ? run_eval(*e) : run_eval_choices(*e); });
   }
   // ---- generate ----
   {

@@ -1,0 +1,195 @@
+#include "infer/scoring.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "base/io.h"
+#include "base/progress.h"
+#include "ckpt/checkpoint_dir.h"
+
+namespace foundry::infer {
+namespace {
+
+using nlohmann::json;
+
+struct LineError {
+  std::string message;
+};
+
+ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64_t max_seq_len) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    throw LineError{fmt::format("not JSON ({})", e.what())};
+  }
+  if (!j.is_object()) throw LineError{"not a JSON object"};
+  for (const auto& item : j.items())
+    if (item.key() != "context" && item.key() != "choices" && item.key() != "answer")
+      throw LineError{fmt::format("unknown key \"{}\" (an item has context, choices, answer)",
+                                  item.key())};
+  if (!j.contains("context") || !j["context"].is_string())
+    throw LineError{"\"context\" (a string) is missing"};
+  if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].size() < 2)
+    throw LineError{"\"choices\" must be an array of at least two strings"};
+  ChoiceItem item;
+  item.context.push_back(tok.eos_id());
+  for (int32_t id : tok.encode(j["context"].get<std::string>())) item.context.push_back(id);
+  for (size_t c = 0; c < j["choices"].size(); ++c) {
+    const json& choice = j["choices"][c];
+    if (!choice.is_string() || choice.get<std::string>().empty())
+      throw LineError{fmt::format("\"choices\"[{}] is {}: choices are non-empty strings", c,
+                                  choice.dump())};
+    item.choices.push_back(tok.encode(choice.get<std::string>()));
+    const int64_t total =
+        static_cast<int64_t>(item.context.size() + item.choices.back().size());
+    if (total > max_seq_len)
+      throw LineError{fmt::format("context and choice {} are {} tokens with the leading EOS; "
+                                  "model.max_seq_len is {}: shorten them",
+                                  c, total, max_seq_len)};
+  }
+  if (j.contains("answer")) {
+    const json& a = j["answer"];
+    if (!a.is_number_integer() || a.get<int64_t>() < 0 ||
+        a.get<int64_t>() >= static_cast<int64_t>(item.choices.size()))
+      throw LineError{fmt::format("\"answer\" is {}: it is the index of a choice, 0 to {}",
+                                  a.dump(), item.choices.size() - 1)};
+    item.answer = a.get<int64_t>();
+  }
+  return item;
+}
+
+}  // namespace
+
+ChoiceFile read_choice_items(const std::string& path, const data::Tokenizer& tok,
+                             int64_t max_seq_len) {
+  std::ifstream in(path);
+  if (!in)
+    fail(fmt::format("cannot read the choices file '{}'", path),
+         "pass a JSONL file with one item a line, e.g. {\"context\": \"...\", \"choices\": "
+         "[\"...\", \"...\"], \"answer\": 0}");
+  ChoiceFile f;
+  std::string text;
+  for (int64_t line = 1; std::getline(in, text); ++line) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const int64_t index = f.count++;
+    try {
+      ChoiceItem item = parse_item(text, tok, max_seq_len);
+      item.index = index;
+      item.line = line;
+      f.items.push_back(std::move(item));
+    } catch (const LineError& e) {
+      f.errors.push_back({index, line, e.message});
+    }
+  }
+  if (f.count == 0)
+    fail(fmt::format("the choices file '{}' has no items", path),
+         "write one JSON object a line: {\"context\": \"...\", \"choices\": [\"...\", \"...\"]}");
+  return f;
+}
+
+double token_logprob(const float* logits, int64_t v, int32_t token) {
+  double max_logit = -INFINITY;
+  for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
+  double sum = 0;
+  for (int64_t i = 0; i < v; ++i) sum += std::exp(double(logits[i]) - max_logit);
+  return double(logits[token]) - max_logit - std::log(sum);
+}
+
+std::vector<ChoiceScore> score_choices(Model& model, Model::DecodeState& state,
+                                       const ChoiceItem& item) {
+  const int64_t Vp = model.config().padded_vocab(), V = model.config().vocab_size;
+  const int64_t n = static_cast<int64_t>(item.context.size());
+  const int64_t k = static_cast<int64_t>(item.choices.size());
+  FOUNDRY_CHECK(state.batch >= k);
+  // The context, once: its last position's logits predict every choice's first token.
+  Model::KvSegment context = model.new_kv_segment(0, n);
+  const float* logits = nullptr;
+  for (int32_t id : item.context) logits = model.decode_rows(state, {{id, {&context}}});
+  std::vector<float> after_context(logits, logits + Vp);
+
+  std::vector<ChoiceScore> scores(k);
+  std::vector<Model::KvSegment> own;
+  own.reserve(k);
+  int64_t longest = 0;
+  for (int64_t c = 0; c < k; ++c) {
+    const int64_t len = static_cast<int64_t>(item.choices[c].size());
+    longest = std::max(longest, len);
+    scores[c].token_logprobs.push_back(token_logprob(after_context.data(), V, item.choices[c][0]));
+    // Room for every choice token but the last (its logits are not needed).
+    own.push_back(model.new_kv_segment(n, std::max<int64_t>(1, len - 1), &context));
+  }
+  // Choice tokens j = 0 … len − 2 go in; each gives the log-probability of token j + 1.
+  for (int64_t j = 0; j + 1 < longest; ++j) {
+    std::vector<Model::DecodeRow> rows;
+    std::vector<int64_t> which;
+    for (int64_t c = 0; c < k; ++c)
+      if (j + 1 < static_cast<int64_t>(item.choices[c].size())) {
+        rows.push_back({item.choices[c][j], {&context, &own[c]}});
+        which.push_back(c);
+      }
+    const float* out = model.decode_rows(state, rows);
+    for (size_t r = 0; r < which.size(); ++r) {
+      const int64_t c = which[r];
+      scores[c].token_logprobs.push_back(
+          token_logprob(out + static_cast<int64_t>(r) * Vp, V, item.choices[c][j + 1]));
+    }
+  }
+  for (ChoiceScore& s : scores)
+    for (double lp : s.token_logprobs) s.sum += lp;
+  return scores;
+}
+
+ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const std::string& in,
+                              const std::string& out, bool quiet) {
+  const ChoiceFile file = read_choice_items(in, tok, model.config().max_seq_len);
+  ChoiceSummary s;
+  s.items = file.count;
+  s.invalid = static_cast<int64_t>(file.errors.size());
+  for (const RequestError& e : file.errors)
+    warn(fmt::format("'{}' line {}: {} (skipped)", in, e.line, e.message));
+  int64_t widest = 1;
+  for (const ChoiceItem& item : file.items)
+    widest = std::max<int64_t>(widest, static_cast<int64_t>(item.choices.size()));
+  Model::DecodeState state = model.new_rows_state(widest);
+  std::map<int64_t, std::string> lines;
+  Progress progress("eval --choices", static_cast<int64_t>(file.items.size()), "items");
+  for (const ChoiceItem& item : file.items) {
+    const std::vector<ChoiceScore> scores = score_choices(model, state, item);
+    int64_t best = 0, best_mean = 0;
+    json j = {{"index", item.index}};
+    for (size_t c = 0; c < scores.size(); ++c) {
+      j["scores"].push_back(scores[c].sum);
+      j["mean_logprobs"].push_back(scores[c].mean());
+      j["token_logprobs"].push_back(scores[c].token_logprobs);
+      if (scores[c].sum > scores[best].sum) best = static_cast<int64_t>(c);
+      if (scores[c].mean() > scores[best_mean].mean()) best_mean = static_cast<int64_t>(c);
+    }
+    j["prediction"] = best;
+    if (item.answer >= 0) {
+      j["answer"] = item.answer;
+      j["correct"] = best == item.answer;
+      ++s.with_answer;
+      s.correct += best == item.answer;
+      s.correct_by_mean += best_mean == item.answer;
+    }
+    lines[item.index] = j.dump();
+    if (!quiet) progress.update(static_cast<int64_t>(lines.size()));
+  }
+  if (!quiet && !file.items.empty()) progress.finish();
+  if (!out.empty()) {
+    for (const RequestError& e : file.errors) lines[e.index] = error_line(e);
+    std::string text;
+    for (const auto& [index, line] : lines) text += line + "\n";
+    write_file_atomic(out, text);
+  }
+  return s;
+}
+
+}  // namespace foundry::infer
