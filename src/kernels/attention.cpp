@@ -416,21 +416,49 @@ namespace {
 // Output dims a head's weighted sum keeps in registers at a time (4 AVX-512 vectors).
 constexpr int64_t kDecodeRow = 64;
 
-// The `group` query heads of one sequence that share a KV head (head g of each span): q
-// [group, D] against the blocked transposed keys and the value rows of its spans, len
-// positions in all; scores [group, len] scratch, o [group, D] (writes).
-void decode_group(float* o, float* scores, const float* q, const DecodeSpan* spans,
-                  int64_t n_spans, int64_t g, int64_t group, int64_t len, int64_t d,
-                  float scale) {
+// Rows that read the same span at the same place in their chains (a shared prefix at one
+// depth of the prefix tree), for one decode call: the span and, per row, the position its
+// first key takes in that row's run.
+struct SpanGroup {
+  DecodeSpan span;
+  std::vector<int64_t> rows, base;
+};
+
+// The groups of chain level `level` (each row's level-th span, where it has one): rows whose
+// span there is the same storage and length read it together.
+std::vector<SpanGroup> span_groups(const DecodeSpan* spans, const int64_t* first, int64_t rows,
+                                   int64_t level) {
+  std::vector<SpanGroup> groups;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (first[r] + level >= first[r + 1]) continue;
+    int64_t base = 0;
+    for (int64_t s = first[r]; s < first[r] + level; ++s) base += spans[s].len;
+    const DecodeSpan& span = spans[first[r] + level];
+    auto same = std::find_if(groups.begin(), groups.end(), [&](const SpanGroup& g) {
+      return g.span.k == span.k && g.span.len == span.len;
+    });
+    if (same == groups.end()) same = groups.insert(groups.end(), SpanGroup{span, {}, {}});
+    same->rows.push_back(r);
+    same->base.push_back(base);
+  }
+  return groups;
+}
+
+// scores[r, j, base + t] = scale · Σ_i q[r, j, i] · k[t, i] for the group's rows r, the query
+// heads j of KV head g, the span's positions t: each key block read once for all of them,
+// each score summed over i in order.
+void span_scores(float* scores, int64_t max_len, const float* q, const SpanGroup& grp,
+                 const int64_t* lens, int64_t g, int64_t h, int64_t group, int64_t d,
+                 float scale) {
   constexpr int64_t W = kDecodeBlock;
-  // scores[j, t] = scale · Σ_i q[j, i] · k[t, i], summed over i in order for every t.
-  for (int64_t s = 0, base = 0; s < n_spans; base += spans[s].len, ++s) {
-    const float* kb = spans[s].k + g * spans[s].head_floats(d);
-    for (int64_t t0 = 0; t0 < spans[s].len; t0 += W) {
-      const float* block = kb + (t0 / W) * d * W;
-      const int64_t n = std::min(W, spans[s].len - t0);
+  const float* kb = grp.span.k + g * grp.span.head_floats(d);
+  for (int64_t t0 = 0; t0 < grp.span.len; t0 += W) {
+    const float* block = kb + (t0 / W) * d * W;
+    const int64_t n = std::min(W, grp.span.len - t0);
+    for (size_t m = 0; m < grp.rows.size(); ++m) {
+      const int64_t r = grp.rows[m], len = lens[r];
       for (int64_t j = 0; j < group; ++j) {
-        const float* qj = q + j * d;
+        const float* qj = q + (r * h + g * group + j) * d;
         float acc[W] = {};
         for (int64_t i = 0; i < d; ++i) {
           const float qi = qj[i];
@@ -438,13 +466,66 @@ void decode_group(float* o, float* scores, const float* q, const DecodeSpan* spa
 #pragma omp simd
           for (int64_t x = 0; x < W; ++x) acc[x] += qi * row[x];
         }
-        for (int64_t x = 0; x < n; ++x) scores[j * len + base + t0 + x] = acc[x] * scale;
+        float* sj = scores + r * h * max_len + (g * group + j) * len + grp.base[m] + t0;
+        for (int64_t x = 0; x < n; ++x) sj[x] = acc[x] * scale;
       }
     }
   }
-  // Softmax per head; the normalization is applied to the weighted sum, once per output.
-  for (int64_t j = 0; j < group; ++j) {
-    float* sj = scores + j * len;
+}
+
+// out[r, j, :] += Σ_t p[r, j, base + t] · v[t, :] over the span's positions in order, for the
+// group's rows and query heads of KV head g: each value row read once for all of them.
+void span_values(float* out, const float* scores, int64_t max_len, const SpanGroup& grp,
+                 const int64_t* lens, int64_t g, int64_t h, int64_t group, int64_t d) {
+  const float* vb = grp.span.v + g * grp.span.head_floats(d);
+  for (int64_t i0 = 0; i0 < d; i0 += kDecodeRow) {
+    const int64_t w = std::min(kDecodeRow, d - i0);
+    for (size_t m = 0; m < grp.rows.size(); ++m) {
+      const int64_t r = grp.rows[m];
+      for (int64_t j = 0; j < group; ++j) {
+        const float* ps = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m];
+        float* o = out + (r * h + g * group + j) * d + i0;
+        // One row alone keeps its chunk in registers while the values stream past.
+        if (grp.rows.size() == 1 && w == kDecodeRow) {
+          float acc[kDecodeRow];
+          std::copy(o, o + kDecodeRow, acc);
+          for (int64_t t = 0; t < grp.span.len; ++t) {
+            const float* vi = vb + t * d + i0;
+#pragma omp simd
+            for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += ps[t] * vi[i];
+          }
+          std::copy(acc, acc + kDecodeRow, o);
+        }
+      }
+    }
+    if (grp.rows.size() == 1 && w == kDecodeRow) continue;
+    for (int64_t t = 0; t < grp.span.len; ++t) {
+      const float* vi = vb + t * d + i0;
+      for (size_t m = 0; m < grp.rows.size(); ++m) {
+        const int64_t r = grp.rows[m];
+        for (int64_t j = 0; j < group; ++j) {
+          const float p = scores[r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t];
+          float* o = out + (r * h + g * group + j) * d + i0;
+          if (w == kDecodeRow) {
+#pragma omp simd
+            for (int64_t i = 0; i < kDecodeRow; ++i) o[i] += p * vi[i];
+          } else {
+            for (int64_t i = 0; i < w; ++i) o[i] += p * vi[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Softmax of each (row, head)'s scores in place; returns 1 / Σ p per (row, head). The
+// normalization is applied to the weighted sums, once per output.
+std::vector<float> softmax_rows(float* scores, int64_t max_len, const int64_t* lens,
+                                int64_t rows, int64_t h) {
+  std::vector<float> inv(rows * h);
+  for (int64_t rj = 0; rj < rows * h; ++rj) {
+    const int64_t r = rj / h, j = rj % h, len = lens[r];
+    float* sj = scores + r * h * max_len + j * len;
     float max_score = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : max_score)
     for (int64_t t = 0; t < len; ++t) max_score = std::max(max_score, sj[t]);
@@ -454,28 +535,9 @@ void decode_group(float* o, float* scores, const float* q, const DecodeSpan* spa
       sj[t] = detail::exp_fast(sj[t] - max_score);
       sum += sj[t];
     }
-    // out = Σ_t p_t · v_t / Σ_t p_t, accumulated a head at a time in kDecodeRow-wide chunks
-    // that stay in registers while the value rows stream past, span after span.
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t i0 = 0; i0 < d; i0 += kDecodeRow) {
-      const int64_t m = std::min(kDecodeRow, d - i0);
-      float acc[kDecodeRow] = {};
-      for (int64_t s = 0, base = 0; s < n_spans; base += spans[s].len, ++s) {
-        const float* vi = spans[s].v + g * spans[s].head_floats(d) + i0;
-        const float* ps = sj + base;
-        if (m == kDecodeRow) {
-          for (int64_t t = 0; t < spans[s].len; ++t) {
-#pragma omp simd
-            for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += ps[t] * vi[t * d + i];
-          }
-        } else {
-          for (int64_t t = 0; t < spans[s].len; ++t)
-            for (int64_t i = 0; i < m; ++i) acc[i] += ps[t] * vi[t * d + i];
-        }
-      }
-      for (int64_t i = 0; i < m; ++i) o[j * d + i0 + i] = acc[i] * inv;
-    }
+    inv[rj] = static_cast<float>(1.0 / sum);
   }
+  return inv;
 }
 
 }  // namespace
@@ -518,20 +580,35 @@ void attention_decode_rows(float* out, float* scores, int64_t max_len, const flo
   const int64_t group = h / kvh;
   const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   std::vector<int64_t> lens(rows, 0);
-  int64_t positions = 0;
+  int64_t positions = 0, levels = 0;
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t s = first[r]; s < first[r + 1]; ++s) lens[r] += spans[s].len;
     FOUNDRY_CHECK(lens[r] >= 1 && lens[r] <= max_len);
     positions += lens[r];
+    levels = std::max(levels, first[r + 1] - first[r]);
   }
   const bool parallel = h * positions * d >= detail::kParallelMinElements;
-#pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t rg = 0; rg < rows * kvh; ++rg) {
-    const int64_t r = rg / kvh, g = rg % kvh;
-    const int64_t head0 = r * h + g * group;  // the group's first query head
-    decode_group(out + head0 * d, scores + r * h * max_len + g * group * lens[r], q + head0 * d,
-                 spans + first[r], first[r + 1] - first[r], g, group, lens[r], d, scale);
+  // Level by level (each row's spans in order), the rows sharing a span together.
+  std::vector<std::vector<SpanGroup>> groups(levels);
+  for (int64_t level = 0; level < levels; ++level)
+    groups[level] = span_groups(spans, first, rows, level);
+  for (const std::vector<SpanGroup>& level : groups) {
+    const int64_t tasks = static_cast<int64_t>(level.size()) * kvh;
+#pragma omp parallel for schedule(dynamic) if (parallel && tasks > 1)
+    for (int64_t task = 0; task < tasks; ++task)
+      span_scores(scores, max_len, q, level[task / kvh], lens.data(), task % kvh, h, group, d,
+                  scale);
   }
+  const std::vector<float> inv = softmax_rows(scores, max_len, lens.data(), rows, h);
+  std::fill(out, out + rows * h * d, 0.0f);
+  for (const std::vector<SpanGroup>& level : groups) {
+    const int64_t tasks = static_cast<int64_t>(level.size()) * kvh;
+#pragma omp parallel for schedule(dynamic) if (parallel && tasks > 1)
+    for (int64_t task = 0; task < tasks; ++task)
+      span_values(out, scores, max_len, level[task / kvh], lens.data(), task % kvh, h, group, d);
+  }
+  for (int64_t rj = 0; rj < rows * h; ++rj)
+    for (int64_t i = 0; i < d; ++i) out[rj * d + i] *= inv[rj];
 }
 
 void attention_reference(double* out, const double* q, const double* k, const double* v,

@@ -127,7 +127,8 @@ void attention_decode(float* out, float* scores, const float* q, const DecodeKv&
 // [rows·H·max_len] scratch (max_len ≥ each row's positions). A row's result depends on its
 // query and its positions alone, not on how they are cut into spans nor on the other rows:
 // every score is the same sum in the same order, and the softmax and weighted sum run over
-// the positions in order.
+// the positions in order. Rows whose chains hold the same span at the same depth (a shared
+// prefix) read its keys and values once for all of them.
 void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
                            const DecodeSpan* spans, const int64_t* first, int64_t rows,
                            int64_t h, int64_t kvh, int64_t d);

@@ -276,9 +276,10 @@ class Model {
   // several sequences share (read by each, stored once) or a sequence's own positions. A row
   // reads a chain of segments, position 0 onwards, and writes its new position at the end of
   // the last. A row's logits are those of its sequence decoded alone with decode_step, bit for
-  // bit, however its positions are cut into segments and whatever rows run beside it (the
-  // products of several rows excepted: a GEMM's rounding may depend on its row count; the
-  // tests hold them equal on this build's GEMMs).
+  // bit, however its positions are cut into segments and whatever rows run beside it: decoding
+  // holds RowInvariantGemms (kernels/gemm.h), attention sums each row's positions in order
+  // (kernels/attention.h), and CCA's decode step is per row. Rows that share a segment read
+  // its keys and values once for all of them.
   struct KvSegment {
     int64_t start = 0, capacity = 0;
     int64_t len = 0;  // positions written
