@@ -56,6 +56,13 @@ void add_config_options(CLI::App* cmd, ConfigArgs& args) {
       ->take_all();
 }
 
+// `args` with --device's choice (if given) as a train.device override.
+ConfigArgs with_device(const ConfigArgs& args, const std::string& device) {
+  ConfigArgs out = args;
+  if (!device.empty()) out.overrides.push_back("train.device=" + device);
+  return out;
+}
+
 // train.hardware_profile's measured GEMM peak for the run's precision, per device; none when
 // the config names no profile or gives train.peak_gflops (which wins).
 std::optional<DevicePeak> profile_peak(const TrainConfig& tc) {
@@ -112,9 +119,8 @@ struct EvalArgs {
 };
 
 void run_eval(const EvalArgs& e) {
-  ConfigArgs with_device = e.config;
-  if (!e.device.empty()) with_device.overrides.push_back("train.device=" + e.device);
-  RunConfig rc = load_run_config(with_device.config_path, with_device.overrides);
+  const ConfigArgs args = with_device(e.config, e.device);
+  RunConfig rc = load_run_config(args.config_path, args.overrides);
   if (rc.data.dir.empty())
     fail("data.dir is empty: eval needs a prepared dataset",
          "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
@@ -256,113 +262,112 @@ void run_generate(const GenArgs& g) {
   std::printf("%s\n", tok.decode(text).c_str());
 }
 
+void add_train_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("train", "Train a model from a run config");
+  auto args = std::make_shared<ConfigArgs>();
+  auto opts = std::make_shared<TrainOptions>();
+  add_config_options(cmd, *args);
+  cmd->add_option("--steps", opts->steps, "Override train.steps")
+      ->check(in_range(int64_t{0}, int64_t{1} << 40));
+  cmd->add_option("--stop-at-step", opts->stop_at_step,
+                  "Checkpoint and stop after this step (the schedule still targets train.steps)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 40));
+  auto* resume = cmd->add_flag_function(
+      "--resume", [opts](int64_t) { opts->start = StartMode::resume; },
+      "Continue the run in train.run_dir from its latest valid checkpoint (an error if it has "
+      "none)");
+  auto* auto_resume = cmd->add_flag_function(
+      "--auto-resume", [opts](int64_t) { opts->start = StartMode::auto_resume; },
+      "Continue the run if train.run_dir has a checkpoint, else start a new run");
+  auto* overwrite = cmd->add_flag_function(
+      "--overwrite", [opts](int64_t) { opts->start = StartMode::overwrite; },
+      "Start a new run, removing the checkpoints and metrics of the run in train.run_dir");
+  resume->excludes(auto_resume)->excludes(overwrite);
+  auto_resume->excludes(overwrite);
+  cmd->add_flag("--allow-config-change", opts->allow_config_change,
+                "With --resume: allow train.* settings that shape the run (lr, batch, seed, "
+                "schedule, ...) to differ from the run's config.json");
+  cmd->add_flag("--synthetic-data", opts->synthetic_data,
+                "Train on uniformly random tokens (no dataset; for benchmarking)");
+  cmd->add_flag("--op-breakdown", opts->op_breakdown,
+                "Time every operation and print a per-operation table at the end");
+  cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
+  auto device = std::make_shared<std::string>();
+  cmd->add_option("--device", *device,
+                  "Where to train: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
+  cmd->callback([args, opts, device] { run_train(with_device(*args, *device), *opts); });
+}
+
+void add_eval_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "eval", "Validation loss and perplexity of a checkpoint, or multiple-choice scores");
+  auto e = std::make_shared<EvalArgs>();
+  add_config_options(cmd, e->config);
+  cmd->add_option("--checkpoint", e->checkpoint,
+                  "Checkpoint directory (default: latest of the run)");
+  cmd->add_option("--batches", e->batches, "Validation batches (default: train.eval_batches)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--device", e->device,
+                  "Where to compute: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
+  cmd->add_option("--choices", e->choices,
+                  "Score multiple-choice items instead, JSONL: {\"context\": \"...\", "
+                  "\"choices\": [\"...\", \"...\"], \"answer\": 0} a line (answer optional)");
+  cmd->add_option("--out", e->out,
+                  "With --choices: each item's scores, JSONL in the items' order");
+  cmd->add_option("--tokenizer", e->tokenizer,
+                  "With --choices: tokenizer.model (default: data.dir/tokenizer.model)");
+  cmd->add_flag("--quiet,-q", e->quiet, "With --choices: no progress line");
+  cmd->callback([e] { e->choices.empty() ? run_eval(*e) : run_eval_choices(*e); });
+}
+
+void add_generate_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained model");
+  auto g = std::make_shared<GenArgs>();
+  add_config_options(cmd, g->config);
+  cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
+  cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
+  cmd->add_option("--batch", g->batch,
+                  "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
+                  "line, optionally max_new_tokens, temperature, top_k, top_p, seed");
+  cmd->add_option("--out", g->out,
+                  "With --batch: the results, JSONL in the requests' order (an existing file "
+                  "of these requests' results is resumed)");
+  cmd->add_flag("--stop-on-error", g->stop_on_error,
+                "With --batch: an invalid request line stops the run before any work");
+  cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
+  cmd->add_option("--batch-tokens", g->batch_tokens,
+                  "With --batch: tokens per decode step (decode and prompt tokens of many "
+                  "requests together), and requests in flight at most")
+      ->check(in_range(int64_t{1}, int64_t{4096}));
+  cmd->add_flag("--no-prefix-sharing", g->no_sharing,
+                "With --batch: compute every request's whole prompt (to measure what sharing "
+                "saves)");
+  cmd->add_option("--kv-memory", g->kv_memory,
+                  "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
+                  "memory budget leaves beside the weights; no limit without a budget)");
+  cmd->add_option("--tokenizer", g->tokenizer,
+                  "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
+  cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,
+                  "Tokens to generate (with --batch: for requests that do not say)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--temperature", g->sampling.temperature, "0 = greedy")
+      ->check(in_range(0.0, 100.0));
+  cmd->add_option("--top-k", g->sampling.top_k, "Keep the k most likely tokens (0 = all)")
+      ->check(in_range(int64_t{0}, int64_t{1} << 24));
+  cmd->add_option("--top-p", g->sampling.top_p, "Nucleus sampling mass")
+      ->check(in_range(0.0, 1.0));
+  cmd->add_option("--seed", g->seed,
+                  "Sampling seed (same seed, same text; with --batch, request i's default "
+                  "seed is this + i)");
+  cmd->callback([g] { run_generate(*g); });
+}
+
 }  // namespace
 
 void register_train_commands(CLI::App& app) {
-  // ---- train ----
-  {
-    auto* cmd = app.add_subcommand("train", "Train a model from a run config");
-    auto args = std::make_shared<ConfigArgs>();
-    auto opts = std::make_shared<TrainOptions>();
-    add_config_options(cmd, *args);
-    cmd->add_option("--steps", opts->steps, "Override train.steps")
-        ->check(in_range(int64_t{0}, int64_t{1} << 40));
-    cmd->add_option("--stop-at-step", opts->stop_at_step,
-                    "Checkpoint and stop after this step (the schedule still targets train.steps)")
-        ->check(in_range(int64_t{1}, int64_t{1} << 40));
-    auto* resume = cmd->add_flag_function(
-        "--resume", [opts](int64_t) { opts->start = StartMode::resume; },
-        "Continue the run in train.run_dir from its latest valid checkpoint (an error if it has "
-        "none)");
-    auto* auto_resume = cmd->add_flag_function(
-        "--auto-resume", [opts](int64_t) { opts->start = StartMode::auto_resume; },
-        "Continue the run if train.run_dir has a checkpoint, else start a new run");
-    auto* overwrite = cmd->add_flag_function(
-        "--overwrite", [opts](int64_t) { opts->start = StartMode::overwrite; },
-        "Start a new run, removing the checkpoints and metrics of the run in train.run_dir");
-    resume->excludes(auto_resume)->excludes(overwrite);
-    auto_resume->excludes(overwrite);
-    cmd->add_flag("--allow-config-change", opts->allow_config_change,
-                  "With --resume: allow train.* settings that shape the run (lr, batch, seed, "
-                  "schedule, ...) to differ from the run's config.json");
-    cmd->add_flag("--synthetic-data", opts->synthetic_data,
-                  "Train on uniformly random tokens (no dataset; for benchmarking)");
-    cmd->add_flag("--op-breakdown", opts->op_breakdown,
-                  "Time every operation and print a per-operation table at the end");
-    cmd->add_flag("--quiet,-q", opts->quiet, "No per-step log lines");
-    auto device = std::make_shared<std::string>();
-    cmd->add_option("--device", *device,
-                    "Where to train: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
-    cmd->callback([args, opts, device] {
-      ConfigArgs with_device = *args;
-      if (!device->empty()) with_device.overrides.push_back("train.device=" + *device);
-      run_train(with_device, *opts);
-    });
-  }
-  // ---- eval ----
-  {
-    auto* cmd = app.add_subcommand(
-        "eval", "Validation loss and perplexity of a checkpoint, or multiple-choice scores");
-    auto e = std::make_shared<EvalArgs>();
-    add_config_options(cmd, e->config);
-    cmd->add_option("--checkpoint", e->checkpoint,
-                    "Checkpoint directory (default: latest of the run)");
-    cmd->add_option("--batches", e->batches, "Validation batches (default: train.eval_batches)")
-        ->check(in_range(int64_t{1}, int64_t{1} << 20));
-    cmd->add_option("--device", e->device,
-                    "Where to compute: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
-    cmd->add_option("--choices", e->choices,
-                    "Score multiple-choice items instead, JSONL: {\"context\": \"...\", "
-                    "\"choices\": [\"...\", \"...\"], \"answer\": 0} a line (answer optional)");
-    cmd->add_option("--out", e->out,
-                    "With --choices: each item's scores, JSONL in the items' order");
-    cmd->add_option("--tokenizer", e->tokenizer,
-                    "With --choices: tokenizer.model (default: data.dir/tokenizer.model)");
-    cmd->add_flag("--quiet,-q", e->quiet, "With --choices: no progress line");
-    cmd->callback([e] { e->choices.empty() ? run_eval(*e) : run_eval_choices(*e); });
-  }
-  // ---- generate ----
-  {
-    auto* cmd = app.add_subcommand("generate", "Continue a prompt with a trained model");
-    auto g = std::make_shared<GenArgs>();
-    add_config_options(cmd, g->config);
-    cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
-    cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
-    cmd->add_option("--batch", g->batch,
-                    "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
-                    "line, optionally max_new_tokens, temperature, top_k, top_p, seed");
-    cmd->add_option("--out", g->out,
-                    "With --batch: the results, JSONL in the requests' order (an existing file "
-                    "of these requests' results is resumed)");
-    cmd->add_flag("--stop-on-error", g->stop_on_error,
-                  "With --batch: an invalid request line stops the run before any work");
-    cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
-    cmd->add_option("--batch-tokens", g->batch_tokens,
-                    "With --batch: tokens per decode step (decode and prompt tokens of many "
-                    "requests together), and requests in flight at most")
-        ->check(in_range(int64_t{1}, int64_t{4096}));
-    cmd->add_flag("--no-prefix-sharing", g->no_sharing,
-                  "With --batch: compute every request's whole prompt (to measure what sharing "
-                  "saves)");
-    cmd->add_option("--kv-memory", g->kv_memory,
-                    "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
-                    "memory budget leaves beside the weights; no limit without a budget)");
-    cmd->add_option("--tokenizer", g->tokenizer,
-                    "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
-    cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,
-                    "Tokens to generate (with --batch: for requests that do not say)")
-        ->check(in_range(int64_t{1}, int64_t{1} << 20));
-    cmd->add_option("--temperature", g->sampling.temperature, "0 = greedy")
-        ->check(in_range(0.0, 100.0));
-    cmd->add_option("--top-k", g->sampling.top_k, "Keep the k most likely tokens (0 = all)")
-        ->check(in_range(int64_t{0}, int64_t{1} << 24));
-    cmd->add_option("--top-p", g->sampling.top_p, "Nucleus sampling mass")
-        ->check(in_range(0.0, 1.0));
-    cmd->add_option("--seed", g->seed,
-                    "Sampling seed (same seed, same text; with --batch, request i's default "
-                    "seed is this + i)");
-    cmd->callback([g] { run_generate(*g); });
-  }
+  add_train_command(app);
+  add_eval_command(app);
+  add_generate_command(app);
 }
 
 }  // namespace foundry::cli

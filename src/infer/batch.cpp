@@ -16,7 +16,6 @@
 #include "ckpt/checkpoint_dir.h"
 #include "infer/engine.h"
 #include "infer/generation.h"
-#include "infer/prefix_tree.h"
 
 namespace foundry::infer {
 namespace {
@@ -110,11 +109,8 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   s.requests = set.count;
   s.invalid = static_cast<int64_t>(set.errors.size());
   s.already_done = static_cast<int64_t>(lines.size());
-  std::vector<std::vector<int32_t>> contexts;
-  for (const GenerationRequest* q : todo) contexts.push_back(q->context);
-  const PrefixTree tree(contexts, o.engine.share_prefixes);
-  s.prompt_tokens = tree.prompt_tokens();
-  s.shared_prefix_tokens = tree.prompt_tokens() - tree.tree_tokens();
+  for (const GenerationRequest* q : todo)
+    s.prompt_tokens += static_cast<int64_t>(q->context.size());
 
   GenerationEngine engine(model, tok.eos_id(), o.engine);
   engine.check_budget(todo);  // before OUT is touched
@@ -142,6 +138,7 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   s.generated = stats.requests_done;
   s.generated_tokens = stats.generated_tokens;
   s.prefill_tokens = stats.prefill_tokens;
+  s.shared_prefix_tokens = s.prompt_tokens - stats.prefill_tokens;
   s.steps = stats.steps;
   s.peak_kv_bytes = stats.peak_kv_bytes;
   s.kv_bytes_at_end = stats.kv_bytes;

@@ -34,7 +34,7 @@ struct RequestState {
   Generation gen;
   Rng rng;
   int32_t pending = -1;  // the token it feeds at the next step
-  bool admitted = false, started = false, finished = false;
+  bool started = false, finished = false;
 };
 
 // One run: the tree, the streams' states, the step loop.
@@ -83,54 +83,65 @@ class Run {
 
   EngineStats run(const std::function<void(const EngineStats&)>& progress) {
     auto state = model_.new_rows_state(o_.max_rows);
-    const int64_t Vp = c_.padded_vocab();
     while (true) {
       admit();
       if (stats_.requests_done == static_cast<int64_t>(reqs_.size())) break;
-      std::vector<Model::DecodeRow> rows;
-      std::vector<int64_t> who;  // ≥ 0: a request's decode token; < 0: node −1 − who's prompt token
-      for (int64_t i : active_) {
-        RequestState& r = reqs_[i];
-        if (r.pending < 0 || static_cast<int64_t>(rows.size()) >= o_.max_rows) continue;
-        rows.push_back({r.pending, chain(r.node, r.own.get())});
-        who.push_back(i);
-      }
-      for (int32_t n : admitted_nodes_) {
-        if (static_cast<int64_t>(rows.size()) >= o_.max_rows) break;
-        if (!ready(n)) continue;
-        NodeState& node = nodes_[n];
-        if (!node.segment) {
-          const int32_t parent = tree_.nodes()[n].parent;
-          node.segment = std::make_unique<Segment>(model_.new_kv_segment(
-              tree_.nodes()[n].depth, static_cast<int64_t>(tree_.nodes()[n].tokens.size()),
-              parent > 0 ? nodes_[parent].segment.get() : nullptr));
-        }
-        rows.push_back({tree_.nodes()[n].tokens[node.filled], chain(n, nullptr)});
-        who.push_back(-1 - n);
-      }
+      std::vector<int64_t> who;
+      const std::vector<Model::DecodeRow> rows = next_rows(who);
       FOUNDRY_CHECK(!rows.empty());  // admitted work always has a next token
-      const float* logits = model_.decode_rows(state, rows);
+      take_logits(model_.decode_rows(state, rows), who);
       ++stats_.steps;
-      for (size_t k = 0; k < rows.size(); ++k) {
-        const float* row = logits + static_cast<int64_t>(k) * Vp;
-        if (who[k] >= 0) {
-          ++stats_.decode_tokens;
-          RequestState& r = reqs_[who[k]];
-          r.pending = -1;
-          advance(who[k], row);
-        } else {
-          ++stats_.prefill_tokens;
-          const int32_t n = static_cast<int32_t>(-1 - who[k]);
-          if (++nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size()))
-            complete(n, row);
-        }
-      }
       if (progress) progress(stats_);
     }
     return stats_;
   }
 
  private:
+  // A step's rows, at most max_rows: one decode token of every request that has one, then the
+  // next prompt token of each node whose parent is complete. who[k] ≥ 0: row k is request
+  // who[k]'s; < 0: node −1 − who[k]'s.
+  std::vector<Model::DecodeRow> next_rows(std::vector<int64_t>& who) {
+    std::vector<Model::DecodeRow> rows;
+    for (int64_t i : active_) {
+      const RequestState& r = reqs_[i];
+      if (r.pending < 0 || static_cast<int64_t>(rows.size()) >= o_.max_rows) continue;
+      rows.push_back({r.pending, chain(r.node, r.own.get())});
+      who.push_back(i);
+    }
+    for (int32_t n : admitted_nodes_) {
+      if (static_cast<int64_t>(rows.size()) >= o_.max_rows) break;
+      if (!ready(n)) continue;
+      NodeState& node = nodes_[n];
+      if (!node.segment) {
+        const int32_t parent = tree_.nodes()[n].parent;
+        node.segment = std::make_unique<Segment>(model_.new_kv_segment(
+            tree_.nodes()[n].depth, static_cast<int64_t>(tree_.nodes()[n].tokens.size()),
+            parent > 0 ? nodes_[parent].segment.get() : nullptr));
+      }
+      rows.push_back({tree_.nodes()[n].tokens[node.filled], chain(n, nullptr)});
+      who.push_back(-1 - n);
+    }
+    return rows;
+  }
+
+  // Each row's logits: a request's next token, or a node's progress (its last one starts the
+  // requests that end there).
+  void take_logits(const float* logits, const std::vector<int64_t>& who) {
+    for (size_t k = 0; k < who.size(); ++k) {
+      const float* row = logits + static_cast<int64_t>(k) * c_.padded_vocab();
+      if (who[k] >= 0) {
+        ++stats_.decode_tokens;
+        reqs_[who[k]].pending = -1;
+        advance(who[k], row);
+      } else {
+        ++stats_.prefill_tokens;
+        const int32_t n = static_cast<int32_t>(-1 - who[k]);
+        if (++nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size()))
+          complete(n, row);
+      }
+    }
+  }
+
   static std::vector<std::vector<int32_t>> contexts_of(
       const std::vector<const GenerationRequest*>& requests) {
     std::vector<std::vector<int32_t>> out;
@@ -174,7 +185,6 @@ class Run {
         if (!nodes_[n].admitted) nodes_[n].admitted = true, admitted_nodes_.push_back(n);
       stats_.kv_bytes += need;
       stats_.peak_kv_bytes = std::max(stats_.peak_kv_bytes, stats_.kv_bytes);
-      r.admitted = true;
       active_.push_back(i);
       ++next_;
       if (complete_node(r.node)) start(i);

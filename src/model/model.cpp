@@ -327,46 +327,56 @@ Model::DecodeState Model::new_rows_state(int64_t rows) const {
   return s;
 }
 
-const float* Model::decode_rows(DecodeState& s, const std::vector<DecodeRow>& rows) {
-  const ModelConfig& c = config_;
-  const int64_t n = static_cast<int64_t>(rows.size());
-  FOUNDRY_CHECK(n >= 1 && n <= s.batch);
-  std::vector<int32_t> tokens(n);
+namespace {
+
+// The rows as the architectures see them: each row's spans per layer (its chain's segments,
+// the last with the new position), its position and where it is stored. Checks that each
+// chain covers positions 0, 1, … without a gap, that the last segment has room, and that no
+// two rows write the same segment.
+DecodeRows rows_view(const ModelConfig& c, const std::vector<Model::DecodeRow>& rows) {
   DecodeRows d;
-  d.n = n;
+  d.n = static_cast<int64_t>(rows.size());
   d.spans.resize(c.n_layers);
   d.first.push_back(0);
-  for (int64_t r = 0; r < n; ++r) {
-    const DecodeRow& row = rows[r];
-    tokens[r] = row.token;
-    FOUNDRY_CHECK(!row.chain.empty());
-    int64_t at = 0;  // the chain must cover positions 0, 1, … without a gap
-    for (size_t i = 0; i < row.chain.size(); ++i) {
-      const KvSegment& seg = *row.chain[i];
-      FOUNDRY_CHECK(seg.start == at);
-      const bool last = i + 1 == row.chain.size();
-      const int64_t len = seg.len + (last ? 1 : 0);
-      if (last && seg.len >= seg.capacity)
-        fail(fmt::format("a decode segment of {} positions (from {}) is full", seg.capacity,
-                         seg.start),
+  for (size_t r = 0; r < rows.size(); ++r) {
+    const std::vector<Model::KvSegment*>& chain = rows[r].chain;
+    FOUNDRY_CHECK(!chain.empty());
+    int64_t at = 0;
+    for (Model::KvSegment* seg : chain) {
+      FOUNDRY_CHECK(seg->start == at);
+      const bool last = seg == chain.back();
+      if (last && seg->len >= seg->capacity)
+        fail(fmt::format("a decode segment of {} positions (from {}) is full", seg->capacity,
+                         seg->start),
              "give the sequence a segment with room for its new tokens");
-      const int64_t floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, seg.capacity);
+      const int64_t floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, seg->capacity);
       for (int64_t l = 0; l < c.n_layers; ++l)
-        d.spans[l].push_back({const_cast<float*>(seg.k.data()) + l * floats,
-                              const_cast<float*>(seg.v.data()) + l * floats, len,
-                              seg.capacity});
-      at += seg.len;
+        d.spans[l].push_back({seg->k.data() + l * floats, seg->v.data() + l * floats,
+                              seg->len + (last ? 1 : 0), seg->capacity});
+      at += seg->len;
     }
     d.pos.push_back(at);
-    d.store_at.push_back(row.chain.back()->len);
+    d.store_at.push_back(chain.back()->len);
     d.first.push_back(static_cast<int64_t>(d.spans[0].size()));
-    if (c.arch == Arch::zaya1) d.cca.push_back(&row.chain.back()->cca);
-    for (int64_t q = 0; q < r; ++q)
-      FOUNDRY_CHECK(rows[q].chain.back() != row.chain.back());  // one row writes a segment
+    if (c.arch == Arch::zaya1) d.cca.push_back(&chain.back()->cca);
+    for (size_t q = 0; q < r; ++q)
+      FOUNDRY_CHECK(rows[q].chain.back() != chain.back());  // one row writes a segment
   }
-  d.same_position = std::all_of(d.pos.begin(), d.pos.end(), [&](int64_t p) { return p == d.pos[0]; });
+  d.same_position =
+      std::all_of(d.pos.begin(), d.pos.end(), [&](int64_t p) { return p == d.pos[0]; });
+  return d;
+}
+
+}  // namespace
+
+const float* Model::decode_rows(DecodeState& s, const std::vector<DecodeRow>& rows) {
+  const int64_t n = static_cast<int64_t>(rows.size());
+  FOUNDRY_CHECK(n >= 1 && n <= s.batch);
+  std::vector<int32_t> tokens;
+  for (const DecodeRow& row : rows) tokens.push_back(row.token);
   check_tokens(tokens.data(), n);
-  const RowInvariantGemms row_invariant;
+  const DecodeRows d = rows_view(config_, rows);
+  const RowInvariantGemms row_invariant;  // a sequence decodes alike alone and beside others
   arch_->decode_rows(*s.arch, d, tokens.data(), s.logits.data());
   for (const DecodeRow& row : rows) ++row.chain.back()->len;
   return s.logits.data();
