@@ -3,7 +3,9 @@
 #  1. greedy results are what `foundry generate` prints for each prompt alone, in input order,
 #     an invalid line reported by number and answered with an error line;
 #  2. a sampled request with its own seed gives the same tokens in any batch;
-#  3. a run killed part way (OUT cut back to some results and half a line) resumes without
+#  3. the baseline schedules (lru, fixed batches) and prompt chunks of any size give the same
+#     results; --trace writes a line per step;
+#  4. a run killed part way (OUT cut back to some results and half a line) resumes without
 #     redoing them and ends with the same file.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
@@ -55,6 +57,25 @@ for i in 0 1; do
   else bad "request $i: batch '$prompt$(field out.jsonl $i text)' vs alone '$alone'"; fi
 done
 [ "$(field out.jsonl 2 line)" = 3 ] && ok "the invalid request's line: an error" || bad "line 3's result: $(sed -n 3p out.jsonl)"
+
+# The baseline schedules, prompt chunks of 3 tokens and a trace: the same results.
+for args in "--schedule lru" "--schedule fixed --max-requests 2" "--batch-tokens 3"; do
+  # shellcheck disable=SC2086
+  "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out other.jsonl -q $args --trace trace.tsv \
+    >other.log 2>&1 || { cat other.log; bad "generate --batch $args failed"; }
+  cmp -s other.jsonl out.jsonl && ok "$args: the same results" || bad "$args: other results"
+  rm -f other.jsonl
+done
+python3 - <<'PY' && ok "--trace: a header and a line per step, the KV memory back to 0 at the end" || bad "trace.tsv: $(head -3 trace.tsv)"
+rows = [l.rstrip("\n").split("\t") for l in open("trace.tsv")]
+assert rows[0] == ["seconds", "requests_done", "generated_tokens", "kv_bytes", "running"], rows[0]
+steps = [list(map(float, r)) for r in rows[1:]]
+import re
+log = open("other.log").read()
+assert len(steps) == int(re.search(r"\| (\d+) steps", log).group(1)), log
+assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(steps, steps[1:]))
+assert steps[-1][1] == 5 and steps[-1][3] == 0 and max(s[3] for s in steps) > 0
+PY
 
 # A sampled request alone, in a batch file of its own: the same tokens.
 sed -n 5p req.jsonl >one.jsonl

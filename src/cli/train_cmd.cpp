@@ -181,21 +181,25 @@ struct GenArgs {
   int64_t max_new_tokens = 64;
   infer::SamplingOptions sampling;
   uint64_t seed = 0;
-  bool stop_on_error = false, quiet = false, no_sharing = false;
-  int64_t batch_tokens = 32;
+  bool stop_on_error = false, quiet = false, no_sharing = false, ignore_eos = false;
+  int64_t batch_tokens = 32, max_requests = 0;
   std::string kv_memory;  // a size; empty: default_kv_memory
+  std::string schedule = "prefix-tree", trace;
 };
 
 void run_generate_batch(const GenArgs& g, const RunConfig& rc, const data::Tokenizer& tok,
                         Model& model) {
   infer::BatchOptions o;
   o.engine.max_rows = g.batch_tokens;
+  o.engine.max_requests = g.max_requests;
   o.engine.share_prefixes = !g.no_sharing;
+  o.engine.schedule = infer::parse_schedule(g.schedule, "--schedule");
+  o.trace = g.trace;
   o.engine.kv_budget_bytes =
       g.kv_memory.empty() ? default_kv_memory(rc) : parse_memory_size(g.kv_memory, "--kv-memory");
   o.in = g.batch;
   o.out = g.out;
-  o.defaults = {g.max_new_tokens, g.sampling, g.seed};
+  o.defaults = {g.max_new_tokens, g.sampling, g.seed, g.ignore_eos};
   o.stop_on_error = g.stop_on_error;
   o.quiet = g.quiet;
   const infer::BatchSummary s = infer::run_generation_batch(model, tok, o);
@@ -207,13 +211,17 @@ void run_generate_batch(const GenArgs& g, const RunConfig& rc, const data::Token
       s.generated_tokens / std::max(s.seconds, 1e-9), static_cast<long long>(s.already_done),
       static_cast<long long>(s.invalid), g.out.c_str());
   std::printf(
-      "prompt tokens %lld, computed %lld (shared prefixes once) | %lld steps | KV memory at "
-      "most %s of %s\n",
+      "prompt tokens %lld, computed %lld (schedule %s) | %lld steps | KV memory at most %s of "
+      "%s",
       static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prefill_tokens),
-      static_cast<long long>(s.steps), format_bytes(static_cast<double>(s.peak_kv_bytes)).c_str(),
+      infer::schedule_name(o.engine.schedule), static_cast<long long>(s.steps),
+      format_bytes(static_cast<double>(s.peak_kv_bytes)).c_str(),
       o.engine.kv_budget_bytes > 0
           ? format_bytes(static_cast<double>(o.engine.kv_budget_bytes)).c_str()
           : "no limit");
+  if (o.engine.schedule == infer::Schedule::lru)
+    std::printf(" | %lld cached prefixes evicted", static_cast<long long>(s.evictions));
+  std::printf("\n");
 }
 
 void run_generate(const GenArgs& g) {
@@ -228,6 +236,10 @@ void run_generate(const GenArgs& g) {
   if (!g.batch.empty() && g.out == g.batch)
     fail(fmt::format("--out '{}' is the --batch file", g.out),
          "write the results to another file: --out would overwrite the requests");
+  infer::parse_schedule(g.schedule, "--schedule");  // before the model is loaded
+  if (!g.trace.empty() && (g.trace == g.batch || g.trace == g.out))
+    fail(fmt::format("--trace '{}' is the {} file", g.trace, g.trace == g.batch ? "--batch" : "--out"),
+         "write the trace to a file of its own");
   std::string tok_path;
   const data::Tokenizer tok = infer::load_tokenizer(rc, g.tokenizer, &tok_path);
   std::vector<int32_t> ids;
@@ -255,7 +267,8 @@ void run_generate(const GenArgs& g) {
   auto model = infer::load_model(rc, dir, rc.train.precision);
   if (!g.batch.empty()) return run_generate_batch(g, rc, tok, *model);
   const infer::Generation gen =
-      infer::generate(*model, ids, g.max_new_tokens, tok.eos_id(), g.sampling, g.seed);
+      infer::generate(*model, ids, g.max_new_tokens, g.ignore_eos ? -1 : tok.eos_id(),
+                      g.sampling, g.seed);
   // Decode prompt and continuation together so word boundaries come out right.
   std::vector<int32_t> text(ids.begin() + 1, ids.end());
   text.insert(text.end(), gen.tokens.begin(), gen.tokens.end());
@@ -336,12 +349,23 @@ void add_generate_command(CLI::App& app) {
                 "With --batch: an invalid request line stops the run before any work");
   cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
   cmd->add_option("--batch-tokens", g->batch_tokens,
-                  "With --batch: tokens per decode step (decode and prompt tokens of many "
-                  "requests together), and requests in flight at most")
+                  "With --batch: tokens per step (decode tokens of many requests and runs "
+                  "of prompt tokens together)")
       ->check(in_range(int64_t{1}, int64_t{4096}));
   cmd->add_flag("--no-prefix-sharing", g->no_sharing,
                 "With --batch: compute every request's whole prompt (to measure what sharing "
                 "saves)");
+  cmd->add_option("--schedule", g->schedule,
+                  "With --batch: prefix-tree (the default: each shared prefix's requests "
+                  "together, computed once), or a baseline to measure it against: lru "
+                  "(arrival order over a prefix cache that evicts the least recently used), "
+                  "fixed (batches of --max-requests in arrival order, nothing shared)");
+  cmd->add_option("--max-requests", g->max_requests,
+                  "With --batch: requests in flight at most (default: --batch-tokens)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+  cmd->add_option("--trace", g->trace,
+                  "With --batch: a line per step to this file (TSV: seconds, requests done, "
+                  "generated tokens, KV bytes in use, requests running)");
   cmd->add_option("--kv-memory", g->kv_memory,
                   "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
                   "memory budget leaves beside the weights; no limit without a budget)");
@@ -356,6 +380,9 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range(int64_t{0}, int64_t{1} << 24));
   cmd->add_option("--top-p", g->sampling.top_p, "Nucleus sampling mass")
       ->check(in_range(0.0, 1.0));
+  cmd->add_flag("--ignore-eos", g->ignore_eos,
+                "Generate all --max-new-tokens, past the end-of-sequence token (with --batch: "
+                "for requests that do not say)");
   cmd->add_option("--seed", g->seed,
                   "Sampling seed (same seed, same text; with --batch, request i's default "
                   "seed is this + i)");

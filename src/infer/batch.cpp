@@ -114,6 +114,11 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
 
   GenerationEngine engine(model, tok.eos_id(), o.engine);
   engine.check_budget(todo);  // before OUT is touched
+  std::FILE* trace = o.trace.empty() ? nullptr : std::fopen(o.trace.c_str(), "wb");
+  if (!o.trace.empty() && !trace)
+    fail(fmt::format("cannot write --trace '{}'", o.trace),
+         "check that its directory exists and is writable");
+  if (trace) std::fprintf(trace, "seconds\trequests_done\tgenerated_tokens\tkv_bytes\trunning\n");
   std::FILE* out = open_for_append(o.out, lines);
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
@@ -126,6 +131,11 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
         lines[q.index] = line;
       },
       [&](const EngineStats& e) {
+        if (trace)
+          std::fprintf(trace, "%.4f\t%lld\t%lld\t%lld\t%lld\n", now_seconds() - start,
+                       static_cast<long long>(e.requests_done),
+                       static_cast<long long>(e.generated_tokens),
+                       static_cast<long long>(e.kv_bytes), static_cast<long long>(e.running));
         if (o.quiet) return;
         progress.update(e.requests_done,
                         fmt::format("{:.0f} tokens/s, KV {}",
@@ -134,7 +144,9 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
       });
   if (!o.quiet && !todo.empty()) progress.finish();
   std::fclose(out);
+  if (trace) std::fclose(trace);
   s.seconds = now_seconds() - start;
+  s.evictions = stats.evictions;
   s.generated = stats.requests_done;
   s.generated_tokens = stats.generated_tokens;
   s.prefill_tokens = stats.prefill_tokens;

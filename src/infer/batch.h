@@ -26,7 +26,8 @@ struct BatchOptions {
   RequestDefaults defaults;
   bool stop_on_error = false;  // an invalid line fails the run before any work
   bool quiet = false;          // no progress line
-  EngineOptions engine;        // tokens per step, KV budget
+  EngineOptions engine;        // tokens per step, KV budget, schedule
+  std::string trace;           // a TSV line per step here (none when empty)
 };
 
 struct BatchSummary {
@@ -39,6 +40,7 @@ struct BatchSummary {
   int64_t prefill_tokens = 0;    // prompt tokens computed: prompt_tokens − shared_prefix_tokens
   int64_t steps = 0;             // decode steps
   int64_t peak_kv_bytes = 0, kv_bytes_at_end = 0;  // KV segments alive at once
+  int64_t evictions = 0;         // schedule lru
   double seconds = 0;
 };
 

@@ -18,11 +18,14 @@ using Segment = Model::KvSegment;
 
 struct NodeState {
   int64_t bytes = 0;                 // of its segment
-  std::unique_ptr<Segment> segment;  // made when its parent is complete, freed with `users`
+  std::unique_ptr<Segment> segment;  // made when its parent is complete
+  bool live = false;                 // admitted, and not freed or evicted since
   int64_t filled = 0;                // prompt tokens computed
-  int64_t users = 0;                 // requests below it that have not finished
+  // prefix_tree and fixed: requests below it that have not finished (it is freed at 0);
+  // lru: admitted requests below it that have not finished (at 0 it stays cached).
+  int64_t users = 0;
   int64_t to_start = 0;              // requests that end here and have not started
-  bool admitted = false;
+  int64_t last_use = 0;              // lru: when a request through it was admitted or finished
   std::vector<float> logits;         // after its last token, while requests ending here wait
 };
 
@@ -44,8 +47,10 @@ class Run {
       const std::vector<const GenerationRequest*>& requests,
       const std::function<void(const GenerationRequest&, const Generation&)>& done)
       : model_(model), c_(model.config()), eos_(eos_id), o_(o), done_(done),
-        tree_(contexts_of(requests), o.share_prefixes), nodes_(tree_.nodes().size()),
-        reqs_(requests.size()) {
+        lru_(o.schedule == Schedule::lru),
+        max_requests_(o.max_requests > 0 ? o.max_requests : o.max_rows),
+        tree_(contexts_of(requests), o.share_prefixes && o.schedule != Schedule::fixed),
+        nodes_(tree_.nodes().size()), reqs_(requests.size()) {
     std::vector<double> priority;
     for (size_t i = 0; i < requests.size(); ++i) {
       RequestState& r = reqs_[i];
@@ -59,10 +64,14 @@ class Run {
     }
     for (size_t n = 1; n < nodes_.size(); ++n) {
       nodes_[n].bytes = model_.kv_segment_bytes(static_cast<int64_t>(tree_.nodes()[n].tokens.size()));
-      nodes_[n].users = tree_.nodes()[n].prompts_below;
+      nodes_[n].users = lru_ ? 0 : tree_.nodes()[n].prompts_below;
       nodes_[n].to_start = static_cast<int64_t>(tree_.nodes()[n].ends.size());
     }
-    order_ = tree_.order(priority);
+    if (o.schedule == Schedule::prefix_tree) {
+      order_ = tree_.order(priority);
+    } else {
+      for (size_t i = 0; i < requests.size(); ++i) order_.push_back(static_cast<int64_t>(i));
+    }
   }
 
   // Each request's KV need against the budget, before any work.
@@ -91,15 +100,17 @@ class Run {
       FOUNDRY_CHECK(!rows.empty());  // admitted work always has a next token
       take_logits(model_.decode_rows(state, rows), who);
       ++stats_.steps;
+      stats_.running = std::count_if(active_.begin(), active_.end(),
+                                     [&](int64_t i) { return !reqs_[i].finished; });
       if (progress) progress(stats_);
     }
     return stats_;
   }
 
  private:
-  // A step's rows, at most max_rows: one decode token of every request that has one, then the
-  // next prompt token of each node whose parent is complete. who[k] ≥ 0: row k is request
-  // who[k]'s; < 0: node −1 − who[k]'s.
+  // A step's rows, at most max_rows: one decode token of every request that has one, then
+  // runs of prompt tokens of the nodes whose parent is complete, in admission order, as many
+  // as the budget leaves. who[k] ≥ 0: row k is request who[k]'s; < 0: node −1 − who[k]'s.
   std::vector<Model::DecodeRow> next_rows(std::vector<int64_t>& who) {
     std::vector<Model::DecodeRow> rows;
     for (int64_t i : active_) {
@@ -108,18 +119,27 @@ class Run {
       rows.push_back({r.pending, chain(r.node, r.own.get())});
       who.push_back(i);
     }
-    for (int32_t n : admitted_nodes_) {
-      if (static_cast<int64_t>(rows.size()) >= o_.max_rows) break;
-      if (!ready(n)) continue;
+    prefilling_.erase(std::remove_if(prefilling_.begin(), prefilling_.end(),
+                                     [&](int32_t n) { return complete_node(n); }),
+                      prefilling_.end());
+    for (int32_t n : prefilling_) {
+      const int64_t room = o_.max_rows - static_cast<int64_t>(rows.size());
+      if (room <= 0) break;
+      if (!complete_node(tree_.nodes()[n].parent)) continue;
       NodeState& node = nodes_[n];
+      const std::vector<int32_t>& tokens = tree_.nodes()[n].tokens;
       if (!node.segment) {
         const int32_t parent = tree_.nodes()[n].parent;
         node.segment = std::make_unique<Segment>(model_.new_kv_segment(
-            tree_.nodes()[n].depth, static_cast<int64_t>(tree_.nodes()[n].tokens.size()),
+            tree_.nodes()[n].depth, static_cast<int64_t>(tokens.size()),
             parent > 0 ? nodes_[parent].segment.get() : nullptr));
       }
-      rows.push_back({tree_.nodes()[n].tokens[node.filled], chain(n, nullptr)});
-      who.push_back(-1 - n);
+      const std::vector<Segment*> path = chain(n, nullptr);
+      const int64_t run = std::min(room, static_cast<int64_t>(tokens.size()) - node.filled);
+      for (int64_t k = 0; k < run; ++k) {
+        rows.push_back({tokens[node.filled + k], path});
+        who.push_back(-1 - n);
+      }
     }
     return rows;
   }
@@ -150,10 +170,8 @@ class Run {
   }
 
   bool complete_node(int32_t n) const {
-    return n == 0 || nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size());
-  }
-  bool ready(int32_t n) const {
-    return !complete_node(n) && complete_node(tree_.nodes()[n].parent);
+    return n == 0 || (nodes_[n].live &&
+                      nodes_[n].filled == static_cast<int64_t>(tree_.nodes()[n].tokens.size()));
   }
 
   // The segments of the nodes from the root to `n`, then `own` (if any).
@@ -164,31 +182,79 @@ class Run {
     return out;
   }
 
-  // Requests in the tree's order while the unfinished ones fit a step and their new segments
-  // the budget (one always runs, whatever the budget: check_budget said it fits alone).
+  // Requests in the schedule's order while the unfinished ones are few enough and their new
+  // segments fit the budget (one always runs, whatever the budget: check_budget said it fits
+  // alone). Schedule fixed admits a batch only when the one before has finished; lru makes
+  // room by evicting cached segments.
   void admit() {
-    while (next_ < order_.size()) {
+    const auto prune = [&] {
       active_.erase(std::remove_if(active_.begin(), active_.end(),
                                    [&](int64_t i) { return reqs_[i].finished; }),
                     active_.end());
-      if (static_cast<int64_t>(active_.size()) >= o_.max_rows) break;
+    };
+    prune();
+    if (o_.schedule == Schedule::fixed && !active_.empty()) return;
+    // (A request may finish as it starts, at its first token: pruned before the next one.)
+    for (; next_ < order_.size(); prune()) {
+      if (static_cast<int64_t>(active_.size()) >= max_requests_) break;
       const int64_t i = order_[next_];
       RequestState& r = reqs_[i];
-      int64_t need = r.own_bytes;
       const std::vector<int32_t> path = tree_.path_to(r.node);
-      for (int32_t n : path)
-        if (!nodes_[n].admitted) need += nodes_[n].bytes;
-      if (o_.kv_budget_bytes > 0 && stats_.kv_bytes + need > o_.kv_budget_bytes &&
-          !active_.empty())
-        break;
-      for (int32_t n : path)
-        if (!nodes_[n].admitted) nodes_[n].admitted = true, admitted_nodes_.push_back(n);
-      stats_.kv_bytes += need;
+      const auto need = [&] {
+        int64_t bytes = r.own_bytes;
+        for (int32_t n : path)
+          if (!nodes_[n].live) bytes += nodes_[n].bytes;
+        return bytes;
+      };
+      const auto fits = [&] {
+        return o_.kv_budget_bytes <= 0 || stats_.kv_bytes + need() <= o_.kv_budget_bytes;
+      };
+      while (lru_ && !fits() && evict_one(path)) {
+      }
+      if (!fits() && !active_.empty()) break;
+      stats_.kv_bytes += need();
       stats_.peak_kv_bytes = std::max(stats_.peak_kv_bytes, stats_.kv_bytes);
+      ++clock_;
+      for (int32_t n : path) {
+        NodeState& node = nodes_[n];
+        if (!node.live) node.live = true, node.filled = 0, prefilling_.push_back(n);
+        if (lru_) ++node.users, node.last_use = clock_;
+      }
       active_.push_back(i);
       ++next_;
       if (complete_node(r.node)) start(i);
     }
+  }
+
+  // lru: drops the least recently used cached segment that no running request reads, has no
+  // live child and is not on `keep` (the path of the request being admitted); false when
+  // there is none.
+  bool evict_one(const std::vector<int32_t>& keep) {
+    int32_t victim = -1;
+    for (size_t n = 1; n < nodes_.size(); ++n) {
+      const NodeState& node = nodes_[n];
+      if (!node.live || node.users > 0 ||
+          std::find(keep.begin(), keep.end(), static_cast<int32_t>(n)) != keep.end())
+        continue;
+      const std::vector<int32_t>& kids = tree_.nodes()[n].children;
+      if (std::any_of(kids.begin(), kids.end(), [&](int32_t k) { return nodes_[k].live; }))
+        continue;
+      if (victim < 0 || node.last_use < nodes_[victim].last_use) victim = static_cast<int32_t>(n);
+    }
+    if (victim < 0) return false;
+    release(victim);
+    ++stats_.evictions;
+    return true;
+  }
+
+  void release(int32_t n) {
+    prefilling_.erase(std::remove(prefilling_.begin(), prefilling_.end(), n), prefilling_.end());
+    NodeState& node = nodes_[n];
+    node.segment.reset();
+    node.logits = {};
+    node.live = false;
+    node.filled = 0;
+    stats_.kv_bytes -= node.bytes;
   }
 
   // The prompt of node n is computed: its last logits start the requests that end there.
@@ -218,7 +284,7 @@ class Run {
     const int64_t position =
         static_cast<int64_t>(r.q->context.size() + r.gen.tokens.size()) - 1;
     const int32_t next = sample_token(logits, c_.vocab_size, position, r.q->sampling, r.rng);
-    if (next == eos_) {
+    if (next == eos_ && !r.q->ignore_eos) {
       r.gen.finish = FinishReason::eos;
       return finish(i);
     }
@@ -235,12 +301,12 @@ class Run {
     stats_.generated_tokens += static_cast<int64_t>(r.gen.tokens.size());
     r.own.reset();
     stats_.kv_bytes -= r.own_bytes;
-    for (int32_t n : tree_.path_to(r.node))
-      if (--nodes_[n].users == 0) {
-        nodes_[n].segment.reset();
-        nodes_[n].logits = {};
-        stats_.kv_bytes -= nodes_[n].bytes;
-      }
+    ++clock_;
+    for (int32_t n : tree_.path_to(r.node)) {
+      NodeState& node = nodes_[n];
+      node.last_use = clock_;
+      if (--node.users == 0 && !lru_) release(n);
+    }
     done_(*r.q, r.gen);
   }
 
@@ -249,17 +315,36 @@ class Run {
   int32_t eos_;
   EngineOptions o_;
   std::function<void(const GenerationRequest&, const Generation&)> done_;
+  bool lru_;
+  int64_t max_requests_;
   PrefixTree tree_;
   std::vector<NodeState> nodes_;
   std::vector<RequestState> reqs_;
   std::vector<int64_t> order_;
   size_t next_ = 0;
-  std::vector<int64_t> active_;          // admitted, unfinished requests, in admission order
-  std::vector<int32_t> admitted_nodes_;  // in admission order
+  int64_t clock_ = 0;
+  std::vector<int64_t> active_;      // admitted, unfinished requests, in admission order
+  std::vector<int32_t> prefilling_;  // admitted nodes not yet complete, in admission order
   EngineStats stats_;
 };
 
 }  // namespace
+
+const char* schedule_name(Schedule s) {
+  switch (s) {
+    case Schedule::prefix_tree: return "prefix-tree";
+    case Schedule::lru: return "lru";
+    case Schedule::fixed: return "fixed";
+  }
+  return "?";
+}
+
+Schedule parse_schedule(const std::string& name, const std::string& what) {
+  for (Schedule s : {Schedule::prefix_tree, Schedule::lru, Schedule::fixed})
+    if (name == schedule_name(s)) return s;
+  fail(fmt::format("{} '{}' is not a schedule", what, name),
+       "use prefix-tree (the default), or lru or fixed (the baselines it is measured against)");
+}
 
 GenerationEngine::GenerationEngine(Model& model, int32_t eos_id, const EngineOptions& options)
     : model_(model), eos_id_(eos_id), options_(options) {

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -50,6 +51,7 @@ struct Outcome {
   std::map<int64_t, Generation> results;
   EngineStats stats;
   int64_t kv_seen_max = 0;
+  std::vector<int64_t> running;  // after each step
 };
 
 Outcome run_engine(Model& m, const std::vector<GenerationRequest>& requests,
@@ -60,8 +62,40 @@ Outcome run_engine(Model& m, const std::vector<GenerationRequest>& requests,
   GenerationEngine engine(m, /*eos_id=*/-1, o);
   out.stats = engine.run(
       ptrs, [&](const GenerationRequest& q, const Generation& g) { out.results[q.index] = g; },
-      [&](const EngineStats& e) { out.kv_seen_max = std::max(out.kv_seen_max, e.kv_bytes); });
+      [&](const EngineStats& e) {
+        out.kv_seen_max = std::max(out.kv_seen_max, e.kv_bytes);
+        out.running.push_back(e.running);
+      });
   return out;
+}
+
+EngineOptions options(int64_t rows, int64_t budget, Schedule schedule,
+                      int64_t max_requests = 0) {
+  EngineOptions o;
+  o.max_rows = rows;
+  o.kv_budget_bytes = budget;
+  o.schedule = schedule;
+  o.max_requests = max_requests;
+  return o;
+}
+
+// The KV bytes of the request that needs the most alone (its prompt's nodes and its own
+// segment).
+int64_t largest_need(const Model& m, const std::vector<GenerationRequest>& requests) {
+  std::vector<std::vector<int32_t>> contexts;
+  for (const GenerationRequest& q : requests) contexts.push_back(q.context);
+  const PrefixTree tree(contexts);
+  int64_t largest = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerationRequest& q = requests[i];
+    const int64_t room = new_token_room(m.config(), static_cast<int64_t>(q.context.size()),
+                                        q.max_new_tokens);
+    int64_t need = room > 1 ? m.kv_segment_bytes(room - 1) : 0;
+    for (int32_t n : tree.path_to(tree.node_of(static_cast<int64_t>(i))))
+      need += m.kv_segment_bytes(static_cast<int64_t>(tree.nodes()[n].tokens.size()));
+    largest = std::max(largest, need);
+  }
+  return largest;
 }
 
 class Engine : public ::testing::TestWithParam<Arch> {};
@@ -107,22 +141,8 @@ TEST_P(Engine, StaysWithinTheKvBudgetFreeingEachPrefixAfterItsLastRequest) {
   auto m = small_model(GetParam());
   const std::vector<GenerationRequest> requests = tree_requests();
   const Outcome free_run = run_engine(*m, requests, {32, 0});
-  // Room for the largest request alone (its prompt's nodes and its own segment), and half as
-  // much again: not for everything at once.
-  std::vector<std::vector<int32_t>> contexts;
-  for (const GenerationRequest& q : requests) contexts.push_back(q.context);
-  const PrefixTree tree(contexts);
-  int64_t budget = 0;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const GenerationRequest& q = requests[i];
-    const int64_t room = new_token_room(m->config(), static_cast<int64_t>(q.context.size()),
-                                        q.max_new_tokens);
-    int64_t need = room > 1 ? m->kv_segment_bytes(room - 1) : 0;
-    for (int32_t n : tree.path_to(tree.node_of(static_cast<int64_t>(i))))
-      need += m->kv_segment_bytes(static_cast<int64_t>(tree.nodes()[n].tokens.size()));
-    budget = std::max(budget, need);
-  }
-  budget = budget * 3 / 2;
+  // Room for the largest request alone, and half as much again: not for everything at once.
+  const int64_t budget = largest_need(*m, requests) * 3 / 2;
   ASSERT_LT(budget, free_run.stats.peak_kv_bytes);
   const Outcome tight = run_engine(*m, requests, {32, budget});
   EXPECT_LE(tight.stats.peak_kv_bytes, budget);
@@ -141,6 +161,90 @@ TEST_P(Engine, ABudgetTooSmallForOneRequestIsAnErrorBeforeAnyWork) {
   expect_error([&] { engine.run(ptrs, [&](const auto&, const auto&) { ++calls; }); },
                "request 0 (line 1) needs");
   EXPECT_EQ(calls, 0);
+}
+
+// The baselines run the same requests to the same tokens: lru (arrival order, a prefix
+// cache) and fixed batches (arrival order, nothing shared; of 1 request: one at a time).
+TEST_P(Engine, BaselineSchedulesGiveEveryRequestTheSameTokens) {
+  auto m = small_model(GetParam());
+  const std::vector<GenerationRequest> requests = tree_requests();
+  std::vector<std::vector<int32_t>> contexts;
+  for (const GenerationRequest& q : requests) contexts.push_back(q.context);
+  const PrefixTree tree(contexts);
+  const Outcome design = run_engine(*m, requests, options(8, 0, Schedule::prefix_tree));
+  const Outcome lru = run_engine(*m, requests, options(8, 0, Schedule::lru));
+  // With room for everything the cache computes each prefix once and keeps it.
+  EXPECT_EQ(lru.stats.prefill_tokens, tree.tree_tokens());
+  EXPECT_EQ(lru.stats.evictions, 0);
+  EXPECT_GT(lru.stats.kv_bytes, 0) << "finished prefixes stay cached";
+  EXPECT_GE(lru.stats.peak_kv_bytes, design.stats.peak_kv_bytes);
+  for (int64_t batch : {1, 3}) {
+    const Outcome fixed = run_engine(*m, requests, options(8, 0, Schedule::fixed, batch));
+    EXPECT_EQ(fixed.stats.prefill_tokens, tree.prompt_tokens()) << "nothing shared";
+    EXPECT_EQ(fixed.stats.kv_bytes, 0);
+    // A batch runs to its end before the next starts, and has at most `batch` requests.
+    for (size_t k = 0; k < fixed.running.size(); ++k) {
+      EXPECT_LE(fixed.running[k], batch);
+      if (k > 0 && fixed.running[k] > fixed.running[k - 1])
+        EXPECT_EQ(fixed.running[k - 1], 0) << "a request joined a running batch at step " << k;
+    }
+    for (const auto& [i, g] : design.results)
+      EXPECT_EQ(fixed.results.at(i).tokens, g.tokens) << "fixed " << batch << ", request " << i;
+  }
+  for (const auto& [i, g] : design.results) EXPECT_EQ(lru.results.at(i).tokens, g.tokens) << i;
+  for (int64_t r : design.running) EXPECT_LE(r, 8);
+}
+
+// Under a budget that cannot keep every prefix, the cache evicts the least recently used and
+// computes them again when a later request needs them; the tokens do not change.
+TEST_P(Engine, LruEvictsUnderATightBudgetAndRecomputes) {
+  auto m = small_model(GetParam());
+  std::vector<GenerationRequest> requests = tree_requests();
+  // Arrival order alternates the two groups: each needs the prefix the other pushed out.
+  std::vector<GenerationRequest> mixed;
+  for (size_t k = 0; k < 3; ++k) mixed.push_back(requests[k]), mixed.push_back(requests[7 + k]);
+  for (size_t i = 0; i < mixed.size(); ++i) mixed[i].index = static_cast<int64_t>(i);
+  const int64_t budget = largest_need(*m, mixed) * 3 / 2;
+  const Outcome roomy = run_engine(*m, mixed, options(8, 0, Schedule::lru));
+  const Outcome tight = run_engine(*m, mixed, options(8, budget, Schedule::lru, 1));
+  EXPECT_GT(tight.stats.evictions, 0);
+  EXPECT_GT(tight.stats.prefill_tokens, roomy.stats.prefill_tokens) << "evicted, computed again";
+  EXPECT_LE(tight.stats.peak_kv_bytes, budget);
+  EXPECT_LE(tight.kv_seen_max, budget);
+  for (const auto& [i, g] : roomy.results) EXPECT_EQ(tight.results.at(i).tokens, g.tokens) << i;
+}
+
+// A request stops before the end-of-sequence token, unless it says ignore_eos.
+TEST_P(Engine, StopsAtEosUnlessTheRequestIgnoresIt) {
+  auto m = small_model(GetParam());
+  std::vector<GenerationRequest> requests = tree_requests();
+  requests.resize(2);
+  for (GenerationRequest& q : requests) q.sampling = {0.0, 0, 1.0}, q.max_new_tokens = 6;
+  const Generation free = generate(*m, requests[0].context, 6, -1, {0.0, 0, 1.0}, 0);
+  ASSERT_EQ(free.tokens.size(), 6u);
+  // Request 0's token k stands for EOS: the third, or an earlier one where greedy decoding
+  // repeats itself (its first appearance is where the request stops).
+  size_t k = 2;
+  while (k > 0 && std::find(free.tokens.begin(), free.tokens.begin() + k, free.tokens[k]) !=
+                      free.tokens.begin() + k)
+    --k;
+  const int32_t eos = free.tokens[k];
+  requests[1].context = requests[0].context;
+  requests[1].ignore_eos = true;
+  std::vector<const GenerationRequest*> ptrs = {&requests[0], &requests[1]};
+  std::map<int64_t, Generation> got;
+  GenerationEngine(*m, eos, {}).run(
+      ptrs, [&](const GenerationRequest& q, const Generation& g) { got[q.index] = g; });
+  EXPECT_EQ(got.at(0).finish, FinishReason::eos);
+  EXPECT_EQ(got.at(0).tokens, std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + k));
+  EXPECT_EQ(got.at(1).finish, FinishReason::length);
+  EXPECT_EQ(got.at(1).tokens, free.tokens);
+}
+
+TEST(Schedules, NamesParseAndABadOneIsNamed) {
+  for (Schedule s : {Schedule::prefix_tree, Schedule::lru, Schedule::fixed})
+    EXPECT_EQ(parse_schedule(schedule_name(s), "--schedule"), s);
+  expect_error([] { parse_schedule("fifo", "--schedule"); }, "--schedule 'fifo' is not");
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, Engine, ::testing::Values(Arch::moe, Arch::zaya1),

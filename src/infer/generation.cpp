@@ -27,9 +27,10 @@ Generation generate(Model& model, const std::vector<int32_t>& context, int64_t m
   const int64_t room = new_token_room(c, n, max_new_tokens);
   Generation g;
   if (room == 0) return g;
-  auto state = model.new_decode_state(n + room);
-  const float* logits = nullptr;
-  for (int32_t id : context) logits = model.decode_step(state, id);
+  // Positions 0 … n + room − 2: the last new token is not fed back.
+  Model::KvSegment sequence = model.new_kv_segment(0, n + room - 1);
+  auto state = model.new_rows_state(std::min(n, kPromptRun));
+  const float* logits = feed_tokens(model, state, {&sequence}, context.data(), n);
   Rng rng(seed);
   while (true) {
     const int64_t position = n + static_cast<int64_t>(g.tokens.size()) - 1;
@@ -40,9 +41,24 @@ Generation generate(Model& model, const std::vector<int32_t>& context, int64_t m
     }
     g.tokens.push_back(next);
     if (static_cast<int64_t>(g.tokens.size()) >= room) break;
-    logits = model.decode_step(state, next);
+    logits = model.decode_rows(state, {{next, {&sequence}}});
   }
   return g;
+}
+
+const float* feed_tokens(Model& model, Model::DecodeState& state,
+                         const std::vector<Model::KvSegment*>& chain, const int32_t* tokens,
+                         int64_t n) {
+  FOUNDRY_CHECK(n >= 1);
+  const float* logits = nullptr;
+  std::vector<Model::DecodeRow> rows;
+  for (int64_t t = 0; t < n; t += state.batch) {
+    const int64_t run = std::min(state.batch, n - t);
+    rows.clear();
+    for (int64_t k = 0; k < run; ++k) rows.push_back({tokens[t + k], chain});
+    logits = model.decode_rows(state, rows) + (run - 1) * model.config().padded_vocab();
+  }
+  return logits;
 }
 
 }  // namespace foundry::infer

@@ -18,7 +18,7 @@ using nlohmann::json;
 
 const std::set<std::string> kRequestKeys = {"prompt",      "prompt_ids", "max_new_tokens",
                                             "temperature", "top_k",      "top_p",
-                                            "seed"};
+                                            "seed",        "ignore_eos"};
 
 // A request line parsed, or the reason it is not one (thrown as a plain message).
 struct LineError {
@@ -82,7 +82,7 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
     if (!kRequestKeys.count(item.key()))
       throw LineError{fmt::format(
           "unknown key \"{}\" (a request has prompt or prompt_ids, max_new_tokens, "
-          "temperature, top_k, top_p, seed)",
+          "temperature, top_k, top_p, seed, ignore_eos)",
           item.key())};
   GenerationRequest q;
   q.context.push_back(tok.eos_id());  // training streams documents after an EOS
@@ -110,11 +110,18 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
       throw LineError{fmt::format("\"seed\" is {}, not an integer ≥ 0", r["seed"].dump())};
     q.seed = r["seed"].get<uint64_t>();
   }
+  q.ignore_eos = d.ignore_eos;
+  if (r.contains("ignore_eos")) {
+    if (!r["ignore_eos"].is_boolean())
+      throw LineError{fmt::format("\"ignore_eos\" is {}, not true or false",
+                                  r["ignore_eos"].dump())};
+    q.ignore_eos = r["ignore_eos"].get<bool>();
+  }
   q.index = index;
   // What decides the result: the line and the settings the command's options filled in.
   const std::string identity =
-      fmt::format("{}\n{} {} {} {} {}", text, q.max_new_tokens, q.sampling.temperature,
-                  q.sampling.top_k, q.sampling.top_p, q.seed);
+      fmt::format("{}\n{} {} {} {} {}{}", text, q.max_new_tokens, q.sampling.temperature,
+                  q.sampling.top_k, q.sampling.top_p, q.seed, q.ignore_eos ? " ignore_eos" : "");
   q.key = hash64(identity.data(), identity.size());
   return q;
 }

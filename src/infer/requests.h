@@ -2,8 +2,8 @@
 // one a line, in the input's order), and what an earlier, interrupted run already wrote.
 //
 // A request: {"prompt": "text"} or {"prompt_ids": [ids]}, and optionally "max_new_tokens",
-// "temperature", "top_k", "top_p", "seed" (the command's options give the defaults; the seed's
-// default is --seed plus the request's index). Blank lines are skipped; request i is the i-th
+// "temperature", "top_k", "top_p", "seed", "ignore_eos" (the command's options give the
+// defaults; the seed's default is --seed plus the request's index). Blank lines are skipped; request i is the i-th
 // line that is not blank. A line that is not a valid request is reported by its line number
 // and leaves the others to run.
 #pragma once
@@ -22,6 +22,7 @@ struct RequestDefaults {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
   uint64_t seed = 0;
+  bool ignore_eos = false;
 };
 
 struct GenerationRequest {
@@ -31,6 +32,7 @@ struct GenerationRequest {
   int64_t max_new_tokens = 0;
   SamplingOptions sampling;
   uint64_t seed = 0;
+  bool ignore_eos = false;  // generate max_new_tokens whatever the tokens (no stop at EOS)
   uint64_t key = 0;  // a hash of the line: a result in OUT belongs to the request it names
   int64_t prompt_tokens() const { return static_cast<int64_t>(context.size()) - 1; }
 };

@@ -30,7 +30,8 @@ TEST(Requests, ReadsPromptsIdsAndSettingsWithTheCommandsDefaults) {
                               "{\"prompt\": \"the expert router\"}\n"
                               "\n"
                               "{\"prompt_ids\": [5, 6, 7], \"max_new_tokens\": 3, "
-                              "\"temperature\": 0, \"top_k\": 0, \"top_p\": 1, \"seed\": 9}\n"
+                              "\"temperature\": 0, \"top_k\": 0, \"top_p\": 1, \"seed\": 9, "
+                              "\"ignore_eos\": true}\n"
                               "{\"prompt\": \"\"}\n",
                               d);
   ASSERT_EQ(set.count, 3);
@@ -53,6 +54,9 @@ TEST(Requests, ReadsPromptsIdsAndSettingsWithTheCommandsDefaults) {
   EXPECT_EQ(b.max_new_tokens, 3);
   EXPECT_EQ(b.sampling.temperature, 0.0);
   EXPECT_EQ(b.seed, 9u);
+  EXPECT_TRUE(b.ignore_eos);
+  EXPECT_FALSE(a.ignore_eos);
+  EXPECT_NE(a.key, b.key);
   EXPECT_EQ(set.requests[2].context, (std::vector<int32_t>{tok.eos_id()}));  // empty prompt
   EXPECT_EQ(set.requests[2].seed, 102u);
 }
@@ -74,15 +78,16 @@ TEST(Requests, InvalidLinesAreNamedByLineAndTheRestStillRun) {
                               "{\"prompt\": \"x\", \"seed\": -1}\n"
                               "{\"prompt_ids\": " + ids23 + "}\n"
                               "{}\n"
+                              "{\"prompt\": \"x\", \"ignore_eos\": 1}\n"
                               "{\"prompt\": \"also fine\"}\n");
-  EXPECT_EQ(set.count, 12);
+  EXPECT_EQ(set.count, 13);
   ASSERT_EQ(set.requests.size(), 2u);
-  EXPECT_EQ(set.requests[1].index, 11);
-  ASSERT_EQ(set.errors.size(), 10u);
+  EXPECT_EQ(set.requests[1].index, 12);
+  ASSERT_EQ(set.errors.size(), 11u);
   const std::vector<std::string> needles = {
       "not JSON", "not a JSON object", "unknown key \"max_tokens\"", "both \"prompt\"",
       "\"prompt_ids\"[1] is 300", "\"max_new_tokens\" is 0", "\"top_p\" is 1.5",
-      "\"seed\" is -1", "model.max_seq_len is 24", "neither"};
+      "\"seed\" is -1", "model.max_seq_len is 24", "neither", "\"ignore_eos\" is 1"};
   for (size_t i = 0; i < needles.size(); ++i) {
     EXPECT_EQ(set.errors[i].line, static_cast<int64_t>(i) + 2);
     EXPECT_NE(set.errors[i].message.find(needles[i]), std::string::npos)

@@ -12,6 +12,7 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "ckpt/checkpoint_dir.h"
+#include "infer/generation.h"
 
 namespace foundry::infer {
 namespace {
@@ -107,38 +108,40 @@ std::vector<ChoiceScore> score_choices(Model& model, Model::DecodeState& state,
   const int64_t Vp = model.config().padded_vocab(), V = model.config().vocab_size;
   const int64_t n = static_cast<int64_t>(item.context.size());
   const int64_t k = static_cast<int64_t>(item.choices.size());
-  FOUNDRY_CHECK(state.batch >= k);
   // The context, once: its last position's logits predict every choice's first token.
   Model::KvSegment context = model.new_kv_segment(0, n);
-  const float* logits = nullptr;
-  for (int32_t id : item.context) logits = model.decode_rows(state, {{id, {&context}}});
+  const float* logits = feed_tokens(model, state, {&context}, item.context.data(), n);
   std::vector<float> after_context(logits, logits + Vp);
 
   std::vector<ChoiceScore> scores(k);
   std::vector<Model::KvSegment> own;
   own.reserve(k);
-  int64_t longest = 0;
   for (int64_t c = 0; c < k; ++c) {
     const int64_t len = static_cast<int64_t>(item.choices[c].size());
-    longest = std::max(longest, len);
     scores[c].token_logprobs.push_back(token_logprob(after_context.data(), V, item.choices[c][0]));
     // Room for every choice token but the last (its logits are not needed).
     own.push_back(model.new_kv_segment(n, std::max<int64_t>(1, len - 1), &context));
   }
-  // Choice tokens j = 0 … len − 2 go in; each gives the log-probability of token j + 1.
-  for (int64_t j = 0; j + 1 < longest; ++j) {
-    std::vector<Model::DecodeRow> rows;
-    std::vector<int64_t> which;
-    for (int64_t c = 0; c < k; ++c)
-      if (j + 1 < static_cast<int64_t>(item.choices[c].size())) {
-        rows.push_back({item.choices[c][j], {&context, &own[c]}});
-        which.push_back(c);
-      }
+  // Choice tokens j = 0 … len − 2 go in, each choice's in order, as many a step as the state
+  // has rows; each gives the log-probability of token j + 1.
+  struct Fed {
+    int64_t choice, j;
+  };
+  std::vector<Fed> feed;
+  for (int64_t c = 0; c < k; ++c)
+    for (int64_t j = 0; j + 1 < static_cast<int64_t>(item.choices[c].size()); ++j)
+      feed.push_back({c, j});
+  std::vector<Model::DecodeRow> rows;
+  for (size_t at = 0; at < feed.size(); at += static_cast<size_t>(state.batch)) {
+    const size_t end = std::min(feed.size(), at + static_cast<size_t>(state.batch));
+    rows.clear();
+    for (size_t f = at; f < end; ++f)
+      rows.push_back({item.choices[feed[f].choice][feed[f].j], {&context, &own[feed[f].choice]}});
     const float* out = model.decode_rows(state, rows);
-    for (size_t r = 0; r < which.size(); ++r) {
-      const int64_t c = which[r];
-      scores[c].token_logprobs.push_back(
-          token_logprob(out + static_cast<int64_t>(r) * Vp, V, item.choices[c][j + 1]));
+    for (size_t f = at; f < end; ++f) {
+      const std::vector<int32_t>& choice = item.choices[feed[f].choice];
+      scores[feed[f].choice].token_logprobs.push_back(
+          token_logprob(out + static_cast<int64_t>(f - at) * Vp, V, choice[feed[f].j + 1]));
     }
   }
   for (ChoiceScore& s : scores)
@@ -154,10 +157,7 @@ ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const st
   s.invalid = static_cast<int64_t>(file.errors.size());
   for (const RequestError& e : file.errors)
     warn(fmt::format("'{}' line {}: {} (skipped)", in, e.line, e.message));
-  int64_t widest = 1;
-  for (const ChoiceItem& item : file.items)
-    widest = std::max<int64_t>(widest, static_cast<int64_t>(item.choices.size()));
-  Model::DecodeState state = model.new_rows_state(widest);
+  Model::DecodeState state = model.new_rows_state(kPromptRun);
   std::map<int64_t, std::string> lines;
   Progress progress("eval --choices", static_cast<int64_t>(file.items.size()), "items");
   for (const ChoiceItem& item : file.items) {

@@ -40,9 +40,9 @@ struct ChoiceScore {
   double mean() const { return token_logprobs.empty() ? 0 : sum / token_logprobs.size(); }
 };
 
-// Every choice of `item` scored: the context decoded once into a shared segment, the choices
-// then advance side by side (one row each) over it. `state` is a rows state
-// (Model::new_rows_state) of at least item.choices.size() rows.
+// Every choice of `item` scored: the context decoded once into a shared segment, then every
+// choice's tokens over it, as many a step as `state` (Model::new_rows_state) has rows. A
+// choice's scores are the bits of scoring it alone, whatever the rows beside it.
 std::vector<ChoiceScore> score_choices(Model& model, Model::DecodeState& state,
                                        const ChoiceItem& item);
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -444,6 +445,47 @@ std::vector<SpanGroup> span_groups(const DecodeSpan* spans, const int64_t* first
   return groups;
 }
 
+// Rows a group's task takes at most: a group of many rows (a prefix shared by a whole batch)
+// is split so that every thread has work; each part still reads the span once for its rows.
+constexpr size_t kGroupRows = 8;
+
+std::vector<SpanGroup> split_groups(std::vector<SpanGroup> groups) {
+  std::vector<SpanGroup> out;
+  for (SpanGroup& g : groups) {
+    if (g.rows.size() <= kGroupRows) {
+      out.push_back(std::move(g));
+      continue;
+    }
+    for (size_t at = 0; at < g.rows.size(); at += kGroupRows) {
+      const size_t end = std::min(g.rows.size(), at + kGroupRows);
+      out.push_back({g.span, {g.rows.begin() + at, g.rows.begin() + end},
+                     {g.base.begin() + at, g.base.begin() + end}});
+    }
+  }
+  return out;
+}
+
+// T (row, head) pairs' scores against one key block: acc[a][x] = Σ_i qs[a][i] · block[i, x],
+// summed over i in order; the T sums are independent, so their multiply-adds overlap.
+template <int T>
+void score_tile(float (&acc)[T][kDecodeBlock], const float* const* qs, const float* block,
+                int64_t d) {
+  for (int a = 0; a < T; ++a)
+    for (int64_t x = 0; x < kDecodeBlock; ++x) acc[a][x] = 0.0f;
+  for (int64_t i = 0; i < d; ++i) {
+    const float* row = block + i * kDecodeBlock;
+#pragma GCC unroll 8
+    for (int a = 0; a < T; ++a) {
+      const float qi = qs[a][i];
+#pragma omp simd
+      for (int64_t x = 0; x < kDecodeBlock; ++x) acc[a][x] += qi * row[x];
+    }
+  }
+}
+
+// (Row, head) pairs a key block serves at once.
+constexpr int64_t kScoreTile = 6;
+
 // scores[r, j, base + t] = scale · Σ_i q[r, j, i] · k[t, i] for the group's rows r, the query
 // heads j of KV head g, the span's positions t: each key block read once for all of them,
 // each score summed over i in order.
@@ -452,68 +494,92 @@ void span_scores(float* scores, int64_t max_len, const float* q, const SpanGroup
                  float scale) {
   constexpr int64_t W = kDecodeBlock;
   const float* kb = grp.span.k + g * grp.span.head_floats(d);
+  const int64_t pairs = static_cast<int64_t>(grp.rows.size()) * group;
   for (int64_t t0 = 0; t0 < grp.span.len; t0 += W) {
     const float* block = kb + (t0 / W) * d * W;
     const int64_t n = std::min(W, grp.span.len - t0);
-    for (size_t m = 0; m < grp.rows.size(); ++m) {
-      const int64_t r = grp.rows[m], len = lens[r];
-      for (int64_t j = 0; j < group; ++j) {
-        const float* qj = q + (r * h + g * group + j) * d;
-        float acc[W] = {};
-        for (int64_t i = 0; i < d; ++i) {
-          const float qi = qj[i];
-          const float* row = block + i * W;
-#pragma omp simd
-          for (int64_t x = 0; x < W; ++x) acc[x] += qi * row[x];
-        }
-        float* sj = scores + r * h * max_len + (g * group + j) * len + grp.base[m] + t0;
-        for (int64_t x = 0; x < n; ++x) sj[x] = acc[x] * scale;
+    for (int64_t p0 = 0; p0 < pairs; p0 += kScoreTile) {
+      const int64_t tn = std::min(kScoreTile, pairs - p0);
+      const float* qs[kScoreTile];
+      float* out[kScoreTile];
+      for (int64_t a = 0; a < tn; ++a) {
+        const int64_t m = (p0 + a) / group, j = (p0 + a) % group, r = grp.rows[m];
+        qs[a] = q + (r * h + g * group + j) * d;
+        out[a] = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t0;
+      }
+      const auto tile = [&](auto fixed) {
+        constexpr int T = decltype(fixed)::value;
+        float acc[T][W];
+        score_tile<T>(acc, qs, block, d);
+        for (int a = 0; a < T; ++a)
+          for (int64_t x = 0; x < n; ++x) out[a][x] = acc[a][x] * scale;
+      };
+      switch (tn) {
+        case 1: tile(std::integral_constant<int, 1>{}); break;
+        case 2: tile(std::integral_constant<int, 2>{}); break;
+        case 3: tile(std::integral_constant<int, 3>{}); break;
+        case 4: tile(std::integral_constant<int, 4>{}); break;
+        case 5: tile(std::integral_constant<int, 5>{}); break;
+        default: tile(std::integral_constant<int, 6>{}); break;
       }
     }
   }
 }
 
+// Positions of a span whose value rows stay in L1 while each row of a group sums over them
+// (32 × 64 dims × 4 B = 8 KB at d = 64).
+constexpr int64_t kValueBlock = 32;
+
+// T (row, head) pairs' outputs o[a][i0 … i0 + kDecodeRow) += Σ_t ps[a][t] · v[t, i0 + i] over
+// a block of tn positions in order, in registers; each value row read once for the T pairs.
+template <int T>
+void value_tile(float* const* o, const float* const* ps, const float* block, int64_t tn,
+                int64_t d, int64_t i0) {
+  float acc[T][kDecodeRow];
+  for (int a = 0; a < T; ++a) std::copy(o[a] + i0, o[a] + i0 + kDecodeRow, acc[a]);
+  for (int64_t t = 0; t < tn; ++t) {
+    const float* vi = block + t * d + i0;
+#pragma GCC unroll 4
+    for (int a = 0; a < T; ++a) {
+      const float p = ps[a][t];
+#pragma omp simd
+      for (int64_t i = 0; i < kDecodeRow; ++i) acc[a][i] += p * vi[i];
+    }
+  }
+  for (int a = 0; a < T; ++a) std::copy(acc[a], acc[a] + kDecodeRow, o[a] + i0);
+}
+
+// (Row, head) pairs a block of value rows serves at once.
+constexpr int64_t kValueTile = 3;
+
 // out[r, j, :] += Σ_t p[r, j, base + t] · v[t, :] over the span's positions in order, for the
-// group's rows and query heads of KV head g: each value row read once for all of them.
+// group's rows and query heads of KV head g: a block of value rows at a time, read from memory
+// once for all of them; each output chunk sums a block's positions in registers.
 void span_values(float* out, const float* scores, int64_t max_len, const SpanGroup& grp,
                  const int64_t* lens, int64_t g, int64_t h, int64_t group, int64_t d) {
   const float* vb = grp.span.v + g * grp.span.head_floats(d);
-  for (int64_t i0 = 0; i0 < d; i0 += kDecodeRow) {
-    const int64_t w = std::min(kDecodeRow, d - i0);
-    for (size_t m = 0; m < grp.rows.size(); ++m) {
-      const int64_t r = grp.rows[m];
-      for (int64_t j = 0; j < group; ++j) {
-        const float* ps = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m];
-        float* o = out + (r * h + g * group + j) * d + i0;
-        // One row alone keeps its chunk in registers while the values stream past.
-        if (grp.rows.size() == 1 && w == kDecodeRow) {
-          float acc[kDecodeRow];
-          std::copy(o, o + kDecodeRow, acc);
-          for (int64_t t = 0; t < grp.span.len; ++t) {
-            const float* vi = vb + t * d + i0;
-#pragma omp simd
-            for (int64_t i = 0; i < kDecodeRow; ++i) acc[i] += ps[t] * vi[i];
-          }
-          std::copy(acc, acc + kDecodeRow, o);
-        }
+  const int64_t pairs = static_cast<int64_t>(grp.rows.size()) * group;
+  for (int64_t t0 = 0; t0 < grp.span.len; t0 += kValueBlock) {
+    const int64_t tn = std::min(kValueBlock, grp.span.len - t0);
+    const float* block = vb + t0 * d;
+    for (int64_t p0 = 0; p0 < pairs; p0 += kValueTile) {
+      const int64_t pn = std::min(kValueTile, pairs - p0);
+      const float* ps[kValueTile];
+      float* o[kValueTile];
+      for (int64_t a = 0; a < pn; ++a) {
+        const int64_t m = (p0 + a) / group, j = (p0 + a) % group, r = grp.rows[m];
+        ps[a] = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t0;
+        o[a] = out + (r * h + g * group + j) * d;
       }
-    }
-    if (grp.rows.size() == 1 && w == kDecodeRow) continue;
-    for (int64_t t = 0; t < grp.span.len; ++t) {
-      const float* vi = vb + t * d + i0;
-      for (size_t m = 0; m < grp.rows.size(); ++m) {
-        const int64_t r = grp.rows[m];
-        for (int64_t j = 0; j < group; ++j) {
-          const float p = scores[r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t];
-          float* o = out + (r * h + g * group + j) * d + i0;
-          if (w == kDecodeRow) {
-#pragma omp simd
-            for (int64_t i = 0; i < kDecodeRow; ++i) o[i] += p * vi[i];
-          } else {
-            for (int64_t i = 0; i < w; ++i) o[i] += p * vi[i];
-          }
-        }
+      int64_t i0 = 0;
+      for (; i0 + kDecodeRow <= d; i0 += kDecodeRow) {
+        if (pn == 3) value_tile<3>(o, ps, block, tn, d, i0);
+        else if (pn == 2) value_tile<2>(o, ps, block, tn, d, i0);
+        else value_tile<1>(o, ps, block, tn, d, i0);
       }
+      for (int64_t a = 0; a < pn && i0 < d; ++a)  // d not a multiple of kDecodeRow
+        for (int64_t t = 0; t < tn; ++t)
+          for (int64_t i = i0; i < d; ++i) o[a][i] += ps[a][t] * block[t * d + i];
     }
   }
 }
@@ -521,20 +587,31 @@ void span_values(float* out, const float* scores, int64_t max_len, const SpanGro
 // Softmax of each (row, head)'s scores in place; returns 1 / Σ p per (row, head). The
 // normalization is applied to the weighted sums, once per output.
 std::vector<float> softmax_rows(float* scores, int64_t max_len, const int64_t* lens,
-                                int64_t rows, int64_t h) {
+                                int64_t rows, int64_t h, bool parallel) {
   std::vector<float> inv(rows * h);
+#pragma omp parallel for schedule(static) if (parallel && rows * h > 1)
   for (int64_t rj = 0; rj < rows * h; ++rj) {
     const int64_t r = rj / h, j = rj % h, len = lens[r];
     float* sj = scores + r * h * max_len + j * len;
-    float max_score = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : max_score)
-    for (int64_t t = 0; t < len; ++t) max_score = std::max(max_score, sj[t]);
-    double sum = 0;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t t = 0; t < len; ++t) {
-      sj[t] = detail::exp_fast(sj[t] - max_score);
-      sum += sj[t];
+    const float max_score = detail::max_of(sj, len);
+    // Lane k sums positions t ≡ k (mod 16) in order; the lanes are added in order in double.
+    constexpr int64_t L = 16;
+    float lanes[L] = {};
+    int64_t t0 = 0;
+    for (; t0 + L <= len; t0 += L) {
+#pragma omp simd
+      for (int64_t k = 0; k < L; ++k) {
+        const float e = detail::exp_fast(sj[t0 + k] - max_score);
+        sj[t0 + k] = e;
+        lanes[k] += e;
+      }
     }
+    for (int64_t k = 0; t0 + k < len; ++k) {
+      sj[t0 + k] = detail::exp_fast(sj[t0 + k] - max_score);
+      lanes[k] += sj[t0 + k];
+    }
+    double sum = 0;
+    for (float lane : lanes) sum += lane;
     inv[rj] = static_cast<float>(1.0 / sum);
   }
   return inv;
@@ -590,23 +667,27 @@ void attention_decode_rows(float* out, float* scores, int64_t max_len, const flo
   const bool parallel = h * positions * d >= detail::kParallelMinElements;
   // Level by level (each row's spans in order), the rows sharing a span together.
   std::vector<std::vector<SpanGroup>> groups(levels);
-  for (int64_t level = 0; level < levels; ++level)
-    groups[level] = span_groups(spans, first, rows, level);
-  for (const std::vector<SpanGroup>& level : groups) {
-    const int64_t tasks = static_cast<int64_t>(level.size()) * kvh;
-#pragma omp parallel for schedule(dynamic) if (parallel && tasks > 1)
-    for (int64_t task = 0; task < tasks; ++task)
-      span_scores(scores, max_len, q, level[task / kvh], lens.data(), task % kvh, h, group, d,
-                  scale);
+  std::vector<const SpanGroup*> all;  // every level's groups: the scores' tasks
+  for (int64_t level = 0; level < levels; ++level) {
+    groups[level] = split_groups(span_groups(spans, first, rows, level));
+    for (const SpanGroup& g : groups[level]) all.push_back(&g);
   }
-  const std::vector<float> inv = softmax_rows(scores, max_len, lens.data(), rows, h);
+  // Scores: each (group, KV head) writes its own part of the rows' scores.
+  const int64_t score_tasks = static_cast<int64_t>(all.size()) * kvh;
+#pragma omp parallel for schedule(dynamic) if (parallel && score_tasks > 1)
+  for (int64_t task = 0; task < score_tasks; ++task)
+    span_scores(scores, max_len, q, *all[task / kvh], lens.data(), task % kvh, h, group, d,
+                scale);
+  const std::vector<float> inv = softmax_rows(scores, max_len, lens.data(), rows, h, parallel);
   std::fill(out, out + rows * h * d, 0.0f);
+  // Weighted sums: a row's levels in order, so one level's groups at a time.
   for (const std::vector<SpanGroup>& level : groups) {
     const int64_t tasks = static_cast<int64_t>(level.size()) * kvh;
 #pragma omp parallel for schedule(dynamic) if (parallel && tasks > 1)
     for (int64_t task = 0; task < tasks; ++task)
       span_values(out, scores, max_len, level[task / kvh], lens.data(), task % kvh, h, group, d);
   }
+#pragma omp parallel for schedule(static) if (parallel)
   for (int64_t rj = 0; rj < rows * h; ++rj)
     for (int64_t i = 0; i < d; ++i) out[rj * d + i] *= inv[rj];
 }

@@ -607,7 +607,7 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
 // batched over the rows rounds differently for different row counts).
 template <typename T>
 void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
-                     const T* w1, const T* b1) {
+                     const T* w1, const T* b1, const int64_t* follows) {
   const CcaDims& dims = state.dims;
   const int64_t channels = dims.channels(), d = dims.d, t0 = dims.t0, t1 = dims.t1;
   const int64_t batch = state.batch;
@@ -619,6 +619,12 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
     T* y_hist = state.y_hist.data() + bi * (t1 - 1) * channels;
     const T* c_row = c_new + bi * channels;
     T* win = window + bi * channels * t1;
+    if (follows && follows[bi] >= 0) {
+      FOUNDRY_CHECK(follows[bi] < bi);
+      const int64_t a = follows[bi];
+      std::copy_n(state.c_hist.data() + a * (t0 - 1) * channels, (t0 - 1) * channels, c_hist);
+      std::copy_n(state.y_hist.data() + a * (t1 - 1) * channels, (t1 - 1) * channels, y_hist);
+    }
     for (int64_t ch = 0; ch < channels; ++ch) {
       T y_new = b0[ch];
       for (int64_t i = 0; i < t0 - 1; ++i) y_new += w0[ch * t0 + i] * c_hist[i * channels + ch];
@@ -655,11 +661,17 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
 }
 
 template <typename T>
-void cca_value_shift_decode(T* v, CcaDecodeState<T>& state) {
+void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follows) {
   const int64_t half = state.dims.value_half();
-  for (int64_t bi = 0; bi < state.batch; ++bi)
+  for (int64_t bi = 0; bi < state.batch; ++bi) {
+    if (follows && follows[bi] >= 0) {
+      FOUNDRY_CHECK(follows[bi] < bi);
+      std::copy_n(state.v_prev.begin() + follows[bi] * half, half,
+                  state.v_prev.begin() + bi * half);
+    }
     std::swap_ranges(v + bi * 2 * half + half, v + (bi + 1) * 2 * half,
                      state.v_prev.begin() + bi * half);
+  }
 }
 
 #define FOUNDRY_INSTANTIATE(T)                                                                     \
@@ -685,8 +697,8 @@ void cca_value_shift_decode(T* v, CcaDecodeState<T>& state) {
   template void cca_decode_state_load<T>(CcaDecodeState<T>&, const T*, const T*, const T*,         \
                                          int64_t);                                                 \
   template void cca_conv_decode<T>(T*, CcaDecodeState<T>&, const T*, const T*, const T*, const T*, \
-                                   const T*);                                                      \
-  template void cca_value_shift_decode<T>(T*, CcaDecodeState<T>&);
+                                   const T*, const int64_t*);                                      \
+  template void cca_value_shift_decode<T>(T*, CcaDecodeState<T>&, const int64_t*);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)
 #undef FOUNDRY_INSTANTIATE

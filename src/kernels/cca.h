@@ -221,13 +221,16 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
                            int64_t t);
 // qk [B, C] (writes) = the grouped conv output at the new position, exactly what
 // cca_grouped_conv_forward gives at that position of the full sequence (up to rounding
-// order), from c_new [B, C]; w0, b0, w1, b1 as above. Advances the conv state.
+// order), from c_new [B, C]; w0, b0, w1, b1 as above. Advances the conv state. With
+// `follows`, sequence b with follows[b] = a ≥ 0 (a < b) is the token after sequence a's in the
+// same sequence: it starts from a's state as this step leaves it (several tokens of one
+// sequence in one step; b's own state on entry is ignored).
 template <typename T>
 void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
-                     const T* w1, const T* b1);
+                     const T* w1, const T* b1, const int64_t* follows = nullptr);
 // v [B, 2·half]: [x_t·Wv1^T ‖ x_t·Wv2^T] on entry, [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit;
-// keeps x_t·Wv2^T in the state.
+// keeps x_t·Wv2^T in the state. `follows` as for cca_conv_decode.
 template <typename T>
-void cca_value_shift_decode(T* v, CcaDecodeState<T>& state);
+void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follows = nullptr);
 
 }  // namespace foundry::ops

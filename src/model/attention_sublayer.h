@@ -81,10 +81,12 @@ struct AttentionDecodeScratch {
 // in layer l its keys and values are read from spans[l][first[r]] … spans[l][first[r+1] − 1]
 // (position order, the last including the new position) and its new position is stored in the
 // last of them, at index store_at[r]. For arch zaya1, cca[r] is the row's CCA state, one per
-// layer (null, or cca empty: slot r of the step's own state).
+// layer (null, or cca empty: slot r of the step's own state). Rows may write the same segment
+// at successive positions: follows[r] is then the row of this step at the position before row
+// r's (−1 for none; follows empty: no row follows another).
 struct DecodeRows {
   int64_t n = 0;
-  std::vector<int64_t> pos, first, store_at;
+  std::vector<int64_t> pos, first, store_at, follows;
   std::vector<std::vector<ops::DecodeSpan>> spans;  // [L][spans of every row]
   std::vector<std::vector<ops::CcaDecodeState<float>>*> cca;
   bool same_position = false;  // every row at pos[0]: sequences decoded in step

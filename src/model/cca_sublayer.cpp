@@ -292,11 +292,13 @@ void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& st
   float *kc = s.k, *vc = s.v;
   cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
-  ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1));
+  const int64_t* follows = rows.follows.empty() ? nullptr : rows.follows.data();
+  ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1),
+                       follows);
   cx.ops.cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
   cx.ops.cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
   cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
-  ops::cca_value_shift_decode(vc, state);
+  ops::cca_value_shift_decode(vc, state, follows);
   decode_rows_attention(cx, rows, layer, s.q, kc, vc, s.att, s.scores, max_len, Hq);
   cx.linear_forward(h, s.att, w.wo, B, C, QD);
 }

@@ -89,6 +89,53 @@ TEST_P(DecodeRows, SharedPrefixRowsGiveTheBitsOfEachSequenceAlone) {
   }
 }
 
+// A prompt computed in runs of several positions a step (one row each, all writing the same
+// segment), beside a sequence that decodes one token a step, then the prompt's sequence
+// continued in a segment of its own: every row's logits are those of decoding alone.
+TEST_P(DecodeRows, RunsOfAPromptInOneStepGiveTheBitsOfDecodingAlone) {
+  Model m(config_of(GetParam()), DType::f32);
+  m.init_weights(5);
+  const int64_t Vp = m.config().padded_vocab(), prompt = 23;
+  Rng rng(8);
+  std::vector<int32_t> a, c;
+  for (int i = 0; i < 30; ++i) a.push_back(static_cast<int32_t>(rng.below(50)));
+  for (int i = 0; i < 8; ++i) c.push_back(static_cast<int32_t>(rng.below(50)));
+  const std::vector<float> want_a = alone(m, a), want_c = alone(m, c);
+
+  Segment shared = m.new_kv_segment(0, prompt), own_c = m.new_kv_segment(0, 8);
+  auto state = m.new_rows_state(8);
+  std::vector<float> got_a, got_c;
+  // Runs of 1, 7, 3, 7 and 5 positions (across the 16-position block edge), C's row between.
+  int64_t t = 0, step = 0;
+  for (int64_t run : {1, 7, 3, 7, 5}) {
+    std::vector<Row> rows;
+    for (int64_t k = 0; k < run; ++k) {
+      if (k == 1) rows.push_back(Row{c[step], {&own_c}});
+      rows.push_back(Row{a[t + k], {&shared}});
+    }
+    const float* logits = m.decode_rows(state, rows);
+    for (int64_t r = 0; r < static_cast<int64_t>(rows.size()); ++r) {
+      std::vector<float>& into = rows[r].chain.back() == &own_c ? got_c : got_a;
+      into.insert(into.end(), logits + r * Vp, logits + (r + 1) * Vp);
+    }
+    t += run;
+    if (run > 1) ++step;
+  }
+  ASSERT_EQ(t, prompt);
+  EXPECT_EQ(shared.len, prompt);
+  Segment own_a = m.new_kv_segment(prompt, 30 - prompt, &shared);
+  std::vector<Row> rest;
+  for (int64_t k = prompt; k < 30; ++k) rest.push_back(Row{a[k], {&shared, &own_a}});
+  const float* logits = m.decode_rows(state, rest);
+  got_a.insert(got_a.end(), logits, logits + (30 - prompt) * Vp);
+  ASSERT_EQ(got_a.size(), want_a.size());
+  EXPECT_EQ(std::memcmp(got_a.data(), want_a.data(), want_a.size() * sizeof(float)), 0)
+      << "the prompt's runs differ from decoding it alone";
+  ASSERT_EQ(got_c.size(), static_cast<size_t>(4 * Vp));
+  EXPECT_EQ(std::memcmp(got_c.data(), want_c.data(), got_c.size() * sizeof(float)), 0)
+      << "the row beside the runs differs from decoding alone";
+}
+
 TEST_P(DecodeRows, RefusesAFullSegmentAndAGapInTheChain) {
   Model m(config_of(GetParam()), DType::f32);
   m.init_weights(2);
@@ -105,7 +152,14 @@ TEST_P(DecodeRows, RefusesAFullSegmentAndAGapInTheChain) {
   Segment later = m.new_kv_segment(3, 4);  // position 2 is missing
   EXPECT_THROW(m.decode_rows(state, {Row{3, {&first, &later}}}), Error);
   Segment next = m.new_kv_segment(2, 4, &first);
-  EXPECT_THROW(m.decode_rows(state, {Row{3, {&first, &next}}, Row{4, {&first, &next}}}), Error);
+  Segment other = m.new_kv_segment(0, 2);
+  other.len = 2;
+  // Two rows writing one segment must be one sequence (the same chain) ...
+  EXPECT_THROW(m.decode_rows(state, {Row{3, {&first, &next}}, Row{4, {&other, &next}}}), Error);
+  // ... and its run must fit the segment.
+  std::vector<Row> five(5, Row{3, {&first, &next}});
+  EXPECT_THROW(m.decode_rows(state, five), Error);
+  EXPECT_EQ(next.len, 0);
   EXPECT_EQ(next.bytes(), m.kv_segment_bytes(4));
   EXPECT_EQ(first.bytes(), m.kv_segment_bytes(2));
 }

@@ -330,38 +330,48 @@ Model::DecodeState Model::new_rows_state(int64_t rows) const {
 namespace {
 
 // The rows as the architectures see them: each row's spans per layer (its chain's segments,
-// the last with the new position), its position and where it is stored. Checks that each
-// chain covers positions 0, 1, … without a gap, that the last segment has room, and that no
-// two rows write the same segment.
+// the last with the new position), its position and where it is stored. Rows that write the
+// same segment take its next positions in row order (a run of a prompt's tokens in one step),
+// each continuing the one before (follows); they must read the same chain. Checks that each
+// chain covers positions 0, 1, … without a gap and that the last segment has room.
 DecodeRows rows_view(const ModelConfig& c, const std::vector<Model::DecodeRow>& rows) {
   DecodeRows d;
   d.n = static_cast<int64_t>(rows.size());
   d.spans.resize(c.n_layers);
   d.first.push_back(0);
+  d.follows.assign(rows.size(), -1);
+  bool any_follows = false;
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::vector<Model::KvSegment*>& chain = rows[r].chain;
     FOUNDRY_CHECK(!chain.empty());
+    int64_t ahead = 0;  // earlier rows of this step on the same segment
+    for (size_t q = 0; q < r; ++q)
+      if (rows[q].chain.back() == chain.back()) {
+        FOUNDRY_CHECK(rows[q].chain == chain);  // one segment, one sequence
+        ++ahead;
+        d.follows[r] = static_cast<int64_t>(q);
+        any_follows = true;
+      }
     int64_t at = 0;
     for (Model::KvSegment* seg : chain) {
       FOUNDRY_CHECK(seg->start == at);
       const bool last = seg == chain.back();
-      if (last && seg->len >= seg->capacity)
+      if (last && seg->len + ahead >= seg->capacity)
         fail(fmt::format("a decode segment of {} positions (from {}) is full", seg->capacity,
                          seg->start),
              "give the sequence a segment with room for its new tokens");
       const int64_t floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, seg->capacity);
       for (int64_t l = 0; l < c.n_layers; ++l)
         d.spans[l].push_back({seg->k.data() + l * floats, seg->v.data() + l * floats,
-                              seg->len + (last ? 1 : 0), seg->capacity});
+                              seg->len + (last ? ahead + 1 : 0), seg->capacity});
       at += seg->len;
     }
-    d.pos.push_back(at);
-    d.store_at.push_back(chain.back()->len);
+    d.pos.push_back(at + ahead);
+    d.store_at.push_back(chain.back()->len + ahead);
     d.first.push_back(static_cast<int64_t>(d.spans[0].size()));
     if (c.arch == Arch::zaya1) d.cca.push_back(&chain.back()->cca);
-    for (size_t q = 0; q < r; ++q)
-      FOUNDRY_CHECK(rows[q].chain.back() != chain.back());  // one row writes a segment
   }
+  if (!any_follows) d.follows.clear();
   d.same_position =
       std::all_of(d.pos.begin(), d.pos.end(), [&](int64_t p) { return p == d.pos[0]; });
   return d;

@@ -303,7 +303,9 @@ class Model {
   // The buffers of decode_rows steps of up to `rows` rows (no caches: the segments hold them).
   DecodeState new_rows_state(int64_t rows) const;
   // Every row's token at its position → logits [rows, padded_vocab]; each row's last segment
-  // grows by one position. Rows must write to different segments.
+  // grows by one position. Several rows may write one segment (a run of a prompt's tokens
+  // computed in one step): they take its next positions in row order, each attending to the
+  // ones before, and must have the same chain.
   const float* decode_rows(DecodeState& state, const std::vector<DecodeRow>& rows);
 
  private:
