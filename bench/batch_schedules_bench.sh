@@ -19,12 +19,16 @@
 #   bench/batch_schedules_bench.sh FOUNDRY [arch=zaya1] [R=256] [S=4] [P=1024] [Q=64] [N=64]
 # Environment: TOKENS (--batch-tokens, 64), BATCH (fixed's batch and every schedule's
 # --max-requests, 32), KV (--kv-memory of every schedule, e.g. 24M; default: no limit),
-# PLOT (default: docs/figures/batch_schedules_<arch>.png), WORKLOADS ("shared unshared").
+# PLOT (default: docs/figures/batch_schedules_<arch>.png), WORKLOADS ("shared unshared"),
+# SCHEDULES (default: "prefix-tree lru fixed one-at-a-time"; prefix-tree must be among them),
+# KV_SWEEP (budgets, e.g. "32M 16M": the shared workload again under each, prefix-tree and lru
+# only), ROUNDS (2: every run that many times, interleaved; the table gives the median).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 foundry="$(realpath "${1:?usage: $0 FOUNDRY [arch] [R] [S] [P] [Q] [N]}")"
 arch="${2:-zaya1}" R="${3:-256}" S="${4:-4}" P="${5:-1024}" Q="${6:-64}" N="${7:-64}"
 TOKENS="${TOKENS:-64}" BATCH="${BATCH:-32}" KV="${KV:-}" WORKLOADS="${WORKLOADS:-shared unshared}"
+KV_SWEEP="${KV_SWEEP:-}" ROUNDS="${ROUNDS:-2}"
 PLOT="$(realpath -m "${PLOT:-$root/docs/figures/batch_schedules_$arch.png}")"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 tmp="$(mktemp -d)"
@@ -32,30 +36,8 @@ trap 'rm -rf "$tmp"' EXIT
 cd "$tmp"
 
 max_len=$(( (P + Q + N + 1 + 63) / 64 * 64 ))
-python3 - "$arch" "$max_len" <<'PY'
-import json, random, sys, os
-arch, max_len = sys.argv[1], int(sys.argv[2])
-rng = random.Random(1)
-words = ("the expert router sends each token to a small set of experts and the model learns "
-         "which one fits best when data flows through layers while training runs on many "
-         "cores question answer example because every step reads the weights once").split()
-os.makedirs("corpus", exist_ok=True)
-with open("corpus/a.txt", "w") as f:
-    for _ in range(4000):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(6, 20))) + ".\n")
-model = {"arch": arch, "vocab_size": 512, "d_model": 384, "n_layers": 4, "n_heads": 6,
-         "n_kv_heads": 2, "head_dim": 64, "n_experts": 8, "top_k": 1 if arch == "zaya1" else 2,
-         "ffn_dim": 1408 if arch == "zaya1" else 704, "max_seq_len": max_len}
-if arch == "zaya1":
-    model.update({"router_latent_dim": 128, "rope_fraction": 0.5})
-json.dump({"model": model,
-           "train": {"steps": 10, "batch_size": 8, "seq_len": 128, "lr": 2e-3, "warmup_steps": 2,
-                     "precision": "fp32", "log_every": 10, "checkpoint_every": 10,
-                     "peak_gflops": 100, "run_dir": "run"},
-           "data": {"dir": "ds"}}, open("model.json", "w"), indent=1)
-PY
-"$foundry" data prepare --input corpus --out ds --vocab-size 512 --quiet >/dev/null
-"$foundry" train -c model.json -q >/dev/null 2>&1
+source "$root/bench/batch_model.sh"
+batch_model "$foundry" "$arch" "$max_len"
 
 python3 - "$R" "$S" "$P" "$Q" "$N" <<'PY'
 import json, random, sys
@@ -78,45 +60,55 @@ declare -A args=([one-at-a-time]="--schedule fixed --max-requests 1"
                  [fixed]="--schedule fixed --max-requests $BATCH"
                  [lru]="--schedule lru --max-requests $BATCH"
                  [prefix-tree]="--max-requests $BATCH")
-schedules=(prefix-tree lru fixed one-at-a-time)
-kv_arg=()
-[ -n "$KV" ] && kv_arg=(--kv-memory "$KV")
-for w in $WORKLOADS; do
-  for s in "${schedules[@]}"; do
-    echo "running $w / $s" >&2
+read -r -a schedules <<<"${SCHEDULES:-prefix-tree lru fixed one-at-a-time}"
+# Cases: name, workload, KV budget ("" = none), schedules.
+cases=()
+for w in $WORKLOADS; do cases+=("$w|$w|$KV|${schedules[*]}"); done
+for kv in $KV_SWEEP; do cases+=("shared-$kv|shared|$kv|prefix-tree lru"); done
+run_case() {  # case, round
+  local name w kv list s kv_arg=()
+  IFS='|' read -r name w kv list <<<"$1"
+  [ -n "$kv" ] && kv_arg=(--kv-memory "$kv")
+  for s in $list; do
+    echo "round $2: $name / $s" >&2
+    rm -f "out-$name-$s.jsonl"
     # shellcheck disable=SC2086
-    "$foundry" generate -c model.json --batch "$w.jsonl" --out "out-$w-$s.jsonl" -q \
-      --batch-tokens "$TOKENS" "${kv_arg[@]}" --trace "trace-$w-$s.tsv" ${args[$s]} \
-      >"log-$w-$s.txt" 2>&1 || { cat "log-$w-$s.txt" >&2; exit 1; }
+    "$foundry" generate -c model.json --batch "$w.jsonl" --out "out-$name-$s.jsonl" -q \
+      --batch-tokens "$TOKENS" "${kv_arg[@]}" --trace "trace-$name-$s-$2.tsv" ${args[$s]} \
+      >"log-$name-$s-$2.txt" 2>&1 || { cat "log-$name-$s-$2.txt" >&2; exit 1; }
+    cmp -s "out-$name-$s.jsonl" "out-$name-prefix-tree.jsonl" ||
+      { echo "error: $s wrote other results than prefix-tree on $name" >&2; exit 1; }
   done
-  for s in "${schedules[@]}"; do
-    cmp -s "out-$w-$s.jsonl" "out-$w-prefix-tree.jsonl" ||
-      { echo "error: $s wrote other results than prefix-tree on $w" >&2; exit 1; }
-  done
+}
+for r in $(seq 1 "$ROUNDS"); do
+  for c in "${cases[@]}"; do run_case "$c" "$r"; done
 done
 
 echo "# generate --batch: four schedules"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC') | cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | cores: $(nproc) | OMP_NUM_THREADS=$OMP_NUM_THREADS"
-echo "command: TOKENS=$TOKENS BATCH=$BATCH KV=${KV:-none} bench/batch_schedules_bench.sh FOUNDRY $arch $R $S $P $Q $N | model: $arch, d_model 384, 4 layers, fp32"
-python3 - "$WORKLOADS" "${schedules[@]}" <<'PY'
-import re, sys
-workloads, schedules = sys.argv[1].split(), sys.argv[2:]
-for w in workloads:
+echo "command: TOKENS=$TOKENS BATCH=$BATCH KV=${KV:-none} KV_SWEEP='$KV_SWEEP' ROUNDS=$ROUNDS bench/batch_schedules_bench.sh FOUNDRY $arch $R $S $P $Q $N | model: $arch, d_model 384, 4 layers, fp32 | wall time: the median of $ROUNDS interleaved rounds"
+python3 - "$ROUNDS" "${cases[@]}" <<'PY'
+import re, statistics, sys
+rounds, cases = int(sys.argv[1]), sys.argv[2:]
+for case in cases:
+    name, w, kv, schedules = case.split("|")
     rows = {}
-    for s in schedules:
-        log = open(f"log-{w}-{s}.txt").read()
-        g = re.search(r"generated now \((\d+) tokens in ([\d.]+) s", log)
+    for s in schedules.split():
+        secs = []
+        for r in range(1, rounds + 1):
+            log = open(f"log-{name}-{s}-{r}.txt").read()
+            g = re.search(r"generated now \((\d+) tokens in ([\d.]+) s", log)
+            secs.append(float(g.group(2)))
         p = re.search(r"prompt tokens (\d+), computed (\d+) .*\| (\d+) steps \| KV memory at most (.*?) of", log)
         e = re.search(r"(\d+) cached prefixes evicted", log)
-        rows[s] = dict(tokens=int(g.group(1)), secs=float(g.group(2)), prompt=int(p.group(1)),
+        rows[s] = dict(tokens=int(g.group(1)), secs=statistics.median(secs), prompt=int(p.group(1)),
                        computed=int(p.group(2)), steps=int(p.group(3)), kv=p.group(4),
                        evicted=e.group(1) if e else "")
-    print(f"\n{w} workload\n")
+    print(f"\n{w} workload, KV budget {kv or 'none'}\n")
     print("| schedule | prompt tokens computed | steps | peak KV | evictions | time to last result s | generated tokens/s | prefix-tree's speed-up |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     base = rows["prefix-tree"]["secs"]
-    for s in schedules:
-        r = rows[s]
+    for s, r in rows.items():
         print(f"| {s} | {r['computed']:,} of {r['prompt']:,} | {r['steps']:,} | {r['kv']} | {r['evicted']} "
               f"| {r['secs']:.2f} | {r['tokens'] / r['secs']:,.0f} | {r['secs'] / base:.2f}x |")
 PY
@@ -124,20 +116,21 @@ PY
 if command -v gnuplot >/dev/null; then
   mkdir -p "$(dirname "$PLOT")"
   plots=""
-  for w in $WORKLOADS; do
-    plots+="set title '$w workload'; plot "
-    for s in "${schedules[@]}"; do
-      plots+="'trace-$w-$s.tsv' using 1:(\$4/1048576) every ::1 with lines lw 2 title '$s', "
+  for c in "${cases[@]}"; do
+    IFS='|' read -r name w kv list <<<"$c"
+    plots+="set title '$w workload, KV budget ${kv:-none}'; plot "
+    for s in $list; do
+      plots+="'trace-$name-$s-1.tsv' using 1:(\$4/1048576) every ::1 with lines lw 2 title '$s', "
     done
     plots="${plots%, }; "
   done
-  n=$(wc -w <<<"$WORKLOADS")
+  n=${#cases[@]}
   gnuplot <<GP
 set terminal pngcairo size 1000,$((380 * n))
 set output '$PLOT'
-set multiplot layout $n,1 title 'KV memory in use, $arch, $R requests (KV budget: ${KV:-none})'
+set multiplot layout $n,1 title 'KV memory in use, $arch, $R requests'
 set grid
-set key top right
+set key outside right
 set xlabel 'seconds'
 set ylabel 'KV MiB'
 set logscale x

@@ -465,6 +465,18 @@ std::vector<SpanGroup> split_groups(std::vector<SpanGroup> groups) {
   return out;
 }
 
+// Where (row, head) pair p of a group (for KV head g: row p / group, query head g·group +
+// p % group) keeps its query and output row, [r·h + head]·d, and its scores at the span's first
+// position.
+struct PairRows {
+  int64_t query, scores;
+};
+PairRows pair_rows(const SpanGroup& grp, int64_t p, const int64_t* lens, int64_t g, int64_t h,
+                   int64_t group, int64_t d, int64_t max_len) {
+  const int64_t m = p / group, head = g * group + p % group, r = grp.rows[m];
+  return {(r * h + head) * d, r * h * max_len + head * lens[r] + grp.base[m]};
+}
+
 // T (row, head) pairs' scores against one key block: acc[a][x] = Σ_i qs[a][i] · block[i, x],
 // summed over i in order; the T sums are independent, so their multiply-adds overlap.
 template <int T>
@@ -503,9 +515,9 @@ void span_scores(float* scores, int64_t max_len, const float* q, const SpanGroup
       const float* qs[kScoreTile];
       float* out[kScoreTile];
       for (int64_t a = 0; a < tn; ++a) {
-        const int64_t m = (p0 + a) / group, j = (p0 + a) % group, r = grp.rows[m];
-        qs[a] = q + (r * h + g * group + j) * d;
-        out[a] = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t0;
+        const PairRows at = pair_rows(grp, p0 + a, lens, g, h, group, d, max_len);
+        qs[a] = q + at.query;
+        out[a] = scores + at.scores + t0;
       }
       const auto tile = [&](auto fixed) {
         constexpr int T = decltype(fixed)::value;
@@ -567,9 +579,9 @@ void span_values(float* out, const float* scores, int64_t max_len, const SpanGro
       const float* ps[kValueTile];
       float* o[kValueTile];
       for (int64_t a = 0; a < pn; ++a) {
-        const int64_t m = (p0 + a) / group, j = (p0 + a) % group, r = grp.rows[m];
-        ps[a] = scores + r * h * max_len + (g * group + j) * lens[r] + grp.base[m] + t0;
-        o[a] = out + (r * h + g * group + j) * d;
+        const PairRows at = pair_rows(grp, p0 + a, lens, g, h, group, d, max_len);
+        ps[a] = scores + at.scores + t0;
+        o[a] = out + at.query;
       }
       int64_t i0 = 0;
       for (; i0 + kDecodeRow <= d; i0 += kDecodeRow) {

@@ -96,6 +96,36 @@ void BM_AttentionDecode(benchmark::State& state) {
                                                 benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Batch generation's decode attention: `rows` rows (args {rows, shared?}), 6 query heads of 64
+// over 2 KV heads, each reading a prefix of 1,024 positions and 64 of its own. shared = 1: one
+// prefix for all the rows (read once per group); 0: a prefix each.
+void BM_AttentionDecodeRows(benchmark::State& state) {
+  const int64_t h = 6, kvh = 2, d = 64, rows = state.range(0), prefix = 1024, own = 64;
+  const bool shared = state.range(1) != 0;
+  const int64_t prefixes = shared ? 1 : rows;
+  const auto q = random_floats(rows * h * d, 1);
+  auto pk = random_floats(prefixes * DecodeKv::floats(1, kvh, d, prefix), 2);
+  auto pv = random_floats(pk.size(), 3);
+  auto ok = random_floats(rows * DecodeKv::floats(1, kvh, d, own), 4), ov = random_floats(ok.size(), 5);
+  std::vector<DecodeSpan> spans;
+  std::vector<int64_t> first = {0};
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t p = shared ? 0 : r;
+    spans.push_back({pk.data() + p * DecodeKv::floats(1, kvh, d, prefix),
+                     pv.data() + p * DecodeKv::floats(1, kvh, d, prefix), prefix, prefix});
+    spans.push_back({ok.data() + r * DecodeKv::floats(1, kvh, d, own),
+                     ov.data() + r * DecodeKv::floats(1, kvh, d, own), own, own});
+    first.push_back(static_cast<int64_t>(spans.size()));
+  }
+  const int64_t len = prefix + own;
+  std::vector<float> out(rows * h * d), scores(rows * h * len);
+  for (auto _ : state)
+    attention_decode_rows(out.data(), scores.data(), len, q.data(), spans.data(), first.data(),
+                          rows, h, kvh, d);
+  state.counters["GFLOPs"] = benchmark::Counter(4.0 * rows * h * len * d * 1e-9,
+                                                benchmark::Counter::kIsIterationInvariantRate);
+}
+
 // Args: {kv heads, bf16?}.
 BENCHMARK(BM_AttentionForward)
     ->ArgsProduct({{8, 2}, {0, 1}})
@@ -118,6 +148,10 @@ BENCHMARK(BM_AttentionBackward)
 BENCHMARK(BM_BatchedScoreGemm)
     ->ArgsProduct({{8}, {0, 1}})
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_AttentionDecodeRows)
+    ->ArgsProduct({{1, 8, 64}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
     ->UseRealTime();
 // Args: {kv heads, batch}.
 BENCHMARK(BM_AttentionDecode)
