@@ -187,13 +187,13 @@ struct GenArgs {
   std::string schedule = "prefix-tree", trace;
 };
 
-void run_generate_batch(const GenArgs& g, const RunConfig& rc, const data::Tokenizer& tok,
-                        Model& model) {
+void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunConfig& rc,
+                        const data::Tokenizer& tok, Model& model) {
   infer::BatchOptions o;
   o.engine.max_rows = g.batch_tokens;
   o.engine.max_requests = g.max_requests;
   o.engine.share_prefixes = !g.no_sharing;
-  o.engine.schedule = infer::parse_schedule(g.schedule, "--schedule");
+  o.engine.schedule = schedule;
   o.trace = g.trace;
   o.engine.kv_budget_bytes =
       g.kv_memory.empty() ? default_kv_memory(rc) : parse_memory_size(g.kv_memory, "--kv-memory");
@@ -236,7 +236,7 @@ void run_generate(const GenArgs& g) {
   if (!g.batch.empty() && g.out == g.batch)
     fail(fmt::format("--out '{}' is the --batch file", g.out),
          "write the results to another file: --out would overwrite the requests");
-  infer::parse_schedule(g.schedule, "--schedule");  // before the model is loaded
+  const infer::Schedule schedule = infer::parse_schedule(g.schedule, "--schedule");
   if (!g.trace.empty() && (g.trace == g.batch || g.trace == g.out))
     fail(fmt::format("--trace '{}' is the {} file", g.trace, g.trace == g.batch ? "--batch" : "--out"),
          "write the trace to a file of its own");
@@ -265,7 +265,7 @@ void run_generate(const GenArgs& g) {
   const std::string dir = infer::resolve_checkpoint(g.checkpoint, rc);
   infer::check_tokenizer_of(dir, tok_path);
   auto model = infer::load_model(rc, dir, rc.train.precision);
-  if (!g.batch.empty()) return run_generate_batch(g, rc, tok, *model);
+  if (!g.batch.empty()) return run_generate_batch(g, schedule, rc, tok, *model);
   const infer::Generation gen =
       infer::generate(*model, ids, g.max_new_tokens, g.ignore_eos ? -1 : tok.eos_id(),
                       g.sampling, g.seed);

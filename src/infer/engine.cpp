@@ -34,6 +34,7 @@ struct RequestState {
   int32_t node = 0;  // where its prompt ends
   int64_t room = 0, own_bytes = 0;
   std::unique_ptr<Segment> own;  // its generated tokens' keys and values
+  std::vector<Segment*> chain;   // from its start: its prompt's nodes' segments, then own
   Generation gen;
   Rng rng;
   int32_t pending = -1;  // the token it feeds at the next step
@@ -116,7 +117,7 @@ class Run {
     for (int64_t i : active_) {
       const RequestState& r = reqs_[i];
       if (r.pending < 0 || static_cast<int64_t>(rows.size()) >= o_.max_rows) continue;
-      rows.push_back({r.pending, chain(r.node, r.own.get())});
+      rows.push_back({r.pending, r.chain});
       who.push_back(i);
     }
     prefilling_.erase(std::remove_if(prefilling_.begin(), prefilling_.end(),
@@ -200,19 +201,16 @@ class Run {
       const int64_t i = order_[next_];
       RequestState& r = reqs_[i];
       const std::vector<int32_t> path = tree_.path_to(r.node);
-      const auto need = [&] {
-        int64_t bytes = r.own_bytes;
-        for (int32_t n : path)
-          if (!nodes_[n].live) bytes += nodes_[n].bytes;
-        return bytes;
-      };
+      int64_t need = r.own_bytes;  // eviction leaves it alone: it keeps the path
+      for (int32_t n : path)
+        if (!nodes_[n].live) need += nodes_[n].bytes;
       const auto fits = [&] {
-        return o_.kv_budget_bytes <= 0 || stats_.kv_bytes + need() <= o_.kv_budget_bytes;
+        return o_.kv_budget_bytes <= 0 || stats_.kv_bytes + need <= o_.kv_budget_bytes;
       };
       while (lru_ && !fits() && evict_one(path)) {
       }
       if (!fits() && !active_.empty()) break;
-      stats_.kv_bytes += need();
+      stats_.kv_bytes += need;
       stats_.peak_kv_bytes = std::max(stats_.peak_kv_bytes, stats_.kv_bytes);
       ++clock_;
       for (int32_t n : path) {
@@ -273,6 +271,7 @@ class Run {
     if (r.room > 1)
       r.own = std::make_unique<Segment>(model_.new_kv_segment(
           static_cast<int64_t>(r.q->context.size()), r.room - 1, node.segment.get()));
+    r.chain = chain(r.node, r.own.get());  // its nodes stay live until it finishes
     const std::vector<float> logits = node.logits;  // advance may finish r and free the node
     if (--node.to_start == 0) node.logits = {};
     advance(i, logits.data());
@@ -300,6 +299,7 @@ class Run {
     ++stats_.requests_done;
     stats_.generated_tokens += static_cast<int64_t>(r.gen.tokens.size());
     r.own.reset();
+    r.chain.clear();
     stats_.kv_bytes -= r.own_bytes;
     ++clock_;
     for (int32_t n : tree_.path_to(r.node)) {
