@@ -185,8 +185,9 @@ TEST_P(Engine, BaselineSchedulesGiveEveryRequestTheSameTokens) {
     // A batch runs to its end before the next starts, and has at most `batch` requests.
     for (size_t k = 0; k < fixed.running.size(); ++k) {
       EXPECT_LE(fixed.running[k], batch);
-      if (k > 0 && fixed.running[k] > fixed.running[k - 1])
+      if (k > 0 && fixed.running[k] > fixed.running[k - 1]) {
         EXPECT_EQ(fixed.running[k - 1], 0) << "a request joined a running batch at step " << k;
+      }
     }
     for (const auto& [i, g] : design.results)
       EXPECT_EQ(fixed.results.at(i).tokens, g.tokens) << "fixed " << batch << ", request " << i;

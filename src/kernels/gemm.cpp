@@ -73,16 +73,18 @@ namespace {
 GemmRows rows_mode_from_environment() {
   const char* env = std::getenv("FOUNDRY_GEMM_ROWS");
   const std::string name = env ? env : "";
-  for (GemmRows m : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact})
+  for (GemmRows m : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact,
+                     GemmRows::exact_fixed})
     if (name == gemm_rows_name(m)) return m;
   if (!name.empty() && name != "auto")
     fail(fmt::format("FOUNDRY_GEMM_ROWS = '{}' is not a mode of the GEMMs' token dimension",
                      name),
-         "use auto, runtime, exact-m, exact-k or exact (or unset it: auto)");
+         "use auto, runtime, exact-m, exact-k, exact or exact-fixed (or unset it: auto)");
   // oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores its exact (brgemm)
-  // weight-gradient kernels are 1.2-1.5x faster, and padding K keeps their count small.
-  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx ? GemmRows::exact_k
-                                                                         : GemmRows::runtime;
+  // kernels are 1.2-1.5x faster, and padding K keeps the weight gradients' count small.
+  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx
+             ? GemmRows::exact_fixed
+             : GemmRows::runtime;
 }
 
 std::atomic<int>& rows_mode_slot() {
@@ -109,6 +111,16 @@ std::atomic<int>& row_invariant_scopes() {
 }
 }  // namespace
 
+namespace {
+// Set on the thread running a task of run_products: its products' rows vary from call to call.
+thread_local int varying_rows_tasks = 0;
+
+struct VaryingRowsTask {
+  VaryingRowsTask() { ++varying_rows_tasks; }
+  ~VaryingRowsTask() { --varying_rows_tasks; }
+};
+}  // namespace
+
 RowInvariantGemms::RowInvariantGemms() { row_invariant_scopes().fetch_add(1); }
 RowInvariantGemms::~RowInvariantGemms() { row_invariant_scopes().fetch_sub(1); }
 
@@ -122,6 +134,7 @@ const char* gemm_rows_name(GemmRows mode) {
     case GemmRows::exact_m: return "exact-m";
     case GemmRows::exact_k: return "exact-k";
     case GemmRows::exact: return "exact";
+    case GemmRows::exact_fixed: return "exact-fixed";
   }
   return "?";
 }
@@ -245,9 +258,12 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
   if (r == 2) {
     const GemmRows mode = gemm_rows_mode();
-    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact ||
+    // exact-fixed outside run_products: one primitive per shape serves every call as it is.
+    const bool fixed_rows = mode == GemmRows::exact_fixed && varying_rows_tasks == 0;
+    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact || fixed_rows ||
                          row_invariant_scopes().load(std::memory_order_relaxed) > 0;
-    const bool exact_k = mode == GemmRows::exact_k || mode == GemmRows::exact;
+    const bool exact_k =
+        mode == GemmRows::exact_k || mode == GemmRows::exact || mode == GemmRows::exact_fixed;
     if (a.strides[1] == 1 && c.strides[1] == 1) {
       if (!exact_m) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
     } else if (a.strides[0] == 1 && b.strides[1] == 1) {
@@ -255,7 +271,7 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
                                               kReductionQuantum;
       if (!exact_k) {
         a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
-      } else if (padded != k) {
+      } else if (padded != k && !fixed_rows) {
         const size_t elem = a.dtype == DType::bf16 ? 2 : 4;
         const int64_t m = a.dims[0], n = b.dims[1];
         PaddedOperands& pad = padded_operands();
@@ -319,6 +335,7 @@ void run_products(const std::vector<int64_t>& costs, const std::function<void(in
   const int64_t n = static_cast<int64_t>(costs.size());
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (threads < 2 || !splits_evenly(costs, threads)) {
+    const VaryingRowsTask varying;
     for (int64_t i = 0; i < n; ++i) task(i);
     return;
   }
@@ -332,6 +349,7 @@ void run_products(const std::vector<int64_t>& costs, const std::function<void(in
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (int64_t j = 0; j < n; ++j) {
     try {
+      const VaryingRowsTask varying;
       task(order[j]);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex);

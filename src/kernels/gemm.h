@@ -62,20 +62,24 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
 // busiest thread at most 1.15× an even share), the tasks run concurrently, each GEMM on its
 // calling thread alone: products of a few hundred rows run faster so than each split across
 // the threads (perf_kernels BM_ExpertGemms). Otherwise they run one after another, each GEMM
-// on every thread. A GEMM gives the same bits either way (gemm_test checks).
+// on every thread. A GEMM gives the same bits either way (gemm_test checks). The tasks'
+// products count as products whose rows vary from call to call (GemmRows::exact_fixed).
 void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task);
 
-// How the token dimension of 2-D products (rows per expert, varying from call to call)
-// reaches oneDNN: as a runtime dimension (one primitive serves every row count), or exactly:
-// exact-m for the products whose rows are M (forward, input gradients: one primitive per
-// count, created on first use, 0.6 ms here), exact-k for the weight gradients' K (rounded up
-// to a multiple of 64 with zero rows, in scratch, so that a few primitives serve every
-// count), exact for both. oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores
-// the exact weight-gradient kernels ran 1.2-1.5x faster (docs/PERFORMANCE.md), elsewhere the
-// driver is as fast or faster. Results are the same bits for a given mode and machine, not
-// across modes. FOUNDRY_GEMM_ROWS=auto|runtime|exact-m|exact-k|exact chooses; auto (the
-// default) is exact-k on AMX cores and runtime elsewhere.
-enum class GemmRows { runtime, exact_m, exact_k, exact };
+// How the token dimension of 2-D products reaches oneDNN: as a runtime dimension (one
+// primitive serves every row count), or exactly: exact-m for the products whose rows are M
+// (forward, input gradients: one primitive per count, created on first use, 0.6 ms here),
+// exact-k for the weight gradients' K (rounded up to a multiple of 64 with zero rows, in
+// scratch, so that a few primitives serve every count), exact for both. exact-fixed is
+// exact-k, plus exact M for every product whose row count is the same call after call: all
+// but the experts' (the tasks of run_products, whose rows change every step). oneDNN 2.6 runs
+// runtime shapes through its GEMM driver; on AMX cores exact shapes go to its brgemm kernels,
+// 1.2-1.5x faster for the weight gradients and the layers' fixed-row products
+// (docs/PERFORMANCE.md); elsewhere the driver is as fast or faster. Results are the same bits
+// for a given mode and machine, not across modes. FOUNDRY_GEMM_ROWS=auto|runtime|exact-m|
+// exact-k|exact|exact-fixed chooses; auto (the default) is exact-fixed on AMX cores and
+// runtime elsewhere.
+enum class GemmRows { runtime, exact_m, exact_k, exact, exact_fixed };
 GemmRows gemm_rows_mode();
 // Sets the mode for the rest of the process (tests and benchmarks compare the modes).
 void set_gemm_rows_mode(GemmRows mode);

@@ -116,7 +116,10 @@ TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
   // multiple of 64 (1, 3, 17 and 64 rows share one primitive), exact both
   // (gemm_rows_mode()). Every row count is exact in each mode.
   const GemmRows mode = gemm_rows_mode();
-  const size_t per_count = mode == GemmRows::exact_m || mode == GemmRows::exact ? 1 : 0;
+  // exact-fixed: these calls are outside run_products, so M and K are both exact.
+  const size_t per_count = mode == GemmRows::exact_m || mode == GemmRows::exact ? 1
+                           : mode == GemmRows::exact_fixed                      ? 2
+                                                                                : 0;
   const int64_t n = 24, k = 40;
   auto a = random_vec(64 * k, 6), b = random_vec(k * n, 7), dy = random_vec(64 * n, 8);
   std::vector<float> c(64 * n), dw(n * k);
@@ -133,6 +136,41 @@ TEST(Gemm, RowCountsShareAPrimitiveUnlessTheRowsModeIsExact) {
     for (int64_t i = 0; i < n * k; ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-4);
   }
   EXPECT_EQ(matmul_cache_size(), before + 3 * per_count) << gemm_rows_name(mode);
+}
+
+// exact-fixed: the products of run_products' tasks (the experts', whose rows change every
+// step) share primitives across row counts as under exact-k; the same products outside make
+// one per shape, with K unpadded. The results are right either way.
+TEST(Gemm, ExactFixedKeepsTheTasksRowCountsRuntime) {
+  const GemmRows restore = gemm_rows_mode();
+  set_gemm_rows_mode(GemmRows::exact_fixed);
+  const int64_t n = 24, k = 40;
+  auto a = random_vec(70 * k, 11), b = random_vec(k * n, 12), dy = random_vec(70 * n, 13);
+  std::vector<float> c(70 * n), dw(n * k);
+  auto products = [&](int64_t rows) {
+    gemm(a.data(), false, b.data(), false, c.data(), rows, n, k, DType::f32);
+    auto ref = reference(a, false, b, false, rows, n, k);
+    for (int64_t i = 0; i < rows * n; ++i) ASSERT_NEAR(c[i], ref[i], 1e-4) << rows;
+    gemm(dy.data(), true, a.data(), false, dw.data(), n, k, rows, DType::f32);
+    auto ref_dw = reference(dy, true, a, false, n, k, rows);
+    for (int64_t i = 0; i < n * k; ++i) ASSERT_NEAR(dw[i], ref_dw[i], 1e-4) << rows;
+  };
+  const std::vector<int64_t> counts = {5, 29, 70};
+  auto in_tasks = [&] {
+    run_products({1}, [&](int64_t) {
+      for (int64_t rows : counts) products(rows);
+    });
+  };
+  in_tasks();  // the runtime-M primitive and the padded-K ones (64 and 128 rows)
+  const size_t before = matmul_cache_size();
+  in_tasks();
+  run_products({1}, [&](int64_t) { products(3); });  // K pads to 64 again
+  EXPECT_EQ(matmul_cache_size(), before);
+  for (int64_t rows : counts) products(rows);  // outside: an exact M and K per count
+  EXPECT_EQ(matmul_cache_size(), before + 2 * counts.size());
+  for (int64_t rows : counts) products(rows);
+  EXPECT_EQ(matmul_cache_size(), before + 2 * counts.size());
+  set_gemm_rows_mode(restore);
 }
 
 // Under RowInvariantGemms each row of a product is the same bits for every row count (what
@@ -168,7 +206,8 @@ TEST(Gemm, RowInvariantProductsGiveEachRowTheBitsOfItsProductAlone) {
 // In every rows mode (gemm_rows_mode(): runtime, exact M, K padded to a multiple of 64, both).
 TEST(Gemm, ConcurrentCallsMatchSequentialCallsBitwise) {
   const GemmRows restore = gemm_rows_mode();
-  for (GemmRows mode : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact}) {
+  for (GemmRows mode : {GemmRows::runtime, GemmRows::exact_m, GemmRows::exact_k, GemmRows::exact,
+                        GemmRows::exact_fixed}) {
   SCOPED_TRACE(gemm_rows_name(mode));
   set_gemm_rows_mode(mode);
   const int64_t k = 96, n = 160;

@@ -125,6 +125,13 @@ void Checkpointer::open_memory_tier() {
   memory_.keep = 2;
 }
 
+SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last) {
+  SavesDue due;
+  due.durable = last || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
+  due.memory = !last && tc.memory_checkpoint_every > 0 && step % tc.memory_checkpoint_every == 0;
+  return due;
+}
+
 void Checkpointer::save_in_memory(int64_t step) {
   if (memory_.root.empty() || memory_.in_flight) return;
   memory_.started = now_seconds();

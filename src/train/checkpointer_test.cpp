@@ -4,8 +4,10 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <filesystem>
 
 #include "base/test_expect_error.h"
+#include "ckpt/checkpoint_dir.h"
 #include "kernels/cpu_backend.h"
 #include "model/model.h"
 #include "train/memory_tier.h"
@@ -317,6 +319,54 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
             std::nullopt);
   EXPECT_EQ(latest_resume_step(rc.train), 5);
+}
+
+TEST(MemoryTier, SavesAtDurableStepsTooButNotAtTheEnd) {
+  TrainConfig tc;
+  tc.checkpoint_every = 4;
+  tc.memory_checkpoint_every = 2;
+  auto due = [&](int64_t step, bool last) {
+    const SavesDue d = saves_due(tc, step, last);
+    return std::pair<bool, bool>{d.durable, d.memory};
+  };
+  EXPECT_EQ(due(1, false), std::make_pair(false, false));
+  EXPECT_EQ(due(2, false), std::make_pair(false, true));
+  EXPECT_EQ(due(4, false), std::make_pair(true, true));
+  EXPECT_EQ(due(5, true), std::make_pair(true, false));
+  EXPECT_EQ(due(6, true), std::make_pair(true, false));
+  tc.memory_checkpoint_every = 0;
+  EXPECT_EQ(due(4, false), std::make_pair(true, false));
+  tc.checkpoint_every = 0;
+  EXPECT_EQ(due(4, false), std::make_pair(false, false));
+  EXPECT_EQ(due(3, true), std::make_pair(true, false));
+}
+
+// Both tiers at one step: a failure before the durable checkpoint commits resumes from the
+// memory tier's checkpoint of the same step, not from the one before it.
+TEST(MemoryTier, HoldsADurableStepUntilItsDurableCheckpointCommits) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  TinyRun run(rc, 1);
+  for (int64_t s = 1; s <= 4; ++s) {
+    run.step(s);
+    run.checkpointer.poll();
+    if (s == 2 || s == 4) run.checkpointer.save(s);
+    run.checkpointer.save_in_memory(s);
+  }
+  const std::vector<float> after_4 = run.params();
+  run.checkpointer.finish();
+  EXPECT_EQ(list_checkpoint_dirs(memory_tier_root(rc.train)).back().step, 4);
+  EXPECT_EQ(latest_resume_step(rc.train), 4);
+  // As if the job had died before step 4's durable checkpoint committed: step 2 is the latest.
+  const std::vector<CheckpointDir> durable = list_checkpoint_dirs(rc.train.run_dir);
+  ASSERT_EQ(durable.size(), 2u);
+  remove_all(durable[1].path);
+  write_latest(rc.train.run_dir + "/checkpoints",
+               std::filesystem::path(durable[0].path).filename().string());
+  EXPECT_EQ(latest_resume_step(rc.train), 4);
+  TinyRun resumed(rc, 99);
+  EXPECT_EQ(resumed.checkpointer.resume(), 4);
+  EXPECT_EQ(resumed.params(), after_4);
 }
 
 TEST(MemoryTier, ANewRunClearsItAndTheEndOfARunRetiresIt) {

@@ -144,12 +144,6 @@ struct TrainingRun {
     return val_loader &&
            ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == schedule.total_steps);
   }
-  bool checkpoint_due(int64_t step) const {
-    return tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0;
-  }
-  bool memory_checkpoint_due(int64_t step) const {
-    return tc.memory_checkpoint_every > 0 && step % tc.memory_checkpoint_every == 0;
-  }
   RankMemory memory_now() const {
     return {double(peak_rss_bytes()), double(model->resident_slab_bytes())};
   }
@@ -733,12 +727,12 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     // Memory at the last step, before its checkpoint's snapshot (not training memory).
     if (final_step || stop.any()) memory = run.memory_now();
     run.checkpointer->poll();
-    if (final_step || stop.any() || run.checkpoint_due(step)) {
+    const SavesDue due = saves_due(run.tc, step, final_step || stop.any());
+    if (due.durable) {
       run.mark(step, "checkpoint");
       run.checkpointer->save(step);
-    } else if (run.memory_checkpoint_due(step)) {
-      run.checkpointer->save_in_memory(step);
     }
+    if (due.memory) run.checkpointer->save_in_memory(step);
     if (final_step || stop.any()) run.checkpointer->finish();
     if (final_step || stop.signal) run.checkpointer->retire_memory_tier();
     if (stop.output_failed) report_output_failure(run, step, output_error);
