@@ -182,7 +182,7 @@ struct GenArgs {
   infer::SamplingOptions sampling;
   uint64_t seed = 0;
   bool stop_on_error = false, quiet = false, no_sharing = false, ignore_eos = false;
-  int64_t batch_tokens = 32, max_requests = 0;
+  int64_t batch_tokens = 64, max_requests = 0;
   std::string kv_memory;  // a size; empty: default_kv_memory
   std::string schedule = "prefix-tree", trace;
 };
