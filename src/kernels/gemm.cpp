@@ -109,9 +109,7 @@ std::atomic<int>& row_invariant_scopes() {
   static std::atomic<int> scopes{0};
   return scopes;
 }
-}  // namespace
 
-namespace {
 // Set on the thread running a task of run_products: its products' rows vary from call to call.
 thread_local int varying_rows_tasks = 0;
 

@@ -725,15 +725,16 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     const bool final_step = step == total_steps || step == opt.stop_at_step;
     const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
     // Memory at the last step, before its checkpoint's snapshot (not training memory).
-    if (final_step || stop.any()) memory = run.memory_now();
+    const bool last = final_step || stop.any();
+    if (last) memory = run.memory_now();
     run.checkpointer->poll();
-    const SavesDue due = saves_due(run.tc, step, final_step || stop.any());
+    const SavesDue due = saves_due(run.tc, step, last);
     if (due.durable) {
       run.mark(step, "checkpoint");
       run.checkpointer->save(step);
     }
     if (due.memory) run.checkpointer->save_in_memory(step);
-    if (final_step || stop.any()) run.checkpointer->finish();
+    if (last) run.checkpointer->finish();
     if (final_step || stop.signal) run.checkpointer->retire_memory_tier();
     if (stop.output_failed) report_output_failure(run, step, output_error);
     if (stop.signal) {
