@@ -133,7 +133,7 @@ __global__ void grouped_forward_kernel(float* z, const float* y, const float* w1
   const int64_t ch = groups * d;
   FOUNDRY_FOR_EACH(index, b * t * ch) {
     const int64_t oc = index % ch, grp = oc / d, pos = (index / ch) % t, row = index / ch;
-    float acc = b1[oc];
+    float acc = b1 ? b1[oc] : 0.0f;
     for (int64_t i = 0; i < taps; ++i) {
       const int64_t src = pos - (taps - 1) + i;
       if (src < 0) continue;

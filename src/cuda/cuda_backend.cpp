@@ -210,6 +210,7 @@ class CudaBackend final : public Backend {
   void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
                                  const float* y, const float* w1, int64_t b, int64_t t,
                                  int64_t groups, int64_t d, int64_t taps, DType) override {
+    zero(dy, b * t * groups * d * static_cast<int64_t>(sizeof(float)));  // dy is written
     ops::cca_grouped_conv_backward(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps,
                                    floats(ops::cca_grouped_conv_scratch(b, t, groups, d, taps)));
   }

@@ -144,6 +144,7 @@ class Backend {
   virtual void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
                                            const float* c, const float* w0, int64_t b,
                                            int64_t t, int64_t channels, int64_t taps) = 0;
+  // z written; b1 null: no bias (the fused norm below adds it). dy written (not +=).
   virtual void cca_grouped_conv_forward(float* z, const float* y, const float* w1,
                                         const float* b1, int64_t b, int64_t t, int64_t groups,
                                         int64_t d, int64_t taps, DType dtype) = 0;
@@ -159,6 +160,25 @@ class Backend {
   virtual void cca_qk_norm_backward(float* dqk, float* dtemp, const float* dq, const float* dk,
                                     const float* qk, const float* rnorm, const float* temp,
                                     int64_t n, int64_t hq, int64_t hk, int64_t d) = 0;
+  // The fused forms a step runs (kernels/cca.h); by default, the compositions they stand for.
+  virtual void cca_means_qk_norm_forward(float* q, float* k, float* rnorm, float* qk,
+                                         const float* c, const float* b1, const float* temp,
+                                         int64_t n, int64_t hq, int64_t hk, int64_t d,
+                                         float eps) {
+    if (b1) bias_add_forward(qk, b1, n, (hq + hk) * d);
+    cca_means_forward(qk, c, n, hq, hk, d);
+    cca_qk_norm_forward(q, k, rnorm, qk, temp, n, hq, hk, d, eps);
+  }
+  virtual void cca_qk_norm_means_backward(float* dqk, float* dc, float* dtemp, const float* dq,
+                                          const float* dk, const float* qk, const float* rnorm,
+                                          const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                          int64_t d) {
+    const int64_t bytes = n * (hq + hk) * d * static_cast<int64_t>(sizeof(float));
+    zero(dqk, bytes);
+    cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
+    zero(dc, bytes);
+    cca_means_backward(dc, dqk, n, hq, hk, d);
+  }
 
   // ---- ZAYA1's router and residual scaling (kernels/zaya_router.h) ---------------------------
   virtual void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) = 0;

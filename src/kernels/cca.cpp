@@ -170,57 +170,64 @@ void CcaDims::validate() const {
 
 // ---- means ---------------------------------------------------------------------------------
 
+// One row of each: qk_row += [mq ‖ mk] from c_row; dc_row += the means' gradient of dqk_row.
 template <typename T>
-void cca_means_forward(T* qk, const T* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  check_heads(hq, hk, d);
-  const int64_t g = hq / hk, channels = (hq + hk) * d;
+inline void means_forward_row(T* qk_row, const T* c_row, int64_t hq, int64_t hk, int64_t d) {
+  const int64_t g = hq / hk;
   const T inv_g = T(1) / static_cast<T>(g);
-#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t row = 0; row < n; ++row) {
-    const T* q0 = c + row * channels;
-    const T* k0 = q0 + hq * d;
-    T* out_q = qk + row * channels;
-    T* out_k = out_q + hq * d;
-    for (int64_t j = 0; j < hk; ++j) {
-      const T* kj = k0 + j * d;
+  const T* k0 = c_row + hq * d;
+  T* out_k = qk_row + hq * d;
+  for (int64_t j = 0; j < hk; ++j) {
+    const T* kj = k0 + j * d;
 #pragma omp simd
-      for (int64_t x = 0; x < d; ++x) {
-        T sum = 0;
-        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-          const T mq = (q0[h * d + x] + kj[x]) * T(0.5);
-          out_q[h * d + x] += mq;
-          sum += mq;
-        }
-        out_k[j * d + x] += sum * inv_g;
+    for (int64_t x = 0; x < d; ++x) {
+      T sum = 0;
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        const T mq = (c_row[h * d + x] + kj[x]) * T(0.5);
+        qk_row[h * d + x] += mq;
+        sum += mq;
       }
+      out_k[j * d + x] += sum * inv_g;
     }
   }
 }
 
 template <typename T>
-void cca_means_backward(T* dc, const T* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  check_heads(hq, hk, d);
-  const int64_t g = hq / hk, channels = (hq + hk) * d;
+inline void means_backward_row(T* dc_row, const T* dqk_row, int64_t hq, int64_t hk, int64_t d) {
+  const int64_t g = hq / hk;
   const T half_inv_g = T(0.5) / static_cast<T>(g);
-#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t row = 0; row < n; ++row) {
-    const T* dmq = dqk + row * channels;
-    const T* dmk = dmq + hq * d;
-    T* dq0 = dc + row * channels;
-    T* dk0 = dq0 + hq * d;
-    for (int64_t j = 0; j < hk; ++j) {
+  const T* dmk = dqk_row + hq * d;
+  T* dk0 = dc_row + hq * d;
+  for (int64_t j = 0; j < hk; ++j) {
 #pragma omp simd
-      for (int64_t x = 0; x < d; ++x) {
-        const T from_mk = dmk[j * d + x] * half_inv_g;
-        T sum = 0;
-        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-          dq0[h * d + x] += dmq[h * d + x] * T(0.5) + from_mk;
-          sum += dmq[h * d + x];
-        }
-        dk0[j * d + x] += (sum + dmk[j * d + x]) * T(0.5);
+    for (int64_t x = 0; x < d; ++x) {
+      const T from_mk = dmk[j * d + x] * half_inv_g;
+      T sum = 0;
+      for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+        dc_row[h * d + x] += dqk_row[h * d + x] * T(0.5) + from_mk;
+        sum += dqk_row[h * d + x];
       }
+      dk0[j * d + x] += (sum + dmk[j * d + x]) * T(0.5);
     }
   }
+}
+
+template <typename T>
+void cca_means_forward(T* qk, const T* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t channels = (hq + hk) * d;
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row)
+    means_forward_row(qk + row * channels, c + row * channels, hq, hk, d);
+}
+
+template <typename T>
+void cca_means_backward(T* dc, const T* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t channels = (hq + hk) * d;
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row)
+    means_backward_row(dc + row * channels, dqk + row * channels, hq, hk, d);
 }
 
 // ---- depthwise convolution -----------------------------------------------------------------
@@ -469,67 +476,130 @@ void cca_value_shift_backward(T* dvcur, T* dvprev_in, const T* dv, int64_t b, in
 
 // ---- QK-norm -------------------------------------------------------------------------------
 
+// One row of each (the row's G heads). Forward: q_row [Hq·d], k_row [Hk·d], rnorm_row [G]
+// from qk_row [C]. Backward: dqk_row [C] +=, and each key head's dτ added to dtemp_part [Hk].
 template <typename T>
-void cca_qk_norm_forward(T* q, T* k, T* rnorm, const T* qk, const T* temp, int64_t n, int64_t hq,
-                         int64_t hk, int64_t d, T eps) {
-  check_heads(hq, hk, d);
-  const int64_t heads = hq + hk, channels = heads * d;
+inline void qk_norm_forward_row(T* q_row, T* k_row, T* rnorm_row, const T* qk_row,
+                                const T* temp, int64_t hq, int64_t hk, int64_t d, T eps) {
   const T sqrt_d = std::sqrt(static_cast<T>(d));
-#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t row = 0; row < n; ++row)
-    for (int64_t h = 0; h < heads; ++h) {
-      const T* x = qk + row * channels + h * d;
-      T sum_sq = 0;
+  for (int64_t h = 0; h < hq + hk; ++h) {
+    const T* x = qk_row + h * d;
+    T sum_sq = 0;
 #pragma omp simd reduction(+ : sum_sq)
-      for (int64_t j = 0; j < d; ++j) sum_sq += x[j] * x[j];
-      const T r = T(1) / std::sqrt(sum_sq + eps);
-      rnorm[row * heads + h] = r;
-      const bool is_key = h >= hq;
-      const T scale = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
-      T* out = is_key ? k + (row * hk + (h - hq)) * d : q + (row * hq + h) * d;
+    for (int64_t j = 0; j < d; ++j) sum_sq += x[j] * x[j];
+    const T r = T(1) / std::sqrt(sum_sq + eps);
+    rnorm_row[h] = r;
+    const bool is_key = h >= hq;
+    const T scale = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
+    T* out = is_key ? k_row + (h - hq) * d : q_row + h * d;
 #pragma omp simd
-      for (int64_t j = 0; j < d; ++j) out[j] = x[j] * scale;
-    }
+    for (int64_t j = 0; j < d; ++j) out[j] = x[j] * scale;
+  }
 }
 
 // Per head with s = √d·τ (τ = temp[j] for keys, 1 for queries), r = 1/‖x‖, out = s·r·x:
 //   dx = s·r·dout − s·r³·<x, dout>·x,   dτ = √d·r·<x, dout>.
 template <typename T>
+inline void qk_norm_backward_row(T* dqk_row, T* dtemp_part, const T* dq_row, const T* dk_row,
+                                 const T* qk_row, const T* rnorm_row, const T* temp, int64_t hq,
+                                 int64_t hk, int64_t d) {
+  const T sqrt_d = std::sqrt(static_cast<T>(d));
+  for (int64_t h = 0; h < hq + hk; ++h) {
+    const bool is_key = h >= hq;
+    const T* x = qk_row + h * d;
+    const T* g = is_key ? dk_row + (h - hq) * d : dq_row + h * d;
+    T* dx = dqk_row + h * d;
+    T x_dot_g = 0;
+#pragma omp simd reduction(+ : x_dot_g)
+    for (int64_t j = 0; j < d; ++j) x_dot_g += x[j] * g[j];
+    const T r = rnorm_row[h];
+    const T s_r = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
+    const T coef = s_r * r * r * x_dot_g;
+#pragma omp simd
+    for (int64_t j = 0; j < d; ++j) dx[j] += s_r * g[j] - coef * x[j];
+    if (is_key) dtemp_part[h - hq] += sqrt_d * r * x_dot_g;
+  }
+}
+
+template <typename T>
+void cca_qk_norm_forward(T* q, T* k, T* rnorm, const T* qk, const T* temp, int64_t n, int64_t hq,
+                         int64_t hk, int64_t d, T eps) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row)
+    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads,
+                        qk + row * channels, temp, hq, hk, d, eps);
+}
+
+template <typename T>
+void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T* b1,
+                               const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d,
+                               T eps) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row) {
+    T* qk_row = qk + row * channels;
+    if (b1)
+#pragma omp simd
+      for (int64_t j = 0; j < channels; ++j) qk_row[j] += b1[j];
+    means_forward_row(qk_row, c + row * channels, hq, hk, d);
+    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp,
+                        hq, hk, d, eps);
+  }
+}
+
+namespace {
+
+// dtemp: one partial [Hk] per fixed chunk of rows, summed in chunk order afterwards (the same
+// bits with any thread count). row(r, partial) does row r's work.
+constexpr int64_t kNormRowsPerChunk = 32;
+
+template <typename T, typename Row>
+void rows_with_dtemp(T* dtemp, int64_t n, int64_t hk, bool parallel, Row row) {
+  const int64_t chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
+  thread_local detail::ScratchBuffer<T> partial_buffer;
+  T* partials = partial_buffer.get(std::max<int64_t>(chunks * hk, 1));
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+    T* partial = partials + chunk * hk;
+    std::fill(partial, partial + hk, T(0));
+    const int64_t row_end = std::min(n, (chunk + 1) * kNormRowsPerChunk);
+    for (int64_t r = chunk * kNormRowsPerChunk; r < row_end; ++r) row(r, partial);
+  }
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+    for (int64_t j = 0; j < hk; ++j) dtemp[j] += partials[chunk * hk + j];
+}
+
+}  // namespace
+
+template <typename T>
 void cca_qk_norm_backward(T* dqk, T* dtemp, const T* dq, const T* dk, const T* qk, const T* rnorm,
                           const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d) {
   check_heads(hq, hk, d);
   const int64_t heads = hq + hk, channels = heads * d;
-  const T sqrt_d = std::sqrt(static_cast<T>(d));
-  // dtemp: one partial [Hk] per fixed chunk of rows, summed in chunk order afterwards.
-  constexpr int64_t kRowsPerChunk = 32;
-  const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
-  thread_local detail::ScratchBuffer<T> partial_buffer;
-  T* partials = partial_buffer.get(std::max<int64_t>(chunks * hk, 1));
+  rows_with_dtemp(dtemp, n, hk, is_parallel(n * channels), [&](int64_t row, T* partial) {
+    qk_norm_backward_row(dqk + row * channels, partial, dq + row * hq * d, dk + row * hk * d,
+                         qk + row * channels, rnorm + row * heads, temp, hq, hk, d);
+  });
+}
 
-#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    T* partial = partials + chunk * hk;
-    std::fill(partial, partial + hk, T(0));
-    const int64_t row_end = std::min(n, (chunk + 1) * kRowsPerChunk);
-    for (int64_t row = chunk * kRowsPerChunk; row < row_end; ++row)
-      for (int64_t h = 0; h < heads; ++h) {
-        const bool is_key = h >= hq;
-        const T* x = qk + row * channels + h * d;
-        const T* g = is_key ? dk + (row * hk + (h - hq)) * d : dq + (row * hq + h) * d;
-        T* dx = dqk + row * channels + h * d;
-        T x_dot_g = 0;
-#pragma omp simd reduction(+ : x_dot_g)
-        for (int64_t j = 0; j < d; ++j) x_dot_g += x[j] * g[j];
-        const T r = rnorm[row * heads + h];
-        const T s_r = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
-        const T coef = s_r * r * r * x_dot_g;
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) dx[j] += s_r * g[j] - coef * x[j];
-        if (is_key) partial[h - hq] += sqrt_d * r * x_dot_g;
-      }
-  }
-  for (int64_t chunk = 0; chunk < chunks; ++chunk)
-    for (int64_t j = 0; j < hk; ++j) dtemp[j] += partials[chunk * hk + j];
+template <typename T>
+void cca_qk_norm_means_backward(T* dqk, T* dc, T* dtemp, const T* dq, const T* dk, const T* qk,
+                                const T* rnorm, const T* temp, int64_t n, int64_t hq, int64_t hk,
+                                int64_t d) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+  rows_with_dtemp(dtemp, n, hk, is_parallel(n * channels), [&](int64_t row, T* partial) {
+    T* dqk_row = dqk + row * channels;
+    T* dc_row = dc + row * channels;
+    std::fill(dqk_row, dqk_row + channels, T(0));
+    qk_norm_backward_row(dqk_row, partial, dq + row * hq * d, dk + row * hk * d,
+                         qk + row * channels, rnorm + row * heads, temp, hq, hk, d);
+    std::fill(dc_row, dc_row + channels, T(0));
+    means_backward_row(dc_row, dqk_row, hq, hk, d);
+  });
 }
 
 // ---- decode --------------------------------------------------------------------------------
@@ -676,6 +746,10 @@ void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follo
 
 #define FOUNDRY_INSTANTIATE(T)                                                                     \
   template void cca_means_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
+  template void cca_means_qk_norm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*,       \
+                                             int64_t, int64_t, int64_t, int64_t, T);            \
+  template void cca_qk_norm_means_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
+                                              const T*, int64_t, int64_t, int64_t, int64_t);     \
   template void cca_means_backward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
   template void cca_depthwise_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,  \
                                               int64_t, int64_t);                                   \

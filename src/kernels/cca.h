@@ -56,6 +56,10 @@
 //   cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, B, T, C, t0)
 //   dWq += dc[:, :Hq·d]^T·x, dWk += dc[:, Hq·d:]^T·x, dx += dc·[Wq; Wk]          GEMMs
 //
+// A training step runs the same composition in fewer passes over [N, C]: the grouped conv's
+// oneDNN form without its bias, then cca_means_qk_norm_forward (bias, means, norm, row by
+// row); backward, cca_qk_norm_means_backward writes dqk and dc, and the oneDNN form writes dy.
+//
 // The value shift: v = [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] (x_{−1} = 0). Shifting the half-width
 // projection (half = Hk·d/2 channels, 128 for ZAYA1) is cheaper than shifting x (E channels,
 // 2048) and needs no second copy of x; the GEMM cost is the same either way (the last token's
@@ -142,9 +146,10 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, c
                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
 
 // The same two as oneDNN matmuls on float activations (kernels/cca_gemm.cpp), the form the
-// model runs in both precisions: per tap one product batched over sequences and groups.
-// `dtype` is the GEMMs' input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation),
-// as for the model's other GEMMs. fp32 agrees with the reference above to rounding.
+// model runs in both precisions: one product per group with the taps stacked in K. `dtype`
+// is the GEMMs' input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation), as for
+// the model's other GEMMs. fp32 agrees with the reference above to rounding. Unlike the
+// reference: b1 may be null (no bias), and dy is WRITTEN (dw1, db1 +=).
 void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
                                    int64_t b, int64_t t, int64_t groups, int64_t d,
                                    int64_t taps, DType dtype);
@@ -191,6 +196,20 @@ template <typename T>
 void cca_qk_norm_backward(T* dqk, T* dtemp, const T* dq, const T* dk, const T* qk,
                           const T* rnorm, const T* temp, int64_t n, int64_t hq, int64_t hk,
                           int64_t d);
+
+// ---- fused: the forms a training step runs (each bitwise the composition it names) ---------
+// In one pass over the rows: with b1 [C] set, qk += b1 (the bias of a grouped conv run
+// without it); then cca_means_forward(qk, c, …) and cca_qk_norm_forward(q, k, rnorm, qk, …).
+template <typename T>
+void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T* b1,
+                               const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d,
+                               T eps);
+// In one pass over the rows: dqk and dc [N, C] (writes) = cca_qk_norm_backward into a zeroed
+// dqk, then cca_means_backward of it into a zeroed dc; dtemp [Hk] +=.
+template <typename T>
+void cca_qk_norm_means_backward(T* dqk, T* dc, T* dtemp, const T* dq, const T* dk, const T* qk,
+                                const T* rnorm, const T* temp, int64_t n, int64_t hq, int64_t hk,
+                                int64_t d);
 
 // ---- decode: one new token per sequence ----------------------------------------------------
 // The per-sublayer state for B sequences. Zero is the state before the first token (the

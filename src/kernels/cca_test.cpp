@@ -326,9 +326,11 @@ TEST(CcaGroupedConv, GemmFormMatchesTheReferenceInFp32AndBf16) {
     const auto y = random_normal(b * t * ch, 80), w1 = random_normal(ch * d * taps, 81, 0.2),
                b1 = random_normal(ch, 82), dz = random_normal(b * t * ch, 83);
     const auto z_ref = grouped_reference(y, w1, b1, b, t, groups, d, taps);
-    const auto dy_prior = random_normal(b * t * ch, 84),
+    const auto z_unbiased_ref = grouped_reference(y, w1, Vec(ch, 0.0), b, t, groups, d, taps);
+    // dy is written (its stale contents ignored); dw1 and db1 accumulate.
+    const auto dy_stale = random_normal(b * t * ch, 84),
                dw_prior = random_normal(ch * d * taps, 85), db_prior = random_normal(ch, 86);
-    Vec dy_ref = dy_prior, dw_ref = dw_prior, db_ref = db_prior;
+    Vec dy_ref(b * t * ch, 0.0), dw_ref = dw_prior, db_ref = db_prior;
     grouped_backward_reference(dy_ref, dw_ref, db_ref, dz, y, w1, b, t, groups, d, taps);
     const auto yf = cast_vector<float>(y), w1f = cast_vector<float>(w1),
                b1f = cast_vector<float>(b1), dzf = cast_vector<float>(dz);
@@ -339,7 +341,11 @@ TEST(CcaGroupedConv, GemmFormMatchesTheReferenceInFp32AndBf16) {
       cca_grouped_conv_forward_gemm(z.data(), yf.data(), w1f.data(), b1f.data(), b, t, groups, d,
                                     taps, dtype);
       EXPECT_LT(max_relative_error(z, z_ref), tol);
-      auto dy = cast_vector<float>(dy_prior), dw = cast_vector<float>(dw_prior),
+      std::vector<float> z_unbiased(b * t * ch, 7.0f);
+      cca_grouped_conv_forward_gemm(z_unbiased.data(), yf.data(), w1f.data(), nullptr, b, t,
+                                    groups, d, taps, dtype);
+      EXPECT_LT(max_relative_error(z_unbiased, z_unbiased_ref), tol);
+      auto dy = cast_vector<float>(dy_stale), dw = cast_vector<float>(dw_prior),
            db = cast_vector<float>(db_prior);
       cca_grouped_conv_backward_gemm(dy.data(), dw.data(), db.data(), dzf.data(), yf.data(),
                                      w1f.data(), b, t, groups, d, taps, dtype);
@@ -466,6 +472,51 @@ TEST(CcaQkNorm, BackwardMatchesFiniteDifferences) {
                        temp.data(), n, hq, hk, d);
   EXPECT_LT(max_relative_error(added(dqk, dqk_prior), num_dqk), 1e-7);
   EXPECT_LT(max_relative_error(added(dtemp, dtemp_prior), num_dtemp), 1e-7);
+}
+
+// The fused forms a step runs equal, value for value, the compositions they stand for (the
+// pieces above are checked against references and finite differences).
+TEST(CcaFused, MeansAndNormInOnePassEqualTheComposition) {
+  const int64_t n = 45, hq = 4, hk = 2, d = 16, ch = (hq + hk) * d;  // 45 rows: two dtemp chunks
+  const auto c = cast_vector<float>(random_normal(n * ch, 120));
+  const auto z = cast_vector<float>(random_normal(n * ch, 121));
+  const auto b1 = cast_vector<float>(random_normal(ch, 122));
+  const std::vector<float> temp{0.9f, 1.4f};
+  for (const bool bias : {false, true}) {
+    std::vector<float> qk_ref = z;
+    if (bias)
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t j = 0; j < ch; ++j) qk_ref[r * ch + j] += b1[j];
+    std::vector<float> q_ref(n * hq * d), k_ref(n * hk * d), rn_ref(n * (hq + hk));
+    cca_means_forward(qk_ref.data(), c.data(), n, hq, hk, d);
+    cca_qk_norm_forward(q_ref.data(), k_ref.data(), rn_ref.data(), qk_ref.data(), temp.data(), n,
+                        hq, hk, d, 1e-6f);
+    std::vector<float> qk = z, q(q_ref.size()), k(k_ref.size()), rn(rn_ref.size());
+    cca_means_qk_norm_forward(q.data(), k.data(), rn.data(), qk.data(), c.data(),
+                              bias ? b1.data() : nullptr, temp.data(), n, hq, hk, d, 1e-6f);
+    EXPECT_EQ(qk, qk_ref) << "bias " << bias;
+    EXPECT_EQ(q, q_ref) << "bias " << bias;
+    EXPECT_EQ(k, k_ref) << "bias " << bias;
+    EXPECT_EQ(rn, rn_ref) << "bias " << bias;
+  }
+
+  const auto qk = cast_vector<float>(random_normal(n * ch, 123));
+  const auto rnorm = cast_vector<float>(random_normal(n * (hq + hk), 124, 0.2));
+  const auto dq = cast_vector<float>(random_normal(n * hq * d, 125));
+  const auto dk = cast_vector<float>(random_normal(n * hk * d, 126));
+  std::vector<float> dqk_ref(n * ch, 0.0f), dc_ref(n * ch, 0.0f), dtemp_ref{0.5f, -0.25f};
+  cca_qk_norm_backward(dqk_ref.data(), dtemp_ref.data(), dq.data(), dk.data(), qk.data(),
+                       rnorm.data(), temp.data(), n, hq, hk, d);
+  cca_means_backward(dc_ref.data(), dqk_ref.data(), n, hq, hk, d);
+  // Stale values in both outputs: the fused backward writes them.
+  auto dqk = cast_vector<float>(random_normal(n * ch, 127));
+  auto dc = cast_vector<float>(random_normal(n * ch, 128));
+  std::vector<float> dtemp{0.5f, -0.25f};
+  cca_qk_norm_means_backward(dqk.data(), dc.data(), dtemp.data(), dq.data(), dk.data(), qk.data(),
+                             rnorm.data(), temp.data(), n, hq, hk, d);
+  EXPECT_EQ(dqk, dqk_ref);
+  EXPECT_EQ(dc, dc_ref);
+  EXPECT_EQ(dtemp, dtemp_ref);
 }
 
 // ---- the composed pipeline: causality, batch isolation, decode -----------------------------

@@ -199,7 +199,18 @@ class CpuBackend final : public Backend {
                             const float* qk, const float* rnorm, const float* temp, int64_t n,
                             int64_t hq, int64_t hk, int64_t d) override {
     ops::cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
+  }  void cca_means_qk_norm_forward(float* q, float* k, float* rnorm, float* qk, const float* c,
+                                 const float* b1, const float* temp, int64_t n, int64_t hq,
+                                 int64_t hk, int64_t d, float eps) override {
+    ops::cca_means_qk_norm_forward(q, k, rnorm, qk, c, b1, temp, n, hq, hk, d, eps);
   }
+  void cca_qk_norm_means_backward(float* dqk, float* dc, float* dtemp, const float* dq,
+                                  const float* dk, const float* qk, const float* rnorm,
+                                  const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                  int64_t d) override {
+    ops::cca_qk_norm_means_backward(dqk, dc, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
+  }
+
 
   void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) override {
     ops::bias_add_forward(y, bias, n, m);

@@ -15,14 +15,16 @@ namespace {
 // The grouped convolution (qk [B, T, G·d] from y), forward and backward: one batched oneDNN
 // GEMM per tap in the training precision (faster than the register-tiled reference kernel in
 // both precisions at zaya-bench's shape; docs/PERFORMANCE.md has the figures).
+// z = the convolution, with its bias b1 or (null) without.
 void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
-                          int64_t b, int64_t t) {
+                          const float* b1, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  cx.ops.cca_grouped_conv_forward(z, y, cx.p(w.w1), cx.p(w.b1), b, t,
+  cx.ops.cca_grouped_conv_forward(z, y, cx.p(w.w1), b1, b, t,
                                      c.n_heads + c.n_kv_heads, c.head_dim, c.cca_kernel_grouped,
                                      cx.precision);
 }
 
+// dy (written), and the parameters' gradients (+=).
 void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, const float* dz,
                            const float* y, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
@@ -85,7 +87,7 @@ void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a,
   cx.ops.cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
                                   e.length(), e.width, c.cca_kernel_depthwise);
   zero_halo_before_chunk0(a.y_ext, e, cp);
-  grouped_conv_forward(cx, w, g.ext_a, a.y_ext, e.sequences, e.length());
+  grouped_conv_forward(cx, w, g.ext_a, a.y_ext, cx.p(w.b1), e.sequences, e.length());
   for (int64_t bs = 0; bs < e.sequences; ++bs)
     std::copy_n(e.chunk_rows(g.ext_a, bs), e.tc * e.width, a.qk + bs * e.tc * e.width);
 }
@@ -104,7 +106,6 @@ void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaA
       std::fill_n(e.halo_rows(dz, bs), e.halo * e.width, 0.0f);
       std::copy_n(g.dqk + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(dz, bs));
     }
-    std::fill_n(g.ext_b, e.count(), 0.0f);
     grouped_conv_backward(cx, w, g.ext_b, dz, a.y_ext, e.sequences, e.length());
     zero_halo_before_chunk0(g.ext_b, e, cp);
     float* dc_ext = g.ext_a;
@@ -230,12 +231,13 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
     auto t = cx.time("cca_conv");
     cx.ops.cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
                                     c.cca_kernel_depthwise);
-    grouped_conv_forward(cx, w, a.qk, a.y, B, T);
+    grouped_conv_forward(cx, w, a.qk, a.y, nullptr, B, T);  // its bias comes with the means
   }
   {
     auto t = cx.time("cca_conv");
-    cx.ops.cca_means_forward(a.qk, a.c, N, Hq, Hk, d);
-    cx.ops.cca_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, cx.p(w.temp), N, Hq, Hk, d, kQkNormEps);
+    cx.ops.cca_means_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, a.c,
+                                     cx.context_parallel ? nullptr : cx.p(w.b1), cx.p(w.temp), N,
+                                     Hq, Hk, d, kQkNormEps);
     if (!cx.context_parallel)
       cx.ops.cca_value_shift_forward(a.v, B, T, KVD / 2);
   }
@@ -261,13 +263,9 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
   {
     auto t = cx.time("cca_conv");
     if (!cx.context_parallel) cx.ops.cca_value_shift_backward(ga.dv, B, T, KVD / 2);
-    cx.ops.zero(g.dqk, N * Cc * sizeof(float));
-    cx.ops.cca_qk_norm_backward(g.dqk, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm, cx.p(w.temp), N,
-                              Hq, Hk, d);
-    cx.ops.zero(g.dc, N * Cc * sizeof(float));
-    cx.ops.cca_means_backward(g.dc, g.dqk, N, Hq, Hk, d);
+    cx.ops.cca_qk_norm_means_backward(g.dqk, g.dc, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm,
+                                      cx.p(w.temp), N, Hq, Hk, d);
     if (!cx.context_parallel) {
-      cx.ops.zero(g.dy, N * Cc * sizeof(float));
       grouped_conv_backward(cx, w, g.dy, g.dqk, a.y, B, T);
       cx.ops.cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
                                        Cc, c.cca_kernel_depthwise);

@@ -112,8 +112,9 @@ void adamw_chunk(float* __restrict p, const float* __restrict g, float* __restri
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
     adamw_elements(p + i, g + i, m + i, v + i, len, s, keep, grad_scale);
-    to_bf16_serial(p + i, p16 + i, len);
+    to_bf16_streaming(p + i, p16 + i, len);
   }
+  stream_fence();
 }
 
 void AdamW::step(float* params, const float* grads, double lr, int64_t step,

@@ -7,8 +7,10 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <span>
 
 #include "model/params.h"
+#include "optim/slab_chunks.h"
 
 namespace foundry {
 
@@ -44,6 +46,10 @@ using UpdateVeto = std::function<bool(double grad_norm)>;
 // (element i to lane i % 8) combined pairwise: the order is fixed by the code, not by the
 // vector width or the alignment. And x *= factor.
 double sum_of_squares(const float* x, int64_t n);
+// out[c] = sum_of_squares(at(chunks[c].offset), chunks[c].size) for every chunk, bitwise, in
+// parallel (consecutive chunks of one size are read side by side, for memory bandwidth).
+void chunk_sums_of_squares(std::span<const SlabChunk> chunks,
+                           const std::function<const float*(int64_t offset)>& at, double* out);
 void scale_in_place(float* x, int64_t n, float factor);
 
 }  // namespace foundry

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -102,6 +103,27 @@ TEST(ClipGradNorm, BitwiseIdenticalWithOneOrTwoThreads) {
   omp_set_num_threads(saved);
   EXPECT_EQ(norm_one, norm_two);  // bitwise, not approximately
   EXPECT_EQ(a, b);
+}
+
+// Groups of eight equal chunks are read side by side, the rest one at a time: every chunk's
+// sum has exactly the bits of sum_of_squares over it alone, whatever its group.
+TEST(ClipGradNorm, ChunkSumsEqualEachChunkSummedAlone) {
+  std::vector<float> x(40000);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37 * static_cast<double>(i)) * 3.1f;
+  std::vector<SlabChunk> chunks;
+  for (int64_t c = 0; c < 16; ++c) chunks.push_back({c * 1003, 1001, false});  // two groups
+  for (int64_t c = 0; c < 5; ++c) chunks.push_back({16100 + c * 30, 29 - c, false});  // mixed
+  for (int64_t c = 0; c < 8; ++c) chunks.push_back({20000 + c * 2500, 2499 + (c == 7), false});
+  std::vector<double> sums(chunks.size(), -1.0);
+  chunk_sums_of_squares(chunks, [&](int64_t offset) { return x.data() + offset; }, sums.data());
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    const double alone = sum_of_squares(x.data() + chunks[c].offset, chunks[c].size);
+    EXPECT_EQ(std::bit_cast<uint64_t>(sums[c]), std::bit_cast<uint64_t>(alone)) << "chunk " << c;
+    double plain = 0;
+    for (int64_t i = 0; i < chunks[c].size; ++i)
+      plain += double(x[chunks[c].offset + i]) * x[chunks[c].offset + i];
+    EXPECT_NEAR(sums[c], plain, 1e-12 * plain) << "chunk " << c;
+  }
 }
 
 TEST(ClipGradNorm, RejectsNegativeMaxNorm) {

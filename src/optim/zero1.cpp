@@ -291,9 +291,8 @@ double Zero1Optimizer::clip_shard_gradient(double lr, int64_t step, double max_g
   const int rank = comm_.rank(), size = comm_.size();
   const int64_t n_chunks = static_cast<int64_t>(norm_chunks_.size());
   std::vector<double> partial(n_chunks);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < n_chunks; ++c)
-    partial[c] = sum_of_squares(shard_gradient(norm_chunks_[c].offset), norm_chunks_[c].size);
+  chunk_sums_of_squares(
+      norm_chunks_, [&](int64_t offset) { return shard_gradient(offset); }, partial.data());
   double shard_sum = 0;
   for (double s : partial) shard_sum += s;
   const double mine[4] = {shard_sum, lr, static_cast<double>(step), max_grad_norm};
