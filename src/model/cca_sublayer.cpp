@@ -12,10 +12,11 @@
 namespace foundry {
 namespace {
 
-// The grouped convolution (qk [B, T, G·d] from y), forward and backward: one batched oneDNN
-// GEMM per tap in the training precision (faster than the register-tiled reference kernel in
-// both precisions at zaya-bench's shape; docs/PERFORMANCE.md has the figures).
-// z = the convolution, with its bias b1 or (null) without.
+// The grouped convolution (qk [B, T, G·d] from y), forward and backward: oneDNN GEMMs, one
+// per group with the taps stacked in K, in the training precision (faster than the
+// register-tiled reference kernel in both precisions at zaya-bench's shape;
+// docs/PERFORMANCE.md has the figures). z = the convolution, with its bias b1 or (null)
+// without.
 void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
                           const float* b1, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
