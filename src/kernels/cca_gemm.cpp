@@ -2,10 +2,11 @@
 //
 // The taps are stacked into the products' K dimension: for every row (b, t) and group g the
 // GEMMs' input holds the taps' rows side by side, [x(t − pad) ‖ … ‖ x(t)] (pad = t1 − 1;
-// positions before the sequence's start are zero), in the GEMMs' type. Each direction is
-// then ONE product batched over the groups, [B·T, t1·d] × [t1·d, d] per group, with every row
-// of the batch in M: large enough for the library's fastest kernels, where one product per tap
-// of [T, d] × [d, d] blocks was not (docs/PERFORMANCE.md).
+// positions outside the sequence are zero), in the GEMMs' type, group by group. The forward
+// and the input gradient are then one [B·T, t1·d] × [t1·d, d] product per group, every row of
+// the batch in M, large enough for the library's fastest kernels, where one product per tap
+// of [T, d] × [d, d] blocks was not (docs/PERFORMANCE.md); the weight gradient is one product
+// batched over the groups with K = B·T.
 #include <algorithm>
 #include <cstring>
 
@@ -30,14 +31,14 @@ void store_as(DType dtype, const float* src, void* dst, int64_t n) {
     std::memcpy(dst, src, n * sizeof(float));
 }
 
-// Stacked rows: x [B, T, G·d] as [B·T, G, taps·d] in the GEMMs' type, where row (b, t),
-// group g holds [x(b, t + first) ‖ x(b, t + first + step) ‖ …] over the taps (first, step:
-// the forward's −pad, +1 reads the window before each row; the input gradient's +pad, −1 the
-// window after it), zero outside the sequence. Kept in a grow-only per-thread buffer.
+// Stacked rows: x [B, T, G·d] as [G, B·T, taps·d] in the GEMMs' type, where group g, row
+// (b, t) holds [x(b, t + first) ‖ x(b, t + first + 1) ‖ …] over the taps (first: −pad for
+// the window before each row, 0 for the window from it on), zero outside the sequence. Kept
+// in a grow-only per-thread buffer.
 class StackedTaps {
  public:
   StackedTaps(ScratchBuffer<unsigned char>& buffer, const float* x, int64_t b, int64_t t,
-              int64_t groups, int64_t d, int64_t taps, int64_t first, int64_t step, DType dtype)
+              int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
       : dtype_(dtype), groups_(groups), rows_(b * t), k_(taps * d) {
     const int64_t elem = element_size(dtype), rows = b * t, channels = groups * d;
     data_ = buffer.get(groups * rows * k_ * elem);
@@ -45,7 +46,7 @@ class StackedTaps {
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t s = row / t, r = row % t;
       for (int64_t i = 0; i < taps; ++i) {
-        const int64_t src = r + first + i * step;
+        const int64_t src = r + first + i;
         for (int64_t g = 0; g < groups; ++g) {
           unsigned char* dst = data_ + ((g * rows + row) * k_ + i * d) * elem;
           if (src >= 0 && src < t)
@@ -56,14 +57,13 @@ class StackedTaps {
       }
     }
   }
-  // [G, rows, taps·d]: the products' A (transposed: [G, taps·d, rows]); tap_view: one tap's
-  // [G, rows, d].
-  MatView groups_view(bool transposed) const {
-    if (transposed) return MatView{data_, dtype_, {groups_, k_, rows_}, {rows_ * k_, 1, k_}};
-    return MatView{data_, dtype_, {groups_, rows_, k_}, {rows_ * k_, k_, 1}};
-  }
+  // Group g's [rows, taps·d]; all groups transposed, [G, taps·d, rows]; one tap of every
+  // group, [G, rows, d].
   MatView group(int64_t g) const {
     return MatView{data_ + g * rows_ * k_ * element_size(dtype_), dtype_, {rows_, k_}, {k_, 1}};
+  }
+  MatView groups_transposed() const {
+    return MatView{data_, dtype_, {groups_, k_, rows_}, {rows_ * k_, 1, k_}};
   }
   MatView tap_view(int64_t tap, int64_t d) const {
     return MatView{data_ + tap * d * element_size(dtype_), dtype_, {groups_, rows_, d},
@@ -77,8 +77,8 @@ class StackedTaps {
 };
 
 // w1 [G·d (o), d (ci), t1] repacked as [G][t1·d][d] in the GEMMs' type: forward
-// [G][(i, ci)][o]; for the input gradient (transposed = true) [G][(i, o)][ci] with the taps in
-// the order the stacked dz rows hold them.
+// [G][(i, ci)][o]; for the input gradient [G][(j, o)][ci], tap j of the stacked dz rows being
+// w1's tap t1 − 1 − j.
 const void* packed_taps(const float* w1, int64_t groups, int64_t d, int64_t taps,
                         bool for_input_gradient, DType dtype) {
   thread_local ScratchBuffer<float> packed;
@@ -106,7 +106,6 @@ MatView weight_block(const void* w, int64_t g, int64_t k, int64_t d, DType dtype
                  {k, d}, {d, 1}};
 }
 
-
 }  // namespace
 
 void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
@@ -115,7 +114,7 @@ void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, co
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
   const int64_t channels = groups * d, rows = b * t, k = taps * d, pad = taps - 1;
   thread_local ScratchBuffer<unsigned char> y_buffer;
-  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, 1, dtype);
+  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/false, dtype);
   if (b1) {
 #pragma omp parallel for schedule(static)
@@ -133,9 +132,9 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
   const int64_t channels = groups * d, rows = b * t, k = taps * d, pad = taps - 1;
   thread_local ScratchBuffer<unsigned char> y_buffer, dz_buffer;
-  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, 1, dtype);
+  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, dtype);
   // dy(t) gets dz(t + pad − i)·W_i: the window after t, stacked from t onwards.
-  const StackedTaps dzs(dz_buffer, dz, b, t, groups, d, taps, 0, 1, dtype);
+  const StackedTaps dzs(dz_buffer, dz, b, t, groups, d, taps, 0, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/true, dtype);
   for (int64_t g = 0; g < groups; ++g)
     matmul(dzs.group(g), weight_block(w, g, k, d, dtype),
@@ -143,7 +142,7 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
   // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
   thread_local ScratchBuffer<float> dw_buffer;
   float* dw = dw_buffer.get(groups * k * d);  // [G][(i, ci)][o]
-  matmul(ys.groups_view(true), dzs.tap_view(0, d), OutView{dw, {groups, k, d}, {k * d, d, 1}});
+  matmul(ys.groups_transposed(), dzs.tap_view(0, d), OutView{dw, {groups, k, d}, {k * d, d, 1}});
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t o = 0; o < d; ++o)
       for (int64_t ci = 0; ci < d; ++ci)

@@ -18,20 +18,23 @@ double combine(const double* lane) {
   return ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
 }
 
-// out[s] = sum_of_squares(x[s], n) for the kStreams arrays, read side by side: on a slab in
-// DRAM, eight streams in flight read it about 1.6× as fast as one chunk after another.
-void sum_of_squares_side_by_side(const float* const* x, int64_t n, double* out) {
-  double lane[kStreams][kLanes] = {};
+// out[s] = the sum of x[s][i]² over n elements for S arrays read side by side, each in eight
+// double lanes (element i to lane i % 8) combined pairwise: the order is fixed by the code,
+// not by the vector width, the alignment or S. On a slab in DRAM, eight streams in flight
+// read it about 1.6× as fast as one chunk after another.
+template <int S>
+void sums_of_squares(const float* const* x, int64_t n, double* out) {
+  double lane[S][kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
 #pragma GCC unroll 8
-    for (int s = 0; s < kStreams; ++s)
+    for (int s = 0; s < S; ++s)
 #pragma omp simd
       for (int j = 0; j < kLanes; ++j) {
         const double xj = x[s][i + j];
         lane[s][j] += xj * xj;
       }
-  for (int s = 0; s < kStreams; ++s) {
+  for (int s = 0; s < S; ++s) {
     for (int j = 0; i + j < n; ++j) {
       const double xj = x[s][i + j];
       lane[s][j] += xj * xj;
@@ -42,22 +45,10 @@ void sum_of_squares_side_by_side(const float* const* x, int64_t n, double* out) 
 
 }  // namespace
 
-// Eight independent double accumulators (element i goes to lane i % 8), combined in a fixed
-// order: the summation order is set by the code, not by the compiler's vector width or the
-// buffer's alignment, and the lanes still vectorize.
 double sum_of_squares(const float* x, int64_t n) {
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int j = 0; j < kLanes; ++j) {
-      const double xj = x[i + j];
-      lane[j] += xj * xj;
-    }
-  for (int j = 0; i + j < n; ++j) {
-    const double xj = x[i + j];
-    lane[j] += xj * xj;
-  }
-  return combine(lane);
+  double sum;
+  sums_of_squares<1>(&x, n, &sum);
+  return sum;
 }
 
 void chunk_sums_of_squares(std::span<const SlabChunk> chunks,
@@ -72,7 +63,7 @@ void chunk_sums_of_squares(std::span<const SlabChunk> chunks,
     if (same_size) {
       const float* x[kStreams];
       for (int s = 0; s < kStreams; ++s) x[s] = at(chunks[first + s].offset);
-      sum_of_squares_side_by_side(x, chunks[first].size, out + first);
+      sums_of_squares<kStreams>(x, chunks[first].size, out + first);
     } else {
       for (int64_t c = first; c < first + count; ++c)
         out[c] = sum_of_squares(at(chunks[c].offset), chunks[c].size);
