@@ -36,7 +36,10 @@ generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 cmake "${generator[@]}" -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 echo "build_from_debs: building in $build ($(c++ --version | head -n1))" >&2
-cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1 || {
+# FOUNDRY_BUILD_TARGETS (optional): build only these targets, e.g. "foundry test_cuda".
+# shellcheck disable=SC2086
+cmake --build "$build" -j"$(nproc)" ${FOUNDRY_BUILD_TARGETS:+--target $FOUNDRY_BUILD_TARGETS} \
+  >"$build/build.log" 2>&1 || {
   grep -E 'error|Error' "$build/build.log" | head -40 >&2
   echo "build_from_debs: build failed (full log: $build/build.log)" >&2
   exit 1

@@ -13,6 +13,9 @@ debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick]}"
 out="$(realpath -m "${2:-gpu-check}")"
 quick=""
 [ "${3:-}" = "--quick" ] && quick="--quick"
+# Time limits (seconds): one GPU test, one training run, the PyTorch peer.
+test_limit=300 train_limit=420 peer_limit=420
+[ -n "$quick" ] && test_limit=150 train_limit=150 peer_limit=200
 mkdir -p "$out"
 cd "$root"
 build="$root/build-gpu"
@@ -35,10 +38,13 @@ t_build=$(( $(date +%s) - t0 ))
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,driver_version --format=csv,noheader \
   > "$out/nvidia-smi.txt" 2>&1 || true
 
-# GPU tests: every CUDA kernel against the CPU.
+echo "gpu_check: built in ${t_build} s; $(cat "$out/nvidia-smi.txt" 2>/dev/null)"
+
+# GPU tests: every CUDA kernel against the CPU. Side by side on the one GPU (they check
+# numbers, not time), each bounded so that one hang cannot eat the machine's lease.
 t1=$(date +%s)
 # -V: every test's output, so that skipped GPU cases (no GPU visible) show and are counted.
-if ctest --test-dir "$build" -L gpu -V >"$out/gpu-tests.log" 2>&1; then
+if ctest --test-dir "$build" -L gpu -V -j4 --timeout "$test_limit" >"$out/gpu-tests.log" 2>&1; then
   status_tests=passed
 else
   status_tests=FAILED
@@ -46,12 +52,15 @@ fi
 skipped=$(grep -o "SKIPPED \] [0-9]* test" "$out/gpu-tests.log" | awk '{s += $3} END {print s + 0}')
 [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 t_tests=$(( $(date +%s) - t1 ))
+echo "gpu_check: GPU tests $status_tests in ${t_tests} s"
+grep -E "^ *[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception)" "$out/gpu-tests.log" || true
+grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -40 || true
 
 # compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick).
 status_sanitizer="not run"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [ -z "$quick" ] && [ -x "$sanitizer" ]; then
-  if timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" '--gtest_filter=-*Slow*' \
+  if OMP_NUM_THREADS=2 timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" '--gtest_filter=-*Slow*' \
        >"$out/sanitizer.log" 2>&1; then
     status_sanitizer=clean
   else
@@ -69,6 +78,7 @@ t2=$(date +%s)
 "$foundry" bench membw --device cuda $quick --profile "$profile" --csv "$out/membw.csv" --quiet \
   >"$out/bench-membw.txt" 2>&1 && status_membw=ok || status_membw=FAILED
 t_bench=$(( $(date +%s) - t2 ))
+echo "gpu_check: bench gemm $status_gemm, membw $status_membw in ${t_bench} s"
 
 # Training on the GPU: both benchmark configs (synthetic tokens, op breakdown on CUDA events),
 # then the PyTorch peer of gpu-moe-bench in the same call (bf16 autocast, torch.compile).
@@ -77,17 +87,18 @@ steps=30
 [ -n "$quick" ] && steps=12
 train_status=""
 for cfg in gpu-moe-bench gpu-zaya-bench; do
-  if timeout 420 "$foundry" train -c "configs/$cfg.json" --device cuda --synthetic-data \
+  if timeout "$train_limit" "$foundry" train -c "configs/$cfg.json" --device cuda --synthetic-data \
        --steps "$steps" --overwrite --op-breakdown --set "train.run_dir=$out/run-$cfg" \
        >"$out/train-$cfg.txt" 2>&1; then
     train_status="$train_status $cfg:ok"
   else
     train_status="$train_status $cfg:FAILED"
   fi
+  echo "gpu_check: trained $cfg: $(grep -m1 '^trained steps' "$out/train-$cfg.txt" || tail -n 2 "$out/train-$cfg.txt")"
 done
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
-if timeout 420 python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
+if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
      --device cuda --compile --steps "$peer_steps" >"$out/pytorch-gpu.json" \
      2>"$out/pytorch-gpu.txt"; then
   status_peer=ok

@@ -47,6 +47,15 @@ std::vector<T> to_host(const DeviceBuffer& b, int64_t n) {
   return v;
 }
 
+// The root mean square of v: the typical size of its elements. Where an element is a
+// difference of larger terms (a gradient through a softmax, a sum of signed products), its
+// rounding error scales with those terms, not with the element: tolerances use rms as scale.
+inline double rms(const std::vector<float>& v) {
+  double s = 0;
+  for (float x : v) s += double(x) * x;
+  return v.empty() ? 0.0 : std::sqrt(s / static_cast<double>(v.size()));
+}
+
 // |gpu − cpu| ≤ rel·(|cpu| + scale) elementwise (NaN fails), the first mismatches reported.
 inline void expect_close(const std::vector<float>& gpu, const std::vector<float>& cpu, double rel,
                          double scale, const char* what) {

@@ -98,7 +98,8 @@ __global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t 
   FOUNDRY_FOR_EACH(index, n * m) y[index] += bias[index % m];
 }
 
-__device__ float normal_cdf(float x) { return 0.5f * (1.0f + erff(x * 0.70710678118654752f)); }
+// Φ(x) through erfc, accurate in both tails (1 + erf(x/√2) cancels to nothing below x ≈ −5).
+__device__ float normal_cdf(float x) { return 0.5f * erfcf(x * -0.70710678118654752f); }
 
 __global__ void gelu_forward_kernel(float* out, const float* in, int64_t count) {
   FOUNDRY_FOR_EACH(i, count) {

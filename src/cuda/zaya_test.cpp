@@ -16,6 +16,7 @@ namespace foundry {
 namespace {
 
 using gpu::testing::expect_close;
+using gpu::testing::rms;
 using gpu::testing::poisoned;
 using gpu::testing::randn;
 using gpu::testing::to_device;
@@ -52,8 +53,14 @@ TEST(GpuZaya, BiasGeluAndEdaMatchTheCpu) {
                          ggamma.as<float>(), n, m, scratch.as<float>());
   expect_close(to_host<float>(gy, n * m), y, 1e-6, 1e-6, "bias_add");
   expect_close(to_host<float>(gdb, m), dbias, 1e-5, 1e-1, "dbias");
-  expect_close(to_host<float>(gg, n * m), g, 1e-5, 1e-5, "gelu");
-  expect_close(to_host<float>(gda, n * m), da, 1e-5, 1e-5, "dgelu");
+  // Each side's fp32 GELU is within 4e-7·(1+|x|) of exact (the CPU's test sweeps its erf and
+  // exp; the GPU's are the CUDA library's): together within 8e-7·(1+|x|), times |dout| below.
+  const auto g_gpu = to_host<float>(gg, n * m), da_gpu = to_host<float>(gda, n * m);
+  for (int64_t i = 0; i < n * m; ++i) {
+    const double bound = 8e-7 * (1 + std::abs(a[i]));
+    ASSERT_LE(std::abs(g_gpu[i] - g[i]), bound) << "gelu[" << i << "] at x " << a[i];
+    ASSERT_LE(std::abs(da_gpu[i] - da[i]), bound * std::abs(dout[i])) << "dgelu[" << i << "]";
+  }
   expect_close(to_host<float>(gr, n * m), r, 1e-6, 1e-6, "eda");
   expect_close(to_host<float>(gdrp, n * m), dr_prev, 1e-6, 1e-6, "dr_prev");
   expect_close(to_host<float>(gdg, m), dgamma, 1e-5, 1e-1, "dgamma");
@@ -94,7 +101,9 @@ TEST(GpuZaya, GatingChoosesAndCountsLikeTheCpu) {
     expect_close(to_host<float>(gp, n * classes), probs, 1e-5, 1e-6, "probs");
     EXPECT_EQ(to_host<int32_t>(gc, n * k), choice);
     expect_close(to_host<float>(gw, n * k), gate, 1e-5, 1e-6, "gate");
-    expect_close(to_host<float>(gdl, n * classes), dlogits, 1e-5, 1e-6, "dlogits");
+    // From each side's own probabilities (within 1e-5 above), through a softmax's cancelling
+    // sum: the scale is dlogits' typical size.
+    expect_close(to_host<float>(gdl, n * classes), dlogits, 3e-5, rms(dlogits), "dlogits");
     EXPECT_EQ(to_host<int64_t>(gcounts, classes), counts);
     EXPECT_EQ(to_host<int64_t>(gnear, classes), near);
   }

@@ -43,7 +43,7 @@ Model::~Model() = default;
 void Model::init_weights(uint64_t seed) {
   if (on_device()) {  // initialized on the host, as on the CPU, and copied over
     std::vector<float> host(static_cast<size_t>(slab_size()), 0.0f);
-    for (const auto& p : table_.params()) init_tensor(p, seed, host.data() + p.offset);
+    init_tensors(host.data(), seed, [](const ParamInfo&) { return true; });
     reset_balancers();
     write_params(host.data());
     return;
@@ -51,11 +51,26 @@ void Model::init_weights(uint64_t seed) {
   // A tensor only partly stored here is written whole; write_all hands the holes back.
   params_.write_all([&](float* P) {
     params_.for_each_stored([&](int64_t b, int64_t e) { std::fill(P + b, P + e, 0.0f); });
-    for (const auto& p : table_.params())
-      if (params_.stores_any(p.offset, p.offset + p.numel)) init_tensor(p, seed, P + p.offset);
+    init_tensors(P, seed, [&](const ParamInfo& p) {
+      return params_.stores_any(p.offset, p.offset + p.numel);
+    });
   });
   reset_balancers();
   sync_weights();
+}
+
+// Each tensor draws from its own stream, so they fill side by side with the same values as one
+// by one (a 1.8 B-parameter model in seconds, not a minute): the largest first, for balance.
+void Model::init_tensors(float* slab, uint64_t seed,
+                         const std::function<bool(const ParamInfo&)>& wanted) const {
+  std::vector<const ParamInfo*> order;
+  for (const auto& p : table_.params())
+    if (wanted(p)) order.push_back(&p);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const ParamInfo* a, const ParamInfo* b) { return a->numel > b->numel; });
+  const int64_t count = static_cast<int64_t>(order.size());
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < count; ++i) init_tensor(*order[i], seed, slab + order[i]->offset);
 }
 
 void Model::init_tensor(const ParamInfo& p, uint64_t seed, float* w) const {

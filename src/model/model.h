@@ -309,6 +309,8 @@ class Model {
   const float* decode_rows(DecodeState& state, const std::vector<DecodeRow>& rows);
 
  private:
+  void init_tensors(float* slab, uint64_t seed,
+                    const std::function<bool(const ParamInfo&)>& wanted) const;
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
   // A feature that needs host memory (expert or context parallelism, decoding) was asked
   // of a model on a device.

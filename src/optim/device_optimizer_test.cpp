@@ -49,8 +49,10 @@ TEST_P(GpuOptimizer, MatchesTheCpuOptimizerWithClippingAndTheBf16Copy) {
     const double gpu_norm =
         gpu_opt->step(d_params.as<float>(), d_grads.as<float>(), 1e-2, step, 0.5);
     EXPECT_NEAR(gpu_norm, cpu_norm, 1e-9 * cpu_norm) << "step " << step;
+    // AdamW alone: a few fp32 roundings of an update of about lr (the GPU contracts to fused
+    // multiply-adds where the CPU may not), against a floor of 1e-3 in the denominator.
     EXPECT_LT(max_relative_difference(to_host<float>(d_params, n), params),
-              with_muon ? 1e-4 : 1e-6)
+              with_muon ? 1e-4 : 1e-5)
         << "step " << step;
   }
   // The bf16 copy is the updated weights rounded, for every tensor.
