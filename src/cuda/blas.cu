@@ -25,10 +25,10 @@ struct Plan {
   cublasLtMatmulAlgo_t algo{};
 };
 
-// device, m, n, k, ta, tb, bf16, the operands' alignments (A, B, C in bytes), and A's row
-// stride as stored.
+// device, m, n, k, ta, tb, bf16, the operands' alignments (A, B, C in bytes), and A's and C's
+// row strides as stored.
 using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, bool, bool, uint32_t, uint32_t,
-                       uint32_t, int64_t>;
+                       uint32_t, int64_t, int64_t>;
 
 // The largest power of two up to 256 that divides the address: cuBLASLt's heuristic assumes
 // 256-byte alignment unless told, and an algorithm chosen so refuses a sub-slice of a slab.
@@ -52,8 +52,8 @@ Context& context() {
 }
 
 Plan make_plan(cublasLtHandle_t handle, const Key& key) {
-  const auto [device, m, n, k, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c, lda] =
-      key;
+  const auto [device, m, n, k, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c, lda,
+              ldc] = key;
   (void)device;
   Plan p;
   FOUNDRY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -73,7 +73,7 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
     FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, k, m, lda));
   else
     FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, m, k, lda));
-  FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, n));
+  FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, ldc));
 
   cublasLtMatmulPreference_t preference = nullptr;
   FOUNDRY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
@@ -103,7 +103,8 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
 }  // namespace
 
 void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
-               int64_t n, int64_t k, bool bf16_inputs, bool accumulate, int64_t lda) {
+               int64_t n, int64_t k, bool bf16_inputs, bool accumulate, int64_t lda,
+               int64_t ldc) {
   int device = 0;
   FOUNDRY_CUDA_CHECK(cudaGetDevice(&device));
   Context& ctx = context();
@@ -113,8 +114,8 @@ void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* 
     FOUNDRY_CUBLAS_CHECK(cublasLtCreate(&handle));
     FOUNDRY_CUDA_CHECK(cudaMalloc(&ctx.workspaces[device], kWorkspaceBytes));
   }
-  const Key key{device,       m,           n,           k,  trans_a, trans_b, bf16_inputs,
-                alignment(a), alignment(b), alignment(c), lda};
+  const Key key{device,       m,           n,           k,   trans_a, trans_b, bf16_inputs,
+                alignment(a), alignment(b), alignment(c), lda, ldc};
   auto it = ctx.plans.find(key);
   if (it == ctx.plans.end()) it = ctx.plans.emplace(key, make_plan(handle, key)).first;
   const Plan& p = it->second;

@@ -13,8 +13,11 @@
 
 namespace foundry::gpu {
 
-// lda > 0: A's rows as stored are lda elements apart (≥ their length: k, or m when trans_a).
+// lda > 0: A's rows as stored are lda elements apart (≥ their length: k, or m when trans_a);
+// ldc > 0: C's rows are ldc elements apart (≥ n), so that C may be a column block of a wider
+// matrix.
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
-          int64_t n, int64_t k, DType dtype, bool accumulate = false, int64_t lda = 0);
+          int64_t n, int64_t k, DType dtype, bool accumulate = false, int64_t lda = 0,
+          int64_t ldc = 0);
 
 }  // namespace foundry::gpu

@@ -1,6 +1,6 @@
 // cca.h's kernels. Elementwise work takes a thread per output element; the reductions over
 // tokens write one partial per fixed chunk of rows, then one thread per parameter sums the
-// chunks in order.
+// chunks in order. The grouped convolution is cuBLASLt products (fp32) over stacked rows.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -8,14 +8,15 @@
 #include "cuda/cca.h"
 #include "cuda/check.h"
 #include "cuda/launch.cuh"
+#include "cuda/lt_matmul.h"
+#include "cuda/zaya.h"
 
 namespace foundry::gpu::ops {
 
 namespace {
 
 constexpr int kThreads = kBlockThreads;
-constexpr int64_t kRowsPerChunk = 32;        // depthwise conv and temperature partials
-constexpr int64_t kGroupedRowsPerChunk = 512;  // grouped conv weight partials
+constexpr int64_t kRowsPerChunk = 32;  // depthwise conv and temperature partials
 
 // ---- means ----
 
@@ -125,80 +126,52 @@ __global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* 
   }
 }
 
-// ---- grouped convolution ----
+// ---- grouped convolution: products through cuBLASLt, one per group with the taps stacked in K
+// (as the CPU's cca_gemm.cpp does) ----
 
-__global__ void grouped_forward_kernel(float* z, const float* y, const float* w1, const float* b1,
-                                       int64_t b, int64_t t, int64_t groups, int64_t d,
-                                       int64_t taps) {
-  const int64_t ch = groups * d;
-  FOUNDRY_FOR_EACH(index, b * t * ch) {
-    const int64_t oc = index % ch, grp = oc / d, pos = (index / ch) % t, row = index / ch;
-    float acc = b1 ? b1[oc] : 0.0f;
-    for (int64_t i = 0; i < taps; ++i) {
-      const int64_t src = pos - (taps - 1) + i;
-      if (src < 0) continue;
-      const float* in = y + (row - pos + src) * ch + grp * d;
-      const float* w = w1 + oc * d * taps + i;
-      for (int64_t ci = 0; ci < d; ++ci) acc += w[ci * taps] * in[ci];
-    }
-    z[index] = acc;
+// One group's rows [N, taps·d]: tap i of row r holds input row r − (taps−1) + i (the forward's
+// window), or r + (taps−1) − i when `ahead` (the input gradient's), zero where that leaves r's
+// sequence. `in` is the group's first column, its rows ld apart.
+__global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64_t n, int64_t t,
+                                  int64_t d, int64_t taps, bool ahead) {
+  FOUNDRY_FOR_EACH(index, n * taps * d) {
+    const int64_t row = index / (taps * d), i = (index / d) % taps, col = index % d;
+    const int64_t pos = row % t, src = ahead ? pos + (taps - 1) - i : pos - (taps - 1) + i;
+    out[index] = (src >= 0 && src < t) ? in[(row - pos + src) * ld + col] : 0.0f;
   }
 }
 
-// dy[s, grp, ci] += Σ_i Σ_o w1[grp, o, ci, i]·dz[s + (taps−1) − i, grp, o].
-__global__ void grouped_input_grad_kernel(float* dy, const float* dz, const float* w1, int64_t b,
-                                          int64_t t, int64_t groups, int64_t d, int64_t taps) {
-  const int64_t ch = groups * d;
-  FOUNDRY_FOR_EACH(index, b * t * ch) {
-    const int64_t ic = index % ch, grp = ic / d, ci = ic % d, pos = (index / ch) % t,
-                  row = index / ch;
-    float acc = 0;
-    for (int64_t i = 0; i < taps; ++i) {
-      const int64_t dst = pos + (taps - 1) - i;
-      if (dst >= t) continue;
-      const float* g = dz + (row - pos + dst) * ch + grp * d;
-      for (int64_t o = 0; o < d; ++o) acc += w1[((grp * d + o) * d + ci) * taps + i] * g[o];
-    }
-    dy[index] += acc;
+// w1 [G·d (out), d (in), taps] as [G][out][tap][in]: each group's forward operand, K = (tap, in).
+__global__ void weights_out_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
+                                         int64_t taps) {
+  FOUNDRY_FOR_EACH(index, groups * d * taps * d) {
+    const int64_t ci = index % d, i = (index / d) % taps, oc = index / (taps * d);
+    r[index] = w1[(oc * d + ci) * taps + i];
   }
 }
 
-// partials [chunks, G·d·d·taps + G·d]: the weights' gradients, then the biases'.
-__global__ void grouped_param_partials_kernel(float* partials, const float* dz, const float* y,
-                                              int64_t n, int64_t t, int64_t groups, int64_t d,
-                                              int64_t taps) {
-  const int64_t ch = groups * d, weights = ch * d * taps, per_chunk = weights + ch;
-  const int64_t chunks = (n + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk;
-  FOUNDRY_FOR_EACH(index, chunks * per_chunk) {
-    const int64_t chunk = index / per_chunk, e = index % per_chunk;
-    const int64_t end = min(n, (chunk + 1) * kGroupedRowsPerChunk);
-    float acc = 0;
-    if (e >= weights) {
-      const int64_t oc = e - weights;
-      for (int64_t row = chunk * kGroupedRowsPerChunk; row < end; ++row) acc += dz[row * ch + oc];
-    } else {
-      const int64_t i = e % taps, ci = (e / taps) % d, oc = e / (taps * d), grp = oc / d;
-      for (int64_t row = chunk * kGroupedRowsPerChunk; row < end; ++row) {
-        const int64_t pos = row % t, src = pos - (taps - 1) + i;
-        if (src >= 0) acc += dz[row * ch + oc] * y[(row - pos + src) * ch + grp * d + ci];
-      }
-    }
-    partials[index] = acc;
+// w1 as [G][tap][out][in]: each group's operand of the input gradient, K = (tap, out).
+__global__ void weights_tap_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
+                                         int64_t taps) {
+  FOUNDRY_FOR_EACH(index, groups * taps * d * d) {
+    const int64_t ci = index % d, o = (index / d) % d, i = (index / (d * d)) % taps,
+                  g = index / (taps * d * d);
+    r[index] = w1[((g * d + o) * d + ci) * taps + i];
   }
 }
 
-__global__ void sum_partials_kernel(float* weight, float* bias, const float* partials,
-                                    int64_t chunks, int64_t weights, int64_t biases) {
-  const int64_t per_chunk = weights + biases;
-  FOUNDRY_FOR_EACH(e, per_chunk) {
-    float acc = 0;
-    for (int64_t chunk = 0; chunk < chunks; ++chunk) acc += partials[chunk * per_chunk + e];
-    if (e < weights) weight[e] += acc;
-    else bias[e - weights] += acc;
+// dw1 [G·d, d, taps] += the products' [G][out][tap][in].
+__global__ void add_weight_grads_kernel(float* dw1, const float* by_tap, int64_t groups, int64_t d,
+                                        int64_t taps) {
+  FOUNDRY_FOR_EACH(index, groups * d * d * taps) {
+    const int64_t i = index % taps, ci = (index / taps) % d, oc = index / (taps * d);
+    dw1[index] += by_tap[(oc * taps + i) * d + ci];
   }
 }
 
-// ---- value shift: one thread per (sequence, channel) walks its positions ----
+__global__ void broadcast_rows_kernel(float* z, const float* bias, int64_t n, int64_t ch) {
+  FOUNDRY_FOR_EACH(index, n * ch) z[index] = bias[index % ch];
+}
 
 __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
                                            int64_t half) {
@@ -324,31 +297,67 @@ void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float*
   check_launch();
 }
 
+// Scratch layouts, in floats: forward [weights G·d·taps·d | stacked rows N·taps·d]; backward
+// [weights | stacked rows | weight gradients G·d·taps·d | bias column sums].
+int64_t cca_grouped_conv_forward_scratch(int64_t b, int64_t t, int64_t groups, int64_t d,
+                                         int64_t taps) {
+  return groups * d * taps * d + b * t * taps * d;
+}
+
 void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
-                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
-  grouped_forward_kernel<<<blocks_for(b * t * groups * d), kThreads>>>(z, y, w1, b1, b, t, groups,
-                                                                       d, taps);
+                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
+                              float* scratch) {
+  const int64_t n = b * t, ch = groups * d, k = taps * d;
+  if (n == 0) return;
+  float* weights = scratch;
+  float* rows = scratch + groups * d * k;
+  weights_out_major_kernel<<<blocks_for(groups * d * k), kThreads>>>(weights, w1, groups, d, taps);
   check_launch();
+  if (b1) {
+    broadcast_rows_kernel<<<blocks_for(n * ch), kThreads>>>(z, b1, n, ch);
+    check_launch();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, y + g * d, ch, n, t, d, taps, false);
+    check_launch();
+    // z[:, g] (+)= rows · weights_gᵀ: [N, taps·d] × [taps·d, d], into columns g·d of z.
+    detail::lt_matmul(rows, false, weights + g * d * k, true, z + g * d, n, d, k, false,
+                      b1 != nullptr, k, ch);
+  }
 }
 
 int64_t cca_grouped_conv_scratch(int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
   const int64_t ch = groups * d;
-  return (b * t + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk * (ch * d * taps + ch);
+  return 2 * groups * d * taps * d + b * t * taps * d + column_sum_scratch(b * t, ch);
 }
 
 void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
                                const float* y, const float* w1, int64_t b, int64_t t,
                                int64_t groups, int64_t d, int64_t taps, float* scratch) {
-  const int64_t n = b * t, ch = groups * d;
+  const int64_t n = b * t, ch = groups * d, k = taps * d;
   if (n == 0) return;
-  grouped_input_grad_kernel<<<blocks_for(n * ch), kThreads>>>(dy, dz, w1, b, t, groups, d, taps);
+  float* weights = scratch;
+  float* rows = weights + groups * d * k;
+  float* weight_grads = rows + n * k;
+  float* column_scratch = weight_grads + groups * d * k;
+  weights_tap_major_kernel<<<blocks_for(groups * d * k), kThreads>>>(weights, w1, groups, d, taps);
   check_launch();
-  grouped_param_partials_kernel<<<blocks_for(cca_grouped_conv_scratch(b, t, groups, d, taps)),
-                                  kThreads>>>(scratch, dz, y, n, t, groups, d, taps);
+  for (int64_t g = 0; g < groups; ++g) {
+    // dy[:, g] += dz's rows ahead, stacked, · weights_g: [N, taps·d] × [taps·d, d].
+    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, dz + g * d, ch, n, t, d, taps, true);
+    check_launch();
+    detail::lt_matmul(rows, false, weights + g * d * k, false, dy + g * d, n, d, k, false, true, k,
+                      ch);
+    // The group's weight gradient [d, taps·d] = dz[:, g]ᵀ · y's rows behind, stacked.
+    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, y + g * d, ch, n, t, d, taps, false);
+    check_launch();
+    detail::lt_matmul(dz + g * d, true, rows, false, weight_grads + g * d * k, d, k, n, false,
+                      false, ch, k);
+  }
+  add_weight_grads_kernel<<<blocks_for(groups * d * k), kThreads>>>(dw1, weight_grads, groups, d,
+                                                                    taps);
   check_launch();
-  sum_partials_kernel<<<blocks_for(ch * d * taps + ch), kThreads>>>(
-      dw1, db1, scratch, (n + kGroupedRowsPerChunk - 1) / kGroupedRowsPerChunk, ch * d * taps, ch);
-  check_launch();
+  bias_add_backward(db1, dz, n, ch, column_scratch);  // db1 += Σ rows of dz
 }
 
 void cca_value_shift_inplace_forward(float* v, float* last_out, int64_t b, int64_t t, int64_t half) {

@@ -100,8 +100,10 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
          s1 = poisoned(gpu::ops::cca_grouped_conv_scratch(s.b, s.t, groups, s.d, s.t1));
     gpu::ops::cca_depthwise_conv_forward(gy.as<float>(), gc.as<float>(), gw0.as<float>(),
                                          gb0.as<float>(), s.b, s.t, ch, s.t0);
+    auto sf = poisoned(gpu::ops::cca_grouped_conv_forward_scratch(s.b, s.t, groups, s.d, s.t1));
     gpu::ops::cca_grouped_conv_forward(gz.as<float>(), gy.as<float>(), gw1.as<float>(),
-                                       gb1.as<float>(), s.b, s.t, groups, s.d, s.t1);
+                                       gb1.as<float>(), s.b, s.t, groups, s.d, s.t1,
+                                       sf.as<float>());
     gpu::ops::cca_depthwise_conv_backward(gdc.as<float>(), gdw0.as<float>(), gdb0.as<float>(),
                                           gdyo.as<float>(), gc.as<float>(), gw0.as<float>(), s.b,
                                           s.t, ch, s.t0, s0.as<float>());
@@ -110,6 +112,14 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
                                         groups, s.d, s.t1, s1.as<float>());
     expect_close(to_host(gy, n * ch), y, 1e-5, 1e-4, "depthwise y");
     expect_close(to_host(gz, n * ch), z, 1e-4, 1e-2, "grouped z");
+    {  // without a bias (the fused QK-norm kernel adds it)
+      auto gz0 = poisoned(n * ch);
+      gpu::ops::cca_grouped_conv_forward(gz0.as<float>(), gy.as<float>(), gw1.as<float>(), nullptr,
+                                         s.b, s.t, groups, s.d, s.t1, sf.as<float>());
+      std::vector<float> z0 = z;
+      for (int64_t i = 0; i < n * ch; ++i) z0[i] -= b1[i % ch];
+      expect_close(to_host(gz0, n * ch), z0, 1e-4, 1e-2, "grouped z without bias");
+    }
     // dc is the accumulated dc0 plus signed products of unit-sized terms: errors scale with them.
     expect_close(to_host(gdc, n * ch), dc, 1e-5, rms(dc), "depthwise dc");
     expect_close(to_host(gdw0, ch * s.t0), dw0, 1e-4, 1e-2, "dw0");

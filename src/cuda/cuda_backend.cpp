@@ -205,7 +205,8 @@ class CudaBackend final : public Backend {
   void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
                                 int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
                                 DType) override {
-    ops::cca_grouped_conv_forward(z, y, w1, b1, b, t, groups, d, taps);
+    ops::cca_grouped_conv_forward(z, y, w1, b1, b, t, groups, d, taps,
+                                  floats(ops::cca_grouped_conv_forward_scratch(b, t, groups, d, taps)));
   }
   void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
                                  const float* y, const float* w1, int64_t b, int64_t t,

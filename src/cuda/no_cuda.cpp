@@ -64,7 +64,7 @@ void fill_eighths(void*, int64_t, bool, uint64_t) { fail_no_cuda_build(kWhat); }
 
 namespace detail {
 void lt_matmul(const void*, bool, const void*, bool, float*, int64_t, int64_t, int64_t, bool,
-               bool, int64_t) {
+               bool, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);
 }
 }  // namespace detail
@@ -191,9 +191,10 @@ void cca_depthwise_conv_backward(float*, float*, float*, const float*, const flo
 }
 int64_t cca_depthwise_conv_scratch(int64_t, int64_t, int64_t, int64_t) { return 0; }
 void cca_grouped_conv_forward(float*, const float*, const float*, const float*, int64_t, int64_t,
-                              int64_t, int64_t, int64_t) {
+                              int64_t, int64_t, int64_t, float*) {
   fail_no_cuda_build(kWhat);
 }
+int64_t cca_grouped_conv_forward_scratch(int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }
 void cca_grouped_conv_backward(float*, float*, float*, const float*, const float*, const float*,
                                int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
   fail_no_cuda_build(kWhat);

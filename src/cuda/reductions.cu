@@ -150,14 +150,14 @@ void newton_schulz(const float* g, float* out, int64_t rows, int64_t cols, int s
       x_in = x16;
     }
     // A = X Xᵀ (wide) or Xᵀ X (tall).
-    if (tall) detail::lt_matmul(x_in, true, x_in, false, a, r, r, rows, use_bf16, false, r);
-    else detail::lt_matmul(x_in, false, x_in, true, a, r, r, cols, use_bf16, false, cols);
+    if (tall) detail::lt_matmul(x_in, true, x_in, false, a, r, r, rows, use_bf16, false, r, r);
+    else detail::lt_matmul(x_in, false, x_in, true, a, r, r, cols, use_bf16, false, cols, r);
     const void* a_in = a;
     if (use_bf16) {
       to_bf16_kernel<<<blocks_for(r * r), kThreads>>>(a16, a, r * r);
       a_in = a16;
     }
-    detail::lt_matmul(a_in, false, a_in, false, b, r, r, r, use_bf16, false, r);  // B = A·A
+    detail::lt_matmul(a_in, false, a_in, false, b, r, r, r, use_bf16, false, r, r);  // B = A·A
     combine_kernel<<<blocks_for(r * r), kThreads>>>(b, a, r * r);             // B = bA + cAA
     const void* b_in = b;
     if (use_bf16) {
@@ -166,9 +166,9 @@ void newton_schulz(const float* g, float* out, int64_t rows, int64_t cols, int s
     }
     scale_kernel<<<blocks_for(n), kThreads>>>(next, x, kNsA, n);  // Y = a X, then += B X
     if (tall) detail::lt_matmul(x_in, false, b_in, false, next, rows, cols, cols, use_bf16, true,
-                                cols);
+                                cols, cols);
     else detail::lt_matmul(b_in, false, x_in, false, next, rows, cols, rows, use_bf16, true,
-                                rows);
+                           rows, cols);
     FOUNDRY_CUDA_CHECK(cudaGetLastError());
     float* t = x;
     x = next;
