@@ -96,6 +96,17 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
   fi
   echo "gpu_check: trained $cfg: $(grep -m1 '^trained steps' "$out/train-$cfg.txt" || tail -n 2 "$out/train-$cfg.txt")"
 done
+# Checkpoints from the GPU: how long the step loop stalls for a save, asynchronous (the copy
+# out of device memory beside the next step) against synchronous, at a quarter of
+# gpu-moe-bench (2 layers: 5.4 GB a checkpoint), saving at steps 3 and 6.
+for mode in async sync; do
+  async=true
+  [ "$mode" = sync ] && async=false
+  timeout "$train_limit" "$foundry" train -c configs/gpu-moe-bench.json --device cuda \
+    --synthetic-data --steps 6 --overwrite --set "train.run_dir=$out/run-ckpt-$mode" \
+    model.n_layers=2 train.checkpoint_every=3 "train.checkpoint_async=$async" \
+    >"$out/checkpoint-$mode.txt" 2>&1
+done
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
 if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
@@ -140,6 +151,11 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
   echo "| train $cfg (--device cuda) | $line |"
   mem=$(grep -m1 "^GPU memory" "$out/train-$cfg.txt" 2>/dev/null || true)
   [ -n "$mem" ] && echo "| $cfg memory | $mem |"
+done
+for mode in async sync; do
+  stalls=$(sed -n 's/^saved checkpoint .*step_0*\([0-9]*\):.*the step loop was blocked \([0-9.]*\) s.*/step \1: \2 s/p' \
+             "$out/checkpoint-$mode.txt" 2>/dev/null | paste -sd ',' -)
+  echo "| checkpoint stall, $mode (2-layer gpu-moe-bench) | ${stalls:-FAILED: $(tail -n 1 "$out/checkpoint-$mode.txt" 2>/dev/null)} |"
 done
 peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
 echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"

@@ -45,6 +45,12 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t bytes) override {
     copy_on_device(dst, src, bytes);
   }
+  void* allocate_host(int64_t bytes) override { return host_allocate_pinned(bytes); }
+  void release_host(void* block) override { host_release_pinned(block); }
+  void to_host_async(void* host, const void* src, int64_t bytes) override {
+    copy_to_host_async(host, src, bytes);
+  }
+  void wait_host_copies() override { wait_copies_to_host(); }
   void to_host(void* host, const void* src, int64_t bytes) override {
     copy_to_host(host, src, bytes);
   }

@@ -41,6 +41,10 @@ void* device_allocate(int64_t) { fail_no_cuda_build(kWhat); }
 void device_release(void*) {}
 void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_to_host(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void* host_allocate_pinned(int64_t) { fail_no_cuda_build(kWhat); }
+void host_release_pinned(void*) {}
+void copy_to_host_async(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void wait_copies_to_host() {}
 void copy_to_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void zero_bytes(void*, int64_t) { fail_no_cuda_build(kWhat); }
 EventClock::~EventClock() = default;

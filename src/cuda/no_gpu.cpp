@@ -34,6 +34,13 @@ void fail_gpu_allocation(int64_t bytes, const std::string& why, int64_t free_byt
        "config needs");
 }
 
+void fail_pinned_allocation(int64_t bytes, const std::string& why) {
+  fail(fmt::format("cannot allocate {} of page-locked host memory for checkpoint snapshots ({})",
+                   format_bytes(static_cast<double>(bytes)), why),
+       "free host memory, or turn the in-memory checkpoints off "
+       "(train.memory_checkpoint_every = 0), which take a snapshot buffer of their own");
+}
+
 void check_buffer_range(int64_t offset, int64_t bytes, int64_t capacity) {
   FOUNDRY_CHECK(offset >= 0 && bytes >= 0 && offset + bytes <= capacity);
 }

@@ -1,7 +1,10 @@
 // runtime.h with the CUDA runtime.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "cuda/check.h"
 #include "cuda/no_gpu.h"
@@ -108,6 +111,65 @@ void* device_allocate(int64_t bytes) {
 
 void device_release(void* block) {
   if (block) cudaFree(block);
+}
+
+void* host_allocate_pinned(int64_t bytes) {
+  void* p = nullptr;
+  const cudaError_t status =
+      cudaHostAlloc(&p, static_cast<size_t>(bytes > 0 ? bytes : 1), cudaHostAllocDefault);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    fail_pinned_allocation(bytes, cudaGetErrorString(status));
+  }
+  return p;
+}
+
+void host_release_pinned(void* block) {
+  if (block) cudaFreeHost(block);
+}
+
+namespace {
+
+// The stream of the copies to the host: non-blocking, so that it never waits for the legacy
+// default stream's later work (nor that work for it); each copy waits for an event recorded
+// on the default stream when it is queued. One per device, made on first use.
+struct HostCopies {
+  std::mutex mutex;
+  std::map<int, std::pair<cudaStream_t, cudaEvent_t>> streams;
+};
+
+HostCopies& host_copies() {
+  static HostCopies* h = new HostCopies;  // never destroyed: no teardown order against the runtime
+  return *h;
+}
+
+}  // namespace
+
+void copy_to_host_async(void* host, const void* src, int64_t bytes) {
+  if (bytes <= 0) return;
+  int device = 0;
+  FOUNDRY_CUDA_CHECK(cudaGetDevice(&device));
+  HostCopies& h = host_copies();
+  std::lock_guard<std::mutex> lock(h.mutex);
+  auto& [stream, ready] = h.streams[device];
+  if (!stream) {
+    FOUNDRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    FOUNDRY_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  }
+  FOUNDRY_CUDA_CHECK(cudaEventRecord(ready, nullptr));  // after the work queued so far
+  FOUNDRY_CUDA_CHECK(cudaStreamWaitEvent(stream, ready, 0));
+  FOUNDRY_CUDA_CHECK(
+      cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream));
+}
+
+void wait_copies_to_host() {
+  std::vector<cudaStream_t> streams;
+  {
+    HostCopies& h = host_copies();
+    std::lock_guard<std::mutex> lock(h.mutex);
+    for (const auto& [device, s] : h.streams) streams.push_back(s.first);
+  }
+  for (cudaStream_t s : streams) FOUNDRY_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_on_device(void* dst, const void* src, int64_t bytes) {

@@ -101,6 +101,17 @@ void copy_to_host(void* host, const void* src, int64_t bytes);
 void copy_to_device(void* dst, const void* host, int64_t bytes);
 void zero_bytes(void* dst, int64_t bytes);
 
+// Page-locked host memory (cudaHostAlloc): copies between it and the GPU run at the bus's
+// speed and beside kernels. An Error naming the size when it fails.
+void* host_allocate_pinned(int64_t bytes);
+void host_release_pinned(void* block);
+
+// Copies from the current GPU to the host on a stream of their own: each after the work
+// queued on the default stream so far, beside the work queued after it.
+// wait_copies_to_host() blocks until every one is done (from any thread).
+void copy_to_host_async(void* host, const void* src, int64_t bytes);
+void wait_copies_to_host();
+
 // Bytes of the current GPU's memory in use (total − free: this process's allocations, its
 // context, and any other process's).
 int64_t memory_in_use();

@@ -49,6 +49,17 @@ class Backend {
   // Between host memory and the backend's; to_host waits for the value.
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;
+  // Host memory that copies from this backend's memory land in fastest, and beside its work
+  // (page-locked on a GPU); until release_host. The CPU's: plain memory.
+  virtual void* allocate_host(int64_t bytes);
+  virtual void release_host(void* block);
+  // Queues a copy to the host of what the work queued so far leaves at `src`, beside the work
+  // queued after it; wait_host_copies() returns once every queued copy is done (any thread).
+  // The CPU's copies at once.
+  virtual void to_host_async(void* host, const void* src, int64_t bytes) {
+    to_host(host, src, bytes);
+  }
+  virtual void wait_host_copies() {}
   // out [n] = x rounded to bf16 (convert_to_bf16).
   virtual void to_bf16(bf16* out, const float* x, int64_t n) = 0;
 

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include "kernels/attention.h"
 #include "kernels/cca.h"
@@ -11,6 +13,17 @@
 #include "kernels/zaya_router.h"
 
 namespace foundry {
+
+void* Backend::allocate_host(int64_t bytes) {
+  constexpr size_t kAlign = 64;
+  const size_t size = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, size);
+  if (!p) throw std::bad_alloc();
+  return p;
+}
+
+void Backend::release_host(void* block) { std::free(block); }
+
 namespace {
 
 // A thin forwarding layer: each call is the CPU kernel of the same name.
@@ -37,6 +50,19 @@ class CpuBackend final : public Backend {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
   }
   void to_host(void* host, const void* src, int64_t bytes) override { copy(host, src, bytes); }
+  // Posing as a device, a copy to the host is made only when wait_host_copies() runs (from
+  // any thread), as late as a GPU's may land: a caller that reads the destination before
+  // waiting, or changes the source before the wait, is caught by the tests taking this path.
+  void to_host_async(void* host, const void* src, int64_t bytes) override {
+    if (!posing_) return copy(host, src, bytes);
+    std::lock_guard<std::mutex> lock(copies_mutex_);
+    queued_copies_.push_back({host, src, bytes});
+  }
+  void wait_host_copies() override {
+    std::lock_guard<std::mutex> lock(copies_mutex_);
+    for (const QueuedCopy& c : queued_copies_) copy(c.host, c.src, c.bytes);
+    queued_copies_.clear();
+  }
   void from_host(void* dst, const void* host, int64_t bytes) override { copy(dst, host, bytes); }
   void to_bf16(bf16* out, const float* x, int64_t n) override { convert_to_bf16(x, out, n); }
 
@@ -277,7 +303,14 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  struct QueuedCopy {
+    void* host;
+    const void* src;
+    int64_t bytes;
+  };
   bool posing_;
+  std::mutex copies_mutex_;
+  std::vector<QueuedCopy> queued_copies_;
 };
 
 }  // namespace

@@ -96,6 +96,7 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     loaded_ = true;
     return runs();
   }
+  std::vector<StateRun> live_state_runs() override { return runs(/*on_device=*/true); }
 
   void shard_expert_storage(Model&, int) override {}
   std::string describe() const override {
@@ -129,16 +130,19 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     if (s.host.empty()) s.host.assign(static_cast<size_t>(table_.total_elements()), 0.0f);
   }
 
-  // Each tensor's state in the slabs of the optimizer that updates it (as LocalOptimizer).
-  std::vector<StateRun> runs() {
+  // Each tensor's state in the slabs of the optimizer that updates it (as LocalOptimizer):
+  // in the host copies, or where it lives on the device.
+  std::vector<StateRun> runs(bool on_device = false) {
     std::vector<StateRun> out;
     for (const ParamInfo& p : table_.params()) {
       const bool muon = options_.muon && muon_applies(p);
       if (!muon && !adam_.updates(p)) continue;
       for (const std::string& name : muon ? Muon::state_names() : AdamW::state_names())
         for (StateSlab& s : slabs_)
-          if (s.name == name)
-            out.push_back({name, p.offset, p.offset + p.numel, s.host.data() + p.offset});
+          if (s.name == name) {
+            float* base = on_device ? s.device.as<float>() : s.host.data();
+            out.push_back({name, p.offset, p.offset + p.numel, base + p.offset, on_device});
+          }
     }
     return out;
   }

@@ -39,6 +39,7 @@ struct StateRun {
   std::string state;
   int64_t begin = 0, end = 0;
   float* data = nullptr;
+  bool on_device = false;  // data is in the model backend's memory, not the host's
 };
 
 struct OptimizerOptions {
@@ -89,6 +90,10 @@ class DataParallelOptimizer {
   virtual std::vector<StateRun> states_to_save_runs() = 0;
   // The runs this rank fills when it loads (every element it keeps in this layout).
   virtual std::vector<StateRun> states_to_load_runs() = 0;
+  // The runs of states_to_save_runs() where the state lives, copied nowhere first: for an
+  // optimizer whose state is in device memory, device pointers (on_device), which a
+  // checkpoint copies out beside the next step's forward and backward.
+  virtual std::vector<StateRun> live_state_runs() { return states_to_save_runs(); }
 
   // Under ZeRO-1 with expert parallelism (`ep_size` > 1): `model` stops storing the other EP
   // ranks' experts outside this rank's shard, and the reductions skip them

@@ -91,18 +91,27 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
   disk_.keep = rc.train.keep_checkpoints;
   // The snapshot buffer: mapped once here, backed by memory as the first save copies into it
   // (beside a step, not before the first one: a restart waits for none of it).
+  // What lives in device memory goes to a buffer of the tier's own instead, allocated here:
+  // page-locking takes seconds, which no save should wait for.
   if (rc.train.checkpoint_async) {
     const SlabRange params = optimizer.parameters_to_save();
-    int64_t total = params.end - params.begin;
-    for (const StateRun& r : optimizer.states_to_save_runs()) total += r.end - r.begin;
-    buffer_ = PageSlab<float>(static_cast<size_t>(total));
+    int64_t total = model.on_device() ? 0 : params.end - params.begin;
+    for (const StateRun& r : optimizer.live_state_runs())
+      if (!r.on_device) total += r.end - r.begin;
+    if (total > 0) buffer_ = PageSlab<float>(static_cast<size_t>(total));
   }
+  allocate_device_snapshot(disk_);
   if (rc.train.memory_checkpoint_every > 0) open_memory_tier();
 }
 
 Checkpointer::~Checkpointer() {
-  for (Tier* tier : {&disk_, &memory_})
+  for (Tier* tier : {&disk_, &memory_}) {
     if (tier->writer.joinable()) tier->writer.join();
+    if (tier->device_snapshot) {
+      model_.backend().wait_host_copies();  // none may land in a released block
+      model_.backend().release_host(tier->device_snapshot);
+    }
+  }
 }
 
 // ---- the memory tier ------------------------------------------------------------------------
@@ -123,6 +132,7 @@ void Checkpointer::open_memory_tier() {
     }
   memory_.root = memory_tier_root(rc_.train);
   memory_.keep = 2;
+  allocate_device_snapshot(memory_);
 }
 
 SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last) {
@@ -145,6 +155,7 @@ void Checkpointer::save_in_memory(int64_t step) {
   // priority: the optimizer step waits for it.
   memory_.snapshot_pending = true;
   memory_.writer = std::thread([this] {
+    wait_device_copies(memory_);
     write_shard(memory_);
     release_snapshot(memory_);
   });
@@ -164,16 +175,15 @@ void Checkpointer::clear_memory_tier() {
 // ---- resume ---------------------------------------------------------------------------------
 
 // What this rank holds: every parameter it stores, every optimizer state element it keeps.
-float* Checkpointer::host_params(bool download) {
+float* Checkpointer::host_params() {
   if (!model_.on_device()) return model_.params();
   host_params_.resize(static_cast<size_t>(model_.slab_size()));
-  if (download) model_.read_params(host_params_.data());
   return host_params_.data();
 }
 
 std::vector<SlabTarget> Checkpointer::load_targets() {
   std::vector<SlabTarget> targets;
-  float* params = host_params(/*download=*/false);
+  float* params = host_params();
   for (const auto& [b, e] : complement(model_.released_param_ranges(), model_.slab_size()))
     targets.push_back({"", b, e, params + b});
   for (const StateRun& r : optimizer_.states_to_load_runs())
@@ -343,6 +353,7 @@ void Checkpointer::save(int64_t step) {
       write_shard(disk_);
     });
   } else {
+    wait_device_copies(disk_);
     write_shard(disk_);  // straight from the live buffers: nothing changes them meanwhile
     commit(disk_);
   }
@@ -368,39 +379,117 @@ void Checkpointer::protect_state() {
   }
 }
 
+namespace {
+
+// Copies of device runs into consecutive places of a host snapshot, queued beside the work
+// that follows; runs that follow each other on the device go as one copy.
+class SnapshotCopies {
+ public:
+  SnapshotCopies(Backend& backend, float* snapshot, int64_t capacity)
+      : backend_(backend), snapshot_(snapshot), capacity_(capacity) {}
+  ~SnapshotCopies() { flush(); }
+  // Where `n` floats from `src` will be once the copies are done.
+  const float* queue(const float* src, int64_t n) {
+    FOUNDRY_CHECK(snapshot_ && used_ + n <= capacity_);
+    float* dst = snapshot_ + used_;
+    used_ += n;
+    if (pending_ > 0 && src == from_ + pending_) {
+      pending_ += n;
+    } else {
+      flush();
+      from_ = src, to_ = dst, pending_ = n;
+    }
+    return dst;
+  }
+  void flush() {
+    if (pending_ > 0)
+      backend_.to_host_async(to_, from_, pending_ * static_cast<int64_t>(sizeof(float)));
+    pending_ = 0;
+  }
+
+ private:
+  Backend& backend_;
+  float* snapshot_;
+  int64_t capacity_, used_ = 0;
+  const float* from_ = nullptr;
+  float* to_ = nullptr;
+  int64_t pending_ = 0;
+};
+
+}  // namespace
+
+int64_t Checkpointer::device_floats() {
+  const SlabRange params = optimizer_.parameters_to_save();
+  int64_t n = model_.on_device() ? params.end - params.begin : 0;
+  for (const StateRun& r : optimizer_.live_state_runs())
+    if (r.on_device) n += r.end - r.begin;
+  return n;
+}
+
+void Checkpointer::allocate_device_snapshot(Tier& tier) {
+  if (tier.device_snapshot) return;
+  const int64_t n = device_floats();
+  if (n == 0) return;
+  tier.device_snapshot = static_cast<float*>(
+      model_.backend().allocate_host(n * static_cast<int64_t>(sizeof(float))));
+  tier.device_snapshot_floats = n;
+}
+
+void Checkpointer::wait_device_copies(Tier& tier) {
+  if (tier.device_copies) model_.backend().wait_host_copies();
+}
+
 // What this rank saves: its share of the parameters and its optimizer state runs, pointing
-// at the live buffers (copy_snapshot points them at the snapshot instead).
+// at the live buffers (copy_snapshot points them at the snapshot instead), or for what lives
+// in device memory at the tier's copy of it, whose copies this queues.
 void Checkpointer::plan(Tier& tier, int64_t step) {
   tier.in_flight = true;
   tier.step = step;
   tier.state = trainer_state(step);
   tier.staging = staging_dir(tier.root, step, tag_);
-  const SlabRange params = optimizer_.parameters_to_save();
   tier.runs.clear();
-  float* host = host_params(/*download=*/true);
-  tier.runs.push_back({"", params.begin, params.end, host + params.begin});
-  for (const StateRun& r : optimizer_.states_to_save_runs())
-    tier.runs.push_back({r.state, r.begin, r.end, r.data});
+  tier.snapshotted.clear();
+  tier.device_copies = false;
+  allocate_device_snapshot(tier);
+  {
+    SnapshotCopies copies(model_.backend(), tier.device_snapshot, tier.device_snapshot_floats);
+    auto add = [&](const std::string& slab, int64_t begin, int64_t end, const float* data,
+                   bool on_device) {
+      if (on_device) data = copies.queue(data, end - begin);
+      tier.device_copies |= on_device;
+      tier.runs.push_back({slab, begin, end, data});
+      tier.snapshotted.push_back(on_device);
+    };
+    const SlabRange params = optimizer_.parameters_to_save();
+    add("", params.begin, params.end, model_.params() + params.begin, model_.on_device());
+    for (const StateRun& r : optimizer_.live_state_runs())
+      add(r.state, r.begin, r.end, r.data, r.on_device);
+  }
+  tier.copies_queued = now_seconds();
   tier.written = false;
   tier.recycle.clear();
   tier.shard.clear();
   tier.error.clear();
 }
 
-// Copies every run into the reused snapshot buffer and points the runs at the copies.
+// Waits for the copies out of device memory, then copies every run still pointing at live
+// host buffers into the reused snapshot buffer and points those runs at the copies.
 void Checkpointer::copy_snapshot(Tier& tier) {
-  const double t0 = now_seconds();
+  wait_device_copies(tier);
   int64_t total = 0;
-  for (const SlabRun& r : tier.runs) total += r.end - r.begin;
+  for (size_t i = 0; i < tier.runs.size(); ++i)
+    if (!tier.snapshotted[i]) total += tier.runs[i].end - tier.runs[i].begin;
   if (static_cast<int64_t>(buffer_.size()) < total)
     buffer_ = PageSlab<float>(static_cast<size_t>(total));
   float* at = buffer_.data();
-  for (SlabRun& r : tier.runs) {
+  for (size_t i = 0; i < tier.runs.size(); ++i) {
+    if (tier.snapshotted[i]) continue;
+    SlabRun& r = tier.runs[i];
     std::memcpy(at, r.data, static_cast<size_t>(r.end - r.begin) * sizeof(float));
     r.data = at;
     at += r.end - r.begin;
   }
-  tier.snapshot_seconds = now_seconds() - t0;
+  tier.snapshot_seconds = now_seconds() - tier.copies_queued;
 }
 
 void Checkpointer::write_shard(Tier& tier) {

@@ -130,13 +130,25 @@ class Checkpointer {
     bool snapshot_pending = false;  // guarded by mutex_
     std::string shard;              // this rank's description (JSON) or, on failure, ""
     std::string error;              // this rank's write error
-    // When save() began, its snapshot copy, and the time the step loop waited for it (save()
-    // and protect_state()), for the save's log line.
-    double started = 0, snapshot_seconds = 0, blocked_seconds = 0;
+    // What lives in device memory (a model on a GPU, its optimizer's state) is copied into
+    // `device_snapshot` (the backend's host memory, page-locked on a GPU; allocated once)
+    // beside the next step; snapshotted[i]: run i points at such a copy already.
+    float* device_snapshot = nullptr;
+    int64_t device_snapshot_floats = 0;
+    bool device_copies = false;
+    std::vector<bool> snapshotted;
+    // When save() began, when its copies were queued, how long the snapshot took from then,
+    // and the time the step loop waited for it (save() and protect_state()), for the log line.
+    double started = 0, copies_queued = 0, snapshot_seconds = 0, blocked_seconds = 0;
   };
 
   json trainer_state(int64_t step) const;
   void plan(Tier& tier, int64_t step);
+  // Floats a save copies out of device memory (0 when everything is in host memory), and the
+  // tier's buffer for them.
+  int64_t device_floats();
+  void allocate_device_snapshot(Tier& tier);
+  void wait_device_copies(Tier& tier);
   void copy_snapshot(Tier& tier);
   void release_snapshot(Tier& tier);
   void write_shard(Tier& tier);  // the write phase (background thread or inline)
@@ -144,9 +156,9 @@ class Checkpointer {
   void report_save(const Tier& tier, const std::string& path, const std::vector<json>& shards,
                    double commit_seconds) const;
   std::vector<SlabTarget> load_targets();
-  // The parameter slab as the host sees it: the slab itself, or for a model on a device a
-  // host copy (filled from the device when `download`; a load writes it back).
-  float* host_params(bool download);
+  // The parameter slab as a load fills it: the slab itself, or for a model on a device a host
+  // copy (which the load writes back).
+  float* host_params();
   std::vector<std::string> resume_candidates() const;
   void check_same_tokenizer(const std::string& dir, const json& state) const;
   void open_memory_tier();
@@ -168,8 +180,9 @@ class Checkpointer {
   // The run directory's newest committed checkpoint (as this run knows it; 0 for none): the
   // memory tier's checkpoints name it as the durable one they descend from.
   int64_t durable_step_ = 0;
-  PageSlab<float> buffer_;  // the durable tier's snapshot, reused (backed from its first copy)
-  std::vector<float> host_params_;  // a model on a device: its parameters' host copy
+  // The durable tier's snapshot of what lives in host memory, reused (backed from its first copy).
+  PageSlab<float> buffer_;
+  std::vector<float> host_params_;  // a model on a device: its parameters' host copy, to load
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
 };

@@ -104,6 +104,45 @@ TEST_P(CheckpointerTest, ADeviceModelSavesAndResumesThroughAHostCopy) {
   EXPECT_TRUE(on_host.params() == trained.params());
 }
 
+// A model on a device saved while the next steps run, to either tier: the snapshot is copied
+// out of device memory beside the next step's forward and backward (the posing backend makes
+// the copies only when the writer waits for them), and holds the state of its step.
+TEST_P(CheckpointerTest, ADeviceModelsSnapshotHoldsItsStepWhileTheNextStepsRun) {
+  for (const bool in_memory : {false, true}) {
+    SCOPED_TRACE(in_memory ? "in-memory checkpoint" : "durable checkpoint");
+    TempDir dir;
+    RunConfig rc = testing::tiny_run_config(dir.path() + "/run", GetParam());
+    rc.train.memory_checkpoint_every = in_memory ? 1 : 0;
+    rc.train.memory_checkpoint_dir = dir.path() + "/shm";
+    make_dirs(rc.train.run_dir);
+    make_dirs(rc.train.memory_checkpoint_dir);
+    ASSERT_TRUE(rc.train.checkpoint_async);
+    const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+    TinyRun run(rc, 1, device.get());
+    run.step(1);
+    run.step(2);
+    const std::vector<float> at_step_2 = run.params();
+    if (in_memory) run.checkpointer.save_in_memory(2);
+    else run.checkpointer.save(2);
+    run.step(3);  // changes the parameters and the optimizer state once the snapshot is taken
+    run.checkpointer.poll();
+    run.step(4);
+    const std::vector<float> at_step_4 = run.params();
+    run.checkpointer.poll();
+    run.checkpointer.finish();
+    ASSERT_NE(at_step_4, at_step_2);
+
+    for (Backend* backend : {device.get(), static_cast<Backend*>(nullptr)}) {
+      TinyRun resumed(rc, 7, backend);
+      EXPECT_EQ(resumed.checkpointer.resume(), 2);
+      EXPECT_EQ(resumed.params(), at_step_2);
+      resumed.step(3);  // the optimizer state of step 2 came back too
+      resumed.step(4);
+      EXPECT_EQ(resumed.params(), at_step_4);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, CheckpointerTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Zaya1" : "Moe"; });
 
