@@ -7,7 +7,8 @@ namespace foundry {
 
 struct DeviceSpec {
   bool cuda = false;
-  int index = 0;  // the GPU, when cuda
+  int index = 0;             // the GPU, when cuda
+  bool index_given = false;  // "cuda:N"; plain "cuda" lets each rank take its own GPU
   std::string name() const { return cuda ? "cuda:" + std::to_string(index) : "cpu"; }
 };
 

@@ -51,6 +51,14 @@ int ranks_on_this_host(const Communicator& comm) {
   return Communicator(shared, /*owned=*/true).size();
 }
 
+int rank_on_this_host(const Communicator& comm) {
+  MPI_Comm shared = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
+                                &shared),
+            "MPI_Comm_split_type", comm.native());
+  return Communicator(shared, /*owned=*/true).rank();
+}
+
 void check_memory_on_every_host(const Communicator& comm, MemoryNeed need,
                                 const MemoryBudget& budget, const MemoryHint& hint) {
   // Ranks read their budgets at slightly different moments: deciding from everyone's figures

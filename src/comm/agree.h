@@ -26,6 +26,8 @@ std::vector<std::string> allgather_strings(const Communicator& comm, const std::
 
 // Collective: how many ranks of `comm` run on this rank's host (and share its memory).
 int ranks_on_this_host(const Communicator& comm);
+// Collective: this rank's place among the ranks of `comm` on its host (0 .. that count − 1).
+int rank_on_this_host(const Communicator& comm);
 
 // Collective: check_memory on every rank at once, with `need` (per process) times the ranks
 // on that rank's host against that rank's `budget`. Every rank gets the same verdict and, when

@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/format.h"
 #include "comm/comm.h"
+#include "kernels/backend.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
 #include "optim/clip.h"
@@ -46,7 +47,7 @@ std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabRange sha
   std::vector<StateRun> clipped;
   for (const StateRun& r : runs) {
     const int64_t b = std::max(r.begin, share.begin), e = std::min(r.end, share.end);
-    if (b < e) clipped.push_back({r.state, b, e, r.data + (b - r.begin)});
+    if (b < e) clipped.push_back({r.state, b, e, r.data + (b - r.begin), r.on_device});
   }
   return clipped;
 }
@@ -58,7 +59,7 @@ std::vector<StateRun> merge_runs(std::vector<StateRun> runs) {
   for (StateRun& r : runs) {
     if (!merged.empty()) {
       StateRun& last = merged.back();
-      if (last.state == r.state && last.end == r.begin &&
+      if (last.state == r.state && last.end == r.begin && last.on_device == r.on_device &&
           last.data + (last.end - last.begin) == r.data) {
         last.end = r.end;
         continue;
@@ -203,6 +204,77 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   int ranks_, rank_;
 };
 
+// Data parallel over ranks whose gradients live in device memory with no path between the
+// devices: each step copies the gradients to the host, sums them over the ranks there with
+// the MPI communicator, copies the average back and runs the local (device) optimizer on it,
+// every rank holding the whole state (as ReplicatedOptimizer, whose arithmetic it repeats).
+class HostStagedOptimizer final : public DataParallelOptimizer {
+ public:
+  HostStagedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
+                      const Communicator& world, int64_t elements)
+      : local_(std::move(local)),
+        backend_(backend),
+        world_(world),
+        staging_(static_cast<size_t>(elements)),
+        ranks_(world.size()),
+        rank_(world.rank()) {}
+
+  void begin_backward(float*) override {}
+  void gradients_final(int64_t) override {}
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
+    const int64_t n = static_cast<int64_t>(staging_.size());
+    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
+    {
+      ScopedOpTimer t(op_times_, "comm: gradients through host memory");
+      backend_.to_host(staging_.data(), grads, bytes);
+      constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
+      for (int64_t at = 0; at < n; at += kPiece)
+        world_.allreduce(staging_.data() + at, staging_.data() + at,
+                         static_cast<size_t>(std::min(kPiece, n - at)));
+      const float inv_ranks = static_cast<float>(1.0 / ranks_);
+#pragma omp parallel for schedule(static)
+      for (int64_t i = 0; i < n; ++i) staging_[i] *= inv_ranks;
+      backend_.from_host(grads, staging_.data(), bytes);
+    }
+    return local_->step(params, grads, lr, step, max_norm, veto);
+  }
+  const GradientReduceStats* last_reduce() const override { return nullptr; }
+  bool write_bf16_weights(bf16* mirror) override { return local_->write_bf16_weights(mirror); }
+
+  int64_t state_bytes() const override { return local_->state_bytes(); }
+  // Every rank holds everything: each saves an even share, and loads all.
+  SlabRange parameters_to_save() const override {
+    return even_share(local_->parameters_to_save().end, ranks_, rank_);
+  }
+  std::vector<StateRun> states_to_save_runs() override {
+    return clip_runs(local_->states_to_save_runs(), parameters_to_save());
+  }
+  std::vector<StateRun> live_state_runs() override {
+    return clip_runs(local_->live_state_runs(), parameters_to_save());
+  }
+  std::vector<StateRun> states_to_load_runs() override { return local_->states_to_load_runs(); }
+
+  void shard_expert_storage(Model&, int) override {}
+  std::string describe() const override {
+    return local_->describe() +
+           fmt::format(", replicated on {} ranks, gradients summed through host memory", ranks_);
+  }
+  const char* layout_name() const override { return "replicated, host-staged"; }
+  void set_op_times(OpTimes* times) override {
+    op_times_ = times;
+    local_->set_op_times(times);
+  }
+
+ private:
+  std::unique_ptr<DataParallelOptimizer> local_;
+  Backend& backend_;
+  const Communicator& world_;
+  std::vector<float> staging_;
+  int ranks_, rank_;
+  OpTimes* op_times_ = nullptr;
+};
+
 // Data parallel with the state sharded (optim/zero1.h).
 class ShardedOptimizer final : public DataParallelOptimizer {
  public:
@@ -257,6 +329,12 @@ class ShardedOptimizer final : public DataParallelOptimizer {
 };
 
 }  // namespace
+
+std::unique_ptr<DataParallelOptimizer> make_host_staged_optimizer(
+    std::unique_ptr<DataParallelOptimizer> local, Backend& backend, const Communicator& world,
+    int64_t elements) {
+  return std::make_unique<HostStagedOptimizer>(std::move(local), backend, world, elements);
+}
 
 std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,
                                                       const OptimizerOptions& options,

@@ -30,6 +30,7 @@
 
 namespace foundry {
 
+class Backend;
 class Communicator;
 class Model;
 
@@ -113,6 +114,14 @@ class DataParallelOptimizer {
 // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
 // "adamw (all 21 tensors, 1.24M params)": which optimizer updates what.
 std::string describe_optimizer_split(const ParamTable& table, bool muon_on);
+
+// Data parallel for gradients in `backend`'s memory with no path between the ranks' devices
+// (two ranks sharing a GPU, or no NCCL): each step copies the `elements` gradients to the
+// host, averages them over `world` there and copies them back, then runs `local` (a
+// single-process optimizer over the backend's memory), every rank keeping the whole state.
+std::unique_ptr<DataParallelOptimizer> make_host_staged_optimizer(
+    std::unique_ptr<DataParallelOptimizer> local, Backend& backend, const Communicator& world,
+    int64_t elements);
 
 // The optimizer for `world` (null or one rank: single process; otherwise data parallel over
 // its ranks, ZeRO-1 or replicated as options.zero1 says). Collective over `world`.

@@ -11,6 +11,7 @@
 
 
 #include "comm/comm.h"
+#include "kernels/cpu_backend.h"
 #include "optim/optimizer.h"
 #include "optim/checkpoint_state_test_util.h"
 #include "optim/test_util.h"
@@ -189,6 +190,41 @@ TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
   for (const auto& [name, slab] : a) {
     ASSERT_TRUE(b.count(name)) << name;
     EXPECT_LT(max_relative_error(slab, b.at(name)), kTolerance) << name;
+  }
+}
+
+// Gradients in a device's memory (a CPU backend posing as one) summed through host memory:
+// the replicated optimizer's steps on the same gradients (bit for bit at two ranks, where the
+// sum has one order), replicas that stay identical, and the replicated layout's checkpoint
+// shares, with the state's runs where it lives.
+TEST(HostStagedOptimizer, StepsAsTheReplicatedOptimizerDoes) {
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  for (const bool with_muon : {false, true}) {
+    SCOPED_TRACE(with_muon ? "muon" : "adamw");
+    auto staged = make_host_staged_optimizer(make_optimizer(table, options(with_muon, false), nullptr),
+                                             *device, world(), table.total_elements());
+    auto replicated = make_optimizer(table, options(with_muon, false), &world());
+    EXPECT_STREQ(staged->layout_name(), "replicated, host-staged");
+    std::vector<float> params = random_slab(table, 7, 0.1), ref = params;
+    for (int64_t step = 1; step <= 3; ++step) {
+      std::vector<float> grads = rank_gradient(table, step, world().rank()), ref_grads = grads;
+      const double norm = staged->step(params.data(), grads.data(), 1e-2, step, 0.5);
+      const double ref_norm = replicated->step(ref.data(), ref_grads.data(), 1e-2, step, 0.5);
+      EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm);
+      if (world().size() == 2) EXPECT_TRUE(bitwise_equal(params, ref)) << "step " << step;
+      EXPECT_LT(max_relative_error(params, ref), kTolerance) << "step " << step;
+      EXPECT_TRUE(same_on_every_rank(params)) << "the replicas drifted apart at step " << step;
+    }
+    EXPECT_EQ(staged->parameters_to_save().begin, replicated->parameters_to_save().begin);
+    EXPECT_EQ(staged->parameters_to_save().end, replicated->parameters_to_save().end);
+    const auto a = test::saved_state(*staged, table.total_elements(), &world());
+    const auto b = test::saved_state(*replicated, table.total_elements(), &world());
+    ASSERT_EQ(a.size(), b.size());
+    for (const auto& [name, slab] : a) {
+      ASSERT_TRUE(b.count(name)) << name;
+      EXPECT_LT(max_relative_error(slab, b.at(name)), kTolerance) << name;
+    }
   }
 }
 

@@ -86,12 +86,15 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
         fmt::format(
             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
             tc.expert_parallel));
-  if (tc.device.cuda && (procs.ranks() > 1 || tc.expert_parallel > 1 || tc.context_parallel > 1))
-    fail(fmt::format("train.device {} trains in one process on one GPU, but this job has {} "
-                     "rank(s), train.expert_parallel = {} and train.context_parallel = {}",
-                     tc.device.name(), procs.ranks(), tc.expert_parallel, tc.context_parallel),
-         "run one process without expert or context parallelism on a GPU, or train on the CPU "
-         "(train.device cpu)");
+  if (tc.device.cuda && (tc.expert_parallel > 1 || tc.context_parallel > 1 ||
+                         (procs.ranks() > 1 && tc.zero1)))
+    fail(fmt::format("train.device {} trains data parallel only (the state replicated), but this "
+                     "job has train.expert_parallel = {}, train.context_parallel = {} and "
+                     "train.zero1 = {} over {} rank(s)",
+                     tc.device.name(), tc.expert_parallel, tc.context_parallel,
+                     tc.zero1 ? "true" : "false", procs.ranks()),
+         "on GPUs set train.expert_parallel = 1, train.context_parallel = 1 and train.zero1 = "
+         "false, or train on the CPU (train.device cpu)");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
          "prepare one with 'foundry data prepare' and set "
@@ -215,6 +218,17 @@ void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
 }
 
+// This rank's GPU: the one train.device names, or for plain "cuda" under several ranks each
+// rank of a host its own (its place among the host's ranks, modulo the GPUs it sees; more
+// ranks than GPUs share them). Collective.
+DeviceSpec rank_device(const DeviceSpec& device, const Processes& procs) {
+  if (!device.cuda || device.index_given || !procs.world()) return device;
+  DeviceSpec mine = device;
+  const int gpus = gpu::visible_gpus();
+  mine.index = gpus > 0 ? rank_on_this_host(*procs.world()) % gpus : 0;
+  return mine;
+}
+
 TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     : rc(rc_),
       tc(rc_.train),
@@ -224,7 +238,8 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
   // The device is input too: a GPU that is not there fails before anything is written.
-  backend = open_backend(tc.device, "train.device " + tc.device.name());
+  const DeviceSpec device = rank_device(tc.device, procs);
+  backend = open_backend(device, "train.device " + device.name());
   if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
   // The host's memory; a GPU's allocations fail with its free memory named.
   if (!tc.device.cuda) check_training_memory(rc, procs);
@@ -346,8 +361,15 @@ void TrainingRun::build_model_and_optimizer() {
     cp_group.emplace(world->split(world->rank() / c, world->rank()));
     model->set_context_parallel(&*cp_group);
   }
-  optimizer = tc.device.cuda ? make_device_optimizer(model->table(), optimizer_options(tc))
-                             : make_optimizer(model->table(), optimizer_options(tc), world);
+  if (tc.device.cuda) {
+    // Data parallel on GPUs: the gradients are averaged through host memory.
+    optimizer = make_device_optimizer(model->table(), optimizer_options(tc));
+    if (world && world->size() > 1)
+      optimizer = make_host_staged_optimizer(std::move(optimizer), *backend, *world,
+                                             model->slab_size());
+  } else {
+    optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
+  }
   // Expert parallel with ZeRO-1: a rank stores its own experts, the dense tensors and its
   // shard, not the other ranks' experts (before initializing, so it never writes them).
   if (ep_groups) optimizer->shard_expert_storage(*model, static_cast<int>(tc.expert_parallel));

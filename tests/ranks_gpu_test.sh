@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Data parallel on a GPU (label gpu; exits 77, a skip, where the build has no CUDA backend or
+# no GPU is visible): two ranks sharing one GPU, their gradients averaged through host memory,
+# train as one rank does on the whole batch (fp32 losses within 1e-4 relative), save a
+# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1.
+source "$(dirname "$0")/lib.sh"
+cd "$WORK"
+MPIRUN=(mpirun --oversubscribe --bind-to none)
+[ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
+
+cat > tiny.json <<'JSON'
+{
+  "model": {"vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+            "head_dim": 32, "n_experts": 4, "top_k": 2, "ffn_dim": 96, "max_seq_len": 64},
+  "train": {"steps": 8, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup_steps": 2,
+            "precision": "fp32", "log_every": 1, "checkpoint_every": 4, "zero1": false,
+            "peak_gflops": 100, "run_dir": "one", "device": "cuda"}
+}
+JSON
+
+probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --steps 1 --set train.run_dir=probe -q 2>&1)"
+if [ $? -ne 0 ]; then
+  echo "skipped: no GPU to train on ($(grep -m1 '^error' <<<"$probe"))"
+  exit 77
+fi
+
+"$FOUNDRY" train -c tiny.json --synthetic-data -q >one.log 2>&1 || { cat one.log; bad "one rank failed"; }
+OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
+  --set train.run_dir=two >two.log 2>&1 || { cat two.log; bad "two ranks failed"; }
+python3 - one/metrics.jsonl two/metrics.jsonl <<'PY' && ok "2 ranks on one GPU follow 1 rank's 8 fp32 losses within 1e-4" || bad "2 ranks and 1 rank differ"
+import json, sys
+def losses(p): return [json.loads(l)['loss'] for l in open(p) if 'loss' in json.loads(l)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print('1 rank ', a); print('2 ranks', b)
+sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+grep -q "gradients summed through host memory" two.log \
+  && ok "the 2-rank run says how its gradients are reduced" || bad "no word of the host-staged reduction"
+
+# The 2-rank checkpoint of step 4 (two shares) resumes in one process to the same end.
+cp -r two two-resumed && rm -rf two-resumed/checkpoints/step_00000008
+"$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=two-resumed --resume \
+  >resumed.log 2>&1 || { cat resumed.log; bad "one rank could not resume the 2-rank checkpoint"; }
+final() { sed -n 's/.*final train loss \([0-9.]*\).*/\1/p' "$1" | tail -n 1; }
+a="$(final two.log)" b="$(final resumed.log)"
+close() { python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if abs(a - b) <= 1e-4 * abs(a) else 1)" "$@"; }
+if grep -q "resumed from" resumed.log && [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b"; then
+  ok "1 rank resumes the 2-rank checkpoint of step 4 and ends alike ($a)"
+else bad "the resumed run: '$b' after $(grep -m1 -o 'trained steps [0-9.]*' resumed.log), 2 ranks '$a'"; fi
+
+expect_fail "ZeRO-1 on GPUs" "train.zero1 = true over 2 rank(s)" \
+  "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=bad \
+    --set train.zero1=true -q
+
+finish
