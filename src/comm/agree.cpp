@@ -43,21 +43,22 @@ std::vector<std::string> allgather_strings(const Communicator& comm, const std::
   return all;
 }
 
-int ranks_on_this_host(const Communicator& comm) {
+namespace {
+
+// The ranks of `comm` on this rank's host (that share its memory), in `comm`'s order.
+Communicator host_ranks(const Communicator& comm) {
   MPI_Comm shared = MPI_COMM_NULL;
   check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
                                 &shared),
             "MPI_Comm_split_type", comm.native());
-  return Communicator(shared, /*owned=*/true).size();
+  return Communicator(shared, /*owned=*/true);
 }
 
-int rank_on_this_host(const Communicator& comm) {
-  MPI_Comm shared = MPI_COMM_NULL;
-  check_mpi(MPI_Comm_split_type(comm.native(), MPI_COMM_TYPE_SHARED, comm.rank(), MPI_INFO_NULL,
-                                &shared),
-            "MPI_Comm_split_type", comm.native());
-  return Communicator(shared, /*owned=*/true).rank();
-}
+}  // namespace
+
+int ranks_on_this_host(const Communicator& comm) { return host_ranks(comm).size(); }
+
+int rank_on_this_host(const Communicator& comm) { return host_ranks(comm).rank(); }
 
 void check_memory_on_every_host(const Communicator& comm, MemoryNeed need,
                                 const MemoryBudget& budget, const MemoryHint& hint) {
