@@ -95,6 +95,7 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
     train_status="$train_status $cfg:FAILED"
   fi
   echo "gpu_check: trained $cfg: $(grep -m1 '^trained steps' "$out/train-$cfg.txt" || tail -n 2 "$out/train-$cfg.txt")"
+  rm -rf "$out/run-$cfg"  # its final checkpoint (~21 GB): the disk holds about 64 GB
 done
 # Checkpoints from the GPU: how long the step loop stalls for a save, asynchronous (the copy
 # out of device memory beside the next step) against synchronous, at a quarter of
@@ -106,6 +107,7 @@ for mode in async sync; do
     --synthetic-data --steps 6 --overwrite --set "train.run_dir=$out/run-ckpt-$mode" \
     model.n_layers=2 train.checkpoint_every=3 "train.checkpoint_async=$async" \
     >"$out/checkpoint-$mode.txt" 2>&1
+  rm -rf "$out/run-ckpt-$mode"
 done
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
