@@ -109,6 +109,19 @@ for mode in async sync; do
     >"$out/checkpoint-$mode.txt" 2>&1
   rm -rf "$out/run-ckpt-$mode"
 done
+# Data parallel through host memory (not --quick): 2 ranks sharing the GPU against 1 rank, at
+# a quarter of gpu-moe-bench (2 layers), the same global batch.
+if [ -z "$quick" ]; then
+  for np in 1 2; do
+    mpi=()
+    [ "$np" -gt 1 ] && mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np")
+    OMP_NUM_THREADS=8 timeout "$train_limit" "${mpi[@]}" "$foundry" train \
+      -c configs/gpu-moe-bench.json --device cuda --synthetic-data --steps 8 --overwrite \
+      --set "train.run_dir=$out/run-dp-$np" model.n_layers=2 train.zero1=false \
+      >"$out/dp-$np.txt" 2>&1
+    rm -rf "$out/run-dp-$np"
+  done
+fi
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
 if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
@@ -158,6 +171,10 @@ for mode in async sync; do
   stalls=$(sed -n 's/^saved checkpoint .*step_0*\([0-9]*\):.*the step loop was blocked \([0-9.]*\) s.*/step \1: \2 s/p' \
              "$out/checkpoint-$mode.txt" 2>/dev/null | paste -sd ',' -)
   echo "| checkpoint stall, $mode (2-layer gpu-moe-bench) | ${stalls:-FAILED: $(tail -n 1 "$out/checkpoint-$mode.txt" 2>/dev/null)} |"
+done
+for np in 1 2; do
+  [ -f "$out/dp-$np.txt" ] &&
+    echo "| data parallel, $np rank(s) on one GPU (2-layer gpu-moe-bench) | $(grep -m1 '^trained steps' "$out/dp-$np.txt" || tail -n 1 "$out/dp-$np.txt") |"
 done
 peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
 echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"
