@@ -5,14 +5,22 @@
 # Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN and the
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
-#   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick]
+#   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests]
+# --quick: shorter benchmarks and training; --tests: build what the GPU tests need, run them
+# and compute-sanitizer's memcheck over the kernel tests, and stop (about 2 minutes).
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick]}"
+debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick | --tests]}"
 out="$(realpath -m "${2:-gpu-check}")"
-quick=""
-[ "${3:-}" = "--quick" ] && quick="--quick"
+quick="" tests_only=""
+case "${3:-}" in
+  "") ;;
+  --quick) quick="--quick" ;;
+  --tests) tests_only=1 quick="--quick" ;;
+  *) echo "gpu_check: unknown option '${3}' (use --quick or --tests)" >&2; exit 2 ;;
+esac
+[ -n "$tests_only" ] && export FOUNDRY_BUILD_TARGETS="foundry test_cuda test_model test_optim"
 # Time limits (seconds): one GPU test, one training run, the PyTorch peer.
 test_limit=300 train_limit=420 peer_limit=420
 [ -n "$quick" ] && test_limit=150 train_limit=150 peer_limit=200
@@ -59,13 +67,24 @@ grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -4
 # compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick).
 status_sanitizer="not run"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-if [ -z "$quick" ] && [ -x "$sanitizer" ]; then
+if { [ -z "$quick" ] || [ -n "$tests_only" ]; } && [ -x "$sanitizer" ]; then
   if OMP_NUM_THREADS=2 timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" '--gtest_filter=-*Slow*' \
        >"$out/sanitizer.log" 2>&1; then
     status_sanitizer=clean
   else
     status_sanitizer="FAILED (rc $?; $out/sanitizer.log)"
   fi
+fi
+
+if [ -n "$tests_only" ]; then
+  echo "| what | figure |"
+  echo "| --- | --- |"
+  echo "| GPU | $(cat "$out/nvidia-smi.txt" 2>/dev/null) |"
+  echo "| build | $status_build (${t_build} s) |"
+  echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
+  echo "| compute-sanitizer memcheck, test_cuda | $status_sanitizer |"
+  [ "$status_tests" = passed ] && [[ "$status_sanitizer" != FAILED* ]]
+  exit
 fi
 
 # Benchmarks, merged into one profile.
