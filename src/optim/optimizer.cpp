@@ -52,6 +52,14 @@ std::vector<StateRun> clip_runs(const std::vector<StateRun>& runs, SlabRange sha
   return clipped;
 }
 
+// The summed gradient x [n] of `ranks` ranks, divided by them in place (in float, as every
+// replicated layout does, so that they agree bit for bit).
+void average_over_ranks(float* x, int64_t n, int ranks) {
+  const float inv_ranks = static_cast<float>(1.0 / ranks);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv_ranks;
+}
+
 // Adjacent runs of one state whose values are adjacent too become one run (ZeRO-1 keeps its
 // AdamW moments in fixed-size chunks: a checkpoint wants them as few, long pieces).
 std::vector<StateRun> merge_runs(std::vector<StateRun> runs) {
@@ -166,10 +174,7 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
               const UpdateVeto& veto) override {
     last_reduce_ = reducer_.finish(grads, nullptr);
     ScopedOpTimer t(local_.op_times(), "optimizer");
-    const float inv_ranks = static_cast<float>(1.0 / ranks_);
-    const int64_t n = reducer_.slab_elements();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) grads[i] *= inv_ranks;
+    average_over_ranks(grads, reducer_.slab_elements(), ranks_);
     return local_.clip_and_update(params, grads, lr, step, max_norm, veto);
   }
   const GradientReduceStats* last_reduce() const override { return &last_reduce_; }
@@ -232,9 +237,7 @@ class HostStagedOptimizer final : public DataParallelOptimizer {
       for (int64_t at = 0; at < n; at += kPiece)
         world_.allreduce(staging_.data() + at, staging_.data() + at,
                          static_cast<size_t>(std::min(kPiece, n - at)));
-      const float inv_ranks = static_cast<float>(1.0 / ranks_);
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) staging_[i] *= inv_ranks;
+      average_over_ranks(staging_.data(), n, ranks_);
       backend_.from_host(grads, staging_.data(), bytes);
     }
     return local_->step(params, grads, lr, step, max_norm, veto);

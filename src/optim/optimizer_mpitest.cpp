@@ -62,6 +62,18 @@ bool same_on_every_rank(const std::vector<float>& slab) {
   return all == 1;
 }
 
+// What `a`'s ranks save, state by state, equals what `b`'s save (within kTolerance).
+void expect_same_saved_state(DataParallelOptimizer& a, DataParallelOptimizer& b,
+                             const ParamTable& table) {
+  const auto saved_a = test::saved_state(a, table.total_elements(), &world());
+  const auto saved_b = test::saved_state(b, table.total_elements(), &world());
+  ASSERT_EQ(saved_a.size(), saved_b.size());
+  for (const auto& [name, slab] : saved_a) {
+    ASSERT_TRUE(saved_b.count(name)) << name;
+    EXPECT_LT(max_relative_error(slab, saved_b.at(name)), kTolerance) << name;
+  }
+}
+
 struct Layout {
   bool zero1, with_muon;
 };
@@ -184,13 +196,7 @@ TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
       for (int64_t i = r.begin; i < r.end; ++i) times[i] += 1;
   world().allreduce(times.data(), times.data(), times.size());
   EXPECT_EQ(std::count_if(times.begin(), times.end(), [](double t) { return t > 1; }), 0);
-  const auto a = test::saved_state(*sharded, table.total_elements(), &world());
-  const auto b = test::saved_state(*replicated, table.total_elements(), &world());
-  ASSERT_EQ(a.size(), b.size());
-  for (const auto& [name, slab] : a) {
-    ASSERT_TRUE(b.count(name)) << name;
-    EXPECT_LT(max_relative_error(slab, b.at(name)), kTolerance) << name;
-  }
+  expect_same_saved_state(*sharded, *replicated, table);
 }
 
 // Gradients in a device's memory (a CPU backend posing as one) summed through host memory:
@@ -218,13 +224,7 @@ TEST(HostStagedOptimizer, StepsAsTheReplicatedOptimizerDoes) {
     }
     EXPECT_EQ(staged->parameters_to_save().begin, replicated->parameters_to_save().begin);
     EXPECT_EQ(staged->parameters_to_save().end, replicated->parameters_to_save().end);
-    const auto a = test::saved_state(*staged, table.total_elements(), &world());
-    const auto b = test::saved_state(*replicated, table.total_elements(), &world());
-    ASSERT_EQ(a.size(), b.size());
-    for (const auto& [name, slab] : a) {
-      ASSERT_TRUE(b.count(name)) << name;
-      EXPECT_LT(max_relative_error(slab, b.at(name)), kTolerance) << name;
-    }
+    expect_same_saved_state(*staged, *replicated, table);
   }
 }
 
