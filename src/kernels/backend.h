@@ -163,6 +163,25 @@ class Backend {
                                          const float* y, const float* w1, int64_t b, int64_t t,
                                          int64_t groups, int64_t d, int64_t taps,
                                          DType dtype) = 0;
+  // A training step's two convolutions: qk = grouped(depthwise(c)), without the grouped
+  // bias (the fused norm below adds it), keeping in `kept` ([B·T, G·d] floats) what the
+  // backward needs; by default the composition, keeping y. The backward: dc +=, the four
+  // weight gradients +=, dy [B·T, G·d] scratch.
+  virtual void cca_convs_forward(float* qk, float* kept, const float* c, const float* w0,
+                                 const float* b0, const float* w1, int64_t b, int64_t t,
+                                 int64_t groups, int64_t d, int64_t t0, int64_t t1,
+                                 DType dtype) {
+    cca_depthwise_conv_forward(kept, c, w0, b0, b, t, groups * d, t0);
+    cca_grouped_conv_forward(qk, kept, w1, nullptr, b, t, groups, d, t1, dtype);
+  }
+  virtual void cca_convs_backward(float* dc, float* dw0, float* db0, float* dw1, float* db1,
+                                  float* dy, const float* dqk, const float* kept,
+                                  const float* c, const float* w0, const float* w1, int64_t b,
+                                  int64_t t, int64_t groups, int64_t d, int64_t t0, int64_t t1,
+                                  DType dtype) {
+    cca_grouped_conv_backward(dy, dw1, db1, dqk, kept, w1, b, t, groups, d, t1, dtype);
+    cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, groups * d, t0);
+  }
   virtual void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk,

@@ -157,6 +157,22 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
                                     const float* y, const float* w1, int64_t b, int64_t t,
                                     int64_t groups, int64_t d, int64_t taps, DType dtype);
 
+// A training step's two convolutions, qk = grouped(depthwise(c)) without the grouped bias
+// (the fused norm adds it), for bf16 GEMMs when cca_convs_fused(t1, dtype) (t1 ≤ 2): the
+// depthwise output goes straight into the grouped convolution's stacked bf16 rows, kept in
+// `kept` ([B·T·C] floats of room, which the stacked rows fit for t1 ≤ 2) for the backward in
+// place of y, which never reaches memory. The same numbers as the composition of
+// cca_depthwise_conv_forward and the _gemm forms above (the same bits: cca_test).
+// Backward: dc += and the weights' gradients += as the composition; dy [B·T, C]: scratch.
+bool cca_convs_fused(int64_t t1, DType dtype);
+void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float* w0,
+                            const float* b0, const float* w1, int64_t b, int64_t t,
+                            int64_t groups, int64_t d, int64_t t0, int64_t t1);
+void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
+                             float* dy, const float* dqk, const float* kept, const float* c,
+                             const float* w0, const float* w1, int64_t b, int64_t t,
+                             int64_t groups, int64_t d, int64_t t0, int64_t t1);
+
 // ---- value time shift (spec §2 step 5) ------------------------------------------------------
 // In place (the form to use): v [B, T, 2·half] holds [x_t·Wv1^T ‖ x_t·Wv2^T] on entry and
 // [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit (zero second half at t = 0 of each sequence). When

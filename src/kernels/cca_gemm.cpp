@@ -33,22 +33,27 @@ void store_as(DType dtype, const float* src, void* dst, int64_t n) {
 
 // Stacked rows: x [B, T, G·d] as [G, B·T, taps·d] in the GEMMs' type, where group g, row
 // (b, t) holds [x(b, t + first) ‖ x(b, t + first + 1) ‖ …] over the taps (first: −pad for
-// the window before each row, 0 for the window from it on), zero outside the sequence. Kept
-// in a grow-only per-thread buffer.
+// the window before each row, 0 for the window from it on), zero outside the sequence.
 class StackedTaps {
  public:
+  // A view of rows stacked in `data` ([G, rows, k] elements of `dtype`).
+  StackedTaps(const void* data, int64_t groups, int64_t rows, int64_t k, DType dtype)
+      : dtype_(dtype), groups_(groups), rows_(rows), k_(k),
+        data_(static_cast<const unsigned char*>(data)) {}
+  // Stacks x into a grow-only per-thread buffer.
   StackedTaps(ScratchBuffer<unsigned char>& buffer, const float* x, int64_t b, int64_t t,
               int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
-      : dtype_(dtype), groups_(groups), rows_(b * t), k_(taps * d) {
+      : StackedTaps(buffer.get(groups * b * t * taps * d * element_size(dtype)), groups, b * t,
+                    taps * d, dtype) {
     const int64_t elem = element_size(dtype), rows = b * t, channels = groups * d;
-    data_ = buffer.get(groups * rows * k_ * elem);
+    unsigned char* data = const_cast<unsigned char*>(data_);
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t s = row / t, r = row % t;
       for (int64_t i = 0; i < taps; ++i) {
         const int64_t src = r + first + i;
         for (int64_t g = 0; g < groups; ++g) {
-          unsigned char* dst = data_ + ((g * rows + row) * k_ + i * d) * elem;
+          unsigned char* dst = data + ((g * rows + row) * k_ + i * d) * elem;
           if (src >= 0 && src < t)
             store_as(dtype, x + (s * t + src) * channels + g * d, dst, d);
           else
@@ -57,10 +62,10 @@ class StackedTaps {
       }
     }
   }
-  // Group g's [rows, taps·d]; all groups transposed, [G, taps·d, rows]; one tap of every
-  // group, [G, rows, d].
-  MatView group(int64_t g) const {
-    return MatView{data_ + g * rows_ * k_ * element_size(dtype_), dtype_, {rows_, k_}, {k_, 1}};
+  // All groups, [G, rows, taps·d]; all groups transposed, [G, taps·d, rows]; one tap of
+  // every group, [G, rows, d].
+  MatView all_groups() const {
+    return MatView{data_, dtype_, {groups_, rows_, k_}, {rows_ * k_, k_, 1}};
   }
   MatView groups_transposed() const {
     return MatView{data_, dtype_, {groups_, k_, rows_}, {rows_ * k_, 1, k_}};
@@ -73,8 +78,52 @@ class StackedTaps {
  private:
   DType dtype_;
   int64_t groups_, rows_, k_;
-  unsigned char* data_ = nullptr;
+  const unsigned char* data_;
 };
+
+// The depthwise convolution's output y = b0 + Σ_i w0[:, i] ⊙ c(t − (t0−1) + i) (the same
+// arithmetic as cca_depthwise_conv_forward, row by row), written only as the grouped
+// convolution's stacked bf16 rows (first = −(t1−1)) into `data`: y itself never reaches
+// memory in fp32.
+StackedTaps depthwise_into_stacked_bf16(void* data, const float* c, const float* w0,
+                                        const float* b0, int64_t b, int64_t t, int64_t groups,
+                                        int64_t d, int64_t t0, int64_t t1) {
+  const int64_t channels = groups * d, rows = b * t, k = t1 * d, pad = t1 - 1;
+  thread_local ScratchBuffer<float> weight_buffer;
+  float* wt = weight_buffer.get(t0 * channels);  // tap-major [t0, C]
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t i = 0; i < t0; ++i) wt[i * channels + ch] = w0[ch * t0 + i];
+  bf16* out = static_cast<bf16*>(data);
+#pragma omp parallel
+  {
+    thread_local ScratchBuffer<float> row_buffer;
+    float* y = row_buffer.get(channels);
+#pragma omp for schedule(static)
+    for (int64_t row = 0; row < rows; ++row) {
+      const int64_t r = row % t;
+      std::copy(b0, b0 + channels, y);
+      for (int64_t i = 0; i < t0; ++i) {
+        const int64_t src = r - (t0 - 1) + i;
+        if (src < 0) continue;
+        const float* in = c + (row - r + src) * channels;
+        const float* w = wt + i * channels;
+#pragma omp simd
+        for (int64_t ch = 0; ch < channels; ++ch) y[ch] += w[ch] * in[ch];
+      }
+      // y(r) is tap i of row r + pad − i; the taps before a sequence's start are zero.
+      for (int64_t i = 0; i < t1; ++i) {
+        const int64_t to = r + pad - i;
+        if (to < t)
+          for (int64_t g = 0; g < groups; ++g)
+            to_bf16_serial(y + g * d, out + (g * rows + row - r + to) * k + i * d, d);
+        if (r < pad - i)
+          for (int64_t g = 0; g < groups; ++g)
+            std::fill_n(out + (g * rows + row) * k + i * d, d, bf16{});
+      }
+    }
+  }
+  return StackedTaps(data, groups, rows, k, DType::bf16);
+}
 
 // w1 [G·d (o), d (ci), t1] repacked as [G][t1·d][d] in the GEMMs' type: forward
 // [G][(i, ci)][o]; for the input gradient [G][(j, o)][ci], tap j of the stacked dz rows being
@@ -100,10 +149,33 @@ const void* packed_taps(const float* w1, int64_t groups, int64_t d, int64_t taps
   return data;
 }
 
-// Group g's [t1·d, d] block of packed_taps.
-MatView weight_block(const void* w, int64_t g, int64_t k, int64_t d, DType dtype) {
-  return MatView{static_cast<const unsigned char*>(w) + g * k * d * element_size(dtype), dtype,
-                 {k, d}, {d, 1}};
+// out [rows, G·d] (+ bias [G·d] when set) = each group's [rows, k] stacked rows × its
+// [k, d] weight block, as one product batched over the groups into a dense [G, rows, d]
+// scratch, then spread over the groups' columns. A product written straight into the
+// columns, d of every G·d, runs on the library's slower path (its kernels for tiles want a
+// dense output): about 2× the time on AMX.
+void grouped_products(float* out, const float* bias, const StackedTaps& stacked,
+                      const void* w, int64_t groups, int64_t rows, int64_t k, int64_t d,
+                      DType dtype) {
+  thread_local ScratchBuffer<float> dense_buffer;
+  float* dense = dense_buffer.get(groups * rows * d);
+  matmul(stacked.all_groups(), MatView{w, dtype, {groups, k, d}, {k * d, d, 1}},
+         OutView{dense, {groups, rows, d}, {rows * d, d, 1}});
+  const int64_t channels = groups * d;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row) {
+    float* to = out + row * channels;
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* from = dense + (g * rows + row) * d;
+      if (bias) {
+        const float* b = bias + g * d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) to[g * d + j] = b[j] + from[j];
+      } else {
+        std::copy_n(from, d, to + g * d);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -112,33 +184,26 @@ void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, co
                                    int64_t b, int64_t t, int64_t groups, int64_t d,
                                    int64_t taps, DType dtype) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
-  const int64_t channels = groups * d, rows = b * t, k = taps * d, pad = taps - 1;
+  const int64_t rows = b * t, k = taps * d, pad = taps - 1;
   thread_local ScratchBuffer<unsigned char> y_buffer;
   const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/false, dtype);
-  if (b1) {
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) std::copy_n(b1, channels, z + row * channels);
-  }
-  // z[row, g] (+)= [y(t − pad) ‖ … ‖ y(t)][g] · W[g]
-  for (int64_t g = 0; g < groups; ++g)
-    matmul(ys.group(g), weight_block(w, g, k, d, dtype),
-           OutView{z + g * d, {rows, d}, {channels, 1}}, /*accumulate=*/b1 != nullptr);
+  // z[row, g] = (b1[g] +) [y(t − pad) ‖ … ‖ y(t)][g] · W[g]
+  grouped_products(z, b1, ys, w, groups, rows, k, d, dtype);
 }
 
-void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
-                                    const float* y, const float* w1, int64_t b, int64_t t,
-                                    int64_t groups, int64_t d, int64_t taps, DType dtype) {
-  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
-  const int64_t channels = groups * d, rows = b * t, k = taps * d, pad = taps - 1;
-  thread_local ScratchBuffer<unsigned char> y_buffer, dz_buffer;
-  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, dtype);
+namespace {
+
+// The grouped convolution's backward from the stacked y rows `ys` (see below).
+void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                           const StackedTaps& ys, const float* w1, int64_t b, int64_t t,
+                           int64_t groups, int64_t d, int64_t taps, DType dtype) {
+  const int64_t channels = groups * d, rows = b * t, k = taps * d;
+  thread_local ScratchBuffer<unsigned char> dz_buffer;
   // dy(t) gets dz(t + pad − i)·W_i: the window after t, stacked from t onwards.
   const StackedTaps dzs(dz_buffer, dz, b, t, groups, d, taps, 0, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/true, dtype);
-  for (int64_t g = 0; g < groups; ++g)
-    matmul(dzs.group(g), weight_block(w, g, k, d, dtype),
-           OutView{dy + g * d, {rows, d}, {channels, 1}});
+  grouped_products(dy, nullptr, dzs, w, groups, rows, k, d, dtype);
   // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
   thread_local ScratchBuffer<float> dw_buffer;
   float* dw = dw_buffer.get(groups * k * d);  // [G][(i, ci)][o]
@@ -149,6 +214,40 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
         for (int64_t i = 0; i < taps; ++i)
           dw1[((g * d + o) * d + ci) * taps + i] += dw[(g * k + i * d + ci) * d + o];
   detail::add_column_sums(db1, dz, rows, channels);
+}
+
+}  // namespace
+
+void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
+                                    const float* y, const float* w1, int64_t b, int64_t t,
+                                    int64_t groups, int64_t d, int64_t taps, DType dtype) {
+  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
+  thread_local ScratchBuffer<unsigned char> y_buffer;
+  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -(taps - 1), dtype);
+  grouped_conv_backward(dy, dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype);
+}
+
+bool cca_convs_fused(int64_t t1, DType dtype) { return dtype == DType::bf16 && t1 <= 2; }
+
+void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float* w0,
+                            const float* b0, const float* w1, int64_t b, int64_t t,
+                            int64_t groups, int64_t d, int64_t t0, int64_t t1) {
+  FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && groups > 0 && d > 0 &&
+                b > 0 && t > 0);
+  const StackedTaps ys = depthwise_into_stacked_bf16(kept, c, w0, b0, b, t, groups, d, t0, t1);
+  const void* w = packed_taps(w1, groups, d, t1, /*for_input_gradient=*/false, DType::bf16);
+  grouped_products(qk, nullptr, ys, w, groups, b * t, t1 * d, d, DType::bf16);
+}
+
+void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
+                             float* dy, const float* dqk, const float* kept, const float* c,
+                             const float* w0, const float* w1, int64_t b, int64_t t,
+                             int64_t groups, int64_t d, int64_t t0, int64_t t1) {
+  FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && groups > 0 && d > 0 &&
+                b > 0 && t > 0);
+  const StackedTaps ys(kept, groups, b * t, t1 * d, DType::bf16);
+  grouped_conv_backward(dy, dw1, db1, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
+  cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, groups * d, t0);
 }
 
 }  // namespace foundry::ops

@@ -519,6 +519,55 @@ TEST(CcaFused, MeansAndNormInOnePassEqualTheComposition) {
   EXPECT_EQ(dtemp, dtemp_ref);
 }
 
+// The CPU's bf16 training form of the two convolutions (y straight into the grouped conv's
+// stacked rows, kept for the backward in y's place) against the composition it replaces:
+// the same bits, forward and backward, including the rows before each sequence's start.
+TEST(CcaFused, ConvolutionsThroughTheStackedRowsEqualTheComposition) {
+  EXPECT_TRUE(cca_convs_fused(2, DType::bf16));
+  EXPECT_FALSE(cca_convs_fused(3, DType::bf16));  // the stacked rows would not fit y's room
+  EXPECT_FALSE(cca_convs_fused(2, DType::f32));
+  const int64_t b = 3, t = 7, groups = 3, d = 16, ch = groups * d, n = b * t;
+  for (const int64_t t0 : {1, 2, 3})
+    for (const int64_t t1 : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << "t0 " << t0 << " t1 " << t1);
+      const auto c = cast_vector<float>(random_normal(n * ch, 130));
+      const auto w0 = cast_vector<float>(random_normal(ch * t0, 131));
+      const auto b0 = cast_vector<float>(random_normal(ch, 132));
+      const auto w1 = cast_vector<float>(random_normal(ch * d * t1, 133, 0.2));
+      const auto dqk = cast_vector<float>(random_normal(n * ch, 134));
+      const auto dc0 = cast_vector<float>(random_normal(n * ch, 135));  // the means' part
+
+      std::vector<float> y(n * ch), qk_ref(n * ch), dy(n * ch), dc_ref = dc0;
+      std::vector<float> dw0_ref(ch * t0, 0.5f), db0_ref(ch, 0.5f), dw1_ref(ch * d * t1, 0.5f),
+          db1_ref(ch, 0.5f);
+      cca_depthwise_conv_forward(y.data(), c.data(), w0.data(), b0.data(), b, t, ch, t0);
+      cca_grouped_conv_forward_gemm(qk_ref.data(), y.data(), w1.data(), nullptr, b, t, groups, d,
+                                    t1, DType::bf16);
+      cca_grouped_conv_backward_gemm(dy.data(), dw1_ref.data(), db1_ref.data(), dqk.data(),
+                                     y.data(), w1.data(), b, t, groups, d, t1, DType::bf16);
+      cca_depthwise_conv_backward(dc_ref.data(), dw0_ref.data(), db0_ref.data(), dy.data(),
+                                  c.data(), w0.data(), b, t, ch, t0);
+
+      // Stale values in the outputs and the scratch: the fused forms write them.
+      auto kept = cast_vector<float>(random_normal(n * ch, 136));
+      auto qk = cast_vector<float>(random_normal(n * ch, 137));
+      auto dy_scratch = cast_vector<float>(random_normal(n * ch, 138));
+      std::vector<float> dc = dc0, dw0(ch * t0, 0.5f), db0(ch, 0.5f), dw1(ch * d * t1, 0.5f),
+                         db1(ch, 0.5f);
+      cca_convs_forward_gemm(qk.data(), kept.data(), c.data(), w0.data(), b0.data(), w1.data(), b,
+                             t, groups, d, t0, t1);
+      EXPECT_EQ(qk, qk_ref);
+      cca_convs_backward_gemm(dc.data(), dw0.data(), db0.data(), dw1.data(), db1.data(),
+                              dy_scratch.data(), dqk.data(), kept.data(), c.data(), w0.data(),
+                              w1.data(), b, t, groups, d, t0, t1);
+      EXPECT_EQ(dc, dc_ref);
+      EXPECT_EQ(dw0, dw0_ref);
+      EXPECT_EQ(db0, db0_ref);
+      EXPECT_EQ(dw1, dw1_ref);
+      EXPECT_EQ(db1, db1_ref);
+    }
+}
+
 // ---- the composed pipeline: causality, batch isolation, decode -----------------------------
 
 struct Pipeline {

@@ -211,6 +211,25 @@ class CpuBackend final : public Backend {
                                  int64_t groups, int64_t d, int64_t taps, DType dtype) override {
     ops::cca_grouped_conv_backward_gemm(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps, dtype);
   }
+  // bf16 with t1 ≤ 2: y goes straight into the grouped convolution's stacked rows, which
+  // `kept` holds in its place (kernels/cca.h).
+  void cca_convs_forward(float* qk, float* kept, const float* c, const float* w0,
+                         const float* b0, const float* w1, int64_t b, int64_t t, int64_t groups,
+                         int64_t d, int64_t t0, int64_t t1, DType dtype) override {
+    if (!ops::cca_convs_fused(t1, dtype))
+      return Backend::cca_convs_forward(qk, kept, c, w0, b0, w1, b, t, groups, d, t0, t1, dtype);
+    ops::cca_convs_forward_gemm(qk, kept, c, w0, b0, w1, b, t, groups, d, t0, t1);
+  }
+  void cca_convs_backward(float* dc, float* dw0, float* db0, float* dw1, float* db1, float* dy,
+                          const float* dqk, const float* kept, const float* c, const float* w0,
+                          const float* w1, int64_t b, int64_t t, int64_t groups, int64_t d,
+                          int64_t t0, int64_t t1, DType dtype) override {
+    if (!ops::cca_convs_fused(t1, dtype))
+      return Backend::cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t,
+                                         groups, d, t0, t1, dtype);
+    ops::cca_convs_backward_gemm(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, groups,
+                                 d, t0, t1);
+  }
   void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) override {
     ops::cca_value_shift_inplace_forward(v, static_cast<float*>(nullptr), b, t, half);
   }
@@ -225,7 +244,8 @@ class CpuBackend final : public Backend {
                             const float* qk, const float* rnorm, const float* temp, int64_t n,
                             int64_t hq, int64_t hk, int64_t d) override {
     ops::cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
-  }  void cca_means_qk_norm_forward(float* q, float* k, float* rnorm, float* qk, const float* c,
+  }
+  void cca_means_qk_norm_forward(float* q, float* k, float* rnorm, float* qk, const float* c,
                                  const float* b1, const float* temp, int64_t n, int64_t hq,
                                  int64_t hk, int64_t d, float eps) override {
     ops::cca_means_qk_norm_forward(q, k, rnorm, qk, c, b1, temp, n, hq, hk, d, eps);

@@ -230,9 +230,9 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
     conv_forward_context_parallel(cx, w, a, g, s);
   } else {
     auto t = cx.time("cca_conv");
-    cx.ops.cca_depthwise_conv_forward(a.y, a.c, cx.p(w.w0), cx.p(w.b0), B, T, Cc,
-                                    c.cca_kernel_depthwise);
-    grouped_conv_forward(cx, w, a.qk, a.y, nullptr, B, T);  // its bias comes with the means
+    // The grouped conv's bias comes with the means.
+    cx.ops.cca_convs_forward(a.qk, a.y, a.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), B, T, Hq + Hk,
+                             d, c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
   }
   {
     auto t = cx.time("cca_conv");
@@ -266,11 +266,10 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     if (!cx.context_parallel) cx.ops.cca_value_shift_backward(ga.dv, B, T, KVD / 2);
     cx.ops.cca_qk_norm_means_backward(g.dqk, g.dc, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm,
                                       cx.p(w.temp), N, Hq, Hk, d);
-    if (!cx.context_parallel) {
-      grouped_conv_backward(cx, w, g.dy, g.dqk, a.y, B, T);
-      cx.ops.cca_depthwise_conv_backward(g.dc, cx.g(w.w0), cx.g(w.b0), g.dy, a.c, cx.p(w.w0), B, T,
-                                       Cc, c.cca_kernel_depthwise);
-    }
+    if (!cx.context_parallel)
+      cx.ops.cca_convs_backward(g.dc, cx.g(w.w0), cx.g(w.b0), cx.g(w.w1), cx.g(w.b1), g.dy, g.dqk,
+                                a.y, a.c, cx.p(w.w0), cx.p(w.w1), B, T, Hq + Hk, d,
+                                c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
   }
   if (cx.context_parallel) conv_backward_context_parallel(cx, w, a, g, s);
   {

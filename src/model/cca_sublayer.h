@@ -26,7 +26,10 @@ struct CcaActs {
   float* n;      // [N, C]       rms(x)
   float* rstd;   // [N]
   float* c;      // [N, Cc]      [q0 ‖ k0], the convolutions' input
-  float* y = nullptr;  // [N, Cc] depthwise convolution output (without context parallelism)
+  // [N, Cc] floats of room: what the convolutions keep for the backward without context
+  // parallelism (Backend::cca_convs_forward): the depthwise output y, or on the CPU in bf16
+  // the grouped convolution's stacked rows in its place.
+  float* y = nullptr;
   float* qk;     // [N, Cc]      before the QK norm
   float* rnorm;  // [N, G]       per-head 1/norms
   float* q;      // [N, Hq·d]    after RoPE
