@@ -44,6 +44,13 @@ else bad "resume differs: straight [$a] resumed [$b]"; fi
 n=$(ls -d straight/checkpoints/step_* | wc -l)
 [ "$n" = 2 ] && ok "keep_checkpoints=2 keeps 2" || bad "kept $n checkpoints"
 
+# ---- train.checkpoint_at_end=false: a completed run ends without the final checkpoint ----
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=noend -q \
+  --set train.checkpoint_at_end=false --set train.steps=10 >noend.log 2>&1 || bad "checkpoint_at_end=false run failed"
+[ "$(cat noend/checkpoints/latest 2>/dev/null)" = "step_00000008" ] && [ ! -d noend/checkpoints/step_00000010 ] \
+  && ok "checkpoint_at_end=false keeps the periodic checkpoints and writes none at the end" \
+  || { bad "checkpoint_at_end=false: latest is '$(cat noend/checkpoints/latest 2>/dev/null)'"; cat noend.log; }
+
 # ---- a run stopped by SIGTERM saves a checkpoint and exits 75 (interrupted, resumable) ----
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=sig --set train.steps=100000 \
   --set train.checkpoint_every=0 -q >sig.log 2>&1 &

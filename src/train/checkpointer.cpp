@@ -135,9 +135,10 @@ void Checkpointer::open_memory_tier() {
   allocate_device_snapshot(memory_);
 }
 
-SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last) {
+SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last, bool completes) {
   SavesDue due;
-  due.durable = last || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
+  const bool at_end = last && (tc.checkpoint_at_end || !completes);
+  due.durable = at_end || (tc.checkpoint_every > 0 && step % tc.checkpoint_every == 0);
   due.memory = !last && tc.memory_checkpoint_every > 0 && step % tc.memory_checkpoint_every == 0;
   return due;
 }

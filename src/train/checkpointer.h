@@ -38,15 +38,16 @@ namespace foundry {
 
 class Model;
 
-// Which tiers save after `step` (`last`: the run's final step, or a stop): the durable one
-// every train.checkpoint_every steps and at the end; the in-memory one every
+// Which tiers save after `step` (`last`: the run's final step, or a stop; `completes`: the
+// run's final step): the durable one every train.checkpoint_every steps and at the end
+// (when the run completes, only with train.checkpoint_at_end); the in-memory one every
 // train.memory_checkpoint_every steps, durable steps included (a durable checkpoint commits
 // only once every rank has written it, seconds later, and a failure meanwhile would otherwise
 // go back to the in-memory checkpoint before it), but not at the end, which is durable.
 struct SavesDue {
   bool durable = false, memory = false;
 };
-SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last);
+SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last, bool completes = false);
 
 class Checkpointer {
  public:

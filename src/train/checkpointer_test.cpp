@@ -380,6 +380,17 @@ TEST(MemoryTier, SavesAtDurableStepsTooButNotAtTheEnd) {
   EXPECT_EQ(due(3, true), std::make_pair(true, false));
 }
 
+TEST(SavesDue, CheckpointAtEndOffSkipsOnlyTheCompletedRunsLastSave) {
+  TrainConfig tc;
+  tc.checkpoint_every = 4;
+  tc.checkpoint_at_end = false;
+  EXPECT_FALSE(saves_due(tc, 6, /*last=*/true, /*completes=*/true).durable);
+  EXPECT_TRUE(saves_due(tc, 8, true, true).durable);   // a periodic step still saves
+  EXPECT_TRUE(saves_due(tc, 6, true, false).durable);  // a stop on a signal saves
+  tc.checkpoint_at_end = true;
+  EXPECT_TRUE(saves_due(tc, 6, true, true).durable);
+}
+
 // Both tiers at one step: a failure before the durable checkpoint commits resumes from the
 // memory tier's checkpoint of the same step, not from the one before it.
 TEST(MemoryTier, HoldsADurableStepUntilItsDurableCheckpointCommits) {

@@ -59,6 +59,7 @@ void read_train_keys(ConfigReader& r, TrainConfig& t, json& skip,
   r.get("eval_batches", t.eval_batches, int64_t{1}, int64_t{1} << 20);
   r.get("checkpoint_every", t.checkpoint_every, int64_t{0}, int64_t{1} << 40);
   r.get("keep_checkpoints", t.keep_checkpoints, int64_t{0}, int64_t{1} << 20);
+  r.get("checkpoint_at_end", t.checkpoint_at_end);
   r.get("checkpoint_async", t.checkpoint_async);
   r.get_choice<CheckpointOverlap>("checkpoint_overlap", t.checkpoint_overlap,
                                   {{"wait", CheckpointOverlap::wait},

@@ -80,6 +80,9 @@ struct TrainConfig {
   int64_t eval_batches = 8;
   int64_t checkpoint_every = 500;  // 0 = only at the end
   int64_t keep_checkpoints = 3;    // newest N kept (0 = keep all)
+  // A checkpoint when the run reaches its last step (a stop on a signal always writes
+  // one): false for benchmark runs, whose final state nobody resumes.
+  bool checkpoint_at_end = true;
   // Write checkpoints in a background thread while training goes on (the step loop only
   // copies this rank's state into host memory), or within the step loop (false).
   bool checkpoint_async = true;

@@ -750,7 +750,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     const bool last = final_step || stop.any();
     if (last) memory = run.memory_now();
     run.checkpointer->poll();
-    const SavesDue due = saves_due(run.tc, step, last);
+    const SavesDue due = saves_due(run.tc, step, last, final_step);
     if (due.durable) {
       run.mark(step, "checkpoint");
       run.checkpointer->save(step);
