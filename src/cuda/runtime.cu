@@ -163,13 +163,19 @@ void copy_to_host_async(void* host, const void* src, int64_t bytes) {
 }
 
 void wait_copies_to_host() {
-  std::vector<cudaStream_t> streams;
+  std::vector<std::pair<int, cudaStream_t>> streams;
   {
     HostCopies& h = host_copies();
     std::lock_guard<std::mutex> lock(h.mutex);
-    for (const auto& [device, s] : h.streams) streams.push_back(s.first);
+    for (const auto& [device, s] : h.streams) streams.emplace_back(device, s.first);
   }
-  for (cudaStream_t s : streams) FOUNDRY_CUDA_CHECK(cudaStreamSynchronize(s));
+  // The caller may be a checkpoint writer thread, whose current device is GPU 0 whatever its
+  // rank's GPU: selecting the stream's device first keeps such a thread from opening a
+  // context on GPU 0 (hundreds of MB there for every rank of the host).
+  for (const auto& [device, s] : streams) {
+    FOUNDRY_CUDA_CHECK(cudaSetDevice(device));
+    FOUNDRY_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
 }
 
 void copy_on_device(void* dst, const void* src, int64_t bytes) {

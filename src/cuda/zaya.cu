@@ -197,7 +197,10 @@ __global__ void class_counts_kernel(int64_t* counts, const int32_t* choice, int6
                                     int64_t classes) {
   extern __shared__ Count local[];
   start_counts(local, classes);
-  FOUNDRY_FOR_EACH(a, assignments) atomicAdd(&local[choice[a]], Count{1});
+  FOUNDRY_FOR_EACH(a, assignments) {
+    const int32_t c = choice[a];
+    if (c >= 0 && c < classes) atomicAdd(&local[c], Count{1});  // as the CPU: others uncounted
+  }
   finish_counts(counts, local, classes);
 }
 

@@ -156,8 +156,7 @@ void Checkpointer::save_in_memory(int64_t step) {
   // priority: the optimizer step waits for it.
   memory_.snapshot_pending = true;
   memory_.writer = std::thread([this] {
-    wait_device_copies(memory_);
-    write_shard(memory_);
+    if (device_copies_arrived(memory_)) write_shard(memory_);
     release_snapshot(memory_);
   });
   memory_.blocked_seconds = now_seconds() - memory_.started;
@@ -346,8 +345,9 @@ void Checkpointer::save(int64_t step) {
     // parameters nor the optimizer state; protect_state() waits for it before they change.
     disk_.snapshot_pending = true;
     disk_.writer = std::thread([this] {
-      copy_snapshot(disk_);
+      const bool copied = copy_snapshot(disk_);
       release_snapshot(disk_);
+      if (!copied) return;
       // The write yields the cores to training: on a machine whose cores all compute, a
       // writer at equal priority preempts OpenMP threads and stalls every parallel region.
       ::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), kWriterNice);
@@ -440,6 +440,17 @@ void Checkpointer::wait_device_copies(Tier& tier) {
   if (tier.device_copies) model_.backend().wait_host_copies();
 }
 
+bool Checkpointer::device_copies_arrived(Tier& tier) {
+  try {
+    wait_device_copies(tier);
+    return true;
+  } catch (const std::exception& e) {
+    tier.error = e.what();
+    tier.written = true;
+    return false;
+  }
+}
+
 // What this rank saves: its share of the parameters and its optimizer state runs, pointing
 // at the live buffers (copy_snapshot points them at the snapshot instead), or for what lives
 // in device memory at the tier's copy of it, whose copies this queues.
@@ -474,9 +485,10 @@ void Checkpointer::plan(Tier& tier, int64_t step) {
 }
 
 // Waits for the copies out of device memory, then copies every run still pointing at live
-// host buffers into the reused snapshot buffer and points those runs at the copies.
-void Checkpointer::copy_snapshot(Tier& tier) {
-  wait_device_copies(tier);
+// host buffers into the reused snapshot buffer and points those runs at the copies. False
+// when the device copies failed (device_copies_arrived).
+bool Checkpointer::copy_snapshot(Tier& tier) {
+  if (!device_copies_arrived(tier)) return false;
   int64_t total = 0;
   for (size_t i = 0; i < tier.runs.size(); ++i)
     if (!tier.snapshotted[i]) total += tier.runs[i].end - tier.runs[i].begin;
@@ -491,6 +503,7 @@ void Checkpointer::copy_snapshot(Tier& tier) {
     at += r.end - r.begin;
   }
   tier.snapshot_seconds = now_seconds() - tier.copies_queued;
+  return true;
 }
 
 void Checkpointer::write_shard(Tier& tier) {

@@ -150,7 +150,10 @@ class Checkpointer {
   int64_t device_floats();
   void allocate_device_snapshot(Tier& tier);
   void wait_device_copies(Tier& tier);
-  void copy_snapshot(Tier& tier);
+  // The same on a writer thread, which must not throw: a failed copy becomes the tier's
+  // error (the ranks' commit reports it, as a failed write) and false.
+  bool device_copies_arrived(Tier& tier);
+  bool copy_snapshot(Tier& tier);
   void release_snapshot(Tier& tier);
   void write_shard(Tier& tier);  // the write phase (background thread or inline)
   void commit(Tier& tier);       // the commit phase, collective
