@@ -3,10 +3,12 @@
 // The taps are stacked into the products' K dimension: for every row (b, t) and group g the
 // GEMMs' input holds the taps' rows side by side, [x(t − pad) ‖ … ‖ x(t)] (pad = t1 − 1;
 // positions outside the sequence are zero), in the GEMMs' type, group by group. The forward
-// and the input gradient are then one [B·T, t1·d] × [t1·d, d] product per group, every row of
-// the batch in M, large enough for the library's fastest kernels, where one product per tap
-// of [T, d] × [d, d] blocks was not (docs/PERFORMANCE.md); the weight gradient is one product
-// batched over the groups with K = B·T.
+// and the input gradient are then a [B·T, t1·d] × [t1·d, d] product per group, every row of
+// the batch in M, run as one product batched over the groups into a dense scratch (the
+// library's tile kernels want a dense output), where one product per tap of [T, d] × [d, d]
+// blocks was far slower (docs/PERFORMANCE.md); the weight gradient is one product batched
+// over the groups with K = B·T. In bf16 training with t1 ≤ 2 the depthwise convolution
+// writes its output straight into the stacked rows, which the backward reuses.
 #include <algorithm>
 #include <cstring>
 
