@@ -236,26 +236,14 @@ template <typename T>
 void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int64_t b, int64_t t,
                                 int64_t channels, int64_t taps) {
   FOUNDRY_CHECK(taps >= 1 && channels > 0);
-  // Tap-major weights [taps, C], so the channel loop reads them contiguously.
   thread_local detail::ScratchBuffer<T> weight_buffer;
   T* wt = weight_buffer.get(taps * channels);
-  for (int64_t ch = 0; ch < channels; ++ch)
-    for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
-
+  detail::cca_depthwise_taps_major(wt, w0, channels, taps);
 #pragma omp parallel for collapse(2) schedule(static) if (is_parallel(b * t * channels))
   for (int64_t bi = 0; bi < b; ++bi)
-    for (int64_t ti = 0; ti < t; ++ti) {
-      T* out = y + (bi * t + ti) * channels;
-      std::copy(b0, b0 + channels, out);
-      for (int64_t i = 0; i < taps; ++i) {
-        const int64_t src = ti - (taps - 1) + i;
-        if (src < 0) continue;
-        const T* in = c + (bi * t + src) * channels;
-        const T* w = wt + i * channels;
-#pragma omp simd
-        for (int64_t ch = 0; ch < channels; ++ch) out[ch] += w[ch] * in[ch];
-      }
-    }
+    for (int64_t ti = 0; ti < t; ++ti)
+      detail::cca_depthwise_row(y + (bi * t + ti) * channels, c + bi * t * channels, wt, b0, ti,
+                                channels, taps);
 }
 
 // dc[b, t, ch] += Σ_i w0[ch, i] · dy[b, t + (t0−1) − i, ch]   (positions < T)
@@ -270,8 +258,7 @@ void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c,
   FOUNDRY_CHECK(taps >= 1 && channels > 0);
   thread_local detail::ScratchBuffer<T> weight_buffer, partial_buffer;
   T* wt = weight_buffer.get(taps * channels);
-  for (int64_t ch = 0; ch < channels; ++ch)
-    for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
+  detail::cca_depthwise_taps_major(wt, w0, channels, taps);
 
   // Per task [taps + 1, C]: the per-tap weight sums, then the bias sum last.
   const int64_t blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock, tasks = b * blocks;

@@ -132,6 +132,30 @@ template <typename T>
 void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
                                  int64_t b, int64_t t, int64_t channels, int64_t taps);
 
+namespace detail {
+// w0 [C, t0] tap-major, wt [t0, C], so that the channel loop reads the weights contiguously.
+template <typename T>
+inline void cca_depthwise_taps_major(T* wt, const T* w0, int64_t channels, int64_t taps) {
+  for (int64_t ch = 0; ch < channels; ++ch)
+    for (int64_t i = 0; i < taps; ++i) wt[i * channels + ch] = w0[ch * taps + i];
+}
+// Row r of one sequence's depthwise output, y [C] (writes), from the sequence's rows c_seq
+// and the tap-major weights wt: every form of the forward computes a row so.
+template <typename T>
+inline void cca_depthwise_row(T* y, const T* c_seq, const T* wt, const T* b0, int64_t r,
+                              int64_t channels, int64_t taps) {
+  for (int64_t ch = 0; ch < channels; ++ch) y[ch] = b0[ch];
+  for (int64_t i = 0; i < taps; ++i) {
+    const int64_t src = r - (taps - 1) + i;
+    if (src < 0) continue;
+    const T* in = c_seq + src * channels;
+    const T* w = wt + i * channels;
+#pragma omp simd
+    for (int64_t ch = 0; ch < channels; ++ch) y[ch] += w[ch] * in[ch];
+  }
+}
+}  // namespace detail
+
 // ---- causal grouped convolution over time (each group's d channels fully mixed) ------------
 // z [B, T, G·d] (writes) = b1[grp, o]
 //   + Σ_{i<t1} Σ_{ci<d} w1[grp, o, ci, i] · y[b, t − (t1−1) + i, grp, ci],

@@ -83,18 +83,16 @@ class StackedTaps {
   const unsigned char* data_;
 };
 
-// The depthwise convolution's output y = b0 + Σ_i w0[:, i] ⊙ c(t − (t0−1) + i) (the same
-// arithmetic as cca_depthwise_conv_forward, row by row), written only as the grouped
-// convolution's stacked bf16 rows (first = −(t1−1)) into `data`: y itself never reaches
-// memory in fp32.
+// The depthwise convolution's output y, row by row as cca_depthwise_conv_forward computes it,
+// written only as the grouped convolution's stacked bf16 rows (first = −(t1−1)) into `data`:
+// y itself never reaches memory in fp32.
 StackedTaps depthwise_into_stacked_bf16(void* data, const float* c, const float* w0,
                                         const float* b0, int64_t b, int64_t t, int64_t groups,
                                         int64_t d, int64_t t0, int64_t t1) {
   const int64_t channels = groups * d, rows = b * t, k = t1 * d, pad = t1 - 1;
   thread_local ScratchBuffer<float> weight_buffer;
-  float* wt = weight_buffer.get(t0 * channels);  // tap-major [t0, C]
-  for (int64_t ch = 0; ch < channels; ++ch)
-    for (int64_t i = 0; i < t0; ++i) wt[i * channels + ch] = w0[ch * t0 + i];
+  float* wt = weight_buffer.get(t0 * channels);
+  detail::cca_depthwise_taps_major(wt, w0, channels, t0);
   bf16* out = static_cast<bf16*>(data);
 #pragma omp parallel
   {
@@ -103,15 +101,7 @@ StackedTaps depthwise_into_stacked_bf16(void* data, const float* c, const float*
 #pragma omp for schedule(static)
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t r = row % t;
-      std::copy(b0, b0 + channels, y);
-      for (int64_t i = 0; i < t0; ++i) {
-        const int64_t src = r - (t0 - 1) + i;
-        if (src < 0) continue;
-        const float* in = c + (row - r + src) * channels;
-        const float* w = wt + i * channels;
-#pragma omp simd
-        for (int64_t ch = 0; ch < channels; ++ch) y[ch] += w[ch] * in[ch];
-      }
+      detail::cca_depthwise_row(y, c + (row - r) * channels, wt, b0, r, channels, t0);
       // y(r) is tap i of row r + pad − i; the taps before a sequence's start are zero.
       for (int64_t i = 0; i < t1; ++i) {
         const int64_t to = r + pad - i;

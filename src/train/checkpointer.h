@@ -47,7 +47,7 @@ class Model;
 struct SavesDue {
   bool durable = false, memory = false;
 };
-SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last, bool completes = false);
+SavesDue saves_due(const TrainConfig& tc, int64_t step, bool last, bool completes);
 
 class Checkpointer {
  public:

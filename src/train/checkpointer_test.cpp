@@ -365,7 +365,7 @@ TEST(MemoryTier, SavesAtDurableStepsTooButNotAtTheEnd) {
   tc.checkpoint_every = 4;
   tc.memory_checkpoint_every = 2;
   auto due = [&](int64_t step, bool last) {
-    const SavesDue d = saves_due(tc, step, last);
+    const SavesDue d = saves_due(tc, step, last, /*completes=*/last);
     return std::pair<bool, bool>{d.durable, d.memory};
   };
   EXPECT_EQ(due(1, false), std::make_pair(false, false));
