@@ -88,6 +88,12 @@ class CudaBackend final : public Backend {
     ops::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c,
                           floats(ops::rmsnorm_backward_scratch(n, c)));
   }
+  void rmsnorm_backward_residual(float* din, float* dweight, const float* dout, const float* in,
+                                 const float* weight, const float* rstd, const float* residual,
+                                 const float* residual_scale, int64_t n, int64_t c) override {
+    ops::rmsnorm_backward_residual(din, dweight, dout, in, weight, rstd, residual, residual_scale,
+                                   n, c, floats(ops::rmsnorm_backward_scratch(n, c)));
+  }
   void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
                   int64_t pos_offset, double theta, bool inverse) override {
     ops::rope_apply(x, b, t, h, d, rotary_dim, pos_offset, theta, inverse);
@@ -296,6 +302,17 @@ class CudaBackend final : public Backend {
     ops::residual_scale_backward(dres, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h, dout, res,
                                  h, alpha_res, beta_res, alpha_h, beta_h, n, c,
                                  floats(ops::column_sum_scratch(n, 3 * c)));
+  }
+  void residual_scale_backward_params(void* dh, DType dh_type, float* dalpha_res,
+                                      float* dbeta_res, float* dalpha_h, float* dbeta_h,
+                                      const float* dout, const float* res, const float* h,
+                                      const float* alpha_res, const float* beta_res,
+                                      const float* alpha_h, const float* beta_h, int64_t n,
+                                      int64_t c) override {
+    ops::residual_scale_backward_params(dh, dh_type == DType::bf16, dalpha_res, dbeta_res,
+                                        dalpha_h, dbeta_h, dout, res, h, alpha_res, beta_res,
+                                        alpha_h, beta_h, n, c,
+                                        floats(ops::column_sum_scratch(n, 3 * c)));
   }
   void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
                            int64_t n, int64_t c) override {

@@ -61,8 +61,10 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* in,
 }
 
 // One block per chunk of kRowsPerChunk rows: dx for its rows, and the chunk's dweight partial.
+// With a residual, dx = residual_scale ⊙ residual + the norm's gradient (written).
 __global__ void rmsnorm_backward_kernel(float* din, float* partials, const float* dout,
                                         const float* in, const float* weight, const float* rstd,
+                                        const float* residual, const float* residual_scale,
                                         int64_t n, int64_t c) {
   __shared__ float shared[kThreads];
   float* dw = partials + blockIdx.x * c;
@@ -79,7 +81,8 @@ __global__ void rmsnorm_backward_kernel(float* din, float* partials, const float
     dot = block_sum(dot, shared);
     const float coef = dot * r * r * r * inv_c;
     for (int64_t j = threadIdx.x; j < c; j += kThreads) {
-      dx[j] += r * weight[j] * dy[j] - coef * x[j];
+      const float grad = r * weight[j] * dy[j] - coef * x[j];
+      dx[j] = residual ? residual_scale[j] * residual[i * c + j] + grad : dx[j] + grad;
       dw[j] += dy[j] * x[j] * r;
     }
   }
@@ -281,10 +284,18 @@ int64_t rmsnorm_backward_scratch(int64_t n, int64_t c) {
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                       const float* weight, const float* rstd, int64_t n, int64_t c,
                       float* scratch) {
+  rmsnorm_backward_residual(din, dweight, dout, in, weight, rstd, nullptr, nullptr, n, c,
+                            scratch);
+}
+
+void rmsnorm_backward_residual(float* din, float* dweight, const float* dout, const float* in,
+                               const float* weight, const float* rstd, const float* residual,
+                               const float* residual_scale, int64_t n, int64_t c,
+                               float* scratch) {
   if (n == 0) return;
   const int64_t chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
-  rmsnorm_backward_kernel<<<static_cast<unsigned>(chunks), kThreads>>>(din, scratch, dout, in,
-                                                                       weight, rstd, n, c);
+  rmsnorm_backward_kernel<<<static_cast<unsigned>(chunks), kThreads>>>(
+      din, scratch, dout, in, weight, rstd, residual, residual_scale, n, c);
   check_launch();
   sum_chunks_kernel<<<blocks_for(c), kThreads>>>(dweight, scratch, chunks, c);
   check_launch();

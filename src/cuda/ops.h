@@ -40,6 +40,11 @@ void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weig
 void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                       const float* weight, const float* rstd, int64_t n, int64_t c,
                       float* scratch);
+// The same writing din = residual_scale ⊙ residual + the norm's gradient.
+void rmsnorm_backward_residual(float* din, float* dweight, const float* dout, const float* in,
+                               const float* weight, const float* rstd, const float* residual,
+                               const float* residual_scale, int64_t n, int64_t c,
+                               float* scratch);
 int64_t rmsnorm_backward_scratch(int64_t n, int64_t c);
 
 // ---- RoPE on x [B, T, H, D] in place (rotate-half pairs of the first rotary_dim dims);

@@ -47,6 +47,20 @@ TEST(GpuOps, RmsNormForwardAndBackwardMatchTheCpu) {
     expect_close(to_host<float>(grstd, n), rstd, 1e-5, 0, "rstd");
     expect_close(to_host<float>(gdx, n * c), dx, 1e-4, 1e-2, "dx");
     expect_close(to_host<float>(gdw, c), dw, 1e-4, 1e-1, "dweight");
+
+    // With a residual folded in: dx written (the poisoned old contents must not matter).
+    const auto residual = randn(n * c, 6), scale = randn(c, 7);
+    std::vector<float> rdx(n * c), rdw = dw0;
+    ops::rmsnorm_backward_residual(rdx.data(), rdw.data(), dy.data(), x.data(), w.data(),
+                                   rstd.data(), residual.data(), scale.data(), n, c);
+    auto gres = to_device(residual), gscale = to_device(scale), grdw = to_device(dw0);
+    auto grdx = poisoned(n * c * 4);
+    gpu::ops::rmsnorm_backward_residual(grdx.as<float>(), grdw.as<float>(), gdy.as<float>(),
+                                        gx.as<float>(), gw.as<float>(), grstd.as<float>(),
+                                        gres.as<float>(), gscale.as<float>(), n, c,
+                                        scratch.as<float>());
+    expect_close(to_host<float>(grdx, n * c), rdx, 1e-4, 1e-2, "dx with a residual");
+    expect_close(to_host<float>(grdw, c), rdw, 1e-4, 1e-1, "dweight with a residual");
   }
 }
 

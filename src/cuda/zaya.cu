@@ -124,7 +124,7 @@ __global__ void eda_forward_kernel(float* r, const float* r_prev, const float* g
 
 __global__ void eda_input_grad_kernel(float* dr_prev, const float* dr, const float* gamma,
                                       int64_t n, int64_t r_dim) {
-  FOUNDRY_FOR_EACH(index, n * r_dim) dr_prev[index] += gamma[index % r_dim] * dr[index];
+  FOUNDRY_FOR_EACH(index, n * r_dim) dr_prev[index] = gamma[index % r_dim] * dr[index];
 }
 
 __global__ void gating_forward_kernel(float* probs, int32_t* choice, float* gate,
@@ -256,6 +256,19 @@ __global__ void residual_input_grads_kernel(float* dres, float* dh, const float*
   }
 }
 
+// dh = α_h ⊙ dout alone, as float or bf16.
+template <typename Out>
+__global__ void residual_h_grad_kernel(Out* dh, const float* dout, const float* alpha_h,
+                                       int64_t n, int64_t c) {
+  FOUNDRY_FOR_EACH(index, n * c) {
+    const float v = alpha_h[index % c] * dout[index];
+    if constexpr (sizeof(Out) == sizeof(float))
+      dh[index] = v;
+    else
+      dh[index] = to_bf16(v);
+  }
+}
+
 }  // namespace
 
 int64_t column_sum_scratch(int64_t n, int64_t columns) { return chunks_of(n) * columns; }
@@ -348,6 +361,22 @@ void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* d
                              float* scratch) {
   residual_input_grads_kernel<<<blocks_for(n * c), kThreads>>>(dres, dh, dout, alpha_res, alpha_h,
                                                                n, c);
+  check_launch();
+  column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
+              ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
+}
+
+void residual_scale_backward_params(void* dh, bool dh_bf16, float* dalpha_res, float* dbeta_res,
+                                    float* dalpha_h, float* dbeta_h, const float* dout,
+                                    const float* res, const float* h, const float* alpha_res,
+                                    const float* beta_res, const float* alpha_h,
+                                    const float* beta_h, int64_t n, int64_t c, float* scratch) {
+  if (dh_bf16)
+    residual_h_grad_kernel<<<blocks_for(n * c), kThreads>>>(static_cast<uint16_t*>(dh), dout,
+                                                            alpha_h, n, c);
+  else
+    residual_h_grad_kernel<<<blocks_for(n * c), kThreads>>>(static_cast<float*>(dh), dout,
+                                                            alpha_h, n, c);
   check_launch();
   column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
               ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});

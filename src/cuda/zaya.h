@@ -17,7 +17,7 @@ int64_t column_sum_scratch(int64_t n, int64_t columns);
 void gelu_forward(float* out, const float* in, int64_t n, int64_t c);
 void gelu_backward(float* din, const float* dout, const float* in, int64_t n, int64_t c);
 
-// r += gamma ⊙ r_prev; backward: dr_prev += gamma ⊙ dr, dgamma += Σ_n r_prev ⊙ dr.
+// r += gamma ⊙ r_prev; backward: dr_prev (writes) = gamma ⊙ dr, dgamma += Σ_n r_prev ⊙ dr.
 void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n, int64_t r_dim);
 void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
                   const float* gamma, int64_t n, int64_t r_dim, float* scratch);
@@ -48,5 +48,12 @@ void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* d
                              const float* h, const float* alpha_res, const float* beta_res,
                              const float* alpha_h, const float* beta_h, int64_t n, int64_t c,
                              float* scratch);
+// The same without dres (the sublayer's norm backward adds α_res ⊙ dout), dh as bf16 when
+// dh_bf16.
+void residual_scale_backward_params(void* dh, bool dh_bf16, float* dalpha_res, float* dbeta_res,
+                                    float* dalpha_h, float* dbeta_h, const float* dout,
+                                    const float* res, const float* h, const float* alpha_res,
+                                    const float* beta_res, const float* alpha_h,
+                                    const float* beta_h, int64_t n, int64_t c, float* scratch);
 
 }  // namespace foundry::gpu::ops

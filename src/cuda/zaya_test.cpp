@@ -6,6 +6,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/bf16.h"
 #include "base/rng.h"
 #include "cuda/runtime.h"
 #include "cuda/test_support.h"
@@ -142,6 +143,32 @@ TEST(GpuZaya, ResidualScalingMatchesTheCpu) {
   expect_close(to_host<float>(gdbr, c), dbr, 1e-5, 1e-1, "dbeta_res");
   expect_close(to_host<float>(gdah, c), dah, 1e-5, 1e-1, "dalpha_h");
   expect_close(to_host<float>(gdbh, c), dbh, 1e-5, 1e-1, "dbeta_h");
+
+  // Without dres, dh as float and as bf16 (the CPU's rounding of the same products).
+  for (bool bf16_dh : {false, true}) {
+    std::vector<float> pdh(n * c), par = dar0, pbr = dbr0, pah = dah0, pbh = dbh0;
+    ops::residual_scale_backward_params(pdh.data(), par.data(), pbr.data(), pah.data(),
+                                        pbh.data(), dout.data(), res.data(), h.data(), ar.data(),
+                                        br.data(), ah.data(), bh.data(), n, c);
+    auto qar = to_device(dar0), qbr = to_device(dbr0), qah = to_device(dah0),
+         qbh = to_device(dbh0);
+    auto qdh = poisoned(n * c * 4);
+    gpu::ops::residual_scale_backward_params(
+        qdh.data(), bf16_dh, qar.as<float>(), qbr.as<float>(), qah.as<float>(), qbh.as<float>(),
+        gdout.as<float>(), gres.as<float>(), gh.as<float>(), gar.as<float>(), gbr.as<float>(),
+        gah.as<float>(), gbh.as<float>(), n, c, scratch.as<float>());
+    if (bf16_dh) {
+      const auto got = to_host<uint16_t>(qdh, n * c);
+      for (int64_t i = 0; i < n * c; ++i)
+        EXPECT_NEAR(bf16_to_float(got[i]), pdh[i], 1e-6 + 4e-3 * std::abs(pdh[i])) << i;
+    } else {
+      expect_close(to_host<float>(qdh, n * c), pdh, 1e-6, 1e-6, "dh alone");
+    }
+    expect_close(to_host<float>(qar, c), par, 1e-5, 1e-1, "dalpha_res (params)");
+    expect_close(to_host<float>(qbr, c), pbr, 1e-5, 1e-1, "dbeta_res (params)");
+    expect_close(to_host<float>(qah, c), pah, 1e-5, 1e-1, "dalpha_h (params)");
+    expect_close(to_host<float>(qbh, c), pbh, 1e-5, 1e-1, "dbeta_h (params)");
+  }
 }
 
 }  // namespace

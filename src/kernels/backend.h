@@ -84,6 +84,11 @@ class Backend {
   virtual void rmsnorm_backward(float* din, float* dweight, const float* dout, const float* in,
                                 const float* weight, const float* rstd, int64_t n,
                                 int64_t c) = 0;
+  // din (writes) = residual_scale ⊙ residual + the norm's input gradient.
+  virtual void rmsnorm_backward_residual(float* din, float* dweight, const float* dout,
+                                         const float* in, const float* weight, const float* rstd,
+                                         const float* residual, const float* residual_scale,
+                                         int64_t n, int64_t c) = 0;
   virtual void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d,
                           int64_t rotary_dim, int64_t pos_offset, double theta,
                           bool inverse) = 0;
@@ -216,6 +221,18 @@ class Backend {
   virtual void gelu_forward(float* out, const float* in, int64_t n, int64_t c) = 0;
   virtual void gelu_backward(float* din, const float* dout, const float* in, int64_t n,
                              int64_t c) = 0;
+  // The router layer's bias and GELU (kernels/zaya_router.h): a [n, c] += bias, g = gelu(a),
+  // keeping in `a` what the backward reads (by default a itself; the CPU keeps gelu'(a)).
+  // The backward: da (writes) from dg and what the forward kept, dbias +=.
+  virtual void gelu_bias_forward(float* g, float* a, const float* bias, int64_t n, int64_t c) {
+    bias_add_forward(a, bias, n, c);
+    gelu_forward(g, a, n, c);
+  }
+  virtual void gelu_bias_backward(float* da, float* dbias, const float* dg, const float* kept,
+                                  int64_t n, int64_t c) {
+    gelu_backward(da, dg, kept, n, c);
+    bias_add_backward(dbias, da, n, c);
+  }
   virtual void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n,
                            int64_t r_dim) = 0;
   virtual void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
@@ -241,6 +258,14 @@ class Backend {
                                        const float* alpha_res, const float* beta_res,
                                        const float* alpha_h, const float* beta_h, int64_t n,
                                        int64_t c) = 0;
+  // residual_scale_backward without dres; dh (writes) in `dh_type`: f32, or bf16 for the
+  // sublayer's first product.
+  virtual void residual_scale_backward_params(void* dh, DType dh_type, float* dalpha_res,
+                                              float* dbeta_res, float* dalpha_h, float* dbeta_h,
+                                              const float* dout, const float* res,
+                                              const float* h, const float* alpha_res,
+                                              const float* beta_res, const float* alpha_h,
+                                              const float* beta_h, int64_t n, int64_t c) = 0;
   // out [n, c] = (x + β) ⊙ α; backward: dx (writes) = α ⊙ dout, dα += Σ (x + β) ⊙ dout,
   // dβ += α ⊙ Σ dout.
   virtual void scale_shift_forward(float* out, const float* x, const float* alpha,

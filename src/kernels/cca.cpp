@@ -251,10 +251,13 @@ void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int6
 // db0[ch]      += Σ_{b,t} dy[b, t, ch]
 // One pass over contiguous rows, tasks by (sequence, block of kRowsPerBlock rows): each task
 // owns its rows of dc and sums its rows in order into its own partial sums; the partials are
-// then added per channel in task order. The order depends only on the shape.
-template <typename T>
-void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
-                                 int64_t b, int64_t t, int64_t channels, int64_t taps) {
+// then added per channel in task order. The order depends only on the shape. dy's rows are
+// read as `segments` spans of `len` channels (dy_at(row, s): channels [s·len, (s+1)·len)),
+// so any layout of dy gives the same bits.
+template <typename T, typename DyAt>
+void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments, int64_t len,
+                             const T* c, const T* w0, int64_t b, int64_t t, int64_t taps) {
+  const int64_t channels = segments * len;
   FOUNDRY_CHECK(taps >= 1 && channels > 0);
   thread_local detail::ScratchBuffer<T> weight_buffer, partial_buffer;
   T* wt = weight_buffer.get(taps * channels);
@@ -272,25 +275,31 @@ void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c,
     std::fill(partial, partial + sums, T(0));
     T* bias_sum = partial + taps * channels;
     for (int64_t ti = r0; ti < r1; ++ti) {
-      const T* g = dy + (bi * t + ti) * channels;
+      for (int64_t s = 0; s < segments; ++s) {
+        const T* g = dy_at(bi * t + ti, s);
+        const int64_t j0 = s * len;
 #pragma omp simd
-      for (int64_t j = 0; j < channels; ++j) bias_sum[j] += g[j];
-      for (int64_t i = 0; i < taps; ++i) {
-        const int64_t src = ti - (taps - 1) + i;
-        if (src < 0) continue;
-        const T* in = c + (bi * t + src) * channels;
-        T* w_sum = partial + i * channels;
+        for (int64_t j = 0; j < len; ++j) bias_sum[j0 + j] += g[j];
+        for (int64_t i = 0; i < taps; ++i) {
+          const int64_t src = ti - (taps - 1) + i;
+          if (src < 0) continue;
+          const T* in = c + (bi * t + src) * channels + j0;
+          T* w_sum = partial + i * channels + j0;
 #pragma omp simd
-        for (int64_t j = 0; j < channels; ++j) w_sum[j] += g[j] * in[j];
+          for (int64_t j = 0; j < len; ++j) w_sum[j] += g[j] * in[j];
+        }
       }
       T* din = dc + (bi * t + ti) * channels;
       for (int64_t i = 0; i < taps; ++i) {
         const int64_t dst = ti + (taps - 1) - i;
         if (dst >= t) continue;
-        const T* g_later = dy + (bi * t + dst) * channels;
-        const T* w = wt + i * channels;
+        for (int64_t s = 0; s < segments; ++s) {
+          const T* g_later = dy_at(bi * t + dst, s);
+          const T* w = wt + i * channels + s * len;
+          T* out = din + s * len;
 #pragma omp simd
-        for (int64_t j = 0; j < channels; ++j) din[j] += w[j] * g_later[j];
+          for (int64_t j = 0; j < len; ++j) out[j] += w[j] * g_later[j];
+        }
       }
     }
   }
@@ -304,6 +313,22 @@ void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c,
     else
       db0[ch] += total;
   }
+}
+
+template <typename T>
+void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
+                                 int64_t b, int64_t t, int64_t channels, int64_t taps) {
+  auto rows = [=](int64_t row, int64_t) { return dy + row * channels; };
+  depthwise_conv_backward(dc, dw0, db0, rows, 1, channels, c, w0, b, t, taps);
+}
+
+void cca_depthwise_conv_backward_grouped(float* dc, float* dw0, float* db0,
+                                         const float* dy_groups, const float* c,
+                                         const float* w0, int64_t b, int64_t t, int64_t groups,
+                                         int64_t d, int64_t taps) {
+  const int64_t rows = b * t;
+  auto group_major = [=](int64_t row, int64_t g) { return dy_groups + (g * rows + row) * d; };
+  depthwise_conv_backward(dc, dw0, db0, group_major, groups, d, c, w0, b, t, taps);
 }
 
 // ---- grouped convolution -------------------------------------------------------------------

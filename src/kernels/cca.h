@@ -169,6 +169,13 @@ template <typename T>
 void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
 
+// cca_depthwise_conv_backward with dy group-major, dy_groups [G, B·T, d] (channel g·d + j of
+// row r at (g·B·T + r)·d + j: the grouped products' dense output); the same bits.
+void cca_depthwise_conv_backward_grouped(float* dc, float* dw0, float* db0,
+                                         const float* dy_groups, const float* c,
+                                         const float* w0, int64_t b, int64_t t, int64_t groups,
+                                         int64_t d, int64_t taps);
+
 // The same two as oneDNN matmuls on float activations (kernels/cca_gemm.cpp), the form the
 // model runs in both precisions: one product per group with the taps stacked in K. `dtype`
 // is the GEMMs' input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation), as for

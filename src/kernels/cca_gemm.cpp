@@ -47,22 +47,31 @@ class StackedTaps {
               int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
       : StackedTaps(buffer.get(groups * b * t * taps * d * element_size(dtype)), groups, b * t,
                     taps * d, dtype) {
-    const int64_t elem = element_size(dtype), rows = b * t, channels = groups * d;
-    unsigned char* data = const_cast<unsigned char*>(data_);
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t s = row / t, r = row % t;
-      for (int64_t i = 0; i < taps; ++i) {
-        const int64_t src = r + first + i;
-        for (int64_t g = 0; g < groups; ++g) {
-          unsigned char* dst = data + ((g * rows + row) * k_ + i * d) * elem;
-          if (src >= 0 && src < t)
-            store_as(dtype, x + (s * t + src) * channels + g * d, dst, d);
-          else
-            std::memset(dst, 0, d * elem);
-        }
+    for (int64_t row = 0; row < rows_; ++row) stack_row(x, row, t, d, first);
+  }
+  // The same, adding x's column sums to sums [G·d] in the order of kSumRows-row chunks.
+  StackedTaps(ScratchBuffer<unsigned char>& buffer, float* sums, const float* x, int64_t b,
+              int64_t t, int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
+      : StackedTaps(buffer.get(groups * b * t * taps * d * element_size(dtype)), groups, b * t,
+                    taps * d, dtype) {
+    const int64_t channels = groups * d, chunks = (rows_ + kSumRows - 1) / kSumRows;
+    thread_local ScratchBuffer<float> partial_buffer;
+    float* partials = partial_buffer.get(chunks * channels);
+#pragma omp parallel for schedule(static)
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      float* partial = partials + chunk * channels;
+      std::fill(partial, partial + channels, 0.0f);
+      for (int64_t row = chunk * kSumRows; row < std::min(rows_, (chunk + 1) * kSumRows); ++row) {
+        stack_row(x, row, t, d, first);
+        const float* in = x + row * channels;
+#pragma omp simd
+        for (int64_t j = 0; j < channels; ++j) partial[j] += in[j];
       }
     }
+    for (int64_t chunk = 0; chunk < chunks; ++chunk)
+#pragma omp simd
+      for (int64_t j = 0; j < channels; ++j) sums[j] += partials[chunk * channels + j];
   }
   // All groups, [G, rows, taps·d]; all groups transposed, [G, taps·d, rows]; one tap of
   // every group, [G, rows, d].
@@ -78,6 +87,26 @@ class StackedTaps {
   }
 
  private:
+  static constexpr int64_t kSumRows = 64;
+
+  // Row `row` of every group, its taps from x's rows row + first + i of the same sequence
+  // (of t rows).
+  void stack_row(const float* x, int64_t row, int64_t t, int64_t d, int64_t first) {
+    const int64_t elem = element_size(dtype_), channels = groups_ * d, taps = k_ / d;
+    const int64_t s = row / t, r = row % t;
+    unsigned char* data = const_cast<unsigned char*>(data_);
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t src = r + first + i;
+      for (int64_t g = 0; g < groups_; ++g) {
+        unsigned char* dst = data + ((g * rows_ + row) * k_ + i * d) * elem;
+        if (src >= 0 && src < t)
+          store_as(dtype_, x + (s * t + src) * channels + g * d, dst, d);
+        else
+          std::memset(dst, 0, d * elem);
+      }
+    }
+  }
+
   DType dtype_;
   int64_t groups_, rows_, k_;
   const unsigned char* data_;
@@ -146,13 +175,20 @@ const void* packed_taps(const float* w1, int64_t groups, int64_t d, int64_t taps
 // scratch, then spread over the groups' columns. A product written straight into the
 // columns, d of every G·d, runs on the library's slower path (its kernels for tiles want a
 // dense output): about 2× the time on AMX.
-void grouped_products(float* out, const float* bias, const StackedTaps& stacked,
-                      const void* w, int64_t groups, int64_t rows, int64_t k, int64_t d,
-                      DType dtype) {
+// The product alone: dense [G, rows, d] (valid until the next call on this thread).
+const float* grouped_products_dense(const StackedTaps& stacked, const void* w, int64_t groups,
+                                    int64_t rows, int64_t k, int64_t d, DType dtype) {
   thread_local ScratchBuffer<float> dense_buffer;
   float* dense = dense_buffer.get(groups * rows * d);
   matmul(stacked.all_groups(), MatView{w, dtype, {groups, k, d}, {k * d, d, 1}},
          OutView{dense, {groups, rows, d}, {rows * d, d, 1}});
+  return dense;
+}
+
+void grouped_products(float* out, const float* bias, const StackedTaps& stacked,
+                      const void* w, int64_t groups, int64_t rows, int64_t k, int64_t d,
+                      DType dtype) {
+  const float* dense = grouped_products_dense(stacked, w, groups, rows, k, d, dtype);
   const int64_t channels = groups * d;
 #pragma omp parallel for schedule(static)
   for (int64_t row = 0; row < rows; ++row) {
@@ -186,16 +222,20 @@ void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, co
 
 namespace {
 
-// The grouped convolution's backward from the stacked y rows `ys` (see below).
-void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                           const StackedTaps& ys, const float* w1, int64_t b, int64_t t,
-                           int64_t groups, int64_t d, int64_t taps, DType dtype) {
-  const int64_t channels = groups * d, rows = b * t, k = taps * d;
+// The grouped convolution's backward from the stacked y rows `ys` (see below), with dy left
+// group-major in the products' dense output [G, B·T, d] (returned; valid until the next call
+// on this thread).
+const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz,
+                                         const StackedTaps& ys, const float* w1, int64_t b,
+                                         int64_t t, int64_t groups, int64_t d, int64_t taps,
+                                         DType dtype) {
+  const int64_t rows = b * t, k = taps * d;
   thread_local ScratchBuffer<unsigned char> dz_buffer;
-  // dy(t) gets dz(t + pad − i)·W_i: the window after t, stacked from t onwards.
-  const StackedTaps dzs(dz_buffer, dz, b, t, groups, d, taps, 0, dtype);
+  // dy(t) gets dz(t + pad − i)·W_i: the window after t, stacked from t onwards; db1 from the
+  // same pass over dz.
+  const StackedTaps dzs(dz_buffer, db1, dz, b, t, groups, d, taps, 0, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/true, dtype);
-  grouped_products(dy, nullptr, dzs, w, groups, rows, k, d, dtype);
+  const float* dy = grouped_products_dense(dzs, w, groups, rows, k, d, dtype);
   // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
   thread_local ScratchBuffer<float> dw_buffer;
   float* dw = dw_buffer.get(groups * k * d);  // [G][(i, ci)][o]
@@ -205,7 +245,20 @@ void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
       for (int64_t ci = 0; ci < d; ++ci)
         for (int64_t i = 0; i < taps; ++i)
           dw1[((g * d + o) * d + ci) * taps + i] += dw[(g * k + i * d + ci) * d + o];
-  detail::add_column_sums(db1, dz, rows, channels);
+  return dy;
+}
+
+// The same with dy [B·T, G·d] written.
+void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
+                           const StackedTaps& ys, const float* w1, int64_t b, int64_t t,
+                           int64_t groups, int64_t d, int64_t taps, DType dtype) {
+  const float* dense =
+      grouped_conv_backward_dense(dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype);
+  const int64_t rows = b * t, channels = groups * d;
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row)
+    for (int64_t g = 0; g < groups; ++g)
+      std::copy_n(dense + (g * rows + row) * d, d, dy + row * channels + g * d);
 }
 
 }  // namespace
@@ -238,8 +291,10 @@ void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, floa
   FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && groups > 0 && d > 0 &&
                 b > 0 && t > 0);
   const StackedTaps ys(kept, groups, b * t, t1 * d, DType::bf16);
-  grouped_conv_backward(dy, dw1, db1, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
-  cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, groups * d, t0);
+  // dy stays in the products' group-major output, which the depthwise backward reads.
+  const float* dy_groups =
+      grouped_conv_backward_dense(dw1, db1, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
+  cca_depthwise_conv_backward_grouped(dc, dw0, db0, dy_groups, c, w0, b, t, groups, d, t0);
 }
 
 }  // namespace foundry::ops

@@ -96,6 +96,13 @@ class CpuBackend final : public Backend {
                         const float* weight, const float* rstd, int64_t n, int64_t c) override {
     ops::rmsnorm_backward(din, dweight, dout, in, weight, rstd, n, c);
   }
+  void rmsnorm_backward_residual(float* din, float* dweight, const float* dout, const float* in,
+                                 const float* weight, const float* rstd, const float* residual,
+                                 const float* residual_scale, int64_t n, int64_t c) override {
+    ops::rmsnorm_backward_residual(din, dweight, dout, in, weight, rstd, residual, residual_scale,
+                                   n, c);
+  }
+
   void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
                   int64_t pos_offset, double theta, bool inverse) override {
     ops::rope_apply(x, b, t, h, d, rotary_dim, pos_offset, theta, inverse);
@@ -275,6 +282,13 @@ class CpuBackend final : public Backend {
                    int64_t r_dim) override {
     ops::eda_forward(r, r_prev, gamma, n, r_dim);
   }
+  void gelu_bias_forward(float* g, float* a, const float* bias, int64_t n, int64_t c) override {
+    ops::gelu_bias_forward(g, a, bias, n, c);
+  }
+  void gelu_bias_backward(float* da, float* dbias, const float* dg, const float* kept, int64_t n,
+                          int64_t c) override {
+    ops::gelu_bias_backward(da, dbias, dg, kept, n, c);
+  }
   void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
                     const float* gamma, int64_t n, int64_t r_dim) override {
     ops::eda_backward(dr_prev, dgamma, dr, r_prev, gamma, n, r_dim);
@@ -312,6 +326,22 @@ class CpuBackend final : public Backend {
     ops::residual_scale_backward(dres, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h, dout, res,
                                  h, alpha_res, beta_res, alpha_h, beta_h, n, c);
   }
+  void residual_scale_backward_params(void* dh, DType dh_type, float* dalpha_res,
+                                      float* dbeta_res, float* dalpha_h, float* dbeta_h,
+                                      const float* dout, const float* res, const float* h,
+                                      const float* alpha_res, const float* beta_res,
+                                      const float* alpha_h, const float* beta_h, int64_t n,
+                                      int64_t c) override {
+    if (dh_type == DType::bf16)
+      ops::residual_scale_backward_params(static_cast<bf16*>(dh), dalpha_res, dbeta_res, dalpha_h,
+                                          dbeta_h, dout, res, h, alpha_res, beta_res, alpha_h,
+                                          beta_h, n, c);
+    else
+      ops::residual_scale_backward_params(static_cast<float*>(dh), dalpha_res, dbeta_res,
+                                          dalpha_h, dbeta_h, dout, res, h, alpha_res, beta_res,
+                                          alpha_h, beta_h, n, c);
+  }
+
   void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
                            int64_t n, int64_t c) override {
     ops::scale_shift_forward(out, x, alpha, beta, n, c);

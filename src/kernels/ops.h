@@ -35,6 +35,12 @@ void rmsnorm_forward(T* out, T* rstd, const T* in, const T* weight, int64_t n, i
 template <typename T>
 void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* weight,
                       const T* rstd, int64_t n, int64_t c);
+// The same with the residual stream's other gradient folded in (ZAYA1's residual scaling):
+// din [N, C] (writes) = residual_scale [C] ⊙ residual [N, C] + the norm's input gradient.
+template <typename T>
+void rmsnorm_backward_residual(T* din, T* dweight, const T* dout, const T* in, const T* weight,
+                               const T* rstd, const T* residual, const T* residual_scale,
+                               int64_t n, int64_t c);
 
 // ---- RoPE (rotate-half pairing, as Hugging Face Llama/Mixtral) --------------------------
 // Rotates x [B, T, H, D] in place; only the first `rotary_dim` (even, ≤ D) dims of each head

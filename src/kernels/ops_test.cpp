@@ -116,6 +116,17 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   for (int64_t j = 0; j < c; ++j) dweight[j] -= dweight_prior[j];
   EXPECT_LT(max_relative_error(din, numeric_din), 1e-7);
   EXPECT_LT(max_relative_error(dweight, numeric_dweight), 1e-7);
+
+  // With a residual folded in, din is written: scale ⊙ residual + the same gradient, and
+  // dweight gets the same bits.
+  const auto residual = random_normal(n * c, 8), scale = random_normal(c, 9);
+  std::vector<double> written(n * c, 1e30), dweight_residual = dweight_prior;
+  rmsnorm_backward_residual(written.data(), dweight_residual.data(), dout.data(), in.data(),
+                            weight.data(), rstd.data(), residual.data(), scale.data(), n, c);
+  std::vector<double> expected(n * c);
+  for (int64_t i = 0; i < n * c; ++i) expected[i] = scale[i % c] * residual[i] + din[i];
+  EXPECT_LT(max_relative_error(written, expected), 1e-12);
+  for (int64_t j = 0; j < c; ++j) EXPECT_EQ(dweight_residual[j] - dweight_prior[j], dweight[j]);
 }
 
 // ---- RoPE --------------------------------------------------------------------------------

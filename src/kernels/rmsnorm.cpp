@@ -23,11 +23,15 @@ void rmsnorm_forward(T* out, T* rstd, const T* in, const T* weight, int64_t n, i
   }
 }
 
+namespace {
+
 // y = x·r·w with r = (mean(x²) + eps)^(-1/2), so
 //   dx_k = r·w_k·dy_k − x_k·r³/C · Σ_j dy_j·w_j·x_j,   dw_j = Σ_rows dy_j·x_j·r.
+// dx is added to din, or, with a residual, din = residual_scale ⊙ residual + dx.
 template <typename T>
-void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* weight,
-                      const T* rstd, int64_t n, int64_t c) {
+void rmsnorm_backward_rows(T* din, T* dweight, const T* dout, const T* in, const T* weight,
+                           const T* rstd, const T* residual, const T* residual_scale, int64_t n,
+                           int64_t c) {
   // dweight: one partial per fixed chunk of rows, then the partials are summed in chunk
   // order, so the result does not depend on how chunks are spread over threads.
   constexpr int64_t kRowsPerChunk = 32;
@@ -51,11 +55,17 @@ void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* w
 #pragma omp simd reduction(+ : dot)
       for (int64_t j = 0; j < c; ++j) dot += dy[j] * weight[j] * x[j];
       const T coef = dot * r * r * r * inv_c;
+      if (residual) {
+        const T* res = residual + i * c;
 #pragma omp simd
-      for (int64_t j = 0; j < c; ++j) {
-        dx[j] += r * weight[j] * dy[j] - coef * x[j];
-        dw[j] += dy[j] * x[j] * r;
+        for (int64_t j = 0; j < c; ++j)
+          dx[j] = residual_scale[j] * res[j] + (r * weight[j] * dy[j] - coef * x[j]);
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) dx[j] += r * weight[j] * dy[j] - coef * x[j];
       }
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) dw[j] += dy[j] * x[j] * r;
     }
   }
   constexpr int64_t kColumnBlock = 256;
@@ -71,10 +81,27 @@ void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* w
   }
 }
 
+}  // namespace
+
+template <typename T>
+void rmsnorm_backward(T* din, T* dweight, const T* dout, const T* in, const T* weight,
+                      const T* rstd, int64_t n, int64_t c) {
+  rmsnorm_backward_rows<T>(din, dweight, dout, in, weight, rstd, nullptr, nullptr, n, c);
+}
+
+template <typename T>
+void rmsnorm_backward_residual(T* din, T* dweight, const T* dout, const T* in, const T* weight,
+                               const T* rstd, const T* residual, const T* residual_scale,
+                               int64_t n, int64_t c) {
+  rmsnorm_backward_rows<T>(din, dweight, dout, in, weight, rstd, residual, residual_scale, n, c);
+}
+
 #define FOUNDRY_INSTANTIATE(T)                                                                \
   template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, T);         \
   template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, \
-                                    int64_t);
+                                    int64_t);                                                \
+  template void rmsnorm_backward_residual<T>(T*, T*, const T*, const T*, const T*, const T*, \
+                                             const T*, const T*, int64_t, int64_t);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)
 #undef FOUNDRY_INSTANTIATE

@@ -127,13 +127,47 @@ void gelu_forward(T* out, const T* in, int64_t n, int64_t c) {
 }
 
 template <typename T>
+inline T gelu_derivative(T x) {
+  return normal_cdf(x) + x * normal_pdf(x);
+}
+
+template <typename T>
 void gelu_backward(T* din, const T* dout, const T* in, int64_t n, int64_t c) {
   const int64_t count = n * c;
 #pragma omp parallel for simd schedule(static) if (is_parallel(count))
-  for (int64_t i = 0; i < count; ++i) {
-    const T x = in[i];
-    din[i] = dout[i] * (normal_cdf(x) + x * normal_pdf(x));
+  for (int64_t i = 0; i < count; ++i) din[i] = dout[i] * gelu_derivative(in[i]);
+}
+
+template <typename T>
+void gelu_bias_forward(T* g, T* a, const T* bias, int64_t n, int64_t c) {
+#pragma omp parallel for schedule(static) if (is_parallel(n * c))
+  for (int64_t i = 0; i < n; ++i) {
+    T* x = a + i * c;
+    T* out = g + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) {
+      const T xj = x[j] + bias[j];
+      out[j] = xj * normal_cdf(xj);
+      x[j] = gelu_derivative(xj);
+    }
   }
+}
+
+template <typename T>
+void gelu_bias_backward(T* da, T* dbias, const T* dg, const T* derivative, int64_t n,
+                        int64_t c) {
+  // The rows and chunks of bias_add_backward, so dbias gets the same bits.
+  const T* totals = sum_rows_fixed_chunks<T>(n, c, is_parallel(n * c), [&](int64_t i, T* acc) {
+    const T* g = dg + i * c;
+    const T* d = derivative + i * c;
+    T* out = da + i * c;
+#pragma omp simd
+    for (int64_t j = 0; j < c; ++j) {
+      out[j] = g[j] * d[j];
+      acc[j] += out[j];
+    }
+  });
+  for (int64_t j = 0; j < c; ++j) dbias[j] += totals[j];
 }
 
 // ---- EDA -----------------------------------------------------------------------------------
@@ -159,7 +193,7 @@ void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* 
         T* dprev = dr_prev + i * r_dim;
 #pragma omp simd
         for (int64_t j = 0; j < r_dim; ++j) {
-          dprev[j] += gamma[j] * g[j];
+          dprev[j] = gamma[j] * g[j];
           acc[j] += prev[j] * g[j];
         }
       });
@@ -481,29 +515,49 @@ void residual_scale_forward(T* out, const T* res, const T* h, const T* alpha_res
 // One pass over the rows: the input gradients row by row, and three column sums
 // [Σ dout | Σ (res + β_res)·dout | Σ (h + β_h)·dout] from which the four parameter
 // gradients follow (dβ = α ⊙ Σ dout).
+namespace {
+
+// out [c] = scale ⊙ x, stored as T or rounded to bf16.
 template <typename T>
-void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
-                             T* dbeta_h, const T* dout, const T* res, const T* h,
-                             const T* alpha_res, const T* beta_res, const T* alpha_h,
-                             const T* beta_h, int64_t n, int64_t c) {
+inline void scaled_row(T* out, const T* scale, const T* x, int64_t c) {
+#pragma omp simd
+  for (int64_t j = 0; j < c; ++j) out[j] = scale[j] * x[j];
+}
+inline void scaled_row(bf16* out, const float* scale, const float* x, int64_t c) {
+  constexpr int64_t kBlock = 64;
+  float block[kBlock];
+  for (int64_t j0 = 0; j0 < c; j0 += kBlock) {
+    const int64_t len = std::min(kBlock, c - j0);
+#pragma omp simd
+    for (int64_t j = 0; j < len; ++j) block[j] = scale[j0 + j] * x[j0 + j];
+    to_bf16_serial(block, out + j0, len);
+  }
+}
+
+// One pass over the rows: dres (unless null) and dh row by row, and three column sums
+// [Σ dout | Σ (res + β_res)·dout | Σ (h + β_h)·dout] from which the four parameter
+// gradients follow (dβ = α ⊙ Σ dout).
+template <typename T, typename DH>
+void residual_scale_backward_rows(T* dres, DH* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                                  T* dbeta_h, const T* dout, const T* res, const T* h,
+                                  const T* alpha_res, const T* beta_res, const T* alpha_h,
+                                  const T* beta_h, int64_t n, int64_t c) {
   const T* totals =
       sum_rows_fixed_chunks<T>(n, 3 * c, is_parallel(n * c), [&](int64_t i, T* acc) {
         const T* g = dout + i * c;
         const T* r = res + i * c;
         const T* x = h + i * c;
-        T* dr = dres + i * c;
-        T* dx = dh + i * c;
         T* sum_g = acc;
         T* sum_rg = acc + c;
         T* sum_hg = acc + 2 * c;
 #pragma omp simd
         for (int64_t j = 0; j < c; ++j) {
-          dr[j] = alpha_res[j] * g[j];
-          dx[j] = alpha_h[j] * g[j];
           sum_g[j] += g[j];
           sum_rg[j] += (r[j] + beta_res[j]) * g[j];
           sum_hg[j] += (x[j] + beta_h[j]) * g[j];
         }
+        if (dres) scaled_row(dres + i * c, alpha_res, g, c);
+        scaled_row(dh + i * c, alpha_h, g, c);
       });
   for (int64_t j = 0; j < c; ++j) {
     dbeta_res[j] += alpha_res[j] * totals[j];
@@ -511,6 +565,26 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
     dalpha_h[j] += totals[2 * c + j];
     dbeta_h[j] += alpha_h[j] * totals[j];
   }
+}
+
+}  // namespace
+
+template <typename T>
+void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                             T* dbeta_h, const T* dout, const T* res, const T* h,
+                             const T* alpha_res, const T* beta_res, const T* alpha_h,
+                             const T* beta_h, int64_t n, int64_t c) {
+  residual_scale_backward_rows(dres, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h, dout, res, h,
+                               alpha_res, beta_res, alpha_h, beta_h, n, c);
+}
+
+template <typename T, typename DH>
+void residual_scale_backward_params(DH* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                                    T* dbeta_h, const T* dout, const T* res, const T* h,
+                                    const T* alpha_res, const T* beta_res, const T* alpha_h,
+                                    const T* beta_h, int64_t n, int64_t c) {
+  residual_scale_backward_rows<T, DH>(nullptr, dh, dalpha_res, dbeta_res, dalpha_h, dbeta_h,
+                                      dout, res, h, alpha_res, beta_res, alpha_h, beta_h, n, c);
 }
 
 void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
@@ -552,6 +626,8 @@ void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* d
   template void bias_add_backward<T>(T*, const T*, int64_t, int64_t);                          \
   template void gelu_forward<T>(T*, const T*, int64_t, int64_t);                               \
   template void gelu_backward<T>(T*, const T*, const T*, int64_t, int64_t);                    \
+  template void gelu_bias_forward<T>(T*, T*, const T*, int64_t, int64_t);                      \
+  template void gelu_bias_backward<T>(T*, T*, const T*, const T*, int64_t, int64_t);           \
   template void eda_forward<T>(T*, const T*, const T*, int64_t, int64_t);                      \
   template void eda_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t);       \
   template void zaya_gating_forward<T>(T*, int32_t*, T*, const T*, const T*, BiasOn, int64_t,  \
@@ -564,9 +640,17 @@ void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* d
                                           const T*, const T*, int64_t, int64_t);               \
   template void residual_scale_backward<T>(T*, T*, T*, T*, T*, T*, const T*, const T*,         \
                                            const T*, const T*, const T*, const T*, const T*,   \
-                                           int64_t, int64_t);
+                                           int64_t, int64_t);                                  \
+  template void residual_scale_backward_params<T, T>(T*, T*, T*, T*, T*, const T*, const T*,   \
+                                                     const T*, const T*, const T*, const T*,   \
+                                                     const T*, int64_t, int64_t);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)
 #undef FOUNDRY_INSTANTIATE
+template void residual_scale_backward_params<float, bf16>(bf16*, float*, float*, float*, float*,
+                                                          const float*, const float*,
+                                                          const float*, const float*,
+                                                          const float*, const float*,
+                                                          const float*, int64_t, int64_t);
 
 }  // namespace foundry::ops

@@ -22,8 +22,8 @@
 //                                                    (post-EDA, pre-norm). Keep r: it is the
 //                                                    next sublayer's r_prev and the norm's input.
 //   rmsnorm_forward(u, rstd, r, norm_w, N, R, eps)   u [N, R]
-//   a1 = u·W1^T; bias_add_forward(a1, b1); gelu_forward(g1, a1)      keep a1, g1
-//   a2 = g1·W2^T; bias_add_forward(a2, b2); gelu_forward(g2, a2)     keep a2, g2
+//   a1 = u·W1^T; gelu_bias_forward(g1, a1, b1, N, R)   keep g1, and a1 (now gelu'(a1 + b1))
+//   a2 = g1·W2^T; gelu_bias_forward(g2, a2, b2, N, R)  keep g2, and a2 (now gelu'(a2 + b2))
 //   logits = g2·W3^T                        [N, S]   GEMM (fp32 output)
 //   zaya_gating_forward(probs, choice, gate, logits, balancer.bias.data(), N, E, K,
 //                       skip_class, skip_passes_input)
@@ -44,12 +44,13 @@
 //     skip_passes_input; moe_gather_backward(dx, dxs, …)
 //   zaya_gating_backward(dlogits, dgate, probs, choice, N, E, K, skip_class, skip_passes_input)
 //   dW3 += dlogits^T·g2; dg2 = dlogits·W3                                GEMMs
-//   gelu_backward(da2, dg2, a2); bias_add_backward(db2, da2); dW2, dg1 GEMMs
-//   gelu_backward(da1, dg1, a1); bias_add_backward(db1, da1); dW1, du  GEMMs
+//   gelu_bias_backward(da2, db2, dg2, a2, N, R); dW2, dg1 GEMMs
+//   gelu_bias_backward(da1, db1, dg1, a1, N, R); dW1, du  GEMMs
 //   rmsnorm_backward(d_r, dnorm_w, du, r, norm_w, rstd, N, R)           d_r += : now complete
 //   eda_backward(d_r_prev, dgamma, d_r, r_prev, gamma, N, R)            d_r_prev: the previous
-//                                                    MoE sublayer's buffer (zeroed before the
-//                                                    backward pass); skipped in the first one
+//                                                    MoE sublayer's buffer (written; zeroed
+//                                                    instead where a sublayer has no EDA);
+//                                                    skipped in the first one
 //   bias_add_backward(dbdown, d_r, N, R); dWdown += d_r^T·x; dx += d_r·Wdown   GEMMs
 //   then the pre-norm's rmsnorm_backward from dx into the residual gradient.
 // (EDA is r ← r + gamma ⊙ r_prev, so the gradient of the pre-EDA r, which bias_add_backward
@@ -63,10 +64,15 @@
 // backward):
 //   residual_scale_backward(d_res, d_h, dalpha_res, dbeta_res, dalpha_h, dbeta_h,
 //                           d_res_new, res, h, alpha_res, beta_res, alpha_h, beta_h, N, C)
-// which writes d_res and d_h (the only gradients of res and h there are).
+// which writes d_res and d_h (the only gradients of res and h there are). A training step
+// writes d_res later instead, in the sublayer's pre-norm backward (d_res = alpha_res ⊙
+// d_res_new + the norm's gradient: rmsnorm_backward_residual), and d_h alone here
+// (residual_scale_backward_params), so d_res is written once.
 #pragma once
 #include <cstdint>
 #include <vector>
+
+#include "base/bf16.h"
 
 namespace foundry::ops {
 
@@ -87,12 +93,20 @@ void gelu_forward(T* out, const T* in, int64_t n, int64_t c);
 // din may alias dout; `in` is the pre-activation input of the forward pass.
 template <typename T>
 void gelu_backward(T* din, const T* dout, const T* in, int64_t n, int64_t c);
+// A router layer's bias and GELU in one pass, keeping the derivative instead of the input:
+// a [N, C] += bias [C]; g [N, C] (writes) = gelu(a); then a (overwritten) = gelu'(a). The
+// backward, from that: da [N, C] (writes) = dg ⊙ gelu'(a); dbias [C] += Σ_n da. The same
+// bits as bias_add_forward + gelu_forward, and gelu_backward + bias_add_backward.
+template <typename T>
+void gelu_bias_forward(T* g, T* a, const T* bias, int64_t n, int64_t c);
+template <typename T>
+void gelu_bias_backward(T* da, T* dbias, const T* dg, const T* derivative, int64_t n, int64_t c);
 
 // ---- exponential depth averaging (one step) ----------------------------------------------
 // r [N, R] += gamma [R] ⊙ r_prev [N, R] (in place).
 template <typename T>
 void eda_forward(T* r, const T* r_prev, const T* gamma, int64_t n, int64_t r_dim);
-// From dr [N, R] (the gradient of the post-EDA r): dr_prev [N, R] += gamma ⊙ dr;
+// From dr [N, R] (the gradient of the post-EDA r): dr_prev [N, R] (writes) = gamma ⊙ dr;
 // dgamma [R] += Σ_n r_prev ⊙ dr. The gradient of the pre-EDA r is dr itself.
 template <typename T>
 void eda_backward(T* dr_prev, T* dgamma, const T* dr, const T* r_prev, const T* gamma,
@@ -259,6 +273,15 @@ void residual_scale_backward(T* dres, T* dh, T* dalpha_res, T* dbeta_res, T* dal
                              T* dbeta_h, const T* dout, const T* res, const T* h,
                              const T* alpha_res, const T* beta_res, const T* alpha_h,
                              const T* beta_h, int64_t n, int64_t c);
+// The same without dres, for a sublayer whose pre-norm backward adds alpha_res ⊙ dout itself
+// (rmsnorm_backward_residual, ops.h): dh [N, C] (writes) = alpha_h ⊙ dout, as T or rounded to
+// bf16 (DH = bf16: what the sublayer's first product reads); the four parameter gradients
+// with the bits residual_scale_backward gives them.
+template <typename T, typename DH>
+void residual_scale_backward_params(DH* dh, T* dalpha_res, T* dbeta_res, T* dalpha_h,
+                                    T* dbeta_h, const T* dout, const T* res, const T* h,
+                                    const T* alpha_res, const T* beta_res, const T* alpha_h,
+                                    const T* beta_h, int64_t n, int64_t c);
 
 // The embedding's entry into the residual stream: out [N, C] = (x + beta) ⊙ alpha. Backward:
 // dx [N, C] (writes) = alpha ⊙ dout; dalpha += Σ_n (x + beta) ⊙ dout; dbeta += alpha ⊙ Σ_n dout,

@@ -125,6 +125,33 @@ TEST(ZayaGelu, BackwardMatchesFiniteDifferencesAndMayRunInPlace) {
   EXPECT_EQ(in_place, din);
 }
 
+// The fused form keeps gelu'(a + b) in place of a: forward and backward give the bits of
+// bias_add_forward + gelu_forward and gelu_backward + bias_add_backward, with any number of
+// threads (n spans several row chunks).
+TEST(ZayaGelu, BiasFusedFormEqualsTheCompositionBitForBit) {
+  const int64_t n = 200, c = 24;
+  const auto a0 = random_normal<float>(n * c, 14, 2.0);
+  const auto bias = random_normal<float>(c, 15, 0.5);
+  const auto dg = random_normal<float>(n * c, 16);
+  const auto dbias0 = random_normal<float>(c, 17);
+  auto composed_a = a0;
+  std::vector<float> composed_g(n * c), composed_da(n * c), composed_dbias = dbias0;
+  bias_add_forward(composed_a.data(), bias.data(), n, c);
+  gelu_forward(composed_g.data(), composed_a.data(), n, c);
+  gelu_backward(composed_da.data(), dg.data(), composed_a.data(), n, c);
+  bias_add_backward(composed_dbias.data(), composed_da.data(), n, c);
+  for (int threads : {1, 2, 3}) {
+    WithThreads scope(threads);
+    auto kept = a0;
+    std::vector<float> g(n * c, 7.0f), da(n * c, 7.0f), dbias = dbias0;
+    gelu_bias_forward(g.data(), kept.data(), bias.data(), n, c);
+    gelu_bias_backward(da.data(), dbias.data(), dg.data(), kept.data(), n, c);
+    EXPECT_EQ(g, composed_g) << threads << " threads";
+    EXPECT_EQ(da, composed_da) << threads << " threads";
+    EXPECT_EQ(dbias, composed_dbias) << threads << " threads";
+  }
+}
+
 // ---- EDA -----------------------------------------------------------------------------------
 
 TEST(ZayaEda, ForwardAddsTheScaledPreviousState) {
@@ -136,6 +163,22 @@ TEST(ZayaEda, ForwardAddsTheScaledPreviousState) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < r_dim; ++j)
       ASSERT_EQ(r[i * r_dim + j], r0[i * r_dim + j] + gamma[j] * prev[i * r_dim + j]);
+}
+
+TEST(ZayaEda, BackwardWritesThePreviousStatesGradient) {
+  const int64_t n = 5, r_dim = 3;
+  const auto dr = random_normal(n * r_dim, 13), prev = random_normal(n * r_dim, 18);
+  const auto gamma = random_normal(r_dim, 19);
+  std::vector<double> dprev(n * r_dim, 99.0), dgamma(r_dim, 0.5);
+  eda_backward(dprev.data(), dgamma.data(), dr.data(), prev.data(), gamma.data(), n, r_dim);
+  for (int64_t j = 0; j < r_dim; ++j) {
+    double sum = 0.5;
+    for (int64_t i = 0; i < n; ++i) {
+      EXPECT_EQ(dprev[i * r_dim + j], gamma[j] * dr[i * r_dim + j]);
+      sum += prev[i * r_dim + j] * dr[i * r_dim + j];
+    }
+    EXPECT_NEAR(dgamma[j], sum, 1e-12);
+  }
 }
 
 // Three MoE sublayers' router states, each read by its own RMSNorm (as in the model):
@@ -843,6 +886,35 @@ TEST(ZayaResidualScale, BackwardMatchesFiniteDifferencesForAllSixGradients) {
   EXPECT_LT(max_relative_error(minus(dbr, prior_c), num_br), 1e-9);
   EXPECT_LT(max_relative_error(minus(dah, prior_c), num_ah), 1e-9);
   EXPECT_LT(max_relative_error(minus(dbh, prior_c), num_bh), 1e-9);
+}
+
+// Without dres, dh and the parameter gradients are residual_scale_backward's bits; in bf16,
+// dh is their rounding (float inputs, several row chunks, one and two threads).
+TEST(ZayaResidualScale, BackwardWithoutTheResidualGradientGivesTheSameBits) {
+  const int64_t n = 70, c = 40;
+  const auto res = random_normal<float>(n * c, 140), h = random_normal<float>(n * c, 141);
+  const auto dout = random_normal<float>(n * c, 142), vec = random_normal<float>(4 * c, 143);
+  const float *ar = vec.data(), *br = ar + c, *ah = br + c, *bh = ah + c;
+  std::vector<float> dres(n * c), dh(n * c), grads(4 * c, 0.5f);
+  residual_scale_backward(dres.data(), dh.data(), grads.data(), grads.data() + c,
+                          grads.data() + 2 * c, grads.data() + 3 * c, dout.data(), res.data(),
+                          h.data(), ar, br, ah, bh, n, c);
+  for (int threads : {1, 2}) {
+    WithThreads scope(threads);
+    std::vector<float> dh_alone(n * c, 7.0f), grads_alone(4 * c, 0.5f);
+    std::vector<bf16> dh16(n * c);
+    residual_scale_backward_params(dh_alone.data(), grads_alone.data(), grads_alone.data() + c,
+                                   grads_alone.data() + 2 * c, grads_alone.data() + 3 * c,
+                                   dout.data(), res.data(), h.data(), ar, br, ah, bh, n, c);
+    EXPECT_EQ(dh_alone, dh);
+    EXPECT_EQ(grads_alone, grads);
+    std::vector<float> grads16(4 * c, 0.5f);
+    residual_scale_backward_params(dh16.data(), grads16.data(), grads16.data() + c,
+                                   grads16.data() + 2 * c, grads16.data() + 3 * c, dout.data(),
+                                   res.data(), h.data(), ar, br, ah, bh, n, c);
+    for (int64_t i = 0; i < n * c; ++i) ASSERT_EQ(dh16[i], float_to_bf16(dh[i])) << i;
+    EXPECT_EQ(grads16, grads);
+  }
 }
 
 // ---- determinism across thread counts ----------------------------------------------------

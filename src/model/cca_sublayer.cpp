@@ -249,14 +249,15 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
 }
 
 void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,
-                  CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx) {
+                  CcaGrads& g, BatchShape s, const float* x, const void* dh,
+                  const InputGradient& dx) {
   const ModelConfig& c = cx.config;
   const int64_t B = s.batch, T = s.seq, N = s.rows(), C = c.d_model;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t QD = c.q_dim(), KVD = c.kv_dim(), Cc = QD + KVD;
   {
     auto t = cx.time("attn_out_gemm");
-    cx.linear_backward(ga.datt, dh, a.att, w.wo, N, C, QD, false);
+    cx.linear_backward(ga.datt, dh, C, a.att, w.wo, N, C, QD, false);
   }
   rope_attention_backward(cx, ga.dq, ga.dk, ga.dv, ga.datt, a.att, a.lse, a.q, a.k, a.v, a.kv,
                           ga.dkv, s);
@@ -276,8 +277,7 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
     auto t = cx.time("attn_qkv_gemm");
     cx.projections_backward(ga.dn, a.n, N, C, {{g.dc, w.wqk, Cc}, {ga.dv, w.wv, KVD}});
   }
-  auto t = cx.time("rmsnorm");
-  cx.ops.rmsnorm_backward(dx, cx.g(w.norm), ga.dn, x, cx.p(w.norm), a.rstd, N, C);
+  cx.rmsnorm_backward(dx, w.norm, ga.dn, x, a.rstd, N, C);
 }
 
 void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,

@@ -59,10 +59,11 @@ struct CcaGrads {
 // x [N, C] → h [N, C] (g: scratch).
 void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, BatchShape s,
                  const float* x, float* h);
-// From dh [N, C] = d loss/d h: dx [N, C] += d loss/d x through the norm; accumulates the
-// sublayer's weight gradients.
+// From dh [N, C] = d loss/d h in the GEMM precision (float, or bf16 in bf16): d loss/d x
+// through the norm into dx (InputGradient); accumulates the sublayer's weight gradients.
 void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionGrads& ga,
-                  CcaGrads& g, BatchShape s, const float* x, const float* dh, float* dx);
+                  CcaGrads& g, BatchShape s, const float* x, const void* dh,
+                  const InputGradient& dx);
 
 // One new token of each of the rows (its first rows.n sequences of `state`), each at its
 // position: x [n, C] → h [n, C]. Stores the tokens' k and v at their positions, attends over

@@ -52,4 +52,14 @@ void Compute::projections_backward(float* dx, const float* x, int64_t n, int64_t
   }
 }
 
+void Compute::rmsnorm_backward(const InputGradient& to, int64_t weight_offset, const float* dn,
+                               const float* x, const float* rstd, int64_t n, int64_t c) {
+  auto t = time("rmsnorm");
+  if (to.residual)
+    ops.rmsnorm_backward_residual(to.dx, g(weight_offset), dn, x, p(weight_offset), rstd,
+                                  to.residual, to.residual_scale, n, c);
+  else
+    ops.rmsnorm_backward(to.dx, g(weight_offset), dn, x, p(weight_offset), rstd, n, c);
+}
+
 }  // namespace foundry

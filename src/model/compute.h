@@ -33,6 +33,18 @@ struct BatchShape {
   bool operator==(const BatchShape&) const = default;
 };
 
+// Where a sublayer's backward puts d loss/d its input x through the pre-norm: added to dx,
+// or, with a residual (ZAYA1's residual scaling, folded into the norm's pass), written as
+// dx = residual_scale ⊙ residual + the norm's gradient.
+struct InputGradient {
+  InputGradient(float* dx) : dx(dx) {}  // NOLINT: a plain gradient buffer accumulates
+  InputGradient(float* dx, const float* residual, const float* residual_scale)
+      : dx(dx), residual(residual), residual_scale(residual_scale) {}
+  float* dx;
+  const float* residual = nullptr;        // [N, C]
+  const float* residual_scale = nullptr;  // [C]
+};
+
 class Compute {
  public:
   Compute(const ModelConfig& config, DType precision, Backend& backend, float* params,
@@ -85,6 +97,11 @@ class Compute {
   };
   void projections_backward(float* dx, const float* x, int64_t n, int64_t in,
                             std::initializer_list<Projection> projections);
+
+  // A pre-norm's backward: `to` gets d loss/d x from dn [n, c] = d loss/d rmsnorm(x) (timed
+  // as "rmsnorm").
+  void rmsnorm_backward(const InputGradient& to, int64_t weight_offset, const float* dn,
+                        const float* x, const float* rstd, int64_t n, int64_t c);
 
   ScopedOpTimer time(const char* op) { return ScopedOpTimer(times_, op); }
   OpTimes& op_times() { return *times_; }

@@ -100,7 +100,7 @@ void moe_decode(Compute& cx, Experts& experts, const MoeWeights& w, MoeActs& a, 
 
 void moe_backward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w,
                   const MoeActs& a, MoeGrads& g, BatchShape s, const float* x, const float* dmix,
-                  float* dx, const RouteBackward& route) {
+                  const InputGradient& dx, const RouteBackward& route) {
   const ModelConfig& c = cx.config;
   const int64_t N = s.rows(), C = c.d_model, K = c.top_k;
   {
@@ -116,8 +116,7 @@ void moe_backward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights
     cx.ops.moe_gather_backward(g.dn, g.dxs, a.assignment_slot, N, K, C);
     route(g.dgate, g.dn);
   }
-  auto t = cx.time("rmsnorm");
-  cx.ops.rmsnorm_backward(dx, cx.g(w.norm), g.dn, x, cx.p(w.norm), a.rstd, N, C);
+  cx.rmsnorm_backward(dx, w.norm, g.dn, x, a.rstd, N, C);
 }
 
 }  // namespace foundry

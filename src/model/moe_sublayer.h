@@ -64,11 +64,11 @@ void moe_forward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights&
 // with every expert local, as decoding does not use an expert-parallel group.
 void moe_decode(Compute& cx, Experts& experts, const MoeWeights& w, MoeActs& a, int64_t batch,
                 const float* x, const float* base, float* out, const RouteForward& route);
-// From dmix [N, C] = d loss/d (out − base): dx [N, C] += d loss/d x through the norm (dmix
-// may alias dx: it is read before dx is written); accumulates the experts' and the norm's
-// weight gradients, and the router's through `route`.
+// From dmix [N, C] = d loss/d (out − base): d loss/d x through the norm into dx [N, C]
+// (InputGradient; dmix may alias dx: it is read before dx is written); accumulates the
+// experts' and the norm's weight gradients, and the router's through `route`.
 void moe_backward(Compute& cx, Experts& experts, int64_t layer, const MoeWeights& w,
                   const MoeActs& a, MoeGrads& g, BatchShape s, const float* x, const float* dmix,
-                  float* dx, const RouteBackward& route);
+                  const InputGradient& dx, const RouteBackward& route);
 
 }  // namespace foundry

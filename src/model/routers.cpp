@@ -144,12 +144,11 @@ void zaya_router_logits(Compute& cx, const ZayaRouterWeights& w, const float* n,
   cx.ops.bias_add_forward(r, cx.p(w.down_b), N, R);
   if (w.gamma >= 0) cx.ops.eda_forward(r, r_prev, cx.p(w.gamma), N, R);
   cx.ops.rmsnorm_forward(u, rstd, r, cx.p(w.norm), N, R, static_cast<float>(c.rms_norm_eps));
+  // a1 and a2 keep what the GELUs' backward reads (Backend::gelu_bias_forward).
   cx.linear_forward(a1, u, w.fc1_w, N, R, R);
-  cx.ops.bias_add_forward(a1, cx.p(w.fc1_b), N, R);
-  cx.ops.gelu_forward(g1, a1, N, R);
+  cx.ops.gelu_bias_forward(g1, a1, cx.p(w.fc1_b), N, R);
   cx.linear_forward(a2, g1, w.fc2_w, N, R, R);
-  cx.ops.bias_add_forward(a2, cx.p(w.fc2_b), N, R);
-  cx.ops.gelu_forward(g2, a2, N, R);
+  cx.ops.gelu_bias_forward(g2, a2, cx.p(w.fc2_b), N, R);
   cx.ops.gemm(g2, false, cx.p(w.out_w), true, logits, N, S, R, DType::f32);
 }
 
@@ -183,19 +182,20 @@ void zaya_router_backward(Compute& cx, const ZayaRouterWeights& w, const ZayaRou
   cx.ops.gemm(dlogits, true, r.g2, false, cx.g(w.out_w), S, R, N, DType::f32, true);
   cx.ops.gemm(dlogits, false, cx.p(w.out_w), false, sc.dg, N, R, S, DType::f32);
   // a2 = g1·W2ᵀ + b2, g2 = gelu(a2)
-  cx.ops.gelu_backward(sc.da, sc.dg, r.a2, N, R);
-  cx.ops.bias_add_backward(cx.g(w.fc2_b), sc.da, N, R);
+  cx.ops.gelu_bias_backward(sc.da, cx.g(w.fc2_b), sc.dg, r.a2, N, R);
   cx.linear_backward(sc.dg, sc.da, r.g1, w.fc2_w, N, R, R, /*accumulate_dx=*/false);
   // a1 = u·W1ᵀ + b1, g1 = gelu(a1)
-  cx.ops.gelu_backward(sc.da, sc.dg, r.a1, N, R);
-  cx.ops.bias_add_backward(cx.g(w.fc1_b), sc.da, N, R);
+  cx.ops.gelu_bias_backward(sc.da, cx.g(w.fc1_b), sc.dg, r.a1, N, R);
   cx.linear_backward(sc.dg, sc.da, r.u, w.fc1_w, N, R, R, /*accumulate_dx=*/false);
   // u = rms(r): dr += (dr already holds the next MoE sublayer's EDA contribution)
   cx.ops.rmsnorm_backward(sc.dr, cx.g(w.norm), sc.dg, r.r, cx.p(w.norm), r.rstd, N, R);
-  // r = n·Wdownᵀ + b (+ γ ⊙ r_prev): the pre-EDA gradient is dr itself.
-  cx.ops.zero(sc.dr_prev, N * R * sizeof(float));
-  if (w.gamma >= 0)
+  // r = n·Wdownᵀ + b (+ γ ⊙ r_prev): the pre-EDA gradient is dr itself. The previous MoE
+  // sublayer's dr starts as this one's EDA contribution (zero without EDA); the first
+  // sublayer has none to hand on.
+  if (r_prev && w.gamma >= 0)
     cx.ops.eda_backward(sc.dr_prev, cx.g(w.gamma), sc.dr, r_prev, cx.p(w.gamma), N, R);
+  else if (r_prev)
+    cx.ops.zero(sc.dr_prev, N * R * sizeof(float));
   cx.ops.bias_add_backward(cx.g(w.down_b), sc.dr, N, R);
   cx.linear_backward(dn, sc.dr, moe.n, w.down_w, N, R, C, /*accumulate_dx=*/true);
   std::swap(sc.dr, sc.dr_prev);

@@ -38,15 +38,19 @@ void residual_scale_forward(Compute& cx, const ResidualScaleWeights& w, float* o
                                 cx.p(w.alpha_h), cx.p(w.beta_h), n, cx.config.d_model);
 }
 
-// From dout [N, C]: dres, dh [N, C] (written) and the four vectors' gradients (+=).
-void residual_scale_backward(Compute& cx, const ResidualScaleWeights& w, float* dres, float* dh,
-                             const float* dout, const float* res, const float* h, int64_t n) {
+// From dout [N, C]: dh [N, C] (written, as `dh_type`) and the four vectors' gradients (+=).
+// The residual's gradient α ⊙ dout is left to the sublayer's pre-norm backward: the
+// InputGradient returned, into dres.
+InputGradient residual_scale_backward(Compute& cx, const ResidualScaleWeights& w, float* dres,
+                                      void* dh, DType dh_type, const float* dout,
+                                      const float* res, const float* h, int64_t n) {
   const int64_t C = cx.config.d_model;
   auto t = cx.time("residual_scale");
-  cx.ops.residual_scale_backward(dres, dh, cx.g(w.alpha_res), cx.g(w.beta_res),
-                                 cx.g(w.alpha_h), cx.g(w.beta_h), dout, res, h,
-                                 cx.p(w.alpha_res), cx.p(w.beta_res), cx.p(w.alpha_h),
-                                 cx.p(w.beta_h), n, C);
+  cx.ops.residual_scale_backward_params(dh, dh_type, cx.g(w.alpha_res), cx.g(w.beta_res),
+                                        cx.g(w.alpha_h), cx.g(w.beta_h), dout, res, h,
+                                        cx.p(w.alpha_res), cx.p(w.beta_res), cx.p(w.alpha_h),
+                                        cx.p(w.beta_h), n, C);
+  return InputGradient(dres, dout, cx.p(w.alpha_res));
 }
 
 // ---- the composition -------------------------------------------------------------------------
@@ -262,10 +266,12 @@ void Zaya1::backward() {
     const LayerWeights& w = layers_[l];
     moe_layer_backward(l, dres);
     cx_.gradients_final(w.moe.norm);
+    // The output projection's backward reads dh in the GEMM precision: written so here.
     float* dres_in = dres == a.dres ? a.dres2 : a.dres;
-    residual_scale_backward(cx_, w.cca_merge, dres_in, a.dh, dres, res(2 * l), h(2 * l), N);
+    const InputGradient to = residual_scale_backward(cx_, w.cca_merge, dres_in, a.dh,
+                                                     cx_.precision, dres, res(2 * l), h(2 * l), N);
+    cca_backward(cx_, w.cca, a.cca[l], a.attn_grads, a.cca_grads, a.shape, res(2 * l), a.dh, to);
     dres = dres_in;
-    cca_backward(cx_, w.cca, a.cca[l], a.attn_grads, a.cca_grads, a.shape, res(2 * l), a.dh, dres);
     cx_.gradients_final(w.cca.norm);
     cx_.progress("backward");
   }
@@ -280,9 +286,10 @@ void Zaya1::moe_layer_backward(int64_t l, float*& dres) {
   const LayerWeights& w = layers_[l];
   const int64_t i = 2 * l + 1;
   float* dres_in = dres == a.dres ? a.dres2 : a.dres;
-  residual_scale_backward(cx_, w.moe_merge, dres_in, a.dh, dres, res(i), h(i), a.shape.rows());
+  const InputGradient to = residual_scale_backward(cx_, w.moe_merge, dres_in, a.dh, DType::f32,
+                                                   dres, res(i), h(i), a.shape.rows());
   dres = dres_in;
-  moe_backward(cx_, experts_, l, w.moe, a.moe[l], a.moe_grads, a.shape, res(i), a.dh, dres,
+  moe_backward(cx_, experts_, l, w.moe, a.moe[l], a.moe_grads, a.shape, res(i), a.dh, to,
                [&](const float* dgate, float* dn) {
                  zaya_router_backward(cx_, w.router, a.router[l], a.router_scratch, r_prev(l),
                                       a.moe[l], a.shape, dgate, dn);
