@@ -187,6 +187,17 @@ class Backend {
     cca_grouped_conv_backward(dy, dw1, db1, dqk, kept, w1, b, t, groups, d, t1, dtype);
     cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, groups * d, t0);
   }
+  // Both forwards above and then cca_means_qk_norm_forward (below) with the grouped bias:
+  // a step's CCA from c to q, k (groups = hq + hk); by default that composition.
+  virtual void cca_convs_qk_norm_forward(float* q, float* k, float* rnorm, float* qk,
+                                         float* kept, const float* c, const float* w0,
+                                         const float* b0, const float* w1, const float* b1,
+                                         const float* temp, int64_t b, int64_t t, int64_t hq,
+                                         int64_t hk, int64_t d, int64_t t0, int64_t t1,
+                                         float eps, DType dtype) {
+    cca_convs_forward(qk, kept, c, w0, b0, w1, b, t, hq + hk, d, t0, t1, dtype);
+    cca_means_qk_norm_forward(q, k, rnorm, qk, c, b1, temp, b * t, hq, hk, d, eps);
+  }
   virtual void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk,

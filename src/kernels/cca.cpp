@@ -562,6 +562,32 @@ void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T*
   }
 }
 
+void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* qk,
+                                       const float* qk_groups, const float* c, const float* b1,
+                                       const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                       int64_t d, float eps) {
+  check_heads(hq, hk, d);
+  const int64_t heads = hq + hk, channels = heads * d;
+#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
+  for (int64_t row = 0; row < n; ++row) {
+    float* qk_row = qk + row * channels;
+    for (int64_t g = 0; g < heads; ++g) {
+      const float* from = qk_groups + (g * n + row) * d;
+      float* to = qk_row + g * d;
+      if (b1) {
+        const float* bias = b1 + g * d;
+#pragma omp simd
+        for (int64_t j = 0; j < d; ++j) to[j] = from[j] + bias[j];
+      } else {
+        std::copy_n(from, d, to);
+      }
+    }
+    means_forward_row(qk_row, c + row * channels, hq, hk, d);
+    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp,
+                        hq, hk, d, eps);
+  }
+}
+
 namespace {
 
 // dtemp: one partial [Hk] per fixed chunk of rows, summed in chunk order afterwards (the same

@@ -199,6 +199,14 @@ bool cca_convs_fused(int64_t t1, DType dtype);
 void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float* w0,
                             const float* b0, const float* w1, int64_t b, int64_t t,
                             int64_t groups, int64_t d, int64_t t0, int64_t t1);
+// cca_convs_forward_gemm, then cca_means_qk_norm_forward (b1, the means, the QK norm) read
+// from the grouped products' output, which never reaches qk unnormalized: the same bits as
+// the two. groups = hq + hk.
+void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk, float* kept,
+                                    const float* c, const float* w0, const float* b0,
+                                    const float* w1, const float* b1, const float* temp,
+                                    int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
+                                    int64_t t0, int64_t t1, float eps);
 void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
                              float* dy, const float* dqk, const float* kept, const float* c,
                              const float* w0, const float* w1, int64_t b, int64_t t,
@@ -251,6 +259,13 @@ template <typename T>
 void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T* b1,
                                const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d,
                                T eps);
+// The same with qk [N, C] (writes) taken from the grouped products' group-major output
+// qk_groups [G, N, d] (channel g·d + j of row r at (g·N + r)·d + j): the same bits as spreading
+// it into qk first.
+void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* qk,
+                                       const float* qk_groups, const float* c, const float* b1,
+                                       const float* temp, int64_t n, int64_t hq, int64_t hk,
+                                       int64_t d, float eps);
 // In one pass over the rows: dqk and dc [N, C] (writes) = cca_qk_norm_backward into a zeroed
 // dqk, then cca_means_backward of it into a zeroed dc; dtemp [Hk] +=.
 template <typename T>

@@ -284,6 +284,21 @@ void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float*
   grouped_products(qk, nullptr, ys, w, groups, b * t, t1 * d, d, DType::bf16);
 }
 
+void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk, float* kept,
+                                    const float* c, const float* w0, const float* b0,
+                                    const float* w1, const float* b1, const float* temp,
+                                    int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
+                                    int64_t t0, int64_t t1, float eps) {
+  const int64_t groups = hq + hk;
+  FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && hq > 0 && hk > 0 &&
+                d > 0 && b > 0 && t > 0);
+  const StackedTaps ys = depthwise_into_stacked_bf16(kept, c, w0, b0, b, t, groups, d, t0, t1);
+  const void* w = packed_taps(w1, groups, d, t1, /*for_input_gradient=*/false, DType::bf16);
+  const float* qk_groups = grouped_products_dense(ys, w, groups, b * t, t1 * d, d, DType::bf16);
+  cca_means_qk_norm_forward_grouped(q, k, rnorm, qk, qk_groups, c, b1, temp, b * t, hq, hk, d,
+                                    eps);
+}
+
 void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
                              float* dy, const float* dqk, const float* kept, const float* c,
                              const float* w0, const float* w1, int64_t b, int64_t t,

@@ -557,6 +557,30 @@ TEST(CcaFused, ConvolutionsThroughTheStackedRowsEqualTheComposition) {
       cca_convs_forward_gemm(qk.data(), kept.data(), c.data(), w0.data(), b0.data(), w1.data(), b,
                              t, groups, d, t0, t1);
       EXPECT_EQ(qk, qk_ref);
+
+      // With the QK norm read from the products' output (two query heads, one key head).
+      const int64_t hq = 2, hk = 1;
+      const auto b1 = cast_vector<float>(random_normal(ch, 139));
+      const std::vector<float> temp = {1.3f};
+      std::vector<float> q_ref(n * hq * d), k_ref(n * hk * d), rnorm_ref(n * groups);
+      auto normed_ref = qk_ref;
+      cca_means_qk_norm_forward(q_ref.data(), k_ref.data(), rnorm_ref.data(), normed_ref.data(),
+                                c.data(), b1.data(), temp.data(), n, hq, hk, d, 1e-6f);
+      auto q = cast_vector<float>(random_normal(n * hq * d, 140)), k = q, rnorm = q;
+      auto normed = cast_vector<float>(random_normal(n * ch, 141)), kept_too = normed;
+      cca_convs_qk_norm_forward_gemm(q.data(), k.data(), rnorm.data(), normed.data(),
+                                     kept_too.data(), c.data(), w0.data(), b0.data(), w1.data(),
+                                     b1.data(), temp.data(), b, t, hq, hk, d, t0, t1, 1e-6f);
+      q.resize(n * hq * d);
+      k.resize(n * hk * d);
+      rnorm.resize(n * groups);
+      EXPECT_EQ(q, q_ref);
+      EXPECT_EQ(k, k_ref);
+      EXPECT_EQ(rnorm, rnorm_ref);
+      EXPECT_EQ(normed, normed_ref);
+      // The stacked bf16 rows, [G, N, t1·d], fill the front of the room.
+      const size_t stacked = static_cast<size_t>(n * ch * t1) / 2;
+      EXPECT_TRUE(std::equal(kept.begin(), kept.begin() + stacked, kept_too.begin()));
       cca_convs_backward_gemm(dc.data(), dw0.data(), db0.data(), dw1.data(), db1.data(),
                               dy_scratch.data(), dqk.data(), kept.data(), c.data(), w0.data(),
                               w1.data(), b, t, groups, d, t0, t1);

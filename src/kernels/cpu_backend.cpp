@@ -227,6 +227,17 @@ class CpuBackend final : public Backend {
       return Backend::cca_convs_forward(qk, kept, c, w0, b0, w1, b, t, groups, d, t0, t1, dtype);
     ops::cca_convs_forward_gemm(qk, kept, c, w0, b0, w1, b, t, groups, d, t0, t1);
   }
+  void cca_convs_qk_norm_forward(float* q, float* k, float* rnorm, float* qk, float* kept,
+                                 const float* c, const float* w0, const float* b0,
+                                 const float* w1, const float* b1, const float* temp, int64_t b,
+                                 int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t t0,
+                                 int64_t t1, float eps, DType dtype) override {
+    if (!ops::cca_convs_fused(t1, dtype))
+      return Backend::cca_convs_qk_norm_forward(q, k, rnorm, qk, kept, c, w0, b0, w1, b1, temp, b,
+                                                t, hq, hk, d, t0, t1, eps, dtype);
+    ops::cca_convs_qk_norm_forward_gemm(q, k, rnorm, qk, kept, c, w0, b0, w1, b1, temp, b, t, hq,
+                                        hk, d, t0, t1, eps);
+  }
   void cca_convs_backward(float* dc, float* dw0, float* db0, float* dw1, float* db1, float* dy,
                           const float* dqk, const float* kept, const float* c, const float* w0,
                           const float* w1, int64_t b, int64_t t, int64_t groups, int64_t d,

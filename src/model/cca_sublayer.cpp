@@ -228,19 +228,17 @@ void cca_forward(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g, Batc
   }
   if (cx.context_parallel) {
     conv_forward_context_parallel(cx, w, a, g, s);
+    auto t = cx.time("cca_conv");
+    cx.ops.cca_means_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, a.c, nullptr, cx.p(w.temp), N, Hq,
+                                     Hk, d, kQkNormEps);
   } else {
     auto t = cx.time("cca_conv");
-    // The grouped conv's bias comes with the means.
-    cx.ops.cca_convs_forward(a.qk, a.y, a.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), B, T, Hq + Hk,
-                             d, c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
-  }
-  {
-    auto t = cx.time("cca_conv");
-    cx.ops.cca_means_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, a.c,
-                                     cx.context_parallel ? nullptr : cx.p(w.b1), cx.p(w.temp), N,
-                                     Hq, Hk, d, kQkNormEps);
-    if (!cx.context_parallel)
-      cx.ops.cca_value_shift_forward(a.v, B, T, KVD / 2);
+    // The convolutions, then the grouped conv's bias, the means and the QK norm.
+    cx.ops.cca_convs_qk_norm_forward(a.q, a.k, a.rnorm, a.qk, a.y, a.c, cx.p(w.w0), cx.p(w.b0),
+                                     cx.p(w.w1), cx.p(w.b1), cx.p(w.temp), B, T, Hq, Hk, d,
+                                     c.cca_kernel_depthwise, c.cca_kernel_grouped, kQkNormEps,
+                                     cx.precision);
+    cx.ops.cca_value_shift_forward(a.v, B, T, KVD / 2);
   }
   if (cx.context_parallel) value_shift_forward_context_parallel(cx, a.v, g, s);
   rope_attention_forward(cx, a.q, a.k, a.v, a.lse, a.att, a.kv, s);
