@@ -93,6 +93,11 @@ void rmsnorm_backward(float*, float*, const float*, const float*, const float*, 
                       int64_t, int64_t, float*) {
   fail_no_cuda_build(kWhat);
 }
+void rmsnorm_backward_residual(float*, float*, const float*, const float*, const float*,
+                               const float*, const float*, const float*, int64_t, int64_t,
+                               float*) {
+  fail_no_cuda_build(kWhat);
+}
 int64_t rmsnorm_backward_scratch(int64_t, int64_t) { return 0; }
 void rope_apply(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool) {
   fail_no_cuda_build(kWhat);
@@ -261,6 +266,11 @@ void residual_scale_forward(float*, const float*, const float*, const float*, co
 void residual_scale_backward(float*, float*, float*, float*, float*, float*, const float*,
                              const float*, const float*, const float*, const float*, const float*,
                              const float*, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+void residual_scale_backward_params(void*, bool, float*, float*, float*, float*, const float*,
+                                    const float*, const float*, const float*, const float*,
+                                    const float*, const float*, int64_t, int64_t, float*) {
   fail_no_cuda_build(kWhat);
 }
 }  // namespace ops

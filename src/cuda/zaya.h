@@ -49,7 +49,7 @@ void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* d
                              const float* alpha_h, const float* beta_h, int64_t n, int64_t c,
                              float* scratch);
 // The same without dres (the sublayer's norm backward adds α_res ⊙ dout), dh as bf16 when
-// dh_bf16.
+// dh_bf16; the same scratch.
 void residual_scale_backward_params(void* dh, bool dh_bf16, float* dalpha_res, float* dbeta_res,
                                     float* dalpha_h, float* dbeta_h, const float* dout,
                                     const float* res, const float* h, const float* alpha_res,

@@ -194,7 +194,8 @@ void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const flo
 // `kept` ([B·T·C] floats of room, which the stacked rows fit for t1 ≤ 2) for the backward in
 // place of y, which never reaches memory. The same numbers as the composition of
 // cca_depthwise_conv_forward and the _gemm forms above (the same bits: cca_test).
-// Backward: dc += and the weights' gradients += as the composition; dy [B·T, C]: scratch.
+// Backward: dc += and the weights' gradients += as the composition; dy [B·T, C]: scratch
+// (left unused: dy stays in the grouped products' own output).
 bool cca_convs_fused(int64_t t1, DType dtype);
 void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float* w0,
                             const float* b0, const float* w1, int64_t b, int64_t t,

@@ -63,9 +63,9 @@ struct ZayaRouterActs {
   float* r;      // [N, R]  after EDA
   float* u;      // [N, R]  rms(r)
   float* rstd;   // [N]
-  float* a1;     // [N, R]
+  float* a1;     // [N, R]  what the GELU's backward reads (Backend::gelu_bias_forward)
   float* g1;     // [N, R]
-  float* a2;     // [N, R]
+  float* a2;     // [N, R]  the same for the second GELU
   float* g2;     // [N, R]
   float* probs;  // [N, S]
   float* bias;   // [S] the balancing bias this forward used

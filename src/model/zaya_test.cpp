@@ -189,9 +189,10 @@ TEST(Zaya, SameSeedSameLossBitwise) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
-// bf16 computes through its own paths (the output projections' backward reads dh written in
-// bf16; the residual gradient is folded into the pre-norms' backward): every tensor's gradient
-// stays within bf16's error of fp32's on the same weights and batch.
+// bf16 computes through its own paths (the CCA's output projection's backward reads dh written
+// in bf16; the convolutions run through the stacked bf16 rows): every tensor's gradient stays
+// within bf16's error of fp32's on the same weights and batch (a seed whose routing is the same
+// in both, so that the gradients compare).
 TEST(Zaya, Bf16GradientsTrackFp32) {
   const ModelConfig c = tiny_zaya();
   const Batch batch = random_batch(c, 12, 5);

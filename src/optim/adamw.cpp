@@ -97,15 +97,15 @@ void adamw_elements(float* __restrict p, const float* __restrict g, float* __res
     const float denom = std::sqrt(vi) / sqrt_c2 + eps;
     p[i] = p[i] * keep - step_size * (mi / denom);
   };
-  // A 64-byte line of each array at a time, the four arrays prefetched 1 KB ahead (a
-  // prefetch never faults).
+  // A 64-byte line of each array at a time, the four arrays prefetched 1 KB ahead.
   constexpr int64_t kLine = 16, kAhead = 256;
   int64_t i = 0;
   for (; i + kLine <= n; i += kLine) {
-    __builtin_prefetch(p + i + kAhead, 1, 2);
-    __builtin_prefetch(g + i + kAhead, 0, 2);
-    __builtin_prefetch(m + i + kAhead, 1, 2);
-    __builtin_prefetch(v + i + kAhead, 1, 2);
+    const int64_t ahead = std::min(i + kAhead, n - 1);  // within the arrays
+    __builtin_prefetch(p + ahead, 1, 2);
+    __builtin_prefetch(g + ahead, 0, 2);
+    __builtin_prefetch(m + ahead, 1, 2);
+    __builtin_prefetch(v + ahead, 1, 2);
 #pragma omp simd
     for (int64_t j = i; j < i + kLine; ++j) update(j);
   }

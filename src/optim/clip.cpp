@@ -30,9 +30,11 @@ void sums_of_squares(const float* const* x, int64_t n, double* out) {
   double lane[S][kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    if (i % 16 == 0)  // once per 64-byte line of each array (a prefetch never faults)
+    if (i % 16 == 0) {  // once per 64-byte line of each array
+      const int64_t ahead = std::min(i + kPrefetchAhead, n - 1);  // within the arrays
 #pragma GCC unroll 8
-      for (int s = 0; s < S; ++s) __builtin_prefetch(x[s] + i + kPrefetchAhead, 0, 2);
+      for (int s = 0; s < S; ++s) __builtin_prefetch(x[s] + ahead, 0, 2);
+    }
 #pragma GCC unroll 8
     for (int s = 0; s < S; ++s)
 #pragma omp simd
