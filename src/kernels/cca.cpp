@@ -254,6 +254,8 @@ void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int6
 // then added per channel in task order. The order depends only on the shape. dy's rows are
 // read as `segments` spans of `len` channels (dy_at(row, s): channels [s·len, (s+1)·len)),
 // so any layout of dy gives the same bits.
+namespace {
+
 template <typename T, typename DyAt>
 void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments, int64_t len,
                              const T* c, const T* w0, int64_t b, int64_t t, int64_t taps) {
@@ -314,6 +316,8 @@ void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments
       db0[ch] += total;
   }
 }
+
+}  // namespace
 
 template <typename T>
 void cca_depthwise_conv_backward(T* dc, T* dw0, T* db0, const T* dy, const T* c, const T* w0,
@@ -571,17 +575,7 @@ void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* 
 #pragma omp parallel for schedule(static) if (is_parallel(n * channels))
   for (int64_t row = 0; row < n; ++row) {
     float* qk_row = qk + row * channels;
-    for (int64_t g = 0; g < heads; ++g) {
-      const float* from = qk_groups + (g * n + row) * d;
-      float* to = qk_row + g * d;
-      if (b1) {
-        const float* bias = b1 + g * d;
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) to[j] = from[j] + bias[j];
-      } else {
-        std::copy_n(from, d, to);
-      }
-    }
+    detail::cca_group_row(qk_row, qk_groups, b1, row, heads, n, d);
     means_forward_row(qk_row, c + row * channels, hq, hk, d);
     qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp,
                         hq, hk, d, eps);

@@ -154,6 +154,22 @@ inline void cca_depthwise_row(T* y, const T* c_seq, const T* wt, const T* b0, in
     for (int64_t ch = 0; ch < channels; ++ch) y[ch] += w[ch] * in[ch];
   }
 }
+// Row `row` of a group-major array [G, rows, d] (the grouped products' output) into out [G·d],
+// plus bias [G·d] unless null.
+inline void cca_group_row(float* out, const float* group_major, const float* bias, int64_t row,
+                          int64_t groups, int64_t rows, int64_t d) {
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* from = group_major + (g * rows + row) * d;
+    float* to = out + g * d;
+    if (bias) {
+      const float* b = bias + g * d;
+#pragma omp simd
+      for (int64_t j = 0; j < d; ++j) to[j] = b[j] + from[j];
+    } else {
+      for (int64_t j = 0; j < d; ++j) to[j] = from[j];
+    }
+  }
+}
 }  // namespace detail
 
 // ---- causal grouped convolution over time (each group's d channels fully mixed) ------------

@@ -185,25 +185,19 @@ const float* grouped_products_dense(const StackedTaps& stacked, const void* w, i
   return dense;
 }
 
+// out [rows, G·d] (+ bias [G·d] when set) from the products' dense output [G, rows, d].
+void spread_groups(float* out, const float* bias, const float* dense, int64_t groups,
+                   int64_t rows, int64_t d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t row = 0; row < rows; ++row)
+    detail::cca_group_row(out + row * groups * d, dense, bias, row, groups, rows, d);
+}
+
 void grouped_products(float* out, const float* bias, const StackedTaps& stacked,
                       const void* w, int64_t groups, int64_t rows, int64_t k, int64_t d,
                       DType dtype) {
-  const float* dense = grouped_products_dense(stacked, w, groups, rows, k, d, dtype);
-  const int64_t channels = groups * d;
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row) {
-    float* to = out + row * channels;
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* from = dense + (g * rows + row) * d;
-      if (bias) {
-        const float* b = bias + g * d;
-#pragma omp simd
-        for (int64_t j = 0; j < d; ++j) to[g * d + j] = b[j] + from[j];
-      } else {
-        std::copy_n(from, d, to + g * d);
-      }
-    }
-  }
+  spread_groups(out, bias, grouped_products_dense(stacked, w, groups, rows, k, d, dtype), groups,
+                rows, d);
 }
 
 }  // namespace
@@ -252,13 +246,9 @@ const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz
 void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
                            const StackedTaps& ys, const float* w1, int64_t b, int64_t t,
                            int64_t groups, int64_t d, int64_t taps, DType dtype) {
-  const float* dense =
-      grouped_conv_backward_dense(dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype);
-  const int64_t rows = b * t, channels = groups * d;
-#pragma omp parallel for schedule(static)
-  for (int64_t row = 0; row < rows; ++row)
-    for (int64_t g = 0; g < groups; ++g)
-      std::copy_n(dense + (g * rows + row) * d, d, dy + row * channels + g * d);
+  spread_groups(dy, nullptr,
+                grouped_conv_backward_dense(dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype),
+                groups, b * t, d);
 }
 
 }  // namespace

@@ -146,9 +146,9 @@ void gelu_bias_forward(T* g, T* a, const T* bias, int64_t n, int64_t c) {
     T* out = g + i * c;
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) {
-      const T xj = x[j] + bias[j];
-      out[j] = xj * normal_cdf(xj);
-      x[j] = gelu_derivative(xj);
+      const T xj = x[j] + bias[j], cdf = normal_cdf(xj);
+      out[j] = xj * cdf;
+      x[j] = cdf + xj * normal_pdf(xj);  // gelu_derivative(xj), Φ computed once
     }
   }
 }
