@@ -72,7 +72,9 @@ void run_products(const std::vector<int64_t>& costs, const std::function<void(in
 // exact-k for the weight gradients' K (rounded up to a multiple of 64 with zero rows, in
 // scratch, so that a few primitives serve every count), exact for both. exact-fixed is
 // exact-k, plus exact M for every product whose row count is the same call after call: all
-// but the experts' (the tasks of run_products, whose rows change every step). oneDNN 2.6 runs
+// but the experts' (the tasks of run_products, whose rows change every step; of those, the
+// gate|up projection's forward runs its rows' largest multiple of 64 exactly and the rest at
+// runtime M, gemm.cpp). oneDNN 2.6 runs
 // runtime shapes through its GEMM driver; on AMX cores exact shapes go to its brgemm kernels,
 // 1.2-1.5x faster for the weight gradients and the layers' fixed-row products
 // (docs/PERFORMANCE.md); elsewhere the driver is as fast or faster. Results are the same bits

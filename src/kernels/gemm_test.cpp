@@ -173,6 +173,67 @@ TEST(Gemm, ExactFixedKeepsTheTasksRowCountsRuntime) {
   set_gemm_rows_mode(restore);
 }
 
+// exact-fixed: a task's product x·Wᵀ with at least twice as many outputs as inputs (the
+// experts' gate|up projection) runs its largest multiple of 64 rows through an exact-M
+// primitive and the rest at runtime M: one primitive per multiple, one for every rest. The
+// results are right, and the same bits whether the tasks run concurrently or one by one.
+TEST(Gemm, ExactFixedRunsATasksWideProductsRowsInParts) {
+  const GemmRows restore = gemm_rows_mode();
+  set_gemm_rows_mode(GemmRows::exact_fixed);
+  testing::WithThreads two(2);
+  const int64_t k = 48, n = 2 * k;
+  const std::vector<int64_t> rows = {70, 100, 64, 5};
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  const auto a = random_vec(total * k, 21), w = random_vec(n * k, 22);
+  std::vector<bf16> a16(a.size()), w16(w.size());
+  convert_to_bf16(a.data(), a16.data(), static_cast<int64_t>(a.size()));
+  convert_to_bf16(w.data(), w16.data(), static_cast<int64_t>(w.size()));
+  for (DType dt : {DType::f32, DType::bf16}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const char* ap = dt == DType::bf16 ? reinterpret_cast<const char*>(a16.data())
+                                       : reinterpret_cast<const char*>(a.data());
+    const void* wp = dt == DType::bf16 ? static_cast<const void*>(w16.data()) : w.data();
+    // Each task's rows from the start of `a`, so that one reference serves them all.
+    auto run = [&](const std::vector<int64_t>& costs) {
+      std::vector<float> y(total * n, -1.0f);
+      std::vector<int64_t> first(rows.size(), 0);
+      for (size_t e = 1; e < rows.size(); ++e) first[e] = first[e - 1] + rows[e - 1];
+      run_products(costs, [&](int64_t e) {
+        gemm(ap, false, wp, true, y.data() + first[e] * n, rows[e], n, k, dt);
+      });
+      return y;
+    };
+    const std::vector<float> together = run({1, 1, 1, 1}), alone = run({100, 1, 1, 1});
+    EXPECT_EQ(std::memcmp(together.data(), alone.data(), together.size() * sizeof(float)), 0);
+    const auto ref = reference(a, false, w, true, 100, n, k);
+    const double tol = dt == DType::bf16 ? 0.15 : 1e-3;
+    int64_t first = 0;
+    for (int64_t r : rows) {
+      for (int64_t i = 0; i < r * n; ++i)
+        ASSERT_NEAR(together[first * n + i], ref[i], tol) << r << " rows, element " << i;
+      first += r;
+    }
+    // 70 and 100 rows share the exact 64-row part and the runtime rest: no new primitive.
+    const size_t before = matmul_cache_size();
+    run({1, 1, 1, 1});
+    EXPECT_EQ(matmul_cache_size(), before);
+    run_products({1}, [&](int64_t) {
+      std::vector<float> y(128 * n);
+      gemm(ap, false, wp, true, y.data(), 127, n, k, dt);  // 64 + 63
+    });
+    EXPECT_EQ(matmul_cache_size(), before);
+    run_products({1}, [&](int64_t) {
+      std::vector<float> y(128 * n);
+      gemm(ap, false, wp, true, y.data(), 128, n, k, dt);  // a second multiple
+      const auto ref128 = reference(a, false, w, true, 128, n, k);
+      for (int64_t i = 0; i < 128 * n; ++i) ASSERT_NEAR(y[i], ref128[i], tol) << i;
+    });
+    EXPECT_EQ(matmul_cache_size(), before + 1);
+  }
+  set_gemm_rows_mode(restore);
+}
+
 // Under RowInvariantGemms each row of a product is the same bits for every row count (what
 // decoding needs): fp32 (the precision the decoding tests use; bf16 brgemm kernels differ
 // between AVX-512 and AMX cores), shapes of a decode step's projections, a transposed weight
