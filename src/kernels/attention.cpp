@@ -77,7 +77,8 @@ OutView batch_out(float* data, const Problem& p, int64_t rows, int64_t cols,
 // score tiles are [B, KVH, G·br, bc]; keys stay where they are, [B, k_rows, KVH, D].
 struct TileViews {
   const Problem& p;
-  int64_t br, bc;  // query rows, keys
+  int64_t tile;    // rows (and keys) per tile
+  int64_t br, bc;  // query rows, keys of this tile
 
   int64_t rows() const { return p.g * br; }
   MatView block(const void* data, DType dt) const {  // Q, dO: [G·br, D]
@@ -95,19 +96,20 @@ struct TileViews {
   OutView scores_out(float* data) const {
     return batch_out(data, p, rows(), bc, {p.h * br * bc, p.g * br * bc, bc, 1});
   }
-  // Keys [c0, c0 + bc) of k or v: [bc, D], and transposed [D, bc].
+  // Keys [c0, c0 + bc) of k or v in their tile's slot (KeyTiles): [bc, D], and transposed
+  // [D, bc].
   MatView keys(const void* data, DType dt, int64_t c0) const {
-    return batch_view(at(data, dt, c0 * p.kvh * p.d), dt, p, bc, p.d,
-                      {p.k_rows * p.kvh * p.d, p.d, p.kvh * p.d, 1});
+    return batch_view(at(data, dt, slot_offset(c0)), dt, p, bc, p.d,
+                      {p.kvh * tile * p.d, tile * p.d, p.d, 1});
   }
   MatView keys_t(const void* data, DType dt, int64_t c0) const {
-    return batch_view(at(data, dt, c0 * p.kvh * p.d), dt, p, p.d, bc,
-                      {p.k_rows * p.kvh * p.d, p.d, 1, p.kvh * p.d});
+    return batch_view(at(data, dt, slot_offset(c0)), dt, p, p.d, bc,
+                      {p.kvh * tile * p.d, tile * p.d, 1, p.d});
   }
   OutView keys_out(float* data, int64_t c0) const {
-    return batch_out(data + c0 * p.kvh * p.d, p, bc, p.d,
-                     {p.k_rows * p.kvh * p.d, p.d, p.kvh * p.d, 1});
+    return batch_out(data + slot_offset(c0), p, bc, p.d, {p.kvh * tile * p.d, tile * p.d, p.d, 1});
   }
+  int64_t slot_offset(int64_t c0) const { return c0 / tile * p.b * p.kvh * tile * p.d; }
   // How many of the tile's keys query row r (of the block starting at r0) sees.
   int64_t visible(int64_t r0, int64_t r, int64_t c0) const {
     return std::clamp<int64_t>(p.position(r0 + r) + 1 - c0, 0, bc);
@@ -119,7 +121,8 @@ struct TileViews {
 // Scratch that survives across calls (the kernels run on one thread at a time).
 struct Scratch {
   detail::ScratchBuffer<bf16> k, v, block, block2, p, ds;
-  detail::ScratchBuffer<float> block_f32, block2_f32, acc, s, dp, row_a, row_b;
+  detail::ScratchBuffer<float> k_f32, v_f32, dk, dv, block_f32, block2_f32, acc, s, dp, row_a,
+      row_b;
 
   // A [count] buffer in the GEMM dtype: bf16 from `half`, fp32 from `full`.
   static void* of(DType dt, detail::ScratchBuffer<bf16>& half,
@@ -133,23 +136,52 @@ Scratch& scratch() {
   return s;
 }
 
-// k or v [B, k_rows, KVH, D] in the GEMM dtype: the input itself, or a bf16 copy of the rows
-// the chunk's queries can see (rows after them are never read, and may not be filled yet).
-const void* gemm_input(const float* x, const Problem& p, DType dt,
-                       detail::ScratchBuffer<bf16>& buffer) {
-  if (dt != DType::bf16) return x;
-  const int64_t row = p.kvh * p.d, seen = (p.position(p.q_end - 1) + 1) * row;
-  const int64_t per_sequence = p.k_rows * row;
-  bf16* out = buffer.get(p.b * per_sequence);
-  constexpr int64_t kBlock = 8192;
-  const int64_t blocks = (seen + kBlock - 1) / kBlock;
+// Keys and values as the tiles' products read them: tile-major slots of [B, KVH, tile, D]
+// each, in the GEMM dtype. Each tile's operand is then a dense batch of matrices, which
+// oneDNN runs on its brgemm kernels (AMX where there is one); the keys' own layout
+// [B, k_rows, KVH, D] gives strided batches, which go to its slower GEMM driver. Only the
+// rows the chunk's queries can see are copied (later ones are never read, and may not be
+// filled yet).
+int64_t key_tiles_elements(const Problem& p, int64_t tile) {
+  const int64_t seen = p.position(p.q_end - 1) + 1;
+  return (seen + tile - 1) / tile * p.b * p.kvh * tile * p.d;
+}
+
+void* key_tiles(const float* x, const Problem& p, DType dt, int64_t tile,
+                detail::ScratchBuffer<bf16>& half, detail::ScratchBuffer<float>& full) {
+  const int64_t seen = p.position(p.q_end - 1) + 1;
+  void* out = Scratch::of(dt, half, full, key_tiles_elements(p, tile));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.b; ++b)
-    for (int64_t i = 0; i < blocks; ++i) {
-      const int64_t start = b * per_sequence + i * kBlock;
-      detail::to_bf16_serial(x + start, out + start, std::min(kBlock, seen - i * kBlock));
+    for (int64_t r = 0; r < seen; ++r) {
+      const int64_t t = r / tile;
+      for (int64_t h = 0; h < p.kvh; ++h) {
+        const float* from = x + ((b * p.k_rows + r) * p.kvh + h) * p.d;
+        const int64_t to = (((t * p.b + b) * p.kvh + h) * tile + r % tile) * p.d;
+        if (dt == DType::bf16)
+          detail::to_bf16_serial(from, static_cast<bf16*>(out) + to, p.d);
+        else
+          std::copy(from, from + p.d, static_cast<float*>(out) + to);
+      }
     }
   return out;
+}
+
+// Adds key-tile gradients (f32, KeyTiles' layout) into dk [B, k_rows, KVH, D] for the rows the
+// chunk's queries see.
+void add_key_tiles(float* dk, const float* tiles, const Problem& p, int64_t tile) {
+  const int64_t seen = p.position(p.q_end - 1) + 1;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t b = 0; b < p.b; ++b)
+    for (int64_t r = 0; r < seen; ++r) {
+      const int64_t t = r / tile;
+      for (int64_t h = 0; h < p.kvh; ++h) {
+        float* to = dk + ((b * p.k_rows + r) * p.kvh + h) * p.d;
+        const float* from = tiles + (((t * p.b + b) * p.kvh + h) * tile + r % tile) * p.d;
+#pragma omp simd
+        for (int64_t x = 0; x < p.d; ++x) to[x] += from[x];
+      }
+    }
 }
 
 // k and v of a call as matmul operands.
@@ -157,7 +189,8 @@ struct KvOperands {
   const void* k;
   const void* v;
   KvOperands(const float* k_in, const float* v_in, const Problem& p, DType dt)
-      : k(gemm_input(k_in, p, dt, scratch().k)), v(gemm_input(v_in, p, dt, scratch().v)) {}
+      : k(key_tiles(k_in, p, dt, tile_size(p), scratch().k, scratch().k_f32)),
+        v(key_tiles(v_in, p, dt, tile_size(p), scratch().v, scratch().v_f32)) {}
 };
 
 // Rows [r0, r0 + br) of src [B, q_rows, H, D] into dst [B, H, br, D] (= [B, KVH, G·br, D]) in
@@ -250,7 +283,7 @@ void forward_problem(float* out, float* lse, const float* q, const void* kg, con
     gather_block(qb, dt, q, p, r0, br);
     const int64_t keys = p.position(r0 + br - 1) + 1;
     for (int64_t c0 = 0; c0 < keys; c0 += tile) {
-      const TileViews tv{p, br, std::min(tile, keys - c0)};
+      const TileViews tv{p, tile, br, std::min(tile, keys - c0)};
       matmul(tv.block(qb, dt), tv.keys_t(kg, dt, c0), tv.scores_out(s));
       online_softmax_tile(s, pb, m, l, o, tv, r0, c0, c0 == 0, scale);
       matmul(tv.scores(pb ? static_cast<const void*>(pb) : s, dt), tv.keys(vg, dt, c0),
@@ -334,6 +367,11 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
   const void* dsg = dsb ? static_cast<const void*>(dsb) : dp;
   float* delta = sc.row_a.get(block_rows);
   float* lse_rows = sc.row_b.get(block_rows);
+  const int64_t tiles_count = key_tiles_elements(p, tile);
+  float* dk_tiles = sc.dk.get(tiles_count);
+  float* dv_tiles = sc.dv.get(tiles_count);
+  std::fill(dk_tiles, dk_tiles + tiles_count, 0.0f);
+  std::fill(dv_tiles, dv_tiles + tiles_count, 0.0f);
 
   for (int64_t r0 = p.q_begin; r0 < p.q_end; r0 += tile) {
     const int64_t br = std::min(tile, p.q_end - r0);
@@ -342,17 +380,21 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
     block_row_stats(delta, lse_rows, dout, out, lse, p, r0, br);
     const int64_t keys = p.position(r0 + br - 1) + 1;
     for (int64_t c0 = 0; c0 < keys; c0 += tile) {
-      const TileViews tv{p, br, std::min(tile, keys - c0)};
+      const TileViews tv{p, tile, br, std::min(tile, keys - c0)};
       matmul(tv.block(qb, dt), tv.keys_t(kg, dt, c0), tv.scores_out(s));
       matmul(tv.block(dob, dt), tv.keys_t(vg, dt, c0), tv.scores_out(dp));
       softmax_backward_tile(s, dp, pb, dsb, lse_rows, delta, tv, r0, c0, scale);
-      matmul(tv.scores_t(pg, dt), tv.block(dob, dt), tv.keys_out(dv, c0), /*accumulate=*/true);
-      matmul(tv.scores_t(dsg, dt), tv.block(qb, dt), tv.keys_out(dk, c0), /*accumulate=*/true);
+      matmul(tv.scores_t(pg, dt), tv.block(dob, dt), tv.keys_out(dv_tiles, c0),
+             /*accumulate=*/true);
+      matmul(tv.scores_t(dsg, dt), tv.block(qb, dt), tv.keys_out(dk_tiles, c0),
+             /*accumulate=*/true);
       matmul(tv.scores(dsg, dt), tv.keys(kg, dt, c0), tv.block_out(dqb), /*accumulate=*/c0 > 0);
     }
     scatter_block(dq, dqb, p, r0, br);
     if (between_blocks) between_blocks();
   }
+  add_key_tiles(dk, dk_tiles, p, tile);
+  add_key_tiles(dv, dv_tiles, p, tile);
 }
 
 }  // namespace
@@ -369,7 +411,9 @@ int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype) {
   const int64_t in = static_cast<int64_t>(element_bytes(dtype));
   const int64_t block_rows = s.b * s.h * tile;
   const int64_t half = dtype == DType::bf16 ? static_cast<int64_t>(sizeof(bf16)) : 0;
-  const int64_t kv_copies = 2 * half * s.b * s.t * s.kvh * s.d;
+  // k and v in key tiles, and the backward's key-tile gradients.
+  const int64_t tiled = key_tiles_elements(p, tile);
+  const int64_t kv_copies = 2 * in * tiled + 2 * f32 * tiled;
   return kv_copies + block_rows * s.d * (2 * in + f32) + block_rows * tile * 2 * (f32 + half) +
          2 * block_rows * f32;
 }

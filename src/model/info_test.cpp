@@ -130,9 +130,9 @@ TEST(ModelInfo, HandComputedFlopsPerToken) {
 //     bf16, 2·(2·256) = 1024 -> 32000
 //   backward: 3·128 + (128 + 2·64) + 128 + 2·256 + 16·72 + 8·6 = 2480 -> 9920 bytes, and the
 //     attention kernel's scratch (bf16; one tile of 8 rows over B·H = 4 heads, 32 rows):
-//     k, v copies 2·2·64 = 256; q and dO blocks (bf16) and the fp32 accumulator
-//     32·4·(2·2 + 4) = 1024; two fp32 and two bf16 tiles 32·8·2·(4 + 2) = 3072; two row
-//     statistics 2·32·4 = 256 -> 4608 bytes; in all 14528
+//     k, v in key tiles 2·2·64 = 256 and their fp32 gradients 2·4·64 = 512; q and dO blocks
+//     (bf16) and the fp32 accumulator 32·4·(2·2 + 4) = 1024; two fp32 and two bf16 tiles
+//     32·8·2·(4 + 2) = 3072; two row statistics 2·32·4 = 256 -> 5120 bytes; in all 15040
 TEST(ModelInfo, HandComputedMemory) {
   const MemoryEstimate m = estimate_memory(tiny_moe(), 1, 8, DType::bf16);
   EXPECT_EQ(m.weights_fp32_bytes, 4 * 15056);
@@ -140,14 +140,15 @@ TEST(ModelInfo, HandComputedMemory) {
   EXPECT_EQ(m.grads_bytes, 4 * 15056);
   EXPECT_EQ(m.optimizer_bytes, 8 * 15056);
   EXPECT_EQ(m.activations_bytes, 32000);
-  EXPECT_EQ(m.backward_buffers_bytes, 14528);
-  EXPECT_EQ(m.total_bytes, 18 * 15056 + 32000 + 14528);
+  EXPECT_EQ(m.backward_buffers_bytes, 15040);
+  EXPECT_EQ(m.total_bytes, 18 * 15056 + 32000 + 15040);
 
   const MemoryEstimate fp32 = estimate_memory(tiny_moe(), 1, 8, DType::f32);
   EXPECT_EQ(fp32.weights_bf16_bytes, 0);
-  // fp32: no bf16 weights, no bf16 k, v copies, fp32 blocks (32·4·4·2 - 32·4·2·2 = 512 more),
-  // no bf16 tiles (32·8·2·2 = 1024 less), no bf16 expert inputs.
-  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 - 256 + 512 - 1024 - 1024);
+  // fp32: no bf16 weights, fp32 key tiles (2·2·64 = 256 more), fp32 blocks
+  // (32·4·4·2 - 32·4·2·2 = 512 more), no bf16 tiles (32·8·2·2 = 1024 less), no bf16 expert
+  // inputs.
+  EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 + 256 + 512 - 1024 - 1024);
 }
 
 TEST(ModelInfo, MemoryScalesLinearlyInBatch) {
@@ -396,16 +397,17 @@ TEST(ModelInfo, HandComputedZayaFlopsPerToken) {
 //     ids 16                                                               -> 2464
 //   activations = 4·(2·(1432 + 1688) + 2464) = 34816 bytes
 //   backward: 5·128 + 3·192 + 8·(16 + 16) + 128 + 2·64 + 8·(16 + 5) + 2·128 + 8·72 + 8
-//     = 2736 -> 10944 bytes, and the attention kernel's fp32 scratch: blocks 32·4·12 = 1536,
-//     tiles 32·8·2·4 = 2048, row statistics 256 -> 3840 bytes; in all 14784
+//     = 2736 -> 10944 bytes, and the attention kernel's fp32 scratch: k, v in key tiles and
+//     their gradients 4·64·4 = 1024, blocks 32·4·12 = 1536, tiles 32·8·2·4 = 2048, row
+//     statistics 256 -> 4864 bytes; in all 15808
 TEST(ModelInfo, HandComputedZayaMemory) {
   const MemoryEstimate m = estimate_memory(tiny_zaya(), 1, 8, DType::f32);
   EXPECT_EQ(m.activations_bytes, 34816);
-  EXPECT_EQ(m.backward_buffers_bytes, 14784);
+  EXPECT_EQ(m.backward_buffers_bytes, 15808);
   EXPECT_EQ(m.weights_fp32_bytes, 4 * 16460);
   EXPECT_EQ(m.weights_bf16_bytes, 0);
   EXPECT_EQ(m.optimizer_bytes, 8 * 16460);
-  EXPECT_EQ(m.total_bytes, 16 * 16460 + 34816 + 14784);
+  EXPECT_EQ(m.total_bytes, 16 * 16460 + 34816 + 15808);
   // Muon keeps AdamW's full slabs and adds its momentum slab: 12·P of optimizer state.
   const MemoryEstimate muon = estimate_memory(tiny_zaya(), 1, 8, DType::f32, true);
   EXPECT_EQ(muon.adamw_state_bytes, 8 * 16460);
