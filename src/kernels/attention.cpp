@@ -74,7 +74,8 @@ OutView batch_out(float* data, const Problem& p, int64_t rows, int64_t cols,
 
 // The tensors of one (query block, key block) pair as matmul operands. A query block's rows
 // are gathered head-major, [B, KVH, G·br, D] (the G query heads of a kv head stacked), and its
-// score tiles are [B, KVH, G·br, bc]; keys stay where they are, [B, k_rows, KVH, D].
+// score tiles are [B, KVH, G·br, bc]; keys and values are read from their key tiles
+// (key_tiles: tile-major slots of [B, KVH, tile, D]).
 struct TileViews {
   const Problem& p;
   int64_t tile;    // rows (and keys) per tile
@@ -96,7 +97,7 @@ struct TileViews {
   OutView scores_out(float* data) const {
     return batch_out(data, p, rows(), bc, {p.h * br * bc, p.g * br * bc, bc, 1});
   }
-  // Keys [c0, c0 + bc) of k or v in their tile's slot (KeyTiles): [bc, D], and transposed
+  // Keys [c0, c0 + bc) of k or v in their tile's slot (key_tiles): [bc, D], and transposed
   // [D, bc].
   MatView keys(const void* data, DType dt, int64_t c0) const {
     return batch_view(at(data, dt, slot_offset(c0)), dt, p, bc, p.d,
@@ -167,7 +168,7 @@ void* key_tiles(const float* x, const Problem& p, DType dt, int64_t tile,
   return out;
 }
 
-// Adds key-tile gradients (f32, KeyTiles' layout) into dk [B, k_rows, KVH, D] for the rows the
+// Adds key-tile gradients (f32, key_tiles' layout) into dk [B, k_rows, KVH, D] for the rows the
 // chunk's queries see.
 void add_key_tiles(float* dk, const float* tiles, const Problem& p, int64_t tile) {
   const int64_t seen = p.position(p.q_end - 1) + 1;

@@ -12,7 +12,10 @@
 // once for all its query heads; between them, one pass per row keeps a running maximum and
 // sum (the online softmax) and rescales O. Backward recomputes S tile by tile from the saved
 // lse (P = exp(S·scale − lse)), with dS = P∘(dP − Δ)·scale, Δ = rowsum(dO∘O), and
-// dQ += dS·K, dK += dS^T·Q, dV += P^T·dO. Scratch is a few tiles, reused across calls.
+// dQ += dS·K, dK += dS^T·Q, dV += P^T·dO. k and v are copied into tile-major key tiles
+// ([B, KVH, tile, D] each), so that every product's batches are dense (oneDNN's brgemm
+// kernels); dK and dV accumulate in that layout. Scratch is a few tiles plus the key tiles,
+// reused across calls.
 // bf16: matmul inputs (q, k, v, dO, P, dS) in bf16, accumulation and softmax in fp32.
 #pragma once
 #include <cstdint>
@@ -60,7 +63,8 @@ void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout
 int64_t attention_tile_rows(const AttentionShape& s);
 
 // Bytes of scratch the two kernels keep between calls for this shape (backward's, the larger):
-// a few score tiles and query blocks, and bf16 copies of k and v.
+// a few score tiles and query blocks, k and v in key tiles (the GEMM dtype) and their fp32
+// gradients.
 int64_t attention_scratch_bytes(const AttentionShape& s, DType dtype);
 
 // Tests only: while alive, every tile has `rows` rows and keys (0 restores the automatic

@@ -248,12 +248,14 @@ void copy_padded(std::vector<unsigned char>& out, const void* src, int64_t rows,
 
 namespace {
 
-// Under exact-fixed, a task's product x·Wᵀ whose outputs are at least twice its inputs (the
-// experts' gate|up projection) runs in two parts: its largest multiple of kRowQuantum rows
-// through an exact-M primitive (AMX brgemm kernels), the other rows through the runtime-M
-// one. A few primitives serve every step (one per multiple), and the up-projection's forward
-// is about a fifth faster (docs/PERFORMANCE.md). The experts' other products are not faster
-// so at both bench models' shapes, and stay whole.
+// Under exact-fixed, a task's product x·Wᵀ whose outputs are at least twice its inputs (by
+// shape: the experts' gate|up projection where ffn_dim ≥ d_model, as in every shipped config)
+// runs in two parts: its largest multiple of kRowQuantum rows through an exact-M primitive
+// (AMX brgemm kernels), the other rows through the runtime-M one. One primitive per multiple
+// serves every step (at most an expert's most rows / 64), and the up-projection's forward is
+// about a fifth faster (docs/PERFORMANCE.md, 2026-11-28, "Expert and attention products on
+// AMX"). The experts' other products were not faster so at both bench models' shapes, and
+// stay whole.
 constexpr int64_t kRowQuantum = 64;
 
 bool runs_in_row_parts(GemmRows mode, const MatView& a, const MatView& b) {

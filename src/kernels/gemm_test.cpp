@@ -230,6 +230,12 @@ TEST(Gemm, ExactFixedRunsATasksWideProductsRowsInParts) {
       for (int64_t i = 0; i < 128 * n; ++i) ASSERT_NEAR(y[i], ref128[i], tol) << i;
     });
     EXPECT_EQ(matmul_cache_size(), before + 1);
+    // Accumulating: both parts add to what C holds.
+    run_products({1}, [&](int64_t) {
+      std::vector<float> y(100 * n, 1.0f);
+      gemm(ap, false, wp, true, y.data(), 100, n, k, dt, /*accumulate=*/true);
+      for (int64_t i = 0; i < 100 * n; ++i) ASSERT_NEAR(y[i], ref[i] + 1.0, tol) << i;
+    });
   }
   set_gemm_rows_mode(restore);
 }

@@ -163,7 +163,8 @@ void standard_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk
   if (c.qk_norm != QkNorm::none)
     add_item(g, "dq, dk before their norms", "[N,Dq] + [N,Dkv]", 1, kF32Bytes * N * (Dq + Dkv));
   add_item(g, "attention output gradient", "[N,Dq]", 1, kF32Bytes * N * Dq);
-  add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Dkv]", 1,
+  add_item(g, "attention tiles, k, v in key tiles and their gradients",
+           "tiles + 2*[N,Dkv]*(dtype + fp32)", 1,
            ops::attention_scratch_bytes({B, Tk, H, c.n_kv_heads, c.head_dim}, precision));
   add_item(g, "expert input and output gradients", "2*[N*K,C]", 1, kF32Bytes * 2 * N * K * C);
   add_item(g, "expert hidden and SwiGLU gradients", "[N*K,2F] + [N*K,F]", 1,
@@ -217,7 +218,8 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
            kF32Bytes * (split ? 2 : 3) * N * Cc);
   add_item(g, "dq, dk, dv", "[N,Hq*d] + 2*[N,Hk*d]", 1, kF32Bytes * N * (Dq + 2 * Dkv));
   add_item(g, "attention output gradient", "[N,Hq*d]", 1, kF32Bytes * N * Dq);
-  add_item(g, "attention tiles and bf16 k, v", "tiles + 2*[N,Hk*d]", 1,
+  add_item(g, "attention tiles, k, v in key tiles and their gradients",
+           "tiles + 2*[N,Hk*d]*(dtype + fp32)", 1,
            ops::attention_scratch_bytes({B, Tk, Hq, Hk, c.head_dim}, precision));
   add_item(g, "router state gradients d_r, d_r_prev", "2*[N,R]", 1, kF32Bytes * 2 * N * R);
   add_item(g, "router MLP and logits gradients", "2*[N,R] + [N,S]", 1,
