@@ -148,50 +148,53 @@ int64_t key_tiles_elements(const Problem& p, int64_t tile) {
   return (seen + tile - 1) / tile * p.b * p.kvh * tile * p.d;
 }
 
-void* key_tiles(const float* x, const Problem& p, DType dt, int64_t tile,
-                detail::ScratchBuffer<bf16>& half, detail::ScratchBuffer<float>& full) {
+// f(row, slot) for every seen key row (b, r, h): `row` its offset in [B, k_rows, KVH, D],
+// `slot` its offset in the key tiles.
+template <typename F>
+void for_each_key_row(const Problem& p, int64_t tile, F f) {
   const int64_t seen = p.position(p.q_end - 1) + 1;
-  void* out = Scratch::of(dt, half, full, key_tiles_elements(p, tile));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < p.b; ++b)
-    for (int64_t r = 0; r < seen; ++r) {
-      const int64_t t = r / tile;
-      for (int64_t h = 0; h < p.kvh; ++h) {
-        const float* from = x + ((b * p.k_rows + r) * p.kvh + h) * p.d;
-        const int64_t to = (((t * p.b + b) * p.kvh + h) * tile + r % tile) * p.d;
-        if (dt == DType::bf16)
-          detail::to_bf16_serial(from, static_cast<bf16*>(out) + to, p.d);
-        else
-          std::copy(from, from + p.d, static_cast<float*>(out) + to);
-      }
-    }
+    for (int64_t r = 0; r < seen; ++r)
+      for (int64_t h = 0; h < p.kvh; ++h)
+        f(((b * p.k_rows + r) * p.kvh + h) * p.d,
+          (((r / tile * p.b + b) * p.kvh + h) * tile + r % tile) * p.d);
+}
+
+void* key_tiles(const float* x, const Problem& p, DType dt, int64_t tile,
+                detail::ScratchBuffer<bf16>& half, detail::ScratchBuffer<float>& full) {
+  void* out = Scratch::of(dt, half, full, key_tiles_elements(p, tile));
+  for_each_key_row(p, tile, [&](int64_t row, int64_t slot) {
+    if (dt == DType::bf16)
+      detail::to_bf16_serial(x + row, static_cast<bf16*>(out) + slot, p.d);
+    else
+      std::copy_n(x + row, p.d, static_cast<float*>(out) + slot);
+  });
   return out;
 }
 
-// Adds key-tile gradients (f32, key_tiles' layout) into dk [B, k_rows, KVH, D] for the rows the
-// chunk's queries see.
-void add_key_tiles(float* dk, const float* tiles, const Problem& p, int64_t tile) {
-  const int64_t seen = p.position(p.q_end - 1) + 1;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t b = 0; b < p.b; ++b)
-    for (int64_t r = 0; r < seen; ++r) {
-      const int64_t t = r / tile;
-      for (int64_t h = 0; h < p.kvh; ++h) {
-        float* to = dk + ((b * p.k_rows + r) * p.kvh + h) * p.d;
-        const float* from = tiles + (((t * p.b + b) * p.kvh + h) * tile + r % tile) * p.d;
+// Key-tile gradients (f32, key_tiles' layout) into dk [B, k_rows, KVH, D] for the rows the
+// chunk's queries see: added, or written when `accumulate` is false.
+void store_key_tiles(float* dk, const float* tiles, const Problem& p, int64_t tile,
+                     bool accumulate) {
+  for_each_key_row(p, tile, [&](int64_t row, int64_t slot) {
+    float* to = dk + row;
+    const float* from = tiles + slot;
+    if (!accumulate) return static_cast<void>(std::copy_n(from, p.d, to));
 #pragma omp simd
-        for (int64_t x = 0; x < p.d; ++x) to[x] += from[x];
-      }
-    }
+    for (int64_t x = 0; x < p.d; ++x) to[x] += from[x];
+  });
 }
 
-// k and v of a call as matmul operands.
+// k and v of a call as matmul operands, and the tile size they are laid out for.
 struct KvOperands {
+  int64_t tile;
   const void* k;
   const void* v;
   KvOperands(const float* k_in, const float* v_in, const Problem& p, DType dt)
-      : k(key_tiles(k_in, p, dt, tile_size(p), scratch().k, scratch().k_f32)),
-        v(key_tiles(v_in, p, dt, tile_size(p), scratch().v, scratch().v_f32)) {}
+      : tile(tile_size(p)),
+        k(key_tiles(k_in, p, dt, tile, scratch().k, scratch().k_f32)),
+        v(key_tiles(v_in, p, dt, tile, scratch().v, scratch().v_f32)) {}
 };
 
 // Rows [r0, r0 + br) of src [B, q_rows, H, D] into dst [B, H, br, D] (= [B, KVH, G·br, D]) in
@@ -266,10 +269,11 @@ void finish_block(float* out, float* lse, const float* o, const float* m, const 
   }
 }
 
-void forward_problem(float* out, float* lse, const float* q, const void* kg, const void* vg,
+void forward_problem(float* out, float* lse, const float* q, const KvOperands& kv,
                      const Problem& p, DType dt, const std::function<void()>& between_blocks) {
   Scratch& sc = scratch();
-  const int64_t tile = tile_size(p);
+  const int64_t tile = kv.tile;
+  const void *kg = kv.k, *vg = kv.v;
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
   const int64_t block_rows = p.b * p.h * tile;
   void* qb = Scratch::of(dt, sc.block, sc.block_f32, block_rows * p.d);
@@ -349,12 +353,14 @@ void scatter_block(float* dq, const float* acc, const Problem& p, int64_t r0, in
   }
 }
 
-// dq rows of the problem (writes); dk, dv [B, k_rows, KVH, D] accumulate.
-void backward_problem(float* dq, float* dk, float* dv, const float* dout, const float* out,
-                      const float* lse, const float* q, const void* kg, const void* vg,
+// dq rows of the problem (writes); dk, dv [B, k_rows, KVH, D] accumulate, or are written
+// (rows the problem's queries see) when accumulate_dkv is false.
+void backward_problem(float* dq, float* dk, float* dv, bool accumulate_dkv, const float* dout,
+                      const float* out, const float* lse, const float* q, const KvOperands& kv,
                       const Problem& p, DType dt, const std::function<void()>& between_blocks) {
   Scratch& sc = scratch();
-  const int64_t tile = tile_size(p);
+  const int64_t tile = kv.tile;
+  const void *kg = kv.k, *vg = kv.v;
   const float scale = 1.0f / std::sqrt(static_cast<float>(p.d));
   const int64_t block_rows = p.b * p.h * tile;
   void* qb = Scratch::of(dt, sc.block, sc.block_f32, block_rows * p.d);
@@ -394,8 +400,8 @@ void backward_problem(float* dq, float* dk, float* dv, const float* dout, const 
     scatter_block(dq, dqb, p, r0, br);
     if (between_blocks) between_blocks();
   }
-  add_key_tiles(dk, dk_tiles, p, tile);
-  add_key_tiles(dv, dv_tiles, p, tile);
+  store_key_tiles(dk, dk_tiles, p, tile, accumulate_dkv);
+  store_key_tiles(dv, dv_tiles, p, tile, accumulate_dkv);
 }
 
 }  // namespace
@@ -424,7 +430,7 @@ void attention_chunk_forward(float* out, float* lse, const float* q, const float
                              const std::function<void()>& between_blocks) {
   const Problem p = checked(c);
   const KvOperands kv(k, v, p, dtype);
-  forward_problem(out, lse, q, kv.k, kv.v, p, dtype, between_blocks);
+  forward_problem(out, lse, q, kv, p, dtype, between_blocks);
 }
 
 void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
@@ -433,7 +439,8 @@ void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout
                               const std::function<void()>& between_blocks) {
   const Problem p = checked(c);
   const KvOperands kv(k, v, p, dtype);
-  backward_problem(dq, dk, dv, dout, out, lse, q, kv.k, kv.v, p, dtype, between_blocks);
+  backward_problem(dq, dk, dv, /*accumulate_dkv=*/true, dout, out, lse, q, kv, p, dtype,
+                   between_blocks);
 }
 
 ScopedAttentionTile::ScopedAttentionTile(int64_t rows) : previous_(g_tile_override) {
@@ -451,10 +458,9 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* lse, const float* q, const float* k, const float* v,
                         const AttentionShape& s, DType dtype) {
   check_shape(s);
-  const int64_t kv_count = s.b * s.t * s.kvh * s.d;
-  std::fill(dk, dk + kv_count, 0.0f);
-  std::fill(dv, dv + kv_count, 0.0f);
-  attention_chunk_backward(dq, dk, dv, dout, out, lse, q, k, v, whole_sequence(s), dtype);
+  const Problem p(whole_sequence(s));  // its queries see every key row: dk, dv are written
+  const KvOperands kv(k, v, p, dtype);
+  backward_problem(dq, dk, dv, /*accumulate_dkv=*/false, dout, out, lse, q, kv, p, dtype, {});
 }
 
 namespace {

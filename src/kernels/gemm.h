@@ -74,10 +74,10 @@ void run_products(const std::vector<int64_t>& costs, const std::function<void(in
 // exact-k, plus exact M for every product whose row count is the same call after call: all
 // but the experts' (the tasks of run_products, whose rows change every step; of those, the
 // gate|up projection's forward runs its rows' largest multiple of 64 exactly and the rest at
-// runtime M, gemm.cpp). oneDNN 2.6 runs
-// runtime shapes through its GEMM driver; on AMX cores exact shapes go to its brgemm kernels,
-// 1.2-1.5x faster for the weight gradients and the layers' fixed-row products
-// (docs/PERFORMANCE.md); elsewhere the driver is as fast or faster. Results are the same bits
+// runtime M, gemm.cpp). oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores
+// exact shapes go to its brgemm kernels, 1.2-1.5x faster for the weight gradients and the
+// layers' fixed-row products (docs/PERFORMANCE.md); elsewhere the driver is as fast or
+// faster. Results are the same bits
 // for a given mode and machine, not across modes. FOUNDRY_GEMM_ROWS=auto|runtime|exact-m|
 // exact-k|exact|exact-fixed chooses; auto (the default) is exact-fixed on AMX cores and
 // runtime elsewhere.
