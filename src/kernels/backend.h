@@ -198,6 +198,20 @@ class Backend {
     cca_convs_forward(qk, kept, c, w0, b0, w1, b, t, hq + hk, d, t0, t1, dtype);
     cca_means_qk_norm_forward(q, k, rnorm, qk, c, b1, temp, b * t, hq, hk, d, eps);
   }
+  // The backward of the two above, from the attention's dq, dk to dc (written) and the
+  // parameters' gradients (+=): cca_qk_norm_means_backward (below) into dqk, then
+  // cca_convs_backward; dqk and dy [B·T, G·d] scratch. By default that composition.
+  virtual void cca_qk_norm_convs_backward(float* dc, float* dtemp, float* dw0, float* db0,
+                                          float* dw1, float* db1, float* dqk, float* dy,
+                                          const float* dq, const float* dk, const float* qk,
+                                          const float* rnorm, const float* temp, const float* kept,
+                                          const float* c, const float* w0, const float* w1,
+                                          int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
+                                          int64_t t0, int64_t t1, DType dtype) {
+    cca_qk_norm_means_backward(dqk, dc, dtemp, dq, dk, qk, rnorm, temp, b * t, hq, hk, d);
+    cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, hq + hk, d, t0, t1,
+                       dtype);
+  }
   virtual void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_qk_norm_forward(float* q, float* k, float* rnorm, const float* qk,

@@ -23,8 +23,9 @@ constexpr int kTileCols = static_cast<int>(256 / sizeof(T));
 // Rows of the sequence handled by one task of the grouped convolution (forward and dy).
 constexpr int64_t kRowsPerTask = 64;
 // Rows summed in registers before a tile is added to its running total (dw1): a two-level
-// sum keeps float rounding error proportional to kRowsPerBlock + rows/kRowsPerBlock.
-constexpr int64_t kRowsPerBlock = 128;
+// sum keeps float rounding error proportional to kRowsPerBlock + rows/kRowsPerBlock. Also the
+// depthwise backward's tasks.
+constexpr int64_t kRowsPerBlock = detail::kCcaRowsPerBlock;
 // Output channels of w1 per dw1 task.
 constexpr int64_t kOutputsPerTask = 16;
 
@@ -171,25 +172,35 @@ void CcaDims::validate() const {
 // ---- means ---------------------------------------------------------------------------------
 
 // One row of each: qk_row += [mq ‖ mk] from c_row; dc_row += the means' gradient of dqk_row.
+// Both go through a KV head's channels kMeanLanes at a time, the query heads of its group one
+// after another (each span contiguous, so every loop is a vector loop).
+constexpr int64_t kMeanLanes = 16;
+
 template <typename T>
 inline void means_forward_row(T* qk_row, const T* c_row, int64_t hq, int64_t hk, int64_t d) {
   const int64_t g = hq / hk;
   const T inv_g = T(1) / static_cast<T>(g);
   const T* k0 = c_row + hq * d;
   T* out_k = qk_row + hq * d;
-  for (int64_t j = 0; j < hk; ++j) {
-    const T* kj = k0 + j * d;
-#pragma omp simd
-    for (int64_t x = 0; x < d; ++x) {
-      T sum = 0;
+  for (int64_t j = 0; j < hk; ++j)
+    for (int64_t x0 = 0; x0 < d; x0 += kMeanLanes) {
+      const int64_t lanes = std::min(kMeanLanes, d - x0);
+      const T* kj = k0 + j * d + x0;
+      T sum[kMeanLanes] = {};
       for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-        const T mq = (c_row[h * d + x] + kj[x]) * T(0.5);
-        qk_row[h * d + x] += mq;
-        sum += mq;
+        const T* qh = c_row + h * d + x0;
+        T* out = qk_row + h * d + x0;
+#pragma omp simd
+        for (int64_t x = 0; x < lanes; ++x) {
+          const T mq = (qh[x] + kj[x]) * T(0.5);
+          out[x] += mq;
+          sum[x] += mq;
+        }
       }
-      out_k[j * d + x] += sum * inv_g;
+      T* out = out_k + j * d + x0;
+#pragma omp simd
+      for (int64_t x = 0; x < lanes; ++x) out[x] += sum[x] * inv_g;
     }
-  }
 }
 
 template <typename T>
@@ -198,18 +209,24 @@ inline void means_backward_row(T* dc_row, const T* dqk_row, int64_t hq, int64_t 
   const T half_inv_g = T(0.5) / static_cast<T>(g);
   const T* dmk = dqk_row + hq * d;
   T* dk0 = dc_row + hq * d;
-  for (int64_t j = 0; j < hk; ++j) {
-#pragma omp simd
-    for (int64_t x = 0; x < d; ++x) {
-      const T from_mk = dmk[j * d + x] * half_inv_g;
-      T sum = 0;
+  for (int64_t j = 0; j < hk; ++j)
+    for (int64_t x0 = 0; x0 < d; x0 += kMeanLanes) {
+      const int64_t lanes = std::min(kMeanLanes, d - x0);
+      const T* dm = dmk + j * d + x0;
+      T sum[kMeanLanes] = {};
       for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-        dc_row[h * d + x] += dqk_row[h * d + x] * T(0.5) + from_mk;
-        sum += dqk_row[h * d + x];
+        const T* dq = dqk_row + h * d + x0;
+        T* out = dc_row + h * d + x0;
+#pragma omp simd
+        for (int64_t x = 0; x < lanes; ++x) {
+          out[x] += dq[x] * T(0.5) + dm[x] * half_inv_g;
+          sum[x] += dq[x];
+        }
       }
-      dk0[j * d + x] += (sum + dmk[j * d + x]) * T(0.5);
+      T* out = dk0 + j * d + x0;
+#pragma omp simd
+      for (int64_t x = 0; x < lanes; ++x) out[x] += (sum[x] + dm[x]) * T(0.5);
     }
-  }
 }
 
 template <typename T>
@@ -256,55 +273,50 @@ void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int6
 // so any layout of dy gives the same bits.
 namespace {
 
+// One task: rows [r0, r1) of sequence bi. dc's rows +=; `partial` [taps + 1, C] (written):
+// the per-tap weight sums, then the bias sum last. wt: the weights tap-major.
 template <typename T, typename DyAt>
-void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments, int64_t len,
-                             const T* c, const T* w0, int64_t b, int64_t t, int64_t taps) {
+void depthwise_backward_rows(T* dc, T* partial, DyAt dy_at, int64_t segments, int64_t len,
+                             const T* c, const T* wt, int64_t bi, int64_t t, int64_t r0, int64_t r1,
+                             int64_t taps) {
   const int64_t channels = segments * len;
-  FOUNDRY_CHECK(taps >= 1 && channels > 0);
-  thread_local detail::ScratchBuffer<T> weight_buffer, partial_buffer;
-  T* wt = weight_buffer.get(taps * channels);
-  detail::cca_depthwise_taps_major(wt, w0, channels, taps);
-
-  // Per task [taps + 1, C]: the per-tap weight sums, then the bias sum last.
-  const int64_t blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock, tasks = b * blocks;
-  const int64_t sums = (taps + 1) * channels;
-  T* partials = partial_buffer.get(tasks * sums);
-#pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && tasks > 1)
-  for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t bi = task / blocks, r0 = task % blocks * kRowsPerBlock;
-    const int64_t r1 = std::min(t, r0 + kRowsPerBlock);
-    T* partial = partials + task * sums;
-    std::fill(partial, partial + sums, T(0));
-    T* bias_sum = partial + taps * channels;
-    for (int64_t ti = r0; ti < r1; ++ti) {
-      for (int64_t s = 0; s < segments; ++s) {
-        const T* g = dy_at(bi * t + ti, s);
-        const int64_t j0 = s * len;
+  std::fill(partial, partial + (taps + 1) * channels, T(0));
+  T* bias_sum = partial + taps * channels;
+  for (int64_t ti = r0; ti < r1; ++ti) {
+    for (int64_t s = 0; s < segments; ++s) {
+      const T* g = dy_at(bi * t + ti, s);
+      const int64_t j0 = s * len;
 #pragma omp simd
-        for (int64_t j = 0; j < len; ++j) bias_sum[j0 + j] += g[j];
-        for (int64_t i = 0; i < taps; ++i) {
-          const int64_t src = ti - (taps - 1) + i;
-          if (src < 0) continue;
-          const T* in = c + (bi * t + src) * channels + j0;
-          T* w_sum = partial + i * channels + j0;
-#pragma omp simd
-          for (int64_t j = 0; j < len; ++j) w_sum[j] += g[j] * in[j];
-        }
-      }
-      T* din = dc + (bi * t + ti) * channels;
+      for (int64_t j = 0; j < len; ++j) bias_sum[j0 + j] += g[j];
       for (int64_t i = 0; i < taps; ++i) {
-        const int64_t dst = ti + (taps - 1) - i;
-        if (dst >= t) continue;
-        for (int64_t s = 0; s < segments; ++s) {
-          const T* g_later = dy_at(bi * t + dst, s);
-          const T* w = wt + i * channels + s * len;
-          T* out = din + s * len;
+        const int64_t src = ti - (taps - 1) + i;
+        if (src < 0) continue;
+        const T* in = c + (bi * t + src) * channels + j0;
+        T* w_sum = partial + i * channels + j0;
 #pragma omp simd
-          for (int64_t j = 0; j < len; ++j) out[j] += w[j] * g_later[j];
-        }
+        for (int64_t j = 0; j < len; ++j) w_sum[j] += g[j] * in[j];
+      }
+    }
+    T* din = dc + (bi * t + ti) * channels;
+    for (int64_t i = 0; i < taps; ++i) {
+      const int64_t dst = ti + (taps - 1) - i;
+      if (dst >= t) continue;
+      for (int64_t s = 0; s < segments; ++s) {
+        const T* g_later = dy_at(bi * t + dst, s);
+        const T* w = wt + i * channels + s * len;
+        T* out = din + s * len;
+#pragma omp simd
+        for (int64_t j = 0; j < len; ++j) out[j] += w[j] * g_later[j];
       }
     }
   }
+}
+
+// The tasks' partials [tasks][taps + 1, C] added per channel in task order into dw0, db0.
+template <typename T>
+void depthwise_backward_sums(T* dw0, T* db0, const T* partials, int64_t tasks, int64_t channels,
+                             int64_t taps) {
+  const int64_t sums = (taps + 1) * channels;
 #pragma omp parallel for schedule(static) if (is_parallel(tasks * sums))
   for (int64_t j = 0; j < sums; ++j) {
     T total = 0;
@@ -315,6 +327,27 @@ void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments
     else
       db0[ch] += total;
   }
+}
+
+template <typename T, typename DyAt>
+void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments, int64_t len,
+                             const T* c, const T* w0, int64_t b, int64_t t, int64_t taps) {
+  const int64_t channels = segments * len;
+  FOUNDRY_CHECK(taps >= 1 && channels > 0);
+  thread_local detail::ScratchBuffer<T> weight_buffer, partial_buffer;
+  T* wt = weight_buffer.get(taps * channels);
+  detail::cca_depthwise_taps_major(wt, w0, channels, taps);
+
+  const int64_t blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock, tasks = b * blocks;
+  const int64_t sums = (taps + 1) * channels;
+  T* partials = partial_buffer.get(tasks * sums);
+#pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && tasks > 1)
+  for (int64_t task = 0; task < tasks; ++task) {
+    const int64_t bi = task / blocks, r0 = task % blocks * kRowsPerBlock;
+    depthwise_backward_rows(dc, partials + task * sums, dy_at, segments, len, c, wt, bi, t, r0,
+                            std::min(t, r0 + kRowsPerBlock), taps);
+  }
+  depthwise_backward_sums(dw0, db0, partials, tasks, channels, taps);
 }
 
 }  // namespace
@@ -333,6 +366,22 @@ void cca_depthwise_conv_backward_grouped(float* dc, float* dw0, float* db0,
   const int64_t rows = b * t;
   auto group_major = [=](int64_t row, int64_t g) { return dy_groups + (g * rows + row) * d; };
   depthwise_conv_backward(dc, dw0, db0, group_major, groups, d, c, w0, b, t, taps);
+}
+
+void detail::cca_depthwise_backward_rows_grouped(float* dc, float* partial, const float* dy_groups,
+                                                 int64_t group_rows, int64_t first_row,
+                                                 const float* c, const float* wt, int64_t bi,
+                                                 int64_t t, int64_t r0, int64_t r1, int64_t groups,
+                                                 int64_t d, int64_t taps) {
+  auto group_major = [=](int64_t row, int64_t g) {
+    return dy_groups + (g * group_rows + row - first_row) * d;
+  };
+  depthwise_backward_rows(dc, partial, group_major, groups, d, c, wt, bi, t, r0, r1, taps);
+}
+
+void detail::cca_depthwise_backward_sums(float* dw0, float* db0, const float* partials,
+                                         int64_t tasks, int64_t channels, int64_t taps) {
+  depthwise_backward_sums(dw0, db0, partials, tasks, channels, taps);
 }
 
 // ---- grouped convolution -------------------------------------------------------------------
@@ -492,6 +541,23 @@ void cca_value_shift_backward(T* dvcur, T* dvprev_in, const T* dv, int64_t b, in
 
 // ---- QK-norm -------------------------------------------------------------------------------
 
+// Σ a[j]·b[j] over n: element j into lane j % kDotLanes, the lanes added pairwise; the order
+// is the code's, not the vector width's.
+constexpr int64_t kDotLanes = 16;
+
+template <typename T>
+inline T dot(const T* a, const T* b, int64_t n) {
+  T lane[kDotLanes] = {};
+  int64_t j = 0;
+  for (; j + kDotLanes <= n; j += kDotLanes)
+#pragma omp simd
+    for (int64_t l = 0; l < kDotLanes; ++l) lane[l] += a[j + l] * b[j + l];
+  for (int64_t l = 0; j + l < n; ++l) lane[l] += a[j + l] * b[j + l];
+  for (int64_t width = kDotLanes / 2; width > 0; width /= 2)
+    for (int64_t l = 0; l < width; ++l) lane[l] += lane[l + width];
+  return lane[0];
+}
+
 // One row of each (the row's G heads). Forward: q_row [Hq·d], k_row [Hk·d], rnorm_row [G]
 // from qk_row [C]. Backward: dqk_row [C] +=, and each key head's dτ added to dtemp_part [Hk].
 template <typename T>
@@ -500,10 +566,7 @@ inline void qk_norm_forward_row(T* q_row, T* k_row, T* rnorm_row, const T* qk_ro
   const T sqrt_d = std::sqrt(static_cast<T>(d));
   for (int64_t h = 0; h < hq + hk; ++h) {
     const T* x = qk_row + h * d;
-    T sum_sq = 0;
-#pragma omp simd reduction(+ : sum_sq)
-    for (int64_t j = 0; j < d; ++j) sum_sq += x[j] * x[j];
-    const T r = T(1) / std::sqrt(sum_sq + eps);
+    const T r = T(1) / std::sqrt(dot(x, x, d) + eps);
     rnorm_row[h] = r;
     const bool is_key = h >= hq;
     const T scale = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
@@ -525,9 +588,7 @@ inline void qk_norm_backward_row(T* dqk_row, T* dtemp_part, const T* dq_row, con
     const T* x = qk_row + h * d;
     const T* g = is_key ? dk_row + (h - hq) * d : dq_row + h * d;
     T* dx = dqk_row + h * d;
-    T x_dot_g = 0;
-#pragma omp simd reduction(+ : x_dot_g)
-    for (int64_t j = 0; j < d; ++j) x_dot_g += x[j] * g[j];
+    const T x_dot_g = dot(x, g, d);
     const T r = rnorm_row[h];
     const T s_r = sqrt_d * r * (is_key ? temp[h - hq] : T(1));
     const T coef = s_r * r * r * x_dot_g;
@@ -561,8 +622,23 @@ void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T*
 #pragma omp simd
       for (int64_t j = 0; j < channels; ++j) qk_row[j] += b1[j];
     means_forward_row(qk_row, c + row * channels, hq, hk, d);
-    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp,
-                        hq, hk, d, eps);
+    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp, hq,
+                        hk, d, eps);
+  }
+}
+
+void detail::cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, float* qk,
+                                            const float* qk_groups, int64_t group_rows,
+                                            const float* c, const float* b1, const float* temp,
+                                            int64_t row_begin, int64_t row_end, int64_t hq,
+                                            int64_t hk, int64_t d, float eps) {
+  const int64_t heads = hq + hk, channels = heads * d;
+  for (int64_t row = row_begin; row < row_end; ++row) {
+    float* qk_row = qk + row * channels;
+    detail::cca_group_row(qk_row, qk_groups, b1, row - row_begin, heads, group_rows, d);
+    means_forward_row(qk_row, c + row * channels, hq, hk, d);
+    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp, hq,
+                        hk, d, eps);
   }
 }
 
@@ -571,22 +647,20 @@ void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* 
                                        const float* temp, int64_t n, int64_t hq, int64_t hk,
                                        int64_t d, float eps) {
   check_heads(hq, hk, d);
-  const int64_t heads = hq + hk, channels = heads * d;
+  const int64_t channels = (hq + hk) * d;
 #pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t row = 0; row < n; ++row) {
-    float* qk_row = qk + row * channels;
-    detail::cca_group_row(qk_row, qk_groups, b1, row, heads, n, d);
-    means_forward_row(qk_row, c + row * channels, hq, hk, d);
-    qk_norm_forward_row(q + row * hq * d, k + row * hk * d, rnorm + row * heads, qk_row, temp,
-                        hq, hk, d, eps);
-  }
+  for (int64_t row = 0; row < n; ++row)
+    detail::cca_means_qk_norm_grouped_rows(q, k, rnorm, qk, qk_groups + row * d, n, c, b1, temp,
+                                           row, row + 1, hq, hk, d, eps);
 }
 
 namespace {
 
-// dtemp: one partial [Hk] per fixed chunk of rows, summed in chunk order afterwards (the same
-// bits with any thread count). row(r, partial) does row r's work.
-constexpr int64_t kNormRowsPerChunk = 32;
+// dtemp: each row's dτ [Hk] on its own (row(r, part) adds row r's into a zeroed part), added
+// row by row into one partial per fixed chunk of rows, the partials summed in chunk order
+// afterwards: the same bits with any thread count, and with the rows in any tasks (the blocked
+// backward, kernels/cca_gemm.cpp, keeps each row's dτ and sums them so).
+constexpr int64_t kNormRowsPerChunk = detail::kCcaNormRowsPerChunk;
 
 template <typename T, typename Row>
 void rows_with_dtemp(T* dtemp, int64_t n, int64_t hk, bool parallel, Row row) {
@@ -597,8 +671,14 @@ void rows_with_dtemp(T* dtemp, int64_t n, int64_t hk, bool parallel, Row row) {
   for (int64_t chunk = 0; chunk < chunks; ++chunk) {
     T* partial = partials + chunk * hk;
     std::fill(partial, partial + hk, T(0));
+    thread_local detail::ScratchBuffer<T> part_buffer;
+    T* part = part_buffer.get(hk);
     const int64_t row_end = std::min(n, (chunk + 1) * kNormRowsPerChunk);
-    for (int64_t r = chunk * kNormRowsPerChunk; r < row_end; ++r) row(r, partial);
+    for (int64_t r = chunk * kNormRowsPerChunk; r < row_end; ++r) {
+      std::fill(part, part + hk, T(0));
+      row(r, part);
+      for (int64_t j = 0; j < hk; ++j) partial[j] += part[j];
+    }
   }
   for (int64_t chunk = 0; chunk < chunks; ++chunk)
     for (int64_t j = 0; j < hk; ++j) dtemp[j] += partials[chunk * hk + j];
@@ -632,6 +712,19 @@ void cca_qk_norm_means_backward(T* dqk, T* dc, T* dtemp, const T* dq, const T* d
     std::fill(dc_row, dc_row + channels, T(0));
     means_backward_row(dc_row, dqk_row, hq, hk, d);
   });
+}
+
+void detail::cca_qk_norm_means_backward_row(float* dqk_row, float* dc_row, float* dtemp_part,
+                                            const float* dq, const float* dk, const float* qk,
+                                            const float* rnorm, const float* temp, int64_t row,
+                                            int64_t hq, int64_t hk, int64_t d) {
+  const int64_t heads = hq + hk, channels = heads * d;
+  std::fill(dqk_row, dqk_row + channels, 0.0f);
+  qk_norm_backward_row(dqk_row, dtemp_part, dq + row * hq * d, dk + row * hk * d,
+                       qk + row * channels, rnorm + row * heads, temp, hq, hk, d);
+  if (!dc_row) return;
+  std::fill(dc_row, dc_row + channels, 0.0f);
+  means_backward_row(dc_row, dqk_row, hq, hk, d);
 }
 
 // ---- decode --------------------------------------------------------------------------------

@@ -56,9 +56,11 @@
 //   cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, B, T, C, t0)
 //   dWq += dc[:, :Hq·d]^T·x, dWk += dc[:, Hq·d:]^T·x, dx += dc·[Wq; Wk]          GEMMs
 //
-// A training step runs the same composition in fewer passes over [N, C]: the grouped conv's
-// oneDNN form without its bias, then cca_means_qk_norm_forward (bias, means, norm, row by
-// row); backward, cca_qk_norm_means_backward writes dqk and dc, and the oneDNN form writes dy.
+// A training step runs the same composition in fewer passes over [N, C], and in bf16 with
+// t1 ≤ 2 in blocks of rows that stay in cache: cca_convs_qk_norm_forward_gemm (both
+// convolutions, the grouped bias, the means and the norm) and cca_qk_norm_convs_backward_gemm
+// (the norm's and the means' gradients, then both convolutions'), the same bits as the
+// compositions they name.
 //
 // The value shift: v = [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] (x_{−1} = 0). Shifting the half-width
 // projection (half = Hk·d/2 channels, 128 for ZAYA1) is cheaper than shifting x (E channels,
@@ -170,6 +172,39 @@ inline void cca_group_row(float* out, const float* group_major, const float* bia
     }
   }
 }
+// Rows [row_begin, row_end) of cca_means_qk_norm_forward_grouped (below), serially. q, k,
+// rnorm, qk and c are the whole arrays; qk_groups [G, group_rows, d] holds the products of
+// the rows from row_begin on (row r of group g at (g·group_rows + r − row_begin)·d).
+void cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, float* qk,
+                                    const float* qk_groups, int64_t group_rows, const float* c,
+                                    const float* b1, const float* temp, int64_t row_begin,
+                                    int64_t row_end, int64_t hq, int64_t hk, int64_t d, float eps);
+
+// The pieces of a training step's blocked backward (kernels/cca_gemm.cpp), each the same
+// arithmetic as the whole-batch function it comes from.
+// Rows per task of the depthwise backward (and per block of the blocked forms): tasks are
+// (sequence, block of kCcaRowsPerBlock positions), in that order.
+constexpr int64_t kCcaRowsPerBlock = 128;
+// Rows per partial sum of dτ in the QK norm's backward (summed from zero row by row, then the
+// partials added in row order).
+constexpr int64_t kCcaNormRowsPerChunk = 32;
+// Row `row` of cca_qk_norm_means_backward: dqk_row [C] and (unless null) dc_row [C] written,
+// each key head's dτ added to dtemp_part [Hk]. dq, dk, qk, rnorm: the whole arrays.
+void cca_qk_norm_means_backward_row(float* dqk_row, float* dc_row, float* dtemp_part,
+                                    const float* dq, const float* dk, const float* qk,
+                                    const float* rnorm, const float* temp, int64_t row, int64_t hq,
+                                    int64_t hk, int64_t d);
+// One task of cca_depthwise_conv_backward_grouped: rows [r0, r1) of sequence bi (of t rows),
+// dc's rows +=, the task's partial sums [t0 + 1, C] written to `partial` (per tap, then the
+// bias). dy_groups [G, group_rows, d] holds dy from row first_row on (every row the task
+// reads: its own and the t0 − 1 after them within the sequence); wt: w0 tap-major.
+void cca_depthwise_backward_rows_grouped(float* dc, float* partial, const float* dy_groups,
+                                         int64_t group_rows, int64_t first_row, const float* c,
+                                         const float* wt, int64_t bi, int64_t t, int64_t r0,
+                                         int64_t r1, int64_t groups, int64_t d, int64_t taps);
+// The tasks' partials [tasks][t0 + 1, C] added in task order: dw0 [C, t0] +=, db0 [C] +=.
+void cca_depthwise_backward_sums(float* dw0, float* db0, const float* partials, int64_t tasks,
+                                 int64_t channels, int64_t taps);
 }  // namespace detail
 
 // ---- causal grouped convolution over time (each group's d channels fully mixed) ------------
@@ -221,13 +256,23 @@ void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float*
 // the two. groups = hq + hk.
 void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk, float* kept,
                                     const float* c, const float* w0, const float* b0,
-                                    const float* w1, const float* b1, const float* temp,
-                                    int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
-                                    int64_t t0, int64_t t1, float eps);
-void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
-                             float* dy, const float* dqk, const float* kept, const float* c,
-                             const float* w0, const float* w1, int64_t b, int64_t t,
-                             int64_t groups, int64_t d, int64_t t0, int64_t t1);
+                                    const float* w1, const float* b1, const float* temp, int64_t b,
+                                    int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t t0,
+                                    int64_t t1, float eps);
+void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1, float* dy,
+                             const float* dqk, const float* kept, const float* c, const float* w0,
+                             const float* w1, int64_t b, int64_t t, int64_t groups, int64_t d,
+                             int64_t t0, int64_t t1);
+// cca_qk_norm_means_backward (dqk into scratch, dc written, dtemp +=) and then
+// cca_convs_backward_gemm, in one pass of blocks of rows (each sequence's positions in runs of
+// kCcaRowsPerBlock, a task each): a block's dqk, its stacked rows and dy stay in cache and dqk
+// never reaches memory. The same bits as the two. groups = hq + hk; scratch: [B·T·C] floats.
+void cca_qk_norm_convs_backward_gemm(float* dc, float* dtemp, float* dw0, float* db0, float* dw1,
+                                     float* db1, float* scratch, const float* dq, const float* dk,
+                                     const float* qk, const float* rnorm, const float* temp,
+                                     const float* kept, const float* c, const float* w0,
+                                     const float* w1, int64_t b, int64_t t, int64_t hq, int64_t hk,
+                                     int64_t d, int64_t t0, int64_t t1);
 
 // ---- value time shift (spec §2 step 5) ------------------------------------------------------
 // In place (the form to use): v [B, T, 2·half] holds [x_t·Wv1^T ‖ x_t·Wv2^T] on entry and

@@ -11,6 +11,7 @@
 // writes its output straight into the stacked rows, which the backward reuses.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "base/error.h"
 #include "kernels/cca.h"
@@ -33,6 +34,29 @@ void store_as(DType dtype, const float* src, void* dst, int64_t n) {
     std::memcpy(dst, src, n * sizeof(float));
 }
 
+// Column sums over rows (the grouped convolution's bias gradient) in a fixed order: chunks of
+// kBiasSumRows positions of each sequence, in (sequence, position) order, each summed row by row
+// from zero, then the chunks' sums added in that order.
+constexpr int64_t kBiasSumRows = 64;
+
+int64_t bias_sum_chunks(int64_t b, int64_t t) {
+  return b * ((t + kBiasSumRows - 1) / kBiasSumRows);
+}
+
+// partial [cols] (written) = the sums of rows [rows, cols] row by row.
+void column_sums(float* partial, const float* x, int64_t rows, int64_t cols) {
+  std::fill(partial, partial + cols, 0.0f);
+  for (int64_t row = 0; row < rows; ++row)
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) partial[j] += x[row * cols + j];
+}
+
+void add_chunk_sums(float* sums, const float* partials, int64_t chunks, int64_t cols) {
+  for (int64_t chunk = 0; chunk < chunks; ++chunk)
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) sums[j] += partials[chunk * cols + j];
+}
+
 // Stacked rows: x [B, T, G·d] as [G, B·T, taps·d] in the GEMMs' type, where group g, row
 // (b, t) holds [x(b, t + first) ‖ x(b, t + first + 1) ‖ …] over the taps (first: −pad for
 // the window before each row, 0 for the window from it on), zero outside the sequence.
@@ -50,28 +74,23 @@ class StackedTaps {
 #pragma omp parallel for schedule(static)
     for (int64_t row = 0; row < rows_; ++row) stack_row(x, row, t, d, first);
   }
-  // The same, adding x's column sums to sums [G·d] in the order of kSumRows-row chunks.
+  // The same, adding x's column sums to sums [G·d] in the order of bias_sum_chunks.
   StackedTaps(ScratchBuffer<unsigned char>& buffer, float* sums, const float* x, int64_t b,
               int64_t t, int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
       : StackedTaps(buffer.get(groups * b * t * taps * d * element_size(dtype)), groups, b * t,
                     taps * d, dtype) {
-    const int64_t channels = groups * d, chunks = (rows_ + kSumRows - 1) / kSumRows;
+    const int64_t channels = groups * d, per_sequence = bias_sum_chunks(1, t);
+    const int64_t chunks = bias_sum_chunks(b, t);
     thread_local ScratchBuffer<float> partial_buffer;
     float* partials = partial_buffer.get(chunks * channels);
 #pragma omp parallel for schedule(static)
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-      float* partial = partials + chunk * channels;
-      std::fill(partial, partial + channels, 0.0f);
-      for (int64_t row = chunk * kSumRows; row < std::min(rows_, (chunk + 1) * kSumRows); ++row) {
-        stack_row(x, row, t, d, first);
-        const float* in = x + row * channels;
-#pragma omp simd
-        for (int64_t j = 0; j < channels; ++j) partial[j] += in[j];
-      }
+      const int64_t first_row = chunk / per_sequence * t + chunk % per_sequence * kBiasSumRows;
+      const int64_t end = std::min(first_row + kBiasSumRows, (chunk / per_sequence + 1) * t);
+      for (int64_t row = first_row; row < end; ++row) stack_row(x, row, t, d, first);
+      column_sums(partials + chunk * channels, x + first_row * channels, end - first_row, channels);
     }
-    for (int64_t chunk = 0; chunk < chunks; ++chunk)
-#pragma omp simd
-      for (int64_t j = 0; j < channels; ++j) sums[j] += partials[chunk * channels + j];
+    add_chunk_sums(sums, partials, chunks, channels);
   }
   // All groups, [G, rows, taps·d]; all groups transposed, [G, taps·d, rows]; one tap of
   // every group, [G, rows, d].
@@ -87,8 +106,6 @@ class StackedTaps {
   }
 
  private:
-  static constexpr int64_t kSumRows = 64;
-
   // Row `row` of every group, its taps from x's rows row + first + i of the same sequence
   // (of t rows).
   void stack_row(const float* x, int64_t row, int64_t t, int64_t d, int64_t first) {
@@ -216,6 +233,16 @@ void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, co
 
 namespace {
 
+// dw1 [G·d (o), d (ci), t1] += dw [G][(i, ci)][o], the weight gradient's product.
+void add_weight_gradient(float* dw1, const float* dw, int64_t groups, int64_t d, int64_t taps) {
+  const int64_t k = taps * d;
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t o = 0; o < d; ++o)
+      for (int64_t ci = 0; ci < d; ++ci)
+        for (int64_t i = 0; i < taps; ++i)
+          dw1[((g * d + o) * d + ci) * taps + i] += dw[(g * k + i * d + ci) * d + o];
+}
+
 // The grouped convolution's backward from the stacked y rows `ys` (see below), with dy left
 // group-major in the products' dense output [G, B·T, d] (returned; valid until the next call
 // on this thread).
@@ -234,11 +261,7 @@ const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz
   thread_local ScratchBuffer<float> dw_buffer;
   float* dw = dw_buffer.get(groups * k * d);  // [G][(i, ci)][o]
   matmul(ys.groups_transposed(), dzs.tap_view(0, d), OutView{dw, {groups, k, d}, {k * d, d, 1}});
-  for (int64_t g = 0; g < groups; ++g)
-    for (int64_t o = 0; o < d; ++o)
-      for (int64_t ci = 0; ci < d; ++ci)
-        for (int64_t i = 0; i < taps; ++i)
-          dw1[((g * d + o) * d + ci) * taps + i] += dw[(g * k + i * d + ci) * d + o];
+  add_weight_gradient(dw1, dw, groups, d, taps);
   return dy;
 }
 
@@ -274,19 +297,95 @@ void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float*
   grouped_products(qk, nullptr, ys, w, groups, b * t, t1 * d, d, DType::bf16);
 }
 
+namespace {
+
+// A training step's CCA runs its rows in blocks: each sequence's positions in runs of at most
+// kBlockRows, one task per block, so that a block's stacked rows, its products and the norms
+// read from them stay in the core's cache (at zaya-bench's shape: 320 KB each). Whole-batch
+// passes, each [B·T, C] array written to memory and read back in the next, took twice as long
+// in a training step as on warm caches (docs/PERFORMANCE.md).
+constexpr int64_t kBlockRows = detail::kCcaRowsPerBlock;
+static_assert(kBlockRows % kBiasSumRows == 0, "a block's bias-sum chunks are whole");
+
+struct RowBlock {
+  int64_t row;  // its first row, b·T + position
+  int64_t pos;  // that row's position in its sequence
+  int64_t rows;
+};
+
+std::vector<RowBlock> row_blocks(int64_t b, int64_t t) {
+  std::vector<RowBlock> blocks;
+  for (int64_t s = 0; s < b; ++s)
+    for (int64_t pos = 0; pos < t; pos += kBlockRows)
+      blocks.push_back({s * t + pos, pos, std::min(kBlockRows, t - pos)});
+  return blocks;
+}
+
+// The work of each block, in rows: the tasks' costs for run_products.
+std::vector<int64_t> block_costs(const std::vector<RowBlock>& blocks) {
+  std::vector<int64_t> costs;
+  costs.reserve(blocks.size());
+  for (const RowBlock& blk : blocks) costs.push_back(blk.rows);
+  return costs;
+}
+
+// The grouped convolution's stacked bf16 rows of one block, out [G, rows, t1·d], from the
+// depthwise output y of its rows and the t1 − 1 before them, each y row computed as
+// cca_depthwise_conv_forward does (into `y`, [C] floats of scratch); the taps before the
+// sequence's start are zero. wt: the depthwise weights tap-major.
+void depthwise_block_into_stacked_bf16(bf16* out, float* y, const RowBlock& blk, const float* c,
+                                       const float* wt, const float* b0, int64_t groups, int64_t d,
+                                       int64_t t0, int64_t t1) {
+  const int64_t channels = groups * d, k = t1 * d, pad = t1 - 1, n = blk.rows;
+  const float* c_seq = c + (blk.row - blk.pos) * channels;
+  for (int64_t r = std::max<int64_t>(0, blk.pos - pad); r < blk.pos + n; ++r) {
+    detail::cca_depthwise_row(y, c_seq, wt, b0, r, channels, t0);
+    for (int64_t i = 0; i < t1; ++i) {  // y(r) is tap i of row r + pad − i
+      const int64_t to = r + pad - i - blk.pos;
+      if (to >= 0 && to < n)
+        for (int64_t g = 0; g < groups; ++g)
+          to_bf16_serial(y + g * d, out + (g * n + to) * k + i * d, d);
+    }
+  }
+  for (int64_t to = 0; to < std::min(n, pad - blk.pos); ++to)
+    for (int64_t i = 0; blk.pos + to - pad + i < 0; ++i)
+      for (int64_t g = 0; g < groups; ++g) std::fill_n(out + (g * n + to) * k + i * d, d, bf16{});
+}
+
+}  // namespace
+
 void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk, float* kept,
                                     const float* c, const float* w0, const float* b0,
-                                    const float* w1, const float* b1, const float* temp,
-                                    int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
-                                    int64_t t0, int64_t t1, float eps) {
-  const int64_t groups = hq + hk;
+                                    const float* w1, const float* b1, const float* temp, int64_t b,
+                                    int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t t0,
+                                    int64_t t1, float eps) {
+  const int64_t groups = hq + hk, channels = groups * d, rows = b * t, width = t1 * d;
   FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && hq > 0 && hk > 0 &&
                 d > 0 && b > 0 && t > 0);
-  const StackedTaps ys = depthwise_into_stacked_bf16(kept, c, w0, b0, b, t, groups, d, t0, t1);
+  thread_local ScratchBuffer<float> weight_buffer;
+  float* wt = weight_buffer.get(t0 * channels);
+  detail::cca_depthwise_taps_major(wt, w0, channels, t0);
   const void* w = packed_taps(w1, groups, d, t1, /*for_input_gradient=*/false, DType::bf16);
-  const float* qk_groups = grouped_products_dense(ys, w, groups, b * t, t1 * d, d, DType::bf16);
-  cca_means_qk_norm_forward_grouped(q, k, rnorm, qk, qk_groups, c, b1, temp, b * t, hq, hk, d,
-                                    eps);
+  bf16* stacked_all = reinterpret_cast<bf16*>(kept);  // [G, B·T, t1·d] for the backward
+  const std::vector<RowBlock> blocks = row_blocks(b, t);
+  run_products(block_costs(blocks), [&](int64_t i) {
+    const RowBlock& blk = blocks[i];
+    const int64_t n = blk.rows;
+    thread_local ScratchBuffer<bf16> stacked_buffer;
+    thread_local ScratchBuffer<float> dense_buffer, y_buffer;
+    bf16* stacked = stacked_buffer.get(groups * kBlockRows * width);
+    float* dense = dense_buffer.get(groups * kBlockRows * d);
+    depthwise_block_into_stacked_bf16(stacked, y_buffer.get(channels), blk, c, wt, b0, groups, d,
+                                      t0, t1);
+    for (int64_t g = 0; g < groups; ++g)
+      std::memcpy(stacked_all + (g * rows + blk.row) * width, stacked + g * n * width,
+                  n * width * sizeof(bf16));
+    matmul(MatView{stacked, DType::bf16, {groups, n, width}, {n * width, width, 1}},
+           MatView{w, DType::bf16, {groups, width, d}, {width * d, d, 1}},
+           OutView{dense, {groups, n, d}, {n * d, d, 1}});
+    detail::cca_means_qk_norm_grouped_rows(q, k, rnorm, qk, dense, n, c, b1, temp, blk.row,
+                                           blk.row + n, hq, hk, d, eps);
+  });
 }
 
 void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, float* db1,
@@ -300,6 +399,184 @@ void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, floa
   const float* dy_groups =
       grouped_conv_backward_dense(dw1, db1, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
   cca_depthwise_conv_backward_grouped(dc, dw0, db0, dy_groups, c, w0, b, t, groups, d, t0);
+}
+
+namespace {
+
+// cca_qk_norm_convs_backward_gemm: one task per block of rows, then the sums and the weight
+// gradient's product over every row.
+class BlockedBackward {
+ public:
+  struct Inputs {
+    const float *dq, *dk, *qk, *rnorm, *temp, *kept, *c, *w0, *w1;
+  };
+  struct Outputs {
+    float *dc, *dtemp, *dw0, *db0, *dw1, *db1;
+  };
+
+  BlockedBackward(const Inputs& in, const Outputs& out, float* scratch, int64_t b, int64_t t,
+                  int64_t hq, int64_t hk, int64_t d, int64_t t0, int64_t t1)
+      : in_(in),
+        out_(out),
+        b_(b),
+        t_(t),
+        hq_(hq),
+        hk_(hk),
+        d_(d),
+        t0_(t0),
+        t1_(t1),
+        groups_(hq + hk),
+        channels_(groups_ * d),
+        rows_(b * t),
+        width_(t1 * d),
+        blocks_(row_blocks(b, t)),
+        dz_all_(reinterpret_cast<bf16*>(scratch)) {
+    thread_local ScratchBuffer<float> weight_buffer, row_dtemp_buffer, depthwise_buffer,
+        bias_buffer;
+    wt_ = weight_buffer.get(t0 * channels_);
+    detail::cca_depthwise_taps_major(wt_, in.w0, channels_, t0);
+    w_ = packed_taps(in.w1, groups_, d, t1, /*for_input_gradient=*/true, DType::bf16);
+    row_dtemp_ = row_dtemp_buffer.get(rows_ * hk);
+    depthwise_partials_ =
+        depthwise_buffer.get(static_cast<int64_t>(blocks_.size()) * depthwise_sums());
+    bias_partials_ = bias_buffer.get(bias_sum_chunks(b, t) * channels_);
+  }
+
+  const std::vector<RowBlock>& blocks() const { return blocks_; }
+
+  // Task i: dz of the block's rows and of the rows after it that its windows read, then its
+  // rows' dc, their dy and the depthwise backward over them.
+  void block(int64_t i) {
+    const RowBlock& blk = blocks_[i];
+    const int64_t left = t_ - blk.pos;
+    const int64_t dy_rows = std::min(left, blk.rows + t0_ - 1);
+    const int64_t dz_rows = std::min(left, dy_rows + t1_ - 1);
+    const Scratch s = scratch(kBlockRows + t0_ - 1 + t1_ - 1);
+    norm_rows_backward(blk, dz_rows, s);
+    bias_sums(blk, s.dz);
+    keep_dz(blk, s.dz16);
+    stack_windows(s.stacked, s.dz16, dy_rows, dz_rows);
+    matmul(
+        MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_}, {dy_rows * width_, width_, 1}},
+        MatView{w_, DType::bf16, {groups_, width_, d_}, {width_ * d_, d_, 1}},
+        OutView{s.dy, {groups_, dy_rows, d_}, {dy_rows * d_, d_, 1}});
+    detail::cca_depthwise_backward_rows_grouped(out_.dc, depthwise_partials_ + i * depthwise_sums(),
+                                                s.dy, dy_rows, blk.row, in_.c, wt_, blk.row / t_,
+                                                t_, blk.pos, blk.pos + blk.rows, groups_, d_, t0_);
+  }
+
+  // The sums, each in the order of its whole-batch form, and dW over every row.
+  void finish() {
+    std::vector<float> partial(hk_);
+    for (int64_t r0 = 0; r0 < rows_; r0 += detail::kCcaNormRowsPerChunk) {
+      std::fill(partial.begin(), partial.end(), 0.0f);
+      for (int64_t row = r0; row < std::min(rows_, r0 + detail::kCcaNormRowsPerChunk); ++row)
+        for (int64_t j = 0; j < hk_; ++j) partial[j] += row_dtemp_[row * hk_ + j];
+      for (int64_t j = 0; j < hk_; ++j) out_.dtemp[j] += partial[j];
+    }
+    add_chunk_sums(out_.db1, bias_partials_, bias_sum_chunks(b_, t_), channels_);
+    detail::cca_depthwise_backward_sums(out_.dw0, out_.db0, depthwise_partials_,
+                                        static_cast<int64_t>(blocks_.size()), channels_, t0_);
+    // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
+    const StackedTaps ys(in_.kept, groups_, rows_, width_, DType::bf16);
+    thread_local ScratchBuffer<float> dw_buffer;
+    float* dw = dw_buffer.get(groups_ * width_ * d_);
+    matmul(ys.groups_transposed(),
+           MatView{dz_all_, DType::bf16, {groups_, rows_, d_}, {rows_ * d_, d_, 1}},
+           OutView{dw, {groups_, width_, d_}, {width_ * d_, d_, 1}});
+    add_weight_gradient(out_.dw1, dw, groups_, d_, t1_);
+  }
+
+ private:
+  // A task's scratch (this thread's), for `rows` rows from the block's first.
+  struct Scratch {
+    float* dz;      // [rows, C]: the QK norm's and the means' gradient
+    bf16* dz16;     // [rows, C]: the same in bf16
+    bf16* stacked;  // [G, rows, t1·d]: the window from each row on
+    float* dy;      // [G, rows, d]
+    float* dtemp;   // [Hk]: one row's dτ
+  };
+  Scratch scratch(int64_t rows) const {
+    thread_local ScratchBuffer<float> dz, dy, dtemp;
+    thread_local ScratchBuffer<bf16> dz16, stacked;
+    return {dz.get(rows * channels_), dz16.get(rows * channels_),
+            stacked.get(groups_ * rows * width_), dy.get(groups_ * rows * d_), dtemp.get(hk_)};
+  }
+
+  int64_t depthwise_sums() const { return (t0_ + 1) * channels_; }
+
+  // dz of rows [0, dz_rows) from the block's first; the block's own rows' dc (the means' part,
+  // written) and dτ (kept per row).
+  void norm_rows_backward(const RowBlock& blk, int64_t dz_rows, const Scratch& s) {
+    for (int64_t r = 0; r < dz_rows; ++r) {
+      const int64_t row = blk.row + r;
+      const bool own = r < blk.rows;
+      std::fill_n(s.dtemp, hk_, 0.0f);
+      detail::cca_qk_norm_means_backward_row(
+          s.dz + r * channels_, own ? out_.dc + row * channels_ : nullptr, s.dtemp, in_.dq, in_.dk,
+          in_.qk, in_.rnorm, in_.temp, row, hq_, hk_, d_);
+      if (own) std::copy_n(s.dtemp, hk_, row_dtemp_ + row * hk_);
+      to_bf16_serial(s.dz + r * channels_, s.dz16 + r * channels_, channels_);
+    }
+  }
+
+  // db1's partial sums of the block's own rows: its bias-sum chunks (whole, as kBlockRows is
+  // a multiple of kBiasSumRows).
+  void bias_sums(const RowBlock& blk, const float* dz) {
+    const int64_t first = blk.row / t_ * bias_sum_chunks(1, t_) + blk.pos / kBiasSumRows;
+    for (int64_t r0 = 0; r0 < blk.rows; r0 += kBiasSumRows)
+      column_sums(bias_partials_ + (first + r0 / kBiasSumRows) * channels_, dz + r0 * channels_,
+                  std::min(kBiasSumRows, blk.rows - r0), channels_);
+  }
+
+  // The block's own dz rows, group-major, for dW after the blocks.
+  void keep_dz(const RowBlock& blk, const bf16* dz16) {
+    for (int64_t g = 0; g < groups_; ++g)
+      for (int64_t r = 0; r < blk.rows; ++r)
+        std::memcpy(dz_all_ + (g * rows_ + blk.row + r) * d_, dz16 + r * channels_ + g * d_,
+                    d_ * sizeof(bf16));
+  }
+
+  // dy(r) = Σ_i dz(r + i)·W_{t1−1−i}: the rows [dz(r) ‖ … ‖ dz(r + t1 − 1)] of each group,
+  // zero past the sequence's end.
+  void stack_windows(bf16* stacked, const bf16* dz16, int64_t dy_rows, int64_t dz_rows) const {
+    for (int64_t g = 0; g < groups_; ++g)
+      for (int64_t r = 0; r < dy_rows; ++r)
+        for (int64_t i = 0; i < t1_; ++i) {
+          bf16* to = stacked + (g * dy_rows + r) * width_ + i * d_;
+          if (r + i < dz_rows)
+            std::memcpy(to, dz16 + (r + i) * channels_ + g * d_, d_ * sizeof(bf16));
+          else
+            std::fill_n(to, d_, bf16{});
+        }
+  }
+
+  const Inputs in_;
+  const Outputs out_;
+  const int64_t b_, t_, hq_, hk_, d_, t0_, t1_, groups_, channels_, rows_, width_;
+  const std::vector<RowBlock> blocks_;
+  bf16* dz_all_;  // [G, B·T, d]
+  float* wt_ = nullptr;
+  const void* w_ = nullptr;
+  float* row_dtemp_ = nullptr;           // [B·T, Hk]
+  float* depthwise_partials_ = nullptr;  // [blocks][t0 + 1, C]
+  float* bias_partials_ = nullptr;       // [bias_sum_chunks][C]
+};
+
+}  // namespace
+
+void cca_qk_norm_convs_backward_gemm(float* dc, float* dtemp, float* dw0, float* db0, float* dw1,
+                                     float* db1, float* scratch, const float* dq, const float* dk,
+                                     const float* qk, const float* rnorm, const float* temp,
+                                     const float* kept, const float* c, const float* w0,
+                                     const float* w1, int64_t b, int64_t t, int64_t hq, int64_t hk,
+                                     int64_t d, int64_t t0, int64_t t1) {
+  FOUNDRY_CHECK(cca_convs_fused(t1, DType::bf16) && t1 >= 1 && t0 >= 1 && hq > 0 && hk > 0 &&
+                d > 0 && b > 0 && t > 0);
+  BlockedBackward backward({dq, dk, qk, rnorm, temp, kept, c, w0, w1},
+                           {dc, dtemp, dw0, db0, dw1, db1}, scratch, b, t, hq, hk, d, t0, t1);
+  run_products(block_costs(backward.blocks()), [&](int64_t i) { backward.block(i); });
+  backward.finish();
 }
 
 }  // namespace foundry::ops

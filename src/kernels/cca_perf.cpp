@@ -66,6 +66,88 @@ void BM_CcaDepthwiseBackward(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 4 * kB * kT * kC * int64_t{sizeof(float)});
 }
 
+// A training step's CCA work at this shape in bf16, from c to q, k and back: Arg 0 the
+// blocked forms the step runs (rows in blocks of kCcaRowsPerBlock, a task each), Arg 1 the
+// whole-batch compositions they replace (the same bits). Arg 2 (forward only): the blocked form
+// with every array evicted from the caches before each call, as in a training step.
+constexpr int64_t kHq = 8, kHk = 2;
+struct StepData : Data {
+  std::vector<float> c = y, qk = y, dc = y, dqk = y, kept = y;
+  std::vector<float> q = std::vector<float>(kB * kT * kHq * kD, 0.2f), dq = q;
+  std::vector<float> k = std::vector<float>(kB * kT * kHk * kD, 0.3f), dk = k;
+  std::vector<float> rnorm = std::vector<float>(kB * kT * kGroups, 0.1f);
+  std::vector<float> w0 = std::vector<float>(kC * kTaps, 0.3f), dw0 = w0, b0 = b1, db0 = b1;
+  std::vector<float> temp = std::vector<float>(kHk, 1.5f), dtemp = temp;
+};
+
+// Writes a buffer larger than the last-level cache: what the step's other work does between
+// two calls.
+void evict_caches() {
+  static std::vector<float> big(static_cast<size_t>(64) << 20);
+  for (float& x : big) x += 1.0f;
+  benchmark::DoNotOptimize(big.data());
+}
+
+void BM_CcaStepForward(benchmark::State& state) {
+  StepData d;
+  for (auto _ : state) {
+    if (state.range(1)) {
+      state.PauseTiming();
+      evict_caches();
+      state.ResumeTiming();
+    }
+    if (state.range(0) == 0) {
+      cca_convs_qk_norm_forward_gemm(d.q.data(), d.k.data(), d.rnorm.data(), d.qk.data(),
+                                     d.kept.data(), d.c.data(), d.w0.data(), d.b0.data(),
+                                     d.w1.data(), d.b1.data(), d.temp.data(), kB, kT, kHq, kHk, kD,
+                                     kTaps, kTaps, 1e-6f);
+    } else {
+      cca_convs_forward_gemm(d.qk.data(), d.kept.data(), d.c.data(), d.w0.data(), d.b0.data(),
+                             d.w1.data(), kB, kT, kGroups, kD, kTaps, kTaps);
+      cca_means_qk_norm_forward(d.q.data(), d.k.data(), d.rnorm.data(), d.qk.data(), d.c.data(),
+                                d.b1.data(), d.temp.data(), kB * kT, kHq, kHk, kD, 1e-6f);
+    }
+    benchmark::DoNotOptimize(d.q.data());
+  }
+}
+
+void BM_CcaStepBackward(benchmark::State& state) {
+  StepData d;
+  cca_convs_forward_gemm(d.qk.data(), d.kept.data(), d.c.data(), d.w0.data(), d.b0.data(),
+                         d.w1.data(), kB, kT, kGroups, kD, kTaps, kTaps);
+  for (auto _ : state) {
+    if (state.range(1)) {
+      state.PauseTiming();
+      evict_caches();
+      state.ResumeTiming();
+    }
+    if (state.range(0) == 0) {
+      cca_qk_norm_convs_backward_gemm(
+          d.dc.data(), d.dtemp.data(), d.dw0.data(), d.db0.data(), d.dw1.data(), d.db1.data(),
+          d.dy.data(), d.dq.data(), d.dk.data(), d.qk.data(), d.rnorm.data(), d.temp.data(),
+          d.kept.data(), d.c.data(), d.w0.data(), d.w1.data(), kB, kT, kHq, kHk, kD, kTaps, kTaps);
+    } else {
+      cca_qk_norm_means_backward(d.dqk.data(), d.dc.data(), d.dtemp.data(), d.dq.data(),
+                                 d.dk.data(), d.qk.data(), d.rnorm.data(), d.temp.data(), kB * kT,
+                                 kHq, kHk, kD);
+      cca_convs_backward_gemm(d.dc.data(), d.dw0.data(), d.db0.data(), d.dw1.data(), d.db1.data(),
+                              d.dy.data(), d.dqk.data(), d.kept.data(), d.c.data(), d.w0.data(),
+                              d.w1.data(), kB, kT, kGroups, kD, kTaps, kTaps);
+    }
+    benchmark::DoNotOptimize(d.dc.data());
+  }
+}
+
+// Args: (0 blocked | 1 whole batch, 0 warm | 1 caches evicted before each call).
+BENCHMARK(BM_CcaStepForward)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+BENCHMARK(BM_CcaStepBackward)
+    ->ArgsProduct({{0, 1}, {0, 1}})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
+
 BENCHMARK(BM_CcaGroupedForward)
     ->Arg(0)
     ->Arg(1)

@@ -15,7 +15,6 @@ namespace {
 using namespace foundry::testing;
 using Vec = std::vector<double>;
 
-
 // analytic − prior: what a backward call added to a gradient buffer.
 Vec added(const Vec& after, const Vec& prior) {
   Vec out(after.size());
@@ -590,6 +589,70 @@ TEST(CcaFused, ConvolutionsThroughTheStackedRowsEqualTheComposition) {
       EXPECT_EQ(dw1, dw1_ref);
       EXPECT_EQ(db1, db1_ref);
     }
+}
+
+// A training step's blocked forms (each sequence's positions in runs of kCcaRowsPerBlock, a
+// task each) against the whole-batch compositions they replace, with sequences of several
+// blocks, a short last block, and rows whose windows cross a block's edge: the same bits.
+TEST(CcaFused, BlockedStepEqualsTheWholeBatchComposition) {
+  const int64_t hq = 4, hk = 2, groups = hq + hk, d = 16, ch = groups * d;
+  for (const int64_t t : {int64_t{7}, detail::kCcaRowsPerBlock + 1, 2 * detail::kCcaRowsPerBlock})
+    for (const int64_t t0 : {1, 2, 3})
+      for (const int64_t t1 : {1, 2}) {
+        SCOPED_TRACE(::testing::Message() << "t " << t << " t0 " << t0 << " t1 " << t1);
+        const int64_t b = 2, n = b * t;
+        const auto c = cast_vector<float>(random_normal(n * ch, 150));
+        const auto w0 = cast_vector<float>(random_normal(ch * t0, 151));
+        const auto b0 = cast_vector<float>(random_normal(ch, 152));
+        const auto w1 = cast_vector<float>(random_normal(ch * d * t1, 153, 0.2));
+        const auto b1 = cast_vector<float>(random_normal(ch, 154));
+        const std::vector<float> temp = {1.3f, 0.8f};
+
+        // Forward: the convolutions into qk, then the bias, the means and the norm.
+        std::vector<float> kept_ref(n * ch), qk_ref(n * ch), q_ref(n * hq * d), k_ref(n * hk * d),
+            rnorm_ref(n * groups);
+        cca_convs_forward_gemm(qk_ref.data(), kept_ref.data(), c.data(), w0.data(), b0.data(),
+                               w1.data(), b, t, groups, d, t0, t1);
+        cca_means_qk_norm_forward(q_ref.data(), k_ref.data(), rnorm_ref.data(), qk_ref.data(),
+                                  c.data(), b1.data(), temp.data(), n, hq, hk, d, 1e-6f);
+        auto kept = cast_vector<float>(random_normal(n * ch, 155)), qk = kept, q = kept, k = kept,
+             rnorm = kept;  // stale values: all written
+        cca_convs_qk_norm_forward_gemm(q.data(), k.data(), rnorm.data(), qk.data(), kept.data(),
+                                       c.data(), w0.data(), b0.data(), w1.data(), b1.data(),
+                                       temp.data(), b, t, hq, hk, d, t0, t1, 1e-6f);
+        EXPECT_EQ(qk, qk_ref);
+        EXPECT_TRUE(std::equal(q_ref.begin(), q_ref.end(), q.begin()));
+        EXPECT_TRUE(std::equal(k_ref.begin(), k_ref.end(), k.begin()));
+        EXPECT_TRUE(std::equal(rnorm_ref.begin(), rnorm_ref.end(), rnorm.begin()));
+        const size_t stacked = static_cast<size_t>(n * ch * t1) / 2;  // bf16 [G, N, t1·d]
+        EXPECT_TRUE(std::equal(kept_ref.begin(), kept_ref.begin() + stacked, kept.begin()));
+
+        // Backward from the attention's dq, dk.
+        const auto dq = cast_vector<float>(random_normal(n * hq * d, 156));
+        const auto dk = cast_vector<float>(random_normal(n * hk * d, 157));
+        std::vector<float> dqk(n * ch), dc_ref(n * ch), dy(n * ch), dtemp_ref{0.5f, -0.25f};
+        std::vector<float> dw0_ref(ch * t0, 0.5f), db0_ref(ch, 0.5f), dw1_ref(ch * d * t1, 0.5f),
+            db1_ref(ch, 0.5f);
+        cca_qk_norm_means_backward(dqk.data(), dc_ref.data(), dtemp_ref.data(), dq.data(),
+                                   dk.data(), qk_ref.data(), rnorm_ref.data(), temp.data(), n, hq,
+                                   hk, d);
+        cca_convs_backward_gemm(dc_ref.data(), dw0_ref.data(), db0_ref.data(), dw1_ref.data(),
+                                db1_ref.data(), dy.data(), dqk.data(), kept_ref.data(), c.data(),
+                                w0.data(), w1.data(), b, t, groups, d, t0, t1);
+        auto dc = cast_vector<float>(random_normal(n * ch, 158)), scratch = dc;  // written
+        std::vector<float> dtemp{0.5f, -0.25f}, dw0(ch * t0, 0.5f), db0(ch, 0.5f),
+            dw1(ch * d * t1, 0.5f), db1(ch, 0.5f);
+        cca_qk_norm_convs_backward_gemm(dc.data(), dtemp.data(), dw0.data(), db0.data(), dw1.data(),
+                                        db1.data(), scratch.data(), dq.data(), dk.data(), qk.data(),
+                                        rnorm.data(), temp.data(), kept.data(), c.data(), w0.data(),
+                                        w1.data(), b, t, hq, hk, d, t0, t1);
+        EXPECT_EQ(dc, dc_ref);
+        EXPECT_EQ(dtemp, dtemp_ref);
+        EXPECT_EQ(dw0, dw0_ref);
+        EXPECT_EQ(db0, db0_ref);
+        EXPECT_EQ(dw1, dw1_ref);
+        EXPECT_EQ(db1, db1_ref);
+      }
 }
 
 // ---- the composed pipeline: causality, batch isolation, decode -----------------------------

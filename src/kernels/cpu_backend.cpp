@@ -245,8 +245,22 @@ class CpuBackend final : public Backend {
     if (!ops::cca_convs_fused(t1, dtype))
       return Backend::cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t,
                                          groups, d, t0, t1, dtype);
-    ops::cca_convs_backward_gemm(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, groups,
-                                 d, t0, t1);
+    ops::cca_convs_backward_gemm(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, groups, d,
+                                 t0, t1);
+  }
+  void cca_qk_norm_convs_backward(float* dc, float* dtemp, float* dw0, float* db0, float* dw1,
+                                  float* db1, float* dqk, float* dy, const float* dq,
+                                  const float* dk, const float* qk, const float* rnorm,
+                                  const float* temp, const float* kept, const float* c,
+                                  const float* w0, const float* w1, int64_t b, int64_t t,
+                                  int64_t hq, int64_t hk, int64_t d, int64_t t0, int64_t t1,
+                                  DType dtype) override {
+    if (!ops::cca_convs_fused(t1, dtype))
+      return Backend::cca_qk_norm_convs_backward(dc, dtemp, dw0, db0, dw1, db1, dqk, dy, dq, dk, qk,
+                                                 rnorm, temp, kept, c, w0, w1, b, t, hq, hk, d, t0,
+                                                 t1, dtype);
+    ops::cca_qk_norm_convs_backward_gemm(dc, dtemp, dw0, db0, dw1, db1, /*scratch=*/dy, dq, dk, qk,
+                                         rnorm, temp, kept, c, w0, w1, b, t, hq, hk, d, t0, t1);
   }
   void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) override {
     ops::cca_value_shift_inplace_forward(v, static_cast<float*>(nullptr), b, t, half);
@@ -274,7 +288,6 @@ class CpuBackend final : public Backend {
                                   int64_t d) override {
     ops::cca_qk_norm_means_backward(dqk, dc, dtemp, dq, dk, qk, rnorm, temp, n, hq, hk, d);
   }
-
 
   void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) override {
     ops::bias_add_forward(y, bias, n, m);

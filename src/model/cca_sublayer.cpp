@@ -1,9 +1,9 @@
 #include "model/cca_sublayer.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
-
-#include <fmt/format.h>
 
 #include "kernels/attention.h"
 #include "kernels/ops.h"
@@ -262,13 +262,17 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
   if (cx.context_parallel) value_shift_backward_context_parallel(cx, ga.dv, g, s);
   {
     auto t = cx.time("cca_conv");
-    if (!cx.context_parallel) cx.ops.cca_value_shift_backward(ga.dv, B, T, KVD / 2);
-    cx.ops.cca_qk_norm_means_backward(g.dqk, g.dc, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm,
-                                      cx.p(w.temp), N, Hq, Hk, d);
-    if (!cx.context_parallel)
-      cx.ops.cca_convs_backward(g.dc, cx.g(w.w0), cx.g(w.b0), cx.g(w.w1), cx.g(w.b1), g.dy, g.dqk,
-                                a.y, a.c, cx.p(w.w0), cx.p(w.w1), B, T, Hq + Hk, d,
-                                c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
+    if (cx.context_parallel) {
+      cx.ops.cca_qk_norm_means_backward(g.dqk, g.dc, cx.g(w.temp), ga.dq, ga.dk, a.qk, a.rnorm,
+                                        cx.p(w.temp), N, Hq, Hk, d);
+    } else {
+      cx.ops.cca_value_shift_backward(ga.dv, B, T, KVD / 2);
+      // The QK norm's and the means' gradients, then the convolutions'.
+      cx.ops.cca_qk_norm_convs_backward(
+          g.dc, cx.g(w.temp), cx.g(w.w0), cx.g(w.b0), cx.g(w.w1), cx.g(w.b1), g.dqk, g.dy, ga.dq,
+          ga.dk, a.qk, a.rnorm, cx.p(w.temp), a.y, a.c, cx.p(w.w0), cx.p(w.w1), B, T, Hq, Hk, d,
+          c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
+    }
   }
   if (cx.context_parallel) conv_backward_context_parallel(cx, w, a, g, s);
   {
