@@ -452,17 +452,14 @@ class BlockedBackward {
     const int64_t dy_rows = std::min(left, blk.rows + t0_ - 1);
     const int64_t dz_rows = std::min(left, dy_rows + t1_ - 1);
     const Scratch s = scratch(kBlockRows + t0_ - 1 + t1_ - 1);
-    norm_rows_backward(blk, dz_rows, s);
+    norm_rows_backward(blk, dz_rows, dy_rows, s);
     bias_sums(blk, s.dz);
-    keep_dz(blk, s.dz16);
-    stack_windows(s.stacked, s.dz16, dy_rows, dz_rows);
-    matmul(
-        MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_}, {dy_rows * width_, width_, 1}},
-        MatView{w_, DType::bf16, {groups_, width_, d_}, {width_ * d_, d_, 1}},
-        OutView{s.dy, {groups_, dy_rows, d_}, {dy_rows * d_, d_, 1}});
-    detail::cca_depthwise_backward_rows_grouped(out_.dc, depthwise_partials_ + i * depthwise_sums(),
-                                                s.dy, dy_rows, blk.row, in_.c, wt_, blk.row / t_,
-                                                t_, blk.pos, blk.pos + blk.rows, groups_, d_, t0_);
+    matmul(MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_}, {dy_rows * width_, width_, 1}},
+           MatView{w_, DType::bf16, {groups_, width_, d_}, {width_ * d_, d_, 1}},
+           OutView{s.dy, {groups_, dy_rows, d_}, {dy_rows * d_, d_, 1}});
+    detail::cca_depthwise_backward_rows_grouped(
+        out_.dc, depthwise_partials_ + i * depthwise_sums(), s.dy, dy_rows, blk.row, in_.c, wt_,
+        blk.row / t_, t_, blk.pos, blk.pos + blk.rows, groups_, d_, t0_);
   }
 
   // The sums, each in the order of its whole-batch form, and dW over every row.
@@ -491,33 +488,45 @@ class BlockedBackward {
   // A task's scratch (this thread's), for `rows` rows from the block's first.
   struct Scratch {
     float* dz;      // [rows, C]: the QK norm's and the means' gradient
-    bf16* dz16;     // [rows, C]: the same in bf16
-    bf16* stacked;  // [G, rows, t1·d]: the window from each row on
+    bf16* stacked;  // [G, rows, t1·d]: the window from each row on, in bf16
     float* dy;      // [G, rows, d]
     float* dtemp;   // [Hk]: one row's dτ
   };
   Scratch scratch(int64_t rows) const {
     thread_local ScratchBuffer<float> dz, dy, dtemp;
-    thread_local ScratchBuffer<bf16> dz16, stacked;
-    return {dz.get(rows * channels_), dz16.get(rows * channels_),
-            stacked.get(groups_ * rows * width_), dy.get(groups_ * rows * d_), dtemp.get(hk_)};
+    thread_local ScratchBuffer<bf16> stacked;
+    return {dz.get(rows * channels_), stacked.get(groups_ * rows * width_),
+            dy.get(groups_ * rows * d_), dtemp.get(hk_)};
   }
 
   int64_t depthwise_sums() const { return (t0_ + 1) * channels_; }
 
-  // dz of rows [0, dz_rows) from the block's first; the block's own rows' dc (the means' part,
-  // written) and dτ (kept per row).
-  void norm_rows_backward(const RowBlock& blk, int64_t dz_rows, const Scratch& s) {
+  // dz of rows [0, dz_rows) from the block's first, each row in bf16 into the stacked windows
+  // that read it (dy(r) = Σ_i dz(r + i)·W_{t1−1−i} for the dy_rows rows; taps past the
+  // sequence's end zero) and, for the block's own rows, into dz_all for dW; the own rows' dc
+  // (the means' part, written) and dτ (kept per row).
+  void norm_rows_backward(const RowBlock& blk, int64_t dz_rows, int64_t dy_rows,
+                          const Scratch& s) {
     for (int64_t r = 0; r < dz_rows; ++r) {
       const int64_t row = blk.row + r;
       const bool own = r < blk.rows;
+      float* dz = s.dz + r * channels_;
       std::fill_n(s.dtemp, hk_, 0.0f);
-      detail::cca_qk_norm_means_backward_row(
-          s.dz + r * channels_, own ? out_.dc + row * channels_ : nullptr, s.dtemp, in_.dq, in_.dk,
-          in_.qk, in_.rnorm, in_.temp, row, hq_, hk_, d_);
+      detail::cca_qk_norm_means_backward_row(dz, own ? out_.dc + row * channels_ : nullptr,
+                                             s.dtemp, in_.dq, in_.dk, in_.qk, in_.rnorm,
+                                             in_.temp, row, hq_, hk_, d_);
       if (own) std::copy_n(s.dtemp, hk_, row_dtemp_ + row * hk_);
-      to_bf16_serial(s.dz + r * channels_, s.dz16 + r * channels_, channels_);
+      for (int64_t g = 0; g < groups_; ++g) {
+        for (int64_t i = 0; i < t1_; ++i)  // dz(r) is tap i of window r − i
+          if (r - i >= 0 && r - i < dy_rows)
+            to_bf16_serial(dz + g * d_, s.stacked + (g * dy_rows + r - i) * width_ + i * d_, d_);
+        if (own) to_bf16_serial(dz + g * d_, dz_all_ + (g * rows_ + row) * d_, d_);
+      }
     }
+    for (int64_t r = std::max<int64_t>(0, dz_rows - t1_ + 1); r < dy_rows; ++r)
+      for (int64_t i = dz_rows - r; i < t1_; ++i)
+        for (int64_t g = 0; g < groups_; ++g)
+          std::fill_n(s.stacked + (g * dy_rows + r) * width_ + i * d_, d_, bf16{});
   }
 
   // db1's partial sums of the block's own rows: its bias-sum chunks (whole, as kBlockRows is
@@ -527,28 +536,6 @@ class BlockedBackward {
     for (int64_t r0 = 0; r0 < blk.rows; r0 += kBiasSumRows)
       column_sums(bias_partials_ + (first + r0 / kBiasSumRows) * channels_, dz + r0 * channels_,
                   std::min(kBiasSumRows, blk.rows - r0), channels_);
-  }
-
-  // The block's own dz rows, group-major, for dW after the blocks.
-  void keep_dz(const RowBlock& blk, const bf16* dz16) {
-    for (int64_t g = 0; g < groups_; ++g)
-      for (int64_t r = 0; r < blk.rows; ++r)
-        std::memcpy(dz_all_ + (g * rows_ + blk.row + r) * d_, dz16 + r * channels_ + g * d_,
-                    d_ * sizeof(bf16));
-  }
-
-  // dy(r) = Σ_i dz(r + i)·W_{t1−1−i}: the rows [dz(r) ‖ … ‖ dz(r + t1 − 1)] of each group,
-  // zero past the sequence's end.
-  void stack_windows(bf16* stacked, const bf16* dz16, int64_t dy_rows, int64_t dz_rows) const {
-    for (int64_t g = 0; g < groups_; ++g)
-      for (int64_t r = 0; r < dy_rows; ++r)
-        for (int64_t i = 0; i < t1_; ++i) {
-          bf16* to = stacked + (g * dy_rows + r) * width_ + i * d_;
-          if (r + i < dz_rows)
-            std::memcpy(to, dz16 + (r + i) * channels_ + g * d_, d_ * sizeof(bf16));
-          else
-            std::fill_n(to, d_, bf16{});
-        }
   }
 
   const Inputs in_;

@@ -36,6 +36,8 @@ BENCHMARK(BM_Gemm)
     ->Args({512, 512, 2048, 1, 1})                                   // dW = dY^T·X
     ->Args({2048, 8192, 512, 0, 2})->Args({2048, 8192, 512, 1, 2})   // LM head
     ->Args({8192, 512, 2048, 1, 1})                                  // LM head dW
+    ->Args({128, 128, 2048, 1, 1})                   // ZAYA1 router MLP dW (zaya-bench)
+    ->Args({128, 512, 2048, 1, 1})                   // ZAYA1 router down-projection dW
     ->Args({1024, 1024, 1024, 0, 0})->Args({1024, 1024, 1024, 1, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
