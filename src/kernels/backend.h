@@ -200,7 +200,8 @@ class Backend {
   }
   // The backward of the two above, from the attention's dq, dk to dc (written) and the
   // parameters' gradients (+=): cca_qk_norm_means_backward (below) into dqk, then
-  // cca_convs_backward; dqk and dy [B·T, G·d] scratch. By default that composition.
+  // cca_convs_backward; dqk and dy [B·T, G·d] scratch. By default that composition (the CPU's
+  // blocked form uses dy alone).
   virtual void cca_qk_norm_convs_backward(float* dc, float* dtemp, float* dw0, float* db0,
                                           float* dw1, float* db1, float* dqk, float* dy,
                                           const float* dq, const float* dk, const float* qk,

@@ -23,9 +23,8 @@ constexpr int kTileCols = static_cast<int>(256 / sizeof(T));
 // Rows of the sequence handled by one task of the grouped convolution (forward and dy).
 constexpr int64_t kRowsPerTask = 64;
 // Rows summed in registers before a tile is added to its running total (dw1): a two-level
-// sum keeps float rounding error proportional to kRowsPerBlock + rows/kRowsPerBlock. Also the
-// depthwise backward's tasks.
-constexpr int64_t kRowsPerBlock = detail::kCcaRowsPerBlock;
+// sum keeps float rounding error proportional to kRowsPerBlock + rows/kRowsPerBlock.
+constexpr int64_t kRowsPerBlock = 128;
 // Output channels of w1 per dw1 task.
 constexpr int64_t kOutputsPerTask = 16;
 
@@ -266,7 +265,7 @@ void cca_depthwise_conv_forward(T* y, const T* c, const T* w0, const T* b0, int6
 // dc[b, t, ch] += Σ_i w0[ch, i] · dy[b, t + (t0−1) − i, ch]   (positions < T)
 // dw0[ch, i]   += Σ_{b,t} dy[b, t, ch] · c[b, t − (t0−1) + i, ch]
 // db0[ch]      += Σ_{b,t} dy[b, t, ch]
-// One pass over contiguous rows, tasks by (sequence, block of kRowsPerBlock rows): each task
+// One pass over contiguous rows, tasks by (sequence, block of kCcaRowsPerBlock rows): each task
 // owns its rows of dc and sums its rows in order into its own partial sums; the partials are
 // then added per channel in task order. The order depends only on the shape. dy's rows are
 // read as `segments` spans of `len` channels (dy_at(row, s): channels [s·len, (s+1)·len)),
@@ -338,14 +337,15 @@ void depthwise_conv_backward(T* dc, T* dw0, T* db0, DyAt dy_at, int64_t segments
   T* wt = weight_buffer.get(taps * channels);
   detail::cca_depthwise_taps_major(wt, w0, channels, taps);
 
-  const int64_t blocks = (t + kRowsPerBlock - 1) / kRowsPerBlock, tasks = b * blocks;
+  constexpr int64_t kTaskRows = detail::kCcaRowsPerBlock;  // the blocked step's blocks too
+  const int64_t blocks = (t + kTaskRows - 1) / kTaskRows, tasks = b * blocks;
   const int64_t sums = (taps + 1) * channels;
   T* partials = partial_buffer.get(tasks * sums);
 #pragma omp parallel for schedule(static) if (is_parallel(b * t * channels) && tasks > 1)
   for (int64_t task = 0; task < tasks; ++task) {
-    const int64_t bi = task / blocks, r0 = task % blocks * kRowsPerBlock;
+    const int64_t bi = task / blocks, r0 = task % blocks * kTaskRows;
     depthwise_backward_rows(dc, partials + task * sums, dy_at, segments, len, c, wt, bi, t, r0,
-                            std::min(t, r0 + kRowsPerBlock), taps);
+                            std::min(t, r0 + kTaskRows), taps);
   }
   depthwise_backward_sums(dw0, db0, partials, tasks, channels, taps);
 }
@@ -642,24 +642,14 @@ void detail::cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, fl
   }
 }
 
-void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* qk,
-                                       const float* qk_groups, const float* c, const float* b1,
-                                       const float* temp, int64_t n, int64_t hq, int64_t hk,
-                                       int64_t d, float eps) {
-  check_heads(hq, hk, d);
-  const int64_t channels = (hq + hk) * d;
-#pragma omp parallel for schedule(static) if (is_parallel(n * channels))
-  for (int64_t row = 0; row < n; ++row)
-    detail::cca_means_qk_norm_grouped_rows(q, k, rnorm, qk, qk_groups + row * d, n, c, b1, temp,
-                                           row, row + 1, hq, hk, d, eps);
-}
-
 namespace {
 
 // dtemp: each row's dτ [Hk] on its own (row(r, part) adds row r's into a zeroed part), added
 // row by row into one partial per fixed chunk of rows, the partials summed in chunk order
 // afterwards: the same bits with any thread count, and with the rows in any tasks (the blocked
-// backward, kernels/cca_gemm.cpp, keeps each row's dτ and sums them so).
+// backward, kernels/cca_gemm.cpp, keeps each row's dτ and sums them so). The zeroed part is
+// what makes that possible: added straight into the chunk's partial, a row's product would be
+// contracted into a fused multiply-add with the running sum and rounded once, not twice.
 constexpr int64_t kNormRowsPerChunk = detail::kCcaNormRowsPerChunk;
 
 template <typename T, typename Row>

@@ -59,8 +59,10 @@
 // A training step runs the same composition in fewer passes over [N, C], and in bf16 with
 // t1 ≤ 2 in blocks of rows that stay in cache: cca_convs_qk_norm_forward_gemm (both
 // convolutions, the grouped bias, the means and the norm) and cca_qk_norm_convs_backward_gemm
-// (the norm's and the means' gradients, then both convolutions'), the same bits as the
-// compositions they name.
+// (the norm's and the means' gradients, then both convolutions'). They give the same bits as
+// the compositions they name wherever oneDNN's products give a row the same bits whatever the
+// number of rows in the product (blocks have 128 or 129, the compositions B·T): cca_test checks
+// it on the machine it runs on.
 //
 // The value shift: v = [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] (x_{−1} = 0). Shifting the half-width
 // projection (half = Hk·d/2 channels, 128 for ZAYA1) is cheaper than shifting x (E channels,
@@ -172,9 +174,10 @@ inline void cca_group_row(float* out, const float* group_major, const float* bia
     }
   }
 }
-// Rows [row_begin, row_end) of cca_means_qk_norm_forward_grouped (below), serially. q, k,
-// rnorm, qk and c are the whole arrays; qk_groups [G, group_rows, d] holds the products of
-// the rows from row_begin on (row r of group g at (g·group_rows + r − row_begin)·d).
+// Rows [row_begin, row_end) of cca_means_qk_norm_forward (below, with b1) serially, qk
+// (written) taken from the grouped products' group-major output qk_groups [G, group_rows, d]
+// of the rows from row_begin on (row r of group g at (g·group_rows + r − row_begin)·d): the
+// same bits as spreading it into qk first. q, k, rnorm, qk and c are the whole arrays.
 void cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, float* qk,
                                     const float* qk_groups, int64_t group_rows, const float* c,
                                     const float* b1, const float* temp, int64_t row_begin,
@@ -252,8 +255,9 @@ void cca_convs_forward_gemm(float* qk, float* kept, const float* c, const float*
                             const float* b0, const float* w1, int64_t b, int64_t t,
                             int64_t groups, int64_t d, int64_t t0, int64_t t1);
 // cca_convs_forward_gemm, then cca_means_qk_norm_forward (b1, the means, the QK norm) read
-// from the grouped products' output, which never reaches qk unnormalized: the same bits as
-// the two. groups = hq + hk.
+// from the grouped products' output, which never reaches qk unnormalized, in blocks of rows
+// (each sequence's positions in runs of kCcaRowsPerBlock, a task each): the same bits as the
+// two (see the top of this file). groups = hq + hk.
 void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk, float* kept,
                                     const float* c, const float* w0, const float* b0,
                                     const float* w1, const float* b1, const float* temp, int64_t b,
@@ -263,10 +267,11 @@ void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, floa
                              const float* dqk, const float* kept, const float* c, const float* w0,
                              const float* w1, int64_t b, int64_t t, int64_t groups, int64_t d,
                              int64_t t0, int64_t t1);
-// cca_qk_norm_means_backward (dqk into scratch, dc written, dtemp +=) and then
-// cca_convs_backward_gemm, in one pass of blocks of rows (each sequence's positions in runs of
-// kCcaRowsPerBlock, a task each): a block's dqk, its stacked rows and dy stay in cache and dqk
-// never reaches memory. The same bits as the two. groups = hq + hk; scratch: [B·T·C] floats.
+// cca_qk_norm_means_backward (dc written, dtemp +=) and then cca_convs_backward_gemm, in one
+// pass of blocks of rows (each sequence's positions in runs of kCcaRowsPerBlock, a task each):
+// a block's dqk, its stacked rows and dy stay in cache and dqk never reaches memory (only dqk
+// in bf16, for dW, in `scratch`). The same bits as the two (see the top of this file).
+// groups = hq + hk; scratch: [B·T·C] floats.
 void cca_qk_norm_convs_backward_gemm(float* dc, float* dtemp, float* dw0, float* db0, float* dw1,
                                      float* db1, float* scratch, const float* dq, const float* dk,
                                      const float* qk, const float* rnorm, const float* temp,
@@ -321,13 +326,6 @@ template <typename T>
 void cca_means_qk_norm_forward(T* q, T* k, T* rnorm, T* qk, const T* c, const T* b1,
                                const T* temp, int64_t n, int64_t hq, int64_t hk, int64_t d,
                                T eps);
-// The same with qk [N, C] (writes) taken from the grouped products' group-major output
-// qk_groups [G, N, d] (channel g·d + j of row r at (g·N + r)·d + j): the same bits as spreading
-// it into qk first.
-void cca_means_qk_norm_forward_grouped(float* q, float* k, float* rnorm, float* qk,
-                                       const float* qk_groups, const float* c, const float* b1,
-                                       const float* temp, int64_t n, int64_t hq, int64_t hk,
-                                       int64_t d, float eps);
 // In one pass over the rows: dqk and dc [N, C] (writes) = cca_qk_norm_backward into a zeroed
 // dqk, then cca_means_backward of it into a zeroed dc; dtemp [Hk] +=.
 template <typename T>

@@ -3,14 +3,19 @@
 // The taps are stacked into the products' K dimension: for every row (b, t) and group g the
 // GEMMs' input holds the taps' rows side by side, [x(t − pad) ‖ … ‖ x(t)] (pad = t1 − 1;
 // positions outside the sequence are zero), in the GEMMs' type, group by group. The forward
-// and the input gradient are then a [B·T, t1·d] × [t1·d, d] product per group, every row of
-// the batch in M, run as one product batched over the groups into a dense scratch (the
-// library's tile kernels want a dense output), where one product per tap of [T, d] × [d, d]
-// blocks was far slower (docs/PERFORMANCE.md); the weight gradient is one product batched
-// over the groups with K = B·T. In bf16 training with t1 ≤ 2 the depthwise convolution
-// writes its output straight into the stacked rows, which the backward reuses.
+// and the input gradient are then a [rows, t1·d] × [t1·d, d] product per group, run as one
+// product batched over the groups into a dense scratch (the library's tile kernels want dense
+// batches and a dense output), where one product per tap of [T, d] × [d, d] blocks was far
+// slower (docs/PERFORMANCE.md); the weight gradient is one product batched over the groups
+// with K = B·T. The _gemm forms put every row of the batch in M. A bf16 training step (t1 ≤ 2)
+// runs its forward and input gradient per block of 128 positions of a sequence instead, each
+// block's stacked rows, products and norms in cache, with the depthwise convolution written
+// straight into the stacked rows, which the backward reuses.
 #include <algorithm>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
 #include <vector>
 
 #include "base/error.h"
@@ -301,9 +306,8 @@ namespace {
 
 // A training step's CCA runs its rows in blocks: each sequence's positions in runs of at most
 // kBlockRows, one task per block, so that a block's stacked rows, its products and the norms
-// read from them stay in the core's cache (at zaya-bench's shape: 320 KB each). Whole-batch
-// passes, each [B·T, C] array written to memory and read back in the next, took twice as long
-// in a training step as on warm caches (docs/PERFORMANCE.md).
+// read from them stay in the core's cache (at zaya-bench's shape: 320 KB each) instead of
+// going to memory as whole-batch arrays between passes (docs/PERFORMANCE.md).
 constexpr int64_t kBlockRows = detail::kCcaRowsPerBlock;
 static_assert(kBlockRows % kBiasSumRows == 0, "a block's bias-sum chunks are whole");
 
@@ -321,12 +325,22 @@ std::vector<RowBlock> row_blocks(int64_t b, int64_t t) {
   return blocks;
 }
 
-// The work of each block, in rows: the tasks' costs for run_products.
-std::vector<int64_t> block_costs(const std::vector<RowBlock>& blocks) {
-  std::vector<int64_t> costs;
-  costs.reserve(blocks.size());
-  for (const RowBlock& blk : blocks) costs.push_back(blk.rows);
-  return costs;
+// task(i) for every block, side by side on the threads (dynamically: a sequence's last block
+// may be short), each block's products on its own thread. The blocks' work does not depend on
+// which thread runs it. An exception may not leave a parallel region: the first is rethrown.
+void for_each_block(int64_t blocks, const std::function<void(int64_t)>& task) {
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
+  for (int64_t i = 0; i < blocks; ++i) {
+    try {
+      task(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 // The grouped convolution's stacked bf16 rows of one block, out [G, rows, t1·d], from the
@@ -368,7 +382,9 @@ void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk,
   const void* w = packed_taps(w1, groups, d, t1, /*for_input_gradient=*/false, DType::bf16);
   bf16* stacked_all = reinterpret_cast<bf16*>(kept);  // [G, B·T, t1·d] for the backward
   const std::vector<RowBlock> blocks = row_blocks(b, t);
-  run_products(block_costs(blocks), [&](int64_t i) {
+  // The block's stacked rows go to a dense scratch first: a product reading them in place in
+  // `kept` would have strided batches, which oneDNN 2.6 runs on its GEMM driver, not AMX.
+  for_each_block(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
     const RowBlock& blk = blocks[i];
     const int64_t n = blk.rows;
     thread_local ScratchBuffer<bf16> stacked_buffer;
@@ -448,13 +464,14 @@ class BlockedBackward {
   // rows' dc, their dy and the depthwise backward over them.
   void block(int64_t i) {
     const RowBlock& blk = blocks_[i];
-    const int64_t left = t_ - blk.pos;
-    const int64_t dy_rows = std::min(left, blk.rows + t0_ - 1);
-    const int64_t dz_rows = std::min(left, dy_rows + t1_ - 1);
+    const int64_t rows_left = t_ - blk.pos;  // in the sequence, from the block's first
+    const int64_t dy_rows = std::min(rows_left, blk.rows + t0_ - 1);
+    const int64_t dz_rows = std::min(rows_left, dy_rows + t1_ - 1);
     const Scratch s = scratch(kBlockRows + t0_ - 1 + t1_ - 1);
     norm_rows_backward(blk, dz_rows, dy_rows, s);
     bias_sums(blk, s.dz);
-    matmul(MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_}, {dy_rows * width_, width_, 1}},
+    matmul(MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_},
+                   {dy_rows * width_, width_, 1}},
            MatView{w_, DType::bf16, {groups_, width_, d_}, {width_ * d_, d_, 1}},
            OutView{s.dy, {groups_, dy_rows, d_}, {dy_rows * d_, d_, 1}});
     detail::cca_depthwise_backward_rows_grouped(
@@ -532,9 +549,10 @@ class BlockedBackward {
   // db1's partial sums of the block's own rows: its bias-sum chunks (whole, as kBlockRows is
   // a multiple of kBiasSumRows).
   void bias_sums(const RowBlock& blk, const float* dz) {
-    const int64_t first = blk.row / t_ * bias_sum_chunks(1, t_) + blk.pos / kBiasSumRows;
+    const int64_t first_chunk = blk.row / t_ * bias_sum_chunks(1, t_) + blk.pos / kBiasSumRows;
     for (int64_t r0 = 0; r0 < blk.rows; r0 += kBiasSumRows)
-      column_sums(bias_partials_ + (first + r0 / kBiasSumRows) * channels_, dz + r0 * channels_,
+      column_sums(bias_partials_ + (first_chunk + r0 / kBiasSumRows) * channels_,
+                  dz + r0 * channels_,
                   std::min(kBiasSumRows, blk.rows - r0), channels_);
   }
 
@@ -562,7 +580,8 @@ void cca_qk_norm_convs_backward_gemm(float* dc, float* dtemp, float* dw0, float*
                 d > 0 && b > 0 && t > 0);
   BlockedBackward backward({dq, dk, qk, rnorm, temp, kept, c, w0, w1},
                            {dc, dtemp, dw0, db0, dw1, db1}, scratch, b, t, hq, hk, d, t0, t1);
-  run_products(block_costs(backward.blocks()), [&](int64_t i) { backward.block(i); });
+  for_each_block(static_cast<int64_t>(backward.blocks().size()),
+                 [&](int64_t i) { backward.block(i); });
   backward.finish();
 }
 

@@ -1,6 +1,7 @@
 // The CCA convolutions at zaya-bench's shape (8 sequences of 256 tokens, 10 groups of
 // 64 channels, 2 taps): the grouped convolution's register-tiled reference kernel against the
-// oneDNN form, and the depthwise convolution's backward.
+// oneDNN form, the depthwise convolution's backward, and a training step's whole CCA work
+// (blocked against whole-batch, warm and with the caches evicted).
 #include <benchmark/benchmark.h>
 
 #include <vector>
@@ -66,10 +67,10 @@ void BM_CcaDepthwiseBackward(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 4 * kB * kT * kC * int64_t{sizeof(float)});
 }
 
-// A training step's CCA work at this shape in bf16, from c to q, k and back: Arg 0 the
-// blocked forms the step runs (rows in blocks of kCcaRowsPerBlock, a task each), Arg 1 the
-// whole-batch compositions they replace (the same bits). Arg 2 (forward only): the blocked form
-// with every array evicted from the caches before each call, as in a training step.
+// A training step's CCA work at this shape in bf16, from c to q, k and back. First argument:
+// 0 the blocked forms the step runs (rows in blocks of kCcaRowsPerBlock, a task each), 1 the
+// whole-batch compositions they replace (the same bits). Second argument: 1 evicts every array
+// from the caches before each call (outside the timing), as the rest of a training step does.
 constexpr int64_t kHq = 8, kHk = 2;
 struct StepData : Data {
   std::vector<float> c = y, qk = y, dc = y, dqk = y, kept = y;

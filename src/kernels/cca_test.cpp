@@ -593,9 +593,11 @@ TEST(CcaFused, ConvolutionsThroughTheStackedRowsEqualTheComposition) {
 
 // A training step's blocked forms (each sequence's positions in runs of kCcaRowsPerBlock, a
 // task each) against the whole-batch compositions they replace, with sequences of several
-// blocks, a short last block, and rows whose windows cross a block's edge: the same bits.
+// blocks, a short last block, and rows whose windows cross a block's edge: the same bits, and
+// the same again on one thread. d = 24 leaves partial vectors of the means' and the norms'
+// 16-lane loops.
 TEST(CcaFused, BlockedStepEqualsTheWholeBatchComposition) {
-  const int64_t hq = 4, hk = 2, groups = hq + hk, d = 16, ch = groups * d;
+  const int64_t hq = 4, hk = 2, groups = hq + hk, d = 24, ch = groups * d;
   for (const int64_t t : {int64_t{7}, detail::kCcaRowsPerBlock + 1, 2 * detail::kCcaRowsPerBlock})
     for (const int64_t t0 : {1, 2, 3})
       for (const int64_t t1 : {1, 2}) {
@@ -652,6 +654,34 @@ TEST(CcaFused, BlockedStepEqualsTheWholeBatchComposition) {
         EXPECT_EQ(db0, db0_ref);
         EXPECT_EQ(dw1, dw1_ref);
         EXPECT_EQ(db1, db1_ref);
+
+        // One thread: the blocks one after another, the same bits.
+        const int threads = omp_get_max_threads();
+        omp_set_num_threads(1);
+        auto q1 = q, k1 = k, rnorm1 = rnorm, qk1 = qk, kept1 = kept;
+        cca_convs_qk_norm_forward_gemm(q1.data(), k1.data(), rnorm1.data(), qk1.data(),
+                                       kept1.data(), c.data(), w0.data(), b0.data(), w1.data(),
+                                       b1.data(), temp.data(), b, t, hq, hk, d, t0, t1, 1e-6f);
+        auto dc1 = dc;
+        std::vector<float> dtemp1{0.5f, -0.25f}, dw01(ch * t0, 0.5f), db01(ch, 0.5f),
+            dw11(ch * d * t1, 0.5f), db11(ch, 0.5f);
+        cca_qk_norm_convs_backward_gemm(dc1.data(), dtemp1.data(), dw01.data(), db01.data(),
+                                        dw11.data(), db11.data(), scratch.data(), dq.data(),
+                                        dk.data(), qk1.data(), rnorm1.data(), temp.data(),
+                                        kept1.data(), c.data(), w0.data(), w1.data(), b, t, hq, hk,
+                                        d, t0, t1);
+        omp_set_num_threads(threads);
+        EXPECT_EQ(q1, q);
+        EXPECT_EQ(k1, k);
+        EXPECT_EQ(rnorm1, rnorm);
+        EXPECT_EQ(qk1, qk);
+        EXPECT_EQ(kept1, kept);
+        EXPECT_EQ(dc1, dc);
+        EXPECT_EQ(dtemp1, dtemp);
+        EXPECT_EQ(dw01, dw0);
+        EXPECT_EQ(db01, db0);
+        EXPECT_EQ(dw11, dw1);
+        EXPECT_EQ(db11, db1);
       }
 }
 
