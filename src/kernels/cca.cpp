@@ -644,34 +644,23 @@ void detail::cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, fl
 
 namespace {
 
-// dtemp: each row's dτ [Hk] on its own (row(r, part) adds row r's into a zeroed part), added
-// row by row into one partial per fixed chunk of rows, the partials summed in chunk order
-// afterwards: the same bits with any thread count, and with the rows in any tasks (the blocked
-// backward, kernels/cca_gemm.cpp, keeps each row's dτ and sums them so). The zeroed part is
-// what makes that possible: added straight into the chunk's partial, a row's product would be
-// contracted into a fused multiply-add with the running sum and rounded once, not twice.
-constexpr int64_t kNormRowsPerChunk = detail::kCcaNormRowsPerChunk;
-
+// dtemp: each row's dτ [Hk] on its own (row(r, part) adds row r's into a zeroed part), then
+// summed by detail::cca_sum_row_dtemp: the same bits with any thread count, and with the rows
+// in any tasks (the blocked backward, kernels/cca_gemm.cpp, keeps each row's dτ and sums them
+// so). The zeroed part is what makes that possible: added straight into a running sum, a
+// row's product would be contracted into a fused multiply-add with it and rounded once, not
+// twice.
 template <typename T, typename Row>
 void rows_with_dtemp(T* dtemp, int64_t n, int64_t hk, bool parallel, Row row) {
-  const int64_t chunks = (n + kNormRowsPerChunk - 1) / kNormRowsPerChunk;
-  thread_local detail::ScratchBuffer<T> partial_buffer;
-  T* partials = partial_buffer.get(std::max<int64_t>(chunks * hk, 1));
+  thread_local detail::ScratchBuffer<T> row_buffer;
+  T* rows = row_buffer.get(std::max<int64_t>(n * hk, 1));
 #pragma omp parallel for schedule(static) if (parallel)
-  for (int64_t chunk = 0; chunk < chunks; ++chunk) {
-    T* partial = partials + chunk * hk;
-    std::fill(partial, partial + hk, T(0));
-    thread_local detail::ScratchBuffer<T> part_buffer;
-    T* part = part_buffer.get(hk);
-    const int64_t row_end = std::min(n, (chunk + 1) * kNormRowsPerChunk);
-    for (int64_t r = chunk * kNormRowsPerChunk; r < row_end; ++r) {
-      std::fill(part, part + hk, T(0));
-      row(r, part);
-      for (int64_t j = 0; j < hk; ++j) partial[j] += part[j];
-    }
+  for (int64_t r = 0; r < n; ++r) {
+    T* part = rows + r * hk;
+    std::fill(part, part + hk, T(0));
+    row(r, part);
   }
-  for (int64_t chunk = 0; chunk < chunks; ++chunk)
-    for (int64_t j = 0; j < hk; ++j) dtemp[j] += partials[chunk * hk + j];
+  detail::cca_sum_row_dtemp(dtemp, rows, n, hk);
 }
 
 }  // namespace

@@ -82,6 +82,7 @@
 // c, y and the projections cca_value_shift_inplace_forward dropped (last_out). RoPE for the
 // new token runs at its position, and its k and v rows join the model's KV cache.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -188,9 +189,20 @@ void cca_means_qk_norm_grouped_rows(float* q, float* k, float* rnorm, float* qk,
 // Rows per task of the depthwise backward (and per block of the blocked forms): tasks are
 // (sequence, block of kCcaRowsPerBlock positions), in that order.
 constexpr int64_t kCcaRowsPerBlock = 128;
-// Rows per partial sum of dτ in the QK norm's backward (summed from zero row by row, then the
-// partials added in row order).
-constexpr int64_t kCcaNormRowsPerChunk = 32;
+// dtemp [Hk] += the rows' dτ, row_dtemp [n, Hk] (each row's own value), in the QK norm
+// backward's fixed order: partial sums of 32 rows each, from zero row by row, then the
+// partials added in row order.
+template <typename T>
+inline void cca_sum_row_dtemp(T* dtemp, const T* row_dtemp, int64_t n, int64_t hk) {
+  constexpr int64_t kRowsPerChunk = 32;
+  std::vector<T> partial(hk);
+  for (int64_t r0 = 0; r0 < n; r0 += kRowsPerChunk) {
+    std::fill(partial.begin(), partial.end(), T(0));
+    for (int64_t row = r0; row < std::min(n, r0 + kRowsPerChunk); ++row)
+      for (int64_t j = 0; j < hk; ++j) partial[j] += row_dtemp[row * hk + j];
+    for (int64_t j = 0; j < hk; ++j) dtemp[j] += partial[j];
+  }
+}
 // Row `row` of cca_qk_norm_means_backward: dqk_row [C] and (unless null) dc_row [C] written,
 // each key head's dτ added to dtemp_part [Hk]. dq, dk, qk, rnorm: the whole arrays.
 void cca_qk_norm_means_backward_row(float* dqk_row, float* dc_row, float* dtemp_part,

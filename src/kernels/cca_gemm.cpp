@@ -13,9 +13,6 @@
 // straight into the stacked rows, which the backward reuses.
 #include <algorithm>
 #include <cstring>
-#include <exception>
-#include <functional>
-#include <mutex>
 #include <vector>
 
 #include "base/error.h"
@@ -325,24 +322,6 @@ std::vector<RowBlock> row_blocks(int64_t b, int64_t t) {
   return blocks;
 }
 
-// task(i) for every block, side by side on the threads (dynamically: a sequence's last block
-// may be short), each block's products on its own thread. The blocks' work does not depend on
-// which thread runs it. An exception may not leave a parallel region: the first is rethrown.
-void for_each_block(int64_t blocks, const std::function<void(int64_t)>& task) {
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) if (blocks > 1)
-  for (int64_t i = 0; i < blocks; ++i) {
-    try {
-      task(i);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
-}
-
 // The grouped convolution's stacked bf16 rows of one block, out [G, rows, t1·d], from the
 // depthwise output y of its rows and the t1 − 1 before them, each y row computed as
 // cca_depthwise_conv_forward does (into `y`, [C] floats of scratch); the taps before the
@@ -384,7 +363,7 @@ void cca_convs_qk_norm_forward_gemm(float* q, float* k, float* rnorm, float* qk,
   const std::vector<RowBlock> blocks = row_blocks(b, t);
   // The block's stacked rows go to a dense scratch first: a product reading them in place in
   // `kept` would have strided batches, which oneDNN 2.6 runs on its GEMM driver, not AMX.
-  for_each_block(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
+  run_side_by_side(static_cast<int64_t>(blocks.size()), [&](int64_t i) {
     const RowBlock& blk = blocks[i];
     const int64_t n = blk.rows;
     thread_local ScratchBuffer<bf16> stacked_buffer;
@@ -481,13 +460,7 @@ class BlockedBackward {
 
   // The sums, each in the order of its whole-batch form, and dW over every row.
   void finish() {
-    std::vector<float> partial(hk_);
-    for (int64_t r0 = 0; r0 < rows_; r0 += detail::kCcaNormRowsPerChunk) {
-      std::fill(partial.begin(), partial.end(), 0.0f);
-      for (int64_t row = r0; row < std::min(rows_, r0 + detail::kCcaNormRowsPerChunk); ++row)
-        for (int64_t j = 0; j < hk_; ++j) partial[j] += row_dtemp_[row * hk_ + j];
-      for (int64_t j = 0; j < hk_; ++j) out_.dtemp[j] += partial[j];
-    }
+    detail::cca_sum_row_dtemp(out_.dtemp, row_dtemp_, rows_, hk_);
     add_chunk_sums(out_.db1, bias_partials_, bias_sum_chunks(b_, t_), channels_);
     detail::cca_depthwise_backward_sums(out_.dw0, out_.db0, depthwise_partials_,
                                         static_cast<int64_t>(blocks_.size()), channels_, t0_);
@@ -580,8 +553,8 @@ void cca_qk_norm_convs_backward_gemm(float* dc, float* dtemp, float* dw0, float*
                 d > 0 && b > 0 && t > 0);
   BlockedBackward backward({dq, dk, qk, rnorm, temp, kept, c, w0, w1},
                            {dc, dtemp, dw0, db0, dw1, db1}, scratch, b, t, hq, hk, d, t0, t1);
-  for_each_block(static_cast<int64_t>(backward.blocks().size()),
-                 [&](int64_t i) { backward.block(i); });
+  run_side_by_side(static_cast<int64_t>(backward.blocks().size()),
+                   [&](int64_t i) { backward.block(i); });
   backward.finish();
 }
 

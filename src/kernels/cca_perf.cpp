@@ -81,22 +81,21 @@ struct StepData : Data {
   std::vector<float> temp = std::vector<float>(kHk, 1.5f), dtemp = temp;
 };
 
-// Writes a buffer larger than the last-level cache: what the step's other work does between
-// two calls.
-void evict_caches() {
+// With the second argument 1, writes a buffer larger than the last-level cache outside the
+// timing: what the step's other work does between two calls.
+void evict_caches_if_asked(benchmark::State& state) {
+  if (!state.range(1)) return;
+  state.PauseTiming();
   static std::vector<float> big(static_cast<size_t>(64) << 20);
   for (float& x : big) x += 1.0f;
   benchmark::DoNotOptimize(big.data());
+  state.ResumeTiming();
 }
 
 void BM_CcaStepForward(benchmark::State& state) {
   StepData d;
   for (auto _ : state) {
-    if (state.range(1)) {
-      state.PauseTiming();
-      evict_caches();
-      state.ResumeTiming();
-    }
+    evict_caches_if_asked(state);
     if (state.range(0) == 0) {
       cca_convs_qk_norm_forward_gemm(d.q.data(), d.k.data(), d.rnorm.data(), d.qk.data(),
                                      d.kept.data(), d.c.data(), d.w0.data(), d.b0.data(),
@@ -117,11 +116,7 @@ void BM_CcaStepBackward(benchmark::State& state) {
   cca_convs_forward_gemm(d.qk.data(), d.kept.data(), d.c.data(), d.w0.data(), d.b0.data(),
                          d.w1.data(), kB, kT, kGroups, kD, kTaps, kTaps);
   for (auto _ : state) {
-    if (state.range(1)) {
-      state.PauseTiming();
-      evict_caches();
-      state.ResumeTiming();
-    }
+    evict_caches_if_asked(state);
     if (state.range(0) == 0) {
       cca_qk_norm_convs_backward_gemm(
           d.dc.data(), d.dtemp.data(), d.dw0.data(), d.db0.data(), d.dw1.data(), d.db1.data(),

@@ -376,6 +376,22 @@ bool splits_evenly(const std::vector<int64_t>& costs, int threads) {
 
 }  // namespace
 
+void run_side_by_side(int64_t n, const std::function<void(int64_t)>& task) {
+  // An exception may not leave a parallel region: the first one is kept and rethrown.
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for schedule(dynamic, 1) if (n > 1)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      task(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
 void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task) {
   const int64_t n = static_cast<int64_t>(costs.size());
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
@@ -388,20 +404,10 @@ void run_products(const std::vector<int64_t>& costs, const std::function<void(in
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t x, int64_t y) { return costs[x] > costs[y]; });
-  // An exception may not leave a parallel region: the first one is kept and rethrown.
-  std::exception_ptr error;
-  std::mutex error_mutex;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t j = 0; j < n; ++j) {
-    try {
-      const VaryingRowsTask varying;
-      task(order[j]);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(error_mutex);
-      if (!error) error = std::current_exception();
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  run_side_by_side(n, [&](int64_t j) {
+    const VaryingRowsTask varying;
+    task(order[j]);
+  });
 }
 
 size_t matmul_cache_size() {

@@ -66,6 +66,12 @@ void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, in
 // products count as products whose rows vary from call to call (GemmRows::exact_fixed).
 void run_products(const std::vector<int64_t>& costs, const std::function<void(int64_t)>& task);
 
+// task(i) for every i < n side by side on the threads, whatever the tasks' costs (dynamically,
+// one at a time), each GEMM on its calling thread; the first exception a task throws is
+// rethrown. For tasks whose own work, not only their products, needs every thread (the CCA's
+// blocks of rows, kernels/cca_gemm.cpp); run_products runs its concurrent tasks so.
+void run_side_by_side(int64_t n, const std::function<void(int64_t)>& task);
+
 // How the token dimension of 2-D products reaches oneDNN: as a runtime dimension (one
 // primitive serves every row count), or exactly: exact-m for the products whose rows are M
 // (forward, input gradients: one primitive per count, created on first use, 0.6 ms here),
