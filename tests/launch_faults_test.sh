@@ -106,11 +106,12 @@ grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat"
 
 # ---- in-memory checkpoints every 10 steps: a kill loses at most about 10 steps ----
 mkdir -p shm
-launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm"
-# metrics.jsonl can first show step 300 or later at a durable checkpoint (one run: step 500).
-# A kill within 10 steps after it resumes from that checkpoint, as new as the in-memory one,
-# and the check below fails; the kill waits some tens of steps (about 1 ms each) past it.
-wait_step mem2 300 && sleep 0.05 && kill -9 "$(rank_pid mem2 1)"
+# The first durable checkpoint is at step 2000, so a kill anywhere in the seconds between step
+# 300 and it must resume from an in-memory checkpoint. (With durable ones every 250 steps, a
+# kill landing within 10 steps after one resumes from it, as new as the in-memory one.)
+launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \
+  train.checkpoint_every=2000
+wait_step mem2 300 && kill -9 "$(rank_pid mem2 1)"
 check "SIGKILL of rank 1 with in-memory checkpoints (2 ranks)" mem2 "$ref2" "exit|rank_lost"
 lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem2/events.jsonl)
 grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 11 ] \
