@@ -114,7 +114,8 @@ launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_c
 wait_step mem2 300 && kill -9 "$(rank_pid mem2 1)"
 check "SIGKILL of rank 1 with in-memory checkpoints (2 ranks)" mem2 "$ref2" "exit|rank_lost"
 lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[1])if '\"restart\"' in l][0]['steps_lost'])" mem2/events.jsonl)
-grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 11 ] \
+# (a save skipped while the one before is still in flight can leave 20 steps between two)
+grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 21 ] \
   && ok "resumed from the in-memory checkpoint, $lost step(s) lost" \
   || { bad "in-memory resume: $lost step(s) lost"; cat mem2.log; }
 [ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
