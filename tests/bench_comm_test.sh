@@ -55,9 +55,11 @@ factor = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5, "broadcas
 for name, e in ops.items():
     assert e["ranks"] == 2 and e["dtype"] == "float32" and e["algorithm"] == "default"
     assert e["source"] == "measured"
-    f = e["fit"]
-    assert f["alpha_s"] >= 0 and f["beta_bytes_per_s"] > 0 and f["max_rel_residual"] >= 0
-    assert f["min_bytes"] == 8 and f["max_bytes"] == 32768, f
+    # No fit where time does not grow with size (the table's "fit: none", allowed above).
+    f = e.get("fit")
+    if f is not None:
+        assert f["alpha_s"] >= 0 and f["beta_bytes_per_s"] > 0 and f["max_rel_residual"] >= 0
+        assert f["min_bytes"] == 8 and f["max_bytes"] == 32768, f
     assert [p["bytes"] for p in e["points"]] == [8 * 4**i for i in range(7)]
     for p in e["points"]:
         assert p["wrong"] == 0

@@ -34,7 +34,15 @@ wait_step() {  # wait_step DIR N: until metrics.jsonl reaches step N
   for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
   return 1
 }
-rank_pid() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" "$1" "$2"; }
+rank_pid() {  # rank_pid DIR RANK: the rank's pid from its heartbeat record (rewritten in place:
+  # a read can catch it torn, so read again)
+  for _ in $(seq 50); do
+    python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" \
+      "$1" "$2" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
+}
 events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
 launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
   local dir="$1" np="$2"; shift 2
@@ -96,7 +104,9 @@ check "SIGKILL of rank 1 mid-step (2 ranks)" kill2 "$ref2" "rank_lost"
 grep -q "rank 1 (pid .*) at step .* has died (its process is gone)" kill2.log \
   && grep -q '"event":"failure".*"rank":1' kill2/events.jsonl \
   && ok "launch names the killed rank 1 as dead" || { bad "the killed rank is not named"; cat kill2.log; }
-launch stop2 2 --steps 3000
+# Heartbeats every 0.1 s here: rank 0's watch (2 s of silence) then fires well before launch's
+# own (after 3 s), whatever the load.
+launch stop2 2 --steps 3000 --set train.heartbeat_interval_s=0.1
 wait_step stop2 300 && pid=$(rank_pid stop2 1) && kill -STOP "$pid"
 check "SIGSTOP of rank 1 (2 ranks)" stop2 "$ref2" rank_lost
 kill -9 "$pid" 2>/dev/null
@@ -139,7 +149,7 @@ wait $lpid; rc=$?
 # beside the launch's next attempt). The launch's lock is held here by flock(1).
 mkdir -p held && echo '{"pid": 4242, "host": "h", "since": "t"}' > held/launch.lock
 flock held/launch.lock sleep 60 & fpid=$!
-sleep 0.5
+for _ in $(seq 200); do flock -n held/launch.lock true || break; sleep 0.05; done  # until held
 "$FOUNDRY" train --config tiny.json --synthetic-data -q --steps 2 --set train.run_dir=held \
   >held.log 2>&1; rc=$?
 [ $rc -eq 1 ] && grep -q "'held' is supervised by foundry launch (pid 4242 on host h" held.log \

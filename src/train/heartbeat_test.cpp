@@ -28,14 +28,15 @@ struct Reports {
   }
   // Waits up to `seconds` for a report; its cause ("" if none).
   std::string wait(double seconds) {
-    for (double t = 0; t < seconds; t += 0.02) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    for (;;) {
       {
         std::lock_guard<std::mutex> lock(mutex);
         if (!cause.empty()) return cause;
       }
+      if (std::chrono::steady_clock::now() >= deadline) return "";
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    return "";
   }
 };
 
@@ -100,11 +101,11 @@ TEST(Heartbeat, AnExitedNeighbourIsNotWatched) {
 TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
   TempDir tmp;
   Reports reports;
-  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 0.4}, reports.handler());
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, reports.handler());
   hb.progress(1, "step");
   hb.progress(2, "step");  // the first step is complete: the threshold is hang_after_s
-  EXPECT_EQ(reports.wait(0.2), "");
-  EXPECT_EQ(reports.wait(2), "hang");
+  EXPECT_EQ(reports.wait(0.5), "");
+  EXPECT_EQ(reports.wait(10), "hang");
   EXPECT_NE(reports.message.find("rank 0 has made no progress"), std::string::npos)
       << reports.message;
   EXPECT_NE(reports.message.find("rank 0 at step 2 (step)"), std::string::npos) << reports.message;
@@ -113,13 +114,13 @@ TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
 TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
   TempDir tmp;
   Reports reports;
-  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 0.2}, reports.handler());
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 1.0}, reports.handler());
   hb.progress(1, "step");
   hb.progress(2, "step");
-  std::this_thread::sleep_for(std::chrono::milliseconds(150));
-  hb.progress(3, "step");  // a 0.15 s step: the threshold becomes 3 × 0.15 s = 0.45 s
-  EXPECT_EQ(reports.wait(0.3), "");
-  EXPECT_EQ(reports.wait(2), "hang");
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  hb.progress(3, "step");  // a 0.6 s step: the threshold becomes 3 × 0.6 s = 1.8 s (not 1 s)
+  EXPECT_EQ(reports.wait(1.3), "");
+  EXPECT_EQ(reports.wait(10), "hang");
 }
 
 TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {
