@@ -5,9 +5,10 @@
 
 Each round trains configs/moe-bench.json and configs/zaya-bench.json once with every binary
 given (random tokens, bf16, no checkpoint, `--op-breakdown`); the order is reversed every
-other round, so a machine whose speed drifts slows both models alike. Prints each round's
-tokens/s and zaya/moe ratio, the median ratio, and the median of every operation's time per
-step for both models with the difference (the figures docs/PERFORMANCE.md records).
+other round, so a machine whose speed drifts slows both models alike. Prints each run's
+tokens/s as it ends; then, per binary, a table of the rounds' tokens/s and zaya/moe ratios,
+the median ratio, and the median of every operation's time per step for both models with
+the difference (the figures docs/PERFORMANCE.md records).
 """
 import argparse
 import os
@@ -23,7 +24,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = ("moe", "zaya")
 TOKENS = re.compile(r"\| ([0-9.]+) tokens/s")
-OP_LINE = re.compile(r"^  (\S[\w \-]*?)\s+([0-9.]+) ms", re.M)
+OP_LINE = re.compile(r"^  (\S.*?)\s+([0-9.]+) ms", re.M)
 
 
 def cpu_model():
@@ -45,8 +46,10 @@ def train_once(foundry, model, steps, run_dir):
     done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     shutil.rmtree(run_dir, ignore_errors=True)
     found = TOKENS.search(done.stdout)
-    if done.returncode != 0 or not found:
+    if done.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} exited {done.returncode}:\n{done.stdout[-2000:]}")
+    if not found:
+        sys.exit(f"error: {' '.join(cmd)} printed no tokens/s:\n{done.stdout[-2000:]}")
     ops = {m.group(1).strip(): float(m.group(2)) for m in OP_LINE.finditer(done.stdout)}
     return float(found.group(1)), ops
 
@@ -57,8 +60,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--steps", type=int, default=24)
     args = ap.parse_args()
-    if args.rounds < 1 or args.steps < 4:
-        sys.exit("error: --rounds must be >= 1 and --steps >= 4 (the first steps warm up)")
+    if args.rounds < 1 or args.steps < 5:
+        # Runs of 4 steps or fewer time their first (cold) steps too.
+        sys.exit("error: --rounds must be >= 1 and --steps >= 5 (the first two steps warm up)")
     for b in args.foundry:
         if not (os.path.isfile(b) and os.access(b, os.X_OK)):
             sys.exit(f"error: '{b}' is not an executable (build it first: cmake --build build)")
