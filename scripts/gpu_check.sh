@@ -6,8 +6,10 @@
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
 #   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests]
-# --quick: shorter benchmarks and training; --tests: build what the GPU tests need, run them
-# and compute-sanitizer's memcheck over the kernel tests, and stop (about 2 minutes).
+# --quick: shorter benchmarks and training (GPU_CHECK_DP=1 adds the 2-rank run, and
+# GPU_CHECK_CHECKPOINTS=0 leaves out the checkpoint-stall runs); --tests: build what the GPU
+# tests need, run them and compute-sanitizer's memcheck over the kernel tests, and stop (about
+# 2 minutes).
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -57,7 +59,9 @@ if ctest --test-dir "$build" -L gpu -V -j4 --timeout "$test_limit" >"$out/gpu-te
 else
   status_tests=FAILED
 fi
-skipped=$(grep -o "SKIPPED \] [0-9]* test" "$out/gpu-tests.log" | awk '{s += $3} END {print s + 0}')
+# Skips for want of a GPU: gtest's "no CUDA GPU visible" and the shell tests' "skipped: no GPU"
+# (GpuBackend.IsAClearErrorWithoutAGpu skips the other way round, where a GPU is visible).
+skipped=$(grep -c -E "no CUDA GPU visible|skipped: no GPU" "$out/gpu-tests.log")
 [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 t_tests=$(( $(date +%s) - t1 ))
 echo "gpu_check: GPU tests $status_tests in ${t_tests} s"
@@ -120,6 +124,7 @@ done
 # out of device memory beside the next step) against synchronous, at a quarter of
 # gpu-moe-bench (2 layers: 5.4 GB a checkpoint), saving at steps 3 and 6.
 for mode in async sync; do
+  [ "${GPU_CHECK_CHECKPOINTS:-1}" = 0 ] && break
   async=true
   [ "$mode" = sync ] && async=false
   timeout "$train_limit" "$foundry" train -c configs/gpu-moe-bench.json --device cuda \
@@ -128,9 +133,9 @@ for mode in async sync; do
     >"$out/checkpoint-$mode.txt" 2>&1
   rm -rf "$out/run-ckpt-$mode"
 done
-# Data parallel through host memory (not --quick): 2 ranks sharing the GPU against 1 rank, at
-# a quarter of gpu-moe-bench (2 layers), the same global batch.
-if [ -z "$quick" ]; then
+# Data parallel through host memory (not --quick, unless GPU_CHECK_DP=1): 2 ranks sharing the
+# GPU against 1 rank, at a quarter of gpu-moe-bench (2 layers), the same global batch.
+if [ -z "$quick" ] || [ "${GPU_CHECK_DP:-0}" = 1 ]; then
   for np in 1 2; do
     mpi=()
     [ "$np" -gt 1 ] && mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np")
@@ -188,6 +193,7 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
   [ -n "$mem" ] && echo "| $cfg memory | $mem |"
 done
 for mode in async sync; do
+  [ -f "$out/checkpoint-$mode.txt" ] || continue
   stalls=$(sed -n 's/^saved checkpoint .*step_0*\([0-9]*\):.*the step loop was blocked \([0-9.]*\) s.*/step \1: \2 s/p' \
              "$out/checkpoint-$mode.txt" 2>/dev/null | paste -sd ',' -)
   echo "| checkpoint stall, $mode (2-layer gpu-moe-bench) | ${stalls:-FAILED: $(tail -n 1 "$out/checkpoint-$mode.txt" 2>/dev/null)} |"

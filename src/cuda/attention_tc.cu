@@ -1,17 +1,18 @@
-// ops.h's bf16 attention: FlashAttention's schedule on tensor cores (WMMA, 16×16×16 bf16
-// products into fp32). A block of 4 warps takes 64 query rows of one head (forward, dQ) or
-// 64 keys of one KV head (dK, dV); each warp owns 16 rows of the tile it computes scores for.
-// Tiles are read from the fp32 tensors and rounded to bf16 into shared memory as they are
-// loaded. Scores go through shared memory in fp32: the softmax (and the rescaling of the
-// forward's output rows, which live in shared memory for that reason) is plain fp32 code over
-// known (row, column) positions, never over a fragment's private layout.
+// ops.h's bf16 attention: FlashAttention-2's schedule on tensor cores through mma.sync
+// (m16n8k16: bf16 inputs, fp32 accumulation) with operands loaded by ldmatrix. A block of 4
+// warps takes 64 query rows of one head (forward, dQ) or 64 keys of one KV head (dK, dV); each
+// warp owns 16 of them. A warp's scores, probabilities and accumulators stay in its registers:
+// m16n8k16's accumulator layout is fixed (a thread holds rows lane/4 and lane/4 + 8, columns
+// 2·(lane % 4) and the next of each 8-column tile), so the online softmax rescales its rows in
+// place, and two adjacent 8-column tiles of probabilities are, rounded to bf16, exactly the A
+// operand of the next product over those 16 keys: nothing goes back through shared memory.
+// Tiles are read from the fp32 tensors and rounded to bf16 into shared memory as they load.
+// Each output element is summed by one thread in a fixed order: the bits repeat run to run.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "cuda/check.h"
 #include "cuda/ops.h"
@@ -20,126 +21,214 @@ namespace foundry::gpu::ops {
 
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using bf16_t = __nv_bfloat16;
 
-constexpr int kRows = 64;   // query rows of a block (forward, dQ) and of a query tile (dK, dV)
-constexpr int kKeys = 64;   // keys of a tile (forward, dQ) and of a block (dK, dV)
-constexpr int kWarps = 4;   // each warp: 16 of the rows
+constexpr int kTile = 64;     // rows a block owns (queries or keys), and keys of a forward/dQ tile
+constexpr int kQTile = 32;    // query rows of a dK/dV tile (fewer live accumulators per thread)
+constexpr int kWarps = 4;     // each warp: 16 of the block's rows
 constexpr int kThreads = 32 * kWarps;
-constexpr int kLdS = kKeys + 4;  // fp32 score rows (16-byte multiple, off the bank stride)
-constexpr int kLdP = kKeys + 8;  // bf16 probability rows
-
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t, wmma::row_major>;
-using FragAT = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16_t, wmma::col_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t, wmma::row_major>;
-using FragBT = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16_t, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 struct Dims {
   int64_t b, t, h, kvh;
   float scale;
 };
 
-// Shared-memory layout of one kernel: regions carved in order, each 128-byte aligned.
-struct Carver {
-  unsigned char* base;
-  size_t used = 0;
-  template <typename T>
-  __device__ T* take(size_t count) {
-    T* p = reinterpret_cast<T*>(base + used);
-    used += (count * sizeof(T) + 127) / 128 * 128;
-    return p;
-  }
-};
-template <typename T>
-__host__ __device__ constexpr size_t region(size_t count) {
-  return (count * sizeof(T) + 127) / 128 * 128;
-}
-// The fp32 score and score-gradient tiles (2 × 64 rows), which hold 64 rows of staged D-wide
-// gradients at the end of a backward kernel.
+// Row stride (elements) of a bf16 tile in shared memory: 16 bytes past a multiple of 128, so the
+// eight 16-byte rows one ldmatrix phase reads fall in distinct banks.
 template <int D>
-__host__ __device__ constexpr size_t score_region() {
-  return region<float>(2 * 64 * kLdS) > region<float>(64 * (D + 4)) ? region<float>(2 * 64 * kLdS)
-                                                                       : region<float>(64 * (D + 4));
+__host__ __device__ constexpr int ld() {
+  return D + 8;
+}
+template <int D>
+__host__ __device__ constexpr size_t tile_bytes(int rows) {
+  return static_cast<size_t>(rows) * ld<D>() * sizeof(bf16_t);
 }
 
-// rows × D of a [B, T, heads, D] fp32 tensor from position `first`, rounded to bf16 into
-// shared memory (row stride D + 8); rows past T read as zeros.
+// ---- warp-level matrix primitives ---------------------------------------------------------
+
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address(p)));
+}
+// c (16 × 8, fp32) += a (16 × 16, bf16) · b (16 × 8, bf16).
+__device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two fp32 values rounded to bf16 into one register, `lo` in the low half (the lower column).
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The A operand of rows r0 … r0 + 15, columns c0 … c0 + 15 of a row-major tile.
+template <int D>
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const bf16_t* tile, int r0, int c0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(a, tile + (r0 + lane % 16) * ld<D>() + c0 + (lane / 16) * 8);
+}
+// B operands over k0 … k0 + 15 for the 8-column tiles n0 and n0 + 8, from a tile whose row n
+// holds B's column n (K in Q·Kᵀ): b[0], b[1] for tile n0; b[2], b[3] for tile n0 + 8.
+template <int D>
+__device__ __forceinline__ void load_b_from_rows(uint32_t (&b)[4], const bf16_t* tile, int n0,
+                                                 int k0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4(b, tile + (n0 + lane % 8 + (lane / 16) * 8) * ld<D>() + k0 + (lane / 8 % 2) * 8);
+}
+// The same from a tile whose row k holds B's row k (V in P·V), transposed as it loads.
+template <int D>
+__device__ __forceinline__ void load_b_from_cols(uint32_t (&b)[4], const bf16_t* tile, int k0,
+                                                 int n0) {
+  const int lane = threadIdx.x % 32;
+  ldmatrix_x4_trans(b, tile + (k0 + lane % 16) * ld<D>() + n0 + (lane / 16) * 8);
+}
+
+// acc (16 × N) += A·Bᵀ over D: A = rows a0 … a0 + 15 of `a`, B = rows 0 … N − 1 of `bt`.
+template <int D, int N>
+__device__ __forceinline__ void rows_times_rows_t(float (&acc)[N / 8][4], const bf16_t* a, int a0,
+                                                  const bf16_t* bt) {
+#pragma unroll
+  for (int k = 0; k < D; k += 16) {
+    uint32_t fa[4];
+    load_a<D>(fa, a, a0, k);
+#pragma unroll
+    for (int n = 0; n < N / 8; n += 2) {
+      uint32_t fb[4];
+      load_b_from_rows<D>(fb, bt, n * 8, k);
+      mma(acc[n], fa, fb[0], fb[1]);
+      mma(acc[n + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// acc (16 × D) += P·B: P = 16 × N accumulators (rounded to bf16 here), B = rows 0 … N − 1 of
+// `b`, D wide.
+template <int D, int N>
+__device__ __forceinline__ void probs_times_rows(float (&acc)[D / 8][4], const float (&p)[N / 8][4],
+                                                 const bf16_t* b) {
+#pragma unroll
+  for (int k = 0; k < N / 16; ++k) {
+    const uint32_t fa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
+                            pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
+                            pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t fb[4];
+      load_b_from_cols<D>(fb, b, k * 16, n * 8);
+      mma(acc[n], fa, fb[0], fb[1]);
+      mma(acc[n + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// Column of element i of 8-column accumulator tile n, and the row (0: lane/4, 1: lane/4 + 8).
+__device__ __forceinline__ int column_of(int n, int i) { return n * 8 + 2 * (threadIdx.x % 4) + i % 2; }
+
+// ---- tiles in and out ---------------------------------------------------------------------
+
+// rows × D of a [B, T, heads, D] fp32 tensor from position `first`, rounded to bf16 into shared
+// memory; rows past T read as zeros.
 template <int D>
 __device__ void load_tile(bf16_t* dst, const float* src, const Dims& s, int64_t heads, int64_t b,
                           int64_t first, int64_t head, int rows) {
-  constexpr int kLd = D + 8, kQuads = D / 4;
+  constexpr int kQuads = D / 4;
   for (int e = threadIdx.x; e < rows * kQuads; e += kThreads) {
     const int r = e / kQuads, c = (e % kQuads) * 4;
     const int64_t t = first + r;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < s.t) x = *reinterpret_cast<const float4*>(src + ((b * s.t + t) * heads + head) * D + c);
-    bf16_t* d = dst + r * kLd + c;
-    d[0] = __float2bfloat16_rn(x.x);
-    d[1] = __float2bfloat16_rn(x.y);
-    d[2] = __float2bfloat16_rn(x.z);
-    d[3] = __float2bfloat16_rn(x.w);
+    *reinterpret_cast<uint2*>(dst + r * ld<D>() + c) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
   }
 }
 
-// The saved log-sum-exp and Δ of query rows q0 … q0 + 63 of head h (0 past T).
-__device__ void load_row_stats(float* row_lse, float* row_delta, const float* lse,
-                               const float* delta, const Dims& s, int64_t b, int64_t h,
-                               int64_t q0) {
-  for (int r = threadIdx.x; r < kRows; r += kThreads) {
-    const int64_t qi = q0 + r;
-    row_lse[r] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] : 0.0f;
-    row_delta[r] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
-  }
-}
-
-// This warp's 16 rows of A·Bᵀ into fp32 rows of `c` (stride kLdS): A rows `a` (stride
-// D + 8), B = 64 rows `bt` (stride D + 8), so column j of the result is row j of `bt`.
+// A warp's 16 × D accumulators, scaled by `mul` per row, to rows `row[0]`, `row[1]` of a
+// [T, heads, D] tensor whose row 0 is at `dst`; rows at or past `rows_left` are skipped.
 template <int D>
-__device__ void rows_times_rows_t(float* c, const bf16_t* a, const bf16_t* bt) {
-  constexpr int kLd = D + 8;
+__device__ void store_rows(float* dst, int64_t row_stride, int64_t rows_left,
+                           const float (&acc)[D / 8][4], const int (&row)[2],
+                           const float (&mul)[2]) {
 #pragma unroll
-  for (int j = 0; j < kKeys / 16; ++j) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
+  for (int r = 0; r < 2; ++r) {
+    if (row[r] >= rows_left) continue;
+    float* d = dst + row[r] * row_stride;
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      FragA fa;
-      FragBT fb;
-      wmma::load_matrix_sync(fa, a + kk * 16, kLd);
-      wmma::load_matrix_sync(fb, bt + j * 16 * kLd + kk * 16, kLd);
-      wmma::mma_sync(acc, fa, fb, acc);
-    }
-    wmma::store_matrix_sync(c + j * 16, acc, kLdS, wmma::mem_row_major);
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(d + column_of(n, 0)) =
+          make_float2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r]);
   }
 }
 
-// acc[dt] += A·B over 64 inner positions: A = this warp's 16 rows of `p` (stride kLdP) or,
-// with `transpose_a`, columns 16w … 16w + 15 of `p` read as rows; B = 64 rows of `b` (stride
-// D + 8).
-template <int D, bool kTransposeA>
-__device__ void accumulate_products(FragC (&acc)[D / 16], const bf16_t* p, const bf16_t* b) {
-  constexpr int kLd = D + 8;
-#pragma unroll
-  for (int kk = 0; kk < 64 / 16; ++kk) {
-    typename std::conditional<kTransposeA, FragAT, FragA>::type fa;
-    wmma::load_matrix_sync(fa, kTransposeA ? p + kk * 16 * kLdP : p + kk * 16, kLdP);
-#pragma unroll
-    for (int dt = 0; dt < D / 16; ++dt) {
-      FragB fb;
-      wmma::load_matrix_sync(fb, b + kk * 16 * kLd + dt * 16, kLd);
-      wmma::mma_sync(acc[dt], fa, fb, acc[dt]);
-    }
-  }
+// The maximum over the four threads that share a row.
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// ---- forward ----------------------------------------------------------------------------
+// ---- forward ------------------------------------------------------------------------------
+
+// One key tile of the online softmax for this thread's two rows: the scores `sc` (raw Q·Kᵀ)
+// become unnormalized probabilities against the running maximum (log2 domain), and the output
+// accumulators and running sums are rescaled for a raised maximum.
+template <int D>
+__device__ __forceinline__ void softmax_step(float (&sc)[kTile / 8][4], float (&o)[D / 8][4],
+                                             float (&row_max)[2], float (&row_sum)[2],
+                                             const int64_t (&qi)[2], int64_t k0, const Dims& s) {
+  const float scale_log2 = s.scale * kLog2e;
+  float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = i / 2;
+      const int64_t kj = k0 + column_of(n, i);
+      const float x = (qi[r] < s.t && kj <= qi[r]) ? sc[n][i] * scale_log2 : -INFINITY;
+      sc[n][i] = x;
+      tile_max[r] = fmaxf(tile_max[r], x);
+    }
+  float base[2], correction[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float new_max = fmaxf(row_max[r], quad_max(tile_max[r]));
+    base[r] = new_max == -INFINITY ? 0.0f : new_max;  // a row that has seen no key yet
+    correction[r] = exp2f(row_max[r] - base[r]);
+    row_max[r] = new_max;
+    row_sum[r] *= correction[r];
+  }
+#pragma unroll
+  for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      sc[n][i] = exp2f(sc[n][i] - base[i / 2]);
+      row_sum[i / 2] += sc[n][i];
+    }
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) o[n][i] *= correction[i / 2];
+}
 
 template <int D>
 size_t forward_shared() {
-  return 3 * region<bf16_t>(64 * (D + 8)) + region<float>(kRows * kLdS) +
-         region<bf16_t>(kRows * kLdP) + region<float>(kRows * (D + 4));
+  return 3 * tile_bytes<D>(kTile);
 }
 
 template <int D>
@@ -147,249 +236,169 @@ __global__ void __launch_bounds__(kThreads)
     forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
                    Dims s) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kLd = D + 8, kLdO = D + 4;
-  Carver carve{smem};
-  bf16_t* qs = carve.take<bf16_t>(kRows * kLd);
-  bf16_t* ks = carve.take<bf16_t>(kKeys * kLd);
-  bf16_t* vs = carve.take<bf16_t>(kKeys * kLd);
-  float* ss = carve.take<float>(kRows * kLdS);
-  bf16_t* ps = carve.take<bf16_t>(kRows * kLdP);
-  float* os = carve.take<float>(kRows * kLdO);
+  bf16_t* qs = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* ks = qs + kTile * ld<D>();
+  bf16_t* vs = ks + kTile * ld<D>();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.h, h = blockIdx.y % s.h, kv = h / (s.h / s.kvh);
   // The longest rows first: the last query tiles see the most keys.
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  load_tile<D>(qs, q, s, s.h, b, q0, h, kRows);
-  for (int e = threadIdx.x; e < kRows * D; e += kThreads) os[(e / D) * kLdO + e % D] = 0.0f;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  load_tile<D>(qs, q, s, s.h, b, q0, h, kTile);
+  const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int64_t qi[2] = {q0 + row[0], q0 + row[1]};
 
-  // Lanes 2r and 2r + 1 of a warp share row r of its 16: columns [32·half, 32·half + 32) of
-  // the scores, [D/2·half, D/2·half + D/2) of the output.
-  const int row = warp * 16 + lane / 2, half = lane % 2;
-  const int64_t qi = q0 + row;
-  float row_max = -INFINITY, row_sum = 0.0f;
-  const int64_t q_last = min(q0 + kRows, s.t) - 1;
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    __syncthreads();  // the previous tile's K and V are read (and, at first, Q and O are set)
-    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kKeys);
-    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kKeys);
+  float o[D / 8][4] = {};
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+  const int64_t q_last = min(q0 + kTile, s.t) - 1;
+  for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
+    __syncthreads();  // the previous tile's K and V are read
+    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
+    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
     __syncthreads();
-    rows_times_rows_t<D>(ss + warp * 16 * kLdS, qs + warp * 16 * kLd, ks);
-    __syncwarp();
-
-    float* srow = ss + row * kLdS + half * 32;
-    float tile_max = -INFINITY;
-    for (int c = 0; c < 32; ++c) {
-      const int64_t kj = k0 + half * 32 + c;
-      const float x = (qi < s.t && kj <= qi) ? srow[c] * s.scale : -INFINITY;
-      srow[c] = x;
-      tile_max = fmaxf(tile_max, x);
-    }
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    const float new_max = fmaxf(row_max, tile_max);
-    bf16_t* prow = ps + row * kLdP + half * 32;
-    float correction = 1.0f, sum = 0.0f;
-    if (new_max == -INFINITY) {  // nothing seen yet (a row past T)
-      for (int c = 0; c < 32; ++c) prow[c] = __float2bfloat16_rn(0.0f);
-    } else {
-      correction = expf(row_max - new_max);
-      for (int c = 0; c < 32; ++c) {
-        const float p = expf(srow[c] - new_max);
-        prow[c] = __float2bfloat16_rn(p);
-        sum += p;
-      }
-    }
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    row_sum = row_sum * correction + sum;
-    row_max = new_max;
-    float* orow = os + row * kLdO + half * (D / 2);
-    for (int c = 0; c < D / 2; ++c) orow[c] *= correction;
-    __syncwarp();
-
-    // O (this warp's 16 rows) += P·V, through its fp32 rows in shared memory.
-    FragC acc[D / 16];
-#pragma unroll
-    for (int dt = 0; dt < D / 16; ++dt)
-      wmma::load_matrix_sync(acc[dt], os + warp * 16 * kLdO + dt * 16, kLdO, wmma::mem_row_major);
-    accumulate_products<D, false>(acc, ps + warp * 16 * kLdP, vs);
-#pragma unroll
-    for (int dt = 0; dt < D / 16; ++dt)
-      wmma::store_matrix_sync(os + warp * 16 * kLdO + dt * 16, acc[dt], kLdO, wmma::mem_row_major);
-    __syncwarp();
+    float sc[kTile / 8][4] = {};
+    rows_times_rows_t<D, kTile>(sc, qs, warp * 16, ks);
+    softmax_step<D>(sc, o, row_max, row_sum, qi, k0, s);
+    probs_times_rows<D, kTile>(o, sc, vs);
   }
-  if (qi < s.t) {
-    const float inv = 1.0f / row_sum;
-    auto* dst = reinterpret_cast<float4*>(out + ((b * s.t + qi) * s.h + h) * D + half * (D / 2));
-    const auto* src = reinterpret_cast<const float4*>(os + row * kLdO + half * (D / 2));
-    for (int c = 0; c < D / 8; ++c) {
-      const float4 x = src[c];
-      dst[c] = make_float4(x.x * inv, x.y * inv, x.z * inv, x.w * inv);
-    }
-    if (half == 0) lse[(b * s.h + h) * s.t + qi] = row_max + logf(row_sum);
+  float inv[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] = quad_sum(row_sum[r]);
+    inv[r] = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
+    if (qi[r] < s.t && lane % 4 == 0)
+      lse[(b * s.h + h) * s.t + qi[r]] = row_max[r] * kLn2 + logf(row_sum[r]);
   }
+  store_rows<D>(out + ((b * s.t + q0) * s.h + h) * D, s.h * D, s.t - q0, o, row, inv);
 }
 
-// ---- backward ---------------------------------------------------------------------------
-
-// P = exp(S·scale − lse) and dS = P ∘ (dP − Δ)·scale of row `row` (lanes 2r, 2r + 1 of its
-// warp, 32 columns each), both rounded to bf16 (P only when `ps` is set).
-__device__ void probabilities_and_score_grads(bf16_t* ps, bf16_t* dss, const float* ss,
-                                              const float* dps, const float* row_lse,
-                                              const float* row_delta, const Dims& s, int row,
-                                              int half, int64_t qi, int64_t k0) {
-  const float* srow = ss + row * kLdS + half * 32;
-  const float* dprow = dps + row * kLdS + half * 32;
-  for (int c = 0; c < 32; ++c) {
-    const int64_t kj = k0 + half * 32 + c;
-    float p = 0.0f, ds = 0.0f;
-    if (qi < s.t && kj <= qi) {
-      p = expf(srow[c] * s.scale - row_lse[row]);
-      ds = p * (dprow[c] - row_delta[row]) * s.scale;
-    }
-    if (ps) ps[row * kLdP + half * 32 + c] = __float2bfloat16_rn(p);
-    dss[row * kLdP + half * 32 + c] = __float2bfloat16_rn(ds);
-  }
-}
-
-// A warp's 16 × D accumulators to rows [16w, 16w + 16) of a [T, heads, D] tensor: staged at
-// rows of `stage` (stride D + 4), then copied out by the lane pair of each row (`row`, `half`);
-// rows at or past `rows_left` are not written.
-template <int D>
-__device__ void write_rows(float* dst, int64_t row_stride, int64_t rows_left, float* stage,
-                           FragC (&acc)[D / 16], int warp, int row, int half) {
-#pragma unroll
-  for (int dt = 0; dt < D / 16; ++dt)
-    wmma::store_matrix_sync(stage + warp * 16 * (D + 4) + dt * 16, acc[dt], D + 4,
-                            wmma::mem_row_major);
-  __syncwarp();
-  if (row < rows_left) {
-    auto* d = reinterpret_cast<float4*>(dst + row * row_stride + half * (D / 2));
-    const auto* src = reinterpret_cast<const float4*>(stage + row * (D + 4) + half * (D / 2));
-    for (int c = 0; c < D / 8; ++c) d[c] = src[c];
-  }
-  __syncwarp();
-}
+// ---- backward -----------------------------------------------------------------------------
 
 template <int D>
 size_t dq_shared() {
-  return 4 * region<bf16_t>(64 * (D + 8)) + score_region<D>() + region<bf16_t>(kRows * kLdP) +
-         2 * region<float>(kRows);
+  return 4 * tile_bytes<D>(kTile);
 }
 
-// dQ for 64 query rows of one head: Σ over key tiles of dS·K.
+// dQ for 64 query rows of one head: Σ over key tiles of dS·K, with P and dP recomputed.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
-    dq_kernel(float* dq, const float* dout, const float* lse, const float* delta,
-              const float* q, const float* k, const float* v, Dims s) {
+    dq_kernel(float* dq, const float* dout, const float* lse, const float* delta, const float* q,
+              const float* k, const float* v, Dims s) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kLd = D + 8;
-  Carver carve{smem};
-  bf16_t* qs = carve.take<bf16_t>(kRows * kLd);
-  bf16_t* dos = carve.take<bf16_t>(kRows * kLd);
-  bf16_t* ks = carve.take<bf16_t>(kKeys * kLd);
-  bf16_t* vs = carve.take<bf16_t>(kKeys * kLd);
-  float* scores = carve.take<float>(score_region<D>() / sizeof(float));
-  float* ss = scores;
-  float* dps = scores + kRows * kLdS;
-  bf16_t* dss = carve.take<bf16_t>(kRows * kLdP);
-  float* row_lse = carve.take<float>(kRows);
-  float* row_delta = carve.take<float>(kRows);
+  bf16_t* qs = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* dos = qs + kTile * ld<D>();
+  bf16_t* ks = dos + kTile * ld<D>();
+  bf16_t* vs = ks + kTile * ld<D>();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.h, h = blockIdx.y % s.h, kv = h / (s.h / s.kvh);
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  load_tile<D>(qs, q, s, s.h, b, q0, h, kRows);
-  load_tile<D>(dos, dout, s, s.h, b, q0, h, kRows);
-  load_row_stats(row_lse, row_delta, lse, delta, s, b, h, q0);
-  const int row = warp * 16 + lane / 2, half = lane % 2;
-  const int64_t qi = q0 + row;
-
-  FragC acc[D / 16];
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  load_tile<D>(qs, q, s, s.h, b, q0, h, kTile);
+  load_tile<D>(dos, dout, s, s.h, b, q0, h, kTile);
+  const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int64_t qi[2] = {q0 + row[0], q0 + row[1]};
+  float lse2[2], row_delta[2];
 #pragma unroll
-  for (int dt = 0; dt < D / 16; ++dt) wmma::fill_fragment(acc[dt], 0.0f);
-  const int64_t q_last = min(q0 + kRows, s.t) - 1;
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kKeys) {
-    __syncthreads();
-    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kKeys);
-    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kKeys);
-    __syncthreads();
-    rows_times_rows_t<D>(ss + warp * 16 * kLdS, qs + warp * 16 * kLd, ks);
-    rows_times_rows_t<D>(dps + warp * 16 * kLdS, dos + warp * 16 * kLd, vs);
-    __syncwarp();
-    probabilities_and_score_grads(nullptr, dss, ss, dps, row_lse, row_delta, s, row, half, qi,
-                                  k0);
-    __syncwarp();
-    accumulate_products<D, false>(acc, dss + warp * 16 * kLdP, ks);
+  for (int r = 0; r < 2; ++r) {
+    lse2[r] = qi[r] < s.t ? lse[(b * s.h + h) * s.t + qi[r]] * kLog2e : 0.0f;
+    row_delta[r] = qi[r] < s.t ? delta[(b * s.h + h) * s.t + qi[r]] : 0.0f;
   }
-  __syncthreads();  // every warp is done with the score buffers: they stage dQ
-  write_rows<D>(dq + ((b * s.t + q0) * s.h + h) * D, s.h * D, s.t - q0, scores, acc, warp, row,
-                half);
+  const float scale_log2 = s.scale * kLog2e;
+
+  float acc[D / 8][4] = {};
+  const int64_t q_last = min(q0 + kTile, s.t) - 1;
+  for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
+    __syncthreads();
+    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
+    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
+    __syncthreads();
+    float sc[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    rows_times_rows_t<D, kTile>(sc, qs, warp * 16, ks);
+    rows_times_rows_t<D, kTile>(dp, dos, warp * 16, vs);
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = i / 2;
+        const int64_t kj = k0 + column_of(n, i);
+        const float p =
+            (qi[r] < s.t && kj <= qi[r]) ? exp2f(sc[n][i] * scale_log2 - lse2[r]) : 0.0f;
+        sc[n][i] = p * (dp[n][i] - row_delta[r]) * s.scale;  // dS
+      }
+    probs_times_rows<D, kTile>(acc, sc, ks);
+  }
+  const float one[2] = {1.0f, 1.0f};
+  store_rows<D>(dq + ((b * s.t + q0) * s.h + h) * D, s.h * D, s.t - q0, acc, row, one);
 }
 
 template <int D>
 size_t dkdv_shared() {
-  return 4 * region<bf16_t>(64 * (D + 8)) + score_region<D>() + 2 * region<bf16_t>(kRows * kLdP) +
-         2 * region<float>(kRows);
+  return 2 * tile_bytes<D>(kTile) + 2 * tile_bytes<D>(kQTile) + 2 * kQTile * sizeof(float);
 }
 
-// dK and dV for 64 keys of one KV head: Σ over the group's query heads (in order) and the
-// query tiles that see the keys of Pᵀ·dO and dSᵀ·Q. Warp w computes scores for query rows
-// [16w, 16w + 16) of a tile and accumulates the gradients of keys [16w, 16w + 16).
+// dK and dV for 64 keys of one KV head: Σ over the group's query heads (in order) and the query
+// tiles that see the keys of Pᵀ·dO and dSᵀ·Q. Warp w computes the transposed scores of keys
+// [16w, 16w + 16) against each query tile, so Pᵀ and dSᵀ are its own accumulators.
 template <int D>
 __global__ void __launch_bounds__(kThreads)
     dkdv_kernel(float* dk, float* dv, const float* dout, const float* lse, const float* delta,
                 const float* q, const float* k, const float* v, Dims s) {
   extern __shared__ __align__(128) unsigned char smem[];
-  constexpr int kLd = D + 8;
-  Carver carve{smem};
-  bf16_t* ks = carve.take<bf16_t>(kKeys * kLd);
-  bf16_t* vs = carve.take<bf16_t>(kKeys * kLd);
-  bf16_t* qs = carve.take<bf16_t>(kRows * kLd);
-  bf16_t* dos = carve.take<bf16_t>(kRows * kLd);
-  float* scores = carve.take<float>(score_region<D>() / sizeof(float));
-  float* ss = scores;
-  float* dps = scores + kRows * kLdS;
-  bf16_t* ps = carve.take<bf16_t>(kRows * kLdP);
-  bf16_t* dss = carve.take<bf16_t>(kRows * kLdP);
-  float* row_lse = carve.take<float>(kRows);
-  float* row_delta = carve.take<float>(kRows);
+  bf16_t* ks = reinterpret_cast<bf16_t*>(smem);
+  bf16_t* vs = ks + kTile * ld<D>();
+  bf16_t* qs = vs + kTile * ld<D>();
+  bf16_t* dos = qs + kQTile * ld<D>();
+  float* col_lse2 = reinterpret_cast<float*>(dos + kQTile * ld<D>());
+  float* col_delta = col_lse2 + kQTile;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.kvh, kv = blockIdx.y % s.kvh, group = s.h / s.kvh;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kKeys;
-  load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kKeys);
-  load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kKeys);
-  const int row = warp * 16 + lane / 2, half = lane % 2;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
+  load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
+  load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
+  const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
+  const int64_t kj[2] = {k0 + row[0], k0 + row[1]};
+  const float scale_log2 = s.scale * kLog2e;
 
-  FragC dk_acc[D / 16], dv_acc[D / 16];
-#pragma unroll
-  for (int dt = 0; dt < D / 16; ++dt) {
-    wmma::fill_fragment(dk_acc[dt], 0.0f);
-    wmma::fill_fragment(dv_acc[dt], 0.0f);
-  }
+  float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv * group + g;
-    for (int64_t q0 = k0; q0 < s.t; q0 += kRows) {  // tiles before k0 see none of the keys
-      __syncthreads();  // the previous tile's Q, dO, P and dS are read
-      load_tile<D>(qs, q, s, s.h, b, q0, h, kRows);
-      load_tile<D>(dos, dout, s, s.h, b, q0, h, kRows);
-      load_row_stats(row_lse, row_delta, lse, delta, s, b, h, q0);
+    for (int64_t q0 = k0; q0 < s.t; q0 += kQTile) {  // tiles before k0 see none of the keys
+      __syncthreads();  // the previous tile's Q, dO and row statistics are read
+      load_tile<D>(qs, q, s, s.h, b, q0, h, kQTile);
+      load_tile<D>(dos, dout, s, s.h, b, q0, h, kQTile);
+      for (int c = threadIdx.x; c < kQTile; c += kThreads) {
+        const int64_t qi = q0 + c;
+        col_lse2[c] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] * kLog2e : 0.0f;
+        col_delta[c] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
+      }
       __syncthreads();
-      rows_times_rows_t<D>(ss + warp * 16 * kLdS, qs + warp * 16 * kLd, ks);
-      rows_times_rows_t<D>(dps + warp * 16 * kLdS, dos + warp * 16 * kLd, vs);
-      __syncwarp();
-      probabilities_and_score_grads(ps, dss, ss, dps, row_lse, row_delta, s, row, half,
-                                    q0 + row, k0);
-      __syncthreads();  // the products below read every row of P and dS
-      accumulate_products<D, true>(dv_acc, ps + warp * 16, dos);
-      accumulate_products<D, true>(dk_acc, dss + warp * 16, qs);
+      float pt[kQTile / 8][4] = {}, dst[kQTile / 8][4] = {};
+      rows_times_rows_t<D, kQTile>(pt, ks, warp * 16, qs);    // Sᵀ = K·Qᵀ
+      rows_times_rows_t<D, kQTile>(dst, vs, warp * 16, dos);  // dPᵀ = V·dOᵀ
+#pragma unroll
+      for (int n = 0; n < kQTile / 8; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = column_of(n, i);
+          const int64_t qi = q0 + c;
+          const float p = (qi < s.t && qi >= kj[i / 2])
+                              ? exp2f(pt[n][i] * scale_log2 - col_lse2[c])
+                              : 0.0f;
+          pt[n][i] = p;
+          dst[n][i] = p * (dst[n][i] - col_delta[c]) * s.scale;
+        }
+      probs_times_rows<D, kQTile>(dv_acc, pt, dos);  // dV += Pᵀ·dO
+      probs_times_rows<D, kQTile>(dk_acc, dst, qs);  // dK += dSᵀ·Q
     }
   }
-  __syncthreads();  // every warp is done with the score buffers: they stage dK, then dV
+  const float one[2] = {1.0f, 1.0f};
   const int64_t first = ((b * s.t + k0) * s.kvh + kv) * D;
-  write_rows<D>(dk + first, s.kvh * D, s.t - k0, scores, dk_acc, warp, row, half);
-  write_rows<D>(dv + first, s.kvh * D, s.t - k0, scores, dv_acc, warp, row, half);
+  store_rows<D>(dk + first, s.kvh * D, s.t - k0, dk_acc, row, one);
+  store_rows<D>(dv + first, s.kvh * D, s.t - k0, dv_acc, row, one);
 }
+
+// ---- launches -----------------------------------------------------------------------------
 
 Dims dims_of(const AttentionDims& a) {
   FOUNDRY_GPU_CHECK(a.kvh >= 1 && a.h % a.kvh == 0);
@@ -410,7 +419,7 @@ void forward(float* out, float* lse, const float* q, const float* k, const float
              const Dims& s) {
   const size_t shared = forward_shared<D>();
   allow_shared(forward_kernel<D>, shared);
-  forward_kernel<D><<<dim3(tiles(s.t, kRows), static_cast<unsigned>(s.b * s.h)), kThreads,
+  forward_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.h)), kThreads,
                       shared>>>(out, lse, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
 }
@@ -421,12 +430,12 @@ void backward(float* dq, float* dk, float* dv, const float* dout, const float* l
               const Dims& s) {
   const size_t dq_bytes = dq_shared<D>();
   allow_shared(dq_kernel<D>, dq_bytes);
-  dq_kernel<D><<<dim3(tiles(s.t, kRows), static_cast<unsigned>(s.b * s.h)), kThreads,
+  dq_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.h)), kThreads,
                  dq_bytes>>>(dq, dout, lse, delta, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
   const size_t kv_bytes = dkdv_shared<D>();
   allow_shared(dkdv_kernel<D>, kv_bytes);
-  dkdv_kernel<D><<<dim3(tiles(s.t, kKeys), static_cast<unsigned>(s.b * s.kvh)), kThreads,
+  dkdv_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.kvh)), kThreads,
                    kv_bytes>>>(dk, dv, dout, lse, delta, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
 }

@@ -1,5 +1,5 @@
-// Device functions several kernel files use: bf16 rounding as the CPU rounds, and one row's
-// softmax.
+// Device functions several kernel files use: bf16 rounding as the CPU rounds, one row's
+// softmax, and W consecutive floats moved as one vector.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,6 +26,47 @@ __device__ inline void softmax_row(float* p, const float* z, int64_t n) {
   }
   const float inv_sum = 1.0f / sum;
   for (int64_t j = 0; j < n; ++j) p[j] *= inv_sum;
+}
+
+// W (1 or 4) consecutive floats. Elementwise kernels are written once over Lanes<W>: with
+// W = 4 a thread moves 16 bytes per access (where the row length is a multiple of 4 and the
+// rows are aligned), with W = 1 any shape; each lane gets the same formula either way.
+template <int W>
+struct Lanes {
+  static_assert(W == 1 || W == 4);
+  float v[W];
+};
+
+// p [W] as one access: p 16-byte aligned when W = 4.
+template <int W>
+__device__ inline Lanes<W> load_lanes(const float* p) {
+  Lanes<W> l;
+  if constexpr (W == 4) {
+    const float4 q = *reinterpret_cast<const float4*>(p);
+    l.v[0] = q.x, l.v[1] = q.y, l.v[2] = q.z, l.v[3] = q.w;
+  } else {
+    l.v[0] = *p;
+  }
+  return l;
+}
+
+template <int W>
+__device__ inline void store_lanes(float* p, const Lanes<W>& l) {
+  if constexpr (W == 4) *reinterpret_cast<float4*>(p) = make_float4(l.v[0], l.v[1], l.v[2], l.v[3]);
+  else *p = l.v[0];
+}
+
+// p [W] = the lanes rounded by to_bf16, as one access: p 8-byte aligned when W = 4.
+template <int W>
+__device__ inline void store_lanes(uint16_t* p, const Lanes<W>& l) {
+  if constexpr (W == 4) {
+    auto pair = [](float lo, float hi) {  // little-endian: the lower address in the low half
+      return static_cast<uint32_t>(to_bf16(lo)) | static_cast<uint32_t>(to_bf16(hi)) << 16;
+    };
+    *reinterpret_cast<uint2*>(p) = make_uint2(pair(l.v[0], l.v[1]), pair(l.v[2], l.v[3]));
+  } else {
+    *p = to_bf16(l.v[0]);
+  }
 }
 
 }  // namespace foundry::gpu

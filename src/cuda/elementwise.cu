@@ -25,11 +25,11 @@ __global__ void fractions_kernel(double* fractions, const int64_t* counts, int64
   fractions[j] = static_cast<double>(counts[j]) / static_cast<double>(total);
 }
 
+// By rows (grid_for_rows): a column index without a 64-bit remainder per element.
 __global__ void scale_shift_kernel(float* out, const float* x, const float* alpha,
                                    const float* beta, int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH(i, n * c) {
-    const int64_t j = i % c;
-    out[i] = (x[i] + beta[j]) * alpha[j];
+  FOUNDRY_FOR_EACH_ROW(i, n) {
+    FOUNDRY_FOR_EACH_COL(j, c) out[i * c + j] = (x[i * c + j] + beta[j]) * alpha[j];
   }
 }
 
@@ -62,7 +62,7 @@ void fractions_of_counts(double* fractions, const int64_t* counts, int64_t e, in
 void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
                          int64_t n, int64_t c) {
   if (n * c == 0) return;
-  scale_shift_kernel<<<blocks_for(n * c), kBlockThreads>>>(out, x, alpha, beta, n, c);
+  scale_shift_kernel<<<grid_for_rows(n, c), kBlockThreads>>>(out, x, alpha, beta, n, c);
   check_launch();
 }
 

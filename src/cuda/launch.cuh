@@ -1,5 +1,5 @@
 // What the elementwise kernels of src/cuda/*.cu share: the block size, a grid for a count of
-// elements, the grid-stride loop, and the launch check.
+// elements or for rows of elements, the grid-stride loops, and the launch check.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -18,6 +18,23 @@ inline int blocks_for(int64_t elements) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
 }
 
+// A grid for `rows` rows of `cols` items: blocks along x cover a row's items, and each of the
+// gridDim.y block rows loops over rows (FOUNDRY_FOR_EACH_ROW, FOUNDRY_FOR_EACH_COL). A row and a
+// column then advance by additions, where a flat index needs a 64-bit division and remainder
+// by the row length per element: tens of instructions that leave a memory-bound kernel
+// compute-bound. At most blocks_for's 2^20 blocks in all, and gridDim.y within its 65535.
+inline dim3 grid_for_rows(int64_t rows, int64_t cols) {
+  const int x = blocks_for(cols);
+  int64_t y = rows < 65535 ? rows : 65535;
+  if (y > 1048560 / x) y = 1048560 / x;
+  return dim3(static_cast<unsigned>(x), static_cast<unsigned>(y < 1 ? 1 : y));
+}
+
+// Whether p (null counts) is a multiple of `bytes`: what a float4 (16) or four bf16 (8) needs.
+inline bool aligned(const void* p, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
 inline void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
 }  // namespace foundry::gpu
@@ -26,3 +43,11 @@ inline void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 #define FOUNDRY_FOR_EACH(i, count)                                                  \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
        i += int64_t{gridDim.x} * blockDim.x)
+
+// In a grid_for_rows launch: for (r = this block row's first row; r < rows; r += block rows)
+#define FOUNDRY_FOR_EACH_ROW(r, rows) for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)
+
+// In a grid_for_rows launch: for (j = this thread's first column; j < cols; j += the x threads)
+#define FOUNDRY_FOR_EACH_COL(j, cols)                                               \
+  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < (cols); \
+       j += int64_t{gridDim.x} * blockDim.x)

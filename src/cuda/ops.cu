@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -99,50 +100,71 @@ __global__ void sum_chunks_kernel(float* dweight, const float* partials, int64_t
 
 // ---- RoPE ----
 
+// x1·cs − x2·s and x2·cs + x1·s rounded as nvcc compiled them when a thread rotated one
+// element: x1·cs and x2·cs fused into an FMA, the other product rounded first. Which product
+// nvcc fuses depends on the code around it, so the FMAs are written out.
+__device__ void rotate_pair(float* p1, float* p2, float cs, float s) {
+  const float x1 = *p1, x2 = *p2;
+  *p1 = __fmaf_rn(x1, cs, -__fmul_rn(x2, s));
+  *p2 = __fmaf_rn(x2, cs, __fmul_rn(x1, s));
+}
+
+// One thread per (row of [B·T], pair), rotating that pair in every head: the angle's pow, cos
+// and sin in double cost far more than the pair's memory traffic, and all heads share them.
 __global__ void rope_kernel(float* x, int64_t rows, int64_t t, int64_t h, int64_t d,
                             int64_t half, int64_t pos_offset, double theta, float sin_sign) {
-  // One thread per (row of [B·T], head, pair).
-  FOUNDRY_FOR_EACH(index, rows * h * half) {
-    const int64_t i = index % half;
-    const int64_t head = (index / half) % h;
-    const int64_t row = index / (half * h);
+  FOUNDRY_FOR_EACH(index, rows * half) {
+    const int64_t i = index % half, row = index / half;
     const double inv_freq = pow(theta, -static_cast<double>(i) / static_cast<double>(half));
     const double angle = static_cast<double>(pos_offset + row % t) * inv_freq;
     const float cs = static_cast<float>(cos(angle)), s = sin_sign * static_cast<float>(sin(angle));
-    float* p = x + (row * h + head) * d;
-    const float x1 = p[i], x2 = p[i + half];
-    p[i] = x1 * cs - x2 * s;
-    p[i + half] = x2 * cs + x1 * s;
+    float* p = x + row * h * d;
+    for (int64_t head = 0; head < h; ++head, p += d) rotate_pair(p + i, p + i + half, cs, s);
   }
 }
 
 // ---- SwiGLU ----
 
+// Rows i of h [N, 2F] by block row, W columns j a thread at a time (W = 4 where F and the
+// pointers allow: launch_swiglu_forward); out (fp32) or out16 (bf16) [N, F].
+template <int W>
 __global__ void swiglu_forward_kernel(float* out, uint16_t* out16, const float* h, int64_t n,
                                       int64_t f) {
-  FOUNDRY_FOR_EACH(index, n * f) {
-    const int64_t i = index / f, j = index % f;
-    const float g = h[i * 2 * f + j], u = h[i * 2 * f + f + j];
-    const float y = g * sigmoid(g) * u;
-    if (out16) out16[index] = to_bf16(y);
-    else out[index] = y;
+  FOUNDRY_FOR_EACH_ROW(i, n) {
+    const float* gate = h + i * 2 * f;
+    FOUNDRY_FOR_EACH_COL(q, f / W) {
+      const int64_t j = q * W;
+      const Lanes<W> g = load_lanes<W>(gate + j), u = load_lanes<W>(gate + f + j);
+      Lanes<W> y;
+      for (int l = 0; l < W; ++l) y.v[l] = g.v[l] * sigmoid(g.v[l]) * u.v[l];
+      if (out16) store_lanes<W>(out16 + i * f + j, y);
+      else store_lanes<W>(out + i * f + j, y);
+    }
   }
 }
 
+template <int W>
 __global__ void swiglu_backward_kernel(float* dh, uint16_t* dh16, const float* dout,
                                        const float* h, int64_t n, int64_t f) {
-  FOUNDRY_FOR_EACH(index, n * f) {
-    const int64_t i = index / f, j = index % f;
-    const float g = h[i * 2 * f + j], u = h[i * 2 * f + f + j], dy = dout[index];
-    const float s = sigmoid(g);
-    const float dg = dy * u * s * (1.0f + g * (1.0f - s));
-    const float du = dy * g * s;
-    if (dh16) {
-      dh16[i * 2 * f + j] = to_bf16(dg);
-      dh16[i * 2 * f + f + j] = to_bf16(du);
-    } else {
-      dh[i * 2 * f + j] = dg;
-      dh[i * 2 * f + f + j] = du;
+  FOUNDRY_FOR_EACH_ROW(i, n) {
+    const float* gate = h + i * 2 * f;
+    FOUNDRY_FOR_EACH_COL(q, f / W) {
+      const int64_t j = q * W;
+      const Lanes<W> g = load_lanes<W>(gate + j), u = load_lanes<W>(gate + f + j),
+                     dy = load_lanes<W>(dout + i * f + j);
+      Lanes<W> dg, du;
+      for (int l = 0; l < W; ++l) {
+        const float s = sigmoid(g.v[l]);
+        dg.v[l] = dy.v[l] * u.v[l] * s * (1.0f + g.v[l] * (1.0f - s));
+        du.v[l] = dy.v[l] * g.v[l] * s;
+      }
+      if (dh16) {
+        store_lanes<W>(dh16 + i * 2 * f + j, dg);
+        store_lanes<W>(dh16 + i * 2 * f + f + j, du);
+      } else {
+        store_lanes<W>(dh + i * 2 * f + j, dg);
+        store_lanes<W>(dh + i * 2 * f + f + j, du);
+      }
     }
   }
 }
@@ -176,19 +198,31 @@ __global__ void router_forward_kernel(float* probs, int32_t* topk_idx, float* to
 
 // ---- MoE gather / combine ----
 
+// The kernels over [rows, C] below go row by block row, W columns a thread at a time
+// (lanes_for: W = 4 where C and the pointers allow).
+template <int W>
 __global__ void gather_kernel(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
                               int64_t c) {
-  FOUNDRY_FOR_EACH(index, rows * c) xs[index] = x[slot_token[index / c] * c + index % c];
+  FOUNDRY_FOR_EACH_ROW(r, rows) {
+    const float* src = x + slot_token[r] * c;
+    FOUNDRY_FOR_EACH_COL(q, c / W) store_lanes<W>(xs + r * c + q * W, load_lanes<W>(src + q * W));
+  }
 }
 
+template <int W>
 __global__ void combine_kernel(float* out, const float* ys, const float* topk_w,
                                const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) {
-    const int64_t i = index / c, j = index % c;
-    float acc = out[index];
-    for (int64_t a = 0; a < k; ++a)
-      acc += topk_w[i * k + a] * ys[assignment_slot[i * k + a] * c + j];
-    out[index] = acc;
+  FOUNDRY_FOR_EACH_ROW(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, c / W) {
+      const int64_t j = q * W;
+      Lanes<W> acc = load_lanes<W>(out + i * c + j);
+      for (int64_t a = 0; a < k; ++a) {
+        const float w = topk_w[i * k + a];
+        const Lanes<W> y = load_lanes<W>(ys + assignment_slot[i * k + a] * c + j);
+        for (int l = 0; l < W; ++l) acc.v[l] += w * y.v[l];
+      }
+      store_lanes<W>(out + i * c + j, acc);
+    }
   }
 }
 
@@ -210,13 +244,19 @@ __global__ void combine_backward_kernel(float* dys, float* dtopk_w, const float*
   if (threadIdx.x == 0) dtopk_w[assignment] = dot;
 }
 
+template <int W>
 __global__ void gather_backward_kernel(float* dx, const float* dxs, const int32_t* assignment_slot,
                                        int64_t n, int64_t k, int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) {
-    const int64_t i = index / c, j = index % c;
-    float acc = dx[index];
-    for (int64_t a = 0; a < k; ++a) acc += dxs[assignment_slot[i * k + a] * c + j];
-    dx[index] = acc;
+  FOUNDRY_FOR_EACH_ROW(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, c / W) {
+      const int64_t j = q * W;
+      Lanes<W> acc = load_lanes<W>(dx + i * c + j);
+      for (int64_t a = 0; a < k; ++a) {
+        const Lanes<W> y = load_lanes<W>(dxs + assignment_slot[i * k + a] * c + j);
+        for (int l = 0; l < W; ++l) acc.v[l] += y.v[l];
+      }
+      store_lanes<W>(dx + i * c + j, acc);
+    }
   }
 }
 
@@ -268,6 +308,33 @@ __global__ void mean_kernel(double* mean, const float* losses, int64_t n) {
   if (threadIdx.x == 0) *mean = n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
+// 4 where rows of `c` floats may go as float4: c a multiple of 4 and every pointer 16-byte
+// aligned (then so is each row); 1 otherwise.
+int lanes_for(int64_t c, std::initializer_list<const float*> pointers) {
+  if (c % 4 != 0) return 1;
+  for (const float* p : pointers)
+    if (!aligned(p, 16)) return 1;
+  return 4;
+}
+
+// swiglu's four entry points: out or out16 (bf16, 8-byte aligned for its 4-lane stores).
+void launch_swiglu_forward(float* out, uint16_t* out16, const float* h, int64_t n, int64_t f) {
+  if (lanes_for(f, {out, h}) == 4 && aligned(out16, 8))
+    swiglu_forward_kernel<4><<<grid_for_rows(n, f / 4), kThreads>>>(out, out16, h, n, f);
+  else
+    swiglu_forward_kernel<1><<<grid_for_rows(n, f), kThreads>>>(out, out16, h, n, f);
+  check_launch();
+}
+
+void launch_swiglu_backward(float* dh, uint16_t* dh16, const float* dout, const float* h,
+                            int64_t n, int64_t f) {
+  if (lanes_for(f, {dh, dout, h}) == 4 && aligned(dh16, 8))
+    swiglu_backward_kernel<4><<<grid_for_rows(n, f / 4), kThreads>>>(dh, dh16, dout, h, n, f);
+  else
+    swiglu_backward_kernel<1><<<grid_for_rows(n, f), kThreads>>>(dh, dh16, dout, h, n, f);
+  check_launch();
+}
+
 }  // namespace
 
 void rmsnorm_forward(float* out, float* rstd, const float* in, const float* weight, int64_t n,
@@ -305,29 +372,25 @@ void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ro
                 int64_t pos_offset, double theta, bool inverse) {
   const int64_t half = rotary_dim / 2;
   if (half == 0 || b * t * h == 0) return;
-  rope_kernel<<<blocks_for(b * t * h * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset,
-                                                        theta, inverse ? -1.0f : 1.0f);
+  rope_kernel<<<blocks_for(b * t * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset, theta,
+                                                    inverse ? -1.0f : 1.0f);
   check_launch();
 }
 
 void swiglu_forward(float* out, const float* h, int64_t n, int64_t f) {
-  swiglu_forward_kernel<<<blocks_for(n * f), kThreads>>>(out, nullptr, h, n, f);
-  check_launch();
+  launch_swiglu_forward(out, nullptr, h, n, f);
 }
 
 void swiglu_backward(float* dh, const float* dout, const float* h, int64_t n, int64_t f) {
-  swiglu_backward_kernel<<<blocks_for(n * f), kThreads>>>(dh, nullptr, dout, h, n, f);
-  check_launch();
+  launch_swiglu_backward(dh, nullptr, dout, h, n, f);
 }
 
 void swiglu_forward_bf16(uint16_t* out, const float* h, int64_t n, int64_t f) {
-  swiglu_forward_kernel<<<blocks_for(n * f), kThreads>>>(nullptr, out, h, n, f);
-  check_launch();
+  launch_swiglu_forward(nullptr, out, h, n, f);
 }
 
 void swiglu_backward_bf16(uint16_t* dh, const float* dout, const float* h, int64_t n, int64_t f) {
-  swiglu_backward_kernel<<<blocks_for(n * f), kThreads>>>(nullptr, dh, dout, h, n, f);
-  check_launch();
+  launch_swiglu_backward(nullptr, dh, dout, h, n, f);
 }
 
 void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
@@ -338,13 +401,21 @@ void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float*
 }
 
 void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows, int64_t c) {
-  gather_kernel<<<blocks_for(rows * c), kThreads>>>(xs, x, slot_token, rows, c);
+  if (lanes_for(c, {xs, x}) == 4)
+    gather_kernel<4><<<grid_for_rows(rows, c / 4), kThreads>>>(xs, x, slot_token, rows, c);
+  else
+    gather_kernel<1><<<grid_for_rows(rows, c), kThreads>>>(xs, x, slot_token, rows, c);
   check_launch();
 }
 
 void moe_combine(float* out, const float* ys, const float* topk_w,
                  const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) {
-  combine_kernel<<<blocks_for(n * c), kThreads>>>(out, ys, topk_w, assignment_slot, n, k, c);
+  if (lanes_for(c, {out, ys}) == 4)
+    combine_kernel<4><<<grid_for_rows(n, c / 4), kThreads>>>(out, ys, topk_w, assignment_slot, n,
+                                                             k, c);
+  else
+    combine_kernel<1><<<grid_for_rows(n, c), kThreads>>>(out, ys, topk_w, assignment_slot, n, k,
+                                                         c);
   check_launch();
 }
 
@@ -359,7 +430,12 @@ void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const f
 
 void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot, int64_t n,
                          int64_t k, int64_t c) {
-  gather_backward_kernel<<<blocks_for(n * c), kThreads>>>(dx, dxs, assignment_slot, n, k, c);
+  if (lanes_for(c, {dx, dxs}) == 4)
+    gather_backward_kernel<4><<<grid_for_rows(n, c / 4), kThreads>>>(dx, dxs, assignment_slot, n,
+                                                                     k, c);
+  else
+    gather_backward_kernel<1><<<grid_for_rows(n, c), kThreads>>>(dx, dxs, assignment_slot, n, k,
+                                                                 c);
   check_launch();
 }
 

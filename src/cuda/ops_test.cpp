@@ -80,35 +80,38 @@ TEST(GpuOps, RopeRotatesLikeTheCpuBothWays) {
 
 TEST(GpuOps, SwigluForwardAndBackwardMatchTheCpuInFp32AndBf16) {
   SKIP_WITHOUT_GPU();
-  const int64_t n = 33, f = 517;
-  const auto hv = randn(n * 2 * f, 11, 3.0), dy = randn(n * f, 12);
-  std::vector<float> out(n * f), dh(n * 2 * f);
-  ops::swiglu_forward(out.data(), hv.data(), n, f);
-  ops::swiglu_backward(dh.data(), dy.data(), hv.data(), n, f);
-  std::vector<bf16> out16(n * f), dh16(n * 2 * f);
-  ops::swiglu_forward_bf16(out16.data(), hv.data(), n, f);
-  ops::swiglu_backward_bf16(dh16.data(), dy.data(), hv.data(), n, f);
+  // f = 517 takes the kernels' scalar path, f = 256 their float4 path.
+  const int64_t n = 33;
+  for (int64_t f : {517, 256}) {
+    const auto hv = randn(n * 2 * f, 11, 3.0), dy = randn(n * f, 12);
+    std::vector<float> out(n * f), dh(n * 2 * f);
+    ops::swiglu_forward(out.data(), hv.data(), n, f);
+    ops::swiglu_backward(dh.data(), dy.data(), hv.data(), n, f);
+    std::vector<bf16> out16(n * f), dh16(n * 2 * f);
+    ops::swiglu_forward_bf16(out16.data(), hv.data(), n, f);
+    ops::swiglu_backward_bf16(dh16.data(), dy.data(), hv.data(), n, f);
 
-  auto gh = to_device(hv), gdy = to_device(dy);
-  auto gout = poisoned(n * f * 4), gdh = poisoned(n * 2 * f * 4);
-  auto gout16 = poisoned(n * f * 2), gdh16 = poisoned(n * 2 * f * 2);
-  gpu::ops::swiglu_forward(gout.as<float>(), gh.as<float>(), n, f);
-  gpu::ops::swiglu_backward(gdh.as<float>(), gdy.as<float>(), gh.as<float>(), n, f);
-  gpu::ops::swiglu_forward_bf16(gout16.as<uint16_t>(), gh.as<float>(), n, f);
-  gpu::ops::swiglu_backward_bf16(gdh16.as<uint16_t>(), gdy.as<float>(), gh.as<float>(), n, f);
-  expect_close(to_host<float>(gout, n * f), out, 1e-5, 1e-4, "out");
-  // The CPU's exponential is a polynomial within a few fp32 ulps, the GPU's another: where the
-  // sigmoid is far in its tail, dh is small and their relative difference large.
-  expect_close(to_host<float>(gdh, n * 2 * f), dh, 1e-5, rms(dh), "dh");
-  // bf16: the same rounding of values that differ by an ulp of fp32 at most: equal, or one
-  // bf16 step apart where the fp32 value sat on a rounding boundary.
-  auto widen = [](const std::vector<bf16>& v) {
-    std::vector<float> f32(v.size());
-    for (size_t i = 0; i < v.size(); ++i) f32[i] = bf16_to_float(v[i]);
-    return f32;
-  };
-  expect_close(widen(to_host<bf16>(gout16, n * f)), widen(out16), 8e-3, 1e-4, "out bf16");
-  expect_close(widen(to_host<bf16>(gdh16, n * 2 * f)), widen(dh16), 8e-3, 1e-4, "dh bf16");
+    auto gh = to_device(hv), gdy = to_device(dy);
+    auto gout = poisoned(n * f * 4), gdh = poisoned(n * 2 * f * 4);
+    auto gout16 = poisoned(n * f * 2), gdh16 = poisoned(n * 2 * f * 2);
+    gpu::ops::swiglu_forward(gout.as<float>(), gh.as<float>(), n, f);
+    gpu::ops::swiglu_backward(gdh.as<float>(), gdy.as<float>(), gh.as<float>(), n, f);
+    gpu::ops::swiglu_forward_bf16(gout16.as<uint16_t>(), gh.as<float>(), n, f);
+    gpu::ops::swiglu_backward_bf16(gdh16.as<uint16_t>(), gdy.as<float>(), gh.as<float>(), n, f);
+    expect_close(to_host<float>(gout, n * f), out, 1e-5, 1e-4, "out");
+    // The CPU's exponential is a polynomial within a few fp32 ulps, the GPU's another: where the
+    // sigmoid is far in its tail, dh is small and their relative difference large.
+    expect_close(to_host<float>(gdh, n * 2 * f), dh, 1e-5, rms(dh), "dh");
+    // bf16: the same rounding of values that differ by an ulp of fp32 at most: equal, or one
+    // bf16 step apart where the fp32 value sat on a rounding boundary.
+    auto widen = [](const std::vector<bf16>& v) {
+      std::vector<float> f32(v.size());
+      for (size_t i = 0; i < v.size(); ++i) f32[i] = bf16_to_float(v[i]);
+      return f32;
+    };
+    expect_close(widen(to_host<bf16>(gout16, n * f)), widen(out16), 8e-3, 1e-4, "out bf16");
+    expect_close(widen(to_host<bf16>(gdh16, n * 2 * f)), widen(dh16), 8e-3, 1e-4, "dh bf16");
+  }
 }
 
 TEST(GpuOps, RouterChoosesTheSameExpertsWithTheSameWeights) {
@@ -132,43 +135,47 @@ TEST(GpuOps, RouterChoosesTheSameExpertsWithTheSameWeights) {
 
 TEST(GpuOps, MoeGatherAndCombineMatchTheCpuWithEmptyAndFullExperts) {
   SKIP_WITHOUT_GPU();
-  const int64_t n = 45, k = 2, e = 6, c = 130;
-  // Expert 5 gets no token; expert 0 is every token's first choice.
-  Rng rng(21);
-  std::vector<int32_t> topk(n * k);
-  for (int64_t i = 0; i < n; ++i) {
-    topk[i * k] = 0;
-    topk[i * k + 1] = 1 + static_cast<int32_t>(rng.below(4));
-  }
-  std::vector<int64_t> offsets(e + 1);
-  std::vector<int32_t> slot_token(n * k), assignment_slot(n * k);
-  ops::moe_dispatch_plan(offsets.data(), slot_token.data(), assignment_slot.data(), topk.data(),
-                         n, e, k);
-  const auto x = randn(n * c, 22), ys = randn(n * k * c, 23), w = randn(n * k, 24),
-             out0 = randn(n * c, 25), dout = randn(n * c, 26), dxs = randn(n * k * c, 27),
-             dx0 = randn(n * c, 28);
-  std::vector<float> xs(n * k * c), out = out0, dys(n * k * c), dw(n * k), dx = dx0;
-  ops::moe_gather(xs.data(), x.data(), slot_token.data(), n * k, c);
-  ops::moe_combine(out.data(), ys.data(), w.data(), assignment_slot.data(), n, k, c);
-  ops::moe_combine_backward(dys.data(), dw.data(), dout.data(), ys.data(), w.data(),
-                            assignment_slot.data(), n, k, c);
-  ops::moe_gather_backward(dx.data(), dxs.data(), assignment_slot.data(), n, k, c);
+  // c = 130 takes the kernels' scalar path, c = 128 their float4 path.
+  const int64_t n = 45, k = 2, e = 6;
+  for (int64_t c : {130, 128}) {
+    // Expert 5 gets no token; expert 0 is every token's first choice.
+    Rng rng(21);
+    std::vector<int32_t> topk(n * k);
+    for (int64_t i = 0; i < n; ++i) {
+      topk[i * k] = 0;
+      topk[i * k + 1] = 1 + static_cast<int32_t>(rng.below(4));
+    }
+    std::vector<int64_t> offsets(e + 1);
+    std::vector<int32_t> slot_token(n * k), assignment_slot(n * k);
+    ops::moe_dispatch_plan(offsets.data(), slot_token.data(), assignment_slot.data(), topk.data(),
+                           n, e, k);
+    const auto x = randn(n * c, 22), ys = randn(n * k * c, 23), w = randn(n * k, 24),
+               out0 = randn(n * c, 25), dout = randn(n * c, 26), dxs = randn(n * k * c, 27),
+               dx0 = randn(n * c, 28);
+    std::vector<float> xs(n * k * c), out = out0, dys(n * k * c), dw(n * k), dx = dx0;
+    ops::moe_gather(xs.data(), x.data(), slot_token.data(), n * k, c);
+    ops::moe_combine(out.data(), ys.data(), w.data(), assignment_slot.data(), n, k, c);
+    ops::moe_combine_backward(dys.data(), dw.data(), dout.data(), ys.data(), w.data(),
+                              assignment_slot.data(), n, k, c);
+    ops::moe_gather_backward(dx.data(), dxs.data(), assignment_slot.data(), n, k, c);
 
-  auto gx = to_device(x), gys = to_device(ys), gw = to_device(w), gout = to_device(out0),
-       gdout = to_device(dout), gdxs = to_device(dxs), gdx = to_device(dx0),
-       gslot_token = to_device(slot_token), gassign = to_device(assignment_slot);
-  auto gxs = poisoned(n * k * c * 4), gdys = poisoned(n * k * c * 4), gdw = poisoned(n * k * 4);
-  gpu::ops::moe_gather(gxs.as<float>(), gx.as<float>(), gslot_token.as<int32_t>(), n * k, c);
-  gpu::ops::moe_combine(gout.as<float>(), gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(),
-                        n, k, c);
-  gpu::ops::moe_combine_backward(gdys.as<float>(), gdw.as<float>(), gdout.as<float>(),
-                                 gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(), n, k, c);
-  gpu::ops::moe_gather_backward(gdx.as<float>(), gdxs.as<float>(), gassign.as<int32_t>(), n, k, c);
-  EXPECT_EQ(to_host<float>(gxs, n * k * c), xs);  // a copy: exact
-  expect_close(to_host<float>(gout, n * c), out, 1e-5, 1e-4, "combine");
-  expect_close(to_host<float>(gdys, n * k * c), dys, 1e-6, 1e-6, "dys");
-  expect_close(to_host<float>(gdw, n * k), dw, 1e-4, 1e-2, "dtopk_w");
-  expect_close(to_host<float>(gdx, n * c), dx, 1e-5, 1e-4, "dx");
+    auto gx = to_device(x), gys = to_device(ys), gw = to_device(w), gout = to_device(out0),
+         gdout = to_device(dout), gdxs = to_device(dxs), gdx = to_device(dx0),
+         gslot_token = to_device(slot_token), gassign = to_device(assignment_slot);
+    auto gxs = poisoned(n * k * c * 4), gdys = poisoned(n * k * c * 4), gdw = poisoned(n * k * 4);
+    gpu::ops::moe_gather(gxs.as<float>(), gx.as<float>(), gslot_token.as<int32_t>(), n * k, c);
+    gpu::ops::moe_combine(gout.as<float>(), gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(),
+                          n, k, c);
+    gpu::ops::moe_combine_backward(gdys.as<float>(), gdw.as<float>(), gdout.as<float>(),
+                                   gys.as<float>(), gw.as<float>(), gassign.as<int32_t>(), n, k, c);
+    gpu::ops::moe_gather_backward(gdx.as<float>(), gdxs.as<float>(), gassign.as<int32_t>(), n, k,
+                                  c);
+    EXPECT_EQ(to_host<float>(gxs, n * k * c), xs);  // a copy: exact
+    expect_close(to_host<float>(gout, n * c), out, 1e-5, 1e-4, "combine");
+    expect_close(to_host<float>(gdys, n * k * c), dys, 1e-6, 1e-6, "dys");
+    expect_close(to_host<float>(gdw, n * k), dw, 1e-4, 1e-2, "dtopk_w");
+    expect_close(to_host<float>(gdx, n * c), dx, 1e-5, 1e-4, "dx");
+  }
 }
 
 TEST(GpuOps, CrossEntropyMatchesTheCpuInPlaceAndNot) {
@@ -205,23 +212,27 @@ TEST(GpuOps, CrossEntropyMatchesTheCpuInPlaceAndNot) {
 
 TEST(GpuOps, EmbeddingForwardAndBackwardAreTheCpuBits) {
   SKIP_WITHOUT_GPU();
-  const int64_t n = 500, c = 96, v = 70;
-  Rng rng(50);
-  std::vector<int32_t> tokens(n);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(v / 2)) * 2;  // odd ids unused
-  tokens[7] = v - 1;
-  const auto wte = randn(v * c, 51), dout = randn(n * c, 52), dwte0 = randn(v * c, 53);
-  std::vector<float> out(n * c), dwte = dwte0;
-  ops::embedding_forward(out.data(), tokens.data(), wte.data(), n, c);
-  ops::embedding_backward(dwte.data(), dout.data(), tokens.data(), n, c, v);
-  auto gt = to_device(tokens), gw = to_device(wte), gdout = to_device(dout), gdw = to_device(dwte0);
-  auto gout = poisoned(n * c * 4);
-  gpu::Workspace workspace;
-  gpu::ops::embedding_forward(gout.as<float>(), gt.as<int32_t>(), gw.as<float>(), n, c);
-  gpu::ops::embedding_backward(gdw.as<float>(), gdout.as<float>(), gt.as<int32_t>(), n, c, v,
-                               workspace);
-  EXPECT_EQ(to_host<float>(gout, n * c), out);
-  EXPECT_EQ(to_host<float>(gdw, v * c), dwte);  // the same additions in the same order
+  // c = 96 takes the forward's float4 path, c = 37 its scalar path.
+  const int64_t n = 500, v = 70;
+  for (int64_t c : {96, 37}) {
+    Rng rng(50);
+    std::vector<int32_t> tokens(n);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(v / 2)) * 2;  // odd ids unused
+    tokens[7] = v - 1;
+    const auto wte = randn(v * c, 51), dout = randn(n * c, 52), dwte0 = randn(v * c, 53);
+    std::vector<float> out(n * c), dwte = dwte0;
+    ops::embedding_forward(out.data(), tokens.data(), wte.data(), n, c);
+    ops::embedding_backward(dwte.data(), dout.data(), tokens.data(), n, c, v);
+    auto gt = to_device(tokens), gw = to_device(wte), gdout = to_device(dout),
+         gdw = to_device(dwte0);
+    auto gout = poisoned(n * c * 4);
+    gpu::Workspace workspace;
+    gpu::ops::embedding_forward(gout.as<float>(), gt.as<int32_t>(), gw.as<float>(), n, c);
+    gpu::ops::embedding_backward(gdw.as<float>(), gdout.as<float>(), gt.as<int32_t>(), n, c, v,
+                                 workspace);
+    EXPECT_EQ(to_host<float>(gout, n * c), out);
+    EXPECT_EQ(to_host<float>(gdw, v * c), dwte);  // the same additions in the same order
+  }
 }
 
 TEST(GpuOps, DispatchPlanRouterBackwardAndAuxLossMatchTheCpu) {

@@ -42,11 +42,6 @@ void sort_by_key(const int32_t* keys, int64_t n, int64_t key_values, Workspace& 
                                                      bits_for(key_values)));
 }
 
-__global__ void embedding_forward_kernel(float* out, const int32_t* tokens, const float* wte,
-                                         int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) out[index] = wte[static_cast<int64_t>(tokens[index / c]) * c + index % c];
-}
-
 // Block s starts a run when sorted key s differs from key s−1; it sums the run's rows of dout
 // (positions ascending: the sort is stable) onto the token's row of dwte.
 __global__ void embedding_runs_kernel(float* dwte, const float* dout, const int32_t* keys,
@@ -150,9 +145,10 @@ __global__ void aux_total_kernel(double* aux, const double* partials, const doub
 }  // namespace
 
 void embedding_forward(float* out, const int32_t* tokens, const float* wte, int64_t n, int64_t c) {
+  // The same row gather as the MoE's (out [n, :] = wte [tokens[n], :]): by rows, in float4s
+  // where c allows, with no division per element.
   if (n * c == 0) return;
-  embedding_forward_kernel<<<blocks_for(n * c), kThreads>>>(out, tokens, wte, n, c);
-  FOUNDRY_CUDA_CHECK(cudaGetLastError());
+  moe_gather(out, wte, tokens, n, c);
 }
 
 void embedding_backward(float* dwte, const float* dout, const int32_t* tokens, int64_t n,

@@ -4,10 +4,12 @@
 
 #include <cmath>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "base/bf16.h"
 #include "base/rng.h"
+#include "cuda/ops.h"
 #include "cuda/runtime.h"
 #include "cuda/test_support.h"
 #include "cuda/zaya.h"
@@ -168,6 +170,22 @@ TEST(GpuZaya, ResidualScalingMatchesTheCpu) {
     expect_close(to_host<float>(qbr, c), pbr, 1e-5, 1e-1, "dbeta_res (params)");
     expect_close(to_host<float>(qah, c), pah, 1e-5, 1e-1, "dalpha_h (params)");
     expect_close(to_host<float>(qbh, c), pbh, 1e-5, 1e-1, "dbeta_h (params)");
+  }
+}
+
+// (x + beta)·alpha: one addition and one product, so the CPU's bits; c = 7 and 130 are no
+// multiple of the 256 threads that cover a row.
+TEST(GpuZaya, ScaleShiftIsTheCpusBits) {
+  SKIP_WITHOUT_GPU();
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{37, 130}, {5, 7}, {300, 512}}) {
+    const auto x = randn(n * c, 41), alpha = randn(c, 42), beta = randn(c, 43);
+    std::vector<float> out(n * c);
+    ops::scale_shift_forward(out.data(), x.data(), alpha.data(), beta.data(), n, c);
+    auto gx = to_device(x), galpha = to_device(alpha), gbeta = to_device(beta);
+    auto gout = poisoned(n * c * 4);
+    gpu::ops::scale_shift_forward(gout.as<float>(), gx.as<float>(), galpha.as<float>(),
+                                  gbeta.as<float>(), n, c);
+    EXPECT_EQ(to_host<float>(gout, n * c), out) << n << "x" << c;
   }
 }
 
