@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -18,6 +19,9 @@ namespace foundry::gpu::detail {
 namespace {
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+// Exact shapes whose descriptors are kept; past this many (the experts' row counts change every
+// step) they are all released and rebuilt as they recur.
+constexpr size_t kMaxPlans = 4096;
 
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
@@ -43,7 +47,8 @@ struct Context {
   std::mutex mutex;
   std::map<int, cublasLtHandle_t> handles;
   std::map<int, void*> workspaces;
-  std::map<Key, Plan> plans;
+  std::map<Key, Plan> plans;                                  // exact shapes
+  std::map<Key, cublasLtMatmulAlgo_t> representative_algos;  // see representative()
 };
 
 Context& context() {
@@ -51,10 +56,41 @@ Context& context() {
   return *c;
 }
 
-Plan make_plan(cublasLtHandle_t handle, const Key& key) {
+// A dimension rounded up to the size whose algorithm serves it: itself up to 64, then powers of
+// two to 256, multiples of 256 to 8192, multiples of 1024 beyond.
+int64_t bucket(int64_t x) {
+  if (x <= 64) return x;
+  if (x <= 256) {
+    int64_t p = 128;
+    while (p < x) p *= 2;
+    return p;
+  }
+  if (x <= 8192) return (x + 255) / 256 * 256;
+  return (x + 1023) / 1024 * 1024;
+}
+
+// The shape whose heuristic choice an exact shape runs with. cuBLASLt's heuristic costs tens of
+// microseconds a call, and the experts' products change their row counts every step (hundreds
+// of new shapes a step): asked once per representative, it leaves the host time to launch. The
+// choice is a function of the shape alone, so runs and resumed runs pick the same algorithms.
+Key representative(const Key& key) {
   const auto [device, m, n, k, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c, lda,
               ldc] = key;
-  (void)device;
+  const int64_t mr = bucket(m), nr = bucket(n), kr = bucket(k);
+  // A's rows as stored are k long (m when transposed): a dense A stays dense, a padded one
+  // keeps its stride where the bucket still fits in it.
+  const int64_t a_row = trans_a ? m : k, a_row_r = trans_a ? mr : kr;
+  const int64_t lda_r = lda == a_row ? a_row_r : std::max(lda, a_row_r);
+  const int64_t ldc_r = ldc == n ? nr : std::max(ldc, nr);
+  return Key{device, mr, nr, kr, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c,
+             lda_r, ldc_r};
+}
+
+// The operation and layout descriptors of a shape (no algorithm yet).
+Plan describe(const Key& key) {
+  const auto [device, m, n, k, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c, lda,
+              ldc] = key;
+  (void)device, (void)align_a, (void)align_b, (void)align_c;
   Plan p;
   FOUNDRY_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t lt_ta = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A = our B
@@ -74,7 +110,21 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
   else
     FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, in, m, k, lda));
   FOUNDRY_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, n, m, ldc));
+  return p;
+}
 
+void destroy(Plan& p) {
+  cublasLtMatrixLayoutDestroy(p.c);
+  cublasLtMatrixLayoutDestroy(p.b);
+  cublasLtMatrixLayoutDestroy(p.a);
+  cublasLtMatmulDescDestroy(p.op);
+}
+
+// cuBLASLt's first choice for a described shape within the workspace and the operands'
+// alignments; false where it has none.
+bool heuristic(cublasLtHandle_t handle, const Plan& p, const Key& key, cublasLtMatmulAlgo_t* algo) {
+  const uint32_t align_a = std::get<7>(key), align_b = std::get<8>(key),
+                 align_c = std::get<9>(key);
   cublasLtMatmulPreference_t preference = nullptr;
   FOUNDRY_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
   const uint64_t workspace = kWorkspaceBytes;
@@ -91,12 +141,41 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key) {
         cublasLtMatmulPreferenceSetAttribute(preference, attribute, &value, sizeof value));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  FOUNDRY_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c,
-                                                      preference, 1, &result, &found));
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle, p.op, p.a, p.b, p.c, p.c,
+                                                               preference, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(preference);
-  if (found == 0)
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) FOUNDRY_CUBLAS_CHECK(status);
+  if (status != CUBLAS_STATUS_SUCCESS || found == 0) return false;
+  *algo = result.algo;
+  return true;
+}
+
+// The representative's algorithm where cuBLASLt accepts it for this exact shape, else the
+// exact shape's own heuristic choice.
+Plan make_plan(cublasLtHandle_t handle, const Key& key, Context& ctx) {
+  Plan p = describe(key);
+  const Key rep = representative(key);
+  auto it = ctx.representative_algos.find(rep);
+  if (it == ctx.representative_algos.end()) {
+    Plan r = describe(rep);
+    cublasLtMatmulAlgo_t algo{};
+    const bool found = heuristic(handle, r, rep, &algo);
+    destroy(r);
+    if (found) it = ctx.representative_algos.emplace(rep, algo).first;
+  }
+  if (it != ctx.representative_algos.end()) {
+    cublasLtMatmulHeuristicResult_t check{};
+    if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &it->second, &check) ==
+            CUBLAS_STATUS_SUCCESS &&
+        check.workspaceSize <= kWorkspaceBytes) {
+      p.algo = it->second;
+      return p;
+    }
+  }
+  if (!heuristic(handle, p, key, &p.algo)) {
+    destroy(p);
     FOUNDRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape
-  p.algo = result.algo;
+  }
   return p;
 }
 
@@ -117,7 +196,13 @@ void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* 
   const Key key{device,       m,           n,           k,   trans_a, trans_b, bf16_inputs,
                 alignment(a), alignment(b), alignment(c), lda, ldc};
   auto it = ctx.plans.find(key);
-  if (it == ctx.plans.end()) it = ctx.plans.emplace(key, make_plan(handle, key)).first;
+  if (it == ctx.plans.end()) {
+    if (ctx.plans.size() >= kMaxPlans) {
+      for (auto& entry : ctx.plans) destroy(entry.second);
+      ctx.plans.clear();
+    }
+    it = ctx.plans.emplace(key, make_plan(handle, key, ctx)).first;
+  }
   const Plan& p = it->second;
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   FOUNDRY_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, b, p.a, a, p.b, &beta, c, p.c, c, p.c,

@@ -158,6 +158,19 @@ TEST(GpuGemm, MatchesTheCpuGemmOverShapesLayoutsAndDtypes) {
             expect_gpu_gemm_matches_cpu({s.m, s.n, s.k, ta, tb}, dtype, accumulate, seed++);
 }
 
+// The experts' products: the row count changes call to call, within one representative shape
+// (blas.cu runs its algorithm where cuBLASLt accepts it) and across them, as the rows (M) of
+// the forward products and as the inner dimension (K) of the weight gradients.
+TEST(GpuGemm, RowCountsThatShareAnAlgorithmMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 200;
+  for (int64_t rows : {65, 100, 127, 128, 129, 200, 257, 300, 511, 700, 1000, 8193, 9000})
+    for (DType dtype : {DType::f32, DType::bf16}) {
+      expect_gpu_gemm_matches_cpu({rows, 96, 64, false, true}, dtype, false, seed++);
+      expect_gpu_gemm_matches_cpu({64, 48, rows, true, false}, dtype, rows % 2 == 1, seed++);
+    }
+}
+
 TEST(GpuGemm, TakesOperandsAtAnyElementOffset) {
   SKIP_WITHOUT_GPU();
   uint64_t seed = 100;
