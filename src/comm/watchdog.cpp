@@ -65,7 +65,10 @@ void CommWatchdog::run() {
     if (wake_.wait_until(lock, deadline,
                          [&] { return stop_ || !active_ || deadline_ != deadline; }))
       continue;  // stopped, finished, or a new guard with a new deadline
-    if (fired_) continue;
+    if (fired_) {  // reported once: sleep until this guard ends or another begins
+      wake_.wait(lock, [&] { return stop_ || !active_ || deadline_ != deadline; });
+      continue;
+    }
     fired_ = true;
     const std::string message = fmt::format(
         "error: rank {}: {} did not complete within {:.0f} s; another rank has probably died, "

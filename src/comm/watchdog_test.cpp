@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <time.h>
+
 #include <atomic>
 #include <thread>
 
@@ -25,6 +27,28 @@ TEST(CommWatchdog, FiresOnceWhenAnOperationOverrunsNamingRankAndOperation) {
   std::lock_guard<std::mutex> lock(m);
   EXPECT_NE(message.find("rank 3"), std::string::npos) << message;
   EXPECT_NE(message.find("gradient reduce-scatter (step 7)"), std::string::npos) << message;
+}
+
+// Once it has reported an overrun, the watch sleeps while the late operation goes on: the
+// process's CPU time over a second of that wait stays near zero (a spinning watch takes
+// most of a core).
+TEST(CommWatchdog, SleepsAfterFiringWhileTheOperationGoesOn) {
+  std::atomic<int> fired{0};
+  CommWatchdog dog(0, 0.2, [&](const std::string&) { ++fired; });
+  auto g = dog.guard("all-to-all");
+  const auto cpu_seconds = [] {
+    timespec t{};
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (fired.load() == 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(fired.load(), 1);
+  const double before = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  EXPECT_LT(cpu_seconds() - before, 0.1);
+  EXPECT_EQ(fired.load(), 1);
 }
 
 TEST(CommWatchdog, StaysQuietWhenOperationsFinishInTime) {
