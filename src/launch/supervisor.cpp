@@ -33,6 +33,15 @@ namespace {
 
 constexpr double kPollSeconds = 0.2;
 constexpr double kGoneGraceSeconds = 0.3;
+// How long a job whose rank reported a lost or hung rank has to exit before the supervisor
+// ends it (the ranks' abort takes well under a second).
+constexpr double kJobEndingGraceSeconds = 10;
+// A rank's own account that the job is ending: a lost or a hung rank.
+bool is_job_ending(const json& e) {
+  const std::string event = e.value("event", "");
+  return event == "rank_lost" || event == "hang";
+}
+
 const char* const kFaultVariables[] = {"FOUNDRY_CHECKPOINT_FAULT", "FOUNDRY_TRAIN_FAULT"};
 
 // How an attempt ended.
@@ -57,6 +66,7 @@ struct Attempt {
   std::map<int, ChangeClock> beats, progress;
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
   std::map<int, double> gone_since;        // ranks whose process has vanished, since when
+  double job_ending_since = -1;            // when the job's own rank_lost/hang event was seen
   std::string host;                        // this host's name
 };
 
@@ -87,6 +97,7 @@ class Supervisor {
   Attempt start(int number);
   Outcome watch(Attempt& a);
   std::optional<Outcome> check_heartbeats(Attempt& a, double now);
+  std::optional<Outcome> judge_heartbeats(Attempt& a, double now);
   std::optional<Outcome> check_rank_processes(Attempt& a, double now);
   Outcome classify_exit(const Attempt& a, int status) const;
   // Whether the job logged an event matching `match` since `unix_start`.
@@ -189,8 +200,20 @@ Attempt Supervisor::start(int number) {
 }
 
 // Silent or stuck ranks, judged as the ranks judge each other (train/heartbeat.h), for when
-// they cannot: one process, or every rank of a node gone at once.
+// they cannot: one process, or every rank of a node gone at once. Where a rank's own watch has
+// already reported the loss or the hang (its event in events.jsonl), the job is ending with
+// that rank's account, and the supervisor waits for its exit (kJobEndingGraceSeconds at most).
 std::optional<Outcome> Supervisor::check_heartbeats(Attempt& a, double now) {
+  std::optional<Outcome> verdict = judge_heartbeats(a, now);
+  if (!verdict) return std::nullopt;
+  if (a.job_ending_since < 0 && job_event_since(attempt_unix_, is_job_ending))
+    a.job_ending_since = now;
+  if (a.job_ending_since >= 0 && now - a.job_ending_since < kJobEndingGraceSeconds)
+    return std::nullopt;
+  return verdict;
+}
+
+std::optional<Outcome> Supervisor::judge_heartbeats(Attempt& a, double now) {
   const std::map<int, HeartbeatRecord> records = read_heartbeats(run_dir_);
   for (int rank = 0; rank < a.ranks; ++rank) {
     auto it = records.find(rank);
@@ -242,11 +265,7 @@ std::optional<Outcome> Supervisor::check_rank_processes(Attempt& a, double now) 
       r = *fresh;
       continue;
     }
-    const auto ending = [](const json& e) {
-      const std::string event = e.value("event", "");
-      return event == "rank_lost" || event == "hang";
-    };
-    if (job_event_since(attempt_unix_, ending)) continue;
+    if (job_event_since(attempt_unix_, is_job_ending)) continue;
     return Outcome{Outcome::failed, true, "rank_lost", rank,
                    fmt::format("{} has died (its process is gone)", describe_rank(r))};
   }
