@@ -1,12 +1,15 @@
-// cca.h's kernels. Elementwise work takes a thread per output element; the reductions over
-// tokens write one partial per fixed chunk of rows, then one thread per parameter sums the
-// chunks in order. The grouped convolution is cuBLASLt products (fp32) over stacked rows.
+// cca.h's kernels. Elementwise work goes by rows and columns (rows_launch), up to 4 columns a
+// thread; the reductions over tokens write one partial per fixed chunk of rows, then one thread
+// per parameter sums the chunks in order. The grouped convolution is cuBLASLt products (fp32)
+// over stacked rows.
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 
 #include "cuda/cca.h"
 #include "cuda/check.h"
+#include "cuda/device_math.cuh"
 #include "cuda/launch.cuh"
 #include "cuda/lt_matmul.h"
 #include "cuda/zaya.h"
@@ -18,96 +21,159 @@ namespace {
 constexpr int kThreads = kBlockThreads;
 constexpr int64_t kRowsPerChunk = 32;  // depthwise conv and temperature partials
 
+template <int W>
+__device__ inline Lanes<W> zero_lanes() {
+  Lanes<W> l;
+  for (int i = 0; i < W; ++i) l.v[i] = 0.0f;
+  return l;
+}
+
 // ---- means ----
 
-// One thread per (row, KV head j, dim x): the group's g query heads and the key.
+// Rows of [N, C] by rows_launch, W dims x a thread at a time, for each KV head j: the group's g
+// query heads and the key. Rounded as nvcc compiled the thread per (row, j, x) this replaced:
+// mq = (q + k)·0.5 never rounded alone, fused into both its sums (FMAs), and mk's sum·(1/g)
+// fused with its addition.
+template <int W>
 __global__ void means_forward_kernel(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk,
                                      int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float inv_g = 1.0f / static_cast<float>(g);
-  FOUNDRY_FOR_EACH(index, n * hk * d) {
-    const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
+  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
     const float* q0 = c + row * channels;
-    const float kj = q0[hq * d + j * d + x];
     float* out_q = qk + row * channels;
-    float sum = 0;
-    for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-      const float mq = (q0[h * d + x] + kj) * 0.5f;
-      out_q[h * d + x] += mq;
-      sum += mq;
+    FOUNDRY_FOR_EACH_COL(xq, d / W) {
+      const int64_t x = xq * W;
+      for (int64_t j = 0; j < hk; ++j) {
+        const Lanes<W> kj = load_lanes<W>(q0 + hq * d + j * d + x);
+        Lanes<W> sum = zero_lanes<W>();
+        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+          const Lanes<W> qh = load_lanes<W>(q0 + h * d + x);
+          Lanes<W> out = load_lanes<W>(out_q + h * d + x);
+          for (int l = 0; l < W; ++l) {
+            const float q_plus_k = qh.v[l] + kj.v[l];
+            out.v[l] = __fmaf_rn(q_plus_k, 0.5f, out.v[l]);
+            sum.v[l] = __fmaf_rn(q_plus_k, 0.5f, sum.v[l]);
+          }
+          store_lanes<W>(out_q + h * d + x, out);
+        }
+        Lanes<W> out = load_lanes<W>(out_q + hq * d + j * d + x);
+        for (int l = 0; l < W; ++l) out.v[l] = __fmaf_rn(sum.v[l], inv_g, out.v[l]);
+        store_lanes<W>(out_q + hq * d + j * d + x, out);
+      }
     }
-    out_q[hq * d + j * d + x] += sum * inv_g;
   }
 }
 
+// As nvcc compiled the thread per (row, j, x): dmq·0.5 fused with dmk·(1/2g) (rounded), that
+// added to dq0; (Σ dmq + dmk)·0.5 fused with its addition. dc and dqk are separate arrays.
+template <int W>
 __global__ void means_backward_kernel(float* dc, const float* dqk, int64_t n, int64_t hq,
                                       int64_t hk, int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float half_inv_g = 0.5f / static_cast<float>(g);
-  FOUNDRY_FOR_EACH(index, n * hk * d) {
-    const int64_t x = index % d, j = (index / d) % hk, row = index / (d * hk);
+  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
     const float* dmq = dqk + row * channels;
-    const float dmk = dmq[hq * d + j * d + x];
     float* dq0 = dc + row * channels;
-    const float from_mk = dmk * half_inv_g;
-    float sum = 0;
-    for (int64_t h = j * g; h < (j + 1) * g; ++h) {
-      dq0[h * d + x] += dmq[h * d + x] * 0.5f + from_mk;
-      sum += dmq[h * d + x];
+    FOUNDRY_FOR_EACH_COL(xq, d / W) {
+      const int64_t x = xq * W;
+      for (int64_t j = 0; j < hk; ++j) {
+        const Lanes<W> dmk = load_lanes<W>(dmq + hq * d + j * d + x);
+        Lanes<W> from_mk, sum = zero_lanes<W>();
+        for (int l = 0; l < W; ++l) from_mk.v[l] = dmk.v[l] * half_inv_g;
+        for (int64_t h = j * g; h < (j + 1) * g; ++h) {
+          const Lanes<W> dm = load_lanes<W>(dmq + h * d + x);
+          Lanes<W> out = load_lanes<W>(dq0 + h * d + x);
+          for (int l = 0; l < W; ++l) {
+            out.v[l] += __fmaf_rn(dm.v[l], 0.5f, from_mk.v[l]);
+            sum.v[l] += dm.v[l];
+          }
+          store_lanes<W>(dq0 + h * d + x, out);
+        }
+        Lanes<W> out = load_lanes<W>(dq0 + hq * d + j * d + x);
+        for (int l = 0; l < W; ++l)
+          out.v[l] = __fmaf_rn(sum.v[l] + dmk.v[l], 0.5f, out.v[l]);
+        store_lanes<W>(dq0 + hq * d + j * d + x, out);
+      }
     }
-    dq0[hq * d + j * d + x] += (sum + dmk) * 0.5f;
   }
 }
 
 // ---- depthwise convolution ----
 
+// Rows of [B·T, C] by rows_launch, W channels k a thread at a time; acc += w·x as one FMA per
+// tap, as nvcc compiled the thread per element.
+template <int W>
 __global__ void depthwise_forward_kernel(float* y, const float* c, const float* w0,
                                          const float* b0, int64_t b, int64_t t, int64_t ch,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH(index, b * t * ch) {
-    const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
-    float acc = b0[k];
-    for (int64_t i = 0; i < taps; ++i) {
-      const int64_t src = pos - (taps - 1) + i;
-      if (src >= 0) acc += w0[k * taps + i] * c[(row - pos + src) * ch + k];
+  FOUNDRY_FOR_EACH_ROW_2D(row, b * t) {
+    const int64_t pos = row % t;
+    FOUNDRY_FOR_EACH_COL(q, ch / W) {
+      const int64_t k = q * W;
+      Lanes<W> acc = load_lanes<W>(b0 + k);
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t src = pos - (taps - 1) + i;
+        if (src >= 0) {
+          const Lanes<W> x = load_lanes<W>(c + (row - pos + src) * ch + k);
+          for (int l = 0; l < W; ++l)
+            acc.v[l] = __fmaf_rn(w0[(k + l) * taps + i], x.v[l], acc.v[l]);
+        }
+      }
+      store_lanes<W>(y + row * ch + k, acc);
     }
-    y[index] = acc;
   }
 }
 
-// dc: position s receives w0[k, i]·dy at s + (taps−1) − i.
+// dc: position s receives w0[k, i]·dy at s + (taps−1) − i (FMAs into acc, then one addition).
+template <int W>
 __global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const float* w0, int64_t b,
                                             int64_t t, int64_t ch, int64_t taps) {
-  FOUNDRY_FOR_EACH(index, b * t * ch) {
-    const int64_t k = index % ch, pos = (index / ch) % t, row = index / ch;
-    float acc = 0;
-    for (int64_t i = 0; i < taps; ++i) {
-      const int64_t dst = pos + (taps - 1) - i;
-      if (dst < t) acc += w0[k * taps + i] * dy[(row - pos + dst) * ch + k];
+  FOUNDRY_FOR_EACH_ROW_2D(row, b * t) {
+    const int64_t pos = row % t;
+    FOUNDRY_FOR_EACH_COL(q, ch / W) {
+      const int64_t k = q * W;
+      Lanes<W> acc = zero_lanes<W>();
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t dst = pos + (taps - 1) - i;
+        if (dst < t) {
+          const Lanes<W> g = load_lanes<W>(dy + (row - pos + dst) * ch + k);
+          for (int l = 0; l < W; ++l)
+            acc.v[l] = __fmaf_rn(w0[(k + l) * taps + i], g.v[l], acc.v[l]);
+        }
+      }
+      Lanes<W> out = load_lanes<W>(dc + row * ch + k);
+      for (int l = 0; l < W; ++l) out.v[l] += acc.v[l];
+      store_lanes<W>(dc + row * ch + k, out);
     }
-    dc[index] += acc;
   }
 }
 
 // partials [chunks, ch·(taps + 1)]: per channel, the taps' weight gradients then the bias's.
+// Chunks by rows_launch, an element e a thread; the position within the sequence advances with
+// the row (no remainder per row), acc += g·x as one FMA as nvcc compiled it.
 __global__ void depthwise_param_partials_kernel(float* partials, const float* dy, const float* c,
                                                 int64_t n, int64_t t, int64_t ch, int64_t taps) {
   const int64_t per_chunk = ch * (taps + 1), chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
-  FOUNDRY_FOR_EACH(index, chunks * per_chunk) {
-    const int64_t chunk = index / per_chunk, e = index % per_chunk;
-    const int64_t k = e / (taps + 1), i = e % (taps + 1);  // i == taps: the bias
-    const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
-    float acc = 0;
-    for (int64_t row = chunk * kRowsPerChunk; row < end; ++row) {
-      const float g = dy[row * ch + k];
-      if (i == taps) {
-        acc += g;
-      } else {
-        const int64_t pos = row % t, src = pos - (taps - 1) + i;
-        if (src >= 0) acc += g * c[(row - pos + src) * ch + k];
+  FOUNDRY_FOR_EACH_ROW_2D(chunk, chunks) {
+    const int64_t first = chunk * kRowsPerChunk, end = min(n, first + kRowsPerChunk);
+    const int64_t first_pos = first % t;
+    FOUNDRY_FOR_EACH_COL(e, per_chunk) {
+      const int64_t k = e / (taps + 1), i = e % (taps + 1);  // i == taps: the bias
+      float acc = 0;
+      int64_t pos = first_pos;  // row % t
+      for (int64_t row = first; row < end; ++row) {
+        const float g = dy[row * ch + k];
+        if (i == taps) {
+          acc += g;
+        } else {
+          const int64_t src = pos - (taps - 1) + i;
+          if (src >= 0) acc = __fmaf_rn(g, c[(row - pos + src) * ch + k], acc);
+        }
+        if (++pos == t) pos = 0;
       }
+      partials[chunk * per_chunk + e] = acc;
     }
-    partials[index] = acc;
   }
 }
 
@@ -131,46 +197,78 @@ __global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* 
 
 // One group's rows [N, taps·d]: tap i of row r holds input row r − (taps−1) + i (the forward's
 // window), or r + (taps−1) − i when `ahead` (the input gradient's), zero where that leaves r's
-// sequence. `in` is the group's first column, its rows ld apart.
+// sequence. `in` is the group's first column, its rows ld apart. Rows r by rows_launch, W
+// columns of every tap a thread at a time.
+template <int W>
 __global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64_t n, int64_t t,
                                   int64_t d, int64_t taps, bool ahead) {
-  FOUNDRY_FOR_EACH(index, n * taps * d) {
-    const int64_t row = index / (taps * d), i = (index / d) % taps, col = index % d;
-    const int64_t pos = row % t, src = ahead ? pos + (taps - 1) - i : pos - (taps - 1) + i;
-    out[index] = (src >= 0 && src < t) ? in[(row - pos + src) * ld + col] : 0.0f;
+  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
+    const int64_t pos = row % t;
+    float* out_row = out + row * taps * d;
+    FOUNDRY_FOR_EACH_COL(q, d / W) {
+      const int64_t col = q * W;
+      for (int64_t i = 0; i < taps; ++i) {
+        const int64_t src = ahead ? pos + (taps - 1) - i : pos - (taps - 1) + i;
+        store_lanes<W>(out_row + i * d + col, (src >= 0 && src < t)
+                                                  ? load_lanes<W>(in + (row - pos + src) * ld + col)
+                                                  : zero_lanes<W>());
+      }
+    }
   }
 }
 
+// The three kernels over w1 go by rows oc of [G·d (out)], columns ci (in) a thread, every tap.
 // w1 [G·d (out), d (in), taps] as [G][out][tap][in]: each group's forward operand, K = (tap, in).
 __global__ void weights_out_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH(index, groups * d * taps * d) {
-    const int64_t ci = index % d, i = (index / d) % taps, oc = index / (taps * d);
-    r[index] = w1[(oc * d + ci) * taps + i];
+  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+    FOUNDRY_FOR_EACH_COL(ci, d) {
+      for (int64_t i = 0; i < taps; ++i) r[(oc * taps + i) * d + ci] = w1[(oc * d + ci) * taps + i];
+    }
   }
 }
 
 // w1 as [G][tap][out][in]: each group's operand of the input gradient, K = (tap, out).
 __global__ void weights_tap_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH(index, groups * taps * d * d) {
-    const int64_t ci = index % d, o = (index / d) % d, i = (index / (d * d)) % taps,
-                  g = index / (taps * d * d);
-    r[index] = w1[((g * d + o) * d + ci) * taps + i];
+  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+    const int64_t g = oc / d, o = oc % d;
+    FOUNDRY_FOR_EACH_COL(ci, d) {
+      for (int64_t i = 0; i < taps; ++i)
+        r[((g * taps + i) * d + o) * d + ci] = w1[((g * d + o) * d + ci) * taps + i];
+    }
   }
 }
 
 // dw1 [G·d, d, taps] += the products' [G][out][tap][in].
 __global__ void add_weight_grads_kernel(float* dw1, const float* by_tap, int64_t groups, int64_t d,
                                         int64_t taps) {
-  FOUNDRY_FOR_EACH(index, groups * d * d * taps) {
-    const int64_t i = index % taps, ci = (index / taps) % d, oc = index / (taps * d);
-    dw1[index] += by_tap[(oc * taps + i) * d + ci];
+  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+    FOUNDRY_FOR_EACH_COL(ci, d) {
+      for (int64_t i = 0; i < taps; ++i)
+        dw1[(oc * d + ci) * taps + i] += by_tap[(oc * taps + i) * d + ci];
+    }
   }
 }
 
+template <int W>
 __global__ void broadcast_rows_kernel(float* z, const float* bias, int64_t n, int64_t ch) {
-  FOUNDRY_FOR_EACH(index, n * ch) z[index] = bias[index % ch];
+  FOUNDRY_FOR_EACH_ROW_2D(r, n) {
+    FOUNDRY_FOR_EACH_COL(q, ch / W) store_lanes<W>(z + r * ch + q * W, load_lanes<W>(bias + q * W));
+  }
+}
+
+// stack_taps_kernel's launch: W = 4 where d, ld and the pointers allow.
+void launch_stack_taps(float* out, const float* in, int64_t ld, int64_t n, int64_t t, int64_t d,
+                       int64_t taps, bool ahead) {
+  if (lanes_for(d, ld, {out, in}) == 4) {
+    const RowsLaunch l = rows_launch(n, d / 4);
+    stack_taps_kernel<4><<<l.grid, l.block>>>(out, in, ld, n, t, d, taps, ahead);
+  } else {
+    const RowsLaunch l = rows_launch(n, d);
+    stack_taps_kernel<1><<<l.grid, l.block>>>(out, in, ld, n, t, d, taps, ahead);
+  }
+  check_launch();
 }
 
 __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
@@ -261,19 +359,36 @@ __global__ void temp_sum_kernel(float* dtemp, const float* rows, int64_t n, int6
 }  // namespace
 
 void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  means_forward_kernel<<<blocks_for(n * hk * d), kThreads>>>(qk, c, n, hq, hk, d);
+  if (lanes_for(d, (hq + hk) * d, {qk, c}) == 4) {
+    const RowsLaunch l = rows_launch(n, d / 4);
+    means_forward_kernel<4><<<l.grid, l.block>>>(qk, c, n, hq, hk, d);
+  } else {
+    const RowsLaunch l = rows_launch(n, d);
+    means_forward_kernel<1><<<l.grid, l.block>>>(qk, c, n, hq, hk, d);
+  }
   check_launch();
 }
 
 void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  means_backward_kernel<<<blocks_for(n * hk * d), kThreads>>>(dc, dqk, n, hq, hk, d);
+  if (lanes_for(d, (hq + hk) * d, {dc, dqk}) == 4) {
+    const RowsLaunch l = rows_launch(n, d / 4);
+    means_backward_kernel<4><<<l.grid, l.block>>>(dc, dqk, n, hq, hk, d);
+  } else {
+    const RowsLaunch l = rows_launch(n, d);
+    means_backward_kernel<1><<<l.grid, l.block>>>(dc, dqk, n, hq, hk, d);
+  }
   check_launch();
 }
 
 void cca_depthwise_conv_forward(float* y, const float* c, const float* w0, const float* b0,
                                 int64_t b, int64_t t, int64_t channels, int64_t taps) {
-  depthwise_forward_kernel<<<blocks_for(b * t * channels), kThreads>>>(y, c, w0, b0, b, t,
-                                                                       channels, taps);
+  if (lanes_for(channels, channels, {y, c, b0}) == 4) {
+    const RowsLaunch l = rows_launch(b * t, channels / 4);
+    depthwise_forward_kernel<4><<<l.grid, l.block>>>(y, c, w0, b0, b, t, channels, taps);
+  } else {
+    const RowsLaunch l = rows_launch(b * t, channels);
+    depthwise_forward_kernel<1><<<l.grid, l.block>>>(y, c, w0, b0, b, t, channels, taps);
+  }
   check_launch();
 }
 
@@ -286,11 +401,18 @@ void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float*
                                  int64_t channels, int64_t taps, float* scratch) {
   const int64_t n = b * t;
   if (n == 0) return;
-  depthwise_input_grad_kernel<<<blocks_for(n * channels), kThreads>>>(dc, dy, w0, b, t, channels,
-                                                                      taps);
+  if (lanes_for(channels, channels, {dc, dy}) == 4) {
+    const RowsLaunch l = rows_launch(n, channels / 4);
+    depthwise_input_grad_kernel<4><<<l.grid, l.block>>>(dc, dy, w0, b, t, channels, taps);
+  } else {
+    const RowsLaunch l = rows_launch(n, channels);
+    depthwise_input_grad_kernel<1><<<l.grid, l.block>>>(dc, dy, w0, b, t, channels, taps);
+  }
   check_launch();
-  depthwise_param_partials_kernel<<<blocks_for(cca_depthwise_conv_scratch(b, t, channels, taps)),
-                                    kThreads>>>(scratch, dy, c, n, t, channels, taps);
+  const RowsLaunch partials =
+      rows_launch((n + kRowsPerChunk - 1) / kRowsPerChunk, channels * (taps + 1));
+  depthwise_param_partials_kernel<<<partials.grid, partials.block>>>(scratch, dy, c, n, t,
+                                                                      channels, taps);
   check_launch();
   depthwise_param_sum_kernel<<<blocks_for(channels * (taps + 1)), kThreads>>>(
       dw0, db0, scratch, (n + kRowsPerChunk - 1) / kRowsPerChunk, channels, taps);
@@ -311,15 +433,22 @@ void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const f
   if (n == 0) return;
   float* weights = scratch;
   float* rows = scratch + groups * d * k;
-  weights_out_major_kernel<<<blocks_for(groups * d * k), kThreads>>>(weights, w1, groups, d, taps);
+  const RowsLaunch by_weight_row = rows_launch(groups * d, d);
+  weights_out_major_kernel<<<by_weight_row.grid, by_weight_row.block>>>(weights, w1, groups, d,
+                                                                        taps);
   check_launch();
   if (b1) {
-    broadcast_rows_kernel<<<blocks_for(n * ch), kThreads>>>(z, b1, n, ch);
+    if (lanes_for(ch, ch, {z, b1}) == 4) {
+      const RowsLaunch l = rows_launch(n, ch / 4);
+      broadcast_rows_kernel<4><<<l.grid, l.block>>>(z, b1, n, ch);
+    } else {
+      const RowsLaunch l = rows_launch(n, ch);
+      broadcast_rows_kernel<1><<<l.grid, l.block>>>(z, b1, n, ch);
+    }
     check_launch();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, y + g * d, ch, n, t, d, taps, false);
-    check_launch();
+    launch_stack_taps(rows, y + g * d, ch, n, t, d, taps, false);
     // z[:, g] (+)= rows · weights_gᵀ: [N, taps·d] × [taps·d, d], into columns g·d of z.
     detail::lt_matmul(rows, false, weights + g * d * k, true, z + g * d, n, d, k, false,
                       b1 != nullptr, k, ch);
@@ -340,22 +469,22 @@ void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* d
   float* rows = weights + groups * d * k;
   float* weight_grads = rows + n * k;
   float* column_scratch = weight_grads + groups * d * k;
-  weights_tap_major_kernel<<<blocks_for(groups * d * k), kThreads>>>(weights, w1, groups, d, taps);
+  const RowsLaunch by_weight_row = rows_launch(groups * d, d);
+  weights_tap_major_kernel<<<by_weight_row.grid, by_weight_row.block>>>(weights, w1, groups, d,
+                                                                        taps);
   check_launch();
   for (int64_t g = 0; g < groups; ++g) {
     // dy[:, g] += dz's rows ahead, stacked, · weights_g: [N, taps·d] × [taps·d, d].
-    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, dz + g * d, ch, n, t, d, taps, true);
-    check_launch();
+    launch_stack_taps(rows, dz + g * d, ch, n, t, d, taps, true);
     detail::lt_matmul(rows, false, weights + g * d * k, false, dy + g * d, n, d, k, false, true, k,
                       ch);
     // The group's weight gradient [d, taps·d] = dz[:, g]ᵀ · y's rows behind, stacked.
-    stack_taps_kernel<<<blocks_for(n * k), kThreads>>>(rows, y + g * d, ch, n, t, d, taps, false);
-    check_launch();
+    launch_stack_taps(rows, y + g * d, ch, n, t, d, taps, false);
     detail::lt_matmul(dz + g * d, true, rows, false, weight_grads + g * d * k, d, k, n, false,
                       false, ch, k);
   }
-  add_weight_grads_kernel<<<blocks_for(groups * d * k), kThreads>>>(dw1, weight_grads, groups, d,
-                                                                    taps);
+  add_weight_grads_kernel<<<by_weight_row.grid, by_weight_row.block>>>(dw1, weight_grads, groups,
+                                                                       d, taps);
   check_launch();
   bias_add_backward(db1, dz, n, ch, column_scratch);  // db1 += Σ rows of dz
 }

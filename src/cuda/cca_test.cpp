@@ -1,6 +1,7 @@
 // gpu::ops' CCA kernels against the CPU's (kernels/cca.h) on fresh random inputs: ZAYA1's
-// shape (8 query heads, 2 KV heads) at a small head dim, and an uneven one (3 KV heads, taps
-// 3 and 1), over several sequences so that no convolution reads across a sequence boundary.
+// shape (8 query heads, 2 KV heads) at a small head dim, an uneven one (3 KV heads, taps 3 and
+// 1), and an odd head dim (5: no row of 4-float accesses, the kernels' one-float path), over
+// several sequences so that no convolution reads across a sequence boundary.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -28,7 +29,7 @@ std::vector<float> to_host(const gpu::DeviceBuffer& b, int64_t n) {
 struct Shape {
   int64_t b, t, hq, hk, d, t0, t1;
 };
-constexpr Shape kShapes[] = {{3, 17, 8, 2, 16, 2, 2}, {2, 9, 6, 3, 8, 3, 1}};
+constexpr Shape kShapes[] = {{3, 17, 8, 2, 16, 2, 2}, {2, 9, 6, 3, 8, 3, 1}, {2, 7, 2, 1, 5, 3, 2}};
 
 TEST(GpuCca, MeansAndQkNormMatchTheCpu) {
   SKIP_WITHOUT_GPU();

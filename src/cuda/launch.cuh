@@ -1,9 +1,11 @@
 // What the elementwise kernels of src/cuda/*.cu share: the block size, a grid for a count of
-// elements or for rows of elements, the grid-stride loops, and the launch check.
+// elements or for rows of elements, the grid-stride loops, the vector width a shape allows, and
+// the launch check.
 #pragma once
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "cuda/check.h"
 
@@ -35,6 +37,35 @@ inline bool aligned(const void* p, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(p) % bytes == 0;
 }
 
+// A launch for `rows` rows of `cols` items whose rows may be shorter than a block: blocks of
+// kBlockThreads, blockDim.x a power of two from 32 up to kBlockThreads along a row
+// (FOUNDRY_FOR_EACH_COL) and blockDim.y = kBlockThreads / blockDim.x rows at once
+// (FOUNDRY_FOR_EACH_ROW_2D), so that a head of 128 floats (32 float4s) still fills a block;
+// rows of kBlockThreads items or more get grid_for_rows's launch.
+struct RowsLaunch {
+  dim3 grid, block;
+};
+
+inline RowsLaunch rows_launch(int64_t rows, int64_t cols) {
+  unsigned x = 32;
+  while (x < static_cast<unsigned>(kBlockThreads) && x < cols) x *= 2;
+  const unsigned y = kBlockThreads / x;
+  return {grid_for_rows((rows + y - 1) / y, cols), dim3(x, y)};
+}
+
+// 4 where rows of `c` floats at the pointers, `ld` floats apart, may go as float4 (Lanes<4>):
+// c and ld multiples of 4 and every pointer 16-byte aligned; 1 otherwise.
+inline int lanes_for(int64_t c, int64_t ld, std::initializer_list<const float*> pointers) {
+  if (c % 4 != 0 || ld % 4 != 0) return 1;
+  for (const float* p : pointers)
+    if (!aligned(p, 16)) return 1;
+  return 4;
+}
+// The same for dense rows (ld = c).
+inline int lanes_for(int64_t c, std::initializer_list<const float*> pointers) {
+  return lanes_for(c, c, pointers);
+}
+
 inline void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
 }  // namespace foundry::gpu
@@ -46,6 +77,11 @@ inline void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
 // In a grid_for_rows launch: for (r = this block row's first row; r < rows; r += block rows)
 #define FOUNDRY_FOR_EACH_ROW(r, rows) for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)
+
+// In a rows_launch: for (r = this thread's first row; r < rows; r += the rows the grid covers)
+#define FOUNDRY_FOR_EACH_ROW_2D(r, rows)                                            \
+  for (int64_t r = blockIdx.y * int64_t{blockDim.y} + threadIdx.y; r < (rows); \
+       r += int64_t{gridDim.y} * blockDim.y)
 
 // In a grid_for_rows launch: for (j = this thread's first column; j < cols; j += the x threads)
 #define FOUNDRY_FOR_EACH_COL(j, cols)                                               \

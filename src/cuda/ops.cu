@@ -308,15 +308,6 @@ __global__ void mean_kernel(double* mean, const float* losses, int64_t n) {
   if (threadIdx.x == 0) *mean = n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
-// 4 where rows of `c` floats may go as float4: c a multiple of 4 and every pointer 16-byte
-// aligned (then so is each row); 1 otherwise.
-int lanes_for(int64_t c, std::initializer_list<const float*> pointers) {
-  if (c % 4 != 0) return 1;
-  for (const float* p : pointers)
-    if (!aligned(p, 16)) return 1;
-  return 4;
-}
-
 // swiglu's four entry points: out or out16 (bf16, 8-byte aligned for its 4-lane stores).
 void launch_swiglu_forward(float* out, uint16_t* out16, const float* h, int64_t n, int64_t f) {
   if (lanes_for(f, {out, h}) == 4 && aligned(out16, 8))

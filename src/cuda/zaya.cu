@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 
 #include "cuda/check.h"
 #include "cuda/device_math.cuh"
@@ -17,15 +18,18 @@ constexpr int64_t kRowsPerChunk = 32;
 
 __host__ __device__ int64_t chunks_of(int64_t n) { return (n + kRowsPerChunk - 1) / kRowsPerChunk; }
 
+// The kernels over [rows, cols] below go by rows and columns (launch.cuh's rows_launch), not by
+// a flat index that needs a 64-bit division and remainder per element.
 // partials [chunks, cols]: Σ over the chunk's rows of value(row, col).
 template <typename Value>
 __global__ void column_partials_kernel(float* partials, int64_t n, int64_t cols, Value value) {
-  FOUNDRY_FOR_EACH(index, chunks_of(n) * cols) {
-    const int64_t chunk = index / cols, col = index % cols;
+  FOUNDRY_FOR_EACH_ROW_2D(chunk, chunks_of(n)) {
     const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
-    float acc = 0;
-    for (int64_t row = chunk * kRowsPerChunk; row < end; ++row) acc += value(row, col);
-    partials[index] = acc;
+    FOUNDRY_FOR_EACH_COL(col, cols) {
+      float acc = 0;
+      for (int64_t row = chunk * kRowsPerChunk; row < end; ++row) acc += value(row, col);
+      partials[chunk * cols + col] = acc;
+    }
   }
 }
 
@@ -43,7 +47,8 @@ __global__ void column_totals_kernel(const float* partials, int64_t chunks, int6
 template <typename Value, typename Apply>
 void column_sums(float* scratch, int64_t n, int64_t cols, Value value, Apply apply) {
   if (n == 0 || cols == 0) return;
-  column_partials_kernel<<<blocks_for(chunks_of(n) * cols), kThreads>>>(scratch, n, cols, value);
+  const RowsLaunch l = rows_launch(chunks_of(n), cols);
+  column_partials_kernel<<<l.grid, l.block>>>(scratch, n, cols, value);
   check_launch();
   column_totals_kernel<<<blocks_for(cols), kThreads>>>(scratch, chunks_of(n), cols, apply);
   check_launch();
@@ -95,8 +100,19 @@ struct ResidualApply {
   }
 };
 
+// Rows i of y [n, m] by rows_launch, W columns j a thread at a time (W = 4 where lanes_for
+// allows; the same for the kernels over [n, r_dim] and [n, c] below).
+template <int W>
 __global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t m) {
-  FOUNDRY_FOR_EACH(index, n * m) y[index] += bias[index % m];
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, m / W) {
+      const int64_t j = q * W;
+      Lanes<W> v = load_lanes<W>(y + i * m + j);
+      const Lanes<W> b = load_lanes<W>(bias + j);
+      for (int l = 0; l < W; ++l) v.v[l] += b.v[l];
+      store_lanes<W>(y + i * m + j, v);
+    }
+  }
 }
 
 // Φ(x) through erfc, accurate in both tails (1 + erf(x/√2) cancels to nothing below x ≈ −5).
@@ -117,14 +133,33 @@ __global__ void gelu_backward_kernel(float* din, const float* dout, const float*
   }
 }
 
+// r += γ·r_prev as one FMA, as nvcc compiled it a thread per element.
+template <int W>
 __global__ void eda_forward_kernel(float* r, const float* r_prev, const float* gamma, int64_t n,
                                    int64_t r_dim) {
-  FOUNDRY_FOR_EACH(index, n * r_dim) r[index] += gamma[index % r_dim] * r_prev[index];
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, r_dim / W) {
+      const int64_t j = q * W;
+      Lanes<W> v = load_lanes<W>(r + i * r_dim + j);
+      const Lanes<W> p = load_lanes<W>(r_prev + i * r_dim + j), g = load_lanes<W>(gamma + j);
+      for (int l = 0; l < W; ++l) v.v[l] = __fmaf_rn(g.v[l], p.v[l], v.v[l]);
+      store_lanes<W>(r + i * r_dim + j, v);
+    }
+  }
 }
 
+template <int W>
 __global__ void eda_input_grad_kernel(float* dr_prev, const float* dr, const float* gamma,
                                       int64_t n, int64_t r_dim) {
-  FOUNDRY_FOR_EACH(index, n * r_dim) dr_prev[index] = gamma[index % r_dim] * dr[index];
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, r_dim / W) {
+      const int64_t j = q * W;
+      const Lanes<W> d = load_lanes<W>(dr + i * r_dim + j), g = load_lanes<W>(gamma + j);
+      Lanes<W> v;
+      for (int l = 0; l < W; ++l) v.v[l] = g.v[l] * d.v[l];
+      store_lanes<W>(dr_prev + i * r_dim + j, v);
+    }
+  }
 }
 
 __global__ void gating_forward_kernel(float* probs, int32_t* choice, float* gate,
@@ -236,37 +271,75 @@ __global__ void boundary_counts_kernel(int64_t* near, const float* probs, const 
   finish_counts(near, local, classes);
 }
 
+// out = (res + β_res)·α_res + (h + β_h)·α_h rounded as nvcc compiled it a thread per element:
+// the second product rounded, the first fused with the sum.
+template <int W>
 __global__ void residual_forward_kernel(float* out, const float* res, const float* h,
                                         const float* alpha_res, const float* beta_res,
                                         const float* alpha_h, const float* beta_h, int64_t n,
                                         int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) {
-    const int64_t j = index % c;
-    out[index] = (res[index] + beta_res[j]) * alpha_res[j] + (h[index] + beta_h[j]) * alpha_h[j];
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, c / W) {
+      const int64_t j = q * W;
+      const Lanes<W> r = load_lanes<W>(res + i * c + j), x = load_lanes<W>(h + i * c + j),
+                     ar = load_lanes<W>(alpha_res + j), br = load_lanes<W>(beta_res + j),
+                     ah = load_lanes<W>(alpha_h + j), bh = load_lanes<W>(beta_h + j);
+      Lanes<W> y;
+      for (int l = 0; l < W; ++l)
+        y.v[l] = __fmaf_rn(r.v[l] + br.v[l], ar.v[l], __fmul_rn(x.v[l] + bh.v[l], ah.v[l]));
+      store_lanes<W>(out + i * c + j, y);
+    }
   }
 }
 
+template <int W>
 __global__ void residual_input_grads_kernel(float* dres, float* dh, const float* dout,
                                             const float* alpha_res, const float* alpha_h,
                                             int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) {
-    const int64_t j = index % c;
-    dres[index] = alpha_res[j] * dout[index];
-    dh[index] = alpha_h[j] * dout[index];
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, c / W) {
+      const int64_t j = q * W;
+      const Lanes<W> g = load_lanes<W>(dout + i * c + j), ar = load_lanes<W>(alpha_res + j),
+                     ah = load_lanes<W>(alpha_h + j);
+      Lanes<W> a, b;
+      for (int l = 0; l < W; ++l) {
+        a.v[l] = ar.v[l] * g.v[l];
+        b.v[l] = ah.v[l] * g.v[l];
+      }
+      store_lanes<W>(dres + i * c + j, a);
+      store_lanes<W>(dh + i * c + j, b);
+    }
   }
 }
 
-// dh = α_h ⊙ dout alone, as float or bf16.
-template <typename Out>
+// dh = α_h ⊙ dout alone, as float or bf16 (store_lanes rounds by to_bf16).
+template <int W, typename Out>
 __global__ void residual_h_grad_kernel(Out* dh, const float* dout, const float* alpha_h,
                                        int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH(index, n * c) {
-    const float v = alpha_h[index % c] * dout[index];
-    if constexpr (sizeof(Out) == sizeof(float))
-      dh[index] = v;
-    else
-      dh[index] = to_bf16(v);
+  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+    FOUNDRY_FOR_EACH_COL(q, c / W) {
+      const int64_t j = q * W;
+      const Lanes<W> g = load_lanes<W>(dout + i * c + j), ah = load_lanes<W>(alpha_h + j);
+      Lanes<W> v;
+      for (int l = 0; l < W; ++l) v.v[l] = ah.v[l] * g.v[l];
+      store_lanes<W>(dh + i * c + j, v);
+    }
   }
+}
+
+// residual_h_grad_kernel's launch: W = 4 where c and the pointers allow (dh 16-byte aligned as
+// float, 8 as bf16).
+template <typename Out>
+void launch_residual_h_grad(Out* dh, const float* dout, const float* alpha_h, int64_t n,
+                            int64_t c) {
+  if (lanes_for(c, {dout, alpha_h}) == 4 && aligned(dh, 4 * sizeof(Out))) {
+    const RowsLaunch l = rows_launch(n, c / 4);
+    residual_h_grad_kernel<4><<<l.grid, l.block>>>(dh, dout, alpha_h, n, c);
+  } else {
+    const RowsLaunch l = rows_launch(n, c);
+    residual_h_grad_kernel<1><<<l.grid, l.block>>>(dh, dout, alpha_h, n, c);
+  }
+  check_launch();
 }
 
 }  // namespace
@@ -274,7 +347,13 @@ __global__ void residual_h_grad_kernel(Out* dh, const float* dout, const float* 
 int64_t column_sum_scratch(int64_t n, int64_t columns) { return chunks_of(n) * columns; }
 
 void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) {
-  bias_add_kernel<<<blocks_for(n * m), kThreads>>>(y, bias, n, m);
+  if (lanes_for(m, {y, bias}) == 4) {
+    const RowsLaunch l = rows_launch(n, m / 4);
+    bias_add_kernel<4><<<l.grid, l.block>>>(y, bias, n, m);
+  } else {
+    const RowsLaunch l = rows_launch(n, m);
+    bias_add_kernel<1><<<l.grid, l.block>>>(y, bias, n, m);
+  }
   check_launch();
 }
 
@@ -293,13 +372,25 @@ void gelu_backward(float* din, const float* dout, const float* in, int64_t n, in
 }
 
 void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n, int64_t r_dim) {
-  eda_forward_kernel<<<blocks_for(n * r_dim), kThreads>>>(r, r_prev, gamma, n, r_dim);
+  if (lanes_for(r_dim, {r, r_prev, gamma}) == 4) {
+    const RowsLaunch l = rows_launch(n, r_dim / 4);
+    eda_forward_kernel<4><<<l.grid, l.block>>>(r, r_prev, gamma, n, r_dim);
+  } else {
+    const RowsLaunch l = rows_launch(n, r_dim);
+    eda_forward_kernel<1><<<l.grid, l.block>>>(r, r_prev, gamma, n, r_dim);
+  }
   check_launch();
 }
 
 void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
                   const float* gamma, int64_t n, int64_t r_dim, float* scratch) {
-  eda_input_grad_kernel<<<blocks_for(n * r_dim), kThreads>>>(dr_prev, dr, gamma, n, r_dim);
+  if (lanes_for(r_dim, {dr_prev, dr, gamma}) == 4) {
+    const RowsLaunch l = rows_launch(n, r_dim / 4);
+    eda_input_grad_kernel<4><<<l.grid, l.block>>>(dr_prev, dr, gamma, n, r_dim);
+  } else {
+    const RowsLaunch l = rows_launch(n, r_dim);
+    eda_input_grad_kernel<1><<<l.grid, l.block>>>(dr_prev, dr, gamma, n, r_dim);
+  }
   check_launch();
   column_sums(scratch, n, r_dim, ProductValue{r_prev, dr, r_dim}, AddTo{dgamma});
 }
@@ -349,8 +440,15 @@ void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits
 void residual_scale_forward(float* out, const float* res, const float* h, const float* alpha_res,
                             const float* beta_res, const float* alpha_h, const float* beta_h,
                             int64_t n, int64_t c) {
-  residual_forward_kernel<<<blocks_for(n * c), kThreads>>>(out, res, h, alpha_res, beta_res,
-                                                           alpha_h, beta_h, n, c);
+  if (lanes_for(c, {out, res, h, alpha_res, beta_res, alpha_h, beta_h}) == 4) {
+    const RowsLaunch l = rows_launch(n, c / 4);
+    residual_forward_kernel<4><<<l.grid, l.block>>>(out, res, h, alpha_res, beta_res, alpha_h,
+                                                    beta_h, n, c);
+  } else {
+    const RowsLaunch l = rows_launch(n, c);
+    residual_forward_kernel<1><<<l.grid, l.block>>>(out, res, h, alpha_res, beta_res, alpha_h,
+                                                    beta_h, n, c);
+  }
   check_launch();
 }
 
@@ -359,8 +457,13 @@ void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* d
                              const float* h, const float* alpha_res, const float* beta_res,
                              const float* alpha_h, const float* beta_h, int64_t n, int64_t c,
                              float* scratch) {
-  residual_input_grads_kernel<<<blocks_for(n * c), kThreads>>>(dres, dh, dout, alpha_res, alpha_h,
-                                                               n, c);
+  if (lanes_for(c, {dres, dh, dout, alpha_res, alpha_h}) == 4) {
+    const RowsLaunch l = rows_launch(n, c / 4);
+    residual_input_grads_kernel<4><<<l.grid, l.block>>>(dres, dh, dout, alpha_res, alpha_h, n, c);
+  } else {
+    const RowsLaunch l = rows_launch(n, c);
+    residual_input_grads_kernel<1><<<l.grid, l.block>>>(dres, dh, dout, alpha_res, alpha_h, n, c);
+  }
   check_launch();
   column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
               ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
@@ -371,13 +474,8 @@ void residual_scale_backward_params(void* dh, bool dh_bf16, float* dalpha_res, f
                                     const float* res, const float* h, const float* alpha_res,
                                     const float* beta_res, const float* alpha_h,
                                     const float* beta_h, int64_t n, int64_t c, float* scratch) {
-  if (dh_bf16)
-    residual_h_grad_kernel<<<blocks_for(n * c), kThreads>>>(static_cast<uint16_t*>(dh), dout,
-                                                            alpha_h, n, c);
-  else
-    residual_h_grad_kernel<<<blocks_for(n * c), kThreads>>>(static_cast<float*>(dh), dout,
-                                                            alpha_h, n, c);
-  check_launch();
+  if (dh_bf16) launch_residual_h_grad(static_cast<uint16_t*>(dh), dout, alpha_h, n, c);
+  else launch_residual_h_grad(static_cast<float*>(dh), dout, alpha_h, n, c);
   column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
               ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
 }

@@ -25,9 +25,8 @@ using gpu::testing::randn;
 using gpu::testing::to_device;
 using gpu::testing::to_host;
 
-TEST(GpuZaya, BiasGeluAndEdaMatchTheCpu) {
-  SKIP_WITHOUT_GPU();
-  const int64_t n = 77, m = 130;
+void check_bias_gelu_and_eda(int64_t n, int64_t m) {
+  SCOPED_TRACE(::testing::Message() << n << "x" << m);
   const auto y0 = randn(n * m, 1), bias = randn(m, 2), dbias0 = randn(m, 3), a = randn(n * m, 4, 2),
              dout = randn(n * m, 5), r0 = randn(n * m, 6), r_prev = randn(n * m, 7),
              gamma = randn(m, 8), dr = randn(n * m, 9), dr_prev0 = randn(n * m, 10),
@@ -67,6 +66,12 @@ TEST(GpuZaya, BiasGeluAndEdaMatchTheCpu) {
   expect_close(to_host<float>(gr, n * m), r, 1e-6, 1e-6, "eda");
   expect_close(to_host<float>(gdrp, n * m), dr_prev, 1e-6, 1e-6, "dr_prev");
   expect_close(to_host<float>(gdg, m), dgamma, 1e-5, 1e-1, "dgamma");
+}
+
+TEST(GpuZaya, BiasGeluAndEdaMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  check_bias_gelu_and_eda(77, 130);  // rows of 130: a float a thread
+  check_bias_gelu_and_eda(40, 256);  // the router's 256: 4 floats a thread, 4 rows a block
 }
 
 TEST(GpuZaya, GatingChoosesAndCountsLikeTheCpu) {
@@ -112,9 +117,8 @@ TEST(GpuZaya, GatingChoosesAndCountsLikeTheCpu) {
   }
 }
 
-TEST(GpuZaya, ResidualScalingMatchesTheCpu) {
-  SKIP_WITHOUT_GPU();
-  const int64_t n = 90, c = 70;
+void check_residual_scaling(int64_t n, int64_t c) {
+  SCOPED_TRACE(::testing::Message() << n << "x" << c);
   const auto res = randn(n * c, 30), h = randn(n * c, 31), ar = randn(c, 32), br = randn(c, 33),
              ah = randn(c, 34), bh = randn(c, 35), dout = randn(n * c, 36), dar0 = randn(c, 37),
              dbr0 = randn(c, 38), dah0 = randn(c, 39), dbh0 = randn(c, 40);
@@ -171,6 +175,12 @@ TEST(GpuZaya, ResidualScalingMatchesTheCpu) {
     expect_close(to_host<float>(qah, c), pah, 1e-5, 1e-1, "dalpha_h (params)");
     expect_close(to_host<float>(qbh, c), pbh, 1e-5, 1e-1, "dbeta_h (params)");
   }
+}
+
+TEST(GpuZaya, ResidualScalingMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  check_residual_scaling(90, 70);   // a float a thread
+  check_residual_scaling(33, 1032);  // 4 floats a thread, a row across two blocks
 }
 
 // (x + beta)·alpha: one addition and one product, so the CPU's bits; c = 7 and 130 are no
