@@ -4,7 +4,6 @@
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -12,6 +11,7 @@
 #include <cstdint>
 
 #include "cuda/check.h"
+#include "cuda/gemm_shape.h"
 #include "cuda/lt_matmul.h"
 
 namespace foundry::gpu::detail {
@@ -56,34 +56,13 @@ Context& context() {
   return *c;
 }
 
-// A dimension rounded up to the size whose algorithm serves it: itself up to 64, then powers of
-// two to 256, multiples of 256 to 8192, multiples of 1024 beyond.
-int64_t bucket(int64_t x) {
-  if (x <= 64) return x;
-  if (x <= 256) {
-    int64_t p = 128;
-    while (p < x) p *= 2;
-    return p;
-  }
-  if (x <= 8192) return (x + 255) / 256 * 256;
-  return (x + 1023) / 1024 * 1024;
-}
-
-// The shape whose heuristic choice an exact shape runs with. cuBLASLt's heuristic costs tens of
-// microseconds a call, and the experts' products change their row counts every step (hundreds
-// of new shapes a step): asked once per representative, it leaves the host time to launch. The
-// choice is a function of the shape alone, so runs and resumed runs pick the same algorithms.
+// The key of the shape whose heuristic choice this one runs with (gemm_shape.h).
 Key representative(const Key& key) {
   const auto [device, m, n, k, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c, lda,
               ldc] = key;
-  const int64_t mr = bucket(m), nr = bucket(n), kr = bucket(k);
-  // A's rows as stored are k long (m when transposed): a dense A stays dense, a padded one
-  // keeps its stride where the bucket still fits in it.
-  const int64_t a_row = trans_a ? m : k, a_row_r = trans_a ? mr : kr;
-  const int64_t lda_r = lda == a_row ? a_row_r : std::max(lda, a_row_r);
-  const int64_t ldc_r = ldc == n ? nr : std::max(ldc, nr);
-  return Key{device, mr, nr, kr, trans_a, trans_b, bf16_inputs, align_a, align_b, align_c,
-             lda_r, ldc_r};
+  const GemmShape r = gpu::representative(GemmShape{m, n, k, trans_a, trans_b, lda, ldc});
+  return Key{device, r.m, r.n, r.k, r.trans_a, r.trans_b, bf16_inputs, align_a, align_b, align_c,
+             r.lda, r.ldc};
 }
 
 // The operation and layout descriptors of a shape (no algorithm yet).
