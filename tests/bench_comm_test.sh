@@ -45,9 +45,11 @@ grep -q '^# command: .*bench comm' np2.txt && grep -q '^# host: .*ranks: 2' np2.
   && ok "provenance header first" || bad "provenance header missing"
 [ "$(grep -c '^# date:' np2.txt)" -eq 1 ] && ok "only rank 0 prints" || bad "several ranks printed"
 
-python3 - np2.json <<'PY' && ok "JSON: every op, S conventions, busbw factors, fit keys" || bad "JSON contents"
+python3 - np2.json "$(grep -c '^# fit: t(S)' np2.txt)" <<'PY' && ok "JSON: every op, S conventions, busbw factors, fit keys (as many as the table's)" || bad "JSON contents"
 import json, sys
 d = json.load(open(sys.argv[1]))
+table_fits = int(sys.argv[2])
+assert sum(1 for e in d["collectives"] if e.get("fit") is not None) == table_fits, table_fits
 assert d["format"] == "foundry-bench-comm" and d["provenance"]["ranks"] == 2
 ops = {e["op"]: e for e in d["collectives"]}
 assert sorted(ops) == sorted(["all_reduce", "reduce_scatter", "all_gather", "broadcast", "all_to_all"])

@@ -109,6 +109,7 @@ TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
   EXPECT_NE(reports.message.find("rank 0 has made no progress"), std::string::npos)
       << reports.message;
   EXPECT_NE(reports.message.find("rank 0 at step 2 (step)"), std::string::npos) << reports.message;
+  EXPECT_NE(reports.message.find("(limit 2 s)"), std::string::npos) << reports.message;
 }
 
 TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
@@ -121,6 +122,7 @@ TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
   hb.progress(3, "step");  // a 0.6 s step: the threshold becomes 3 × 0.6 s = 1.8 s (not 1 s)
   EXPECT_EQ(reports.wait(1.3), "");
   EXPECT_EQ(reports.wait(10), "hang");
+  EXPECT_NE(reports.message.find("(limit 2 s)"), std::string::npos) << reports.message;  // 1.8 s
 }
 
 TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {
