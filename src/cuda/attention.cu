@@ -264,6 +264,7 @@ __global__ void dkdv_kernel(float* dk, float* dv, const float* dout, const float
 
 Dims dims_of(const AttentionDims& a) {
   FOUNDRY_GPU_CHECK(a.d >= 1 && a.d <= kMaxD && a.kvh >= 1 && a.h % a.kvh == 0);
+  FOUNDRY_GPU_CHECK(a.b * a.h <= 65535);  // the grid's y: one block row per (sequence, head)
   return {a.b, a.t, a.h, a.kvh, a.d, static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.d)))};
 }
 

@@ -35,8 +35,9 @@ struct Dims {
   float scale;
 };
 
-// Row stride (elements) of a bf16 tile in shared memory: 16 bytes past a multiple of 128, so the
-// eight 16-byte rows one ldmatrix phase reads fall in distinct banks.
+// Row stride (elements) of a bf16 tile in shared memory: D + 8 puts consecutive rows 16 bytes
+// (D = 128, 64) or 80 bytes (D = 32) past each other modulo 128, so the eight 16-byte rows one
+// ldmatrix phase reads fall in distinct banks.
 template <int D>
 __host__ __device__ constexpr int ld() {
   return D + 8;
@@ -402,6 +403,7 @@ __global__ void __launch_bounds__(kThreads)
 
 Dims dims_of(const AttentionDims& a) {
   FOUNDRY_GPU_CHECK(a.kvh >= 1 && a.h % a.kvh == 0);
+  FOUNDRY_GPU_CHECK(a.b * a.h <= 65535);  // the grid's y: one block row per (sequence, head)
   return {a.b, a.t, a.h, a.kvh, static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.d)))};
 }
 

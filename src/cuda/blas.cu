@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <tuple>
 #include <utility>
 #include <cstdint>
@@ -48,7 +49,8 @@ struct Context {
   std::map<int, cublasLtHandle_t> handles;
   std::map<int, void*> workspaces;
   std::map<Key, Plan> plans;                                  // exact shapes
-  std::map<Key, cublasLtMatmulAlgo_t> representative_algos;  // see representative()
+  // see representative(); nullopt where the heuristic had nothing for the representative
+  std::map<Key, std::optional<cublasLtMatmulAlgo_t>> representative_algos;
 };
 
 Context& context() {
@@ -132,28 +134,39 @@ bool heuristic(cublasLtHandle_t handle, const Plan& p, const Key& key, cublasLtM
 // The representative's algorithm where cuBLASLt accepts it for this exact shape, else the
 // exact shape's own heuristic choice.
 Plan make_plan(cublasLtHandle_t handle, const Key& key, Context& ctx) {
-  Plan p = describe(key);
   const Key rep = representative(key);
   auto it = ctx.representative_algos.find(rep);
   if (it == ctx.representative_algos.end()) {
     Plan r = describe(rep);
     cublasLtMatmulAlgo_t algo{};
-    const bool found = heuristic(handle, r, rep, &algo);
-    destroy(r);
-    if (found) it = ctx.representative_algos.emplace(rep, algo).first;
-  }
-  if (it != ctx.representative_algos.end()) {
-    cublasLtMatmulHeuristicResult_t check{};
-    if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &it->second, &check) ==
-            CUBLAS_STATUS_SUCCESS &&
-        check.workspaceSize <= kWorkspaceBytes) {
-      p.algo = it->second;
-      return p;
+    bool found = false;
+    try {
+      found = heuristic(handle, r, rep, &algo);
+    } catch (...) {
+      destroy(r);
+      throw;
     }
+    destroy(r);
+    it = ctx.representative_algos
+             .emplace(rep, found ? std::optional<cublasLtMatmulAlgo_t>(algo) : std::nullopt)
+             .first;
   }
-  if (!heuristic(handle, p, key, &p.algo)) {
+  Plan p = describe(key);
+  try {
+    if (it->second) {
+      cublasLtMatmulHeuristicResult_t check{};
+      if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &*it->second, &check) ==
+              CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= kWorkspaceBytes) {
+        p.algo = *it->second;
+        return p;
+      }
+    }
+    if (!heuristic(handle, p, key, &p.algo))
+      FOUNDRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape
+  } catch (...) {
     destroy(p);
-    FOUNDRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape
+    throw;
   }
   return p;
 }
