@@ -27,6 +27,8 @@ esac
 test_limit=300 train_limit=420 peer_limit=420
 [ -n "$quick" ] && test_limit=150 train_limit=150 peer_limit=200
 mkdir -p "$out"
+# A run that leaves some parts out must not report an earlier call's files as its own.
+rm -f "$out"/checkpoint-*.txt "$out"/dp-*.txt "$out"/attention.txt
 cd "$root"
 build="$root/build-gpu"
 t0=$(date +%s)
@@ -100,8 +102,12 @@ t2=$(date +%s)
   >"$out/bench-gemm.txt" 2>&1 && status_gemm=ok || status_gemm=FAILED
 "$foundry" bench membw --device cuda $quick --profile "$profile" --csv "$out/membw.csv" --quiet \
   >"$out/bench-membw.txt" 2>&1 && status_membw=ok || status_membw=FAILED
+# Foundry's own attention kernels against the GEMM rates just measured: the profile's
+# efficiency.attention curve, which plan reads.
+"$foundry" bench attention --device cuda $quick --profile "$profile" --csv "$out/attention.csv" \
+  --quiet >"$out/attention.txt" 2>&1 && status_attention=ok || status_attention=FAILED
 t_bench=$(( $(date +%s) - t2 ))
-echo "gpu_check: bench gemm $status_gemm, membw $status_membw in ${t_bench} s"
+echo "gpu_check: bench gemm $status_gemm, membw $status_membw, attention $status_attention in ${t_bench} s"
 
 # Training on the GPU: both benchmark configs (synthetic tokens, op breakdown on CUDA events),
 # then the PyTorch peer of gpu-moe-bench in the same call (bf16 autocast, torch.compile).
@@ -122,7 +128,7 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
 done
 # Checkpoints from the GPU: how long the step loop stalls for a save, asynchronous (the copy
 # out of device memory beside the next step) against synchronous, at a quarter of
-# gpu-moe-bench (2 layers: 5.4 GB a checkpoint), saving at steps 3 and 6.
+# gpu-moe-bench (2 layers: 6.0 GB a checkpoint), saving at steps 3 and 6.
 for mode in async sync; do
   [ "${GPU_CHECK_CHECKPOINTS:-1}" = 0 ] && break
   async=true
@@ -184,13 +190,23 @@ PY
 echo "| build | $status_build (${t_build} s) |"
 echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
 echo "| compute-sanitizer memcheck, test_cuda | $status_sanitizer |"
-echo "| bench gemm / membw | $status_gemm / $status_membw (${t_bench} s; $out/bench-*.txt) |"
+echo "| bench gemm / membw / attention | $status_gemm / $status_membw / $status_attention (${t_bench} s; $out/bench-*.txt, $out/attention.txt) |"
+att=$(awk '$1 == 2048 && $2 ~ /^[0-9]+$/ {print "seq 2048: forward " $3 " ms, " $5 " TFLOP/s, " $7 "; backward " $4 " ms, " $6 " TFLOP/s, " $8}' "$out/attention.txt" 2>/dev/null)
+[ -n "$att" ] && echo "| attention kernels (efficiency of the GEMM rate) | $att |"
 for cfg in gpu-moe-bench gpu-zaya-bench; do
   line=$(grep -m1 "^trained steps" "$out/train-$cfg.txt" 2>/dev/null || true)
   [ -z "$line" ] && line="FAILED: $(grep -m1 '^error:' "$out/train-$cfg.txt" 2>/dev/null || tail -n 1 "$out/train-$cfg.txt" 2>/dev/null)"
   echo "| train $cfg (--device cuda) | $line |"
   mem=$(grep -m1 "^GPU memory" "$out/train-$cfg.txt" 2>/dev/null || true)
   [ -n "$mem" ] && echo "| $cfg memory | $mem |"
+done
+# plan with this call's profile against the measured steps (the op breakdown's total).
+for cfg in gpu-moe-bench gpu-zaya-bench; do
+  predicted=$("$foundry" plan --profile "$profile" --config "configs/$cfg.json" 2>/dev/null |
+                sed -n 's/^predicted step time: \([0-9.]*\) ms.*/\1/p')
+  measured=$(awk '$1 == "total" {print $2}' "$out/train-$cfg.txt" 2>/dev/null)
+  [ -n "$predicted" ] && [ -n "$measured" ] &&
+    echo "| plan $cfg: predicted / measured step | $predicted / $measured ms ($(python3 -c "print('%+.0f%%' % (100 * ($predicted / $measured - 1)))")) |"
 done
 for mode in async sync; do
   [ -f "$out/checkpoint-$mode.txt" ] || continue
@@ -210,4 +226,5 @@ for b in gemm membw; do
   [ -n "$first_error" ] && echo "| bench $b: | ${first_error#error: } |"
 done
 [ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ] &&
+  [ "$status_attention" = ok ] &&
   [[ "$train_status" != *FAILED* ]]

@@ -123,4 +123,18 @@ cmp -s config.json config.orig && ok "a non-profile file is left untouched" || b
 [ -e early.json ] && bad "a wrong --profile was noticed only after the run" || ok "a wrong --profile fails before the run"
 ls ./*.tmp.* >/dev/null 2>&1 && bad "temporary files left behind" || ok "no temporary files left"
 
+# ---- bench attention (a GPU's kernels): bad input fails before any GPU is needed ----
+expect_fail "attention on the CPU" "give --device cuda" "$F" bench attention --json bad.json
+expect_fail "attention without --profile" "needs --profile" "$F" bench attention --device cuda
+echo '{"format": "foundry-hardware-profile", "version": 1, "name": "empty"}' >empty.json
+cp empty.json empty.orig
+expect_fail "attention --dtype fp16" "--dtype 'fp16'" \
+  "$F" bench attention --device cuda --profile empty.json --dtype fp16
+expect_fail "attention against a profile without GEMM rates" "no GEMM rates" \
+  "$F" bench attention --device cuda --profile empty.json --csv bad.csv
+expect_fail "attention against a CPU's profile" "is a CPU's profile" \
+  "$F" bench attention --device cuda --profile "$SRC/profiles/dev-machine.json"
+cmp -s empty.json empty.orig && ok "attention: a refused profile is left untouched" || bad "empty.json was modified"
+[ -e bad.json ] || [ -e bad.csv ] && bad "a refused bench attention wrote output" || ok "a refused bench attention writes nothing"
+
 finish

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <vector>
 
 #include "base/error.h"
 #include "cuda/blas.h"
+#include "cuda/ops.h"
 #include "cuda/random_fill.h"
 #include "cuda/stream_kernels.h"
 
@@ -404,6 +406,125 @@ std::string format_gpu_membw_tables(const MembwResult& r, const gpu::GpuInfo& gp
   }
   for (const std::string& note : r.notes) out += "note: " + note + "\n";
   return out;
+}
+
+// ---- attention ----
+
+AttentionBenchOptions gpu_attention_quick() {
+  AttentionBenchOptions o;
+  o.seqs = {1024, 2048};
+  return o;
+}
+
+namespace {
+
+int64_t batch_at(const AttentionBenchOptions& o, int64_t seq) {
+  return std::max<int64_t>(1, o.tokens / seq);
+}
+
+// The device bytes of the largest point: q, out, dout, dq [B, T, H, D]; k, v, dk, dv
+// [B, T, KVH, D]; lse and the backward's scratch [B, H, T].
+int64_t attention_bench_bytes(const AttentionBenchOptions& o) {
+  int64_t most = 0;
+  for (int64_t seq : o.seqs) {
+    const int64_t rows = batch_at(o, seq) * seq;
+    most = std::max(most, 4 * (4 * rows * o.heads * o.head_dim + 4 * rows * o.kv_heads * o.head_dim +
+                               2 * rows * o.heads));
+  }
+  return most;
+}
+
+// The fastest of three batches of calls, each lasting at least min_seconds: seconds a call.
+double time_calls(gpu::GpuTimer& timer, const std::function<void()>& call, double min_seconds) {
+  call();  // warm: the first launch of a kernel loads it
+  timer.start();
+  call();
+  const double once = std::max(timer.seconds(), 1e-7);
+  const int64_t calls = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(min_seconds / once)),
+                                            1, 1 << 14);
+  double best = std::numeric_limits<double>::infinity();
+  for (int batch = 0; batch < 3; ++batch) {
+    timer.start();
+    for (int64_t i = 0; i < calls; ++i) call();
+    best = std::min(best, timer.seconds() / static_cast<double>(calls));
+  }
+  return best;
+}
+
+}  // namespace
+
+void validate(const AttentionBenchOptions& o, const gpu::GpuInfo& gpu) {
+  if (o.seqs.empty()) fail("bench attention: no sequence lengths", "give --seq, e.g. 1024,2048");
+  for (int64_t seq : o.seqs)
+    if (seq < 1) fail(fmt::format("bench attention: --seq {} is below 1", seq));
+  if (o.tokens < 1 || o.heads < 1 || o.kv_heads < 1 || o.head_dim < 1)
+    fail(fmt::format("bench attention: --tokens {}, --heads {}, --kv-heads {} and --head-dim {} "
+                     "must each be at least 1",
+                     o.tokens, o.heads, o.kv_heads, o.head_dim));
+  if (o.heads % o.kv_heads != 0)
+    fail(fmt::format("bench attention: --kv-heads {} does not divide --heads {}", o.kv_heads,
+                     o.heads),
+         "grouped-query attention shares each KV head among heads / kv_heads query heads");
+  if (attention_bench_bytes(o) > gpu.memory_bytes)
+    fail(fmt::format("bench attention: the largest point needs {} and {} has {}",
+                     format_size(static_cast<double>(attention_bench_bytes(o))), gpu.name,
+                     format_size(static_cast<double>(gpu.memory_bytes))),
+         "lower --tokens or the longest --seq");
+}
+
+AttentionBenchResult run_gpu_attention_bench(const AttentionBenchOptions& o,
+                                             const gpu::GpuInfo& gpu) {
+  validate(o, gpu);
+  AttentionBenchResult r;
+  r.options = o;
+  gpu::GpuTimer timer;
+  for (size_t i = 0; i < o.seqs.size(); ++i) {
+    const int64_t seq = o.seqs[i], batch = batch_at(o, seq);
+    if (o.on_progress)
+      o.on_progress(static_cast<int64_t>(i), static_cast<int64_t>(o.seqs.size()),
+                    fmt::format("seq {}", seq));
+    const gpu::ops::AttentionDims dims{batch, seq, o.heads, o.kv_heads, o.head_dim};
+    const int64_t qn = batch * seq * o.heads * o.head_dim, kn = batch * seq * o.kv_heads * o.head_dim;
+    gpu::DeviceBuffer q(qn * 4), k(kn * 4), v(kn * 4), dout(qn * 4), out(qn * 4), dq(qn * 4),
+        dk(kn * 4), dv(kn * 4), lse(batch * o.heads * seq * 4),
+        scratch(gpu::ops::attention_backward_scratch(dims) * 4);
+    gpu::fill_eighths(q.data(), qn, false, 11 + 4 * i);
+    gpu::fill_eighths(k.data(), kn, false, 12 + 4 * i);
+    gpu::fill_eighths(v.data(), kn, false, 13 + 4 * i);
+    gpu::fill_eighths(dout.data(), qn, false, 14 + 4 * i);
+    const bool tensor_cores =
+        o.dtype == DType::bf16 &&
+        gpu::ops::attention_on_tensor_cores(dims, q.data(), k.data(), v.data(), out.data());
+    const auto forward = [&] {
+      if (tensor_cores)
+        gpu::ops::attention_forward_bf16(out.as<float>(), lse.as<float>(), q.as<float>(),
+                                         k.as<float>(), v.as<float>(), dims);
+      else
+        gpu::ops::attention_forward(out.as<float>(), lse.as<float>(), q.as<float>(),
+                                    k.as<float>(), v.as<float>(), dims);
+    };
+    const auto backward = [&] {
+      if (tensor_cores)
+        gpu::ops::attention_backward_bf16(dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                          dout.as<float>(), out.as<float>(), lse.as<float>(),
+                                          q.as<float>(), k.as<float>(), v.as<float>(), dims,
+                                          scratch.as<float>());
+      else
+        gpu::ops::attention_backward(dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                     dout.as<float>(), out.as<float>(), lse.as<float>(),
+                                     q.as<float>(), k.as<float>(), v.as<float>(), dims,
+                                     scratch.as<float>());
+    };
+    AttentionBenchPoint p;
+    p.seq = seq;
+    p.batch = batch;
+    p.forward_s = time_calls(timer, forward, o.min_seconds);
+    p.backward_s = time_calls(timer, backward, o.min_seconds);
+    r.points.push_back(p);
+  }
+  if (o.on_progress)
+    o.on_progress(static_cast<int64_t>(o.seqs.size()), static_cast<int64_t>(o.seqs.size()), "");
+  return r;
 }
 
 }  // namespace foundry

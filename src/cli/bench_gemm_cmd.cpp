@@ -1,6 +1,7 @@
 // foundry bench gemm: oneDNN GEMM throughput over square, transformer, per-expert and off-size
 // shapes, fp32 and bf16, against the best measured rate and an estimated peak.
 // foundry bench membw: STREAM copy/scale/add/triad and a working-set sweep through the caches.
+// foundry bench attention --device cuda: the GPU's attention kernels against its GEMM rates.
 // With --device cuda, the same on a GPU (cuBLASLt; STREAM plus read and write through its L2).
 //
 // Both print a provenance header and tables on stdout (progress on stderr) and can write
@@ -25,9 +26,11 @@
 #include "bench/gemm_bench.h"
 #include "bench/gpu_bench.h"
 #include "bench/membw_bench.h"
+#include "bench/profile.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
 #include "cuda/runtime.h"
+#include "plan/perf_model.h"
 
 namespace foundry::cli {
 
@@ -313,6 +316,114 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
          "a kernel wrote wrong values: suspect the build flags or failing memory");
 }
 
+// ---- bench attention ----
+
+struct AttentionFlags {
+  OutputFlags out;
+  std::string seqs, dtype = "bf16";
+  int64_t tokens = 16384, heads = 16, kv_heads = 16, head_dim = 128;
+};
+
+// One point's efficiencies: the plan's time for the attention products at the profile's GEMM
+// rates over the measured time, at most 1 (a kernel faster than the GEMM curve says is capped).
+struct AttentionEfficiency {
+  AttentionCoreSeconds ideal;
+  double forward = 0, backward = 0;
+};
+
+AttentionEfficiency attention_efficiency(const AttentionBenchOptions& o,
+                                         const AttentionBenchPoint& p,
+                                         const HardwareProfile& profile) {
+  AttentionEfficiency e;
+  e.ideal = attention_core_seconds(profile, p.batch, p.seq, o.heads, o.kv_heads, o.head_dim,
+                                   o.dtype);
+  e.forward = std::clamp(e.ideal.forward / p.forward_s, 1e-3, 1.0);
+  e.backward = std::clamp(e.ideal.backward / p.backward_s, 1e-3, 1.0);
+  return e;
+}
+
+void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
+  auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
+  const DeviceSpec device = parse_device("--device", f.out.device);
+  if (!device.cuda)
+    fail("bench attention measures a GPU's attention kernels: give --device cuda",
+         "on a CPU, plan prices attention as oneDNN products at bench gemm's rates");
+  if (f.out.profile_path.empty())
+    fail("bench attention needs --profile: the GPU's profile, whose GEMM rates (bench gemm "
+         "--device cuda) turn the kernels' times into its efficiency.attention curve",
+         "run bench gemm --device cuda --profile P first, then bench attention --device cuda "
+         "--profile P");
+  AttentionBenchOptions o = f.out.quick ? gpu_attention_quick() : AttentionBenchOptions{};
+  if (given("--seq")) o.seqs = parse_int_list("--seq", f.seqs);
+  if (given("--tokens")) o.tokens = f.tokens;
+  if (given("--heads")) o.heads = f.heads;
+  if (given("--kv-heads")) o.kv_heads = f.kv_heads;
+  if (given("--head-dim")) o.head_dim = f.head_dim;
+  const std::vector<DType> dtypes = parse_dtypes("--dtype", f.dtype);
+  if (dtypes.size() != 1)
+    fail(fmt::format("bench attention: --dtype {}: give one of bf16 or fp32", f.dtype));
+  o.dtype = dtypes.front();
+
+  const nlohmann::json doc = read_profile_for_merge(f.out.profile_path);
+  if (doc.is_null() || !doc.contains("gemm") || !doc.contains("compute"))
+    fail(fmt::format("{}: no GEMM rates (its gemm and compute sections) to measure the "
+                     "attention kernels against",
+                     f.out.profile_path),
+         "run bench gemm --device cuda --profile " + f.out.profile_path + " first");
+  const HardwareProfile profile = parse_profile(doc, f.out.profile_path);
+  if (profile.kind != "gpu")
+    fail(fmt::format("{} is a CPU's profile (device.kind '{}')", f.out.profile_path,
+                     profile.kind),
+         "give the profile bench gemm --device cuda wrote");
+
+  const Provenance provenance = collect_provenance();
+  std::printf("%s", format_provenance(provenance, "# ").c_str());
+  const gpu::GpuInfo g = open_bench_gpu(device);
+  validate(o, g);
+  auto holder = std::make_shared<std::unique_ptr<Progress>>();
+  o.on_progress = progress_callback(holder, "bench attention (GPU)", f.out.quiet);
+  const AttentionBenchResult r = run_gpu_attention_bench(o, g);
+
+  std::printf("# causal attention, %lld tokens a point, %lld heads (%lld KV) of %lld, %s, "
+              "forward and backward (with its delta pass)\n",
+              static_cast<long long>(o.tokens), static_cast<long long>(o.heads),
+              static_cast<long long>(o.kv_heads), static_cast<long long>(o.head_dim),
+              dtype_name(o.dtype));
+  std::printf("%7s %6s %11s %11s %11s %11s %8s %8s\n", "seq", "batch", "forward ms",
+              "backward ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd eff", "bwd eff");
+  nlohmann::json curve = nlohmann::json::array(), points = nlohmann::json::array();
+  std::string csv = format_provenance(provenance, "# ") +
+                    "seq,batch,heads,kv_heads,head_dim,dtype,forward_s,backward_s,forward_flops,"
+                    "backward_flops,forward_efficiency,backward_efficiency\n";
+  for (const AttentionBenchPoint& p : r.points) {
+    const AttentionEfficiency e = attention_efficiency(o, p, profile);
+    std::printf("%7lld %6lld %11.3f %11.3f %11.1f %11.1f %7.1f%% %7.1f%%\n",
+                static_cast<long long>(p.seq), static_cast<long long>(p.batch), p.forward_s * 1e3,
+                p.backward_s * 1e3, e.ideal.forward_flops / p.forward_s / 1e12,
+                e.ideal.backward_flops / p.backward_s / 1e12, 100 * e.forward, 100 * e.backward);
+    curve.push_back({{"seq", p.seq}, {"forward", e.forward}, {"backward", e.backward}});
+    points.push_back({{"seq", p.seq}, {"batch", p.batch}, {"forward_s", p.forward_s},
+                      {"backward_s", p.backward_s}, {"forward_flops", e.ideal.forward_flops},
+                      {"backward_flops", e.ideal.backward_flops},
+                      {"forward_efficiency", e.forward}, {"backward_efficiency", e.backward}});
+    csv += fmt::format("{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.6f}\n", p.seq,
+                       p.batch, o.heads, o.kv_heads, o.head_dim, dtype_name(o.dtype), p.forward_s,
+                       p.backward_s, e.ideal.forward_flops, e.ideal.backward_flops, e.forward,
+                       e.backward);
+  }
+  // The profile's efficiency section keeps what else it holds (kernel_overhead_s, named
+  // kernels' curves); the attention curve is this run's.
+  nlohmann::json efficiency = doc.value("efficiency", nlohmann::json::object());
+  efficiency["attention"] = curve;
+  efficiency["attention_source"] = fmt::format(
+      "measured: bench attention --device cuda on {} ({} tokens a point, {} heads ({} KV) of "
+      "{}, {}), {}; efficiency = the products' time at this profile's GEMM rates / the measured "
+      "time",
+      g.name, o.tokens, o.heads, o.kv_heads, o.head_dim, dtype_name(o.dtype), provenance.date);
+  write_outputs(f.out, {{"efficiency", efficiency}, {"attention_bench", {{"points", points}}}},
+                csv, provenance);
+}
+
 }  // namespace
 
 void register_bench_gemm_commands(CLI::App& bench) {
@@ -383,6 +494,22 @@ void register_bench_gemm_commands(CLI::App& bench) {
   membw->add_flag("--no-stream", m->no_stream, "Skip STREAM");
   membw->add_flag("--no-working-set", m->no_working_set, "Skip the working-set sweep");
   membw->callback([m, membw] { run_bench_membw(*m, *membw); });
+
+  // ---- attention ----
+  CLI::App* attention = bench.add_subcommand(
+      "attention", "A GPU's causal attention kernels, forward and backward, over sequence "
+                   "lengths: the profile's efficiency.attention curve that plan reads");
+  auto a = std::make_shared<AttentionFlags>();
+  add_output_flags(attention, a->out);
+  attention->add_option("--seq", a->seqs, "Sequence lengths (default 512,...,8192)")
+      ->type_name("N,...");
+  attention->add_option("--tokens", a->tokens, "Tokens a point: batch = tokens / seq")
+      ->capture_default_str();
+  attention->add_option("--heads", a->heads, "Query heads")->capture_default_str();
+  attention->add_option("--kv-heads", a->kv_heads, "KV heads")->capture_default_str();
+  attention->add_option("--head-dim", a->head_dim, "Head dimension")->capture_default_str();
+  attention->add_option("--dtype", a->dtype, "bf16 (tensor cores) or fp32")->capture_default_str();
+  attention->callback([a, attention] { run_bench_attention(*a, *attention); });
 }
 
 }  // namespace foundry::cli

@@ -24,7 +24,7 @@ void register_launch_command(CLI::App& app);  // launch                (cli/laun
 
 // Subcommands of `bench`, each in its own file.
 void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)
-void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw   (cli/bench_gemm_cmd.cpp)
+void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw, attention (cli/bench_gemm_cmd.cpp)
 void register_bench_decode_command(CLI::App& bench);  // bench decode (cli/bench_decode_cmd.cpp)
 
 // A value between lo and hi (inclusive). CLI::Range's message changes between CLI11 releases

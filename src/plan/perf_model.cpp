@@ -124,6 +124,11 @@ class Ledger {
       if (it.name == name) return it.seconds;
     return 0;
   }
+  double flops(const std::string& name) const {
+    for (const auto& it : items_)
+      if (it.name == name) return it.flops;
+    return 0;
+  }
   double seconds(CostCategory category) const {
     double s = 0;
     for (const auto& it : items_)
@@ -233,6 +238,39 @@ constexpr double kElementwiseKernelsPerLayer = 30, kZayaElementwiseKernelsPerLay
 constexpr double kEagerNormBytes = 92, kEagerRopeBytes = 104;
 constexpr double kEagerNormKernels = 14, kEagerRopeKernels = 15;
 
+// The attention of `layers` layers over B sequences of T tokens, Hq query heads (Hk KV heads)
+// of d.
+struct AttentionWork {
+  int64_t B, T, Hq, Hk, d;
+  double layers;
+};
+
+// Causal share of the products: the tiled kernel computes the tiles at or below the diagonal,
+// (n+1)/2n of the square for n tiles; a GPU flash kernel likewise (tiles of 64).
+double causal_share(const HardwareProfile& profile, const AttentionWork& w) {
+  const int64_t tile =
+      profile.kind == "gpu" ? 64 : ops::attention_tile_rows({w.B, w.T, w.Hq, w.Hk, w.d});
+  const double tiles = std::ceil(double(w.T) / double(tile));
+  return (tiles + 1) / (2 * tiles);
+}
+
+// The attention core's products into `led`: the forward's two at efficiency `fw` as
+// `forward_name`, the backward's five at `bw` as `backward_name`. One batched product covers
+// all B·Hq heads of a layer (oneDNN batched matmul on the CPU, a flash kernel on a GPU): its
+// rate is that of the heads' rows stacked.
+void attention_products(Ledger& led, const HardwareProfile& profile, const AttentionWork& w,
+                        DType dt, double fw, double bw, const std::string& forward_name,
+                        const std::string& backward_name) {
+  const int64_t T = w.T, d = w.d, TH = T * w.B * w.Hq;
+  const double heads = double(w.B * w.Hq) * w.layers * causal_share(profile, w);
+  const auto core = CostCategory::attention;
+  led.product(forward_name, core, TH, T, d, heads, dt, T, fw);        // S = Q·Kᵀ
+  led.product(forward_name, core, TH, d, T, heads, dt, T, fw);        // O = P·V
+  led.product(backward_name, core, TH, T, d, heads, dt, T, bw);       // S again
+  led.product(backward_name, core, TH, T, d, heads, dt, T, bw);       // dP = dO·Vᵀ
+  led.product(backward_name, core, TH, d, T, 3 * heads, dt, T, bw);  // dV, dQ, dK
+}
+
 // One micro-step (forward + backward over micro_batch·T tokens) into `led`.
 void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
                 Ledger& led) {
@@ -286,28 +324,15 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   led.linear("LM head", N, Vp, C, 1, dt);
 
   // ---- attention core: S = Q·Kᵀ, O = P·V forward; S again, dP, dV, dQ, dK backward ----
-  // Causal share of the products: the tiled kernel computes the tiles at or below the
-  // diagonal, (n+1)/2n of the square for n tiles; a GPU flash kernel likewise (tiles of 64).
-  // Context parallelism splits that work evenly over the cp devices.
-  const int64_t tile =
-      gpu ? 64 : ops::attention_tile_rows({B, T, Hq, c.n_kv_heads, d});
-  const double tiles = std::ceil(double(T) / double(tile));
-  const double causal = (tiles + 1) / (2 * tiles) / double(s.cp);
-  // One batched product covers all B·Hq heads of a layer (oneDNN batched matmul on the CPU,
-  // a flash kernel on a GPU): its rate is that of the heads' rows stacked.
   // A fused kernel's achieved efficiency (the profile's curve at this sequence length)
-  // applies to the forward's two products and the backward's five.
-  const double heads = double(B * Hq) * Ld * causal;
-  const int64_t TH = T * B * Hq;
+  // applies to the forward's two products and the backward's five. Context parallelism splits
+  // the work evenly over the cp devices.
   const Efficiency eff = efficiency_at(profile, T, s.attention_kernel);
-  const double fw = eff.attention_forward, bw = eff.attention_backward;
-  const auto core = CostCategory::attention;
-  led.product("attention core", core, TH, T, d, heads, dt, T, fw);      // S = Q·Kᵀ
-  led.product("attention core", core, TH, d, T, heads, dt, T, fw);      // O = P·V
-  led.product("attention core", core, TH, T, d, heads, dt, T, bw);      // S again
-  led.product("attention core", core, TH, T, d, heads, dt, T, bw);      // dP = dO·Vᵀ
-  led.product("attention core", core, TH, d, T, 3 * heads, dt, T, bw);  // dV, dQ, dK
+  const AttentionWork work{B, T, Hq, Hk, d, Ld / double(s.cp)};
+  attention_products(led, profile, work, dt, eff.attention_forward, eff.attention_backward,
+                     "attention core", "attention core");
   led.count_kernels(2 * Ld);
+  const double heads = double(B * Hq) * Ld * causal_share(profile, work) / double(s.cp);
   if (!gpu) {
     // Scores written, read and probabilities written forward (12 B per element), then
     // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
@@ -750,6 +775,16 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
   const double states = double(m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes);
   return int64_t(held * states + optimizer_share(s, lay) * double(m.optimizer_bytes) +
                  double(activations) / double(s.tp));
+}
+
+AttentionCoreSeconds attention_core_seconds(const HardwareProfile& profile, int64_t batch,
+                                            int64_t seq, int64_t heads, int64_t kv_heads,
+                                            int64_t head_dim, DType dtype) {
+  Ledger led(profile);
+  attention_products(led, profile, {batch, seq, heads, kv_heads, head_dim, 1.0}, dtype, 1.0, 1.0,
+                     "forward", "backward");
+  return {led.seconds("forward"), led.seconds("backward"), led.flops("forward"),
+          led.flops("backward")};
 }
 
 StepPrediction predict_step(const ModelConfig& config, const StepShape& s,

@@ -141,6 +141,18 @@ struct StepPrediction {
   std::vector<PredictionItem> items;
 };
 
+// One layer's attention core at the profile's GEMM rates and efficiency 1, as predict_step
+// prices it: the forward's two products (S = Q·Kᵀ, O = P·V) and the backward's five (S again,
+// dP, dV, dQ, dK), over the causal share of the tiles. A measured kernel's efficiency, the
+// profile's efficiency.attention curve, is these over its measured times (bench attention).
+struct AttentionCoreSeconds {
+  double forward = 0, backward = 0;
+  double forward_flops = 0, backward_flops = 0;  // the products' FLOPs as counted
+};
+AttentionCoreSeconds attention_core_seconds(const HardwareProfile& profile, int64_t batch,
+                                            int64_t seq, int64_t heads, int64_t kv_heads,
+                                            int64_t head_dim, DType dtype);
+
 StepPrediction predict_step(const ModelConfig& config, const StepShape& shape,
                             const HardwareProfile& profile);
 

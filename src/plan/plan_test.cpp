@@ -258,6 +258,35 @@ double item_bytes(const StepPrediction& p, const std::string& prefix) {
   return b;
 }
 
+// bench attention turns a kernel's measured times into efficiency.attention by
+// attention_core_seconds: a step prices its attention as those seconds over the curve's
+// efficiencies, for every layer.
+TEST(PerfModel, AttentionCoreSecondsAreWhatTheEfficiencyCurveScales) {
+  const ModelConfig c = model_of("gpu-moe-bench.json");
+  StepShape s;
+  s.seq = 2048;
+  s.micro_batch = 8;
+  s.precision = DType::bf16;
+  const HardwareProfile ideal = cluster_profile();
+  const AttentionCoreSeconds one =
+      attention_core_seconds(ideal, 8, 2048, c.n_heads, c.n_kv_heads, c.head_dim, DType::bf16);
+  EXPECT_GT(one.forward, 0);
+  EXPECT_NEAR(one.backward, 2.5 * one.forward, 1e-9 * one.backward);  // 5 products against 2
+  // 2·T·T·d per head and product, over the causal share of 64-row tiles (32 of them).
+  const double per_product = 2.0 * 2048 * 2048 * c.head_dim * 8 * c.n_heads * (33.0 / 64.0);
+  EXPECT_NEAR(one.forward_flops, 2 * per_product, 1e-9 * per_product);
+  EXPECT_NEAR(one.backward_flops, 5 * per_product, 1e-9 * per_product);
+  EXPECT_NEAR(one.forward, one.forward_flops / 1e14, 1e-9 * one.forward);  // the flat 1e14 rate
+  const double layers = double(c.n_layers);
+  EXPECT_NEAR(predict_step(c, s, ideal).attention_s, layers * (one.forward + one.backward),
+              1e-9 * layers * one.backward);
+  const json curve = {{"attention", {{{"seq", 1024}, {"forward", 0.5}, {"backward", 0.2}},
+                                     {{"seq", 4096}, {"forward", 0.5}, {"backward", 0.2}}}}};
+  const HardwareProfile measured = cluster_profile(curve);
+  EXPECT_NEAR(predict_step(c, s, measured).attention_s,
+              layers * (one.forward / 0.5 + one.backward / 0.2), 1e-9 * layers * one.backward);
+}
+
 TEST(Topology, CollectivesFollowNodesAndNeverShrinkWithRanks) {
   const HardwareProfile prof = cluster_profile();
   const double S = 1e9;
