@@ -4,7 +4,8 @@
 #  1. a checkpoint trained on the CPU evaluates to the same loss on the GPU (fp32: 1e-4
 #     relative; bf16, where attention runs on tensor cores: 2%);
 #  2. training on the GPU follows the CPU's losses (fp32, 1e-4 relative) and its checkpoint
-#     evaluates to the same loss on the CPU and on the GPU.
+#     evaluates to the same loss on the CPU and on the GPU;
+#  3. a run too large for the GPU's free memory is refused before anything is written.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 
@@ -69,5 +70,15 @@ b="$(val "$("$FOUNDRY" eval -c tiny.json --set train.run_dir=gpu --device cuda 2
 if [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b" 1e-4; then
   ok "a GPU checkpoint evaluates alike on the CPU ($a) and the GPU ($b)"
 else bad "eval of a GPU checkpoint: CPU '$a', GPU '$b'"; fi
+
+# ---- the GPU's memory preflight: a run that cannot fit is refused before anything is written ----
+expect_fail "a batch the GPU cannot hold" "of GPU memory per rank" \
+  "$FOUNDRY" train -c "$SRC/configs/gpu-moe-bench.json" --device cuda --synthetic-data --steps 1 \
+  --set train.batch_size=8192 train.run_dir=toolarge
+[ -e toolarge ] && bad "the refused run created its run directory" || ok "the refused run wrote nothing"
+out="$("$FOUNDRY" train -c "$SRC/configs/gpu-moe-bench.json" --device cuda --synthetic-data \
+       --steps 1 --set train.batch_size=8192 train.run_dir=toolarge 2>&1)"
+grep -q "^hint: the largest train.batch_size that fits is [0-9]" <<<"$out" \
+  && ok "the refusal names the largest batch that fits" || bad "no batch in the hint: $out"
 
 finish

@@ -225,6 +225,12 @@ int64_t memory_in_use() {
   return static_cast<int64_t>(total - free_bytes);
 }
 
+int64_t memory_free() {
+  size_t free_bytes = 0, total = 0;
+  FOUNDRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+  return static_cast<int64_t>(free_bytes);
+}
+
 void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }
 
 GpuTimer::GpuTimer() {

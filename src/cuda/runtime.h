@@ -115,6 +115,8 @@ void wait_copies_to_host();
 // Bytes of the current GPU's memory in use (total − free: this process's allocations, its
 // context, and any other process's).
 int64_t memory_in_use();
+// Bytes of the current GPU's memory free now (what this process can still allocate there).
+int64_t memory_free();
 
 // Waits for all work queued on the current GPU.
 void synchronize();

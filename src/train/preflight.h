@@ -4,6 +4,8 @@
 // the setting to change, instead of being killed by the kernel partway through.
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 
 #include "base/memory_budget.h"
 #include "train/run_config.h"
@@ -26,6 +28,30 @@ int64_t rank_checkpoint_bytes(const RunConfig& rc, int ranks);
 // Collective over procs.world(): every rank reaches the same verdict and fails together.
 void check_training_memory(const RunConfig& rc, const Processes& procs,
                            const MemoryBudget& budget = memory_budget());
+
+// A GPU training rank's need in its GPU's memory for a global batch of `batch_size`
+// sequences over `ranks` ranks: what `model info` estimates for its share (the same layouts:
+// weights and their bf16 copies, gradients, optimizer state, activations and backward
+// buffers; within 2% of the measured use on an H200) and a margin for the runtime's own
+// (cuBLASLt's workspace, scratch, the allocator), the CUDA context being already counted.
+MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks);
+
+// This rank's GPU at the check: its free memory, how many of this host's ranks train on it
+// (they share what is free), and its name for the message.
+struct GpuMemory {
+  int64_t free_bytes = 0;
+  int sharing = 1;
+  std::string name;
+};
+
+// Why `need` × gpu.sharing does not fit gpu.free_bytes ("" when it fits).
+std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu);
+
+// A GPU run: gpu_training_memory_need against every rank's GPU, before anything is allocated
+// or written. Collective over procs.world(): every rank reaches the same verdict.
+// FOUNDRY_MEMORY_LIMIT=off skips it, as it skips the host's check.
+void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, const GpuMemory& mine,
+                               const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"));
 
 // foundry eval: the weights and the forward pass of one batch of train.batch_size sequences.
 void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());

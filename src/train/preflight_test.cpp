@@ -6,6 +6,7 @@
 #include <regex>
 
 #include "base/test_expect_error.h"
+#include "model/info.h"
 #include "train/processes.h"
 #include "train/test_support.h"
 
@@ -69,6 +70,47 @@ TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
   }
   expect_error([&] { check_training_memory(rc, one, {BudgetSource::meminfo, 1 << 20}); },
                "training needs about");
+}
+
+// A GPU run's need is model info's estimate (the figures `model info` prints for the same
+// run) and a margin; the refusal names the GPU, the ranks sharing it and the batch that fits.
+TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits) {
+  RunConfig rc = wide_run_config();
+  rc.train.precision = DType::bf16;
+  const MemoryNeed need = gpu_training_memory_need(rc, 64, 1);
+  const MemoryEstimate m = estimate_memory(rc.model, 64, rc.train.seq_len, DType::bf16);
+  const int64_t counted = need.per_process() - need.parts.back().second;
+  EXPECT_EQ(counted, m.total_bytes);
+  EXPECT_EQ(need.parts.back().first, "margin");
+  EXPECT_EQ(need.parts.back().second, (int64_t{512} << 20) + int64_t(0.03 * double(counted)));
+  // Two ranks (host-staged data parallel, no sharding on a GPU): each half the batch.
+  EXPECT_LT(parts_of(gpu_training_memory_need(rc, 64, 2)).at("activations"),
+            parts_of(need).at("activations"));
+
+  const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
+  EXPECT_EQ(gpu_memory_shortfall(need, {need.per_process(), 1, "GPU"}), "");
+  EXPECT_NE(gpu_memory_shortfall(need, {need.per_process() - 1, 1, "GPU"}), "");
+  const Processes one(nullptr, 0);
+  EXPECT_NO_THROW(check_gpu_training_memory(rc, one, {need.per_process(), 1, "a GPU"}, nullptr));
+  try {
+    check_gpu_training_memory(rc, one, {at_40, 1, "NVIDIA H200 (cuda:0)"}, nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(std::regex_search(
+        std::string(e.what()),
+        std::regex("^training needs about [0-9.]+ [MG]iB of GPU memory per rank \\(weights .*, "
+                   "margin [0-9.]+ MiB\\), but NVIDIA H200 \\(cuda:0\\) has [0-9.]+ [MG]iB free$")))
+        << e.what();
+    EXPECT_TRUE(e.hint().starts_with("the largest train.batch_size that fits is 40 (--set "
+                                     "train.batch_size=40)"))
+        << e.hint();
+  }
+  // Ranks sharing the GPU share its free memory.
+  expect_error([&] { check_gpu_training_memory(rc, one, {2 * at_40, 3, "a GPU"}, nullptr); },
+               "× 3 ranks on one GPU, but a GPU has");
+  expect_error([&] { check_gpu_training_memory(rc, one, {1 << 20, 1, "a GPU"}, nullptr); },
+               "of GPU memory per rank");
+  EXPECT_NO_THROW(check_gpu_training_memory(rc, one, {1 << 20, 1, "a GPU"}, "off"));
 }
 
 TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
