@@ -70,9 +70,23 @@ echo "gpu_check: GPU tests $status_tests in ${t_tests} s"
 grep -E "^ *[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception)" "$out/gpu-tests.log" || true
 grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -40 || true
 
-# compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick).
+# compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick;
+# --quick runs memcheck and racecheck over the tensor-core attention tests alone).
 status_sanitizer="not run"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
+if [ -n "$quick" ] && [ -z "$tests_only" ] && [ -x "$sanitizer" ]; then
+  status_sanitizer="attention:"
+  for tool in memcheck racecheck; do
+    OMP_NUM_THREADS=2 timeout 150 "$sanitizer" --tool "$tool" --error-exitcode 9 \
+      "$build/test_cuda" '--gtest_filter=GpuOps.AttentionOnTensorCores*' \
+      >"$out/sanitizer-attention-$tool.log" 2>&1
+    case $? in
+      0) status_sanitizer="$status_sanitizer $tool clean" ;;
+      124) status_sanitizer="$status_sanitizer $tool cut off at 150 s" ;;
+      *) status_sanitizer="$status_sanitizer $tool FAILED ($out/sanitizer-attention-$tool.log)" ;;
+    esac
+  done
+fi
 if { [ -z "$quick" ] || [ -n "$tests_only" ]; } && [ -x "$sanitizer" ]; then
   if OMP_NUM_THREADS=2 timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" '--gtest_filter=-*Slow*' \
        >"$out/sanitizer.log" 2>&1; then
@@ -88,7 +102,7 @@ if [ -n "$tests_only" ]; then
   echo "| GPU | $(cat "$out/nvidia-smi.txt" 2>/dev/null) |"
   echo "| build | $status_build (${t_build} s) |"
   echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
-  echo "| compute-sanitizer memcheck, test_cuda | $status_sanitizer |"
+  echo "| compute-sanitizer, test_cuda | $status_sanitizer |"
   [ "$status_tests" = passed ] && [[ "$status_sanitizer" != FAILED* ]]
   exit
 fi
@@ -189,7 +203,7 @@ print('| memory spec, GB/s | %s |' % gb(m.get('spec_bytes_per_s')))
 PY
 echo "| build | $status_build (${t_build} s) |"
 echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
-echo "| compute-sanitizer memcheck, test_cuda | $status_sanitizer |"
+echo "| compute-sanitizer, test_cuda | $status_sanitizer |"
 echo "| bench gemm / membw / attention | $status_gemm / $status_membw / $status_attention (${t_bench} s; $out/bench-*.txt, $out/attention.txt) |"
 att=$(awk '$1 == 2048 && $2 ~ /^[0-9]+$/ {print "seq 2048: forward " $3 " ms, " $5 " TFLOP/s, " $7 "; backward " $4 " ms, " $6 " TFLOP/s, " $8}' "$out/attention.txt" 2>/dev/null)
 [ -n "$att" ] && echo "| attention kernels (efficiency of the GEMM rate) | $att |"
