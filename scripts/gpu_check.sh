@@ -28,7 +28,8 @@ test_limit=300 train_limit=420 peer_limit=420
 [ -n "$quick" ] && test_limit=150 train_limit=150 peer_limit=200
 mkdir -p "$out"
 # A run that leaves some parts out must not report an earlier call's files as its own.
-rm -f "$out"/checkpoint-*.txt "$out"/dp-*.txt "$out"/attention.txt
+rm -f "$out"/checkpoint-*.txt "$out"/dp-*.txt "$out"/attention.txt "$out"/attention.csv \
+  "$out"/sanitizer*.log
 cd "$root"
 build="$root/build-gpu"
 t0=$(date +%s)
@@ -103,7 +104,7 @@ if [ -n "$tests_only" ]; then
   echo "| build | $status_build (${t_build} s) |"
   echo "| GPU tests (ctest -L gpu) | $status_tests, $skipped skipped (${t_tests} s; $out/gpu-tests.log) |"
   echo "| compute-sanitizer, test_cuda | $status_sanitizer |"
-  [ "$status_tests" = passed ] && [[ "$status_sanitizer" != FAILED* ]]
+  [ "$status_tests" = passed ] && [[ "$status_sanitizer" != *FAILED* ]]
   exit
 fi
 
@@ -219,8 +220,11 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
   predicted=$("$foundry" plan --profile "$profile" --config "configs/$cfg.json" 2>/dev/null |
                 sed -n 's/^predicted step time: \([0-9.]*\) ms.*/\1/p')
   measured=$(awk '$1 == "total" {print $2}' "$out/train-$cfg.txt" 2>/dev/null)
-  [ -n "$predicted" ] && [ -n "$measured" ] &&
+  if [ -n "$predicted" ] && [ -n "$measured" ] && [ "$measured" != 0.00 ]; then
     echo "| plan $cfg: predicted / measured step | $predicted / $measured ms ($(python3 -c "print('%+.0f%%' % (100 * ($predicted / $measured - 1)))")) |"
+  else
+    echo "| plan $cfg: predicted / measured step | ${predicted:-plan failed} / ${measured:-no breakdown} |"
+  fi
 done
 for mode in async sync; do
   [ -f "$out/checkpoint-$mode.txt" ] || continue
@@ -235,10 +239,10 @@ done
 peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
 echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"
 echo "| training and peer time | ${t_train} s ($train_status) |"
-for b in gemm membw; do
-  first_error=$(grep -m1 "^error:" "$out/bench-$b.txt" 2>/dev/null || true)
-  [ -n "$first_error" ] && echo "| bench $b: | ${first_error#error: } |"
+for f in bench-gemm bench-membw attention; do
+  first_error=$(grep -m1 "^error:" "$out/$f.txt" 2>/dev/null || true)
+  [ -n "$first_error" ] && echo "| $f: | ${first_error#error: } |"
 done
 [ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ] &&
-  [ "$status_attention" = ok ] &&
+  [ "$status_attention" = ok ] && [[ "$status_sanitizer" != *FAILED* ]] &&
   [[ "$train_status" != *FAILED* ]]

@@ -128,8 +128,12 @@ expect_fail "attention on the CPU" "give --device cuda" "$F" bench attention --j
 expect_fail "attention without --profile" "needs --profile" "$F" bench attention --device cuda
 echo '{"format": "foundry-hardware-profile", "version": 1, "name": "empty"}' >empty.json
 cp empty.json empty.orig
-expect_fail "attention --dtype fp16" "--dtype 'fp16'" \
-  "$F" bench attention --device cuda --profile empty.json --dtype fp16
+expect_fail "attention --head-dim 80" "--head-dim 80" \
+  "$F" bench attention --device cuda --profile empty.json --head-dim 80
+expect_fail "attention --kv-heads 3 of 16" "--kv-heads 3 does not divide --heads 16" \
+  "$F" bench attention --device cuda --profile empty.json --kv-heads 3
+expect_fail "attention --seq 4 (too many sequences)" "more than a launch's 65,535" \
+  "$F" bench attention --device cuda --profile empty.json --seq 4
 expect_fail "attention against a profile without GEMM rates" "no GEMM rates" \
   "$F" bench attention --device cuda --profile empty.json --csv bad.csv
 expect_fail "attention against a CPU's profile" "is a CPU's profile" \

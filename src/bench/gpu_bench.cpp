@@ -422,18 +422,6 @@ int64_t batch_at(const AttentionBenchOptions& o, int64_t seq) {
   return std::max<int64_t>(1, o.tokens / seq);
 }
 
-// The device bytes of the largest point: q, out, dout, dq [B, T, H, D]; k, v, dk, dv
-// [B, T, KVH, D]; lse and the backward's scratch [B, H, T].
-int64_t attention_bench_bytes(const AttentionBenchOptions& o) {
-  int64_t most = 0;
-  for (int64_t seq : o.seqs) {
-    const int64_t rows = batch_at(o, seq) * seq;
-    most = std::max(most, 4 * (4 * rows * o.heads * o.head_dim + 4 * rows * o.kv_heads * o.head_dim +
-                               2 * rows * o.heads));
-  }
-  return most;
-}
-
 // The fastest of three batches of calls, each lasting at least min_seconds: seconds a call.
 double time_calls(gpu::GpuTimer& timer, const std::function<void()>& call, double min_seconds) {
   call();  // warm: the first launch of a kernel loads it
@@ -453,28 +441,50 @@ double time_calls(gpu::GpuTimer& timer, const std::function<void()>& call, doubl
 
 }  // namespace
 
-void validate(const AttentionBenchOptions& o, const gpu::GpuInfo& gpu) {
+// q, out, dout, dq [B, T, H, D]; k, v, dk, dv [B, T, KVH, D]; lse and the backward's
+// scratch [B, H, T].
+int64_t attention_bench_bytes(const AttentionBenchOptions& o) {
+  int64_t most = 0;
+  for (int64_t seq : o.seqs) {
+    const int64_t rows = batch_at(o, seq) * seq;
+    most = std::max(most, 4 * (4 * rows * o.heads * o.head_dim + 4 * rows * o.kv_heads * o.head_dim +
+                               2 * rows * o.heads));
+  }
+  return most;
+}
+
+void validate(const AttentionBenchOptions& o) {
   if (o.seqs.empty()) fail("bench attention: no sequence lengths", "give --seq, e.g. 1024,2048");
   for (int64_t seq : o.seqs)
     if (seq < 1) fail(fmt::format("bench attention: --seq {} is below 1", seq));
-  if (o.tokens < 1 || o.heads < 1 || o.kv_heads < 1 || o.head_dim < 1)
-    fail(fmt::format("bench attention: --tokens {}, --heads {}, --kv-heads {} and --head-dim {} "
-                     "must each be at least 1",
-                     o.tokens, o.heads, o.kv_heads, o.head_dim));
+  if (o.tokens < 1 || o.heads < 1 || o.kv_heads < 1)
+    fail(fmt::format("bench attention: --tokens {}, --heads {} and --kv-heads {} must each be at "
+                     "least 1",
+                     o.tokens, o.heads, o.kv_heads));
   if (o.heads % o.kv_heads != 0)
     fail(fmt::format("bench attention: --kv-heads {} does not divide --heads {}", o.kv_heads,
                      o.heads),
          "grouped-query attention shares each KV head among heads / kv_heads query heads");
+  if (o.head_dim != 32 && o.head_dim != 64 && o.head_dim != 128)
+    fail(fmt::format("bench attention: --head-dim {}: the tensor-core kernels take 32, 64 or 128",
+                     o.head_dim),
+         "other head sizes run the fp32 kernels in training, which the curve does not describe");
+  for (int64_t seq : o.seqs)
+    if (batch_at(o, seq) * o.heads > 65535)
+      fail(fmt::format("bench attention: --seq {} makes {} sequences of {} heads, more than a "
+                       "launch's 65,535 rows of blocks",
+                       seq, batch_at(o, seq), o.heads),
+           "raise the shortest --seq or lower --tokens");
+}
+
+AttentionBenchResult run_gpu_attention_bench(const AttentionBenchOptions& o,
+                                             const gpu::GpuInfo& gpu) {
+  validate(o);
   if (attention_bench_bytes(o) > gpu.memory_bytes)
     fail(fmt::format("bench attention: the largest point needs {} and {} has {}",
                      format_size(static_cast<double>(attention_bench_bytes(o))), gpu.name,
                      format_size(static_cast<double>(gpu.memory_bytes))),
          "lower --tokens or the longest --seq");
-}
-
-AttentionBenchResult run_gpu_attention_bench(const AttentionBenchOptions& o,
-                                             const gpu::GpuInfo& gpu) {
-  validate(o, gpu);
   AttentionBenchResult r;
   r.options = o;
   gpu::GpuTimer timer;
@@ -492,28 +502,15 @@ AttentionBenchResult run_gpu_attention_bench(const AttentionBenchOptions& o,
     gpu::fill_eighths(k.data(), kn, false, 12 + 4 * i);
     gpu::fill_eighths(v.data(), kn, false, 13 + 4 * i);
     gpu::fill_eighths(dout.data(), qn, false, 14 + 4 * i);
-    const bool tensor_cores =
-        o.dtype == DType::bf16 &&
-        gpu::ops::attention_on_tensor_cores(dims, q.data(), k.data(), v.data(), out.data());
     const auto forward = [&] {
-      if (tensor_cores)
-        gpu::ops::attention_forward_bf16(out.as<float>(), lse.as<float>(), q.as<float>(),
-                                         k.as<float>(), v.as<float>(), dims);
-      else
-        gpu::ops::attention_forward(out.as<float>(), lse.as<float>(), q.as<float>(),
-                                    k.as<float>(), v.as<float>(), dims);
+      gpu::ops::attention_forward_bf16(out.as<float>(), lse.as<float>(), q.as<float>(),
+                                       k.as<float>(), v.as<float>(), dims);
     };
     const auto backward = [&] {
-      if (tensor_cores)
-        gpu::ops::attention_backward_bf16(dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                          dout.as<float>(), out.as<float>(), lse.as<float>(),
-                                          q.as<float>(), k.as<float>(), v.as<float>(), dims,
-                                          scratch.as<float>());
-      else
-        gpu::ops::attention_backward(dq.as<float>(), dk.as<float>(), dv.as<float>(),
-                                     dout.as<float>(), out.as<float>(), lse.as<float>(),
-                                     q.as<float>(), k.as<float>(), v.as<float>(), dims,
-                                     scratch.as<float>());
+      gpu::ops::attention_backward_bf16(dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                        dout.as<float>(), out.as<float>(), lse.as<float>(),
+                                        q.as<float>(), k.as<float>(), v.as<float>(), dims,
+                                        scratch.as<float>());
     };
     AttentionBenchPoint p;
     p.seq = seq;

@@ -44,16 +44,15 @@ MembwOptions gpu_membw_quick();
 // The bytes of device memory run_gpu_membw_bench holds at once.
 int64_t gpu_membw_bytes(const MembwOptions& options, const gpu::GpuInfo& gpu);
 
-// `foundry bench attention --device cuda`: Foundry's own causal attention kernels (the
-// tensor-core ones for bf16, ops.h) forward and backward at each sequence length, B = tokens /
-// seq sequences of `heads` query heads (kv_heads KV heads) of head_dim, on fp32 tensors of
-// random multiples of 1/8. Times: CUDA events around batches of calls lasting at least
+// `foundry bench attention --device cuda`: Foundry's own causal attention kernels on tensor
+// cores (bf16 training runs them; ops.h) forward and backward at each sequence length, B =
+// tokens / seq sequences of `heads` query heads (kv_heads KV heads) of head_dim (32, 64 or
+// 128), on fp32 tensors of random multiples of 1/8. Times: CUDA events around batches of calls lasting at least
 // min_seconds, the fastest batch of three. The plan's efficiency.attention curve comes from
 // these (cli/bench_gemm_cmd.cpp), which is why they time the kernels training runs.
 struct AttentionBenchOptions {
   std::vector<int64_t> seqs = {512, 1024, 2048, 4096, 8192};
   int64_t tokens = 16384, heads = 16, kv_heads = 16, head_dim = 128;
-  DType dtype = DType::bf16;
   double min_seconds = 0.05;
   std::function<void(int64_t, int64_t, const std::string&)> on_progress;
 };
@@ -67,8 +66,11 @@ struct AttentionBenchResult {
 };
 AttentionBenchOptions gpu_attention_quick();  // 1024 and 2048 at 16,384 tokens
 // Throws (naming the flag) when the options cannot run: no sequence lengths, a length or
-// count below 1, kv_heads not dividing heads, or inputs larger than the GPU's memory.
-void validate(const AttentionBenchOptions& options, const gpu::GpuInfo& gpu);
+// count below 1, kv_heads not dividing heads, a head_dim the tensor-core kernels do not take,
+// more sequences × heads than a launch's grid holds. Needs no GPU.
+void validate(const AttentionBenchOptions& options);
+// The device bytes the largest point holds at once.
+int64_t attention_bench_bytes(const AttentionBenchOptions& options);
 AttentionBenchResult run_gpu_attention_bench(const AttentionBenchOptions& options,
                                              const gpu::GpuInfo& gpu);
 

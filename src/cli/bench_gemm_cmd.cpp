@@ -320,7 +320,7 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
 
 struct AttentionFlags {
   OutputFlags out;
-  std::string seqs, dtype = "bf16";
+  std::string seqs;
   int64_t tokens = 16384, heads = 16, kv_heads = 16, head_dim = 128;
 };
 
@@ -329,6 +329,7 @@ struct AttentionFlags {
 struct AttentionEfficiency {
   AttentionCoreSeconds ideal;
   double forward = 0, backward = 0;
+  bool capped = false;  // faster than the GEMM rates say: plan will predict it slower
 };
 
 AttentionEfficiency attention_efficiency(const AttentionBenchOptions& o,
@@ -336,7 +337,8 @@ AttentionEfficiency attention_efficiency(const AttentionBenchOptions& o,
                                          const HardwareProfile& profile) {
   AttentionEfficiency e;
   e.ideal = attention_core_seconds(profile, p.batch, p.seq, o.heads, o.kv_heads, o.head_dim,
-                                   o.dtype);
+                                   DType::bf16);
+  e.capped = e.ideal.forward > p.forward_s || e.ideal.backward > p.backward_s;
   e.forward = std::clamp(e.ideal.forward / p.forward_s, 1e-3, 1.0);
   e.backward = std::clamp(e.ideal.backward / p.backward_s, 1e-3, 1.0);
   return e;
@@ -359,10 +361,7 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
   if (given("--heads")) o.heads = f.heads;
   if (given("--kv-heads")) o.kv_heads = f.kv_heads;
   if (given("--head-dim")) o.head_dim = f.head_dim;
-  const std::vector<DType> dtypes = parse_dtypes("--dtype", f.dtype);
-  if (dtypes.size() != 1)
-    fail(fmt::format("bench attention: --dtype {}: give one of bf16 or fp32", f.dtype));
-  o.dtype = dtypes.front();
+  validate(o);
 
   const nlohmann::json doc = read_profile_for_merge(f.out.profile_path);
   if (doc.is_null() || !doc.contains("gemm") || !doc.contains("compute"))
@@ -370,6 +369,9 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
                      "attention kernels against",
                      f.out.profile_path),
          "run bench gemm --device cuda --profile " + f.out.profile_path + " first");
+  if (doc.contains("efficiency") && !doc["efficiency"].is_object())
+    fail(fmt::format("{}: its efficiency section is not an object", f.out.profile_path),
+         "fix or remove it (profiles/README.md, note 5)");
   const HardwareProfile profile = parse_profile(doc, f.out.profile_path);
   if (profile.kind != "gpu")
     fail(fmt::format("{} is a CPU's profile (device.kind '{}')", f.out.profile_path,
@@ -379,16 +381,14 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
   const gpu::GpuInfo g = open_bench_gpu(device);
-  validate(o, g);
   auto holder = std::make_shared<std::unique_ptr<Progress>>();
   o.on_progress = progress_callback(holder, "bench attention (GPU)", f.out.quiet);
   const AttentionBenchResult r = run_gpu_attention_bench(o, g);
 
-  std::printf("# causal attention, %lld tokens a point, %lld heads (%lld KV) of %lld, %s, "
-              "forward and backward (with its delta pass)\n",
+  std::printf("# causal attention on tensor cores (bf16 products, fp32 softmax), %lld tokens a "
+              "point, %lld heads (%lld KV) of %lld, forward and backward (with its delta pass)\n",
               static_cast<long long>(o.tokens), static_cast<long long>(o.heads),
-              static_cast<long long>(o.kv_heads), static_cast<long long>(o.head_dim),
-              dtype_name(o.dtype));
+              static_cast<long long>(o.kv_heads), static_cast<long long>(o.head_dim));
   std::printf("%7s %6s %11s %11s %11s %11s %8s %8s\n", "seq", "batch", "forward ms",
               "backward ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd eff", "bwd eff");
   nlohmann::json curve = nlohmann::json::array(), points = nlohmann::json::array();
@@ -401,13 +401,18 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
                 static_cast<long long>(p.seq), static_cast<long long>(p.batch), p.forward_s * 1e3,
                 p.backward_s * 1e3, e.ideal.forward_flops / p.forward_s / 1e12,
                 e.ideal.backward_flops / p.backward_s / 1e12, 100 * e.forward, 100 * e.backward);
+    if (e.capped)
+      std::printf("note: at seq %lld the kernel ran faster than the profile's GEMM rates for "
+                  "its products; its efficiency is capped at 100%%, so plan will predict it "
+                  "slower than measured\n",
+                  static_cast<long long>(p.seq));
     curve.push_back({{"seq", p.seq}, {"forward", e.forward}, {"backward", e.backward}});
     points.push_back({{"seq", p.seq}, {"batch", p.batch}, {"forward_s", p.forward_s},
                       {"backward_s", p.backward_s}, {"forward_flops", e.ideal.forward_flops},
                       {"backward_flops", e.ideal.backward_flops},
                       {"forward_efficiency", e.forward}, {"backward_efficiency", e.backward}});
     csv += fmt::format("{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.6f}\n", p.seq,
-                       p.batch, o.heads, o.kv_heads, o.head_dim, dtype_name(o.dtype), p.forward_s,
+                       p.batch, o.heads, o.kv_heads, o.head_dim, "bf16", p.forward_s,
                        p.backward_s, e.ideal.forward_flops, e.ideal.backward_flops, e.forward,
                        e.backward);
   }
@@ -416,10 +421,10 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
   nlohmann::json efficiency = doc.value("efficiency", nlohmann::json::object());
   efficiency["attention"] = curve;
   efficiency["attention_source"] = fmt::format(
-      "measured: bench attention --device cuda on {} ({} tokens a point, {} heads ({} KV) of "
-      "{}, {}), {}; efficiency = the products' time at this profile's GEMM rates / the measured "
-      "time",
-      g.name, o.tokens, o.heads, o.kv_heads, o.head_dim, dtype_name(o.dtype), provenance.date);
+      "measured: bench attention --device cuda on {} (Foundry's tensor-core kernels, {} tokens a "
+      "point, {} heads ({} KV) of {}), {}; efficiency = the products' time at this profile's "
+      "GEMM rates / the measured time, at most 1",
+      g.name, o.tokens, o.heads, o.kv_heads, o.head_dim, provenance.date);
   write_outputs(f.out, {{"efficiency", efficiency}, {"attention_bench", {{"points", points}}}},
                 csv, provenance);
 }
@@ -508,7 +513,6 @@ void register_bench_gemm_commands(CLI::App& bench) {
   attention->add_option("--heads", a->heads, "Query heads")->capture_default_str();
   attention->add_option("--kv-heads", a->kv_heads, "KV heads")->capture_default_str();
   attention->add_option("--head-dim", a->head_dim, "Head dimension")->capture_default_str();
-  attention->add_option("--dtype", a->dtype, "bf16 (tensor cores) or fp32")->capture_default_str();
   attention->callback([a, attention] { run_bench_attention(*a, *attention); });
 }
 

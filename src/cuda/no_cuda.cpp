@@ -53,6 +53,7 @@ double EventClock::seconds(int64_t, int64_t) { fail_no_cuda_build(kWhat); }
 
 int64_t memory_in_use() { fail_no_cuda_build(kWhat); }
 int64_t memory_free() { fail_no_cuda_build(kWhat); }
+std::array<int64_t, 2> current_gpu_uuid() { fail_no_cuda_build(kWhat); }
 void synchronize() { fail_no_cuda_build(kWhat); }
 
 GpuTimer::GpuTimer() { fail_no_cuda_build(kWhat); }

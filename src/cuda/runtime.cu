@@ -1,6 +1,8 @@
 // runtime.h with the CUDA runtime.
 #include <cuda_runtime.h>
 
+#include <cstring>
+
 #include <map>
 #include <mutex>
 #include <utility>
@@ -229,6 +231,17 @@ int64_t memory_free() {
   size_t free_bytes = 0, total = 0;
   FOUNDRY_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
   return static_cast<int64_t>(free_bytes);
+}
+
+std::array<int64_t, 2> current_gpu_uuid() {
+  int device = 0;
+  FOUNDRY_CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  FOUNDRY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::array<int64_t, 2> uuid{};
+  static_assert(sizeof(prop.uuid.bytes) == sizeof(uuid));
+  std::memcpy(uuid.data(), prop.uuid.bytes, sizeof(uuid));
+  return uuid;
 }
 
 void synchronize() { FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize()); }

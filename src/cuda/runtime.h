@@ -6,6 +6,7 @@
 // Errors from the CUDA runtime and cuBLASLt become foundry::Error naming the call, the code
 // and the GPU (check.h); nothing here exits the process.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -117,6 +118,10 @@ void wait_copies_to_host();
 int64_t memory_in_use();
 // Bytes of the current GPU's memory free now (what this process can still allocate there).
 int64_t memory_free();
+
+// The current GPU's UUID as two words: the same for every process that uses that GPU, and
+// for no other GPU on any host.
+std::array<int64_t, 2> current_gpu_uuid();
 
 // Waits for all work queued on the current GPU.
 void synchronize();

@@ -3,6 +3,7 @@
 // (base/memory_budget.h). A config that does not fit fails at once, with the figures and
 // the setting to change, instead of being killed by the kernel partway through.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -36,20 +37,23 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 // (cuBLASLt's workspace, scratch, the allocator), the CUDA context being already counted.
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks);
 
-// This rank's GPU at the check: its free memory, how many of this host's ranks train on it
-// (they share what is free), and its name for the message.
+// A rank's GPU at the check: its free memory, its name for the message, its UUID (ranks whose
+// GPUs have the same one share it and what is free on it), and how many ranks train on it
+// (check_gpu_training_memory counts them).
 struct GpuMemory {
   int64_t free_bytes = 0;
-  int sharing = 1;
   std::string name;
+  std::array<int64_t, 2> uuid{};
+  int sharing = 1;
 };
 
 // Why `need` × gpu.sharing does not fit gpu.free_bytes ("" when it fits).
 std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu);
 
-// A GPU run: gpu_training_memory_need against every rank's GPU, before anything is allocated
-// or written. Collective over procs.world(): every rank reaches the same verdict.
-// FOUNDRY_MEMORY_LIMIT=off skips it, as it skips the host's check.
+// A GPU run: gpu_training_memory_need × the ranks on each GPU against every rank's GPU, before
+// anything is allocated or written. Collective over procs.world(): every rank reaches the
+// same verdict. FOUNDRY_MEMORY_LIMIT=off skips the judging of a rank's GPU (the rank still
+// takes part in the collective), as it skips the host's check.
 void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, const GpuMemory& mine,
                                const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"));
 

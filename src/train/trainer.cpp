@@ -229,18 +229,6 @@ DeviceSpec rank_device(const DeviceSpec& device, const Processes& procs) {
   return mine;
 }
 
-// How many of this host's ranks train on the GPU rank_device gives this one: all of them when
-// train.device names one, else those whose place on the host is the same modulo the GPUs.
-// Collective.
-int ranks_sharing_gpu(const DeviceSpec& device, const Processes& procs) {
-  if (!procs.world()) return 1;
-  const int here = ranks_on_this_host(*procs.world());
-  if (device.index_given) return here;
-  const int gpus = std::max(1, gpu::visible_gpus());
-  const int mine = rank_on_this_host(*procs.world()) % gpus;
-  return (here - mine + gpus - 1) / gpus;
-}
-
 TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     : rc(rc_),
       tc(rc_.train),
@@ -254,14 +242,14 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   backend = open_backend(device, "train.device " + device.name());
   if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
   // The memory the run will allocate: the host's, or the GPU's (what is free on it, shared
-  // by this host's ranks that train on it).
+  // by the ranks that train on it).
   if (!tc.device.cuda) check_training_memory(rc, procs);
   else
-    check_gpu_training_memory(
-        rc, procs,
-        {gpu::memory_free(), ranks_sharing_gpu(tc.device, procs),
-         fmt::format("{} ({})", gpu::open_gpu(device.index, "train.device").name, device.name())});
-  if (tc.memory_checkpoint_every > 0)
+    check_gpu_training_memory(rc, procs,
+                              {gpu::memory_free(),
+                               fmt::format("{} ({})", gpu::open_gpu(device.index, "train.device").name,
+                                           device.name()),
+                               gpu::current_gpu_uuid()});  if (tc.memory_checkpoint_every > 0)
     check_memory_tier_room(tc, 2.0 * rank_checkpoint_bytes(rc, procs.ranks()) * procs.ranks());
   // The steps to train, against the checkpoint a resume would start from: before --overwrite
   // removes anything (train() checks again once the checkpoint is loaded).
