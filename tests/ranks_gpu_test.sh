@@ -2,7 +2,9 @@
 # Data parallel on a GPU (label gpu; exits 77, a skip, where the build has no CUDA backend or
 # no GPU is visible): two ranks sharing one GPU, their gradients averaged through host memory,
 # train as one rank does on the whole batch (fp32 losses within 1e-4 relative), save a
-# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1.
+# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1; one rank's
+# checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and CPU on GPU within
+# 1e-4).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
@@ -47,6 +49,33 @@ close() { python3 -c "import sys; a, b = map(float, sys.argv[1:]); sys.exit(0 if
 if grep -q "resumed from" resumed.log && [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b"; then
   ok "1 rank resumes the 2-rank checkpoint of step 4 and ends alike ($a)"
 else bad "the resumed run: '$b' after $(grep -m1 -o 'trained steps [0-9.]*' resumed.log), 2 ranks '$a'"; fi
+
+# ---- one rank's checkpoints across devices (fp32): the GPU's step-4 checkpoint resumes on the
+# GPU to the same 4 losses bit for bit and on the CPU within 1e-4; the CPU's on the GPU too ----
+last4() {  # the last 4 losses a run dir's metrics.jsonl holds
+  python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(' '.join([repr(x['loss']) for x in r if 'loss' in x][-4:]))" "$1/metrics.jsonl"
+}
+resume_at_4() {  # FROM_DIR NEW_DIR DEVICE
+  rm -rf "$2" && cp -r "$1" "$2" && rm -rf "$2/checkpoints/step_00000008"
+  "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir="$2" --resume --device "$3" \
+    >"$2.log" 2>&1 || { cat "$2.log"; bad "resuming $1 on $3 failed"; }
+  grep -q "resumed from" "$2.log" || bad "$2 did not say it resumed"
+}
+within() {  # A B: the same number of losses, each within 1e-4 relative
+  python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(0 if len(a) == len(b) == 4 and all(abs(float(x) - float(y)) <= 1e-4 * abs(float(x)) for x, y in zip(a, b)) else 1)" "$1" "$2"
+}
+resume_at_4 one gpu-on-gpu cuda
+[ -n "$(last4 one)" ] && [ "$(last4 gpu-on-gpu)" = "$(last4 one)" ] \
+  && ok "a GPU checkpoint resumes on the GPU to the same losses, bit for bit" \
+  || bad "GPU resume: '$(last4 gpu-on-gpu)' against '$(last4 one)'"
+resume_at_4 one gpu-on-cpu cpu
+within "$(last4 one)" "$(last4 gpu-on-cpu)" && ok "a GPU checkpoint resumes on the CPU within 1e-4" \
+  || bad "GPU checkpoint on the CPU: '$(last4 gpu-on-cpu)' against '$(last4 one)'"
+"$FOUNDRY" train -c tiny.json --synthetic-data --device cpu --set train.run_dir=cpu -q >cpu.log 2>&1 \
+  || { cat cpu.log; bad "the CPU run failed"; }
+resume_at_4 cpu cpu-on-gpu cuda
+within "$(last4 cpu)" "$(last4 cpu-on-gpu)" && ok "a CPU checkpoint resumes on the GPU within 1e-4" \
+  || bad "CPU checkpoint on the GPU: '$(last4 cpu-on-gpu)' against '$(last4 cpu)'"
 
 expect_fail "ZeRO-1 on GPUs" "train.zero1 = true over 2 rank(s)" \
   "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=bad \
