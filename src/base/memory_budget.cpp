@@ -185,14 +185,19 @@ bool fits(const MemoryNeed& need, const MemoryBudget& budget) {
   return !budget.limited() || need.total() <= budget.bytes;
 }
 
-std::string memory_shortfall(const MemoryNeed& need, const MemoryBudget& budget,
-                             const std::string& host) {
+std::string format_memory_parts(const MemoryNeed& need) {
   std::string parts;
   for (const auto& [name, bytes] : need.parts)
     parts +=
         fmt::format("{}{} {}", parts.empty() ? "" : ", ", name, format_bytes(double(bytes), 1));
+  return parts;
+}
+
+std::string memory_shortfall(const MemoryNeed& need, const MemoryBudget& budget,
+                             const std::string& host) {
   std::string text = fmt::format("{} needs about {} per process ({})", need.what,
-                                 format_bytes(double(need.per_process()), 1), parts);
+                                 format_bytes(double(need.per_process()), 1),
+                                 format_memory_parts(need));
   if (need.processes > 1) text += fmt::format(" × {} ranks on {}", need.processes, host);
   return text + fmt::format(", but this process may use {} ({})",
                             format_bytes(double(budget.bytes), 1),

@@ -66,6 +66,9 @@ struct MemoryNeed {
 
 bool fits(const MemoryNeed& need, const MemoryBudget& budget);
 
+// "weights 4.0 GiB, gradients 4.0 GiB, …": a need's parts, as the refusals list them.
+std::string format_memory_parts(const MemoryNeed& need);
+
 // "training needs about 31.2 GiB per process (weights 4.0 GiB, …) × 2 ranks on this host, but
 // this process may use 22.9 GiB (cgroup memory.max)". `host` replaces "this host".
 std::string memory_shortfall(const MemoryNeed& need, const MemoryBudget& budget,

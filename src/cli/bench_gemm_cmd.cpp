@@ -344,17 +344,9 @@ AttentionEfficiency attention_efficiency(const AttentionBenchOptions& o,
   return e;
 }
 
-void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
+// The sweep the flags ask for, checked before any GPU is opened.
+AttentionBenchOptions attention_options(const AttentionFlags& f, const CLI::App& cmd) {
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
-  const DeviceSpec device = parse_device("--device", f.out.device);
-  if (!device.cuda)
-    fail("bench attention measures a GPU's attention kernels: give --device cuda",
-         "on a CPU, plan prices attention as oneDNN products at bench gemm's rates");
-  if (f.out.profile_path.empty())
-    fail("bench attention needs --profile: the GPU's profile, whose GEMM rates (bench gemm "
-         "--device cuda) turn the kernels' times into its efficiency.attention curve",
-         "run bench gemm --device cuda --profile P first, then bench attention --device cuda "
-         "--profile P");
   AttentionBenchOptions o = f.out.quick ? gpu_attention_quick() : AttentionBenchOptions{};
   if (given("--seq")) o.seqs = parse_int_list("--seq", f.seqs);
   if (given("--tokens")) o.tokens = f.tokens;
@@ -362,39 +354,44 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
   if (given("--kv-heads")) o.kv_heads = f.kv_heads;
   if (given("--head-dim")) o.head_dim = f.head_dim;
   validate(o);
+  return o;
+}
 
-  const nlohmann::json doc = read_profile_for_merge(f.out.profile_path);
+// The GPU profile at `path` as read (its other sections are merged back) and parsed, refused
+// unless it holds a GPU's GEMM rates to measure the kernels against.
+std::pair<nlohmann::json, HardwareProfile> gpu_profile_with_gemm_rates(const std::string& path) {
+  nlohmann::json doc = read_profile_for_merge(path);
   if (doc.is_null() || !doc.contains("gemm") || !doc.contains("compute"))
     fail(fmt::format("{}: no GEMM rates (its gemm and compute sections) to measure the "
                      "attention kernels against",
-                     f.out.profile_path),
-         "run bench gemm --device cuda --profile " + f.out.profile_path + " first");
+                     path),
+         "run bench gemm --device cuda --profile " + path + " first");
   if (doc.contains("efficiency") && !doc["efficiency"].is_object())
-    fail(fmt::format("{}: its efficiency section is not an object", f.out.profile_path),
+    fail(fmt::format("{}: its efficiency section is not an object", path),
          "fix or remove it (profiles/README.md, note 5)");
-  const HardwareProfile profile = parse_profile(doc, f.out.profile_path);
+  HardwareProfile profile = parse_profile(doc, path);
   if (profile.kind != "gpu")
-    fail(fmt::format("{} is a CPU's profile (device.kind '{}')", f.out.profile_path,
-                     profile.kind),
+    fail(fmt::format("{} is a CPU's profile (device.kind '{}')", path, profile.kind),
          "give the profile bench gemm --device cuda wrote");
+  return {std::move(doc), std::move(profile)};
+}
 
-  const Provenance provenance = collect_provenance();
-  std::printf("%s", format_provenance(provenance, "# ").c_str());
-  const gpu::GpuInfo g = open_bench_gpu(device);
-  auto holder = std::make_shared<std::unique_ptr<Progress>>();
-  o.on_progress = progress_callback(holder, "bench attention (GPU)", f.out.quiet);
-  const AttentionBenchResult r = run_gpu_attention_bench(o, g);
-
-  std::printf("# causal attention on tensor cores (bf16 products, fp32 softmax), %lld tokens a "
-              "point, %lld heads (%lld KV) of %lld, forward and backward (with its delta pass)\n",
-              static_cast<long long>(o.tokens), static_cast<long long>(o.heads),
-              static_cast<long long>(o.kv_heads), static_cast<long long>(o.head_dim));
-  std::printf("%7s %6s %11s %11s %11s %11s %8s %8s\n", "seq", "batch", "forward ms",
-              "backward ms", "fwd TFLOP/s", "bwd TFLOP/s", "fwd eff", "bwd eff");
+// The table on stdout, and the curve, points and CSV rows of a run.
+struct AttentionReport {
   nlohmann::json curve = nlohmann::json::array(), points = nlohmann::json::array();
-  std::string csv = format_provenance(provenance, "# ") +
-                    "seq,batch,heads,kv_heads,head_dim,dtype,forward_s,backward_s,forward_flops,"
-                    "backward_flops,forward_efficiency,backward_efficiency\n";
+  std::string csv;
+};
+
+AttentionReport report_attention(const AttentionBenchResult& r, const HardwareProfile& profile) {
+  const AttentionBenchOptions& o = r.options;
+  std::printf(
+      "# causal attention on tensor cores (bf16 products, fp32 softmax), %lld tokens a "
+      "point, %lld heads (%lld KV) of %lld, forward and backward (with its delta pass)\n",
+      static_cast<long long>(o.tokens), static_cast<long long>(o.heads),
+      static_cast<long long>(o.kv_heads), static_cast<long long>(o.head_dim));
+  std::printf("%7s %6s %11s %11s %11s %11s %8s %8s\n", "seq", "batch", "forward ms", "backward ms",
+              "fwd TFLOP/s", "bwd TFLOP/s", "fwd eff", "bwd eff");
+  AttentionReport out;
   for (const AttentionBenchPoint& p : r.points) {
     const AttentionEfficiency e = attention_efficiency(o, p, profile);
     std::printf("%7lld %6lld %11.3f %11.3f %11.1f %11.1f %7.1f%% %7.1f%%\n",
@@ -402,31 +399,64 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
                 p.backward_s * 1e3, e.ideal.forward_flops / p.forward_s / 1e12,
                 e.ideal.backward_flops / p.backward_s / 1e12, 100 * e.forward, 100 * e.backward);
     if (e.capped)
-      std::printf("note: at seq %lld the kernel ran faster than the profile's GEMM rates for "
-                  "its products; its efficiency is capped at 100%%, so plan will predict it "
-                  "slower than measured\n",
-                  static_cast<long long>(p.seq));
-    curve.push_back({{"seq", p.seq}, {"forward", e.forward}, {"backward", e.backward}});
-    points.push_back({{"seq", p.seq}, {"batch", p.batch}, {"forward_s", p.forward_s},
-                      {"backward_s", p.backward_s}, {"forward_flops", e.ideal.forward_flops},
-                      {"backward_flops", e.ideal.backward_flops},
-                      {"forward_efficiency", e.forward}, {"backward_efficiency", e.backward}});
-    csv += fmt::format("{},{},{},{},{},{},{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.6f}\n", p.seq,
-                       p.batch, o.heads, o.kv_heads, o.head_dim, "bf16", p.forward_s,
-                       p.backward_s, e.ideal.forward_flops, e.ideal.backward_flops, e.forward,
-                       e.backward);
+      std::printf(
+          "note: at seq %lld the kernel ran faster than the profile's GEMM rates for "
+          "its products; its efficiency is capped at 100%%, so plan will predict it "
+          "slower than measured\n",
+          static_cast<long long>(p.seq));
+    out.curve.push_back({{"seq", p.seq}, {"forward", e.forward}, {"backward", e.backward}});
+    out.points.push_back({{"seq", p.seq},
+                          {"batch", p.batch},
+                          {"forward_s", p.forward_s},
+                          {"backward_s", p.backward_s},
+                          {"forward_flops", e.ideal.forward_flops},
+                          {"backward_flops", e.ideal.backward_flops},
+                          {"forward_efficiency", e.forward},
+                          {"backward_efficiency", e.backward}});
+    out.csv += fmt::format("{},{},{},{},{},bf16,{:.9g},{:.9g},{:.9g},{:.9g},{:.6f},{:.6f}\n", p.seq,
+                           p.batch, o.heads, o.kv_heads, o.head_dim, p.forward_s, p.backward_s,
+                           e.ideal.forward_flops, e.ideal.backward_flops, e.forward, e.backward);
   }
+  return out;
+}
+
+void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
+  const DeviceSpec device = parse_device("--device", f.out.device);
+  if (!device.cuda)
+    fail("bench attention measures a GPU's attention kernels: give --device cuda",
+         "on a CPU, plan prices attention as oneDNN products at bench gemm's rates");
+  if (f.out.profile_path.empty())
+    fail(
+        "bench attention needs --profile: the GPU's profile, whose GEMM rates (bench gemm "
+        "--device cuda) turn the kernels' times into its efficiency.attention curve",
+        "run bench gemm --device cuda --profile P first, then bench attention --device cuda "
+        "--profile P");
+  AttentionBenchOptions o = attention_options(f, cmd);
+  const auto [doc, profile] = gpu_profile_with_gemm_rates(f.out.profile_path);
+
+  const Provenance provenance = collect_provenance();
+  std::printf("%s", format_provenance(provenance, "# ").c_str());
+  const gpu::GpuInfo g = open_bench_gpu(device);
+  auto holder = std::make_shared<std::unique_ptr<Progress>>();
+  o.on_progress = progress_callback(holder, "bench attention (GPU)", f.out.quiet);
+  const AttentionReport report = report_attention(run_gpu_attention_bench(o, g), profile);
+
   // The profile's efficiency section keeps what else it holds (kernel_overhead_s, named
   // kernels' curves); the attention curve is this run's.
   nlohmann::json efficiency = doc.value("efficiency", nlohmann::json::object());
-  efficiency["attention"] = curve;
+  efficiency["attention"] = report.curve;
   efficiency["attention_source"] = fmt::format(
       "measured: bench attention --device cuda on {} (Foundry's tensor-core kernels, {} tokens a "
       "point, {} heads ({} KV) of {}), {}; efficiency = the products' time at this profile's "
       "GEMM rates / the measured time, at most 1",
       g.name, o.tokens, o.heads, o.kv_heads, o.head_dim, provenance.date);
-  write_outputs(f.out, {{"efficiency", efficiency}, {"attention_bench", {{"points", points}}}},
-                csv, provenance);
+  const std::string csv = format_provenance(provenance, "# ") +
+                          "seq,batch,heads,kv_heads,head_dim,dtype,forward_s,backward_s,"
+                          "forward_flops,backward_flops,forward_efficiency,backward_efficiency\n" +
+                          report.csv;
+  write_outputs(f.out,
+                {{"efficiency", efficiency}, {"attention_bench", {{"points", report.points}}}}, csv,
+                provenance);
 }
 
 }  // namespace

@@ -124,9 +124,9 @@ __device__ __forceinline__ void probs_times_rows(float (&acc)[D / 8][4], const f
                                                  const bf16_t* b) {
 #pragma unroll
   for (int k = 0; k < N / 16; ++k) {
-    const uint32_t fa[4] = {pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
-                            pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]),
-                            pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
+    const uint32_t fa[4] = {
+        pack_bf16(p[2 * k][0], p[2 * k][1]), pack_bf16(p[2 * k][2], p[2 * k][3]),
+        pack_bf16(p[2 * k + 1][0], p[2 * k + 1][1]), pack_bf16(p[2 * k + 1][2], p[2 * k + 1][3])};
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t fb[4];
@@ -137,8 +137,16 @@ __device__ __forceinline__ void probs_times_rows(float (&acc)[D / 8][4], const f
   }
 }
 
+// Whether query position `query` attends to key position `key`: causal, and the query is a row
+// of the sequence (rows past T are padding).
+__device__ __forceinline__ bool sees(int64_t query, int64_t key, const Dims& s) {
+  return query < s.t && key <= query;
+}
+
 // Column of element i of 8-column accumulator tile n, and the row (0: lane/4, 1: lane/4 + 8).
-__device__ __forceinline__ int column_of(int n, int i) { return n * 8 + 2 * (threadIdx.x % 4) + i % 2; }
+__device__ __forceinline__ int column_of(int n, int i) {
+  return n * 8 + 2 * (threadIdx.x % 4) + i % 2;
+}
 
 // ---- tiles in and out ---------------------------------------------------------------------
 
@@ -153,7 +161,8 @@ __device__ void load_tile(bf16_t* dst, const float* src, const Dims& s, int64_t 
     const int64_t t = first + r;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < s.t) x = *reinterpret_cast<const float4*>(src + ((b * s.t + t) * heads + head) * D + c);
-    *reinterpret_cast<uint2*>(dst + r * ld<D>() + c) = make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
+    *reinterpret_cast<uint2*>(dst + r * ld<D>() + c) =
+        make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
   }
 }
 
@@ -201,7 +210,7 @@ __device__ __forceinline__ void softmax_step(float (&sc)[kTile / 8][4], float (&
     for (int i = 0; i < 4; ++i) {
       const int r = i / 2;
       const int64_t kj = k0 + column_of(n, i);
-      const float x = (qi[r] < s.t && kj <= qi[r]) ? sc[n][i] * scale_log2 : -INFINITY;
+      const float x = sees(qi[r], kj, s) ? sc[n][i] * scale_log2 : -INFINITY;
       sc[n][i] = x;
       tile_max[r] = fmaxf(tile_max[r], x);
     }
@@ -322,8 +331,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int i = 0; i < 4; ++i) {
         const int r = i / 2;
         const int64_t kj = k0 + column_of(n, i);
-        const float p =
-            (qi[r] < s.t && kj <= qi[r]) ? exp2f(sc[n][i] * scale_log2 - lse2[r]) : 0.0f;
+        const float p = sees(qi[r], kj, s) ? exp2f(sc[n][i] * scale_log2 - lse2[r]) : 0.0f;
         sc[n][i] = p * (dp[n][i] - row_delta[r]) * s.scale;  // dS
       }
     probs_times_rows<D, kTile>(acc, sc, ks);
@@ -383,9 +391,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < 4; ++i) {
           const int c = column_of(n, i);
           const int64_t qi = q0 + c;
-          const float p = (qi < s.t && qi >= kj[i / 2])
-                              ? exp2f(pt[n][i] * scale_log2 - col_lse2[c])
-                              : 0.0f;
+          const float p =
+              sees(qi, kj[i / 2], s) ? exp2f(pt[n][i] * scale_log2 - col_lse2[c]) : 0.0f;
           pt[n][i] = p;
           dst[n][i] = p * (dst[n][i] - col_delta[c]) * s.scale;
         }

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <mutex>
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 #include <utility>
@@ -24,10 +25,28 @@ constexpr size_t kWorkspaceBytes = size_t{32} << 20;
 // step) they are all released and rebuilt as they recur.
 constexpr size_t kMaxPlans = 4096;
 
+// One shape's descriptors (released with the plan, also when describing it fails halfway) and
+// its algorithm. Movable, not copyable.
 struct Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLASLt's A, B, C
   cublasLtMatmulAlgo_t algo{};
+
+  Plan() = default;
+  Plan(Plan&& other) noexcept { *this = std::move(other); }
+  Plan& operator=(Plan&& other) noexcept {
+    std::swap(op, other.op);
+    std::swap(a, other.a);
+    std::swap(b, other.b);
+    std::swap(c, other.c);
+    algo = other.algo;
+    return *this;
+  }
+  ~Plan() {
+    for (cublasLtMatrixLayout_t layout : {c, b, a})
+      if (layout) cublasLtMatrixLayoutDestroy(layout);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
 };
 
 // device, m, n, k, ta, tb, bf16, the operands' alignments (A, B, C in bytes), and A's and C's
@@ -94,13 +113,6 @@ Plan describe(const Key& key) {
   return p;
 }
 
-void destroy(Plan& p) {
-  cublasLtMatrixLayoutDestroy(p.c);
-  cublasLtMatrixLayoutDestroy(p.b);
-  cublasLtMatrixLayoutDestroy(p.a);
-  cublasLtMatmulDescDestroy(p.op);
-}
-
 // cuBLASLt's first choice for a described shape within the workspace and the operands'
 // alignments; false where it has none.
 bool heuristic(cublasLtHandle_t handle, const Plan& p, const Key& key, cublasLtMatmulAlgo_t* algo) {
@@ -137,37 +149,23 @@ Plan make_plan(cublasLtHandle_t handle, const Key& key, Context& ctx) {
   const Key rep = representative(key);
   auto it = ctx.representative_algos.find(rep);
   if (it == ctx.representative_algos.end()) {
-    Plan r = describe(rep);
     cublasLtMatmulAlgo_t algo{};
-    bool found = false;
-    try {
-      found = heuristic(handle, r, rep, &algo);
-    } catch (...) {
-      destroy(r);
-      throw;
-    }
-    destroy(r);
+    const bool found = heuristic(handle, describe(rep), rep, &algo);
     it = ctx.representative_algos
              .emplace(rep, found ? std::optional<cublasLtMatmulAlgo_t>(algo) : std::nullopt)
              .first;
   }
   Plan p = describe(key);
-  try {
-    if (it->second) {
-      cublasLtMatmulHeuristicResult_t check{};
-      if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &*it->second, &check) ==
-              CUBLAS_STATUS_SUCCESS &&
-          check.workspaceSize <= kWorkspaceBytes) {
-        p.algo = *it->second;
-        return p;
-      }
-    }
-    if (!heuristic(handle, p, key, &p.algo))
-      FOUNDRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape
-  } catch (...) {
-    destroy(p);
-    throw;
+  cublasLtMatmulHeuristicResult_t check{};
+  if (it->second &&
+      cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.c, &*it->second, &check) ==
+          CUBLAS_STATUS_SUCCESS &&
+      check.workspaceSize <= kWorkspaceBytes) {
+    p.algo = *it->second;
+    return p;
   }
+  if (!heuristic(handle, p, key, &p.algo))
+    FOUNDRY_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);  // no algorithm for this shape
   return p;
 }
 
@@ -189,10 +187,7 @@ void lt_matmul(const void* a, bool trans_a, const void* b, bool trans_b, float* 
                 alignment(a), alignment(b), alignment(c), lda, ldc};
   auto it = ctx.plans.find(key);
   if (it == ctx.plans.end()) {
-    if (ctx.plans.size() >= kMaxPlans) {
-      for (auto& entry : ctx.plans) destroy(entry.second);
-      ctx.plans.clear();
-    }
+    if (ctx.plans.size() >= kMaxPlans) ctx.plans.clear();
     it = ctx.plans.emplace(key, make_plan(handle, key, ctx)).first;
   }
   const Plan& p = it->second;

@@ -39,7 +39,7 @@ __global__ void means_forward_kernel(float* qk, const float* c, int64_t n, int64
                                      int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float inv_g = 1.0f / static_cast<float>(g);
-  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
+  FOUNDRY_FOR_EACH_ROW(row, n) {
     const float* q0 = c + row * channels;
     float* out_q = qk + row * channels;
     FOUNDRY_FOR_EACH_COL(xq, d / W) {
@@ -72,7 +72,7 @@ __global__ void means_backward_kernel(float* dc, const float* dqk, int64_t n, in
                                       int64_t hk, int64_t d) {
   const int64_t g = hq / hk, channels = (hq + hk) * d;
   const float half_inv_g = 0.5f / static_cast<float>(g);
-  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
+  FOUNDRY_FOR_EACH_ROW(row, n) {
     const float* dmq = dqk + row * channels;
     float* dq0 = dc + row * channels;
     FOUNDRY_FOR_EACH_COL(xq, d / W) {
@@ -107,7 +107,7 @@ template <int W>
 __global__ void depthwise_forward_kernel(float* y, const float* c, const float* w0,
                                          const float* b0, int64_t b, int64_t t, int64_t ch,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH_ROW_2D(row, b * t) {
+  FOUNDRY_FOR_EACH_ROW(row, b * t) {
     const int64_t pos = row % t;
     FOUNDRY_FOR_EACH_COL(q, ch / W) {
       const int64_t k = q * W;
@@ -129,7 +129,7 @@ __global__ void depthwise_forward_kernel(float* y, const float* c, const float* 
 template <int W>
 __global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const float* w0, int64_t b,
                                             int64_t t, int64_t ch, int64_t taps) {
-  FOUNDRY_FOR_EACH_ROW_2D(row, b * t) {
+  FOUNDRY_FOR_EACH_ROW(row, b * t) {
     const int64_t pos = row % t;
     FOUNDRY_FOR_EACH_COL(q, ch / W) {
       const int64_t k = q * W;
@@ -155,7 +155,7 @@ __global__ void depthwise_input_grad_kernel(float* dc, const float* dy, const fl
 __global__ void depthwise_param_partials_kernel(float* partials, const float* dy, const float* c,
                                                 int64_t n, int64_t t, int64_t ch, int64_t taps) {
   const int64_t per_chunk = ch * (taps + 1), chunks = (n + kRowsPerChunk - 1) / kRowsPerChunk;
-  FOUNDRY_FOR_EACH_ROW_2D(chunk, chunks) {
+  FOUNDRY_FOR_EACH_ROW(chunk, chunks) {
     const int64_t first = chunk * kRowsPerChunk, end = min(n, first + kRowsPerChunk);
     const int64_t first_pos = first % t;
     FOUNDRY_FOR_EACH_COL(e, per_chunk) {
@@ -202,7 +202,7 @@ __global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* 
 template <int W>
 __global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64_t n, int64_t t,
                                   int64_t d, int64_t taps, bool ahead) {
-  FOUNDRY_FOR_EACH_ROW_2D(row, n) {
+  FOUNDRY_FOR_EACH_ROW(row, n) {
     const int64_t pos = row % t;
     float* out_row = out + row * taps * d;
     FOUNDRY_FOR_EACH_COL(q, d / W) {
@@ -221,7 +221,7 @@ __global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64
 // w1 [G·d (out), d (in), taps] as [G][out][tap][in]: each group's forward operand, K = (tap, in).
 __global__ void weights_out_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+  FOUNDRY_FOR_EACH_ROW(oc, groups * d) {
     FOUNDRY_FOR_EACH_COL(ci, d) {
       for (int64_t i = 0; i < taps; ++i) r[(oc * taps + i) * d + ci] = w1[(oc * d + ci) * taps + i];
     }
@@ -231,7 +231,7 @@ __global__ void weights_out_major_kernel(float* r, const float* w1, int64_t grou
 // w1 as [G][tap][out][in]: each group's operand of the input gradient, K = (tap, out).
 __global__ void weights_tap_major_kernel(float* r, const float* w1, int64_t groups, int64_t d,
                                          int64_t taps) {
-  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+  FOUNDRY_FOR_EACH_ROW(oc, groups * d) {
     const int64_t g = oc / d, o = oc % d;
     FOUNDRY_FOR_EACH_COL(ci, d) {
       for (int64_t i = 0; i < taps; ++i)
@@ -243,7 +243,7 @@ __global__ void weights_tap_major_kernel(float* r, const float* w1, int64_t grou
 // dw1 [G·d, d, taps] += the products' [G][out][tap][in].
 __global__ void add_weight_grads_kernel(float* dw1, const float* by_tap, int64_t groups, int64_t d,
                                         int64_t taps) {
-  FOUNDRY_FOR_EACH_ROW_2D(oc, groups * d) {
+  FOUNDRY_FOR_EACH_ROW(oc, groups * d) {
     FOUNDRY_FOR_EACH_COL(ci, d) {
       for (int64_t i = 0; i < taps; ++i)
         dw1[(oc * d + ci) * taps + i] += by_tap[(oc * taps + i) * d + ci];
@@ -253,7 +253,7 @@ __global__ void add_weight_grads_kernel(float* dw1, const float* by_tap, int64_t
 
 template <int W>
 __global__ void broadcast_rows_kernel(float* z, const float* bias, int64_t n, int64_t ch) {
-  FOUNDRY_FOR_EACH_ROW_2D(r, n) {
+  FOUNDRY_FOR_EACH_ROW(r, n) {
     FOUNDRY_FOR_EACH_COL(q, ch / W) store_lanes<W>(z + r * ch + q * W, load_lanes<W>(bias + q * W));
   }
 }
@@ -261,14 +261,8 @@ __global__ void broadcast_rows_kernel(float* z, const float* bias, int64_t n, in
 // stack_taps_kernel's launch: W = 4 where d, ld and the pointers allow.
 void launch_stack_taps(float* out, const float* in, int64_t ld, int64_t n, int64_t t, int64_t d,
                        int64_t taps, bool ahead) {
-  if (lanes_for(d, ld, {out, in}) == 4) {
-    const RowsLaunch l = rows_launch(n, d / 4);
-    stack_taps_kernel<4><<<l.grid, l.block>>>(out, in, ld, n, t, d, taps, ahead);
-  } else {
-    const RowsLaunch l = rows_launch(n, d);
-    stack_taps_kernel<1><<<l.grid, l.block>>>(out, in, ld, n, t, d, taps, ahead);
-  }
-  check_launch();
+  launch_rows(lanes_for(d, ld, {out, in}) == 4, n, d, stack_taps_kernel<4>, stack_taps_kernel<1>,
+              out, in, ld, n, t, d, taps, ahead);
 }
 
 __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
@@ -359,37 +353,20 @@ __global__ void temp_sum_kernel(float* dtemp, const float* rows, int64_t n, int6
 }  // namespace
 
 void cca_means_forward(float* qk, const float* c, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  if (lanes_for(d, (hq + hk) * d, {qk, c}) == 4) {
-    const RowsLaunch l = rows_launch(n, d / 4);
-    means_forward_kernel<4><<<l.grid, l.block>>>(qk, c, n, hq, hk, d);
-  } else {
-    const RowsLaunch l = rows_launch(n, d);
-    means_forward_kernel<1><<<l.grid, l.block>>>(qk, c, n, hq, hk, d);
-  }
-  check_launch();
+  launch_rows(lanes_for(d, (hq + hk) * d, {qk, c}) == 4, n, d, means_forward_kernel<4>,
+              means_forward_kernel<1>, qk, c, n, hq, hk, d);
 }
 
 void cca_means_backward(float* dc, const float* dqk, int64_t n, int64_t hq, int64_t hk, int64_t d) {
-  if (lanes_for(d, (hq + hk) * d, {dc, dqk}) == 4) {
-    const RowsLaunch l = rows_launch(n, d / 4);
-    means_backward_kernel<4><<<l.grid, l.block>>>(dc, dqk, n, hq, hk, d);
-  } else {
-    const RowsLaunch l = rows_launch(n, d);
-    means_backward_kernel<1><<<l.grid, l.block>>>(dc, dqk, n, hq, hk, d);
-  }
-  check_launch();
+  launch_rows(lanes_for(d, (hq + hk) * d, {dc, dqk}) == 4, n, d, means_backward_kernel<4>,
+              means_backward_kernel<1>, dc, dqk, n, hq, hk, d);
 }
 
 void cca_depthwise_conv_forward(float* y, const float* c, const float* w0, const float* b0,
                                 int64_t b, int64_t t, int64_t channels, int64_t taps) {
-  if (lanes_for(channels, channels, {y, c, b0}) == 4) {
-    const RowsLaunch l = rows_launch(b * t, channels / 4);
-    depthwise_forward_kernel<4><<<l.grid, l.block>>>(y, c, w0, b0, b, t, channels, taps);
-  } else {
-    const RowsLaunch l = rows_launch(b * t, channels);
-    depthwise_forward_kernel<1><<<l.grid, l.block>>>(y, c, w0, b0, b, t, channels, taps);
-  }
-  check_launch();
+  launch_rows(lanes_for(channels, channels, {y, c, b0}) == 4, b * t, channels,
+              depthwise_forward_kernel<4>, depthwise_forward_kernel<1>, y, c, w0, b0, b, t,
+              channels, taps);
 }
 
 int64_t cca_depthwise_conv_scratch(int64_t b, int64_t t, int64_t channels, int64_t taps) {
@@ -401,14 +378,9 @@ void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float*
                                  int64_t channels, int64_t taps, float* scratch) {
   const int64_t n = b * t;
   if (n == 0) return;
-  if (lanes_for(channels, channels, {dc, dy}) == 4) {
-    const RowsLaunch l = rows_launch(n, channels / 4);
-    depthwise_input_grad_kernel<4><<<l.grid, l.block>>>(dc, dy, w0, b, t, channels, taps);
-  } else {
-    const RowsLaunch l = rows_launch(n, channels);
-    depthwise_input_grad_kernel<1><<<l.grid, l.block>>>(dc, dy, w0, b, t, channels, taps);
-  }
-  check_launch();
+  launch_rows(lanes_for(channels, channels, {dc, dy}) == 4, n, channels,
+              depthwise_input_grad_kernel<4>, depthwise_input_grad_kernel<1>, dc, dy, w0, b, t,
+              channels, taps);
   const RowsLaunch partials =
       rows_launch((n + kRowsPerChunk - 1) / kRowsPerChunk, channels * (taps + 1));
   depthwise_param_partials_kernel<<<partials.grid, partials.block>>>(scratch, dy, c, n, t,
@@ -438,14 +410,8 @@ void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const f
                                                                         taps);
   check_launch();
   if (b1) {
-    if (lanes_for(ch, ch, {z, b1}) == 4) {
-      const RowsLaunch l = rows_launch(n, ch / 4);
-      broadcast_rows_kernel<4><<<l.grid, l.block>>>(z, b1, n, ch);
-    } else {
-      const RowsLaunch l = rows_launch(n, ch);
-      broadcast_rows_kernel<1><<<l.grid, l.block>>>(z, b1, n, ch);
-    }
-    check_launch();
+    launch_rows(lanes_for(ch, ch, {z, b1}) == 4, n, ch, broadcast_rows_kernel<4>,
+                broadcast_rows_kernel<1>, z, b1, n, ch);
   }
   for (int64_t g = 0; g < groups; ++g) {
     launch_stack_taps(rows, y + g * d, ch, n, t, d, taps, false);

@@ -25,7 +25,7 @@ __global__ void fractions_kernel(double* fractions, const int64_t* counts, int64
   fractions[j] = static_cast<double>(counts[j]) / static_cast<double>(total);
 }
 
-// By rows (grid_for_rows): a column index without a 64-bit remainder per element.
+// By rows (rows_launch): a column index without a 64-bit remainder per element.
 __global__ void scale_shift_kernel(float* out, const float* x, const float* alpha,
                                    const float* beta, int64_t n, int64_t c) {
   FOUNDRY_FOR_EACH_ROW(i, n) {
@@ -62,7 +62,8 @@ void fractions_of_counts(double* fractions, const int64_t* counts, int64_t e, in
 void scale_shift_forward(float* out, const float* x, const float* alpha, const float* beta,
                          int64_t n, int64_t c) {
   if (n * c == 0) return;
-  scale_shift_kernel<<<grid_for_rows(n, c), kBlockThreads>>>(out, x, alpha, beta, n, c);
+  const RowsLaunch l = rows_launch(n, c);
+  scale_shift_kernel<<<l.grid, l.block>>>(out, x, alpha, beta, n, c);
   check_launch();
 }
 

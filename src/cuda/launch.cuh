@@ -20,9 +20,9 @@ inline int blocks_for(int64_t elements) {
   return static_cast<int>(blocks < 1 ? 1 : (blocks > 1048560 ? 1048560 : blocks));
 }
 
-// A grid for `rows` rows of `cols` items: blocks along x cover a row's items, and each of the
-// gridDim.y block rows loops over rows (FOUNDRY_FOR_EACH_ROW, FOUNDRY_FOR_EACH_COL). A row and a
-// column then advance by additions, where a flat index needs a 64-bit division and remainder
+// rows_launch's grid for `rows` rows (of blocks) of `cols` items: blocks along x cover a row's
+// items, and each of the gridDim.y block rows loops over rows. A row and a column then advance
+// by additions, where a flat index needs a 64-bit division and remainder
 // by the row length per element: tens of instructions that leave a memory-bound kernel
 // compute-bound. At most blocks_for's 2^20 blocks in all, and gridDim.y within its 65535.
 inline dim3 grid_for_rows(int64_t rows, int64_t cols) {
@@ -40,7 +40,7 @@ inline bool aligned(const void* p, uintptr_t bytes) {
 // A launch for `rows` rows of `cols` items whose rows may be shorter than a block: blocks of
 // kBlockThreads, blockDim.x a power of two from 32 up to kBlockThreads along a row
 // (FOUNDRY_FOR_EACH_COL) and blockDim.y = kBlockThreads / blockDim.x rows at once
-// (FOUNDRY_FOR_EACH_ROW_2D), so that a head of 128 floats (32 float4s) still fills a block;
+// (FOUNDRY_FOR_EACH_ROW), so that a head of 128 floats (32 float4s) still fills a block;
 // rows of kBlockThreads items or more get grid_for_rows's launch.
 struct RowsLaunch {
   dim3 grid, block;
@@ -68,22 +68,35 @@ inline int lanes_for(int64_t c, std::initializer_list<const float*> pointers) {
 
 inline void check_launch() { FOUNDRY_CUDA_CHECK(cudaGetLastError()); }
 
+// `wide_kernel` (W = 4 floats a thread) where `wide`, else `narrow_kernel` (W = 1), over `rows`
+// rows of `cols` floats by rows_launch, then the launch check. Both are the same kernel template
+// instantiated at 4 and 1, looping with FOUNDRY_FOR_EACH_ROW and FOUNDRY_FOR_EACH_COL over
+// cols / W; `wide` comes from lanes_for (and any alignment the kernel's other outputs need).
+template <typename Wide, typename Narrow, typename... Args>
+void launch_rows(bool wide, int64_t rows, int64_t cols, Wide wide_kernel, Narrow narrow_kernel,
+                 Args... args) {
+  const RowsLaunch l = rows_launch(rows, wide ? cols / 4 : cols);
+  if (wide) {
+    wide_kernel<<<l.grid, l.block>>>(args...);
+  } else {
+    narrow_kernel<<<l.grid, l.block>>>(args...);
+  }
+  check_launch();
+}
+
 }  // namespace foundry::gpu
 
 // for (i = this thread's first index; i < count; i += all threads of the grid)
-#define FOUNDRY_FOR_EACH(i, count)                                                  \
+#define FOUNDRY_FOR_EACH(i, count)                                              \
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (count); \
        i += int64_t{gridDim.x} * blockDim.x)
 
-// In a grid_for_rows launch: for (r = this block row's first row; r < rows; r += block rows)
-#define FOUNDRY_FOR_EACH_ROW(r, rows) for (int64_t r = blockIdx.y; r < (rows); r += gridDim.y)
-
 // In a rows_launch: for (r = this thread's first row; r < rows; r += the rows the grid covers)
-#define FOUNDRY_FOR_EACH_ROW_2D(r, rows)                                            \
+#define FOUNDRY_FOR_EACH_ROW(r, rows)                                          \
   for (int64_t r = blockIdx.y * int64_t{blockDim.y} + threadIdx.y; r < (rows); \
        r += int64_t{gridDim.y} * blockDim.y)
 
-// In a grid_for_rows launch: for (j = this thread's first column; j < cols; j += the x threads)
-#define FOUNDRY_FOR_EACH_COL(j, cols)                                               \
+// In a rows_launch: for (j = this thread's first column; j < cols; j += the x threads)
+#define FOUNDRY_FOR_EACH_COL(j, cols)                                          \
   for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < (cols); \
        j += int64_t{gridDim.x} * blockDim.x)

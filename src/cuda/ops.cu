@@ -125,7 +125,7 @@ __global__ void rope_kernel(float* x, int64_t rows, int64_t t, int64_t h, int64_
 
 // ---- SwiGLU ----
 
-// Rows i of h [N, 2F] by block row, W columns j a thread at a time (W = 4 where F and the
+// Rows i of h [N, 2F] by launch_rows, W columns j a thread at a time (W = 4 where F and the
 // pointers allow: launch_swiglu_forward); out (fp32) or out16 (bf16) [N, F].
 template <int W>
 __global__ void swiglu_forward_kernel(float* out, uint16_t* out16, const float* h, int64_t n,
@@ -198,7 +198,7 @@ __global__ void router_forward_kernel(float* probs, int32_t* topk_idx, float* to
 
 // ---- MoE gather / combine ----
 
-// The kernels over [rows, C] below go row by block row, W columns a thread at a time
+// The kernels over [rows, C] below go by rows (launch_rows), W columns a thread at a time
 // (lanes_for: W = 4 where C and the pointers allow).
 template <int W>
 __global__ void gather_kernel(float* xs, const float* x, const int32_t* slot_token, int64_t rows,
@@ -310,20 +310,14 @@ __global__ void mean_kernel(double* mean, const float* losses, int64_t n) {
 
 // swiglu's four entry points: out or out16 (bf16, 8-byte aligned for its 4-lane stores).
 void launch_swiglu_forward(float* out, uint16_t* out16, const float* h, int64_t n, int64_t f) {
-  if (lanes_for(f, {out, h}) == 4 && aligned(out16, 8))
-    swiglu_forward_kernel<4><<<grid_for_rows(n, f / 4), kThreads>>>(out, out16, h, n, f);
-  else
-    swiglu_forward_kernel<1><<<grid_for_rows(n, f), kThreads>>>(out, out16, h, n, f);
-  check_launch();
+  launch_rows(lanes_for(f, {out, h}) == 4 && aligned(out16, 8), n, f, swiglu_forward_kernel<4>,
+              swiglu_forward_kernel<1>, out, out16, h, n, f);
 }
 
-void launch_swiglu_backward(float* dh, uint16_t* dh16, const float* dout, const float* h,
-                            int64_t n, int64_t f) {
-  if (lanes_for(f, {dh, dout, h}) == 4 && aligned(dh16, 8))
-    swiglu_backward_kernel<4><<<grid_for_rows(n, f / 4), kThreads>>>(dh, dh16, dout, h, n, f);
-  else
-    swiglu_backward_kernel<1><<<grid_for_rows(n, f), kThreads>>>(dh, dh16, dout, h, n, f);
-  check_launch();
+void launch_swiglu_backward(float* dh, uint16_t* dh16, const float* dout, const float* h, int64_t n,
+                            int64_t f) {
+  launch_rows(lanes_for(f, {dh, dout, h}) == 4 && aligned(dh16, 8), n, f, swiglu_backward_kernel<4>,
+              swiglu_backward_kernel<1>, dh, dh16, dout, h, n, f);
 }
 
 }  // namespace
@@ -392,27 +386,19 @@ void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float*
 }
 
 void moe_gather(float* xs, const float* x, const int32_t* slot_token, int64_t rows, int64_t c) {
-  if (lanes_for(c, {xs, x}) == 4)
-    gather_kernel<4><<<grid_for_rows(rows, c / 4), kThreads>>>(xs, x, slot_token, rows, c);
-  else
-    gather_kernel<1><<<grid_for_rows(rows, c), kThreads>>>(xs, x, slot_token, rows, c);
-  check_launch();
+  launch_rows(lanes_for(c, {xs, x}) == 4, rows, c, gather_kernel<4>, gather_kernel<1>, xs, x,
+              slot_token, rows, c);
 }
 
-void moe_combine(float* out, const float* ys, const float* topk_w,
-                 const int32_t* assignment_slot, int64_t n, int64_t k, int64_t c) {
-  if (lanes_for(c, {out, ys}) == 4)
-    combine_kernel<4><<<grid_for_rows(n, c / 4), kThreads>>>(out, ys, topk_w, assignment_slot, n,
-                                                             k, c);
-  else
-    combine_kernel<1><<<grid_for_rows(n, c), kThreads>>>(out, ys, topk_w, assignment_slot, n, k,
-                                                         c);
-  check_launch();
+void moe_combine(float* out, const float* ys, const float* topk_w, const int32_t* assignment_slot,
+                 int64_t n, int64_t k, int64_t c) {
+  launch_rows(lanes_for(c, {out, ys}) == 4, n, c, combine_kernel<4>, combine_kernel<1>, out, ys,
+              topk_w, assignment_slot, n, k, c);
 }
 
 void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const float* ys,
-                          const float* topk_w, const int32_t* assignment_slot, int64_t n,
-                          int64_t k, int64_t c) {
+                          const float* topk_w, const int32_t* assignment_slot, int64_t n, int64_t k,
+                          int64_t c) {
   if (n * k == 0) return;
   combine_backward_kernel<<<static_cast<unsigned>(n * k), kThreads>>>(
       dys, dtopk_w, dout, ys, topk_w, assignment_slot, k, c);
@@ -421,13 +407,8 @@ void moe_combine_backward(float* dys, float* dtopk_w, const float* dout, const f
 
 void moe_gather_backward(float* dx, const float* dxs, const int32_t* assignment_slot, int64_t n,
                          int64_t k, int64_t c) {
-  if (lanes_for(c, {dx, dxs}) == 4)
-    gather_backward_kernel<4><<<grid_for_rows(n, c / 4), kThreads>>>(dx, dxs, assignment_slot, n,
-                                                                     k, c);
-  else
-    gather_backward_kernel<1><<<grid_for_rows(n, c), kThreads>>>(dx, dxs, assignment_slot, n, k,
-                                                                 c);
-  check_launch();
+  launch_rows(lanes_for(c, {dx, dxs}) == 4, n, c, gather_backward_kernel<4>,
+              gather_backward_kernel<1>, dx, dxs, assignment_slot, n, k, c);
 }
 
 void cross_entropy(float* dlogits, float* losses, double* mean_loss, const float* logits,

@@ -23,7 +23,7 @@ __host__ __device__ int64_t chunks_of(int64_t n) { return (n + kRowsPerChunk - 1
 // partials [chunks, cols]: Σ over the chunk's rows of value(row, col).
 template <typename Value>
 __global__ void column_partials_kernel(float* partials, int64_t n, int64_t cols, Value value) {
-  FOUNDRY_FOR_EACH_ROW_2D(chunk, chunks_of(n)) {
+  FOUNDRY_FOR_EACH_ROW(chunk, chunks_of(n)) {
     const int64_t end = min(n, (chunk + 1) * kRowsPerChunk);
     FOUNDRY_FOR_EACH_COL(col, cols) {
       float acc = 0;
@@ -104,7 +104,7 @@ struct ResidualApply {
 // allows; the same for the kernels over [n, r_dim] and [n, c] below).
 template <int W>
 __global__ void bias_add_kernel(float* y, const float* bias, int64_t n, int64_t m) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+  FOUNDRY_FOR_EACH_ROW(i, n) {
     FOUNDRY_FOR_EACH_COL(q, m / W) {
       const int64_t j = q * W;
       Lanes<W> v = load_lanes<W>(y + i * m + j);
@@ -137,27 +137,13 @@ __global__ void gelu_backward_kernel(float* din, const float* dout, const float*
 template <int W>
 __global__ void eda_forward_kernel(float* r, const float* r_prev, const float* gamma, int64_t n,
                                    int64_t r_dim) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+  FOUNDRY_FOR_EACH_ROW(i, n) {
     FOUNDRY_FOR_EACH_COL(q, r_dim / W) {
       const int64_t j = q * W;
       Lanes<W> v = load_lanes<W>(r + i * r_dim + j);
       const Lanes<W> p = load_lanes<W>(r_prev + i * r_dim + j), g = load_lanes<W>(gamma + j);
       for (int l = 0; l < W; ++l) v.v[l] = __fmaf_rn(g.v[l], p.v[l], v.v[l]);
       store_lanes<W>(r + i * r_dim + j, v);
-    }
-  }
-}
-
-template <int W>
-__global__ void eda_input_grad_kernel(float* dr_prev, const float* dr, const float* gamma,
-                                      int64_t n, int64_t r_dim) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
-    FOUNDRY_FOR_EACH_COL(q, r_dim / W) {
-      const int64_t j = q * W;
-      const Lanes<W> d = load_lanes<W>(dr + i * r_dim + j), g = load_lanes<W>(gamma + j);
-      Lanes<W> v;
-      for (int l = 0; l < W; ++l) v.v[l] = g.v[l] * d.v[l];
-      store_lanes<W>(dr_prev + i * r_dim + j, v);
     }
   }
 }
@@ -278,7 +264,7 @@ __global__ void residual_forward_kernel(float* out, const float* res, const floa
                                         const float* alpha_res, const float* beta_res,
                                         const float* alpha_h, const float* beta_h, int64_t n,
                                         int64_t c) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+  FOUNDRY_FOR_EACH_ROW(i, n) {
     FOUNDRY_FOR_EACH_COL(q, c / W) {
       const int64_t j = q * W;
       const Lanes<W> r = load_lanes<W>(res + i * c + j), x = load_lanes<W>(h + i * c + j),
@@ -296,7 +282,7 @@ template <int W>
 __global__ void residual_input_grads_kernel(float* dres, float* dh, const float* dout,
                                             const float* alpha_res, const float* alpha_h,
                                             int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+  FOUNDRY_FOR_EACH_ROW(i, n) {
     FOUNDRY_FOR_EACH_COL(q, c / W) {
       const int64_t j = q * W;
       const Lanes<W> g = load_lanes<W>(dout + i * c + j), ar = load_lanes<W>(alpha_res + j),
@@ -312,34 +298,28 @@ __global__ void residual_input_grads_kernel(float* dres, float* dh, const float*
   }
 }
 
-// dh = α_h ⊙ dout alone, as float or bf16 (store_lanes rounds by to_bf16).
+// out[i, j] = scale[j] · x[i, j], as float or bf16 (store_lanes rounds by to_bf16): the
+// residual scaling's dh = α_h ⊙ dout alone, and EDA's input gradient γ ⊙ dr.
 template <int W, typename Out>
-__global__ void residual_h_grad_kernel(Out* dh, const float* dout, const float* alpha_h,
-                                       int64_t n, int64_t c) {
-  FOUNDRY_FOR_EACH_ROW_2D(i, n) {
+__global__ void scale_columns_kernel(Out* out, const float* x, const float* scale, int64_t n,
+                                     int64_t c) {
+  FOUNDRY_FOR_EACH_ROW(i, n) {
     FOUNDRY_FOR_EACH_COL(q, c / W) {
       const int64_t j = q * W;
-      const Lanes<W> g = load_lanes<W>(dout + i * c + j), ah = load_lanes<W>(alpha_h + j);
+      const Lanes<W> g = load_lanes<W>(x + i * c + j), a = load_lanes<W>(scale + j);
       Lanes<W> v;
-      for (int l = 0; l < W; ++l) v.v[l] = ah.v[l] * g.v[l];
-      store_lanes<W>(dh + i * c + j, v);
+      for (int l = 0; l < W; ++l) v.v[l] = a.v[l] * g.v[l];
+      store_lanes<W>(out + i * c + j, v);
     }
   }
 }
 
-// residual_h_grad_kernel's launch: W = 4 where c and the pointers allow (dh 16-byte aligned as
+// scale_columns_kernel's launch: W = 4 where c and the pointers allow (out 16-byte aligned as
 // float, 8 as bf16).
 template <typename Out>
-void launch_residual_h_grad(Out* dh, const float* dout, const float* alpha_h, int64_t n,
-                            int64_t c) {
-  if (lanes_for(c, {dout, alpha_h}) == 4 && aligned(dh, 4 * sizeof(Out))) {
-    const RowsLaunch l = rows_launch(n, c / 4);
-    residual_h_grad_kernel<4><<<l.grid, l.block>>>(dh, dout, alpha_h, n, c);
-  } else {
-    const RowsLaunch l = rows_launch(n, c);
-    residual_h_grad_kernel<1><<<l.grid, l.block>>>(dh, dout, alpha_h, n, c);
-  }
-  check_launch();
+void launch_scale_columns(Out* out, const float* x, const float* scale, int64_t n, int64_t c) {
+  launch_rows(lanes_for(c, {x, scale}) == 4 && aligned(out, 4 * sizeof(Out)), n, c,
+              scale_columns_kernel<4, Out>, scale_columns_kernel<1, Out>, out, x, scale, n, c);
 }
 
 }  // namespace
@@ -347,14 +327,8 @@ void launch_residual_h_grad(Out* dh, const float* dout, const float* alpha_h, in
 int64_t column_sum_scratch(int64_t n, int64_t columns) { return chunks_of(n) * columns; }
 
 void bias_add_forward(float* y, const float* bias, int64_t n, int64_t m) {
-  if (lanes_for(m, {y, bias}) == 4) {
-    const RowsLaunch l = rows_launch(n, m / 4);
-    bias_add_kernel<4><<<l.grid, l.block>>>(y, bias, n, m);
-  } else {
-    const RowsLaunch l = rows_launch(n, m);
-    bias_add_kernel<1><<<l.grid, l.block>>>(y, bias, n, m);
-  }
-  check_launch();
+  launch_rows(lanes_for(m, {y, bias}) == 4, n, m, bias_add_kernel<4>, bias_add_kernel<1>, y, bias,
+              n, m);
 }
 
 void bias_add_backward(float* dbias, const float* dy, int64_t n, int64_t m, float* scratch) {
@@ -372,26 +346,13 @@ void gelu_backward(float* din, const float* dout, const float* in, int64_t n, in
 }
 
 void eda_forward(float* r, const float* r_prev, const float* gamma, int64_t n, int64_t r_dim) {
-  if (lanes_for(r_dim, {r, r_prev, gamma}) == 4) {
-    const RowsLaunch l = rows_launch(n, r_dim / 4);
-    eda_forward_kernel<4><<<l.grid, l.block>>>(r, r_prev, gamma, n, r_dim);
-  } else {
-    const RowsLaunch l = rows_launch(n, r_dim);
-    eda_forward_kernel<1><<<l.grid, l.block>>>(r, r_prev, gamma, n, r_dim);
-  }
-  check_launch();
+  launch_rows(lanes_for(r_dim, {r, r_prev, gamma}) == 4, n, r_dim, eda_forward_kernel<4>,
+              eda_forward_kernel<1>, r, r_prev, gamma, n, r_dim);
 }
 
 void eda_backward(float* dr_prev, float* dgamma, const float* dr, const float* r_prev,
                   const float* gamma, int64_t n, int64_t r_dim, float* scratch) {
-  if (lanes_for(r_dim, {dr_prev, dr, gamma}) == 4) {
-    const RowsLaunch l = rows_launch(n, r_dim / 4);
-    eda_input_grad_kernel<4><<<l.grid, l.block>>>(dr_prev, dr, gamma, n, r_dim);
-  } else {
-    const RowsLaunch l = rows_launch(n, r_dim);
-    eda_input_grad_kernel<1><<<l.grid, l.block>>>(dr_prev, dr, gamma, n, r_dim);
-  }
-  check_launch();
+  launch_scale_columns(dr_prev, dr, gamma, n, r_dim);
   column_sums(scratch, n, r_dim, ProductValue{r_prev, dr, r_dim}, AddTo{dgamma});
 }
 
@@ -440,16 +401,9 @@ void zaya_boundary_counts(int64_t* near, const float* probs, const float* logits
 void residual_scale_forward(float* out, const float* res, const float* h, const float* alpha_res,
                             const float* beta_res, const float* alpha_h, const float* beta_h,
                             int64_t n, int64_t c) {
-  if (lanes_for(c, {out, res, h, alpha_res, beta_res, alpha_h, beta_h}) == 4) {
-    const RowsLaunch l = rows_launch(n, c / 4);
-    residual_forward_kernel<4><<<l.grid, l.block>>>(out, res, h, alpha_res, beta_res, alpha_h,
-                                                    beta_h, n, c);
-  } else {
-    const RowsLaunch l = rows_launch(n, c);
-    residual_forward_kernel<1><<<l.grid, l.block>>>(out, res, h, alpha_res, beta_res, alpha_h,
-                                                    beta_h, n, c);
-  }
-  check_launch();
+  launch_rows(lanes_for(c, {out, res, h, alpha_res, beta_res, alpha_h, beta_h}) == 4, n, c,
+              residual_forward_kernel<4>, residual_forward_kernel<1>, out, res, h, alpha_res,
+              beta_res, alpha_h, beta_h, n, c);
 }
 
 void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* dbeta_res,
@@ -457,14 +411,9 @@ void residual_scale_backward(float* dres, float* dh, float* dalpha_res, float* d
                              const float* h, const float* alpha_res, const float* beta_res,
                              const float* alpha_h, const float* beta_h, int64_t n, int64_t c,
                              float* scratch) {
-  if (lanes_for(c, {dres, dh, dout, alpha_res, alpha_h}) == 4) {
-    const RowsLaunch l = rows_launch(n, c / 4);
-    residual_input_grads_kernel<4><<<l.grid, l.block>>>(dres, dh, dout, alpha_res, alpha_h, n, c);
-  } else {
-    const RowsLaunch l = rows_launch(n, c);
-    residual_input_grads_kernel<1><<<l.grid, l.block>>>(dres, dh, dout, alpha_res, alpha_h, n, c);
-  }
-  check_launch();
+  launch_rows(lanes_for(c, {dres, dh, dout, alpha_res, alpha_h}) == 4, n, c,
+              residual_input_grads_kernel<4>, residual_input_grads_kernel<1>, dres, dh, dout,
+              alpha_res, alpha_h, n, c);
   column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
               ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
 }
@@ -474,8 +423,8 @@ void residual_scale_backward_params(void* dh, bool dh_bf16, float* dalpha_res, f
                                     const float* res, const float* h, const float* alpha_res,
                                     const float* beta_res, const float* alpha_h,
                                     const float* beta_h, int64_t n, int64_t c, float* scratch) {
-  if (dh_bf16) launch_residual_h_grad(static_cast<uint16_t*>(dh), dout, alpha_h, n, c);
-  else launch_residual_h_grad(static_cast<float*>(dh), dout, alpha_h, n, c);
+  if (dh_bf16) launch_scale_columns(static_cast<uint16_t*>(dh), dout, alpha_h, n, c);
+  else launch_scale_columns(static_cast<float*>(dh), dout, alpha_h, n, c);
   column_sums(scratch, n, 3 * c, ResidualValue{dout, res, h, beta_res, beta_h, c},
               ResidualApply{dalpha_res, dbeta_res, dalpha_h, dbeta_h, alpha_res, alpha_h, c});
 }

@@ -62,21 +62,36 @@ int64_t largest_fitting(int64_t lo, int64_t hi, const std::function<bool(int64_t
   return lo;
 }
 
+// "the largest train.batch_size that fits is N …" for the largest global batch below
+// train.batch_size that `fits` (a global batch over `ranks` ranks); "" when none does.
+std::string smaller_batch_hint(const RunConfig& rc, int ranks,
+                               const std::function<bool(int64_t)>& fits) {
+  const TrainConfig& tc = rc.train;
+  const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
+  const int64_t per_group = largest_fitting(1, tc.batch_size / groups - 1,
+                                            [&](int64_t b) { return fits(b * groups); });
+  if (per_group == 0) return "";
+  return fmt::format("the largest train.batch_size that fits is {} (--set train.batch_size={}), "
+                     "or shorten train.seq_len",
+                     per_group * groups, per_group * groups);
+}
+
+// "even train.batch_size = G does not fit: shorten train.seq_len", G the smallest batch.
+std::string no_batch_fits(const RunConfig& rc, int ranks) {
+  return fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len",
+                     std::max<int64_t>(1, ranks / rc.train.context_parallel));
+}
+
 std::string training_hint(const RunConfig& rc, int ranks, int processes,
                           const MemoryBudget& budget) {
   const TrainConfig& tc = rc.train;
-  const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
-  const int64_t per_group = largest_fitting(1, tc.batch_size / groups - 1, [&](int64_t b) {
-    MemoryNeed need = training_memory_need(rc, b * groups, ranks);
+  const std::string smaller = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
+    MemoryNeed need = training_memory_need(rc, batch, ranks);
     need.processes = processes;
     return fits(need, budget);
   });
-  if (per_group > 0)
-    return fmt::format("the largest train.batch_size that fits is {} (--set train.batch_size={}), "
-                       "or shorten train.seq_len",
-                       per_group * groups, per_group * groups);
-  std::string hint = fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len",
-                                 groups);
+  if (!smaller.empty()) return smaller;
+  std::string hint = no_batch_fits(rc, ranks);
   if (ranks > 1 && ranks % (2 * tc.context_parallel) == 0)
     hint += fmt::format(", split each sequence over more ranks with train.context_parallel = {}",
                         2 * tc.context_parallel);
@@ -188,11 +203,9 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
 
 std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu) {
   if (need.per_process() * gpu.sharing <= gpu.free_bytes) return "";
-  std::string parts;
-  for (const auto& [name, bytes] : need.parts)
-    parts += fmt::format("{}{} {}", parts.empty() ? "" : ", ", name, format_bytes(double(bytes), 1));
   std::string text = fmt::format("{} needs about {} of GPU memory per rank ({})", need.what,
-                                 format_bytes(double(need.per_process()), 1), parts);
+                                 format_bytes(double(need.per_process()), 1),
+                                 format_memory_parts(need));
   if (gpu.sharing > 1) text += fmt::format(" × {} ranks on one GPU", gpu.sharing);
   return text + fmt::format(", but {} has {} free", gpu.name,
                             format_bytes(double(gpu.free_bytes), 1));
@@ -231,19 +244,10 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
     const GpuMemory& gpu = a.gpu;
     const std::string shortfall = gpu_memory_shortfall(need, gpu);
     if (shortfall.empty()) continue;
-    const TrainConfig& tc = rc.train;
-    const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
-    const int64_t per_group = largest_fitting(1, tc.batch_size / groups - 1, [&](int64_t b) {
-      return gpu_memory_shortfall(gpu_training_memory_need(rc, b * groups, ranks), gpu).empty();
+    std::string hint = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
+      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks), gpu).empty();
     });
-    std::string hint =
-        per_group > 0
-            ? fmt::format("the largest train.batch_size that fits is {} (--set "
-                          "train.batch_size={}), or shorten train.seq_len",
-                          per_group * groups, per_group * groups)
-            : fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len, or "
-                          "train a smaller model",
-                          groups);
+    if (hint.empty()) hint = no_batch_fits(rc, ranks) + ", or train a smaller model";
     if (gpu.sharing > 1) hint += "; or give each rank a GPU of its own";
     fail(shortfall, hint + "; the margin is conservative: FOUNDRY_MEMORY_LIMIT=off skips the "
                            "memory checks");

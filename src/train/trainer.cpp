@@ -243,13 +243,16 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   if (!opt.synthetic_data) open_dataset();  // bad input first: it is cheap to check
   // The memory the run will allocate: the host's, or the GPU's (what is free on it, shared
   // by the ranks that train on it).
-  if (!tc.device.cuda) check_training_memory(rc, procs);
-  else
-    check_gpu_training_memory(rc, procs,
-                              {gpu::memory_free(),
-                               fmt::format("{} ({})", gpu::open_gpu(device.index, "train.device").name,
-                                           device.name()),
-                               gpu::current_gpu_uuid()});  if (tc.memory_checkpoint_every > 0)
+  if (!tc.device.cuda) {
+    check_training_memory(rc, procs);
+  } else {
+    const gpu::GpuInfo gpu_info = gpu::open_gpu(device.index, "train.device " + device.name());
+    check_gpu_training_memory(
+        rc, procs,
+        {gpu::memory_free(), fmt::format("{} ({})", gpu_info.name, device.name()),
+         gpu::current_gpu_uuid()});
+  }
+  if (tc.memory_checkpoint_every > 0)
     check_memory_tier_room(tc, 2.0 * rank_checkpoint_bytes(rc, procs.ranks()) * procs.ranks());
   // The steps to train, against the checkpoint a resume would start from: before --overwrite
   // removes anything (train() checks again once the checkpoint is loaded).
