@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds Foundry with the CUDA backend on a GPU machine, runs the GPU tests and the GPU
-# benchmarks (GEMMs, bandwidth, training both GPU benchmark configs, and the PyTorch peer),
+# benchmarks (GEMMs, bandwidth, attention, training and decoding both GPU benchmark configs,
+# and the PyTorch peer),
 # and prints a table last. For a machine like the one docs/gpu.md describes:
 # Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN and the
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
@@ -168,6 +169,14 @@ if [ -z "$quick" ] || [ "${GPU_CHECK_DP:-0}" = 1 ]; then
     rm -rf "$out/run-dp-$np"
   done
 fi
+# Decoding on the GPU: latency per step at batch 1 to 64 over 256 cached positions, both
+# benchmark models (their own MoE width only), against plan's decode model with this call's
+# profile.
+for cfg in gpu-moe-bench gpu-zaya-bench; do
+  timeout 120 "$foundry" bench decode --config "configs/$cfg.json" --device cuda \
+    --profile "$profile" --finer 1 --batches 1,4,16,64 --context 256 --quiet \
+    --out "$out/decode-$cfg.json" >"$out/decode-$cfg.txt" 2>&1
+done
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
 if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
@@ -235,6 +244,11 @@ done
 for np in 1 2; do
   [ -f "$out/dp-$np.txt" ] &&
     echo "| data parallel, $np rank(s) on one GPU (2-layer gpu-moe-bench) | $(grep -m1 '^trained steps' "$out/dp-$np.txt" || tail -n 1 "$out/dp-$np.txt") |"
+done
+for cfg in gpu-moe-bench gpu-zaya-bench; do
+  dec=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(', '.join('B=%d %.2f ms%s' % (x['batch'], x['median_ms'], ' (plan %.2f, %+.0f%%)' % (x['predicted_ms'], 100 * x['error']) if 'predicted_ms' in x else '') for x in r['rows']))" "$out/decode-$cfg.json" 2>/dev/null ||
+        echo "FAILED: $(grep -m1 '^error:' "$out/decode-$cfg.txt" 2>/dev/null || tail -n 1 "$out/decode-$cfg.txt" 2>/dev/null)")
+  echo "| bench decode $cfg, ms a step (context 256) | $dec |"
 done
 peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
 echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"

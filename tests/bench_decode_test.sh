@@ -62,12 +62,14 @@ else
   bad "Markdown --out content:"; cat table.md
 fi
 grep -q "no --profile" table.md && ok "the table says why nothing is predicted" || bad "no note on the missing profile"
+grep -q "^# device: cpu$" table.md && ok "the header names the device" || bad "no device line in the header"
 
 expect_fail "--batches 0" "--batches 0" "$F" bench decode --config moe.json --batches 0 --out bad.json
 expect_fail "--widths 4x128x8" "--widths '4x128x8'" "$F" bench decode --config moe.json --widths 4x128x8 --out bad.json
 expect_fail "--widths 4x" "'4x' is not EXPERTSxFFNxTOPK" "$F" bench decode --config moe.json --widths 4x
 expect_fail "--steps 0" "--steps 0" "$F" bench decode --config moe.json --steps 0 --out bad.json
 expect_fail "--context -1" "--context -1" "$F" bench decode --config moe.json --context -1
+expect_fail "--device tpu" "--device" "$F" bench decode --config moe.json --device tpu --out bad.json
 expect_fail "--warmup-seconds -1" "--warmup-seconds -1" "$F" bench decode --config moe.json --warmup-seconds=-1
 [ -e bad.json ] && bad "a failed run left bad.json behind" || ok "failed runs write no output file"
 

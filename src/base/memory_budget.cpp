@@ -110,6 +110,7 @@ const char* budget_source_name(BudgetSource source) {
     case BudgetSource::meminfo: return "MemAvailable";
     case BudgetSource::environment: return "FOUNDRY_MEMORY_LIMIT";
     case BudgetSource::off: return "FOUNDRY_MEMORY_LIMIT=off";
+    case BudgetSource::gpu: return "the GPU's free memory";
     case BudgetSource::unknown: break;
   }
   return "no limit found";

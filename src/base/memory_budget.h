@@ -31,7 +31,8 @@ struct MemoryFiles {
   std::string meminfo = "/proc/meminfo";
 };
 
-enum class BudgetSource { unknown, cgroup_v2, cgroup_v1, meminfo, environment, off };
+// gpu: a GPU's free memory, for work that runs there (the caller reads it).
+enum class BudgetSource { unknown, cgroup_v2, cgroup_v1, meminfo, environment, off, gpu };
 
 struct MemoryBudget {
   BudgetSource source = BudgetSource::unknown;  // unknown: no limit found
@@ -39,7 +40,8 @@ struct MemoryBudget {
   bool limited() const { return source != BudgetSource::unknown && source != BudgetSource::off; }
 };
 
-// "cgroup memory.max", "cgroup memory.limit_in_bytes", "MemAvailable", "FOUNDRY_MEMORY_LIMIT".
+// "cgroup memory.max", "cgroup memory.limit_in_bytes", "MemAvailable", "FOUNDRY_MEMORY_LIMIT",
+// "the GPU's free memory".
 const char* budget_source_name(BudgetSource source);
 
 // The detected budget (cgroups and /proc/meminfo), ignoring FOUNDRY_MEMORY_LIMIT.

@@ -162,6 +162,7 @@ DecodeBenchResult run_decode_bench(const DecodeBenchOptions& o) {
   validate(o);
   DecodeBenchResult r;
   r.arch = arch_name(o.model.arch);
+  if (o.backend) r.device = o.backend->name();
   r.context = o.context;
   r.warmup = o.warmup;
   r.steps = o.steps;
@@ -173,7 +174,7 @@ DecodeBenchResult run_decode_bench(const DecodeBenchOptions& o) {
   for (const MoeWidth& w : widths) {
     const ModelConfig c = bench_config(o, w);
     const ParamCounts counts = count_parameters(c);
-    Model model(c, o.precision);
+    Model model(c, o.precision, o.backend ? *o.backend : cpu_backend());
     model.init_weights(o.seed);
     for (int64_t batch : o.batches) {
       const StepTimes t = time_steps(model, o, batch, rng);
@@ -243,6 +244,7 @@ nlohmann::json decode_bench_json(const DecodeBenchResult& r, const Provenance& p
     rows.push_back(row);
   }
   return {{"arch", r.arch},
+          {"device", r.device},
           {"precision", dtype_name(r.precision)},
           {"context", r.context},
           {"warmup", r.warmup},

@@ -27,6 +27,8 @@
 
 namespace foundry {
 
+class Backend;
+
 // One MoE width: the experts of every MoE sublayer.
 struct MoeWidth {
   int64_t experts = 0, ffn_dim = 0, top_k = 0;
@@ -52,6 +54,7 @@ struct DecodeBenchOptions {
   // decoding run slower (threads, page mappings) than what follows.
   double warmup_s = 1.0;
   DType precision = DType::bf16;   // the GEMM weights (as train.precision)
+  Backend* backend = nullptr;      // where the models decode (null: the CPU)
   uint64_t seed = 1;
   // Called after each (width, batch) with points done, total, and what finished.
   std::function<void(int64_t, int64_t, const std::string&)> on_progress;
@@ -71,6 +74,7 @@ struct DecodePoint {
 
 struct DecodeBenchResult {
   std::string arch;
+  std::string device = "cpu";  // the backend's name
   int64_t context = 0, warmup = 0, steps = 0;
   DType precision = DType::bf16;
   double load_average[3] = {0, 0, 0};  // before the run

@@ -17,6 +17,7 @@
 #include "bench/profile.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+#include "model/backends.h"
 #include "plan/perf_model.h"
 #include "train/run_config.h"
 
@@ -25,7 +26,7 @@ namespace foundry::cli {
 namespace {
 
 struct DecodeFlags {
-  std::string config_path, profile, widths, batches = "1,4,16,64", out;
+  std::string config_path, profile, widths, batches = "1,4,16,64", out, device;
   std::vector<std::string> overrides;
   int64_t context = 256, warmup = 3, steps = 10, finer = 3;
   double warmup_s = 1.0;
@@ -38,6 +39,7 @@ std::string header(const Provenance& provenance, const DecodeBenchResult& r,
   if (r.load_average[0] >= 0)
     out += fmt::format("# load average before: {:.2f} {:.2f} {:.2f}\n", r.load_average[0],
                        r.load_average[1], r.load_average[2]);
+  out += fmt::format("# device: {}\n", r.device);
   out += "# weights: random (a decode step's time does not depend on their values)\n";
   return out + "# " + profile_note + "\n\n";
 }
@@ -56,8 +58,11 @@ void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
   o.widths = cmd.count("--widths") ? parse_widths("--widths", f.widths)
                                    : finer_widths(rc.model, f.finer);
   validate(o);  // before anything runs, so bad input fails at once
+  const DeviceSpec device = parse_device("--device", f.device.empty() ? "cpu" : f.device);
+  const std::unique_ptr<Backend> backend = open_backend(device, "--device " + device.name());
+  if (device.cuda) o.backend = backend.get();
   check_memory({"bench decode", {{"the largest model and decode state", decode_bench_bytes(o)}}},
-               memory_budget(), "choose fewer or smaller batches (--batches) or --context");
+               memory_budget_of(device), "choose fewer or smaller batches (--batches) or --context");
   std::unique_ptr<HardwareProfile> profile;
   if (!f.profile.empty()) profile = std::make_unique<HardwareProfile>(load_profile(f.profile));
 
@@ -118,6 +123,7 @@ void register_bench_decode_command(CLI::App& bench) {
   cmd->add_option("--finer", f->finer, "Widths by default: the config's and this many − 1 finer")
       ->capture_default_str();
   cmd->add_option("--batches", f->batches, "Sequences decoded together")->capture_default_str();
+  cmd->add_option("--device", f->device, "Where to decode: cpu (default), cuda or cuda:N");
   cmd->add_option("--context", f->context, "Cached positions each step attends over")
       ->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "Untimed steps first")->capture_default_str();

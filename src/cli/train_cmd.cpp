@@ -147,19 +147,19 @@ void run_eval(const EvalArgs& e) {
 }
 
 void run_eval_choices(const EvalArgs& e) {
-  RunConfig rc = load_run_config(e.config.config_path, e.config.overrides);
-  if (!e.device.empty() && e.device != "cpu")
-    fail(fmt::format("--device {}: eval --choices computes on the CPU", e.device),
-         "leave out --device (decoding on a GPU is not there yet)");
+  const ConfigArgs args = with_device(e.config, e.device);
+  RunConfig rc = load_run_config(args.config_path, args.overrides);
   if (!e.out.empty() && e.out == e.choices)
     fail(fmt::format("--out '{}' is the --choices file", e.out),
          "write the scores to another file: --out would overwrite the items");
   std::string tok_path;
   const data::Tokenizer tok = infer::load_tokenizer(rc, e.tokenizer, &tok_path);
-  check_generate_memory(rc, rc.model.max_seq_len);
+  const std::unique_ptr<Backend> backend =
+      open_backend(rc.train.device, "train.device " + rc.train.device.name());
+  check_generate_memory(rc, rc.model.max_seq_len, memory_budget_of(rc.train.device));
   const std::string dir = infer::resolve_checkpoint(e.checkpoint, rc);
   infer::check_tokenizer_of(dir, tok_path);
-  auto model = infer::load_model(rc, dir, rc.train.precision);
+  auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
   const infer::ChoiceSummary s = infer::run_choice_eval(*model, tok, e.choices, e.out, e.quiet);
   std::printf("checkpoint %s\n%lld items scored", dir.c_str(),
               static_cast<long long>(s.items - s.invalid));
@@ -177,6 +177,7 @@ void run_eval_choices(const EvalArgs& e) {
 // of a checkpoint.
 struct GenArgs {
   ConfigArgs config;
+  std::string device;
   std::string checkpoint, prompt, tokenizer, batch, out;
   int64_t max_new_tokens = 64;
   infer::SamplingOptions sampling;
@@ -188,7 +189,7 @@ struct GenArgs {
 };
 
 void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunConfig& rc,
-                        const data::Tokenizer& tok, Model& model) {
+                        const MemoryBudget& budget, const data::Tokenizer& tok, Model& model) {
   infer::BatchOptions o;
   o.engine.max_rows = g.batch_tokens;
   o.engine.max_requests = g.max_requests;
@@ -196,7 +197,8 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
   o.engine.schedule = schedule;
   o.trace = g.trace;
   o.engine.kv_budget_bytes =
-      g.kv_memory.empty() ? default_kv_memory(rc) : parse_memory_size(g.kv_memory, "--kv-memory");
+      g.kv_memory.empty() ? default_kv_memory(rc, budget)
+                          : parse_memory_size(g.kv_memory, "--kv-memory");
   o.in = g.batch;
   o.out = g.out;
   o.defaults = {g.max_new_tokens, g.sampling, g.seed, g.ignore_eos};
@@ -225,7 +227,8 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
 }
 
 void run_generate(const GenArgs& g) {
-  RunConfig rc = load_run_config(g.config.config_path, g.config.overrides);
+  const ConfigArgs args = with_device(g.config, g.device);
+  RunConfig rc = load_run_config(args.config_path, args.overrides);
   if (g.batch.empty() == g.prompt.empty())
     fail(g.batch.empty() ? "generate needs --prompt TEXT or --batch FILE"
                          : "generate takes --prompt or --batch, not both",
@@ -261,11 +264,14 @@ void run_generate(const GenArgs& g) {
           room, g.max_new_tokens, n, rc.model.max_seq_len));
     max_len = n + room;
   }
-  check_generate_memory(rc, max_len);
+  const std::unique_ptr<Backend> backend =
+      open_backend(rc.train.device, "train.device " + rc.train.device.name());
+  const MemoryBudget budget = memory_budget_of(rc.train.device);
+  check_generate_memory(rc, max_len, budget);
   const std::string dir = infer::resolve_checkpoint(g.checkpoint, rc);
   infer::check_tokenizer_of(dir, tok_path);
-  auto model = infer::load_model(rc, dir, rc.train.precision);
-  if (!g.batch.empty()) return run_generate_batch(g, schedule, rc, tok, *model);
+  auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
+  if (!g.batch.empty()) return run_generate_batch(g, schedule, rc, budget, tok, *model);
   const infer::Generation gen =
       infer::generate(*model, ids, g.max_new_tokens, g.ignore_eos ? -1 : tok.eos_id(),
                       g.sampling, g.seed);
@@ -338,6 +344,8 @@ void add_generate_command(CLI::App& app) {
   auto g = std::make_shared<GenArgs>();
   add_config_options(cmd, g->config);
   cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
+  cmd->add_option("--device", g->device,
+                  "Where to decode: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
   cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
   cmd->add_option("--batch", g->batch,
                   "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "

@@ -2,12 +2,19 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <initializer_list>
+#include <vector>
 
+#include "base/error.h"
 #include "kernels/attention.h"
+#include "kernels/cca.h"
 #include "cuda/blas.h"
 #include "cuda/cca.h"
+#include "cuda/decode.h"
 #include "cuda/ops.h"
 #include "cuda/runtime.h"
 #include "cuda/zaya.h"
@@ -26,6 +33,13 @@ bool aligned16(std::initializer_list<const void*> pointers) {
 ops::AttentionDims dims(const foundry::ops::AttentionShape& s) {
   return {s.b, s.t, s.h, s.kvh, s.d};
 }
+
+// The host's span descriptors go to the device as they are.
+static_assert(sizeof(ops::DecodeSpan) == sizeof(foundry::ops::DecodeSpan) &&
+              offsetof(ops::DecodeSpan, k) == offsetof(foundry::ops::DecodeSpan, k) &&
+              offsetof(ops::DecodeSpan, v) == offsetof(foundry::ops::DecodeSpan, v) &&
+              offsetof(ops::DecodeSpan, len) == offsetof(foundry::ops::DecodeSpan, len) &&
+              offsetof(ops::DecodeSpan, capacity) == offsetof(foundry::ops::DecodeSpan, capacity));
 
 // Each method is the GPU kernel of the same name (or a short composition of them, where said).
 class CudaBackend final : public Backend {
@@ -332,7 +346,84 @@ class CudaBackend final : public Backend {
                                  scratch);
   }
 
+  void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }
+  void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                       int64_t rotary_dim, double theta) override {
+    Descriptors up;
+    const size_t at_pos = up.add(pos, rows);
+    up.upload(descriptors_);
+    ops::rope_apply_rows(x, up.at<int64_t>(at_pos), rows, h, d, rotary_dim, theta);
+  }
+  void decode_kv_store(const foundry::ops::DecodeSpan* spans, const int64_t* store_at,
+                       const float* k, const float* v, int64_t rows, int64_t kvh,
+                       int64_t d) override {
+    for (int64_t r = 0; r < rows; ++r) foundry::ops::check_decode_store(spans[r], store_at[r]);
+    Descriptors up;
+    const size_t at_spans = up.add(spans, rows), at_store = up.add(store_at, rows);
+    up.upload(descriptors_);
+    ops::decode_kv_store(up.at<ops::DecodeSpan>(at_spans), up.at<int64_t>(at_store), k, v, rows,
+                         kvh, d);
+  }
+  void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
+                             const foundry::ops::DecodeSpan* spans, const int64_t* first,
+                             int64_t rows, int64_t h, int64_t kvh, int64_t d) override {
+    for (int64_t r = 0; r < rows; ++r) {  // the scores' room, as the CPU checks it
+      int64_t len = 0;
+      for (int64_t s = first[r]; s < first[r + 1]; ++s) len += spans[s].len;
+      FOUNDRY_CHECK(len >= 1 && len <= max_len);
+    }
+    Descriptors up;
+    const size_t at_spans = up.add(spans, first[rows]), at_first = up.add(first, rows + 1);
+    up.upload(descriptors_);
+    ops::attention_decode_rows(out, scores, max_len, q, up.at<ops::DecodeSpan>(at_spans),
+                               up.at<int64_t>(at_first), rows, h, kvh, d);
+  }
+  void cca_conv_decode(float* qk, const foundry::ops::CcaDims& c, float* const* states,
+                       int64_t rows, const float* c_new, const float* w0, const float* b0,
+                       const float* w1, const float* b1) override {
+    Descriptors up;
+    const size_t at_states = up.add(states, rows);
+    up.upload(descriptors_);
+    ops::cca_conv_decode(qk, floats(rows * c.channels() * c.t1), up.at<float*>(at_states), rows,
+                         c.hq, c.hk, c.d, c.t0, c.t1, c_new, w0, b0, w1, b1);
+  }
+  void cca_value_shift_decode(float* v, const foundry::ops::CcaDims& c, float* const* states,
+                              int64_t rows) override {
+    Descriptors up;
+    const size_t at_states = up.add(states, rows);
+    up.upload(descriptors_);
+    ops::cca_value_shift_decode(v, up.at<float*>(at_states), rows, c.hq, c.hk, c.d, c.t0, c.t1);
+  }
+
  private:
+  // The host arrays of one decode operation, packed into one upload (16-byte aligned each).
+  // The copy is queued after the kernels before it, so the device buffer is free to reuse
+  // once they have read it.
+  class Descriptors {
+   public:
+    // Appends n elements; returns their offset in the upload.
+    template <typename T>
+    size_t add(const T* host, int64_t n) {
+      const size_t at = (bytes_.size() + 15) / 16 * 16, size = static_cast<size_t>(n) * sizeof(T);
+      bytes_.resize(at + size);
+      if (size > 0) std::memcpy(bytes_.data() + at, host, size);
+      return at;
+    }
+    void upload(Workspace& device) {
+      base_ = static_cast<char*>(device.get(std::max<int64_t>(16, std::ssize(bytes_))));
+      if (!bytes_.empty()) copy_to_device(base_, bytes_.data(), std::ssize(bytes_));
+    }
+    // The device address of the elements added at `offset` (after upload).
+    template <typename T>
+    T* at(size_t offset) const {
+      return reinterpret_cast<T*>(base_ + offset);
+    }
+
+   private:
+    std::vector<char> bytes_;
+    char* base_ = nullptr;
+  };
+
   float* floats(int64_t n) {
     return static_cast<float*>(workspace_.get(n * static_cast<int64_t>(sizeof(float))));
   }
@@ -341,6 +432,7 @@ class CudaBackend final : public Backend {
   EventClock clock_;
   Workspace workspace_;       // the float and double scratch of one operation at a time
   Workspace sort_workspace_;  // CUB's temporary storage for the radix sorts
+  Workspace descriptors_;     // the decode operations' uploaded host arrays
 };
 
 }  // namespace

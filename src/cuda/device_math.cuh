@@ -1,5 +1,5 @@
 // Device functions several kernel files use: bf16 rounding as the CPU rounds, one row's
-// softmax, and W consecutive floats moved as one vector.
+// softmax, a block's sum and maximum, and W consecutive floats moved as one vector.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -13,6 +13,36 @@ __device__ inline uint16_t to_bf16(float f) {
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
+}
+
+// Σ over a block of `threads` threads of `value` (every thread gets the sum), in a fixed tree;
+// `shared` holds `threads` values.
+template <int threads, typename T>
+__device__ T block_sum(T value, T* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = threads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) shared[threadIdx.x] += shared[threadIdx.x + width];
+    __syncthreads();
+  }
+  const T sum = shared[0];
+  __syncthreads();
+  return sum;
+}
+
+// The largest `value` over a block of `threads` threads, as block_sum.
+template <int threads>
+__device__ float block_max(float value, float* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int width = threads / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width)
+      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + width]);
+    __syncthreads();
+  }
+  const float m = shared[0];
+  __syncthreads();
+  return m;
 }
 
 // p [n] = softmax(z [n]) in fp32, by one thread, in index order.

@@ -3,6 +3,7 @@
 #ifndef FOUNDRY_HAS_CUDA
 #include "cuda/adamw.h"
 #include "cuda/cca.h"
+#include "cuda/decode.h"
 #include "cuda/lt_matmul.h"
 #include "cuda/muon.h"
 #include "cuda/no_gpu.h"
@@ -102,6 +103,9 @@ void rmsnorm_backward_residual(float*, float*, const float*, const float*, const
 }
 int64_t rmsnorm_backward_scratch(int64_t, int64_t) { return 0; }
 void rope_apply(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, bool) {
+  fail_no_cuda_build(kWhat);
+}
+void rope_apply_rows(float*, const int64_t*, int64_t, int64_t, int64_t, int64_t, double) {
   fail_no_cuda_build(kWhat);
 }
 void swiglu_forward(float*, const float*, int64_t, int64_t) { fail_no_cuda_build(kWhat); }
@@ -273,6 +277,24 @@ void residual_scale_backward(float*, float*, float*, float*, float*, float*, con
 void residual_scale_backward_params(void*, bool, float*, float*, float*, float*, const float*,
                                     const float*, const float*, const float*, const float*,
                                     const float*, const float*, int64_t, int64_t, float*) {
+  fail_no_cuda_build(kWhat);
+}
+void add(float*, const float*, int64_t) { fail_no_cuda_build(kWhat); }
+void decode_kv_store(const DecodeSpan*, const int64_t*, const float*, const float*, int64_t,
+                     int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void attention_decode_rows(float*, float*, int64_t, const float*, const DecodeSpan*,
+                           const int64_t*, int64_t, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_conv_decode(float*, float*, float* const*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                     int64_t, const float*, const float*, const float*, const float*,
+                     const float*) {
+  fail_no_cuda_build(kWhat);
+}
+void cca_value_shift_decode(float*, float* const*, int64_t, int64_t, int64_t, int64_t, int64_t,
+                            int64_t) {
   fail_no_cuda_build(kWhat);
 }
 }  // namespace ops

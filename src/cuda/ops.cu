@@ -17,33 +17,6 @@ namespace {
 constexpr int kThreads = kBlockThreads;
 constexpr int64_t kRowsPerChunk = 32;  // rmsnorm_backward's dweight chunks (as on the CPU)
 
-// Σ over the block of `value` (every thread gets the sum); `shared` holds kThreads floats.
-template <typename T>
-__device__ T block_sum(T value, T* shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int width = kThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width) shared[threadIdx.x] += shared[threadIdx.x + width];
-    __syncthreads();
-  }
-  const T sum = shared[0];
-  __syncthreads();
-  return sum;
-}
-
-__device__ float block_max(float value, float* shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int width = kThreads / 2; width > 0; width /= 2) {
-    if (threadIdx.x < width)
-      shared[threadIdx.x] = fmaxf(shared[threadIdx.x], shared[threadIdx.x + width]);
-    __syncthreads();
-  }
-  const float m = shared[0];
-  __syncthreads();
-  return m;
-}
-
 __device__ float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // ---- RMSNorm ----
@@ -55,7 +28,7 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* in,
   float* y = out + blockIdx.x * c;
   float sum_sq = 0;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) sum_sq += x[j] * x[j];
-  sum_sq = block_sum(sum_sq, shared);
+  sum_sq = block_sum<kThreads>(sum_sq, shared);
   const float r = 1.0f / sqrtf(sum_sq / static_cast<float>(c) + eps);
   if (threadIdx.x == 0) rstd[blockIdx.x] = r;
   for (int64_t j = threadIdx.x; j < c; j += kThreads) y[j] = x[j] * r * weight[j];
@@ -79,7 +52,7 @@ __global__ void rmsnorm_backward_kernel(float* din, float* partials, const float
     const float r = rstd[i];
     float dot = 0;
     for (int64_t j = threadIdx.x; j < c; j += kThreads) dot += dy[j] * weight[j] * x[j];
-    dot = block_sum(dot, shared);
+    dot = block_sum<kThreads>(dot, shared);
     const float coef = dot * r * r * r * inv_c;
     for (int64_t j = threadIdx.x; j < c; j += kThreads) {
       const float grad = r * weight[j] * dy[j] - coef * x[j];
@@ -111,12 +84,15 @@ __device__ void rotate_pair(float* p1, float* p2, float cs, float s) {
 
 // One thread per (row of [B·T], pair), rotating that pair in every head: the angle's pow, cos
 // and sin in double cost far more than the pair's memory traffic, and all heads share them.
+// Row r sits at position pos_offset + r % t, or at positions[r] where given.
 __global__ void rope_kernel(float* x, int64_t rows, int64_t t, int64_t h, int64_t d,
-                            int64_t half, int64_t pos_offset, double theta, float sin_sign) {
+                            int64_t half, int64_t pos_offset, const int64_t* positions,
+                            double theta, float sin_sign) {
   FOUNDRY_FOR_EACH(index, rows * half) {
     const int64_t i = index % half, row = index / half;
     const double inv_freq = pow(theta, -static_cast<double>(i) / static_cast<double>(half));
-    const double angle = static_cast<double>(pos_offset + row % t) * inv_freq;
+    const int64_t position = positions ? positions[row] : pos_offset + row % t;
+    const double angle = static_cast<double>(position) * inv_freq;
     const float cs = static_cast<float>(cos(angle)), s = sin_sign * static_cast<float>(sin(angle));
     float* p = x + row * h * d;
     for (int64_t head = 0; head < h; ++head, p += d) rotate_pair(p + i, p + i + half, cs, s);
@@ -240,7 +216,7 @@ __global__ void combine_backward_kernel(float* dys, float* dtopk_w, const float*
     dys[slot * c + j] = w * dy;
     dot += dy * ys[slot * c + j];
   }
-  dot = block_sum(dot, shared);
+  dot = block_sum<kThreads>(dot, shared);
   if (threadIdx.x == 0) dtopk_w[assignment] = dot;
 }
 
@@ -277,10 +253,10 @@ __global__ void cross_entropy_kernel(Out* dlogits, int64_t ld, float* losses, co
   const float target_logit = z[target];
   float m = -INFINITY;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) m = fmaxf(m, z[j]);
-  const float max_z = block_max(m, shared);
+  const float max_z = block_max<kThreads>(m, shared);
   float sum = 0;
   for (int64_t j = threadIdx.x; j < v; j += kThreads) sum += expf(z[j] - max_z);
-  sum = block_sum(sum, shared);  // every read of z but the gradient's is done
+  sum = block_sum<kThreads>(sum, shared);  // every read of z but the gradient's is done
   if (threadIdx.x == 0)
     losses[i] = static_cast<float>(static_cast<double>(max_z) + log(static_cast<double>(sum)) -
                                    static_cast<double>(target_logit));
@@ -304,7 +280,7 @@ __global__ void mean_kernel(double* mean, const float* losses, int64_t n) {
   __shared__ double shared[kThreads];
   double sum = 0;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) sum += static_cast<double>(losses[i]);
-  sum = block_sum(sum, shared);
+  sum = block_sum<kThreads>(sum, shared);
   if (threadIdx.x == 0) *mean = n > 0 ? sum / static_cast<double>(n) : 0.0;
 }
 
@@ -357,8 +333,16 @@ void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t ro
                 int64_t pos_offset, double theta, bool inverse) {
   const int64_t half = rotary_dim / 2;
   if (half == 0 || b * t * h == 0) return;
-  rope_kernel<<<blocks_for(b * t * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset, theta,
-                                                    inverse ? -1.0f : 1.0f);
+  rope_kernel<<<blocks_for(b * t * half), kThreads>>>(x, b * t, t, h, d, half, pos_offset,
+                                                    nullptr, theta, inverse ? -1.0f : 1.0f);
+  check_launch();
+}
+
+void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                     int64_t rotary_dim, double theta) {
+  const int64_t half = rotary_dim / 2;
+  if (half == 0 || rows * h == 0) return;
+  rope_kernel<<<blocks_for(rows * half), kThreads>>>(x, rows, 1, h, d, half, 0, pos, theta, 1.0f);
   check_launch();
 }
 

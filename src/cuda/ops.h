@@ -51,6 +51,9 @@ int64_t rmsnorm_backward_scratch(int64_t n, int64_t c);
 // angles in double, as on the CPU.
 void rope_apply(float* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
                 int64_t pos_offset, double theta, bool inverse);
+// x [rows, h, d] forward, row r at position pos[r] (device): the bits of rope_apply per row.
+void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                     int64_t rotary_dim, double theta);
 
 // ---- SwiGLU: h [N, 2F] = gate | up; out [N, F] = silu(gate)·up (writes) ----
 void swiglu_forward(float* out, const float* h, int64_t n, int64_t f);

@@ -686,11 +686,15 @@ DecodeSpan decode_span(const DecodeKv& c, int64_t b, int64_t len) {
   return {c.k + b * c.kvh * c.head_floats(), c.v + b * c.kvh * c.head_floats(), len, c.max_len};
 }
 
-void decode_span_store(const DecodeSpan& s, int64_t at, const float* k, const float* v,
-                       int64_t kvh, int64_t d) {
+void check_decode_store(const DecodeSpan& s, int64_t at) {
   if (at < 0 || at >= s.capacity)
     fail(fmt::format("decode position {} is outside the cache of {} positions", at, s.capacity),
          "make the decode state longer (its max_len) or stop at its end");
+}
+
+void decode_span_store(const DecodeSpan& s, int64_t at, const float* k, const float* v,
+                       int64_t kvh, int64_t d) {
+  check_decode_store(s, at);
   const int64_t W = kDecodeBlock, head = s.head_floats(d);
   for (int64_t g = 0; g < kvh; ++g) {
     const float* kr = k + g * d;

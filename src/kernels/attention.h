@@ -113,6 +113,8 @@ struct DecodeSpan {
 };
 // Sequence b's positions 0 … len−1 of a batched cache, as a span.
 DecodeSpan decode_span(const DecodeKv& cache, int64_t b, int64_t len);
+// Fails (Error) unless index `at` is inside the span: where a decode step stores its position.
+void check_decode_store(const DecodeSpan& span, int64_t at);
 // Stores one position's key and value rows, k and v [KVH·D], at index `at` of the span.
 void decode_span_store(const DecodeSpan& span, int64_t at, const float* k, const float* v,
                        int64_t kvh, int64_t d);

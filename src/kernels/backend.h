@@ -24,6 +24,8 @@ namespace foundry {
 
 namespace ops {
 struct AttentionShape;
+struct CcaDims;
+struct DecodeSpan;
 }
 
 class Backend {
@@ -299,6 +301,30 @@ class Backend {
   virtual void scale_shift_backward(float* dx, float* dalpha, float* dbeta, const float* dout,
                                     const float* x, const float* alpha, const float* beta,
                                     int64_t n, int64_t c) = 0;
+
+  // ---- incremental decoding (attention.h's decode caches, cca.h's decode states) ----------
+  // The arrays named host are the host's: descriptors whose pointers (a span's k and v, a
+  // CCA state) are in the backend's memory.
+  // y [n] += x [n].
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+  // x [rows, h, d] rotated in place (ops::rope_apply), row r at position pos[r] (host).
+  virtual void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                               int64_t rotary_dim, double theta) = 0;
+  // Row r's key and value rows k, v [rows, kvh·d] stored at index store_at[r] of spans[r] (host
+  // arrays; ops::decode_span_store, whose error for an index outside a span it gives).
+  virtual void decode_kv_store(const ops::DecodeSpan* spans, const int64_t* store_at,
+                               const float* k, const float* v, int64_t rows, int64_t kvh,
+                               int64_t d) = 0;
+  // ops::attention_decode_rows, spans [first[rows]] and first [rows + 1] host arrays.
+  virtual void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
+                                     const ops::DecodeSpan* spans, const int64_t* first,
+                                     int64_t rows, int64_t h, int64_t kvh, int64_t d) = 0;
+  // ops::cca_conv_decode and ops::cca_value_shift_decode, states [rows] a host array.
+  virtual void cca_conv_decode(float* qk, const ops::CcaDims& dims, float* const* states,
+                               int64_t rows, const float* c_new, const float* w0,
+                               const float* b0, const float* w1, const float* b1) = 0;
+  virtual void cca_value_shift_decode(float* v, const ops::CcaDims& dims, float* const* states,
+                                      int64_t rows) = 0;
 };
 
 // One block of a backend's memory, released with the object (move-only). Empty by default.

@@ -713,45 +713,22 @@ CcaDecodeState<T>::CcaDecodeState(const CcaDims& dims_in, int64_t batch_in)
     : dims(dims_in), batch(batch_in) {
   dims.validate();
   FOUNDRY_CHECK(batch >= 0);
-  c_hist.assign(batch * (dims.t0 - 1) * dims.channels(), T(0));
-  y_hist.assign(batch * (dims.t1 - 1) * dims.channels(), T(0));
-  v_prev.assign(batch * dims.value_half(), T(0));
+  data.assign(batch * decode_state_floats(dims), T(0));
 }
 
 template <typename T>
-void CcaDecodeState<T>::reset() {
-  std::fill(c_hist.begin(), c_hist.end(), T(0));
-  std::fill(y_hist.begin(), y_hist.end(), T(0));
-  std::fill(v_prev.begin(), v_prev.end(), T(0));
-}
-
-template <typename T>
-void CcaDecodeState<T>::reset_sequence(int64_t sequence) {
-  FOUNDRY_CHECK(sequence >= 0 && sequence < batch);
-  const int64_t c_rows = (dims.t0 - 1) * dims.channels(), y_rows = (dims.t1 - 1) * dims.channels();
-  const int64_t half = dims.value_half();
-  std::fill_n(c_hist.begin() + sequence * c_rows, c_rows, T(0));
-  std::fill_n(y_hist.begin() + sequence * y_rows, y_rows, T(0));
-  std::fill_n(v_prev.begin() + sequence * half, half, T(0));
-}
-
-template <typename T>
-void CcaDecodeState<T>::copy_sequence(int64_t to, const CcaDecodeState& from, int64_t sequence) {
-  FOUNDRY_CHECK(to >= 0 && to < batch && sequence >= 0 && sequence < from.batch);
-  FOUNDRY_CHECK(from.dims.channels() == dims.channels() && from.dims.t0 == dims.t0 &&
-                from.dims.t1 == dims.t1 && from.dims.value_half() == dims.value_half());
-  const int64_t c_rows = (dims.t0 - 1) * dims.channels(), y_rows = (dims.t1 - 1) * dims.channels();
-  const int64_t half = dims.value_half();
-  std::copy_n(from.c_hist.begin() + sequence * c_rows, c_rows, c_hist.begin() + to * c_rows);
-  std::copy_n(from.y_hist.begin() + sequence * y_rows, y_rows, y_hist.begin() + to * y_rows);
-  std::copy_n(from.v_prev.begin() + sequence * half, half, v_prev.begin() + to * half);
+std::vector<T*> CcaDecodeState<T>::rows() {
+  std::vector<T*> r;
+  for (int64_t b = 0; b < batch; ++b) r.push_back(sequence(b));
+  return r;
 }
 
 template <typename T>
 void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
                            int64_t t) {
   FOUNDRY_CHECK(t >= 0);
-  const int64_t channels = state.dims.channels(), half = state.dims.value_half();
+  const CcaDims& dims = state.dims;
+  const int64_t channels = dims.channels(), half = dims.value_half();
   // hist [window, C] = rows t − window … t − 1 of seq [T, C] (zero before position 0).
   auto load_window = [&](T* hist, const T* seq, int64_t window) {
     for (int64_t i = 0; i < window; ++i) {
@@ -763,15 +740,16 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
         std::fill(dst, dst + channels, T(0));
     }
   };
-  const int64_t w0 = state.dims.t0 - 1, w1 = state.dims.t1 - 1;
   for (int64_t bi = 0; bi < state.batch; ++bi) {
-    load_window(state.c_hist.data() + bi * w0 * channels, c + bi * t * channels, w0);
-    load_window(state.y_hist.data() + bi * w1 * channels, y + bi * t * channels, w1);
+    T* s = state.sequence(bi);
+    load_window(decode_c_hist(s, dims), c + bi * t * channels, dims.t0 - 1);
+    load_window(decode_y_hist(s, dims), y + bi * t * channels, dims.t1 - 1);
+    T* v_prev = decode_v_prev(s, dims);
+    if (v_last)
+      std::copy(v_last + bi * half, v_last + (bi + 1) * half, v_prev);
+    else
+      std::fill(v_prev, v_prev + half, T(0));
   }
-  if (v_last)
-    std::copy(v_last, v_last + state.batch * half, state.v_prev.begin());
-  else
-    std::fill(state.v_prev.begin(), state.v_prev.end(), T(0));
 }
 
 // The depthwise step sums in the forward's order (bias, then taps oldest first). The grouped
@@ -780,25 +758,18 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
 // sequence's outputs are the same bits whatever other sequences share the step (a matmul
 // batched over the rows rounds differently for different row counts).
 template <typename T>
-void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
-                     const T* w1, const T* b1, const int64_t* follows) {
-  const CcaDims& dims = state.dims;
+void cca_conv_decode(T* qk, const CcaDims& dims, T* const* states, int64_t rows, const T* c_new,
+                     const T* w0, const T* b0, const T* w1, const T* b1) {
   const int64_t channels = dims.channels(), d = dims.d, t0 = dims.t0, t1 = dims.t1;
-  const int64_t batch = state.batch;
   thread_local detail::ScratchBuffer<T> window_buffer;
-  T* window = window_buffer.get(std::max<int64_t>(batch * channels * t1, 1));  // [B, C, t1]
+  T* window = window_buffer.get(std::max<int64_t>(rows * channels * t1, 1));  // [rows, C, t1]
 
-  for (int64_t bi = 0; bi < batch; ++bi) {
-    T* c_hist = state.c_hist.data() + bi * (t0 - 1) * channels;
-    T* y_hist = state.y_hist.data() + bi * (t1 - 1) * channels;
+  // In row order: a row that shares its state with an earlier one reads it as that row left it.
+  for (int64_t bi = 0; bi < rows; ++bi) {
+    T* c_hist = decode_c_hist(states[bi], dims);
+    T* y_hist = decode_y_hist(states[bi], dims);
     const T* c_row = c_new + bi * channels;
     T* win = window + bi * channels * t1;
-    if (follows && follows[bi] >= 0) {
-      FOUNDRY_CHECK(follows[bi] < bi);
-      const int64_t a = follows[bi];
-      std::copy_n(state.c_hist.data() + a * (t0 - 1) * channels, (t0 - 1) * channels, c_hist);
-      std::copy_n(state.y_hist.data() + a * (t1 - 1) * channels, (t1 - 1) * channels, y_hist);
-    }
     for (int64_t ch = 0; ch < channels; ++ch) {
       T y_new = b0[ch];
       for (int64_t i = 0; i < t0 - 1; ++i) y_new += w0[ch * t0 + i] * c_hist[i * channels + ch];
@@ -820,9 +791,9 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
 
   {
     const int64_t row_len = d * t1;
-    const bool parallel = is_parallel(batch * channels * row_len / 8);
+    const bool parallel = is_parallel(rows * channels * row_len / 8);
 #pragma omp parallel for collapse(2) schedule(static) if (parallel)
-    for (int64_t bi = 0; bi < batch; ++bi)
+    for (int64_t bi = 0; bi < rows; ++bi)
       for (int64_t out = 0; out < channels; ++out) {
         const T* w = w1 + out * row_len;
         const T* x = window + bi * channels * t1 + (out / d) * row_len;
@@ -835,17 +806,11 @@ void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w
 }
 
 template <typename T>
-void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follows) {
-  const int64_t half = state.dims.value_half();
-  for (int64_t bi = 0; bi < state.batch; ++bi) {
-    if (follows && follows[bi] >= 0) {
-      FOUNDRY_CHECK(follows[bi] < bi);
-      std::copy_n(state.v_prev.begin() + follows[bi] * half, half,
-                  state.v_prev.begin() + bi * half);
-    }
+void cca_value_shift_decode(T* v, const CcaDims& dims, T* const* states, int64_t rows) {
+  const int64_t half = dims.value_half();
+  for (int64_t bi = 0; bi < rows; ++bi)
     std::swap_ranges(v + bi * 2 * half + half, v + (bi + 1) * 2 * half,
-                     state.v_prev.begin() + bi * half);
-  }
+                     decode_v_prev(states[bi], dims));
 }
 
 #define FOUNDRY_INSTANTIATE(T)                                                                     \
@@ -874,9 +839,9 @@ void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follo
   template struct CcaDecodeState<T>;                                                               \
   template void cca_decode_state_load<T>(CcaDecodeState<T>&, const T*, const T*, const T*,         \
                                          int64_t);                                                 \
-  template void cca_conv_decode<T>(T*, CcaDecodeState<T>&, const T*, const T*, const T*, const T*, \
-                                   const T*, const int64_t*);                                      \
-  template void cca_value_shift_decode<T>(T*, CcaDecodeState<T>&, const int64_t*);
+  template void cca_conv_decode<T>(T*, const CcaDims&, T* const*, int64_t, const T*, const T*,     \
+                                   const T*, const T*, const T*);                                  \
+  template void cca_value_shift_decode<T>(T*, const CcaDims&, T* const*, int64_t);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)
 #undef FOUNDRY_INSTANTIATE

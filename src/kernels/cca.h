@@ -70,14 +70,14 @@
 // x·Wv2 of each sequence is computed and dropped). With Hk = 2, head 0 of v is the current
 // token's and head 1 the previous token's.
 //
-// Decode (one new token per sequence, see CcaDecodeState): the state holds the last t0−1
-// packed c rows (the depthwise conv's window), the last t1−1 depthwise outputs y (the grouped
-// conv's window; equivalent to the spec's "last two packed c columns", from which y_{t−1}
-// would have to be recomputed), and the previous token's x·Wv2. Per token:
+// Decode (one new token per row, see decode_state_floats): a sequence's state holds the last
+// t0−1 packed c rows (the depthwise conv's window), the last t1−1 depthwise outputs y (the
+// grouped conv's window; equivalent to the spec's "last two packed c columns", from which
+// y_{t−1} would have to be recomputed), and the previous token's x·Wv2. Per token:
 //   c_new [B, C] = [x·Wq^T ‖ x·Wk^T]
-//   cca_conv_decode(qk, state, c_new, w0, b0, w1, b1)       qk [B, C] (writes) = conv output
+//   cca_conv_decode(qk, dims, states, B, c_new, w0, b0, w1, b1)  qk [B, C] (writes)
 //   cca_means_forward(qk, c_new, B, Hq, Hk, d); cca_qk_norm_forward(q, k, rnorm, qk, temp, B, …)
-//   v [B, 2·half] = [x·Wv1^T ‖ x·Wv2^T]; cca_value_shift_decode(v, state)
+//   v [B, 2·half] = [x·Wv1^T ‖ x·Wv2^T]; cca_value_shift_decode(v, dims, states, B)
 // After a full-sequence forward over a prompt, cca_decode_state_load fills the state from its
 // c, y and the projections cca_value_shift_inplace_forward dropped (last_out). RoPE for the
 // new token runs at its position, and its k and v rows join the model's KV cache.
@@ -345,23 +345,35 @@ void cca_qk_norm_means_backward(T* dqk, T* dc, T* dtemp, const T* dq, const T* d
                                 const T* rnorm, const T* temp, int64_t n, int64_t hq, int64_t hk,
                                 int64_t d);
 
-// ---- decode: one new token per sequence ----------------------------------------------------
-// The per-sublayer state for B sequences. Zero is the state before the first token (the
-// convolutions' zero padding and x_{−1} = 0).
+// ---- decode: one new token per row ---------------------------------------------------------
+// A sequence's decoding state in one block of decode_state_floats(dims) elements: c_hist
+// [t0−1, C], the last t0−1 packed c rows, oldest first; y_hist [t1−1, C], the last t1−1
+// depthwise outputs y; v_prev [half], the previous token's x·Wv2^T. All zero before the first
+// token (the convolutions' zero padding and x_{−1} = 0).
+inline int64_t decode_state_floats(const CcaDims& dims) {
+  return (dims.t0 - 1 + dims.t1 - 1) * dims.channels() + dims.value_half();
+}
+template <typename T>
+T* decode_c_hist(T* state, const CcaDims&) { return state; }
+template <typename T>
+T* decode_y_hist(T* state, const CcaDims& dims) { return state + (dims.t0 - 1) * dims.channels(); }
+template <typename T>
+T* decode_v_prev(T* state, const CcaDims& dims) {
+  return state + (dims.t0 - 1 + dims.t1 - 1) * dims.channels();
+}
+
+// B sequences' states, one block each (zero at construction), for tests and single steps.
 template <typename T>
 struct CcaDecodeState {
   CcaDims dims;
   int64_t batch = 0;
-  std::vector<T> c_hist;  // [B, t0−1, C]: the last t0−1 packed c rows, oldest first
-  std::vector<T> y_hist;  // [B, t1−1, C]: the last t1−1 depthwise outputs y, oldest first
-  std::vector<T> v_prev;  // [B, half]: the previous token's x·Wv2^T
+  std::vector<T> data;  // [B, decode_state_floats(dims)]
 
   CcaDecodeState() = default;
   CcaDecodeState(const CcaDims& dims, int64_t batch);  // validates dims; zero state
-  void reset();                                         // every sequence back to zero
-  void reset_sequence(int64_t sequence);                // one sequence back to zero
-  // Sequence `to` takes the state of sequence `sequence` of `from` (the same dims).
-  void copy_sequence(int64_t to, const CcaDecodeState& from, int64_t sequence);
+  T* sequence(int64_t b) { return data.data() + b * decode_state_floats(dims); }
+  // Each sequence's block, in order: the `states` of a step that advances them all.
+  std::vector<T*> rows();
 };
 
 // Loads the state after a full-sequence forward over T ≥ 0 prompt tokens per sequence:
@@ -372,18 +384,17 @@ struct CcaDecodeState {
 template <typename T>
 void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
                            int64_t t);
-// qk [B, C] (writes) = the grouped conv output at the new position, exactly what
-// cca_grouped_conv_forward gives at that position of the full sequence (up to rounding
-// order), from c_new [B, C]; w0, b0, w1, b1 as above. Advances the conv state. With
-// `follows`, sequence b with follows[b] = a ≥ 0 (a < b) is the token after sequence a's in the
-// same sequence: it starts from a's state as this step leaves it (several tokens of one
-// sequence in one step; b's own state on entry is ignored).
+// One token of each of `rows` rows, row r's sequence state at states[r]: qk [rows, C] (writes)
+// = the grouped conv output at the row's position, exactly what cca_grouped_conv_forward gives
+// at that position of the full sequence (up to rounding order), from c_new [rows, C]; w0, b0,
+// w1, b1 as above. Advances each state by its row. Rows that share a state are successive
+// tokens of one sequence, in position order: each continues the state the one before left.
 template <typename T>
-void cca_conv_decode(T* qk, CcaDecodeState<T>& state, const T* c_new, const T* w0, const T* b0,
-                     const T* w1, const T* b1, const int64_t* follows = nullptr);
-// v [B, 2·half]: [x_t·Wv1^T ‖ x_t·Wv2^T] on entry, [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit;
-// keeps x_t·Wv2^T in the state. `follows` as for cca_conv_decode.
+void cca_conv_decode(T* qk, const CcaDims& dims, T* const* states, int64_t rows, const T* c_new,
+                     const T* w0, const T* b0, const T* w1, const T* b1);
+// v [rows, 2·half]: [x_t·Wv1^T ‖ x_t·Wv2^T] on entry, [x_t·Wv1^T ‖ x_{t−1}·Wv2^T] on exit;
+// keeps x_t·Wv2^T in the row's state (rows sharing a state as for cca_conv_decode).
 template <typename T>
-void cca_value_shift_decode(T* v, CcaDecodeState<T>& state, const int64_t* follows = nullptr);
+void cca_value_shift_decode(T* v, const CcaDims& dims, T* const* states, int64_t rows);
 
 }  // namespace foundry::ops

@@ -801,9 +801,11 @@ void check_decode(const CcaDims& dims, int64_t prefill, double tolerance) {
       std::copy_n(vproj.begin() + (bi * t + ti) * 2 * half, 2 * half,
                   v_new.begin() + bi * 2 * half);
     }
-    cca_conv_decode(qk.data(), state, c_new.data(), w0.data(), b0.data(), w1.data(), b1.data());
+    const std::vector<T*> states = state.rows();
+    cca_conv_decode(qk.data(), dims, states.data(), b, c_new.data(), w0.data(), b0.data(),
+                    w1.data(), b1.data());
     cca_means_forward(qk.data(), c_new.data(), b, dims.hq, dims.hk, dims.d);
-    cca_value_shift_decode(v_new.data(), state);
+    cca_value_shift_decode(v_new.data(), dims, states.data(), b);
     std::vector<double> expected_qk(b * ch), expected_v(b * 2 * half);
     for (int64_t bi = 0; bi < b; ++bi) {
       std::copy_n(qk_full.begin() + (bi * t + ti) * ch, ch, expected_qk.begin() + bi * ch);
@@ -827,26 +829,41 @@ TEST(CcaDecode, TokenByTokenReproducesTheFullSequence) {
     }
 }
 
-TEST(CcaDecode, ResetSequenceClearsOnlyThatSequence) {
-  const CcaDims dims{.hq = 2, .hk = 2, .d = 4, .t0 = 2, .t1 = 3};
-  CcaDecodeState<float> state(dims, 2);
-  std::fill(state.c_hist.begin(), state.c_hist.end(), 1.0f);
-  std::fill(state.y_hist.begin(), state.y_hist.end(), 1.0f);
-  std::fill(state.v_prev.begin(), state.v_prev.end(), 1.0f);
-  state.reset_sequence(1);
-  const int64_t ch = dims.channels();
-  for (int64_t i = 0; i < ch; ++i) {  // c_hist [2, 1, C]
-    EXPECT_EQ(state.c_hist[i], 1.0f);
-    EXPECT_EQ(state.c_hist[ch + i], 0.0f);
+// Rows that share a state are successive tokens of one sequence: one call with a sequence's
+// three tokens as rows (beside another sequence's row) gives the bits of three calls.
+TEST(CcaDecode, RowsSharingAStateContinueIt) {
+  const CcaDims dims{.hq = 2, .hk = 2, .d = 4, .t0 = 3, .t1 = 3};
+  const int64_t ch = dims.channels(), half = dims.value_half();
+  const auto w0 = cast_vector<float>(random_normal(dims.depthwise_weight_size(), 1));
+  const auto b0 = cast_vector<float>(random_normal(dims.depthwise_bias_size(), 2));
+  const auto w1 = cast_vector<float>(random_normal(dims.grouped_weight_size(), 3));
+  const auto b1 = cast_vector<float>(random_normal(dims.grouped_bias_size(), 4));
+  const auto c = cast_vector<float>(random_normal(4 * ch, 5));
+  const auto v = cast_vector<float>(random_normal(4 * 2 * half, 6));
+
+  CcaDecodeState<float> one(dims, 1), other(dims, 1);  // one call: rows 0–2 one, row 3 other
+  std::vector<float*> states = {one.sequence(0), one.sequence(0), one.sequence(0),
+                                other.sequence(0)};
+  std::vector<float> qk(4 * ch), vv = v;
+  cca_conv_decode(qk.data(), dims, states.data(), 4, c.data(), w0.data(), b0.data(), w1.data(),
+                  b1.data());
+  cca_value_shift_decode(vv.data(), dims, states.data(), 4);
+
+  CcaDecodeState<float> alone(dims, 1), other_alone(dims, 1);  // a call per token
+  for (int64_t r = 0; r < 4; ++r) {
+    float* st = r < 3 ? alone.sequence(0) : other_alone.sequence(0);
+    std::vector<float> qk_r(ch), v_r(v.begin() + r * 2 * half, v.begin() + (r + 1) * 2 * half);
+    cca_conv_decode(qk_r.data(), dims, &st, 1, c.data() + r * ch, w0.data(), b0.data(),
+                    w1.data(), b1.data());
+    cca_value_shift_decode(v_r.data(), dims, &st, 1);
+    EXPECT_EQ(std::vector<float>(qk.begin() + r * ch, qk.begin() + (r + 1) * ch), qk_r) << r;
+    EXPECT_EQ(std::vector<float>(vv.begin() + r * 2 * half, vv.begin() + (r + 1) * 2 * half), v_r)
+        << r;
   }
-  for (int64_t i = 0; i < 2 * ch; ++i) {  // y_hist [2, 2, C]
-    EXPECT_EQ(state.y_hist[i], 1.0f);
-    EXPECT_EQ(state.y_hist[2 * ch + i], 0.0f);
-  }
-  for (int64_t i = 0; i < dims.value_half(); ++i) {  // v_prev [2, half]
-    EXPECT_EQ(state.v_prev[i], 1.0f);
-    EXPECT_EQ(state.v_prev[dims.value_half() + i], 0.0f);
-  }
+  EXPECT_EQ(one.data, alone.data);
+  EXPECT_EQ(other.data, other_alone.data);
+  // The state moved: the second token's value half is the first token's.
+  EXPECT_EQ(vv[2 * half + half], v[half]);
 }
 
 // ---- determinism ---------------------------------------------------------------------------

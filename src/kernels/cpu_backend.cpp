@@ -376,6 +376,34 @@ class CpuBackend final : public Backend {
     ops::scale_shift_backward(dx, dalpha, dbeta, dout, x, alpha, beta, n, c);
   }
 
+  void add(float* y, const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                       int64_t rotary_dim, double theta) override {
+    for (int64_t r = 0; r < rows; ++r)
+      ops::rope_apply(x + r * h * d, 1, 1, h, d, rotary_dim, pos[r], theta, false);
+  }
+  void decode_kv_store(const ops::DecodeSpan* spans, const int64_t* store_at, const float* k,
+                       const float* v, int64_t rows, int64_t kvh, int64_t d) override {
+    for (int64_t r = 0; r < rows; ++r)
+      ops::decode_span_store(spans[r], store_at[r], k + r * kvh * d, v + r * kvh * d, kvh, d);
+  }
+  void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
+                             const ops::DecodeSpan* spans, const int64_t* first, int64_t rows,
+                             int64_t h, int64_t kvh, int64_t d) override {
+    ops::attention_decode_rows(out, scores, max_len, q, spans, first, rows, h, kvh, d);
+  }
+  void cca_conv_decode(float* qk, const ops::CcaDims& dims, float* const* states, int64_t rows,
+                       const float* c_new, const float* w0, const float* b0, const float* w1,
+                       const float* b1) override {
+    ops::cca_conv_decode(qk, dims, states, rows, c_new, w0, b0, w1, b1);
+  }
+  void cca_value_shift_decode(float* v, const ops::CcaDims& dims, float* const* states,
+                              int64_t rows) override {
+    ops::cca_value_shift_decode(v, dims, states, rows);
+  }
+
  private:
   struct QueuedCopy {
     void* host;

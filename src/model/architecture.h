@@ -39,17 +39,13 @@ class Architecture {
   // `own_caches` the caches of `batch` sequences decoded in step (decode_step).
   virtual std::unique_ptr<DecodeScratch> new_decode(int64_t max_len, int64_t batch,
                                                     bool own_caches) const = 0;
-  // tokens [B], one per sequence, all at position `pos` → logits [B, Vp], over the scratch's
-  // own caches.
-  void decode_step(DecodeScratch& scratch, int64_t pos, const int32_t* tokens, float* logits) {
-    decode_rows(scratch, own_caches(scratch).in_step(pos), tokens, logits);
-  }
   // tokens [rows.n], each row at its position over its spans (attention_sublayer.h's
-  // DecodeRows) → logits [rows.n, Vp].
+  // DecodeRows) → logits [rows.n, Vp] (the padded entries unmasked), both in the backend's
+  // memory.
   virtual void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                            float* logits) = 0;
-
- protected:
+  // The caches of a scratch made with own_caches: in_step(pos) gives the rows of its B
+  // sequences at position pos (decode_step).
   virtual const DecodeCaches& own_caches(const DecodeScratch& scratch) const = 0;
 };
 

@@ -261,10 +261,11 @@ void DecodeCaches::take(Arena& arena, const ModelConfig& c, int64_t len, int64_t
   v = arena.take<float>(n);
 }
 
-void DecodeCaches::make_resident() const {
-  const int64_t n = layers * ops::DecodeKv::floats(batch, kvh, d, max_len);
-  std::fill(k, k + n, 0.0f);
-  std::fill(v, v + n, 0.0f);
+void DecodeCaches::clear(Backend& backend) const {
+  const int64_t bytes = layers * ops::DecodeKv::floats(batch, kvh, d, max_len) *
+                        static_cast<int64_t>(sizeof(float));
+  backend.zero(k, bytes);
+  backend.zero(v, bytes);
 }
 
 ops::DecodeKv DecodeCaches::layer(int64_t l) const {
@@ -295,17 +296,15 @@ void decode_rows_attention(Compute& cx, const DecodeRows& rows, int64_t layer, f
     cx.ops.rope_apply(q, n, 1, heads, D, rot, rows.pos[0], c.rope_theta, false);
     cx.ops.rope_apply(k, n, 1, KVH, D, rot, rows.pos[0], c.rope_theta, false);
   } else {
-    for (int64_t r = 0; r < n; ++r) {
-      cx.ops.rope_apply(q + r * heads * D, 1, 1, heads, D, rot, rows.pos[r], c.rope_theta, false);
-      cx.ops.rope_apply(k + r * KVH * D, 1, 1, KVH, D, rot, rows.pos[r], c.rope_theta, false);
-    }
+    cx.ops.rope_apply_rows(q, rows.pos.data(), n, heads, D, rot, c.rope_theta);
+    cx.ops.rope_apply_rows(k, rows.pos.data(), n, KVH, D, rot, c.rope_theta);
   }
   const std::vector<ops::DecodeSpan>& spans = rows.spans[layer];
-  for (int64_t r = 0; r < n; ++r)
-    ops::decode_span_store(spans[rows.first[r + 1] - 1], rows.store_at[r], k + r * KVH * D,
-                           v + r * KVH * D, KVH, D);
-  ops::attention_decode_rows(att, scores, max_len, q, spans.data(), rows.first.data(), n, heads,
-                             KVH, D);
+  std::vector<ops::DecodeSpan> last(n);  // where each row's position is stored
+  for (int64_t r = 0; r < n; ++r) last[r] = spans[rows.first[r + 1] - 1];
+  cx.ops.decode_kv_store(last.data(), rows.store_at.data(), k, v, n, KVH, D);
+  cx.ops.attention_decode_rows(att, scores, max_len, q, spans.data(), rows.first.data(), n, heads,
+                               KVH, D);
 }
 
 void attention_decode(Compute& cx, const AttentionWeights& w, const float* x,

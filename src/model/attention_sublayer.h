@@ -80,15 +80,15 @@ struct AttentionDecodeScratch {
 // One decode step's rows as the sublayers see them: row r's token sits at position pos[r];
 // in layer l its keys and values are read from spans[l][first[r]] … spans[l][first[r+1] − 1]
 // (position order, the last including the new position) and its new position is stored in the
-// last of them, at index store_at[r]. For arch zaya1, cca[r] is the row's CCA state, one per
-// layer (null, or cca empty: slot r of the step's own state). Rows may write the same segment
-// at successive positions: follows[r] is then the row of this step at the position before row
-// r's (−1 for none; follows empty: no row follows another).
+// last of them, at index store_at[r]. For arch zaya1, cca[l][r] is the row's CCA state block in
+// layer l (ops::decode_state_floats; cca empty: the step's own states, slot r). Rows may write
+// the same segment at successive positions: they then share their CCA state and come in
+// position order.
 struct DecodeRows {
   int64_t n = 0;
-  std::vector<int64_t> pos, first, store_at, follows;
+  std::vector<int64_t> pos, first, store_at;
   std::vector<std::vector<ops::DecodeSpan>> spans;  // [L][spans of every row]
-  std::vector<std::vector<ops::CcaDecodeState<float>>*> cca;
+  std::vector<std::vector<float*>> cca;             // [L][n], in the backend's memory
   bool same_position = false;  // every row at pos[0]: sequences decoded in step
 };
 void attention_decode(Compute& cx, const AttentionWeights& w, const float* x,
@@ -107,9 +107,10 @@ struct DecodeCaches {
   float *k = nullptr, *v = nullptr;
   int64_t layers = 0, kvh = 1, d = 1, max_len = 0, batch = 0;
   void take(Arena& arena, const ModelConfig& c, int64_t max_len, int64_t batch);
-  // Touches every page once the arena is built: a step then reads memory (not the kernel's
-  // shared zero page) and never faults, whatever the positions written so far.
-  void make_resident() const;
+  // Zeroes the caches once the arena is built: on the host this touches every page, so a step
+  // reads memory (not the kernel's shared zero page) and never faults, whatever the positions
+  // written so far.
+  void clear(Backend& backend) const;
   ops::DecodeKv layer(int64_t l) const;
   // The rows of the B sequences decoded in step at `pos`, sequence b over its own cache.
   DecodeRows in_step(int64_t pos) const;

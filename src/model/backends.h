@@ -6,10 +6,17 @@
 #include <string>
 
 #include "base/device.h"
+#include "base/memory_budget.h"
 #include "kernels/backend.h"
 
 namespace foundry {
 
 std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::string& what);
+
+// The memory a command's work on `device` is checked against: the host's budget
+// (memory_budget), or the GPU's free memory now (after open_backend made it current), which
+// FOUNDRY_MEMORY_LIMIT replaces as it replaces the host's ("off" skips the check).
+MemoryBudget memory_budget_of(const DeviceSpec& device,
+                              const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"));
 
 }  // namespace foundry

@@ -10,6 +10,11 @@
 #include "model/context_parallel.h"
 
 namespace foundry {
+
+ops::CcaDims cca_dims(const ModelConfig& c) {
+  return {c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise, c.cca_kernel_grouped};
+}
+
 namespace {
 
 // The grouped convolution (qk [B, T, G·d] from y), forward and backward: oneDNN GEMMs, one
@@ -282,23 +287,22 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
   cx.rmsnorm_backward(dx, w.norm, ga.dn, x, a.rstd, N, C);
 }
 
-void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, const DecodeRows& rows, int64_t layer,
-                const CcaDecodeScratch& s, int64_t max_len, float* h) {
+void cca_decode(Compute& cx, const CcaWeights& w, float* const* states, const float* x,
+                const DecodeRows& rows, int64_t layer, const CcaDecodeScratch& s,
+                int64_t max_len, float* h) {
   const ModelConfig& c = cx.config;
   const int64_t B = rows.n, C = c.d_model, Hq = c.n_heads, Hk = c.n_kv_heads;
   const int64_t d = c.head_dim, QD = c.q_dim(), KVD = c.kv_dim();
-  FOUNDRY_CHECK(state.batch == B);
+  const ops::CcaDims dims = cca_dims(c);
   float *kc = s.k, *vc = s.v;
   cx.ops.rmsnorm_forward(s.n, s.rstd, x, cx.p(w.norm), B, C, static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(s.c, s.n, w.wqk, B, QD + KVD, C);
-  const int64_t* follows = rows.follows.empty() ? nullptr : rows.follows.data();
-  ops::cca_conv_decode(s.qk, state, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), cx.p(w.b1),
-                       follows);
+  cx.ops.cca_conv_decode(s.qk, dims, states, B, s.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1),
+                         cx.p(w.b1));
   cx.ops.cca_means_forward(s.qk, s.c, B, Hq, Hk, d);
   cx.ops.cca_qk_norm_forward(s.q, kc, s.rnorm, s.qk, cx.p(w.temp), B, Hq, Hk, d, kQkNormEps);
   cx.linear_forward(vc, s.n, w.wv, B, KVD, C);
-  ops::cca_value_shift_decode(vc, state, follows);
+  cx.ops.cca_value_shift_decode(vc, dims, states, B);
   decode_rows_attention(cx, rows, layer, s.q, kc, vc, s.att, s.scores, max_len, Hq);
   cx.linear_forward(h, s.att, w.wo, B, C, QD);
 }

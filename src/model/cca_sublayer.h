@@ -16,6 +16,9 @@
 
 namespace foundry {
 
+// The CCA kernels' shape of a config's attention sublayers.
+ops::CcaDims cca_dims(const ModelConfig& c);
+
 struct CcaWeights {
   int64_t norm, wqk, wv, w0, b0, w1, b1, temp, wo;  // slab offsets (wqk: q_proj then k_proj)
   static CcaWeights of_layer(const ParamTable& table, int64_t layer);
@@ -65,15 +68,16 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
                   CcaGrads& g, BatchShape s, const float* x, const void* dh,
                   const InputGradient& dx);
 
-// One new token of each of the rows (its first rows.n sequences of `state`), each at its
-// position: x [n, C] → h [n, C]. Stores the tokens' k and v at their positions, attends over
-// each row's positions up to its own, and advances the convolution and value-shift state.
+// One new token of each of the rows, each at its position, row r's CCA state at states[r]
+// (in the backend's memory; DecodeRows): x [n, C] → h [n, C]. Stores the tokens' k and v at
+// their positions, attends over each row's positions up to its own, and advances the
+// convolution and value-shift states.
 struct CcaDecodeScratch {
   // [B, C], [B], [B, Cc] ×2, [B, G], [B, Hq·d] ×2, [B·Hq·max_len], [B, Hk·d] ×2
   float *n, *rstd, *c, *qk, *rnorm, *q, *att, *scores, *k, *v;
 };
-void cca_decode(Compute& cx, const CcaWeights& w, ops::CcaDecodeState<float>& state,
-                const float* x, const DecodeRows& rows, int64_t layer,
-                const CcaDecodeScratch& scratch, int64_t max_len, float* h);
+void cca_decode(Compute& cx, const CcaWeights& w, float* const* states, const float* x,
+                const DecodeRows& rows, int64_t layer, const CcaDecodeScratch& scratch,
+                int64_t max_len, float* h);
 
 }  // namespace foundry

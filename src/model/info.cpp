@@ -9,6 +9,7 @@
 #include "base/format.h"
 #include "kernels/attention.h"
 #include "kernels/cca.h"
+#include "model/cca_sublayer.h"
 
 namespace foundry {
 
@@ -21,10 +22,6 @@ constexpr int64_t kF32Bytes = 4, kBf16Bytes = 2, kI32Bytes = 4;
 // the active count is the most a token can use.
 int64_t active_experts(const ModelConfig& c) {
   return c.n_experts == 1 ? 1 : std::min(c.top_k, c.n_experts);
-}
-
-ops::CcaDims cca_dims(const ModelConfig& c) {
-  return {c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise, c.cca_kernel_grouped};
 }
 
 // Weights of one ZAYA1 router that take part in a GEMM: down_proj, fc1, fc2, out_proj.

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -81,9 +80,6 @@ void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, int64_t
   cx.ops.rmsnorm_forward(n, rstd, x, cx.p(w.norm), batch, c.d_model,
                        static_cast<float>(c.rms_norm_eps));
   cx.linear_forward(logits, n, w.embed, batch, Vp, c.d_model);
-  for (int64_t b = 0; b < batch; ++b)
-    std::fill(logits + b * Vp + c.vocab_size, logits + (b + 1) * Vp,
-              -std::numeric_limits<float>::infinity());
 }
 
 }  // namespace foundry

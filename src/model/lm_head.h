@@ -38,8 +38,8 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
 // gradients. dn [N, C] is scratch.
 void lm_head_backward(Compute& cx, const LmHeadWeights& w, const LmHeadActs& a, const float* x,
                       float* dx, float* dn, int64_t N);
-// Decoding B tokens: x [B, C] → logits [B, Vp] (padded entries −inf); n [B, C] and rstd [B]
-// are scratch.
+// Decoding B tokens: x [B, C] → logits [B, Vp] (the padded entries hold the zero rows'
+// products: the caller masks them); n [B, C] and rstd [B] are scratch.
 void lm_head_decode(Compute& cx, const LmHeadWeights& w, const float* x, int64_t batch,
                     float* n, float* rstd, float* logits);
 

@@ -3,11 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/rng.h"
 #include "model/architecture.h"
+#include "model/cca_sublayer.h"
 #include "model/compute.h"
 #include "model/context_parallel.h"
 #include "model/expert_parallel.h"
@@ -257,8 +259,20 @@ int64_t Model::activation_arena_bytes(const ModelConfig& config, int64_t batch, 
                           : standard_moe_arena_bytes(config, s, false);
 }
 
+Model::DecodeState Model::decode_state(int64_t max_len, int64_t batch, bool own_caches) const {
+  DecodeState s;
+  s.max_len = max_len;
+  s.batch = batch;
+  s.logits.resize(batch * config_.padded_vocab());
+  s.arch = arch_->new_decode(max_len, batch, own_caches);
+  if (on_device()) {
+    const int64_t bytes = batch * (config_.padded_vocab() + 1) * 4;  // logits, then tokens
+    s.device_io = BackendBuffer(backend_, bytes);
+  }
+  return s;
+}
+
 Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const {
-  check_on_host("decoding (generation)");
   if (max_len > config_.max_seq_len)
     fail(fmt::format("generation length {} exceeds model.max_seq_len = {}", max_len,
                      config_.max_seq_len),
@@ -266,19 +280,30 @@ Model::DecodeState Model::new_decode_state(int64_t max_len, int64_t batch) const
   if (max_len < 1 || batch < 1)
     fail(fmt::format("a decode state needs max_len >= 1 and batch >= 1 (got {} and {})",
                      max_len, batch));
-  DecodeState s;
-  s.max_len = max_len;
-  s.batch = batch;
-  s.logits.resize(batch * config_.padded_vocab());
-  s.arch = arch_->new_decode(max_len, batch, /*own_caches=*/true);
-  return s;
+  return decode_state(max_len, batch, /*own_caches=*/true);
+}
+
+void Model::run_decode(DecodeState& s, const DecodeRows& rows, const int32_t* tokens) {
+  const int64_t n = rows.n, Vp = config_.padded_vocab();
+  check_tokens(tokens, n);
+  const RowInvariantGemms row_invariant;  // a sequence decodes alike alone and beside others
+  if (on_device()) {
+    float* logits = s.device_io.as<float>();
+    auto* device_tokens = reinterpret_cast<int32_t*>(logits + s.batch * Vp);
+    backend_.from_host(device_tokens, tokens, n * static_cast<int64_t>(sizeof(int32_t)));
+    arch_->decode_rows(*s.arch, rows, device_tokens, logits);
+    backend_.to_host(s.logits.data(), logits, n * Vp * static_cast<int64_t>(sizeof(float)));
+  } else {
+    arch_->decode_rows(*s.arch, rows, tokens, s.logits.data());
+  }
+  for (int64_t r = 0; r < n; ++r)
+    std::fill(s.logits.begin() + r * Vp + config_.vocab_size, s.logits.begin() + (r + 1) * Vp,
+              -std::numeric_limits<float>::infinity());
 }
 
 const float* Model::decode_step(DecodeState& s, const int32_t* tokens) {
   if (s.pos >= s.max_len) fail("decode state is full", "create a longer decode state");
-  check_tokens(tokens, s.batch);
-  const RowInvariantGemms row_invariant;  // a sequence decodes alike alone and beside others
-  arch_->decode_step(*s.arch, s.pos, tokens, s.logits.data());
+  run_decode(s, arch_->own_caches(*s.arch).in_step(s.pos), tokens);
   ++s.pos;
   return s.logits.data();
 }
@@ -290,72 +315,52 @@ void Model::check_tokens(const int32_t* tokens, int64_t n) const {
                        config_.vocab_size));
 }
 
-int64_t Model::KvSegment::bytes() const {
-  int64_t b = static_cast<int64_t>((k.size() + v.size()) * sizeof(float));
-  for (const auto& st : cca)
-    b += static_cast<int64_t>((st.c_hist.size() + st.y_hist.size() + st.v_prev.size()) *
-                              sizeof(float));
-  return b;
-}
-
 int64_t Model::kv_segment_bytes(int64_t capacity) const {
   const ModelConfig& c = config_;
   int64_t floats = 2 * c.n_layers * ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
-  if (c.arch == Arch::zaya1) {
-    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
-                            c.cca_kernel_grouped};
-    floats += c.n_layers * ((dims.t0 - 1 + dims.t1 - 1) * dims.channels() + dims.value_half());
-  }
+  if (c.arch == Arch::zaya1) floats += c.n_layers * ops::decode_state_floats(cca_dims(c));
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
 Model::KvSegment Model::new_kv_segment(int64_t start, int64_t capacity,
                                        const KvSegment* after) const {
-  check_on_host("decoding (generation)");
   const ModelConfig& c = config_;
   FOUNDRY_CHECK(start >= 0 && capacity >= 1 && start + capacity <= c.max_seq_len);
   FOUNDRY_CHECK(!after || after->start + after->len == start);
   KvSegment s;
   s.start = start;
   s.capacity = capacity;
-  const int64_t per_layer = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
-  s.k.assign(c.n_layers * per_layer, 0.0f);
-  s.v.assign(c.n_layers * per_layer, 0.0f);
-  if (c.arch == Arch::zaya1) {
-    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
-                            c.cca_kernel_grouped};
-    s.cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, 1));
-    if (after)
-      for (int64_t l = 0; l < c.n_layers; ++l) s.cca[l].copy_sequence(0, after->cca[l], 0);
-  }
+  s.layers = c.n_layers;
+  s.span_floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
+  if (c.arch == Arch::zaya1) s.cca_floats = ops::decode_state_floats(cca_dims(c));
+  const int64_t bytes = kv_segment_bytes(capacity);
+  s.storage = BackendBuffer(backend_, bytes);
+  backend_.zero(s.storage.as<void>(), bytes);
+  if (after && s.cca_floats > 0)
+    backend_.copy(s.cca(0), after->cca(0),
+                  c.n_layers * s.cca_floats * static_cast<int64_t>(sizeof(float)));
   return s;
 }
 
 Model::DecodeState Model::new_rows_state(int64_t rows) const {
-  check_on_host("decoding (generation)");
   FOUNDRY_CHECK(rows >= 1);
-  DecodeState s;
-  s.max_len = config_.max_seq_len;
-  s.batch = rows;
-  s.logits.resize(rows * config_.padded_vocab());
-  s.arch = arch_->new_decode(s.max_len, rows, /*own_caches=*/false);
-  return s;
+  return decode_state(config_.max_seq_len, rows, /*own_caches=*/false);
 }
 
 namespace {
 
 // The rows as the architectures see them: each row's spans per layer (its chain's segments,
-// the last with the new position), its position and where it is stored. Rows that write the
-// same segment take its next positions in row order (a run of a prompt's tokens in one step),
-// each continuing the one before (follows); they must read the same chain. Checks that each
-// chain covers positions 0, 1, … without a gap and that the last segment has room.
+// the last with the new position), its position and where it is stored, and (arch zaya1) its
+// last segment's CCA state per layer. Rows that write the same segment take its next positions
+// in row order (a run of a prompt's tokens in one step), each continuing the one before; they
+// must read the same chain. Checks that each chain covers positions 0, 1, … without a gap and
+// that the last segment has room.
 DecodeRows rows_view(const ModelConfig& c, const std::vector<Model::DecodeRow>& rows) {
   DecodeRows d;
   d.n = static_cast<int64_t>(rows.size());
   d.spans.resize(c.n_layers);
   d.first.push_back(0);
-  d.follows.assign(rows.size(), -1);
-  bool any_follows = false;
+  if (c.arch == Arch::zaya1) d.cca.resize(c.n_layers);
   for (size_t r = 0; r < rows.size(); ++r) {
     const std::vector<Model::KvSegment*>& chain = rows[r].chain;
     FOUNDRY_CHECK(!chain.empty());
@@ -364,8 +369,6 @@ DecodeRows rows_view(const ModelConfig& c, const std::vector<Model::DecodeRow>& 
       if (rows[q].chain.back() == chain.back()) {
         FOUNDRY_CHECK(rows[q].chain == chain);  // one segment, one sequence
         ++ahead;
-        d.follows[r] = static_cast<int64_t>(q);
-        any_follows = true;
       }
     int64_t at = 0;
     for (Model::KvSegment* seg : chain) {
@@ -375,18 +378,16 @@ DecodeRows rows_view(const ModelConfig& c, const std::vector<Model::DecodeRow>& 
         fail(fmt::format("a decode segment of {} positions (from {}) is full", seg->capacity,
                          seg->start),
              "give the sequence a segment with room for its new tokens");
-      const int64_t floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, seg->capacity);
       for (int64_t l = 0; l < c.n_layers; ++l)
-        d.spans[l].push_back({seg->k.data() + l * floats, seg->v.data() + l * floats,
-                              seg->len + (last ? ahead + 1 : 0), seg->capacity});
+        d.spans[l].push_back(
+            {seg->k(l), seg->v(l), seg->len + (last ? ahead + 1 : 0), seg->capacity});
       at += seg->len;
     }
     d.pos.push_back(at + ahead);
     d.store_at.push_back(chain.back()->len + ahead);
     d.first.push_back(static_cast<int64_t>(d.spans[0].size()));
-    if (c.arch == Arch::zaya1) d.cca.push_back(&chain.back()->cca);
+    for (size_t l = 0; l < d.cca.size(); ++l) d.cca[l].push_back(chain.back()->cca(l));
   }
-  if (!any_follows) d.follows.clear();
   d.same_position =
       std::all_of(d.pos.begin(), d.pos.end(), [&](int64_t p) { return p == d.pos[0]; });
   return d;
@@ -399,10 +400,7 @@ const float* Model::decode_rows(DecodeState& s, const std::vector<DecodeRow>& ro
   FOUNDRY_CHECK(n >= 1 && n <= s.batch);
   std::vector<int32_t> tokens;
   for (const DecodeRow& row : rows) tokens.push_back(row.token);
-  check_tokens(tokens.data(), n);
-  const DecodeRows d = rows_view(config_, rows);
-  const RowInvariantGemms row_invariant;  // a sequence decodes alike alone and beside others
-  arch_->decode_rows(*s.arch, d, tokens.data(), s.logits.data());
+  run_decode(s, rows_view(config_, rows), tokens.data());
   for (const DecodeRow& row : rows) ++row.chain.back()->len;
   return s.logits.data();
 }

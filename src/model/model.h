@@ -45,6 +45,7 @@ class Compute;
 class ContextParallel;
 class ExpertSharding;
 class Experts;
+struct DecodeRows;
 
 // An architecture's per-sequence decoding state (KV caches and per-token buffers).
 struct DecodeScratch {
@@ -258,10 +259,13 @@ class Model {
   // once for the whole batch: the projections are GEMMs of B rows and each expert runs once
   // on the batch's tokens routed to it. Sequence b's logits are those it would get decoded
   // alone (up to the GEMMs' rounding order).
+  // On a device the caches and buffers are in its memory; the tokens go in and the logits
+  // come out through host memory each step.
   struct DecodeState {
     int64_t pos = 0, max_len = 0, batch = 1;
-    std::vector<float> logits;             // [batch, padded_vocab] of the last step
+    std::vector<float> logits;             // [batch, padded_vocab] of the last step (host)
     std::unique_ptr<DecodeScratch> arch;   // the architecture's caches and buffers
+    BackendBuffer device_io;               // on a device: the step's tokens and logits
   };
   DecodeState new_decode_state(int64_t max_len, int64_t batch = 1) const;
   // tokens [batch] → logits [batch, padded_vocab] (padded entries = -inf).
@@ -283,10 +287,17 @@ class Model {
   struct KvSegment {
     int64_t start = 0, capacity = 0;
     int64_t len = 0;  // positions written
-    std::vector<float> k, v;  // per layer, an ops::DecodeSpan's storage
-    // arch zaya1: per layer, the CCA convolution and value-shift state after its last position
-    std::vector<ops::CcaDecodeState<float>> cca;
-    int64_t bytes() const;
+    // In the backend's memory: per layer an ops::DecodeSpan's keys and values, then (arch
+    // zaya1) per layer the CCA state after the segment's last position written
+    // (ops::decode_state_floats).
+    BackendBuffer storage;
+    int64_t layers = 0, span_floats = 0, cca_floats = 0;
+    float* k(int64_t layer) const { return storage.as<float>() + layer * span_floats; }
+    float* v(int64_t layer) const { return k(layers + layer); }
+    float* cca(int64_t layer) const {
+      return storage.as<float>() + 2 * layers * span_floats + layer * cca_floats;
+    }
+    int64_t bytes() const { return storage.bytes(); }
   };
   // A segment for positions [start, start + capacity); its CCA state continues `after`'s (the
   // segment that ends at `start`), or starts at zero (start 0, or no `after`).
@@ -312,11 +323,15 @@ class Model {
   void init_tensors(float* slab, uint64_t seed,
                     const std::function<bool(const ParamInfo&)>& wanted) const;
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
-  // A feature that needs host memory (expert or context parallelism, decoding) was asked
-  // of a model on a device.
+  // A feature that needs host memory (expert or context parallelism) was asked of a model on
+  // a device.
   void check_on_host(const char* what) const;
   // Token ids of a decode step, each in the vocabulary (Error naming the first that is not).
   void check_tokens(const int32_t* tokens, int64_t n) const;
+  // A decode step of n rows through the architecture: the tokens in, the logits out to
+  // s.logits with the padded vocabulary masked (−inf).
+  void run_decode(DecodeState& s, const DecodeRows& rows, const int32_t* tokens);
+  DecodeState decode_state(int64_t max_len, int64_t batch, bool own_caches) const;
   float* param_slab() { return on_device() ? device_params_.as<float>() : params_.data(); }
   float* grad_slab() { return on_device() ? device_grads_.as<float>() : grads_.data(); }
   bf16* bf16_slab() { return on_device() ? device_bf16_.as<bf16>() : params_bf16_.data(); }

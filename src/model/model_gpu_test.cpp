@@ -1,13 +1,16 @@
 // The whole model on a GPU against the same model on the CPU (suites Gpu*, ctest label gpu;
 // skipped where no GPU is visible): fp32 losses within 1e-4 (relative) of the CPU's over 20
 // steps and the gradients close, bf16 losses within 2% of the CPU's bf16 curve, and the same
-// seed giving the same losses bit for bit on the GPU. Both architectures.
+// seed giving the same losses bit for bit on the GPU; decoding with the CPU's greedy tokens
+// and logits within 1e-4 in fp32. Both architectures.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <vector>
 
+#include "base/rng.h"
 #include "cuda/cuda_backend.h"
 #include "cuda/test_support.h"
 #include "model/backends.h"
@@ -125,12 +128,131 @@ TEST(GpuModel, SameSeedSameLossesBitwise) {
   }
 }
 
-// One process on one GPU: what needs the host's memory is refused with a clear error.
-TEST(GpuModel, RefusesDecoding) {
-  SKIP_WITHOUT_GPU();
+// ---- decoding ----------------------------------------------------------------------------
+// B sequences decoded greedily in step for T tokens from one random first token each: the
+// logits of every step [T, B, Vp] and the tokens chosen [T, B].
+struct Decoded {
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+};
+
+int32_t argmax(const float* logits, int64_t n) {
+  return static_cast<int32_t>(std::max_element(logits, logits + n) - logits);
+}
+
+// With `forced` (the CPU's tokens), every step feeds those instead of its own choice, so both
+// devices see the same inputs and their logits compare position by position.
+Decoded decode_greedy(Model& m, int64_t B, int64_t T, const std::vector<int32_t>* forced) {
+  const int64_t Vp = m.config().padded_vocab();
+  Rng rng(29);
+  std::vector<int32_t> tokens(B);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng.below(m.config().vocab_size));
+  auto state = m.new_decode_state(T + 1, B);
+  Decoded d;
+  for (int64_t t = 0; t < T; ++t) {
+    const float* logits = m.decode_step(state, tokens.data());
+    d.logits.insert(d.logits.end(), logits, logits + B * Vp);
+    for (int64_t b = 0; b < B; ++b) {
+      d.tokens.push_back(argmax(logits + b * Vp, Vp));
+      tokens[b] = forced ? (*forced)[t * B + b] : d.tokens.back();
+    }
+  }
+  return d;
+}
+
+// fp32: the GPU's logits within 1e-4 of the CPU's (relative to their size) at every step,
+// and the same greedy tokens, both when each device follows its own choices and when both
+// follow the CPU's.
+void expect_decode_matches_cpu(const ModelConfig& c) {
   const std::unique_ptr<Backend> gpu = gpu0();
-  Model model(gpu_moe(), DType::f32, *gpu);
-  EXPECT_THROW(model.new_decode_state(4), Error);
+  Model cpu_model(c, DType::f32), gpu_model(c, DType::f32, *gpu);
+  cpu_model.init_weights(11);
+  gpu_model.init_weights(11);
+  const int64_t B = 4, T = c.max_seq_len - 1;
+  const Decoded cpu = decode_greedy(cpu_model, B, T, nullptr);
+  const Decoded own = decode_greedy(gpu_model, B, T, nullptr);
+  const Decoded forced = decode_greedy(gpu_model, B, T, &cpu.tokens);
+  EXPECT_EQ(own.tokens, cpu.tokens);
+  EXPECT_EQ(forced.tokens, cpu.tokens);
+  ASSERT_EQ(forced.logits.size(), cpu.logits.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < cpu.logits.size(); ++i)
+    if (std::isfinite(cpu.logits[i])) scale = std::max(scale, std::abs(double(cpu.logits[i])));
+  for (size_t i = 0; i < cpu.logits.size(); ++i) {
+    if (!std::isfinite(cpu.logits[i])) {
+      EXPECT_EQ(forced.logits[i], cpu.logits[i]) << i;  // the masked padded vocabulary
+      continue;
+    }
+    worst = std::max(worst, std::abs(double(forced.logits[i]) - cpu.logits[i]));
+  }
+  EXPECT_LT(worst, 1e-4 * scale) << "largest logit " << scale;
+}
+
+// Rows at their own positions over a shared prefix segment on the GPU: each sequence's
+// logits close to decoding it alone on the GPU (the same kernels with other row counts), and
+// the same steps twice give the same bits.
+std::vector<float> shared_prefix_rows(Model& m) {
+  const int64_t Vp = m.config().padded_vocab();
+  Rng rng(31);
+  auto token = [&] { return static_cast<int32_t>(rng.below(m.config().vocab_size)); };
+  Model::KvSegment prefix = m.new_kv_segment(0, 5);
+  auto state = m.new_rows_state(5);
+  std::vector<Model::DecodeRow> run;
+  for (int i = 0; i < 5; ++i) run.push_back({token(), {&prefix}});
+  const float* logits = m.decode_rows(state, run);
+  std::vector<float> out(logits, logits + 5 * Vp);
+  Model::KvSegment a = m.new_kv_segment(5, 3, &prefix), b = m.new_kv_segment(5, 3, &prefix);
+  for (int i = 0; i < 3; ++i) {
+    logits = m.decode_rows(state, {{token(), {&prefix, &a}}, {token(), {&prefix, &b}}});
+    out.insert(out.end(), logits, logits + 2 * Vp);
+  }
+  return out;
+}
+
+void expect_rows_match_cpu(const ModelConfig& c) {
+  const std::unique_ptr<Backend> gpu = gpu0();
+  Model cpu_model(c, DType::f32), gpu_model(c, DType::f32, *gpu);
+  cpu_model.init_weights(12);
+  gpu_model.init_weights(12);
+  const std::vector<float> want = shared_prefix_rows(cpu_model);
+  const std::vector<float> got = shared_prefix_rows(gpu_model);
+  EXPECT_TRUE(got == shared_prefix_rows(gpu_model)) << "not bitwise repeatable";
+  ASSERT_EQ(got.size(), want.size());
+  const int64_t Vp = c.padded_vocab();
+  for (size_t r = 0; r < want.size() / Vp; ++r)
+    EXPECT_EQ(argmax(&got[r * Vp], Vp), argmax(&want[r * Vp], Vp)) << "row " << r;
+  std::vector<float> finite_got, finite_want;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::isfinite(want[i])) finite_got.push_back(got[i]), finite_want.push_back(want[i]);
+  EXPECT_LT(relative_l2(finite_got, finite_want), 1e-5);
+}
+
+TEST(GpuDecodeModel, MoeFp32MatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_decode_matches_cpu(gpu_moe());
+  expect_rows_match_cpu(gpu_moe());
+}
+
+TEST(GpuDecodeModel, ZayaFp32MatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_decode_matches_cpu(gpu_zaya());
+  expect_rows_match_cpu(gpu_zaya());
+}
+
+TEST(GpuDecodeModel, Bf16DecodesCloseToTheCpu) {
+  SKIP_WITHOUT_GPU();
+  for (const ModelConfig& c : {gpu_moe(), gpu_zaya()}) {
+    const std::unique_ptr<Backend> gpu = gpu0();
+    Model cpu_model(c, DType::bf16), gpu_model(c, DType::bf16, *gpu);
+    cpu_model.init_weights(13);
+    gpu_model.init_weights(13);
+    const Decoded cpu = decode_greedy(cpu_model, 2, 6, nullptr);
+    const Decoded gpu_run = decode_greedy(gpu_model, 2, 6, &cpu.tokens);
+    std::vector<float> a, b;
+    for (size_t i = 0; i < cpu.logits.size(); ++i)
+      if (std::isfinite(cpu.logits[i])) a.push_back(gpu_run.logits[i]), b.push_back(cpu.logits[i]);
+    EXPECT_LT(relative_l2(a, b), 2e-2) << (c.is_zaya() ? "zaya1" : "moe");
+  }
 }
 
 TEST(GpuBackend, IsAClearErrorWithoutAGpu) {

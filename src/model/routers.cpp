@@ -81,11 +81,11 @@ void standard_router_decode(Compute& cx, int64_t weight, const float* n, int64_t
   const ModelConfig& c = cx.config;
   const int64_t E = c.n_experts, K = c.top_k;
   if (E == 1) {
-    std::fill(choice, choice + batch * K, 0);
-    std::fill(gate, gate + batch * K, 1.0f);
+    cx.ops.fill(choice, batch * K, 0);
+    cx.ops.fill(gate, batch * K, 1.0f);
     return;
   }
-  gemm(n, false, cx.p(weight), true, logits, batch, E, c.d_model, DType::f32);
+  cx.ops.gemm(n, false, cx.p(weight), true, logits, batch, E, c.d_model, DType::f32);
   cx.ops.router_forward(probs, choice, gate, logits, batch, E, K, c.norm_topk_prob);
 }
 

@@ -100,8 +100,9 @@ struct DecodeBuffers : DecodeScratch {
   float* rstd;               // [B]
   Arena arena;
 
-  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch, bool own_caches)
+  DecodeBuffers(const Compute& cx, int64_t max_len, int64_t batch, bool own_caches)
       : max_len(max_len), batch(batch) {
+    const ModelConfig& c = cx.config;
     const int64_t B = batch;
     arena.build([&](Arena& a) {
       if (own_caches) caches.take(a, c, max_len, B);
@@ -113,8 +114,8 @@ struct DecodeBuffers : DecodeScratch {
       if (c.qk_norm != QkNorm::none) attn.qk_rstd = a.take<float>(B * c.n_heads);
       moe.take(a, c, {B, 1}, /*expert_parallel=*/false);
       for (float** p : {&router_logits, &router_probs}) *p = a.take<float>(B * c.n_experts);
-    });
-    if (own_caches) caches.make_resident();
+    }, cx.arena_source());
+    if (own_caches) caches.clear(cx.ops);
   }
 };
 
@@ -134,7 +135,6 @@ class StandardMoe final : public Composition<Activations> {
   void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                    float* logits) override;
 
- protected:
   const DecodeCaches& own_caches(const DecodeScratch& scratch) const override {
     return static_cast<const DecodeBuffers&>(scratch).caches;
   }
@@ -209,7 +209,7 @@ void StandardMoe::backward() {
 
 std::unique_ptr<DecodeScratch> StandardMoe::new_decode(int64_t max_len, int64_t batch,
                                                        bool own_caches) const {
-  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch, own_caches);
+  return std::make_unique<DecodeBuffers>(cx_, max_len, batch, own_caches);
 }
 
 void StandardMoe::decode_rows(DecodeScratch& scratch, const DecodeRows& rows,
@@ -223,7 +223,7 @@ void StandardMoe::decode_rows(DecodeScratch& scratch, const DecodeRows& rows,
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const LayerWeights& w = layers_[l];
     attention_decode(cx_, w.attn, x, rows, l, d.attn, d.max_len, d.out);
-    for (int64_t i = 0; i < BC; ++i) x[i] += d.out[i];
+    cx_.ops.add(x, d.out, BC);
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, x, x, [&](MoeActs& m) {
       standard_router_decode(cx_, w.router, m.n, B, d.router_logits, d.router_probs, m.choice,
                              m.gate);

@@ -128,28 +128,32 @@ struct Activations : CommonActivations {
   }
 };
 
-// The decoding state of B sequences in step, in one allocation (the CCA states beside it).
+// The decoding state of B sequences in step, in one allocation.
 struct DecodeBuffers : DecodeScratch {
   int64_t max_len = 0, batch = 0;
   DecodeCaches caches;
-  std::vector<ops::CcaDecodeState<float>> cca;  // per layer, B sequences each
+  float* cca = nullptr;      // with own caches: [L, B] CCA state blocks (ops::decode_state_floats)
+  int64_t cca_floats = 0;    // one block's floats
   float *x, *y, *emb;        // [B, C]
   CcaDecodeScratch attn;
   MoeActs moe;               // shape {B, 1}, shared by the layers
   float *r, *r_prev;         // [B, R]: this MoE sublayer's router state and the previous one's
   ZayaRouterDecodeScratch router;
+  float* bias;               // [L, S]: the balancers' biases, copied in each step
   float* rstd;               // [B]
   Arena arena;
 
-  DecodeBuffers(const ModelConfig& c, int64_t max_len, int64_t batch, bool own_caches)
+  DecodeBuffers(const Compute& cx, int64_t max_len, int64_t batch, bool own_caches)
       : max_len(max_len), batch(batch) {
-    const int64_t B = batch;
+    const ModelConfig& c = cx.config;
+    const int64_t B = batch, L = c.n_layers;
     const int64_t Cc = c.q_dim() + c.kv_dim(), R = c.router_latent_dim, S = c.router_classes();
-    const ops::CcaDims dims{c.n_heads, c.n_kv_heads, c.head_dim, c.cca_kernel_depthwise,
-                            c.cca_kernel_grouped};
-    cca.assign(c.n_layers, ops::CcaDecodeState<float>(dims, B));
+    cca_floats = ops::decode_state_floats(cca_dims(c));
     arena.build([&](Arena& a) {
-      if (own_caches) caches.take(a, c, max_len, B);
+      if (own_caches) {
+        caches.take(a, c, max_len, B);
+        cca = a.take<float>(L * B * cca_floats);
+      }
       for (float** p : {&x, &y, &emb, &attn.n}) *p = a.take<float>(B * c.d_model);
       for (float** p : {&attn.rstd, &router.rstd, &rstd}) *p = a.take<float>(B);
       for (float** p : {&attn.c, &attn.qk}) *p = a.take<float>(B * Cc);
@@ -161,8 +165,12 @@ struct DecodeBuffers : DecodeScratch {
       for (float** p : {&r, &r_prev, &router.u, &router.a1, &router.g1, &router.a2, &router.g2})
         *p = a.take<float>(B * R);
       for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
-    });
-    if (own_caches) caches.make_resident();
+      bias = a.take<float>(L * S);
+    }, cx.arena_source());
+    if (own_caches) {
+      caches.clear(cx.ops);
+      cx.ops.zero(cca, L * B * cca_floats * static_cast<int64_t>(sizeof(float)));
+    }
   }
 };
 
@@ -186,7 +194,6 @@ class Zaya1 final : public Composition<Activations> {
   void decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                    float* logits) override;
 
- protected:
   const DecodeCaches& own_caches(const DecodeScratch& scratch) const override {
     return static_cast<const DecodeBuffers&>(scratch).caches;
   }
@@ -309,34 +316,34 @@ void Zaya1::embedding_backward(const float* dres) {
 
 std::unique_ptr<DecodeScratch> Zaya1::new_decode(int64_t max_len, int64_t batch,
                                                  bool own_caches) const {
-  return std::make_unique<DecodeBuffers>(cx_.config, max_len, batch, own_caches);
+  return std::make_unique<DecodeBuffers>(cx_, max_len, batch, own_caches);
 }
 
-// Rows with CCA states of their own (rows.cca) lend them to the step's slots 0 … n−1 and take
-// them back after each layer; otherwise slot r is row r's state.
+// Rows with CCA states of their own (rows.cca) use them; otherwise row r's state is the
+// step's own slot r.
 void Zaya1::decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const int32_t* tokens,
                         float* logits) {
   DecodeBuffers& d = static_cast<DecodeBuffers&>(scratch);
   const ModelConfig& c = cx_.config;
   const int64_t B = rows.n, C = c.d_model;
   FOUNDRY_CHECK(B >= 1 && B <= d.batch);
+  const int64_t L = c.n_layers, S = c.router_classes();
+  for (int64_t l = 0; l < L; ++l)
+    cx_.ops.from_host(d.bias + l * S, balancers_[l].bias.data(), S * sizeof(float));
   float* x = d.x;
   cx_.ops.embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
   cx_.ops.scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  std::vector<float*> own(B);
+  for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& w = layers_[l];
-    ops::CcaDecodeState<float>& state = d.cca[l];
-    state.batch = B;  // the rows in use of the slots it was built with
-    for (int64_t r = 0; r < B && !rows.cca.empty(); ++r)
-      if (rows.cca[r]) state.copy_sequence(r, (*rows.cca[r])[l], 0);
-    cca_decode(cx_, w.cca, state, x, rows, l, d.attn, d.max_len, d.y);
-    for (int64_t r = 0; r < B && !rows.cca.empty(); ++r)
-      if (rows.cca[r]) (*rows.cca[r])[l].copy_sequence(0, state, r);
-    state.batch = d.batch;
+    if (rows.cca.empty())
+      for (int64_t r = 0; r < B; ++r) own[r] = d.cca + (l * d.batch + r) * d.cca_floats;
+    const std::vector<float*>& states = rows.cca.empty() ? own : rows.cca[l];
+    cca_decode(cx_, w.cca, states.data(), x, rows, l, d.attn, d.max_len, d.y);
     residual_scale_forward(cx_, w.cca_merge, x, x, d.y, B);
     moe_decode(cx_, experts_, w.moe, d.moe, B, x, nullptr, d.y, [&](MoeActs& m) {
-      zaya_router_decode(cx_, w.router, m.n, B, d.r, d.r_prev, balancers_[l].bias.data(),
-                         d.router, m.choice, m.gate);
+      zaya_router_decode(cx_, w.router, m.n, B, d.r, d.r_prev, d.bias + l * S, d.router,
+                         m.choice, m.gate);
     });
     residual_scale_forward(cx_, w.moe_merge, x, x, d.y, B);
     std::swap(d.r, d.r_prev);
