@@ -931,10 +931,9 @@ DecodePrediction predict_decode(const ModelConfig& c, int64_t batch, int64_t con
                (decode_gemm_s(profile, precision, rows, 2 * F, C, grouped ? 0 : 1) +
                 decode_gemm_s(profile, precision, rows, C, F, grouped ? 0 : 1));
   if (grouped) r.expert_s += L * 2 * decode_call_s(profile);
-  // Every sequence's keys and values of every cached position, read once per step: fp32 in
-  // Foundry's decode (CPU profiles), bf16 in a GPU serving stack's cache.
-  const double kv_bytes = profile.kind == "gpu" ? kBf16 : kF32;
-  r.kv_cache_bytes = 2.0 * kv_bytes * double(c.kv_dim()) * L * double(context) * B;
+  // Every sequence's keys and values of every cached position, read once per step: fp32, as
+  // Foundry's decode caches them on the CPU and on a GPU.
+  r.kv_cache_bytes = 2.0 * kF32 * double(c.kv_dim()) * L * double(context) * B;
   r.attention_flops = 4.0 * B * double(c.n_heads) * double(context) * double(c.head_dim) * L;
   r.attention_s = r.kv_cache_bytes / profile.memory_bandwidth();
   if (profile.kind != "gpu") {

@@ -196,7 +196,7 @@ double group_collective_s(const HardwareProfile& profile, const std::string& op,
 // (one per GEMM; one per grouped expert launch on a GPU, at the profile's
 // kernel_overhead_s). The experts the batch touches,
 // E·(1 − (1 − k/E)^batch) per layer, each run once on its B·k/touched rows (balanced
-// routing). The KV caches of the batch (fp32 as Foundry stores them; bf16 on a GPU profile)
+// routing). The KV caches of the batch (fp32, as Foundry stores them on either device)
 // are read once over memory bandwidth; on a CPU the attention kernel's arithmetic bounds it
 // when slower (its measured rate per core, perf_model.cpp). Only the active experts run for
 // batch 1; all of them as the batch grows. ZAYA1's CCA grouped convolution of the new row is

@@ -796,12 +796,12 @@ TEST(Plan, Zaya1BaseIsNearTheBestOnMi300x) {
   EXPECT_GE(z.cluster_tokens_per_s, 0.8 * r.ranked.front().cluster_tokens_per_s);
 }
 
-// On a GPU profile the decode attention reads its bf16 KV cache at memory bandwidth; the CPU
-// kernel's arithmetic bound does not apply.
+// On a GPU profile the decode attention reads its fp32 KV cache (Foundry's, on the GPU as on
+// the CPU) at memory bandwidth; the CPU kernel's arithmetic bound does not apply.
 TEST(PerfModel, GpuDecodeAttentionReadsItsCache) {
   const ModelConfig c = moe_bench();
   const DecodePrediction p = predict_decode(c, 4, 1000, cluster_profile());
-  EXPECT_DOUBLE_EQ(p.kv_cache_bytes, 2.0 * 2 * c.kv_dim() * c.n_layers * 1000 * 4);
+  EXPECT_DOUBLE_EQ(p.kv_cache_bytes, 2.0 * 4 * c.kv_dim() * c.n_layers * 1000 * 4);
   EXPECT_DOUBLE_EQ(p.attention_s, p.kv_cache_bytes / 1e12);
 }
 
