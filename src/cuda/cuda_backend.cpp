@@ -396,9 +396,50 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  // The decode operations' host arrays on their way to the device: written into a ring of
+  // page-locked memory and copied in behind the kernels queued so far, so the host does not
+  // wait for the GPU. Before a lap writes its first slot again the host waits for the GPU
+  // once: by then every copy of the lap before, and every kernel that read it, has run.
+  class DescriptorRing {
+   public:
+    DescriptorRing() = default;
+    DescriptorRing(const DescriptorRing&) = delete;
+    DescriptorRing& operator=(const DescriptorRing&) = delete;
+    ~DescriptorRing() {
+      if (host_) host_release_pinned(host_);
+    }
+    // The device address where `bytes` will be (16-byte aligned) once the queued copy runs.
+    char* upload(const std::vector<char>& bytes) {
+      const int64_t size = std::max<int64_t>(16, (std::ssize(bytes) + 15) / 16 * 16);
+      if (size > capacity_) grow(size);
+      if (head_ + size > capacity_) {
+        synchronize();
+        head_ = 0;
+      }
+      char* device = static_cast<char*>(device_.data()) + head_;
+      std::memcpy(host_ + head_, bytes.data(), bytes.size());
+      copy_to_device_queued(device, host_ + head_, std::ssize(bytes));
+      head_ += size;
+      return device;
+    }
+
+   private:
+    void grow(int64_t size) {
+      synchronize();  // nothing queued still reads the old buffers
+      if (host_) host_release_pinned(host_);
+      host_ = nullptr;
+      capacity_ = std::max<int64_t>(size, int64_t{1} << 20);
+      host_ = static_cast<char*>(host_allocate_pinned(capacity_));
+      device_ = DeviceBuffer(capacity_);
+      head_ = 0;
+    }
+
+    char* host_ = nullptr;
+    DeviceBuffer device_;
+    int64_t capacity_ = 0, head_ = 0;
+  };
+
   // The host arrays of one decode operation, packed into one upload (16-byte aligned each).
-  // The copy is queued after the kernels before it, so the device buffer is free to reuse
-  // once they have read it.
   class Descriptors {
    public:
     // Appends n elements; returns their offset in the upload.
@@ -409,10 +450,7 @@ class CudaBackend final : public Backend {
       if (size > 0) std::memcpy(bytes_.data() + at, host, size);
       return at;
     }
-    void upload(Workspace& device) {
-      base_ = static_cast<char*>(device.get(std::max<int64_t>(16, std::ssize(bytes_))));
-      if (!bytes_.empty()) copy_to_device(base_, bytes_.data(), std::ssize(bytes_));
-    }
+    void upload(DescriptorRing& ring) { base_ = ring.upload(bytes_); }
     // The device address of the elements added at `offset` (after upload).
     template <typename T>
     T* at(size_t offset) const {
@@ -430,9 +468,9 @@ class CudaBackend final : public Backend {
 
   std::string name_;
   EventClock clock_;
-  Workspace workspace_;       // the float and double scratch of one operation at a time
-  Workspace sort_workspace_;  // CUB's temporary storage for the radix sorts
-  Workspace descriptors_;     // the decode operations' uploaded host arrays
+  Workspace workspace_;         // the float and double scratch of one operation at a time
+  Workspace sort_workspace_;    // CUB's temporary storage for the radix sorts
+  DescriptorRing descriptors_;  // the decode operations' host arrays
 };
 
 }  // namespace

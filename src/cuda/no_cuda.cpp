@@ -43,6 +43,7 @@ void device_release(void*) {}
 void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_to_host(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void* host_allocate_pinned(int64_t) { fail_no_cuda_build(kWhat); }
+void copy_to_device_queued(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void host_release_pinned(void*) {}
 void copy_to_host_async(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void wait_copies_to_host() {}

@@ -195,6 +195,12 @@ void copy_to_device(void* dst, const void* host, int64_t bytes) {
     FOUNDRY_CUDA_CHECK(cudaMemcpy(dst, host, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
 }
 
+void copy_to_device_queued(void* dst, const void* pinned, int64_t bytes) {
+  if (bytes > 0)
+    FOUNDRY_CUDA_CHECK(
+        cudaMemcpyAsync(dst, pinned, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, 0));
+}
+
 void zero_bytes(void* dst, int64_t bytes) {
   if (bytes > 0) FOUNDRY_CUDA_CHECK(cudaMemset(dst, 0, static_cast<size_t>(bytes)));
 }

@@ -106,6 +106,10 @@ void zero_bytes(void* dst, int64_t bytes);
 // speed and beside kernels. An Error naming the size when it fails.
 void* host_allocate_pinned(int64_t bytes);
 void host_release_pinned(void* block);
+// From page-locked host memory to the device, queued on the default stream like a kernel:
+// the host does not wait, and must leave `pinned` unchanged until the copy has run (after
+// synchronize(), for one).
+void copy_to_device_queued(void* dst, const void* pinned, int64_t bytes);
 
 // Copies from the current GPU to the host on a stream of their own: each after the work
 // queued on the default stream so far, beside the work queued after it.

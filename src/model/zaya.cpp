@@ -328,8 +328,10 @@ void Zaya1::decode_rows(DecodeScratch& scratch, const DecodeRows& rows, const in
   const int64_t B = rows.n, C = c.d_model;
   FOUNDRY_CHECK(B >= 1 && B <= d.batch);
   const int64_t L = c.n_layers, S = c.router_classes();
+  std::vector<float> biases(L * S);  // one copy in for every layer
   for (int64_t l = 0; l < L; ++l)
-    cx_.ops.from_host(d.bias + l * S, balancers_[l].bias.data(), S * sizeof(float));
+    std::copy_n(balancers_[l].bias.data(), S, biases.begin() + l * S);
+  cx_.ops.from_host(d.bias, biases.data(), L * S * static_cast<int64_t>(sizeof(float)));
   float* x = d.x;
   cx_.ops.embedding_forward(d.emb, tokens, cx_.p(head_.embed), B, C);
   cx_.ops.scale_shift_forward(x, d.emb, cx_.p(in_alpha_), cx_.p(in_beta_), B, C);
