@@ -73,14 +73,15 @@ grep -E "^ *[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception)" "$out/gpu-tests.log
 grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -40 || true
 
 # compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick;
-# --quick runs memcheck and racecheck over the tensor-core attention tests alone, 90 s each).
+# --quick runs memcheck and racecheck over the tensor-core attention and decode tests alone, 90 s
+# each).
 status_sanitizer="not run"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
 if [ -n "$quick" ] && [ -z "$tests_only" ] && [ -x "$sanitizer" ]; then
-  status_sanitizer="attention:"
+  status_sanitizer="attention and decode:"
   for tool in memcheck racecheck; do
     OMP_NUM_THREADS=2 timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 9 \
-      "$build/test_cuda" '--gtest_filter=GpuOps.AttentionOnTensorCores*' \
+      "$build/test_cuda" '--gtest_filter=GpuOps.AttentionOnTensorCores*:GpuDecode.*' \
       >"$out/sanitizer-attention-$tool.log" 2>&1
     case $? in
       0) status_sanitizer="$status_sanitizer $tool clean" ;;

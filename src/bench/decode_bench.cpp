@@ -152,8 +152,9 @@ int64_t decode_bench_bytes(const DecodeBenchOptions& o) {
   for (const MoeWidth& w : widths_of(o)) {
     const ModelConfig c = bench_config(o, w);
     const int64_t params = count_parameters(c).total;
-    // fp32 parameters and gradients, bf16 copies, and the decode state.
-    most = std::max(most, params * (4 + 4 + 2) + decode_state_bytes(c, positions(o), batch));
+    // fp32 parameters, bf16 copies (a model for inference: no gradients), and the decode
+    // state.
+    most = std::max(most, params * (4 + 2) + decode_state_bytes(c, positions(o), batch));
   }
   return most;
 }
@@ -174,7 +175,7 @@ DecodeBenchResult run_decode_bench(const DecodeBenchOptions& o) {
   for (const MoeWidth& w : widths) {
     const ModelConfig c = bench_config(o, w);
     const ParamCounts counts = count_parameters(c);
-    Model model(c, o.precision, o.backend ? *o.backend : cpu_backend());
+    Model model(c, o.precision, o.backend ? *o.backend : cpu_backend(), ModelUse::inference);
     model.init_weights(o.seed);
     for (int64_t batch : o.batches) {
       const StepTimes t = time_steps(model, o, batch, rng);

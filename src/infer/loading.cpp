@@ -7,6 +7,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "base/memory_budget.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/checkpoint_dir.h"
 #include "ckpt/inspect.h"
@@ -30,9 +31,14 @@ std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig&
 
 std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
                                   DType precision, Backend& backend) {
-  auto model = std::make_unique<Model>(rc.model, precision, backend);
+  auto model = std::make_unique<Model>(rc.model, precision, backend, ModelUse::inference);
   std::vector<float> staged;
-  if (model->on_device()) staged.resize(static_cast<size_t>(model->slab_size()));
+  if (model->on_device()) {  // read into host memory first: its room is checked here
+    const int64_t bytes = model->slab_size() * static_cast<int64_t>(sizeof(float));
+    check_memory({"loading the checkpoint", {{"weights staged in host memory", bytes}}},
+                 memory_budget(), "load on a machine with more host memory");
+    staged.resize(static_cast<size_t>(model->slab_size()));
+  }
   float* params = model->on_device() ? staged.data() : model->params();
   const json trainer_state = load_checkpoint(ckpt_dir, rc.model, model->table(), params, {});
   check_finite_weights(ckpt_dir, model->table(), params);

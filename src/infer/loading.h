@@ -18,7 +18,8 @@ std::string resolve_checkpoint(const std::string& explicit_dir, const RunConfig&
 
 // The weights of a checkpoint, which must be finite, and, for arch zaya1, the router
 // balancing biases from trainer_state.json, so that tokens are routed as they were in
-// training. On a device (a GPU backend) the weights are read into host memory and copied in.
+// training, in a model built for inference (no gradients). On a device (a GPU backend) the
+// weights are read into host memory (checked against the host's budget) and copied in.
 std::unique_ptr<Model> load_model(const RunConfig& rc, const std::string& ckpt_dir,
                                   DType precision, Backend& backend = cpu_backend());
 

@@ -16,12 +16,13 @@
 #include "model/experts.h"
 
 namespace foundry {
-Model::Model(const ModelConfig& config, DType precision, Backend& backend)
-    : config_(config), table_(config), precision_(precision), backend_(backend) {
+Model::Model(const ModelConfig& config, DType precision, Backend& backend, ModelUse use)
+    : config_(config), table_(config), precision_(precision), backend_(backend), use_(use) {
   const int64_t n = table_.total_elements();
   if (on_device()) {
     device_params_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
-    device_grads_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
+    if (use_ == ModelUse::training)
+      device_grads_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
     if (precision_ == DType::bf16)
       device_bf16_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(bf16)));
   } else {
@@ -98,8 +99,15 @@ void Model::write_params(const float* host) {
 }
 
 void Model::read_grads(float* host) const {
+  check_training("reading the gradients");
   backend_.to_host(host, const_cast<Model*>(this)->grad_slab(),
                    slab_size() * static_cast<int64_t>(sizeof(float)));
+}
+
+void Model::check_training(const char* what) const {
+  if (use_ == ModelUse::inference)
+    fail(fmt::format("{}: this model was built for inference and has no gradients", what),
+         "build the model for training (ModelUse::training)");
 }
 
 void Model::check_on_host(const char* what) const {
@@ -120,6 +128,7 @@ void Model::sync_weights() {
 }
 
 void Model::zero_grads() {
+  check_training("zero_grads");
   // The expert weights backward writes whole are left alone: sorted slab intervals to skip.
   SlabRanges skip;
   for (const ParamInfo& p : table_.params())
@@ -244,6 +253,7 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
 }
 
 void Model::backward() {
+  check_training("backward");
   if (!grads_zeroed_)
     fail("Model::backward needs zero_grads() since the last backward (it writes the experts' "
          "gradients whole instead of adding to them)");
@@ -333,9 +343,7 @@ Model::KvSegment Model::new_kv_segment(int64_t start, int64_t capacity,
   s.layers = c.n_layers;
   s.span_floats = ops::DecodeKv::floats(1, c.n_kv_heads, c.head_dim, capacity);
   if (c.arch == Arch::zaya1) s.cca_floats = ops::decode_state_floats(cca_dims(c));
-  const int64_t bytes = kv_segment_bytes(capacity);
-  s.storage = BackendBuffer(backend_, bytes);
-  backend_.zero(s.storage.as<void>(), bytes);
+  s.storage = BackendBuffer(backend_, kv_segment_bytes(capacity));  // zeroed
   if (after && s.cca_floats > 0)
     backend_.copy(s.cca(0), after->cca(0),
                   c.n_layers * s.cca_floats * static_cast<int64_t>(sizeof(float)));

@@ -76,11 +76,17 @@ double default_balance_bias_lr(ops::BalanceRule rule);
 json balancers_to_json(const std::vector<ops::ZayaBalancer>& balancers);
 std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const json& state);
 
+// What a model is built for: training, or inference alone (evaluation, generation), which
+// needs no gradients: on a device their slab is then not allocated (on the host it is never
+// touched, so it takes no memory either way).
+enum class ModelUse { training, inference };
+
 class Model {
  public:
   // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). A backend
   // without host memory (a GPU) is for one process: no expert or context parallelism.
-  Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend());
+  Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend(),
+        ModelUse use = ModelUse::training);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -283,7 +289,8 @@ class Model {
   // bit, however its positions are cut into segments and whatever rows run beside it: decoding
   // holds RowInvariantGemms (kernels/gemm.h), attention sums each row's positions in order
   // (kernels/attention.h), and CCA's decode step is per row. Rows that share a segment read
-  // its keys and values once for all of them.
+  // its keys and values once for all of them. On a GPU the same holds up to the products'
+  // rounding, which cuBLASLt chooses by the row count.
   struct KvSegment {
     int64_t start = 0, capacity = 0;
     int64_t len = 0;  // positions written
@@ -326,6 +333,8 @@ class Model {
   // A feature that needs host memory (expert or context parallelism) was asked of a model on
   // a device.
   void check_on_host(const char* what) const;
+  // Gradients were asked of a model built for inference (Error naming `what`).
+  void check_training(const char* what) const;
   // Token ids of a decode step, each in the vocabulary (Error naming the first that is not).
   void check_tokens(const int32_t* tokens, int64_t n) const;
   // A decode step of n rows through the architecture: the tokens in, the logits out to
@@ -340,6 +349,7 @@ class Model {
   ParamTable table_;
   DType precision_;
   Backend& backend_;
+  ModelUse use_;
   PageSlab<float> params_, grads_;  // a backend with host memory: page-backed slabs
   PageSlab<bf16> params_bf16_;
   BackendBuffer device_params_, device_grads_, device_bf16_;  // otherwise

@@ -188,9 +188,9 @@ void expect_decode_matches_cpu(const ModelConfig& c) {
   EXPECT_LT(worst, 1e-4 * scale) << "largest logit " << scale;
 }
 
-// Rows at their own positions over a shared prefix segment on the GPU: each sequence's
-// logits close to decoding it alone on the GPU (the same kernels with other row counts), and
-// the same steps twice give the same bits.
+// Rows at their own positions over a shared prefix segment (a run of a prompt's rows in one
+// step, then two sequences' rows beside each other): the GPU's logits close to the CPU's and
+// their greedy tokens the same, and the same steps twice give the GPU the same bits.
 std::vector<float> shared_prefix_rows(Model& m) {
   const int64_t Vp = m.config().padded_vocab();
   Rng rng(31);

@@ -249,6 +249,27 @@ TEST(ModelOnDevice, DecodesToTheHostModelsBits) {
     }
 }
 
+// A model built for inference on a device holds no gradient slab, decodes like one built for
+// training, and refuses what needs gradients with an error that says why.
+TEST(ModelOnDevice, AnInferenceModelHasNoGradients) {
+  const ModelConfig c = small_moe_config(4, 2);
+  const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
+  Model training(c, DType::f32, *backend), inference(c, DType::f32, *backend, ModelUse::inference);
+  training.init_weights(3);
+  inference.init_weights(3);
+  EXPECT_EQ(inference.resident_slab_bytes(), inference.slab_size() * 4);
+  EXPECT_EQ(training.resident_slab_bytes(), training.slab_size() * 8);
+  EXPECT_TRUE(decoded_logits(inference) == decoded_logits(training));
+  try {
+    inference.zero_grads();
+    FAIL() << "zero_grads on an inference model did not fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built for inference"), std::string::npos) << e.what();
+  }
+  std::vector<float> grads(inference.slab_size());
+  EXPECT_THROW(inference.read_grads(grads.data()), Error);
+}
+
 TEST(ModelOnDevice, RefusesWhatRunsOnTheHostOnly) {
   const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
   Model model(small_moe_config(4, 2), DType::f32, *backend);
