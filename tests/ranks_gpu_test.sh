@@ -36,7 +36,7 @@ a, b = losses(sys.argv[1]), losses(sys.argv[2])
 print('1 rank ', a); print('2 ranks', b)
 sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
 PY
-grep -q "gradients summed through host memory" two.log \
+grep -q "gradients averaged through host memory" two.log \
   && ok "the 2-rank run says how its gradients are reduced" || bad "no word of the host-staged reduction"
 
 # The 2-rank checkpoint of step 4 (two shares) resumes in one process to the same end.

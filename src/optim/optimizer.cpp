@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 
 #include "base/error.h"
 #include "base/format.h"
 #include "comm/comm.h"
+#include "cuda/nccl.h"
 #include "kernels/backend.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
@@ -209,36 +211,42 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   int ranks_, rank_;
 };
 
-// Data parallel over ranks whose gradients live in device memory with no path between the
-// devices: each step copies the gradients to the host, sums them over the ranks there with
-// the MPI communicator, copies the average back and runs the local (device) optimizer on it,
-// every rank holding the whole state (as ReplicatedOptimizer, whose arithmetic it repeats).
-class HostStagedOptimizer final : public DataParallelOptimizer {
+// Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
+// state (as ReplicatedOptimizer, whose arithmetic it repeats): each step averages the
+// gradients over the ranks, then runs the local (device) optimizer on the average. Through
+// host memory (copied out, summed over the MPI communicator, copied back) where the GPUs have
+// no path between them, or with NCCL on the device buffers where every rank has a GPU of its
+// own.
+class GpuReplicatedOptimizer final : public DataParallelOptimizer {
  public:
-  HostStagedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
-                      const Communicator& world, int64_t elements)
+  GpuReplicatedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
+                         const Communicator& world, int64_t elements, GpuGradients how)
       : local_(std::move(local)),
         backend_(backend),
         world_(world),
-        staging_(static_cast<size_t>(elements)),
+        elements_(elements),
         ranks_(world.size()),
-        rank_(world.rank()) {}
+        rank_(world.rank()) {
+    if (how == GpuGradients::nccl)
+      nccl_ = std::make_unique<gpu::NcclGroup>(rank_, ranks_, [&](void* bytes, size_t n) {
+        std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
+        std::memcpy(words.data(), bytes, n);
+        world.broadcast(words.data(), words.size(), 0);
+        std::memcpy(bytes, words.data(), n);
+      });
+    else
+      staging_.resize(static_cast<size_t>(elements));
+  }
 
   void begin_backward(float*) override {}
   void gradients_final(int64_t) override {}
   double step(float* params, float* grads, double lr, int64_t step, double max_norm,
               const UpdateVeto& veto) override {
-    const int64_t n = static_cast<int64_t>(staging_.size());
-    const int64_t bytes = n * static_cast<int64_t>(sizeof(float));
-    {
-      ScopedOpTimer t(op_times_, "comm: gradients through host memory");
-      backend_.to_host(staging_.data(), grads, bytes);
-      constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
-      for (int64_t at = 0; at < n; at += kPiece)
-        world_.allreduce(staging_.data() + at, staging_.data() + at,
-                         static_cast<size_t>(std::min(kPiece, n - at)));
-      average_over_ranks(staging_.data(), n, ranks_);
-      backend_.from_host(grads, staging_.data(), bytes);
+    if (nccl_) {
+      ScopedOpTimer t(op_times_, "comm: gradients over NCCL");
+      nccl_->allreduce_mean(grads, elements_);
+    } else {
+      average_through_host(grads);
     }
     return local_->step(params, grads, lr, step, max_norm, veto);
   }
@@ -261,19 +269,36 @@ class HostStagedOptimizer final : public DataParallelOptimizer {
   void shard_expert_storage(Model&, int) override {}
   std::string describe() const override {
     return local_->describe() +
-           fmt::format(", replicated on {} ranks, gradients summed through host memory", ranks_);
+           fmt::format(", replicated on {} ranks, gradients averaged {}", ranks_,
+                       nccl_ ? "over NCCL" : "through host memory");
   }
-  const char* layout_name() const override { return "replicated, host-staged"; }
+  const char* layout_name() const override {
+    return nccl_ ? "replicated, NCCL" : "replicated, host-staged";
+  }
   void set_op_times(OpTimes* times) override {
     op_times_ = times;
     local_->set_op_times(times);
   }
 
  private:
+  void average_through_host(float* grads) {
+    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(float));
+    ScopedOpTimer t(op_times_, "comm: gradients through host memory");
+    backend_.to_host(staging_.data(), grads, bytes);
+    constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
+    for (int64_t at = 0; at < elements_; at += kPiece)
+      world_.allreduce(staging_.data() + at, staging_.data() + at,
+                       static_cast<size_t>(std::min(kPiece, elements_ - at)));
+    average_over_ranks(staging_.data(), elements_, ranks_);
+    backend_.from_host(grads, staging_.data(), bytes);
+  }
+
   std::unique_ptr<DataParallelOptimizer> local_;
   Backend& backend_;
   const Communicator& world_;
-  std::vector<float> staging_;
+  int64_t elements_;
+  std::vector<float> staging_;           // through host memory
+  std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
   int ranks_, rank_;
   OpTimes* op_times_ = nullptr;
 };
@@ -333,10 +358,19 @@ class ShardedOptimizer final : public DataParallelOptimizer {
 
 }  // namespace
 
-std::unique_ptr<DataParallelOptimizer> make_host_staged_optimizer(
+std::unique_ptr<DataParallelOptimizer> make_gpu_replicated_optimizer(
     std::unique_ptr<DataParallelOptimizer> local, Backend& backend, const Communicator& world,
-    int64_t elements) {
-  return std::make_unique<HostStagedOptimizer>(std::move(local), backend, world, elements);
+    int64_t elements, GpuGradients how) {
+  return std::make_unique<GpuReplicatedOptimizer>(std::move(local), backend, world, elements,
+                                                  how);
+}
+
+GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
+                                bool nccl_built) {
+  for (size_t a = 0; a < rank_gpus.size(); ++a)
+    for (size_t b = 0; b < a; ++b)
+      if (rank_gpus[a] == rank_gpus[b]) return GpuGradients::host;  // two ranks on one GPU
+  return nccl_built ? GpuGradients::nccl : GpuGradients::host;
 }
 
 std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,

@@ -208,8 +208,9 @@ TEST(HostStagedOptimizer, StepsAsTheReplicatedOptimizerDoes) {
   const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
   for (const bool with_muon : {false, true}) {
     SCOPED_TRACE(with_muon ? "muon" : "adamw");
-    auto staged = make_host_staged_optimizer(make_optimizer(table, options(with_muon, false), nullptr),
-                                             *device, world(), table.total_elements());
+    auto staged = make_gpu_replicated_optimizer(
+        make_optimizer(table, options(with_muon, false), nullptr), *device, world(),
+        table.total_elements(), GpuGradients::host);
     auto replicated = make_optimizer(table, options(with_muon, false), &world());
     EXPECT_STREQ(staged->layout_name(), "replicated, host-staged");
     std::vector<float> params = random_slab(table, 7, 0.1), ref = params;

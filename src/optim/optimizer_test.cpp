@@ -147,5 +147,15 @@ TEST(LocalOptimizer, DescribesItsSplitAndLayout) {
   EXPECT_EQ(muon->state_bytes(), 3 * table.total_elements() * 4);
 }
 
+// Ranks on GPUs average over NCCL only where each has a GPU of its own and the build has
+// NCCL: two ranks on one GPU (NCCL refuses them) go through host memory.
+TEST(RanksOnGpus, AverageOverNcclOnlyWhereEachHasItsOwnGpu) {
+  const std::array<int64_t, 2> a{1, 2}, b{1, 3}, c{4, 2};
+  EXPECT_EQ(gpu_gradients_path({a, b, c}, true), GpuGradients::nccl);
+  EXPECT_EQ(gpu_gradients_path({a, b, c}, false), GpuGradients::host);
+  EXPECT_EQ(gpu_gradients_path({a, b, a}, true), GpuGradients::host);
+  EXPECT_EQ(gpu_gradients_path({c, c}, true), GpuGradients::host);
+}
+
 }  // namespace
 }  // namespace foundry

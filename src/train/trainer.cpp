@@ -13,6 +13,7 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/timer.h"
+#include "cuda/nccl.h"
 #include "cuda/runtime.h"
 #include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
@@ -218,6 +219,17 @@ void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
 }
 
+// How data-parallel ranks on GPUs average their gradients (optim/optimizer.h), from every
+// rank's GPU UUID (collective over `world`).
+GpuGradients gpu_gradients_of(const Communicator& world) {
+  const std::array<int64_t, 2> mine = gpu::current_gpu_uuid();
+  std::vector<int64_t> all(2 * static_cast<size_t>(world.size()));
+  world.allgather(mine.data(), all.data(), 2);
+  std::vector<std::array<int64_t, 2>> gpus;
+  for (size_t r = 0; r < all.size(); r += 2) gpus.push_back({all[r], all[r + 1]});
+  return gpu_gradients_path(gpus, gpu::built_with_nccl());
+}
+
 // This rank's GPU: the one train.device names, or for plain "cuda" under several ranks each
 // rank of a host its own (its place among the host's ranks, modulo the GPUs it sees; more
 // ranks than GPUs share them). Collective.
@@ -371,11 +383,12 @@ void TrainingRun::build_model_and_optimizer() {
     model->set_context_parallel(&*cp_group);
   }
   if (tc.device.cuda) {
-    // Data parallel on GPUs: the gradients are averaged through host memory.
+    // Data parallel on GPUs: the gradients are averaged over NCCL where every rank has a GPU
+    // of its own, else through host memory.
     optimizer = make_device_optimizer(model->table(), optimizer_options(tc));
     if (world && world->size() > 1)
-      optimizer = make_host_staged_optimizer(std::move(optimizer), *backend, *world,
-                                             model->slab_size());
+      optimizer = make_gpu_replicated_optimizer(std::move(optimizer), *backend, *world,
+                                                model->slab_size(), gpu_gradients_of(*world));
   } else {
     optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
   }

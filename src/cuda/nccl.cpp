@@ -1,0 +1,77 @@
+#include "cuda/nccl.h"
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+
+#if defined(FOUNDRY_HAS_NCCL)
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+
+namespace foundry::gpu {
+namespace {
+
+ncclComm_t native(void* comm) { return static_cast<ncclComm_t>(comm); }
+
+void check(ncclResult_t result, const char* what) {
+  if (result == ncclSuccess) return;
+  fail(fmt::format("NCCL {}: {} ({})", what, ncclGetErrorString(result),
+                   ncclGetLastError(nullptr) ? ncclGetLastError(nullptr) : ""),
+       "check that every rank has a GPU of its own and that NCCL can reach the others "
+       "(NCCL_DEBUG=INFO says more)");
+}
+
+// NCCL counts are size_t, but one call of 2^31 elements or more is split anyway: the same
+// pieces on every rank, in order.
+constexpr int64_t kPiece = int64_t{1} << 30;
+
+}  // namespace
+
+bool built_with_nccl() { return true; }
+
+NcclGroup::NcclGroup(int rank, int size,
+                     const std::function<void(void* bytes, size_t n)>& share_id)
+    : rank_(rank), size_(size) {
+  ncclUniqueId id{};
+  if (rank == 0) check(ncclGetUniqueId(&id), "unique id");
+  share_id(&id, sizeof(id));
+  ncclComm_t comm = nullptr;
+  check(ncclCommInitRank(&comm, size, id, rank), "opening the group");
+  comm_ = comm;
+}
+
+NcclGroup::~NcclGroup() {
+  if (comm_) ncclCommDestroy(native(comm_));
+}
+
+void NcclGroup::allreduce_mean(float* data, int64_t n) {
+  for (int64_t at = 0; at < n; at += kPiece)
+    check(ncclAllReduce(data + at, data + at, static_cast<size_t>(std::min(kPiece, n - at)),
+                        ncclFloat, ncclAvg, native(comm_), nullptr),
+          "all-reduce");
+}
+
+}  // namespace foundry::gpu
+
+#else  // no NCCL in this build
+
+namespace foundry::gpu {
+
+namespace {
+[[noreturn]] void fail_no_nccl() {
+  fail("this foundry was built without NCCL, so GPUs cannot exchange data directly",
+       "build with the CUDA toolkit's NCCL (nccl.h and libnccl) where CMake can find them; "
+       "without it, data-parallel ranks average their gradients through host memory");
+}
+}  // namespace
+
+bool built_with_nccl() { return false; }
+NcclGroup::NcclGroup(int, int, const std::function<void(void*, size_t)>&) { fail_no_nccl(); }
+NcclGroup::~NcclGroup() = default;
+void NcclGroup::allreduce_mean(float*, int64_t) { fail_no_nccl(); }
+
+}  // namespace foundry::gpu
+
+#endif

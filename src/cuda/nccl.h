@@ -1,0 +1,35 @@
+// NCCL between the GPUs of data-parallel ranks, each rank on a GPU of its own (NCCL refuses two
+// ranks on one GPU: those average their gradients through host memory instead). Collectives on
+// device buffers, queued on the default stream behind the kernels before them. In a build
+// without NCCL (or without CUDA) built_with_nccl() is false and a group fails to open with an
+// Error that says so.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace foundry::gpu {
+
+bool built_with_nccl();
+
+class NcclGroup {
+ public:
+  // Rank `rank` of `size`, on the current GPU. Collective: every rank constructs its group at
+  // once. `share_id(bytes, n)` must give every rank rank 0's n bytes (an MPI broadcast).
+  NcclGroup(int rank, int size, const std::function<void(void* bytes, size_t n)>& share_id);
+  ~NcclGroup();
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // data [n] (device, in place) = the mean over the ranks of their data.
+  void allreduce_mean(float* data, int64_t n);
+
+ private:
+  int rank_ = 0, size_ = 1;
+  void* comm_ = nullptr;  // ncclComm_t
+};
+
+}  // namespace foundry::gpu
