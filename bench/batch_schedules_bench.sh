@@ -22,13 +22,14 @@
 # PLOT (default: docs/figures/batch_schedules_<arch>.png), WORKLOADS ("shared unshared"),
 # SCHEDULES (default: "prefix-tree lru fixed one-at-a-time"; prefix-tree must be among them),
 # KV_SWEEP (budgets, e.g. "32M 16M": the shared workload again under each, prefix-tree and lru
-# only), ROUNDS (2: every run that many times, interleaved; the table gives the median).
+# only), ROUNDS (2: every run that many times, interleaved; the table gives the median),
+# DEVICE (where generate decodes: cpu, the default, or cuda[:N]; the model trains on the CPU).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 foundry="$(realpath "${1:?usage: $0 FOUNDRY [arch] [R] [S] [P] [Q] [N]}")"
 arch="${2:-zaya1}" R="${3:-256}" S="${4:-4}" P="${5:-1024}" Q="${6:-64}" N="${7:-64}"
 TOKENS="${TOKENS:-64}" BATCH="${BATCH:-32}" KV="${KV:-}" WORKLOADS="${WORKLOADS:-shared unshared}"
-KV_SWEEP="${KV_SWEEP:-}" ROUNDS="${ROUNDS:-2}"
+KV_SWEEP="${KV_SWEEP:-}" ROUNDS="${ROUNDS:-2}" DEVICE="${DEVICE:-cpu}"
 PLOT="$(realpath -m "${PLOT:-$root/docs/figures/batch_schedules_$arch.png}")"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(nproc)}"
 tmp="$(mktemp -d)"
@@ -75,6 +76,7 @@ run_case() {  # case, round
     # shellcheck disable=SC2086
     "$foundry" generate -c model.json --batch "$w.jsonl" --out "out-$name-$s.jsonl" -q \
       --batch-tokens "$TOKENS" "${kv_arg[@]}" --trace "trace-$name-$s-$2.tsv" ${args[$s]} \
+      --device "$DEVICE" \
       >"log-$name-$s-$2.txt" 2>&1 || { cat "log-$name-$s-$2.txt" >&2; exit 1; }
     cmp -s "out-$name-$s.jsonl" "out-$name-prefix-tree.jsonl" ||
       { echo "error: $s wrote other results than prefix-tree on $name" >&2; exit 1; }
@@ -86,7 +88,7 @@ done
 
 echo "# generate --batch: four schedules"
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC') | cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) | cores: $(nproc) | OMP_NUM_THREADS=$OMP_NUM_THREADS"
-echo "command: TOKENS=$TOKENS BATCH=$BATCH KV=${KV:-none} KV_SWEEP='$KV_SWEEP' ROUNDS=$ROUNDS bench/batch_schedules_bench.sh FOUNDRY $arch $R $S $P $Q $N | model: $arch, d_model 384, 4 layers, fp32 | wall time: the median of $ROUNDS interleaved rounds"
+echo "command: TOKENS=$TOKENS BATCH=$BATCH KV=${KV:-none} KV_SWEEP='$KV_SWEEP' ROUNDS=$ROUNDS DEVICE=$DEVICE bench/batch_schedules_bench.sh FOUNDRY $arch $R $S $P $Q $N | model: $arch, d_model 384, 4 layers, fp32 | wall time: the median of $ROUNDS interleaved rounds"
 python3 - "$ROUNDS" "${cases[@]}" <<'PY'
 import re, statistics, sys
 rounds, cases = int(sys.argv[1]), sys.argv[2:]

@@ -7,8 +7,9 @@
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
 #   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests]
-# --quick: shorter benchmarks and training (GPU_CHECK_DP=1 adds the 2-rank run, and
-# GPU_CHECK_CHECKPOINTS=0 leaves out the checkpoint-stall runs); --tests: build what the GPU
+# --quick: shorter benchmarks and training (GPU_CHECK_DP=1 adds the 2-rank run,
+# GPU_CHECK_BATCH=1 the batch-generation schedules, and GPU_CHECK_CHECKPOINTS=0 leaves out the
+# checkpoint-stall runs); --tests: build what the GPU
 # tests need, run them and compute-sanitizer's memcheck over the kernel tests, and stop (about
 # 2 minutes).
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
@@ -178,6 +179,13 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
     --profile "$profile" --finer 1 --batches 1,4,16,64 --context 256 --quiet \
     --out "$out/decode-$cfg.json" >"$out/decode-$cfg.txt" 2>&1
 done
+# Batch generation's schedules on the GPU (not --quick, unless GPU_CHECK_BATCH=1): 64 requests
+# under 4 shared prompts of 1,024 tokens, prefix tree against the LRU cache and fixed batches.
+if [ -z "$quick" ] || [ "${GPU_CHECK_BATCH:-0}" = 1 ]; then
+  DEVICE=cuda ROUNDS=1 SCHEDULES="prefix-tree lru fixed" WORKLOADS=shared PLOT="$out/batch.png" \
+    timeout 300 bash bench/batch_schedules_bench.sh "$foundry" zaya1 64 4 1024 64 64 \
+    >"$out/batch-schedules.txt" 2>&1
+fi
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
 if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
@@ -251,6 +259,8 @@ for cfg in gpu-moe-bench gpu-zaya-bench; do
         echo "FAILED: $(grep -m1 '^error:' "$out/decode-$cfg.txt" 2>/dev/null || tail -n 1 "$out/decode-$cfg.txt" 2>/dev/null)")
   echo "| bench decode $cfg, ms a step (context 256) | $dec |"
 done
+[ -f "$out/batch-schedules.txt" ] &&
+  echo "| generate --batch on the GPU, zaya1, 64 shared requests: s to the last result | $(awk -F'|' '/^\| (prefix-tree|lru|fixed) /{gsub(/ /, "", $2); gsub(/ /, "", $7); printf "%s %s  ", $2, $7}' "$out/batch-schedules.txt") |"
 peer=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('%.0f tokens/s (median of %d steps, %s)' % (r['tokens_per_s_median'], r['timed_steps'], r['device']))" "$out/pytorch-gpu.json" 2>/dev/null || echo "$status_peer: $(tail -n 1 "$out/pytorch-gpu.txt" 2>/dev/null)")
 echo "| PyTorch peer, gpu-moe-bench compiled bf16 | $peer |"
 echo "| training and peer time | ${t_train} s ($train_status) |"
