@@ -372,12 +372,41 @@ class CudaBackend final : public Backend {
       for (int64_t s = first[r]; s < first[r + 1]; ++s) len += spans[s].len;
       FOUNDRY_CHECK(len >= 1 && len <= max_len);
     }
+    if (attention_decode_by_groups(out, scores, max_len, q, spans, first, rows, h, kvh, d)) return;
     Descriptors up;
     const size_t at_spans = up.add(spans, first[rows]), at_first = up.add(first, rows + 1);
     up.upload(descriptors_);
     ops::attention_decode_rows(out, scores, max_len, q, up.at<ops::DecodeSpan>(at_spans),
                                up.at<int64_t>(at_first), rows, h, kvh, d);
   }
+
+ private:
+  // attention_decode_rows by ops::attention_decode_grouped (decode.h), where a block of the
+  // plan's work fits the GPU's shared memory (else false, nothing done): each span read once
+  // per group of rows sharing it. Its partial results go in `scores` where they fit there,
+  // else in the workspace.
+  bool attention_decode_by_groups(float* out, float* scores, int64_t max_len, const float* q,
+                                  const foundry::ops::DecodeSpan* spans, const int64_t* first,
+                                  int64_t rows, int64_t h, int64_t kvh, int64_t d) {
+    if (rows * h * d == 0) return true;
+    std::vector<ops::DecodeSpan> chains(first[rows]);
+    std::memcpy(chains.data(), spans, chains.size() * sizeof(ops::DecodeSpan));
+    const ops::DecodePlan plan = ops::plan_attention_decode(chains.data(), first, rows, h, kvh);
+    if (!ops::attention_decode_grouped_fits(plan.queries, d)) return false;
+    Descriptors up;
+    const size_t at_work = up.add(plan.work.data(), std::ssize(plan.work)),
+                 at_rows = up.add(plan.work_rows.data(), std::ssize(plan.work_rows)),
+                 at_slots = up.add(plan.slots.data(), std::ssize(plan.slots));
+    up.upload(descriptors_);
+    const int64_t partials = ops::attention_decode_partials(plan, h, d);
+    ops::attention_decode_grouped(out, partials <= rows * h * max_len ? scores : floats(partials),
+                                  q, up.at<ops::DecodeWork>(at_work), std::ssize(plan.work),
+                                  up.at<ops::DecodeWorkRow>(at_rows), up.at<int32_t>(at_slots),
+                                  rows, h, kvh, d, plan.queries);
+    return true;
+  }
+
+ public:
   void cca_conv_decode(float* qk, const foundry::ops::CcaDims& c, float* const* states,
                        int64_t rows, const float* c_new, const float* w0, const float* b0,
                        const float* w1, const float* b1) override {

@@ -11,6 +11,7 @@
 // p and dimension i, where H = ⌈capacity / 16⌉·16·d (the head's floats).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 namespace foundry::gpu::ops {
 
@@ -36,6 +37,67 @@ void decode_kv_store(const DecodeSpan* spans, const int64_t* store_at, const flo
 void attention_decode_rows(float* out, float* scores, int64_t max_len, const float* q,
                            const DecodeSpan* spans, const int64_t* first, int64_t rows, int64_t h,
                            int64_t kvh, int64_t d);
+
+// ---- attention over shared spans (flash decoding) ----
+//
+// attention_decode_rows' result with each span that rows share read once per group of them
+// (per KV head), not once per row and query head. The host plans work items (span, a chunk
+// of its positions, the rows reading it); a block per (item, KV head) walks the chunk in tiles
+// of 32 positions, loads each tile's keys and values into shared memory once for all of its
+// queries (its rows × the h/kvh query heads of the KV head) and keeps an online softmax for
+// each: a partial result (m the largest score, l = Σ e^{s−m}, o = Σ e^{s−m}·v) per (row,
+// query head, chunk). A second kernel merges a row's partials in chain order (the levels of
+// its chain, each level's chunks in position order): m = max mᵢ, l = Σ lᵢ·e^{mᵢ−m},
+// o = Σ oᵢ·e^{mᵢ−m}, out = o / l. Every sum's order is fixed by the spans' lengths and which
+// rows share them, never by timing.
+
+// Positions per tile of a block's walk, positions a work item reads at most, and the rows and
+// queries of a work item at most.
+constexpr int64_t kDecodeTile = 32, kDecodeChunk = 256;
+constexpr int64_t kDecodeGroupRows = 16, kDecodeGroupQueries = 64;
+
+// Rows `rows_at` … `rows_at + rows − 1` of the plan's work_rows against positions [begin, end)
+// of `span` (begin a multiple of 32; each row up to its own end). span.len is the longest of
+// its rows' lengths.
+struct DecodeWork {
+  DecodeSpan span;
+  int32_t begin, end;
+  int32_t rows_at, rows;
+};
+// A row of a work item: its index, the slot its partial result takes (row r's slots are
+// consecutive, in chain order) and where its positions in the span end (≤ the item's end).
+struct DecodeWorkRow {
+  int32_t row, slot, end;
+};
+
+// The work of one call. Rows whose chains hold the same storage (k, v, capacity) at the same
+// depth form a group there, whatever their lengths in it (a run of one sequence's new tokens
+// reads one span to successive lengths); spans of length 0 are skipped. A group's longest
+// length is cut into chunks of at most 256 positions (whole tiles, as even as they allow),
+// and a chunk's rows (those that reach into it) into parts of at most 16 rows and 64 queries
+// (a row alone where h/kvh > 64), as even as possible: a work item each.
+struct DecodePlan {
+  std::vector<DecodeWork> work;
+  std::vector<DecodeWorkRow> work_rows;
+  std::vector<int32_t> slots;  // [rows + 1]: row r's slots are slots[r] … slots[r + 1] − 1
+  int64_t queries = 0;         // the most queries of one item: its rows × h/kvh
+};
+
+// The plan for attention_decode_rows' arguments as host arrays (spans [first[rows]], first
+// [rows + 1]; the spans' pointers are compared, never dereferenced).
+DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, int64_t rows,
+                                 int64_t h, int64_t kvh);
+// Floats of the partial results of a plan: slots × h × (d + 2).
+int64_t attention_decode_partials(const DecodePlan& plan, int64_t h, int64_t d);
+// Whether a block for `queries` queries of d dimensions fits the current GPU's shared memory
+// (about (64 + 2·queries)·d floats).
+bool attention_decode_grouped_fits(int64_t queries, int64_t d);
+// attention_decode_rows' out [rows, h, d] (writes) from a plan's arrays copied to the device
+// (`works` items; `queries` the plan's), through `partials` (attention_decode_partials floats
+// of scratch).
+void attention_decode_grouped(float* out, float* partials, const float* q, const DecodeWork* work,
+                              int64_t works, const DecodeWorkRow* work_rows, const int32_t* slots,
+                              int64_t rows, int64_t h, int64_t kvh, int64_t d, int64_t queries);
 
 // foundry::ops::cca_conv_decode: states[r] is row r's state block (kernels/cca.h,
 // decode_state_floats: c_hist [t0−1, C], y_hist [t1−1, C], v_prev [half]); rows that share a

@@ -1,20 +1,24 @@
 // gpu::ops' decode kernels (cuda/decode.h) against the CPU's on fresh random inputs: attention
-// over chains of spans of uneven lengths (shared prefixes, grouped query heads), cache stores,
-// RoPE at each row's position, and the CCA decode states with several rows of one sequence in
-// one step. Outputs are poisoned (NaN) first. Skips where no GPU is visible.
+// over chains of spans of uneven lengths (shared prefixes, grouped query heads; per row and by
+// groups of rows sharing a span), cache stores, RoPE at each row's position, and the CCA decode
+// states with several rows of one sequence in one step. Outputs are poisoned (NaN) first. Skips
+// where no GPU is visible.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <utility>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/decode.h"
 #include "cuda/ops.h"
 #include "cuda/runtime.h"
 #include "cuda/test_support.h"
 #include "kernels/attention.h"
+#include "kernels/backend.h"
 #include "kernels/cca.h"
 #include "kernels/ops.h"
 
@@ -67,20 +71,35 @@ struct Chains {
   std::vector<int64_t> first{0};
   int64_t longest = 0;
 };
-Chains make_chains(std::vector<Span>& spans, const std::vector<std::vector<int>>& rows) {
+// A chain entry that reads span s to `len` positions (rows of one sequence in one step read
+// its last span to successive lengths).
+struct Read {
+  int s;
+  int64_t len;
+};
+Chains make_chains(std::vector<Span>& spans, const std::vector<std::vector<Read>>& rows) {
   Chains c;
-  for (const std::vector<int>& chain : rows) {
+  for (const std::vector<Read>& chain : rows) {
     int64_t len = 0;
-    for (int s : chain) {
-      Span& sp = spans[s];
-      c.cpu.push_back({sp.k.data(), sp.v.data(), sp.len, sp.capacity});
-      c.gpu.push_back({sp.gk.as<float>(), sp.gv.as<float>(), sp.len, sp.capacity});
-      len += sp.len;
+    for (Read e : chain) {
+      Span& sp = spans[e.s];
+      c.cpu.push_back({sp.k.data(), sp.v.data(), e.len, sp.capacity});
+      c.gpu.push_back({sp.gk.as<float>(), sp.gv.as<float>(), e.len, sp.capacity});
+      len += e.len;
     }
     c.first.push_back(static_cast<int64_t>(c.cpu.size()));
     c.longest = std::max(c.longest, len);
   }
   return c;
+}
+// Each span read to its whole length.
+Chains make_chains(std::vector<Span>& spans, const std::vector<std::vector<int>>& rows) {
+  std::vector<std::vector<Read>> reads;
+  for (const std::vector<int>& chain : rows) {
+    reads.emplace_back();
+    for (int s : chain) reads.back().push_back({s, spans[s].len});
+  }
+  return make_chains(spans, reads);
 }
 
 // Six rows over spans of lengths that are not multiples of 16: chains of 1 to 3 spans, span 0
@@ -116,6 +135,73 @@ TEST(GpuDecode, AttentionOverChainsOfSpansMatchesTheCpu) {
     // Deterministic: the same bits again.
     const std::vector<float> second_run = run();
     EXPECT_EQ(0, std::memcmp(first_run.data(), second_run.data(), first_run.size() * 4));
+  }
+}
+
+// The grouped path (decode.h: plan_attention_decode, attention_decode_grouped): 40 rows share
+// a 1,000-position prefix (span 0), so its chunks go in parts of at most 16 rows; rows 0–39
+// then read an own span each (lengths not multiples of 16 or 32), rows 40–45 are a run of one
+// sequence reading span 1 to lengths 7 … 12 behind an empty span, row 46 reads a 600-position
+// span alone, row 47 a single position. Then the same through the backend, which plans alike:
+// the same bits.
+TEST(GpuDecode, GroupedAttentionOverASharedPrefixMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Heads {
+    int64_t h, kvh, d;
+  };
+  uint64_t seed = 300;
+  for (Heads hd : {Heads{8, 2, 64}, Heads{8, 1, 80}, Heads{3, 3, 80}}) {
+    const int64_t h = hd.h, kvh = hd.kvh, d = hd.d;
+    std::vector<std::pair<int64_t, int64_t>> shapes = {{1000, 1003}, {12, 20}, {0, 16}, {600, 610}};
+    for (int64_t r = 0; r < 40; ++r) shapes.push_back({1 + (r * 37) % 71, 80});
+    std::vector<Span> spans = make_spans(shapes, kvh, d, true, seed);
+    seed += 100;
+    std::vector<std::vector<Read>> reads;
+    for (int r = 0; r < 40; ++r) reads.push_back({{0, 1000}, {4 + r, spans[4 + r].len}});
+    for (int64_t len = 7; len <= 12; ++len) reads.push_back({{2, 0}, {1, len}});
+    reads.push_back({{3, 600}});
+    reads.push_back({{4, 1}});
+    const Chains c = make_chains(spans, reads);
+    const int64_t rows = static_cast<int64_t>(reads.size()), max_len = c.longest;
+    const auto q = randn(rows * h * d, seed++);
+    std::vector<float> out(rows * h * d), scores(rows * h * max_len);
+    ops::attention_decode_rows(out.data(), scores.data(), max_len, q.data(), c.cpu.data(),
+                               c.first.data(), rows, h, kvh, d);
+
+    const gpu::ops::DecodePlan plan =
+        gpu::ops::plan_attention_decode(c.gpu.data(), c.first.data(), rows, h, kvh);
+    int64_t prefix_items = 0, prefix_rows = 0;
+    for (const gpu::ops::DecodeWork& w : plan.work)
+      if (w.span.k == c.gpu[0].k) ++prefix_items, prefix_rows += w.rows;
+    EXPECT_EQ(prefix_rows, 4 * 40);  // chunks of 256, 256, 256 and 232 positions, 40 rows each
+    EXPECT_GT(prefix_items, 4);      // in parts
+    ASSERT_TRUE(gpu::ops::attention_decode_grouped_fits(plan.queries, d));
+
+    auto gq = to_device(q), gwork = to_device(plan.work), grows = to_device(plan.work_rows),
+         gslots = to_device(plan.slots);
+    auto gout = poisoned(rows * h * d),
+         partials = poisoned(gpu::ops::attention_decode_partials(plan, h, d));
+    auto run = [&] {
+      gpu::ops::attention_decode_grouped(
+          gout.as<float>(), partials.as<float>(), gq.as<float>(), gwork.as<gpu::ops::DecodeWork>(),
+          static_cast<int64_t>(plan.work.size()), grows.as<gpu::ops::DecodeWorkRow>(),
+          gslots.as<int32_t>(), rows, h, kvh, d, plan.queries);
+      return to_host(gout, rows * h * d);
+    };
+    const std::vector<float> first_run = run();
+    expect_close(first_run, out, 1e-5, rms(out), "grouped attention out");
+    const std::vector<float> second_run = run();
+    EXPECT_EQ(0, std::memcmp(first_run.data(), second_run.data(), first_run.size() * 4));
+
+    std::unique_ptr<Backend> backend = gpu::make_cuda_backend(0, "test");
+    std::vector<ops::DecodeSpan> device_spans;
+    for (const gpu::ops::DecodeSpan& s : c.gpu)
+      device_spans.push_back({s.k, s.v, s.len, s.capacity});
+    auto bout = poisoned(rows * h * d), bscores = poisoned(rows * h * max_len);
+    backend->attention_decode_rows(bout.as<float>(), bscores.as<float>(), max_len, gq.as<float>(),
+                                   device_spans.data(), c.first.data(), rows, h, kvh, d);
+    const std::vector<float> backend_run = to_host(bout, rows * h * d);
+    EXPECT_EQ(0, std::memcmp(first_run.data(), backend_run.data(), first_run.size() * 4));
   }
 }
 
@@ -234,6 +320,79 @@ TEST(GpuDecode, CcaConvAndValueShiftMatchTheCpuWithRowsSharingAState) {
       expect_close(to_host(gstates, 2 * floats), states, 1e-5, rms(states), "states");
     }
   }
+}
+
+// The grouped attention's work plan (host code, tested in every build): each row's positions
+// in each span of its chain are covered exactly once, by work items in chain order that each
+// take their slot of the row's consecutive slots; a span that many rows share is split into
+// parts of at most kDecodeGroupRows rows and kDecodeGroupQueries queries and read once per
+// part, not once per row; rows reading one span to different lengths share its items.
+TEST(DecodeWorkPlan, CoversEveryRowsPositionsOnceInChainOrder) {
+  std::vector<float> storage(16);  // spans are told apart by their pointers alone
+  auto span = [&](int i, int64_t len, int64_t capacity) {
+    return gpu::ops::DecodeSpan{&storage[i], &storage[i] + 1, len, capacity};
+  };
+  std::vector<gpu::ops::DecodeSpan> spans;
+  std::vector<int64_t> first = {0};
+  for (int r = 0; r < 40; ++r) {  // a 1,000-position prefix, then a span of the row's own
+    spans.push_back(span(0, 1000, 1000));
+    spans.push_back(span(1 + r % 3, 1 + 37 * r % 300, 400));
+    first.push_back(static_cast<int64_t>(spans.size()));
+  }
+  for (int r = 0; r < 6; ++r) {  // a run: an empty span, then one span to lengths 7 … 12
+    spans.push_back(span(5, 0, 16));
+    spans.push_back(span(6, 7 + r, 32));
+    first.push_back(static_cast<int64_t>(spans.size()));
+  }
+  const int64_t rows = static_cast<int64_t>(first.size()) - 1, h = 8, kvh = 2;
+  const gpu::ops::DecodePlan plan =
+      gpu::ops::plan_attention_decode(spans.data(), first.data(), rows, h, kvh);
+
+  // Per row: the (span, begin, end) its slots read, by slot.
+  struct Read {
+    const float* k = nullptr;
+    int64_t begin = -1, end = -1;
+  };
+  std::vector<std::vector<Read>> reads(rows);
+  for (int64_t r = 0; r < rows; ++r) reads[r].resize(plan.slots[r + 1] - plan.slots[r]);
+  int64_t prefix_items = 0;
+  for (const gpu::ops::DecodeWork& w : plan.work) {
+    EXPECT_LE(w.rows, gpu::ops::kDecodeGroupRows);
+    EXPECT_LE(w.rows * (h / kvh), std::max<int64_t>(h / kvh, gpu::ops::kDecodeGroupQueries));
+    EXPECT_LE(w.end - w.begin, gpu::ops::kDecodeChunk);
+    EXPECT_EQ(w.begin % gpu::ops::kDecodeTile, 0);
+    if (w.span.k == &storage[0]) ++prefix_items;
+    for (int32_t i = w.rows_at; i < w.rows_at + w.rows; ++i) {
+      const gpu::ops::DecodeWorkRow& wr = plan.work_rows[i];
+      ASSERT_GE(wr.slot, plan.slots[wr.row]);
+      ASSERT_LT(wr.slot, plan.slots[wr.row + 1]);
+      Read& read = reads[wr.row][wr.slot - plan.slots[wr.row]];
+      EXPECT_EQ(read.k, nullptr) << "slot taken twice";
+      read = {w.span.k, w.begin, wr.end};
+      EXPECT_LE(wr.end, w.end);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {  // the slots walk the chain's positions in order
+    size_t slot = 0;
+    for (int64_t s = first[r]; s < first[r + 1]; ++s)
+      for (int64_t at = 0; at < spans[s].len;) {
+        ASSERT_LT(slot, reads[r].size()) << "row " << r;
+        const Read& read = reads[r][slot++];
+        EXPECT_EQ(read.k, spans[s].k) << "row " << r << " slot " << slot - 1;
+        EXPECT_EQ(read.begin, at) << "row " << r;
+        ASSERT_GT(read.end, at) << "row " << r;
+        at = read.end;
+      }
+    EXPECT_EQ(slot, reads[r].size()) << "row " << r;
+  }
+  // 40 rows × 4 query heads a KV head, in parts of at most 16 rows as even as they go (13, 13,
+  // 14): 3 parts per chunk of the prefix.
+  const int64_t chunks = (1000 + gpu::ops::kDecodeChunk - 1) / gpu::ops::kDecodeChunk;
+  EXPECT_EQ(prefix_items, 3 * chunks);
+  EXPECT_EQ(plan.queries, 14 * (h / kvh));
+  int64_t run_items = 0;
+  for (const gpu::ops::DecodeWork& w : plan.work) run_items += w.span.k == &storage[6];
+  EXPECT_EQ(run_items, 1);  // the run's six rows read their span in one item
 }
 
 }  // namespace

@@ -289,6 +289,12 @@ void attention_decode_rows(float*, float*, int64_t, const float*, const DecodeSp
                            const int64_t*, int64_t, int64_t, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);
 }
+bool attention_decode_grouped_fits(int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+void attention_decode_grouped(float*, float*, const float*, const DecodeWork*, int64_t,
+                              const DecodeWorkRow*, const int32_t*, int64_t, int64_t, int64_t,
+                              int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
 void cca_conv_decode(float*, float*, float* const*, int64_t, int64_t, int64_t, int64_t, int64_t,
                      int64_t, const float*, const float*, const float*, const float*,
                      const float*) {
