@@ -164,7 +164,7 @@ if [ -z "$quick" ] || [ "${GPU_CHECK_DP:-0}" = 1 ]; then
     mpi=()
     [ "$np" -gt 1 ] && mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np")
     OMP_NUM_THREADS=8 timeout "$train_limit" "${mpi[@]}" "$foundry" train \
-      -c configs/gpu-moe-bench.json --device cuda --synthetic-data --steps 8 --overwrite \
+      -c configs/gpu-moe-bench.json --device cuda:0 --synthetic-data --steps 8 --overwrite \
       --set "train.run_dir=$out/run-dp-$np" model.n_layers=2 train.zero1=false \
       train.checkpoint_at_end=false \
       >"$out/dp-$np.txt" 2>&1

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Data parallel on a GPU (label gpu; exits 77, a skip, where the build has no CUDA backend or
-# no GPU is visible): two ranks sharing one GPU, their gradients averaged through host memory,
-# train as one rank does on the whole batch (fp32 losses within 1e-4 relative), save a
-# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1; one rank's
-# checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and CPU on GPU within
-# 1e-4).
+# no GPU is visible): two ranks sharing one GPU (cuda:0), their gradients averaged through host
+# memory, train as one rank does on the whole batch (fp32 losses within 1e-4 relative), save a
+# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1; where two GPUs are
+# visible, two ranks each on its own average over NCCL (when the build has it) alike; one
+# rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and CPU on GPU
+# within 1e-4).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
@@ -16,7 +17,7 @@ cat > tiny.json <<'JSON'
             "head_dim": 32, "n_experts": 4, "top_k": 2, "ffn_dim": 96, "max_seq_len": 64},
   "train": {"steps": 8, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup_steps": 2,
             "precision": "fp32", "log_every": 1, "checkpoint_every": 4, "zero1": false,
-            "peak_gflops": 100, "run_dir": "one", "device": "cuda"}
+            "peak_gflops": 100, "run_dir": "one", "device": "cuda:0"}
 }
 JSON
 
@@ -38,6 +39,26 @@ sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y
 PY
 grep -q "gradients averaged through host memory" two.log \
   && ok "the 2-rank run says how its gradients are reduced" || bad "no word of the host-staged reduction"
+
+# Two ranks each on a GPU of its own (plain cuda: rank r takes GPU r), where two are visible.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -ge 2 ]; then
+  OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
+    --device cuda --set train.run_dir=two-gpus >two-gpus.log 2>&1 \
+    || { cat two-gpus.log; bad "two ranks on two GPUs failed"; }
+  python3 - one/metrics.jsonl two-gpus/metrics.jsonl <<'PY' && ok "2 ranks on 2 GPUs follow 1 rank's 8 fp32 losses within 1e-4" || bad "2 ranks on 2 GPUs and 1 rank differ"
+import json, sys
+def losses(p): return [json.loads(l)['loss'] for l in open(p) if 'loss' in json.loads(l)]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print('1 rank   ', a); print('2 GPUs   ', b)
+sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+  grep -qE "gradients averaged (over NCCL|through host memory)" two-gpus.log \
+    && ok "2 GPUs: $(grep -oE 'gradients averaged (over NCCL|through host memory)' two-gpus.log | head -1)" \
+    || bad "no word of how 2 GPUs reduce"
+else
+  echo "skipped: two ranks on two GPUs (${gpus:-0} visible)"
+fi
 
 # The 2-rank checkpoint of step 4 (two shares) resumes in one process to the same end.
 cp -r two two-resumed && rm -rf two-resumed/checkpoints/step_00000008

@@ -381,18 +381,20 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // attention_decode_rows by ops::attention_decode_grouped (decode.h), where a block of the
-  // plan's work fits the GPU's shared memory (else false, nothing done): each span read once
-  // per group of rows sharing it. Its partial results go in `scores` where they fit there,
+  // attention_decode_rows by ops::attention_decode_grouped (decode.h), its parts as large as
+  // the GPU's shared memory holds (false, nothing done, where not even one row's query heads
+  // fit): each span read once per part of the rows sharing it. Its partial results go in `scores` where they fit there,
   // else in the workspace.
   bool attention_decode_by_groups(float* out, float* scores, int64_t max_len, const float* q,
                                   const foundry::ops::DecodeSpan* spans, const int64_t* first,
                                   int64_t rows, int64_t h, int64_t kvh, int64_t d) {
     if (rows * h * d == 0) return true;
+    const int64_t cap = ops::attention_decode_query_cap(d);
+    if (cap < h / kvh) return false;  // not even one row's query heads fit
     std::vector<ops::DecodeSpan> chains(first[rows]);
     std::memcpy(chains.data(), spans, chains.size() * sizeof(ops::DecodeSpan));
-    const ops::DecodePlan plan = ops::plan_attention_decode(chains.data(), first, rows, h, kvh);
-    if (!ops::attention_decode_grouped_fits(plan.queries, d)) return false;
+    const ops::DecodePlan plan =
+        ops::plan_attention_decode(chains.data(), first, rows, h, kvh, cap);
     Descriptors up;
     const size_t at_work = up.add(plan.work.data(), std::ssize(plan.work)),
                  at_rows = up.add(plan.work_rows.data(), std::ssize(plan.work_rows)),

@@ -236,6 +236,7 @@ __global__ void attention_group_kernel(float* partials, const float* q, const De
         const float p = valid ? expf(s - m) : 0.0f;
         const float sum = warp_sum(p);
         ps[(a0 + a) * kTileRow + lane] = p;
+        __syncwarp();  // every lane has read m_old
         if (lane == 0) {
           const float rescale = expf(m_old - m);  // 0 at the first tile (m_old = −∞)
           ms[a0 + a] = m;
@@ -396,13 +397,15 @@ void attention_decode_rows(float* out, float* scores, int64_t max_len, const flo
   check_launch();
 }
 
-bool attention_decode_grouped_fits(int64_t queries, int64_t d) {
-  if (queries > (1 << 16) || d > (1 << 16)) return false;
+int64_t attention_decode_query_cap(int64_t d) {
+  if (d > (1 << 16)) return 0;
   int device = 0, most = 0;
   FOUNDRY_CUDA_CHECK(cudaGetDevice(&device));
   FOUNDRY_CUDA_CHECK(
       cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return group_shared_bytes(queries, d) <= most;
+  int64_t queries = kDecodeGroupQueries;
+  while (queries > 0 && group_shared_bytes(queries, d) > most) --queries;
+  return queries;
 }
 
 void attention_decode_grouped(float* out, float* partials, const float* q, const DecodeWork* work,

@@ -72,10 +72,11 @@ struct DecodeWorkRow {
 
 // The work of one call. Rows whose chains hold the same storage (k, v, capacity) at the same
 // depth form a group there, whatever their lengths in it (a run of one sequence's new tokens
-// reads one span to successive lengths); spans of length 0 are skipped. A group's longest
-// length is cut into chunks of at most 256 positions (whole tiles, as even as they allow),
-// and a chunk's rows (those that reach into it) into parts of at most 16 rows and 64 queries
-// (a row alone where h/kvh > 64), as even as possible: a work item each.
+// reads one span to successive lengths); spans of length 0 are skipped. A group's span is cut
+// into chunks of kDecodeChunk positions from its start (a fixed grid, so a row's partial
+// results depend on its own lengths alone, never on the rows beside it), and a chunk's rows
+// (those that reach into it) into parts of at most kDecodeGroupRows rows and `max_queries`
+// queries (a row alone where h/kvh is more), as even as possible: a work item each.
 struct DecodePlan {
   std::vector<DecodeWork> work;
   std::vector<DecodeWorkRow> work_rows;
@@ -86,12 +87,13 @@ struct DecodePlan {
 // The plan for attention_decode_rows' arguments as host arrays (spans [first[rows]], first
 // [rows + 1]; the spans' pointers are compared, never dereferenced).
 DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, int64_t rows,
-                                 int64_t h, int64_t kvh);
+                                 int64_t h, int64_t kvh,
+                                 int64_t max_queries = kDecodeGroupQueries);
 // Floats of the partial results of a plan: slots × h × (d + 2).
 int64_t attention_decode_partials(const DecodePlan& plan, int64_t h, int64_t d);
-// Whether a block for `queries` queries of d dimensions fits the current GPU's shared memory
-// (about (64 + 2·queries)·d floats).
-bool attention_decode_grouped_fits(int64_t queries, int64_t d);
+// The most queries (≤ kDecodeGroupQueries) whose block, at d dimensions, fits the current
+// GPU's shared memory (about (64 + 2·queries)·d floats); 0 when not even one does.
+int64_t attention_decode_query_cap(int64_t d);
 // attention_decode_rows' out [rows, h, d] (writes) from a plan's arrays copied to the device
 // (`works` items; `queries` the plan's), through `partials` (attention_decode_partials floats
 // of scratch).

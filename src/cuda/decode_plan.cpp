@@ -11,29 +11,15 @@
 
 namespace foundry::gpu::ops {
 
-namespace {
-
-// Positions per chunk of a group read to `len`: at most about kDecodeChunk, whole tiles, as even
-// as they allow.
-int64_t chunk_length(int64_t len) {
-  const int64_t chunks = (len + kDecodeChunk - 1) / kDecodeChunk,
-                even = (len + chunks - 1) / chunks;
-  return (even + kDecodeTile - 1) / kDecodeTile * kDecodeTile;
-}
-
-}  // namespace
-
 DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, int64_t rows,
-                                 int64_t h, int64_t kvh) {
+                                 int64_t h, int64_t kvh, int64_t max_queries) {
   FOUNDRY_CHECK(kvh > 0 && h % kvh == 0 && rows >= 0 && rows < INT_MAX);
   const int64_t group = h / kvh;
-  const int64_t part_rows =
-      std::max<int64_t>(1, std::min(kDecodeGroupRows, kDecodeGroupQueries / group));
-  // Each level's groups, in the order of their first rows: the span (its longest length), the
-  // chunk length, and the rows with their lengths.
+  const int64_t part_rows = std::max<int64_t>(1, std::min(kDecodeGroupRows, max_queries / group));
+  // Each level's groups, in the order of their first rows: the span (its longest length) and
+  // the rows with their lengths.
   struct Group {
     DecodeSpan span;
-    int64_t step;
     std::vector<int64_t> rows, lens;
   };
   std::vector<std::vector<Group>> levels;
@@ -48,14 +34,13 @@ DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, 
       FOUNDRY_CHECK(s.len >= 0 && s.len <= s.capacity && s.capacity < INT_MAX - kDecodeChunk);
       if (s.len == 0) continue;
       const auto [at, fresh] = index.try_emplace({s.k, s.v, s.capacity}, groups.size());
-      if (fresh) groups.push_back({s, 0, {}, {}});
+      if (fresh) groups.push_back({s, {}, {}});
       Group& grp = groups[at->second];
       grp.span.len = std::max(grp.span.len, s.len);
       grp.rows.push_back(r);
       grp.lens.push_back(s.len);
     }
     if (!any) break;
-    for (Group& grp : groups) grp.step = chunk_length(grp.span.len);
     levels.push_back(std::move(groups));
   }
 
@@ -65,7 +50,7 @@ DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, 
   for (const std::vector<Group>& groups : levels)
     for (const Group& grp : groups)
       for (size_t m = 0; m < grp.rows.size(); ++m)
-        next[grp.rows[m] + 1] += (grp.lens[m] + grp.step - 1) / grp.step;
+        next[grp.rows[m] + 1] += (grp.lens[m] + kDecodeChunk - 1) / kDecodeChunk;
   for (int64_t r = 0; r < rows; ++r) next[r + 1] += next[r];
   FOUNDRY_CHECK(next[rows] < INT_MAX);
   plan.slots.assign(next.begin(), next.end());
@@ -73,7 +58,7 @@ DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, 
   std::vector<int64_t> reach;  // a chunk's rows: indices into its group's
   for (const std::vector<Group>& groups : levels)
     for (const Group& grp : groups)
-      for (int64_t begin = 0; begin < grp.span.len; begin += grp.step) {
+      for (int64_t begin = 0; begin < grp.span.len; begin += kDecodeChunk) {
         reach.clear();
         for (size_t m = 0; m < grp.rows.size(); ++m)
           if (grp.lens[m] > begin) reach.push_back(static_cast<int64_t>(m));
@@ -85,7 +70,7 @@ DecodePlan plan_attention_decode(const DecodeSpan* spans, const int64_t* first, 
                        static_cast<int32_t>(plan.work_rows.size()), static_cast<int32_t>(hi - lo)};
           for (int64_t x = lo; x < hi; ++x) {
             const int64_t m = reach[x], r = grp.rows[m];
-            const int64_t end = std::min(grp.lens[m], begin + grp.step);
+            const int64_t end = std::min(grp.lens[m], begin + kDecodeChunk);
             plan.work_rows.push_back({static_cast<int32_t>(r), static_cast<int32_t>(next[r]++),
                                       static_cast<int32_t>(end)});
             w.end = std::max(w.end, static_cast<int32_t>(end));

@@ -150,7 +150,7 @@ TEST(GpuDecode, GroupedAttentionOverASharedPrefixMatchesTheCpu) {
     int64_t h, kvh, d;
   };
   uint64_t seed = 300;
-  for (Heads hd : {Heads{8, 2, 64}, Heads{8, 1, 80}, Heads{3, 3, 80}}) {
+  for (Heads hd : {Heads{8, 2, 64}, Heads{8, 1, 80}, Heads{3, 3, 80}, Heads{4, 2, 42}}) {
     const int64_t h = hd.h, kvh = hd.kvh, d = hd.d;
     std::vector<std::pair<int64_t, int64_t>> shapes = {{1000, 1003}, {12, 20}, {0, 16}, {600, 610}};
     for (int64_t r = 0; r < 40; ++r) shapes.push_back({1 + (r * 37) % 71, 80});
@@ -175,7 +175,7 @@ TEST(GpuDecode, GroupedAttentionOverASharedPrefixMatchesTheCpu) {
       if (w.span.k == c.gpu[0].k) ++prefix_items, prefix_rows += w.rows;
     EXPECT_EQ(prefix_rows, 4 * 40);  // chunks of 256, 256, 256 and 232 positions, 40 rows each
     EXPECT_GT(prefix_items, 4);      // in parts
-    ASSERT_TRUE(gpu::ops::attention_decode_grouped_fits(plan.queries, d));
+    ASSERT_GE(gpu::ops::attention_decode_query_cap(d), plan.queries);
 
     auto gq = to_device(q), gwork = to_device(plan.work), grows = to_device(plan.work_rows),
          gslots = to_device(plan.slots);
@@ -334,7 +334,7 @@ TEST(DecodeWorkPlan, CoversEveryRowsPositionsOnceInChainOrder) {
   };
   std::vector<gpu::ops::DecodeSpan> spans;
   std::vector<int64_t> first = {0};
-  for (int r = 0; r < 40; ++r) {  // a 1,000-position prefix, then a span of the row's own
+  for (int r = 0; r < 40; ++r) {  // a 1,000-position prefix, then one of three spans
     spans.push_back(span(0, 1000, 1000));
     spans.push_back(span(1 + r % 3, 1 + 37 * r % 300, 400));
     first.push_back(static_cast<int64_t>(spans.size()));
@@ -360,7 +360,7 @@ TEST(DecodeWorkPlan, CoversEveryRowsPositionsOnceInChainOrder) {
     EXPECT_LE(w.rows, gpu::ops::kDecodeGroupRows);
     EXPECT_LE(w.rows * (h / kvh), std::max<int64_t>(h / kvh, gpu::ops::kDecodeGroupQueries));
     EXPECT_LE(w.end - w.begin, gpu::ops::kDecodeChunk);
-    EXPECT_EQ(w.begin % gpu::ops::kDecodeTile, 0);
+    EXPECT_EQ(w.begin % gpu::ops::kDecodeChunk, 0);  // a fixed grid: alike beside any rows
     if (w.span.k == &storage[0]) ++prefix_items;
     for (int32_t i = w.rows_at; i < w.rows_at + w.rows; ++i) {
       const gpu::ops::DecodeWorkRow& wr = plan.work_rows[i];
@@ -393,6 +393,17 @@ TEST(DecodeWorkPlan, CoversEveryRowsPositionsOnceInChainOrder) {
   int64_t run_items = 0;
   for (const gpu::ops::DecodeWork& w : plan.work) run_items += w.span.k == &storage[6];
   EXPECT_EQ(run_items, 1);  // the run's six rows read their span in one item
+
+  // A GPU whose shared memory holds 8 queries a block: parts of 2 rows.
+  const gpu::ops::DecodePlan small =
+      gpu::ops::plan_attention_decode(spans.data(), first.data(), rows, h, kvh, 8);
+  int64_t small_prefix_items = 0;
+  for (const gpu::ops::DecodeWork& w : small.work) {
+    EXPECT_LE(w.rows, 2);
+    small_prefix_items += w.span.k == &storage[0];
+  }
+  EXPECT_EQ(small_prefix_items, 20 * chunks);
+  EXPECT_EQ(small.queries, 8);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <nccl.h>
 
 #include <algorithm>
+#include <exception>
 
 namespace foundry::gpu {
 namespace {
@@ -33,7 +34,7 @@ bool built_with_nccl() { return true; }
 
 NcclGroup::NcclGroup(int rank, int size,
                      const std::function<void(void* bytes, size_t n)>& share_id)
-    : rank_(rank), size_(size) {
+    : rank_(rank), size_(size), exceptions_(std::uncaught_exceptions()) {
   ncclUniqueId id{};
   if (rank == 0) check(ncclGetUniqueId(&id), "unique id");
   share_id(&id, sizeof(id));
@@ -43,7 +44,9 @@ NcclGroup::NcclGroup(int rank, int size,
 }
 
 NcclGroup::~NcclGroup() {
-  if (comm_) ncclCommDestroy(native(comm_));
+  if (!comm_ || std::uncaught_exceptions() > exceptions_) return;
+  ncclCommFinalize(native(comm_));
+  ncclCommDestroy(native(comm_));
 }
 
 void NcclGroup::allreduce_mean(float* data, int64_t n) {

@@ -17,6 +17,9 @@ class NcclGroup {
   // Rank `rank` of `size`, on the current GPU. Collective: every rank constructs its group at
   // once. `share_id(bytes, n)` must give every rank rank 0's n bytes (an MPI broadcast).
   NcclGroup(int rank, int size, const std::function<void(void* bytes, size_t n)>& share_id);
+  // Closes the group (collective, as NCCL's destroy is), except while an exception unwinds
+  // through it: the other ranks may never close theirs, so this rank leaves the communicator
+  // open and goes on to report its error and exit.
   ~NcclGroup();
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
@@ -30,6 +33,7 @@ class NcclGroup {
  private:
   int rank_ = 0, size_ = 1;
   void* comm_ = nullptr;  // ncclComm_t
+  int exceptions_ = 0;    // uncaught at construction
 };
 
 }  // namespace foundry::gpu

@@ -289,7 +289,7 @@ void attention_decode_rows(float*, float*, int64_t, const float*, const DecodeSp
                            const int64_t*, int64_t, int64_t, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);
 }
-bool attention_decode_grouped_fits(int64_t, int64_t) { fail_no_cuda_build(kWhat); }
+int64_t attention_decode_query_cap(int64_t) { fail_no_cuda_build(kWhat); }
 void attention_decode_grouped(float*, float*, const float*, const DecodeWork*, int64_t,
                               const DecodeWorkRow*, const int32_t*, int64_t, int64_t, int64_t,
                               int64_t, int64_t) {

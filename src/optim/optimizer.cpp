@@ -212,11 +212,11 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
 };
 
 // Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
-// state (as ReplicatedOptimizer, whose arithmetic it repeats): each step averages the
-// gradients over the ranks, then runs the local (device) optimizer on the average. Through
-// host memory (copied out, summed over the MPI communicator, copied back) where the GPUs have
-// no path between them, or with NCCL on the device buffers where every rank has a GPU of its
-// own.
+// state: each step averages the gradients over the ranks, then runs the local (device)
+// optimizer on the average. Through host memory (copied out, summed over the MPI
+// communicator, then scaled: ReplicatedOptimizer's arithmetic) where ranks share a GPU or the
+// build has no NCCL, or with NCCL on the device buffers where every rank has a GPU of its own
+// (ncclAvg scales each rank's gradient before the sum: other roundings than the host path's).
 class GpuReplicatedOptimizer final : public DataParallelOptimizer {
  public:
   GpuReplicatedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
@@ -233,6 +233,9 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
         std::memcpy(words.data(), bytes, n);
         world.broadcast(words.data(), words.size(), 0);
         std::memcpy(bytes, words.data(), n);
+        // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
+        // broadcast lazily could otherwise leave a rank without it).
+        world.barrier();
       });
     else
       staging_.resize(static_cast<size_t>(elements));
@@ -366,11 +369,11 @@ std::unique_ptr<DataParallelOptimizer> make_gpu_replicated_optimizer(
 }
 
 GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
-                                bool nccl_built) {
+                                bool nccl_everywhere) {
   for (size_t a = 0; a < rank_gpus.size(); ++a)
     for (size_t b = 0; b < a; ++b)
       if (rank_gpus[a] == rank_gpus[b]) return GpuGradients::host;  // two ranks on one GPU
-  return nccl_built ? GpuGradients::nccl : GpuGradients::host;
+  return nccl_everywhere ? GpuGradients::nccl : GpuGradients::host;
 }
 
 std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,

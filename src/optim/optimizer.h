@@ -120,9 +120,10 @@ std::string describe_optimizer_split(const ParamTable& table, bool muon_on);
 // summed over the MPI communicator, copied back) or with NCCL on the device buffers.
 enum class GpuGradients { host, nccl };
 // NCCL when every rank has a GPU of its own (the ranks' GPU UUIDs, current_gpu_uuid, all
-// differ: NCCL refuses two ranks on one GPU) and the build has NCCL; host memory otherwise.
+// differ: NCCL refuses two ranks on one GPU) and every rank's build has NCCL; host memory
+// otherwise.
 GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
-                                bool nccl_built);
+                                bool nccl_everywhere);
 
 // Data parallel for gradients in `backend`'s memory: each step averages the `elements`
 // gradients over `world` as `how` says (NCCL: collective, opens its group here), then runs

@@ -220,14 +220,20 @@ void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
 }
 
 // How data-parallel ranks on GPUs average their gradients (optim/optimizer.h), from every
-// rank's GPU UUID (collective over `world`).
+// rank's GPU UUID and whether its build has NCCL (collective over `world`: every rank
+// decides from the same figures).
 GpuGradients gpu_gradients_of(const Communicator& world) {
-  const std::array<int64_t, 2> mine = gpu::current_gpu_uuid();
-  std::vector<int64_t> all(2 * static_cast<size_t>(world.size()));
-  world.allgather(mine.data(), all.data(), 2);
+  const std::array<int64_t, 2> uuid = gpu::current_gpu_uuid();
+  const int64_t mine[3] = {uuid[0], uuid[1], gpu::built_with_nccl() ? 1 : 0};
+  std::vector<int64_t> all(3 * static_cast<size_t>(world.size()));
+  world.allgather(mine, all.data(), 3);
   std::vector<std::array<int64_t, 2>> gpus;
-  for (size_t r = 0; r < all.size(); r += 2) gpus.push_back({all[r], all[r + 1]});
-  return gpu_gradients_path(gpus, gpu::built_with_nccl());
+  bool nccl_everywhere = true;
+  for (size_t r = 0; r < all.size(); r += 3) {
+    gpus.push_back({all[r], all[r + 1]});
+    nccl_everywhere = nccl_everywhere && all[r + 2] != 0;
+  }
+  return gpu_gradients_path(gpus, nccl_everywhere);
 }
 
 // This rank's GPU: the one train.device names, or for plain "cuda" under several ranks each
@@ -386,9 +392,11 @@ void TrainingRun::build_model_and_optimizer() {
     // Data parallel on GPUs: the gradients are averaged over NCCL where every rank has a GPU
     // of its own, else through host memory.
     optimizer = make_device_optimizer(model->table(), optimizer_options(tc));
-    if (world && world->size() > 1)
+    if (world && world->size() > 1) {
+      auto g = procs.guard("opening the data-parallel group of the GPUs");
       optimizer = make_gpu_replicated_optimizer(std::move(optimizer), *backend, *world,
                                                 model->slab_size(), gpu_gradients_of(*world));
+    }
   } else {
     optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
   }
