@@ -27,16 +27,7 @@ if [ $? -ne 0 ]; then
   exit 77
 fi
 
-python3 - <<'PY'
-import random, os
-rng = random.Random(11)
-words = ("the expert router sends each token to a small set of experts and the model learns "
-         "which one fits best when data flows through layers while training runs").split()
-os.makedirs("corpus", exist_ok=True)
-with open("corpus/a.txt", "w") as f:
-    for _ in range(1500):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(6, 18))) + ".\n")
-PY
+tiny_corpus 11 1500 6 18
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.2 --quiet \
   >prep.log 2>&1 || { cat prep.log; bad "data prepare failed"; finish; exit 1; }
 

@@ -31,3 +31,22 @@ finish() {
   echo "$passes passed, $failures failed"
   [ "$failures" -eq 0 ]
 }
+
+# corpus/a.txt, the tiny dataset of the tests that prepare one: LINES sentences of MIN to MAX
+# words drawn (seed SEED) from a small vocabulary about experts ("wide": three more words).
+tiny_corpus() {  # SEED LINES MIN MAX [wide]
+  python3 - "$@" <<'PY'
+import os, random, sys
+seed, lines, lo, hi = map(int, sys.argv[1:5])
+text = ("the expert router sends each token to a small set of experts and the model learns "
+        "which one fits best when data flows through layers while training runs")
+if sys.argv[5:] == ["wide"]:
+    text += " on many cores"
+words = text.split()
+rng = random.Random(seed)
+os.makedirs("corpus", exist_ok=True)
+with open("corpus/a.txt", "w") as f:
+    for _ in range(lines):
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(lo, hi))) + ".\n")
+PY
+}

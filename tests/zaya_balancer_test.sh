@@ -7,16 +7,7 @@ source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 
 # ---- a small dataset (eval and generate need one) ----
-python3 - <<'PY'
-import os, random
-rng = random.Random(7)
-words = ("the expert router sends each token to a small set of experts and the model learns "
-         "which one fits best when data flows through layers while training runs on many cores").split()
-os.makedirs("corpus", exist_ok=True)
-with open("corpus/a.txt", "w") as f:
-    for _ in range(400):
-        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(4, 14))) + ".\n")
-PY
+tiny_corpus 7 400 4 14 wide
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.1 --quiet >prep.log 2>&1 \
   || { bad "data prepare failed"; cat prep.log; finish; exit 1; }
 
