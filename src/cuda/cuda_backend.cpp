@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <vector>
 
 #include "base/error.h"
@@ -389,7 +390,9 @@ class CudaBackend final : public Backend {
                                   const foundry::ops::DecodeSpan* spans, const int64_t* first,
                                   int64_t rows, int64_t h, int64_t kvh, int64_t d) {
     if (rows * h * d == 0) return true;
-    const int64_t cap = ops::attention_decode_query_cap(d);
+    auto [known, fresh] = query_caps_.try_emplace(d, 0);  // the GPU's answer, asked once per d
+    if (fresh) known->second = ops::attention_decode_query_cap(d);
+    const int64_t cap = known->second;
     if (cap < h / kvh) return false;  // not even one row's query heads fit
     std::vector<ops::DecodeSpan> chains(first[rows]);
     std::memcpy(chains.data(), spans, chains.size() * sizeof(ops::DecodeSpan));
@@ -502,6 +505,7 @@ class CudaBackend final : public Backend {
   Workspace workspace_;         // the float and double scratch of one operation at a time
   Workspace sort_workspace_;    // CUB's temporary storage for the radix sorts
   DescriptorRing descriptors_;  // the decode operations' host arrays
+  std::map<int64_t, int64_t> query_caps_;  // grouped decode attention's queries a block, by d
 };
 
 }  // namespace
