@@ -287,11 +287,6 @@ __global__ void value_shift_backward_kernel(float* dv, int64_t b, int64_t t, int
 
 // ---- QK norm: one warp per (row, head) ----
 
-__device__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 __global__ void qk_norm_forward_kernel(float* q, float* k, float* rnorm, const float* qk,
                                        const float* temp, int64_t n, int64_t hq, int64_t hk,
                                        int64_t d, float eps) {

@@ -350,10 +350,7 @@ class CudaBackend final : public Backend {
   void add(float* y, const float* x, int64_t n) override { ops::add(y, x, n); }
   void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
                        int64_t rotary_dim, double theta) override {
-    Descriptors up;
-    const size_t at_pos = up.add(pos, rows);
-    up.upload(descriptors_);
-    ops::rope_apply_rows(x, up.at<int64_t>(at_pos), rows, h, d, rotary_dim, theta);
+    ops::rope_apply_rows(x, upload(pos, rows), rows, h, d, rotary_dim, theta);
   }
   void decode_kv_store(const foundry::ops::DecodeSpan* spans, const int64_t* store_at,
                        const float* k, const float* v, int64_t rows, int64_t kvh,
@@ -381,11 +378,22 @@ class CudaBackend final : public Backend {
                                up.at<int64_t>(at_first), rows, h, kvh, d);
   }
 
+  void cca_conv_decode(float* qk, const foundry::ops::CcaDims& c, float* const* states,
+                       int64_t rows, const float* c_new, const float* w0, const float* b0,
+                       const float* w1, const float* b1) override {
+    ops::cca_conv_decode(qk, floats(rows * c.channels() * c.t1), upload(states, rows), rows,
+                         c.hq, c.hk, c.d, c.t0, c.t1, c_new, w0, b0, w1, b1);
+  }
+  void cca_value_shift_decode(float* v, const foundry::ops::CcaDims& c, float* const* states,
+                              int64_t rows) override {
+    ops::cca_value_shift_decode(v, upload(states, rows), rows, c.hq, c.hk, c.d, c.t0, c.t1);
+  }
+
  private:
   // attention_decode_rows by ops::attention_decode_grouped (decode.h), its parts as large as
   // the GPU's shared memory holds (false, nothing done, where not even one row's query heads
-  // fit): each span read once per part of the rows sharing it. Its partial results go in `scores` where they fit there,
-  // else in the workspace.
+  // fit): each span read once per part of the rows sharing it. Its partial results go in
+  // `scores` where they fit there, else in the workspace.
   bool attention_decode_by_groups(float* out, float* scores, int64_t max_len, const float* q,
                                   const foundry::ops::DecodeSpan* spans, const int64_t* first,
                                   int64_t rows, int64_t h, int64_t kvh, int64_t d) {
@@ -411,25 +419,7 @@ class CudaBackend final : public Backend {
     return true;
   }
 
- public:
-  void cca_conv_decode(float* qk, const foundry::ops::CcaDims& c, float* const* states,
-                       int64_t rows, const float* c_new, const float* w0, const float* b0,
-                       const float* w1, const float* b1) override {
-    Descriptors up;
-    const size_t at_states = up.add(states, rows);
-    up.upload(descriptors_);
-    ops::cca_conv_decode(qk, floats(rows * c.channels() * c.t1), up.at<float*>(at_states), rows,
-                         c.hq, c.hk, c.d, c.t0, c.t1, c_new, w0, b0, w1, b1);
-  }
-  void cca_value_shift_decode(float* v, const foundry::ops::CcaDims& c, float* const* states,
-                              int64_t rows) override {
-    Descriptors up;
-    const size_t at_states = up.add(states, rows);
-    up.upload(descriptors_);
-    ops::cca_value_shift_decode(v, up.at<float*>(at_states), rows, c.hq, c.hk, c.d, c.t0, c.t1);
-  }
 
- private:
   // The decode operations' host arrays on their way to the device: written into a ring of
   // page-locked memory and copied in behind the kernels queued so far, so the host does not
   // wait for the GPU. Before a lap writes its first slot again the host waits for the GPU
@@ -495,6 +485,15 @@ class CudaBackend final : public Backend {
     std::vector<char> bytes_;
     char* base_ = nullptr;
   };
+
+  // One host array of a decode operation on its way to the device (a Descriptors of one).
+  template <typename T>
+  T* upload(const T* host, int64_t n) {
+    Descriptors up;
+    const size_t at = up.add(host, n);
+    up.upload(descriptors_);
+    return up.at<T>(at);
+  }
 
   float* floats(int64_t n) {
     return static_cast<float*>(workspace_.get(n * static_cast<int64_t>(sizeof(float))));

@@ -27,19 +27,6 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
   FOUNDRY_FOR_EACH(i, n) y[i] += x[i];
 }
 
-// Σ over the warp, every lane getting it, in a fixed butterfly.
-__device__ float warp_sum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-// The largest v over the warp, every lane getting it.
-__device__ float warp_max(float v) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  return v;
-}
-
 // ---- KV cache stores ----
 
 // Floats of one KV head in a span: whole blocks of positions (DecodeSpan::head_floats).

@@ -1,5 +1,6 @@
 // Device functions several kernel files use: bf16 rounding as the CPU rounds, one row's
-// softmax, a block's sum and maximum, and W consecutive floats moved as one vector.
+// softmax, a warp's and a block's sum and maximum, and W consecutive floats moved as one
+// vector.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,6 +29,19 @@ __device__ T block_sum(T value, T* shared) {
   const T sum = shared[0];
   __syncthreads();
   return sum;
+}
+
+// Σ over the warp (all 32 lanes), every lane getting it, in a fixed butterfly.
+__device__ inline float warp_sum(float v) {
+  for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// The largest v over the warp, every lane getting it.
+__device__ inline float warp_max(float v) {
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
 }
 
 // The largest `value` over a block of `threads` threads, as block_sum.

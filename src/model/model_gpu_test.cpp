@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "base/rng.h"
@@ -188,24 +189,20 @@ void expect_decode_matches_cpu(const ModelConfig& c) {
   EXPECT_LT(worst, 1e-4 * scale) << "largest logit " << scale;
 }
 
-// Rows at their own positions over a shared prefix segment (a run of a prompt's rows in one
-// step, then two sequences' rows beside each other): the GPU's logits close to the CPU's and
-// their greedy tokens the same, and the same steps twice give the GPU the same bits.
+// Rows at their own positions over a shared prefix segment (testing::shared_prefix_logits):
+// the GPU's logits close to the CPU's and their greedy tokens the same, and the same steps
+// twice give the GPU the same bits.
 std::vector<float> shared_prefix_rows(Model& m) {
-  const int64_t Vp = m.config().padded_vocab();
   Rng rng(31);
-  auto token = [&] { return static_cast<int32_t>(rng.below(m.config().vocab_size)); };
-  Model::KvSegment prefix = m.new_kv_segment(0, 5);
-  auto state = m.new_rows_state(5);
-  std::vector<Model::DecodeRow> run;
-  for (int i = 0; i < 5; ++i) run.push_back({token(), {&prefix}});
-  const float* logits = m.decode_rows(state, run);
-  std::vector<float> out(logits, logits + 5 * Vp);
-  Model::KvSegment a = m.new_kv_segment(5, 3, &prefix), b = m.new_kv_segment(5, 3, &prefix);
-  for (int i = 0; i < 3; ++i) {
-    logits = m.decode_rows(state, {{token(), {&prefix, &a}}, {token(), {&prefix, &b}}});
-    out.insert(out.end(), logits, logits + 2 * Vp);
-  }
+  return testing::shared_prefix_logits(m, rng);
+}
+
+// got's and want's elements where want is finite (the padded vocabulary is −inf).
+std::pair<std::vector<float>, std::vector<float>> finite_pairs(const std::vector<float>& got,
+                                                               const std::vector<float>& want) {
+  std::pair<std::vector<float>, std::vector<float>> out;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::isfinite(want[i])) out.first.push_back(got[i]), out.second.push_back(want[i]);
   return out;
 }
 
@@ -221,9 +218,7 @@ void expect_rows_match_cpu(const ModelConfig& c) {
   const int64_t Vp = c.padded_vocab();
   for (size_t r = 0; r < want.size() / Vp; ++r)
     EXPECT_EQ(argmax(&got[r * Vp], Vp), argmax(&want[r * Vp], Vp)) << "row " << r;
-  std::vector<float> finite_got, finite_want;
-  for (size_t i = 0; i < want.size(); ++i)
-    if (std::isfinite(want[i])) finite_got.push_back(got[i]), finite_want.push_back(want[i]);
+  const auto [finite_got, finite_want] = finite_pairs(got, want);
   EXPECT_LT(relative_l2(finite_got, finite_want), 1e-5);
 }
 
@@ -248,9 +243,7 @@ TEST(GpuDecodeModel, Bf16DecodesCloseToTheCpu) {
     gpu_model.init_weights(13);
     const Decoded cpu = decode_greedy(cpu_model, 2, 6, nullptr);
     const Decoded gpu_run = decode_greedy(gpu_model, 2, 6, &cpu.tokens);
-    std::vector<float> a, b;
-    for (size_t i = 0; i < cpu.logits.size(); ++i)
-      if (std::isfinite(cpu.logits[i])) a.push_back(gpu_run.logits[i]), b.push_back(cpu.logits[i]);
+    const auto [a, b] = finite_pairs(gpu_run.logits, cpu.logits);
     EXPECT_LT(relative_l2(a, b), 2e-2) << (c.is_zaya() ? "zaya1" : "moe");
   }
 }

@@ -221,14 +221,8 @@ std::vector<float> decoded_logits(Model& m) {
     const std::vector<int32_t> tokens = {token(), token(), token()};
     keep(m.decode_step(state, tokens.data()), B);
   }
-  Model::KvSegment prefix = m.new_kv_segment(0, 5);
-  auto rows_state = m.new_rows_state(5);
-  std::vector<Model::DecodeRow> run;
-  for (int i = 0; i < 5; ++i) run.push_back({token(), {&prefix}});
-  keep(m.decode_rows(rows_state, run), 5);
-  Model::KvSegment a = m.new_kv_segment(5, 3, &prefix), b = m.new_kv_segment(5, 3, &prefix);
-  for (int i = 0; i < 3; ++i)
-    keep(m.decode_rows(rows_state, {{token(), {&prefix, &a}}, {token(), {&prefix, &b}}}), 2);
+  const std::vector<float> rows = testing::shared_prefix_logits(m, rng);
+  out.insert(out.end(), rows.begin(), rows.end());
   return out;
 }
 

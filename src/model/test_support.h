@@ -224,4 +224,24 @@ inline void expect_batched_decode_matches_single(Model& model, int64_t B, int64_
   }
 }
 
+// The logits [13, Vp] of rows at their own positions over a shared prefix segment: a run of
+// 5 prompt rows in one step into the prefix, then two sequences continuing it in segments of
+// their own, side by side for 3 steps; the tokens drawn from `rng` (needs max_seq_len >= 8).
+inline std::vector<float> shared_prefix_logits(Model& m, Rng& rng) {
+  const int64_t Vp = m.config().padded_vocab();
+  auto token = [&] { return static_cast<int32_t>(rng.below(m.config().vocab_size)); };
+  Model::KvSegment prefix = m.new_kv_segment(0, 5);
+  auto state = m.new_rows_state(5);
+  std::vector<Model::DecodeRow> run;
+  for (int i = 0; i < 5; ++i) run.push_back({token(), {&prefix}});
+  const float* logits = m.decode_rows(state, run);
+  std::vector<float> out(logits, logits + 5 * Vp);
+  Model::KvSegment a = m.new_kv_segment(5, 3, &prefix), b = m.new_kv_segment(5, 3, &prefix);
+  for (int i = 0; i < 3; ++i) {
+    logits = m.decode_rows(state, {{token(), {&prefix, &a}}, {token(), {&prefix, &b}}});
+    out.insert(out.end(), logits, logits + 2 * Vp);
+  }
+  return out;
+}
+
 }  // namespace foundry::testing

@@ -167,10 +167,7 @@ struct DecodeBuffers : DecodeScratch {
       for (float** p : {&router.logits, &router.probs}) *p = a.take<float>(B * S);
       bias = a.take<float>(L * S);
     }, cx.arena_source());
-    if (own_caches) {
-      caches.clear(cx.ops);
-      cx.ops.zero(cca, L * B * cca_floats * static_cast<int64_t>(sizeof(float)));
-    }
+    if (own_caches) caches.clear(cx.ops);  // the CCA states start as the arena does: zero
   }
 };
 

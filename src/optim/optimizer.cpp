@@ -211,6 +211,20 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   int ranks_, rank_;
 };
 
+// The NCCL group of `world`'s ranks, each on its GPU (collective): rank 0's id goes to the
+// others over MPI.
+std::unique_ptr<gpu::NcclGroup> open_nccl_group(const Communicator& world) {
+  return std::make_unique<gpu::NcclGroup>(world.rank(), world.size(), [&](void* bytes, size_t n) {
+    std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
+    std::memcpy(words.data(), bytes, n);
+    world.broadcast(words.data(), words.size(), 0);
+    std::memcpy(bytes, words.data(), n);
+    // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
+    // broadcast lazily could otherwise leave a rank without it).
+    world.barrier();
+  });
+}
+
 // Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
 // state: each step averages the gradients over the ranks, then runs the local (device)
 // optimizer on the average. Through host memory (copied out, summed over the MPI
@@ -228,15 +242,7 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
         ranks_(world.size()),
         rank_(world.rank()) {
     if (how == GpuGradients::nccl)
-      nccl_ = std::make_unique<gpu::NcclGroup>(rank_, ranks_, [&](void* bytes, size_t n) {
-        std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
-        std::memcpy(words.data(), bytes, n);
-        world.broadcast(words.data(), words.size(), 0);
-        std::memcpy(bytes, words.data(), n);
-        // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
-        // broadcast lazily could otherwise leave a rank without it).
-        world.barrier();
-      });
+      nccl_ = open_nccl_group(world);
     else
       staging_.resize(static_cast<size_t>(elements));
   }

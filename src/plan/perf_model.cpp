@@ -271,21 +271,15 @@ void attention_products(Ledger& led, const HardwareProfile& profile, const Atten
   led.product(backward_name, core, TH, d, T, 3 * heads, dt, T, bw);  // dV, dQ, dK
 }
 
-// One micro-step (forward + backward over micro_batch·T tokens) into `led`.
-void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
-                Ledger& led) {
-  // With context parallelism a device holds T / cp rows of each sequence.
-  const int64_t T = s.seq, B = s.micro_batch, N = B * T / s.cp;
-  const int64_t C = c.d_model, L = c.n_layers, Vp = c.padded_vocab();
+// The GEMMs of one micro-step over N rows, forward and backward.
+void micro_step_gemms(const ModelConfig& c, int64_t N, DType dt, const HardwareProfile& profile,
+                      Ledger& led) {
+  const int64_t C = c.d_model, Vp = c.padded_vocab();
   const int64_t E = c.n_experts, K = std::min(c.top_k, c.n_experts), F = c.ffn_dim;
   const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t Dq = c.q_dim(), Dkv = c.kv_dim();
-  const DType dt = s.precision;
-  const bool bf16 = dt == DType::bf16;
-  const double Ld = double(L);
+  const double Ld = double(c.n_layers);
   const bool gpu = profile.kind == "gpu";
-
-  // ---- GEMMs ----
   if (c.is_zaya()) {
     led.linear("attention projections (q, k, v, o)", N, Dq, C, Ld, dt);
     led.linear("attention projections (q, k, v, o)", N, Dkv, C, Ld, dt);
@@ -322,8 +316,17 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     led.linear(name, rows, C, F, Ld * experts, dt);
   }
   led.linear("LM head", N, Vp, C, 1, dt);
+}
 
-  // ---- attention core: S = Q·Kᵀ, O = P·V forward; S again, dP, dV, dQ, dK backward ----
+// The attention core of one micro-step of B sequences of T tokens (a device's share under
+// context parallelism): S = Q·Kᵀ, O = P·V forward; S again, dP, dV, dQ, dK backward.
+void micro_step_attention(const ModelConfig& c, const StepShape& s,
+                          const HardwareProfile& profile, Ledger& led) {
+  const int64_t T = s.seq, B = s.micro_batch;
+  const int64_t Hq = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
+  const DType dt = s.precision;
+  const bool bf16 = dt == DType::bf16;
+  const double Ld = double(c.n_layers);
   // A fused kernel's achieved efficiency (the profile's curve at this sequence length)
   // applies to the forward's two products and the backward's five. Context parallelism splits
   // the work evenly over the cp devices.
@@ -333,7 +336,7 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
                      "attention core", "attention core");
   led.count_kernels(2 * Ld);
   const double heads = double(B * Hq) * Ld * causal_share(profile, work) / double(s.cp);
-  if (!gpu) {
+  if (profile.kind != "gpu") {
     // Scores written, read and probabilities written forward (12 B per element), then
     // probabilities, their gradient and the score gradient backward (12 B), fp32; bf16
     // copies of P and dS for the products (2 × 6 B).
@@ -341,8 +344,16 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
     led.memory("attention softmax", CostCategory::attention,
                heads * double(T) * double(T) * per_element);
   }
+}
 
-  // ---- elementwise traffic, bytes per token (fwd + bwd), fp32 activations ----
+// The elementwise traffic and kernels of one micro-step over N rows.
+void micro_step_elementwise(const ModelConfig& c, const StepShape& s, int64_t N, Ledger& led) {
+  const int64_t C = c.d_model, Vp = c.padded_vocab();
+  const int64_t E = c.n_experts, K = std::min(c.top_k, c.n_experts), F = c.ffn_dim;
+  const int64_t Dq = c.q_dim(), Dkv = c.kv_dim();
+  const bool bf16 = s.precision == DType::bf16;
+  const double Ld = double(c.n_layers);
+  // Bytes per token (fwd + bwd), fp32 activations.
   // RMSNorm: forward reads x, writes y (2C); backward reads x, dy, writes dx (3C): 5C words.
   // Residual add: 3C forward, 2C backward. RoPE: read + write q and k, forward and backward.
   // SwiGLU per routed token: forward reads gate|up (2F) writes F; backward reads 2F + F,
@@ -389,6 +400,16 @@ void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile&
   // A fused norm is one kernel forward and one backward.
   led.count_kernels(Ld * (c.is_zaya() ? kZayaElementwiseKernelsPerLayer
                                       : kElementwiseKernelsPerLayer + 2 * (norms_per_layer - 2)));
+}
+
+// One micro-step (forward + backward over micro_batch·T tokens) into `led`. With context
+// parallelism a device holds T / cp rows of each sequence.
+void micro_step(const ModelConfig& c, const StepShape& s, const HardwareProfile& profile,
+                Ledger& led) {
+  const int64_t N = s.micro_batch * s.seq / s.cp;
+  micro_step_gemms(c, N, s.precision, profile, led);
+  micro_step_attention(c, s, profile, led);
+  micro_step_elementwise(c, s, N, led);
 }
 
 // Where a step's parameters live: experts spread over ep ranks (and, without expert
