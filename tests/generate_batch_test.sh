@@ -57,15 +57,19 @@ for args in "--schedule lru" "--schedule fixed --max-requests 2" "--batch-tokens
   cmp -s other.jsonl out.jsonl && ok "$args: the same results" || bad "$args: other results"
   rm -f other.jsonl
 done
-python3 - <<'PY' && ok "--trace: a header and a line per step, the KV memory back to 0 at the end" || bad "trace.tsv: $(head -3 trace.tsv)"
+python3 - <<'PY' && ok "--trace: a header and a line per step, at most 3 rows a step, the KV memory back to 0 at the end" || bad "trace.tsv: $(head -3 trace.tsv)"
 rows = [l.rstrip("\n").split("\t") for l in open("trace.tsv")]
-assert rows[0] == ["seconds", "requests_done", "generated_tokens", "kv_bytes", "running"], rows[0]
+assert rows[0] == ["seconds", "requests_done", "generated_tokens", "kv_bytes", "running",
+                   "prefill_tokens", "decode_tokens"], rows[0]
 steps = [list(map(float, r)) for r in rows[1:]]
 import re
 log = open("other.log").read()
 assert len(steps) == int(re.search(r"\| (\d+) steps", log).group(1)), log
 assert all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(steps, steps[1:]))
 assert steps[-1][1] == 5 and steps[-1][3] == 0 and max(s[3] for s in steps) > 0
+tokens = [[0, 0]] + [s[5:7] for s in steps]  # prompt and decode tokens so far
+assert all(1 <= (b[0] - a[0]) + (b[1] - a[1]) <= 3 for a, b in zip(tokens, tokens[1:])), tokens
+assert tokens[-1][1] > 0 and tokens[-1][0] == int(re.search(r"computed (\d+) \(schedule", log).group(1)), log
 PY
 
 # A sampled request alone, in a batch file of its own: the same tokens.

@@ -118,7 +118,8 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   if (!o.trace.empty() && !trace)
     fail(fmt::format("cannot write --trace '{}'", o.trace),
          "check that its directory exists and is writable");
-  if (trace) std::fprintf(trace, "seconds\trequests_done\tgenerated_tokens\tkv_bytes\trunning\n");
+  if (trace) std::fprintf(trace, "seconds\trequests_done\tgenerated_tokens\tkv_bytes\trunning\t"
+                 "prefill_tokens\tdecode_tokens\n");
   std::FILE* out = open_for_append(o.out, lines);
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
@@ -132,10 +133,12 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
       },
       [&](const EngineStats& e) {
         if (trace)
-          std::fprintf(trace, "%.4f\t%lld\t%lld\t%lld\t%lld\n", now_seconds() - start,
-                       static_cast<long long>(e.requests_done),
+          std::fprintf(trace, "%.4f\t%lld\t%lld\t%lld\t%lld\t%lld\t%lld\n",
+                       now_seconds() - start, static_cast<long long>(e.requests_done),
                        static_cast<long long>(e.generated_tokens),
-                       static_cast<long long>(e.kv_bytes), static_cast<long long>(e.running));
+                       static_cast<long long>(e.kv_bytes), static_cast<long long>(e.running),
+                       static_cast<long long>(e.prefill_tokens),
+                       static_cast<long long>(e.decode_tokens));
         if (o.quiet) return;
         progress.update(e.requests_done,
                         fmt::format("{:.0f} tokens/s, KV {}",

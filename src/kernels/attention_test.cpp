@@ -382,6 +382,53 @@ TEST(Attention, DecodeRowsOverSpansGiveTheBitsOfOneContiguousCache) {
   EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * sizeof(float)), 0);
 }
 
+// A prompt chunk: rows at consecutive positions of one segment (more rows than a task takes,
+// their lengths ending inside key and value blocks, in no particular order), beside rows of
+// other storage: each row's output has the bits of its row decoded alone.
+TEST(Attention, DecodeRowsOfOneSegmentReadItTogetherWithTheBitsOfEachAlone) {
+  for (const int64_t D : {64, 80}) {
+    SCOPED_TRACE(::testing::Message() << "head_dim " << D);
+    const int64_t H = 6, KVH = 2, T = 75, room = 80, kv_row = KVH * D;
+    Rng rng(13);
+    std::vector<float> keys(T * kv_row), values(T * kv_row);
+    for (float& x : keys) x = static_cast<float>(rng.normal());
+    for (float& x : values) x = static_cast<float>(rng.normal());
+    std::vector<float> k_seg(DecodeKv::floats(1, KVH, D, room), NAN), v_seg(k_seg.size(), NAN);
+    const DecodeKv seg{k_seg.data(), v_seg.data(), 1, KVH, D, room};
+    for (int64_t t = 0; t < T; ++t)
+      decode_kv_store(seg, t, &keys[t * kv_row], &values[t * kv_row]);
+    // A second sequence of its own storage: its rows read 30 and 75 positions.
+    std::vector<float> k_other(k_seg.size(), NAN), v_other(k_seg.size(), NAN);
+    const DecodeKv other{k_other.data(), v_other.data(), 1, KVH, D, room};
+    for (int64_t t = 0; t < T; ++t)
+      decode_kv_store(other, t, &values[t * kv_row], &keys[t * kv_row]);
+    // Rows: positions 40 … 74 of the segment, shuffled, with the other sequence's two between.
+    std::vector<std::pair<const DecodeKv*, int64_t>> rows;  // storage, positions read
+    for (int64_t len = 41; len <= T; ++len) rows.push_back({&seg, len});
+    for (size_t i = rows.size() - 1; i > 0; --i)
+      std::swap(rows[i], rows[static_cast<size_t>(rng.uniform() * static_cast<double>(i + 1))]);
+    rows.insert(rows.begin() + 7, {&other, 30});
+    rows.insert(rows.begin() + 20, {&other, T});
+    const int64_t n = static_cast<int64_t>(rows.size());
+    std::vector<float> q(n * H * D);
+    for (float& x : q) x = static_cast<float>(rng.normal());
+
+    std::vector<float> alone(n * H * D), scores(H * T);
+    std::vector<DecodeSpan> spans;
+    std::vector<int64_t> first = {0};
+    for (int64_t r = 0; r < n; ++r) {
+      attention_decode(&alone[r * H * D], scores.data(), &q[r * H * D], *rows[r].first,
+                       rows[r].second, H);
+      spans.push_back(decode_span(*rows[r].first, 0, rows[r].second));
+      first.push_back(r + 1);
+    }
+    std::vector<float> together(n * H * D, NAN), row_scores(n * H * T);
+    attention_decode_rows(together.data(), row_scores.data(), T, q.data(), spans.data(),
+                          first.data(), n, H, KVH, D);
+    EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * sizeof(float)), 0);
+  }
+}
+
 TEST(Attention, DecodeCacheRefusesAPositionPastItsEnd) {
   std::vector<float> k(DecodeKv::floats(1, 1, 4, 3)), v(k.size()), row(4, 1.0f);
   const DecodeKv cache{k.data(), v.data(), 1, 1, 4, 3};
