@@ -13,7 +13,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/bf16.h"
 #include "base/error.h"
+#include "kernels/row_products.h"
 
 namespace foundry {
 namespace {
@@ -87,6 +89,14 @@ GemmRows rows_mode_from_environment() {
              : GemmRows::runtime;
 }
 
+// oneDNN 2.6 runs bf16 products on AVX-512 cores and up (natively with AVX512_BF16 or AMX,
+// emulated on plain AVX-512) and refuses them below; there its exact-M products also go
+// through the GEMM driver, whose rows are not the same bits for every row count.
+bool onednn_below_avx512() {
+  static const bool below = dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx512_core;
+  return below;
+}
+
 std::atomic<int>& rows_mode_slot() {
   static std::atomic<int> mode{-1};
   return mode;
@@ -128,6 +138,8 @@ class FixedRowsPart {
   int saved_;
 };
 }  // namespace
+
+bool native_bf16_products() { return !onednn_below_avx512(); }
 
 RowInvariantGemms::RowInvariantGemms() { row_invariant_scopes().fetch_add(1); }
 RowInvariantGemms::~RowInvariantGemms() { row_invariant_scopes().fetch_sub(1); }
@@ -281,6 +293,31 @@ void matmul_in_row_parts(const MatView& a, const MatView& b, const OutView& c, b
 
 }  // namespace
 
+namespace {
+
+// Floats kept after a widened operand: oneDNN's AVX2 GEMM kernels read a little past an
+// operand's last element (a widened copy sized to the element crashed at the end of the heap).
+constexpr int64_t kWidenedSlack = 1024;
+
+// A bf16 operand as fp32 with the same strides: every element of the memory it spans,
+// widened (exactly) into the calling thread's scratch `to`.
+MatView widened(const MatView& v, std::vector<float>& to) {
+  int64_t span = 1;
+  for (size_t i = 0; i < v.dims.size(); ++i) span += (v.dims[i] - 1) * v.strides[i];
+  to.resize(static_cast<size_t>(span + kWidenedSlack));
+  const auto* src = static_cast<const bf16*>(v.data);
+  float* dst = to.data();
+#pragma omp parallel for schedule(static) if (span >= (int64_t{1} << 20) && !omp_in_parallel())
+  for (int64_t i = 0; i < span; ++i) dst[i] = bf16_to_float(src[i]);
+  return MatView{to.data(), DType::f32, v.dims, v.strides};
+}
+
+struct WidenedOperands {
+  std::vector<float> a, b;
+};
+
+}  // namespace
+
 void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
   check_view("A", a.dims, a.strides);
   check_view("B", b.dims, b.strides);
@@ -293,6 +330,18 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   for (size_t i = 0; i < r; ++i)
     if (a.dims[i] == 0 || b.dims[i] == 0) return;  // empty product: nothing to do
   if (a.dims[r - 1] == 0) return;
+
+  if (onednn_below_avx512()) {
+    // Decoding's products, row-invariant by construction where oneDNN's are not; bf16
+    // products as fp32 ones of the widened operands (the same inputs and fp32 accumulation).
+    if (row_invariant_scopes().load(std::memory_order_relaxed) > 0 &&
+        ops::row_product_handles(a, b, c))
+      return ops::row_product(a, b, c, accumulate);
+    if (a.dtype == DType::bf16) {
+      thread_local WidenedOperands w;
+      return matmul(widened(a, w.a), widened(b, w.b), c, accumulate);
+    }
+  }
 
   // The token dimension of 2-D products varies from call to call (rows per expert), so it
   // is made a runtime dimension whenever no stride depends on it (gemm_rows_mode() permitting):

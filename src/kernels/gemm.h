@@ -106,6 +106,12 @@ class RowInvariantGemms {
   RowInvariantGemms& operator=(const RowInvariantGemms&) = delete;
 };
 
+// Whether this CPU runs bf16 products as such (oneDNN 2.6 needs AVX-512). Below it, matmul
+// widens bf16 operands to fp32 and runs fp32 products (the same inputs and fp32
+// accumulation, at about the fp32 rate), and RowInvariantGemms' products run through
+// kernels/row_products.h.
+bool native_bf16_products();
+
 // Number of cached oneDNN primitives (for tests and diagnostics).
 size_t matmul_cache_size();
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/gemm.h"
+#include "kernels/row_products.h"
 
 namespace foundry {
 namespace {
@@ -47,6 +48,29 @@ BENCHMARK(BM_Gemm)
 
 namespace foundry {
 namespace {
+
+// A decode step's x·Wᵀ (K 512) over `rows` rows: {rows, N, kernel}, kernel 0 the row-invariant
+// kernels (kernels/row_products.h, what decoding runs below AVX-512), 1 oneDNN's runtime-M
+// product (not row-invariant there), fp32.
+void BM_DecodeProduct(benchmark::State& state) {
+  const int64_t m = state.range(0), n = state.range(1), k = 512;
+  std::vector<float> a(m * k, 0.25f), w(n * k, 0.5f), c(m * n);
+  for (auto _ : state) {
+    if (state.range(2) == 0)
+      ops::row_product(MatView::rows_major(a.data(), DType::f32, m, k),
+                       MatView::transposed(w.data(), DType::f32, k, n),
+                       OutView::rows_major(c.data(), m, n), false);
+    else
+      gemm(a.data(), false, w.data(), true, c.data(), m, n, k, DType::f32);
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * state.iterations(), benchmark::Counter::kIsRate,
+                         benchmark::Counter::kIs1000);
+}
+BENCHMARK(BM_DecodeProduct)
+    ->ArgsProduct({{1, 16, 64}, {1536, 8192}, {0, 1}})
+    ->Unit(benchmark::kMicrosecond)
+    ->UseRealTime();
 
 // Eight experts' up-projection GEMMs at zaya-bench's shape (rows ≈ 2048 · 0.9 / 8 each, d_model
 // 512, 2 × 2176 outputs): one after another, each on every thread (arg 0), or two at a time on

@@ -1,7 +1,11 @@
 #include "train/signals.h"
 
+#include <omp.h>
+#include <pthread.h>
+
 #include <atomic>
 #include <csignal>
+#include <memory>
 
 #include "comm/comm.h"
 
@@ -10,15 +14,41 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 struct sigaction g_old_int {}, g_old_term {};
+stack_t g_old_stack{};
+std::unique_ptr<char[]> g_stack;
+constexpr size_t kSignalStackBytes = 64 * 1024;
 
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// oneDNN 2.6's JIT fp32 GEMM kernels point the stack pointer into the heap while they run
+// (fixed in oneDNN 3.11.2): a signal handler entered there writes its frame over the heap,
+// which a later free() finds corrupted (seen on AVX2, where every product is such a GEMM).
+// So the handlers run on a stack of their own (SA_ONSTACK), and only the thread that
+// installs them, which has that stack, takes the signals: the other OpenMP threads block them.
+void stop_signals_to_this_thread_only() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+#pragma omp parallel
+  {
+    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  }
+  if (!g_stack) g_stack = std::make_unique<char[]>(kSignalStackBytes);
+  stack_t st{};
+  st.ss_sp = g_stack.get();
+  st.ss_size = kSignalStackBytes;
+  sigaltstack(&st, &g_old_stack);
+}
 
 }  // namespace
 
 StopSignals::StopSignals() {
   g_stop_signal.store(0);
+  stop_signals_to_this_thread_only();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);
   sigaction(SIGTERM, &sa, &g_old_term);
@@ -27,6 +57,7 @@ StopSignals::StopSignals() {
 StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
+  sigaltstack(&g_old_stack, nullptr);
 }
 
 int StopSignals::received() const { return g_stop_signal.load(); }

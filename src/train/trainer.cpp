@@ -425,6 +425,10 @@ void TrainingRun::print_header() const {
                static_cast<long long>(mc.n_layers), static_cast<long long>(mc.n_experts),
                static_cast<long long>(mc.top_k), static_cast<long long>(tc.batch_size),
                static_cast<long long>(tc.seq_len), dtype_name(tc.precision));
+  if (tc.precision == DType::bf16 && !tc.device.cuda && !native_bf16_products())
+    std::fprintf(stderr,
+                 "note: this CPU has no AVX-512, which oneDNN needs for bf16 products: they run "
+                 "as fp32 products of the bf16 values, at about the fp32 rate\n");
   std::fprintf(stderr, "MFU peak: %.0f GFLOP/s (%s)\n", peak.flops_per_s / 1e9,
                peak.source.c_str());
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
