@@ -99,7 +99,9 @@ TEST(PrefixTree, WithoutSharingEveryPromptIsItsOwnBranch) {
   EXPECT_EQ(t.node_of(3), 0);
   for (size_t p = 0; p < prompts.size(); ++p) {
     EXPECT_EQ(spelled(t, p), prompts[p]);
-    if (!prompts[p].empty()) EXPECT_EQ(t.nodes()[t.node_of(p)].parent, 0);
+    if (!prompts[p].empty()) {
+      EXPECT_EQ(t.nodes()[t.node_of(p)].parent, 0);
+    }
   }
 }
 

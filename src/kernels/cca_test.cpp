@@ -694,17 +694,17 @@ TEST(CcaFused, BlockedStepEqualsTheWholeBatchComposition) {
                                         kept1.data(), c.data(), w0.data(), w1.data(), b, t, hq, hk,
                                         d, t0, t1);
         omp_set_num_threads(threads);
-        expect_same_products(q1, q, "q1");
-        expect_same_products(k1, k, "k1");
-        expect_same_products(rnorm1, rnorm, "rnorm1");
-        expect_same_products(qk1, qk, "qk1");
-        expect_same_products(kept1, kept, "kept1");
-        expect_same_products(dc1, dc, "dc1");
-        expect_same_products(dtemp1, dtemp, "dtemp1");
-        expect_same_products(dw01, dw0, "dw01");
-        expect_same_products(db01, db0, "db01");
-        expect_same_products(dw11, dw1, "dw11");
-        expect_same_products(db11, db1, "db11");
+        EXPECT_EQ(q1, q);
+        EXPECT_EQ(k1, k);
+        EXPECT_EQ(rnorm1, rnorm);
+        EXPECT_EQ(qk1, qk);
+        EXPECT_EQ(kept1, kept);
+        EXPECT_EQ(dc1, dc);
+        EXPECT_EQ(dtemp1, dtemp);
+        EXPECT_EQ(dw01, dw0);
+        EXPECT_EQ(db01, db0);
+        EXPECT_EQ(dw11, dw1);
+        EXPECT_EQ(db11, db1);
       }
 }
 

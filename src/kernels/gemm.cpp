@@ -72,6 +72,13 @@ void check_view(const char* what, const std::vector<int64_t>& dims,
 
 namespace {
 
+// Whether oneDNN runs `isa`'s kernels here (its ISA values are masks of the features they
+// include, not a ranking: AVX2-VNNI's is numerically above AVX-512's).
+bool onednn_uses(dnnl::cpu_isa isa) {
+  const auto effective = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  return (effective & static_cast<unsigned>(isa)) == static_cast<unsigned>(isa);
+}
+
 GemmRows rows_mode_from_environment() {
   const char* env = std::getenv("FOUNDRY_GEMM_ROWS");
   const std::string name = env ? env : "";
@@ -84,16 +91,14 @@ GemmRows rows_mode_from_environment() {
          "use auto, runtime, exact-m, exact-k, exact or exact-fixed (or unset it: auto)");
   // oneDNN 2.6 runs runtime shapes through its GEMM driver; on AMX cores its exact (brgemm)
   // kernels are 1.2-1.5x faster, and padding K keeps the weight gradients' count small.
-  return dnnl::get_effective_cpu_isa() >= dnnl::cpu_isa::avx512_core_amx
-             ? GemmRows::exact_fixed
-             : GemmRows::runtime;
+  return onednn_uses(dnnl::cpu_isa::avx512_core_amx) ? GemmRows::exact_fixed : GemmRows::runtime;
 }
 
 // oneDNN 2.6 runs bf16 products on AVX-512 cores and up (natively with AVX512_BF16 or AMX,
 // emulated on plain AVX-512) and refuses them below; there its exact-M products also go
 // through the GEMM driver, whose rows are not the same bits for every row count.
 bool onednn_below_avx512() {
-  static const bool below = dnnl::get_effective_cpu_isa() < dnnl::cpu_isa::avx512_core;
+  static const bool below = !onednn_uses(dnnl::cpu_isa::avx512_core);
   return below;
 }
 
@@ -295,16 +300,23 @@ void matmul_in_row_parts(const MatView& a, const MatView& b, const OutView& c, b
 
 namespace {
 
-// Floats kept after a widened operand: oneDNN's AVX2 GEMM kernels read a little past an
-// operand's last element (a widened copy sized to the element crashed at the end of the heap).
+// Floats kept after a widened operand, beyond its last element: at least a row's stride or
+// 4 KiB. (A 2-rank bf16 run faulted once reading at the heap's end inside oneDNN while a copy
+// had no room after it; whether oneDNN reads past an operand or the cause was the signal in
+// train/signals.cpp is not established. The room costs nothing measurable.)
 constexpr int64_t kWidenedSlack = 1024;
+// Scratch above this many floats is released after the product (a thread keeps less).
+constexpr size_t kWidenedKeep = size_t{16} << 20;
 
 // A bf16 operand as fp32 with the same strides: every element of the memory it spans,
 // widened (exactly) into the calling thread's scratch `to`.
 MatView widened(const MatView& v, std::vector<float>& to) {
-  int64_t span = 1;
-  for (size_t i = 0; i < v.dims.size(); ++i) span += (v.dims[i] - 1) * v.strides[i];
-  to.resize(static_cast<size_t>(span + kWidenedSlack));
+  int64_t span = 1, slack = kWidenedSlack;
+  for (size_t i = 0; i < v.dims.size(); ++i) {
+    span += (v.dims[i] - 1) * v.strides[i];
+    slack = std::max(slack, v.strides[i]);
+  }
+  to.resize(static_cast<size_t>(span + slack));
   const auto* src = static_cast<const bf16*>(v.data);
   float* dst = to.data();
 #pragma omp parallel for schedule(static) if (span >= (int64_t{1} << 20) && !omp_in_parallel())
@@ -339,7 +351,10 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
       return ops::row_product(a, b, c, accumulate);
     if (a.dtype == DType::bf16) {
       thread_local WidenedOperands w;
-      return matmul(widened(a, w.a), widened(b, w.b), c, accumulate);
+      matmul(widened(a, w.a), widened(b, w.b), c, accumulate);
+      for (std::vector<float>* buffer : {&w.a, &w.b})
+        if (buffer->capacity() > kWidenedKeep) std::vector<float>().swap(*buffer);
+      return;
     }
   }
 

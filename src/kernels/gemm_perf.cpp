@@ -50,8 +50,8 @@ namespace foundry {
 namespace {
 
 // A decode step's x·Wᵀ (K 512) over `rows` rows: {rows, N, kernel}, kernel 0 the row-invariant
-// kernels (kernels/row_products.h, what decoding runs below AVX-512), 1 oneDNN's runtime-M
-// product (not row-invariant there), fp32.
+// kernels (kernels/row_products.h, what decoding runs below AVX-512), 1 oneDNN's product in
+// the default rows mode (runtime M, not row-invariant below AVX-512; exact M on AMX), fp32.
 void BM_DecodeProduct(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = 512;
   std::vector<float> a(m * k, 0.25f), w(n * k, 0.5f), c(m * n);

@@ -199,40 +199,68 @@ void axpy_products(const Views& v, const T* b, int64_t ldb) {
 
 bool w_layout(const MatView& b) { return b.strides[0] == 1; }  // B = Wᵀ, W stored N × K
 
-// A's rows as fp32 (a bf16 A widened into the thread's scratch).
+template <typename T>
+float element(const MatView& v, int64_t i, int64_t j) {
+  return widen(static_cast<const T*>(v.data)[i * v.strides[0] + j * v.strides[1]]);
+}
+
+// A's rows as fp32 with unit column stride (a bf16 A, or a strided one, copied into the
+// thread's scratch).
 const float* rows_of(const MatView& a, int64_t& lda) {
   const int64_t m = a.dims[0], k = a.dims[1];
   lda = a.strides[0];
-  if (a.dtype == DType::f32) return static_cast<const float*>(a.data);
-  thread_local std::vector<float> widened;
-  widened.resize(static_cast<size_t>(m * k));
-  const auto* src = static_cast<const bf16*>(a.data);
+  if (a.dtype == DType::f32 && a.strides[1] == 1) return static_cast<const float*>(a.data);
+  thread_local std::vector<float> packed;
+  packed.resize(static_cast<size_t>(m * k));
   for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < k; ++i) widened[r * k + i] = bf16_to_float(src[r * lda + i]);
+    for (int64_t i = 0; i < k; ++i)
+      packed[r * k + i] = a.dtype == DType::bf16 ? element<bf16>(a, r, i) : element<float>(a, r, i);
   lda = k;
-  return widened.data();
+  return packed.data();
+}
+
+template <typename T>
+void products_into(const Views& v, const MatView& b) {
+  const T* data = static_cast<const T*>(b.data);
+  if (w_layout(b)) dot_products(v, data, b.strides[1]);
+  else axpy_products(v, data, b.strides[0]);
 }
 
 }  // namespace
 
 bool row_product_handles(const MatView& a, const MatView& b, const OutView& c) {
-  if (a.dims.size() != 2 || b.dims.size() != 2 || c.dims.size() != 2) return false;
-  if (a.dtype != b.dtype || a.strides[1] != 1 || c.strides[1] != 1) return false;
-  return b.strides[0] == 1 || b.strides[1] == 1;
+  return a.dims.size() == 2 && b.dims.size() == 2 && c.dims.size() == 2 && a.dtype == b.dtype;
 }
 
 void row_product(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
   FOUNDRY_CHECK(row_product_handles(a, b, c));
+  const int64_t m = a.dims[0], k = a.dims[1], n = b.dims[1];
+  FOUNDRY_CHECK(b.dims[0] == k && c.dims[0] == m && c.dims[1] == n);
   int64_t lda = 0;
   const float* x = rows_of(a, lda);
-  const Views v{x, lda, a.dims[0], a.dims[1], b.dims[1], c.data, c.strides[0], accumulate};
-  if (w_layout(b)) {
-    if (b.dtype == DType::bf16) dot_products(v, static_cast<const bf16*>(b.data), b.strides[1]);
-    else dot_products(v, static_cast<const float*>(b.data), b.strides[1]);
-  } else {
-    if (b.dtype == DType::bf16) axpy_products(v, static_cast<const bf16*>(b.data), b.strides[0]);
-    else axpy_products(v, static_cast<const float*>(b.data), b.strides[0]);
+  // B in neither layout: packed K × N. C with a column stride: computed row-major, then added.
+  MatView right = b;
+  thread_local std::vector<float> packed_b, dense_c;
+  if (b.strides[0] != 1 && b.strides[1] != 1) {
+    packed_b.resize(static_cast<size_t>(k * n));
+    for (int64_t i = 0; i < k; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        packed_b[i * n + j] =
+            b.dtype == DType::bf16 ? element<bf16>(b, i, j) : element<float>(b, i, j);
+    right = MatView::rows_major(packed_b.data(), DType::f32, k, n);
   }
+  const bool dense = c.strides[1] == 1;
+  if (!dense) dense_c.assign(static_cast<size_t>(m * n), 0.0f);
+  const Views v{x, lda, m, k, n, dense ? c.data : dense_c.data(), dense ? c.strides[0] : n,
+                dense && accumulate};
+  if (right.dtype == DType::bf16) products_into<bf16>(v, right);
+  else products_into<float>(v, right);
+  if (dense) return;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      float& dst = c.data[r * c.strides[0] + j * c.strides[1]];
+      dst = accumulate ? dst + dense_c[r * n + j] : dense_c[r * n + j];
+    }
 }
 
 }  // namespace foundry::ops

@@ -12,9 +12,10 @@
 
 namespace foundry::ops {
 
-// Whether row_product handles these views: 2-D, A with unit column stride (rows of K
-// elements), C row-major, B either W stored N × K (x·Wᵀ, the layers' products) or K × N
-// row-major, A and B of one dtype (fp32, or bf16 widened as it is read).
+// Whether row_product handles these views: 2-D, A and B of one dtype (fp32, or bf16 widened
+// as it is read). Any strides: the fast forms are A with unit column stride, C row-major, and
+// B either W stored N × K (x·Wᵀ, the layers' products) or K × N row-major; other layouts are
+// copied into those first.
 bool row_product_handles(const MatView& a, const MatView& b, const OutView& c);
 
 // C = A · B (C += A · B when `accumulate`) with every C element summed over k in a fixed

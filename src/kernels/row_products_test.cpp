@@ -86,22 +86,48 @@ TEST(RowProducts, EveryRowIsTheBitsOfItsRowAloneAndNearTheExactProduct) {
       }
 }
 
-// A row stride wider than K (rows of a packed buffer), and C with room between rows.
-TEST(RowProducts, StridedRowsAndOutputs) {
+// Views of any strides give the bits of the same product over dense copies: A's rows with a
+// stride wider than K and A stored transposed; B with a column stride (neither of the two fast
+// layouts); C with room between rows and with a column stride, accumulating.
+TEST(RowProducts, AnyStridesGiveTheBitsOfDenseCopies) {
   const int64_t m = 6, k = 20, n = 9, lda = 31, ldc = 13;
-  const auto a = normals(m * lda, 7), w = normals(n * k, 8);
-  std::vector<float> packed(m * k), c(m * ldc, NAN), dense(m * n);
-  for (int64_t r = 0; r < m; ++r) std::copy(&a[r * lda], &a[r * lda] + k, &packed[r * k]);
-  row_product(MatView::rows_major(a.data(), DType::f32, m, k, lda),
-              MatView::transposed(w.data(), DType::f32, k, n),
+  const auto a = normals(m * lda, 7), w = normals(n * k, 8), b = normals(k * 2 * n, 9);
+  std::vector<float> a_dense(m * k), a_t(k * m), b_dense(k * n);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t i = 0; i < k; ++i) a_dense[r * k + i] = a_t[i * m + r] = a[r * lda + i];
+  for (int64_t i = 0; i < k; ++i)
+    for (int64_t j = 0; j < n; ++j) b_dense[i * n + j] = b[i * 2 * n + 2 * j];
+  const MatView w_view = MatView::transposed(w.data(), DType::f32, k, n);
+  std::vector<float> want(m * n), want_b(m * n);
+  row_product(MatView::rows_major(a_dense.data(), DType::f32, m, k), w_view,
+              OutView::rows_major(want.data(), m, n), false);
+  row_product(MatView::rows_major(a_dense.data(), DType::f32, m, k),
+              MatView::rows_major(b_dense.data(), DType::f32, k, n),
+              OutView::rows_major(want_b.data(), m, n), false);
+
+  std::vector<float> c(m * ldc, NAN);
+  row_product(MatView::rows_major(a.data(), DType::f32, m, k, lda), w_view,
               OutView::rows_major(c.data(), m, n, ldc), false);
-  row_product(MatView::rows_major(packed.data(), DType::f32, m, k),
-              MatView::transposed(w.data(), DType::f32, k, n), OutView::rows_major(dense.data(), m, n),
-              false);
   for (int64_t r = 0; r < m; ++r) {
-    EXPECT_EQ(std::memcmp(&c[r * ldc], &dense[r * n], n * sizeof(float)), 0) << r;
+    EXPECT_EQ(std::memcmp(&c[r * ldc], &want[r * n], n * sizeof(float)), 0) << r;
     for (int64_t j = n; j < ldc && r + 1 < m; ++j) EXPECT_TRUE(std::isnan(c[r * ldc + j]));
   }
+  std::vector<float> got(m * n);
+  row_product(MatView::transposed(a_t.data(), DType::f32, m, k), w_view,
+              OutView::rows_major(got.data(), m, n), false);
+  EXPECT_EQ(got, want);
+  row_product(MatView::rows_major(a_dense.data(), DType::f32, m, k),
+              MatView{b.data(), DType::f32, {k, n}, {2 * n, 2}},
+              OutView::rows_major(got.data(), m, n), false);
+  EXPECT_EQ(got, want_b);
+  std::vector<float> c2(m * n * 2, 1.0f);  // C's columns every other float, accumulating
+  row_product(MatView::rows_major(a_dense.data(), DType::f32, m, k), w_view,
+              OutView{c2.data(), {m, n}, {2 * n, 2}}, true);
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      EXPECT_EQ(c2[r * 2 * n + 2 * j], 1.0f + want[r * n + j]);
+      EXPECT_EQ(c2[r * 2 * n + 2 * j + 1], 1.0f);
+    }
 }
 
 }  // namespace

@@ -22,18 +22,22 @@ void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
 // oneDNN 2.6's JIT fp32 GEMM kernels point the stack pointer into the heap while they run
 // (fixed in oneDNN 3.11.2): a signal handler entered there writes its frame over the heap,
-// which a later free() finds corrupted (seen on AVX2, where every product is such a GEMM).
-// So the handlers run on a stack of their own (SA_ONSTACK), and only the thread that
-// installs them, which has that stack, takes the signals: the other OpenMP threads block them.
-void stop_signals_to_this_thread_only() {
+// which a later free() finds corrupted. So the handlers run on a stack of their own
+// (SA_ONSTACK) for the thread that installs them, and a training run's other OpenMP threads,
+// which run such GEMMs without that stack, block the signals. Threads that run no GEMMs (the
+// checkpoint writer, the heartbeat, MPI's) may still take them, on their own stacks.
+void set_stop_signals_blocked_on_workers(bool blocked) {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
 #pragma omp parallel
   {
-    if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &set, nullptr);
+    if (omp_get_thread_num() != 0) pthread_sigmask(blocked ? SIG_BLOCK : SIG_UNBLOCK, &set, nullptr);
   }
+}
+
+void use_signal_stack() {
   if (!g_stack) g_stack = std::make_unique<char[]>(kSignalStackBytes);
   stack_t st{};
   st.ss_sp = g_stack.get();
@@ -43,9 +47,10 @@ void stop_signals_to_this_thread_only() {
 
 }  // namespace
 
-StopSignals::StopSignals() {
+StopSignals::StopSignals(bool block_on_workers) : block_on_workers_(block_on_workers) {
   g_stop_signal.store(0);
-  stop_signals_to_this_thread_only();
+  if (block_on_workers_) set_stop_signals_blocked_on_workers(true);
+  use_signal_stack();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_ONSTACK;
@@ -58,6 +63,7 @@ StopSignals::~StopSignals() {
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaltstack(&g_old_stack, nullptr);
+  if (block_on_workers_) set_stop_signals_blocked_on_workers(false);
 }
 
 int StopSignals::received() const { return g_stop_signal.load(); }

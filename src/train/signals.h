@@ -14,11 +14,13 @@ struct StopReasons {
   bool any() const { return signal != 0 || output_failed; }
 };
 
-// Installs SIGINT/SIGTERM handlers for its lifetime (one at a time) and restores the
-// previous ones after.
+// Installs SIGINT/SIGTERM handlers for its lifetime (one at a time, on one thread) and
+// restores the previous ones after. The handlers run on a stack of their own;
+// `block_on_workers` (a training run, whose OpenMP threads run oneDNN's GEMMs): the other
+// OpenMP threads block the signals meanwhile (signals.cpp says why).
 class StopSignals {
  public:
-  StopSignals();
+  explicit StopSignals(bool block_on_workers = false);
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
@@ -30,6 +32,9 @@ class StopSignals {
   // and stop together.
   // `output_failed_here`: this rank could not write its outputs this step.
   StopReasons agreed(const Communicator* world, bool output_failed_here = false) const;
+
+ private:
+  bool block_on_workers_;
 };
 
 }  // namespace foundry

@@ -740,7 +740,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     summary.initial_val_loss = run.initial_evaluation();
 
   run.started.ready = process_age_seconds();
-  StopSignals signals;
+  StopSignals signals(/*block_on_workers=*/true);
   run.model->op_times().enabled = opt.op_breakdown;
   StepLog log(run, std::move(metrics), start_step);
   RankMemory memory = run.memory_now();
