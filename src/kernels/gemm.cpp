@@ -317,10 +317,7 @@ MatView widened(const MatView& v, std::vector<float>& to) {
     slack = std::max(slack, v.strides[i]);
   }
   to.resize(static_cast<size_t>(span + slack));
-  const auto* src = static_cast<const bf16*>(v.data);
-  float* dst = to.data();
-#pragma omp parallel for schedule(static) if (span >= (int64_t{1} << 20) && !omp_in_parallel())
-  for (int64_t i = 0; i < span; ++i) dst[i] = bf16_to_float(src[i]);
+  convert_from_bf16(static_cast<const bf16*>(v.data), to.data(), span);
   return MatView{to.data(), DType::f32, v.dims, v.strides};
 }
 

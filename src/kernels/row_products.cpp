@@ -199,31 +199,35 @@ void axpy_products(const Views& v, const T* b, int64_t ldb) {
 
 bool w_layout(const MatView& b) { return b.strides[0] == 1; }  // B = Wᵀ, W stored N × K
 
-template <typename T>
-float element(const MatView& v, int64_t i, int64_t j) {
-  return widen(static_cast<const T*>(v.data)[i * v.strides[0] + j * v.strides[1]]);
+// dst = the view's rows × cols elements as fp32, row-major (bf16 widened exactly).
+void pack(const MatView& v, int64_t rows, int64_t cols, float* dst) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t at = i * v.strides[0] + j * v.strides[1];
+      dst[i * cols + j] = v.dtype == DType::bf16 ? bf16_to_float(static_cast<const bf16*>(v.data)[at])
+                                                 : static_cast<const float*>(v.data)[at];
+    }
 }
 
-// A's rows as fp32 with unit column stride (a bf16 A, or a strided one, copied into the
+// A's rows as fp32 with unit column stride (a bf16 A, or a strided one, packed into the
 // thread's scratch).
 const float* rows_of(const MatView& a, int64_t& lda) {
-  const int64_t m = a.dims[0], k = a.dims[1];
   lda = a.strides[0];
   if (a.dtype == DType::f32 && a.strides[1] == 1) return static_cast<const float*>(a.data);
   thread_local std::vector<float> packed;
-  packed.resize(static_cast<size_t>(m * k));
-  for (int64_t r = 0; r < m; ++r)
-    for (int64_t i = 0; i < k; ++i)
-      packed[r * k + i] = a.dtype == DType::bf16 ? element<bf16>(a, r, i) : element<float>(a, r, i);
-  lda = k;
+  packed.resize(static_cast<size_t>(a.dims[0] * a.dims[1]));
+  pack(a, a.dims[0], a.dims[1], packed.data());
+  lda = a.dims[1];
   return packed.data();
 }
 
 template <typename T>
 void products_into(const Views& v, const MatView& b) {
   const T* data = static_cast<const T*>(b.data);
-  if (w_layout(b)) dot_products(v, data, b.strides[1]);
-  else axpy_products(v, data, b.strides[0]);
+  if (w_layout(b))
+    dot_products(v, data, b.strides[1]);
+  else
+    axpy_products(v, data, b.strides[0]);
 }
 
 }  // namespace
@@ -243,10 +247,7 @@ void row_product(const MatView& a, const MatView& b, const OutView& c, bool accu
   thread_local std::vector<float> packed_b, dense_c;
   if (b.strides[0] != 1 && b.strides[1] != 1) {
     packed_b.resize(static_cast<size_t>(k * n));
-    for (int64_t i = 0; i < k; ++i)
-      for (int64_t j = 0; j < n; ++j)
-        packed_b[i * n + j] =
-            b.dtype == DType::bf16 ? element<bf16>(b, i, j) : element<float>(b, i, j);
+    pack(b, k, n, packed_b.data());
     right = MatView::rows_major(packed_b.data(), DType::f32, k, n);
   }
   const bool dense = c.strides[1] == 1;
