@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Data parallel on a GPU (label gpu; exits 77, a skip, where the build has no CUDA backend or
 # no GPU is visible): two ranks sharing one GPU (cuda:0), their gradients averaged through host
-# memory, train as one rank does on the whole batch (fp32 losses within 1e-4 relative), save a
-# checkpoint in their two shares that one rank resumes, and refuse ZeRO-1; where two GPUs are
-# visible, two ranks each on its own average over NCCL (when the build has it) alike; one
-# rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and CPU on GPU
-# within 1e-4).
+# memory, train as one rank does on the whole batch (fp32 losses within 1e-4 relative), replicated
+# and with ZeRO-1, and save checkpoints in their two shares that one rank resumes (the ZeRO-1
+# one also on the CPU at 2 ranks); expert parallelism is refused; where two GPUs are visible,
+# two ranks each on its own exchange over NCCL (when the build has it) alike, replicated and
+# ZeRO-1; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
+# CPU on GPU within 1e-4).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 MPIRUN=(mpirun --oversubscribe --bind-to none)
@@ -40,22 +41,39 @@ PY
 grep -q "gradients averaged through host memory" two.log \
   && ok "the 2-rank run says how its gradients are reduced" || bad "no word of the host-staged reduction"
 
-# Two ranks each on a GPU of its own (plain cuda: rank r takes GPU r), where two are visible.
-gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "${gpus:-0}" -ge 2 ]; then
-  OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
-    --device cuda --set train.run_dir=two-gpus >two-gpus.log 2>&1 \
-    || { cat two-gpus.log; bad "two ranks on two GPUs failed"; }
-  python3 - one/metrics.jsonl two-gpus/metrics.jsonl <<'PY' && ok "2 ranks on 2 GPUs follow 1 rank's 8 fp32 losses within 1e-4" || bad "2 ranks on 2 GPUs and 1 rank differ"
+# ZeRO-1 with the two ranks on one GPU: the state sharded, the gradients reduce-scattered and the
+# weights all-gathered through host memory.
+OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
+  --set train.run_dir=zero1 --set train.zero1=true >zero1.log 2>&1 \
+  || { cat zero1.log; bad "two ranks with ZeRO-1 failed"; }
+follows() {  # REFERENCE RUN WHAT: 8 losses each within 1e-4 relative
+  python3 - "$1/metrics.jsonl" "$2/metrics.jsonl" <<'PY'
 import json, sys
 def losses(p): return [json.loads(l)['loss'] for l in open(p) if 'loss' in json.loads(l)]
 a, b = losses(sys.argv[1]), losses(sys.argv[2])
-print('1 rank   ', a); print('2 GPUs   ', b)
+print('reference', a); print('run      ', b)
 sys.exit(0 if len(a) == len(b) == 8 and all(abs(x - y) <= 1e-4 * abs(x) for x, y in zip(a, b)) else 1)
 PY
-  grep -qE "gradients averaged (over NCCL|through host memory)" two-gpus.log \
-    && ok "2 GPUs: $(grep -oE 'gradients averaged (over NCCL|through host memory)' two-gpus.log | head -1)" \
-    || bad "no word of how 2 GPUs reduce"
+}
+follows one zero1 && ok "2 ranks with ZeRO-1 on one GPU follow 1 rank's 8 fp32 losses within 1e-4" \
+  || bad "2 ranks with ZeRO-1 and 1 rank differ"
+grep -q "ZeRO-1 over 2 ranks, gradients reduce-scattered through host memory" zero1.log \
+  && ok "the ZeRO-1 run says how it exchanges" || bad "no word of ZeRO-1's host-staged exchange"
+
+# Two ranks each on a GPU of its own (plain cuda: rank r takes GPU r), where two are visible.
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
+if [ "${gpus:-0}" -ge 2 ]; then
+  for zero1 in false true; do
+    OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
+      --device cuda --set train.run_dir=two-gpus-$zero1 --set train.zero1=$zero1 \
+      >two-gpus-$zero1.log 2>&1 || { cat two-gpus-$zero1.log; bad "two ranks on two GPUs (zero1 $zero1) failed"; }
+    follows one two-gpus-$zero1 \
+      && ok "2 ranks on 2 GPUs (zero1 $zero1) follow 1 rank's 8 fp32 losses within 1e-4" \
+      || bad "2 ranks on 2 GPUs (zero1 $zero1) and 1 rank differ"
+    grep -qE "(averaged|reduce-scattered) (over NCCL|through host memory)" two-gpus-$zero1.log \
+      && ok "2 GPUs: $(grep -oE '(averaged|reduce-scattered) (over NCCL|through host memory)' two-gpus-$zero1.log | head -1)" \
+      || bad "no word of how 2 GPUs reduce"
+  done
 else
   echo "skipped: two ranks on two GPUs (${gpus:-0} visible)"
 fi
@@ -98,8 +116,25 @@ resume_at_4 cpu cpu-on-gpu cuda
 within "$(last4 cpu)" "$(last4 cpu-on-gpu)" && ok "a CPU checkpoint resumes on the GPU within 1e-4" \
   || bad "CPU checkpoint on the GPU: '$(last4 cpu-on-gpu)' against '$(last4 cpu)'"
 
-expect_fail "ZeRO-1 on GPUs" "train.zero1 = true over 2 rank(s)" \
+# The ZeRO-1 checkpoint of step 4 (each rank's range and its state) resumes in one process on
+# the GPU, and at 2 ranks with ZeRO-1 on the CPU, to the same end.
+for where in "1 cuda:0" "2 cpu"; do
+  read -r np dev <<<"$where"
+  dir=zero1-on-$np-${dev%%:*}
+  cp -r zero1 "$dir" && rm -rf "$dir/checkpoints/step_00000008"
+  mpi=()
+  [ "$np" = 2 ] && mpi=(env OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2)
+  "${mpi[@]}" "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir="$dir" \
+    --set train.zero1=true --device "$dev" --resume >"$dir.log" 2>&1 \
+    || { cat "$dir.log"; bad "resuming the ZeRO-1 checkpoint on $np rank(s), $dev, failed"; }
+  a="$(final zero1.log)" b="$(final "$dir.log")"
+  if grep -q "resumed from" "$dir.log" && [ -n "$a" ] && [ -n "$b" ] && close "$a" "$b"; then
+    ok "the ZeRO-1 checkpoint of step 4 resumes on $np rank(s), $dev, and ends alike ($b)"
+  else bad "the ZeRO-1 resume on $np rank(s), $dev: '$b' against '$a'"; fi
+done
+
+expect_fail "expert parallel on GPUs" "but this job has train.expert_parallel = 2" \
   "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=bad \
-    --set train.zero1=true -q
+    --set train.expert_parallel=2 -q
 
 finish

@@ -56,6 +56,33 @@ void NcclGroup::allreduce_mean(float* data, int64_t n) {
           "all-reduce");
 }
 
+namespace {
+// The calls of each range (cut in pieces as above) in one NCCL group: every rank makes the
+// same calls in the same order.
+template <typename Call>
+void grouped_over_ranges(const std::vector<SlabRange>& ranges, const char* what, Call call) {
+  check(ncclGroupStart(), what);
+  for (size_t q = 0; q < ranges.size(); ++q)
+    for (int64_t at = ranges[q].begin; at < ranges[q].end; at += kPiece)
+      call(static_cast<int>(q), at, static_cast<size_t>(std::min(kPiece, ranges[q].end - at)));
+  check(ncclGroupEnd(), what);
+}
+}  // namespace
+
+void NcclGroup::reduce_mean_to_ranges(float* data, const std::vector<SlabRange>& ranges) {
+  grouped_over_ranges(ranges, "reduce-scatter", [&](int root, int64_t at, size_t n) {
+    check(ncclReduce(data + at, data + at, n, ncclFloat, ncclAvg, root, native(comm_), nullptr),
+          "reduce-scatter");
+  });
+}
+
+void NcclGroup::broadcast_ranges(float* data, const std::vector<SlabRange>& ranges) {
+  grouped_over_ranges(ranges, "all-gather", [&](int root, int64_t at, size_t n) {
+    check(ncclBroadcast(data + at, data + at, n, ncclFloat, root, native(comm_), nullptr),
+          "all-gather");
+  });
+}
+
 }  // namespace foundry::gpu
 
 #else  // no NCCL in this build
@@ -74,6 +101,8 @@ bool built_with_nccl() { return false; }
 NcclGroup::NcclGroup(int, int, const std::function<void(void*, size_t)>&) { fail_no_nccl(); }
 NcclGroup::~NcclGroup() = default;
 void NcclGroup::allreduce_mean(float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::reduce_mean_to_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
+void NcclGroup::broadcast_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
 
 }  // namespace foundry::gpu
 

@@ -7,6 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <vector>
+
+#include "base/slab_range.h"
 
 namespace foundry::gpu {
 
@@ -29,6 +32,13 @@ class NcclGroup {
 
   // data [n] (device, in place) = the mean over the ranks of their data.
   void allreduce_mean(float* data, int64_t n);
+  // A reduce-scatter with a range per rank (ranges[q] for rank q, the same list on every
+  // rank): on rank q, data[ranges[q]] (device, in place) = the mean over the ranks of their
+  // data there; the rest of data is not written. One grouped reduce per range.
+  void reduce_mean_to_ranges(float* data, const std::vector<SlabRange>& ranges);
+  // An all-gather with a range per rank: data[ranges[q]] of rank q goes to every rank's data
+  // (device, in place). One grouped broadcast per range.
+  void broadcast_ranges(float* data, const std::vector<SlabRange>& ranges);
 
  private:
   int rank_ = 0, size_ = 1;

@@ -8,43 +8,61 @@
 
 #include "base/error.h"
 #include "base/timer.h"
-#include "cuda/adamw.h"
-#include "cuda/muon.h"
-#include "cuda/reductions.h"
-#include "cuda/runtime.h"
+#include "kernels/backend.h"
 
 namespace foundry {
 namespace {
 
-// One state slab (laid out like the parameters) on the GPU, with its host copy for checkpoints.
+// One state slab (laid out like the part of the parameter slab) in the backend's memory, with
+// its host copy for checkpoints.
 struct StateSlab {
   std::string name;
-  gpu::DeviceBuffer device;
+  BackendBuffer device;
   std::vector<float> host;  // allocated at the first save or load
 };
 
 class DeviceOptimizer final : public DataParallelOptimizer {
  public:
-  DeviceOptimizer(const ParamTable& table, const OptimizerOptions& options)
-      : table_(table), options_(options), adam_(table, options.adamw) {
-    const int64_t bytes = table.total_elements() * static_cast<int64_t>(sizeof(float));
-    for (const std::string& name : AdamW::state_names())
-      slabs_.push_back({name, gpu::DeviceBuffer(bytes), {}});  // zeroed
+  DeviceOptimizer(const ParamTable& table, const OptimizerOptions& options, Backend& backend,
+                  std::unique_ptr<OptimizerKernels> kernels, DeviceOptimizerPart part)
+      : table_(table),
+        options_(options),
+        backend_(backend),
+        kernels_(std::move(kernels)),
+        range_(part.range.value_or(SlabRange{0, table.total_elements()})),
+        total_sum_of_squares_(std::move(part.total_sum_of_squares)),
+        adam_(table, options.adamw),
+        update_(backend) {
+    const SlabRange r = range_;
+    FOUNDRY_CHECK(r.begin >= 0 && r.end <= table.total_elements() && r.begin <= r.end);
+    const int64_t bytes = r.size() * static_cast<int64_t>(sizeof(float));
+    auto add_slab = [&](const std::string& name) {
+      slabs_.push_back({name, BackendBuffer(backend, bytes), {}});
+      if (bytes > 0) backend.zero(slabs_.back().device.as<void>(), bytes);
+    };
+    for (const std::string& name : AdamW::state_names()) add_slab(name);
     if (options.muon) {
       muon_.emplace(table, *options.muon);  // checks the options; its tensors are Muon's
-      slabs_.push_back({Muon::state_names().front(), gpu::DeviceBuffer(bytes), {}});
+      add_slab(Muon::state_names().front());
+      for (const ParamInfo& t : muon_->tensors()) {
+        const SlabRange in = intersect({t.offset, t.offset + t.numel}, r);
+        if (in.size() == 0) continue;
+        if (in.size() != t.numel)
+          fail(fmt::format("the optimizer's part [{}, {}) of the slab cuts Muon matrix {} "
+                           "([{}, {}))",
+                           r.begin, r.end, t.name, t.offset, t.offset + t.numel),
+               "a part holds each Muon matrix whole or not at all (Zero1Layout::state_range)");
+        muon_tensors_.push_back(t);
+      }
     }
-    std::vector<gpu::AdamWRange> all, adam;
+    std::vector<SlabChunk> norm, adam;
     for (const ParamInfo& p : table.params()) {
-      if (p.numel == 0) continue;
-      all.push_back({p.offset, p.numel, 0});
-      if (updated_by_adamw(p)) adam.push_back({p.offset, p.numel, adam_.decays(p) ? 1 : 0});
+      const SlabRange in = intersect({p.offset, p.offset + p.numel}, r);
+      if (in.size() == 0) continue;
+      norm.push_back({in.begin - r.begin, in.size(), false});
+      if (updated_by_adamw(p)) adam.push_back({in.begin - r.begin, in.size(), adam_.decays(p)});
     }
-    all_ranges_ = upload(all);
-    adam_ranges_ = upload(adam);
-    all_count_ = static_cast<int64_t>(all.size());
-    adam_count_ = static_cast<int64_t>(adam.size());
-    sum_squares_ = gpu::DeviceBuffer(sizeof(double));
+    kernels_->set_runs(norm, adam);
   }
 
   void begin_backward(float*) override {}
@@ -57,18 +75,18 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     if (step < 1)
       fail(fmt::format("optimizer step number {} must be >= 1 (steps are 1-based)", step));
     upload_loaded_state();
-    const double norm = grad_norm(grads);
+    const int64_t b = range_.begin;
+    float* p = params + b;
+    const float* g = grads + b;
+    double sum = kernels_->sum_of_squares(g);
+    if (total_sum_of_squares_) sum = total_sum_of_squares_(sum);
+    const double norm = std::sqrt(sum);
     if ((veto && veto(norm)) || !std::isfinite(norm)) return norm;
     const float grad_scale = clip_factor(norm, max_norm);
-    auto* weights16 = reinterpret_cast<uint16_t*>(weights_bf16_);
-    if (adam_count_ > 0) {
-      const AdamWScalars s = adamw_scalars(options_.adamw, lr, step);
-      const gpu::AdamWCoefficients c{s.beta1,     s.one_minus_beta1,  s.beta2, s.one_minus_beta2,
-                                     s.step_size, s.sqrt_correction2, s.eps,   s.decay_factor};
-      gpu::adamw_update(params, grads, slab("exp_avg"), slab("exp_avg_sq"), weights16,
-                        adam_ranges_.as<gpu::AdamWRange>(), adam_count_, c, grad_scale);
-    }
-    if (options_.muon) muon_step(params, grads, lr, grad_scale, weights16);
+    bf16* p16 = weights_bf16_ ? weights_bf16_ + b : nullptr;
+    kernels_->adamw(p, g, slab("exp_avg"), slab("exp_avg_sq"), p16,
+                    adamw_scalars(options_.adamw, lr, step), grad_scale);
+    if (options_.muon) muon_step(params, grads, lr, grad_scale);
     return norm;
   }
 
@@ -83,11 +101,11 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     for (const StateSlab& s : slabs_) n += s.device.bytes();
     return n;
   }
-  SlabRange parameters_to_save() const override { return {0, table_.total_elements()}; }
+  SlabRange parameters_to_save() const override { return range_; }
   std::vector<StateRun> states_to_save_runs() override {
     for (StateSlab& s : slabs_) {
       host_copy(s);
-      s.device.download(s.host.data(), s.device.bytes());
+      if (s.device.bytes() > 0) backend_.to_host(s.host.data(), s.device.as<void>(), s.device.bytes());
     }
     return runs();
   }
@@ -111,14 +129,6 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     return adam_.updates(p);
   }
 
-  static gpu::DeviceBuffer upload(const std::vector<gpu::AdamWRange>& ranges) {
-    gpu::DeviceBuffer b(std::max<int64_t>(1, static_cast<int64_t>(ranges.size() *
-                                                                  sizeof(gpu::AdamWRange))));
-    if (!ranges.empty())
-      b.upload(ranges.data(), static_cast<int64_t>(ranges.size() * sizeof(gpu::AdamWRange)));
-    return b;
-  }
-
   float* slab(const std::string& name) {
     for (StateSlab& s : slabs_)
       if (s.name == name) return s.device.as<float>();
@@ -127,21 +137,24 @@ class DeviceOptimizer final : public DataParallelOptimizer {
   }
 
   void host_copy(StateSlab& s) const {
-    if (s.host.empty()) s.host.assign(static_cast<size_t>(table_.total_elements()), 0.0f);
+    if (s.host.empty()) s.host.assign(static_cast<size_t>(range_.size()), 0.0f);
   }
 
-  // Each tensor's state in the slabs of the optimizer that updates it (as LocalOptimizer):
-  // in the host copies, or where it lives on the device.
+  // Each tensor's state (its elements in the part) in the slabs of the optimizer that updates
+  // it (as LocalOptimizer): in the host copies, or where it lives on the device.
   std::vector<StateRun> runs(bool on_device = false) {
     std::vector<StateRun> out;
+    const SlabRange r = range_;
     for (const ParamInfo& p : table_.params()) {
       const bool muon = options_.muon && muon_applies(p);
       if (!muon && !adam_.updates(p)) continue;
+      const SlabRange in = intersect({p.offset, p.offset + p.numel}, r);
+      if (in.size() == 0) continue;
       for (const std::string& name : muon ? Muon::state_names() : AdamW::state_names())
         for (StateSlab& s : slabs_)
           if (s.name == name) {
             float* base = on_device ? s.device.as<float>() : s.host.data();
-            out.push_back({name, p.offset, p.offset + p.numel, base + p.offset, on_device});
+            out.push_back({name, in.begin, in.end, base + (in.begin - r.begin), on_device});
           }
     }
     return out;
@@ -149,46 +162,41 @@ class DeviceOptimizer final : public DataParallelOptimizer {
 
   void upload_loaded_state() {
     if (!loaded_) return;
-    for (StateSlab& s : slabs_) s.device.upload(s.host.data(), s.device.bytes());
+    for (StateSlab& s : slabs_)
+      if (s.device.bytes() > 0) backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
     loaded_ = false;
   }
 
-  double grad_norm(const float* grads) {
-    gpu::ops::sum_of_squares(sum_squares_.as<double>(), grads,
-                             all_ranges_.as<gpu::AdamWRange>(), all_count_, workspace_);
-    double sum = 0;
-    sum_squares_.download(&sum, sizeof sum);
-    return std::sqrt(sum);
-  }
-
-  void muon_step(float* params, const float* grads, double lr, float grad_scale,
-                 uint16_t* weights16) {
+  void muon_step(float* params, const float* grads, double lr, float grad_scale) {
     const MuonOptions& o = *options_.muon;
     float* momentum = slab(Muon::state_names().front());
-    for (const ParamInfo& t : muon_->tensors()) {
+    for (const ParamInfo& t : muon_tensors_) {
       const int64_t rows = t.shape[0], cols = t.shape[1], n = t.numel;
       auto* u = static_cast<float*>(update_.get(n * static_cast<int64_t>(sizeof(float))));
-      gpu::muon_momentum(u, momentum + t.offset, grads + t.offset, n,
-                         static_cast<float>(o.momentum), o.nesterov, grad_scale);
-      gpu::ops::newton_schulz(u, u, rows, cols, o.ns_steps, o.bf16_newton_schulz, workspace_);
+      kernels_->muon_momentum(u, momentum + (t.offset - range_.begin), grads + t.offset, n,
+                              static_cast<float>(o.momentum), o.nesterov, grad_scale);
+      kernels_->newton_schulz(u, rows, cols, o.ns_steps, o.bf16_newton_schulz);
       const float keep = t.weight_decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
       const float step_size = static_cast<float>(
           lr * o.rms_scale * std::sqrt(static_cast<double>(std::max(rows, cols))));
-      gpu::muon_apply(params + t.offset, u, n, keep, step_size,
-                      weights16 ? weights16 + t.offset : nullptr);
+      kernels_->muon_apply(params + t.offset, u, n, keep, step_size,
+                           weights_bf16_ ? weights_bf16_ + t.offset : nullptr);
     }
   }
 
   const ParamTable& table_;
   OptimizerOptions options_;
+  Backend& backend_;
+  std::unique_ptr<OptimizerKernels> kernels_;
+  SlabRange range_;  // the part of the slab this optimizer updates
+  std::function<double(double)> total_sum_of_squares_;
   // The CPU optimizers for their rules (which tensors each updates, which decay) and option
   // checks; their host slabs are never written, so their pages take no memory.
   AdamW adam_;
   std::optional<Muon> muon_;
+  std::vector<ParamInfo> muon_tensors_;  // the Muon matrices in the part
   std::vector<StateSlab> slabs_;
-  gpu::DeviceBuffer all_ranges_, adam_ranges_, sum_squares_;
-  int64_t all_count_ = 0, adam_count_ = 0;
-  gpu::Workspace workspace_, update_;
+  GrowingBuffer update_;
   bf16* weights_bf16_ = nullptr;
   bool loaded_ = false;
   OpTimes* op_times_ = nullptr;
@@ -196,9 +204,11 @@ class DeviceOptimizer final : public DataParallelOptimizer {
 
 }  // namespace
 
-std::unique_ptr<DataParallelOptimizer> make_device_optimizer(const ParamTable& table,
-                                                             const OptimizerOptions& options) {
-  return std::make_unique<DeviceOptimizer>(table, options);
+std::unique_ptr<DataParallelOptimizer> make_device_optimizer(
+    const ParamTable& table, const OptimizerOptions& options, Backend& backend,
+    std::unique_ptr<OptimizerKernels> kernels, DeviceOptimizerPart part) {
+  return std::make_unique<DeviceOptimizer>(table, options, backend, std::move(kernels),
+                                           std::move(part));
 }
 
 }  // namespace foundry

@@ -1,6 +1,9 @@
-// The GPU's optimizer against the CPU's single-process optimizer on the same slabs (suite
-// GpuOptimizer, ctest label gpu; skipped where no GPU is visible): AdamW alone and with Muon,
-// with clipping active, the bf16 copy, the veto, and checkpoint state that round-trips.
+// The device optimizer against the CPU's single-process optimizer on the same slabs:
+//  - on the CPU, with the CPU's kernels on a backend posing as a device (DeviceOptimizerOnCpu,
+//    every machine): the same bits, on the whole slab and in parts;
+//  - on a GPU (suite GpuOptimizer, ctest label gpu; skipped where no GPU is visible): AdamW
+//    alone and with Muon, with clipping active, the bf16 copy, the veto, and checkpoint state
+//    that round-trips.
 #include "optim/device_optimizer.h"
 
 #include <gtest/gtest.h>
@@ -8,9 +11,14 @@
 #include <cmath>
 #include <vector>
 
+#include "cuda/cuda_backend.h"
 #include "cuda/runtime.h"
 #include "cuda/test_support.h"
+#include "kernels/backend.h"
+#include "kernels/cpu_backend.h"
+#include "optim/checkpoint_state_test_util.h"
 #include "optim/test_util.h"
+#include "optim/zero1_layout.h"
 
 namespace foundry {
 namespace {
@@ -29,14 +37,105 @@ double max_relative_difference(const std::vector<float>& got, const std::vector<
   return worst;
 }
 
+class DeviceOptimizerOnCpu : public ::testing::TestWithParam<bool> {};  // with Muon or not
+
+// The device optimizer's arithmetic is the single-process optimizer's: on the CPU's kernels
+// its steps give the same bits, clipped or not, with the bf16 copy, and its checkpoint state
+// is the same.
+TEST_P(DeviceOptimizerOnCpu, StepsAsTheSingleProcessOptimizerBitForBit) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  auto cpu = make_optimizer(table, options(with_muon), nullptr);
+  auto dev = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels());
+  const int64_t n = table.total_elements();
+  std::vector<float> params = random_slab(table, 1, 0.1), ref = params;
+  std::vector<bf16> mirror(n), ref_mirror(n);
+  ASSERT_TRUE(dev->write_bf16_weights(mirror.data()));
+  ASSERT_TRUE(cpu->write_bf16_weights(ref_mirror.data()));
+  for (int64_t step = 1; step <= 3; ++step) {
+    std::vector<float> grads = random_slab(table, 100 + step, 1.0), ref_grads = grads;
+    const double max_norm = step == 2 ? 0.0 : 0.5;  // clipped, unclipped, clipped
+    const double norm = dev->step(params.data(), grads.data(), 1e-2, step, max_norm);
+    const double ref_norm = cpu->step(ref.data(), ref_grads.data(), 1e-2, step, max_norm);
+    EXPECT_EQ(norm, ref_norm) << "step " << step;
+    EXPECT_TRUE(test::bitwise_equal(params, ref)) << "step " << step;
+  }
+  EXPECT_EQ(0, std::memcmp(mirror.data(), ref_mirror.data(), n * sizeof(bf16)));
+  EXPECT_EQ(test::saved_state(*dev, n, nullptr), test::saved_state(*cpu, n, nullptr));
+}
+
+// Parts (the ranges of a ZeRO-1 layout over three ranks): each updates its own range only,
+// sees its own sum of squares, keeps state for its range only, and together they take the
+// whole slab's step; a part that cuts a Muon matrix is refused.
+TEST_P(DeviceOptimizerOnCpu, PartsTakeTheWholeStepTogether) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  const int64_t n = table.total_elements();
+  const Zero1Layout layout(table, 3, with_muon);
+  auto whole = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels());
+  const std::vector<float> start = random_slab(table, 2, 0.1);
+  std::vector<float> ref = start;
+  std::vector<float> grads = random_slab(table, 3, 1.0);
+  double ref_norm = whole->step(ref.data(), grads.data(), 1e-2, 1, 0.0);
+  std::vector<float> assembled(n, 0.0f);
+  double sums = 0;
+  int64_t state_bytes = 0;
+  for (int r = 0; r < 3; ++r) {
+    const SlabRange range = layout.state_range(r);
+    auto part = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels(),
+                                      {range, [&](double s) {
+                                         sums += s;
+                                         return ref_norm * ref_norm;
+                                       }});
+    std::vector<float> params = start;
+    part->step(params.data(), grads.data(), 1e-2, 1, 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      if (i >= range.begin && i < range.end)
+        assembled[i] = params[i];
+      else
+        ASSERT_EQ(params[i], start[i]) << "part " << r << " wrote element " << i;
+    }
+    EXPECT_EQ(part->parameters_to_save().begin, range.begin);
+    for (const StateRun& run : part->states_to_save_runs())
+      EXPECT_TRUE(run.begin >= range.begin && run.end <= range.end) << run.state;
+    state_bytes += part->state_bytes();
+  }
+  EXPECT_TRUE(test::bitwise_equal(assembled, ref));
+  EXPECT_NEAR(sums, ref_norm * ref_norm, 1e-9 * ref_norm * ref_norm);
+  EXPECT_EQ(state_bytes, whole->state_bytes());  // the parts' state is the whole's, split
+
+  if (!with_muon) return;
+  const ParamInfo* matrix = nullptr;
+  for (const ParamInfo& p : table.params())
+    if (muon_applies(p)) matrix = &p;
+  ASSERT_NE(matrix, nullptr);
+  const SlabRange cut{0, matrix->offset + matrix->numel / 2};
+  try {
+    make_device_optimizer(table, options(true), *device, cpu_optimizer_kernels(), {cut, {}});
+    FAIL() << "a part that cuts a Muon matrix was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(matrix->name), std::string::npos) << e.what();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AdamWOrMuon, DeviceOptimizerOnCpu, ::testing::Bool());
+
 class GpuOptimizer : public ::testing::TestWithParam<bool> {};  // with Muon or not
+
+// The GPU's backend, for the optimizer's state.
+Backend& gpu_backend() {
+  static std::unique_ptr<Backend> b = gpu::make_cuda_backend(0, "the optimizer tests");
+  return *b;
+}
 
 TEST_P(GpuOptimizer, MatchesTheCpuOptimizerWithClippingAndTheBf16Copy) {
   SKIP_WITHOUT_GPU();
   const bool with_muon = GetParam();
   ParamTable table(test::tiny_moe_config());
   auto cpu = make_optimizer(table, options(with_muon), nullptr);
-  auto gpu_opt = make_device_optimizer(table, options(with_muon));
+  auto gpu_opt = make_device_optimizer(table, options(with_muon), gpu_backend());
   const int64_t n = table.total_elements();
   std::vector<float> params = random_slab(table, 1, 0.1);
   gpu::DeviceBuffer d_params = to_device(params), d_mirror(n * 2);
@@ -66,7 +165,7 @@ TEST_P(GpuOptimizer, MatchesTheCpuOptimizerWithClippingAndTheBf16Copy) {
 TEST_P(GpuOptimizer, AVetoOrANonFiniteNormChangesNothing) {
   SKIP_WITHOUT_GPU();
   ParamTable table(test::tiny_moe_config());
-  auto opt = make_device_optimizer(table, options(GetParam()));
+  auto opt = make_device_optimizer(table, options(GetParam()), gpu_backend());
   const int64_t n = table.total_elements();
   const std::vector<float> params = random_slab(table, 1, 0.1);
   gpu::DeviceBuffer d_params = to_device(params);
@@ -90,8 +189,8 @@ TEST_P(GpuOptimizer, AVetoOrANonFiniteNormChangesNothing) {
 TEST_P(GpuOptimizer, CheckpointStateRoundTrips) {
   SKIP_WITHOUT_GPU();
   ParamTable table(test::tiny_moe_config());
-  auto a = make_device_optimizer(table, options(GetParam()));
-  auto b = make_device_optimizer(table, options(GetParam()));
+  auto a = make_device_optimizer(table, options(GetParam()), gpu_backend());
+  auto b = make_device_optimizer(table, options(GetParam()), gpu_backend());
   const int64_t n = table.total_elements();
   gpu::DeviceBuffer pa = to_device(random_slab(table, 1, 0.1));
   for (int64_t step = 1; step <= 2; ++step) {

@@ -150,43 +150,47 @@ Muon::Muon(const ParamTable& table, const MuonOptions& options)
   update_.resize(largest);
 }
 
+void muon_momentum(float* __restrict u, float* __restrict buf, const float* __restrict g,
+                   int64_t n, float mu, bool nesterov, float grad_scale) {
+  // A clipped gradient is stored (rounded) before the momentum arithmetic reads it, as a
+  // scaled slab would be: a fused multiply-add must not absorb the scaling.
+  const float* gs = g;
+  if (grad_scale != 1.0f) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+    for (int64_t i = 0; i < n; ++i) u[i] = g[i] * grad_scale;
+    gs = u;
+  }
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = gs[i];
+    const float b = mu * buf[i] + gi;
+    buf[i] = b;
+    u[i] = nesterov ? gi + mu * b : b;
+  }
+}
+
+void muon_apply(float* __restrict w, const float* __restrict u, int64_t n, float keep,
+                float step_size, bf16* w16) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) w[i] = w[i] * keep - step_size * u[i];
+  if (w16) convert_to_bf16(w, w16, n);
+}
+
 void Muon::step(float* params, const float* grads, double lr, int64_t step,
                 const StepFusion& fusion) {
   if (step < 1) fail(fmt::format("Muon step number {} must be >= 1 (steps are 1-based)", step));
-  const float mu = static_cast<float>(options_.momentum);
-  const bool nesterov = options_.nesterov;
-  const float grad_scale = fusion.grad_scale;
   float* u = update_.data();
   // One tensor at a time: the GEMMs inside Newton–Schulz use every thread through oneDNN.
   for (const ParamInfo& t : tensors_) {
     const int64_t rows = t.shape[0], cols = t.shape[1], n = t.numel;
-    float* __restrict w = params + t.offset;
-    const float* __restrict g = grads + t.offset;
-    float* __restrict buf = momentum_.data() + t.offset;
-    // A clipped gradient is stored (rounded) before the momentum arithmetic reads it, as a
-    // scaled slab would be: a fused multiply-add must not absorb the scaling.
-    const float* gs = g;
-    if (grad_scale != 1.0f) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-      for (int64_t i = 0; i < n; ++i) u[i] = g[i] * grad_scale;
-      gs = u;
-    }
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = gs[i];
-      const float b = mu * buf[i] + gi;
-      buf[i] = b;
-      u[i] = nesterov ? gi + mu * b : b;
-    }
-
+    muon_momentum(u, momentum_.data() + t.offset, grads + t.offset, n,
+                  static_cast<float>(options_.momentum), options_.nesterov, fusion.grad_scale);
     newton_schulz_.run(u, u, rows, cols, options_.ns_steps, options_.bf16_newton_schulz);
-
     const float keep = t.weight_decay ? static_cast<float>(1.0 - lr * options_.weight_decay) : 1.0f;
     const float step_size = static_cast<float>(
         lr * options_.rms_scale * std::sqrt(static_cast<double>(std::max(rows, cols))));
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-    for (int64_t i = 0; i < n; ++i) w[i] = w[i] * keep - step_size * u[i];
-    if (fusion.weights_bf16) convert_to_bf16(w, fusion.weights_bf16 + t.offset, n);
+    muon_apply(params + t.offset, u, n, keep, step_size,
+               fusion.weights_bf16 ? fusion.weights_bf16 + t.offset : nullptr);
   }
 }
 

@@ -72,6 +72,14 @@ struct MuonOptions {
   bool bf16_newton_schulz = false;  // bf16 GEMM inputs in Newton–Schulz (fp32 accumulation)
 };
 
+// Muon's elementwise steps for one matrix of n elements (Muon::step's, and the device
+// optimizer's on the CPU's kernels): g' = g·grad_scale, stored before use; buf = mu·buf + g';
+// u = nesterov ? g' + mu·buf : buf. And w = w·keep − step_size·u, with w16 (when not null)
+// its bf16 copy.
+void muon_momentum(float* u, float* buf, const float* g, int64_t n, float mu, bool nesterov,
+                   float grad_scale);
+void muon_apply(float* w, const float* u, int64_t n, float keep, float step_size, bf16* w16);
+
 // The Newton–Schulz orthogonalization with scratch buffers kept between calls, so a run
 // over many tensors allocates once for the largest shape.
 class NewtonSchulz {

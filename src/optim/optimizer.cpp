@@ -8,11 +8,10 @@
 #include "base/error.h"
 #include "base/format.h"
 #include "comm/comm.h"
-#include "cuda/nccl.h"
-#include "kernels/backend.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
 #include "optim/clip.h"
+#include "optim/data_parallel_support.h"
 #include "optim/zero1.h"
 
 namespace foundry {
@@ -35,8 +34,6 @@ std::string describe_optimizer_split(const ParamTable& table, bool muon_on) {
                        format_count(adam_params));
   return fmt::format("adamw (all {} tensors, {} params)", adam_tensors, format_count(adam_params));
 }
-
-namespace {
 
 // Rank r's share of n elements in an even split over `ranks` (ZeRO-1's shard formula).
 SlabRange even_share(int64_t n, int ranks, int r) {
@@ -79,6 +76,8 @@ std::vector<StateRun> merge_runs(std::vector<StateRun> runs) {
   }
   return merged;
 }
+
+namespace {
 
 // One process: AdamW, plus Muon when configured, on whole slabs.
 class LocalOptimizer final : public DataParallelOptimizer {
@@ -211,107 +210,6 @@ class ReplicatedOptimizer final : public DataParallelOptimizer {
   int ranks_, rank_;
 };
 
-// The NCCL group of `world`'s ranks, each on its GPU (collective): rank 0's id goes to the
-// others over MPI.
-std::unique_ptr<gpu::NcclGroup> open_nccl_group(const Communicator& world) {
-  return std::make_unique<gpu::NcclGroup>(world.rank(), world.size(), [&](void* bytes, size_t n) {
-    std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
-    std::memcpy(words.data(), bytes, n);
-    world.broadcast(words.data(), words.size(), 0);
-    std::memcpy(bytes, words.data(), n);
-    // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
-    // broadcast lazily could otherwise leave a rank without it).
-    world.barrier();
-  });
-}
-
-// Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
-// state: each step averages the gradients over the ranks, then runs the local (device)
-// optimizer on the average. Through host memory (copied out, summed over the MPI
-// communicator, then scaled: ReplicatedOptimizer's arithmetic) where ranks share a GPU or the
-// build has no NCCL, or with NCCL on the device buffers where every rank has a GPU of its own
-// (ncclAvg scales each rank's gradient before the sum: other roundings than the host path's).
-class GpuReplicatedOptimizer final : public DataParallelOptimizer {
- public:
-  GpuReplicatedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
-                         const Communicator& world, int64_t elements, GpuGradients how)
-      : local_(std::move(local)),
-        backend_(backend),
-        world_(world),
-        elements_(elements),
-        ranks_(world.size()),
-        rank_(world.rank()) {
-    if (how == GpuGradients::nccl)
-      nccl_ = open_nccl_group(world);
-    else
-      staging_.resize(static_cast<size_t>(elements));
-  }
-
-  void begin_backward(float*) override {}
-  void gradients_final(int64_t) override {}
-  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
-              const UpdateVeto& veto) override {
-    if (nccl_) {
-      ScopedOpTimer t(op_times_, "comm: gradients over NCCL");
-      nccl_->allreduce_mean(grads, elements_);
-    } else {
-      average_through_host(grads);
-    }
-    return local_->step(params, grads, lr, step, max_norm, veto);
-  }
-  const GradientReduceStats* last_reduce() const override { return nullptr; }
-  bool write_bf16_weights(bf16* mirror) override { return local_->write_bf16_weights(mirror); }
-
-  int64_t state_bytes() const override { return local_->state_bytes(); }
-  // Every rank holds everything: each saves an even share, and loads all.
-  SlabRange parameters_to_save() const override {
-    return even_share(local_->parameters_to_save().end, ranks_, rank_);
-  }
-  std::vector<StateRun> states_to_save_runs() override {
-    return clip_runs(local_->states_to_save_runs(), parameters_to_save());
-  }
-  std::vector<StateRun> live_state_runs() override {
-    return clip_runs(local_->live_state_runs(), parameters_to_save());
-  }
-  std::vector<StateRun> states_to_load_runs() override { return local_->states_to_load_runs(); }
-
-  void shard_expert_storage(Model&, int) override {}
-  std::string describe() const override {
-    return local_->describe() +
-           fmt::format(", replicated on {} ranks, gradients averaged {}", ranks_,
-                       nccl_ ? "over NCCL" : "through host memory");
-  }
-  const char* layout_name() const override {
-    return nccl_ ? "replicated, NCCL" : "replicated, host-staged";
-  }
-  void set_op_times(OpTimes* times) override {
-    op_times_ = times;
-    local_->set_op_times(times);
-  }
-
- private:
-  void average_through_host(float* grads) {
-    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(float));
-    ScopedOpTimer t(op_times_, "comm: gradients through host memory");
-    backend_.to_host(staging_.data(), grads, bytes);
-    constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
-    for (int64_t at = 0; at < elements_; at += kPiece)
-      world_.allreduce(staging_.data() + at, staging_.data() + at,
-                       static_cast<size_t>(std::min(kPiece, elements_ - at)));
-    average_over_ranks(staging_.data(), elements_, ranks_);
-    backend_.from_host(grads, staging_.data(), bytes);
-  }
-
-  std::unique_ptr<DataParallelOptimizer> local_;
-  Backend& backend_;
-  const Communicator& world_;
-  int64_t elements_;
-  std::vector<float> staging_;           // through host memory
-  std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
-  int ranks_, rank_;
-  OpTimes* op_times_ = nullptr;
-};
-
 // Data parallel with the state sharded (optim/zero1.h).
 class ShardedOptimizer final : public DataParallelOptimizer {
  public:
@@ -366,21 +264,6 @@ class ShardedOptimizer final : public DataParallelOptimizer {
 };
 
 }  // namespace
-
-std::unique_ptr<DataParallelOptimizer> make_gpu_replicated_optimizer(
-    std::unique_ptr<DataParallelOptimizer> local, Backend& backend, const Communicator& world,
-    int64_t elements, GpuGradients how) {
-  return std::make_unique<GpuReplicatedOptimizer>(std::move(local), backend, world, elements,
-                                                  how);
-}
-
-GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
-                                bool nccl_everywhere) {
-  for (size_t a = 0; a < rank_gpus.size(); ++a)
-    for (size_t b = 0; b < a; ++b)
-      if (rank_gpus[a] == rank_gpus[b]) return GpuGradients::host;  // two ranks on one GPU
-  return nccl_everywhere ? GpuGradients::nccl : GpuGradients::host;
-}
 
 std::unique_ptr<DataParallelOptimizer> make_optimizer(const ParamTable& table,
                                                       const OptimizerOptions& options,

@@ -14,7 +14,6 @@
 // checkpoints each names the runs of state it keeps, in the single-process optimizers' slab
 // coordinates and state names, so a checkpoint written under one layout loads under any other.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -115,23 +114,6 @@ class DataParallelOptimizer {
 // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or
 // "adamw (all 21 tensors, 1.24M params)": which optimizer updates what.
 std::string describe_optimizer_split(const ParamTable& table, bool muon_on);
-
-// How data-parallel ranks on GPUs average their gradients: through host memory (copied out,
-// summed over the MPI communicator, copied back) or with NCCL on the device buffers.
-enum class GpuGradients { host, nccl };
-// NCCL when every rank has a GPU of its own (the ranks' GPU UUIDs, current_gpu_uuid, all
-// differ: NCCL refuses two ranks on one GPU) and every rank's build has NCCL; host memory
-// otherwise.
-GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
-                                bool nccl_everywhere);
-
-// Data parallel for gradients in `backend`'s memory: each step averages the `elements`
-// gradients over `world` as `how` says (NCCL: collective, opens its group here), then runs
-// `local` (a single-process optimizer over the backend's memory), every rank keeping the
-// whole state.
-std::unique_ptr<DataParallelOptimizer> make_gpu_replicated_optimizer(
-    std::unique_ptr<DataParallelOptimizer> local, Backend& backend, const Communicator& world,
-    int64_t elements, GpuGradients how);
 
 // The optimizer for `world` (null or one rank: single process; otherwise data parallel over
 // its ranks, ZeRO-1 or replicated as options.zero1 says). Collective over `world`.

@@ -6,12 +6,13 @@
 // so each computes the single-process reference itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
-
 #include "comm/comm.h"
 #include "kernels/cpu_backend.h"
+#include "optim/device_optimizer.h"
 #include "optim/optimizer.h"
 #include "optim/checkpoint_state_test_util.h"
 #include "optim/test_util.h"
@@ -199,18 +200,23 @@ TEST(DataParallelOptimizer, SavedStateIsTheSameUnderZero1AndReplicated) {
   expect_same_saved_state(*sharded, *replicated, table);
 }
 
-// Gradients in a device's memory (a CPU backend posing as one) summed through host memory:
-// the replicated optimizer's steps on the same gradients (bit for bit at two ranks, where the
-// sum has one order), replicas that stay identical, and the replicated layout's checkpoint
-// shares, with the state's runs where it lives.
+// The data-parallel optimizers of a device's slabs (a CPU backend posing as one, with the
+// CPU's kernels), exchanging through host memory.
+std::unique_ptr<DataParallelOptimizer> device_optimizer(const ParamTable& table, Backend& device,
+                                                        bool with_muon, bool zero1) {
+  return make_device_data_parallel_optimizer(table, options(with_muon, zero1), device, world(),
+                                             GpuGradients::host, cpu_optimizer_kernels);
+}
+
+// Replicated: the CPU's replicated optimizer's steps on the same gradients (bit for bit at two
+// ranks, where the sum has one order), replicas that stay identical, and the replicated
+// layout's checkpoint shares, with the state's runs where it lives.
 TEST(HostStagedOptimizer, StepsAsTheReplicatedOptimizerDoes) {
   ParamTable table(test::tiny_moe_config());
   const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
   for (const bool with_muon : {false, true}) {
     SCOPED_TRACE(with_muon ? "muon" : "adamw");
-    auto staged = make_gpu_replicated_optimizer(
-        make_optimizer(table, options(with_muon, false), nullptr), *device, world(),
-        table.total_elements(), GpuGradients::host);
+    auto staged = device_optimizer(table, *device, with_muon, false);
     auto replicated = make_optimizer(table, options(with_muon, false), &world());
     EXPECT_STREQ(staged->layout_name(), "replicated, host-staged");
     std::vector<float> params = random_slab(table, 7, 0.1), ref = params;
@@ -228,6 +234,91 @@ TEST(HostStagedOptimizer, StepsAsTheReplicatedOptimizerDoes) {
     EXPECT_EQ(staged->parameters_to_save().begin, replicated->parameters_to_save().begin);
     EXPECT_EQ(staged->parameters_to_save().end, replicated->parameters_to_save().end);
     expect_same_saved_state(*staged, *replicated, table);
+  }
+}
+
+// ZeRO-1 on a device's slabs: the gradients reduce-scattered in rank order to whole-matrix
+// ranges, as the CPU's replicated optimizer sums them, so unclipped steps are its bits at any
+// rank count and clipped ones (the norm added over the ranks in another order) agree within
+// rounding; replicas stay identical; every element's state is kept and saved by one rank and
+// equals the replicated layout's; a veto skips the step on every rank.
+TEST(HostStagedZero1, StepsAsTheReplicatedOptimizerDoes) {
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  for (const bool with_muon : {false, true}) {
+    SCOPED_TRACE(with_muon ? "muon" : "adamw");
+    auto sharded = device_optimizer(table, *device, with_muon, true);
+    auto replicated = make_optimizer(table, options(with_muon, false), &world());
+    EXPECT_STREQ(sharded->layout_name(), "ZeRO-1, host-staged");
+    EXPECT_FALSE(sharded->write_bf16_weights(nullptr));  // the caller refreshes the copy
+    std::vector<float> params = random_slab(table, 7, 0.1), ref = params;
+    for (int64_t step = 1; step <= 4; ++step) {
+      const double max_norm = step <= 2 ? 0.0 : 0.5;
+      std::vector<float> grads = rank_gradient(table, step, world().rank()), ref_grads = grads;
+      const double norm = sharded->step(params.data(), grads.data(), 1e-2, step, max_norm);
+      const double ref_norm = replicated->step(ref.data(), ref_grads.data(), 1e-2, step, max_norm);
+      EXPECT_NEAR(norm, ref_norm, 1e-6 * ref_norm);
+      if (max_norm == 0) {
+        EXPECT_TRUE(bitwise_equal(params, ref)) << "step " << step;
+      }
+      EXPECT_LT(max_relative_error(params, ref), kTolerance) << "step " << step;
+      EXPECT_TRUE(same_on_every_rank(params)) << "the replicas drifted apart at step " << step;
+    }
+    // Each element's state once over the ranks, the replicated layout's values.
+    std::vector<double> times(static_cast<size_t>(table.total_elements()), 0.0);
+    for (const StateRun& r : sharded->states_to_save_runs())
+      if (r.state == "exp_avg" || r.state == "muon_momentum")
+        for (int64_t i = r.begin; i < r.end; ++i) times[i] += 1;
+    world().allreduce(times.data(), times.data(), times.size());
+    EXPECT_EQ(std::count_if(times.begin(), times.end(), [](double t) { return t > 1; }), 0);
+    expect_same_saved_state(*sharded, *replicated, table);
+    // The parameter shares tile the slab.
+    std::vector<int64_t> share = {sharded->parameters_to_save().begin,
+                                  sharded->parameters_to_save().end};
+    std::vector<int64_t> shares(2 * static_cast<size_t>(world().size()));
+    world().allgather(share.data(), shares.data(), 2);
+    EXPECT_EQ(shares.front(), 0);
+    EXPECT_EQ(shares.back(), table.total_elements());
+    for (size_t r = 1; r < shares.size() / 2; ++r) EXPECT_EQ(shares[2 * r], shares[2 * r - 1]);
+    // A veto (the same on every rank) changes nothing anywhere.
+    const std::vector<float> before = params;
+    std::vector<float> grads = rank_gradient(table, 9, world().rank());
+    double seen = 0;
+    sharded->step(params.data(), grads.data(), 1e-2, 5, 0.5, [&](double n) {
+      seen = n;
+      return true;
+    });
+    EXPECT_GT(seen, 0);
+    EXPECT_TRUE(bitwise_equal(params, before));
+  }
+}
+
+// A ZeRO-1 device checkpoint at this rank count loads into a fresh optimizer at the same count
+// and continues bit for bit; and loads into the CPU's ZeRO-1 and replicated layouts.
+TEST(HostStagedZero1, CheckpointStateRoundTripsAcrossLayouts) {
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  for (const bool with_muon : {false, true}) {
+    SCOPED_TRACE(with_muon ? "muon" : "adamw");
+    auto trained = device_optimizer(table, *device, with_muon, true);
+    std::vector<float> params = random_slab(table, 8, 0.1);
+    for (int64_t step = 1; step <= 2; ++step) {
+      std::vector<float> grads = rank_gradient(table, step, world().rank());
+      trained->step(params.data(), grads.data(), 1e-2, step, 1.0);
+    }
+    const auto saved = test::saved_state(*trained, table.total_elements(), &world());
+    ASSERT_EQ(saved.size(), with_muon ? 3u : 2u);
+    auto resumed = device_optimizer(table, *device, with_muon, true);
+    auto cpu = make_optimizer(table, options(with_muon, true), &world());
+    test::load_state(*resumed, saved);
+    test::load_state(*cpu, saved);
+    std::vector<float> a = params, b = params, c = params;
+    std::vector<float> ga = rank_gradient(table, 3, world().rank()), gb = ga, gc = ga;
+    trained->step(a.data(), ga.data(), 1e-2, 3, 0.0);
+    resumed->step(b.data(), gb.data(), 1e-2, 3, 0.0);
+    cpu->step(c.data(), gc.data(), 1e-2, 3, 0.0);
+    EXPECT_TRUE(bitwise_equal(a, b));
+    EXPECT_LT(max_relative_error(a, c), kTolerance);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "optim/clip.h"
+#include "optim/device_optimizer.h"
 #include "optim/test_util.h"
 
 namespace foundry {

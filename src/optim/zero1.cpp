@@ -241,10 +241,7 @@ void Zero1Optimizer::muon_matrix(size_t index, float* params, float* gu, double 
   const float keep = muon_decays_[index] ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
   const float step_size = static_cast<float>(
       lr * o.rms_scale * std::sqrt(static_cast<double>(std::max(m.rows, m.cols))));
-  float* __restrict w = params + m.offset;
-  const float* __restrict u = gu;
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) w[i] = w[i] * keep - step_size * u[i];
+  muon_apply(params + m.offset, gu, n, keep, step_size, nullptr);
 }
 
 void Zero1Optimizer::begin_backward(const float* grads) {

@@ -190,10 +190,20 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
                                            tc.seq_len, tc.precision,
                                            tc.optimizer == OptimizerKind::muon,
                                            tc.context_parallel);
+  // ZeRO-1 on GPUs keeps its state slabs (two, three with Muon) over its range of the slab
+  // only (optim/device_optimizer.h): the largest range decides.
+  int64_t optimizer = m.optimizer_bytes;
+  if (ranks > 1 && tc.zero1) {
+    const bool muon = tc.optimizer == OptimizerKind::muon;
+    const Zero1Layout layout(ParamTable(rc.model), ranks, muon);
+    int64_t largest = 0;
+    for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
+    optimizer = 4 * (muon ? 3 : 2) * largest;
+  }
   MemoryNeed need{"training",
                   {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes},
                    {"gradients", m.grads_bytes},
-                   {"optimizer", m.optimizer_bytes},
+                   {"optimizer", optimizer},
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
   const double counted = static_cast<double>(need.per_process());
   need.parts.emplace_back("margin", kGpuRuntimeBytes +

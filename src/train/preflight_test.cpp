@@ -83,9 +83,19 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_EQ(counted, m.total_bytes);
   EXPECT_EQ(need.parts.back().first, "margin");
   EXPECT_EQ(need.parts.back().second, (int64_t{256} << 20) + int64_t(0.02 * double(counted)));
-  // Two ranks (host-staged data parallel, no sharding on a GPU): each half the batch.
+  // Two ranks: each half the batch.
   EXPECT_LT(parts_of(gpu_training_memory_need(rc, 64, 2)).at("activations"),
             parts_of(need).at("activations"));
+  // ZeRO-1 over 4 ranks keeps a quarter of the state (up to a Muon matrix moved to a range's
+  // end); replicated, all of it.
+  const int64_t whole_state = parts_of(need).at("optimizer");
+  rc.train.zero1 = true;
+  const int64_t quarter = parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer");
+  EXPECT_GE(quarter, whole_state / 4);
+  EXPECT_LT(quarter, whole_state / 3);
+  rc.train.zero1 = false;
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer"), whole_state);
+  rc.train.zero1 = true;
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
   EXPECT_EQ(gpu_memory_shortfall(need, {need.per_process(), "GPU"}), "");

@@ -87,15 +87,12 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
         fmt::format(
             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
             tc.expert_parallel));
-  if (tc.device.cuda && (tc.expert_parallel > 1 || tc.context_parallel > 1 ||
-                         (procs.ranks() > 1 && tc.zero1)))
-    fail(fmt::format("train.device {} trains data parallel only (the state replicated), but this "
-                     "job has train.expert_parallel = {}, train.context_parallel = {} and "
-                     "train.zero1 = {} over {} rank(s)",
-                     tc.device.name(), tc.expert_parallel, tc.context_parallel,
-                     tc.zero1 ? "true" : "false", procs.ranks()),
-         "on GPUs set train.expert_parallel = 1, train.context_parallel = 1 and train.zero1 = "
-         "false, or train on the CPU (train.device cpu)");
+  if (tc.device.cuda && (tc.expert_parallel > 1 || tc.context_parallel > 1))
+    fail(fmt::format("train.device {} trains data parallel only (replicated or ZeRO-1), but this "
+                     "job has train.expert_parallel = {} and train.context_parallel = {}",
+                     tc.device.name(), tc.expert_parallel, tc.context_parallel),
+         "on GPUs set train.expert_parallel = 1 and train.context_parallel = 1, or train on the "
+         "CPU (train.device cpu)");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
          "prepare one with 'foundry data prepare' and set "
@@ -219,9 +216,10 @@ void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
 }
 
-// How data-parallel ranks on GPUs average their gradients (optim/optimizer.h), from every
-// rank's GPU UUID and whether its build has NCCL (collective over `world`: every rank
-// decides from the same figures).
+// How data-parallel ranks on GPUs exchange gradients and weights (optim/device_optimizer.h),
+// from every
+// rank's GPU UUID and whether its build has NCCL (collective over `world`: every rank decides
+// from the same figures).
 GpuGradients gpu_gradients_of(const Communicator& world) {
   const std::array<int64_t, 2> uuid = gpu::current_gpu_uuid();
   const int64_t mine[3] = {uuid[0], uuid[1], gpu::built_with_nccl() ? 1 : 0};
@@ -388,15 +386,14 @@ void TrainingRun::build_model_and_optimizer() {
     cp_group.emplace(world->split(world->rank() / c, world->rank()));
     model->set_context_parallel(&*cp_group);
   }
-  if (tc.device.cuda) {
-    // Data parallel on GPUs: the gradients are averaged over NCCL where every rank has a GPU
-    // of its own, else through host memory.
-    optimizer = make_device_optimizer(model->table(), optimizer_options(tc));
-    if (world && world->size() > 1) {
-      auto g = procs.guard("opening the data-parallel group of the GPUs");
-      optimizer = make_gpu_replicated_optimizer(std::move(optimizer), *backend, *world,
-                                                model->slab_size(), gpu_gradients_of(*world));
-    }
+  if (tc.device.cuda && world && world->size() > 1) {
+    // Data parallel on GPUs: over NCCL where every rank has a GPU of its own, else through
+    // host memory.
+    auto g = procs.guard("opening the data-parallel group of the GPUs");
+    optimizer = make_device_data_parallel_optimizer(model->table(), optimizer_options(tc),
+                                                    *backend, *world, gpu_gradients_of(*world));
+  } else if (tc.device.cuda) {
+    optimizer = make_device_optimizer(model->table(), optimizer_options(tc), *backend);
   } else {
     optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
   }
@@ -603,12 +600,14 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
     if (comm_stats.steps > 0)
       std::fprintf(stderr, "%s\n", comm_stats.describe(run.model->slab_size()).c_str());
     if (run.tc.device.cuda) {
-      const MemoryEstimate m =
-          estimate_memory(run.rc.model, run.tc.batch_size, run.tc.seq_len, run.tc.precision,
-                          run.tc.optimizer == OptimizerKind::muon);
+      // Model info's figures for this rank (its share of the batch, ZeRO-1's share of the
+      // state), without the memory check's margin.
+      const MemoryNeed need =
+          gpu_training_memory_need(run.rc, run.tc.batch_size, run.procs.ranks());
+      const int64_t estimate = need.per_process() - need.parts.back().second;
       std::fprintf(stderr, "GPU memory in use at the end: %s (model info estimates %s)\n",
                    format_bytes(double(gpu::memory_in_use()), ByteUnit::GiB, 2).c_str(),
-                   format_bytes(double(m.total_bytes), ByteUnit::GiB, 2).c_str());
+                   format_bytes(double(estimate), ByteUnit::GiB, 2).c_str());
     }
   }
   if (opt.op_breakdown && steps_run > 0)

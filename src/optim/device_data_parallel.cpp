@@ -1,0 +1,285 @@
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "base/error.h"
+#include "comm/comm.h"
+#include "cuda/nccl.h"
+#include "kernels/backend.h"
+#include "optim/data_parallel_support.h"
+#include "optim/device_optimizer.h"
+#include "optim/grad_reduce.h"
+#include "optim/zero1_layout.h"
+
+namespace foundry {
+namespace {
+
+// The NCCL group of `world`'s ranks, each on its GPU (collective): rank 0's id goes to the
+// others over MPI.
+std::unique_ptr<gpu::NcclGroup> open_nccl_group(const Communicator& world) {
+  return std::make_unique<gpu::NcclGroup>(world.rank(), world.size(), [&](void* bytes, size_t n) {
+    std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
+    std::memcpy(words.data(), bytes, n);
+    world.broadcast(words.data(), words.size(), 0);
+    std::memcpy(bytes, words.data(), n);
+    // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
+    // broadcast lazily could otherwise leave a rank without it).
+    world.barrier();
+  });
+}
+
+// Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
+// state: each step averages the gradients over the ranks, then runs the local (device)
+// optimizer on the average. Through host memory (copied out, summed over the MPI
+// communicator, then scaled: ReplicatedOptimizer's arithmetic) where ranks share a GPU or the
+// build has no NCCL, or with NCCL on the device buffers where every rank has a GPU of its own
+// (ncclAvg scales each rank's gradient before the sum: other roundings than the host path's).
+class GpuReplicatedOptimizer final : public DataParallelOptimizer {
+ public:
+  GpuReplicatedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
+                         const Communicator& world, int64_t elements, GpuGradients how)
+      : local_(std::move(local)),
+        backend_(backend),
+        world_(world),
+        elements_(elements),
+        ranks_(world.size()),
+        rank_(world.rank()) {
+    if (how == GpuGradients::nccl)
+      nccl_ = open_nccl_group(world);
+    else
+      staging_.resize(static_cast<size_t>(elements));
+  }
+
+  void begin_backward(float*) override {}
+  void gradients_final(int64_t) override {}
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
+    if (nccl_) {
+      ScopedOpTimer t(op_times_, "comm: gradients over NCCL");
+      nccl_->allreduce_mean(grads, elements_);
+    } else {
+      average_through_host(grads);
+    }
+    return local_->step(params, grads, lr, step, max_norm, veto);
+  }
+  const GradientReduceStats* last_reduce() const override { return nullptr; }
+  bool write_bf16_weights(bf16* mirror) override { return local_->write_bf16_weights(mirror); }
+
+  int64_t state_bytes() const override { return local_->state_bytes(); }
+  // Every rank holds everything: each saves an even share, and loads all.
+  SlabRange parameters_to_save() const override {
+    return even_share(local_->parameters_to_save().end, ranks_, rank_);
+  }
+  std::vector<StateRun> states_to_save_runs() override {
+    return clip_runs(local_->states_to_save_runs(), parameters_to_save());
+  }
+  std::vector<StateRun> live_state_runs() override {
+    return clip_runs(local_->live_state_runs(), parameters_to_save());
+  }
+  std::vector<StateRun> states_to_load_runs() override { return local_->states_to_load_runs(); }
+
+  void shard_expert_storage(Model&, int) override {}
+  std::string describe() const override {
+    return local_->describe() +
+           fmt::format(", replicated on {} ranks, gradients averaged {}", ranks_,
+                       nccl_ ? "over NCCL" : "through host memory");
+  }
+  const char* layout_name() const override {
+    return nccl_ ? "replicated, NCCL" : "replicated, host-staged";
+  }
+  void set_op_times(OpTimes* times) override {
+    op_times_ = times;
+    local_->set_op_times(times);
+  }
+
+ private:
+  void average_through_host(float* grads) {
+    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(float));
+    ScopedOpTimer t(op_times_, "comm: gradients through host memory");
+    backend_.to_host(staging_.data(), grads, bytes);
+    constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
+    for (int64_t at = 0; at < elements_; at += kPiece)
+      world_.allreduce(staging_.data() + at, staging_.data() + at,
+                       static_cast<size_t>(std::min(kPiece, elements_ - at)));
+    average_over_ranks(staging_.data(), elements_, ranks_);
+    backend_.from_host(grads, staging_.data(), bytes);
+  }
+
+  std::unique_ptr<DataParallelOptimizer> local_;
+  Backend& backend_;
+  const Communicator& world_;
+  int64_t elements_;
+  std::vector<float> staging_;           // through host memory
+  std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
+  int ranks_, rank_;
+  OpTimes* op_times_ = nullptr;
+};
+
+
+// ZeRO-1 over ranks whose slabs live in device memory. The state is sharded along
+// Zero1Layout::state_range: the ZeRO-1 shards with each boundary moved to the end of the Muon
+// matrix that crosses it, so a rank updates whole matrices from its own part of the gradient
+// (the CPU's ZeRO-1 cuts at fixed shard sizes and exchanges the pieces of split matrices
+// instead). A step: the gradients reduce-scattered to those ranges (and averaged); the local
+// device optimizer on this rank's range, its sum of squares added over the ranks in rank
+// order; the updated ranges all-gathered. With NCCL on the device buffers (a reduce to each
+// range's rank, and a broadcast from it, each grouped into one launch) or through host memory
+// over the MPI communicator (the CPU's reduce-scatter, summing in rank order).
+class GpuShardedOptimizer final : public DataParallelOptimizer {
+ public:
+  GpuShardedOptimizer(const ParamTable& table, const OptimizerOptions& options, Backend& backend,
+                      const Communicator& world, GpuGradients how,
+                      std::unique_ptr<OptimizerKernels> kernels)
+      : table_(table),
+        muon_on_(options.muon.has_value()),
+        backend_(backend),
+        comm_(world.dup()),
+        layout_(table, world.size(), options.muon.has_value()),
+        elements_(table.total_elements()) {
+    for (int r = 0; r < comm_.size(); ++r) {
+      ranges_.push_back(layout_.state_range(r));
+      counts_.push_back(ranges_.back().size());
+    }
+    mine_ = ranges_[static_cast<size_t>(comm_.rank())];
+    local_ = make_device_optimizer(table, options, backend, std::move(kernels),
+                                   {mine_, [this](double sum) { return sum_over_ranks(sum); }});
+    if (how == GpuGradients::nccl) {
+      nccl_ = open_nccl_group(comm_);
+    } else {
+      reducer_.emplace(comm_, elements_, counts_);
+      staging_.resize(static_cast<size_t>(elements_));
+      shard_.resize(static_cast<size_t>(mine_.size()));
+    }
+  }
+
+  void begin_backward(float*) override {}
+  void gradients_final(int64_t) override {}
+  double step(float* params, float* grads, double lr, int64_t step, double max_norm,
+              const UpdateVeto& veto) override {
+    reduce_scatter_gradients(grads);
+    // Every rank sees the same norm and the veto is the caller's agreed decision: a skipped
+    // update is skipped on every rank, and nothing needs gathering.
+    bool vetoed = false;
+    const double norm = local_->step(params, grads, lr, step, max_norm, [&](double n) {
+      vetoed = veto && veto(n);
+      return vetoed;
+    });
+    if (vetoed || !std::isfinite(norm)) return norm;
+    all_gather_weights(params);
+    return norm;
+  }
+  const GradientReduceStats* last_reduce() const override { return nullptr; }
+  // The bf16 copies of the other ranks' ranges are not gathered: the caller refreshes the
+  // whole copy after the step (Model::sync_weights).
+  bool write_bf16_weights(bf16*) override { return false; }
+
+  int64_t state_bytes() const override { return local_->state_bytes(); }
+  SlabRange parameters_to_save() const override { return mine_; }
+  std::vector<StateRun> states_to_save_runs() override { return local_->states_to_save_runs(); }
+  std::vector<StateRun> states_to_load_runs() override { return local_->states_to_load_runs(); }
+  std::vector<StateRun> live_state_runs() override { return local_->live_state_runs(); }
+
+  void shard_expert_storage(Model&, int) override {}
+  std::string describe() const override {
+    return describe_optimizer_split(table_, muon_on_) +
+           fmt::format(" on the GPU, ZeRO-1 over {} ranks, gradients reduce-scattered {}",
+                       comm_.size(), nccl_ ? "over NCCL" : "through host memory");
+  }
+  const char* layout_name() const override {
+    return nccl_ ? "ZeRO-1, NCCL" : "ZeRO-1, host-staged";
+  }
+  void set_op_times(OpTimes* times) override {
+    op_times_ = times;
+    local_->set_op_times(times);
+  }
+
+ private:
+  // The ranks' partial sums of squares, added in rank order (the same bits on every rank).
+  double sum_over_ranks(double partial) const {
+    std::vector<double> all(static_cast<size_t>(comm_.size()));
+    comm_.allgather(&partial, all.data(), 1);
+    double total = 0;
+    for (double s : all) total += s;
+    return total;
+  }
+
+  // On return this rank's range of `grads` holds the ranks' average there (the rest of the
+  // slab is left as it was or overwritten, and is not read again).
+  void reduce_scatter_gradients(float* grads) {
+    if (nccl_) {
+      ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter over NCCL");
+      nccl_->reduce_mean_to_ranges(grads, ranges_);
+      return;
+    }
+    ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter through host memory");
+    backend_.to_host(staging_.data(), grads, elements_ * static_cast<int64_t>(sizeof(float)));
+    reducer_->finish(staging_.data(), shard_.data());
+    average_over_ranks(shard_.data(), mine_.size(), comm_.size());
+    if (mine_.size() > 0)
+      backend_.from_host(grads + mine_.begin, shard_.data(),
+                         mine_.size() * static_cast<int64_t>(sizeof(float)));
+  }
+
+  // Every rank's updated range to every rank.
+  void all_gather_weights(float* params) {
+    if (nccl_) {
+      ScopedOpTimer t(op_times_, "comm: weight all-gather over NCCL");
+      nccl_->broadcast_ranges(params, ranges_);
+      return;
+    }
+    ScopedOpTimer t(op_times_, "comm: weight all-gather through host memory");
+    const int64_t bytes = static_cast<int64_t>(sizeof(float));
+    if (mine_.size() > 0)
+      backend_.to_host(staging_.data() + mine_.begin, params + mine_.begin, mine_.size() * bytes);
+    // MPI counts are ints: windows of the slab, each rank's part of each window.
+    constexpr int64_t kWindow = int64_t{1} << 30;
+    for (int64_t at = 0; at < elements_; at += kWindow) {
+      const SlabRange window{at, std::min(elements_, at + kWindow)};
+      std::vector<int64_t> counts;
+      for (const SlabRange& r : ranges_) counts.push_back(intersect(r, window).size());
+      comm_.allgatherv_in_place(staging_.data() + at, counts);
+    }
+    backend_.from_host(params, staging_.data(), elements_ * bytes);
+  }
+
+  const ParamTable& table_;
+  bool muon_on_;
+  Backend& backend_;
+  Communicator comm_;
+  Zero1Layout layout_;
+  int64_t elements_;
+  std::vector<SlabRange> ranges_;  // every rank's state range, in rank order
+  std::vector<int64_t> counts_;
+  SlabRange mine_;
+  std::unique_ptr<DataParallelOptimizer> local_;
+  std::unique_ptr<gpu::NcclGroup> nccl_;   // over NCCL
+  std::optional<GradientReducer> reducer_;  // through host memory
+  std::vector<float> staging_, shard_;
+  OpTimes* op_times_ = nullptr;
+};
+
+}  // namespace
+
+GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
+                                bool nccl_everywhere) {
+  for (size_t a = 0; a < rank_gpus.size(); ++a)
+    for (size_t b = 0; b < a; ++b)
+      if (rank_gpus[a] == rank_gpus[b]) return GpuGradients::host;  // two ranks on one GPU
+  return nccl_everywhere ? GpuGradients::nccl : GpuGradients::host;
+}
+
+std::unique_ptr<DataParallelOptimizer> make_device_data_parallel_optimizer(
+    const ParamTable& table, const OptimizerOptions& options, Backend& backend,
+    const Communicator& world, GpuGradients how,
+    const std::function<std::unique_ptr<OptimizerKernels>()>& kernels) {
+  if (options.zero1)
+    return std::make_unique<GpuShardedOptimizer>(table, options, backend, world, how, kernels());
+  return std::make_unique<GpuReplicatedOptimizer>(
+      make_device_optimizer(table, options, backend, kernels()), backend, world,
+      table.total_elements(), how);
+}
+
+}  // namespace foundry
