@@ -1,9 +1,9 @@
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
-
-#include <fmt/format.h>
 
 #include "base/error.h"
 #include "comm/comm.h"
@@ -83,9 +83,8 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
 
   void shard_expert_storage(Model&, int) override {}
   std::string describe() const override {
-    return local_->describe() +
-           fmt::format(", replicated on {} ranks, gradients averaged {}", ranks_,
-                       nccl_ ? "over NCCL" : "through host memory");
+    return local_->describe() + fmt::format(", replicated on {} ranks, gradients averaged {}",
+                                            ranks_, nccl_ ? "over NCCL" : "through host memory");
   }
   const char* layout_name() const override {
     return nccl_ ? "replicated, NCCL" : "replicated, host-staged";
@@ -112,12 +111,11 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
   Backend& backend_;
   const Communicator& world_;
   int64_t elements_;
-  std::vector<float> staging_;           // through host memory
+  std::vector<float> staging_;            // through host memory
   std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
   int ranks_, rank_;
   OpTimes* op_times_ = nullptr;
 };
-
 
 // ZeRO-1 over ranks whose slabs live in device memory. The state is sharded along
 // Zero1Layout::state_range: the ZeRO-1 shards with each boundary moved to the end of the Muon
@@ -255,7 +253,7 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   std::vector<int64_t> counts_;
   SlabRange mine_;
   std::unique_ptr<DataParallelOptimizer> local_;
-  std::unique_ptr<gpu::NcclGroup> nccl_;   // over NCCL
+  std::unique_ptr<gpu::NcclGroup> nccl_;    // over NCCL
   std::optional<GradientReducer> reducer_;  // through host memory
   std::vector<float> staging_, shard_;
   OpTimes* op_times_ = nullptr;

@@ -105,7 +105,8 @@ class DeviceOptimizer final : public DataParallelOptimizer {
   std::vector<StateRun> states_to_save_runs() override {
     for (StateSlab& s : slabs_) {
       host_copy(s);
-      if (s.device.bytes() > 0) backend_.to_host(s.host.data(), s.device.as<void>(), s.device.bytes());
+      if (s.device.bytes() > 0)
+        backend_.to_host(s.host.data(), s.device.as<void>(), s.device.bytes());
     }
     return runs();
   }
@@ -163,7 +164,8 @@ class DeviceOptimizer final : public DataParallelOptimizer {
   void upload_loaded_state() {
     if (!loaded_) return;
     for (StateSlab& s : slabs_)
-      if (s.device.bytes() > 0) backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
+      if (s.device.bytes() > 0)
+        backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
     loaded_ = false;
   }
 

@@ -75,7 +75,8 @@ class CpuOptimizerKernels final : public OptimizerKernels {
   }
 
   double sum_of_squares(const float* grads) override {
-    chunk_sums_of_squares(norm_, [&](int64_t offset) { return grads + offset; }, partial_.data());
+    chunk_sums_of_squares(
+        norm_, [&](int64_t offset) { return grads + offset; }, partial_.data());
     double total = 0;
     for (double s : partial_) total += s;  // fixed order
     return total;

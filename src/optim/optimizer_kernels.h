@@ -24,7 +24,8 @@ class OptimizerKernels {
   // The runs the gradient norm sums over and the runs AdamW updates (SlabChunk: offset,
   // size, decay), as offsets from the pointers the calls below are given. Set once, before
   // the first call.
-  virtual void set_runs(const std::vector<SlabChunk>& norm, const std::vector<SlabChunk>& adamw) = 0;
+  virtual void set_runs(const std::vector<SlabChunk>& norm,
+                        const std::vector<SlabChunk>& adamw) = 0;
 
   // Σ g² over the norm runs, in double.
   virtual double sum_of_squares(const float* grads) = 0;
