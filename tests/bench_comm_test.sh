@@ -134,6 +134,14 @@ expect_fail "-f 1" "-f/--stepfactor must be an integer of at least 2 (got 1)" "$
 expect_fail "-f 1.5" "-f/--stepfactor: '1.5' is not an integer" "$FOUNDRY" bench comm -f 1.5
 expect_fail "unknown --op" "--op: unknown operation 'allreduce'" "$FOUNDRY" bench comm --op allreduce
 expect_fail "-n 0" "-n/--iters must be at least 1" "$FOUNDRY" bench comm -n 0
+expect_fail "--device cuda with --algorithms" "--algorithms forces Open MPI's algorithms, but --device cuda measures NCCL's" \
+  "$FOUNDRY" bench comm --device cuda --algorithms
+expect_fail "--device gpu" "--device 'gpu': not a device" "$FOUNDRY" bench comm --device gpu
+# --device cuda where this build or machine has no GPU: the error says which, on every rank.
+if ! command -v nvidia-smi >/dev/null || ! nvidia-smi -L >/dev/null 2>&1; then
+  expect_fail "--device cuda without a GPU" "--device cuda:0: " \
+    timeout 60 "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm -e 64 --device cuda
+fi
 # A failure on rank 0 alone (an unreadable profile) ends every rank, with rank 0's error.
 echo '{broken' >broken.json
 expect_fail "bad --profile under mpirun" "--profile broken.json: not valid JSON" \

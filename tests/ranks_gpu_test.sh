@@ -74,8 +74,20 @@ if [ "${gpus:-0}" -ge 2 ]; then
       && ok "2 GPUs: $(grep -oE '(averaged|reduce-scattered) (over NCCL|through host memory)' two-gpus-$zero1.log | head -1)" \
       || bad "no word of how 2 GPUs reduce"
   done
+  # NCCL's collectives between the two GPUs: every result exact, and a fit per operation.
+  OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm --device cuda -b 1K -e 4M -f 4 \
+    -w 2 -n 5 --json nccl.json >nccl.txt 2>&1 || { cat nccl.txt; bad "bench comm --device cuda failed"; }
+  python3 - nccl.json <<'PY' && ok "bench comm --device cuda: five NCCL collectives, every element right" || bad "bench comm --device cuda's results"
+import json, sys
+r = json.load(open(sys.argv[1]))["collectives"]
+print([(c["op"], c["algorithm"], len(c["points"])) for c in r])
+sys.exit(0 if len(r) == 5 and all(c["algorithm"] == "nccl" and c["points"] and
+         all(p["wrong"] == 0 for p in c["points"]) for c in r) else 1)
+PY
 else
   echo "skipped: two ranks on two GPUs (${gpus:-0} visible)"
+  expect_fail "bench comm --device cuda with two ranks on one GPU" "share one GPU, and NCCL needs a GPU per rank" \
+    "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm --device cuda:0 -e 1K
 fi
 
 # The 2-rank checkpoint of step 4 (two shares) resumes in one process to the same end.

@@ -6,12 +6,16 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
+#include <cstring>
+#include <memory>
 
 #include "base/error.h"
 #include "base/io.h"
 #include "base/timer.h"
 #include "bench/membw_bench.h"
 #include "comm/coll_tuning.h"
+#include "cuda/nccl.h"
+#include "cuda/runtime.h"
 
 namespace foundry {
 
@@ -174,6 +178,9 @@ void CommBenchOptions::validate() const {
   if (warmup < 0) fail(fmt::format("-w/--warmup must be 0 or more (got {})", warmup));
   if (iters < 1) fail(fmt::format("-n/--iters must be at least 1 (got {})", iters));
   if (ops.empty()) fail("--op: no operation given");
+  if (nccl && sweep_algorithms)
+    fail("--algorithms forces Open MPI's algorithms, but --device cuda measures NCCL's",
+         "leave out --algorithms (NCCL picks its own; NCCL_ALGO and NCCL_PROTO restrict it)");
 }
 
 std::vector<int64_t> size_sweep(int64_t min_bytes, int64_t max_bytes, int64_t factor) {
@@ -295,37 +302,103 @@ int64_t count_wrong(CollectiveOp op, int ranks, int rank, const MessageShape& sh
 
 namespace {
 
-struct Buffers {
+// Where the collectives run: MPI on host buffers, or NCCL on device buffers. `send` and
+// `recv` are the host side, where inputs are written and results checked.
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  // Buffers for the largest message of an op, reused by every size.
+  virtual void resize(int64_t send_elements, int64_t recv_elements) {
+    send.resize(size_t(std::max<int64_t>(1, send_elements)));
+    recv.resize(size_t(std::max<int64_t>(1, recv_elements)));
+  }
+  // The host buffers to where the calls read them, and the results back.
+  virtual void load() {}
+  virtual void fetch() {}
+  // One call, complete on return.
+  virtual void run(CollectiveOp op, const MessageShape& s) = 0;
+
   std::vector<float> send, recv;
 };
 
-void run_once(const Communicator& comm, CollectiveOp op, Buffers& b, const MessageShape& s) {
-  switch (op) {
-    case CollectiveOp::all_reduce:
-      comm.allreduce(b.send.data(), b.recv.data(), size_t(s.count));
-      break;
-    case CollectiveOp::reduce_scatter:
-      comm.reduce_scatter(b.send.data(), b.recv.data(), size_t(s.block));
-      break;
-    case CollectiveOp::all_gather:
-      comm.allgather(b.send.data(), b.recv.data(), size_t(s.block));
-      break;
-    case CollectiveOp::broadcast:
-      comm.broadcast(b.recv.data(), size_t(s.count), /*root=*/0);
-      break;
-    case CollectiveOp::all_to_all:
-      comm.alltoall(b.send.data(), b.recv.data(), size_t(s.block));
-      break;
+class MpiRunner final : public Runner {
+ public:
+  explicit MpiRunner(const Communicator& comm) : comm_(&comm) {}
+  void set_comm(const Communicator& comm) { comm_ = &comm; }
+  void run(CollectiveOp op, const MessageShape& s) override {
+    switch (op) {
+      case CollectiveOp::all_reduce:
+        comm_->allreduce(send.data(), recv.data(), size_t(s.count));
+        break;
+      case CollectiveOp::reduce_scatter:
+        comm_->reduce_scatter(send.data(), recv.data(), size_t(s.block));
+        break;
+      case CollectiveOp::all_gather:
+        comm_->allgather(send.data(), recv.data(), size_t(s.block));
+        break;
+      case CollectiveOp::broadcast:
+        comm_->broadcast(recv.data(), size_t(s.count), /*root=*/0);
+        break;
+      case CollectiveOp::all_to_all:
+        comm_->alltoall(send.data(), recv.data(), size_t(s.block));
+        break;
+    }
   }
-}
 
-CommBenchPoint measure_size(const Communicator& comm, CollectiveOp op, Buffers& b,
+ private:
+  const Communicator* comm_;
+};
+
+class NcclRunner final : public Runner {
+ public:
+  // Collective over `comm`: rank 0's NCCL id goes to the others by MPI broadcast.
+  explicit NcclRunner(const Communicator& comm)
+      : group_(comm.rank(), comm.size(), [&](void* bytes, size_t n) {
+          std::vector<int64_t> words((n + 7) / 8, 0);
+          std::memcpy(words.data(), bytes, n);
+          comm.broadcast(words.data(), words.size(), 0);
+          std::memcpy(bytes, words.data(), n);
+          comm.barrier();  // every rank holds the id before any blocks in NCCL's init
+        }) {}
+  void resize(int64_t send_elements, int64_t recv_elements) override {
+    Runner::resize(send_elements, recv_elements);
+    d_send_ = gpu::DeviceBuffer(bytes(send));
+    d_recv_ = gpu::DeviceBuffer(bytes(recv));
+  }
+  void load() override {
+    d_send_.upload(send.data(), bytes(send));
+    d_recv_.upload(recv.data(), bytes(recv));
+  }
+  void fetch() override { d_recv_.download(recv.data(), bytes(recv)); }
+  void run(CollectiveOp op, const MessageShape& s) override {
+    const float* in = d_send_.as<float>();
+    float* out = d_recv_.as<float>();
+    switch (op) {
+      case CollectiveOp::all_reduce: group_.all_reduce(in, out, s.count); break;
+      case CollectiveOp::reduce_scatter: group_.reduce_scatter(in, out, s.block); break;
+      case CollectiveOp::all_gather: group_.all_gather(in, out, s.block); break;
+      case CollectiveOp::broadcast: group_.broadcast(out, s.count, /*root=*/0); break;
+      case CollectiveOp::all_to_all: group_.all_to_all(in, out, s.block); break;
+    }
+    group_.synchronize();
+  }
+
+ private:
+  static int64_t bytes(const std::vector<float>& v) {
+    return int64_t(v.size() * sizeof(float));
+  }
+  gpu::NcclGroup group_;
+  gpu::DeviceBuffer d_send_, d_recv_;
+};
+
+CommBenchPoint measure_size(const Communicator& comm, CollectiveOp op, Runner& b,
                             const MessageShape& shape, const CommBenchOptions& options) {
   const int rank = comm.rank(), ranks = comm.size();
   fill_comm_inputs(op, ranks, rank, shape, b.send.data(), b.recv.data());
+  b.load();
   for (int i = 0; i < options.warmup; ++i) {
     comm.barrier();
-    run_once(comm, op, b, shape);
+    b.run(op, shape);
   }
   // The barrier lines the ranks up so each iteration measures the collective, not the
   // previous iteration's skew; each rank times only the call itself.
@@ -333,7 +406,7 @@ CommBenchPoint measure_size(const Communicator& comm, CollectiveOp op, Buffers& 
   for (int i = 0; i < options.iters; ++i) {
     comm.barrier();
     const double start = now_seconds();
-    run_once(comm, op, b, shape);
+    b.run(op, shape);
     samples[size_t(i)] = now_seconds() - start;
   }
 
@@ -341,8 +414,10 @@ CommBenchPoint measure_size(const Communicator& comm, CollectiveOp op, Buffers& 
   // reset to the sentinel so a stale correct result from the timed loop cannot hide a call
   // that did nothing.
   fill_comm_inputs(op, ranks, rank, shape, b.send.data(), b.recv.data());
+  b.load();
   comm.barrier();
-  run_once(comm, op, b, shape);
+  b.run(op, shape);
+  b.fetch();
   if (rank == options.corrupt_rank) b.recv[0] += 1.0f;
   int64_t wrong = count_wrong(op, ranks, rank, shape, b.recv.data());
 
@@ -421,7 +496,7 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
 
   std::optional<CollTuning> tuning;
   try {
-    tuning.emplace();
+    if (!options.nccl) tuning.emplace();  // NCCL's algorithms are NCCL's: nothing to label
   } catch (const Error&) {
     if (options.sweep_algorithms) throw;  // no MPI_T: the sweep is impossible
   }
@@ -434,19 +509,23 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
   std::vector<std::vector<Variant>> variants;
   int64_t total = 0, done = 0;
   for (CollectiveOp op : options.ops) {
-    variants.push_back(variants_for(op, ranks, tuning ? &*tuning : nullptr,
-                                    options.sweep_algorithms));
+    variants.push_back(options.nccl ? std::vector<Variant>{{0, "nccl"}}
+                                    : variants_for(op, ranks, tuning ? &*tuning : nullptr,
+                                                   options.sweep_algorithms));
     total += int64_t(variants.back().size() * shapes_for(op, ranks, sizes).size());
   }
 
+  std::unique_ptr<NcclRunner> nccl;
+  if (options.nccl) nccl = std::make_unique<NcclRunner>(comm);
+  MpiRunner mpi(comm);
+  Runner& runner = nccl ? static_cast<Runner&>(*nccl) : mpi;
   std::vector<CommBenchResult> results;
   for (size_t k = 0; k < options.ops.size(); ++k) {
     const CollectiveOp op = options.ops[k];
     const std::string coll(tuned_collective(op));
     const std::vector<MessageShape> shapes = shapes_for(op, ranks, sizes);
-    Buffers buffers;  // sized once for the largest message, reused by every size
-    buffers.send.resize(size_t(std::max<int64_t>(1, send_elements(op, shapes.back()))));
-    buffers.recv.resize(size_t(recv_elements(op, shapes.back())));
+    // Sized once for the largest message, reused by every size.
+    runner.resize(send_elements(op, shapes.back()), recv_elements(op, shapes.back()));
     const int initially_forced = options.sweep_algorithms ? tuning->forced(coll) : 0;
     for (const Variant& variant : variants[k]) {
       // A forced algorithm applies to communicators created after it is set (coll_tuning.h),
@@ -457,13 +536,14 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
         forced_comm.emplace(comm.dup());
       }
       const Communicator& c = forced_comm ? *forced_comm : comm;
+      mpi.set_comm(c);
       CommBenchResult result;
       result.op = op;
       result.ranks = ranks;
       result.algorithm = variant.name;
       result.algorithm_id = variant.id;
       for (const MessageShape& shape : shapes) {
-        result.points.push_back(measure_size(c, op, buffers, shape, options));
+        result.points.push_back(measure_size(c, op, runner, shape, options));
         ++done;
         if (options.on_progress)
           options.on_progress(done, total,
@@ -485,7 +565,19 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
 
 // ---- output ---------------------------------------------------------------------------
 
+std::string_view nccl_call(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::all_reduce: return "ncclAllReduce";
+    case CollectiveOp::reduce_scatter: return "ncclReduceScatter";
+    case CollectiveOp::all_gather: return "ncclAllGather";
+    case CollectiveOp::broadcast: return "ncclBroadcast";
+    case CollectiveOp::all_to_all: return "ncclSend/ncclRecv";
+  }
+  return "?";
+}
+
 std::string describe_algorithm(const CommBenchResult& r) {
+  if (r.algorithm == "nccl") return "NCCL";
   if (r.algorithm_id == 0) return "default (tuned decision rules)";
   return fmt::format("{} (coll_tuned_{}_algorithm={})", r.algorithm, tuned_collective(r.op),
                      r.algorithm_id);
@@ -494,7 +586,8 @@ std::string describe_algorithm(const CommBenchResult& r) {
 std::string format_comm_table(const CommBenchResult& r) {
   std::string out;
   out += fmt::format("# {} ({}) | ranks {} | float32 | algorithm: {}\n", op_name(r.op),
-                     mpi_call(r.op), r.ranks, describe_algorithm(r));
+                     r.algorithm == "nccl" ? nccl_call(r.op) : mpi_call(r.op), r.ranks,
+                     describe_algorithm(r));
   out += fmt::format("#{:>11} {:>11} {:>6} {:>14} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} "
                      "{:>7}\n",
                      "size", "count", "type", "op", "avg", "min", "p50", "p99", "max", "algbw",

@@ -82,6 +82,10 @@ struct CommBenchOptions {
   // Also run every Open MPI coll/tuned algorithm of each op (see comm/coll_tuning.h); needs
   // an MpiSession created with allow_forced_algorithms.
   bool sweep_algorithms = false;
+  // Run the collectives with NCCL on device buffers of this rank's GPU (the caller has made
+  // it current: `bench comm --device cuda`), one NCCL group over the communicator's ranks;
+  // inputs are written and results checked through host copies, outside the timed calls.
+  bool nccl = false;
   // Testing the checker: this rank changes one element of its result after the check run.
   int corrupt_rank = -1;
   // Called on every rank after each measured size: (sizes done, sizes in total, what).
@@ -124,7 +128,7 @@ struct CommBenchResult {
   CollectiveOp op = CollectiveOp::all_reduce;
   int ranks = 0;
   // "default" when coll/tuned's decision rules chose per call; otherwise Open MPI's name of
-  // the forced algorithm, whose variable value is algorithm_id.
+  // the forced algorithm, whose variable value is algorithm_id; "nccl" for NCCL's.
   std::string algorithm = "default";
   int algorithm_id = 0;
   std::vector<CommBenchPoint> points;
@@ -153,7 +157,10 @@ int64_t recv_elements(CollectiveOp op, const MessageShape& shape);
 int64_t count_wrong(CollectiveOp op, int ranks, int rank, const MessageShape& shape,
                     const float* recv);
 
-// "default (tuned decision rules)" or "ring (coll_tuned_allreduce_algorithm=4)".
+// The NCCL call that implements it ("ncclAllReduce", …, "ncclSend/ncclRecv" for all-to-all).
+std::string_view nccl_call(CollectiveOp op);
+
+// "default (tuned decision rules)", "ring (coll_tuned_allreduce_algorithm=4)" or "NCCL".
 std::string describe_algorithm(const CommBenchResult& result);
 
 // The nccl-tests style table of one result, with a heading and the fit below it.

@@ -201,13 +201,15 @@ double HardwareProfile::memory_bandwidth() const {
 }
 
 const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t ranks) const {
+  // At equal rank counts: NCCL's fit on a GPU, the library's default choice on a CPU.
+  const std::string preferred = kind == "gpu" ? "nccl" : "default";
   const CollectiveFit* below = nullptr;
   const CollectiveFit* above = nullptr;
   for (const auto& c : collectives) {
     if (c.op != op) continue;
     if (c.ranks <= ranks) {
       if (!below || c.ranks > below->ranks ||
-          (c.ranks == below->ranks && c.algorithm == "default"))
+          (c.ranks == below->ranks && c.algorithm == preferred))
         below = &c;
     } else if (!above || c.ranks < above->ranks) {
       above = &c;

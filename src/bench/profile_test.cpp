@@ -51,6 +51,17 @@ TEST(Profile, GemmRateMatchesMeasuredPointsAndInterpolatesBetween) {
   EXPECT_DOUBLE_EQ(p.gemm_rate(DType::f32, 512, 512, 512), 4e11);
 }
 
+// At one rank count a GPU profile answers with NCCL's fit (`bench comm --device cuda`), a CPU
+// profile with the MPI library's default, whichever comes first in the file.
+TEST(Profile, AtOneRankCountAGpuTakesNcclsFitAndACpuTheDefault) {
+  json doc = minimal_profile();
+  doc["collectives"].insert(doc["collectives"].begin(), json::parse(
+      R"({"op": "all_reduce", "ranks": 2, "algorithm": "nccl", "fit": {"alpha_s": 3e-6, "beta_bytes_per_s": 9e10}})"));
+  EXPECT_EQ(parse_profile(doc, "cpu.json").collective("all_reduce", 2).algorithm, "default");
+  doc["device"]["kind"] = "gpu";
+  EXPECT_EQ(parse_profile(doc, "gpu.json").collective("all_reduce", 2).algorithm, "nccl");
+}
+
 // Decode points (weights from memory) answer decode_gemm_rate and only it: the training
 // rates keep coming from the other points.
 TEST(Profile, DecodePointsAnswerOnlyTheDecodeRate) {

@@ -2,6 +2,7 @@
 // broadcast, all-to-all) over a range of message sizes under mpirun, nccl-tests style, check
 // every result, and fit t(S) = α + S/β per operation and rank count. The measuring is in
 // bench/comm_bench.h; this file parses flags, starts MPI and prints on rank 0.
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -18,7 +19,10 @@
 #include "bench/provenance.h"
 #include "cli/commands.h"
 #include "comm/agree.h"
+#include "base/device.h"
+#include "base/format.h"
 #include "comm/comm.h"
+#include "cuda/runtime.h"
 #include "kernels/gemm.h"
 
 namespace foundry::cli {
@@ -35,6 +39,7 @@ struct BenchCommArgs {
   std::string dtype = "float";
   bool algorithms = false;
   std::string json_path, csv_path, profile_path;
+  std::string device = "cpu";
   int inject_error = -1;  // hidden: corrupt one element on this rank (tests the checker)
 };
 
@@ -65,6 +70,7 @@ CommBenchOptions options_from(const BenchCommArgs& a) {
          "the exact-result check relies on small integers in fp32; use --dtype float");
   o.sweep_algorithms = a.algorithms;
   o.corrupt_rank = a.inject_error;
+  o.nccl = parse_device("--device", a.device).cuda;
   o.validate();
   return o;
 }
@@ -90,18 +96,51 @@ void run_bench_comm(const BenchCommArgs& a) {
       world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}}, memory_budget(),
       [](const MemoryNeed&, const MemoryBudget&) { return std::string("lower -e/--maxbytes"); });
 
+  // --device cuda: this rank's GPU (plain cuda: each rank of a host its own, as training
+  // picks them), and room on it for the buffers.
+  std::string gpu_name;
+  if (parsed.nccl) {
+    DeviceSpec device = parse_device("--device", a.device);
+    if (!device.index_given) {
+      const int gpus = gpu::visible_gpus();
+      device.index = gpus > 0 ? rank_on_this_host(world) % gpus : 0;
+    }
+    gpu_name = gpu::open_gpu(device.index, "--device " + device.name()).name;
+    // NCCL refuses two ranks on one GPU, with an error that does not say which: say it here.
+    const std::array<int64_t, 2> uuid = gpu::current_gpu_uuid();
+    std::vector<int64_t> all(2 * size_t(world.size()));
+    world.allgather(uuid.data(), all.data(), 2);
+    for (int r = 0; r < world.size(); ++r)
+      for (int q = 0; q < r; ++q)
+        if (all[2 * size_t(r)] == all[2 * size_t(q)] &&
+            all[2 * size_t(r) + 1] == all[2 * size_t(q) + 1])
+          fail(fmt::format("--device {}: ranks {} and {} share one GPU, and NCCL needs a GPU "
+                           "per rank",
+                           a.device, q, r),
+               "run at most as many ranks as there are GPUs, with plain --device cuda (each "
+               "rank takes its own), or measure MPI on the host with --device cpu");
+    const int64_t bytes = comm_bench_bytes(parsed, world.size());
+    if (bytes > gpu::memory_free())
+      fail(fmt::format("bench comm needs {} of GPU memory for its buffers, but {} ({}) has {} free",
+                       format_bytes(double(bytes), ByteUnit::MiB, 0), gpu_name, device.name(),
+                       format_bytes(double(gpu::memory_free()), ByteUnit::MiB, 0)),
+           "lower -e/--maxbytes");
+  }
+
   Provenance provenance;
   std::unique_ptr<Progress> progress;
   CommBenchOptions options = parsed;
   if (root && world.size() >= 2) {
     provenance = collect_provenance(world.size());
+    if (!gpu_name.empty()) provenance.libraries.emplace_back("gpu", gpu_name);
     std::printf("%s", format_provenance(provenance, "# ").c_str());
-    std::printf("# foundry bench comm: %s .. %s by x%lld, warm-up %d, iterations %d, float32\n"
+    std::printf("# foundry bench comm: %s .. %s by x%lld, warm-up %d, iterations %d, float32%s\n"
                 "# time per iteration = max over ranks (barrier, then each rank times the "
                 "call); algbw = S/avg, busbw = algbw x factor (nccl-tests conventions)\n",
                 format_size(options.min_bytes).c_str(),
                 format_size(options.max_bytes).c_str(),
-                static_cast<long long>(options.step_factor), options.warmup, options.iters);
+                static_cast<long long>(options.step_factor), options.warmup, options.iters,
+                options.nccl ? ", NCCL on the GPUs' buffers" : "");
     std::fflush(stdout);
     options.on_progress = [&progress](int64_t done, int64_t total, const std::string& what) {
       if (!progress) progress = std::make_unique<Progress>("bench comm", total, "sizes");
@@ -171,6 +210,10 @@ void register_bench_comm_command(CLI::App& bench) {
   cmd->add_flag("--algorithms", a->algorithms,
                 "Also run every Open MPI coll/tuned algorithm of each operation (forced at run "
                 "time through MPI_T; one table per algorithm)");
+  cmd->add_option("--device", a->device,
+                  "cpu (MPI on host buffers, the default), or cuda / cuda:N: NCCL on GPU buffers, "
+                  "each rank on its own GPU (plain cuda) or all on GPU N")
+      ->type_name("DEVICE");
   cmd->add_option("--json", a->json_path, "Write results and provenance as JSON to FILE")
       ->type_name("FILE");
   cmd->add_option("--csv", a->csv_path, "Write results as CSV to FILE")->type_name("FILE");

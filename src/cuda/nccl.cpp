@@ -83,6 +83,46 @@ void NcclGroup::broadcast_ranges(float* data, const std::vector<SlabRange>& rang
   });
 }
 
+void NcclGroup::all_reduce(const float* send, float* recv, int64_t count) {
+  check(ncclAllReduce(send, recv, static_cast<size_t>(count), ncclFloat, ncclSum, native(comm_),
+                      nullptr),
+        "all-reduce");
+}
+
+void NcclGroup::reduce_scatter(const float* send, float* recv, int64_t block) {
+  check(ncclReduceScatter(send, recv, static_cast<size_t>(block), ncclFloat, ncclSum,
+                          native(comm_), nullptr),
+        "reduce-scatter");
+}
+
+void NcclGroup::all_gather(const float* send, float* recv, int64_t block) {
+  check(ncclAllGather(send, recv, static_cast<size_t>(block), ncclFloat, native(comm_), nullptr),
+        "all-gather");
+}
+
+void NcclGroup::broadcast(float* data, int64_t count, int root) {
+  check(ncclBroadcast(data, data, static_cast<size_t>(count), ncclFloat, root, native(comm_),
+                      nullptr),
+        "broadcast");
+}
+
+void NcclGroup::all_to_all(const float* send, float* recv, int64_t block) {
+  const size_t n = static_cast<size_t>(block);
+  check(ncclGroupStart(), "all-to-all");
+  for (int peer = 0; peer < size_; ++peer) {
+    check(ncclSend(send + peer * block, n, ncclFloat, peer, native(comm_), nullptr), "all-to-all");
+    check(ncclRecv(recv + peer * block, n, ncclFloat, peer, native(comm_), nullptr), "all-to-all");
+  }
+  check(ncclGroupEnd(), "all-to-all");
+}
+
+void NcclGroup::synchronize() {
+  const cudaError_t e = cudaStreamSynchronize(nullptr);
+  if (e != cudaSuccess)
+    fail(fmt::format("waiting for NCCL: {} ({})", cudaGetErrorName(e), cudaGetErrorString(e)),
+         "a collective failed on the GPU; NCCL_DEBUG=INFO says more");
+}
+
 }  // namespace foundry::gpu
 
 #else  // no NCCL in this build
@@ -103,6 +143,12 @@ NcclGroup::~NcclGroup() = default;
 void NcclGroup::allreduce_mean(float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::reduce_mean_to_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
 void NcclGroup::broadcast_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
+void NcclGroup::all_reduce(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::reduce_scatter(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::all_gather(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::broadcast(float*, int64_t, int) { fail_no_nccl(); }
+void NcclGroup::all_to_all(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::synchronize() { fail_no_nccl(); }
 
 }  // namespace foundry::gpu
 

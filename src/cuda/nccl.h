@@ -40,6 +40,18 @@ class NcclGroup {
   // (device, in place). One grouped broadcast per range.
   void broadcast_ranges(float* data, const std::vector<SlabRange>& ranges);
 
+  // The collectives `foundry bench comm --device cuda` times (bench/comm_bench.h), fp32 on
+  // device buffers, in the shapes of the Communicator's: all-reduce (sum) of `count`
+  // elements; reduce-scatter (sum) and all-gather of `block` elements per rank; broadcast of
+  // `count` from `root`, in place; all-to-all of `block` elements per pair of ranks (grouped
+  // sends and receives). Each is queued on the default stream; synchronize() waits for it.
+  void all_reduce(const float* send, float* recv, int64_t count);
+  void reduce_scatter(const float* send, float* recv, int64_t block);
+  void all_gather(const float* send, float* recv, int64_t block);
+  void broadcast(float* data, int64_t count, int root);
+  void all_to_all(const float* send, float* recv, int64_t block);
+  void synchronize();
+
  private:
   int rank_ = 0, size_ = 1;
   void* comm_ = nullptr;  // ncclComm_t

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "base/format.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
+#include "cuda/nccl.h"
 #include "model/expert_parallel.h"
 #include "model/info.h"
 #include "model/params.h"
@@ -183,7 +185,19 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
     fail(memory_shortfall(need, budget), memory_hint(hint(need, budget)));
 }
 
-MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks) {
+int64_t nccl_buffer_bytes(const char* buffsize_env) {
+  int64_t buffer = int64_t{4} << 20;
+  if (buffsize_env && *buffsize_env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(buffsize_env, &end, 10);
+    if (end && *end == '\0' && v > 0) buffer = v;
+  }
+  constexpr int64_t kChannels = 32;
+  return 2 * kChannels * buffer;
+}
+
+MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
+                                    bool nccl) {
   const TrainConfig& tc = rc.train;
   const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
   const MemoryEstimate m = estimate_memory(rc.model, std::max<int64_t>(1, batch_size / groups),
@@ -205,6 +219,7 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
                    {"gradients", m.grads_bytes},
                    {"optimizer", optimizer},
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
+  if (nccl) need.parts.emplace_back("NCCL buffers", nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE")));
   const double counted = static_cast<double>(need.per_process());
   need.parts.emplace_back("margin", kGpuRuntimeBytes +
                                         static_cast<int64_t>(kGpuUncountedShare * counted));
@@ -248,14 +263,19 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
     a.gpu.sharing = static_cast<int>(std::count_if(all.begin(), all.end(), [&](const Figures& b) {
       return b.gpu.uuid == a.gpu.uuid;
     }));
-  const MemoryNeed need = gpu_training_memory_need(rc, rc.train.batch_size, ranks);
+  // Ranks that each have a GPU of their own exchange over NCCL where the build has it
+  // (optim/device_optimizer.h, gpu_gradients_path).
+  const bool nccl = ranks > 1 && gpu::built_with_nccl() &&
+                    std::all_of(all.begin(), all.end(),
+                                [](const Figures& a) { return a.gpu.sharing == 1; });
+  const MemoryNeed need = gpu_training_memory_need(rc, rc.train.batch_size, ranks, nccl);
   for (const Figures& a : all) {
     if (a.off) continue;
     const GpuMemory& gpu = a.gpu;
     const std::string shortfall = gpu_memory_shortfall(need, gpu);
     if (shortfall.empty()) continue;
     std::string hint = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
-      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks), gpu).empty();
+      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks, nccl), gpu).empty();
     });
     if (hint.empty()) hint = no_batch_fits(rc, ranks) + ", or train a smaller model";
     if (gpu.sharing > 1) hint += "; or give each rank a GPU of its own";

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <map>
 #include <regex>
 
@@ -96,6 +97,13 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   rc.train.zero1 = false;
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer"), whole_state);
   rc.train.zero1 = true;
+  // Over NCCL its buffers come on top: NCCL_BUFFSIZE × 2 × 32 channels.
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2)).count("NCCL buffers"), 0u);
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, true)).at("NCCL buffers"),
+            nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE")));
+  EXPECT_EQ(nccl_buffer_bytes(nullptr), int64_t{256} << 20);
+  EXPECT_EQ(nccl_buffer_bytes("1048576"), int64_t{64} << 20);
+  EXPECT_EQ(nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
   EXPECT_EQ(gpu_memory_shortfall(need, {need.per_process(), "GPU"}), "");
