@@ -3,7 +3,8 @@
 # no GPU is visible): two ranks sharing one GPU (cuda:0), their gradients averaged through host
 # memory, train as one rank does on the whole batch (fp32 losses within 1e-4 relative), replicated
 # and with ZeRO-1, and save checkpoints in their two shares that one rank resumes (the ZeRO-1
-# one also on the CPU at 2 ranks); expert parallelism is refused; where two GPUs are visible,
+# one also on the CPU at 2 ranks); expert parallelism (2 ranks, both layouts) does the same and
+# context parallelism is refused; where two GPUs are visible,
 # two ranks each on its own exchange over NCCL (when the build has it) alike, replicated and
 # ZeRO-1; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
 # CPU on GPU within 1e-4).
@@ -145,8 +146,19 @@ for where in "1 cuda:0" "2 cpu"; do
   else bad "the ZeRO-1 resume on $np rank(s), $dev: '$b' against '$a'"; fi
 done
 
-expect_fail "expert parallel on GPUs" "but this job has train.expert_parallel = 2" \
+# Expert parallel with the two ranks on one GPU: each computes its own experts for both ranks'
+# tokens, the rows exchanged through host memory; the same losses as one rank within 1e-4,
+# replicated and with ZeRO-1.
+for zero1 in false true; do
+  OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
+    --set train.run_dir=ep-$zero1 --set train.expert_parallel=2 --set train.zero1=$zero1 \
+    >ep-$zero1.log 2>&1 || { cat ep-$zero1.log; bad "expert parallel on the GPU (zero1 $zero1) failed"; }
+  follows one ep-$zero1 \
+    && ok "2 expert-parallel ranks on one GPU (zero1 $zero1) follow 1 rank's 8 fp32 losses within 1e-4" \
+    || bad "expert parallel on the GPU (zero1 $zero1) and 1 rank differ"
+done
+expect_fail "context parallel on GPUs" "not context parallel, but this job has train.context_parallel = 2" \
   "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=bad \
-    --set train.expert_parallel=2 -q
+    --set train.context_parallel=2 -q
 
 finish

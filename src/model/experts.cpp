@@ -8,22 +8,60 @@
 namespace foundry {
 
 // Expert parallelism: the group, its sharding and, per MoE sublayer, the exchange planned in
-// the forward pass and the owned experts' rows that the backward pass needs. Row counts
-// change every step with the routing; the buffers only grow.
+// the forward pass and the owned experts' rows that the backward pass needs, in the backend's
+// memory. Row counts change every step with the routing; the buffers only grow. On a device
+// the rows travel through host memory: copied out, exchanged over MPI, copied back.
 struct Experts::Parallel {
-  Parallel(const Communicator* g, int64_t n_experts, int64_t n_layers)
-      : group(g), sharding(n_experts, g->size(), g->rank()), layers(n_layers) {}
+  Parallel(const Communicator* g, int64_t n_experts, int64_t n_layers, Backend& backend)
+      : group(g),
+        sharding(n_experts, g->size(), g->rank()),
+        backend(backend),
+        ys(backend),
+        dys(backend),
+        dxs(backend),
+        dh(backend),
+        dact(backend) {
+    for (int64_t l = 0; l < n_layers; ++l) layers.emplace_back(backend);
+  }
 
   const Communicator* group;
   ExpertSharding sharding;
+  Backend& backend;
   struct Layer {
+    explicit Layer(Backend& b) : xs(b), h(b), act(b) {}
     ExpertExchange exchange;
-    std::vector<float> xs, h, act;  // local layout: [L, C], [L, 2F], [L, F]
+    GrowingBuffer xs, h, act;  // local layout: [L, C], [L, 2F], [L, F]
   };
   std::vector<Layer> layers;
-  // Scratch shared by the layers: the exchanges' wire buffer and the owned experts' outputs
-  // and gradients (wire, ys, dys, dxs: [L, C]; dh: [L, 2F]; dact: [L, F]).
-  std::vector<float> wire, ys, dys, dxs, dh, dact;
+  // Scratch shared by the layers: the owned experts' outputs and gradients (ys, dys, dxs:
+  // [L, C]; dh: [L, 2F]; dact: [L, F]); in host memory, the exchanges' wire buffer and, on a
+  // device, the rows on their way ([R, C] and [L, C]).
+  GrowingBuffer ys, dys, dxs, dh, dact;
+  std::vector<float> wire, host_origin, host_local;
+
+  static float* rows(GrowingBuffer& b, int64_t elements) {
+    return static_cast<float*>(b.get(elements * static_cast<int64_t>(sizeof(float))));
+  }
+  // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back), staged through
+  // host memory where the rows live on a device.
+  void dispatch(ExpertExchange& x, const float* origin, float* local, int64_t C) {
+    if (backend.host_memory()) return x.dispatch(origin, local, C, wire);
+    constexpr int64_t kFloat = sizeof(float);
+    host_origin.resize(static_cast<size_t>(x.origin_rows() * C));
+    host_local.resize(static_cast<size_t>(x.local_rows() * C));
+    if (x.origin_rows() > 0) backend.to_host(host_origin.data(), origin, x.origin_rows() * C * kFloat);
+    x.dispatch(host_origin.data(), host_local.data(), C, wire);
+    if (x.local_rows() > 0) backend.from_host(local, host_local.data(), x.local_rows() * C * kFloat);
+  }
+  void combine(ExpertExchange& x, const float* local, float* origin, int64_t C) {
+    if (backend.host_memory()) return x.combine(local, origin, C, wire);
+    constexpr int64_t kFloat = sizeof(float);
+    host_origin.resize(static_cast<size_t>(x.origin_rows() * C));
+    host_local.resize(static_cast<size_t>(x.local_rows() * C));
+    if (x.local_rows() > 0) backend.to_host(host_local.data(), local, x.local_rows() * C * kFloat);
+    x.combine(host_local.data(), host_origin.data(), C, wire);
+    if (x.origin_rows() > 0) backend.from_host(origin, host_origin.data(), x.origin_rows() * C * kFloat);
+  }
 
   // The slab offsets of the owned experts' weights, from those of all experts.
   std::vector<int64_t> local(const std::vector<int64_t>& all) const {
@@ -41,7 +79,7 @@ Experts::~Experts() = default;
 
 void Experts::set_group(const Communicator* group) {
   std::unique_ptr<Parallel> ep;
-  if (group) ep = std::make_unique<Parallel>(group, cx_.config.n_experts, n_layers_);
+  if (group) ep = std::make_unique<Parallel>(group, cx_.config.n_experts, n_layers_, cx_.ops);
   ep_ = std::move(ep);
 }
 
@@ -62,21 +100,22 @@ void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, fl
   Parallel& s = *ep_;
   Parallel::Layer& b = s.layers[layer];
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim;
+  float *lxs, *lh, *lact, *lys;
   {
     auto t = cx_.time("ep_dispatch");
     b.exchange.plan(*s.group, s.sharding, offsets);
     const int64_t L = b.exchange.local_rows();
-    b.xs.resize(L * C);
-    b.h.resize(L * 2 * F);
-    b.act.resize(L * F);
-    s.ys.resize(L * C);
-    b.exchange.dispatch(xs, b.xs.data(), C, s.wire);
+    lxs = Parallel::rows(b.xs, L * C);
+    lh = Parallel::rows(b.h, L * 2 * F);
+    lact = Parallel::rows(b.act, L * F);
+    lys = Parallel::rows(s.ys, L * C);
+    s.dispatch(b.exchange, xs, lxs, C);
   }
-  local_forward(b.exchange.local_offsets(), b.exchange.local_experts(), b.xs.data(), b.h.data(),
-                b.act.data(), s.ys.data(), s.local(w.w13), s.local(w.w2), &xs_gemm_[layer]);
+  local_forward(b.exchange.local_offsets(), b.exchange.local_experts(), lxs, lh, lact, lys,
+                s.local(w.w13), s.local(w.w2), &xs_gemm_[layer]);
   {
     auto t = cx_.time("ep_combine");
-    b.exchange.combine(s.ys.data(), ys, C, s.wire);
+    s.combine(b.exchange, lys, ys, C);
   }
 }
 
@@ -91,20 +130,23 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
   Parallel::Layer& b = s.layers[layer];
   FOUNDRY_CHECK(b.exchange.planned());
   const int64_t C = cx_.config.d_model, F = cx_.config.ffn_dim, L = b.exchange.local_rows();
+  float *ldys, *ldxs, *ldh, *ldact;
   {
     auto t = cx_.time("ep_dispatch");
-    s.dys.resize(L * C);
-    s.dxs.resize(L * C);
-    s.dh.resize(L * 2 * F);
-    s.dact.resize(L * F);
-    b.exchange.dispatch(dys, s.dys.data(), C, s.wire);
+    ldys = Parallel::rows(s.dys, L * C);
+    ldxs = Parallel::rows(s.dxs, L * C);
+    ldh = Parallel::rows(s.dh, L * 2 * F);
+    ldact = Parallel::rows(s.dact, L * F);
+    s.dispatch(b.exchange, dys, ldys, C);
   }
-  local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), s.dys.data(), b.xs.data(),
-                 b.h.data(), b.act.data(), s.dxs.data(), s.dh.data(), s.dact.data(), s.local(w.w13),
-                 s.local(w.w2), &xs_gemm_[layer]);
+  // The forward's rows of this layer, where it left them (its buffers only grow in forward).
+  const auto kept = [](GrowingBuffer& g) { return static_cast<float*>(g.data()); };
+  local_backward(b.exchange.local_offsets(), b.exchange.local_experts(), ldys, kept(b.xs),
+                 kept(b.h), kept(b.act), ldxs, ldh, ldact, s.local(w.w13), s.local(w.w2),
+                 &xs_gemm_[layer]);
   {
     auto t = cx_.time("ep_combine");
-    b.exchange.combine(s.dxs.data(), dxs, C, s.wire);
+    s.combine(b.exchange, ldxs, dxs, C);
   }
 }
 

@@ -183,7 +183,6 @@ void Model::shard_expert_storage(const SlabRanges& released) {
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group) {
-  if (group) check_on_host("expert parallelism");
   if (!grads_.holes().empty())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");

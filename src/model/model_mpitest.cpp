@@ -23,6 +23,7 @@
 #include "base/rng.h"
 #include "comm/comm.h"
 #include "comm/mpi_test_main.h"
+#include "kernels/cpu_backend.h"
 #include "model/context_parallel.h"
 #include "model/expert_parallel.h"
 #include "model/model.h"
@@ -251,6 +252,43 @@ TEST(ExpertParallelMpi, StandardMoeMatchesWithoutExpertParallelism) {
 
 TEST(ExpertParallelMpi, ZayaMatchesWithoutExpertParallelism) {
   for (int ep_size : ep_sizes()) expect_equivalent(zaya_config(), ep_size);
+}
+
+// On a device (a CPU backend posing as one) the exchanged rows go through host memory: the
+// same loss, loads and gradients as the host model's, bit for bit, in fp32 and bf16.
+void expect_device_matches_host(const ModelConfig& c, int ep_size, DType precision) {
+  ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
+  const int rank = world().rank();
+  SCOPED_TRACE(fmt::format("{} model, {}, world rank {}, EP size {}", arch_name(c.arch),
+                           dtype_name(precision), rank, ep_size));
+  const int64_t B = 1 + rank % 2, T = 6;
+  const testing::Batch batch = testing::random_batch(c, B * T, 200 + rank);
+  const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
+  Model host(c, precision), device(c, precision, *backend);
+  host.set_expert_parallel(&groups.expert);
+  device.set_expert_parallel(&groups.expert);
+  host.init_weights(12);
+  device.init_weights(12);
+  for (int step = 0; step < 2; ++step) {
+    const StepResult want = train_step(host, batch, B, T);
+    device.zero_grads();
+    const double loss =
+        device.forward(batch.inputs.data(), batch.targets.data(), B, T).loss;
+    EXPECT_EQ(device.expert_loads(), want.loads);
+    device.backward();
+    std::vector<float> grads(device.slab_size());
+    device.read_grads(grads.data());
+    EXPECT_EQ(loss, want.loss) << "step " << step;
+    EXPECT_TRUE(grads == want.grads) << "step " << step;
+  }
+}
+
+TEST(ExpertParallelMpi, OnADeviceTheRowsGoThroughHostMemoryToTheHostModelsBits) {
+  for (DType precision : {DType::f32, DType::bf16})
+    for (int ep_size : ep_sizes()) {
+      expect_device_matches_host(moe_config(), ep_size, precision);
+      expect_device_matches_host(zaya_config(), ep_size, precision);
+    }
 }
 
 // ---- data parallel: the aux loss of the global batch
