@@ -362,6 +362,8 @@ class NcclRunner final : public Runner {
         }) {}
   void resize(int64_t send_elements, int64_t recv_elements) override {
     Runner::resize(send_elements, recv_elements);
+    d_send_ = gpu::DeviceBuffer();  // the last op's buffers go before the next op's come
+    d_recv_ = gpu::DeviceBuffer();
     d_send_ = gpu::DeviceBuffer(bytes(send));
     d_recv_ = gpu::DeviceBuffer(bytes(recv));
   }

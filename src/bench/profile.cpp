@@ -211,7 +211,8 @@ const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t 
       if (!below || c.ranks > below->ranks ||
           (c.ranks == below->ranks && c.algorithm == preferred))
         below = &c;
-    } else if (!above || c.ranks < above->ranks) {
+    } else if (!above || c.ranks < above->ranks ||
+               (c.ranks == above->ranks && c.algorithm == preferred)) {
       above = &c;
     }
   }

@@ -60,6 +60,13 @@ TEST(Profile, AtOneRankCountAGpuTakesNcclsFitAndACpuTheDefault) {
   EXPECT_EQ(parse_profile(doc, "cpu.json").collective("all_reduce", 2).algorithm, "default");
   doc["device"]["kind"] = "gpu";
   EXPECT_EQ(parse_profile(doc, "gpu.json").collective("all_reduce", 2).algorithm, "nccl");
+  // Below every measured count the nearest one above answers, by the same rule.
+  doc["collectives"].push_back(json::parse(
+      R"({"op": "all_reduce", "ranks": 2, "algorithm": "default", "fit": {"alpha_s": 1e-5, "beta_bytes_per_s": 2e9}})"));
+  doc["collectives"].erase(doc["collectives"].begin() + 1);  // the first "default" at 2 ranks
+  EXPECT_EQ(parse_profile(doc, "gpu.json").collective("all_reduce", 1).algorithm, "nccl");
+  doc["device"]["kind"] = "cpu";
+  EXPECT_EQ(parse_profile(doc, "cpu.json").collective("all_reduce", 1).algorithm, "default");
 }
 
 // Decode points (weights from memory) answer decode_gemm_rate and only it: the training

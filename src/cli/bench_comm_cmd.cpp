@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "base/device.h"
 #include "base/error.h"
+#include "base/format.h"
 #include "base/io.h"
 #include "base/memory_budget.h"
 #include "base/progress.h"
@@ -19,9 +21,8 @@
 #include "bench/provenance.h"
 #include "cli/commands.h"
 #include "comm/agree.h"
-#include "base/device.h"
-#include "base/format.h"
 #include "comm/comm.h"
+#include "cuda/nccl.h"
 #include "cuda/runtime.h"
 #include "kernels/gemm.h"
 
@@ -86,6 +87,51 @@ void report(const std::vector<CommBenchResult>& results, const CommBenchOptions&
   if (!a.profile_path.empty()) update_profile_file(a.profile_path, results, provenance);
 }
 
+// --device cuda: this rank's GPU (plain cuda: each rank of a host its own, as training picks
+// them), a GPU per rank (NCCL refuses two ranks on one, with an error that does not say which)
+// and room on each for the buffers and NCCL's own. Collective: every rank learns every rank's
+// outcome and all fail together, with the first failing rank's reason. Returns the GPU's name.
+std::string open_rank_gpu(const Communicator& world, const std::string& device_text,
+                          const CommBenchOptions& options) {
+  DeviceSpec device = parse_device("--device", device_text);
+  std::string name, error;
+  std::array<int64_t, 2> uuid{};
+  try {
+    if (!device.index_given) {
+      const int gpus = gpu::visible_gpus();
+      device.index = gpus > 0 ? rank_on_this_host(world) % gpus : 0;
+    }
+    name = gpu::open_gpu(device.index, "--device " + device.name()).name;
+    uuid = gpu::current_gpu_uuid();
+    const int64_t need = comm_bench_bytes(options, world.size()) +
+                         gpu::nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE"));
+    if (need > gpu::memory_free())
+      error = fmt::format("bench comm needs {} of GPU memory (its buffers and NCCL's), but {} "
+                          "({}) has {} free; lower -e/--maxbytes",
+                          format_bytes(double(need), ByteUnit::MiB, 0), name, device.name(),
+                          format_bytes(double(gpu::memory_free()), ByteUnit::MiB, 0));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  const std::vector<std::string> errors = allgather_strings(world, error);
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty())
+      fail(fmt::format("rank {}: {}", r, errors[r]),
+           "bench comm --device cuda needs a visible GPU with room on every rank");
+  std::vector<int64_t> all(2 * size_t(world.size()));
+  world.allgather(uuid.data(), all.data(), 2);
+  for (int r = 0; r < world.size(); ++r)
+    for (int q = 0; q < r; ++q)
+      if (all[2 * size_t(r)] == all[2 * size_t(q)] &&
+          all[2 * size_t(r) + 1] == all[2 * size_t(q) + 1])
+        fail(fmt::format("--device {}: ranks {} and {} share one GPU, and NCCL needs a GPU per "
+                         "rank",
+                         device_text, q, r),
+             "run at most as many ranks as there are GPUs, with plain --device cuda (each rank "
+             "takes its own), or measure MPI on the host with --device cpu");
+  return name;
+}
+
 void run_bench_comm(const BenchCommArgs& a) {
   // Flags are checked before MPI starts: a bad flag fails every rank the same way, at once.
   const CommBenchOptions parsed = options_from(a);
@@ -96,36 +142,7 @@ void run_bench_comm(const BenchCommArgs& a) {
       world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}}, memory_budget(),
       [](const MemoryNeed&, const MemoryBudget&) { return std::string("lower -e/--maxbytes"); });
 
-  // --device cuda: this rank's GPU (plain cuda: each rank of a host its own, as training
-  // picks them), and room on it for the buffers.
-  std::string gpu_name;
-  if (parsed.nccl) {
-    DeviceSpec device = parse_device("--device", a.device);
-    if (!device.index_given) {
-      const int gpus = gpu::visible_gpus();
-      device.index = gpus > 0 ? rank_on_this_host(world) % gpus : 0;
-    }
-    gpu_name = gpu::open_gpu(device.index, "--device " + device.name()).name;
-    // NCCL refuses two ranks on one GPU, with an error that does not say which: say it here.
-    const std::array<int64_t, 2> uuid = gpu::current_gpu_uuid();
-    std::vector<int64_t> all(2 * size_t(world.size()));
-    world.allgather(uuid.data(), all.data(), 2);
-    for (int r = 0; r < world.size(); ++r)
-      for (int q = 0; q < r; ++q)
-        if (all[2 * size_t(r)] == all[2 * size_t(q)] &&
-            all[2 * size_t(r) + 1] == all[2 * size_t(q) + 1])
-          fail(fmt::format("--device {}: ranks {} and {} share one GPU, and NCCL needs a GPU "
-                           "per rank",
-                           a.device, q, r),
-               "run at most as many ranks as there are GPUs, with plain --device cuda (each "
-               "rank takes its own), or measure MPI on the host with --device cpu");
-    const int64_t bytes = comm_bench_bytes(parsed, world.size());
-    if (bytes > gpu::memory_free())
-      fail(fmt::format("bench comm needs {} of GPU memory for its buffers, but {} ({}) has {} free",
-                       format_bytes(double(bytes), ByteUnit::MiB, 0), gpu_name, device.name(),
-                       format_bytes(double(gpu::memory_free()), ByteUnit::MiB, 0)),
-           "lower -e/--maxbytes");
-  }
+  const std::string gpu_name = parsed.nccl ? open_rank_gpu(world, a.device, parsed) : "";
 
   Provenance provenance;
   std::unique_ptr<Progress> progress;

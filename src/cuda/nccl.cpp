@@ -2,7 +2,24 @@
 
 #include <fmt/format.h>
 
+#include <cstdlib>
+
 #include "base/error.h"
+
+namespace foundry::gpu {
+
+int64_t nccl_buffer_bytes(const char* buffsize_env) {
+  int64_t buffer = int64_t{4} << 20;
+  if (buffsize_env && *buffsize_env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(buffsize_env, &end, 10);
+    if (end && *end == '\0' && v > 0) buffer = v;
+  }
+  constexpr int64_t kChannels = 32;
+  return 2 * kChannels * buffer;
+}
+
+}  // namespace foundry::gpu
 
 #if defined(FOUNDRY_HAS_NCCL)
 #include <cuda_runtime.h>

@@ -15,6 +15,12 @@ namespace foundry::gpu {
 
 bool built_with_nccl();
 
+// The device memory one NCCL communicator's buffers may take: NCCL_BUFFSIZE (`buffsize_env`,
+// the variable's value or null; NCCL's default of 4 MiB when unset or unreadable) for sending
+// and for receiving on each of up to 32 channels. NCCL's documented knobs, not a measured
+// figure.
+int64_t nccl_buffer_bytes(const char* buffsize_env);
+
 class NcclGroup {
  public:
   // Rank `rank` of `size`, on the current GPU. Collective: every rank constructs its group at

@@ -185,19 +185,8 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
     fail(memory_shortfall(need, budget), memory_hint(hint(need, budget)));
 }
 
-int64_t nccl_buffer_bytes(const char* buffsize_env) {
-  int64_t buffer = int64_t{4} << 20;
-  if (buffsize_env && *buffsize_env) {
-    char* end = nullptr;
-    const long long v = std::strtoll(buffsize_env, &end, 10);
-    if (end && *end == '\0' && v > 0) buffer = v;
-  }
-  constexpr int64_t kChannels = 32;
-  return 2 * kChannels * buffer;
-}
-
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
-                                    bool nccl) {
+                                    int64_t nccl_bytes) {
   const TrainConfig& tc = rc.train;
   const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
   const MemoryEstimate m = estimate_memory(rc.model, std::max<int64_t>(1, batch_size / groups),
@@ -219,7 +208,7 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
                    {"gradients", m.grads_bytes},
                    {"optimizer", optimizer},
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
-  if (nccl) need.parts.emplace_back("NCCL buffers", nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE")));
+  if (nccl_bytes > 0) need.parts.emplace_back("NCCL buffers", nccl_bytes);
   const double counted = static_cast<double>(need.per_process());
   need.parts.emplace_back("margin", kGpuRuntimeBytes +
                                         static_cast<int64_t>(kGpuUncountedShare * counted));
@@ -245,18 +234,22 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
   struct Figures {
     GpuMemory gpu;
     bool off = false;
+    int64_t nccl_bytes = 0;  // what NCCL's buffers would take there (its NCCL_BUFFSIZE)
   };
-  std::vector<Figures> all{{mine, off}};
+  const int64_t nccl_mine = gpu::nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE"));
+  std::vector<Figures> all{{mine, off, nccl_mine}};
   if (procs.world()) {
-    const int64_t figures[4] = {mine.free_bytes, mine.uuid[0], mine.uuid[1], off ? 1 : 0};
-    std::vector<int64_t> gathered(4 * static_cast<size_t>(ranks));
-    procs.world()->allgather(figures, gathered.data(), 4);
+    const int64_t figures[5] = {mine.free_bytes, mine.uuid[0], mine.uuid[1], off ? 1 : 0,
+                                nccl_mine};
+    std::vector<int64_t> gathered(5 * static_cast<size_t>(ranks));
+    procs.world()->allgather(figures, gathered.data(), 5);
     all.clear();
     for (int r = 0; r < ranks; ++r) {
-      const int64_t* f = &gathered[4 * static_cast<size_t>(r)];
+      const int64_t* f = &gathered[5 * static_cast<size_t>(r)];
       all.push_back({{f[0], r == procs.rank() ? mine.name : fmt::format("rank {}'s GPU", r),
                       {f[1], f[2]}},
-                     f[3] != 0});
+                     f[3] != 0,
+                     f[4]});
     }
   }
   for (Figures& a : all)
@@ -268,14 +261,18 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
   const bool nccl = ranks > 1 && gpu::built_with_nccl() &&
                     std::all_of(all.begin(), all.end(),
                                 [](const Figures& a) { return a.gpu.sharing == 1; });
-  const MemoryNeed need = gpu_training_memory_need(rc, rc.train.batch_size, ranks, nccl);
+  int64_t nccl_bytes = 0;  // the largest any rank's NCCL_BUFFSIZE makes, the same everywhere
+  if (nccl)
+    for (const Figures& a : all) nccl_bytes = std::max(nccl_bytes, a.nccl_bytes);
+  const MemoryNeed need = gpu_training_memory_need(rc, rc.train.batch_size, ranks, nccl_bytes);
   for (const Figures& a : all) {
     if (a.off) continue;
     const GpuMemory& gpu = a.gpu;
     const std::string shortfall = gpu_memory_shortfall(need, gpu);
     if (shortfall.empty()) continue;
     std::string hint = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
-      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks, nccl), gpu).empty();
+      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks, nccl_bytes), gpu)
+          .empty();
     });
     if (hint.empty()) hint = no_batch_fits(rc, ranks) + ", or train a smaller model";
     if (gpu.sharing > 1) hint += "; or give each rank a GPU of its own";

@@ -35,14 +35,10 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 // weights and their bf16 copies, gradients, optimizer state, activations and backward
 // buffers; within 2% of the measured use on an H200) and a margin for the runtime's own
 // (cuBLASLt's workspace, scratch, the allocator), the CUDA context being already counted.
-// `nccl`: the ranks exchange over NCCL, whose buffers come on top (nccl_buffer_bytes).
+// `nccl_bytes`: where the ranks exchange over NCCL, its buffers (gpu::nccl_buffer_bytes),
+// which come on top.
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
-                                    bool nccl = false);
-
-// The device memory one NCCL communicator's buffers may take: NCCL_BUFFSIZE (the environment's,
-// else NCCL's default of 4 MiB) for sending and for receiving on each of up to 32 channels.
-// NCCL's documented knobs, not yet a measured figure.
-int64_t nccl_buffer_bytes(const char* buffsize_env);
+                                    int64_t nccl_bytes = 0);
 
 // A rank's GPU at the check: its free memory, its name for the message, its UUID (ranks whose
 // GPUs have the same one share it and what is free on it), and how many ranks train on it

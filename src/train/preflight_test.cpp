@@ -2,11 +2,11 @@
 
 #include <gtest/gtest.h>
 
-#include <cstdlib>
 #include <map>
 #include <regex>
 
 #include "base/test_expect_error.h"
+#include "cuda/nccl.h"
 #include "model/info.h"
 #include "train/processes.h"
 #include "train/test_support.h"
@@ -99,11 +99,10 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   rc.train.zero1 = true;
   // Over NCCL its buffers come on top: NCCL_BUFFSIZE × 2 × 32 channels.
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2)).count("NCCL buffers"), 0u);
-  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, true)).at("NCCL buffers"),
-            nccl_buffer_bytes(std::getenv("NCCL_BUFFSIZE")));
-  EXPECT_EQ(nccl_buffer_bytes(nullptr), int64_t{256} << 20);
-  EXPECT_EQ(nccl_buffer_bytes("1048576"), int64_t{64} << 20);
-  EXPECT_EQ(nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, 12345)).at("NCCL buffers"), 12345);
+  EXPECT_EQ(gpu::nccl_buffer_bytes(nullptr), int64_t{256} << 20);
+  EXPECT_EQ(gpu::nccl_buffer_bytes("1048576"), int64_t{64} << 20);
+  EXPECT_EQ(gpu::nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
   EXPECT_EQ(gpu_memory_shortfall(need, {need.per_process(), "GPU"}), "");
