@@ -6,7 +6,6 @@
 #include <cctype>
 #include <climits>
 #include <cmath>
-#include <cstring>
 #include <memory>
 
 #include "base/error.h"
@@ -16,6 +15,7 @@
 #include "comm/coll_tuning.h"
 #include "cuda/nccl.h"
 #include "cuda/runtime.h"
+#include "model/backends.h"
 
 namespace foundry {
 
@@ -351,15 +351,8 @@ class MpiRunner final : public Runner {
 
 class NcclRunner final : public Runner {
  public:
-  // Collective over `comm`: rank 0's NCCL id goes to the others by MPI broadcast.
-  explicit NcclRunner(const Communicator& comm)
-      : group_(comm.rank(), comm.size(), [&](void* bytes, size_t n) {
-          std::vector<int64_t> words((n + 7) / 8, 0);
-          std::memcpy(words.data(), bytes, n);
-          comm.broadcast(words.data(), words.size(), 0);
-          std::memcpy(bytes, words.data(), n);
-          comm.barrier();  // every rank holds the id before any blocks in NCCL's init
-        }) {}
+  // Collective over `comm`.
+  explicit NcclRunner(const Communicator& comm) : group_(open_nccl_group(comm)) {}
   void resize(int64_t send_elements, int64_t recv_elements) override {
     Runner::resize(send_elements, recv_elements);
     d_send_ = gpu::DeviceBuffer();  // the last op's buffers go before the next op's come
@@ -376,20 +369,20 @@ class NcclRunner final : public Runner {
     const float* in = d_send_.as<float>();
     float* out = d_recv_.as<float>();
     switch (op) {
-      case CollectiveOp::all_reduce: group_.all_reduce(in, out, s.count); break;
-      case CollectiveOp::reduce_scatter: group_.reduce_scatter(in, out, s.block); break;
-      case CollectiveOp::all_gather: group_.all_gather(in, out, s.block); break;
-      case CollectiveOp::broadcast: group_.broadcast(out, s.count, /*root=*/0); break;
-      case CollectiveOp::all_to_all: group_.all_to_all(in, out, s.block); break;
+      case CollectiveOp::all_reduce: group_->all_reduce(in, out, s.count); break;
+      case CollectiveOp::reduce_scatter: group_->reduce_scatter(in, out, s.block); break;
+      case CollectiveOp::all_gather: group_->all_gather(in, out, s.block); break;
+      case CollectiveOp::broadcast: group_->broadcast(out, s.count, /*root=*/0); break;
+      case CollectiveOp::all_to_all: group_->all_to_all(in, out, s.block); break;
     }
-    group_.synchronize();
+    group_->synchronize();
   }
 
  private:
   static int64_t bytes(const std::vector<float>& v) {
     return int64_t(v.size() * sizeof(float));
   }
-  gpu::NcclGroup group_;
+  std::unique_ptr<gpu::NcclGroup> group_;
   gpu::DeviceBuffer d_send_, d_recv_;
 };
 

@@ -1,5 +1,8 @@
 #include "model/backends.h"
 
+#include <cstring>
+#include <vector>
+
 #include "cuda/cuda_backend.h"
 #include "cuda/runtime.h"
 #include "kernels/cpu_backend.h"
@@ -14,6 +17,18 @@ std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::strin
 MemoryBudget memory_budget_of(const DeviceSpec& device, const char* limit_env) {
   if (!device.cuda || limit_env) return memory_budget(limit_env);
   return {BudgetSource::gpu, gpu::memory_free()};
+}
+
+std::unique_ptr<gpu::NcclGroup> open_nccl_group(const Communicator& world) {
+  return std::make_unique<gpu::NcclGroup>(world.rank(), world.size(), [&](void* bytes, size_t n) {
+    std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
+    std::memcpy(words.data(), bytes, n);
+    world.broadcast(words.data(), words.size(), 0);
+    std::memcpy(bytes, words.data(), n);
+    // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
+    // broadcast lazily could otherwise leave a rank without it).
+    world.barrier();
+  });
 }
 
 }  // namespace foundry

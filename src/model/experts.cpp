@@ -35,32 +35,34 @@ struct Experts::Parallel {
   std::vector<Layer> layers;
   // Scratch shared by the layers: the owned experts' outputs and gradients (ys, dys, dxs:
   // [L, C]; dh: [L, 2F]; dact: [L, F]); in host memory, the exchanges' wire buffer and, on a
-  // device, the rows on their way ([R, C] and [L, C]).
+  // device, the rows on their way.
   GrowingBuffer ys, dys, dxs, dh, dact;
-  std::vector<float> wire, host_origin, host_local;
+  std::vector<float> wire, host_in, host_out;
 
   static float* rows(GrowingBuffer& b, int64_t elements) {
     return static_cast<float*>(b.get(elements * static_cast<int64_t>(sizeof(float))));
   }
-  // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back), staged through
-  // host memory where the rows live on a device.
+  // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back).
   void dispatch(ExpertExchange& x, const float* origin, float* local, int64_t C) {
-    if (backend.host_memory()) return x.dispatch(origin, local, C, wire);
-    constexpr int64_t kFloat = sizeof(float);
-    host_origin.resize(static_cast<size_t>(x.origin_rows() * C));
-    host_local.resize(static_cast<size_t>(x.local_rows() * C));
-    if (x.origin_rows() > 0) backend.to_host(host_origin.data(), origin, x.origin_rows() * C * kFloat);
-    x.dispatch(host_origin.data(), host_local.data(), C, wire);
-    if (x.local_rows() > 0) backend.from_host(local, host_local.data(), x.local_rows() * C * kFloat);
+    exchange_rows(origin, x.origin_rows(), local, x.local_rows(), C,
+                  [&](const float* in, float* out) { x.dispatch(in, out, C, wire); });
   }
   void combine(ExpertExchange& x, const float* local, float* origin, int64_t C) {
-    if (backend.host_memory()) return x.combine(local, origin, C, wire);
+    exchange_rows(local, x.local_rows(), origin, x.origin_rows(), C,
+                  [&](const float* in, float* out) { x.combine(in, out, C, wire); });
+  }
+  // exchange(in, out) over in [in_rows, C] → out [out_rows, C], staged through host memory
+  // where the rows live on a device.
+  template <typename Exchange>
+  void exchange_rows(const float* in, int64_t in_rows, float* out, int64_t out_rows, int64_t C,
+                     Exchange exchange) {
+    if (backend.host_memory()) return exchange(in, out);
     constexpr int64_t kFloat = sizeof(float);
-    host_origin.resize(static_cast<size_t>(x.origin_rows() * C));
-    host_local.resize(static_cast<size_t>(x.local_rows() * C));
-    if (x.local_rows() > 0) backend.to_host(host_local.data(), local, x.local_rows() * C * kFloat);
-    x.combine(host_local.data(), host_origin.data(), C, wire);
-    if (x.origin_rows() > 0) backend.from_host(origin, host_origin.data(), x.origin_rows() * C * kFloat);
+    host_in.resize(static_cast<size_t>(in_rows * C));
+    host_out.resize(static_cast<size_t>(out_rows * C));
+    if (in_rows > 0) backend.to_host(host_in.data(), in, in_rows * C * kFloat);
+    exchange(host_in.data(), host_out.data());
+    if (out_rows > 0) backend.from_host(out, host_out.data(), out_rows * C * kFloat);
   }
 
   // The slab offsets of the owned experts' weights, from those of all experts.

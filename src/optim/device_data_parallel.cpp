@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <optional>
 
 #include "base/error.h"
 #include "comm/comm.h"
 #include "cuda/nccl.h"
 #include "kernels/backend.h"
+#include "model/backends.h"
 #include "optim/data_parallel_support.h"
 #include "optim/device_optimizer.h"
 #include "optim/grad_reduce.h"
@@ -16,20 +16,6 @@
 
 namespace foundry {
 namespace {
-
-// The NCCL group of `world`'s ranks, each on its GPU (collective): rank 0's id goes to the
-// others over MPI.
-std::unique_ptr<gpu::NcclGroup> open_nccl_group(const Communicator& world) {
-  return std::make_unique<gpu::NcclGroup>(world.rank(), world.size(), [&](void* bytes, size_t n) {
-    std::vector<int64_t> words((n + 7) / 8, 0);  // MPI carries the id as whole words
-    std::memcpy(words.data(), bytes, n);
-    world.broadcast(words.data(), words.size(), 0);
-    std::memcpy(bytes, words.data(), n);
-    // Every rank holds the id before any blocks in NCCL's init (an MPI that progresses a
-    // broadcast lazily could otherwise leave a rank without it).
-    world.barrier();
-  });
-}
 
 // Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
 // state: each step averages the gradients over the ranks, then runs the local (device)

@@ -150,8 +150,8 @@ Muon::Muon(const ParamTable& table, const MuonOptions& options)
   update_.resize(largest);
 }
 
-void muon_momentum(float* __restrict u, float* __restrict buf, const float* __restrict g,
-                   int64_t n, float mu, bool nesterov, float grad_scale) {
+void muon_momentum(float* u, float* __restrict buf, const float* g, int64_t n, float mu,
+                   bool nesterov, float grad_scale) {
   // A clipped gradient is stored (rounded) before the momentum arithmetic reads it, as a
   // scaled slab would be: a fused multiply-add must not absorb the scaling.
   const float* gs = g;

@@ -74,8 +74,8 @@ struct MuonOptions {
 
 // Muon's elementwise steps for one matrix of n elements (Muon::step's, and the device
 // optimizer's on the CPU's kernels): g' = g·grad_scale, stored before use; buf = mu·buf + g';
-// u = nesterov ? g' + mu·buf : buf. And w = w·keep − step_size·u, with w16 (when not null)
-// its bf16 copy.
+// u = nesterov ? g' + mu·buf : buf (u may be g: element by element, in place). And
+// w = w·keep − step_size·u, with w16 (when not null) its bf16 copy.
 void muon_momentum(float* u, float* buf, const float* g, int64_t n, float mu, bool nesterov,
                    float grad_scale);
 void muon_apply(float* w, const float* u, int64_t n, float keep, float step_size, bf16* w16);

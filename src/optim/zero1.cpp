@@ -97,10 +97,29 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
       adamw_options_(adamw),
       muon_options_(muon),
       options_(options) {
-  const int rank = comm_.rank(), size = comm_.size();
+  check_same_on_every_rank(table);
+  validate_options(adamw, muon);
+  if (options.max_message_elements < 1 || options.max_message_elements > INT32_MAX)
+    fail(fmt::format("ZeRO-1 max_message_elements = {} must lie in [1, 2^31 - 1]",
+                     options.max_message_elements));
+  layout_ = Zero1Layout(optimizer_tensors(table, adamw, muon.has_value()), table.total_elements(),
+                        comm_.size());
+  shard_ = layout_.shard(comm_.rank());
+  reducer_.emplace(comm_, layout_.slab_elements(), layout_.shard_counts(),
+                   GradientReducerOptions{options.bucket_elements, options.max_message_elements});
+  plan_windows();
+  plan_norm_chunks(table);
+  plan_adamw_chunks(table);
+  plan_muon(table);
+  grad_shard_ = PageSlab<float>(static_cast<size_t>(shard_.size()));
+}
 
-  // Every rank must build the same layout with the same options: compare fingerprints
-  // before anything that could fail on one rank only.
+// Every rank must build the same layout with the same options: fingerprints compared before
+// anything that could fail on one rank only.
+void Zero1Optimizer::check_same_on_every_rank(const ParamTable& table) const {
+  const AdamWOptions& adamw = adamw_options_;
+  const std::optional<MuonOptions>& muon = muon_options_;
+  const int rank = comm_.rank(), size = comm_.size();
   Fingerprint table_print, options_print;
   table_print.add(table.total_elements());
   for (const ParamInfo& p : table.params()) {
@@ -118,9 +137,9 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
     options_print.add(int64_t{muon->ns_steps});
     options_print.add(muon->bf16_newton_schulz);
   }
-  options_print.add(options.bucket_elements);  // the buckets decide the collectives' order
+  options_print.add(options_.bucket_elements);  // the buckets decide the collectives' order
   const int64_t mine[4] = {table.total_elements(), static_cast<int64_t>(table_print.h),
-                           static_cast<int64_t>(options_print.h), options.max_message_elements};
+                           static_cast<int64_t>(options_print.h), options_.max_message_elements};
   std::vector<int64_t> all;
   for (int r : ranks_differing_from_root(comm_, mine, &all)) {
     const int64_t* theirs = all.data() + 4 * r;
@@ -135,40 +154,37 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
                        rank, size, r),
            "every data-parallel rank must use the same train config");
   }
+}
 
-  validate_options(adamw, muon);
-  if (options.max_message_elements < 1 || options.max_message_elements > INT32_MAX)
-    fail(fmt::format("ZeRO-1 max_message_elements = {} must lie in [1, 2^31 - 1]",
-                     options.max_message_elements));
-  layout_ =
-      Zero1Layout(optimizer_tensors(table, adamw, muon.has_value()), table.total_elements(), size);
-  shard_ = layout_.shard(rank);
-  reducer_.emplace(comm_, layout_.slab_elements(), layout_.shard_counts(),
-                   GradientReducerOptions{options.bucket_elements, options.max_message_elements});
-
-  // Windows for the reduce-scatter and the all-gather.
-  const int64_t E = layout_.slab_elements(), W = options.max_message_elements;
+// Windows for the reduce-scatter and the all-gather.
+void Zero1Optimizer::plan_windows() {
+  const int64_t E = layout_.slab_elements(), W = options_.max_message_elements;
   for (int64_t begin = 0; begin < E; begin += W) {
     Window w;
     w.range = {begin, std::min(E, begin + W)};
-    for (int r = 0; r < size; ++r) w.counts.push_back(intersect(w.range, layout_.shard(r)).size());
+    for (int r = 0; r < comm_.size(); ++r)
+      w.counts.push_back(intersect(w.range, layout_.shard(r)).size());
     windows_.push_back(std::move(w));
   }
+}
 
-  // Norm chunks: optim/clip.h's chunks, cut at the shard's ends. On one rank they are
-  // exactly clip's, so the norm is too.
+// Norm chunks: optim/clip.h's chunks, cut at the shard's ends. On one rank they are exactly
+// clip's, so the norm is too.
+void Zero1Optimizer::plan_norm_chunks(const ParamTable& table) {
   for (const SlabChunk& c : slab_chunks(table, nullptr)) {
     const SlabRange part = intersect({c.offset, c.offset + c.size}, shard_);
     if (part.size() > 0) norm_chunks_.push_back({part.begin, part.size(), false});
   }
+}
 
-  // AdamW: the shard's part of every AdamW tensor, in slab order, with its moments packed.
+// AdamW: the shard's part of every AdamW tensor, in slab order, with its moments packed.
+void Zero1Optimizer::plan_adamw_chunks(const ParamTable& table) {
   int64_t state = 0;
   for (size_t i = 0; i < table.params().size(); ++i) {
     const ParamInfo& p = table.params()[i];
     if (!layout_.tensors()[i].adamw) continue;
     const SlabRange part = intersect({p.offset, p.offset + p.numel}, shard_);
-    const bool decay = adamw_decays(p, adamw);
+    const bool decay = adamw_decays(p, adamw_options_);
     for (int64_t at = part.begin; at < part.end; at += kSlabChunkElements) {
       const int64_t n = std::min(kSlabChunkElements, part.end - at);
       adamw_chunks_.push_back({at, n, state, decay});
@@ -177,8 +193,11 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
   }
   exp_avg_ = PageSlab<float>(static_cast<size_t>(state));
   exp_avg_sq_ = PageSlab<float>(static_cast<size_t>(state));
+}
 
-  // Muon: the matrices this rank owns, their momentum packed whole.
+// Muon: the matrices this rank owns, their momentum packed whole.
+void Zero1Optimizer::plan_muon(const ParamTable& table) {
+  const int rank = comm_.rank();
   const std::vector<MuonPlacement>& matrices = layout_.muon_matrices();
   momentum_offset_.assign(matrices.size(), -1);
   muon_decays_.assign(matrices.size(), false);
@@ -194,7 +213,6 @@ Zero1Optimizer::Zero1Optimizer(const ParamTable& table, const AdamWOptions& adam
   held_split_ = layout_.held_split_matrix(rank);
   if (owned_split_ >= 0)
     exchange_ = PageSlab<float>(static_cast<size_t>(matrices[owned_split_].numel));
-  grad_shard_ = PageSlab<float>(static_cast<size_t>(shard_.size()));
 }
 
 int64_t Zero1Optimizer::allocated_bytes() const {
@@ -224,17 +242,10 @@ void Zero1Optimizer::muon_matrix(size_t index, float* params, float* gu, double 
   // gradient: each element's gradient is read before its update is written.
   const MuonOptions& o = *muon_options_;
   const MuonPlacement& m = layout_.muon_matrices()[index];
-  float* __restrict buf = momentum_.data() + momentum_offset_[index];
-  const float mu = static_cast<float>(o.momentum);
-  const bool nesterov = o.nesterov;
   const int64_t n = m.numel;
-#pragma omp parallel for simd schedule(static) if (n >= kParallelElements)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = gu[i];
-    const float b = mu * buf[i] + g;
-    buf[i] = b;
-    gu[i] = nesterov ? g + mu * b : b;
-  }
+  // The gradient is already clipped (clip_shard_gradient scales the shard).
+  muon_momentum(gu, momentum_.data() + momentum_offset_[index], gu, n,
+                static_cast<float>(o.momentum), o.nesterov, 1.0f);
 
   newton_schulz_.run(gu, gu, m.rows, m.cols, o.ns_steps, o.bf16_newton_schulz);
 

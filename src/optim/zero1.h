@@ -166,6 +166,15 @@ class Zero1Optimizer {
     std::vector<int64_t> counts;
   };
 
+  // The constructor's steps: every rank's table and options the same (collective), then the
+  // collectives' windows, the norm's chunks, the AdamW chunks with their moments, the owned
+  // Muon matrices with their momentum.
+  void check_same_on_every_rank(const ParamTable& table) const;
+  void plan_windows();
+  void plan_norm_chunks(const ParamTable& table);
+  void plan_adamw_chunks(const ParamTable& table);
+  void plan_muon(const ParamTable& table);
+
   // The phases of step(), in order.
   struct BoundaryExchange {  // the split matrices' pieces in flight
     std::vector<Request> gradient_receives, pending;
