@@ -235,10 +235,6 @@ expect_fail "batch not divisible by the ranks" "cannot be split evenly over 3 ra
   timeout 120 "${MPIRUN[@]}" -np 3 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q
 expect_fail "expert parallel on one process" "train.expert_parallel = 2 needs" \
   "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.expert_parallel=2 -q
-expect_fail "context parallel on GPUs (refused before any GPU is opened)" \
-  "trains data and expert parallel, not context parallel, but this job has train.context_parallel = 2" \
-  timeout 120 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train --config zaya.json --synthetic-data --set train.run_dir=bad \
-    --set train.device=cuda --set train.context_parallel=2 -q
 expect_fail "ranks with different configs" "differs from rank 0's" \
   timeout 120 mpirun --oversubscribe --bind-to none \
     -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q : \

@@ -8,9 +8,11 @@
 // operand of the next product over those 16 keys: nothing goes back through shared memory.
 // Tiles are read from the fp32 tensors and rounded to bf16 into shared memory as they load.
 // Each output element is summed by one thread in a fixed order: the bits repeat run to run.
+// A chunk of the queries (context parallelism) walks fewer query rows with a shifted mask.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -30,8 +32,13 @@ constexpr int kThreads = 32 * kWarps;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+// As attention.cu's: t key rows; tq query rows of which [q_begin, q_end) are computed, row r
+// seeing keys 0 … r + shift; keys from keys_end on neither read nor written; dk and dv
+// accumulated for a chunk.
 struct Dims {
   int64_t b, t, h, kvh;
+  int64_t tq, q_begin, q_end, shift, keys_end;
+  bool accumulate;
   float scale;
 };
 
@@ -137,10 +144,10 @@ __device__ __forceinline__ void probs_times_rows(float (&acc)[D / 8][4], const f
   }
 }
 
-// Whether query position `query` attends to key position `key`: causal, and the query is a row
-// of the sequence (rows past T are padding).
+// Whether query row `query` attends to key `key`: causal, and the query is a computed row
+// (rows past q_end are padding).
 __device__ __forceinline__ bool sees(int64_t query, int64_t key, const Dims& s) {
-  return query < s.t && key <= query;
+  return query < s.q_end && key <= query + s.shift;
 }
 
 // Column of element i of 8-column accumulator tile n, and the row (0: lane/4, 1: lane/4 + 8).
@@ -150,36 +157,50 @@ __device__ __forceinline__ int column_of(int n, int i) {
 
 // ---- tiles in and out ---------------------------------------------------------------------
 
-// rows × D of a [B, T, heads, D] fp32 tensor from position `first`, rounded to bf16 into shared
-// memory; rows past T read as zeros.
+// count × D of a [B, rows, heads, D] fp32 tensor from row `first`, rounded to bf16 into shared
+// memory; rows at or past `end` read as zeros.
 template <int D>
-__device__ void load_tile(bf16_t* dst, const float* src, const Dims& s, int64_t heads, int64_t b,
-                          int64_t first, int64_t head, int rows) {
+__device__ void load_tile(bf16_t* dst, const float* src, int64_t rows, int64_t end,
+                          int64_t heads, int64_t b, int64_t first, int64_t head, int count) {
   constexpr int kQuads = D / 4;
-  for (int e = threadIdx.x; e < rows * kQuads; e += kThreads) {
+  for (int e = threadIdx.x; e < count * kQuads; e += kThreads) {
     const int r = e / kQuads, c = (e % kQuads) * 4;
     const int64_t t = first + r;
     float4 x = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (t < s.t) x = *reinterpret_cast<const float4*>(src + ((b * s.t + t) * heads + head) * D + c);
+    if (t < end) x = *reinterpret_cast<const float4*>(src + ((b * rows + t) * heads + head) * D + c);
     *reinterpret_cast<uint2*>(dst + r * ld<D>() + c) =
         make_uint2(pack_bf16(x.x, x.y), pack_bf16(x.z, x.w));
   }
 }
+template <int D>
+__device__ void load_query_tile(bf16_t* dst, const float* src, const Dims& s, int64_t b,
+                                int64_t first, int64_t head, int count) {
+  load_tile<D>(dst, src, s.tq, s.q_end, s.h, b, first, head, count);
+}
+template <int D>
+__device__ void load_key_tile(bf16_t* dst, const float* src, const Dims& s, int64_t b,
+                              int64_t first, int64_t head) {
+  load_tile<D>(dst, src, s.t, s.keys_end, s.kvh, b, first, head, kTile);
+}
 
 // A warp's 16 × D accumulators, scaled by `mul` per row, to rows `row[0]`, `row[1]` of a
-// [T, heads, D] tensor whose row 0 is at `dst`; rows at or past `rows_left` are skipped.
+// [T, heads, D] tensor whose row 0 is at `dst` (added to what is there when `add`); rows at or
+// past `rows_left` are skipped.
 template <int D>
 __device__ void store_rows(float* dst, int64_t row_stride, int64_t rows_left,
                            const float (&acc)[D / 8][4], const int (&row)[2],
-                           const float (&mul)[2]) {
+                           const float (&mul)[2], bool add = false) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (row[r] >= rows_left) continue;
     float* d = dst + row[r] * row_stride;
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<float2*>(d + column_of(n, 0)) =
-          make_float2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r]);
+    for (int n = 0; n < D / 8; ++n) {
+      float2* to = reinterpret_cast<float2*>(d + column_of(n, 0));
+      float2 x = make_float2(acc[n][2 * r] * mul[r], acc[n][2 * r + 1] * mul[r]);
+      if (add) x = make_float2(to->x + x.x, to->y + x.y);
+      *to = x;
+    }
   }
 }
 
@@ -253,18 +274,18 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.h, h = blockIdx.y % s.h, kv = h / (s.h / s.kvh);
   // The longest rows first: the last query tiles see the most keys.
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
-  load_tile<D>(qs, q, s, s.h, b, q0, h, kTile);
+  const int64_t q0 = s.q_begin + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  load_query_tile<D>(qs, q, s, b, q0, h, kTile);
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t qi[2] = {q0 + row[0], q0 + row[1]};
 
   float o[D / 8][4] = {};
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
-  const int64_t q_last = min(q0 + kTile, s.t) - 1;
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
+  const int64_t q_last = min(q0 + kTile, s.q_end) - 1;
+  for (int64_t k0 = 0; k0 <= q_last + s.shift; k0 += kTile) {
     __syncthreads();  // the previous tile's K and V are read
-    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
-    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
+    load_key_tile<D>(ks, k, s, b, k0, kv);
+    load_key_tile<D>(vs, v, s, b, k0, kv);
     __syncthreads();
     float sc[kTile / 8][4] = {};
     rows_times_rows_t<D, kTile>(sc, qs, warp * 16, ks);
@@ -276,10 +297,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < 2; ++r) {
     row_sum[r] = quad_sum(row_sum[r]);
     inv[r] = row_sum[r] > 0.0f ? 1.0f / row_sum[r] : 0.0f;
-    if (qi[r] < s.t && lane % 4 == 0)
-      lse[(b * s.h + h) * s.t + qi[r]] = row_max[r] * kLn2 + logf(row_sum[r]);
+    if (qi[r] < s.q_end && lane % 4 == 0)
+      lse[(b * s.h + h) * s.tq + qi[r]] = row_max[r] * kLn2 + logf(row_sum[r]);
   }
-  store_rows<D>(out + ((b * s.t + q0) * s.h + h) * D, s.h * D, s.t - q0, o, row, inv);
+  store_rows<D>(out + ((b * s.tq + q0) * s.h + h) * D, s.h * D, s.q_end - q0, o, row, inv);
 }
 
 // ---- backward -----------------------------------------------------------------------------
@@ -302,25 +323,25 @@ __global__ void __launch_bounds__(kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.h, h = blockIdx.y % s.h, kv = h / (s.h / s.kvh);
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
-  load_tile<D>(qs, q, s, s.h, b, q0, h, kTile);
-  load_tile<D>(dos, dout, s, s.h, b, q0, h, kTile);
+  const int64_t q0 = s.q_begin + static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kTile;
+  load_query_tile<D>(qs, q, s, b, q0, h, kTile);
+  load_query_tile<D>(dos, dout, s, b, q0, h, kTile);
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t qi[2] = {q0 + row[0], q0 + row[1]};
   float lse2[2], row_delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    lse2[r] = qi[r] < s.t ? lse[(b * s.h + h) * s.t + qi[r]] * kLog2e : 0.0f;
-    row_delta[r] = qi[r] < s.t ? delta[(b * s.h + h) * s.t + qi[r]] : 0.0f;
+    lse2[r] = qi[r] < s.q_end ? lse[(b * s.h + h) * s.tq + qi[r]] * kLog2e : 0.0f;
+    row_delta[r] = qi[r] < s.q_end ? delta[(b * s.h + h) * s.tq + qi[r]] : 0.0f;
   }
   const float scale_log2 = s.scale * kLog2e;
 
   float acc[D / 8][4] = {};
-  const int64_t q_last = min(q0 + kTile, s.t) - 1;
-  for (int64_t k0 = 0; k0 <= q_last; k0 += kTile) {
+  const int64_t q_last = min(q0 + kTile, s.q_end) - 1;
+  for (int64_t k0 = 0; k0 <= q_last + s.shift; k0 += kTile) {
     __syncthreads();
-    load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
-    load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
+    load_key_tile<D>(ks, k, s, b, k0, kv);
+    load_key_tile<D>(vs, v, s, b, k0, kv);
     __syncthreads();
     float sc[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
     rows_times_rows_t<D, kTile>(sc, qs, warp * 16, ks);
@@ -337,7 +358,7 @@ __global__ void __launch_bounds__(kThreads)
     probs_times_rows<D, kTile>(acc, sc, ks);
   }
   const float one[2] = {1.0f, 1.0f};
-  store_rows<D>(dq + ((b * s.t + q0) * s.h + h) * D, s.h * D, s.t - q0, acc, row, one);
+  store_rows<D>(dq + ((b * s.tq + q0) * s.h + h) * D, s.h * D, s.q_end - q0, acc, row, one);
 }
 
 template <int D>
@@ -363,8 +384,8 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t b = blockIdx.y / s.kvh, kv = blockIdx.y % s.kvh, group = s.h / s.kvh;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) * kTile;
-  load_tile<D>(ks, k, s, s.kvh, b, k0, kv, kTile);
-  load_tile<D>(vs, v, s, s.kvh, b, k0, kv, kTile);
+  load_key_tile<D>(ks, k, s, b, k0, kv);
+  load_key_tile<D>(vs, v, s, b, k0, kv);
   const int row[2] = {warp * 16 + lane / 4, warp * 16 + lane / 4 + 8};
   const int64_t kj[2] = {k0 + row[0], k0 + row[1]};
   const float scale_log2 = s.scale * kLog2e;
@@ -372,14 +393,15 @@ __global__ void __launch_bounds__(kThreads)
   float dk_acc[D / 8][4] = {}, dv_acc[D / 8][4] = {};
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv * group + g;
-    for (int64_t q0 = k0; q0 < s.t; q0 += kQTile) {  // tiles before k0 see none of the keys
+    // Query rows before the first that sees k0 see none of the keys.
+    for (int64_t q0 = max(s.q_begin, k0 - s.shift); q0 < s.q_end; q0 += kQTile) {
       __syncthreads();  // the previous tile's Q, dO and row statistics are read
-      load_tile<D>(qs, q, s, s.h, b, q0, h, kQTile);
-      load_tile<D>(dos, dout, s, s.h, b, q0, h, kQTile);
+      load_query_tile<D>(qs, q, s, b, q0, h, kQTile);
+      load_query_tile<D>(dos, dout, s, b, q0, h, kQTile);
       for (int c = threadIdx.x; c < kQTile; c += kThreads) {
         const int64_t qi = q0 + c;
-        col_lse2[c] = qi < s.t ? lse[(b * s.h + h) * s.t + qi] * kLog2e : 0.0f;
-        col_delta[c] = qi < s.t ? delta[(b * s.h + h) * s.t + qi] : 0.0f;
+        col_lse2[c] = qi < s.q_end ? lse[(b * s.h + h) * s.tq + qi] * kLog2e : 0.0f;
+        col_delta[c] = qi < s.q_end ? delta[(b * s.h + h) * s.tq + qi] : 0.0f;
       }
       __syncthreads();
       float pt[kQTile / 8][4] = {}, dst[kQTile / 8][4] = {};
@@ -402,16 +424,17 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float one[2] = {1.0f, 1.0f};
   const int64_t first = ((b * s.t + k0) * s.kvh + kv) * D;
-  store_rows<D>(dk + first, s.kvh * D, s.t - k0, dk_acc, row, one);
-  store_rows<D>(dv + first, s.kvh * D, s.t - k0, dv_acc, row, one);
+  store_rows<D>(dk + first, s.kvh * D, s.keys_end - k0, dk_acc, row, one, s.accumulate);
+  store_rows<D>(dv + first, s.kvh * D, s.keys_end - k0, dv_acc, row, one, s.accumulate);
 }
 
 // ---- launches -----------------------------------------------------------------------------
 
 Dims dims_of(const AttentionDims& a) {
-  FOUNDRY_GPU_CHECK(a.kvh >= 1 && a.h % a.kvh == 0);
-  FOUNDRY_GPU_CHECK(a.b * a.h <= 65535);  // the grid's y: one block row per (sequence, head)
-  return {a.b, a.t, a.h, a.kvh, static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.d)))};
+  const AttentionRows r = attention_rows(a);
+  return {a.b,     a.t,     a.h,     a.kvh,   r.tq, r.q_begin, r.q_end, r.shift,
+          r.q_end + r.shift, r.accumulate,
+          static_cast<float>(1.0 / std::sqrt(static_cast<double>(a.d)))};
 }
 
 template <typename Kernel>
@@ -428,7 +451,8 @@ void forward(float* out, float* lse, const float* q, const float* k, const float
              const Dims& s) {
   const size_t shared = forward_shared<D>();
   allow_shared(forward_kernel<D>, shared);
-  forward_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.h)), kThreads,
+  forward_kernel<D><<<dim3(tiles(s.q_end - s.q_begin, kTile), static_cast<unsigned>(s.b * s.h)),
+                      kThreads,
                       shared>>>(out, lse, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
 }
@@ -439,12 +463,15 @@ void backward(float* dq, float* dk, float* dv, const float* dout, const float* l
               const Dims& s) {
   const size_t dq_bytes = dq_shared<D>();
   allow_shared(dq_kernel<D>, dq_bytes);
-  dq_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.h)), kThreads,
+  dq_kernel<D><<<dim3(tiles(s.q_end - s.q_begin, kTile), static_cast<unsigned>(s.b * s.h)),
+                 kThreads,
                  dq_bytes>>>(dq, dout, lse, delta, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
   const size_t kv_bytes = dkdv_shared<D>();
   allow_shared(dkdv_kernel<D>, kv_bytes);
-  dkdv_kernel<D><<<dim3(tiles(s.t, kTile), static_cast<unsigned>(s.b * s.kvh)), kThreads,
+  // Keys past the last query's position are seen by none: a chunk leaves their dk, dv as
+  // they are.
+  dkdv_kernel<D><<<dim3(tiles(s.keys_end, kTile), static_cast<unsigned>(s.b * s.kvh)), kThreads,
                    kv_bytes>>>(dk, dv, dout, lse, delta, q, k, v, s);
   FOUNDRY_CUDA_CHECK(cudaGetLastError());
 }

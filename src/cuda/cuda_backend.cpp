@@ -34,6 +34,9 @@ bool aligned16(std::initializer_list<const void*> pointers) {
 ops::AttentionDims dims(const foundry::ops::AttentionShape& s) {
   return {s.b, s.t, s.h, s.kvh, s.d};
 }
+ops::AttentionDims dims(const foundry::ops::AttentionChunk& c) {
+  return {c.b, c.k_rows, c.h, c.kvh, c.d, c.q_rows, c.q_begin, c.q_end, c.q_pos};
+}
 
 // The host's span descriptors go to the device as they are.
 static_assert(sizeof(ops::DecodeSpan) == sizeof(foundry::ops::DecodeSpan) &&
@@ -66,6 +69,18 @@ class CudaBackend final : public Backend {
     copy_to_host_async(host, src, bytes);
   }
   void wait_host_copies() override { wait_copies_to_host(); }
+  std::unique_ptr<CopyQueue> copy_queue() override {
+    struct Queue final : CopyQueue {
+      HostCopyQueue copies;
+      int64_t queue(void* host, const void* src, int64_t bytes) override {
+        return copies.queue(host, src, bytes);
+      }
+      bool landed(int64_t i) override { return copies.landed(i); }
+      void wait(int64_t i) override { copies.wait(i); }
+      void restart() override { copies.restart(); }
+    };
+    return std::make_unique<Queue>();
+  }
   void to_host(void* host, const void* src, int64_t bytes) override {
     copy_to_host(host, src, bytes);
   }
@@ -128,23 +143,27 @@ class CudaBackend final : public Backend {
     ops::swiglu_backward_bf16(bits(dh), dout, h, n, f);
   }
 
-  // bf16 on tensor cores where the shape allows (attention_on_tensor_cores), else fp32.
+  // bf16 on tensor cores where the shape allows (attention_on_tensor_cores), else fp32. A
+  // chunk runs the same kernels over its query rows.
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const foundry::ops::AttentionShape& s, DType dtype) override {
-    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(dims(s), q, k, v, out))
-      ops::attention_forward_bf16(out, lse, q, k, v, dims(s));
-    else
-      ops::attention_forward(out, lse, q, k, v, dims(s));
+    attention_forward(out, lse, q, k, v, dims(s), dtype);
   }
   void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
                           const float* lse, const float* q, const float* k, const float* v,
                           const foundry::ops::AttentionShape& s, DType dtype) override {
-    float* scratch = floats(ops::attention_backward_scratch(dims(s)));
-    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(dims(s), q, k, v, out) &&
-        aligned16({dq, dk, dv, dout}))
-      ops::attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, dims(s), scratch);
-    else
-      ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(s), scratch);
+    attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(s), dtype);
+  }
+  void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const foundry::ops::AttentionChunk& c, DType dtype,
+                               const std::function<void()>&) override {
+    attention_forward(out, lse, q, k, v, dims(c), dtype);
+  }
+  void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, const float* k,
+                                const float* v, const foundry::ops::AttentionChunk& c, DType dtype,
+                                const std::function<void()>&) override {
+    attention_backward(dq, dk, dv, dout, out, lse, q, k, v, dims(c), dtype);
   }
 
   void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,
@@ -390,6 +409,23 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const ops::AttentionDims& a, DType dtype) {
+    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(a, q, k, v, out))
+      ops::attention_forward_bf16(out, lse, q, k, v, a);
+    else
+      ops::attention_forward(out, lse, q, k, v, a);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* out,
+                          const float* lse, const float* q, const float* k, const float* v,
+                          const ops::AttentionDims& a, DType dtype) {
+    float* scratch = floats(ops::attention_backward_scratch(a));
+    if (dtype == DType::bf16 && ops::attention_on_tensor_cores(a, q, k, v, out) &&
+        aligned16({dq, dk, dv, dout}))
+      ops::attention_backward_bf16(dq, dk, dv, dout, out, lse, q, k, v, a, scratch);
+    else
+      ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, a, scratch);
+  }
   // attention_decode_rows by ops::attention_decode_grouped (decode.h), its parts as large as
   // the GPU's shared memory holds (false, nothing done, where not even one row's query heads
   // fit): each span read once per part of the rows sharing it. Its partial results go in

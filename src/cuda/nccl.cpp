@@ -61,16 +61,64 @@ NcclGroup::NcclGroup(int rank, int size,
 }
 
 NcclGroup::~NcclGroup() {
+  if (side_) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(side_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(queued_));
+    cudaEventDestroy(static_cast<cudaEvent_t>(side_done_));
+    cudaStreamDestroy(static_cast<cudaStream_t>(side_));
+  }
   if (!comm_ || std::uncaught_exceptions() > exceptions_) return;
   ncclCommFinalize(native(comm_));
   ncclCommDestroy(native(comm_));
 }
 
-void NcclGroup::allreduce_mean(float* data, int64_t n) {
+namespace {
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    fail(
+        fmt::format("NCCL's stream, {}: {} ({})", what, cudaGetErrorName(e), cudaGetErrorString(e)),
+        "a CUDA call beside NCCL failed; NCCL_DEBUG=INFO says more");
+}
+
+void allreduce_mean_on(ncclComm_t comm, float* data, int64_t n, cudaStream_t stream) {
   for (int64_t at = 0; at < n; at += kPiece)
     check(ncclAllReduce(data + at, data + at, static_cast<size_t>(std::min(kPiece, n - at)),
-                        ncclFloat, ncclAvg, native(comm_), nullptr),
+                        ncclFloat, ncclAvg, comm, stream),
           "all-reduce");
+}
+
+}  // namespace
+
+void NcclGroup::allreduce_mean(float* data, int64_t n) {
+  allreduce_mean_on(native(comm_), data, n, nullptr);
+}
+
+void* NcclGroup::side_stream() {
+  if (!side_) {
+    cudaStream_t stream = nullptr;
+    cudaEvent_t queued = nullptr, done = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "creating it");
+    check_cuda(cudaEventCreateWithFlags(&queued, cudaEventDisableTiming), "creating an event");
+    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "creating an event");
+    side_ = stream, queued_ = queued, side_done_ = done;
+  }
+  const auto stream = static_cast<cudaStream_t>(side_);
+  const auto queued = static_cast<cudaEvent_t>(queued_);
+  check_cuda(cudaEventRecord(queued, nullptr), "ordering it after the default stream");
+  check_cuda(cudaStreamWaitEvent(stream, queued, 0), "ordering it after the default stream");
+  return stream;
+}
+
+void NcclGroup::allreduce_mean_beside(float* data, int64_t n) {
+  allreduce_mean_on(native(comm_), data, n, static_cast<cudaStream_t>(side_stream()));
+}
+
+void NcclGroup::join() {
+  if (!side_) return;
+  const auto done = static_cast<cudaEvent_t>(side_done_);
+  check_cuda(cudaEventRecord(done, static_cast<cudaStream_t>(side_)), "joining it");
+  check_cuda(cudaStreamWaitEvent(nullptr, done, 0), "joining it");
 }
 
 namespace {
@@ -89,6 +137,14 @@ void grouped_over_ranges(const std::vector<SlabRange>& ranges, const char* what,
 void NcclGroup::reduce_mean_to_ranges(float* data, const std::vector<SlabRange>& ranges) {
   grouped_over_ranges(ranges, "reduce-scatter", [&](int root, int64_t at, size_t n) {
     check(ncclReduce(data + at, data + at, n, ncclFloat, ncclAvg, root, native(comm_), nullptr),
+          "reduce-scatter");
+  });
+}
+
+void NcclGroup::reduce_mean_to_ranges_beside(float* data, const std::vector<SlabRange>& ranges) {
+  const auto stream = static_cast<cudaStream_t>(side_stream());
+  grouped_over_ranges(ranges, "reduce-scatter", [&](int root, int64_t at, size_t n) {
+    check(ncclReduce(data + at, data + at, n, ncclFloat, ncclAvg, root, native(comm_), stream),
           "reduce-scatter");
   });
 }
@@ -160,6 +216,11 @@ NcclGroup::~NcclGroup() = default;
 void NcclGroup::allreduce_mean(float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::reduce_mean_to_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
 void NcclGroup::broadcast_ranges(float*, const std::vector<SlabRange>&) { fail_no_nccl(); }
+void NcclGroup::allreduce_mean_beside(float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::reduce_mean_to_ranges_beside(float*, const std::vector<SlabRange>&) {
+  fail_no_nccl();
+}
+void NcclGroup::join() { fail_no_nccl(); }
 void NcclGroup::all_reduce(const float*, float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::reduce_scatter(const float*, float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::all_gather(const float*, float*, int64_t) { fail_no_nccl(); }

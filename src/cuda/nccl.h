@@ -46,6 +46,13 @@ class NcclGroup {
   // (device, in place). One grouped broadcast per range.
   void broadcast_ranges(float* data, const std::vector<SlabRange>& ranges);
 
+  // The two reductions above beside the work on the default stream (gradients reduced while
+  // backward computes): queued on the group's own stream, each behind the default stream's
+  // work queued so far. join() makes the default stream's later work wait for all of them.
+  void allreduce_mean_beside(float* data, int64_t n);
+  void reduce_mean_to_ranges_beside(float* data, const std::vector<SlabRange>& ranges);
+  void join();
+
   // The collectives `foundry bench comm --device cuda` times (bench/comm_bench.h), fp32 on
   // device buffers, in the shapes of the Communicator's: all-reduce (sum) of `count`
   // elements; reduce-scatter (sum) and all-gather of `block` elements per rank; broadcast of
@@ -61,6 +68,13 @@ class NcclGroup {
  private:
   int rank_ = 0, size_ = 1;
   void* comm_ = nullptr;  // ncclComm_t
+  // The group's own stream (cudaStream_t) and the events (cudaEvent_t) that order it against
+  // the default stream, made at the first *_beside call.
+  void* side_ = nullptr;
+  void* queued_ = nullptr;
+  void* side_done_ = nullptr;
+  // The group's stream, behind the default stream's work queued so far.
+  void* side_stream();
   int exceptions_ = 0;    // uncaught at construction
 };
 

@@ -47,6 +47,12 @@ void copy_to_device_queued(void*, const void*, int64_t) { fail_no_cuda_build(kWh
 void host_release_pinned(void*) {}
 void copy_to_host_async(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void wait_copies_to_host() {}
+HostCopyQueue::HostCopyQueue() { fail_no_cuda_build(kWhat); }
+HostCopyQueue::~HostCopyQueue() = default;
+int64_t HostCopyQueue::queue(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+bool HostCopyQueue::landed(int64_t) { fail_no_cuda_build(kWhat); }
+void HostCopyQueue::wait(int64_t) { fail_no_cuda_build(kWhat); }
+void HostCopyQueue::restart() {}
 void copy_to_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void zero_bytes(void*, int64_t) { fail_no_cuda_build(kWhat); }
 EventClock::~EventClock() = default;

@@ -114,9 +114,24 @@ void cross_entropy_bf16(uint16_t* dlogits, int64_t ld, float* losses, double* me
 // ---- causal grouped-query attention (kernels/attention.h's layout and contract) ----
 // q [B, T, H, D], k/v [B, T, KVH, D], out [B, T, H, D]; lse [B, H, T] of the scaled scores.
 // Tiled with an online softmax in fp32 (memory linear in T). D ≤ 256.
+//
+// With q_rows > 0, a chunk of the queries (kernels/attention.h's AttentionChunk, context
+// parallelism): q, out, dq, dout [B, q_rows, H, D] and lse [B, H, q_rows], of which rows
+// [q_begin, q_end) are computed, at key positions q_pos, q_pos + 1, …, against the T rows of
+// k and v; the backward ADDS to dk and dv. Keys past the chunk's last position (q_pos +
+// q_end − q_begin) are neither read nor written.
 struct AttentionDims {
   int64_t b, t, h, kvh, d;
+  int64_t q_rows = 0, q_begin = 0, q_end = 0, q_pos = 0;
 };
+// The query rows of a call as the kernels walk them (checked: the chunk lies within its
+// tensors and sees only keys that exist): row r of [q_begin, q_end) of tq sees keys
+// 0 … r + shift.
+struct AttentionRows {
+  int64_t tq, q_begin, q_end, shift;
+  bool accumulate;
+};
+AttentionRows attention_rows(const AttentionDims& s);
 void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                        const AttentionDims& s);
 // dq, dk, dv (writes) from dout, out and lse. Deterministic: dQ by query tile, dK and dV by

@@ -399,6 +399,136 @@ TEST(GpuOps, AttentionOnTensorCoresTracksTheCpusBf16Attention) {
   EXPECT_FALSE(takes({1, 8, 2, 1, 64}, any.as<float>() + 1));
 }
 
+// Context parallelism's chunks: a rank's two chunks of each sequence (early and late, ragged
+// against the tiles) against the gathered keys, forward and backward, fp32 and bf16 (tensor
+// cores for D = 64, the fp32 kernels for D = 48), against the CPU's chunk kernels. dk and dv
+// start from random values: the chunks add to them, and keys no query of the rank sees keep
+// theirs.
+TEST(GpuOps, AttentionChunksMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Case {
+    int64_t b, h, kvh, d, tc, ranks, rank;
+    DType dtype;
+  };
+  const Case cases[] = {{2, 4, 2, 64, 37, 2, 0, DType::f32},
+                        {2, 4, 2, 64, 37, 2, 1, DType::bf16},
+                        {1, 6, 2, 48, 21, 3, 1, DType::bf16},
+                        {1, 2, 1, 64, 70, 2, 1, DType::f32},
+                        {1, 2, 2, 64, 70, 4, 2, DType::bf16}};
+  uint64_t seed = 900;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(testing::Message() << "D " << c.d << " Tc " << c.tc << " rank " << c.rank << " of "
+                                    << c.ranks << " " << dtype_name(c.dtype));
+    const int64_t q_rows = 2 * c.tc, k_rows = 2 * c.ranks * c.tc;
+    const int64_t qn = c.b * q_rows * c.h * c.d, kn = c.b * k_rows * c.kvh * c.d;
+    const int64_t ln = c.b * c.h * q_rows;
+    const auto q = randn(qn, seed++), k = randn(kn, seed++), v = randn(kn, seed++),
+               dout = randn(qn, seed++), dk0 = randn(kn, seed++), dv0 = randn(kn, seed++);
+    const int64_t chunks[2] = {c.rank, 2 * c.ranks - 1 - c.rank};
+    // The rank's slot: its query rows, at the chunk's key positions.
+    const auto cpu_chunk = [&](int slot) {
+      ops::AttentionChunk x{c.b, c.h, c.kvh, c.d, q_rows, k_rows, 0, 0, 0};
+      x.q_begin = slot * c.tc, x.q_end = (slot + 1) * c.tc, x.q_pos = chunks[slot] * c.tc;
+      return x;
+    };
+    const auto gpu_chunk = [&](int slot) {
+      const ops::AttentionChunk x = cpu_chunk(slot);
+      gpu::ops::AttentionDims g{c.b, k_rows, c.h, c.kvh, c.d};
+      g.q_rows = q_rows, g.q_begin = x.q_begin, g.q_end = x.q_end, g.q_pos = x.q_pos;
+      return g;
+    };
+    // Keys from the chunk's end on may not have arrived (context parallelism): NaN here, and
+    // neither kernel may read them.
+    const auto keys_up_to = [&](const std::vector<float>& x, int slot) {
+      std::vector<float> y = x;
+      const int64_t end = (chunks[slot] + 1) * c.tc, row = c.kvh * c.d;
+      for (int64_t b = 0; b < c.b; ++b)
+        std::fill(y.begin() + (b * k_rows + end) * row, y.begin() + (b + 1) * k_rows * row,
+                  std::nanf(""));
+      return y;
+    };
+    // Whether rows [r0, r1) of each [q_rows, width] block of x are all NaN (untouched).
+    const auto untouched = [&](const std::vector<float>& x, int64_t blocks, int64_t width,
+                               int64_t r0, int64_t r1) {
+      for (int64_t b = 0; b < blocks; ++b)
+        for (int64_t i = (b * q_rows + r0) * width; i < (b * q_rows + r1) * width; ++i)
+          if (!std::isnan(x[i])) return false;
+      return true;
+    };
+    std::vector<float> out(qn), lse(ln), dq(qn), dk = dk0, dv = dv0;
+    auto gq = to_device(q), gdout = to_device(dout), gdk = to_device(dk0), gdv = to_device(dv0);
+    auto gout = poisoned(qn * 4), glse = poisoned(ln * 4), gdq = poisoned(qn * 4);
+    for (int slot : {0, 1}) {
+      const auto k_seen = keys_up_to(k, slot), v_seen = keys_up_to(v, slot);
+      ops::attention_chunk_forward(out.data(), lse.data(), q.data(), k_seen.data(), v_seen.data(),
+                                   cpu_chunk(slot), c.dtype);
+      const gpu::ops::AttentionDims g = gpu_chunk(slot);
+      auto gk = to_device(k_seen), gv = to_device(v_seen);
+      const bool tensor_cores =
+          c.dtype == DType::bf16 &&
+          gpu::ops::attention_on_tensor_cores(g, gq.data(), gk.data(), gv.data(), gout.data());
+      EXPECT_EQ(tensor_cores, c.dtype == DType::bf16 && c.d != 48);
+      if (tensor_cores)
+        gpu::ops::attention_forward_bf16(gout.as<float>(), glse.as<float>(), gq.as<float>(),
+                                         gk.as<float>(), gv.as<float>(), g);
+      else
+        gpu::ops::attention_forward(gout.as<float>(), glse.as<float>(), gq.as<float>(),
+                                    gk.as<float>(), gv.as<float>(), g);
+      if (slot == 0) {  // slot 1's rows are not written
+        EXPECT_TRUE(untouched(to_host<float>(gout, qn), c.b, c.h * c.d, c.tc, q_rows)) << "out";
+        EXPECT_TRUE(untouched(to_host<float>(glse, ln), c.b * c.h, 1, c.tc, q_rows)) << "lse";
+      }
+    }
+    for (int slot : {1, 0}) {
+      const auto k_seen = keys_up_to(k, slot), v_seen = keys_up_to(v, slot);
+      ops::attention_chunk_backward(dq.data(), dk.data(), dv.data(), dout.data(), out.data(),
+                                    lse.data(), q.data(), k_seen.data(), v_seen.data(),
+                                    cpu_chunk(slot), c.dtype);
+      const gpu::ops::AttentionDims g = gpu_chunk(slot);
+      auto gk = to_device(k_seen), gv = to_device(v_seen);
+      auto scratch = poisoned(gpu::ops::attention_backward_scratch(g) * 4);
+      if (c.dtype == DType::bf16 && c.d != 48)
+        gpu::ops::attention_backward_bf16(gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
+                                          gdout.as<float>(), gout.as<float>(), glse.as<float>(),
+                                          gq.as<float>(), gk.as<float>(), gv.as<float>(), g,
+                                          scratch.as<float>());
+      else
+        gpu::ops::attention_backward(gdq.as<float>(), gdk.as<float>(), gdv.as<float>(),
+                                     gdout.as<float>(), gout.as<float>(), glse.as<float>(),
+                                     gq.as<float>(), gk.as<float>(), gv.as<float>(), g,
+                                     scratch.as<float>());
+      if (slot == 1) {  // slot 0's rows are not written
+        EXPECT_TRUE(untouched(to_host<float>(gdq, qn), c.b, c.h * c.d, 0, c.tc)) << "dq";
+      }
+    }
+    // Keys past both chunks: dk and dv as they were, bit for bit.
+    {
+      const int64_t end = (std::max(chunks[0], chunks[1]) + 1) * c.tc, row = c.kvh * c.d;
+      const auto gdk_h = to_host<float>(gdk, kn), gdv_h = to_host<float>(gdv, kn);
+      for (int64_t b = 0; b < c.b; ++b)
+        for (int64_t i = (b * k_rows + end) * row; i < (b + 1) * k_rows * row; ++i)
+          ASSERT_TRUE(std::memcmp(&gdk_h[i], &dk0[i], 4) == 0 &&
+                      std::memcmp(&gdv_h[i], &dv0[i], 4) == 0)
+              << "dk/dv changed past the chunks' keys, element " << i;
+    }
+    // As the whole-sequence tests' bounds: fp32's rounding, or bf16's steps.
+    const bool bf = c.dtype == DType::bf16;
+    expect_close(to_host<float>(gout, qn), out, bf ? 2e-2 : 1e-4, bf ? rms(out) : 1e-2, "out");
+    expect_close(to_host<float>(glse, ln), lse, bf ? 1e-3 : 1e-5, bf ? 1e-1 : 1e-2, "lse");
+    expect_close(to_host<float>(gdq, qn), dq, bf ? 3e-2 : 1e-3, bf ? rms(dq) : 1e-2, "dq");
+    // What the chunks added to dk and dv (keys no query saw: nothing).
+    const auto added = [](std::vector<float> now, const std::vector<float>& before) {
+      for (size_t i = 0; i < now.size(); ++i) now[i] -= before[i];
+      return now;
+    };
+    const auto cpu_dk = added(dk, dk0), cpu_dv = added(dv, dv0);
+    expect_close(added(to_host<float>(gdk, kn), dk0), cpu_dk, bf ? 3e-2 : 1e-3,
+                 bf ? rms(cpu_dk) : 1e-2, "dk");
+    expect_close(added(to_host<float>(gdv, kn), dv0), cpu_dv, bf ? 3e-2 : 1e-3,
+                 bf ? rms(cpu_dv) : 1e-2, "dv");
+  }
+}
+
 TEST(GpuOps, AttentionOnTensorCoresGivesTheSameBitsEveryRun) {
   SKIP_WITHOUT_GPU();
   const gpu::ops::AttentionDims g{2, 200, 4, 2, 128};

@@ -180,6 +180,57 @@ void wait_copies_to_host() {
   }
 }
 
+HostCopyQueue::HostCopyQueue() {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t ready = nullptr;
+  FOUNDRY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FOUNDRY_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  stream_ = stream;
+  ready_ = ready;
+}
+
+HostCopyQueue::~HostCopyQueue() {
+  // Nothing may still write into the caller's memory; errors are not thrown from here.
+  cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  for (void* e : done_) cudaEventDestroy(static_cast<cudaEvent_t>(e));
+  cudaEventDestroy(static_cast<cudaEvent_t>(ready_));
+  cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+int64_t HostCopyQueue::queue(void* host, const void* src, int64_t bytes) {
+  const auto stream = static_cast<cudaStream_t>(stream_);
+  if (next_ == static_cast<int64_t>(done_.size())) {
+    cudaEvent_t e = nullptr;
+    FOUNDRY_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    done_.push_back(e);
+  }
+  FOUNDRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(ready_), nullptr));
+  FOUNDRY_CUDA_CHECK(cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(ready_), 0));
+  if (bytes > 0)
+    FOUNDRY_CUDA_CHECK(
+        cudaMemcpyAsync(host, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost, stream));
+  FOUNDRY_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(done_[next_]), stream));
+  return next_++;
+}
+
+bool HostCopyQueue::landed(int64_t i) {
+  FOUNDRY_GPU_CHECK(i >= 0 && i < next_);
+  const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(done_[i]));
+  if (status == cudaErrorNotReady) return false;
+  FOUNDRY_CUDA_CHECK(status);
+  return true;
+}
+
+void HostCopyQueue::wait(int64_t i) {
+  FOUNDRY_GPU_CHECK(i >= 0 && i < next_);
+  FOUNDRY_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(done_[i])));
+}
+
+void HostCopyQueue::restart() {
+  FOUNDRY_CUDA_CHECK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  next_ = 0;
+}
+
 void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0)
     FOUNDRY_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));

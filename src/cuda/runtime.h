@@ -117,6 +117,27 @@ void copy_to_device_queued(void* dst, const void* pinned, int64_t bytes);
 void copy_to_host_async(void* host, const void* src, int64_t bytes);
 void wait_copies_to_host();
 
+// Copies from the current GPU to page-locked host memory, collected one by one as they land
+// (Backend::CopyQueue): each queued behind the work queued on the default stream so far, on a
+// stream of this queue's own, and followed by an event that tells when it is done.
+class HostCopyQueue {
+ public:
+  HostCopyQueue();  // on the current GPU
+  ~HostCopyQueue();
+  HostCopyQueue(const HostCopyQueue&) = delete;
+  HostCopyQueue& operator=(const HostCopyQueue&) = delete;
+  int64_t queue(void* host, const void* src, int64_t bytes);
+  bool landed(int64_t i);
+  void wait(int64_t i);
+  void restart();
+
+ private:
+  void* stream_ = nullptr;   // cudaStream_t
+  void* ready_ = nullptr;    // cudaEvent_t: the default stream's work so far
+  std::vector<void*> done_;  // cudaEvent_t per copy number, reused after restart()
+  int64_t next_ = 0;
+};
+
 // Bytes of the current GPU's memory in use (total − free: this process's allocations, its
 // context, and any other process's).
 int64_t memory_in_use();

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "base/bf16.h"
@@ -23,6 +24,7 @@
 namespace foundry {
 
 namespace ops {
+struct AttentionChunk;
 struct AttentionShape;
 struct CcaDims;
 struct DecodeSpan;
@@ -62,6 +64,24 @@ class Backend {
     to_host(host, src, bytes);
   }
   virtual void wait_host_copies() {}
+  // Copies to the host collected one by one as they land, for work that starts on each part
+  // of a result while the rest is computed (a data-parallel reduction of the gradients during
+  // backward). queue() queues a copy of what the work queued so far leaves at `src` into
+  // `host` (from allocate_host) and returns its number: 0, 1, … since the queue was made or
+  // restarted. landed(i) tells without waiting whether copies 0 … i are done, wait(i) waits
+  // for them; restart() (every copy waited for) numbers from 0 again.
+  class CopyQueue {
+   public:
+    virtual ~CopyQueue() = default;
+    virtual int64_t queue(void* host, const void* src, int64_t bytes) = 0;
+    virtual bool landed(int64_t i) = 0;
+    virtual void wait(int64_t i) = 0;
+    virtual void restart() = 0;
+  };
+  // The CPU's copies at once; posing as a device, each is made only when wait() or a second
+  // landed() asks for it, so a caller that reads a copy before asking is caught by the tests.
+  // A backend without host memory must give its own.
+  virtual std::unique_ptr<CopyQueue> copy_queue();
   // out [n] = x rounded to bf16 (convert_to_bf16).
   virtual void to_bf16(bf16* out, const float* x, int64_t n) = 0;
 
@@ -108,6 +128,18 @@ class Backend {
                                   const float* out, const float* lse, const float* q,
                                   const float* k, const float* v, const ops::AttentionShape& s,
                                   DType dtype) = 0;
+  // One chunk of a sequence's queries against the keys up to it (context parallelism): the
+  // contract of ops::attention_chunk_forward and _backward (dk, dv accumulate). The host runs
+  // `between_blocks` between blocks of query rows (a caller's communication progresses
+  // there); a device queues the chunk whole and does not call it.
+  virtual void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
+                                       const float* v, const ops::AttentionChunk& c, DType dtype,
+                                       const std::function<void()>& between_blocks) = 0;
+  virtual void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                                        const float* out, const float* lse, const float* q,
+                                        const float* k, const float* v,
+                                        const ops::AttentionChunk& c, DType dtype,
+                                        const std::function<void()>& between_blocks) = 0;
 
   // ---- routing and the experts' rows (kernels/ops.h) -----------------------------------------
   virtual void router_forward(float* probs, int32_t* topk_idx, float* topk_w,

@@ -5,8 +5,10 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <set>
 #include <vector>
 
+#include "base/error.h"
 #include "kernels/attention.h"
 #include "kernels/cca.h"
 #include "kernels/ops.h"
@@ -23,6 +25,60 @@ void* Backend::allocate_host(int64_t bytes) {
 }
 
 void Backend::release_host(void* block) { std::free(block); }
+
+namespace {
+
+// Copies made at once (host memory), or, posing as a device, late: a copy lands when waited
+// for, or at the second landed() query of it (never at the first), so that a caller meets
+// both copies that are still on their way and copies that landed while it did other work.
+class CpuCopyQueue final : public Backend::CopyQueue {
+ public:
+  explicit CpuCopyQueue(bool deferred) : deferred_(deferred) {}
+  int64_t queue(void* host, const void* src, int64_t bytes) override {
+    if (deferred_)
+      copies_.push_back({host, src, bytes});
+    else
+      std::memcpy(host, src, static_cast<size_t>(bytes));
+    return next_++;
+  }
+  bool landed(int64_t i) override {
+    FOUNDRY_CHECK(i >= 0 && i < next_);
+    if (!deferred_ || i < done_) return true;
+    if (asked_.insert(i).second) return false;
+    wait(i);
+    return true;
+  }
+  void wait(int64_t i) override {
+    FOUNDRY_CHECK(i >= 0 && i < next_);
+    for (; done_ <= i && deferred_; ++done_) {
+      const Copy& c = copies_[static_cast<size_t>(done_)];
+      std::memcpy(c.host, c.src, static_cast<size_t>(c.bytes));
+    }
+  }
+  void restart() override {
+    copies_.clear();
+    asked_.clear();
+    next_ = done_ = 0;
+  }
+
+ private:
+  struct Copy {
+    void* host;
+    const void* src;
+    int64_t bytes;
+  };
+  bool deferred_;
+  std::vector<Copy> copies_;
+  std::set<int64_t> asked_;  // copies landed() was asked about once
+  int64_t next_ = 0, done_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend::CopyQueue> Backend::copy_queue() {
+  FOUNDRY_CHECK(host_memory());  // a device's backend has its own
+  return std::make_unique<CpuCopyQueue>(/*deferred=*/false);
+}
 
 namespace {
 
@@ -64,6 +120,9 @@ class CpuBackend final : public Backend {
     queued_copies_.clear();
   }
   void from_host(void* dst, const void* host, int64_t bytes) override { copy(dst, host, bytes); }
+  std::unique_ptr<CopyQueue> copy_queue() override {
+    return std::make_unique<CpuCopyQueue>(/*deferred=*/posing_);
+  }
   void to_bf16(bf16* out, const float* x, int64_t n) override { convert_to_bf16(x, out, n); }
 
   void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
@@ -130,6 +189,17 @@ class CpuBackend final : public Backend {
                           const float* lse, const float* q, const float* k, const float* v,
                           const ops::AttentionShape& s, DType dtype) override {
     ops::attention_backward(dq, dk, dv, dout, out, lse, q, k, v, s, dtype);
+  }
+  void attention_chunk_forward(float* out, float* lse, const float* q, const float* k,
+                               const float* v, const ops::AttentionChunk& c, DType dtype,
+                               const std::function<void()>& between_blocks) override {
+    ops::attention_chunk_forward(out, lse, q, k, v, c, dtype, between_blocks);
+  }
+  void attention_chunk_backward(float* dq, float* dk, float* dv, const float* dout,
+                                const float* out, const float* lse, const float* q, const float* k,
+                                const float* v, const ops::AttentionChunk& c, DType dtype,
+                                const std::function<void()>& between_blocks) override {
+    ops::attention_chunk_backward(dq, dk, dv, dout, out, lse, q, k, v, c, dtype, between_blocks);
   }
 
   void router_forward(float* probs, int32_t* topk_idx, float* topk_w, const float* logits,

@@ -158,8 +158,8 @@ void rope_attention_forward(Compute& cx, float* q, float* k, const float* v, flo
       cp->finish(1);
     }
     auto t = cx.time("attention");
-    ops::attention_chunk_forward(att, lse, q, kv.k, kv.v, chunk_of_slot(c, s, *cp, slot),
-                                 cx.precision, slot == 0 ? progress : nullptr);
+    cx.ops.attention_chunk_forward(att, lse, q, kv.k, kv.v, chunk_of_slot(c, s, *cp, slot),
+                                   cx.precision, slot == 0 ? progress : nullptr);
   }
 }
 
@@ -176,15 +176,15 @@ void rope_attention_backward(Compute& cx, float* dq, float* dk, float* dv, const
     // Slot 1 first: the slot-1 chunks' key gradients (C … 2C−1) are then complete, since the
     // slot-0 queries never see them, and they travel while slot 0 computes.
     const int64_t n = s.batch * s.full_seq() * c.kv_dim();
-    std::fill(dkv.k, dkv.k + n, 0.0f);
-    std::fill(dkv.v, dkv.v + n, 0.0f);
+    cx.ops.fill(dkv.k, n, 0.0f);
+    cx.ops.fill(dkv.v, n, 0.0f);
     const std::function<void()> progress = [cp] { cp->progress(); };
     for (int slot : {1, 0}) {
       {
         auto t = cx.time("attention");
-        ops::attention_chunk_backward(dq, dkv.k, dkv.v, datt, att, lse, q, kv.k, kv.v,
-                                      chunk_of_slot(c, s, *cp, slot), cx.precision,
-                                      slot == 0 ? progress : nullptr);
+        cx.ops.attention_chunk_backward(dq, dkv.k, dkv.v, datt, att, lse, q, kv.k, kv.v,
+                                        chunk_of_slot(c, s, *cp, slot), cx.precision,
+                                        slot == 0 ? progress : nullptr);
       }
       auto t = cx.time("cp_kv_exchange");
       cp->start_reduce_scatter(slot, 0, dkv.k, dk, s.batch, s.chunk(), c.kv_dim());

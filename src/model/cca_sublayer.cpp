@@ -42,6 +42,8 @@ void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, co
 // ‖·‖ = sqrt(Σx² + eps) in the QK norm (see kernels/cca.h).
 constexpr float kQkNormEps = 1e-6f;
 
+constexpr int64_t kF32 = sizeof(float);
+
 // ---- context parallelism: the rows before each chunk ------------------------------------------
 // The convolutions at a chunk's first positions read the last R = (t0−1) + (t1−1) packed rows
 // c of the chunk before it (t0−1 for the depthwise window, and t1−1 more to recompute the
@@ -68,11 +70,11 @@ Extended extended(const ModelConfig& c, BatchShape s) {
 
 // Before chunk 0 there is nothing: its halo of y is the convolutions' zero padding (and has
 // no gradient), not conv(0) + bias.
-void zero_halo_before_chunk0(float* x, const Extended& e, const ContextParallel& cp) {
+void zero_halo_before_chunk0(Backend& ops, float* x, const Extended& e, const ContextParallel& cp) {
   for (int slot = 0; slot < 2; ++slot)
     if (cp.chunk(slot) == 0)
       for (int64_t b = 0; b < e.sequences / 2; ++b)
-        std::fill_n(e.halo_rows(x, 2 * b + slot), e.halo * e.width, 0.0f);
+        ops.zero(e.halo_rows(x, 2 * b + slot), e.halo * e.width * kF32);
 }
 
 void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g,
@@ -82,20 +84,20 @@ void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a,
   const Extended e = extended(c, s);
   if (e.halo > 0) {
     auto t = cx.time("cp_halo_exchange");
-    take_chunk_rows(a.c, g.tails, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
+    take_chunk_rows(cx.ops, a.c, g.tails, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
     cp.exchange_halo(g.tails, g.halos, s.batch, e.halo, e.width);
   }
   auto t = cx.time("cca_conv");
   for (int64_t bs = 0; bs < e.sequences; ++bs) {
-    std::copy_n(g.halos + bs * e.halo * e.width, e.halo * e.width, e.halo_rows(a.c_ext, bs));
-    std::copy_n(a.c + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(a.c_ext, bs));
+    cx.ops.copy(e.halo_rows(a.c_ext, bs), g.halos + bs * e.halo * e.width, e.halo * e.width * kF32);
+    cx.ops.copy(e.chunk_rows(a.c_ext, bs), a.c + bs * e.tc * e.width, e.tc * e.width * kF32);
   }
   cx.ops.cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
-                                  e.length(), e.width, c.cca_kernel_depthwise);
-  zero_halo_before_chunk0(a.y_ext, e, cp);
+                                    e.length(), e.width, c.cca_kernel_depthwise);
+  zero_halo_before_chunk0(cx.ops, a.y_ext, e, cp);
   grouped_conv_forward(cx, w, g.ext_a, a.y_ext, cx.p(w.b1), e.sequences, e.length());
   for (int64_t bs = 0; bs < e.sequences; ++bs)
-    std::copy_n(e.chunk_rows(g.ext_a, bs), e.tc * e.width, a.qk + bs * e.tc * e.width);
+    cx.ops.copy(a.qk + bs * e.tc * e.width, e.chunk_rows(g.ext_a, bs), e.tc * e.width * kF32);
 }
 
 // g.dqk holds the gradient of qk; adds the convolutions' part of the gradient of c to g.dc
@@ -109,42 +111,42 @@ void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaA
     auto t = cx.time("cca_conv");
     float* dz = g.ext_a;
     for (int64_t bs = 0; bs < e.sequences; ++bs) {
-      std::fill_n(e.halo_rows(dz, bs), e.halo * e.width, 0.0f);
-      std::copy_n(g.dqk + bs * e.tc * e.width, e.tc * e.width, e.chunk_rows(dz, bs));
+      cx.ops.zero(e.halo_rows(dz, bs), e.halo * e.width * kF32);
+      cx.ops.copy(e.chunk_rows(dz, bs), g.dqk + bs * e.tc * e.width, e.tc * e.width * kF32);
     }
     grouped_conv_backward(cx, w, g.ext_b, dz, a.y_ext, e.sequences, e.length());
-    zero_halo_before_chunk0(g.ext_b, e, cp);
+    zero_halo_before_chunk0(cx.ops, g.ext_b, e, cp);
     float* dc_ext = g.ext_a;
-    std::fill_n(dc_ext, e.count(), 0.0f);
-    cx.ops.cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext,
-                                     cx.p(w.w0), e.sequences, e.length(), e.width,
-                                     c.cca_kernel_depthwise);
+    cx.ops.zero(dc_ext, e.count() * kF32);
+    cx.ops.cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext, cx.p(w.w0),
+                                       e.sequences, e.length(), e.width, c.cca_kernel_depthwise);
     for (int64_t bs = 0; bs < e.sequences; ++bs) {
-      const float* from = e.chunk_rows(dc_ext, bs);
-      float* to = g.dc + bs * e.tc * e.width;
-      for (int64_t i = 0; i < e.tc * e.width; ++i) to[i] += from[i];
-      std::copy_n(e.halo_rows(dc_ext, bs), e.halo * e.width, g.halos + bs * e.halo * e.width);
+      cx.ops.add(g.dc + bs * e.tc * e.width, e.chunk_rows(dc_ext, bs), e.tc * e.width);
+      cx.ops.copy(g.halos + bs * e.halo * e.width, e.halo_rows(dc_ext, bs),
+                  e.halo * e.width * kF32);
     }
   }
   if (e.halo == 0) return;
   auto t = cx.time("cp_halo_exchange");
-  std::fill_n(g.tails, e.sequences * e.halo * e.width, 0.0f);
+  cx.ops.zero(g.tails, e.sequences * e.halo * e.width * kF32);
   cp.return_halo_gradient(g.halos, g.tails, s.batch, e.halo, e.width);
-  add_chunk_rows(g.tails, g.dc, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
+  add_chunk_rows(cx.ops, g.tails, g.dc, s.batch, e.tc, e.width, e.tc - e.halo, e.halo);
 }
 
 // The value shift across chunks: each chunk's first row takes the x·Wv2ᵀ of the last token
-// of the chunk before it.
+// of the chunk before it (what the chunk's own shift drops from its last row, the tail).
 void value_shift_forward_context_parallel(Compute& cx, float* v, CcaGrads& g, BatchShape s) {
   const int64_t half = cx.config.kv_dim() / 2, width = 2 * half, tc = s.chunk();
   {
     auto t = cx.time("cca_conv");
-    ops::cca_value_shift_inplace_forward(v, g.tails, 2 * s.batch, tc, half);
+    for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
+      cx.ops.copy(g.tails + bs * half, v + (bs * tc + tc - 1) * width + half, half * kF32);
+    cx.ops.cca_value_shift_forward(v, 2 * s.batch, tc, half);
   }
   auto t = cx.time("cp_halo_exchange");
   cx.context_parallel->exchange_halo(g.tails, g.halos, s.batch, 1, half);
   for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
-    std::copy_n(g.halos + bs * half, half, v + bs * tc * width + half);
+    cx.ops.copy(v + bs * tc * width + half, g.halos + bs * half, half * kF32);
 }
 
 void value_shift_backward_context_parallel(Compute& cx, float* dv, CcaGrads& g, BatchShape s) {
@@ -152,16 +154,14 @@ void value_shift_backward_context_parallel(Compute& cx, float* dv, CcaGrads& g, 
   {
     auto t = cx.time("cca_conv");
     for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
-      std::copy_n(dv + bs * tc * width + half, half, g.halos + bs * half);
-    ops::cca_value_shift_inplace_backward(dv, 2 * s.batch, tc, half);
+      cx.ops.copy(g.halos + bs * half, dv + bs * tc * width + half, half * kF32);
+    cx.ops.cca_value_shift_backward(dv, 2 * s.batch, tc, half);
   }
   auto t = cx.time("cp_halo_exchange");
-  std::fill_n(g.tails, 2 * s.batch * half, 0.0f);
+  cx.ops.zero(g.tails, 2 * s.batch * half * kF32);
   cx.context_parallel->return_halo_gradient(g.halos, g.tails, s.batch, 1, half);
-  for (int64_t bs = 0; bs < 2 * s.batch; ++bs) {
-    float* last = dv + (bs * tc + tc - 1) * width + half;
-    for (int64_t j = 0; j < half; ++j) last[j] += g.tails[bs * half + j];
-  }
+  for (int64_t bs = 0; bs < 2 * s.batch; ++bs)
+    cx.ops.add(dv + (bs * tc + tc - 1) * width + half, g.tails + bs * half, half);
 }
 
 }  // namespace

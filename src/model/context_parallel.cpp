@@ -1,11 +1,12 @@
 #include "model/context_parallel.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstring>
 
-#include <fmt/format.h>
-
 #include "base/error.h"
+#include "kernels/backend.h"
 
 namespace foundry {
 namespace {
@@ -33,7 +34,10 @@ void unpack_slot(const float* slot_rows, float* packed, int64_t batch, int64_t b
 
 }  // namespace
 
-ContextParallel::ContextParallel(const Communicator& group) : group_(group) {}
+ContextParallel::ContextParallel(const Communicator& group, Backend* backend)
+    : group_(group), backend_(backend) {}
+
+bool ContextParallel::staged() const { return backend_ && !backend_->host_memory(); }
 
 int64_t ContextParallel::chunk_length(int64_t seq) const {
   const int64_t chunks = 2 * static_cast<int64_t>(size());
@@ -81,6 +85,30 @@ ContextParallel::Exchange& ContextParallel::exchange(int slot, int tensor) {
   return e;
 }
 
+// A slot's chunks of every sequence are contiguous in full [B, 2C·Tc, width]: chunks 0 … C−1
+// (slot 0) and C … 2C−1 (slot 1). Rank p's chunk in the slot is the region's chunk
+// chunk_of(p, slot) − slot·C.
+ContextParallel::SlotRegion ContextParallel::slot_region(Exchange& e, float* full, int slot) const {
+  const int64_t c = size(), slot_rows = c * e.tc * e.width;
+  if (!staged()) return {full + slot * slot_rows, 2 * slot_rows};
+  e.region.resize(static_cast<size_t>(e.batch * slot_rows));
+  return {e.region.data(), slot_rows};
+}
+
+void ContextParallel::region_to_host(Exchange& e, const float* full, int slot) const {
+  const int64_t slot_rows = size() * e.tc * e.width;
+  for (int64_t b = 0; b < e.batch; ++b)
+    backend_->to_host(e.region.data() + b * slot_rows, full + (2 * b + slot) * slot_rows,
+                      slot_rows * static_cast<int64_t>(sizeof(float)));
+}
+
+void ContextParallel::region_from_host(const Exchange& e, float* full, int slot) const {
+  const int64_t slot_rows = size() * e.tc * e.width;
+  for (int64_t b = 0; b < e.batch; ++b)
+    backend_->from_host(full + (2 * b + slot) * slot_rows, e.region.data() + b * slot_rows,
+                        slot_rows * static_cast<int64_t>(sizeof(float)));
+}
+
 // A slot's rows of local [B, 2, Tc, width]: [B, Tc, width] at (2b + slot)·Tc·width.
 void ContextParallel::start_gather(int slot, int tensor, const float* local, float* full,
                                    int64_t batch, int64_t tc, int64_t width) {
@@ -88,8 +116,14 @@ void ContextParallel::start_gather(int slot, int tensor, const float* local, flo
   const int64_t block = tc * width, mine = batch * block;
   e.send.resize(static_cast<size_t>(mine));
   e.recv.resize(static_cast<size_t>(mine * size()));
-  for (int64_t b = 0; b < batch; ++b)
-    std::memcpy(e.send.data() + b * block, local + (2 * b + slot) * block, block * sizeof(float));
+  for (int64_t b = 0; b < batch; ++b) {
+    float* to = e.send.data() + b * block;
+    const float* from = local + (2 * b + slot) * block;
+    if (staged())
+      backend_->to_host(to, from, block * static_cast<int64_t>(sizeof(float)));
+    else
+      std::memcpy(to, from, block * sizeof(float));
+  }
   e.request = group_.iallgather(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
   e.active = true;
   e.gather = true;
@@ -102,22 +136,25 @@ void ContextParallel::start_gather(int slot, int tensor, const float* local, flo
 void ContextParallel::start_reduce_scatter(int slot, int tensor, const float* full, float* local,
                                            int64_t batch, int64_t tc, int64_t width) {
   Exchange& e = exchange(slot, tensor);
-  const int64_t block = tc * width, mine = batch * block, c = size(), seq = 2 * c * tc;
+  const int64_t block = tc * width, mine = batch * block, c = size();
   e.send.resize(static_cast<size_t>(mine * c));
   e.recv.resize(static_cast<size_t>(mine));
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int64_t p = 0; p < c; ++p)
-    for (int64_t b = 0; b < batch; ++b)
-      std::memcpy(e.send.data() + p * mine + b * block,
-                  full + (b * seq + chunk_of(static_cast<int>(p), slot) * tc) * width,
-                  block * sizeof(float));
-  e.request = group_.ireduce_scatter(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
-  e.active = true;
   e.gather = false;
   e.out = local;
   e.batch = batch;
   e.tc = tc;
   e.width = width;
+  const SlotRegion region = slot_region(e, const_cast<float*>(full), slot);
+  if (staged()) region_to_host(e, full, slot);
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int64_t p = 0; p < c; ++p)
+    for (int64_t b = 0; b < batch; ++b)
+      std::memcpy(e.send.data() + p * mine + b * block,
+                  region.base + b * region.stride +
+                      (chunk_of(static_cast<int>(p), slot) - slot * c) * block,
+                  block * sizeof(float));
+  e.request = group_.ireduce_scatter(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
+  e.active = true;
 }
 
 void ContextParallel::finish(int slot) {
@@ -126,17 +163,25 @@ void ContextParallel::finish(int slot) {
     if (!e.active) continue;
     e.request.wait();
     e.active = false;
-    const int64_t block = e.tc * e.width, mine = e.batch * block, c = size(), seq = 2 * c * e.tc;
+    const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
     if (e.gather) {
+      const SlotRegion region = slot_region(e, e.out, slot);
 #pragma omp parallel for collapse(2) schedule(static)
       for (int64_t p = 0; p < c; ++p)
         for (int64_t b = 0; b < e.batch; ++b)
-          std::memcpy(e.out + (b * seq + chunk_of(static_cast<int>(p), slot) * e.tc) * e.width,
+          std::memcpy(region.base + b * region.stride +
+                          (chunk_of(static_cast<int>(p), slot) - slot * c) * block,
                       e.recv.data() + p * mine + b * block, block * sizeof(float));
+      if (staged()) region_from_host(e, e.out, slot);
     } else {
-      for (int64_t b = 0; b < e.batch; ++b)
-        std::memcpy(e.out + (2 * b + slot) * block, e.recv.data() + b * block,
-                    block * sizeof(float));
+      for (int64_t b = 0; b < e.batch; ++b) {
+        float* to = e.out + (2 * b + slot) * block;
+        const float* from = e.recv.data() + b * block;
+        if (staged())
+          backend_->from_host(to, from, block * static_cast<int64_t>(sizeof(float)));
+        else
+          std::memcpy(to, from, block * sizeof(float));
+      }
     }
   }
 }
@@ -146,11 +191,35 @@ void ContextParallel::progress() {
     if (e.active) e.request.test();
 }
 
+// On a device the (few) boundary rows are copied to the host whole and back.
+void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch, int64_t rows,
+                                    int64_t width) {
+  if (!staged()) return exchange_halo_host(tails, halos, batch, rows, width);
+  const int64_t n = 2 * batch * rows * width, bytes = n * static_cast<int64_t>(sizeof(float));
+  halo_in_.resize(static_cast<size_t>(n));
+  halo_out_.resize(static_cast<size_t>(n));
+  backend_->to_host(halo_in_.data(), tails, bytes);
+  exchange_halo_host(halo_in_.data(), halo_out_.data(), batch, rows, width);
+  backend_->from_host(halos, halo_out_.data(), bytes);
+}
+
+void ContextParallel::return_halo_gradient(const float* dhalos, float* dtails, int64_t batch,
+                                           int64_t rows, int64_t width) {
+  if (!staged()) return return_halo_gradient_host(dhalos, dtails, batch, rows, width);
+  const int64_t n = 2 * batch * rows * width, bytes = n * static_cast<int64_t>(sizeof(float));
+  halo_in_.resize(static_cast<size_t>(n));
+  halo_out_.resize(static_cast<size_t>(n));
+  backend_->to_host(halo_in_.data(), dhalos, bytes);
+  backend_->to_host(halo_out_.data(), dtails, bytes);
+  return_halo_gradient_host(halo_in_.data(), halo_out_.data(), batch, rows, width);
+  backend_->from_host(dtails, halo_out_.data(), bytes);
+}
+
 // Slot 0 of rank r is chunk r: its halo is the tail of chunk r − 1, slot 0 of rank r − 1.
 // Slot 1 of rank r is chunk 2C − 1 − r: its halo is the tail of chunk 2C − 2 − r, slot 1 of
 // rank r + 1, except on the last rank, where it is the rank's own slot 0 (chunk C − 1).
-void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch,
-                                    int64_t rows, int64_t width) {
+void ContextParallel::exchange_halo_host(const float* tails, float* halos, int64_t batch,
+                                         int64_t rows, int64_t width) {
   const int me = rank(), last = size() - 1;
   const int64_t n = batch * rows * width;
   const SlotMessages m = swap_slots(tails, batch, rows * width, me > 0 ? me - 1 : -1,
@@ -162,8 +231,8 @@ void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t ba
 }
 
 // The adjoint: every message of exchange_halo travels back.
-void ContextParallel::return_halo_gradient(const float* dhalos, float* dtails, int64_t batch,
-                                           int64_t rows, int64_t width) {
+void ContextParallel::return_halo_gradient_host(const float* dhalos, float* dtails, int64_t batch,
+                                                int64_t rows, int64_t width) {
   const int me = rank(), last = size() - 1;
   const SlotMessages m = swap_slots(dhalos, batch, rows * width, me < last ? me + 1 : -1,
                                     me > 0 ? me - 1 : -1, kSlotGradTag);
@@ -194,22 +263,19 @@ ContextParallel::SlotMessages ContextParallel::swap_slots(const float* packed, i
   return m;
 }
 
-void take_chunk_rows(const float* local, float* packed, int64_t batch, int64_t tc, int64_t width,
-                     int64_t row0, int64_t rows) {
+void take_chunk_rows(Backend& ops, const float* local, float* packed, int64_t batch, int64_t tc,
+                     int64_t width, int64_t row0, int64_t rows) {
   FOUNDRY_CHECK(row0 >= 0 && row0 + rows <= tc);
   for (int64_t bs = 0; bs < 2 * batch; ++bs)
-    std::memcpy(packed + bs * rows * width, local + (bs * tc + row0) * width,
-                rows * width * sizeof(float));
+    ops.copy(packed + bs * rows * width, local + (bs * tc + row0) * width,
+             rows * width * static_cast<int64_t>(sizeof(float)));
 }
 
-void add_chunk_rows(const float* packed, float* local, int64_t batch, int64_t tc, int64_t width,
-                    int64_t row0, int64_t rows) {
+void add_chunk_rows(Backend& ops, const float* packed, float* local, int64_t batch, int64_t tc,
+                    int64_t width, int64_t row0, int64_t rows) {
   FOUNDRY_CHECK(row0 >= 0 && row0 + rows <= tc);
-  for (int64_t bs = 0; bs < 2 * batch; ++bs) {
-    float* to = local + (bs * tc + row0) * width;
-    const float* from = packed + bs * rows * width;
-    for (int64_t i = 0; i < rows * width; ++i) to[i] += from[i];
-  }
+  for (int64_t bs = 0; bs < 2 * batch; ++bs)
+    ops.add(local + (bs * tc + row0) * width, packed + bs * rows * width, rows * width);
 }
 
 }  // namespace foundry

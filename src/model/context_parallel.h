@@ -10,6 +10,8 @@
 //                  the last rows of the chunk before it (exchange_halo), whose gradients go
 //                  back to that chunk's owner (return_halo_gradient);
 //   RoPE           each chunk's rows sit at positions chunk·Tc + i (position).
+// The tensors are in a backend's memory: on a device the exchanged rows go through host
+// memory (copied out, moved by MPI, copied back).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,10 +20,13 @@
 
 namespace foundry {
 
+class Backend;
+
 class ContextParallel {
  public:
-  // `group` (C ranks, rank order = CP rank) must outlive this object.
-  explicit ContextParallel(const Communicator& group);
+  // `group` (C ranks, rank order = CP rank) and `backend`, whose memory holds the tensors
+  // passed to the exchanges (null: host memory), must outlive this object.
+  explicit ContextParallel(const Communicator& group, Backend* backend = nullptr);
 
   int size() const { return group_.size(); }
   int rank() const { return group_.rank(); }
@@ -35,7 +40,7 @@ class ContextParallel {
   // Chunk length for sequences of `seq` tokens; fails, naming the values, unless 2C | seq.
   int64_t chunk_length(int64_t seq) const;
 
-  // This rank's rows of full [B, T, width] rows: local [B, 2·Tc, width].
+  // This rank's rows of full [B, T, width] rows: local [B, 2·Tc, width] (host memory).
   template <typename T>
   void take_local(const T* full, T* local, int64_t batch, int64_t seq, int64_t width) const;
 
@@ -74,15 +79,33 @@ class ContextParallel {
 
  private:
   // One started exchange: its request, staging (grow-only, reused every layer) and where
-  // its result goes.
+  // its result goes. `region`: on a device, the host copy of the slot's chunks of the full
+  // rows.
   struct Exchange {
     Request request;
     bool active = false, gather = false;
-    std::vector<float> send, recv;
+    std::vector<float> send, recv, region;
     float* out = nullptr;
     int64_t batch = 0, tc = 0, width = 0;
   };
   Exchange& exchange(int slot, int tensor);
+  // Whether the tensors are in a device's memory, which the host does not touch.
+  bool staged() const;
+  // The slot's chunks of full [B, 2C·Tc, width] in host memory: chunk slot·C + i of sequence
+  // b at base + b·stride + i·Tc·width. Without staging, `full` itself.
+  struct SlotRegion {
+    float* base;
+    int64_t stride;
+  };
+  SlotRegion slot_region(Exchange& e, float* full, int slot) const;
+  // The slot's chunks of full [B, 2C·Tc, width] between the device and e.region.
+  void region_to_host(Exchange& e, const float* full, int slot) const;
+  void region_from_host(const Exchange& e, float* full, int slot) const;
+  // exchange_halo and return_halo_gradient on host arrays.
+  void exchange_halo_host(const float* tails, float* halos, int64_t batch, int64_t rows,
+                          int64_t width);
+  void return_halo_gradient_host(const float* dhalos, float* dtails, int64_t batch, int64_t rows,
+                                 int64_t width);
   // The two slots' messages of a boundary exchange, in the halo staging.
   struct SlotMessages {
     float *send0, *send1, *recv0, *recv1;
@@ -91,15 +114,17 @@ class ContextParallel {
                           int slot1_peer, int tag);
 
   const Communicator& group_;
+  Backend* backend_;
   std::vector<float> send_, recv_;  // staging of the halo exchanges, grow-only
+  std::vector<float> halo_in_, halo_out_;  // their host copies on a device, grow-only
   Exchange exchanges_[4];           // [slot][tensor]
 };
 
 // Rows [row0, row0 + rows) of each chunk of local [B, 2·Tc, width] into packed
-// [B, 2, rows, width] (take_chunk_rows) and back, added (add_chunk_rows).
-void take_chunk_rows(const float* local, float* packed, int64_t batch, int64_t tc, int64_t width,
-                     int64_t row0, int64_t rows);
-void add_chunk_rows(const float* packed, float* local, int64_t batch, int64_t tc, int64_t width,
-                    int64_t row0, int64_t rows);
+// [B, 2, rows, width] (take_chunk_rows) and back, added (add_chunk_rows); in `ops`' memory.
+void take_chunk_rows(Backend& ops, const float* local, float* packed, int64_t batch, int64_t tc,
+                     int64_t width, int64_t row0, int64_t rows);
+void add_chunk_rows(Backend& ops, const float* packed, float* local, int64_t batch, int64_t tc,
+                    int64_t width, int64_t row0, int64_t rows);
 
 }  // namespace foundry

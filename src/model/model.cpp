@@ -200,8 +200,8 @@ int Model::expert_owner(const ParamInfo& p) const {
 }
 
 void Model::set_context_parallel(const Communicator* group) {
-  if (group && group->size() > 1) check_on_host("context parallelism");
-  context_ = group && group->size() > 1 ? std::make_unique<ContextParallel>(*group) : nullptr;
+  context_ =
+      group && group->size() > 1 ? std::make_unique<ContextParallel>(*group, &backend()) : nullptr;
   compute_->context_parallel = context_.get();
   arch_->drop_activations();
 }

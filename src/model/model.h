@@ -83,8 +83,9 @@ enum class ModelUse { training, inference };
 
 class Model {
  public:
-  // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). A backend
-  // without host memory (a GPU) is for one process: no expert or context parallelism.
+  // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). On a backend
+  // without host memory (a GPU) the expert- and context-parallel exchanges go through host
+  // memory, and the expert storage is not sharded.
   Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend(),
         ModelUse use = ModelUse::training);
   ~Model();
@@ -330,8 +331,8 @@ class Model {
   void init_tensors(float* slab, uint64_t seed,
                     const std::function<bool(const ParamInfo&)>& wanted) const;
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
-  // A feature that needs host memory (expert or context parallelism) was asked of a model on
-  // a device.
+  // A feature that needs host memory (sharding the expert storage) was asked of a model on a
+  // device.
   void check_on_host(const char* what) const;
   // Gradients were asked of a model built for inference (Error naming `what`).
   void check_training(const char* what) const;

@@ -465,59 +465,66 @@ float position_code(int64_t b, int64_t t, int64_t j) {
   return static_cast<float>(b * 10000 + t * 10 + j);
 }
 
+// On the host, and with the tensors on a device (a CPU backend posing as one), where every
+// exchange goes through host staging.
 TEST(ContextParallelMpi, ExchangesMoveTheRightRows) {
-  for (int cp_size : cp_sizes()) {
-    const Communicator group = split_context_parallel(cp_size);
-    ContextParallel cp(group);
-    const int64_t B = 2, tc = 3, T = 2 * cp_size * tc, W = 2;
-    SCOPED_TRACE(fmt::format("CP rank {} of {}", cp.rank(), cp.size()));
-    std::vector<float> full(B * T * W);
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t t = 0; t < T; ++t)
-        for (int64_t j = 0; j < W; ++j) full[(b * T + t) * W + j] = position_code(b, t, j);
-    std::vector<float> local(B * 2 * tc * W);
-    cp.take_local(full.data(), local.data(), B, T, W);
-    for (int64_t b = 0; b < B; ++b)
-      for (int slot = 0; slot < 2; ++slot)
-        EXPECT_EQ(local[((2 * b + slot) * tc) * W], position_code(b, cp.chunk(slot) * tc, 0));
+  const std::unique_ptr<Backend> posing = make_cpu_backend_posing_as_device();
+  for (bool device : {false, true})
+    for (int cp_size : cp_sizes()) {
+      const Communicator group = split_context_parallel(cp_size);
+      ContextParallel cp(group, device ? posing.get() : nullptr);
+      Backend& ops = device ? *posing : cpu_backend();
+      const int64_t B = 2, tc = 3, T = 2 * cp_size * tc, W = 2;
+      SCOPED_TRACE(
+          fmt::format("CP rank {} of {}{}", cp.rank(), cp.size(), device ? ", on a device" : ""));
+      std::vector<float> full(B * T * W);
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < W; ++j) full[(b * T + t) * W + j] = position_code(b, t, j);
+      std::vector<float> local(B * 2 * tc * W);
+      cp.take_local(full.data(), local.data(), B, T, W);
+      for (int64_t b = 0; b < B; ++b)
+        for (int slot = 0; slot < 2; ++slot)
+          EXPECT_EQ(local[((2 * b + slot) * tc) * W], position_code(b, cp.chunk(slot) * tc, 0));
 
-    // gather: the whole sequences in position order.
-    std::vector<float> gathered(full.size());
-    cp.gather(local.data(), gathered.data(), B, tc, W);
-    EXPECT_EQ(gathered, full);
-    // reduce_scatter: the sum over the group of (rank + 1)·full, this rank's rows.
-    std::vector<float> scaled(full), summed(local.size());
-    for (float& x : scaled) x *= static_cast<float>(cp.rank() + 1);
-    cp.reduce_scatter(scaled.data(), summed.data(), B, tc, W);
-    const float ranks_sum = static_cast<float>(cp_size * (cp_size + 1) / 2);
-    for (size_t i = 0; i < local.size(); ++i) EXPECT_EQ(summed[i], ranks_sum * local[i]);
+      // gather: the whole sequences in position order.
+      std::vector<float> gathered(full.size());
+      cp.gather(local.data(), gathered.data(), B, tc, W);
+      EXPECT_EQ(gathered, full);
+      // reduce_scatter: the sum over the group of (rank + 1)·full, this rank's rows.
+      std::vector<float> scaled(full), summed(local.size());
+      for (float& x : scaled) x *= static_cast<float>(cp.rank() + 1);
+      cp.reduce_scatter(scaled.data(), summed.data(), B, tc, W);
+      const float ranks_sum = static_cast<float>(cp_size * (cp_size + 1) / 2);
+      for (size_t i = 0; i < local.size(); ++i) EXPECT_EQ(summed[i], ranks_sum * local[i]);
 
-    // exchange_halo: each slot's halo is the last 2 rows before its chunk (zero before 0).
-    const int64_t rows = 2;
-    std::vector<float> tails(B * 2 * rows * W), halos(tails.size(), -1.0f);
-    take_chunk_rows(local.data(), tails.data(), B, tc, W, tc - rows, rows);
-    cp.exchange_halo(tails.data(), halos.data(), B, rows, W);
-    for (int64_t b = 0; b < B; ++b)
-      for (int slot = 0; slot < 2; ++slot)
-        for (int64_t r = 0; r < rows; ++r) {
-          const int64_t t = cp.chunk(slot) * tc - rows + r;  // the position of halo row r
-          EXPECT_EQ(halos[((2 * b + slot) * rows + r) * W + 1],
-                    t < 0 ? 0.0f : position_code(b, t, 1))
-              << "b " << b << " slot " << slot << " row " << r;
+      // exchange_halo: each slot's halo is the last 2 rows before its chunk (zero before 0).
+      const int64_t rows = 2;
+      std::vector<float> tails(B * 2 * rows * W), halos(tails.size(), -1.0f);
+      take_chunk_rows(ops, local.data(), tails.data(), B, tc, W, tc - rows, rows);
+      cp.exchange_halo(tails.data(), halos.data(), B, rows, W);
+      for (int64_t b = 0; b < B; ++b)
+        for (int slot = 0; slot < 2; ++slot)
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t t = cp.chunk(slot) * tc - rows + r;  // the position of halo row r
+            EXPECT_EQ(halos[((2 * b + slot) * rows + r) * W + 1],
+                      t < 0 ? 0.0f : position_code(b, t, 1))
+                << "b " << b << " slot " << slot << " row " << r;
+          }
+      // return_halo_gradient: every halo's gradient arrives at the tail it came from, once.
+      std::vector<float> dtails(tails.size(), 0.0f);
+      cp.return_halo_gradient(halos.data(), dtails.data(), B, rows, W);
+      for (int64_t b = 0; b < B; ++b)
+        for (int slot = 0; slot < 2; ++slot) {
+          // The last chunk (2C − 1) has no successor: nobody's halo came from it.
+          const bool has_successor = cp.chunk(slot) < 2 * cp_size - 1;
+          for (int64_t i = 0; i < rows * W; ++i) {
+            const int64_t at = (2 * b + slot) * rows * W + i;
+            EXPECT_EQ(dtails[at], has_successor ? tails[at] : 0.0f)
+                << "b " << b << " slot " << slot;
+          }
         }
-    // return_halo_gradient: every halo's gradient arrives at the tail it came from, once.
-    std::vector<float> dtails(tails.size(), 0.0f);
-    cp.return_halo_gradient(halos.data(), dtails.data(), B, rows, W);
-    for (int64_t b = 0; b < B; ++b)
-      for (int slot = 0; slot < 2; ++slot) {
-        // The last chunk (2C − 1) has no successor: nobody's halo came from it.
-        const bool has_successor = cp.chunk(slot) < 2 * cp_size - 1;
-        for (int64_t i = 0; i < rows * W; ++i) {
-          const int64_t at = (2 * b + slot) * rows * W + i;
-          EXPECT_EQ(dtails[at], has_successor ? tails[at] : 0.0f) << "b " << b << " slot " << slot;
-        }
-      }
-  }
+    }
 }
 
 // Loss and gradients of a step over the global batch, one process, against the same batch
@@ -576,6 +583,51 @@ void expect_context_parallel_equivalent(ModelConfig c, int cp_size, int ep_size)
   EXPECT_GT(std::abs(alone.loss - got.loss), 1e-4 * std::abs(got.loss));
   model.set_expert_parallel(nullptr);
   model.set_data_parallel(nullptr);
+}
+
+// On a device (a CPU backend posing as one) the chunks' rows go through host memory: the same
+// losses and gradients as the host model's, bit for bit, in fp32 and bf16, with and without
+// expert parallelism beside.
+void expect_context_parallel_device_matches_host(const ModelConfig& base, int cp_size, int ep_size,
+                                                 DType precision) {
+  const int64_t B = 2, tc = 3;
+  ModelConfig c = base;
+  c.max_seq_len = 2 * cp_size * tc;
+  SCOPED_TRACE(fmt::format("{} model, {}, CP {}, EP {}, world rank {}", arch_name(c.arch),
+                           dtype_name(precision), cp_size, ep_size, world().rank()));
+  const testing::Batch batch = testing::random_batch(c, B * 2 * tc, 300 + world().rank());
+  const Communicator group = split_context_parallel(cp_size);
+  std::optional<ExpertParallelGroups> ep;
+  if (ep_size > 1) ep.emplace(split_expert_parallel(world(), ep_size));
+  const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
+  Model host(c, precision), device(c, precision, *backend);
+  for (Model* m : {&host, &device}) {
+    if (ep) m->set_expert_parallel(&ep->expert);
+    m->set_context_parallel(&group);
+    m->init_weights(21);
+  }
+  for (int step = 0; step < 2; ++step) {
+    const StepResult want = train_step(host, batch, B, 2 * tc);
+    device.zero_grads();
+    const double loss = device.forward(batch.inputs.data(), batch.targets.data(), B, 2 * tc).loss;
+    device.backward();
+    std::vector<float> grads(device.slab_size());
+    device.read_grads(grads.data());
+    EXPECT_EQ(loss, want.loss) << "step " << step;
+    EXPECT_TRUE(grads == want.grads) << "step " << step;
+  }
+}
+
+TEST(ContextParallelMpi, OnADeviceTheChunksGoThroughHostMemoryToTheHostModelsBits) {
+  const int everyone = world().size();
+  for (DType precision : {DType::f32, DType::bf16}) {
+    for (int cp_size : cp_sizes()) {
+      expect_context_parallel_device_matches_host(moe_config(), cp_size, 1, precision);
+      expect_context_parallel_device_matches_host(zaya_config(), cp_size, 1, precision);
+    }
+    expect_context_parallel_device_matches_host(zaya_config(), everyone == 4 ? 2 : everyone,
+                                                everyone, precision);
+  }
 }
 
 TEST(ContextParallelMpi, StandardMoeMatchesOneProcess) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <optional>
 
 #include "base/error.h"
@@ -17,41 +18,171 @@
 namespace foundry {
 namespace {
 
+// The gradients' way through host memory, overlapped with backward where the model reports
+// its finished gradients: each range reported final is queued for copying to the host behind
+// the backward's work so far (Backend::CopyQueue), and the ranges that have landed go to the
+// GradientReducer (the CPU's: the sums in rank order, in buckets started as they fill) at each
+// report and, waiting for each in turn, when the step collects them: the last layers' buckets
+// travel while the GPU computes the first layers' backward. Without the reports, the whole
+// slab is copied and reduced at the step. The reducer's statistics count a bucket started
+// while the step waits for a later copy as started during backward: the GPU is still
+// computing backward then; what follows the last copy is the exposed part.
+class HostStagedGradients {
+ public:
+  // shard_counts: empty for an all-reduce, else ZeRO-1's ranges' sizes (GradientReducer).
+  HostStagedGradients(Backend& backend, const Communicator& comm, int64_t elements,
+                      std::vector<int64_t> shard_counts, int64_t bucket_elements)
+      : backend_(backend),
+        elements_(elements),
+        staging_(
+            static_cast<float*>(backend.allocate_host(std::max<int64_t>(elements, 1) * kFloat)),
+            HostRelease{&backend}),
+        copies_(backend.copy_queue()),
+        reducer_(comm, elements, std::move(shard_counts),
+                 GradientReducerOptions{bucket_elements,
+                                        GradientReducerOptions{}.max_message_elements}) {}
+
+  float* host() { return staging_.get(); }
+
+  // Before backward: `grads` is the device's gradient slab; `shard` (reduce-scatter) the host
+  // buffer of this rank's sums.
+  void begin(const float* grads, float* shard) {
+    copies_->restart();
+    queued_.clear();
+    grads_ = grads;
+    copied_from_ = elements_;
+    reducer_.begin(staging_.get(), shard);
+  }
+  // Every gradient at offset >= `offset` is final in the work queued so far.
+  void final_from(int64_t offset) {
+    if (!reducer_.armed() || offset >= copied_from_) return;
+    queued_.push_back({offset, copies_->queue(staging_.get() + offset, grads_ + offset,
+                                              (copied_from_ - offset) * kFloat)});
+    copied_from_ = offset;
+    while (!queued_.empty() && copies_->landed(queued_.front().copy)) feed_front();
+  }
+  // The reduction of the whole slab of `grads` (device): on return the sums are in host()
+  // (all-reduce) or `shard` (reduce-scatter).
+  GradientReduceStats finish(const float* grads, float* shard) {
+    if (!reducer_.armed()) {
+      backend_.to_host(staging_.get(), grads, elements_ * kFloat);
+      return reducer_.finish(staging_.get(), shard);
+    }
+    final_from(0);
+    while (!queued_.empty()) {
+      copies_->wait(queued_.front().copy);
+      feed_front();
+    }
+    return reducer_.finish(staging_.get(), shard);
+  }
+
+ private:
+  static constexpr int64_t kFloat = sizeof(float);
+  struct HostRelease {
+    Backend* backend;
+    void operator()(float* p) const { backend->release_host(p); }
+  };
+  struct Queued {
+    int64_t offset, copy;
+  };
+  void feed_front() {
+    reducer_.final_from(queued_.front().offset);
+    queued_.erase(queued_.begin());
+  }
+
+  Backend& backend_;
+  int64_t elements_;
+  std::unique_ptr<float, HostRelease> staging_;  // outlives the copies into it
+  std::unique_ptr<Backend::CopyQueue> copies_;
+  GradientReducer reducer_;
+  const float* grads_ = nullptr;
+  int64_t copied_from_ = 0;     // the lowest offset queued for copying this backward
+  std::vector<Queued> queued_;  // copies not yet given to the reducer, in order
+};
+
+// The NCCL form of the overlap: the gradients reported final are reduced in buckets of
+// `bucket_elements` or more (0: one per report) on the group's own stream, beside the rest of
+// backward (NcclGroup::*_beside); the step reduces what is left and makes the optimizer's work
+// wait for all of it. Without the reports the step reduces the whole slab at once.
+class NcclBuckets {
+ public:
+  // reduce(range): queues the reduction of that range beside the default stream.
+  NcclBuckets(int64_t elements, int64_t bucket_elements, std::function<void(SlabRange)> reduce)
+      : elements_(elements), bucket_(bucket_elements), reduce_(std::move(reduce)) {}
+  void begin() {
+    armed_ = true;
+    pending_end_ = elements_;
+  }
+  void final_from(int64_t offset) {
+    if (!armed_ || offset >= pending_end_ || pending_end_ - offset < bucket_) return;
+    reduce_(SlabRange{offset, pending_end_});
+    pending_end_ = offset;
+  }
+  // True when the step must reduce the whole slab itself (not armed); else queues the rest.
+  bool finish() {
+    if (!armed_) return true;
+    armed_ = false;
+    if (pending_end_ > 0) reduce_(SlabRange{0, pending_end_});
+    return false;
+  }
+
+ private:
+  int64_t elements_, bucket_;
+  std::function<void(SlabRange)> reduce_;
+  bool armed_ = false;
+  int64_t pending_end_ = 0;
+};
+
 // Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
 // state: each step averages the gradients over the ranks, then runs the local (device)
-// optimizer on the average. Through host memory (copied out, summed over the MPI
-// communicator, then scaled: ReplicatedOptimizer's arithmetic) where ranks share a GPU or the
-// build has no NCCL, or with NCCL on the device buffers where every rank has a GPU of its own
-// (ncclAvg scales each rank's gradient before the sum: other roundings than the host path's).
+// optimizer on the average. Through host memory (HostStagedGradients: copied out during
+// backward, summed over the MPI communicator in rank order, then scaled: ReplicatedOptimizer's
+// arithmetic) where ranks share a GPU or the build has no NCCL, or with NCCL on the device
+// buffers where every rank has a GPU of its own (ncclAvg scales each rank's gradient before
+// the sum: other roundings than the host path's).
 class GpuReplicatedOptimizer final : public DataParallelOptimizer {
  public:
   GpuReplicatedOptimizer(std::unique_ptr<DataParallelOptimizer> local, Backend& backend,
-                         const Communicator& world, int64_t elements, GpuGradients how)
+                         const Communicator& world, int64_t elements, GpuGradients how,
+                         int64_t bucket_elements)
       : local_(std::move(local)),
         backend_(backend),
-        world_(world),
         elements_(elements),
         ranks_(world.size()),
         rank_(world.rank()) {
-    if (how == GpuGradients::nccl)
+    if (how == GpuGradients::nccl) {
       nccl_ = open_nccl_group(world);
-    else
-      staging_.resize(static_cast<size_t>(elements));
+      buckets_.emplace(elements, bucket_elements, [this](SlabRange r) { reduce_beside(r); });
+    } else {
+      staged_.emplace(backend, world, elements, std::vector<int64_t>{}, bucket_elements);
+    }
   }
 
-  void begin_backward(float*) override {}
-  void gradients_final(int64_t) override {}
+  void begin_backward(float* grads) override {
+    grads_ = grads;
+    if (staged_) staged_->begin(grads, nullptr);
+    if (buckets_) buckets_->begin();
+  }
+  void gradients_final(int64_t offset) override {
+    if (staged_) staged_->final_from(offset);
+    if (buckets_) buckets_->final_from(offset);
+  }
   double step(float* params, float* grads, double lr, int64_t step, double max_norm,
               const UpdateVeto& veto) override {
     if (nccl_) {
       ScopedOpTimer t(op_times_, "comm: gradients over NCCL");
-      nccl_->allreduce_mean(grads, elements_);
+      if (buckets_->finish())
+        nccl_->allreduce_mean(grads, elements_);
+      else
+        nccl_->join();
     } else {
       average_through_host(grads);
     }
     return local_->step(params, grads, lr, step, max_norm, veto);
   }
-  const GradientReduceStats* last_reduce() const override { return nullptr; }
+  const GradientReduceStats* last_reduce() const override {
+    return staged_ ? &last_reduce_ : nullptr;
+  }
   bool write_bf16_weights(bf16* mirror) override { return local_->write_bf16_weights(mirror); }
 
   int64_t state_bytes() const override { return local_->state_bytes(); }
@@ -81,24 +212,24 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
   }
 
  private:
+  // A bucket of the gradients averaged over NCCL beside backward.
+  void reduce_beside(SlabRange r) { nccl_->allreduce_mean_beside(grads_ + r.begin, r.size()); }
+
   void average_through_host(float* grads) {
-    const int64_t bytes = elements_ * static_cast<int64_t>(sizeof(float));
     ScopedOpTimer t(op_times_, "comm: gradients through host memory");
-    backend_.to_host(staging_.data(), grads, bytes);
-    constexpr int64_t kPiece = int64_t{1} << 28;  // MPI counts are ints
-    for (int64_t at = 0; at < elements_; at += kPiece)
-      world_.allreduce(staging_.data() + at, staging_.data() + at,
-                       static_cast<size_t>(std::min(kPiece, elements_ - at)));
-    average_over_ranks(staging_.data(), elements_, ranks_);
-    backend_.from_host(grads, staging_.data(), bytes);
+    last_reduce_ = staged_->finish(grads, nullptr);
+    average_over_ranks(staged_->host(), elements_, ranks_);
+    backend_.from_host(grads, staged_->host(), elements_ * static_cast<int64_t>(sizeof(float)));
   }
 
   std::unique_ptr<DataParallelOptimizer> local_;
   Backend& backend_;
-  const Communicator& world_;
   int64_t elements_;
-  std::vector<float> staging_;            // through host memory
+  std::optional<HostStagedGradients> staged_;  // through host memory
+  GradientReduceStats last_reduce_;
   std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
+  std::optional<NcclBuckets> buckets_;
+  float* grads_ = nullptr;  // this backward's gradients (overlap)
   int ranks_, rank_;
   OpTimes* op_times_ = nullptr;
 };
@@ -132,15 +263,23 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
                                    {mine_, [this](double sum) { return sum_over_ranks(sum); }});
     if (how == GpuGradients::nccl) {
       nccl_ = open_nccl_group(comm_);
+      buckets_.emplace(elements_, options.bucket_elements,
+                       [this](SlabRange r) { reduce_beside(r); });
     } else {
-      reducer_.emplace(comm_, elements_, counts_);
-      staging_.resize(static_cast<size_t>(elements_));
+      staged_.emplace(backend, comm_, elements_, counts_, options.bucket_elements);
       shard_.resize(static_cast<size_t>(mine_.size()));
     }
   }
 
-  void begin_backward(float*) override {}
-  void gradients_final(int64_t) override {}
+  void begin_backward(float* grads) override {
+    grads_ = grads;
+    if (staged_) staged_->begin(grads, shard_.data());
+    if (buckets_) buckets_->begin();
+  }
+  void gradients_final(int64_t offset) override {
+    if (staged_) staged_->final_from(offset);
+    if (buckets_) buckets_->final_from(offset);
+  }
   double step(float* params, float* grads, double lr, int64_t step, double max_norm,
               const UpdateVeto& veto) override {
     reduce_scatter_gradients(grads);
@@ -155,7 +294,9 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
     all_gather_weights(params);
     return norm;
   }
-  const GradientReduceStats* last_reduce() const override { return nullptr; }
+  const GradientReduceStats* last_reduce() const override {
+    return staged_ ? &last_reduce_ : nullptr;
+  }
   // The bf16 copies of the other ranks' ranges are not gathered: the caller refreshes the
   // whole copy after the step (Model::sync_weights).
   bool write_bf16_weights(bf16*) override { return false; }
@@ -190,17 +331,26 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
     return total;
   }
 
+  // A bucket of the gradients reduced over NCCL beside backward, each rank's part to it.
+  void reduce_beside(SlabRange bucket) {
+    std::vector<SlabRange> parts;
+    for (const SlabRange& r : ranges_) parts.push_back(intersect(r, bucket));
+    nccl_->reduce_mean_to_ranges_beside(grads_, parts);
+  }
+
   // On return this rank's range of `grads` holds the ranks' average there (the rest of the
   // slab is left as it was or overwritten, and is not read again).
   void reduce_scatter_gradients(float* grads) {
     if (nccl_) {
       ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter over NCCL");
-      nccl_->reduce_mean_to_ranges(grads, ranges_);
+      if (buckets_->finish())
+        nccl_->reduce_mean_to_ranges(grads, ranges_);
+      else
+        nccl_->join();
       return;
     }
     ScopedOpTimer t(op_times_, "comm: gradient reduce-scatter through host memory");
-    backend_.to_host(staging_.data(), grads, elements_ * static_cast<int64_t>(sizeof(float)));
-    reducer_->finish(staging_.data(), shard_.data());
+    last_reduce_ = staged_->finish(grads, shard_.data());
     average_over_ranks(shard_.data(), mine_.size(), comm_.size());
     if (mine_.size() > 0)
       backend_.from_host(grads + mine_.begin, shard_.data(),
@@ -216,17 +366,18 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
     }
     ScopedOpTimer t(op_times_, "comm: weight all-gather through host memory");
     const int64_t bytes = static_cast<int64_t>(sizeof(float));
+    float* staging = staged_->host();  // the gradients' staging, free after the reduction
     if (mine_.size() > 0)
-      backend_.to_host(staging_.data() + mine_.begin, params + mine_.begin, mine_.size() * bytes);
+      backend_.to_host(staging + mine_.begin, params + mine_.begin, mine_.size() * bytes);
     // MPI counts are ints: windows of the slab, each rank's part of each window.
     constexpr int64_t kWindow = int64_t{1} << 30;
     for (int64_t at = 0; at < elements_; at += kWindow) {
       const SlabRange window{at, std::min(elements_, at + kWindow)};
       std::vector<int64_t> counts;
       for (const SlabRange& r : ranges_) counts.push_back(intersect(r, window).size());
-      comm_.allgatherv_in_place(staging_.data() + at, counts);
+      comm_.allgatherv_in_place(staging + at, counts);
     }
-    backend_.from_host(params, staging_.data(), elements_ * bytes);
+    backend_.from_host(params, staging, elements_ * bytes);
   }
 
   const ParamTable& table_;
@@ -239,9 +390,12 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   std::vector<int64_t> counts_;
   SlabRange mine_;
   std::unique_ptr<DataParallelOptimizer> local_;
-  std::unique_ptr<gpu::NcclGroup> nccl_;    // over NCCL
-  std::optional<GradientReducer> reducer_;  // through host memory
-  std::vector<float> staging_, shard_;
+  std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
+  std::optional<NcclBuckets> buckets_;
+  float* grads_ = nullptr;                     // this backward's gradients (overlap)
+  std::optional<HostStagedGradients> staged_;  // through host memory
+  std::vector<float> shard_;
+  GradientReduceStats last_reduce_;
   OpTimes* op_times_ = nullptr;
 };
 
@@ -263,7 +417,7 @@ std::unique_ptr<DataParallelOptimizer> make_device_data_parallel_optimizer(
     return std::make_unique<GpuShardedOptimizer>(table, options, backend, world, how, kernels());
   return std::make_unique<GpuReplicatedOptimizer>(
       make_device_optimizer(table, options, backend, kernels()), backend, world,
-      table.total_elements(), how);
+      table.total_elements(), how, options.bucket_elements);
 }
 
 }  // namespace foundry

@@ -87,12 +87,6 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
         fmt::format(
             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
             tc.expert_parallel));
-  if (tc.device.cuda && tc.context_parallel > 1)
-    fail(fmt::format("train.device {} trains data and expert parallel, not context parallel, but "
-                     "this job has train.context_parallel = {}",
-                     tc.device.name(), tc.context_parallel),
-         "on GPUs set train.context_parallel = 1 (shorter sequences, or more memory per GPU), or "
-         "train on the CPU (train.device cpu)");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
          "prepare one with 'foundry data prepare' and set "
