@@ -215,6 +215,48 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   return need;
 }
 
+// The CUDA runtime's and its libraries' host memory (the driver's allocations, cuBLASLt's
+// kernels as they load): an allowance, not a measured figure.
+constexpr int64_t kCudaHostBytes = int64_t{512} << 20;
+
+MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged) {
+  const TrainConfig& tc = rc.train;
+  const ModelConfig& mc = rc.model;
+  constexpr int64_t kF32 = sizeof(float);
+  MemoryNeed need{"training (host memory beside the GPU)", {}};
+  const int64_t snapshot = rank_checkpoint_bytes(rc, ranks);
+  if (tc.checkpoint_async) need.parts.emplace_back("checkpoint snapshot", snapshot);
+  if (tc.memory_checkpoint_every > 0)
+    need.parts.emplace_back("in-memory checkpoints", 2 * snapshot);
+  if (ranks > 1 && host_staged) {
+    const ParamTable table(mc);
+    int64_t staging = kF32 * table.total_elements();
+    if (tc.zero1) {
+      const Zero1Layout layout(table, ranks, tc.optimizer == OptimizerKind::muon);
+      int64_t largest = 0;
+      for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
+      staging += kF32 * largest;
+    }
+    need.parts.emplace_back("gradients through host memory", staging);
+  }
+  // A rank's rows: its sequences' share of the global batch, its chunks of each.
+  const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
+  const int64_t sequences = std::max<int64_t>(1, tc.batch_size / groups);
+  const int64_t rows = sequences * tc.seq_len / tc.context_parallel;
+  if (tc.context_parallel > 1) {
+    // Four exchanges (k and v of two slots), each its rows out, the group's in, and the
+    // slot's chunks of the full rows.
+    const int64_t C = tc.context_parallel, slot_rows = rows / 2;
+    need.parts.emplace_back("context-parallel exchanges",
+                            4 * kF32 * (1 + 2 * C) * slot_rows * mc.kv_dim());
+  }
+  if (tc.expert_parallel > 1)  // each routed row out and in, and its messages both ways
+    need.parts.emplace_back("expert-parallel exchanges", 4 * kF32 * rows * mc.top_k * mc.d_model);
+  need.parts.emplace_back("CUDA runtime", kCudaHostBytes);
+  add_margin(need);
+  return need;
+}
+
 std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu) {
   if (need.per_process() * gpu.sharing <= gpu.free_bytes) return "";
   std::string text = fmt::format("{} needs about {} of GPU memory per rank ({})", need.what,
@@ -225,8 +267,28 @@ std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu) {
                             format_bytes(double(gpu.free_bytes), 1));
 }
 
+namespace {
+
+// The host side of a GPU run, on every host (collective under MPI).
+void check_gpu_host_memory(const RunConfig& rc, const Processes& procs, const MemoryNeed& need,
+                           const MemoryBudget& budget) {
+  const auto hint = [&](const MemoryNeed&, const MemoryBudget&) {
+    std::string h = "give each rank a GPU of its own (NCCL: no gradient staging)";
+    if (rc.train.checkpoint_async) h += ", train.checkpoint_async=false (no snapshot)";
+    if (rc.train.memory_checkpoint_every > 0)
+      h += ", train.memory_checkpoint_every=0 (no in-memory checkpoints)";
+    return h + ", or fewer ranks on this host";
+  };
+  if (procs.world())
+    check_memory_on_every_host(*procs.world(), need, budget, hint);
+  else if (!fits(need, budget))
+    fail(memory_shortfall(need, budget), memory_hint(hint(need, budget)));
+}
+
+}  // namespace
+
 void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, const GpuMemory& mine,
-                               const char* limit_env) {
+                               const char* limit_env, const MemoryBudget& host_budget) {
   const bool off = limit_env && std::string(limit_env) == "off";
   const int ranks = procs.ranks();
   // Every rank judges every rank's GPU from the same figures, so that all fail together or
@@ -264,6 +326,8 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
   int64_t nccl_bytes = 0;  // the largest any rank's NCCL_BUFFSIZE makes, the same everywhere
   if (nccl)
     for (const Figures& a : all) nccl_bytes = std::max(nccl_bytes, a.nccl_bytes);
+  check_gpu_host_memory(rc, procs, gpu_host_memory_need(rc, ranks, !nccl),
+                        off ? MemoryBudget{BudgetSource::off, 0} : host_budget);
   const MemoryNeed need = gpu_training_memory_need(rc, rc.train.batch_size, ranks, nccl_bytes);
   for (const Figures& a : all) {
     if (a.off) continue;

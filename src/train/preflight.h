@@ -40,6 +40,13 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
                                     int64_t nccl_bytes = 0);
 
+// What a GPU run keeps in each rank's host memory: the checkpoint snapshot and the in-memory
+// tier (as on the CPU), the gradients' page-locked staging where the ranks reduce through host
+// memory (`host_staged`: ranks sharing a GPU, or no NCCL) with ZeRO-1's share of the sums, the
+// rows the expert- and context-parallel exchanges stage, and the CUDA runtime's host side;
+// then the host check's margin. check_gpu_training_memory checks it on every host.
+MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged);
+
 // A rank's GPU at the check: its free memory, its name for the message, its UUID (ranks whose
 // GPUs have the same one share it and what is free on it), and how many ranks train on it
 // (check_gpu_training_memory counts them).
@@ -53,12 +60,14 @@ struct GpuMemory {
 // Why `need` × gpu.sharing does not fit gpu.free_bytes ("" when it fits).
 std::string gpu_memory_shortfall(const MemoryNeed& need, const GpuMemory& gpu);
 
-// A GPU run: gpu_training_memory_need × the ranks on each GPU against every rank's GPU, before
+// A GPU run: gpu_training_memory_need × the ranks on each GPU against every rank's GPU, and
+// gpu_host_memory_need × the ranks on each host against its memory (`host_budget`), before
 // anything is allocated or written. Collective over procs.world(): every rank reaches the
 // same verdict. FOUNDRY_MEMORY_LIMIT=off skips the judging of a rank's GPU (the rank still
 // takes part in the collective), as it skips the host's check.
 void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, const GpuMemory& mine,
-                               const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"));
+                               const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"),
+                               const MemoryBudget& host_budget = memory_budget());
 
 // foundry eval: the weights and the forward pass of one batch of train.batch_size sequences.
 void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());

@@ -8,6 +8,7 @@
 #include "base/test_expect_error.h"
 #include "cuda/nccl.h"
 #include "model/info.h"
+#include "model/params.h"
 #include "train/processes.h"
 #include "train/test_support.h"
 
@@ -130,6 +131,51 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   expect_error([&] { check_gpu_training_memory(rc, one, {1 << 20, "a GPU"}, nullptr); },
                "of GPU memory per rank");
   EXPECT_NO_THROW(check_gpu_training_memory(rc, one, {1 << 20, "a GPU"}, "off"));
+}
+
+// The host side of a GPU run: the snapshot and the in-memory tier as on the CPU, the gradients'
+// staging only where several ranks reduce through host memory (with ZeRO-1's share of the
+// sums), the exchanges' rows under expert and context parallelism; a host that cannot hold it
+// is refused with the parts and what to change, unless the checks are off.
+TEST(TrainingMemory, OnAGpuTheHostsShareIsCheckedToo) {
+  RunConfig rc = wide_run_config();
+  rc.train.zero1 = false;
+  const int64_t slab = 4 * ParamTable(rc.model).total_elements();
+  const auto staged = parts_of(gpu_host_memory_need(rc, 2, true));
+  EXPECT_EQ(staged.at("gradients through host memory"), slab);
+  EXPECT_EQ(staged.at("checkpoint snapshot"), rank_checkpoint_bytes(rc, 2));
+  EXPECT_EQ(staged.count("in-memory checkpoints"), 0u);
+  EXPECT_EQ(staged.count("context-parallel exchanges"), 0u);
+  EXPECT_EQ(staged.count("expert-parallel exchanges"), 0u);
+  EXPECT_EQ(parts_of(gpu_host_memory_need(rc, 2, false)).count("gradients through host memory"),
+            0u);
+  EXPECT_EQ(parts_of(gpu_host_memory_need(rc, 1, true)).count("gradients through host memory"), 0u);
+  rc.train.zero1 = true;
+  const int64_t zero1 =
+      parts_of(gpu_host_memory_need(rc, 2, true)).at("gradients through host memory");
+  EXPECT_GT(zero1, slab);
+  EXPECT_LT(zero1, slab + slab / 2 + slab / 8);
+  rc.train.checkpoint_async = false;
+  rc.train.memory_checkpoint_every = 5;
+  rc.train.context_parallel = 2;
+  rc.train.expert_parallel = 2;
+  const auto all = parts_of(gpu_host_memory_need(rc, 4, true));
+  EXPECT_EQ(all.count("checkpoint snapshot"), 0u);
+  EXPECT_EQ(all.at("in-memory checkpoints"), 2 * rank_checkpoint_bytes(rc, 4));
+  EXPECT_GT(all.at("context-parallel exchanges"), 0);
+  EXPECT_GT(all.at("expert-parallel exchanges"), 0);
+  EXPECT_EQ(gpu_host_memory_need(rc, 4, true).parts.back().first, "margin");
+
+  rc = wide_run_config();
+  const Processes one(nullptr, 0);
+  const GpuMemory roomy{int64_t{1} << 40, "a GPU"};
+  const MemoryBudget small{BudgetSource::environment, int64_t{64} << 20};
+  expect_error([&] { check_gpu_training_memory(rc, one, roomy, nullptr, small); },
+               "training (host memory beside the GPU) needs about");
+  const MemoryBudget enough{BudgetSource::environment,
+                            gpu_host_memory_need(rc, 1, true).per_process()};
+  EXPECT_NO_THROW(check_gpu_training_memory(rc, one, roomy, nullptr, enough));
+  EXPECT_NO_THROW(check_gpu_training_memory(rc, one, roomy, "off", small));
 }
 
 TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
