@@ -158,17 +158,20 @@ for mode in async sync; do
   rm -rf "$out/run-ckpt-$mode"
 done
 # Data parallel through host memory (not --quick, unless GPU_CHECK_DP=1): 2 ranks sharing the
-# GPU, replicated and ZeRO-1, against 1 rank, at a quarter of gpu-moe-bench (2 layers), the
-# same global batch.
+# GPU, replicated and ZeRO-1 (the reduction overlapped with backward), and context parallel
+# (each rank half of every sequence), against 1 rank, at a quarter of gpu-moe-bench (2 layers),
+# the same global batch.
 if [ -z "$quick" ] || [ "${GPU_CHECK_DP:-0}" = 1 ]; then
-  for run in 1 2 2-zero1; do
-    np=${run%%-*} zero1=false
+  for run in 1 2 2-zero1 2-cp; do
+    np=${run%%-*} zero1=false cp=1
     [ "$run" = 2-zero1 ] && zero1=true
+    [ "$run" = 2-cp ] && cp=2
     mpi=()
     [ "$np" -gt 1 ] && mpi=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$np")
     OMP_NUM_THREADS=8 timeout "$train_limit" "${mpi[@]}" "$foundry" train \
       -c configs/gpu-moe-bench.json --device cuda:0 --synthetic-data --steps 8 --overwrite \
       --set "train.run_dir=$out/run-dp-$run" model.n_layers=2 "train.zero1=$zero1" \
+      "train.context_parallel=$cp" \
       train.checkpoint_at_end=false \
       >"$out/dp-$run.txt" 2>&1
     rm -rf "$out/run-dp-$run"
@@ -253,9 +256,12 @@ for mode in async sync; do
              "$out/checkpoint-$mode.txt" 2>/dev/null | paste -sd ',' -)
   echo "| checkpoint stall, $mode (2-layer gpu-moe-bench) | ${stalls:-FAILED: $(tail -n 1 "$out/checkpoint-$mode.txt" 2>/dev/null)} |"
 done
-for run in 1 2 2-zero1; do
-  [ -f "$out/dp-$run.txt" ] &&
-    echo "| data parallel, ${run/-zero1/ ZeRO-1} rank(s) on one GPU (2-layer gpu-moe-bench) | $(grep -m1 '^trained steps' "$out/dp-$run.txt" || tail -n 1 "$out/dp-$run.txt") |"
+for run in 1 2 2-zero1 2-cp; do
+  [ -f "$out/dp-$run.txt" ] || continue
+  name=${run/-zero1/ ZeRO-1}
+  echo "| data parallel, ${name/-cp/ context-parallel} rank(s) on one GPU (2-layer gpu-moe-bench) | $(grep -m1 '^trained steps' "$out/dp-$run.txt" || tail -n 1 "$out/dp-$run.txt") |"
+  reduce=$(grep -m1 '^gradient reduction per step' "$out/dp-$run.txt" || true)
+  [ -n "$reduce" ] && echo "| ... $run: ${reduce} |"
 done
 for cfg in gpu-moe-bench gpu-zaya-bench; do
   dec=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(', '.join('B=%d %.2f ms%s' % (x['batch'], x['median_ms'], ' (plan %.2f, %+.0f%%)' % (x['predicted_ms'], 100 * x['error']) if 'predicted_ms' in x else '') for x in r['rows']))" "$out/decode-$cfg.json" 2>/dev/null ||
