@@ -189,6 +189,28 @@ void NcclGroup::all_to_all(const float* send, float* recv, int64_t block) {
   check(ncclGroupEnd(), "all-to-all");
 }
 
+void NcclGroup::all_to_all_v(const float* send, const std::vector<int64_t>& send_counts,
+                             float* recv, const std::vector<int64_t>& recv_counts) {
+  FOUNDRY_CHECK(static_cast<int>(send_counts.size()) == size_ &&
+                static_cast<int>(recv_counts.size()) == size_);
+  check(ncclGroupStart(), "all-to-all");
+  int64_t sent = 0, received = 0;
+  for (int peer = 0; peer < size_; ++peer) {
+    for (int64_t at = 0; at < send_counts[peer]; at += kPiece) {
+      const auto n = static_cast<size_t>(std::min(kPiece, send_counts[peer] - at));
+      check(ncclSend(send + sent + at, n, ncclFloat, peer, native(comm_), nullptr), "all-to-all");
+    }
+    for (int64_t at = 0; at < recv_counts[peer]; at += kPiece) {
+      const auto n = static_cast<size_t>(std::min(kPiece, recv_counts[peer] - at));
+      check(ncclRecv(recv + received + at, n, ncclFloat, peer, native(comm_), nullptr),
+            "all-to-all");
+    }
+    sent += send_counts[peer];
+    received += recv_counts[peer];
+  }
+  check(ncclGroupEnd(), "all-to-all");
+}
+
 void NcclGroup::synchronize() {
   const cudaError_t e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess)
@@ -226,6 +248,10 @@ void NcclGroup::reduce_scatter(const float*, float*, int64_t) { fail_no_nccl(); 
 void NcclGroup::all_gather(const float*, float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::broadcast(float*, int64_t, int) { fail_no_nccl(); }
 void NcclGroup::all_to_all(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::all_to_all_v(const float*, const std::vector<int64_t>&, float*,
+                             const std::vector<int64_t>&) {
+  fail_no_nccl();
+}
 void NcclGroup::synchronize() { fail_no_nccl(); }
 
 }  // namespace foundry::gpu

@@ -63,6 +63,10 @@ class NcclGroup {
   void all_gather(const float* send, float* recv, int64_t block);
   void broadcast(float* data, int64_t count, int root);
   void all_to_all(const float* send, float* recv, int64_t block);
+  // An all-to-all of blocks contiguous per peer in rank order, counts in elements per peer
+  // (send_counts[p] to rank p, recv_counts[p] from it): grouped sends and receives.
+  void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts);
   void synchronize();
 
  private:

@@ -178,38 +178,59 @@ void ExpertExchange::element_counts(int64_t width) {
   }
 }
 
-void ExpertExchange::copy_blocks(const float* from, float* to, int64_t width,
-                                 bool wire_to_local) const {
+void ExpertExchange::copy_blocks(const float* from, float* to, int64_t width, bool wire_to_local,
+                                 const Copy& copy) const {
   const std::vector<int64_t>& from_start = wire_to_local ? wire_start_ : local_start_;
   const std::vector<int64_t>& to_start = wire_to_local ? local_start_ : wire_start_;
   for (size_t b = 0; b < recv_rows_.size(); ++b)
     if (recv_rows_[b] > 0)
-      std::memcpy(to + to_start[b] * width, from + from_start[b] * width,
-                  static_cast<size_t>(recv_rows_[b] * width) * sizeof(float));
+      copy(to + to_start[b] * width, from + from_start[b] * width, recv_rows_[b] * width);
 }
+
+ExpertExchange::Move ExpertExchange::mpi_move() const {
+  return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                const std::vector<int64_t>& recv_counts) {
+    comm_->alltoallv(send, std::span<const int64_t>(send_counts), recv,
+                     std::span<const int64_t>(recv_counts));
+  };
+}
+
+namespace {
+void host_copy(float* to, const float* from, int64_t elements) {
+  std::memcpy(to, from, static_cast<size_t>(elements) * sizeof(float));
+}
+}  // namespace
 
 void ExpertExchange::dispatch(const float* origin, float* local, int64_t width,
                               std::vector<float>& wire) {
   require_planned("dispatch");
-  const int64_t L = local_rows();
-  element_counts(width);
-  wire.resize(static_cast<size_t>(L * width));
-  comm_->alltoallv(origin, std::span<const int64_t>(send_elems_), wire.data(),
-                   std::span<const int64_t>(recv_elems_));
-  copy_blocks(wire.data(), local, width, /*wire_to_local=*/true);
+  wire.resize(static_cast<size_t>(local_rows() * width));
+  dispatch(origin, local, width, wire.data(), mpi_move(), host_copy);
 }
 
 void ExpertExchange::combine(const float* local, float* origin, int64_t width,
                              std::vector<float>& wire) {
   require_planned("combine");
-  const int64_t L = local_rows();
+  wire.resize(static_cast<size_t>(local_rows() * width));
+  combine(local, origin, width, wire.data(), mpi_move(), host_copy);
+}
+
+void ExpertExchange::dispatch(const float* origin, float* local, int64_t width, float* wire,
+                              const Move& move, const Copy& copy) {
+  require_planned("dispatch");
   element_counts(width);
-  wire.resize(static_cast<size_t>(L * width));
-  copy_blocks(local, wire.data(), width, /*wire_to_local=*/false);
+  move(origin, send_elems_, wire, recv_elems_);
+  copy_blocks(wire, local, width, /*wire_to_local=*/true, copy);
+}
+
+void ExpertExchange::combine(const float* local, float* origin, int64_t width, float* wire,
+                             const Move& move, const Copy& copy) {
+  require_planned("combine");
+  element_counts(width);
+  copy_blocks(local, wire, width, /*wire_to_local=*/false, copy);
   // The reverse of the dispatch: what came from source i goes back to it, and rank p's
   // reply lands where this rank's rows for p's experts were.
-  comm_->alltoallv(wire.data(), std::span<const int64_t>(recv_elems_), origin,
-                   std::span<const int64_t>(send_elems_));
+  move(wire, recv_elems_, origin, send_elems_);
 }
 
 // ---- router statistics --------------------------------------------------------------------

@@ -43,6 +43,7 @@
 // same layers in the same order (a rank that skips one leaves the others waiting in MPI).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "base/slab_range.h"
@@ -131,12 +132,26 @@ class ExpertExchange {
   // order). `wire` is scratch (resized to L·width).
   void combine(const float* local, float* origin, int64_t width, std::vector<float>& wire);
 
+  // The same in any memory (a device's): `move` carries, collectively over the EP group,
+  // blocks of rows contiguous per peer in rank order (counts in elements per peer), and `copy`
+  // copies elements within the memory that origin, local and `wire` ([L, width], the
+  // caller's) are in. The two above are these with MPI's alltoallv and memcpy.
+  using Move = std::function<void(const float* send, const std::vector<int64_t>& send_counts,
+                                  float* recv, const std::vector<int64_t>& recv_counts)>;
+  using Copy = std::function<void(float* to, const float* from, int64_t elements)>;
+  void dispatch(const float* origin, float* local, int64_t width, float* wire, const Move& move,
+                const Copy& copy);
+  void combine(const float* local, float* origin, int64_t width, float* wire, const Move& move,
+               const Copy& copy);
+
  private:
   void require_planned(const char* what) const;
   void element_counts(int64_t width);
   // Copies every (source i, local expert j) block of rows from the wire layout (blocks by
   // source) to the local layout (blocks by expert), or back.
-  void copy_blocks(const float* from, float* to, int64_t width, bool wire_to_local) const;
+  void copy_blocks(const float* from, float* to, int64_t width, bool wire_to_local,
+                   const Copy& copy) const;
+  Move mpi_move() const;
 
   const Communicator* comm_ = nullptr;
   int64_t origin_rows_ = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "cuda/nccl.h"
 #include "kernels/ops.h"
 
 namespace foundry {
@@ -10,12 +11,17 @@ namespace foundry {
 // Expert parallelism: the group, its sharding and, per MoE sublayer, the exchange planned in
 // the forward pass and the owned experts' rows that the backward pass needs, in the backend's
 // memory. Row counts change every step with the routing; the buffers only grow. On a device
-// the rows travel through host memory: copied out, exchanged over MPI, copied back.
+// the rows travel over NCCL where the group has it (every rank on a GPU of its own), else
+// through host memory: copied out, exchanged over MPI, copied back; the blocks are reordered
+// on the device either way.
 struct Experts::Parallel {
-  Parallel(const Communicator* g, int64_t n_experts, int64_t n_layers, Backend& backend)
+  Parallel(const Communicator* g, gpu::NcclGroup* nccl, int64_t n_experts, int64_t n_layers,
+           Backend& backend)
       : group(g),
+        nccl(nccl),
         sharding(n_experts, g->size(), g->rank()),
         backend(backend),
+        wire_device(backend),
         ys(backend),
         dys(backend),
         dxs(backend),
@@ -25,8 +31,10 @@ struct Experts::Parallel {
   }
 
   const Communicator* group;
+  gpu::NcclGroup* nccl;
   ExpertSharding sharding;
   Backend& backend;
+  GrowingBuffer wire_device;  // on a device: the exchanges' rows in the wire layout
   struct Layer {
     explicit Layer(Backend& b) : xs(b), h(b), act(b) {}
     ExpertExchange exchange;
@@ -44,25 +52,44 @@ struct Experts::Parallel {
   }
   // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back).
   void dispatch(ExpertExchange& x, const float* origin, float* local, int64_t C) {
-    exchange_rows(origin, x.origin_rows(), local, x.local_rows(), C,
-                  [&](const float* in, float* out) { x.dispatch(in, out, C, wire); });
+    if (backend.host_memory()) return x.dispatch(origin, local, C, wire);
+    x.dispatch(origin, local, C, rows(wire_device, x.local_rows() * C), device_move(),
+               device_copy());
   }
   void combine(ExpertExchange& x, const float* local, float* origin, int64_t C) {
-    exchange_rows(local, x.local_rows(), origin, x.origin_rows(), C,
-                  [&](const float* in, float* out) { x.combine(in, out, C, wire); });
+    if (backend.host_memory()) return x.combine(local, origin, C, wire);
+    x.combine(local, origin, C, rows(wire_device, x.local_rows() * C), device_move(),
+              device_copy());
   }
-  // exchange(in, out) over in [in_rows, C] → out [out_rows, C], staged through host memory
-  // where the rows live on a device.
-  template <typename Exchange>
-  void exchange_rows(const float* in, int64_t in_rows, float* out, int64_t out_rows, int64_t C,
-                     Exchange exchange) {
-    if (backend.host_memory()) return exchange(in, out);
-    constexpr int64_t kFloat = sizeof(float);
-    host_in.resize(static_cast<size_t>(in_rows * C));
-    host_out.resize(static_cast<size_t>(out_rows * C));
-    if (in_rows > 0) backend.to_host(host_in.data(), in, in_rows * C * kFloat);
-    exchange(host_in.data(), host_out.data());
-    if (out_rows > 0) backend.from_host(out, host_out.data(), out_rows * C * kFloat);
+
+  static int64_t total(const std::vector<int64_t>& counts) {
+    int64_t n = 0;
+    for (int64_t c : counts) n += c;
+    return n;
+  }
+  // Blocks of rows per peer between device buffers: over NCCL, or through host memory and MPI.
+  ExpertExchange::Move device_move() {
+    if (nccl)
+      return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts) {
+        nccl->all_to_all_v(send, send_counts, recv, recv_counts);
+      };
+    return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                  const std::vector<int64_t>& recv_counts) {
+      constexpr int64_t kFloat = sizeof(float);
+      const int64_t out = total(send_counts), in = total(recv_counts);
+      host_in.resize(static_cast<size_t>(out));
+      host_out.resize(static_cast<size_t>(in));
+      if (out > 0) backend.to_host(host_in.data(), send, out * kFloat);
+      group->alltoallv(host_in.data(), std::span<const int64_t>(send_counts), host_out.data(),
+                       std::span<const int64_t>(recv_counts));
+      if (in > 0) backend.from_host(recv, host_out.data(), in * kFloat);
+    };
+  }
+  ExpertExchange::Copy device_copy() {
+    return [this](float* to, const float* from, int64_t elements) {
+      backend.copy(to, from, elements * static_cast<int64_t>(sizeof(float)));
+    };
   }
 
   // The slab offsets of the owned experts' weights, from those of all experts.
@@ -79,9 +106,9 @@ Experts::Experts(Compute& cx, int64_t n_layers)
 
 Experts::~Experts() = default;
 
-void Experts::set_group(const Communicator* group) {
+void Experts::set_group(const Communicator* group, gpu::NcclGroup* nccl) {
   std::unique_ptr<Parallel> ep;
-  if (group) ep = std::make_unique<Parallel>(group, cx_.config.n_experts, n_layers_, cx_.ops);
+  if (group) ep = std::make_unique<Parallel>(group, nccl, cx_.config.n_experts, n_layers_, cx_.ops);
   ep_ = std::move(ep);
 }
 

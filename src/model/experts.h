@@ -13,6 +13,10 @@
 
 namespace foundry {
 
+namespace gpu {
+class NcclGroup;
+}
+
 // Slab offsets of one MoE sublayer's experts.
 struct ExpertWeights {
   std::vector<int64_t> w13;  // per expert: [2F, C] (gate rows then up rows)
@@ -25,7 +29,8 @@ class Experts {
   ~Experts();
 
   // Shards the experts over `group` (null: all local). Validates before changing anything.
-  void set_group(const Communicator* group);
+  // `nccl` (on a device, optional): the same group over NCCL, which then carries the rows.
+  void set_group(const Communicator* group, gpu::NcclGroup* nccl = nullptr);
   const Communicator* group() const;
   const ExpertSharding* sharding() const;
   // True when the owners keep the hidden activations (h, act) of the rows they compute, so

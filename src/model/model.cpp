@@ -182,11 +182,11 @@ void Model::shard_expert_storage(const SlabRanges& released) {
 
 // ---- expert parallelism ---------------------------------------------------------------------
 
-void Model::set_expert_parallel(const Communicator* group) {
+void Model::set_expert_parallel(const Communicator* group, gpu::NcclGroup* nccl) {
   if (!grads_.holes().empty())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
-  experts_->set_group(group);  // validates first: on error the model keeps its setting
+  experts_->set_group(group, nccl);  // validates first: on error the model keeps its setting
   arch_->drop_activations();
 }
 

@@ -39,6 +39,9 @@ struct ForwardResult {
   double aux_loss = 0;  // mean over layers of the load-balancing loss (before the coefficient)
 };
 
+namespace gpu {
+class NcclGroup;
+}
 class Architecture;
 class Communicator;
 class Compute;
@@ -208,8 +211,9 @@ class Model {
   // Decoding (decode_step) does not use the group.
   //
   // Must be set between steps (not between a forward and its backward). Fails, naming the
-  // rank, unless P divides n_experts.
-  void set_expert_parallel(const Communicator* group);
+  // rank, unless P divides n_experts. On a device, `nccl` (optional: the same group over
+  // NCCL, every rank on a GPU of its own) carries the rows instead of MPI through host memory.
+  void set_expert_parallel(const Communicator* group, gpu::NcclGroup* nccl = nullptr);
   // ---- context parallelism ----------------------------------------------------------------
   // Splits every sequence over `group` (C ranks; null, the default, turns it off): rank r
   // holds chunks r and 2C−1−r of each sequence (model/context_parallel.h), and forward then

@@ -250,7 +250,7 @@ MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged
     need.parts.emplace_back("context-parallel exchanges",
                             4 * kF32 * (1 + 2 * C) * slot_rows * mc.kv_dim());
   }
-  if (tc.expert_parallel > 1)  // each routed row out and in, and its messages both ways
+  if (tc.expert_parallel > 1 && host_staged)  // each routed row out and in, over MPI
     need.parts.emplace_back("expert-parallel exchanges", 4 * kF32 * rows * mc.top_k * mc.d_model);
   need.parts.emplace_back("CUDA runtime", kCudaHostBytes);
   add_margin(need);

@@ -43,7 +43,8 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
 // What a GPU run keeps in each rank's host memory: the checkpoint snapshot and the in-memory
 // tier (as on the CPU), the gradients' page-locked staging where the ranks reduce through host
 // memory (`host_staged`: ranks sharing a GPU, or no NCCL) with ZeRO-1's share of the sums, the
-// rows the expert- and context-parallel exchanges stage, and the CUDA runtime's host side;
+// rows the context-parallel exchanges and (host-staged) the expert-parallel ones stage, and the
+// CUDA runtime's host side;
 // then the host check's margin. check_gpu_training_memory checks it on every host.
 MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged);
 

@@ -164,6 +164,7 @@ TEST(TrainingMemory, OnAGpuTheHostsShareIsCheckedToo) {
   EXPECT_EQ(all.at("in-memory checkpoints"), 2 * rank_checkpoint_bytes(rc, 4));
   EXPECT_GT(all.at("context-parallel exchanges"), 0);
   EXPECT_GT(all.at("expert-parallel exchanges"), 0);
+  EXPECT_EQ(parts_of(gpu_host_memory_need(rc, 4, false)).count("expert-parallel exchanges"), 0u);
   EXPECT_EQ(gpu_host_memory_need(rc, 4, true).parts.back().first, "margin");
 
   rc = wide_run_config();

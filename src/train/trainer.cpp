@@ -107,6 +107,7 @@ struct TrainingRun {
   std::unique_ptr<Backend> backend;  // where the model computes (train.device)
   std::optional<Model> model;
   std::optional<ExpertParallelGroups> ep_groups;
+  std::unique_ptr<gpu::NcclGroup> ep_nccl;  // the expert group over NCCL (GPUs of their own)
   std::optional<Communicator> cp_group;  // context parallel: C consecutive ranks
   std::unique_ptr<DataParallelOptimizer> optimizer;
   bool overlap = false;  // the gradient reduction runs during backward
@@ -371,9 +372,17 @@ void TrainingRun::build_model_and_optimizer() {
   const Communicator* world = procs.world();
   // The load-balancing loss counts expert shares over the global batch (arch moe).
   if (world) model->set_data_parallel(world);
+  // On GPUs each exchange runs over NCCL where every rank has a GPU of its own, else through
+  // host memory (collective: every rank decides from the same figures).
+  const GpuGradients gpu_path =
+      tc.device.cuda && world && world->size() > 1 ? gpu_gradients_of(*world) : GpuGradients::host;
   if (world && tc.expert_parallel > 1) {
     ep_groups.emplace(split_expert_parallel(*world, static_cast<int>(tc.expert_parallel)));
-    model->set_expert_parallel(&ep_groups->expert);
+    if (gpu_path == GpuGradients::nccl) {
+      auto g = procs.guard("opening the expert-parallel group of the GPUs over NCCL");
+      ep_nccl = open_nccl_group(ep_groups->expert);
+    }
+    model->set_expert_parallel(&ep_groups->expert, ep_nccl.get());
   }
   if (world && tc.context_parallel > 1) {
     const int c = static_cast<int>(tc.context_parallel);
@@ -384,8 +393,8 @@ void TrainingRun::build_model_and_optimizer() {
     // Data parallel on GPUs: over NCCL where every rank has a GPU of its own, else through
     // host memory.
     auto g = procs.guard("opening the data-parallel group of the GPUs");
-    optimizer = make_device_data_parallel_optimizer(model->table(), optimizer_options(tc),
-                                                    *backend, *world, gpu_gradients_of(*world));
+    optimizer = make_device_data_parallel_optimizer(model->table(), optimizer_options(tc), *backend,
+                                                    *world, gpu_path);
   } else if (tc.device.cuda) {
     optimizer = make_device_optimizer(model->table(), optimizer_options(tc), *backend);
   } else {
