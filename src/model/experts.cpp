@@ -1,6 +1,7 @@
 #include "model/experts.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "base/error.h"
 #include "cuda/nccl.h"
@@ -22,6 +23,8 @@ struct Experts::Parallel {
         sharding(n_experts, g->size(), g->rank()),
         backend(backend),
         wire_device(backend),
+        move(device_move()),
+        copy(device_copy()),
         ys(backend),
         dys(backend),
         dxs(backend),
@@ -35,6 +38,8 @@ struct Experts::Parallel {
   ExpertSharding sharding;
   Backend& backend;
   GrowingBuffer wire_device;  // on a device: the exchanges' rows in the wire layout
+  ExpertExchange::Move move;  // on a device: over NCCL, or through host memory
+  ExpertExchange::Copy copy;
   struct Layer {
     explicit Layer(Backend& b) : xs(b), h(b), act(b) {}
     ExpertExchange exchange;
@@ -53,19 +58,15 @@ struct Experts::Parallel {
   // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back).
   void dispatch(ExpertExchange& x, const float* origin, float* local, int64_t C) {
     if (backend.host_memory()) return x.dispatch(origin, local, C, wire);
-    x.dispatch(origin, local, C, rows(wire_device, x.local_rows() * C), device_move(),
-               device_copy());
+    x.dispatch(origin, local, C, rows(wire_device, x.local_rows() * C), move, copy);
   }
   void combine(ExpertExchange& x, const float* local, float* origin, int64_t C) {
     if (backend.host_memory()) return x.combine(local, origin, C, wire);
-    x.combine(local, origin, C, rows(wire_device, x.local_rows() * C), device_move(),
-              device_copy());
+    x.combine(local, origin, C, rows(wire_device, x.local_rows() * C), move, copy);
   }
 
   static int64_t total(const std::vector<int64_t>& counts) {
-    int64_t n = 0;
-    for (int64_t c : counts) n += c;
-    return n;
+    return std::accumulate(counts.begin(), counts.end(), int64_t{0});
   }
   // Blocks of rows per peer between device buffers: over NCCL, or through host memory and MPI.
   ExpertExchange::Move device_move() {

@@ -106,30 +106,32 @@ class HostStagedGradients {
 // wait for all of it. Without the reports the step reduces the whole slab at once.
 class NcclBuckets {
  public:
-  // reduce(range): queues the reduction of that range beside the default stream.
-  NcclBuckets(int64_t elements, int64_t bucket_elements, std::function<void(SlabRange)> reduce)
+  // reduce(grads, range): queues the reduction of that range of the gradient slab beside the
+  // default stream.
+  using Reduce = std::function<void(float* grads, SlabRange range)>;
+  NcclBuckets(int64_t elements, int64_t bucket_elements, Reduce reduce)
       : elements_(elements), bucket_(bucket_elements), reduce_(std::move(reduce)) {}
-  void begin() {
-    armed_ = true;
+  void begin(float* grads) {
+    grads_ = grads;
     pending_end_ = elements_;
   }
   void final_from(int64_t offset) {
-    if (!armed_ || offset >= pending_end_ || pending_end_ - offset < bucket_) return;
-    reduce_(SlabRange{offset, pending_end_});
+    if (!grads_ || offset >= pending_end_ || pending_end_ - offset < bucket_) return;
+    reduce_(grads_, SlabRange{offset, pending_end_});
     pending_end_ = offset;
   }
   // True when the step must reduce the whole slab itself (not armed); else queues the rest.
   bool finish() {
-    if (!armed_) return true;
-    armed_ = false;
-    if (pending_end_ > 0) reduce_(SlabRange{0, pending_end_});
+    if (!grads_) return true;
+    if (pending_end_ > 0) reduce_(grads_, SlabRange{0, pending_end_});
+    grads_ = nullptr;
     return false;
   }
 
  private:
   int64_t elements_, bucket_;
-  std::function<void(SlabRange)> reduce_;
-  bool armed_ = false;
+  Reduce reduce_;
+  float* grads_ = nullptr;  // armed: this backward's gradient slab
   int64_t pending_end_ = 0;
 };
 
@@ -152,16 +154,17 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
         rank_(world.rank()) {
     if (how == GpuGradients::nccl) {
       nccl_ = open_nccl_group(world);
-      buckets_.emplace(elements, bucket_elements, [this](SlabRange r) { reduce_beside(r); });
+      buckets_.emplace(elements, bucket_elements, [this](float* grads, SlabRange r) {
+        nccl_->allreduce_mean_beside(grads + r.begin, r.size());
+      });
     } else {
       staged_.emplace(backend, world, elements, std::vector<int64_t>{}, bucket_elements);
     }
   }
 
   void begin_backward(float* grads) override {
-    grads_ = grads;
     if (staged_) staged_->begin(grads, nullptr);
-    if (buckets_) buckets_->begin();
+    if (buckets_) buckets_->begin(grads);
   }
   void gradients_final(int64_t offset) override {
     if (staged_) staged_->final_from(offset);
@@ -212,9 +215,6 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
   }
 
  private:
-  // A bucket of the gradients averaged over NCCL beside backward.
-  void reduce_beside(SlabRange r) { nccl_->allreduce_mean_beside(grads_ + r.begin, r.size()); }
-
   void average_through_host(float* grads) {
     ScopedOpTimer t(op_times_, "comm: gradients through host memory");
     last_reduce_ = staged_->finish(grads, nullptr);
@@ -229,7 +229,6 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
   GradientReduceStats last_reduce_;
   std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
   std::optional<NcclBuckets> buckets_;
-  float* grads_ = nullptr;  // this backward's gradients (overlap)
   int ranks_, rank_;
   OpTimes* op_times_ = nullptr;
 };
@@ -264,7 +263,7 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
     if (how == GpuGradients::nccl) {
       nccl_ = open_nccl_group(comm_);
       buckets_.emplace(elements_, options.bucket_elements,
-                       [this](SlabRange r) { reduce_beside(r); });
+                       [this](float* grads, SlabRange r) { reduce_beside(grads, r); });
     } else {
       staged_.emplace(backend, comm_, elements_, counts_, options.bucket_elements);
       shard_.resize(static_cast<size_t>(mine_.size()));
@@ -272,9 +271,8 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   }
 
   void begin_backward(float* grads) override {
-    grads_ = grads;
     if (staged_) staged_->begin(grads, shard_.data());
-    if (buckets_) buckets_->begin();
+    if (buckets_) buckets_->begin(grads);
   }
   void gradients_final(int64_t offset) override {
     if (staged_) staged_->final_from(offset);
@@ -332,10 +330,10 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   }
 
   // A bucket of the gradients reduced over NCCL beside backward, each rank's part to it.
-  void reduce_beside(SlabRange bucket) {
+  void reduce_beside(float* grads, SlabRange bucket) {
     std::vector<SlabRange> parts;
     for (const SlabRange& r : ranges_) parts.push_back(intersect(r, bucket));
-    nccl_->reduce_mean_to_ranges_beside(grads_, parts);
+    nccl_->reduce_mean_to_ranges_beside(grads, parts);
   }
 
   // On return this rank's range of `grads` holds the ranks' average there (the rest of the
@@ -392,7 +390,6 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   std::unique_ptr<DataParallelOptimizer> local_;
   std::unique_ptr<gpu::NcclGroup> nccl_;  // over NCCL
   std::optional<NcclBuckets> buckets_;
-  float* grads_ = nullptr;                     // this backward's gradients (overlap)
   std::optional<HostStagedGradients> staged_;  // through host memory
   std::vector<float> shard_;
   GradientReduceStats last_reduce_;

@@ -185,6 +185,16 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
     fail(memory_shortfall(need, budget), memory_hint(hint(need, budget)));
 }
 
+namespace {
+// ZeRO-1 on GPUs keeps state over Zero1Layout::state_range: the largest range over the ranks.
+int64_t largest_gpu_state_range(const ParamTable& table, int ranks, bool muon) {
+  const Zero1Layout layout(table, ranks, muon);
+  int64_t largest = 0;
+  for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
+  return largest;
+}
+}  // namespace
+
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
                                     int64_t nccl_bytes) {
   const TrainConfig& tc = rc.train;
@@ -198,10 +208,7 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   int64_t optimizer = m.optimizer_bytes;
   if (ranks > 1 && tc.zero1) {
     const bool muon = tc.optimizer == OptimizerKind::muon;
-    const Zero1Layout layout(ParamTable(rc.model), ranks, muon);
-    int64_t largest = 0;
-    for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
-    optimizer = 4 * (muon ? 3 : 2) * largest;
+    optimizer = 4 * (muon ? 3 : 2) * largest_gpu_state_range(ParamTable(rc.model), ranks, muon);
   }
   MemoryNeed need{"training",
                   {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes},
@@ -231,12 +238,8 @@ MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged
   if (ranks > 1 && host_staged) {
     const ParamTable table(mc);
     int64_t staging = kF32 * table.total_elements();
-    if (tc.zero1) {
-      const Zero1Layout layout(table, ranks, tc.optimizer == OptimizerKind::muon);
-      int64_t largest = 0;
-      for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
-      staging += kF32 * largest;
-    }
+    if (tc.zero1)
+      staging += kF32 * largest_gpu_state_range(table, ranks, tc.optimizer == OptimizerKind::muon);
     need.parts.emplace_back("gradients through host memory", staging);
   }
   // A rank's rows: its sequences' share of the global batch, its chunks of each.
