@@ -6,7 +6,7 @@
 # one also on the CPU at 2 ranks); expert parallelism (2 ranks, both layouts) and context
 # parallelism (2 ranks, both architectures) do the same; where two GPUs are visible,
 # two ranks each on its own exchange over NCCL (when the build has it) alike, replicated and
-# ZeRO-1; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
+# ZeRO-1, expert and context parallel; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
 # CPU on GPU within 1e-4).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
@@ -204,5 +204,23 @@ OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c zaya.json --synthetic
 follows zaya-one zaya-cp \
   && ok "zaya: 2 context-parallel ranks on one GPU follow 1 rank's 8 fp32 losses within 1e-4" \
   || bad "zaya: context parallel on the GPU and 1 rank differ"
+
+# Expert and context parallel with each rank on a GPU of its own: the rows over NCCL.
+if [ "${gpus:-0}" -ge 2 ]; then
+  while read -r config dir reference setting; do
+    OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c "$config" --synthetic-data \
+      --device cuda --set train.run_dir="$dir" --set "$setting" >"$dir.log" 2>&1 \
+      || { cat "$dir.log"; bad "$dir: $setting on two GPUs failed"; }
+    follows "$reference" "$dir" \
+      && ok "$dir: $setting on 2 GPUs follows 1 rank's 8 fp32 losses within 1e-4" \
+      || bad "$dir: $setting on 2 GPUs and 1 rank differ"
+    grep -q "their exchanges over NCCL" "$dir.log" && ok "$dir: the exchanges went over NCCL" \
+      || bad "$dir: no word of the exchanges over NCCL"
+  done <<'RUNS'
+tiny.json ep-gpus one train.expert_parallel=2
+tiny.json cp-gpus one train.context_parallel=2
+zaya.json zaya-cp-gpus zaya-one train.context_parallel=2
+RUNS
+fi
 
 finish

@@ -65,6 +65,8 @@ NcclGroup::~NcclGroup() {
     cudaStreamSynchronize(static_cast<cudaStream_t>(side_));
     cudaEventDestroy(static_cast<cudaEvent_t>(queued_));
     cudaEventDestroy(static_cast<cudaEvent_t>(side_done_));
+    for (void* mark : marks_)
+      if (mark) cudaEventDestroy(static_cast<cudaEvent_t>(mark));
     cudaStreamDestroy(static_cast<cudaStream_t>(side_));
   }
   if (!comm_ || std::uncaught_exceptions() > exceptions_) return;
@@ -119,6 +121,40 @@ void NcclGroup::join() {
   const auto done = static_cast<cudaEvent_t>(side_done_);
   check_cuda(cudaEventRecord(done, static_cast<cudaStream_t>(side_)), "joining it");
   check_cuda(cudaStreamWaitEvent(nullptr, done, 0), "joining it");
+}
+
+int64_t NcclGroup::mark_side() {
+  const int64_t ticket = tickets_++;
+  void*& mark = marks_[ticket % kMarks];
+  if (!mark) {
+    cudaEvent_t event = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "creating an event");
+    mark = event;
+  }
+  check_cuda(cudaEventRecord(static_cast<cudaEvent_t>(mark), static_cast<cudaStream_t>(side_)),
+             "marking it");
+  return ticket;
+}
+
+int64_t NcclGroup::all_gather_beside(const float* send, float* recv, int64_t block) {
+  const auto stream = static_cast<cudaStream_t>(side_stream());
+  check(ncclAllGather(send, recv, static_cast<size_t>(block), ncclFloat, native(comm_), stream),
+        "all-gather");
+  return mark_side();
+}
+
+int64_t NcclGroup::reduce_scatter_beside(const float* send, float* recv, int64_t block) {
+  const auto stream = static_cast<cudaStream_t>(side_stream());
+  check(ncclReduceScatter(send, recv, static_cast<size_t>(block), ncclFloat, ncclSum, native(comm_),
+                          stream),
+        "reduce-scatter");
+  return mark_side();
+}
+
+void NcclGroup::join(int64_t ticket) {
+  FOUNDRY_CHECK(ticket >= 0 && ticket < tickets_);
+  check_cuda(cudaStreamWaitEvent(nullptr, static_cast<cudaEvent_t>(marks_[ticket % kMarks]), 0),
+             "joining it");
 }
 
 namespace {
@@ -243,6 +279,9 @@ void NcclGroup::reduce_mean_to_ranges_beside(float*, const std::vector<SlabRange
   fail_no_nccl();
 }
 void NcclGroup::join() { fail_no_nccl(); }
+int64_t NcclGroup::all_gather_beside(const float*, float*, int64_t) { fail_no_nccl(); }
+int64_t NcclGroup::reduce_scatter_beside(const float*, float*, int64_t) { fail_no_nccl(); }
+void NcclGroup::join(int64_t) { fail_no_nccl(); }
 void NcclGroup::all_reduce(const float*, float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::reduce_scatter(const float*, float*, int64_t) { fail_no_nccl(); }
 void NcclGroup::all_gather(const float*, float*, int64_t) { fail_no_nccl(); }

@@ -52,6 +52,13 @@ class NcclGroup {
   void allreduce_mean_beside(float* data, int64_t n);
   void reduce_mean_to_ranges_beside(float* data, const std::vector<SlabRange>& ranges);
   void join();
+  // An all-gather (block per rank) and a reduce-scatter (sum, block per rank) beside the
+  // default stream, as above, each returning a ticket: join(ticket) makes the default stream's
+  // later work wait for that collective and those queued beside before it (context
+  // parallelism's exchanges, which the other slot's work overlaps).
+  int64_t all_gather_beside(const float* send, float* recv, int64_t block);
+  int64_t reduce_scatter_beside(const float* send, float* recv, int64_t block);
+  void join(int64_t ticket);
 
   // The collectives `foundry bench comm --device cuda` times (bench/comm_bench.h), fp32 on
   // device buffers, in the shapes of the Communicator's: all-reduce (sum) of `count`
@@ -79,6 +86,13 @@ class NcclGroup {
   void* side_done_ = nullptr;
   // The group's stream, behind the default stream's work queued so far.
   void* side_stream();
+  // Events (cudaEvent_t) recorded on the group's stream after the ticketed collectives, a ring
+  // of them: a ticket whose event was recorded again since is joined later than it needs, never
+  // too early (the stream runs its work in order).
+  static constexpr int kMarks = 8;
+  void* marks_[kMarks] = {};
+  int64_t tickets_ = 0;
+  int64_t mark_side();
   int exceptions_ = 0;    // uncaught at construction
 };
 

@@ -7,9 +7,12 @@
 
 #include "base/error.h"
 #include "kernels/backend.h"
+#include "model/device_exchange.h"
 
 namespace foundry {
 namespace {
+
+constexpr int64_t kFloat = sizeof(float);
 
 // Message tags of the boundary exchange and of its gradients (slot 0 with the tag, slot 1
 // with tag + 1).
@@ -34,10 +37,36 @@ void unpack_slot(const float* slot_rows, float* packed, int64_t batch, int64_t b
 
 }  // namespace
 
-ContextParallel::ContextParallel(const Communicator& group, Backend* backend)
-    : group_(group), backend_(backend) {}
+struct ContextParallel::Device {
+  Device(const Communicator& group, Backend& backend, gpu::NcclGroup* nccl)
+      : backend(backend), moves(group, backend, nccl), halo_send(backend), halo_recv(backend) {
+    for (int id = 0; id < 4; ++id) {
+      send.emplace_back(backend);
+      recv.emplace_back(backend);
+    }
+  }
+  static float* rows(GrowingBuffer& b, int64_t elements) {
+    return static_cast<float*>(b.get(elements * kFloat));
+  }
+  // `blocks` blocks of `block` floats, each from `from(i)` to `to(i)`, on the device.
+  template <typename To, typename From>
+  void copy_blocks(int64_t blocks, int64_t block, To to, From from) {
+    for (int64_t i = 0; i < blocks; ++i) backend.copy(to(i), from(i), block * kFloat);
+  }
 
-bool ContextParallel::staged() const { return backend_ && !backend_->host_memory(); }
+  Backend& backend;
+  DeviceExchange moves;
+  std::vector<GrowingBuffer> send, recv;  // each exchange's rows out and in, [slot][tensor]
+  GrowingBuffer halo_send, halo_recv;     // the boundary exchanges'
+};
+
+ContextParallel::ContextParallel(const Communicator& group, Backend* backend, gpu::NcclGroup* nccl)
+    : group_(group) {
+  if (backend && !backend->host_memory()) device_ = std::make_unique<Device>(group, *backend, nccl);
+  FOUNDRY_CHECK(!nccl || device_);
+}
+
+ContextParallel::~ContextParallel() = default;
 
 int64_t ContextParallel::chunk_length(int64_t seq) const {
   const int64_t chunks = 2 * static_cast<int64_t>(size());
@@ -85,134 +114,144 @@ ContextParallel::Exchange& ContextParallel::exchange(int slot, int tensor) {
   return e;
 }
 
-// A slot's chunks of every sequence are contiguous in full [B, 2C·Tc, width]: chunks 0 … C−1
-// (slot 0) and C … 2C−1 (slot 1). Rank p's chunk in the slot is the region's chunk
-// chunk_of(p, slot) − slot·C.
-ContextParallel::SlotRegion ContextParallel::slot_region(Exchange& e, float* full, int slot) const {
-  const int64_t c = size(), slot_rows = c * e.tc * e.width;
-  if (!staged()) return {full + slot * slot_rows, 2 * slot_rows};
-  e.region.resize(static_cast<size_t>(e.batch * slot_rows));
-  return {e.region.data(), slot_rows};
-}
-
-void ContextParallel::region_to_host(Exchange& e, const float* full, int slot) const {
-  const int64_t slot_rows = size() * e.tc * e.width;
-  for (int64_t b = 0; b < e.batch; ++b)
-    backend_->to_host(e.region.data() + b * slot_rows, full + (2 * b + slot) * slot_rows,
-                      slot_rows * static_cast<int64_t>(sizeof(float)));
-}
-
-void ContextParallel::region_from_host(const Exchange& e, float* full, int slot) const {
-  const int64_t slot_rows = size() * e.tc * e.width;
-  for (int64_t b = 0; b < e.batch; ++b)
-    backend_->from_host(full + (2 * b + slot) * slot_rows, e.region.data() + b * slot_rows,
-                        slot_rows * static_cast<int64_t>(sizeof(float)));
-}
-
-// A slot's rows of local [B, 2, Tc, width]: [B, Tc, width] at (2b + slot)·Tc·width.
-void ContextParallel::start_gather(int slot, int tensor, const float* local, float* full,
-                                   int64_t batch, int64_t tc, int64_t width) {
+ContextParallel::Exchange& ContextParallel::describe(int slot, int tensor, bool gather, float* out,
+                                                     int64_t batch, int64_t tc, int64_t width) {
   Exchange& e = exchange(slot, tensor);
-  const int64_t block = tc * width, mine = batch * block;
-  e.send.resize(static_cast<size_t>(mine));
-  e.recv.resize(static_cast<size_t>(mine * size()));
-  for (int64_t b = 0; b < batch; ++b) {
-    float* to = e.send.data() + b * block;
-    const float* from = local + (2 * b + slot) * block;
-    if (staged())
-      backend_->to_host(to, from, block * static_cast<int64_t>(sizeof(float)));
-    else
-      std::memcpy(to, from, block * sizeof(float));
-  }
-  e.request = group_.iallgather(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
   e.active = true;
-  e.gather = true;
-  e.out = full;
+  e.gather = gather;
+  e.out = out;
   e.batch = batch;
   e.tc = tc;
   e.width = width;
+  return e;
+}
+
+// A slot's chunks of every sequence are contiguous in full [B, 2C·Tc, width]: chunks 0 … C−1
+// (slot 0) and C … 2C−1 (slot 1). Rank p's chunk in the slot is chunk_of(p, slot), at
+// full + (b·2C + chunk)·Tc·width. A slot's rows of local [B, 2, Tc, width]: [B, Tc, width] at
+// (2b + slot)·Tc·width.
+void ContextParallel::start_gather(int slot, int tensor, const float* local, float* full,
+                                   int64_t batch, int64_t tc, int64_t width) {
+  Exchange& e = describe(slot, tensor, true, full, batch, tc, width);
+  if (device_) return start_gather_device(2 * slot + tensor, e, slot, local);
+  const int64_t block = tc * width, mine = batch * block;
+  e.send.resize(static_cast<size_t>(mine));
+  e.recv.resize(static_cast<size_t>(mine * size()));
+  for (int64_t b = 0; b < batch; ++b)
+    std::memcpy(e.send.data() + b * block, local + (2 * b + slot) * block, block * sizeof(float));
+  e.request = group_.iallgather(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
 }
 
 void ContextParallel::start_reduce_scatter(int slot, int tensor, const float* full, float* local,
                                            int64_t batch, int64_t tc, int64_t width) {
-  Exchange& e = exchange(slot, tensor);
+  Exchange& e = describe(slot, tensor, false, local, batch, tc, width);
+  if (device_) return start_reduce_scatter_device(2 * slot + tensor, e, slot, full);
   const int64_t block = tc * width, mine = batch * block, c = size();
   e.send.resize(static_cast<size_t>(mine * c));
   e.recv.resize(static_cast<size_t>(mine));
-  e.gather = false;
-  e.out = local;
-  e.batch = batch;
-  e.tc = tc;
-  e.width = width;
-  const SlotRegion region = slot_region(e, const_cast<float*>(full), slot);
-  if (staged()) region_to_host(e, full, slot);
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t p = 0; p < c; ++p)
     for (int64_t b = 0; b < batch; ++b)
       std::memcpy(e.send.data() + p * mine + b * block,
-                  region.base + b * region.stride +
-                      (chunk_of(static_cast<int>(p), slot) - slot * c) * block,
+                  full + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block,
                   block * sizeof(float));
   e.request = group_.ireduce_scatter(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
-  e.active = true;
 }
 
 void ContextParallel::finish(int slot) {
   for (int tensor = 0; tensor < 2; ++tensor) {
     Exchange& e = exchanges_[2 * slot + tensor];
     if (!e.active) continue;
-    e.request.wait();
     e.active = false;
+    if (device_) {
+      finish_device(2 * slot + tensor, e, slot);
+      continue;
+    }
+    e.request.wait();
     const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
     if (e.gather) {
-      const SlotRegion region = slot_region(e, e.out, slot);
 #pragma omp parallel for collapse(2) schedule(static)
       for (int64_t p = 0; p < c; ++p)
         for (int64_t b = 0; b < e.batch; ++b)
-          std::memcpy(region.base + b * region.stride +
-                          (chunk_of(static_cast<int>(p), slot) - slot * c) * block,
+          std::memcpy(e.out + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block,
                       e.recv.data() + p * mine + b * block, block * sizeof(float));
-      if (staged()) region_from_host(e, e.out, slot);
     } else {
-      for (int64_t b = 0; b < e.batch; ++b) {
-        float* to = e.out + (2 * b + slot) * block;
-        const float* from = e.recv.data() + b * block;
-        if (staged())
-          backend_->from_host(to, from, block * static_cast<int64_t>(sizeof(float)));
-        else
-          std::memcpy(to, from, block * sizeof(float));
-      }
+      for (int64_t b = 0; b < e.batch; ++b)
+        std::memcpy(e.out + (2 * b + slot) * block, e.recv.data() + b * block,
+                    block * sizeof(float));
     }
   }
 }
 
 void ContextParallel::progress() {
+  if (device_) return device_->moves.progress();
   for (Exchange& e : exchanges_)
     if (e.active) e.request.test();
 }
 
-// On a device the (few) boundary rows are copied to the host whole and back.
+// On a device the same blocks are packed into and unpacked from device buffers by the
+// backend's copies, and moved whole.
+void ContextParallel::start_gather_device(int id, const Exchange& e, int slot, const float* local) {
+  Device& d = *device_;
+  const int64_t block = e.tc * e.width, mine = e.batch * block;
+  float* send = Device::rows(d.send[id], mine);
+  float* recv = Device::rows(d.recv[id], mine * size());
+  d.copy_blocks(
+      e.batch, block, [&](int64_t b) { return send + b * block; },
+      [&](int64_t b) { return local + (2 * b + slot) * block; });
+  d.moves.start_all_gather(id, send, recv, mine);
+}
+
+void ContextParallel::start_reduce_scatter_device(int id, const Exchange& e, int slot,
+                                                  const float* full) {
+  Device& d = *device_;
+  const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
+  float* send = Device::rows(d.send[id], mine * c);
+  float* recv = Device::rows(d.recv[id], mine);
+  // Block i = p·B + b: sequence b's chunk of rank p.
+  d.copy_blocks(
+      c * e.batch, block, [&](int64_t i) { return send + i * block; },
+      [&](int64_t i) {
+        const int64_t p = i / e.batch, b = i % e.batch;
+        return full + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block;
+      });
+  d.moves.start_reduce_scatter(id, send, recv, mine);
+}
+
+void ContextParallel::finish_device(int id, const Exchange& e, int slot) {
+  Device& d = *device_;
+  d.moves.finish(id);
+  const int64_t block = e.tc * e.width, c = size();
+  const float* recv = static_cast<const float*>(d.recv[id].data());
+  if (e.gather)
+    d.copy_blocks(
+        c * e.batch, block,
+        [&](int64_t i) {
+          const int64_t p = i / e.batch, b = i % e.batch;
+          return e.out + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block;
+        },
+        [&](int64_t i) { return recv + i * block; });
+  else
+    d.copy_blocks(
+        e.batch, block, [&](int64_t b) { return e.out + (2 * b + slot) * block; },
+        [&](int64_t b) { return recv + b * block; });
+}
+
 void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch, int64_t rows,
                                     int64_t width) {
-  if (!staged()) return exchange_halo_host(tails, halos, batch, rows, width);
-  const int64_t n = 2 * batch * rows * width, bytes = n * static_cast<int64_t>(sizeof(float));
-  halo_in_.resize(static_cast<size_t>(n));
-  halo_out_.resize(static_cast<size_t>(n));
-  backend_->to_host(halo_in_.data(), tails, bytes);
-  exchange_halo_host(halo_in_.data(), halo_out_.data(), batch, rows, width);
-  backend_->from_host(halos, halo_out_.data(), bytes);
+  // On a device over NCCL the started collectives run on another stream of the same group.
+  FOUNDRY_CHECK(std::none_of(std::begin(exchanges_), std::end(exchanges_),
+                             [](const Exchange& e) { return e.active; }));
+  if (device_) return exchange_halo_device(tails, halos, batch, rows, width);
+  exchange_halo_host(tails, halos, batch, rows, width);
 }
 
 void ContextParallel::return_halo_gradient(const float* dhalos, float* dtails, int64_t batch,
                                            int64_t rows, int64_t width) {
-  if (!staged()) return return_halo_gradient_host(dhalos, dtails, batch, rows, width);
-  const int64_t n = 2 * batch * rows * width, bytes = n * static_cast<int64_t>(sizeof(float));
-  halo_in_.resize(static_cast<size_t>(n));
-  halo_out_.resize(static_cast<size_t>(n));
-  backend_->to_host(halo_in_.data(), dhalos, bytes);
-  backend_->to_host(halo_out_.data(), dtails, bytes);
-  return_halo_gradient_host(halo_in_.data(), halo_out_.data(), batch, rows, width);
-  backend_->from_host(dtails, halo_out_.data(), bytes);
+  FOUNDRY_CHECK(std::none_of(std::begin(exchanges_), std::end(exchanges_),
+                             [](const Exchange& e) { return e.active; }));
+  if (device_) return return_halo_gradient_device(dhalos, dtails, batch, rows, width);
+  return_halo_gradient_host(dhalos, dtails, batch, rows, width);
 }
 
 // Slot 0 of rank r is chunk r: its halo is the tail of chunk r − 1, slot 0 of rank r − 1.
@@ -261,6 +300,77 @@ ContextParallel::SlotMessages ContextParallel::swap_slots(const float* packed, i
   if (slot0_peer >= 0) requests.push_back(group_.isend(m.send1, n, slot0_peer, tag + 1));
   for (Request& r : requests) r.wait();
   return m;
+}
+
+// The same messages between device buffers: exchange_halo's slot 0 goes to rank r + 1 and its
+// slot 1 to rank r − 1; the gradients travel back.
+void ContextParallel::exchange_halo_device(const float* tails, float* halos, int64_t batch,
+                                           int64_t rows, int64_t width) {
+  Device& d = *device_;
+  const int me = rank(), last = size() - 1;
+  const int64_t block = rows * width;
+  const int to[2] = {me < last ? me + 1 : -1, me > 0 ? me - 1 : -1};
+  const int from[2] = {me > 0 ? me - 1 : -1, me < last ? me + 1 : -1};
+  const Landed in = swap_slots_device(tails, batch, block, to, from);
+  for (int slot = 0; slot < 2; ++slot)
+    if (in.slot[slot])
+      d.copy_blocks(
+          batch, block, [&](int64_t b) { return halos + (2 * b + slot) * block; },
+          [&](int64_t b) { return in.slot[slot] + b * block; });
+  for (int64_t b = 0; b < batch; ++b) {
+    if (me == 0) d.backend.zero(halos + 2 * b * block, block * kFloat);
+    if (me == last)
+      d.backend.copy(halos + (2 * b + 1) * block, tails + 2 * b * block, block * kFloat);
+  }
+}
+
+void ContextParallel::return_halo_gradient_device(const float* dhalos, float* dtails, int64_t batch,
+                                                  int64_t rows, int64_t width) {
+  Device& d = *device_;
+  const int me = rank(), last = size() - 1;
+  const int64_t block = rows * width;
+  const int to[2] = {me > 0 ? me - 1 : -1, me < last ? me + 1 : -1};
+  const int from[2] = {me < last ? me + 1 : -1, me > 0 ? me - 1 : -1};
+  const Landed in = swap_slots_device(dhalos, batch, block, to, from);
+  for (int slot = 0; slot < 2; ++slot)
+    if (in.slot[slot])
+      for (int64_t b = 0; b < batch; ++b)
+        d.backend.add(dtails + (2 * b + slot) * block, in.slot[slot] + b * block, block);
+  if (me == last)
+    for (int64_t b = 0; b < batch; ++b)
+      d.backend.add(dtails + 2 * b * block, dhalos + (2 * b + 1) * block, block);
+}
+
+ContextParallel::Landed ContextParallel::swap_slots_device(const float* packed, int64_t batch,
+                                                           int64_t block, const int to[2],
+                                                           const int from[2]) {
+  Device& d = *device_;
+  const int64_t n = batch * block, c = size();
+  std::vector<int64_t> send_counts(static_cast<size_t>(c)), recv_counts(send_counts);
+  for (int slot = 0; slot < 2; ++slot) {
+    if (to[slot] >= 0) send_counts[static_cast<size_t>(to[slot])] = n;
+    if (from[slot] >= 0) recv_counts[static_cast<size_t>(from[slot])] = n;
+  }
+  // Blocks are in rank order; the two peers of a slot pair are different ranks.
+  const auto offset = [](const std::vector<int64_t>& counts, int peer) {
+    int64_t at = 0;
+    for (int p = 0; p < peer; ++p) at += counts[static_cast<size_t>(p)];
+    return at;
+  };
+  float* send = Device::rows(d.halo_send, 2 * n);
+  float* recv = Device::rows(d.halo_recv, 2 * n);
+  for (int slot = 0; slot < 2; ++slot)
+    if (to[slot] >= 0) {
+      float* out = send + offset(send_counts, to[slot]);
+      d.copy_blocks(
+          batch, block, [&](int64_t b) { return out + b * block; },
+          [&](int64_t b) { return packed + (2 * b + slot) * block; });
+    }
+  d.moves.all_to_all_v(send, send_counts, recv, recv_counts);
+  Landed in{};
+  for (int slot = 0; slot < 2; ++slot)
+    in.slot[slot] = from[slot] >= 0 ? recv + offset(recv_counts, from[slot]) : nullptr;
+  return in;
 }
 
 void take_chunk_rows(Backend& ops, const float* local, float* packed, int64_t batch, int64_t tc,

@@ -10,10 +10,12 @@
 //                  the last rows of the chunk before it (exchange_halo), whose gradients go
 //                  back to that chunk's owner (return_halo_gradient);
 //   RoPE           each chunk's rows sit at positions chunk·Tc + i (position).
-// The tensors are in a backend's memory: on a device the exchanged rows go through host
-// memory (copied out, moved by MPI, copied back).
+// The tensors are in a backend's memory: on a device the exchanged rows are packed and
+// unpacked by the backend's copies and move over NCCL where the group has it, else through
+// host memory and MPI (model/device_exchange.h).
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "comm/comm.h"
@@ -21,12 +23,18 @@
 namespace foundry {
 
 class Backend;
+namespace gpu {
+class NcclGroup;
+}
 
 class ContextParallel {
  public:
   // `group` (C ranks, rank order = CP rank) and `backend`, whose memory holds the tensors
-  // passed to the exchanges (null: host memory), must outlive this object.
-  explicit ContextParallel(const Communicator& group, Backend* backend = nullptr);
+  // passed to the exchanges (null: host memory), must outlive this object, as must `nccl`
+  // (the same ranks over NCCL, for a device's tensors; null: through host memory).
+  explicit ContextParallel(const Communicator& group, Backend* backend = nullptr,
+                           gpu::NcclGroup* nccl = nullptr);
+  ~ContextParallel();
 
   int size() const { return group_.size(); }
   int rank() const { return group_.rank(); }
@@ -68,8 +76,9 @@ class ContextParallel {
 
   // Boundary rows. tails [B, 2, rows, width]: the last `rows` rows of each of this rank's
   // chunks (or any per-chunk rows a neighbour needs). halos [B, 2, rows, width] (writes): for
-  // each slot, the tails of the chunk just before it, zero before chunk 0. Non-blocking
-  // point-to-point messages with the neighbours in chunk order.
+  // each slot, the tails of the chunk just before it, zero before chunk 0. Messages with the
+  // neighbours in chunk order (on a device, an all-to-all over the group whose only blocks
+  // are the neighbours'); no gather or reduce-scatter may be started then.
   void exchange_halo(const float* tails, float* halos, int64_t batch, int64_t rows,
                      int64_t width);
   // The adjoint: dhalos [B, 2, rows, width], gradients with respect to this rank's halos,
@@ -78,45 +87,51 @@ class ContextParallel {
                             int64_t width);
 
  private:
-  // One started exchange: its request, staging (grow-only, reused every layer) and where
-  // its result goes. `region`: on a device, the host copy of the slot's chunks of the full
-  // rows.
+  // One started exchange: its request, host staging (grow-only, reused every layer) and
+  // where its result goes.
   struct Exchange {
     Request request;
     bool active = false, gather = false;
-    std::vector<float> send, recv, region;
+    std::vector<float> send, recv;
     float* out = nullptr;
     int64_t batch = 0, tc = 0, width = 0;
   };
+  // On a device: the exchanges' rows in device memory and how they move.
+  struct Device;
+
   Exchange& exchange(int slot, int tensor);
-  // Whether the tensors are in a device's memory, which the host does not touch.
-  bool staged() const;
-  // The slot's chunks of full [B, 2C·Tc, width] in host memory: chunk slot·C + i of sequence
-  // b at base + b·stride + i·Tc·width. Without staging, `full` itself.
-  struct SlotRegion {
-    float* base;
-    int64_t stride;
-  };
-  SlotRegion slot_region(Exchange& e, float* full, int slot) const;
-  // The slot's chunks of full [B, 2C·Tc, width] between the device and e.region.
-  void region_to_host(Exchange& e, const float* full, int slot) const;
-  void region_from_host(const Exchange& e, float* full, int slot) const;
-  // exchange_halo and return_halo_gradient on host arrays.
+  Exchange& describe(int slot, int tensor, bool gather, float* out, int64_t batch, int64_t tc,
+                     int64_t width);
+  // The device's side of start_gather, start_reduce_scatter and finish.
+  void start_gather_device(int id, const Exchange& e, int slot, const float* local);
+  void start_reduce_scatter_device(int id, const Exchange& e, int slot, const float* full);
+  void finish_device(int id, const Exchange& e, int slot);
+  // exchange_halo and return_halo_gradient on host arrays and on a device's.
   void exchange_halo_host(const float* tails, float* halos, int64_t batch, int64_t rows,
                           int64_t width);
   void return_halo_gradient_host(const float* dhalos, float* dtails, int64_t batch, int64_t rows,
                                  int64_t width);
+  void exchange_halo_device(const float* tails, float* halos, int64_t batch, int64_t rows,
+                            int64_t width);
+  void return_halo_gradient_device(const float* dhalos, float* dtails, int64_t batch, int64_t rows,
+                                   int64_t width);
   // The two slots' messages of a boundary exchange, in the halo staging.
   struct SlotMessages {
     float *send0, *send1, *recv0, *recv1;
   };
   SlotMessages swap_slots(const float* packed, int64_t batch, int64_t block, int slot0_peer,
                           int slot1_peer, int tag);
+  // On a device: slot s of packed [B, 2, block] goes to rank to[s] and a block for slot s comes
+  // from rank from[s] (-1: none); returns where each slot's block landed (null: none).
+  struct Landed {
+    const float* slot[2];
+  };
+  Landed swap_slots_device(const float* packed, int64_t batch, int64_t block, const int to[2],
+                           const int from[2]);
 
   const Communicator& group_;
-  Backend* backend_;
-  std::vector<float> send_, recv_;  // staging of the halo exchanges, grow-only
-  std::vector<float> halo_in_, halo_out_;  // their host copies on a device, grow-only
+  std::unique_ptr<Device> device_;
+  std::vector<float> send_, recv_;  // staging of the host's halo exchanges, grow-only
   Exchange exchanges_[4];           // [slot][tensor]
 };
 

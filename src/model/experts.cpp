@@ -1,11 +1,10 @@
 #include "model/experts.h"
 
 #include <algorithm>
-#include <numeric>
 
 #include "base/error.h"
-#include "cuda/nccl.h"
 #include "kernels/ops.h"
+#include "model/device_exchange.h"
 
 namespace foundry {
 
@@ -19,10 +18,10 @@ struct Experts::Parallel {
   Parallel(const Communicator* g, gpu::NcclGroup* nccl, int64_t n_experts, int64_t n_layers,
            Backend& backend)
       : group(g),
-        nccl(nccl),
         sharding(n_experts, g->size(), g->rank()),
         backend(backend),
         wire_device(backend),
+        moves(*g, backend, nccl),
         move(device_move()),
         copy(device_copy()),
         ys(backend),
@@ -34,11 +33,11 @@ struct Experts::Parallel {
   }
 
   const Communicator* group;
-  gpu::NcclGroup* nccl;
   ExpertSharding sharding;
   Backend& backend;
   GrowingBuffer wire_device;  // on a device: the exchanges' rows in the wire layout
-  ExpertExchange::Move move;  // on a device: over NCCL, or through host memory
+  DeviceExchange moves;       // on a device: over NCCL, or through host memory
+  ExpertExchange::Move move;
   ExpertExchange::Copy copy;
   struct Layer {
     explicit Layer(Backend& b) : xs(b), h(b), act(b) {}
@@ -47,10 +46,9 @@ struct Experts::Parallel {
   };
   std::vector<Layer> layers;
   // Scratch shared by the layers: the owned experts' outputs and gradients (ys, dys, dxs:
-  // [L, C]; dh: [L, 2F]; dact: [L, F]); in host memory, the exchanges' wire buffer and, on a
-  // device, the rows on their way.
+  // [L, C]; dh: [L, 2F]; dact: [L, F]); in host memory, the exchanges' wire buffer.
   GrowingBuffer ys, dys, dxs, dh, dact;
-  std::vector<float> wire, host_in, host_out;
+  std::vector<float> wire;
 
   static float* rows(GrowingBuffer& b, int64_t elements) {
     return static_cast<float*>(b.get(elements * static_cast<int64_t>(sizeof(float))));
@@ -65,26 +63,11 @@ struct Experts::Parallel {
     x.combine(local, origin, C, rows(wire_device, x.local_rows() * C), move, copy);
   }
 
-  static int64_t total(const std::vector<int64_t>& counts) {
-    return std::accumulate(counts.begin(), counts.end(), int64_t{0});
-  }
   // Blocks of rows per peer between device buffers: over NCCL, or through host memory and MPI.
   ExpertExchange::Move device_move() {
-    if (nccl)
-      return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
-                    const std::vector<int64_t>& recv_counts) {
-        nccl->all_to_all_v(send, send_counts, recv, recv_counts);
-      };
     return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
                   const std::vector<int64_t>& recv_counts) {
-      constexpr int64_t kFloat = sizeof(float);
-      const int64_t out = total(send_counts), in = total(recv_counts);
-      host_in.resize(static_cast<size_t>(out));
-      host_out.resize(static_cast<size_t>(in));
-      if (out > 0) backend.to_host(host_in.data(), send, out * kFloat);
-      group->alltoallv(host_in.data(), std::span<const int64_t>(send_counts), host_out.data(),
-                       std::span<const int64_t>(recv_counts));
-      if (in > 0) backend.from_host(recv, host_out.data(), in * kFloat);
+      moves.all_to_all_v(send, send_counts, recv, recv_counts);
     };
   }
   ExpertExchange::Copy device_copy() {

@@ -199,9 +199,10 @@ int Model::expert_owner(const ParamInfo& p) const {
   return s ? s->owner(p) : -1;
 }
 
-void Model::set_context_parallel(const Communicator* group) {
-  context_ =
-      group && group->size() > 1 ? std::make_unique<ContextParallel>(*group, &backend()) : nullptr;
+void Model::set_context_parallel(const Communicator* group, gpu::NcclGroup* nccl) {
+  context_ = group && group->size() > 1
+                 ? std::make_unique<ContextParallel>(*group, &backend(), nccl)
+                 : nullptr;
   compute_->context_parallel = context_.get();
   arch_->drop_activations();
 }

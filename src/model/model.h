@@ -221,8 +221,9 @@ class Model {
   // sequences of seq·C tokens. Forward and backward are collective over the group; the
   // loss is the mean over this rank's tokens and the gradients are this rank's tokens'
   // (summed with the other ranks' by the data-parallel reduction, like a data-parallel
-  // rank's). Must be set between steps. Decoding does not use the group.
-  void set_context_parallel(const Communicator* group);
+  // rank's). Must be set between steps. Decoding does not use the group. On a device, `nccl`
+  // (optional, as for expert parallelism) carries the exchanged rows instead of MPI.
+  void set_context_parallel(const Communicator* group, gpu::NcclGroup* nccl = nullptr);
   const ContextParallel* context_parallel() const { return context_.get(); }
 
   // The sharding in use, or null without expert parallelism.

@@ -101,9 +101,23 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   // Over NCCL its buffers come on top: NCCL_BUFFSIZE × 2 × 32 channels.
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2)).count("NCCL buffers"), 0u);
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, 12345)).at("NCCL buffers"), 12345);
+  // One set per NCCL group: with expert and context parallelism, three groups.
+  rc.train.expert_parallel = 2;
+  rc.train.context_parallel = 2;
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4, 12345)).at("NCCL buffers"), 3 * 12345);
+  rc.train.expert_parallel = 1;
+  rc.train.context_parallel = 1;
   EXPECT_EQ(gpu::nccl_buffer_bytes(nullptr), int64_t{256} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("1048576"), int64_t{64} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
+  // Context parallelism packs its exchanges in device buffers: for each of k and v of each
+  // slot, out and in, up to the group's rows of the slot (a quarter of the batch's rows with 4
+  // ranks in 2 groups of 2: 64 / 2 sequences, half of each sequence in a slot).
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).count("context-parallel exchanges"), 0u);
+  rc.train.context_parallel = 2;
+  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("context-parallel exchanges"),
+            4 * 2 * 4 * (64 / 2) * (rc.train.seq_len / 2) * rc.model.kv_dim());
+  rc.train.context_parallel = 1;
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
   EXPECT_EQ(gpu_memory_shortfall(need, {need.per_process(), "GPU"}), "");
@@ -162,9 +176,14 @@ TEST(TrainingMemory, OnAGpuTheHostsShareIsCheckedToo) {
   const auto all = parts_of(gpu_host_memory_need(rc, 4, true));
   EXPECT_EQ(all.count("checkpoint snapshot"), 0u);
   EXPECT_EQ(all.at("in-memory checkpoints"), 2 * rank_checkpoint_bytes(rc, 4));
-  EXPECT_GT(all.at("context-parallel exchanges"), 0);
+  // Each of k and v of each slot stages the group's rows of a slot out and in: 4 ranks in 2
+  // groups of 2, so each group's share of the batch, half of each sequence in a slot.
+  EXPECT_EQ(all.at("context-parallel exchanges"),
+            4 * 4 * 2 * (rc.train.batch_size / 2) * (rc.train.seq_len / 2) * rc.model.kv_dim());
   EXPECT_GT(all.at("expert-parallel exchanges"), 0);
-  EXPECT_EQ(parts_of(gpu_host_memory_need(rc, 4, false)).count("expert-parallel exchanges"), 0u);
+  const auto over_nccl = parts_of(gpu_host_memory_need(rc, 4, false));
+  EXPECT_EQ(over_nccl.count("expert-parallel exchanges"), 0u);
+  EXPECT_EQ(over_nccl.count("context-parallel exchanges"), 0u);
   EXPECT_EQ(gpu_host_memory_need(rc, 4, true).parts.back().first, "margin");
 
   rc = wide_run_config();

@@ -105,10 +105,12 @@ struct TrainingRun {
   std::optional<Dataset> dataset;
   std::optional<BatchLoader> train_loader, val_loader;
   std::unique_ptr<Backend> backend;  // where the model computes (train.device)
-  std::optional<Model> model;
+  // The model's groups, before it: the model refers to them until it is gone.
   std::optional<ExpertParallelGroups> ep_groups;
   std::unique_ptr<gpu::NcclGroup> ep_nccl;  // the expert group over NCCL (GPUs of their own)
   std::optional<Communicator> cp_group;  // context parallel: C consecutive ranks
+  std::unique_ptr<gpu::NcclGroup> cp_nccl;  // that group over NCCL (GPUs of their own)
+  std::optional<Model> model;
   std::unique_ptr<DataParallelOptimizer> optimizer;
   bool overlap = false;  // the gradient reduction runs during backward
   std::optional<TrainBatches> batches;
@@ -387,7 +389,11 @@ void TrainingRun::build_model_and_optimizer() {
   if (world && tc.context_parallel > 1) {
     const int c = static_cast<int>(tc.context_parallel);
     cp_group.emplace(world->split(world->rank() / c, world->rank()));
-    model->set_context_parallel(&*cp_group);
+    if (gpu_path == GpuGradients::nccl) {
+      auto g = procs.guard("opening the context-parallel group of the GPUs over NCCL");
+      cp_nccl = open_nccl_group(*cp_group);
+    }
+    model->set_context_parallel(&*cp_group, cp_nccl.get());
   }
   if (tc.device.cuda && world && world->size() > 1) {
     // Data parallel on GPUs: over NCCL where every rank has a GPU of its own, else through
@@ -434,13 +440,17 @@ void TrainingRun::print_header() const {
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
   if (!procs.world()) return;
   std::fprintf(
-      stderr, "processes: %d ranks, %lld sequences each per step%s, expert parallel %lld%s\n",
+      stderr, "processes: %d ranks, %lld sequences each per step%s, expert parallel %lld%s%s\n",
       procs.ranks(), static_cast<long long>(batches->local_batch()),
       tc.context_parallel > 1 ? fmt::format(" (context parallel {}: {} tokens of each per rank)",
                                             tc.context_parallel, batches->local_seq())
                                     .c_str()
                               : "",
       static_cast<long long>(tc.expert_parallel),
+      tc.device.cuda && (tc.expert_parallel > 1 || tc.context_parallel > 1)
+          ? (ep_nccl || cp_nccl ? " | their exchanges over NCCL"
+                                : " | their exchanges through host memory")
+          : "",
       fmt::format(
           " | optimizer state per rank {} ({}) | gradient reduction {}",
           format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
