@@ -41,8 +41,8 @@ struct ContextParallel::Device {
   Device(const Communicator& group, Backend& backend, gpu::NcclGroup* nccl)
       : backend(backend), moves(group, backend, nccl), halo_send(backend), halo_recv(backend) {
     for (int id = 0; id < 4; ++id) {
-      send.emplace_back(backend);
-      recv.emplace_back(backend);
+      narrow.emplace_back(backend);
+      wide.emplace_back(backend);
     }
   }
   static float* rows(GrowingBuffer& b, int64_t elements) {
@@ -56,7 +56,10 @@ struct ContextParallel::Device {
 
   Backend& backend;
   DeviceExchange moves;
-  std::vector<GrowingBuffer> send, recv;  // each exchange's rows out and in, [slot][tensor]
+  // Each exchange's rows, [slot][tensor]: this rank's (a gather's out, a reduce-scatter's
+  // in) and the group's (a gather's in, a reduce-scatter's out). An exchange is a gather in
+  // forward and a reduce-scatter in backward: the two share the buffers.
+  std::vector<GrowingBuffer> narrow, wide;
   GrowingBuffer halo_send, halo_recv;     // the boundary exchanges'
 };
 
@@ -194,8 +197,8 @@ void ContextParallel::progress() {
 void ContextParallel::start_gather_device(int id, const Exchange& e, int slot, const float* local) {
   Device& d = *device_;
   const int64_t block = e.tc * e.width, mine = e.batch * block;
-  float* send = Device::rows(d.send[id], mine);
-  float* recv = Device::rows(d.recv[id], mine * size());
+  float* send = Device::rows(d.narrow[id], mine);
+  float* recv = Device::rows(d.wide[id], mine * size());
   d.copy_blocks(
       e.batch, block, [&](int64_t b) { return send + b * block; },
       [&](int64_t b) { return local + (2 * b + slot) * block; });
@@ -206,8 +209,8 @@ void ContextParallel::start_reduce_scatter_device(int id, const Exchange& e, int
                                                   const float* full) {
   Device& d = *device_;
   const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
-  float* send = Device::rows(d.send[id], mine * c);
-  float* recv = Device::rows(d.recv[id], mine);
+  float* send = Device::rows(d.wide[id], mine * c);
+  float* recv = Device::rows(d.narrow[id], mine);
   // Block i = p·B + b: sequence b's chunk of rank p.
   d.copy_blocks(
       c * e.batch, block, [&](int64_t i) { return send + i * block; },
@@ -222,7 +225,7 @@ void ContextParallel::finish_device(int id, const Exchange& e, int slot) {
   Device& d = *device_;
   d.moves.finish(id);
   const int64_t block = e.tc * e.width, c = size();
-  const float* recv = static_cast<const float*>(d.recv[id].data());
+  const float* recv = static_cast<const float*>((e.gather ? d.wide : d.narrow)[id].data());
   if (e.gather)
     d.copy_blocks(
         c * e.batch, block,

@@ -51,10 +51,11 @@ void DeviceExchange::start_all_gather(int id, const float* send, float* recv, in
     s.ticket = nccl_->all_gather_beside(send, recv, n);
     return;
   }
-  s.out.resize(static_cast<size_t>(n));
-  s.in.resize(static_cast<size_t>(c * n));
-  backend_.to_host(s.out.data(), send, n * kFloat);
-  s.request = group_.iallgather(s.out.data(), s.in.data(), static_cast<size_t>(n));
+  s.narrow.resize(static_cast<size_t>(n));
+  s.wide.resize(static_cast<size_t>(c * n));
+  backend_.to_host(s.narrow.data(), send, n * kFloat);
+  s.request = group_.iallgather(s.narrow.data(), s.wide.data(), static_cast<size_t>(n));
+  s.landed = s.wide.data();
 }
 
 void DeviceExchange::start_reduce_scatter(int id, const float* send, float* recv, int64_t n) {
@@ -66,10 +67,11 @@ void DeviceExchange::start_reduce_scatter(int id, const float* send, float* recv
     s.ticket = nccl_->reduce_scatter_beside(send, recv, n);
     return;
   }
-  s.out.resize(static_cast<size_t>(c * n));
-  s.in.resize(static_cast<size_t>(n));
-  backend_.to_host(s.out.data(), send, c * n * kFloat);
-  s.request = group_.ireduce_scatter(s.out.data(), s.in.data(), static_cast<size_t>(n));
+  s.wide.resize(static_cast<size_t>(c * n));
+  s.narrow.resize(static_cast<size_t>(n));
+  backend_.to_host(s.wide.data(), send, c * n * kFloat);
+  s.request = group_.ireduce_scatter(s.wide.data(), s.narrow.data(), static_cast<size_t>(n));
+  s.landed = s.narrow.data();
 }
 
 void DeviceExchange::finish(int id) {
@@ -79,7 +81,7 @@ void DeviceExchange::finish(int id) {
   s.active = false;
   if (nccl_) return nccl_->join(s.ticket);
   s.request.wait();
-  backend_.from_host(s.recv, s.in.data(), s.recv_n * kFloat);
+  backend_.from_host(s.recv, s.landed, s.recv_n * kFloat);
 }
 
 void DeviceExchange::progress() {

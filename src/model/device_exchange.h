@@ -46,7 +46,10 @@ class DeviceExchange {
     bool active = false;
     Request request;             // through host memory
     int64_t ticket = 0;          // over NCCL
-    std::vector<float> out, in;  // through host memory: the staging, grow-only
+    // Through host memory, the staging (grow-only): one rank's rows and the group's, out and
+    // in or in and out; `landed` is the one received into.
+    std::vector<float> narrow, wide;
+    const float* landed = nullptr;
     float* recv = nullptr;
     int64_t recv_n = 0;
   };

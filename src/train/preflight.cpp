@@ -221,10 +221,12 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   if (nccl_bytes > 0) need.parts.emplace_back("NCCL buffers", nccl_groups * nccl_bytes);
   if (tc.context_parallel > 1) {
     // Four exchanges (k and v of two slots), each packing and unpacking its rows in device
-    // buffers of up to the group's rows of a slot, out and in (model/context_parallel.cpp).
+    // buffers: the group's rows of a slot and this rank's (model/context_parallel.cpp).
+    const int64_t C = tc.context_parallel;
     const int64_t slot_rows = std::max<int64_t>(1, batch_size / groups) * tc.seq_len / 2;
-    need.parts.emplace_back("context-parallel exchanges",
-                            4 * 2 * int64_t{sizeof(float)} * slot_rows * rc.model.kv_dim());
+    need.parts.emplace_back(
+        "context-parallel exchanges",
+        4 * int64_t{sizeof(float)} * (slot_rows + slot_rows / C) * rc.model.kv_dim());
   }
   const double counted = static_cast<double>(need.per_process());
   need.parts.emplace_back("margin", kGpuRuntimeBytes +
@@ -257,11 +259,11 @@ MemoryNeed gpu_host_memory_need(const RunConfig& rc, int ranks, bool host_staged
   const int64_t sequences = std::max<int64_t>(1, tc.batch_size / groups);
   const int64_t rows = sequences * tc.seq_len / tc.context_parallel;
   if (tc.context_parallel > 1 && host_staged) {
-    // Four exchanges (k and v of two slots), each staging the group's rows of a slot out (a
-    // reduce-scatter) and in (a gather) over MPI.
+    // Four exchanges (k and v of two slots), each staging this rank's rows of a slot and the
+    // group's, over MPI.
     const int64_t C = tc.context_parallel, slot_rows = rows / 2;
     need.parts.emplace_back("context-parallel exchanges",
-                            4 * kF32 * 2 * C * slot_rows * mc.kv_dim());
+                            4 * kF32 * (1 + C) * slot_rows * mc.kv_dim());
   }
   if (tc.expert_parallel > 1 && host_staged)  // each routed row out and in, over MPI
     need.parts.emplace_back("expert-parallel exchanges", 4 * kF32 * rows * mc.top_k * mc.d_model);

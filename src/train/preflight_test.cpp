@@ -111,12 +111,12 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_EQ(gpu::nccl_buffer_bytes("1048576"), int64_t{64} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
   // Context parallelism packs its exchanges in device buffers: for each of k and v of each
-  // slot, out and in, up to the group's rows of the slot (a quarter of the batch's rows with 4
-  // ranks in 2 groups of 2: 64 / 2 sequences, half of each sequence in a slot).
+  // slot, this rank's rows of the slot and the group's (1 + C times them; with 4 ranks in 2
+  // groups of 2: 64 / 2 sequences, a quarter of each a rank's in a slot).
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).count("context-parallel exchanges"), 0u);
   rc.train.context_parallel = 2;
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("context-parallel exchanges"),
-            4 * 2 * 4 * (64 / 2) * (rc.train.seq_len / 2) * rc.model.kv_dim());
+            4 * 4 * (1 + 2) * (64 / 2) * (rc.train.seq_len / 2 / 2) * rc.model.kv_dim());
   rc.train.context_parallel = 1;
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
@@ -176,10 +176,11 @@ TEST(TrainingMemory, OnAGpuTheHostsShareIsCheckedToo) {
   const auto all = parts_of(gpu_host_memory_need(rc, 4, true));
   EXPECT_EQ(all.count("checkpoint snapshot"), 0u);
   EXPECT_EQ(all.at("in-memory checkpoints"), 2 * rank_checkpoint_bytes(rc, 4));
-  // Each of k and v of each slot stages the group's rows of a slot out and in: 4 ranks in 2
-  // groups of 2, so each group's share of the batch, half of each sequence in a slot.
-  EXPECT_EQ(all.at("context-parallel exchanges"),
-            4 * 4 * 2 * (rc.train.batch_size / 2) * (rc.train.seq_len / 2) * rc.model.kv_dim());
+  // Each of k and v of each slot stages this rank's rows of a slot and the group's (1 + C
+  // times them): 4 ranks in 2 groups of 2, each rank a quarter of each of its group's sequences
+  // in a slot.
+  EXPECT_EQ(all.at("context-parallel exchanges"), 4 * 4 * (1 + 2) * (rc.train.batch_size / 2) *
+                                                      (rc.train.seq_len / 4) * rc.model.kv_dim());
   EXPECT_GT(all.at("expert-parallel exchanges"), 0);
   const auto over_nccl = parts_of(gpu_host_memory_need(rc, 4, false));
   EXPECT_EQ(over_nccl.count("expert-parallel exchanges"), 0u);
