@@ -63,6 +63,10 @@ class CudaBackend final : public Backend {
   void copy(void* dst, const void* src, int64_t bytes) override {
     copy_on_device(dst, src, bytes);
   }
+  void copy_blocks(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                   int64_t block_bytes, int64_t blocks) override {
+    copy_blocks_on_device(dst, dst_stride, src, src_stride, block_bytes, blocks);
+  }
   void* allocate_host(int64_t bytes) override { return host_allocate_pinned(bytes); }
   void release_host(void* block) override { host_release_pinned(block); }
   void to_host_async(void* host, const void* src, int64_t bytes) override {

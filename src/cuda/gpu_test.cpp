@@ -15,6 +15,7 @@
 #include "cuda/runtime.h"
 #include "cuda/stream_kernels.h"
 #include "cuda/test_support.h"
+#include "kernels/cpu_backend.h"
 #include "kernels/gemm.h"
 
 namespace foundry {
@@ -71,6 +72,23 @@ TEST(GpuRuntime, BuffersRoundTripAndPoison) {
     else EXPECT_TRUE(std::isnan(back[i])) << i;
   }
   expect_error([&] { buffer.upload(host.data(), 4000, 4); }, "internal check failed");
+}
+
+// One strided copy (cudaMemcpy2D) against the CPU's copy per block: the same bytes, the gaps
+// untouched.
+TEST(GpuRuntime, BlocksGoFromOneStrideToAnotherAsOnTheCpu) {
+  SKIP_WITHOUT_GPU();
+  constexpr int64_t kF = sizeof(float), blocks = 37, block = 300, from_stride = 1000,
+                    to_stride = 450;
+  std::vector<float> from(blocks * from_stride), want(blocks * to_stride, -1.0f);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<float>(i) * 0.25f;
+  cpu_backend().copy_blocks(want.data(), to_stride * kF, from.data() + 7, from_stride * kF,
+                            block * kF, blocks);
+  gpu::DeviceBuffer source = gpu::testing::to_device(from);
+  gpu::DeviceBuffer target = gpu::testing::to_device(std::vector<float>(want.size(), -1.0f));
+  gpu::copy_blocks_on_device(target.as<float>(), to_stride * kF, source.as<float>() + 7,
+                             from_stride * kF, block * kF, blocks);
+  EXPECT_EQ(gpu::testing::to_host<float>(target, static_cast<int64_t>(want.size())), want);
 }
 
 // ---- GEMM against foundry::gemm on the CPU ----

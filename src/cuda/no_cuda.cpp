@@ -41,6 +41,9 @@ void DeviceBuffer::fill_bytes(int) { fail_no_cuda_build(kWhat); }
 void* device_allocate(int64_t) { fail_no_cuda_build(kWhat); }
 void device_release(void*) {}
 void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
+void copy_blocks_on_device(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
+  fail_no_cuda_build(kWhat);
+}
 void copy_to_host(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void* host_allocate_pinned(int64_t) { fail_no_cuda_build(kWhat); }
 void copy_to_device_queued(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }

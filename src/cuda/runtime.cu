@@ -216,7 +216,12 @@ int64_t HostCopyQueue::queue(void* host, const void* src, int64_t bytes) {
 bool HostCopyQueue::landed(int64_t i) {
   FOUNDRY_GPU_CHECK(i >= 0 && i < next_);
   const cudaError_t status = cudaEventQuery(static_cast<cudaEvent_t>(done_[i]));
-  if (status == cudaErrorNotReady) return false;
+  if (status == cudaErrorNotReady) {
+    // Not an error, but the runtime keeps it as the last error, which the next launch check
+    // (cudaGetLastError) would then report: clear it.
+    (void)cudaGetLastError();
+    return false;
+  }
   FOUNDRY_CUDA_CHECK(status);
   return true;
 }
@@ -234,6 +239,16 @@ void HostCopyQueue::restart() {
 void copy_on_device(void* dst, const void* src, int64_t bytes) {
   if (bytes > 0)
     FOUNDRY_CUDA_CHECK(cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice));
+}
+
+void copy_blocks_on_device(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                           int64_t block_bytes, int64_t blocks) {
+  FOUNDRY_GPU_CHECK(block_bytes >= 0 && blocks >= 0 && dst_stride >= block_bytes &&
+                    src_stride >= block_bytes);
+  if (block_bytes == 0 || blocks == 0) return;
+  FOUNDRY_CUDA_CHECK(cudaMemcpy2D(dst, static_cast<size_t>(dst_stride), src,
+                                  static_cast<size_t>(src_stride), static_cast<size_t>(block_bytes),
+                                  static_cast<size_t>(blocks), cudaMemcpyDeviceToDevice));
 }
 
 void copy_to_host(void* host, const void* src, int64_t bytes) {

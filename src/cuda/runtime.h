@@ -98,6 +98,10 @@ void device_release(void* block);
 // device addresses, from the device to the host (waits for the value) and from the host to the
 // device; zero_bytes sets `bytes` at `dst` to zero.
 void copy_on_device(void* dst, const void* src, int64_t bytes);
+// `blocks` blocks of `block_bytes`, block i from src + i·src_stride to dst + i·dst_stride
+// (bytes), as one strided copy on the default stream.
+void copy_blocks_on_device(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                           int64_t block_bytes, int64_t blocks);
 void copy_to_host(void* host, const void* src, int64_t bytes);
 void copy_to_device(void* dst, const void* host, int64_t bytes);
 void zero_bytes(void* dst, int64_t bytes);

@@ -50,6 +50,11 @@ class Backend {
   virtual void fill(int32_t* x, int64_t n, int32_t value) = 0;
   virtual void zero(void* x, int64_t bytes) = 0;
   virtual void copy(void* dst, const void* src, int64_t bytes) = 0;
+  // `blocks` copies of `block_bytes` each, block i from src + i·src_stride to
+  // dst + i·dst_stride (strides in bytes, at least block_bytes): one call where the device has
+  // a strided copy (a GPU's cudaMemcpy2D), a copy per block otherwise.
+  virtual void copy_blocks(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                           int64_t block_bytes, int64_t blocks);
   // Between host memory and the backend's; to_host waits for the value.
   virtual void to_host(void* host, const void* src, int64_t bytes) = 0;
   virtual void from_host(void* dst, const void* host, int64_t bytes) = 0;

@@ -26,6 +26,15 @@ void* Backend::allocate_host(int64_t bytes) {
 
 void Backend::release_host(void* block) { std::free(block); }
 
+void Backend::copy_blocks(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
+                          int64_t block_bytes, int64_t blocks) {
+  FOUNDRY_CHECK(block_bytes >= 0 && blocks >= 0 && dst_stride >= block_bytes &&
+                src_stride >= block_bytes);
+  for (int64_t i = 0; i < blocks; ++i)
+    copy(static_cast<char*>(dst) + i * dst_stride, static_cast<const char*>(src) + i * src_stride,
+         block_bytes);
+}
+
 namespace {
 
 // Copies made at once (host memory), or, posing as a device, late: a copy lands when waited

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/test_expect_error.h"
+#include "kernels/cpu_backend.h"
 #include "kernels/test_support.h"
 
 namespace foundry::ops {
@@ -24,6 +26,19 @@ std::vector<int32_t> random_tokens(int64_t n, int64_t v, uint64_t seed) {
 
 
 // ---- embedding ---------------------------------------------------------------------------
+
+// Backend::copy_blocks (the CPU's: a copy per block): block i of 3 floats from every 5th float
+// of the source to every 4th of the destination; the gaps stay as they were.
+TEST(BackendCopies, BlocksGoFromOneStrideToAnother) {
+  std::vector<float> from(20), to(16, -1.0f);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<float>(i);
+  constexpr int64_t kF = sizeof(float);
+  cpu_backend().copy_blocks(to.data(), 4 * kF, from.data() + 1, 5 * kF, 3 * kF, 4);
+  for (int64_t i = 0; i < 16; ++i)
+    EXPECT_EQ(to[i], i % 4 < 3 ? static_cast<float>(1 + (i / 4) * 5 + i % 4) : -1.0f) << i;
+  expect_error([&] { cpu_backend().copy_blocks(to.data(), kF, from.data(), kF, 2 * kF, 1); },
+               "internal check failed");
+}
 
 TEST(Embedding, ForwardCopiesTheTokenRows) {
   const int64_t n = 9, c = 5, v = 4;

@@ -48,10 +48,11 @@ struct ContextParallel::Device {
   static float* rows(GrowingBuffer& b, int64_t elements) {
     return static_cast<float*>(b.get(elements * kFloat));
   }
-  // `blocks` blocks of `block` floats, each from `from(i)` to `to(i)`, on the device.
-  template <typename To, typename From>
-  void copy_blocks(int64_t blocks, int64_t block, To to, From from) {
-    for (int64_t i = 0; i < blocks; ++i) backend.copy(to(i), from(i), block * kFloat);
+  // `blocks` blocks of `block` floats on the device, block i from from + i·from_stride to
+  // to + i·to_stride (strides in floats).
+  void copy_blocks(float* to, int64_t to_stride, const float* from, int64_t from_stride,
+                   int64_t block, int64_t blocks) {
+    backend.copy_blocks(to, to_stride * kFloat, from, from_stride * kFloat, block * kFloat, blocks);
   }
 
   Backend& backend;
@@ -199,9 +200,7 @@ void ContextParallel::start_gather_device(int id, const Exchange& e, int slot, c
   const int64_t block = e.tc * e.width, mine = e.batch * block;
   float* send = Device::rows(d.narrow[id], mine);
   float* recv = Device::rows(d.wide[id], mine * size());
-  d.copy_blocks(
-      e.batch, block, [&](int64_t b) { return send + b * block; },
-      [&](int64_t b) { return local + (2 * b + slot) * block; });
+  d.copy_blocks(send, block, local + slot * block, 2 * block, block, e.batch);
   d.moves.start_all_gather(id, send, recv, mine);
 }
 
@@ -211,13 +210,10 @@ void ContextParallel::start_reduce_scatter_device(int id, const Exchange& e, int
   const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
   float* send = Device::rows(d.wide[id], mine * c);
   float* recv = Device::rows(d.narrow[id], mine);
-  // Block i = p·B + b: sequence b's chunk of rank p.
-  d.copy_blocks(
-      c * e.batch, block, [&](int64_t i) { return send + i * block; },
-      [&](int64_t i) {
-        const int64_t p = i / e.batch, b = i % e.batch;
-        return full + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block;
-      });
+  // Rank p's chunk of every sequence: send's blocks p·B … p·B + B − 1.
+  for (int p = 0; p < c; ++p)
+    d.copy_blocks(send + p * mine, block, full + chunk_of(p, slot) * block, 2 * c * block, block,
+                  e.batch);
   d.moves.start_reduce_scatter(id, send, recv, mine);
 }
 
@@ -227,17 +223,11 @@ void ContextParallel::finish_device(int id, const Exchange& e, int slot) {
   const int64_t block = e.tc * e.width, c = size();
   const float* recv = static_cast<const float*>((e.gather ? d.wide : d.narrow)[id].data());
   if (e.gather)
-    d.copy_blocks(
-        c * e.batch, block,
-        [&](int64_t i) {
-          const int64_t p = i / e.batch, b = i % e.batch;
-          return e.out + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block;
-        },
-        [&](int64_t i) { return recv + i * block; });
+    for (int p = 0; p < c; ++p)
+      d.copy_blocks(e.out + chunk_of(p, slot) * block, 2 * c * block, recv + p * e.batch * block,
+                    block, block, e.batch);
   else
-    d.copy_blocks(
-        e.batch, block, [&](int64_t b) { return e.out + (2 * b + slot) * block; },
-        [&](int64_t b) { return recv + b * block; });
+    d.copy_blocks(e.out + slot * block, 2 * block, recv, block, block, e.batch);
 }
 
 void ContextParallel::exchange_halo(const float* tails, float* halos, int64_t batch, int64_t rows,
@@ -317,14 +307,10 @@ void ContextParallel::exchange_halo_device(const float* tails, float* halos, int
   const Landed in = swap_slots_device(tails, batch, block, to, from);
   for (int slot = 0; slot < 2; ++slot)
     if (in.slot[slot])
-      d.copy_blocks(
-          batch, block, [&](int64_t b) { return halos + (2 * b + slot) * block; },
-          [&](int64_t b) { return in.slot[slot] + b * block; });
-  for (int64_t b = 0; b < batch; ++b) {
-    if (me == 0) d.backend.zero(halos + 2 * b * block, block * kFloat);
-    if (me == last)
-      d.backend.copy(halos + (2 * b + 1) * block, tails + 2 * b * block, block * kFloat);
-  }
+      d.copy_blocks(halos + slot * block, 2 * block, in.slot[slot], block, block, batch);
+  if (me == 0)
+    for (int64_t b = 0; b < batch; ++b) d.backend.zero(halos + 2 * b * block, block * kFloat);
+  if (me == last) d.copy_blocks(halos + block, 2 * block, tails, 2 * block, block, batch);
 }
 
 void ContextParallel::return_halo_gradient_device(const float* dhalos, float* dtails, int64_t batch,
@@ -364,10 +350,8 @@ ContextParallel::Landed ContextParallel::swap_slots_device(const float* packed, 
   float* recv = Device::rows(d.halo_recv, 2 * n);
   for (int slot = 0; slot < 2; ++slot)
     if (to[slot] >= 0) {
-      float* out = send + offset(send_counts, to[slot]);
-      d.copy_blocks(
-          batch, block, [&](int64_t b) { return out + b * block; },
-          [&](int64_t b) { return packed + (2 * b + slot) * block; });
+      d.copy_blocks(send + offset(send_counts, to[slot]), block, packed + slot * block, 2 * block,
+                    block, batch);
     }
   d.moves.all_to_all_v(send, send_counts, recv, recv_counts);
   Landed in{};
