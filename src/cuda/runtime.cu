@@ -246,6 +246,14 @@ void copy_blocks_on_device(void* dst, int64_t dst_stride, const void* src, int64
   FOUNDRY_GPU_CHECK(block_bytes >= 0 && blocks >= 0 && dst_stride >= block_bytes &&
                     src_stride >= block_bytes);
   if (block_bytes == 0 || blocks == 0) return;
+  // cudaMemcpy2D takes pitches up to the device's limit (2^31 − 1 bytes on current GPUs).
+  constexpr int64_t kMaxPitch = (int64_t{1} << 31) - 1;
+  if (dst_stride > kMaxPitch || src_stride > kMaxPitch) {
+    for (int64_t i = 0; i < blocks; ++i)
+      copy_on_device(static_cast<char*>(dst) + i * dst_stride,
+                     static_cast<const char*>(src) + i * src_stride, block_bytes);
+    return;
+  }
   FOUNDRY_CUDA_CHECK(cudaMemcpy2D(dst, static_cast<size_t>(dst_stride), src,
                                   static_cast<size_t>(src_stride), static_cast<size_t>(block_bytes),
                                   static_cast<size_t>(blocks), cudaMemcpyDeviceToDevice));
