@@ -6,23 +6,25 @@
 # Ubuntu 24.04 with CUDA, cuBLASLt and Foundry's other dependencies, where oneDNN and the
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
-#   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests]
+#   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests | --bench]
 # --quick: shorter benchmarks and training (GPU_CHECK_DP=1 adds the 2-rank run,
 # GPU_CHECK_BATCH=1 the batch-generation schedules, and GPU_CHECK_CHECKPOINTS=0 leaves out the
 # checkpoint-stall runs); --tests: build what the GPU
 # tests need, run them and compute-sanitizer's memcheck over the kernel tests, and stop (about
-# 2 minutes).
+# 2 minutes, and up to 7 with the multi-rank runs); --bench: --quick without the tests, for a
+# second call on a machine that kept build-gpu from a --tests call.
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
-debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick | --tests]}"
+debs="${1:?usage: scripts/gpu_check.sh DEB_DIR [OUT_DIR] [--quick | --tests | --bench]}"
 out="$(realpath -m "${2:-gpu-check}")"
-quick="" tests_only=""
+quick="" tests_only="" bench_only=""
 case "${3:-}" in
   "") ;;
   --quick) quick="--quick" ;;
   --tests) tests_only=1 quick="--quick" ;;
-  *) echo "gpu_check: unknown option '${3}' (use --quick or --tests)" >&2; exit 2 ;;
+  --bench) bench_only=1 quick="--quick" ;;
+  *) echo "gpu_check: unknown option '${3}' (use --quick, --tests or --bench)" >&2; exit 2 ;;
 esac
 [ -n "$tests_only" ] && export FOUNDRY_BUILD_TARGETS="foundry test_cuda test_model test_optim"
 # Time limits (seconds): one GPU test, one training run, the PyTorch peer.
@@ -58,27 +60,32 @@ echo "gpu_check: built in ${t_build} s; $(cat "$out/nvidia-smi.txt" 2>/dev/null)
 # GPU tests: every CUDA kernel against the CPU. Side by side on the one GPU (they check
 # numbers, not time), each bounded so that one hang cannot eat the machine's lease.
 t1=$(date +%s)
-# -V: every test's output, so that skipped GPU cases (no GPU visible) show and are counted.
-if ctest --test-dir "$build" -L gpu -V -j4 --timeout "$test_limit" >"$out/gpu-tests.log" 2>&1; then
-  status_tests=passed
-else
-  status_tests=FAILED
+status_tests="not run (--bench)" skipped=0
+if [ -z "$bench_only" ]; then
+  # -V: every test's output, so that skipped GPU cases (no GPU visible) show and are counted.
+  if ctest --test-dir "$build" -L gpu -V -j4 --timeout "$test_limit" >"$out/gpu-tests.log" 2>&1; then
+    status_tests=passed
+  else
+    status_tests=FAILED
+  fi
+  # Skips for want of a GPU: gtest's "no CUDA GPU visible" and the shell tests' "skipped: no
+  # GPU" (GpuBackend.IsAClearErrorWithoutAGpu skips the other way round, where a GPU is visible).
+  skipped=$(grep -c -E "no CUDA GPU visible|skipped: no GPU" "$out/gpu-tests.log")
+  [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 fi
-# Skips for want of a GPU: gtest's "no CUDA GPU visible" and the shell tests' "skipped: no GPU"
-# (GpuBackend.IsAClearErrorWithoutAGpu skips the other way round, where a GPU is visible).
-skipped=$(grep -c -E "no CUDA GPU visible|skipped: no GPU" "$out/gpu-tests.log")
-[ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
 t_tests=$(( $(date +%s) - t1 ))
 echo "gpu_check: GPU tests $status_tests in ${t_tests} s"
-grep -E "^ *[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception)" "$out/gpu-tests.log" || true
-grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -40 || true
+if [ -z "$bench_only" ]; then
+  grep -E "^ *[0-9]+/[0-9]+ Test .*(Failed|Timeout|Exception)" "$out/gpu-tests.log" || true
+  grep -E "^\[  FAILED  \]|^not ok|^FAIL" "$out/gpu-tests.log" | sort -u | head -40 || true
+fi
 
 # compute-sanitizer (memcheck) over the kernel tests, where the toolkit has it (not --quick;
 # --quick runs memcheck and racecheck over the tensor-core attention and decode tests alone, 90 s
 # each).
 status_sanitizer="not run"
 sanitizer="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
-if [ -n "$quick" ] && [ -z "$tests_only" ] && [ -x "$sanitizer" ]; then
+if [ -n "$quick" ] && [ -z "$tests_only" ] && [ -z "$bench_only" ] && [ -x "$sanitizer" ]; then
   status_sanitizer="attention and decode:"
   for tool in memcheck racecheck; do
     OMP_NUM_THREADS=2 timeout 90 "$sanitizer" --tool "$tool" --error-exitcode 9 \
@@ -279,6 +286,6 @@ for f in bench-gemm bench-membw attention; do
   first_error=$(grep -m1 "^error:" "$out/$f.txt" 2>/dev/null || true)
   [ -n "$first_error" ] && echo "| $f: | ${first_error#error: } |"
 done
-[ "$status_tests" = passed ] && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ] &&
+{ [ "$status_tests" = passed ] || [ -n "$bench_only" ]; } && [ "$status_gemm" = ok ] && [ "$status_membw" = ok ] &&
   [ "$status_attention" = ok ] && [[ "$status_sanitizer" != *FAILED* ]] &&
   [[ "$train_status" != *FAILED* ]]
