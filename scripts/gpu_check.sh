@@ -7,12 +7,14 @@
 # xxHash headers come from Debian 12's .deb files in DEB_DIR (apt-get download libdnnl-dev
 # libdnnl2 libxxhash-dev on a Debian 12 machine).
 #   scripts/gpu_check.sh DEB_DIR [OUT_DIR=gpu-check] [--quick | --tests | --bench]
-# --quick: shorter benchmarks and training (GPU_CHECK_DP=1 adds the 2-rank run,
-# GPU_CHECK_BATCH=1 the batch-generation schedules, and GPU_CHECK_CHECKPOINTS=0 leaves out the
-# checkpoint-stall runs); --tests: build what the GPU
-# tests need, run them and compute-sanitizer's memcheck over the kernel tests, and stop (about
-# 2 minutes, and up to 7 with the multi-rank runs); --bench: --quick without the tests, for a
-# second call on a machine that kept build-gpu from a --tests call.
+# --quick: shorter benchmarks and training; GPU_CHECK_DP=1 adds the 2-rank runs,
+#   GPU_CHECK_BATCH=1 the batch-generation schedules, GPU_CHECK_CHECKPOINTS=0 leaves out the
+#   checkpoint-stall runs and GPU_CHECK_PEER=0 the PyTorch peer.
+# --tests: build what the GPU tests need, run them and compute-sanitizer's memcheck over the
+#   kernel tests (GPU_CHECK_MEMCHECK_S, 300 s), and stop: about 5 minutes with the multi-rank
+#   runs.
+# --bench: --quick without the tests, for a second call on a machine that kept build-gpu from
+#   a --tests call.
 # OUT_DIR receives build.log, the test log, the benchmarks' output and gpu-profile.json.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -26,7 +28,13 @@ case "${3:-}" in
   --bench) bench_only=1 quick="--quick" ;;
   *) echo "gpu_check: unknown option '${3}' (use --quick, --tests or --bench)" >&2; exit 2 ;;
 esac
-[ -n "$tests_only" ] && export FOUNDRY_BUILD_TARGETS="foundry test_cuda test_model test_optim"
+# Only what the GPU tests and benchmarks run (the GPU tests are the cuda, model and optim
+# layers' and shell scripts over foundry).
+if [ -n "$bench_only" ]; then
+  export FOUNDRY_BUILD_TARGETS="${FOUNDRY_BUILD_TARGETS:-foundry}"
+elif [ -n "$quick" ]; then
+  export FOUNDRY_BUILD_TARGETS="${FOUNDRY_BUILD_TARGETS:-foundry test_cuda test_model test_optim}"
+fi
 # Time limits (seconds): one GPU test, one training run, the PyTorch peer.
 test_limit=300 train_limit=420 peer_limit=420
 [ -n "$quick" ] && test_limit=150 train_limit=150 peer_limit=200
@@ -100,11 +108,12 @@ if [ -n "$quick" ] && [ -z "$tests_only" ] && [ -z "$bench_only" ] && [ -x "$san
 fi
 if { [ -z "$quick" ] || [ -n "$tests_only" ]; } && [ -x "$sanitizer" ]; then
   # NCCL's proxy thread under the sanitizer is slow and not Foundry's code: left out.
-  OMP_NUM_THREADS=2 timeout 300 "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" \
+  memcheck_s="${GPU_CHECK_MEMCHECK_S:-300}"
+  OMP_NUM_THREADS=2 timeout "$memcheck_s" "$sanitizer" --tool memcheck --error-exitcode 9 "$build/test_cuda" \
     '--gtest_filter=-*Slow*:GpuNccl.*' >"$out/sanitizer.log" 2>&1
   case $? in
     0) status_sanitizer=clean ;;
-    124) status_sanitizer="cut off at 300 s ($out/sanitizer.log)" ;;
+    124) status_sanitizer="cut off at $memcheck_s s ($out/sanitizer.log)" ;;
     *) status_sanitizer="FAILED ($out/sanitizer.log)" ;;
   esac
 fi
@@ -125,13 +134,13 @@ foundry="$build/foundry"
 profile="$out/gpu-profile.json"
 rm -f "$profile"
 t2=$(date +%s)
-"$foundry" bench gemm --device cuda $quick --profile "$profile" --csv "$out/gemm.csv" --quiet \
+timeout "$train_limit" "$foundry" bench gemm --device cuda $quick --profile "$profile" --csv "$out/gemm.csv" --quiet \
   >"$out/bench-gemm.txt" 2>&1 && status_gemm=ok || status_gemm=FAILED
-"$foundry" bench membw --device cuda $quick --profile "$profile" --csv "$out/membw.csv" --quiet \
+timeout "$train_limit" "$foundry" bench membw --device cuda $quick --profile "$profile" --csv "$out/membw.csv" --quiet \
   >"$out/bench-membw.txt" 2>&1 && status_membw=ok || status_membw=FAILED
 # Foundry's own attention kernels against the GEMM rates just measured: the profile's
 # efficiency.attention curve, which plan reads.
-"$foundry" bench attention --device cuda $quick --profile "$profile" --csv "$out/attention.csv" \
+timeout "$train_limit" "$foundry" bench attention --device cuda $quick --profile "$profile" --csv "$out/attention.csv" \
   --quiet >"$out/attention.txt" 2>&1 && status_attention=ok || status_attention=FAILED
 t_bench=$(( $(date +%s) - t2 ))
 echo "gpu_check: bench gemm $status_gemm, membw $status_membw, attention $status_attention in ${t_bench} s"
@@ -203,7 +212,11 @@ if [ -z "$quick" ] || [ "${GPU_CHECK_BATCH:-0}" = 1 ]; then
 fi
 peer_steps=20
 [ -n "$quick" ] && peer_steps=10
-if timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
+# GPU_CHECK_PEER=0 leaves the PyTorch peer out (torch.compile takes minutes).
+if [ "${GPU_CHECK_PEER:-1}" = 0 ]; then
+  status_peer="not run (GPU_CHECK_PEER=0)"
+  rm -f "$out/pytorch-gpu.json" "$out/pytorch-gpu.txt"
+elif timeout "$peer_limit" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
      --device cuda --compile --steps "$peer_steps" >"$out/pytorch-gpu.json" \
      2>"$out/pytorch-gpu.txt"; then
   status_peer=ok
