@@ -186,6 +186,9 @@ OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic
   || { cat cp.log; bad "context parallel on the GPU failed"; }
 follows one cp && ok "2 context-parallel ranks on one GPU follow 1 rank's 8 fp32 losses within 1e-4" \
   || bad "context parallel on the GPU and 1 rank differ"
+[ "$(grep -l "their exchanges through host memory" cp.log ep-false.log | wc -l)" = 2 ] \
+  && ok "ranks sharing a GPU say their exchanges go through host memory" \
+  || bad "no word of the exchanges through host memory (cp.log, ep-false.log)"
 cat > zaya.json <<'JSON'
 {
   "model": {"arch": "zaya1", "vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4,
