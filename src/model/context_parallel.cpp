@@ -139,11 +139,11 @@ void ContextParallel::start_gather(int slot, int tensor, const float* local, flo
   Exchange& e = describe(slot, tensor, true, full, batch, tc, width);
   if (device_) return start_gather_device(2 * slot + tensor, e, slot, local);
   const int64_t block = tc * width, mine = batch * block;
-  e.send.resize(static_cast<size_t>(mine));
-  e.recv.resize(static_cast<size_t>(mine * size()));
+  e.narrow.resize(static_cast<size_t>(mine));
+  e.wide.resize(static_cast<size_t>(mine * size()));
   for (int64_t b = 0; b < batch; ++b)
-    std::memcpy(e.send.data() + b * block, local + (2 * b + slot) * block, block * sizeof(float));
-  e.request = group_.iallgather(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
+    std::memcpy(e.narrow.data() + b * block, local + (2 * b + slot) * block, block * sizeof(float));
+  e.request = group_.iallgather(e.narrow.data(), e.wide.data(), static_cast<size_t>(mine));
 }
 
 void ContextParallel::start_reduce_scatter(int slot, int tensor, const float* full, float* local,
@@ -151,15 +151,15 @@ void ContextParallel::start_reduce_scatter(int slot, int tensor, const float* fu
   Exchange& e = describe(slot, tensor, false, local, batch, tc, width);
   if (device_) return start_reduce_scatter_device(2 * slot + tensor, e, slot, full);
   const int64_t block = tc * width, mine = batch * block, c = size();
-  e.send.resize(static_cast<size_t>(mine * c));
-  e.recv.resize(static_cast<size_t>(mine));
+  e.wide.resize(static_cast<size_t>(mine * c));
+  e.narrow.resize(static_cast<size_t>(mine));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t p = 0; p < c; ++p)
     for (int64_t b = 0; b < batch; ++b)
-      std::memcpy(e.send.data() + p * mine + b * block,
+      std::memcpy(e.wide.data() + p * mine + b * block,
                   full + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block,
                   block * sizeof(float));
-  e.request = group_.ireduce_scatter(e.send.data(), e.recv.data(), static_cast<size_t>(mine));
+  e.request = group_.ireduce_scatter(e.wide.data(), e.narrow.data(), static_cast<size_t>(mine));
 }
 
 void ContextParallel::finish(int slot) {
@@ -178,10 +178,10 @@ void ContextParallel::finish(int slot) {
       for (int64_t p = 0; p < c; ++p)
         for (int64_t b = 0; b < e.batch; ++b)
           std::memcpy(e.out + (b * 2 * c + chunk_of(static_cast<int>(p), slot)) * block,
-                      e.recv.data() + p * mine + b * block, block * sizeof(float));
+                      e.wide.data() + p * mine + b * block, block * sizeof(float));
     } else {
       for (int64_t b = 0; b < e.batch; ++b)
-        std::memcpy(e.out + (2 * b + slot) * block, e.recv.data() + b * block,
+        std::memcpy(e.out + (2 * b + slot) * block, e.narrow.data() + b * block,
                     block * sizeof(float));
     }
   }

@@ -87,12 +87,13 @@ class ContextParallel {
                             int64_t width);
 
  private:
-  // One started exchange: its request, host staging (grow-only, reused every layer) and
+  // One started exchange: its request, host staging (grow-only, reused every layer: this
+  // rank's rows and the group's, a gather's out and in, a reduce-scatter's in and out) and
   // where its result goes.
   struct Exchange {
     Request request;
     bool active = false, gather = false;
-    std::vector<float> send, recv;
+    std::vector<float> narrow, wide;
     float* out = nullptr;
     int64_t batch = 0, tc = 0, width = 0;
   };
