@@ -415,6 +415,11 @@ class GrowingBuffer {
     if (bytes > buffer_.bytes()) buffer_ = BackendBuffer(*backend_, bytes);
     return buffer_.as<void>();
   }
+  // Room for `count` elements of T.
+  template <class T>
+  T* get_as(int64_t count) {
+    return static_cast<T*>(get(count * static_cast<int64_t>(sizeof(T))));
+  }
   void* data() const { return buffer_.as<void>(); }
 
  private:

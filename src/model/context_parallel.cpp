@@ -45,9 +45,6 @@ struct ContextParallel::Device {
       wide.emplace_back(backend);
     }
   }
-  static float* rows(GrowingBuffer& b, int64_t elements) {
-    return static_cast<float*>(b.get(elements * kFloat));
-  }
   // `blocks` blocks of `block` floats on the device, block i from from + i·from_stride to
   // to + i·to_stride (strides in floats).
   void copy_blocks(float* to, int64_t to_stride, const float* from, int64_t from_stride,
@@ -198,8 +195,8 @@ void ContextParallel::progress() {
 void ContextParallel::start_gather_device(int id, const Exchange& e, int slot, const float* local) {
   Device& d = *device_;
   const int64_t block = e.tc * e.width, mine = e.batch * block;
-  float* send = Device::rows(d.narrow[id], mine);
-  float* recv = Device::rows(d.wide[id], mine * size());
+  float* send = d.narrow[id].get_as<float>(mine);
+  float* recv = d.wide[id].get_as<float>(mine * size());
   d.copy_blocks(send, block, local + slot * block, 2 * block, block, e.batch);
   d.moves.start_all_gather(id, send, recv, mine);
 }
@@ -208,8 +205,8 @@ void ContextParallel::start_reduce_scatter_device(int id, const Exchange& e, int
                                                   const float* full) {
   Device& d = *device_;
   const int64_t block = e.tc * e.width, mine = e.batch * block, c = size();
-  float* send = Device::rows(d.wide[id], mine * c);
-  float* recv = Device::rows(d.narrow[id], mine);
+  float* send = d.wide[id].get_as<float>(mine * c);
+  float* recv = d.narrow[id].get_as<float>(mine);
   // Rank p's chunk of every sequence: send's blocks p·B … p·B + B − 1.
   for (int p = 0; p < c; ++p)
     d.copy_blocks(send + p * mine, block, full + chunk_of(p, slot) * block, 2 * c * block, block,
@@ -346,8 +343,8 @@ ContextParallel::Landed ContextParallel::swap_slots_device(const float* packed, 
     for (int p = 0; p < peer; ++p) at += counts[static_cast<size_t>(p)];
     return at;
   };
-  float* send = Device::rows(d.halo_send, 2 * n);
-  float* recv = Device::rows(d.halo_recv, 2 * n);
+  float* send = d.halo_send.get_as<float>(2 * n);
+  float* recv = d.halo_recv.get_as<float>(2 * n);
   for (int slot = 0; slot < 2; ++slot)
     if (to[slot] >= 0) {
       d.copy_blocks(send + offset(send_counts, to[slot]), block, packed + slot * block, 2 * block,

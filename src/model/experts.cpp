@@ -22,8 +22,15 @@ struct Experts::Parallel {
         backend(backend),
         wire_device(backend),
         moves(*g, backend, nccl),
-        move(device_move()),
-        copy(device_copy()),
+        // Blocks of rows per peer between device buffers (over NCCL, or through host memory
+        // and MPI), and reordered on the device.
+        move([this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
+                    const std::vector<int64_t>& recv_counts) {
+          moves.all_to_all_v(send, send_counts, recv, recv_counts);
+        }),
+        copy([this](float* to, const float* from, int64_t elements) {
+          this->backend.copy(to, from, elements * static_cast<int64_t>(sizeof(float)));
+        }),
         ys(backend),
         dys(backend),
         dxs(backend),
@@ -50,30 +57,14 @@ struct Experts::Parallel {
   GrowingBuffer ys, dys, dxs, dh, dact;
   std::vector<float> wire;
 
-  static float* rows(GrowingBuffer& b, int64_t elements) {
-    return static_cast<float*>(b.get(elements * static_cast<int64_t>(sizeof(float))));
-  }
   // The exchange's dispatch (origin [R, C] → local [L, C]) and combine (back).
   void dispatch(ExpertExchange& x, const float* origin, float* local, int64_t C) {
     if (backend.host_memory()) return x.dispatch(origin, local, C, wire);
-    x.dispatch(origin, local, C, rows(wire_device, x.local_rows() * C), move, copy);
+    x.dispatch(origin, local, C, wire_device.get_as<float>(x.local_rows() * C), move, copy);
   }
   void combine(ExpertExchange& x, const float* local, float* origin, int64_t C) {
     if (backend.host_memory()) return x.combine(local, origin, C, wire);
-    x.combine(local, origin, C, rows(wire_device, x.local_rows() * C), move, copy);
-  }
-
-  // Blocks of rows per peer between device buffers: over NCCL, or through host memory and MPI.
-  ExpertExchange::Move device_move() {
-    return [this](const float* send, const std::vector<int64_t>& send_counts, float* recv,
-                  const std::vector<int64_t>& recv_counts) {
-      moves.all_to_all_v(send, send_counts, recv, recv_counts);
-    };
-  }
-  ExpertExchange::Copy device_copy() {
-    return [this](float* to, const float* from, int64_t elements) {
-      backend.copy(to, from, elements * static_cast<int64_t>(sizeof(float)));
-    };
+    x.combine(local, origin, C, wire_device.get_as<float>(x.local_rows() * C), move, copy);
   }
 
   // The slab offsets of the owned experts' weights, from those of all experts.
@@ -118,10 +109,10 @@ void Experts::forward(int64_t layer, const int64_t* offsets, const float* xs, fl
     auto t = cx_.time("ep_dispatch");
     b.exchange.plan(*s.group, s.sharding, offsets);
     const int64_t L = b.exchange.local_rows();
-    lxs = Parallel::rows(b.xs, L * C);
-    lh = Parallel::rows(b.h, L * 2 * F);
-    lact = Parallel::rows(b.act, L * F);
-    lys = Parallel::rows(s.ys, L * C);
+    lxs = b.xs.get_as<float>(L * C);
+    lh = b.h.get_as<float>(L * 2 * F);
+    lact = b.act.get_as<float>(L * F);
+    lys = s.ys.get_as<float>(L * C);
     s.dispatch(b.exchange, xs, lxs, C);
   }
   local_forward(b.exchange.local_offsets(), b.exchange.local_experts(), lxs, lh, lact, lys,
@@ -146,10 +137,10 @@ void Experts::backward(int64_t layer, const int64_t* offsets, const float* dys, 
   float *ldys, *ldxs, *ldh, *ldact;
   {
     auto t = cx_.time("ep_dispatch");
-    ldys = Parallel::rows(s.dys, L * C);
-    ldxs = Parallel::rows(s.dxs, L * C);
-    ldh = Parallel::rows(s.dh, L * 2 * F);
-    ldact = Parallel::rows(s.dact, L * F);
+    ldys = s.dys.get_as<float>(L * C);
+    ldxs = s.dxs.get_as<float>(L * C);
+    ldh = s.dh.get_as<float>(L * 2 * F);
+    ldact = s.dact.get_as<float>(L * F);
     s.dispatch(b.exchange, dys, ldys, C);
   }
   // The forward's rows of this layer, where it left them (its buffers only grow in forward).

@@ -174,7 +174,7 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     float* momentum = slab(Muon::state_names().front());
     for (const ParamInfo& t : muon_tensors_) {
       const int64_t rows = t.shape[0], cols = t.shape[1], n = t.numel;
-      auto* u = static_cast<float*>(update_.get(n * static_cast<int64_t>(sizeof(float))));
+      float* u = update_.get_as<float>(n);
       kernels_->muon_momentum(u, momentum + (t.offset - range_.begin), grads + t.offset, n,
                               static_cast<float>(o.momentum), o.nesterov, grad_scale);
       kernels_->newton_schulz(u, rows, cols, o.ns_steps, o.bf16_newton_schulz);
