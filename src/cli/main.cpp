@@ -17,7 +17,7 @@ int exit_code() { return g_exit_code; }
 }  // namespace foundry::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"foundry: train mixture-of-experts language models on CPU clusters"};
+  CLI::App app{"foundry: train mixture-of-experts language models on CPUs and GPUs"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
   foundry::cli::register_data_commands(app);

@@ -228,18 +228,22 @@ void zaya_activations(const ModelConfig& c, int64_t B, int64_t T, int64_t Tk, DT
 }
 
 // Context parallelism over C ranks: the whole sequences' keys and values, gathered every
-// layer and kept for backward, their gradients, and for CCA each chunk's c and y with the
-// R rows before it (model/context_parallel.h).
+// layer and kept for backward, their gradients, the exchanges' staging, and for CCA each
+// chunk's c and y with the R rows before it (model/context_parallel.h).
 void context_parallel_items(const ModelConfig& c, int64_t B, int64_t T, int64_t C,
                             MemoryEstimate& m) {
   if (C == 1) return;
-  const int64_t L = c.n_layers, Dkv = c.kv_dim();
+  const int64_t L = c.n_layers, Dkv = c.kv_dim(), tc = T / (2 * C);
   add_item(m.activations, "gathered k, v (context parallel)", "2*[B,T,Dkv]", L,
            kF32Bytes * 2 * B * T * Dkv);
   add_item(m.backward_buffers, "gathered k, v gradients (context parallel)", "2*[B,T,Dkv]", 1,
            kF32Bytes * 2 * B * T * Dkv);
+  // Four exchanges (k and v of two slots), each staging this rank's rows of a slot and the
+  // group's: in host memory on the CPU, in device buffers on a GPU.
+  add_item(m.backward_buffers, "k, v exchange staging (context parallel)", "4*(1+C)*[B,Tc,Dkv]",
+           1, kF32Bytes * 4 * (1 + C) * B * tc * Dkv);
   if (!c.is_zaya()) return;
-  const int64_t Cc = cca_dims(c).channels(), tc = T / (2 * C);
+  const int64_t Cc = cca_dims(c).channels();
   const int64_t R = c.context_halo_rows();
   const int64_t ext = 2 * B * (R + tc) * Cc;
   add_item(m.activations, "CCA: c, y with halo rows (context parallel)", "2*[2B,R+Tc,Cc]", L,

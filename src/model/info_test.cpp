@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <set>
+#include <string>
 
 #include "base/error.h"
 #include "model/model.h"
@@ -149,6 +151,27 @@ TEST(ModelInfo, HandComputedMemory) {
   // (32·4·4·2 - 32·4·2·2 = 512 more), no bf16 tiles (32·8·2·2 = 1024 less), no bf16 expert
   // inputs.
   EXPECT_EQ(fp32.total_bytes, m.total_bytes - 2 * 15056 + 256 + 512 - 1024 - 1024);
+}
+
+// Context parallelism over C ranks adds the whole sequences' keys and values (kept every
+// layer), their gradients, and the exchanges' staging: k and v of two slots, each this rank's
+// rows of a slot and the group's, (1 + C)·[B, T/2C, Dkv] four times.
+TEST(ModelInfo, ContextParallelItemsIncludeTheExchangesStaging) {
+  const ModelConfig c = tiny_moe();  // L = 2, Dkv = 8
+  const int64_t B = 3, T = 32;
+  for (int64_t C : {2, 4}) {
+    const MemoryEstimate m = estimate_memory(c, B, T, DType::f32, false, C);
+    std::map<std::string, int64_t> items;
+    for (const auto* list : {&m.activations, &m.backward_buffers})
+      for (const MemoryItem& it : *list) items[it.name] += it.bytes;
+    EXPECT_EQ(items.at("gathered k, v (context parallel)"), 2 * 4 * 2 * B * T * 8);
+    EXPECT_EQ(items.at("gathered k, v gradients (context parallel)"), 4 * 2 * B * T * 8);
+    EXPECT_EQ(items.at("k, v exchange staging (context parallel)"),
+              4 * 4 * (1 + C) * B * (T / (2 * C)) * 8);
+  }
+  const MemoryEstimate one = estimate_memory(c, B, T, DType::f32);
+  for (const MemoryItem& it : one.backward_buffers)
+    EXPECT_EQ(it.name.find("context parallel"), std::string::npos) << it.name;
 }
 
 TEST(ModelInfo, MemoryScalesLinearlyInBatch) {

@@ -219,15 +219,6 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   // context-parallel groups' where those are on.
   const int64_t nccl_groups = 1 + (tc.expert_parallel > 1) + (tc.context_parallel > 1);
   if (nccl_bytes > 0) need.parts.emplace_back("NCCL buffers", nccl_groups * nccl_bytes);
-  if (tc.context_parallel > 1) {
-    // Four exchanges (k and v of two slots), each packing and unpacking its rows in device
-    // buffers: the group's rows of a slot and this rank's (model/context_parallel.cpp).
-    const int64_t C = tc.context_parallel;
-    const int64_t slot_rows = std::max<int64_t>(1, batch_size / groups) * tc.seq_len / 2;
-    need.parts.emplace_back(
-        "context-parallel exchanges",
-        4 * int64_t{sizeof(float)} * (slot_rows + slot_rows / C) * rc.model.kv_dim());
-  }
   const double counted = static_cast<double>(need.per_process());
   need.parts.emplace_back("margin", kGpuRuntimeBytes +
                                         static_cast<int64_t>(kGpuUncountedShare * counted));

@@ -110,13 +110,14 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_EQ(gpu::nccl_buffer_bytes(nullptr), int64_t{256} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("1048576"), int64_t{64} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
-  // Context parallelism packs its exchanges in device buffers: for each of k and v of each
-  // slot, this rank's rows of the slot and the group's (1 + C times them; with 4 ranks in 2
-  // groups of 2: 64 / 2 sequences, a quarter of each a rank's in a slot).
-  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).count("context-parallel exchanges"), 0u);
+  // Context parallelism's exchange buffers are the estimate's (an activations item, as on the
+  // CPU), not a part of their own: with 4 ranks in 2 groups of 2, 64 / 2 sequences a rank.
   rc.train.context_parallel = 2;
-  EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("context-parallel exchanges"),
-            4 * 4 * (1 + 2) * (64 / 2) * (rc.train.seq_len / 2 / 2) * rc.model.kv_dim());
+  const MemoryEstimate cp = estimate_memory(rc.model, 64 / 2, rc.train.seq_len, DType::bf16,
+                                            false, 2);
+  const auto cp_parts = parts_of(gpu_training_memory_need(rc, 64, 4));
+  EXPECT_EQ(cp_parts.count("context-parallel exchanges"), 0u);
+  EXPECT_EQ(cp_parts.at("activations"), cp.activations_bytes + cp.backward_buffers_bytes);
   rc.train.context_parallel = 1;
 
   const int64_t at_40 = gpu_training_memory_need(rc, 40, 1).per_process();
