@@ -34,7 +34,10 @@ ENV
 source "$prefix/env.sh"
 generator=()
 command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
-cmake "${generator[@]}" -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
+mkdir -p "$build"
+cmake "${generator[@]}" -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >"$build/configure.log" ||
+  { cat "$build/configure.log" >&2; exit 1; }
+grep "^-- Foundry" "$build/configure.log" >&2 || true
 echo "build_from_debs: building in $build ($(c++ --version | head -n1))" >&2
 # FOUNDRY_BUILD_TARGETS (optional): build only these targets, e.g. "foundry test_cuda".
 # shellcheck disable=SC2086

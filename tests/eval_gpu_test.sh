@@ -22,10 +22,7 @@ JSON
 
 probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --device cuda --steps 1 \
           --set train.run_dir=probe -q 2>&1)"
-if [ $? -ne 0 ]; then
-  echo "skipped: no GPU to train on ($(grep -m1 '^error' <<<"$probe"))"
-  exit 77
-fi
+[ $? -eq 0 ] || gpu_probe_failed "train" "$probe"
 
 tiny_corpus 11 1500 6 18
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --val-fraction 0.2 --quiet \

@@ -13,13 +13,7 @@ cd "$WORK"
 # Skips only for want of a GPU (or of the CUDA backend); any other failure of the probe fails.
 probe="$("$FOUNDRY" bench decode --config "$SRC/configs/demo-moe.json" --device cuda \
           --batches 1 --steps 1 --warmup 0 --warmup-seconds 0 --context 1 --finer 1 --quiet 2>&1)"
-if [ $? -ne 0 ]; then
-  if grep -qE "no CUDA GPU is visible|built without the CUDA backend" <<<"$probe"; then
-    echo "skipped: no GPU to decode on ($(grep -m1 '^error' <<<"$probe"))"
-    exit 77
-  fi
-  bad "bench decode --device cuda failed: $probe"
-fi
+[ $? -eq 0 ] || gpu_probe_failed "decode" "$probe"
 
 tiny_corpus 5 800 6 18
 "$FOUNDRY" data prepare --input corpus --out ds --vocab-size 300 --quiet >prep.log 2>&1 \

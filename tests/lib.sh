@@ -32,6 +32,19 @@ finish() {
   [ "$failures" -eq 0 ]
 }
 
+# After a GPU test's probe run failed with OUTPUT: a skip (exit 77) where the failure is for
+# want of a GPU or of the CUDA backend; any other failure fails the test.
+gpu_probe_failed() {  # WHAT OUTPUT
+  if grep -qE "no CUDA GPU is visible|built without the CUDA backend" <<<"$2"; then
+    echo "skipped: no GPU to $1 ($(grep -m1 '^error' <<<"$2"))"
+    exit 77
+  fi
+  bad "the probe ($1 on the GPU) failed:"
+  echo "$2" | tail -n 20 | sed 's/^/    /'
+  finish
+  exit 1
+}
+
 # corpus/a.txt, the tiny dataset of the tests that prepare one: LINES sentences of MIN to MAX
 # words drawn (seed SEED) from a small vocabulary about experts ("wide": three more words).
 tiny_corpus() {  # SEED LINES MIN MAX [wide]

@@ -45,6 +45,26 @@ void check(ncclResult_t result, const char* what) {
 // pieces on every rank, in order.
 constexpr int64_t kPiece = int64_t{1} << 30;
 
+// ncclGroupStart ... ncclGroupEnd around the calls of one operation; the group is ended even
+// when a call inside it throws, so that the thread is not left inside an open group.
+class CallGroup {
+ public:
+  explicit CallGroup(const char* what) : what_(what) { check(ncclGroupStart(), what); }
+  ~CallGroup() {
+    if (open_) ncclGroupEnd();
+  }
+  CallGroup(const CallGroup&) = delete;
+  CallGroup& operator=(const CallGroup&) = delete;
+  void end() {
+    open_ = false;
+    check(ncclGroupEnd(), what_);
+  }
+
+ private:
+  const char* what_;
+  bool open_ = true;
+};
+
 }  // namespace
 
 bool built_with_nccl() { return true; }
@@ -61,15 +81,19 @@ NcclGroup::NcclGroup(int rank, int size,
 }
 
 NcclGroup::~NcclGroup() {
+  // Unwinding from an error, a collective may wait for a peer that will never join it: abort
+  // the communicator (local, it does not wait) instead of waiting for its stream.
+  const bool unwinding = std::uncaught_exceptions() > exceptions_;
+  if (comm_ && unwinding) ncclCommAbort(native(comm_));
   if (side_) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(side_));
+    if (!unwinding) cudaStreamSynchronize(static_cast<cudaStream_t>(side_));
     cudaEventDestroy(static_cast<cudaEvent_t>(queued_));
     cudaEventDestroy(static_cast<cudaEvent_t>(side_done_));
     for (void* mark : marks_)
       if (mark) cudaEventDestroy(static_cast<cudaEvent_t>(mark));
     cudaStreamDestroy(static_cast<cudaStream_t>(side_));
   }
-  if (!comm_ || std::uncaught_exceptions() > exceptions_) return;
+  if (!comm_ || unwinding) return;
   ncclCommFinalize(native(comm_));
   ncclCommDestroy(native(comm_));
 }
@@ -162,11 +186,11 @@ namespace {
 // same calls in the same order.
 template <typename Call>
 void grouped_over_ranges(const std::vector<SlabRange>& ranges, const char* what, Call call) {
-  check(ncclGroupStart(), what);
+  CallGroup group(what);
   for (size_t q = 0; q < ranges.size(); ++q)
     for (int64_t at = ranges[q].begin; at < ranges[q].end; at += kPiece)
       call(static_cast<int>(q), at, static_cast<size_t>(std::min(kPiece, ranges[q].end - at)));
-  check(ncclGroupEnd(), what);
+  group.end();
 }
 }  // namespace
 
@@ -217,19 +241,19 @@ void NcclGroup::broadcast(float* data, int64_t count, int root) {
 
 void NcclGroup::all_to_all(const float* send, float* recv, int64_t block) {
   const size_t n = static_cast<size_t>(block);
-  check(ncclGroupStart(), "all-to-all");
+  CallGroup group("all-to-all");
   for (int peer = 0; peer < size_; ++peer) {
     check(ncclSend(send + peer * block, n, ncclFloat, peer, native(comm_), nullptr), "all-to-all");
     check(ncclRecv(recv + peer * block, n, ncclFloat, peer, native(comm_), nullptr), "all-to-all");
   }
-  check(ncclGroupEnd(), "all-to-all");
+  group.end();
 }
 
 void NcclGroup::all_to_all_v(const float* send, const std::vector<int64_t>& send_counts,
                              float* recv, const std::vector<int64_t>& recv_counts) {
   FOUNDRY_CHECK(static_cast<int>(send_counts.size()) == size_ &&
                 static_cast<int>(recv_counts.size()) == size_);
-  check(ncclGroupStart(), "all-to-all");
+  CallGroup group("all-to-all");
   int64_t sent = 0, received = 0;
   for (int peer = 0; peer < size_; ++peer) {
     for (int64_t at = 0; at < send_counts[peer]; at += kPiece) {
@@ -244,7 +268,7 @@ void NcclGroup::all_to_all_v(const float* send, const std::vector<int64_t>& send
     sent += send_counts[peer];
     received += recv_counts[peer];
   }
-  check(ncclGroupEnd(), "all-to-all");
+  group.end();
 }
 
 void NcclGroup::synchronize() {

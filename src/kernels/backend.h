@@ -11,6 +11,7 @@
 // where the model asks for a value. Operations are queued in call order: a later call sees
 // an earlier one's results.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -411,8 +412,11 @@ class BackendBuffer {
 class GrowingBuffer {
  public:
   explicit GrowingBuffer(Backend& backend) : backend_(&backend) {}
+  // Grows by half again at least, so that sizes that creep up (an expert's rows as routing
+  // shifts) reallocate a few times, not every step: a device's free waits for the whole GPU.
   void* get(int64_t bytes) {
-    if (bytes > buffer_.bytes()) buffer_ = BackendBuffer(*backend_, bytes);
+    if (bytes > buffer_.bytes())
+      buffer_ = BackendBuffer(*backend_, std::max(bytes, buffer_.bytes() + buffer_.bytes() / 2));
     return buffer_.as<void>();
   }
   // Room for `count` elements of T.

@@ -113,6 +113,7 @@ struct TrainingRun {
   std::optional<Model> model;
   std::unique_ptr<DataParallelOptimizer> optimizer;
   bool overlap = false;  // the gradient reduction runs during backward
+  bool overlap_held_back = false;  // asked for, but the exchanges use NCCL too
   std::optional<TrainBatches> batches;
   std::optional<Checkpointer> checkpointer;
   std::optional<RunDir> run_dir;  // locked for this run
@@ -414,8 +415,12 @@ void TrainingRun::build_model_and_optimizer() {
   if (!run_dir->resume()) model->init_weights(tc.seed);
   optimizer->set_op_times(&model->op_times());
   // Data parallel: the backward pass reports finished gradients and the reduction of the
-  // first buckets starts while the rest of backward computes (optim/grad_reduce.h).
-  overlap = world && tc.overlap_grad_reduce;
+  // first buckets starts while the rest of backward computes (optim/grad_reduce.h). Not where
+  // the expert- or context-parallel exchanges also run over NCCL: NCCL does not promise that
+  // collectives of several communicators in flight at once on one GPU make progress (each
+  // waits for its peers, and a device synchronization waits for all of them).
+  overlap_held_back = world && tc.overlap_grad_reduce && (ep_nccl || cp_nccl);
+  overlap = world && tc.overlap_grad_reduce && !overlap_held_back;
   if (overlap)
     model->set_gradients_final_hook([this](int64_t o) { optimizer->gradients_final(o); });
 }
@@ -456,7 +461,10 @@ void TrainingRun::print_header() const {
           format_bytes(double(optimizer->state_bytes()), ByteUnit::MiB, 1),
           optimizer->layout_name(),
           overlap ? fmt::format("overlapped with backward, {:g} MiB buckets", tc.grad_bucket_mib)
-                  : std::string("after backward"))
+          : overlap_held_back
+              ? std::string("after backward (not overlapped: the exchanges use NCCL on the same "
+                            "GPUs)")
+              : std::string("after backward"))
           .c_str());
 }
 
