@@ -70,8 +70,10 @@ void TrainFaults::poison_losses(int64_t batch, ForwardResult& losses) const {
 }
 
 void TrainFaults::poison_gradients(int64_t batch, Model& model) const {
-  if (has(TrainFaultKind::nan_grad, batch))
-    *model.grad("model.embed_tokens.weight") = std::numeric_limits<float>::quiet_NaN();
+  if (!has(TrainFaultKind::nan_grad, batch)) return;
+  // Through the backend: on a GPU the gradients are in device memory.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  model.backend().from_host(model.grad("model.embed_tokens.weight"), &nan, sizeof(nan));
 }
 
 }  // namespace foundry
