@@ -10,9 +10,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "base/error.h"
 #include "base/format.h"
@@ -361,104 +364,78 @@ int64_t membw_bench_bytes(const MembwOptions& options) {
   return std::max(stream, options.working_set ? largest_working_set(options, llc) : 0);
 }
 
-MembwResult run_membw_bench(const MembwOptions& options) {
-  validate(options);
-  ThreadCountGuard guard;
-  MembwResult result;
-  result.repeats = options.repeats;
-  if (getloadavg(result.load_average, 3) < 0) result.load_average[0] = -1;
-  const int online = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
-  result.caches = read_cache_levels(options.cache_dir, online);
-  const int64_t llc = llc_bytes(result.caches);
-  if (llc == 0) result.notes.push_back("cache sizes unknown (no sysfs entries, no sysconf)");
+namespace {
 
-  const std::vector<int> threads = options.threads.empty() ? default_threads() : options.threads;
-  const int max_threads = *std::max_element(threads.begin(), threads.end());
+using Progress = std::function<void(const std::string&)>;
 
-  const int64_t array_bytes = stream_array_bytes(options, llc);
-  const int64_t n = array_bytes / static_cast<int64_t>(sizeof(double));
-  if (options.stream) check_fits_in_memory("--array-bytes", 3 * n * 8);
-  if (options.stream && llc > 0 && array_bytes < 4 * llc)
-    result.notes.push_back(fmt::format(
-        "STREAM arrays of {} are below 4× the last-level cache ({}): caches inflate the rates",
-        format_size(array_bytes), format_size(4 * llc)));
-
-  // Working-set sizes: geometric from below L1 to many times the LLC.
+// Working-set sizes: geometric from below L1 to many times the LLC, each array a whole number
+// of cache lines per thread.
+std::vector<int64_t> working_set_sizes(const MembwOptions& options,
+                                       const std::vector<CacheLevel>& caches, int64_t llc,
+                                       int max_threads) {
+  const int64_t l1 = caches.empty() ? (32 << 10) : caches.front().bytes;
+  const int64_t lo = options.min_bytes ? options.min_bytes : std::max<int64_t>(l1 / 4, 1024);
+  const int64_t hi = largest_working_set(options, llc);
+  if (hi < lo)
+    fail(fmt::format("--max-bytes {} is below --min-bytes {}", format_size(hi), format_size(lo)),
+         options.max_bytes ? "the working-set sweep runs from --min-bytes up to --max-bytes"
+                           : "the default --max-bytes is 8× the last-level cache; set it");
+  check_fits_in_memory("--max-bytes", hi);
+  const int64_t quantum = 3 * 8 * 8 * static_cast<int64_t>(max_threads);
   std::vector<int64_t> sizes;
-  if (options.working_set) {
-    const int64_t l1 = result.caches.empty() ? (32 << 10) : result.caches.front().bytes;
-    const int64_t lo = options.min_bytes ? options.min_bytes : std::max<int64_t>(l1 / 4, 1024);
-    const int64_t hi = largest_working_set(options, llc);
-    if (hi < lo)
-      fail(fmt::format("--max-bytes {} is below --min-bytes {}", format_size(hi),
-                       format_size(lo)),
-           options.max_bytes ? "the working-set sweep runs from --min-bytes up to --max-bytes"
-                             : "the default --max-bytes is 8× the last-level cache; set it");
-    check_fits_in_memory("--max-bytes", hi);
-    // Each array gets a whole number of cache lines per thread.
-    const int64_t quantum = 3 * 8 * 8 * static_cast<int64_t>(max_threads);
-    for (int i = 0;; ++i) {
-      const double raw = lo * std::pow(2.0, static_cast<double>(i) / options.points_per_doubling);
-      if (raw > hi * (1 + 1e-9)) break;
-      const int64_t bytes = std::max<int64_t>(quantum, std::llround(raw / quantum) * quantum);
-      if (sizes.empty() || bytes > sizes.back()) sizes.push_back(bytes);
-    }
+  for (int i = 0;; ++i) {
+    const double raw = lo * std::pow(2.0, static_cast<double>(i) / options.points_per_doubling);
+    if (raw > hi * (1 + 1e-9)) break;
+    const int64_t bytes = std::max<int64_t>(quantum, std::llround(raw / quantum) * quantum);
+    if (sizes.empty() || bytes > sizes.back()) sizes.push_back(bytes);
   }
+  return sizes;
+}
 
-  const int64_t total = (options.stream ? static_cast<int64_t>(threads.size()) : 0) +
-                        static_cast<int64_t>(sizes.size()) * (options.repeats - 1);
-  int64_t done = 0;
-  auto progress = [&](const std::string& what) {
-    ++done;
-    if (options.on_progress) options.on_progress(done, total, what);
-  };
-
-  if (options.stream) {
-    for (int t : threads) {
-      omp_set_num_threads(t);
-      DoubleArray a(n), b(n), c(n);
-      double* pa = a.data;
-      double* pb = b.data;
-      double* pc = c.data;
-      // First touch with the kernels' own static schedule.
+// STREAM's four kernels over arrays of n doubles with `t` threads, `repeats` times each.
+void measure_stream(const MembwOptions& options, int t, int64_t n, MembwResult& result) {
+  omp_set_num_threads(t);
+  DoubleArray a(n), b(n), c(n);
+  double* pa = a.data;
+  double* pb = b.data;
+  double* pc = c.data;
+  // First touch with the kernels' own static schedule.
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        pa[i] = 1.0;
-        pb[i] = 2.0;
-        pc[i] = 0.0;
-      }
-      std::vector<std::vector<double>> seconds(4, std::vector<double>(options.repeats));
-      for (int r = 0; r < options.repeats; ++r) {
-        for (int k = 0; k < 4; ++k) {
-          const double start = now_seconds();
-          stream_kernel(kStreamKernels[k], pa, pb, pc, n, kStreamScalar);
-          seconds[k][r] = now_seconds() - start;
-        }
-      }
-      const StreamCheck check = validate_stream(pa, pb, pc, n, options.repeats);
-      if (!check.valid) {
-        result.all_valid = false;
-        result.notes.push_back(fmt::format(
-            "STREAM with {} threads failed validation: array {} is wrong at index {} "
-            "(max relative errors a {:.3g}, b {:.3g}, c {:.3g})",
-            t, check.first_bad_array, check.first_bad, check.a_error, check.b_error,
-            check.c_error));
-      }
-      for (int k = 0; k < 4; ++k) {
-        result.stream.push_back(
-            make_stream_result(kStreamKernels[k], t, n, seconds[k], check.valid));
-        if (kStreamKernels[k] == StreamKernel::triad)
-          result.best_triad_bytes_per_s =
-              std::max(result.best_triad_bytes_per_s, result.stream.back().bytes_per_s);
-      }
-      progress(fmt::format("STREAM, {} thread{}", t, t == 1 ? "" : "s"));
+  for (int64_t i = 0; i < n; ++i) {
+    pa[i] = 1.0;
+    pb[i] = 2.0;
+    pc[i] = 0.0;
+  }
+  std::vector<std::vector<double>> seconds(4, std::vector<double>(options.repeats));
+  for (int r = 0; r < options.repeats; ++r) {
+    for (int k = 0; k < 4; ++k) {
+      const double start = now_seconds();
+      stream_kernel(kStreamKernels[k], pa, pb, pc, n, kStreamScalar);
+      seconds[k][r] = now_seconds() - start;
     }
   }
+  const StreamCheck check = validate_stream(pa, pb, pc, n, options.repeats);
+  if (!check.valid) {
+    result.all_valid = false;
+    result.notes.push_back(fmt::format(
+        "STREAM with {} threads failed validation: array {} is wrong at index {} "
+        "(max relative errors a {:.3g}, b {:.3g}, c {:.3g})",
+        t, check.first_bad_array, check.first_bad, check.a_error, check.b_error, check.c_error));
+  }
+  for (int k = 0; k < 4; ++k) {
+    result.stream.push_back(make_stream_result(kStreamKernels[k], t, n, seconds[k], check.valid));
+    if (kStreamKernels[k] == StreamKernel::triad)
+      result.best_triad_bytes_per_s =
+          std::max(result.best_triad_bytes_per_s, result.stream.back().bytes_per_s);
+  }
+}
 
-  // The sweep runs as repeats − 1 passes over all sizes, each size measured once per pass
-  // after its own warm-up run. Spreading a size's samples over the whole sweep, instead of
-  // taking them back to back, keeps one busy moment of a shared machine from spoiling every
-  // sample of the sizes measured during it; the best sample per size is reported.
+// The working-set sweep: repeats − 1 passes over all sizes, each size measured once per pass
+// after its own warm-up run. Spreading a size's samples over the whole sweep, instead of
+// taking them back to back, keeps one busy moment of a shared machine from spoiling every
+// sample of the sizes measured during it; the best sample per size is reported.
+void measure_working_sets(const MembwOptions& options, const std::vector<int64_t>& sizes,
+                          int max_threads, MembwResult& result, const Progress& progress) {
   const int64_t per_run =
       options.bytes_per_run > 0 ? options.bytes_per_run : (int64_t{64} << 20) * max_threads;
   std::vector<double> best_seconds(sizes.size(), std::numeric_limits<double>::infinity());
@@ -505,6 +482,48 @@ MembwResult run_membw_bench(const MembwOptions& options) {
     }
     result.working_set.push_back(p);
   }
+}
+
+}  // namespace
+
+MembwResult run_membw_bench(const MembwOptions& options) {
+  validate(options);
+  ThreadCountGuard guard;
+  MembwResult result;
+  result.repeats = options.repeats;
+  if (getloadavg(result.load_average, 3) < 0) result.load_average[0] = -1;
+  const int online = std::max(1, static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN)));
+  result.caches = read_cache_levels(options.cache_dir, online);
+  const int64_t llc = llc_bytes(result.caches);
+  if (llc == 0) result.notes.push_back("cache sizes unknown (no sysfs entries, no sysconf)");
+
+  const std::vector<int> threads = options.threads.empty() ? default_threads() : options.threads;
+  const int max_threads = *std::max_element(threads.begin(), threads.end());
+
+  const int64_t array_bytes = stream_array_bytes(options, llc);
+  const int64_t n = array_bytes / static_cast<int64_t>(sizeof(double));
+  if (options.stream) check_fits_in_memory("--array-bytes", 3 * n * 8);
+  if (options.stream && llc > 0 && array_bytes < 4 * llc)
+    result.notes.push_back(fmt::format(
+        "STREAM arrays of {} are below 4× the last-level cache ({}): caches inflate the rates",
+        format_size(array_bytes), format_size(4 * llc)));
+  const std::vector<int64_t> sizes =
+      options.working_set ? working_set_sizes(options, result.caches, llc, max_threads)
+                          : std::vector<int64_t>{};
+
+  const int64_t total = (options.stream ? static_cast<int64_t>(threads.size()) : 0) +
+                        static_cast<int64_t>(sizes.size()) * (options.repeats - 1);
+  int64_t done = 0;
+  const Progress progress = [&](const std::string& what) {
+    ++done;
+    if (options.on_progress) options.on_progress(done, total, what);
+  };
+  if (options.stream)
+    for (int t : threads) {
+      measure_stream(options, t, n, result);
+      progress(fmt::format("STREAM, {} thread{}", t, t == 1 ? "" : "s"));
+    }
+  measure_working_sets(options, sizes, max_threads, result, progress);
   return result;
 }
 
