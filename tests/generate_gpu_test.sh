@@ -7,11 +7,14 @@
 #     token ids for every request, and a sampled request the CPU's tokens for its seed;
 #  3. `eval --choices` scores every candidate within 1e-4 (relative) of the CPU;
 #  4. `bench decode --device cuda` measures steps on the GPU and says so.
+# FOUNDRY_TEST_DEVICE=cpu with FOUNDRY_POSE_AS_DEVICE=1 runs the same on a machine without a GPU,
+# the CPU backend posing as the device (the paths of a GPU run on the CPU's kernels).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
+GPU="${FOUNDRY_TEST_DEVICE:-cuda}"
 
 # Skips only for want of a GPU (or of the CUDA backend); any other failure of the probe fails.
-probe="$("$FOUNDRY" bench decode --config "$SRC/configs/demo-moe.json" --device cuda \
+probe="$("$FOUNDRY" bench decode --config "$SRC/configs/demo-moe.json" --device "$GPU" \
           --batches 1 --steps 1 --warmup 0 --warmup-seconds 0 --context 1 --finer 1 --quiet 2>&1)"
 [ $? -eq 0 ] || gpu_probe_failed "decode" "$probe"
 
@@ -54,18 +57,18 @@ cat > choices.jsonl <<'JSON'
 JSON
 
 for arch in moe zaya; do
-  "$FOUNDRY" train -c $arch.json -q >train-$arch.log 2>&1 \
+  "${ON_CPU[@]}" "$FOUNDRY" train -c $arch.json -q >train-$arch.log 2>&1 \
     || { cat train-$arch.log; bad "$arch: training failed"; continue; }
 
   prompt="the expert router sends each token to"
-  a="$("$FOUNDRY" generate -c $arch.json -p "$prompt" -n 24 --temperature 0 2>gen-cpu.err)"
-  b="$("$FOUNDRY" generate -c $arch.json -p "$prompt" -n 24 --temperature 0 --device cuda 2>gen-gpu.err)"
+  a="$("${ON_CPU[@]}" "$FOUNDRY" generate -c $arch.json -p "$prompt" -n 24 --temperature 0 2>gen-cpu.err)"
+  b="$("$FOUNDRY" generate -c $arch.json -p "$prompt" -n 24 --temperature 0 --device "$GPU" 2>gen-gpu.err)"
   if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "$arch: generate greedy on the GPU is the CPU's text"
   else bad "$arch: generate: CPU '$a', GPU '$b' ($(cat gen-gpu.err))"; fi
 
-  "$FOUNDRY" generate -c $arch.json --batch req.jsonl --out cpu-$arch.jsonl -q >b-cpu.log 2>&1 \
+  "${ON_CPU[@]}" "$FOUNDRY" generate -c $arch.json --batch req.jsonl --out cpu-$arch.jsonl -q >b-cpu.log 2>&1 \
     || { cat b-cpu.log; bad "$arch: generate --batch on the CPU failed"; }
-  "$FOUNDRY" generate -c $arch.json --batch req.jsonl --out gpu-$arch.jsonl -q --device cuda \
+  "$FOUNDRY" generate -c $arch.json --batch req.jsonl --out gpu-$arch.jsonl -q --device "$GPU" \
     >b-gpu.log 2>&1 || { cat b-gpu.log; bad "$arch: generate --batch on the GPU failed"; }
   python3 - cpu-$arch.jsonl gpu-$arch.jsonl <<'PY' \
     && ok "$arch: generate --batch on the GPU gives every request the CPU's tokens" \
@@ -79,9 +82,9 @@ for x, y in zip(a, b):
     assert x["finish_reason"] == y["finish_reason"], (x, y)
 PY
 
-  "$FOUNDRY" eval -c $arch.json --choices choices.jsonl --out s-cpu-$arch.jsonl -q >c-cpu.log 2>&1 \
+  "${ON_CPU[@]}" "$FOUNDRY" eval -c $arch.json --choices choices.jsonl --out s-cpu-$arch.jsonl -q >c-cpu.log 2>&1 \
     || { cat c-cpu.log; bad "$arch: eval --choices on the CPU failed"; }
-  "$FOUNDRY" eval -c $arch.json --choices choices.jsonl --out s-gpu-$arch.jsonl -q --device cuda \
+  "$FOUNDRY" eval -c $arch.json --choices choices.jsonl --out s-gpu-$arch.jsonl -q --device "$GPU" \
     >c-gpu.log 2>&1 || { cat c-gpu.log; bad "$arch: eval --choices on the GPU failed"; }
   python3 - s-cpu-$arch.jsonl s-gpu-$arch.jsonl <<'PY' \
     && ok "$arch: eval --choices on the GPU scores within 1e-4 of the CPU" \
@@ -97,6 +100,7 @@ for x, y in zip(a, b):
 PY
 done
 
+[ -n "${FOUNDRY_POSE_AS_DEVICE:-}" ] && { finish; exit; }  # what follows needs a GPU
 out="$("$FOUNDRY" bench decode --config zaya.json --device cuda --batches 1,4 --steps 3 \
         --warmup 1 --warmup-seconds 0 --context 8 --finer 1 --quiet 2>&1)"
 grep -q "^# device: cuda:0" <<<"$out" && ok "bench decode --device cuda measures on the GPU" \

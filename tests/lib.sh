@@ -32,6 +32,10 @@ finish() {
   [ "$failures" -eq 0 ]
 }
 
+# The CPU itself, for a GPU test's reference runs: also where FOUNDRY_POSE_AS_DEVICE=1 has the
+# CPU device pose as a GPU for the runs under test (FOUNDRY_TEST_DEVICE=cpu).
+ON_CPU=(env -u FOUNDRY_POSE_AS_DEVICE)
+
 # After a GPU test's probe run failed with OUTPUT: a skip (exit 77) where the failure is for
 # want of a GPU or of the CUDA backend; any other failure fails the test.
 gpu_probe_failed() {  # WHAT OUTPUT

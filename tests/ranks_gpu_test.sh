@@ -8,8 +8,11 @@
 # two ranks each on its own exchange over NCCL (when the build has it) alike, replicated and
 # ZeRO-1, expert and context parallel; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
 # CPU on GPU within 1e-4).
+# FOUNDRY_TEST_DEVICE=cpu with FOUNDRY_POSE_AS_DEVICE=1 runs the same on a machine without a GPU,
+# the CPU backend posing as the device (the paths of a GPU run on the CPU's kernels).
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
+GPU="${FOUNDRY_TEST_DEVICE:-cuda:0}"
 MPIRUN=(timeout -k 5 120 mpirun --oversubscribe --bind-to none)  # a hang costs 2 minutes, not the test
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 
@@ -22,6 +25,7 @@ cat > tiny.json <<'JSON'
             "peak_gflops": 100, "run_dir": "one", "device": "cuda:0"}
 }
 JSON
+sed -i "s/\"cuda:0\"/\"$GPU\"/" tiny.json
 
 probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --steps 1 --set train.run_dir=probe -q 2>&1)"
 [ $? -eq 0 ] || gpu_probe_failed "train" "$probe"
@@ -103,7 +107,7 @@ print([(c["op"], c["algorithm"], len(c["points"])) for c in r])
 sys.exit(0 if len(r) == 5 and all(c["algorithm"] == "nccl" and c["points"] and
          all(p["wrong"] == 0 for p in c["points"]) for c in r) else 1)
 PY
-else
+elif [ -z "${FOUNDRY_POSE_AS_DEVICE:-}" ]; then
   echo "skipped: two ranks on two GPUs (${gpus:-0} visible)"
   expect_fail "bench comm --device cuda with two ranks on one GPU" "share one GPU, and NCCL needs a GPU per rank" \
     "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm --device cuda:0 -e 1K
@@ -125,36 +129,38 @@ else bad "the resumed run: '$b' after $(grep -m1 -o 'trained steps [0-9.]*' resu
 last4() {  # the last 4 losses a run dir's metrics.jsonl holds
   python3 -c "import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(' '.join([repr(x['loss']) for x in r if 'loss' in x][-4:]))" "$1/metrics.jsonl"
 }
-resume_at_4() {  # FROM_DIR NEW_DIR DEVICE
+resume_at_4() {  # FROM_DIR NEW_DIR gpu|cpu
+  local run=("$FOUNDRY") device="$GPU"
+  [ "$3" = cpu ] && run=("${ON_CPU[@]}" "$FOUNDRY") device=cpu
   rm -rf "$2" && cp -r "$1" "$2" && rm -rf "$2/checkpoints/step_00000008"
-  "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir="$2" --resume --device "$3" \
+  "${run[@]}" train -c tiny.json --synthetic-data --set train.run_dir="$2" --resume --device "$device" \
     >"$2.log" 2>&1 || { cat "$2.log"; bad "resuming $1 on $3 failed"; }
   grep -q "resumed from" "$2.log" || bad "$2 did not say it resumed"
 }
 within() {  # A B: the same number of losses, each within 1e-4 relative
   python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(0 if len(a) == len(b) == 4 and all(abs(float(x) - float(y)) <= 1e-4 * abs(float(x)) for x, y in zip(a, b)) else 1)" "$1" "$2"
 }
-resume_at_4 one gpu-on-gpu cuda
+resume_at_4 one gpu-on-gpu gpu
 [ -n "$(last4 one)" ] && [ "$(last4 gpu-on-gpu)" = "$(last4 one)" ] \
   && ok "a GPU checkpoint resumes on the GPU to the same losses, bit for bit" \
   || bad "GPU resume: '$(last4 gpu-on-gpu)' against '$(last4 one)'"
 resume_at_4 one gpu-on-cpu cpu
 within "$(last4 one)" "$(last4 gpu-on-cpu)" && ok "a GPU checkpoint resumes on the CPU within 1e-4" \
   || bad "GPU checkpoint on the CPU: '$(last4 gpu-on-cpu)' against '$(last4 one)'"
-"$FOUNDRY" train -c tiny.json --synthetic-data --device cpu --set train.run_dir=cpu -q >cpu.log 2>&1 \
+"${ON_CPU[@]}" "$FOUNDRY" train -c tiny.json --synthetic-data --device cpu --set train.run_dir=cpu -q >cpu.log 2>&1 \
   || { cat cpu.log; bad "the CPU run failed"; }
-resume_at_4 cpu cpu-on-gpu cuda
+resume_at_4 cpu cpu-on-gpu gpu
 within "$(last4 cpu)" "$(last4 cpu-on-gpu)" && ok "a CPU checkpoint resumes on the GPU within 1e-4" \
   || bad "CPU checkpoint on the GPU: '$(last4 cpu-on-gpu)' against '$(last4 cpu)'"
 
 # The ZeRO-1 checkpoint of step 4 (each rank's range and its state) resumes in one process on
 # the GPU, and at 2 ranks with ZeRO-1 on the CPU, to the same end.
-for where in "1 cuda:0" "2 cpu"; do
+for where in "1 $GPU" "2 cpu"; do
   read -r np dev <<<"$where"
   dir=zero1-on-$np-${dev%%:*}
   cp -r zero1 "$dir" && rm -rf "$dir/checkpoints/step_00000008"
   mpi=()
-  [ "$np" = 2 ] && mpi=(env OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2)
+  [ "$np" = 2 ] && mpi=("${ON_CPU[@]}" OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2)  # the CPU's ZeRO-1
   "${mpi[@]}" "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir="$dir" \
     --set train.zero1=true --device "$dev" --resume >"$dir.log" 2>&1 \
     || { cat "$dir.log"; bad "resuming the ZeRO-1 checkpoint on $np rank(s), $dev, failed"; }
@@ -196,6 +202,7 @@ cat > zaya.json <<'JSON'
             "zero1": false, "peak_gflops": 100, "run_dir": "zaya-one", "device": "cuda:0"}
 }
 JSON
+sed -i "s/\"cuda:0\"/\"$GPU\"/" zaya.json
 "$FOUNDRY" train -c zaya.json --synthetic-data -q >zaya-one.log 2>&1 \
   || { cat zaya-one.log; bad "zaya on one rank failed"; }
 OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c zaya.json --synthetic-data \

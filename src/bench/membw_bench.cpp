@@ -366,7 +366,7 @@ int64_t membw_bench_bytes(const MembwOptions& options) {
 
 namespace {
 
-using Progress = std::function<void(const std::string&)>;
+using ProgressFn = std::function<void(const std::string&)>;
 
 // Working-set sizes: geometric from below L1 to many times the LLC, each array a whole number
 // of cache lines per thread.
@@ -435,7 +435,7 @@ void measure_stream(const MembwOptions& options, int t, int64_t n, MembwResult& 
 // taking them back to back, keeps one busy moment of a shared machine from spoiling every
 // sample of the sizes measured during it; the best sample per size is reported.
 void measure_working_sets(const MembwOptions& options, const std::vector<int64_t>& sizes,
-                          int max_threads, MembwResult& result, const Progress& progress) {
+                          int max_threads, MembwResult& result, const ProgressFn& progress) {
   const int64_t per_run =
       options.bytes_per_run > 0 ? options.bytes_per_run : (int64_t{64} << 20) * max_threads;
   std::vector<double> best_seconds(sizes.size(), std::numeric_limits<double>::infinity());
@@ -514,7 +514,7 @@ MembwResult run_membw_bench(const MembwOptions& options) {
   const int64_t total = (options.stream ? static_cast<int64_t>(threads.size()) : 0) +
                         static_cast<int64_t>(sizes.size()) * (options.repeats - 1);
   int64_t done = 0;
-  const Progress progress = [&](const std::string& what) {
+  const ProgressFn progress = [&](const std::string& what) {
     ++done;
     if (options.on_progress) options.on_progress(done, total, what);
   };

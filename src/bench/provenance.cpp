@@ -84,9 +84,9 @@ Provenance collect_provenance(int ranks) {
   p.libraries.emplace_back("MPI", mpi_library());
   p.libraries.emplace_back("compiler", fmt::format("g++ {}.{}.{}", __GNUC__, __GNUC_MINOR__,
                                                    __GNUC_PATCHLEVEL__));
-  for (const char* name :
-       {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "FOUNDRY_GEMM_ROWS", "ONEDNN_MAX_CPU_ISA",
-        "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE", "OMPI_MCA_coll_tuned_use_dynamic_rules"}) {
+  for (const char* name : {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "FOUNDRY_GEMM_ROWS",
+                           "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
+                           "OMPI_MCA_coll_tuned_use_dynamic_rules", "FOUNDRY_POSE_AS_DEVICE"}) {
     if (const char* v = std::getenv(name)) p.env.emplace_back(name, v);
   }
   return p;

@@ -271,6 +271,11 @@ void NcclGroup::all_to_all_v(const float* send, const std::vector<int64_t>& send
   group.end();
 }
 
+void NcclGroup::abort() {
+  if (comm_) ncclCommAbort(native(comm_));
+  comm_ = nullptr;
+}
+
 void NcclGroup::synchronize() {
   const cudaError_t e = cudaStreamSynchronize(nullptr);
   if (e != cudaSuccess)
@@ -316,6 +321,7 @@ void NcclGroup::all_to_all_v(const float*, const std::vector<int64_t>&, float*,
   fail_no_nccl();
 }
 void NcclGroup::synchronize() { fail_no_nccl(); }
+void NcclGroup::abort() {}
 
 }  // namespace foundry::gpu
 

@@ -75,6 +75,11 @@ class NcclGroup {
   void all_to_all_v(const float* send, const std::vector<int64_t>& send_counts, float* recv,
                     const std::vector<int64_t>& recv_counts);
   void synchronize();
+  // Gives the communicator up at once (ncclCommAbort: local, it waits for no peer), for an error
+  // path: a collective in flight may wait for a peer that will never join it, and the device
+  // memory freed after it (cudaFree waits for the whole GPU) would wait too. Nothing may use
+  // the group after it.
+  void abort();
 
  private:
   int rank_ = 0, size_ = 1;

@@ -408,15 +408,19 @@ class BackendBuffer {
 };
 
 // Scratch in a backend's memory that grows to the largest request and then stays (its
-// contents do not survive a larger request).
+// contents do not survive a larger request). A `growth` above 1 grows it to at least that many
+// times its size, for sizes that creep up from step to step (an expert's rows as routing
+// shifts): a few reallocations instead of one every few steps, each of which on a GPU waits
+// for the whole device.
 class GrowingBuffer {
  public:
-  explicit GrowingBuffer(Backend& backend) : backend_(&backend) {}
-  // Grows by half again at least, so that sizes that creep up (an expert's rows as routing
-  // shifts) reallocate a few times, not every step: a device's free waits for the whole GPU.
+  explicit GrowingBuffer(Backend& backend, double growth = 1.0)
+      : backend_(&backend), growth_(growth) {}
   void* get(int64_t bytes) {
-    if (bytes > buffer_.bytes())
-      buffer_ = BackendBuffer(*backend_, std::max(bytes, buffer_.bytes() + buffer_.bytes() / 2));
+    if (bytes > buffer_.bytes()) {
+      const auto grown = static_cast<int64_t>(growth_ * static_cast<double>(buffer_.bytes()));
+      buffer_ = BackendBuffer(*backend_, std::max(bytes, grown));
+    }
     return buffer_.as<void>();
   }
   // Room for `count` elements of T.
@@ -428,6 +432,7 @@ class GrowingBuffer {
 
  private:
   Backend* backend_;
+  double growth_;
   BackendBuffer buffer_;
 };
 

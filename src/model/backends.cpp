@@ -1,5 +1,6 @@
 #include "model/backends.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -9,7 +10,13 @@
 
 namespace foundry {
 
+bool device_posing() {
+  const char* v = std::getenv("FOUNDRY_POSE_AS_DEVICE");
+  return v && std::strcmp(v, "1") == 0;
+}
+
 std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::string& what) {
+  if (!device.cuda && device_posing()) return make_cpu_backend_posing_as_device();
   if (!device.cuda) return make_cpu_backend();
   return gpu::make_cuda_backend(device.index, what);
 }

@@ -20,7 +20,7 @@ struct Experts::Parallel {
       : group(g),
         sharding(n_experts, g->size(), g->rank()),
         backend(backend),
-        wire_device(backend),
+        wire_device(backend, kGrowth),
         moves(*g, backend, nccl),
         // Blocks of rows per peer between device buffers (over NCCL, or through host memory
         // and MPI), and reordered on the device.
@@ -31,14 +31,17 @@ struct Experts::Parallel {
         copy([this](float* to, const float* from, int64_t elements) {
           this->backend.copy(to, from, elements * static_cast<int64_t>(sizeof(float)));
         }),
-        ys(backend),
-        dys(backend),
-        dxs(backend),
-        dh(backend),
-        dact(backend) {
+        ys(backend, kGrowth),
+        dys(backend, kGrowth),
+        dxs(backend, kGrowth),
+        dh(backend, kGrowth),
+        dact(backend, kGrowth) {
     for (int64_t l = 0; l < n_layers; ++l) layers.emplace_back(backend);
   }
 
+  // A rank's rows change with the routing every step: its buffers grow by half again when they
+  // must grow.
+  static constexpr double kGrowth = 1.5;
   const Communicator* group;
   ExpertSharding sharding;
   Backend& backend;
@@ -47,7 +50,7 @@ struct Experts::Parallel {
   ExpertExchange::Move move;
   ExpertExchange::Copy copy;
   struct Layer {
-    explicit Layer(Backend& b) : xs(b), h(b), act(b) {}
+    explicit Layer(Backend& b) : xs(b, kGrowth), h(b, kGrowth), act(b, kGrowth) {}
     ExpertExchange exchange;
     GrowingBuffer xs, h, act;  // local layout: [L, C], [L, 2F], [L, F]
   };

@@ -110,8 +110,8 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_EQ(gpu::nccl_buffer_bytes(nullptr), int64_t{256} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("1048576"), int64_t{64} << 20);
   EXPECT_EQ(gpu::nccl_buffer_bytes("lots"), int64_t{256} << 20);  // unreadable: NCCL's default
-  // Context parallelism's exchange buffers are the estimate's (an activations item, as on the
-  // CPU), not a part of their own: with 4 ranks in 2 groups of 2, 64 / 2 sequences a rank.
+  // Context parallelism's exchange buffers are the estimate's (a backward-buffers item, as on
+  // the CPU), not a part of their own: with 4 ranks in 2 groups of 2, 64 / 2 sequences a rank.
   rc.train.context_parallel = 2;
   const MemoryEstimate cp = estimate_memory(rc.model, 64 / 2, rc.train.seq_len, DType::bf16,
                                             false, 2);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <exception>
 #include <memory>
 #include <optional>
 
@@ -13,17 +14,18 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/timer.h"
-#include "cuda/nccl.h"
-#include "cuda/runtime.h"
 #include "ckpt/checkpoint_dir.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
+#include "cuda/nccl.h"
+#include "cuda/runtime.h"
 #include "data/dataset.h"
 #include "kernels/gemm.h"
-#include "model/expert_parallel.h"
 #include "model/backends.h"
+#include "model/expert_parallel.h"
 #include "model/info.h"
 #include "optim/device_optimizer.h"
+#include "optim/optimizer_kernels.h"
 #include "train/checkpointer.h"
 #include "train/evaluate.h"
 #include "train/events.h"
@@ -95,6 +97,13 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
 
 // A training run, assembled in order: processes, data, model, optimizer, checkpoints.
 struct TrainingRun {
+  // On an error, the expert- and context-parallel NCCL groups are given up before the model's
+  // device memory is freed: a collective in flight could otherwise hold the frees forever.
+  ~TrainingRun() {
+    if (std::uncaught_exceptions() == 0) return;
+    if (ep_nccl) ep_nccl->abort();
+    if (cp_nccl) cp_nccl->abort();
+  }
   TrainingRun(const RunConfig& rc, const TrainOptions& opt);
 
   const RunConfig& rc;
@@ -396,14 +405,18 @@ void TrainingRun::build_model_and_optimizer() {
     }
     model->set_context_parallel(&*cp_group, cp_nccl.get());
   }
-  if (tc.device.cuda && world && world->size() > 1) {
+  // A device's slabs (a GPU's, or the CPU backend posing as one in tests, with the CPU's
+  // optimizer kernels): the device optimizers.
+  const bool on_device = !backend->host_memory();
+  const auto kernels = tc.device.cuda ? gpu_optimizer_kernels : cpu_optimizer_kernels;
+  if (on_device && world && world->size() > 1) {
     // Data parallel on GPUs: over NCCL where every rank has a GPU of its own, else through
     // host memory.
     auto g = procs.guard("opening the data-parallel group of the GPUs");
     optimizer = make_device_data_parallel_optimizer(model->table(), optimizer_options(tc), *backend,
-                                                    *world, gpu_path);
-  } else if (tc.device.cuda) {
-    optimizer = make_device_optimizer(model->table(), optimizer_options(tc), *backend);
+                                                    *world, gpu_path, kernels);
+  } else if (on_device) {
+    optimizer = make_device_optimizer(model->table(), optimizer_options(tc), *backend, kernels());
   } else {
     optimizer = make_optimizer(model->table(), optimizer_options(tc), world);
   }
@@ -452,7 +465,7 @@ void TrainingRun::print_header() const {
                                     .c_str()
                               : "",
       static_cast<long long>(tc.expert_parallel),
-      tc.device.cuda && (tc.expert_parallel > 1 || tc.context_parallel > 1)
+      !backend->host_memory() && (tc.expert_parallel > 1 || tc.context_parallel > 1)
           ? (ep_nccl || cp_nccl ? " | their exchanges over NCCL"
                                 : " | their exchanges through host memory")
           : "",
