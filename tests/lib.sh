@@ -32,6 +32,26 @@ finish() {
   [ "$failures" -eq 0 ]
 }
 
+# Under FOUNDRY_POSE_AS_DEVICE the runs must pose, or a posing test would compare the CPU with
+# itself: a one-step run says so.
+if [ -n "${FOUNDRY_POSE_AS_DEVICE:-}" ]; then
+  posing_dir="$(mktemp -d)"
+  cat >"$posing_dir/c.json" <<'JSON'
+{"model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1,
+           "head_dim": 8, "n_experts": 2, "top_k": 1, "ffn_dim": 16, "max_seq_len": 16},
+ "train": {"steps": 1, "batch_size": 1, "seq_len": 16, "peak_gflops": 100, "checkpoint_every": 0,
+           "checkpoint_at_end": false}}
+JSON
+  posing_out="$("$FOUNDRY" train -c "$posing_dir/c.json" --synthetic-data -q \
+                 --set train.run_dir="$posing_dir/run" 2>&1)"
+  if ! grep -q "the CPU backend poses as a device" <<<"$posing_out"; then
+    echo "FAIL: FOUNDRY_POSE_AS_DEVICE=$FOUNDRY_POSE_AS_DEVICE, but the run did not pose as a device"
+    rm -rf "$posing_dir"
+    exit 1
+  fi
+  rm -rf "$posing_dir"
+fi
+
 # The CPU itself, for a GPU test's reference runs: also where FOUNDRY_POSE_AS_DEVICE=1 has the
 # CPU device pose as a GPU for the runs under test (FOUNDRY_TEST_DEVICE=cpu).
 ON_CPU=(env -u FOUNDRY_POSE_AS_DEVICE)

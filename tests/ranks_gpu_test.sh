@@ -85,7 +85,7 @@ grep -q "ZeRO-1 over 2 ranks, gradients reduce-scattered through host memory" ze
 
 # Two ranks each on a GPU of its own (plain cuda: rank r takes GPU r), where two are visible.
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ')
-if [ "${gpus:-0}" -ge 2 ]; then
+if [ "$GPU" != cpu ] && [ "${gpus:-0}" -ge 2 ]; then
   for zero1 in false true; do
     OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data \
       --device cuda --set train.run_dir=two-gpus-$zero1 --set train.zero1=$zero1 \
@@ -107,7 +107,7 @@ print([(c["op"], c["algorithm"], len(c["points"])) for c in r])
 sys.exit(0 if len(r) == 5 and all(c["algorithm"] == "nccl" and c["points"] and
          all(p["wrong"] == 0 for p in c["points"]) for c in r) else 1)
 PY
-elif [ -z "${FOUNDRY_POSE_AS_DEVICE:-}" ]; then
+elif [ "$GPU" != cpu ]; then
   echo "skipped: two ranks on two GPUs (${gpus:-0} visible)"
   expect_fail "bench comm --device cuda with two ranks on one GPU" "share one GPU, and NCCL needs a GPU per rank" \
     "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm --device cuda:0 -e 1K
@@ -213,7 +213,7 @@ follows zaya-one zaya-cp \
   || bad "zaya: context parallel on the GPU and 1 rank differ"
 
 # Expert and context parallel with each rank on a GPU of its own: the rows over NCCL.
-if [ "${gpus:-0}" -ge 2 ]; then
+if [ "$GPU" != cpu ] && [ "${gpus:-0}" -ge 2 ]; then
   while read -r config dir reference setting; do
     OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c "$config" --synthetic-data \
       --device cuda --set train.run_dir="$dir" --set "$setting" >"$dir.log" 2>&1 \

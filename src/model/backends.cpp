@@ -1,7 +1,9 @@
 #include "model/backends.h"
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -16,7 +18,15 @@ bool device_posing() {
 }
 
 std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::string& what) {
-  if (!device.cuda && device_posing()) return make_cpu_backend_posing_as_device();
+  if (!device.cuda && device_posing()) {
+    static std::once_flag said;
+    std::call_once(said, [] {
+      std::fprintf(stderr,
+                   "note: FOUNDRY_POSE_AS_DEVICE=1: the CPU backend poses as a device (a test "
+                   "setting: a GPU run's paths on the CPU's kernels)\n");
+    });
+    return make_cpu_backend_posing_as_device();
+  }
   if (!device.cuda) return make_cpu_backend();
   return gpu::make_cuda_backend(device.index, what);
 }

@@ -79,7 +79,8 @@ struct Experts::Parallel {
 
 Experts::Experts(Compute& cx, int64_t n_layers)
     : cx_(cx), n_layers_(n_layers) {
-  for (int64_t l = 0; l < n_layers; ++l) xs_gemm_.emplace_back(cx.ops);
+  // Under expert parallelism a layer's rows change with the routing: half again when it grows.
+  for (int64_t l = 0; l < n_layers; ++l) xs_gemm_.emplace_back(cx.ops, Parallel::kGrowth);
 }
 
 Experts::~Experts() = default;

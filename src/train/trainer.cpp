@@ -97,10 +97,11 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
 
 // A training run, assembled in order: processes, data, model, optimizer, checkpoints.
 struct TrainingRun {
+  const int exceptions_at_start = std::uncaught_exceptions();
   // On an error, the expert- and context-parallel NCCL groups are given up before the model's
   // device memory is freed: a collective in flight could otherwise hold the frees forever.
   ~TrainingRun() {
-    if (std::uncaught_exceptions() == 0) return;
+    if (std::uncaught_exceptions() <= exceptions_at_start) return;
     if (ep_nccl) ep_nccl->abort();
     if (cp_nccl) cp_nccl->abort();
   }
