@@ -112,7 +112,6 @@ if [ -z "$bench_only" ]; then
   # GPU" (GpuBackend.IsAClearErrorWithoutAGpu skips the other way round, where a GPU is visible).
   skipped=$(grep -c -E "no CUDA GPU visible|skipped: no GPU" "$out/gpu-tests.log")
   [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
-  nccl_note=""
   grep -q "this build has no NCCL" "$out/gpu-tests.log" && nccl_note="; NCCL tests skipped: the build has no NCCL"
 fi
 t_tests=$(( $(date +%s) - t1 ))
@@ -281,9 +280,9 @@ peer_steps=20
 rm -f "$out/pytorch-gpu.json" "$out/pytorch-gpu.txt"
 if [ "${GPU_CHECK_PEER:-1}" = 0 ]; then
   status_peer="not run (GPU_CHECK_PEER=0)"
-elif [ "$(within "$peer_limit")" -eq 0 ]; then
+elif peer_s=$(within "$peer_limit") && [ "$peer_s" -eq 0 ]; then
   status_peer="not run: out of time (GPU_CHECK_BUDGET_S=$budget)"
-elif timeout -k 10 "$(within "$peer_limit")" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
+elif timeout -k 10 "$peer_s" python3 bench/pytorch_reference.py bench --config configs/gpu-moe-bench.json \
        --device cuda --compile --steps "$peer_steps" >"$out/pytorch-gpu.json" 2>"$out/pytorch-gpu.txt"; then
   status_peer=ok
 else
@@ -292,6 +291,10 @@ fi
 t_train=$(( $(date +%s) - t3 ))
 
 # The table.
+# failure LOG: "FAILED: " and the run's first error, its "not run" line, or its last line.
+failure() {
+  echo "FAILED: $(grep -m1 -E '^error:|^not run' "$1" 2>/dev/null || tail -n 1 "$1" 2>/dev/null)"
+}
 python3 - "$profile" "$out" <<'PY'
 import json, sys
 path, out = sys.argv[1], sys.argv[2]
@@ -322,7 +325,7 @@ att=$(awk '$1 == 2048 && $2 ~ /^[0-9]+$/ {print "seq 2048: forward " $3 " ms, " 
 [ -n "$att" ] && echo "| attention kernels (efficiency of the GEMM rate) | $att |"
 for cfg in gpu-moe-bench gpu-zaya-bench; do
   line=$(grep -m1 "^trained steps" "$out/train-$cfg.txt" 2>/dev/null || true)
-  [ -z "$line" ] && line="FAILED: $(grep -m1 -E '^error:|^not run' "$out/train-$cfg.txt" 2>/dev/null || tail -n 1 "$out/train-$cfg.txt" 2>/dev/null)"
+  [ -z "$line" ] && line="$(failure "$out/train-$cfg.txt")"
   echo "| train $cfg (--device cuda) | $line |"
   mem=$(grep -m1 "^GPU memory" "$out/train-$cfg.txt" 2>/dev/null || true)
   [ -n "$mem" ] && echo "| $cfg memory | $mem |"
@@ -349,14 +352,14 @@ for run in 1 2 2-zero1 2-cp; do
   name=${run/-zero1/ ZeRO-1}
   line=$(grep -m1 '^trained steps' "$out/dp-$run.txt" || tail -n 1 "$out/dp-$run.txt")
   [[ "$run_status" == *" dp-$run:FAILED"* ]] &&
-    line="FAILED: $(grep -m1 -E '^error:|^not run' "$out/dp-$run.txt" || tail -n 1 "$out/dp-$run.txt")"
+    line="$(failure "$out/dp-$run.txt")"
   echo "| data parallel, ${name/-cp/ context-parallel} rank(s) on one GPU (2-layer gpu-moe-bench) | $line |"
   reduce=$(grep -m1 '^gradient reduction per step' "$out/dp-$run.txt" || true)
   [ -n "$reduce" ] && echo "| ... $run: ${reduce} |"
 done
 for cfg in gpu-moe-bench gpu-zaya-bench; do
   dec=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(', '.join('B=%d %.2f ms%s' % (x['batch'], x['median_ms'], ' (plan %.2f, %+.0f%%)' % (x['predicted_ms'], 100 * x['error']) if 'predicted_ms' in x else '') for x in r['rows']))" "$out/decode-$cfg.json" 2>/dev/null ||
-        echo "FAILED: $(grep -m1 -E '^error:|^not run' "$out/decode-$cfg.txt" 2>/dev/null || tail -n 1 "$out/decode-$cfg.txt" 2>/dev/null)")
+        failure "$out/decode-$cfg.txt")
   echo "| bench decode $cfg, ms a step (context 256) | $dec |"
 done
 [ -f "$out/batch-schedules.txt" ] &&

@@ -248,7 +248,7 @@ expect_fail "ranks with different configs" "differs from rank 0's" \
   --set train.steps=100000 --set train.comm_timeout_s=20 -q >killed.log 2>&1 &
 job=$!
 for _ in $(seq 100); do
-  victim="$(pgrep -f 'train.run_dir=killed' | while read -r p; do
+  victim="$(test_pids 'train.run_dir=killed' | while read -r p; do
     [ "$(tr '\0' ' ' </proc/$p/cmdline 2>/dev/null | cut -d' ' -f1)" = "$FOUNDRY" ] && echo "$p"; done | tail -n1)"
   [ -n "$victim" ] && [ -s killed/metrics.jsonl ] && break
   sleep 0.2

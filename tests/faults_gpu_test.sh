@@ -32,24 +32,6 @@ sed -i "s/\"cuda:0\"/\"$GPU\"/" tiny.json
 probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --steps 1 -q 2>&1)"
 [ $? -eq 0 ] || gpu_probe_failed "train" "$probe"
 
-losses() { python3 -c "
-import json, sys
-steps = [json.loads(l) for l in open(sys.argv[1])]
-assert [s['step'] for s in steps] == list(range(1, len(steps) + 1)), 'steps out of order'
-print(' '.join(repr(s['loss']) for s in steps))" "$1"; }
-last_step() { [ -s "$1/metrics.jsonl" ] && tail -n1 "$1/metrics.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['step'])" 2>/dev/null || echo 0; }
-wait_step() {  # DIR N: until metrics.jsonl reaches step N (a minute at most)
-  for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
-rank_pid() {  # DIR RANK: the rank's pid from its heartbeat record (read again if caught torn)
-  for _ in $(seq 50); do
-    python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" \
-      "$1" "$2" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  return 1
-}
 launch() {  # DIR NP [--set ...]: `foundry launch` in the background, its pid in $lpid
   local dir="$1" np="$2"
   shift 2
@@ -61,7 +43,7 @@ launch() {  # DIR NP [--set ...]: `foundry launch` in the background, its pid in
 # events log holds a failure with CAUSE (a regex) and a restart.
 check() {
   wait $lpid; local rc=$?
-  local got; got="$(losses "$2/metrics.jsonl" 2>&1)"
+  local got; got="$(step_losses "$2/metrics.jsonl" 2>&1)"
   if [ $rc -ne 0 ]; then bad "$1: launch exited $rc"; tail -n 20 "$2.log"
   elif [ "$got" != "$3" ]; then bad "$1: losses differ from the uninterrupted run's"; tail -n 20 "$2.log"
   elif ! grep -Eq "\"cause\":\"($4)\"" "$2/events.jsonl" || ! grep -q '"event":"restart"' "$2/events.jsonl"; then
@@ -72,11 +54,11 @@ check() {
 # ---- the uninterrupted runs: one process, two ranks sharing the GPU ----
 "$FOUNDRY" train -c tiny.json --synthetic-data -q --set train.run_dir=ref1 >ref1.log 2>&1 \
   || { tail -n 20 ref1.log; bad "the reference run failed"; }
-ref1="$(losses ref1/metrics.jsonl)"
+ref1="$(step_losses ref1/metrics.jsonl)"
 timeout -k 5 300 mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS "$FOUNDRY" train \
   -c tiny.json --synthetic-data -q --set train.run_dir=ref2 >ref2.log 2>&1 \
   || { tail -n 20 ref2.log; bad "the two-rank reference run failed"; }
-ref2="$(losses ref2/metrics.jsonl)"
+ref2="$(step_losses ref2/metrics.jsonl)"
 
 # ---- one process killed mid-step, one stopped ----
 launch kill1 1
@@ -114,7 +96,7 @@ anomaly --set train.run_dir=without --set 'train.skip_batches=[5,9]' >without.lo
 for policy in skip rollback; do
   FOUNDRY_TRAIN_FAULT="nan_grad@5,loss_spike@9" anomaly --set train.run_dir=$policy \
     --set train.anomaly_policy=$policy >$policy.log 2>&1 || { tail -n 20 $policy.log; bad "$policy run failed"; }
-  a="$(losses without/metrics.jsonl 2>&1)" b="$(losses $policy/metrics.jsonl 2>&1)"
+  a="$(step_losses without/metrics.jsonl 2>&1)" b="$(step_losses $policy/metrics.jsonl 2>&1)"
   if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$(wc -l <$policy/metrics.jsonl)" = 12 ]; then
     ok "anomaly_policy=$policy on $GPU: the losses of the run without batches 5 and 9, bitwise"
   else bad "anomaly_policy=$policy on $GPU: [$b] against [$a]"; fi

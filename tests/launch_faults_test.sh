@@ -24,25 +24,6 @@ cat > tiny.json <<'JSON'
 }
 JSON
 
-losses() { python3 -c "
-import json, sys
-steps = [json.loads(l) for l in open(sys.argv[1])]
-assert [s['step'] for s in steps] == list(range(1, len(steps) + 1)), 'steps out of order'
-print(' '.join(repr(s['loss']) for s in steps))" "$1"; }
-last_step() { [ -s "$1/metrics.jsonl" ] && tail -n1 "$1/metrics.jsonl" | python3 -c "import json,sys; print(json.load(sys.stdin)['step'])" || echo 0; }
-wait_step() {  # wait_step DIR N: until metrics.jsonl reaches step N
-  for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
-  return 1
-}
-rank_pid() {  # rank_pid DIR RANK: the rank's pid from its heartbeat record (rewritten in place:
-  # a read can catch it torn, so read again)
-  for _ in $(seq 50); do
-    python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" \
-      "$1" "$2" 2>/dev/null && return 0
-    sleep 0.05
-  done
-  return 1
-}
 events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
 launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
   local dir="$1" np="$2"; shift 2
@@ -54,7 +35,7 @@ launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
 # log holds a failure with one of CAUSES (a regex) and a restart.
 check() {
   wait $lpid; local rc=$?
-  local got; got="$(losses "$2/metrics.jsonl" 2>&1)"
+  local got; got="$(step_losses "$2/metrics.jsonl" 2>&1)"
   if [ $rc -ne 0 ]; then bad "$1: launch exited $rc"; cat "$2.log"
   elif [ "$got" != "$3" ]; then bad "$1: losses differ from the uninterrupted run's"; cat "$2.log"
   elif ! grep -Eq "\"cause\":\"($4)\"" "$2/events.jsonl" || ! grep -q '"event":"restart"' "$2/events.jsonl"; then
@@ -64,11 +45,11 @@ check() {
 
 # ---- references: uninterrupted runs, one process and two ranks ----
 "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=ref1 >ref1.log 2>&1 || bad "reference run failed"
-ref1="$(losses ref1/metrics.jsonl)"
+ref1="$(step_losses ref1/metrics.jsonl)"
 # Two ranks, one thread each, on the same schedule.
 mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS "$FOUNDRY" train --config tiny.json \
   --synthetic-data -q --steps 3000 --set train.run_dir=ref2 >ref2.log 2>&1 || bad "two-rank reference run failed"
-ref2="$(losses ref2/metrics.jsonl)"
+ref2="$(step_losses ref2/metrics.jsonl)"
 
 # ---- one process killed mid-step ----
 launch kill1 1
@@ -92,7 +73,7 @@ ls save1/checkpoints | grep -q '\.tmp$' && bad "a staging directory was left beh
 # ---- killed mid-load: a resume paused while reading its checkpoint ----
 "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=load1 --stop-at-step 500 >load1.pre.log 2>&1
 FOUNDRY_CHECKPOINT_FAULT='load@0:pause' launch load1 1
-for _ in $(seq 100); do pid=$(pgrep -f "foundry train .*run_dir=load1") && break; sleep 0.1; done
+for _ in $(seq 100); do pid=$(test_pids "foundry train .*run_dir=load1") && [ -n "$pid" ] && break; sleep 0.1; done
 sleep 2; kill -9 $pid  # paused in the load for two minutes
 check "SIGKILL mid-load (1 process)" load1 "$ref1" signal
 
@@ -141,7 +122,7 @@ rc=$?
   && ok "a second launch on a supervised run directory is refused, its events untouched" \
   || { bad "second launch: rc=$rc"; cat dup2.log; }
 wait $lpid; rc=$?
-[ $rc -eq 0 ] && [ "$(losses dup/metrics.jsonl)" = "$ref1" ] \
+[ $rc -eq 0 ] && [ "$(step_losses dup/metrics.jsonl)" = "$ref1" ] \
   && ok "the first launch finished undisturbed" || { bad "first launch: rc=$rc"; cat dup.log; }
 
 # ---- a run directory a launch supervises takes only the jobs that launch starts ----

@@ -35,7 +35,8 @@ finish() {
 # Under FOUNDRY_POSE_AS_DEVICE the runs must pose, or a posing test would compare the CPU with
 # itself: a one-step run says so.
 if [ -n "${FOUNDRY_POSE_AS_DEVICE:-}" ]; then
-  posing_dir="$(mktemp -d)"
+  posing_dir="$WORK/.posing-check"
+  mkdir -p "$posing_dir"
   cat >"$posing_dir/c.json" <<'JSON'
 {"model": {"vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1,
            "head_dim": 8, "n_experts": 2, "top_k": 1, "ffn_dim": 16, "max_seq_len": 16},
@@ -44,12 +45,11 @@ if [ -n "${FOUNDRY_POSE_AS_DEVICE:-}" ]; then
 JSON
   posing_out="$("$FOUNDRY" train -c "$posing_dir/c.json" --synthetic-data -q \
                  --set train.run_dir="$posing_dir/run" 2>&1)"
-  if ! grep -q "the CPU backend poses as a device" <<<"$posing_out"; then
-    echo "FAIL: FOUNDRY_POSE_AS_DEVICE=$FOUNDRY_POSE_AS_DEVICE, but the run did not pose as a device"
-    rm -rf "$posing_dir"
-    exit 1
-  fi
   rm -rf "$posing_dir"
+  grep -q "the CPU backend poses as a device" <<<"$posing_out" || {
+    echo "FAIL: FOUNDRY_POSE_AS_DEVICE=$FOUNDRY_POSE_AS_DEVICE, but the run did not pose as a device"
+    exit 1
+  }
 fi
 
 # The CPU itself, for a GPU test's reference runs: also where FOUNDRY_POSE_AS_DEVICE=1 has the
@@ -67,6 +67,39 @@ gpu_probe_failed() {  # WHAT OUTPUT
   echo "$2" | tail -n 20 | sed 's/^/    /'
   finish
   exit 1
+}
+
+# ---- supervised runs (foundry launch): a run directory's steps and its ranks ----
+
+# The losses of a run's metrics.jsonl, which must hold steps 1, 2, ... in order.
+step_losses() { python3 -c "
+import json, sys
+steps = [json.loads(l) for l in open(sys.argv[1])]
+assert [s['step'] for s in steps] == list(range(1, len(steps) + 1)), 'steps out of order'
+print(' '.join(repr(s['loss']) for s in steps))" "$1"; }
+last_step() {  # DIR: the last step its metrics.jsonl holds, 0 before the first
+  [ -s "$1/metrics.jsonl" ] && tail -n1 "$1/metrics.jsonl" |
+    python3 -c "import json,sys; print(json.load(sys.stdin)['step'])" 2>/dev/null || echo 0
+}
+wait_step() {  # DIR N: until metrics.jsonl reaches step N (a minute at most)
+  for _ in $(seq 600); do [ "$(last_step "$1")" -ge "$2" ] 2>/dev/null && return 0; sleep 0.1; done
+  return 1
+}
+# The pids of this test's processes whose command line matches PATTERN (pgrep -f): those working
+# in $WORK, not another test's of the same command running beside it (ctest -j).
+test_pids() {  # PATTERN
+  local p
+  for p in $(pgrep -f "$1"); do [ "/proc/$p/cwd" -ef "$WORK" ] && echo "$p"; done
+  return 0
+}
+rank_pid() {  # DIR RANK: the rank's pid from its heartbeat record (rewritten in place: a read
+  # can catch it torn, so read again)
+  for _ in $(seq 50); do
+    python3 -c "import json,sys; print(json.load(open(sys.argv[1]+'/heartbeat/rank_%05d.json' % int(sys.argv[2])))['pid'])" \
+      "$1" "$2" 2>/dev/null && return 0
+    sleep 0.05
+  done
+  return 1
 }
 
 # corpus/a.txt, the tiny dataset of the tests that prepare one: LINES sentences of MIN to MAX

@@ -11,11 +11,14 @@
 #include "kernels/cpu_backend.h"
 
 namespace foundry {
+namespace {
 
 bool device_posing() {
   const char* v = std::getenv("FOUNDRY_POSE_AS_DEVICE");
   return v && std::strcmp(v, "1") == 0;
 }
+
+}  // namespace
 
 std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::string& what) {
   if (!device.cuda && device_posing()) {

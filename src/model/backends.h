@@ -13,13 +13,11 @@
 
 namespace foundry {
 
+// With FOUNDRY_POSE_AS_DEVICE=1, for tests on machines without a GPU, the CPU device opens the
+// CPU backend posing as a device (make_cpu_backend_posing_as_device, said once on stderr), so
+// that a run takes every path a GPU run takes (device slabs, the device optimizers, copies to
+// and from host memory) on the CPU's kernels.
 std::unique_ptr<Backend> open_backend(const DeviceSpec& device, const std::string& what);
-
-// FOUNDRY_POSE_AS_DEVICE=1, for tests on machines without a GPU: the CPU device opens the CPU
-// backend posing as a device (make_cpu_backend_posing_as_device), so that a run takes every
-// path a GPU run takes (device slabs, the device optimizers, copies to and from host memory)
-// on the CPU's kernels.
-bool device_posing();
 
 // The memory a command's work on `device` is checked against: the host's budget
 // (memory_budget), or the GPU's free memory now (after open_backend made it current), which
