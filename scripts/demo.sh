@@ -18,7 +18,7 @@ if [ ! -f data/nlp-corpus/meta.json ]; then
     --vocab-size 8192
 fi
 
-# A fresh run each time (remove --set … and add --resume to continue instead).
+# A fresh run each time (to continue the last one instead: drop the rm and add --resume).
 rm -rf runs/demo
 "$foundry" train --config "$config"
 echo

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs Foundry's build dependencies from Debian (only what is missing) and builds it.
 # Usage: scripts/setup.sh [build-dir] [extra cmake args...]
+#   FOUNDRY_BUILD_TARGETS="test_base test_model"   builds only these targets (default: all).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
@@ -24,7 +25,8 @@ fi
 
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release "$@" >/dev/null
 echo "setup: building in $build" >&2
-if ! cmake --build "$build" -j"$(nproc)" >"$build/build.log" 2>&1; then
+if ! cmake --build "$build" -j"$(nproc)" ${FOUNDRY_BUILD_TARGETS:+--target $FOUNDRY_BUILD_TARGETS} \
+    >"$build/build.log" 2>&1; then
   grep -E 'error|Error' "$build/build.log" | head -40 >&2
   echo "setup: build failed (full log: $build/build.log)" >&2
   exit 1

@@ -61,7 +61,7 @@ victim=""
 for _ in $(seq 1 300); do
   if ls killed/checkpoints/step_00000008.*.tmp/rank_00001.bin >/dev/null 2>&1; then
     for pid in $(test_pids "foundry train --config tiny.json --synthetic-data --set train.run_dir=killed"); do
-      tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$pid
+      grep -qxzF OMPI_COMM_WORLD_RANK=1 "/proc/$pid/environ" 2>/dev/null && victim=$pid
     done
     [ -n "$victim" ] && break
   fi

@@ -9,7 +9,11 @@ cd "$WORK"
 
 corpus="$SRC/data/raw/nlp-corpus/package/builds"
 if [ ! -d "$corpus" ]; then
-  mkdir -p npm && (cd npm && npm pack --silent nlp-corpus >/dev/null && tar xzf nlp-corpus-*.tgz)
+  mkdir -p npm
+  for attempt in 1 2 3; do  # the registry, with a bound and a retry
+    (cd npm && timeout 120 npm pack --silent nlp-corpus >/dev/null && tar xzf nlp-corpus-*.tgz) && break
+    rm -f npm/nlp-corpus-*.tgz; sleep $((5 * attempt))
+  done
   corpus="$WORK/npm/package/builds"
 fi
 mkdir -p slice && cp "$corpus"/doc-[1-8].json slice/

@@ -77,14 +77,13 @@ check "SIGKILL of rank 1 mid-step (2 ranks on one GPU)" kill2 "$ref2" "rank_lost
 
 # ---- in-memory checkpoints from device memory every 10 steps (the first durable one at the
 # end): a kill resumes from the newest in memory ----
-mkdir -p shm
-launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \
+launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$RAM" \
   train.checkpoint_every=800
 wait_step mem1 300 && kill -9 "$(rank_pid mem1 0)"
 check "SIGKILL with in-memory checkpoints (1 process)" mem1 "$ref1" signal
 grep -q "an in-memory checkpoint" mem1.log && ok "the restart resumed from an in-memory checkpoint" \
   || { bad "no resume from an in-memory checkpoint"; tail -n 20 mem1.log; }
-[ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
+[ -z "$(ls "$RAM")" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in $RAM: $(ls "$RAM")"
 
 # ---- anomalies: a NaN gradient at batch 5 and a loss spike at batch 9, skipped or rolled
 # back, against a run that never trained those batches ----

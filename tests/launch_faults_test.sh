@@ -25,10 +25,11 @@ cat > tiny.json <<'JSON'
 JSON
 
 events() { python3 -c "import json,sys; print(' '.join(json.loads(l)['event'] for l in open(sys.argv[1]+'/events.jsonl')))" "$1"; }
+log_of() { echo "${1//\//_}.log"; }  # a run's launch log, in $WORK (disk/run: disk_run.log)
 launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
   local dir="$1" np="$2"; shift 2
   "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np "$np" --backoff 0.2 \
-    --set train.run_dir="$dir" "$@" >"$dir.log" 2>&1 &
+    --set train.run_dir="$dir" "$@" >"$(log_of "$dir")" 2>&1 &
   lpid=$!
 }
 # check NAME DIR REFERENCE CAUSES: launch exited 0, losses equal the reference's, the events
@@ -36,10 +37,10 @@ launch() {  # launch DIR NP [launch options]: in the background, pid in $lpid
 check() {
   wait $lpid; local rc=$?
   local got; got="$(step_losses "$2/metrics.jsonl" 2>&1)"
-  if [ $rc -ne 0 ]; then bad "$1: launch exited $rc"; cat "$2.log"
-  elif [ "$got" != "$3" ]; then bad "$1: losses differ from the uninterrupted run's"; cat "$2.log"
+  if [ $rc -ne 0 ]; then bad "$1: launch exited $rc"; cat "$(log_of "$2")"
+  elif [ "$got" != "$3" ]; then bad "$1: losses differ from the uninterrupted run's"; cat "$(log_of "$2")"
   elif ! grep -Eq "\"cause\":\"($4)\"" "$2/events.jsonl" || ! grep -q '"event":"restart"' "$2/events.jsonl"; then
-    bad "$1: events log lacks cause $4 and a restart: $(events "$2")"; cat "$2.log"
+    bad "$1: events log lacks cause $4 and a restart: $(events "$2")"; cat "$(log_of "$2")"
   else ok "$1: restarted, $(grep -c '"event":"restart"' "$2/events.jsonl") restart(s), losses bitwise equal"; fi
 }
 
@@ -96,11 +97,10 @@ grep -q "rank 1 (pid $pid on .*) at step .* is stopped (SIGSTOP?): no heartbeat"
   && ok "rank 0 names the stopped rank 1 and the job exits 3" || { bad "the stopped rank is not named"; cat stop2.log; }
 
 # ---- in-memory checkpoints every 10 steps: a kill loses at most about 10 steps ----
-mkdir -p shm
 # The first durable checkpoint is at step 2000, so a kill anywhere in the seconds between step
 # 300 and it must resume from an in-memory checkpoint. (With durable ones every 250 steps, a
 # kill landing within 10 steps after one resumes from it, as new as the in-memory one.)
-launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \
+launch mem2 2 --steps 3000 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$RAM" \
   train.checkpoint_every=2000
 wait_step mem2 300 && kill -9 "$(rank_pid mem2 1)"
 check "SIGKILL of rank 1 with in-memory checkpoints (2 ranks)" mem2 "$ref2" "exit|rank_lost"
@@ -109,7 +109,7 @@ lost=$(python3 -c "import json,sys; print([json.loads(l) for l in open(sys.argv[
 grep -q "an in-memory checkpoint" mem2.log && [ "$lost" -le 21 ] \
   && ok "resumed from the in-memory checkpoint, $lost step(s) lost" \
   || { bad "in-memory resume: $lost step(s) lost"; cat mem2.log; }
-[ -z "$(ls shm)" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in shm: $(ls shm)"
+[ -z "$(ls "$RAM")" ] && ok "the finished run removed its in-memory checkpoints" || bad "left in $RAM: $(ls "$RAM")"
 
 # ---- one launch per run directory: a second is refused and changes nothing ----
 launch dup 1
@@ -129,7 +129,7 @@ wait $lpid; rc=$?
 # (between two attempts no job holds the directory: a job started by hand then would train
 # beside the launch's next attempt). The launch's lock is held here by flock(1).
 mkdir -p held && echo '{"pid": 4242, "host": "h", "since": "t"}' > held/launch.lock
-flock held/launch.lock sleep 60 & fpid=$!
+flock held/launch.lock sleep 60 </dev/null >/dev/null 2>&1 & fpid=$!
 for _ in $(seq 200); do flock -n held/launch.lock true || break; sleep 0.05; done  # until held
 "$FOUNDRY" train --config tiny.json --synthetic-data -q --steps 2 --set train.run_dir=held \
   >held.log 2>&1; rc=$?
@@ -141,11 +141,11 @@ FOUNDRY_LAUNCH_PID=4242 "$FOUNDRY" train --config tiny.json --synthetic-data -q 
   --set train.run_dir=held >held2.log 2>&1; rc=$?
 [ $rc -eq 0 ] && [ -e held/metrics.jsonl ] \
   && ok "the launch's own job trains in it" || { bad "the launch's own job: rc=$rc"; cat held2.log; }
-kill $fpid 2>/dev/null; wait $fpid 2>/dev/null
+pkill -P $fpid 2>/dev/null; kill $fpid 2>/dev/null; wait $fpid 2>/dev/null
 
 # ---- with no durable checkpoint yet (checkpoint_every=0: only the final one), only the
 # in-memory tier holds the run: the restart resumes from it, not from step 0 ----
-launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$WORK/shm" \
+launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$RAM" \
   train.checkpoint_every=0
 wait_step mem1 120 && kill -9 "$(rank_pid mem1 0)"
 check "SIGKILL before the first durable checkpoint, in-memory checkpoints (1 process)" mem1 "$ref1" signal
@@ -160,7 +160,9 @@ grep -q "resumed from .*, an in-memory checkpoint (step" mem1.log && [ "$lost" -
 "$FOUNDRY" launch --config "$SRC/configs/moe-bench.json" --synthetic-data --np 2 --steps 100000 \
   --set train.run_dir=term2 train.peak_gflops=1000 train.checkpoint_every=0 >term2.log 2>&1 &
 lpid=$!
+( sleep 600; kill -9 $lpid ) >/dev/null 2>&1 & watchdog=$!  # a lost SIGTERM fails, not hangs
 wait_step term2 2; kill -TERM $lpid; wait $lpid; rc=$?
+pkill -P $watchdog 2>/dev/null; kill $watchdog 2>/dev/null
 [ $rc -eq 75 ] && [ "$(grep -c 'received SIGTERM: checkpoint saved at step' term2.log)" -ge 1 ] \
   && [ -s term2/checkpoints/latest ] && ok "SIGTERM under mpirun: checkpoint saved, exit 75" \
   || { bad "SIGTERM under mpirun: rc=$rc"; cat term2.log; }
@@ -171,11 +173,11 @@ if mount -t tmpfs -o size=6M tmpfs disk 2>/dev/null; then
   launch disk/run 1 --max-restarts 50
   wait_step disk/run 120 && dd if=/dev/zero of=disk/filler bs=64k >/dev/null 2>&1
   for _ in $(seq 300); do grep -q '"event":"failure"' disk/run/events.jsonl 2>/dev/null && break
-    grep -q 'launch: attempt 1 failed' disk/run.log && break; sleep 0.1; done
+    grep -q 'launch: attempt 1 failed' disk_run.log && break; sleep 0.1; done
   sleep 1; rm -f disk/filler
   check "full disk (1 process)" disk/run "$ref1" exit
-  grep -q "No space left on device" disk/run.log && ok "the job's error names the full disk" \
-    || { bad "no ENOSPC in the log"; cat disk/run.log; }
+  grep -q "No space left on device" disk_run.log && ok "the job's error names the full disk" \
+    || { bad "no ENOSPC in the log"; cat disk_run.log; }
   umount disk
 else
   echo "skip: full disk (mounting a tmpfs needs root)"

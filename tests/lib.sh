@@ -3,7 +3,11 @@ set -uo pipefail
 FOUNDRY="$(realpath "$1")"
 SRC="$(realpath "$2")"
 WORK="$(mktemp -d)"
-trap 'rm -rf "$WORK"' EXIT
+# A directory in memory for in-memory checkpoints (/dev/shm, as a run would use; under $WORK
+# where there is none): a save there does not wait for a disk.
+RAM="$(mktemp -d /dev/shm/foundry-test.XXXXXX 2>/dev/null)" || { RAM="$WORK/ram"; mkdir -p "$RAM"; }
+# (a test that mounted a file system in $WORK/disk may have failed before unmounting it)
+trap 'umount "$WORK/disk" 2>/dev/null; rm -rf "$WORK" "$RAM"' EXIT
 failures=0
 passes=0
 

@@ -349,7 +349,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
   cmd->add_option("--batch", g->batch,
                   "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
-                  "line, optionally max_new_tokens, temperature, top_k, top_p, seed");
+                  "line, optionally max_new_tokens, temperature, top_k, top_p, seed, ignore_eos");
   cmd->add_option("--out", g->out,
                   "With --batch: the results, JSONL in the requests' order (an existing file "
                   "of these requests' results is resumed)");
@@ -373,7 +373,8 @@ void add_generate_command(CLI::App& app) {
       ->check(in_range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--trace", g->trace,
                   "With --batch: a line per step to this file (TSV: seconds, requests done, "
-                  "generated tokens, KV bytes in use, requests running)");
+                  "generated tokens, KV bytes in use, requests running, prompt and decode tokens "
+                  "of the step)");
   cmd->add_option("--kv-memory", g->kv_memory,
                   "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
                   "memory budget leaves beside the weights; no limit without a budget)");

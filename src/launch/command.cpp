@@ -1,8 +1,14 @@
 #include "launch/command.h"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <set>
+#include <thread>
+#include <utility>
 
 #include "base/error.h"
+#include "base/io.h"
 #include "train/run_dir.h"
 
 namespace foundry {
@@ -39,7 +45,8 @@ bool has_option(const std::vector<std::string>& args, const std::string& prefix)
 std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd) {
   std::vector<std::string> argv = {"mpirun", "-np", std::to_string(in.ranks)};
   if (in.root) argv.push_back("--allow-run-as-root");
-  if (in.ranks > in.host_cores && !has_option(in.launcher_args, "--oversubscribe"))
+  if (in.ranks > std::min(in.host_cores, in.host_slots) &&
+      !has_option(in.launcher_args, "--oversubscribe"))
     argv.push_back("--oversubscribe");
   // Each rank runs OpenMP threads: binding a rank to one core would pile them onto it.
   if (!has_option(in.launcher_args, "--bind-to")) {
@@ -56,6 +63,20 @@ std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd)
 }
 
 }  // namespace
+
+int physical_cores() {
+  const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof(allowed), &allowed) != 0) return threads;
+  std::set<std::pair<std::string, std::string>> cores;  // (package, core) ids
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    const std::string topo = fmt::format("/sys/devices/system/cpu/cpu{}/topology/", cpu);
+    if (!path_exists(topo + "core_id")) return threads;
+    cores.emplace(read_text_file(topo + "physical_package_id"), read_text_file(topo + "core_id"));
+  }
+  return cores.empty() ? threads : static_cast<int>(cores.size());
+}
 
 JobCommand job_command(const CommandInputs& in) {
   if (in.ranks < 1)

@@ -22,9 +22,11 @@ struct CommandInputs {
   std::string exe;                         // this foundry binary
   std::vector<std::string> train_args;     // after `foundry train`
   std::vector<std::string> launcher_args;  // extra mpirun/srun options
-  // The environment it runs in: cores of this host, whether OMP_NUM_THREADS is set, root,
-  // inside a Slurm allocation.
+  // The environment it runs in: cores of this host (hardware threads, as OpenMP counts them),
+  // the slots mpirun counts on it (its physical cores: a core's hardware threads are one
+  // slot), whether OMP_NUM_THREADS is set, root, inside a Slurm allocation.
   int host_cores = 1;
+  int host_slots = 1;
   bool omp_threads_set = false, root = false, in_slurm = false;
 };
 
@@ -33,5 +35,9 @@ struct CommandInputs {
 // cores (OMP_NUM_THREADS = cores / ranks unless set), oversubscribing when needed; as root
 // it passes --allow-run-as-root.
 JobCommand job_command(const CommandInputs& in);
+
+// The physical cores among the CPUs this process may run on (Linux sysfs topology; the
+// hardware threads' count where it cannot be read).
+int physical_cores();
 
 }  // namespace foundry

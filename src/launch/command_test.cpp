@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <thread>
+
 #include "base/test_expect_error.h"
 
 namespace foundry {
@@ -14,6 +17,7 @@ CommandInputs inputs(Launcher l, int ranks) {
   in.exe = "/bin/foundry";
   in.train_args = {"--config", "c.json", "--auto-resume"};
   in.host_cores = 2;
+  in.host_slots = 2;
   return in;
 }
 
@@ -48,6 +52,21 @@ TEST(JobCommand, MpirunSharesTheCoresAndOversubscribesOnlyWhenNeeded) {
       "OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID --hostfile=hosts /bin/foundry train --config c.json "
       "--auto-resume");
   EXPECT_TRUE(c.env.empty());
+}
+
+// Two hardware threads of one core: mpirun counts one slot, so two ranks oversubscribe it.
+TEST(JobCommand, MpirunOversubscribesACoresHardwareThreads) {
+  CommandInputs in = inputs(Launcher::automatic, 2);
+  in.host_slots = 1;
+  EXPECT_EQ(joined(job_command(in)),
+            "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x "
+            "FOUNDRY_LAUNCH_PID /bin/foundry train --config c.json --auto-resume");
+}
+
+TEST(JobCommand, PhysicalCoresAreAtMostTheHardwareThreads) {
+  const int cores = physical_cores();
+  EXPECT_GE(cores, 1);
+  EXPECT_LE(cores, static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
 }
 
 TEST(JobCommand, SrunInsideASlurmAllocation) {

@@ -155,6 +155,7 @@ Attempt Supervisor::start(int number) {
   in.train_args.push_back(number == 1 && o_.overwrite ? "--overwrite" : "--auto-resume");
   in.launcher_args = o_.launcher_args;
   in.host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  in.host_slots = physical_cores();
   in.omp_threads_set = std::getenv("OMP_NUM_THREADS") != nullptr;
   in.root = geteuid() == 0;
   in.in_slurm = std::getenv("SLURM_JOB_ID") != nullptr;

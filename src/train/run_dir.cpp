@@ -78,7 +78,10 @@ constexpr char kSeparator = '\x1f';
 
 std::string RunDirContents::describe() const {
   std::vector<std::string> parts;
-  if (checkpoints > 0) parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
+  if (checkpoints > 0)
+    parts.push_back(fmt::format("{} checkpoint(s)", checkpoints));
+  else if (latest)
+    parts.push_back(fmt::format("checkpoints/{}", kLatestFile));
   if (metrics_lines > 0)
     parts.push_back(fmt::format("{} line(s) of {}", metrics_lines, kMetricsFile));
   if (memory_step > 0)
@@ -109,7 +112,8 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
   const std::string root = checkpoints_root(run_dir);
   if (path_exists(root))
     for (const auto& [name, is_dir] : list_dir(root)) {
-      if (name == kLatestFile || (is_dir && parse_checkpoint_dir_name(name))) ++c.checkpoints;
+      if (name == kLatestFile) c.latest = true;
+      if (is_dir && parse_checkpoint_dir_name(name)) ++c.checkpoints;
       const std::string why = foreign_reason(root, name, is_dir);
       if (why.empty())
         c.foundry_entries.push_back(name);
@@ -214,7 +218,7 @@ void RunDir::claim(StartMode mode) {
   const RunDirContents held = inspect_run_dir(path_, &tc_);
   const std::string other_hint =
       "continue it with --resume, replace it with --overwrite, or set another train.run_dir";
-  const bool can_resume = held.checkpoints > 0 || held.memory_step > 0;
+  const bool can_resume = held.checkpoints > 0 || held.latest || held.memory_step > 0;
   switch (mode) {
     case StartMode::fresh:
       if (held.any())

@@ -37,13 +37,14 @@ inline constexpr char kMetricsFile[] = "metrics.jsonl";
 // What a run directory holds of an earlier run.
 struct RunDirContents {
   bool exists = false;
-  int64_t checkpoints = 0;     // step_N directories (committed or not) and `latest`
+  int64_t checkpoints = 0;     // step_N directories (committed or not)
+  bool latest = false;         // checkpoints/latest
   int64_t metrics_lines = 0;   // lines of metrics.jsonl
   int64_t memory_step = 0;     // step of the in-memory tier's usable checkpoint (0: none)
   // Entries of checkpoints/ that Foundry writes (committed step_N directories, `latest`,
   // staging and leftover *.tmp), and those it does not (with the reason), by name.
   std::vector<std::string> foundry_entries, foreign_entries;
-  bool any() const { return checkpoints > 0 || metrics_lines > 0 || memory_step > 0; }
+  bool any() const { return checkpoints > 0 || latest || metrics_lines > 0 || memory_step > 0; }
   std::string describe() const;  // "3 checkpoint(s) and 120 line(s) of metrics.jsonl"
 };
 // `tier`: the run's config, to count the in-memory tier's checkpoint too.

@@ -32,8 +32,10 @@ TEST(RunDir, InspectCountsCheckpointsAndMetricsLines) {
   EXPECT_FALSE(inspect_run_dir(tmp.path() + "/none").exists);
   fake_previous_run(tmp.path(), true);
   make_dirs(tmp.path() + "/checkpoints/step_00000004.abc.tmp");  // an interrupted save
+  write_file_atomic(tmp.path() + "/checkpoints/latest", "step_00000002\n");  // not counted
   const RunDirContents c = inspect_run_dir(tmp.path());
   EXPECT_EQ(c.checkpoints, 1);
+  EXPECT_TRUE(c.latest);
   EXPECT_EQ(c.metrics_lines, 2);
   EXPECT_EQ(c.describe(), "1 checkpoint(s) and 2 line(s) of metrics.jsonl");
 }
@@ -125,7 +127,7 @@ TEST(RunDir, OverwriteRemovesThePreviousRunAndRecordsIt) {
   const std::vector<json> events = read_events(dir);
   ASSERT_EQ(events.size(), 1u);
   EXPECT_EQ(events[0]["event"], "overwrite");
-  EXPECT_EQ(events[0]["removed"], "2 checkpoint(s) and 2 line(s) of metrics.jsonl");
+  EXPECT_EQ(events[0]["removed"], "1 checkpoint(s) and 2 line(s) of metrics.jsonl");
 }
 
 TEST(RunDir, ADirectoryCreatedForARunThatNeverStartedIsRemoved) {
