@@ -181,6 +181,21 @@ for zero1 in false true; do
     && ok "2 expert-parallel ranks on one GPU (zero1 $zero1) follow 1 rank's 8 fp32 losses within 1e-4" \
     || bad "expert parallel on the GPU (zero1 $zero1) and 1 rank differ"
 done
+# The expert storage sharded on the GPU (ZeRO-1, expert parallel 2): each rank hands back the
+# slabs' chunks inside the other rank's experts outside its state range. wide.json's experts
+# are 96 MiB of fp32 weights and as many gradients; a rank keeps about three quarters of them.
+sed -e 's/"d_model": 64/"d_model": 128/' -e 's/"ffn_dim": 96/"ffn_dim": 4096/' \
+    -e 's/"n_experts": 4/"n_experts": 8/' -e 's/"steps": 8/"steps": 2/' tiny.json > wide.json
+slabs() {  # slabs EP: rank 0's weight and gradient slabs in MiB, 2 ranks with ZeRO-1
+  OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c wide.json --synthetic-data \
+    --set train.run_dir=wide-$1 train.expert_parallel=$1 train.zero1=true --op-breakdown \
+    >wide-$1.log 2>&1 || { cat wide-$1.log; bad "wide.json at expert parallel $1 failed"; }
+  sed -n 's/^memory per rank:.*weight and gradient slabs rank 0 \([0-9]*\) MiB.*/\1/p' wide-$1.log
+}
+full="$(slabs 1)"; half="$(slabs 2)"
+if [ -n "$full" ] && [ -n "$half" ] && [ $((full - half)) -ge 30 ]; then
+  ok "expert parallel 2 on $GPU stores less: weight and gradient slabs $half MiB against $full MiB"
+else bad "expert storage on $GPU: slabs '$half' MiB at expert parallel 2 against '$full' MiB"; fi
 # Context parallelism on one GPU: each rank holds two chunks of every sequence, the keys and
 # values (and ZAYA1's convolution boundaries) exchanged through host memory; the same losses as
 # one rank within 1e-4, both architectures.

@@ -28,4 +28,30 @@ inline SlabRange intersect(SlabRange a, SlabRange b) {
   return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
 }
 
+// [0, n) without `holes` (sorted, disjoint, inside [0, n)).
+inline SlabRanges complement(const SlabRanges& holes, int64_t n) {
+  SlabRanges parts;
+  int64_t at = 0;
+  for (const SlabRange& h : holes) {
+    if (h.begin > at) parts.push_back({at, h.begin});
+    at = h.end;
+  }
+  if (at < n) parts.push_back({at, n});
+  return parts;
+}
+
+// `ranges` (sorted, disjoint) without the elements of `cut`.
+inline SlabRanges subtract(const SlabRanges& ranges, SlabRange cut) {
+  SlabRanges out;
+  for (const SlabRange& r : ranges) {
+    if (r.end <= cut.begin || cut.end <= r.begin || cut.empty()) {
+      out.push_back(r);
+      continue;
+    }
+    if (r.begin < cut.begin) out.push_back({r.begin, cut.begin});
+    if (cut.end < r.end) out.push_back({cut.end, r.end});
+  }
+  return out;
+}
+
 }  // namespace foundry

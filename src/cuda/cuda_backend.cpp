@@ -57,6 +57,12 @@ class CudaBackend final : public Backend {
   // cudaMalloc's blocks are 256-byte aligned.
   void* allocate(int64_t bytes) override { return device_allocate(bytes); }
   void release(void* block) override { device_release(block); }
+  void* allocate_slab(int64_t bytes) override { return device_allocate_slab(bytes); }
+  int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) override {
+    ByteRanges ranges;
+    for (const SlabRange& r : byte_ranges) ranges.push_back({r.begin, r.end});
+    return device_release_slab_ranges(slab, ranges, reads == Released::zeros);
+  }
   void fill(float* x, int64_t n, float value) override { ops::fill(x, n, value); }
   void fill(int32_t* x, int64_t n, int32_t value) override { ops::fill(x, n, value); }
   void zero(void* x, int64_t bytes) override { zero_bytes(x, bytes); }

@@ -11,6 +11,7 @@
 #include "cuda/check.h"
 #include "cuda/no_gpu.h"
 #include "cuda/runtime.h"
+#include "cuda/slab.h"
 
 namespace foundry::gpu {
 
@@ -112,7 +113,7 @@ void* device_allocate(int64_t bytes) {
 }
 
 void device_release(void* block) {
-  if (block) cudaFree(block);
+  if (block && !free_device_slab(block)) cudaFree(block);
 }
 
 void* host_allocate_pinned(int64_t bytes) {

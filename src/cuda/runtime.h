@@ -93,6 +93,23 @@ class Workspace {
 // fails), and cudaFree.
 void* device_allocate(int64_t bytes);
 void device_release(void* block);
+// A slab of `bytes` (Backend::allocate_slab on a GPU): zeroed, its address range reserved
+// whole and backed in chunks (at most 512, whole multiples of the GPU's allocation
+// granularity) that device_release_slab_ranges can hand back; device_release frees it.
+void* device_allocate_slab(int64_t bytes);
+// Byte ranges [begin, end) of a slab (sorted, disjoint; plain arrays: .cu files see this header).
+using ByteRanges = std::vector<std::array<int64_t, 2>>;
+// The chunks of such a slab: the least multiple of `granularity` (the GPU's, 2 MiB on current
+// GPUs) that backs `bytes` in at most 512 of them.
+int64_t slab_chunk_bytes(int64_t bytes, int64_t granularity = int64_t{2} << 20);
+// The bytes of a slab of `slab_bytes` that handing back `byte_ranges` frees: the whole chunks
+// inside them.
+int64_t slab_bytes_handed_back(const ByteRanges& byte_ranges, int64_t slab_bytes,
+                               int64_t granularity = int64_t{2} << 20);
+// Hands back the chunks inside the byte ranges (sorted, disjoint) of a slab, after the work
+// queued so far: their addresses then map one chunk of the slab's own, of zeros (read-only
+// where the GPU allows: `zeros`) or of scratch. Returns the bytes handed back.
+int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bool zeros);
 
 // Copies on the current GPU's default stream, in queue order with its kernels: between two
 // device addresses, from the device to the host (waits for the value) and from the host to the

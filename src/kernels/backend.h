@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "base/bf16.h"
+#include "base/slab_range.h"
 #include "base/timer.h"
 #include "kernels/gemm.h"
 #include "kernels/zaya_router.h"
@@ -47,6 +48,23 @@ class Backend {
   // A zeroed block of `bytes` (> 0) in the backend's memory, 256-byte aligned, until release.
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* block) = 0;
+  // A slab: a zeroed block as allocate() gives (released by release()), whose memory can be
+  // handed back in parts later (release_slab_ranges) with every address still valid: a
+  // device's parameter, gradient and bf16 slabs, of which an expert-parallel rank stores only
+  // a part. A GPU reserves the address range whole and backs it chunk by chunk.
+  virtual void* allocate_slab(int64_t bytes) { return allocate(bytes); }
+  // What the handed-back parts of a slab read as afterwards.
+  enum class Released {
+    zeros,    // zeros; nothing may write there (read-only where the device can enforce it)
+    scratch,  // anything: writes are allowed and lost, for ranges that are never read
+  };
+  // Hands back the memory of the whole chunks (pages on the CPU) inside the byte ranges
+  // (sorted, disjoint) of a slab from allocate_slab, waiting for the work queued so far; the
+  // bytes around them keep their memory and values. Returns the bytes handed back. A backend
+  // whose slabs cannot give memory back returns 0 and changes nothing.
+  virtual int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) {
+    return 0;
+  }
   virtual void fill(float* x, int64_t n, float value) = 0;
   virtual void fill(int32_t* x, int64_t n, int32_t value) = 0;
   virtual void zero(void* x, int64_t bytes) = 0;
@@ -371,6 +389,14 @@ class BackendBuffer {
   BackendBuffer() = default;
   BackendBuffer(Backend& backend, int64_t bytes)
       : backend_(&backend), data_(bytes > 0 ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
+  // A slab (Backend::allocate_slab).
+  static BackendBuffer slab(Backend& backend, int64_t bytes) {
+    BackendBuffer b;
+    b.backend_ = &backend;
+    b.data_ = bytes > 0 ? backend.allocate_slab(bytes) : nullptr;
+    b.bytes_ = bytes;
+    return b;
+  }
   ~BackendBuffer() { reset(); }
   BackendBuffer(BackendBuffer&& o) noexcept
       : backend_(o.backend_), data_(o.data_), bytes_(o.bytes_) {

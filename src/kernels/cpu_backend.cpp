@@ -1,8 +1,12 @@
 #include "kernels/cpu_backend.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <new>
 #include <set>
@@ -107,7 +111,49 @@ class CpuBackend final : public Backend {
     std::memset(p, 0, size);
     return p;
   }
-  void release(void* block) override { std::free(block); }
+  void release(void* block) override {
+    {
+      std::lock_guard<std::mutex> lock(slabs_mutex_);
+      if (auto it = slabs_.find(block); it != slabs_.end()) {
+        munmap(block, it->second);
+        slabs_.erase(it);
+        return;
+      }
+    }
+    std::free(block);
+  }
+  // Posing as a device, a slab's released parts are what a GPU's are made of: its own
+  // mappings, read-only zeros where they must stay zero (a write there is a crash the tests
+  // see, where a GPU would change the zeros every other released part reads).
+  void* allocate_slab(int64_t bytes) override {
+    if (!posing_) return allocate(bytes);
+    const size_t size = round_to_pages(static_cast<size_t>(bytes));
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    std::lock_guard<std::mutex> lock(slabs_mutex_);
+    slabs_[p] = size;
+    return p;
+  }
+  int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) override {
+    if (!posing_) return 0;
+    {
+      std::lock_guard<std::mutex> lock(slabs_mutex_);
+      FOUNDRY_CHECK(slabs_.count(slab) == 1);
+    }
+    static const int64_t page = sysconf(_SC_PAGESIZE);
+    const int prot = reads == Released::zeros ? PROT_READ : PROT_READ | PROT_WRITE;
+    int64_t released = 0;
+    for (const SlabRange& r : byte_ranges) {
+      const int64_t b = (r.begin + page - 1) / page * page, e = r.end / page * page;
+      if (e <= b) continue;
+      void* at = static_cast<char*>(slab) + b;
+      if (mmap(at, static_cast<size_t>(e - b), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
+               0) == MAP_FAILED)
+        throw std::bad_alloc();
+      released += e - b;
+    }
+    return released;
+  }
   void fill(float* x, int64_t n, float value) override { std::fill(x, x + n, value); }
   void fill(int32_t* x, int64_t n, int32_t value) override { std::fill(x, x + n, value); }
   void zero(void* x, int64_t bytes) override { std::memset(x, 0, static_cast<size_t>(bytes)); }
@@ -489,7 +535,13 @@ class CpuBackend final : public Backend {
     const void* src;
     int64_t bytes;
   };
+  static size_t round_to_pages(size_t bytes) {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
   bool posing_;
+  std::mutex slabs_mutex_;
+  std::map<void*, size_t> slabs_;  // posing: the slabs' mappings and their sizes
   std::mutex copies_mutex_;
   std::vector<QueuedCopy> queued_copies_;
 };

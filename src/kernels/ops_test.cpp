@@ -2,9 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "base/error.h"
@@ -38,6 +40,35 @@ TEST(BackendCopies, BlocksGoFromOneStrideToAnother) {
     EXPECT_EQ(to[i], i % 4 < 3 ? static_cast<float>(1 + (i / 4) * 5 + i % 4) : -1.0f) << i;
   expect_error([&] { cpu_backend().copy_blocks(to.data(), kF, from.data(), kF, 2 * kF, 1); },
                "internal check failed");
+}
+
+// Backend slabs on the CPU posing as a device: zeroed; handing back ranges frees their whole
+// pages only (the bytes around keep their values), the pages read as zeros (read-only: a
+// write there crashes) or as scratch (writable); the slab is released as a block. The host's
+// CPU backend hands nothing back (its slabs are PageSlabs, model.h).
+TEST(BackendSlabs, PartsHandedBackReadAsZerosOrScratch) {
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  const int64_t page = sysconf(_SC_PAGESIZE), n = 8 * page;
+  auto* slab = static_cast<unsigned char*>(device->allocate_slab(n));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(slab[i], 0) << i;
+  std::memset(slab, 7, static_cast<size_t>(n));
+  using Released = Backend::Released;
+  // Pages 1–2 (from the middle of page 0 to the middle of page 3) and page 5.
+  EXPECT_EQ(device->release_slab_ranges(slab, {{page / 2, 3 * page + 5}}, Released::zeros),
+            2 * page);
+  EXPECT_EQ(device->release_slab_ranges(slab, {{5 * page, 6 * page}}, Released::scratch), page);
+  for (int64_t i = 0; i < n; ++i) {
+    const bool zeros = i >= page && i < 3 * page, scratch = i >= 5 * page && i < 6 * page;
+    ASSERT_EQ(slab[i], zeros || scratch ? 0 : 7) << i;
+  }
+  slab[5 * page + 1] = 3;  // scratch takes writes
+  volatile unsigned char* zeros = slab + page;
+  EXPECT_DEATH(zeros[1] = 3, "");
+  EXPECT_EQ(device->release_slab_ranges(slab, {{0, page - 1}}, Released::zeros), 0);
+  device->release(slab);
+  void* host = cpu_backend().allocate_slab(n);
+  EXPECT_EQ(cpu_backend().release_slab_ranges(host, {{0, n}}, Released::zeros), 0);
+  cpu_backend().release(host);
 }
 
 TEST(Embedding, ForwardCopiesTheTokenRows) {

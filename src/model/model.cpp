@@ -20,11 +20,11 @@ Model::Model(const ModelConfig& config, DType precision, Backend& backend, Model
     : config_(config), table_(config), precision_(precision), backend_(backend), use_(use) {
   const int64_t n = table_.total_elements();
   if (on_device()) {
-    device_params_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
+    device_params_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(float)));
     if (use_ == ModelUse::training)
-      device_grads_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(float)));
+      device_grads_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(float)));
     if (precision_ == DType::bf16)
-      device_bf16_ = BackendBuffer(backend_, n * static_cast<int64_t>(sizeof(bf16)));
+      device_bf16_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(bf16)));
   } else {
     params_ = PageSlab<float>(static_cast<size_t>(n));
     grads_ = PageSlab<float>(static_cast<size_t>(n));
@@ -110,12 +110,6 @@ void Model::check_training(const char* what) const {
          "build the model for training (ModelUse::training)");
 }
 
-void Model::check_on_host(const char* what) const {
-  if (on_device())
-    fail(fmt::format("{} runs on the CPU only; this model is on {}", what, backend_.name()),
-         "train on one GPU without it, or use --device cpu");
-}
-
 void Model::sync_weights() {
   if (precision_ != DType::bf16) return;
   if (on_device()) {
@@ -141,7 +135,7 @@ void Model::zero_grads() {
   };
   auto for_each_stored = [&](const std::function<void(int64_t, int64_t)>& f) {
     if (on_device())
-      f(0, slab_size());
+      for (const SlabRange& r : complement(device_gradient_holes_, slab_size())) f(r.begin, r.end);
     else
       grads_.for_each_stored(f);
   };
@@ -158,32 +152,57 @@ void Model::zero_grads() {
   grads_zeroed_ = true;
 }
 
-void Model::shard_expert_storage(const SlabRanges& released) {
-  check_on_host("sharding the expert storage");
+void Model::shard_expert_storage(const SlabRanges& released,
+                                 std::optional<SlabRanges> gradient_holes) {
   const ExpertSharding* sharding = experts_->sharding();
   if (!sharding)
     fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");
+  if (storage_sharded()) fail("shard_expert_storage: the expert storage is already sharded");
   const int ep_rank = experts_->group()->rank();
   const auto unowned = unowned_expert_ranges(table_, *sharding, ep_rank);
-  int64_t last = 0;
-  for (const auto& [b, e] : released) {
-    bool inside = false;
-    for (const auto& [ub, ue] : unowned) inside = inside || (ub <= b && e <= ue);
-    if (b < last || e < b || !inside)
-      fail(fmt::format("shard_expert_storage on EP rank {}: [{}, {}) is not a sorted, disjoint "
-                       "range inside another rank's experts",
-                       ep_rank, b, e));
-    last = e;
+  const SlabRanges& grad_holes = gradient_holes ? *gradient_holes : unowned;
+  for (const SlabRanges* ranges : {&released, &grad_holes}) {
+    int64_t last = 0;
+    for (const auto& [b, e] : *ranges) {
+      bool inside = false;
+      for (const auto& [ub, ue] : unowned) inside = inside || (ub <= b && e <= ue);
+      if (b < last || e < b || !inside)
+        fail(
+            fmt::format("shard_expert_storage on EP rank {}: [{}, {}) is not a sorted, "
+                        "disjoint range inside another rank's experts",
+                        ep_rank, b, e));
+      last = e;
+    }
   }
-  params_.set_holes(released);
-  grads_.set_holes(unowned);
-  if (!params_bf16_.empty()) params_bf16_.set_holes(unowned);
+  if (!on_device()) {
+    params_.set_holes(released);
+    grads_.set_holes(grad_holes);
+    if (!params_bf16_.empty()) params_bf16_.set_holes(unowned);
+    return;
+  }
+  using Released = Backend::Released;
+  auto hand_back = [&](BackendBuffer& slab, const SlabRanges& ranges, int64_t element,
+                       Released reads) {
+    if (!slab) return;
+    SlabRanges bytes;
+    for (const SlabRange& r : ranges) bytes.push_back({r.begin * element, r.end * element});
+    device_handed_back_ += backend_.release_slab_ranges(slab.as<void>(), bytes, reads);
+  };
+  hand_back(device_params_, released, sizeof(float), Released::scratch);
+  hand_back(device_grads_, grad_holes, sizeof(float), Released::zeros);
+  hand_back(device_bf16_, unowned, sizeof(bf16), Released::scratch);
+  device_released_ = released;
+  device_gradient_holes_ = grad_holes;
+}
+
+bool Model::storage_sharded() const {
+  return on_device() ? !device_gradient_holes_.empty() : !grads_.holes().empty();
 }
 
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group, gpu::NcclGroup* nccl) {
-  if (!grads_.holes().empty())
+  if (storage_sharded())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
   experts_->set_group(group, nccl);  // validates first: on error the model keeps its setting

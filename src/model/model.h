@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "base/bf16.h"
@@ -87,8 +88,7 @@ enum class ModelUse { training, inference };
 class Model {
  public:
   // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). On a backend
-  // without host memory (a GPU) the expert- and context-parallel exchanges go through host
-  // memory, and the expert storage is not sharded.
+  // without host memory (a GPU) the slabs are the backend's (Backend::allocate_slab).
   Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend(),
         ModelUse use = ModelUse::training);
   ~Model();
@@ -229,23 +229,32 @@ class Model {
   // The sharding in use, or null without expert parallelism.
   const ExpertSharding* expert_sharding() const;
   const Communicator* expert_parallel_group() const;
-  // Stops storing the experts this rank does not own (needs set_expert_parallel): their
-  // gradients and bf16 copies are never needed here, nor their fp32 parameters in
-  // `released` (sorted, disjoint slab ranges [begin, end) inside other EP ranks' experts;
-  // ZeRO-1 keeps the parameters of its shard, which it updates: zero1_released_ranges).
-  // Those pages go back to the OS and read as zero. The slabs keep these holes (PageSlab):
-  // init_weights, zero_grads, sync_weights and backward never write them, so a rank holds its
-  // experts and the dense tensors, not the whole model; the data-parallel all-gather and
-  // checkpoint loads skip released_param_ranges(). Must be set between steps.
-  void shard_expert_storage(const SlabRanges& released);
+  // Stops storing the experts this rank does not own (needs set_expert_parallel): their bf16
+  // copies are never needed here, nor their fp32 parameters in `released`, nor their
+  // gradients in `gradient_holes` (sorted, disjoint slab ranges [begin, end) inside other EP
+  // ranks' experts). ZeRO-1 keeps the parameters of its shard, which it updates
+  // (zero1_released_ranges); the gradient holes are every unowned expert unless given (a
+  // device's ZeRO-1 reduces into its own range of the gradient slab, so it keeps that).
+  // On the CPU those pages go back to the OS and read as zero; the slabs keep these holes
+  // (PageSlab): init_weights, zero_grads, sync_weights and backward never write them. On a
+  // device the backend hands back the slabs' whole chunks inside them
+  // (Backend::release_slab_ranges): released parameters and bf16 copies read as scratch,
+  // gradient holes as zeros that nothing writes. So a rank holds its experts and the dense
+  // tensors, not the whole model; the data-parallel all-gather and checkpoint loads skip
+  // released_param_ranges(). Must be set between steps.
+  void shard_expert_storage(const SlabRanges& released,
+                            std::optional<SlabRanges> gradient_holes = std::nullopt);
+  // Whether shard_expert_storage has run.
+  bool storage_sharded() const;
   // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
   const SlabRanges& released_param_ranges() const {
-    return params_.holes();
+    return on_device() ? device_released_ : params_.holes();
   }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
   int64_t resident_slab_bytes() const {
     if (on_device())
-      return device_params_.bytes() + device_grads_.bytes() + device_bf16_.bytes();
+      return device_params_.bytes() + device_grads_.bytes() + device_bf16_.bytes() -
+             device_handed_back_;
     return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
                                 params_bf16_.resident_bytes());
   }
@@ -336,9 +345,6 @@ class Model {
   void init_tensors(float* slab, uint64_t seed,
                     const std::function<bool(const ParamInfo&)>& wanted) const;
   void init_tensor(const ParamInfo& p, uint64_t seed, float* w) const;
-  // A feature that needs host memory (sharding the expert storage) was asked of a model on a
-  // device.
-  void check_on_host(const char* what) const;
   // Gradients were asked of a model built for inference (Error naming `what`).
   void check_training(const char* what) const;
   // Token ids of a decode step, each in the vocabulary (Error naming the first that is not).
@@ -359,6 +365,10 @@ class Model {
   PageSlab<float> params_, grads_;  // a backend with host memory: page-backed slabs
   PageSlab<bf16> params_bf16_;
   BackendBuffer device_params_, device_grads_, device_bf16_;  // otherwise
+  // A device's sharded expert storage (shard_expert_storage): the parameter ranges released,
+  // the gradient ranges that read as zeros, and the bytes the backend handed back.
+  SlabRanges device_released_, device_gradient_holes_;
+  int64_t device_handed_back_ = 0;
   bool grads_zeroed_ = false;  // zero_grads() since the last backward()
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;

@@ -264,16 +264,17 @@ TEST(ModelOnDevice, AnInferenceModelHasNoGradients) {
   EXPECT_THROW(inference.read_grads(grads.data()), Error);
 }
 
-TEST(ModelOnDevice, RefusesWhatRunsOnTheHostOnly) {
+TEST(ModelOnDevice, ShardingTheExpertStorageNeedsExpertParallelism) {
   const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
   Model model(small_moe_config(4, 2), DType::f32, *backend);
   try {
     model.shard_expert_storage({});
-    FAIL() << "sharding the expert storage of a device model did not fail";
+    FAIL() << "sharding the expert storage without expert parallelism did not fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("sharding the expert storage"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("needs expert parallelism"), std::string::npos)
         << e.what();
   }
+  EXPECT_FALSE(model.storage_sharded());
 }
 
 }  // namespace

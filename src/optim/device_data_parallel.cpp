@@ -10,6 +10,8 @@
 #include "cuda/nccl.h"
 #include "kernels/backend.h"
 #include "model/backends.h"
+#include "model/expert_parallel.h"
+#include "model/model.h"
 #include "optim/data_parallel_support.h"
 #include "optim/device_optimizer.h"
 #include "optim/grad_reduce.h"
@@ -305,7 +307,17 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   std::vector<StateRun> states_to_load_runs() override { return local_->states_to_load_runs(); }
   std::vector<StateRun> live_state_runs() override { return local_->live_state_runs(); }
 
-  void shard_expert_storage(Model&, int) override {}
+  // A rank stores its own experts, the dense tensors and its state range, whose parameters it
+  // updates and whose gradients the reduction writes in place: the other ranks' experts
+  // outside that range are handed back (their gradients read as zeros, this rank's share of
+  // the sums; the all-gather's writes there are lost).
+  void shard_expert_storage(Model& model, int ep_size) override {
+    if (ep_size <= 1) return;
+    const auto unowned = unowned_expert_ranges_by_rank(
+        table_, ExpertSharding(model.config().n_experts, ep_size), comm_.size());
+    const SlabRanges released = subtract(unowned[static_cast<size_t>(comm_.rank())], mine_);
+    model.shard_expert_storage(released, released);
+  }
   std::string describe() const override {
     return describe_optimizer_split(table_, muon_on_) +
            fmt::format(" on the GPU, ZeRO-1 over {} ranks, gradients reduce-scattered {}",

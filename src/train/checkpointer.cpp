@@ -60,19 +60,6 @@ std::string agreed_tag(const Processes& processes) {
   return fmt::format("{}-{}", tag[0], tag[1]);
 }
 
-// [0, n) without `holes` (sorted, disjoint).
-SlabRanges complement(
-    const SlabRanges& holes, int64_t n) {
-  SlabRanges parts;
-  int64_t at = 0;
-  for (const auto& [b, e] : holes) {
-    if (b > at) parts.push_back({at, b});
-    at = e;
-  }
-  if (at < n) parts.push_back({at, n});
-  return parts;
-}
-
 }  // namespace
 
 Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Model& model,

@@ -13,6 +13,7 @@
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "cuda/nccl.h"
+#include "cuda/runtime.h"
 #include "model/expert_parallel.h"
 #include "model/info.h"
 #include "model/params.h"
@@ -193,6 +194,35 @@ int64_t largest_gpu_state_range(const ParamTable& table, int ranks, bool muon) {
   for (int r = 0; r < ranks; ++r) largest = std::max(largest, layout.state_range(r).size());
   return largest;
 }
+
+// The bytes of the fp32 weight and gradient slabs and of the bf16 copies that the rank
+// storing the most keeps under expert parallelism on GPUs with ZeRO-1
+// (GpuShardedOptimizer::shard_expert_storage: the other ranks' experts outside its state
+// range, and their bf16 copies wholly, handed back in the slabs' whole chunks).
+struct GpuSlabBytes {
+  int64_t weights = 0, gradients = 0, bf16 = 0;
+};
+GpuSlabBytes gpu_slabs_with_expert_storage(const ModelConfig& mc, int ranks, bool muon, int ep,
+                                           bool bf16) {
+  const ParamTable table(mc);
+  const Zero1Layout layout(table, ranks, muon);
+  const auto unowned =
+      unowned_expert_ranges_by_rank(table, ExpertSharding(mc.n_experts, ep), ranks);
+  const int64_t n = table.total_elements();
+  auto kept = [n](const SlabRanges& holes, int64_t element) {
+    gpu::ByteRanges bytes;
+    for (const SlabRange& h : holes) bytes.push_back({h.begin * element, h.end * element});
+    return n * element - gpu::slab_bytes_handed_back(bytes, n * element);
+  };
+  GpuSlabBytes most;
+  for (int r = 0; r < ranks; ++r) {
+    const SlabRanges released = subtract(unowned[static_cast<size_t>(r)], layout.state_range(r));
+    const GpuSlabBytes s{kept(released, 4), kept(released, 4),
+                         bf16 ? kept(unowned[static_cast<size_t>(r)], 2) : 0};
+    if (s.weights + s.gradients + s.bf16 > most.weights + most.gradients + most.bf16) most = s;
+  }
+  return most;
+}
 }  // namespace
 
 MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int ranks,
@@ -206,13 +236,22 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   // ZeRO-1 on GPUs keeps its state slabs (two, three with Muon) over its range of the slab
   // only (optim/device_optimizer.h): the largest range decides.
   int64_t optimizer = m.optimizer_bytes;
+  int64_t weights = m.weights_fp32_bytes + m.weights_bf16_bytes, gradients = m.grads_bytes;
   if (ranks > 1 && tc.zero1) {
     const bool muon = tc.optimizer == OptimizerKind::muon;
     optimizer = 4 * (muon ? 3 : 2) * largest_gpu_state_range(ParamTable(rc.model), ranks, muon);
+    const int ep = static_cast<int>(tc.expert_parallel);
+    // A layout that does not divide fails later with its own error; until then, count it whole.
+    if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {
+      const GpuSlabBytes s =
+          gpu_slabs_with_expert_storage(rc.model, ranks, muon, ep, tc.precision == DType::bf16);
+      weights = s.weights + s.bf16;
+      gradients = s.gradients;
+    }
   }
   MemoryNeed need{"training",
-                  {{"weights", m.weights_fp32_bytes + m.weights_bf16_bytes},
-                   {"gradients", m.grads_bytes},
+                  {{"weights", weights},
+                   {"gradients", gradients},
                    {"optimizer", optimizer},
                    {"activations", m.activations_bytes + m.backward_buffers_bytes}}};
   // Each NCCL group its own buffers: the data-parallel one, and the expert- and

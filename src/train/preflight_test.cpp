@@ -7,6 +7,7 @@
 
 #include "base/test_expect_error.h"
 #include "cuda/nccl.h"
+#include "cuda/runtime.h"
 #include "model/info.h"
 #include "model/params.h"
 #include "train/processes.h"
@@ -72,6 +73,34 @@ TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
   }
   expect_error([&] { check_training_memory(rc, one, {BudgetSource::meminfo, 1 << 20}); },
                "training needs about");
+}
+
+// Expert parallel with ZeRO-1 on GPUs: a rank keeps its own experts and its state range, and
+// the slabs' whole chunks inside the other ranks' experts go back (2 MiB chunks here).
+TEST(TrainingMemory, OnGpusExpertParallelismKeepsTheRanksOwnExpertsInWholeChunks) {
+  RunConfig rc = wide_run_config();
+  rc.model.ffn_dim = 16384;  // an expert: 3 × 16 × 16384 floats, 3 MiB; 8 a layer
+  rc.train.precision = DType::bf16;
+  rc.train.zero1 = true;
+  const auto dp = parts_of(gpu_training_memory_need(rc, 64, 2));
+  rc.train.expert_parallel = 2;
+  const auto ep = parts_of(gpu_training_memory_need(rc, 64, 2));
+  const ParamTable table(rc.model);
+  int64_t expert_elements = 0;
+  for (const ParamInfo& p : table.params())
+    if (p.kind == ParamKind::expert) expert_elements += p.numel;
+  // Half the experts are another rank's: all but a few chunks of them go back, less the part
+  // of the state range (half the slab) that falls on them.
+  EXPECT_LT(ep.at("gradients"), dp.at("gradients") - 4 * expert_elements / 8);
+  EXPECT_GT(ep.at("gradients"), dp.at("gradients") - 4 * expert_elements / 2);
+  EXPECT_LT(ep.at("weights"), dp.at("weights") - 6 * expert_elements / 8);
+  EXPECT_EQ(ep.at("optimizer"), dp.at("optimizer"));
+  // A slab's chunks: 2 MiB, or more to keep to 512 of them; the handed-back bytes whole chunks.
+  EXPECT_EQ(gpu::slab_chunk_bytes(int64_t{1} << 20), int64_t{2} << 20);
+  EXPECT_EQ(gpu::slab_chunk_bytes(int64_t{7} << 30), int64_t{14} << 20);
+  const int64_t mib = int64_t{1} << 20;
+  EXPECT_EQ(gpu::slab_bytes_handed_back({{mib, 9 * mib}, {10 * mib, 11 * mib}}, 64 * mib),
+            6 * mib);  // [2, 4, 6] MiB chunks inside the first; nothing inside the second
 }
 
 // A GPU run's need is model info's estimate (the figures `model info` prints for the same
