@@ -3,6 +3,7 @@
 // all (scripts/gpu_check.sh).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -89,6 +90,52 @@ TEST(GpuRuntime, BlocksGoFromOneStrideToAnotherAsOnTheCpu) {
   gpu::copy_blocks_on_device(target.as<float>(), to_stride * kF, source.as<float>() + 7,
                              from_stride * kF, block * kF, blocks);
   EXPECT_EQ(gpu::testing::to_host<float>(target, static_cast<int64_t>(want.size())), want);
+}
+
+// Slabs with holes (CUDA virtual memory, cuda/slab.cu): made zeroed, the chunks inside the
+// holes take no device memory (the GPU's free memory says so) and read as zeros, the rest
+// round-trips; chunks handed back later free their memory, read as scratch that every such
+// place shares, and the bytes around them keep their values; freeing returns it all.
+TEST(GpuRuntime, SlabHolesTakeNoMemoryAndReadAsTheirKind) {
+  SKIP_WITHOUT_GPU();
+  const int64_t mib = int64_t{1} << 20, n = 64 * mib, floats = n / 4;
+  const int64_t free_before = gpu::memory_free();
+  // Bytes [8, 40) MiB zeros from the start: 32 MiB, whole chunks of the granularity.
+  void* slab = gpu::device_allocate_slab(n, {{8 * mib, 40 * mib}}, true);
+  const int64_t memory = gpu::device_slab_memory_bytes(slab);
+  EXPECT_LE(memory, n - 32 * mib + 2 * mib);  // the alias chunk (2 MiB on current GPUs)
+  EXPECT_GE(free_before - gpu::memory_free(), memory - 2 * mib);
+  EXPECT_LE(free_before - gpu::memory_free(), memory + 2 * mib);
+  std::vector<float> back(static_cast<size_t>(floats), -1.0f);
+  gpu::copy_to_host(back.data(), slab, n);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0.0f), floats);
+  std::vector<float> values(static_cast<size_t>(floats));
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i % 1000) + 1;
+  auto* f = static_cast<float*>(slab);
+  gpu::copy_to_device(f, values.data(), 8 * mib);  // bytes [0, 8) MiB and [40, 64) MiB
+  gpu::copy_to_device(f + 10 * mib, values.data() + 10 * mib, 24 * mib);
+  // [48, 56) MiB handed back as scratch: freed, the rest kept.
+  const int64_t free_kept = gpu::memory_free();
+  EXPECT_EQ(gpu::device_release_slab_ranges(slab, {{48 * mib, 56 * mib}}, false), 8 * mib);
+  EXPECT_GE(gpu::memory_free() - free_kept, 8 * mib - 2 * mib);  // less the scratch alias
+  gpu::copy_to_host(back.data(), slab, n);
+  for (int64_t i = 0; i < floats; ++i) {
+    const int64_t byte = 4 * i;
+    const bool zeros = byte >= 8 * mib && byte < 40 * mib;
+    const bool scratch = byte >= 48 * mib && byte < 56 * mib;
+    if (!zeros && !scratch) {
+      ASSERT_EQ(back[i], values[i]) << "byte " << byte;
+    } else if (zeros) {
+      ASSERT_EQ(back[i], 0.0f) << "byte " << byte;
+    }
+  }
+  const float seven = 7.0f;
+  gpu::copy_to_device(f + 12 * mib, &seven, 4);  // byte 48 MiB: the scratch chunk's first
+  float other = 0;
+  gpu::copy_to_host(&other, f + 13 * mib, 4);  // byte 52 MiB: the same chunk's first
+  EXPECT_EQ(other, 7.0f);
+  gpu::device_release(slab);
+  EXPECT_GE(gpu::memory_free(), free_before - 2 * mib);
 }
 
 // ---- GEMM against foundry::gemm on the CPU ----

@@ -43,7 +43,9 @@ class NcclGroup {
   // data there; the rest of data is not written. One grouped reduce per range.
   void reduce_mean_to_ranges(float* data, const std::vector<SlabRange>& ranges);
   // An all-gather with a range per rank: data[ranges[q]] of rank q goes to every rank's data
-  // (device, in place). One grouped broadcast per range.
+  // (device, in place). One grouped broadcast per range. `data` may be a slab with scratch
+  // holes (cuda/slab.cu): NCCL's rings forward from their own buffers, never from a receive
+  // buffer, as long as the buffers are not registered with NCCL.
   void broadcast_ranges(float* data, const std::vector<SlabRange>& ranges);
 
   // The two reductions above beside the work on the default stream (gradients reduced while

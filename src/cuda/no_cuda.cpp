@@ -40,8 +40,9 @@ void DeviceBuffer::fill_bytes(int) { fail_no_cuda_build(kWhat); }
 
 void* device_allocate(int64_t) { fail_no_cuda_build(kWhat); }
 void device_release(void*) {}
-void* device_allocate_slab(int64_t) { fail_no_cuda_build(kWhat); }
+void* device_allocate_slab(int64_t, const ByteRanges&, bool) { fail_no_cuda_build(kWhat); }
 int64_t device_release_slab_ranges(void*, const ByteRanges&, bool) { fail_no_cuda_build(kWhat); }
+int64_t device_slab_memory_bytes(const void*) { fail_no_cuda_build(kWhat); }
 void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_blocks_on_device(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);

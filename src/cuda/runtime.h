@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/slab_chunks.h"
 #include "base/timer.h"
 
 namespace foundry::gpu {
@@ -94,22 +95,15 @@ class Workspace {
 void* device_allocate(int64_t bytes);
 void device_release(void* block);
 // A slab of `bytes` (Backend::allocate_slab on a GPU): zeroed, its address range reserved
-// whole and backed in chunks (at most 512, whole multiples of the GPU's allocation
-// granularity) that device_release_slab_ranges can hand back; device_release frees it.
-void* device_allocate_slab(int64_t bytes);
-// Byte ranges [begin, end) of a slab (sorted, disjoint; plain arrays: .cu files see this header).
-using ByteRanges = std::vector<std::array<int64_t, 2>>;
-// The chunks of such a slab: the least multiple of `granularity` (the GPU's, 2 MiB on current
-// GPUs) that backs `bytes` in at most 512 of them.
-int64_t slab_chunk_bytes(int64_t bytes, int64_t granularity = int64_t{2} << 20);
-// The bytes of a slab of `slab_bytes` that handing back `byte_ranges` frees: the whole chunks
-// inside them.
-int64_t slab_bytes_handed_back(const ByteRanges& byte_ranges, int64_t slab_bytes,
-                               int64_t granularity = int64_t{2} << 20);
+// whole and backed in chunks (base/slab_chunks.h, of the GPU's allocation granularity); the
+// chunks wholly inside `holes` take no memory of their own: they map one chunk of the slab's,
+// of zeros (read-only where the GPU allows: `zeros`) or of scratch. device_release frees it.
+void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros);
 // Hands back the chunks inside the byte ranges (sorted, disjoint) of a slab, after the work
-// queued so far: their addresses then map one chunk of the slab's own, of zeros (read-only
-// where the GPU allows: `zeros`) or of scratch. Returns the bytes handed back.
+// queued so far, as device_allocate_slab's holes. Returns the bytes handed back.
 int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bool zeros);
+// The device memory backing a slab now: its own chunks and its alias chunks.
+int64_t device_slab_memory_bytes(const void* slab);
 
 // Copies on the current GPU's default stream, in queue order with its kernels: between two
 // device addresses, from the device to the host (waits for the value) and from the host to the

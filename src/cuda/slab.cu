@@ -1,9 +1,12 @@
-// Slabs of device memory whose parts can be handed back (runtime.h: device_allocate_slab),
-// on CUDA's virtual memory management: the address range is reserved whole and backed by
-// chunks, each a physical allocation of its own. A chunk handed back is unmapped and freed,
-// and its addresses map the slab's alias chunk instead (one physical chunk, mapped at every
-// released place: zeros, or scratch), so that every address of the slab stays valid and
-// whole-slab work (a copy, a collective's send buffer, the bf16 conversion) needs no holes.
+// Slabs of device memory with holes (runtime.h: device_allocate_slab), on CUDA's virtual
+// memory management: the address range is reserved whole and backed by chunks, each a
+// physical allocation of its own, except the chunks wholly inside the holes (given when the
+// slab is made, or handed back later): their addresses map the slab's alias chunk instead
+// (one physical chunk, mapped at every such place: zeros, or scratch), so that every address
+// of the slab stays valid and whole-slab work (a copy, a collective's send buffer, the bf16
+// conversion) needs no holes. Slab memory is never registered with NCCL (ncclCommRegister,
+// graph registration): a ring that forwards from a receive buffer would forward whatever
+// another place of a scratch alias last wrote.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -43,7 +46,7 @@ struct Slab {
   CUmemLocation location{};
   // A chunk's own allocation; 0 once handed back (its addresses then map an alias).
   std::vector<CUmemGenericAllocationHandle> chunks;
-  size_t mapped = 0;  // chunks mapped so far (all of them once made)
+  size_t alias_bytes = 0;  // the alias chunks made
   CUmemGenericAllocationHandle zeros = 0, scratch = 0;  // the aliases, made on first use
   bool zeros_read_only = true;  // until the GPU refuses a read-only mapping
 };
@@ -69,7 +72,7 @@ CUresult set_access(const Slab& s, CUdeviceptr at, size_t bytes, CUmemAccess_fla
 // Unmaps every mapped chunk and frees the allocations and the address range; no errors (for
 // destructors and for clean-up after a failure).
 void free_slab(Slab& s) {
-  for (size_t i = 0; i < s.mapped; ++i) cuMemUnmap(s.base + i * s.chunk, s.chunk);
+  for (size_t i = 0; i < s.chunks.size(); ++i) cuMemUnmap(s.base + i * s.chunk, s.chunk);
   for (CUmemGenericAllocationHandle h : s.chunks)
     if (h) cuMemRelease(h);
   if (s.zeros) cuMemRelease(s.zeros);
@@ -95,23 +98,58 @@ CUmemGenericAllocationHandle create_chunk(const Slab& s, int64_t requested) {
 }
 
 // The alias the released chunks of `s` map: zeros (read-only where the GPU allows) or scratch.
+// `first_use`: an address of `s` that nothing maps now, where a new zeros alias is zeroed.
 CUmemGenericAllocationHandle alias_for(Slab& s, bool zeros, CUdeviceptr first_use) {
   CUmemGenericAllocationHandle& h = zeros ? s.zeros : s.scratch;
   if (h) return h;
-  h = create_chunk(s, static_cast<int64_t>(s.chunk));
-  if (!zeros) return h;
-  // Zeroed once through its first mapping, writable for that.
-  FOUNDRY_CU_CHECK(cuMemMap(first_use, s.chunk, 0, h, 0));
-  FOUNDRY_CU_CHECK(set_access(s, first_use, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-  FOUNDRY_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(first_use), 0, s.chunk));
-  FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize());
-  FOUNDRY_CU_CHECK(cuMemUnmap(first_use, s.chunk));
+  CUmemGenericAllocationHandle made = create_chunk(s, static_cast<int64_t>(s.chunk));
+  if (zeros) {
+    try {  // zeroed once, through a mapping of its own
+      FOUNDRY_CU_CHECK(cuMemMap(first_use, s.chunk, 0, made, 0));
+      const CUresult access = set_access(s, first_use, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+      const cudaError_t set = access == CUDA_SUCCESS
+                                  ? cudaMemset(reinterpret_cast<void*>(first_use), 0, s.chunk)
+                                  : cudaErrorUnknown;
+      const cudaError_t synced = set == cudaSuccess ? cudaDeviceSynchronize() : set;
+      cuMemUnmap(first_use, s.chunk);
+      FOUNDRY_CU_CHECK(access);
+      FOUNDRY_CUDA_CHECK(synced);
+    } catch (...) {
+      cuMemRelease(made);
+      throw;
+    }
+  }
+  h = made;
+  s.alias_bytes += s.chunk;
   return h;
+}
+
+// Maps the alias at chunk `i` (whose address nothing maps now) with its access.
+void map_alias(Slab& s, size_t i, bool zeros) {
+  const CUdeviceptr at = s.base + i * s.chunk;
+  FOUNDRY_CU_CHECK(cuMemMap(at, s.chunk, 0, alias_for(s, zeros, at), 0));
+  bool writable = !zeros || !s.zeros_read_only;
+  if (!writable && set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READ) != CUDA_SUCCESS) {
+    s.zeros_read_only = false;  // this GPU maps device memory read-write only
+    writable = true;
+  }
+  if (writable) FOUNDRY_CU_CHECK(set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+}
+
+// Whether chunk i lies wholly inside one of `holes`.
+std::vector<bool> chunks_in_holes(const Slab& s, const ByteRanges& holes) {
+  std::vector<bool> in(s.chunks.size(), false);
+  for (const auto& [begin, end] : holes) {
+    FOUNDRY_GPU_CHECK(begin >= 0 && begin <= end && end <= static_cast<int64_t>(s.reserved));
+    const auto [first, last] = chunks_inside(begin, end, static_cast<int64_t>(s.chunk));
+    for (int64_t i = first; i < last; ++i) in[static_cast<size_t>(i)] = true;
+  }
+  return in;
 }
 
 }  // namespace
 
-void* device_allocate_slab(int64_t bytes) {
+void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros) {
   FOUNDRY_GPU_CHECK(bytes > 0);
   int device = 0;
   FOUNDRY_CUDA_CHECK(cudaGetDevice(&device));
@@ -124,20 +162,24 @@ void* device_allocate_slab(int64_t bytes) {
   size_t granularity = 0;
   FOUNDRY_CU_CHECK(
       cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
-  const size_t want = static_cast<size_t>(bytes);
   s.chunk = static_cast<size_t>(slab_chunk_bytes(bytes, static_cast<int64_t>(granularity)));
-  s.reserved = round_up(want, s.chunk);
+  s.reserved = round_up(static_cast<size_t>(bytes), s.chunk);
   try {
     FOUNDRY_CU_CHECK(cuMemAddressReserve(&s.base, s.reserved, 0, 0, 0));
-    const size_t n = s.reserved / s.chunk;
-    s.chunks.assign(n, 0);
-    for (size_t i = 0; i < n; ++i) {
+    s.chunks.assign(s.reserved / s.chunk, 0);
+    const std::vector<bool> in_hole = chunks_in_holes(s, holes);
+    // Zeroed first, while every chunk is its own and writable: the holes' after.
+    for (size_t i = 0; i < s.chunks.size(); ++i) {
+      if (in_hole[i]) continue;
       s.chunks[i] = create_chunk(s, bytes);
       FOUNDRY_CU_CHECK(cuMemMap(s.base + i * s.chunk, s.chunk, 0, s.chunks[i], 0));
-      s.mapped = i + 1;
+      FOUNDRY_CU_CHECK(
+          set_access(s, s.base + i * s.chunk, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+      FOUNDRY_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(s.base + i * s.chunk), 0, s.chunk));
     }
-    FOUNDRY_CU_CHECK(set_access(s, s.base, s.reserved, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-    FOUNDRY_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(s.base), 0, s.reserved));
+    for (size_t i = 0; i < s.chunks.size(); ++i)
+      if (in_hole[i]) map_alias(s, i, zeros);
+    FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (...) {
     free_slab(s);
     throw;
@@ -154,29 +196,34 @@ int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bo
   FOUNDRY_GPU_CHECK(it != slabs().end());
   Slab& s = it->second;
   FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize());  // no queued work may still use a chunk
+  const std::vector<bool> in_range = chunks_in_holes(s, byte_ranges);
   int64_t released = 0;
-  for (const auto& [begin, end] : byte_ranges) {
-    FOUNDRY_GPU_CHECK(begin >= 0 && begin <= end && end <= static_cast<int64_t>(s.reserved));
-    const size_t first = (static_cast<size_t>(begin) + s.chunk - 1) / s.chunk;
-    const size_t last = static_cast<size_t>(end) / s.chunk;  // chunks [first, last) inside
-    for (size_t i = first; i < last; ++i) {
-      if (!s.chunks[i]) continue;
-      const CUdeviceptr at = s.base + i * s.chunk;
-      FOUNDRY_CU_CHECK(cuMemUnmap(at, s.chunk));
-      FOUNDRY_CU_CHECK(cuMemRelease(s.chunks[i]));
-      s.chunks[i] = 0;
-      FOUNDRY_CU_CHECK(cuMemMap(at, s.chunk, 0, alias_for(s, zeros, at), 0));
-      bool writable = !zeros || !s.zeros_read_only;
-      if (!writable && set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READ) != CUDA_SUCCESS) {
-        s.zeros_read_only = false;  // this GPU maps device memory read-write only
-        writable = true;
-      }
-      if (writable)
-        FOUNDRY_CU_CHECK(set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
-      released += static_cast<int64_t>(s.chunk);
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    if (!in_range[i] || !s.chunks[i]) continue;
+    const CUdeviceptr at = s.base + i * s.chunk;
+    FOUNDRY_CU_CHECK(cuMemUnmap(at, s.chunk));
+    try {
+      map_alias(s, i, zeros);
+    } catch (...) {  // the chunk's own memory back where it was: every address stays valid
+      cuMemMap(at, s.chunk, 0, s.chunks[i], 0);
+      set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+      throw;
     }
+    FOUNDRY_CU_CHECK(cuMemRelease(s.chunks[i]));
+    s.chunks[i] = 0;
+    released += static_cast<int64_t>(s.chunk);
   }
   return released;
+}
+
+int64_t device_slab_memory_bytes(const void* slab) {
+  std::lock_guard<std::mutex> lock(slabs_mutex());
+  auto it = slabs().find(const_cast<void*>(slab));
+  FOUNDRY_GPU_CHECK(it != slabs().end());
+  const Slab& s = it->second;
+  int64_t own = 0;
+  for (CUmemGenericAllocationHandle h : s.chunks) own += h ? static_cast<int64_t>(s.chunk) : 0;
+  return own + static_cast<int64_t>(s.alias_bytes);
 }
 
 bool free_device_slab(void* block) {
@@ -188,8 +235,9 @@ bool free_device_slab(void* block) {
     s = std::move(it->second);
     slabs().erase(it);
   }
-  if (cudaDeviceSynchronize() != cudaSuccess)  // no queued work may still use it
-    cudaGetLastError();  // an error of earlier work, not this caller's: the next check sees it
+  // No queued work may still use it. An error here is earlier work's (a sticky one stays for
+  // the next check to see); it is not this free's to report.
+  if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
   free_slab(s);
   return true;
 }

@@ -48,23 +48,30 @@ class Backend {
   // A zeroed block of `bytes` (> 0) in the backend's memory, 256-byte aligned, until release.
   virtual void* allocate(int64_t bytes) = 0;
   virtual void release(void* block) = 0;
-  // A slab: a zeroed block as allocate() gives (released by release()), whose memory can be
-  // handed back in parts later (release_slab_ranges) with every address still valid: a
-  // device's parameter, gradient and bf16 slabs, of which an expert-parallel rank stores only
-  // a part. A GPU reserves the address range whole and backs it chunk by chunk.
-  virtual void* allocate_slab(int64_t bytes) { return allocate(bytes); }
-  // What the handed-back parts of a slab read as afterwards.
+  // ---- slabs: a device's parameter, gradient and bf16 slabs, of which an expert-parallel
+  // rank stores only a part ---------------------------------------------------------------
+  // What a slab's holes read as.
   enum class Released {
     zeros,    // zeros; nothing may write there (read-only where the device can enforce it)
-    scratch,  // anything: writes are allowed and lost, for ranges that are never read
+    scratch,  // anything: writes are allowed and lost; nothing may rely on what it reads
   };
-  // Hands back the memory of the whole chunks (pages on the CPU) inside the byte ranges
-  // (sorted, disjoint) of a slab from allocate_slab, waiting for the work queued so far; the
-  // bytes around them keep their memory and values. Returns the bytes handed back. A backend
-  // whose slabs cannot give memory back returns 0 and changes nothing.
+  // A zeroed block as allocate() gives (released by release()) whose address range is backed
+  // in chunks (base/slab_chunks.h: a GPU's allocation granularity, pages on the CPU posing as
+  // a device): the chunks wholly inside `byte_holes` (sorted, disjoint) take no memory of
+  // their own and read as `holes_read`, and every address stays valid. A backend whose
+  // memory cannot have holes backs them too.
+  virtual void* allocate_slab(int64_t bytes, const SlabRanges& byte_holes = {},
+                              Released holes_read = Released::zeros) {
+    return allocate(bytes);
+  }
+  // Makes the chunks inside the byte ranges (sorted, disjoint) of a slab holes as
+  // allocate_slab's, after the work queued so far; the bytes around them keep their memory and
+  // values. Returns the bytes handed back (0 where the memory cannot have holes).
   virtual int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) {
     return 0;
   }
+  // The memory backing a slab of `bytes` now: its chunks and the chunks its holes read.
+  virtual int64_t slab_memory_bytes(const void* slab, int64_t bytes) const { return bytes; }
   virtual void fill(float* x, int64_t n, float value) = 0;
   virtual void fill(int32_t* x, int64_t n, int32_t value) = 0;
   virtual void zero(void* x, int64_t bytes) = 0;
@@ -390,10 +397,11 @@ class BackendBuffer {
   BackendBuffer(Backend& backend, int64_t bytes)
       : backend_(&backend), data_(bytes > 0 ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
   // A slab (Backend::allocate_slab).
-  static BackendBuffer slab(Backend& backend, int64_t bytes) {
+  static BackendBuffer slab(Backend& backend, int64_t bytes, const SlabRanges& byte_holes = {},
+                            Backend::Released holes_read = Backend::Released::zeros) {
     BackendBuffer b;
     b.backend_ = &backend;
-    b.data_ = bytes > 0 ? backend.allocate_slab(bytes) : nullptr;
+    b.data_ = bytes > 0 ? backend.allocate_slab(bytes, byte_holes, holes_read) : nullptr;
     b.bytes_ = bytes;
     return b;
   }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/slab_chunks.h"
 #include "kernels/attention.h"
 #include "kernels/cca.h"
 #include "kernels/ops.h"
@@ -115,44 +116,48 @@ class CpuBackend final : public Backend {
     {
       std::lock_guard<std::mutex> lock(slabs_mutex_);
       if (auto it = slabs_.find(block); it != slabs_.end()) {
-        munmap(block, it->second);
+        munmap(block, it->second.mapped);
+        for (int fd : {it->second.zeros_fd, it->second.scratch_fd})
+          if (fd >= 0) close(fd);
         slabs_.erase(it);
         return;
       }
     }
     std::free(block);
   }
-  // Posing as a device, a slab's released parts are what a GPU's are made of: its own
-  // mappings, read-only zeros where they must stay zero (a write there is a crash the tests
-  // see, where a GPU would change the zeros every other released part reads).
-  void* allocate_slab(int64_t bytes) override {
+  // Posing as a device, a slab is made as a GPU's (cuda/slab.cu): chunks (of pages), its
+  // holes' chunks mapping one chunk of its own each kind (a memfd mapped shared at each place),
+  // the zeros read-only, so that a write there is a crash the tests see and a read of scratch
+  // finds whatever another place last wrote, as on a GPU.
+  void* allocate_slab(int64_t bytes, const SlabRanges& byte_holes, Released holes_read) override {
     if (!posing_) return allocate(bytes);
-    const size_t size = round_to_pages(static_cast<size_t>(bytes));
-    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    PosingSlab s;
+    s.chunk = static_cast<size_t>(slab_chunk_bytes(bytes, page_bytes()));
+    s.mapped = (static_cast<size_t>(bytes) + s.chunk - 1) / s.chunk * s.chunk;
+    void* p = mmap(nullptr, s.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
+    s.own.assign(s.mapped / s.chunk, true);
     std::lock_guard<std::mutex> lock(slabs_mutex_);
-    slabs_[p] = size;
+    PosingSlab& kept = slabs_.emplace(p, std::move(s)).first->second;
+    make_holes(p, kept, byte_holes, holes_read);
     return p;
   }
   int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) override {
     if (!posing_) return 0;
-    {
-      std::lock_guard<std::mutex> lock(slabs_mutex_);
-      FOUNDRY_CHECK(slabs_.count(slab) == 1);
-    }
-    static const int64_t page = sysconf(_SC_PAGESIZE);
-    const int prot = reads == Released::zeros ? PROT_READ : PROT_READ | PROT_WRITE;
-    int64_t released = 0;
-    for (const SlabRange& r : byte_ranges) {
-      const int64_t b = (r.begin + page - 1) / page * page, e = r.end / page * page;
-      if (e <= b) continue;
-      void* at = static_cast<char*>(slab) + b;
-      if (mmap(at, static_cast<size_t>(e - b), prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1,
-               0) == MAP_FAILED)
-        throw std::bad_alloc();
-      released += e - b;
-    }
-    return released;
+    std::lock_guard<std::mutex> lock(slabs_mutex_);
+    auto it = slabs_.find(slab);
+    FOUNDRY_CHECK(it != slabs_.end());
+    return make_holes(slab, it->second, byte_ranges, reads);
+  }
+  int64_t slab_memory_bytes(const void* slab, int64_t bytes) const override {
+    if (!posing_) return bytes;
+    std::lock_guard<std::mutex> lock(slabs_mutex_);
+    auto it = slabs_.find(const_cast<void*>(slab));
+    FOUNDRY_CHECK(it != slabs_.end());
+    const PosingSlab& s = it->second;
+    const int64_t own = std::count(s.own.begin(), s.own.end(), true);
+    const int64_t aliases = (s.zeros_fd >= 0) + (s.scratch_fd >= 0);
+    return (own + aliases) * static_cast<int64_t>(s.chunk);
   }
   void fill(float* x, int64_t n, float value) override { std::fill(x, x + n, value); }
   void fill(int32_t* x, int64_t n, int32_t value) override { std::fill(x, x + n, value); }
@@ -535,13 +540,45 @@ class CpuBackend final : public Backend {
     const void* src;
     int64_t bytes;
   };
-  static size_t round_to_pages(size_t bytes) {
-    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    return (bytes + page - 1) / page * page;
+  // A slab of the CPU posing as a device: its mapping, chunks, which are its own (not a hole's
+  // alias) and the aliases' files.
+  struct PosingSlab {
+    size_t mapped = 0, chunk = 0;
+    std::vector<bool> own;
+    int zeros_fd = -1, scratch_fd = -1;
+  };
+  static int64_t page_bytes() {
+    static const int64_t page = sysconf(_SC_PAGESIZE);
+    return page;
+  }
+  // Maps the alias of `reads` over the chunks of `s` wholly inside `byte_ranges` that are
+  // still its own; returns their bytes.
+  static int64_t make_holes(void* base, PosingSlab& s, const SlabRanges& byte_ranges,
+                            Released reads) {
+    int& fd = reads == Released::zeros ? s.zeros_fd : s.scratch_fd;
+    int64_t made = 0;
+    for (const SlabRange& r : byte_ranges) {
+      FOUNDRY_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= static_cast<int64_t>(s.mapped));
+      const auto [first, last] = chunks_inside(r.begin, r.end, static_cast<int64_t>(s.chunk));
+      for (int64_t i = first; i < last; ++i) {
+        if (!s.own[static_cast<size_t>(i)]) continue;
+        if (fd < 0) {
+          fd = memfd_create("foundry-slab-alias", MFD_CLOEXEC);
+          if (fd < 0 || ftruncate(fd, static_cast<off_t>(s.chunk)) != 0) throw std::bad_alloc();
+        }
+        void* at = static_cast<char*>(base) + i * static_cast<int64_t>(s.chunk);
+        const int prot = reads == Released::zeros ? PROT_READ : PROT_READ | PROT_WRITE;
+        if (mmap(at, s.chunk, prot, MAP_SHARED | MAP_FIXED, fd, 0) == MAP_FAILED)
+          throw std::bad_alloc();
+        s.own[static_cast<size_t>(i)] = false;
+        made += static_cast<int64_t>(s.chunk);
+      }
+    }
+    return made;
   }
   bool posing_;
-  std::mutex slabs_mutex_;
-  std::map<void*, size_t> slabs_;  // posing: the slabs' mappings and their sizes
+  mutable std::mutex slabs_mutex_;
+  std::map<void*, PosingSlab> slabs_;  // posing: the slabs
   std::mutex copies_mutex_;
   std::vector<QueuedCopy> queued_copies_;
 };

@@ -42,32 +42,38 @@ TEST(BackendCopies, BlocksGoFromOneStrideToAnother) {
                "internal check failed");
 }
 
-// Backend slabs on the CPU posing as a device: zeroed; handing back ranges frees their whole
-// pages only (the bytes around keep their values), the pages read as zeros (read-only: a
-// write there crashes) or as scratch (writable); the slab is released as a block. The host's
-// CPU backend hands nothing back (its slabs are PageSlabs, model.h).
-TEST(BackendSlabs, PartsHandedBackReadAsZerosOrScratch) {
+// Backend slabs on the CPU posing as a device, made as a GPU's (chunks of a page here): the
+// chunks wholly inside holes, given at the start or handed back later, take no memory of
+// their own and map one chunk of each kind, read-only zeros (a write there crashes) or
+// writable scratch shared by every such place; the bytes around keep their memory and values.
+// The host's CPU backend makes no holes (its slabs are PageSlabs, model.h).
+TEST(BackendSlabs, HolesReadAsZerosOrSharedScratch) {
   const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
-  const int64_t page = sysconf(_SC_PAGESIZE), n = 8 * page;
-  auto* slab = static_cast<unsigned char*>(device->allocate_slab(n));
-  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(slab[i], 0) << i;
-  std::memset(slab, 7, static_cast<size_t>(n));
   using Released = Backend::Released;
-  // Pages 1–2 (from the middle of page 0 to the middle of page 3) and page 5.
-  EXPECT_EQ(device->release_slab_ranges(slab, {{page / 2, 3 * page + 5}}, Released::zeros),
-            2 * page);
-  EXPECT_EQ(device->release_slab_ranges(slab, {{5 * page, 6 * page}}, Released::scratch), page);
+  const int64_t page = sysconf(_SC_PAGESIZE), n = 8 * page;
+  // Pages 1–2 (from the middle of page 0 to the middle of page 3) zeros from the start.
+  auto* slab = static_cast<unsigned char*>(
+      device->allocate_slab(n, {{page / 2, 3 * page + 5}}, Released::zeros));
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(slab[i], 0) << i;
+  EXPECT_EQ(device->slab_memory_bytes(slab, n), 7 * page);  // 6 pages and the zeros' alias
+  for (int64_t i = 0; i < n; ++i)
+    if (i < page || i >= 3 * page) slab[i] = 7;
+  // Pages 5 and 6 handed back as scratch.
+  EXPECT_EQ(device->release_slab_ranges(slab, {{5 * page, 7 * page}}, Released::scratch), 2 * page);
+  EXPECT_EQ(device->slab_memory_bytes(slab, n), 6 * page);
   for (int64_t i = 0; i < n; ++i) {
-    const bool zeros = i >= page && i < 3 * page, scratch = i >= 5 * page && i < 6 * page;
+    const bool zeros = i >= page && i < 3 * page, scratch = i >= 5 * page && i < 7 * page;
     ASSERT_EQ(slab[i], zeros || scratch ? 0 : 7) << i;
   }
-  slab[5 * page + 1] = 3;  // scratch takes writes
+  slab[5 * page + 1] = 3;  // scratch takes writes, and every scratch place reads them
+  EXPECT_EQ(slab[6 * page + 1], 3);
   volatile unsigned char* zeros = slab + page;
   EXPECT_DEATH(zeros[1] = 3, "");
   EXPECT_EQ(device->release_slab_ranges(slab, {{0, page - 1}}, Released::zeros), 0);
   device->release(slab);
-  void* host = cpu_backend().allocate_slab(n);
+  void* host = cpu_backend().allocate_slab(n, {{0, n}});
   EXPECT_EQ(cpu_backend().release_slab_ranges(host, {{0, n}}, Released::zeros), 0);
+  EXPECT_EQ(cpu_backend().slab_memory_bytes(host, n), n);
   cpu_backend().release(host);
 }
 

@@ -16,15 +16,32 @@
 #include "model/experts.h"
 
 namespace foundry {
-Model::Model(const ModelConfig& config, DType precision, Backend& backend, ModelUse use)
+namespace {
+SlabRanges in_bytes(const SlabRanges& elements, int64_t element_bytes) {
+  SlabRanges bytes;
+  for (const SlabRange& r : elements)
+    bytes.push_back({r.begin * element_bytes, r.end * element_bytes});
+  return bytes;
+}
+}  // namespace
+
+Model::Model(const ModelConfig& config, DType precision, Backend& backend, ModelUse use,
+             const SlabHoles& device_holes)
     : config_(config), table_(config), precision_(precision), backend_(backend), use_(use) {
   const int64_t n = table_.total_elements();
   if (on_device()) {
-    device_params_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(float)));
+    using Released = Backend::Released;
+    constexpr int64_t kF32 = sizeof(float), kBf16 = sizeof(bf16);
+    device_params_ = BackendBuffer::slab(backend_, n * kF32, in_bytes(device_holes.params, kF32),
+                                         Released::scratch);
     if (use_ == ModelUse::training)
-      device_grads_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(float)));
+      device_grads_ = BackendBuffer::slab(backend_, n * kF32,
+                                          in_bytes(device_holes.gradients, kF32), Released::zeros);
     if (precision_ == DType::bf16)
-      device_bf16_ = BackendBuffer::slab(backend_, n * static_cast<int64_t>(sizeof(bf16)));
+      device_bf16_ = BackendBuffer::slab(backend_, n * kBf16, in_bytes(device_holes.bf16, kBf16),
+                                         Released::scratch);
+    device_holes_ = device_holes;
+    sharded_ = !device_holes.empty();
   } else {
     params_ = PageSlab<float>(static_cast<size_t>(n));
     grads_ = PageSlab<float>(static_cast<size_t>(n));
@@ -135,7 +152,7 @@ void Model::zero_grads() {
   };
   auto for_each_stored = [&](const std::function<void(int64_t, int64_t)>& f) {
     if (on_device())
-      for (const SlabRange& r : complement(device_gradient_holes_, slab_size())) f(r.begin, r.end);
+      for (const SlabRange& r : complement(device_holes_.gradients, slab_size())) f(r.begin, r.end);
     else
       grads_.for_each_stored(f);
   };
@@ -155,12 +172,13 @@ void Model::zero_grads() {
 void Model::shard_expert_storage(const SlabRanges& released,
                                  std::optional<SlabRanges> gradient_holes) {
   const ExpertSharding* sharding = experts_->sharding();
-  if (!sharding)
-    fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");
-  if (storage_sharded()) fail("shard_expert_storage: the expert storage is already sharded");
+  if (!sharding) fail("shard_expert_storage needs expert parallelism (set_expert_parallel first)");
   const int ep_rank = experts_->group()->rank();
   const auto unowned = unowned_expert_ranges(table_, *sharding, ep_rank);
   const SlabRanges& grad_holes = gradient_holes ? *gradient_holes : unowned;
+  const SlabHoles holes{released, grad_holes, precision_ == DType::bf16 ? unowned : SlabRanges{}};
+  if (on_device() && sharded_ && holes == device_holes_) return;  // the slabs were made so
+  if (sharded_) fail("shard_expert_storage: the expert storage is already sharded otherwise");
   for (const SlabRanges* ranges : {&released, &grad_holes}) {
     int64_t last = 0;
     for (const auto& [b, e] : *ranges) {
@@ -174,6 +192,7 @@ void Model::shard_expert_storage(const SlabRanges& released,
       last = e;
     }
   }
+  sharded_ = true;
   if (!on_device()) {
     params_.set_holes(released);
     grads_.set_holes(grad_holes);
@@ -183,26 +202,29 @@ void Model::shard_expert_storage(const SlabRanges& released,
   using Released = Backend::Released;
   auto hand_back = [&](BackendBuffer& slab, const SlabRanges& ranges, int64_t element,
                        Released reads) {
-    if (!slab) return;
-    SlabRanges bytes;
-    for (const SlabRange& r : ranges) bytes.push_back({r.begin * element, r.end * element});
-    device_handed_back_ += backend_.release_slab_ranges(slab.as<void>(), bytes, reads);
+    if (slab) backend_.release_slab_ranges(slab.as<void>(), in_bytes(ranges, element), reads);
   };
   hand_back(device_params_, released, sizeof(float), Released::scratch);
   hand_back(device_grads_, grad_holes, sizeof(float), Released::zeros);
-  hand_back(device_bf16_, unowned, sizeof(bf16), Released::scratch);
-  device_released_ = released;
-  device_gradient_holes_ = grad_holes;
+  hand_back(device_bf16_, holes.bf16, sizeof(bf16), Released::scratch);
+  device_holes_ = holes;
 }
 
-bool Model::storage_sharded() const {
-  return on_device() ? !device_gradient_holes_.empty() : !grads_.holes().empty();
+int64_t Model::resident_slab_bytes() const {
+  if (!on_device())
+    return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
+                                params_bf16_.resident_bytes());
+  int64_t bytes = 0;
+  for (const BackendBuffer* slab : {&device_params_, &device_grads_, &device_bf16_})
+    if (*slab) bytes += backend_.slab_memory_bytes(slab->as<void>(), slab->bytes());
+  return bytes;
 }
 
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group, gpu::NcclGroup* nccl) {
-  if (storage_sharded())
+  // (Slabs made with holes take their group once, before shard_expert_storage names them.)
+  if (sharded_ && experts_->sharding())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
   experts_->set_group(group, nccl);  // validates first: on error the model keeps its setting
@@ -244,6 +266,10 @@ std::vector<int64_t> Model::expert_loads() const {
 ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int64_t batch,
                              int64_t seq) {
   const ModelConfig& c = config_;
+  if (sharded_ && !experts_->sharding())
+    fail(
+        "this model's slabs were made without the other ranks' experts: it needs its "
+        "expert-parallel group (set_expert_parallel) before a step");
   if (seq > c.max_seq_len)
     fail(fmt::format("sequence length {} exceeds model.max_seq_len = {}", seq, c.max_seq_len));
   for (int64_t i = 0; i < batch * seq; ++i) {

@@ -85,12 +85,22 @@ std::string balancers_from_json(std::vector<ops::ZayaBalancer>& balancers, const
 // touched, so it takes no memory either way).
 enum class ModelUse { training, inference };
 
+// The parts of a model's slabs a process on a device never stores (an expert-parallel rank's
+// share of the other ranks' experts: Model::shard_expert_storage), in elements: its slabs are
+// made without memory there from the start, so they never take the whole model's.
+struct SlabHoles {
+  SlabRanges params, gradients, bf16;
+  bool empty() const { return params.empty() && gradients.empty() && bf16.empty(); }
+  bool operator==(const SlabHoles&) const = default;
+};
+
 class Model {
  public:
   // The arithmetic runs on `backend` (kernels/backend.h; the CPU's unless given). On a backend
-  // without host memory (a GPU) the slabs are the backend's (Backend::allocate_slab).
+  // without host memory (a GPU) the slabs are the backend's (Backend::allocate_slab), made
+  // with `device_holes` (shard_expert_storage must then name the same ones).
   Model(const ModelConfig& config, DType precision, Backend& backend = cpu_backend(),
-        ModelUse use = ModelUse::training);
+        ModelUse use = ModelUse::training, const SlabHoles& device_holes = {});
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -237,27 +247,22 @@ class Model {
   // device's ZeRO-1 reduces into its own range of the gradient slab, so it keeps that).
   // On the CPU those pages go back to the OS and read as zero; the slabs keep these holes
   // (PageSlab): init_weights, zero_grads, sync_weights and backward never write them. On a
-  // device the backend hands back the slabs' whole chunks inside them
-  // (Backend::release_slab_ranges): released parameters and bf16 copies read as scratch,
-  // gradient holes as zeros that nothing writes. So a rank holds its experts and the dense
-  // tensors, not the whole model; the data-parallel all-gather and checkpoint loads skip
+  // device the slabs' whole chunks inside them take no memory (made so, SlabHoles, or handed
+  // back now: Backend::release_slab_ranges): released parameters and bf16 copies read as
+  // scratch, gradient holes as zeros that nothing writes. So a rank holds its experts and the
+  // dense tensors, not the whole model; the data-parallel all-gather and checkpoint loads skip
   // released_param_ranges(). Must be set between steps.
   void shard_expert_storage(const SlabRanges& released,
                             std::optional<SlabRanges> gradient_holes = std::nullopt);
-  // Whether shard_expert_storage has run.
-  bool storage_sharded() const;
+  // Whether the expert storage is sharded (shard_expert_storage, or a device's slabs made
+  // with holes).
+  bool storage_sharded() const { return sharded_; }
   // The fp32 parameter ranges not stored here (sorted, disjoint; empty unless sharded).
   const SlabRanges& released_param_ranges() const {
-    return on_device() ? device_released_ : params_.holes();
+    return on_device() ? device_holes_.params : params_.holes();
   }
   // Bytes of the parameter, gradient and bf16 slabs backed by memory now.
-  int64_t resident_slab_bytes() const {
-    if (on_device())
-      return device_params_.bytes() + device_grads_.bytes() + device_bf16_.bytes() -
-             device_handed_back_;
-    return static_cast<int64_t>(params_.resident_bytes() + grads_.resident_bytes() +
-                                params_bf16_.resident_bytes());
-  }
+  int64_t resident_slab_bytes() const;
   // The EP rank whose experts include tensor `p`, or -1 when `p` is not EP-sharded (not an
   // expert tensor, or expert parallelism is off): tells which gradients are summed over
   // owners and which rank's copy of a tensor is the computed one.
@@ -365,10 +370,10 @@ class Model {
   PageSlab<float> params_, grads_;  // a backend with host memory: page-backed slabs
   PageSlab<bf16> params_bf16_;
   BackendBuffer device_params_, device_grads_, device_bf16_;  // otherwise
-  // A device's sharded expert storage (shard_expert_storage): the parameter ranges released,
-  // the gradient ranges that read as zeros, and the bytes the backend handed back.
-  SlabRanges device_released_, device_gradient_holes_;
-  int64_t device_handed_back_ = 0;
+  // A device's sharded expert storage: the slabs' holes (the parameter ranges released, the
+  // gradient ranges that read as zeros, the bf16 copies' holes).
+  SlabHoles device_holes_;
+  bool sharded_ = false;
   bool grads_zeroed_ = false;  // zero_grads() since the last backward()
   std::vector<ops::ZayaBalancer> balancers_;
   std::vector<int64_t> class_counts_;

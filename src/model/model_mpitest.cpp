@@ -297,27 +297,33 @@ TEST(ExpertParallelMpi, OnADeviceTheRowsGoThroughHostMemoryToTheHostModelsBits) 
     }
 }
 
-// The expert storage sharded on a device as on the host: the device's slabs hand back their
-// chunks inside the other ranks' experts (the CPU posing as a device maps its gradient holes
-// read-only, so a write there is a crash here, where a GPU would spoil the zeros every hole
-// reads), and the loss and gradients stay the sharded host model's bits.
-void expect_sharded_device_matches_host(ModelConfig c, int ep_size, DType precision) {
+// The expert storage sharded on a device as on the host: the device's slabs are made without
+// the other ranks' experts (`made_so`) or hand back their chunks there later (the CPU posing as
+// a device maps those chunks as a GPU does, one shared chunk each kind, its gradient holes
+// read-only: a write there is a crash here, where a GPU would spoil the zeros every hole
+// reads; a read that relies on a parameter there finds another place's), and the loss and
+// gradients stay the sharded host model's bits.
+void expect_sharded_device_matches_host(ModelConfig c, int ep_size, DType precision, bool made_so) {
   c.ffn_dim = 512;  // experts of whole pages
   ExpertParallelGroups groups = split_expert_parallel(world(), ep_size);
   const int rank = world().rank();
-  SCOPED_TRACE(fmt::format("{} model, {}, world rank {}, EP size {}, sharded storage",
-                           arch_name(c.arch), dtype_name(precision), rank, ep_size));
+  SCOPED_TRACE(fmt::format("{} model, {}, world rank {}, EP size {}, sharded storage {}",
+                           arch_name(c.arch), dtype_name(precision), rank, ep_size,
+                           made_so ? "from the start" : "later"));
   const int64_t B = 1 + rank % 2, T = 6;
   const testing::Batch batch = testing::random_batch(c, B * T, 300 + rank);
   const std::unique_ptr<Backend> backend = make_cpu_backend_posing_as_device();
-  Model host(c, precision), device(c, precision, *backend);
+  Model host(c, precision);
   host.set_expert_parallel(&groups.expert);
-  device.set_expert_parallel(&groups.expert);
   const SlabRanges unowned =
       unowned_expert_ranges(host.table(), *host.expert_sharding(), groups.expert.rank());
-  const int64_t whole = device.resident_slab_bytes();
+  const int64_t whole = Model(c, precision, *backend).resident_slab_bytes();
+  const SlabHoles holes{unowned, unowned, precision == DType::bf16 ? unowned : SlabRanges{}};
+  Model device(c, precision, *backend, ModelUse::training, made_so ? holes : SlabHoles{});
+  device.set_expert_parallel(&groups.expert);
   host.shard_expert_storage(unowned);
-  device.shard_expert_storage(unowned, unowned);
+  device.shard_expert_storage(unowned, unowned);  // made so: the same holes, nothing to do
+  EXPECT_THROW(device.shard_expert_storage({}, SlabRanges{}), Error);  // other holes
   EXPECT_TRUE(device.storage_sharded());
   EXPECT_EQ(device.released_param_ranges(), unowned);
   int64_t unowned_elements = 0;
@@ -332,10 +338,11 @@ void expect_sharded_device_matches_host(ModelConfig c, int ep_size, DType precis
 
 TEST(ExpertParallelMpi, OnADeviceTheShardedStorageGivesTheHostModelsBits) {
   for (DType precision : {DType::f32, DType::bf16})
-    for (int ep_size : ep_sizes()) {
-      expect_sharded_device_matches_host(moe_config(), ep_size, precision);
-      expect_sharded_device_matches_host(zaya_config(), ep_size, precision);
-    }
+    for (int ep_size : ep_sizes())
+      for (bool made_so : {true, false}) {
+        expect_sharded_device_matches_host(moe_config(), ep_size, precision, made_so);
+        expect_sharded_device_matches_host(zaya_config(), ep_size, precision, made_so);
+      }
 }
 
 // ---- data parallel: the aux loss of the global batch

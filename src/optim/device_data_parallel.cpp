@@ -312,11 +312,9 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   // outside that range are handed back (their gradients read as zeros, this rank's share of
   // the sums; the all-gather's writes there are lost).
   void shard_expert_storage(Model& model, int ep_size) override {
-    if (ep_size <= 1) return;
-    const auto unowned = unowned_expert_ranges_by_rank(
-        table_, ExpertSharding(model.config().n_experts, ep_size), comm_.size());
-    const SlabRanges released = subtract(unowned[static_cast<size_t>(comm_.rank())], mine_);
-    model.shard_expert_storage(released, released);
+    const SlabHoles holes = device_expert_holes(table_, model.config().n_experts, ep_size,
+                                                comm_.size(), comm_.rank(), muon_on_, false);
+    if (!holes.empty()) model.shard_expert_storage(holes.params, holes.gradients);
   }
   std::string describe() const override {
     return describe_optimizer_split(table_, muon_on_) +
@@ -409,6 +407,15 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
 };
 
 }  // namespace
+
+SlabHoles device_expert_holes(const ParamTable& table, int64_t n_experts, int ep, int world,
+                              int rank, bool muon, bool bf16) {
+  if (ep <= 1 || n_experts % ep != 0 || world % ep != 0) return {};
+  const auto unowned = unowned_expert_ranges_by_rank(table, ExpertSharding(n_experts, ep), world);
+  const SlabRanges& theirs = unowned.at(static_cast<size_t>(rank));
+  const SlabRanges released = subtract(theirs, Zero1Layout(table, world, muon).state_range(rank));
+  return {released, released, bf16 ? theirs : SlabRanges{}};
+}
 
 GpuGradients gpu_gradients_path(const std::vector<std::array<int64_t, 2>>& rank_gpus,
                                 bool nccl_everywhere) {

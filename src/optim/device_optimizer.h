@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "base/slab_range.h"
+#include "model/model.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_kernels.h"
 
@@ -69,5 +70,13 @@ std::unique_ptr<DataParallelOptimizer> make_device_data_parallel_optimizer(
     const ParamTable& table, const OptimizerOptions& options, Backend& backend,
     const Communicator& world, GpuGradients how,
     const std::function<std::unique_ptr<OptimizerKernels>()>& kernels = gpu_optimizer_kernels);
+
+// What `rank` of a device's ZeRO-1 over `world` ranks, its experts sharded over groups of `ep`
+// consecutive ranks, does not store (Model::shard_expert_storage): the other ranks' experts
+// outside its state range (Zero1Layout::state_range: it updates those, and its reduction
+// writes their gradients there in place) in the parameters and gradients, and all of them in
+// the bf16 copies (`bf16`). Empty where ep is 1 or does not divide the experts and the ranks.
+SlabHoles device_expert_holes(const ParamTable& table, int64_t n_experts, int ep, int world,
+                              int rank, bool muon, bool bf16);
 
 }  // namespace foundry

@@ -10,13 +10,14 @@
 
 #include "base/error.h"
 #include "base/format.h"
+#include "base/slab_chunks.h"
 #include "comm/agree.h"
 #include "comm/comm.h"
 #include "cuda/nccl.h"
-#include "cuda/runtime.h"
 #include "model/expert_parallel.h"
 #include "model/info.h"
 #include "model/params.h"
+#include "optim/device_optimizer.h"
 #include "optim/zero1_layout.h"
 #include "train/processes.h"
 
@@ -196,29 +197,28 @@ int64_t largest_gpu_state_range(const ParamTable& table, int ranks, bool muon) {
 }
 
 // The bytes of the fp32 weight and gradient slabs and of the bf16 copies that the rank
-// storing the most keeps under expert parallelism on GPUs with ZeRO-1
-// (GpuShardedOptimizer::shard_expert_storage: the other ranks' experts outside its state
-// range, and their bf16 copies wholly, handed back in the slabs' whole chunks).
+// storing the most keeps under expert parallelism on GPUs with ZeRO-1 (device_expert_holes:
+// the slabs' chunks wholly inside the holes take no memory; each slab with holes has one
+// alias chunk). The chunks are of the GPU's allocation granularity, 2 MiB on the GPUs this
+// was written for.
 struct GpuSlabBytes {
   int64_t weights = 0, gradients = 0, bf16 = 0;
 };
 GpuSlabBytes gpu_slabs_with_expert_storage(const ModelConfig& mc, int ranks, bool muon, int ep,
                                            bool bf16) {
+  constexpr int64_t kGranularity = int64_t{2} << 20;
   const ParamTable table(mc);
-  const Zero1Layout layout(table, ranks, muon);
-  const auto unowned =
-      unowned_expert_ranges_by_rank(table, ExpertSharding(mc.n_experts, ep), ranks);
   const int64_t n = table.total_elements();
   auto kept = [n](const SlabRanges& holes, int64_t element) {
-    gpu::ByteRanges bytes;
+    ByteRanges bytes;
     for (const SlabRange& h : holes) bytes.push_back({h.begin * element, h.end * element});
-    return n * element - gpu::slab_bytes_handed_back(bytes, n * element);
+    const int64_t free = slab_bytes_in_holes(bytes, n * element, kGranularity);
+    return n * element - free + (free > 0 ? slab_chunk_bytes(n * element, kGranularity) : 0);
   };
   GpuSlabBytes most;
   for (int r = 0; r < ranks; ++r) {
-    const SlabRanges released = subtract(unowned[static_cast<size_t>(r)], layout.state_range(r));
-    const GpuSlabBytes s{kept(released, 4), kept(released, 4),
-                         bf16 ? kept(unowned[static_cast<size_t>(r)], 2) : 0};
+    const SlabHoles h = device_expert_holes(table, mc.n_experts, ep, ranks, r, muon, bf16);
+    const GpuSlabBytes s{kept(h.params, 4), kept(h.gradients, 4), bf16 ? kept(h.bf16, 2) : 0};
     if (s.weights + s.gradients + s.bf16 > most.weights + most.gradients + most.bf16) most = s;
   }
   return most;

@@ -5,9 +5,9 @@
 #include <map>
 #include <regex>
 
+#include "base/slab_chunks.h"
 #include "base/test_expect_error.h"
 #include "cuda/nccl.h"
-#include "cuda/runtime.h"
 #include "model/info.h"
 #include "model/params.h"
 #include "train/processes.h"
@@ -95,12 +95,12 @@ TEST(TrainingMemory, OnGpusExpertParallelismKeepsTheRanksOwnExpertsInWholeChunks
   EXPECT_GT(ep.at("gradients"), dp.at("gradients") - 4 * expert_elements / 2);
   EXPECT_LT(ep.at("weights"), dp.at("weights") - 6 * expert_elements / 8);
   EXPECT_EQ(ep.at("optimizer"), dp.at("optimizer"));
-  // A slab's chunks: 2 MiB, or more to keep to 512 of them; the handed-back bytes whole chunks.
-  EXPECT_EQ(gpu::slab_chunk_bytes(int64_t{1} << 20), int64_t{2} << 20);
-  EXPECT_EQ(gpu::slab_chunk_bytes(int64_t{7} << 30), int64_t{14} << 20);
+  // A slab's chunks: 2 MiB, or more to keep to 512 of them; the holes free whole chunks.
   const int64_t mib = int64_t{1} << 20;
-  EXPECT_EQ(gpu::slab_bytes_handed_back({{mib, 9 * mib}, {10 * mib, 11 * mib}}, 64 * mib),
-            6 * mib);  // [2, 4, 6] MiB chunks inside the first; nothing inside the second
+  EXPECT_EQ(slab_chunk_bytes(mib, 2 * mib), 2 * mib);
+  EXPECT_EQ(slab_chunk_bytes(int64_t{7} << 30, 2 * mib), 14 * mib);
+  EXPECT_EQ(slab_bytes_in_holes({{mib, 9 * mib}, {10 * mib, 11 * mib}}, 64 * mib, 2 * mib),
+            6 * mib);  // the chunks at 2, 4 and 6 MiB inside the first; none inside the second
 }
 
 // A GPU run's need is model info's estimate (the figures `model info` prints for the same

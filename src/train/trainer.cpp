@@ -287,7 +287,15 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
   if (run_dir->resume()) check_same_trajectory(rc, opt.allow_config_change, procs.root());
-  model.emplace(rc.model, tc.precision, *backend);
+  // On a device with expert parallelism and ZeRO-1 the slabs are made without the other
+  // ranks' experts (GpuShardedOptimizer::shard_expert_storage names the same holes), so they
+  // never take the whole model's memory.
+  SlabHoles holes;
+  if (!backend->host_memory() && procs.world() && tc.zero1)
+    holes = device_expert_holes(ParamTable(rc.model), rc.model.n_experts,
+                                static_cast<int>(tc.expert_parallel), procs.ranks(), procs.rank(),
+                                tc.optimizer == OptimizerKind::muon, tc.precision == DType::bf16);
+  model.emplace(rc.model, tc.precision, *backend, ModelUse::training, holes);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len, procs.rank(),
                   procs.ranks(), rc.model.vocab_size, tc.seed, model->context_parallel());
