@@ -133,7 +133,12 @@ void map_alias(Slab& s, size_t i, bool zeros) {
     s.zeros_read_only = false;  // this GPU maps device memory read-write only
     writable = true;
   }
-  if (writable) FOUNDRY_CU_CHECK(set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
+  if (!writable) return;
+  const CUresult status = set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+  if (status != CUDA_SUCCESS) {
+    cuMemUnmap(at, s.chunk);  // nothing mapped there again, for the caller to restore
+    fail_driver_call("cuMemSetAccess(alias, read-write)", status, __FILE__, __LINE__);
+  }
 }
 
 // Whether chunk i lies wholly inside one of `holes`.
@@ -181,6 +186,8 @@ void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros) {
       if (in_hole[i]) map_alias(s, i, zeros);
     FOUNDRY_CUDA_CHECK(cudaDeviceSynchronize());
   } catch (...) {
+    // The memsets queued so far must land before their chunks go (an error is earlier work's).
+    if (cudaDeviceSynchronize() != cudaSuccess) cudaGetLastError();
     free_slab(s);
     throw;
   }
@@ -205,13 +212,13 @@ int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bo
     try {
       map_alias(s, i, zeros);
     } catch (...) {  // the chunk's own memory back where it was: every address stays valid
-      cuMemMap(at, s.chunk, 0, s.chunks[i], 0);
-      set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+      FOUNDRY_CU_CHECK(cuMemMap(at, s.chunk, 0, s.chunks[i], 0));
+      FOUNDRY_CU_CHECK(set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
       throw;
     }
-    FOUNDRY_CU_CHECK(cuMemRelease(s.chunks[i]));
-    s.chunks[i] = 0;
+    const CUmemGenericAllocationHandle own = std::exchange(s.chunks[i], 0);
     released += static_cast<int64_t>(s.chunk);
+    FOUNDRY_CU_CHECK(cuMemRelease(own));
   }
   return released;
 }

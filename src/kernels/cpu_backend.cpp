@@ -114,6 +114,7 @@ class CpuBackend final : public Backend {
   }
   void release(void* block) override {
     {
+      if (posing_) wait_host_copies();  // the work queued so far, as a GPU's free waits for it
       std::lock_guard<std::mutex> lock(slabs_mutex_);
       if (auto it = slabs_.find(block); it != slabs_.end()) {
         munmap(block, it->second.mapped);
@@ -137,13 +138,21 @@ class CpuBackend final : public Backend {
     void* p = mmap(nullptr, s.mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw std::bad_alloc();
     s.own.assign(s.mapped / s.chunk, true);
+    try {
+      make_holes(p, s, byte_holes, holes_read);
+    } catch (...) {
+      munmap(p, s.mapped);
+      for (int fd : {s.zeros_fd, s.scratch_fd})
+        if (fd >= 0) close(fd);
+      throw;
+    }
     std::lock_guard<std::mutex> lock(slabs_mutex_);
-    PosingSlab& kept = slabs_.emplace(p, std::move(s)).first->second;
-    make_holes(p, kept, byte_holes, holes_read);
+    slabs_.emplace(p, std::move(s));
     return p;
   }
   int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) override {
     if (!posing_) return 0;
+    wait_host_copies();  // after the work queued so far, as on a GPU
     std::lock_guard<std::mutex> lock(slabs_mutex_);
     auto it = slabs_.find(slab);
     FOUNDRY_CHECK(it != slabs_.end());

@@ -17,6 +17,18 @@
 
 namespace foundry {
 namespace {
+// The first of `ranges` that is out of order or not inside one of `within` (sorted, disjoint).
+std::optional<SlabRange> first_outside(const SlabRanges& ranges, const SlabRanges& within) {
+  int64_t last = 0;
+  for (const SlabRange& r : ranges) {
+    bool inside = false;
+    for (const SlabRange& w : within) inside = inside || (w.begin <= r.begin && r.end <= w.end);
+    if (r.begin < last || r.end < r.begin || !inside) return r;
+    last = r.end;
+  }
+  return std::nullopt;
+}
+
 SlabRanges in_bytes(const SlabRanges& elements, int64_t element_bytes) {
   SlabRanges bytes;
   for (const SlabRange& r : elements)
@@ -179,20 +191,15 @@ void Model::shard_expert_storage(const SlabRanges& released,
   const SlabHoles holes{released, grad_holes, precision_ == DType::bf16 ? unowned : SlabRanges{}};
   if (on_device() && sharded_ && holes == device_holes_) return;  // the slabs were made so
   if (sharded_) fail("shard_expert_storage: the expert storage is already sharded otherwise");
-  for (const SlabRanges* ranges : {&released, &grad_holes}) {
-    int64_t last = 0;
-    for (const auto& [b, e] : *ranges) {
-      bool inside = false;
-      for (const auto& [ub, ue] : unowned) inside = inside || (ub <= b && e <= ue);
-      if (b < last || e < b || !inside)
-        fail(
-            fmt::format("shard_expert_storage on EP rank {}: [{}, {}) is not a sorted, "
-                        "disjoint range inside another rank's experts",
-                        ep_rank, b, e));
-      last = e;
-    }
-  }
+  for (const SlabRanges* ranges : {&released, &grad_holes})
+    if (const auto bad = first_outside(*ranges, unowned))
+      fail(
+          fmt::format("shard_expert_storage on EP rank {}: [{}, {}) is not a sorted, "
+                      "disjoint range inside another rank's experts",
+                      ep_rank, bad->begin, bad->end));
+  // Holes first: if a slab fails to hand its chunks back, none of them is written again.
   sharded_ = true;
+  device_holes_ = holes;
   if (!on_device()) {
     params_.set_holes(released);
     grads_.set_holes(grad_holes);
@@ -207,7 +214,6 @@ void Model::shard_expert_storage(const SlabRanges& released,
   hand_back(device_params_, released, sizeof(float), Released::scratch);
   hand_back(device_grads_, grad_holes, sizeof(float), Released::zeros);
   hand_back(device_bf16_, holes.bf16, sizeof(bf16), Released::scratch);
-  device_holes_ = holes;
 }
 
 int64_t Model::resident_slab_bytes() const {
@@ -223,10 +229,23 @@ int64_t Model::resident_slab_bytes() const {
 // ---- expert parallelism ---------------------------------------------------------------------
 
 void Model::set_expert_parallel(const Communicator* group, gpu::NcclGroup* nccl) {
-  // (Slabs made with holes take their group once, before shard_expert_storage names them.)
+  // (Slabs made with holes take their group once, before shard_expert_storage names them: the
+  // holes must be in the other ranks' experts of that group.)
   if (sharded_ && experts_->sharding())
     fail("the expert storage is sharded (shard_expert_storage): this rank no longer holds the "
          "other ranks' experts, so expert parallelism cannot change");
+  if (sharded_) {
+    const int size = group ? group->size() : 1, rank = group ? group->rank() : 0;
+    const SlabRanges unowned =
+        unowned_expert_ranges(table_, ExpertSharding(config_.n_experts, size, rank), rank);
+    for (const SlabRanges* h :
+         {&device_holes_.params, &device_holes_.gradients, &device_holes_.bf16})
+      if (const auto bad = first_outside(*h, unowned))
+        fail(fmt::format("this model's slabs were made without [{}, {}), which EP rank {} of "
+                         "{} owns",
+                         bad->begin, bad->end, rank, size),
+             "make the model with the holes of its own expert-parallel group and rank");
+  }
   experts_->set_group(group, nccl);  // validates first: on error the model keeps its setting
   arch_->drop_activations();
 }

@@ -321,6 +321,12 @@ void expect_sharded_device_matches_host(ModelConfig c, int ep_size, DType precis
   const SlabHoles holes{unowned, unowned, precision == DType::bf16 ? unowned : SlabRanges{}};
   Model device(c, precision, *backend, ModelUse::training, made_so ? holes : SlabHoles{});
   device.set_expert_parallel(&groups.expert);
+  if (made_so) {  // slabs made without another EP rank's holes refuse this rank's group
+    const SlabRanges theirs = unowned_expert_ranges(host.table(), *host.expert_sharding(),
+                                                    (groups.expert.rank() + 1) % ep_size);
+    Model wrong(c, precision, *backend, ModelUse::training, SlabHoles{theirs, theirs, {}});
+    EXPECT_THROW(wrong.set_expert_parallel(&groups.expert), Error);
+  }
   host.shard_expert_storage(unowned);
   device.shard_expert_storage(unowned, unowned);  // made so: the same holes, nothing to do
   EXPECT_THROW(device.shard_expert_storage({}, SlabRanges{}), Error);  // other holes

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 
@@ -10,6 +11,7 @@
 #include "cuda/nccl.h"
 #include "model/info.h"
 #include "model/params.h"
+#include "optim/device_optimizer.h"
 #include "train/processes.h"
 #include "train/test_support.h"
 
@@ -95,8 +97,22 @@ TEST(TrainingMemory, OnGpusExpertParallelismKeepsTheRanksOwnExpertsInWholeChunks
   EXPECT_GT(ep.at("gradients"), dp.at("gradients") - 4 * expert_elements / 2);
   EXPECT_LT(ep.at("weights"), dp.at("weights") - 6 * expert_elements / 8);
   EXPECT_EQ(ep.at("optimizer"), dp.at("optimizer"));
+  // Exactly: the rank keeping the most, its slabs less their holes' whole chunks, plus one
+  // alias chunk for each slab with holes.
+  const int64_t n = table.total_elements(), mib = int64_t{1} << 20;
+  int64_t most = 0;
+  for (int r = 0; r < 2; ++r) {
+    const SlabHoles h = device_expert_holes(table, rc.model.n_experts, 2, 2, r, false, true);
+    auto kept = [&](const SlabRanges& holes, int64_t element) {
+      ByteRanges bytes;
+      for (const SlabRange& s : holes) bytes.push_back({s.begin * element, s.end * element});
+      const int64_t in_holes = slab_bytes_in_holes(bytes, n * element, 2 * mib);
+      return n * element - in_holes + (in_holes > 0 ? slab_chunk_bytes(n * element, 2 * mib) : 0);
+    };
+    most = std::max(most, 2 * kept(h.params, 4) + kept(h.bf16, 2));
+  }
+  EXPECT_EQ(ep.at("weights") + ep.at("gradients"), most);
   // A slab's chunks: 2 MiB, or more to keep to 512 of them; the holes free whole chunks.
-  const int64_t mib = int64_t{1} << 20;
   EXPECT_EQ(slab_chunk_bytes(mib, 2 * mib), 2 * mib);
   EXPECT_EQ(slab_chunk_bytes(int64_t{7} << 30, 2 * mib), 14 * mib);
   EXPECT_EQ(slab_bytes_in_holes({{mib, 9 * mib}, {10 * mib, 11 * mib}}, 64 * mib, 2 * mib),
