@@ -23,12 +23,64 @@
 namespace foundry::gpu {
 namespace {
 
+// The driver API's calls, looked up through the runtime (cudaGetDriverEntryPoint*): linking
+// libcuda would make every binary of a CUDA build need the driver to start, where the runtime
+// alone finds it when a GPU is used.
+struct Driver {
+  decltype(&::cuGetErrorName) GetErrorName;
+  decltype(&::cuGetErrorString) GetErrorString;
+  decltype(&::cuMemAddressReserve) MemAddressReserve;
+  decltype(&::cuMemAddressFree) MemAddressFree;
+  decltype(&::cuMemCreate) MemCreate;
+  decltype(&::cuMemRelease) MemRelease;
+  decltype(&::cuMemMap) MemMap;
+  decltype(&::cuMemUnmap) MemUnmap;
+  decltype(&::cuMemSetAccess) MemSetAccess;
+  decltype(&::cuMemGetAllocationGranularity) MemGetAllocationGranularity;
+};
+
+template <typename F>
+void look_up(F& fn, const char* symbol) {
+  void* found = nullptr;
+  cudaDriverEntryPointQueryResult result{};
+#if CUDART_VERSION >= 12050
+  const cudaError_t status =
+      cudaGetDriverEntryPointByVersion(symbol, &found, 12000, cudaEnableDefault, &result);
+#else
+  const cudaError_t status = cudaGetDriverEntryPoint(symbol, &found, cudaEnableDefault, &result);
+#endif
+  FOUNDRY_CUDA_CHECK(status);
+  if (result != cudaDriverEntryPointSuccess || !found)
+    fail_cuda_call(symbol, static_cast<int>(result), "cudaDriverEntryPointSymbolNotFound",
+                   "the CUDA driver has no such call (update the NVIDIA driver)", __FILE__,
+                   __LINE__);
+  fn = reinterpret_cast<F>(found);
+}
+
+const Driver& cu() {
+  static const Driver driver = [] {
+    Driver d{};
+    look_up(d.GetErrorName, "cuGetErrorName");
+    look_up(d.GetErrorString, "cuGetErrorString");
+    look_up(d.MemAddressReserve, "cuMemAddressReserve");
+    look_up(d.MemAddressFree, "cuMemAddressFree");
+    look_up(d.MemCreate, "cuMemCreate");
+    look_up(d.MemRelease, "cuMemRelease");
+    look_up(d.MemMap, "cuMemMap");
+    look_up(d.MemUnmap, "cuMemUnmap");
+    look_up(d.MemSetAccess, "cuMemSetAccess");
+    look_up(d.MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    return d;
+  }();
+  return driver;
+}
+
 [[noreturn]] void fail_driver_call(const char* call, CUresult status, const char* file,
                                    int line) {
   const char* name = nullptr;
   const char* text = nullptr;
-  cuGetErrorName(status, &name);
-  cuGetErrorString(status, &text);
+  cu().GetErrorName(status, &name);
+  cu().GetErrorString(status, &text);
   fail_cuda_call(call, static_cast<int>(status), name ? name : "?", text ? text : "?", file,
                  line);
 }
@@ -66,18 +118,18 @@ CUresult set_access(const Slab& s, CUdeviceptr at, size_t bytes, CUmemAccess_fla
   CUmemAccessDesc desc{};
   desc.location = s.location;
   desc.flags = flags;
-  return cuMemSetAccess(at, bytes, &desc, 1);
+  return cu().MemSetAccess(at, bytes, &desc, 1);
 }
 
 // Unmaps every mapped chunk and frees the allocations and the address range; no errors (for
 // destructors and for clean-up after a failure).
 void free_slab(Slab& s) {
-  for (size_t i = 0; i < s.chunks.size(); ++i) cuMemUnmap(s.base + i * s.chunk, s.chunk);
+  for (size_t i = 0; i < s.chunks.size(); ++i) cu().MemUnmap(s.base + i * s.chunk, s.chunk);
   for (CUmemGenericAllocationHandle h : s.chunks)
-    if (h) cuMemRelease(h);
-  if (s.zeros) cuMemRelease(s.zeros);
-  if (s.scratch) cuMemRelease(s.scratch);
-  if (s.base) cuMemAddressFree(s.base, s.reserved);
+    if (h) cu().MemRelease(h);
+  if (s.zeros) cu().MemRelease(s.zeros);
+  if (s.scratch) cu().MemRelease(s.scratch);
+  if (s.base) cu().MemAddressFree(s.base, s.reserved);
   s = Slab{};
 }
 
@@ -87,10 +139,10 @@ CUmemGenericAllocationHandle create_chunk(const Slab& s, int64_t requested) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location = s.location;
   CUmemGenericAllocationHandle h = 0;
-  const CUresult status = cuMemCreate(&h, s.chunk, &prop, 0);
+  const CUresult status = cu().MemCreate(&h, s.chunk, &prop, 0);
   if (status == CUDA_SUCCESS) return h;
   const char* text = nullptr;
-  cuGetErrorString(status, &text);
+  cu().GetErrorString(status, &text);
   size_t free_bytes = 0, total = 0;
   cudaMemGetInfo(&free_bytes, &total);
   fail_gpu_allocation(requested, text ? text : "cuMemCreate failed",
@@ -105,17 +157,17 @@ CUmemGenericAllocationHandle alias_for(Slab& s, bool zeros, CUdeviceptr first_us
   CUmemGenericAllocationHandle made = create_chunk(s, static_cast<int64_t>(s.chunk));
   if (zeros) {
     try {  // zeroed once, through a mapping of its own
-      FOUNDRY_CU_CHECK(cuMemMap(first_use, s.chunk, 0, made, 0));
+      FOUNDRY_CU_CHECK(cu().MemMap(first_use, s.chunk, 0, made, 0));
       const CUresult access = set_access(s, first_use, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
       const cudaError_t set = access == CUDA_SUCCESS
                                   ? cudaMemset(reinterpret_cast<void*>(first_use), 0, s.chunk)
                                   : cudaErrorUnknown;
       const cudaError_t synced = set == cudaSuccess ? cudaDeviceSynchronize() : set;
-      cuMemUnmap(first_use, s.chunk);
+      cu().MemUnmap(first_use, s.chunk);
       FOUNDRY_CU_CHECK(access);
       FOUNDRY_CUDA_CHECK(synced);
     } catch (...) {
-      cuMemRelease(made);
+      cu().MemRelease(made);
       throw;
     }
   }
@@ -127,7 +179,7 @@ CUmemGenericAllocationHandle alias_for(Slab& s, bool zeros, CUdeviceptr first_us
 // Maps the alias at chunk `i` (whose address nothing maps now) with its access.
 void map_alias(Slab& s, size_t i, bool zeros) {
   const CUdeviceptr at = s.base + i * s.chunk;
-  FOUNDRY_CU_CHECK(cuMemMap(at, s.chunk, 0, alias_for(s, zeros, at), 0));
+  FOUNDRY_CU_CHECK(cu().MemMap(at, s.chunk, 0, alias_for(s, zeros, at), 0));
   bool writable = !zeros || !s.zeros_read_only;
   if (!writable && set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READ) != CUDA_SUCCESS) {
     s.zeros_read_only = false;  // this GPU maps device memory read-write only
@@ -136,8 +188,8 @@ void map_alias(Slab& s, size_t i, bool zeros) {
   if (!writable) return;
   const CUresult status = set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
   if (status != CUDA_SUCCESS) {
-    cuMemUnmap(at, s.chunk);  // nothing mapped there again, for the caller to restore
-    fail_driver_call("cuMemSetAccess(alias, read-write)", status, __FILE__, __LINE__);
+    cu().MemUnmap(at, s.chunk);  // nothing mapped there again, for the caller to restore
+    fail_driver_call("cu().MemSetAccess(alias, read-write)", status, __FILE__, __LINE__);
   }
 }
 
@@ -166,18 +218,18 @@ void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros) {
   prop.location = s.location;
   size_t granularity = 0;
   FOUNDRY_CU_CHECK(
-      cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
+      cu().MemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
   s.chunk = static_cast<size_t>(slab_chunk_bytes(bytes, static_cast<int64_t>(granularity)));
   s.reserved = round_up(static_cast<size_t>(bytes), s.chunk);
   try {
-    FOUNDRY_CU_CHECK(cuMemAddressReserve(&s.base, s.reserved, 0, 0, 0));
+    FOUNDRY_CU_CHECK(cu().MemAddressReserve(&s.base, s.reserved, 0, 0, 0));
     s.chunks.assign(s.reserved / s.chunk, 0);
     const std::vector<bool> in_hole = chunks_in_holes(s, holes);
     // Zeroed first, while every chunk is its own and writable: the holes' after.
     for (size_t i = 0; i < s.chunks.size(); ++i) {
       if (in_hole[i]) continue;
       s.chunks[i] = create_chunk(s, bytes);
-      FOUNDRY_CU_CHECK(cuMemMap(s.base + i * s.chunk, s.chunk, 0, s.chunks[i], 0));
+      FOUNDRY_CU_CHECK(cu().MemMap(s.base + i * s.chunk, s.chunk, 0, s.chunks[i], 0));
       FOUNDRY_CU_CHECK(
           set_access(s, s.base + i * s.chunk, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
       FOUNDRY_CUDA_CHECK(cudaMemset(reinterpret_cast<void*>(s.base + i * s.chunk), 0, s.chunk));
@@ -208,17 +260,17 @@ int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bo
   for (size_t i = 0; i < s.chunks.size(); ++i) {
     if (!in_range[i] || !s.chunks[i]) continue;
     const CUdeviceptr at = s.base + i * s.chunk;
-    FOUNDRY_CU_CHECK(cuMemUnmap(at, s.chunk));
+    FOUNDRY_CU_CHECK(cu().MemUnmap(at, s.chunk));
     try {
       map_alias(s, i, zeros);
     } catch (...) {  // the chunk's own memory back where it was: every address stays valid
-      FOUNDRY_CU_CHECK(cuMemMap(at, s.chunk, 0, s.chunks[i], 0));
+      FOUNDRY_CU_CHECK(cu().MemMap(at, s.chunk, 0, s.chunks[i], 0));
       FOUNDRY_CU_CHECK(set_access(s, at, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE));
       throw;
     }
     const CUmemGenericAllocationHandle own = std::exchange(s.chunks[i], 0);
     released += static_cast<int64_t>(s.chunk);
-    FOUNDRY_CU_CHECK(cuMemRelease(own));
+    FOUNDRY_CU_CHECK(cu().MemRelease(own));
   }
   return released;
 }
