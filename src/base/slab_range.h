@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/slab_chunks.h"
+
 namespace foundry {
 
 struct SlabRange {
@@ -26,6 +28,15 @@ inline SlabRange intersect(SlabRange a, SlabRange b) {
   const int64_t begin = std::max(a.begin, b.begin);
   const int64_t end = std::min(a.end, b.end);
   return begin < end ? SlabRange{begin, end} : SlabRange{begin, begin};
+}
+
+// The bytes of element ranges, `element_bytes` an element.
+inline ByteRanges to_byte_ranges(const SlabRanges& elements, int64_t element_bytes) {
+  ByteRanges bytes;
+  bytes.reserve(elements.size());
+  for (const SlabRange& r : elements)
+    bytes.push_back({r.begin * element_bytes, r.end * element_bytes});
+  return bytes;
 }
 
 // [0, n) without `holes` (sorted, disjoint, inside [0, n)).

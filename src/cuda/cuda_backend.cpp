@@ -25,12 +25,6 @@ namespace {
 
 uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
 
-ByteRanges byte_ranges(const SlabRanges& ranges) {
-  ByteRanges out;
-  for (const SlabRange& r : ranges) out.push_back({r.begin, r.end});
-  return out;
-}
-
 bool aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -63,11 +57,11 @@ class CudaBackend final : public Backend {
   // cudaMalloc's blocks are 256-byte aligned.
   void* allocate(int64_t bytes) override { return device_allocate(bytes); }
   void release(void* block) override { device_release(block); }
-  void* allocate_slab(int64_t bytes, const SlabRanges& byte_holes, Released holes_read) override {
-    return device_allocate_slab(bytes, byte_ranges(byte_holes), holes_read == Released::zeros);
+  void* allocate_slab(int64_t bytes, const ByteRanges& byte_holes, Released holes_read) override {
+    return device_allocate_slab(bytes, byte_holes, holes_read == Released::zeros);
   }
-  int64_t release_slab_ranges(void* slab, const SlabRanges& ranges, Released reads) override {
-    return device_release_slab_ranges(slab, byte_ranges(ranges), reads == Released::zeros);
+  int64_t release_slab_ranges(void* slab, const ByteRanges& byte_ranges, Released reads) override {
+    return device_release_slab_ranges(slab, byte_ranges, reads == Released::zeros);
   }
   int64_t slab_memory_bytes(const void* slab, int64_t) const override {
     return device_slab_memory_bytes(slab);

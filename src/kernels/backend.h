@@ -60,14 +60,14 @@ class Backend {
   // a device): the chunks wholly inside `byte_holes` (sorted, disjoint) take no memory of
   // their own and read as `holes_read`, and every address stays valid. A backend whose
   // memory cannot have holes backs them too.
-  virtual void* allocate_slab(int64_t bytes, const SlabRanges& byte_holes = {},
+  virtual void* allocate_slab(int64_t bytes, const ByteRanges& byte_holes = {},
                               Released holes_read = Released::zeros) {
     return allocate(bytes);
   }
   // Makes the chunks inside the byte ranges (sorted, disjoint) of a slab holes as
   // allocate_slab's, after the work queued so far; the bytes around them keep their memory and
   // values. Returns the bytes handed back (0 where the memory cannot have holes).
-  virtual int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) {
+  virtual int64_t release_slab_ranges(void* slab, const ByteRanges& byte_ranges, Released reads) {
     return 0;
   }
   // The memory backing a slab of `bytes` now: its chunks and the chunks its holes read.
@@ -397,7 +397,7 @@ class BackendBuffer {
   BackendBuffer(Backend& backend, int64_t bytes)
       : backend_(&backend), data_(bytes > 0 ? backend.allocate(bytes) : nullptr), bytes_(bytes) {}
   // A slab (Backend::allocate_slab).
-  static BackendBuffer slab(Backend& backend, int64_t bytes, const SlabRanges& byte_holes = {},
+  static BackendBuffer slab(Backend& backend, int64_t bytes, const ByteRanges& byte_holes = {},
                             Backend::Released holes_read = Backend::Released::zeros) {
     BackendBuffer b;
     b.backend_ = &backend;

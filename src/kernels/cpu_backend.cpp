@@ -117,9 +117,7 @@ class CpuBackend final : public Backend {
       if (posing_) wait_host_copies();  // the work queued so far, as a GPU's free waits for it
       std::lock_guard<std::mutex> lock(slabs_mutex_);
       if (auto it = slabs_.find(block); it != slabs_.end()) {
-        munmap(block, it->second.mapped);
-        for (int fd : {it->second.zeros_fd, it->second.scratch_fd})
-          if (fd >= 0) close(fd);
+        it->second.unmap(block);
         slabs_.erase(it);
         return;
       }
@@ -130,7 +128,7 @@ class CpuBackend final : public Backend {
   // holes' chunks mapping one chunk of its own each kind (a memfd mapped shared at each place),
   // the zeros read-only, so that a write there is a crash the tests see and a read of scratch
   // finds whatever another place last wrote, as on a GPU.
-  void* allocate_slab(int64_t bytes, const SlabRanges& byte_holes, Released holes_read) override {
+  void* allocate_slab(int64_t bytes, const ByteRanges& byte_holes, Released holes_read) override {
     if (!posing_) return allocate(bytes);
     PosingSlab s;
     s.chunk = static_cast<size_t>(slab_chunk_bytes(bytes, page_bytes()));
@@ -141,16 +139,14 @@ class CpuBackend final : public Backend {
     try {
       make_holes(p, s, byte_holes, holes_read);
     } catch (...) {
-      munmap(p, s.mapped);
-      for (int fd : {s.zeros_fd, s.scratch_fd})
-        if (fd >= 0) close(fd);
+      s.unmap(p);
       throw;
     }
     std::lock_guard<std::mutex> lock(slabs_mutex_);
     slabs_.emplace(p, std::move(s));
     return p;
   }
-  int64_t release_slab_ranges(void* slab, const SlabRanges& byte_ranges, Released reads) override {
+  int64_t release_slab_ranges(void* slab, const ByteRanges& byte_ranges, Released reads) override {
     if (!posing_) return 0;
     wait_host_copies();  // after the work queued so far, as on a GPU
     std::lock_guard<std::mutex> lock(slabs_mutex_);
@@ -555,6 +551,11 @@ class CpuBackend final : public Backend {
     size_t mapped = 0, chunk = 0;
     std::vector<bool> own;
     int zeros_fd = -1, scratch_fd = -1;
+    void unmap(void* base) const {
+      munmap(base, mapped);
+      for (int fd : {zeros_fd, scratch_fd})
+        if (fd >= 0) close(fd);
+    }
   };
   static int64_t page_bytes() {
     static const int64_t page = sysconf(_SC_PAGESIZE);
@@ -562,13 +563,13 @@ class CpuBackend final : public Backend {
   }
   // Maps the alias of `reads` over the chunks of `s` wholly inside `byte_ranges` that are
   // still its own; returns their bytes.
-  static int64_t make_holes(void* base, PosingSlab& s, const SlabRanges& byte_ranges,
+  static int64_t make_holes(void* base, PosingSlab& s, const ByteRanges& byte_ranges,
                             Released reads) {
     int& fd = reads == Released::zeros ? s.zeros_fd : s.scratch_fd;
     int64_t made = 0;
-    for (const SlabRange& r : byte_ranges) {
-      FOUNDRY_CHECK(r.begin >= 0 && r.begin <= r.end && r.end <= static_cast<int64_t>(s.mapped));
-      const auto [first, last] = chunks_inside(r.begin, r.end, static_cast<int64_t>(s.chunk));
+    for (const auto& [begin, end] : byte_ranges) {
+      FOUNDRY_CHECK(begin >= 0 && begin <= end && end <= static_cast<int64_t>(s.mapped));
+      const auto [first, last] = chunks_inside(begin, end, static_cast<int64_t>(s.chunk));
       for (int64_t i = first; i < last; ++i) {
         if (!s.own[static_cast<size_t>(i)]) continue;
         if (fd < 0) {

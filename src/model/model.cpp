@@ -29,12 +29,6 @@ std::optional<SlabRange> first_outside(const SlabRanges& ranges, const SlabRange
   return std::nullopt;
 }
 
-SlabRanges in_bytes(const SlabRanges& elements, int64_t element_bytes) {
-  SlabRanges bytes;
-  for (const SlabRange& r : elements)
-    bytes.push_back({r.begin * element_bytes, r.end * element_bytes});
-  return bytes;
-}
 }  // namespace
 
 Model::Model(const ModelConfig& config, DType precision, Backend& backend, ModelUse use,
@@ -44,14 +38,14 @@ Model::Model(const ModelConfig& config, DType precision, Backend& backend, Model
   if (on_device()) {
     using Released = Backend::Released;
     constexpr int64_t kF32 = sizeof(float), kBf16 = sizeof(bf16);
-    device_params_ = BackendBuffer::slab(backend_, n * kF32, in_bytes(device_holes.params, kF32),
-                                         Released::scratch);
+    device_params_ = BackendBuffer::slab(
+        backend_, n * kF32, to_byte_ranges(device_holes.params, kF32), Released::scratch);
     if (use_ == ModelUse::training)
-      device_grads_ = BackendBuffer::slab(backend_, n * kF32,
-                                          in_bytes(device_holes.gradients, kF32), Released::zeros);
+      device_grads_ = BackendBuffer::slab(
+          backend_, n * kF32, to_byte_ranges(device_holes.gradients, kF32), Released::zeros);
     if (precision_ == DType::bf16)
-      device_bf16_ = BackendBuffer::slab(backend_, n * kBf16, in_bytes(device_holes.bf16, kBf16),
-                                         Released::scratch);
+      device_bf16_ = BackendBuffer::slab(
+          backend_, n * kBf16, to_byte_ranges(device_holes.bf16, kBf16), Released::scratch);
     device_holes_ = device_holes;
     sharded_ = !device_holes.empty();
   } else {
@@ -199,17 +193,17 @@ void Model::shard_expert_storage(const SlabRanges& released,
                       ep_rank, bad->begin, bad->end));
   // Holes first: if a slab fails to hand its chunks back, none of them is written again.
   sharded_ = true;
-  device_holes_ = holes;
   if (!on_device()) {
     params_.set_holes(released);
     grads_.set_holes(grad_holes);
     if (!params_bf16_.empty()) params_bf16_.set_holes(unowned);
     return;
   }
+  device_holes_ = holes;
   using Released = Backend::Released;
   auto hand_back = [&](BackendBuffer& slab, const SlabRanges& ranges, int64_t element,
                        Released reads) {
-    if (slab) backend_.release_slab_ranges(slab.as<void>(), in_bytes(ranges, element), reads);
+    if (slab) backend_.release_slab_ranges(slab.as<void>(), to_byte_ranges(ranges, element), reads);
   };
   hand_back(device_params_, released, sizeof(float), Released::scratch);
   hand_back(device_grads_, grad_holes, sizeof(float), Released::zeros);

@@ -210,9 +210,8 @@ GpuSlabBytes gpu_slabs_with_expert_storage(const ModelConfig& mc, int ranks, boo
   const ParamTable table(mc);
   const int64_t n = table.total_elements();
   auto kept = [n](const SlabRanges& holes, int64_t element) {
-    ByteRanges bytes;
-    for (const SlabRange& h : holes) bytes.push_back({h.begin * element, h.end * element});
-    const int64_t free = slab_bytes_in_holes(bytes, n * element, kGranularity);
+    const int64_t free =
+        slab_bytes_in_holes(to_byte_ranges(holes, element), n * element, kGranularity);
     return n * element - free + (free > 0 ? slab_chunk_bytes(n * element, kGranularity) : 0);
   };
   GpuSlabBytes most;

@@ -104,9 +104,8 @@ TEST(TrainingMemory, OnGpusExpertParallelismKeepsTheRanksOwnExpertsInWholeChunks
   for (int r = 0; r < 2; ++r) {
     const SlabHoles h = device_expert_holes(table, rc.model.n_experts, 2, 2, r, false, true);
     auto kept = [&](const SlabRanges& holes, int64_t element) {
-      ByteRanges bytes;
-      for (const SlabRange& s : holes) bytes.push_back({s.begin * element, s.end * element});
-      const int64_t in_holes = slab_bytes_in_holes(bytes, n * element, 2 * mib);
+      const int64_t in_holes =
+          slab_bytes_in_holes(to_byte_ranges(holes, element), n * element, 2 * mib);
       return n * element - in_holes + (in_holes > 0 ? slab_chunk_bytes(n * element, 2 * mib) : 0);
     };
     most = std::max(most, 2 * kept(h.params, 4) + kept(h.bf16, 2));
