@@ -2,8 +2,10 @@
 // d_model 512, 8 experts of width 1024 with ~512 rows each, vocabulary 8192).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <vector>
 
+#include "base/page_slab.h"
 #include "kernels/gemm.h"
 #include "kernels/row_products.h"
 
@@ -54,7 +56,10 @@ namespace {
 // the default rows mode (runtime M, not row-invariant below AVX-512; exact M on AMX), fp32.
 void BM_DecodeProduct(benchmark::State& state) {
   const int64_t m = state.range(0), n = state.range(1), k = 512;
-  std::vector<float> a(m * k, 0.25f), w(n * k, 0.5f), c(m * n);
+  // Page-aligned, as the model's weights and activations are (a row's loads never split).
+  PageSlab<float> a(m * k), w(n * k), c(m * n);
+  std::fill(a.data(), a.data() + m * k, 0.25f);
+  std::fill(w.data(), w.data() + n * k, 0.5f);
   for (auto _ : state) {
     if (state.range(2) == 0)
       ops::row_product(MatView::rows_major(a.data(), DType::f32, m, k),

@@ -275,7 +275,9 @@ TEST(Gemm, RowInvariantProductsGiveEachRowTheBitsOfItsProductAlone) {
 // operands, bit for bit, in every layout and when accumulating.
 TEST(Gemm, Bf16BelowAvx512IsTheFp32ProductOfTheWidenedValues) {
   const char* isa = std::getenv("DNNL_MAX_CPU_ISA");
-  if (isa && std::string(isa) == "AVX2") EXPECT_FALSE(native_bf16_products());
+  if (isa && std::string(isa) == "AVX2") {
+    EXPECT_FALSE(native_bf16_products());
+  }
   if (native_bf16_products()) GTEST_SKIP() << "oneDNN runs bf16 products on this CPU";
   const int64_t m = 23, n = 19, k = 70;
   const auto a = random_vec(m * k, 30), b = random_vec(k * n, 31);

@@ -56,6 +56,16 @@ inline float max_of(const float* x, int64_t n) {
   alignas(64) float lane_values[16];
   _mm512_store_ps(lane_values, lanes);
   for (float lane : lane_values) m = std::max(m, lane);
+#elif defined(__AVX__)
+  // Two vectors of lanes, so that one max's latency overlaps the other's.
+  __m256 a = _mm256_set1_ps(m), b = a;
+  for (; i + 16 <= n; i += 16) {
+    a = _mm256_max_ps(a, _mm256_loadu_ps(x + i));
+    b = _mm256_max_ps(b, _mm256_loadu_ps(x + i + 8));
+  }
+  alignas(32) float lane_values[8];
+  _mm256_store_ps(lane_values, _mm256_max_ps(a, b));
+  for (float lane : lane_values) m = std::max(m, lane);
 #endif
   for (; i < n; ++i) m = std::max(m, x[i]);
   return m;

@@ -6,12 +6,14 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <vector>
 
 #include "base/error.h"
 #include "base/test_expect_error.h"
 #include "kernels/cpu_backend.h"
+#include "kernels/kernel_support.h"
 #include "kernels/test_support.h"
 
 namespace foundry::ops {
@@ -75,6 +77,20 @@ TEST(BackendSlabs, HolesReadAsZerosOrSharedScratch) {
   EXPECT_EQ(cpu_backend().release_slab_ranges(host, {{0, n}}, Released::zeros), 0);
   EXPECT_EQ(cpu_backend().slab_memory_bytes(host, n), n);
   cpu_backend().release(host);
+}
+
+// The vectorized max (AVX-512, AVX or scalar, as built) finds the largest element wherever it
+// sits: in a whole vector of lanes, in the tail, first or last, and -inf for no elements.
+TEST(KernelSupport, MaxOfFindsTheLargestAnywhere) {
+  EXPECT_EQ(ops::detail::max_of(static_cast<const float*>(nullptr), 0),
+            -std::numeric_limits<float>::infinity());
+  for (int64_t n = 1; n <= 70; ++n)
+    for (int64_t at = 0; at < n; ++at) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) x[i] = -1000.0f + static_cast<float>((i * 37) % 101);
+      x[at] = 5.5f;
+      ASSERT_EQ(ops::detail::max_of(x.data(), n), 5.5f) << "n " << n << ", at " << at;
+    }
 }
 
 TEST(Embedding, ForwardCopiesTheTokenRows) {

@@ -17,10 +17,12 @@ namespace {
 // Partial sums of x·Wᵀ's dot products (k ≡ j mod kLanes), and the columns of a K × N tile.
 constexpr int64_t kLanes = 8;
 constexpr int64_t kColumns = 16;
-// Rows of A and columns of C (rows of W) a dot tile holds (8 accumulators, W's rows read
-// from L1 for every pair of rows), and rows of A an axpy tile holds.
+// Rows of A and columns of C (rows of W) a dot tile holds: 12 accumulators, so that two
+// FMA pipes of 4 cycles' latency stay busy, beside A's two rows and one of W's in registers
+// (16 on AVX2), 8 loads for 12 multiply-adds. W's rows come from L1 for every pair of rows.
+// Rows of A an axpy tile holds.
 constexpr int kDotRows = 2;
-constexpr int64_t kDotColumns = 4;
+constexpr int64_t kDotColumns = 6;
 constexpr int kAxpyRows = 4;
 // Below this many multiply-adds a product runs on the calling thread.
 constexpr int64_t kParallelMinWork = int64_t{1} << 18;
@@ -78,11 +80,11 @@ void dot_tile(const float* const* x, const T* const* w, int64_t k_len, float (&o
   Lanes acc[R][J] = {};
   int64_t k = 0;
   for (; k + kLanes <= k_len; k += kLanes) {
-    Lanes wv[J];
-    for (int j = 0; j < J; ++j) wv[j] = load_lanes(w[j] + k);
-    for (int r = 0; r < R; ++r) {
-      const Lanes xv = load_lanes(x[r] + k);
-      for (int j = 0; j < J; ++j) acc[r][j] = multiply_add(xv, wv[j], acc[r][j]);
+    Lanes xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load_lanes(x[r] + k);
+    for (int j = 0; j < J; ++j) {
+      const Lanes wv = load_lanes(w[j] + k);
+      for (int r = 0; r < R; ++r) acc[r][j] = multiply_add(xv[r], wv, acc[r][j]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -169,6 +171,8 @@ void dot_products(const Views& v, const T* w, int64_t ldw) {
       });
     };
     switch (std::min<int64_t>(kDotColumns, v.n - n0)) {
+      case 6: columns(std::integral_constant<int, 6>{}); break;
+      case 5: columns(std::integral_constant<int, 5>{}); break;
       case 4: columns(std::integral_constant<int, 4>{}); break;
       case 3: columns(std::integral_constant<int, 3>{}); break;
       case 2: columns(std::integral_constant<int, 2>{}); break;

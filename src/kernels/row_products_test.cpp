@@ -54,7 +54,7 @@ TEST(RowProducts, EveryRowIsTheBitsOfItsRowAloneAndNearTheExactProduct) {
   const int64_t total = 70;
   for (bool w_layout : {true, false})
     for (DType dt : {DType::f32, DType::bf16})
-      for (auto [k, n] : {std::pair<int64_t, int64_t>{37, 3}, {64, 17}, {300, 40}, {5, 1}}) {
+      for (auto [k, n] : {std::pair<int64_t, int64_t>{37, 3}, {64, 17}, {300, 40}, {64, 8}, {5, 1}}) {
         SCOPED_TRACE(::testing::Message() << (w_layout ? "x·Wᵀ" : "K × N") << ", "
                                           << dtype_name(dt) << ", K " << k << ", N " << n);
         const Operands op(total, k, n, w_layout, 40 + k + n);
