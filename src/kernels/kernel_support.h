@@ -44,7 +44,9 @@ inline float exp_fast(float x) {
 inline double exp_fast(double x) { return std::exp(x); }
 
 // max(x[0..n)), -inf when n = 0. (Compilers do not vectorize a float max reduction on their
-// own without relaxed NaN semantics.)
+// own without relaxed NaN semantics.) With a NaN among x the result is unspecified (the
+// vector paths and the scalar one skip it differently, and may return less than the largest
+// other value); the callers' exp_fast(x − max) passes the NaN on to their sums.
 inline float max_of(const float* x, int64_t n) {
   float m = -std::numeric_limits<float>::infinity();
   int64_t i = 0;

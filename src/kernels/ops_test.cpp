@@ -380,6 +380,25 @@ TEST(CrossEntropy, ForwardIgnoresPaddedColumns) {
   EXPECT_LT(max_relative_error(losses_f, expected), 1e-5);
 }
 
+// A NaN logit makes its row's loss NaN wherever it sits (first, inside a vector of lanes, in
+// the tail, the target itself), with or without the gradient: max_of's result for NaN input
+// is unspecified, and the NaN reaches the loss through the exp and the sum (the anomaly
+// detector reads a non-finite loss).
+TEST(CrossEntropy, ANanLogitGivesANanLoss) {
+  const int64_t v = 37, vp = 48;
+  const std::vector<int32_t> target{5};
+  for (int64_t at : {int64_t{0}, int64_t{5}, int64_t{9}, int64_t{20}, int64_t{36}})
+    for (bool gradient : {false, true}) {
+      auto logits = cast_vector<float>(random_normal(vp, 3, 2.0));
+      logits[at] = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> loss(1), d(vp);
+      const double mean = cross_entropy<float>(gradient ? d.data() : nullptr, loss.data(),
+                                               logits.data(), target.data(), 1, v, vp, 1.0f);
+      EXPECT_TRUE(std::isnan(loss[0]) && std::isnan(mean)) << "NaN at " << at << ", gradient "
+                                                           << gradient << ": " << loss[0];
+    }
+}
+
 TEST(CrossEntropy, GradientMatchesFiniteDifferencesAndIsZeroInPaddedColumns) {
   const int64_t n = 5, v = 7, vp = 10;
   auto logits = random_normal(n * vp, 3, 2.0);
