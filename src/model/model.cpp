@@ -117,7 +117,9 @@ void Model::read_params(float* host) const {
 }
 
 void Model::write_params(const float* host) {
-  backend_.from_host(param_slab(), host, slab_size() * static_cast<int64_t>(sizeof(float)));
+  for (const SlabRange& r : complement(released_param_ranges(), slab_size()))
+    backend_.from_host(param_slab() + r.begin, host + r.begin,
+                       r.size() * static_cast<int64_t>(sizeof(float)));
   sync_weights();
 }
 

@@ -123,7 +123,8 @@ class Model {
   // Whether the slabs and activations live in a device's memory instead of the host's.
   bool on_device() const { return !backend_.host_memory(); }
   // The whole parameter slab to and from host memory (write_params refreshes the bf16 GEMM
-  // copy), and the gradient slab to it: slab_size() floats each.
+  // copy; it neither reads nor writes the released ranges), and the gradient slab to it:
+  // slab_size() floats each.
   void read_params(float* host) const;
   void write_params(const float* host);
   void read_grads(float* host) const;

@@ -14,7 +14,7 @@ namespace foundry {
 namespace {
 
 // One state slab (laid out like the part of the parameter slab) in the backend's memory, with
-// its host copy for checkpoints.
+// its host copy while a checkpoint is saved or loaded through host memory.
 struct StateSlab {
   std::string name;
   BackendBuffer device;
@@ -102,7 +102,9 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     return n;
   }
   SlabRange parameters_to_save() const override { return range_; }
+  // A loaded state reaches the device before anything reads it there (the first step, a save).
   std::vector<StateRun> states_to_save_runs() override {
+    upload_loaded_state();
     for (StateSlab& s : slabs_) {
       host_copy(s);
       if (s.device.bytes() > 0)
@@ -115,7 +117,10 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     loaded_ = true;
     return runs();
   }
-  std::vector<StateRun> live_state_runs() override { return runs(/*on_device=*/true); }
+  std::vector<StateRun> live_state_runs() override {
+    upload_loaded_state();
+    return runs(/*on_device=*/true);
+  }
 
   void shard_expert_storage(Model&, int) override {}
   std::string describe() const override {
@@ -166,6 +171,7 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     for (StateSlab& s : slabs_)
       if (s.device.bytes() > 0)
         backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
+    for (StateSlab& s : slabs_) std::vector<float>().swap(s.host);  // made again if a save needs it
     loaded_ = false;
   }
 

@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
@@ -117,6 +119,45 @@ TEST_P(DeviceOptimizerOnCpu, PartsTakeTheWholeStepTogether) {
     FAIL() << "a part that cuts a Muon matrix was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(matrix->name), std::string::npos) << e.what();
+  }
+}
+
+// A loaded state is the state from then on, whatever reads it first: a save (through host
+// memory, or the device's live runs an asynchronous save copies) before the first step finds
+// it on the device, and the step after continues from it as the optimizer that saved it does.
+TEST_P(DeviceOptimizerOnCpu, ALoadedStateIsWhatASaveBeforeTheFirstStepFinds) {
+  const bool with_muon = GetParam();
+  ParamTable table(test::tiny_moe_config());
+  const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
+  const int64_t n = table.total_elements();
+  auto a = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels());
+  std::vector<float> params = random_slab(table, 4, 0.1);
+  for (int64_t step = 1; step <= 2; ++step) {
+    std::vector<float> grads = random_slab(table, 20 + step, 1.0);
+    a->step(params.data(), grads.data(), 1e-2, step, 0.0);
+  }
+  const auto saved = test::saved_state(*a, n, nullptr);
+  for (bool live : {false, true}) {
+    SCOPED_TRACE(live ? "live runs" : "runs through host memory");
+    auto b = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels());
+    test::load_state(*b, saved);
+    std::map<std::string, std::vector<float>> found;
+    for (const auto& [name, slab] : saved) found[name].assign(static_cast<size_t>(n), 0.0f);
+    for (const StateRun& r : live ? b->live_state_runs() : b->states_to_save_runs()) {
+      std::vector<float>& slab = found.at(r.state);
+      if (live)
+        device->to_host(slab.data() + r.begin, r.data, (r.end - r.begin) * sizeof(float));
+      else
+        std::copy(r.data, r.data + (r.end - r.begin), slab.begin() + r.begin);
+    }
+    EXPECT_EQ(found, saved);
+    std::vector<float> pa = params, pb = params, ga = random_slab(table, 30, 1.0), gb = ga;
+    auto c = make_device_optimizer(table, options(with_muon), *device, cpu_optimizer_kernels());
+    test::load_state(*c, saved);
+    c->step(pa.data(), ga.data(), 1e-2, 3, 0.0);
+    b->step(pb.data(), gb.data(), 1e-2, 3, 0.0);
+    EXPECT_TRUE(test::bitwise_equal(pa, pb));
+    EXPECT_EQ(test::saved_state(*b, n, nullptr), test::saved_state(*c, n, nullptr));
   }
 }
 

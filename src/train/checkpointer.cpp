@@ -164,7 +164,8 @@ void Checkpointer::clear_memory_tier() {
 // What this rank holds: every parameter it stores, every optimizer state element it keeps.
 float* Checkpointer::host_params() {
   if (!model_.on_device()) return model_.params();
-  host_params_.resize(static_cast<size_t>(model_.slab_size()));
+  // Pages only where the load writes: a rank of sharded expert storage pays for its share.
+  host_params_ = PageSlab<float>(static_cast<size_t>(model_.slab_size()));
   return host_params_.data();
 }
 
@@ -261,10 +262,12 @@ int64_t Checkpointer::resume() {
     }
     restore_router_balancers(model_, state, dir, /*required=*/true);
     if (restore_hook_) restore_hook_(state);
-    if (model_.on_device())
+    if (model_.on_device()) {
       model_.write_params(host_params_.data());  // and the bf16 copy
-    else
+      host_params_ = PageSlab<float>();          // not held for the rest of the run
+    } else {
       model_.sync_weights();
+    }
     const bool from_memory = state.contains(kDurableStepKey);
     durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
     if (processes_.root())

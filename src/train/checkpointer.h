@@ -186,7 +186,7 @@ class Checkpointer {
   int64_t durable_step_ = 0;
   // The durable tier's snapshot of what lives in host memory, reused (backed from its first copy).
   PageSlab<float> buffer_;
-  std::vector<float> host_params_;  // a model on a device: its parameters' host copy, to load
+  PageSlab<float> host_params_;  // a model on a device: its parameters' host copy while loading
   std::mutex mutex_;
   std::condition_variable snapshot_done_;
 };
