@@ -14,7 +14,8 @@ namespace foundry {
 namespace {
 
 // One state slab (laid out like the part of the parameter slab) in the backend's memory, with
-// its host copy while a checkpoint is saved or loaded through host memory.
+// its host copy once a checkpoint is saved or loaded through host memory (released after a
+// load's upload).
 struct StateSlab {
   std::string name;
   BackendBuffer device;

@@ -164,8 +164,10 @@ void Checkpointer::clear_memory_tier() {
 // What this rank holds: every parameter it stores, every optimizer state element it keeps.
 float* Checkpointer::host_params() {
   if (!model_.on_device()) return model_.params();
-  // Pages only where the load writes: a rank of sharded expert storage pays for its share.
+  // Pages only where the load writes: a rank of sharded expert storage pays for its share (the
+  // holes also keep huge pages from backing their edges).
   host_params_ = PageSlab<float>(static_cast<size_t>(model_.slab_size()));
+  host_params_.set_holes(model_.released_param_ranges());
   return host_params_.data();
 }
 
@@ -219,6 +221,11 @@ std::vector<std::string> Checkpointer::resume_candidates() const {
 int64_t Checkpointer::resume() {
   const std::string& run_dir = rc_.train.run_dir;
   const double t0 = now_seconds();
+  // A device model's host copy lives only while loading, whichever way this returns.
+  struct ReleaseHostCopy {
+    PageSlab<float>& copy;
+    ~ReleaseHostCopy() { copy = PageSlab<float>(); }
+  } release_host_copy{host_params_};
   const std::vector<std::string> candidates = resume_candidates();
   std::string newest_failure;  // why the newest checkpoint could not be loaded
   for (const std::string& dir : candidates) {
@@ -262,12 +269,10 @@ int64_t Checkpointer::resume() {
     }
     restore_router_balancers(model_, state, dir, /*required=*/true);
     if (restore_hook_) restore_hook_(state);
-    if (model_.on_device()) {
+    if (model_.on_device())
       model_.write_params(host_params_.data());  // and the bf16 copy
-      host_params_ = PageSlab<float>();          // not held for the rest of the run
-    } else {
+    else
       model_.sync_weights();
-    }
     const bool from_memory = state.contains(kDurableStepKey);
     durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
     if (processes_.root())
