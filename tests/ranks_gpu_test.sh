@@ -181,6 +181,17 @@ for zero1 in false true; do
     && ok "2 expert-parallel ranks on one GPU (zero1 $zero1) follow 1 rank's 8 fp32 losses within 1e-4" \
     || bad "expert parallel on the GPU (zero1 $zero1) and 1 rank differ"
 done
+# The sharded model resumes on the device: the expert-parallel ZeRO-1 checkpoint of step 4,
+# loaded at the same layout (each rank copies to its slabs only the ranges it stores, around
+# the chunks it handed back), ends as the run that went through, bit for bit.
+rm -rf ep-resumed && cp -r ep-true ep-resumed && rm -rf ep-resumed/checkpoints/step_00000008
+OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --resume \
+  --set train.run_dir=ep-resumed train.expert_parallel=2 train.zero1=true >ep-resumed.log 2>&1 \
+  || { cat ep-resumed.log; bad "resuming the expert-parallel ZeRO-1 checkpoint failed"; }
+grep -q "resumed from" ep-resumed.log && [ -n "$(last4 ep-true)" ] \
+  && [ "$(last4 ep-resumed)" = "$(last4 ep-true)" ] \
+  && ok "the expert-parallel ZeRO-1 checkpoint resumes on $GPU at its layout, bit for bit" \
+  || bad "the sharded resume: '$(last4 ep-resumed)' against '$(last4 ep-true)'"
 # The expert storage sharded on the GPU (ZeRO-1, expert parallel 2): each rank hands back the
 # slabs' chunks inside the other rank's experts outside its state range. wide.json's experts
 # are 96 MiB of fp32 weights and as many gradients; a rank keeps about three quarters of them.

@@ -469,7 +469,7 @@ class BlockedBackward {
     thread_local ScratchBuffer<float> dw_buffer;
     float* dw = dw_buffer.get(groups_ * width_ * d_);
     matmul(ys.groups_transposed(),
-           MatView{dz_all_, DType::bf16, {groups_, rows_, d_}, {rows_ * d_, d_, 1}},
+           MatView{dz_all_, DType::bf16, {groups_, rows_, d_}, {rows_ * width_, width_, 1}},
            OutView{dw, {groups_, width_, d_}, {width_ * d_, d_, 1}});
     add_weight_gradient(out_.dw1, dw, groups_, d_, t1_);
   }
@@ -510,7 +510,7 @@ class BlockedBackward {
         for (int64_t i = 0; i < t1_; ++i)  // dz(r) is tap i of window r − i
           if (r - i >= 0 && r - i < dy_rows)
             to_bf16_serial(dz + g * d_, s.stacked + (g * dy_rows + r - i) * width_ + i * d_, d_);
-        if (own) to_bf16_serial(dz + g * d_, dz_all_ + (g * rows_ + row) * d_, d_);
+        if (own) to_bf16_serial(dz + g * d_, dz_all_ + (g * rows_ + row) * width_, d_);
       }
     }
     for (int64_t r = std::max<int64_t>(0, dz_rows - t1_ + 1); r < dy_rows; ++r)
@@ -533,7 +533,12 @@ class BlockedBackward {
   const Outputs out_;
   const int64_t b_, t_, hq_, hk_, d_, t0_, t1_, groups_, channels_, rows_, width_;
   const std::vector<RowBlock> blocks_;
-  bf16* dz_all_;  // [G, B·T, d]
+  // [G, B·T, t1·d], the first d of each row written: dW's operand with the row stride of the
+  // whole-batch form's (the first tap of its stacked dz), so that the library runs the same
+  // product and sums in the same order. Its kernel may split the rows differently for a
+  // different stride (it does with AVX-512 BF16 without AMX). t1·d bf16 per row fits the
+  // scratch of G·d floats as t1 ≤ 2.
+  bf16* dz_all_;
   float* wt_ = nullptr;
   const void* w_ = nullptr;
   float* row_dtemp_ = nullptr;           // [B·T, Hk]
