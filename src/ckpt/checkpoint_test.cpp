@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -89,9 +90,10 @@ class CheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    run_dir_ = (fs::temp_directory_path() /
-                fmt::format("foundry_ckpt_{}_{}", ::getpid(), info->name()))
-                   .string();
+    std::string name = info->name();  // "Test/param" for a parameterized test: one directory
+    std::replace(name.begin(), name.end(), '/', '_');
+    run_dir_ =
+        (fs::temp_directory_path() / fmt::format("foundry_ckpt_{}_{}", ::getpid(), name)).string();
     fs::remove_all(run_dir_);
   }
   void TearDown() override { fs::remove_all(run_dir_); }
