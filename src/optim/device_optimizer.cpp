@@ -169,10 +169,11 @@ class DeviceOptimizer final : public DataParallelOptimizer {
 
   void upload_loaded_state() {
     if (!loaded_) return;
-    for (StateSlab& s : slabs_)
+    for (StateSlab& s : slabs_) {
       if (s.device.bytes() > 0)
         backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
-    for (StateSlab& s : slabs_) std::vector<float>().swap(s.host);  // made again if a save needs it
+      std::vector<float>().swap(s.host);  // made again if a save needs it
+    }
     loaded_ = false;
   }
 
