@@ -15,7 +15,9 @@ namespace foundry::ops {
 namespace {
 
 // Where oneDNN runs bf16 products (AVX-512 and up) a product's rows are the same bits
-// whatever rows it runs beside, so a fused form equals its composition bit for bit. Below
+// whatever rows it runs beside, and a weight gradient's sums over the rows are the same bits
+// when both forms give the library the same shapes and strides (its kernel may split the rows
+// differently for another stride), so a fused form equals its composition bit for bit. Below
 // AVX-512, bf16 products run as fp32 ones through oneDNN's GEMM driver, whose rows depend on
 // the row count: there the two agree to fp32 rounding.
 void expect_same_products(const std::vector<float>& got, const std::vector<float>& want,
