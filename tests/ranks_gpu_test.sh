@@ -3,7 +3,8 @@
 # no GPU is visible): two ranks sharing one GPU (cuda:0), their gradients averaged through host
 # memory, train as one rank does on the whole batch (fp32 losses within 1e-4 relative), replicated
 # and with ZeRO-1, and save checkpoints in their two shares that one rank resumes (the ZeRO-1
-# one also on the CPU at 2 ranks); expert parallelism (2 ranks, both layouts) and context
+# one also on the CPU at 2 ranks); expert parallelism (2 ranks, both layouts; the sharded ZeRO-1
+# one's checkpoint resumed at its layout, bit for bit) and context
 # parallelism (2 ranks, both architectures) do the same; where two GPUs are visible,
 # two ranks each on its own exchange over NCCL (when the build has it) alike, replicated and
 # ZeRO-1, expert and context parallel; one rank's checkpoints resume across devices (GPU on GPU bit for bit, GPU on CPU and
