@@ -114,8 +114,12 @@ elif [ "$GPU" != cpu ]; then
     "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm --device cuda:0 -e 1K
 fi
 
+# FROM NEW: a copy of run directory FROM whose latest checkpoint is step 4's (8 steps, one
+# checkpoint every 4), for a resume to finish.
+copy_at_step_4() { rm -rf "$2" && cp -r "$1" "$2" && rm -rf "$2/checkpoints/step_00000008"; }
+
 # The 2-rank checkpoint of step 4 (two shares) resumes in one process to the same end.
-cp -r two two-resumed && rm -rf two-resumed/checkpoints/step_00000008
+copy_at_step_4 two two-resumed
 "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir=two-resumed --resume \
   >resumed.log 2>&1 || { cat resumed.log; bad "one rank could not resume the 2-rank checkpoint"; }
 final() { sed -n 's/.*final train loss \([0-9.]*\).*/\1/p' "$1" | tail -n 1; }
@@ -133,7 +137,7 @@ last4() {  # the last 4 losses a run dir's metrics.jsonl holds
 resume_at_4() {  # FROM_DIR NEW_DIR gpu|cpu
   local run=("$FOUNDRY") device="$GPU"
   [ "$3" = cpu ] && run=("${ON_CPU[@]}" "$FOUNDRY") device=cpu
-  rm -rf "$2" && cp -r "$1" "$2" && rm -rf "$2/checkpoints/step_00000008"
+  copy_at_step_4 "$1" "$2"
   "${run[@]}" train -c tiny.json --synthetic-data --set train.run_dir="$2" --resume --device "$device" \
     >"$2.log" 2>&1 || { cat "$2.log"; bad "resuming $1 on $3 failed"; }
   grep -q "resumed from" "$2.log" || bad "$2 did not say it resumed"
@@ -159,7 +163,7 @@ within "$(last4 cpu)" "$(last4 cpu-on-gpu)" && ok "a CPU checkpoint resumes on t
 for where in "1 $GPU" "2 cpu"; do
   read -r np dev <<<"$where"
   dir=zero1-on-$np-${dev%%:*}
-  cp -r zero1 "$dir" && rm -rf "$dir/checkpoints/step_00000008"
+  copy_at_step_4 zero1 "$dir"
   mpi=()
   [ "$np" = 2 ] && mpi=("${ON_CPU[@]}" OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2)  # the CPU's ZeRO-1
   "${mpi[@]}" "$FOUNDRY" train -c tiny.json --synthetic-data --set train.run_dir="$dir" \
@@ -185,7 +189,7 @@ done
 # The sharded model resumes on the device: the expert-parallel ZeRO-1 checkpoint of step 4,
 # loaded at the same layout (each rank copies to its slabs only the ranges it stores, around
 # the chunks it handed back), ends as the run that went through, bit for bit.
-rm -rf ep-resumed && cp -r ep-true ep-resumed && rm -rf ep-resumed/checkpoints/step_00000008
+copy_at_step_4 ep-true ep-resumed
 OMP_NUM_THREADS=1 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train -c tiny.json --synthetic-data --resume \
   --set train.run_dir=ep-resumed train.expert_parallel=2 train.zero1=true >ep-resumed.log 2>&1 \
   || { cat ep-resumed.log; bad "resuming the expert-parallel ZeRO-1 checkpoint failed"; }
