@@ -516,8 +516,7 @@ class CpuBackend final : public Backend {
   }
   void rope_apply_rows(float* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
                        int64_t rotary_dim, double theta) override {
-    for (int64_t r = 0; r < rows; ++r)
-      ops::rope_apply(x + r * h * d, 1, 1, h, d, rotary_dim, pos[r], theta, false);
+    ops::rope_apply_rows(x, pos, rows, h, d, rotary_dim, theta);
   }
   void decode_kv_store(const ops::DecodeSpan* spans, const int64_t* store_at, const float* k,
                        const float* v, int64_t rows, int64_t kvh, int64_t d) override {

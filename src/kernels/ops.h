@@ -49,6 +49,11 @@ void rmsnorm_backward_residual(T* din, T* dweight, const T* dout, const T* in, c
 template <typename T>
 void rope_apply(T* x, int64_t b, int64_t t, int64_t h, int64_t d, int64_t rotary_dim,
                 int64_t pos_offset, double theta, bool inverse);
+// Rotates x [rows, H, D] in place, row r at position pos[r] (decode rows, each at its own
+// place in its sequence); the same values as rope_apply at that position.
+template <typename T>
+void rope_apply_rows(T* x, const int64_t* pos, int64_t rows, int64_t h, int64_t d,
+                     int64_t rotary_dim, double theta);
 
 // ---- SwiGLU ----------------------------------------------------------------------------
 // h [N, 2F] holds gate = h[:, :F] and up = h[:, F:]; out [N, F] = silu(gate) * up (writes).
