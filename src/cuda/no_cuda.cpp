@@ -43,6 +43,7 @@ void device_release(void*) {}
 void* device_allocate_slab(int64_t, const ByteRanges&, bool) { fail_no_cuda_build(kWhat); }
 int64_t device_release_slab_ranges(void*, const ByteRanges&, bool) { fail_no_cuda_build(kWhat); }
 int64_t device_slab_memory_bytes(const void*) { fail_no_cuda_build(kWhat); }
+bool device_slab_zeros_read_only(const void*) { fail_no_cuda_build(kWhat); }
 void copy_on_device(void*, const void*, int64_t) { fail_no_cuda_build(kWhat); }
 void copy_blocks_on_device(void*, int64_t, const void*, int64_t, int64_t, int64_t) {
   fail_no_cuda_build(kWhat);

@@ -104,6 +104,9 @@ void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros);
 int64_t device_release_slab_ranges(void* slab, const ByteRanges& byte_ranges, bool zeros);
 // The device memory backing a slab now: its own chunks and its alias chunks.
 int64_t device_slab_memory_bytes(const void* slab);
+// Whether the slab's zeros holes are mapped read-only (false once the GPU refused that: a
+// stray write into a hole then changes every hole's zeros instead of faulting).
+bool device_slab_zeros_read_only(const void* slab);
 
 // Copies on the current GPU's default stream, in queue order with its kernels: between two
 // device addresses, from the device to the host (waits for the value) and from the host to the

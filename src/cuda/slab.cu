@@ -150,26 +150,26 @@ CUmemGenericAllocationHandle create_chunk(const Slab& s, int64_t requested) {
 }
 
 // The alias the released chunks of `s` map: zeros (read-only where the GPU allows) or scratch.
-// `first_use`: an address of `s` that nothing maps now, where a new zeros alias is zeroed.
+// Either starts zeroed, as the CPU's holes do (a scratch hole's first reader sees zeros, not
+// what the memory's last owner left). `first_use`: an address of `s` that nothing maps now,
+// where a new alias is zeroed.
 CUmemGenericAllocationHandle alias_for(Slab& s, bool zeros, CUdeviceptr first_use) {
   CUmemGenericAllocationHandle& h = zeros ? s.zeros : s.scratch;
   if (h) return h;
   CUmemGenericAllocationHandle made = create_chunk(s, static_cast<int64_t>(s.chunk));
-  if (zeros) {
-    try {  // zeroed once, through a mapping of its own
-      FOUNDRY_CU_CHECK(cu().MemMap(first_use, s.chunk, 0, made, 0));
-      const CUresult access = set_access(s, first_use, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
-      const cudaError_t set = access == CUDA_SUCCESS
-                                  ? cudaMemset(reinterpret_cast<void*>(first_use), 0, s.chunk)
-                                  : cudaErrorUnknown;
-      const cudaError_t synced = set == cudaSuccess ? cudaDeviceSynchronize() : set;
-      cu().MemUnmap(first_use, s.chunk);
-      FOUNDRY_CU_CHECK(access);
-      FOUNDRY_CUDA_CHECK(synced);
-    } catch (...) {
-      cu().MemRelease(made);
-      throw;
-    }
+  try {  // zeroed once, through a mapping of its own
+    FOUNDRY_CU_CHECK(cu().MemMap(first_use, s.chunk, 0, made, 0));
+    const CUresult access = set_access(s, first_use, s.chunk, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+    const cudaError_t set = access == CUDA_SUCCESS
+                                ? cudaMemset(reinterpret_cast<void*>(first_use), 0, s.chunk)
+                                : cudaErrorUnknown;
+    const cudaError_t synced = set == cudaSuccess ? cudaDeviceSynchronize() : set;
+    cu().MemUnmap(first_use, s.chunk);
+    FOUNDRY_CU_CHECK(access);
+    FOUNDRY_CUDA_CHECK(synced);
+  } catch (...) {
+    cu().MemRelease(made);
+    throw;
   }
   h = made;
   s.alias_bytes += s.chunk;
@@ -283,6 +283,13 @@ int64_t device_slab_memory_bytes(const void* slab) {
   int64_t own = 0;
   for (CUmemGenericAllocationHandle h : s.chunks) own += h ? static_cast<int64_t>(s.chunk) : 0;
   return own + static_cast<int64_t>(s.alias_bytes);
+}
+
+bool device_slab_zeros_read_only(const void* slab) {
+  std::lock_guard<std::mutex> lock(slabs_mutex());
+  auto it = slabs().find(const_cast<void*>(slab));
+  FOUNDRY_GPU_CHECK(it != slabs().end());
+  return it->second.zeros_read_only;
 }
 
 bool free_device_slab(void* block) {
