@@ -215,6 +215,9 @@ class GpuReplicatedOptimizer final : public DataParallelOptimizer {
     op_times_ = times;
     local_->set_op_times(times);
   }
+  void abort_collectives() override {
+    if (nccl_) nccl_->abort();
+  }
 
  private:
   void average_through_host(float* grads) {
@@ -327,6 +330,9 @@ class GpuShardedOptimizer final : public DataParallelOptimizer {
   void set_op_times(OpTimes* times) override {
     op_times_ = times;
     local_->set_op_times(times);
+  }
+  void abort_collectives() override {
+    if (nccl_) nccl_->abort();
   }
 
  private:

@@ -6,14 +6,17 @@
 //    that round-trips.
 #include "optim/device_optimizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "cuda/cuda_backend.h"
+#include "cuda/nccl.h"
 #include "cuda/runtime.h"
 #include "cuda/test_support.h"
 #include "kernels/backend.h"
@@ -254,6 +257,53 @@ TEST_P(GpuOptimizer, CheckpointStateRoundTrips) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AdamWOrMuon, GpuOptimizer, ::testing::Bool());
+
+// Data parallel on the GPU, NCCL against host staging, in a group of one (the GPU test machine
+// has one GPU, and NCCL takes one rank a GPU): both layouts, with and without Muon, with the
+// gradient reduction started during "backward" (each tensor reported final, the last first) in
+// several buckets and clipping active. Of one rank both paths average to the rank's own
+// gradients, so the steps must give the same bits: this runs NCCL's buckets, its grouped
+// reduce and broadcast and ZeRO-1's gather beside the default stream, which a group of one
+// still queues and joins as a larger group does.
+TEST(GpuDataParallel, NcclStepsAsHostStagingDoesInAGroupOfOne) {
+  SKIP_WITHOUT_GPU();
+  if (!gpu::built_with_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  Communicator& world = test::mpi_world();
+  if (world.size() != 1) GTEST_SKIP() << "expects a singleton (no mpirun)";
+  ParamTable table(test::tiny_moe_config());
+  const int64_t n = table.total_elements();
+  std::vector<int64_t> offsets;
+  for (const ParamInfo& p : table.params()) offsets.push_back(p.offset);
+  std::sort(offsets.rbegin(), offsets.rend());
+  for (const bool zero1 : {false, true})
+    for (const bool with_muon : {false, true}) {
+      SCOPED_TRACE(
+          fmt::format("{}, {}", zero1 ? "ZeRO-1" : "replicated", with_muon ? "muon" : "adamw"));
+      OptimizerOptions o = options(with_muon);
+      o.zero1 = zero1;
+      o.bucket_elements = 4096;  // several buckets
+      auto host =
+          make_device_data_parallel_optimizer(table, o, gpu_backend(), world, GpuGradients::host);
+      auto nccl =
+          make_device_data_parallel_optimizer(table, o, gpu_backend(), world, GpuGradients::nccl);
+      EXPECT_NE(std::string(nccl->layout_name()).find("NCCL"), std::string::npos)
+          << nccl->layout_name();
+      const std::vector<float> start = random_slab(table, 3, 0.1);
+      gpu::DeviceBuffer p_host = to_device(start), p_nccl = to_device(start);
+      for (int64_t step = 1; step <= 3; ++step) {
+        const std::vector<float> grads = random_slab(table, 20 + step, 1.0);
+        gpu::DeviceBuffer g_host = to_device(grads), g_nccl = to_device(grads);
+        const double norm_host =
+            host->step(p_host.as<float>(), g_host.as<float>(), 1e-2, step, 0.5);
+        nccl->begin_backward(g_nccl.as<float>());
+        for (int64_t offset : offsets) nccl->gradients_final(offset);
+        const double norm_nccl =
+            nccl->step(p_nccl.as<float>(), g_nccl.as<float>(), 1e-2, step, 0.5);
+        EXPECT_EQ(norm_nccl, norm_host) << "step " << step;
+        ASSERT_EQ(to_host<float>(p_nccl, n), to_host<float>(p_host, n)) << "step " << step;
+      }
+    }
+}
 
 }  // namespace
 }  // namespace foundry

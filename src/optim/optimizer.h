@@ -109,6 +109,11 @@ class DataParallelOptimizer {
   // Times the step's phases into `times` (null: not timed): "optimizer" for the local
   // update, "comm: …" for the communication.
   virtual void set_op_times(OpTimes* times) = 0;
+
+  // Gives up the collectives in flight (an NCCL group is aborted, not waited for): for a run
+  // unwinding from an error, before anything waits for the device. A no-op where the layout
+  // has no such group.
+  virtual void abort_collectives() {}
 };
 
 // "muon (12 tensors, 1.20M params) + adamw (rest: 9 tensors, 40.5k params)" or

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/rng.h"
+#include "comm/comm.h"
 #include "model/config.h"
 #include "model/params.h"
 #include "optim/adamw.h"
@@ -16,6 +17,12 @@
 namespace foundry::test {
 
 // A tiny MoE with grouped-query attention: every tensor kind, several chunks per run.
+// The process's MPI world, one session for the whole test binary (a singleton without mpirun).
+inline Communicator& mpi_world() {
+  static MpiSession session;
+  return session.world();
+}
+
 inline ModelConfig tiny_moe_config() {
   ModelConfig c;
   c.vocab_size = 1000;  // padded to 1024 rows: the embedding alone spans several chunks

@@ -271,12 +271,7 @@ TEST(Zero1Memory, FromTheTableShrinksWithRanksAndBeatsGathering) {
 
 // ---- the optimizer on one rank: exactly the single-process step -------------------------
 
-MpiSession& session() {
-  static MpiSession s;
-  return s;
-}
-
-Communicator& world() { return session().world(); }
+Communicator& world() { return test::mpi_world(); }
 
 class Zero1OneRank : public ::testing::TestWithParam<bool> {
  protected:

@@ -98,12 +98,14 @@ void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes&
 // A training run, assembled in order: processes, data, model, optimizer, checkpoints.
 struct TrainingRun {
   const int exceptions_at_start = std::uncaught_exceptions();
-  // On an error, the expert- and context-parallel NCCL groups are given up before the model's
-  // device memory is freed: a collective in flight could otherwise hold the frees forever.
+  // On an error, the NCCL groups (expert, context and data parallel) are given up before
+  // anything waits for the device (the checkpointer's pinned buffers, the model's memory): a
+  // collective in flight could otherwise hold those waits forever.
   ~TrainingRun() {
     if (std::uncaught_exceptions() <= exceptions_at_start) return;
     if (ep_nccl) ep_nccl->abort();
     if (cp_nccl) cp_nccl->abort();
+    if (optimizer) optimizer->abort_collectives();
   }
   TrainingRun(const RunConfig& rc, const TrainOptions& opt);
 
