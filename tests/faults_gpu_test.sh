@@ -14,20 +14,24 @@
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 GPU="${FOUNDRY_TEST_DEVICE:-cuda:0}"
+# Runs of STEPS steps: on a GPU (a few ms a step for this tiny model) 2,000, so that a kill at
+# step 300 lands well before the end; posing on the CPU, 800 are enough.
+STEPS=2000
+[ "$GPU" = cpu ] && STEPS=800
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
 
 cat > tiny.json <<'JSON'
 {
   "model": {"vocab_size": 300, "d_model": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
             "head_dim": 32, "n_experts": 4, "top_k": 2, "ffn_dim": 96, "max_seq_len": 64},
-  "train": {"steps": 800, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup_steps": 2,
+  "train": {"steps": STEPS, "batch_size": 4, "seq_len": 64, "lr": 3e-3, "warmup_steps": 2,
             "precision": "fp32", "log_every": 1000, "checkpoint_every": 200,
             "keep_checkpoints": 3, "peak_gflops": 100, "run_dir": "probe", "device": "cuda:0",
             "heartbeat_interval_s": 0.5, "heartbeat_timeout_s": 5},
   "data": {"dir": ""}
 }
 JSON
-sed -i "s/\"cuda:0\"/\"$GPU\"/" tiny.json
+sed -i "s/\"cuda:0\"/\"$GPU\"/; s/STEPS/$STEPS/" tiny.json
 
 probe="$("$FOUNDRY" train -c tiny.json --synthetic-data --steps 1 -q 2>&1)"
 [ $? -eq 0 ] || gpu_probe_failed "train" "$probe"
@@ -78,7 +82,7 @@ check "SIGKILL of rank 1 mid-step (2 ranks on one GPU)" kill2 "$ref2" "rank_lost
 # ---- in-memory checkpoints from device memory every 10 steps (the first durable one at the
 # end): a kill resumes from the newest in memory ----
 launch mem1 1 --set train.memory_checkpoint_every=10 train.memory_checkpoint_dir="$RAM" \
-  train.checkpoint_every=800
+  train.checkpoint_every="$STEPS"
 wait_step mem1 300 && kill -9 "$(rank_pid mem1 0)"
 check "SIGKILL with in-memory checkpoints (1 process)" mem1 "$ref1" signal
 grep -q "an in-memory checkpoint" mem1.log && ok "the restart resumed from an in-memory checkpoint" \
