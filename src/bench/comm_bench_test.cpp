@@ -13,6 +13,7 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "base/test_temp_dir.h"
 
 namespace foundry {
 namespace {
@@ -322,10 +323,8 @@ TEST(CommBench, ProfileMergeReplacesMatchingEntriesAndKeepsTheRest) {
 }
 
 TEST(CommBench, ProfileFileIsCreatedThenUpdated) {
-  char dir_template[] = "/tmp/foundry_comm_bench_XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string dir = dir_template;
-  const std::string path = dir + "/profile.json";
+  const testing::TempDir dir;
+  const std::string path = dir.file("profile.json");
   Provenance prov;
   prov.host = "node7";
   std::vector<CommBenchResult> results = {sample_result(CollectiveOp::all_to_all, 2, "default", 2)};
@@ -340,7 +339,6 @@ TEST(CommBench, ProfileFileIsCreatedThenUpdated) {
   write_file_atomic(path, std::string_view("{not json"));
   expect_error([&] { update_profile_file(path, results, prov); }, {"--profile", path});
   EXPECT_EQ(read_text_file(path), "{not json");
-  remove_all(dir);
 }
 
 TEST(CommBench, OneRankIsAClearError) {

@@ -12,6 +12,7 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "base/rng.h"
+#include "base/test_temp_dir.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/test_support.h"
 
@@ -88,15 +89,7 @@ void flip_byte(const std::string& path, uint64_t offset) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    std::string name = info->name();  // "Test/param" for a parameterized test: one directory
-    std::replace(name.begin(), name.end(), '/', '_');
-    run_dir_ =
-        (fs::temp_directory_path() / fmt::format("foundry_ckpt_{}_{}", ::getpid(), name)).string();
-    fs::remove_all(run_dir_);
-  }
-  void TearDown() override { fs::remove_all(run_dir_); }
+  void SetUp() override { run_dir_ = tmp_.file("run"); }
 
   std::string save(int64_t step, int64_t keep_last = 0, uint64_t seed = 7) {
     TrainingState s(table_, seed + static_cast<uint64_t>(step));
@@ -110,6 +103,7 @@ class CheckpointTest : public ::testing::Test {
     return read_text_file((fs::path(run_dir_) / "checkpoints" / "latest").string());
   }
 
+  foundry::testing::TempDir tmp_;
   std::string run_dir_;
   ModelConfig config_ = tiny_config();
   ParamTable table_{config_};

@@ -10,6 +10,7 @@
 #include "base/config_reader.h"
 #include "base/error.h"
 #include "base/hash.h"
+#include "base/test_temp_dir.h"
 
 namespace foundry {
 namespace {
@@ -18,14 +19,7 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() /
-           fmt::format("foundry_st_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  void SetUp() override { dir_ = tmp_.path(); }
 
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
@@ -46,6 +40,7 @@ class SafetensorsTest : public ::testing::Test {
     return {std::istreambuf_iterator<char>(in), {}};
   }
 
+  foundry::testing::TempDir tmp_;
   fs::path dir_;
 };
 

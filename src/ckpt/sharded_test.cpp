@@ -15,6 +15,7 @@
 #include "base/error.h"
 #include "base/io.h"
 #include "base/rng.h"
+#include "base/test_temp_dir.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/test_support.h"
 
@@ -28,14 +29,7 @@ using testing::share;
 
 class ShardedTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    run_dir_ =
-        (fs::temp_directory_path() / fmt::format("foundry_sharded_{}_{}", ::getpid(), info->name()))
-            .string();
-    fs::remove_all(run_dir_);
-  }
-  void TearDown() override { fs::remove_all(run_dir_); }
+  void SetUp() override { run_dir_ = tmp_.file("run"); }
 
   // Saves params and one state slab from `ranks` simulated ranks and commits.
   std::string save(int64_t step, int ranks) {
@@ -64,6 +58,7 @@ class ShardedTest : public ::testing::Test {
     return true;
   }
 
+  foundry::testing::TempDir tmp_;
   std::string run_dir_;
   ModelConfig config_ = testing::tiny_moe_config();
   ParamTable table_{config_};

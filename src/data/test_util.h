@@ -1,5 +1,5 @@
-// Helpers shared by the data layer's tests: temporary directories, small files, and an
-// assertion that a call fails with a message containing given fragments.
+// Helpers shared by the data layer's tests: temporary directories (base/test_temp_dir.h), small
+// files, and an assertion that a call fails with a message containing given fragments.
 #pragma once
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -15,34 +15,10 @@
 #include "base/hash.h"
 #include "base/io.h"
 #include "base/rng.h"
+#include "base/test_temp_dir.h"
 #include "data/dataset.h"
 
 namespace foundry::testing {
-
-// A fresh directory under $TMPDIR (or /tmp), removed with everything in it on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TMPDIR");
-    std::string pattern = std::string(base && *base ? base : "/tmp") + "/foundry_data_test.XXXXXX";
-    std::vector<char> buffer(pattern.begin(), pattern.end());
-    buffer.push_back('\0');
-    if (!::mkdtemp(buffer.data())) throw std::runtime_error("mkdtemp failed");
-    path_ = buffer.data();
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  const std::string& path() const { return path_; }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::string path_;
-};
 
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
