@@ -14,8 +14,9 @@
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
 GPU="${FOUNDRY_TEST_DEVICE:-cuda:0}"
-# Runs of STEPS steps: on a GPU (a few ms a step for this tiny model) 2,000, so that a kill at
-# step 300 lands well before the end; posing on the CPU, 800 are enough.
+# One process runs STEPS steps: on a GPU (a few ms a step for this tiny model) 2,000, so that a
+# kill at step 300 lands well before the end; posing on the CPU, 800 are enough. Two ranks
+# sharing a GPU step slower (their gradients go through host memory): 800 there.
 STEPS=2000
 [ "$GPU" = cpu ] && STEPS=800
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
@@ -60,7 +61,7 @@ check() {
   || { tail -n 20 ref1.log; bad "the reference run failed"; }
 ref1="$(step_losses ref1/metrics.jsonl)"
 timeout -k 5 300 mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS "$FOUNDRY" train \
-  -c tiny.json --synthetic-data -q --set train.run_dir=ref2 >ref2.log 2>&1 \
+  -c tiny.json --synthetic-data -q --steps 800 --set train.run_dir=ref2 >ref2.log 2>&1 \
   || { tail -n 20 ref2.log; bad "the two-rank reference run failed"; }
 ref2="$(step_losses ref2/metrics.jsonl)"
 
@@ -75,7 +76,7 @@ check "SIGSTOP (1 process)" stop1 "$ref1" rank_lost
 [ -n "$pid" ] && kill -9 "$pid" 2>/dev/null
 
 # ---- two ranks on one GPU: rank 1 killed mid-step ----
-launch kill2 2
+launch kill2 2 --steps 800
 wait_step kill2 300 && kill -9 "$(rank_pid kill2 1)"
 check "SIGKILL of rank 1 mid-step (2 ranks on one GPU)" kill2 "$ref2" "rank_lost|exit"
 

@@ -261,9 +261,9 @@ TEST(Rope, LargeShapeOnTwoThreadsMatchesReference) {
 }
 
 TEST(Rope, RowsAtTheirOwnPositionsEqualEachRowRotatedAlone) {
-  // Decode rows: each at its own position, in no order, some past every position rotated so
-  // far (the cached table grows under them). Each row must get the bits rope_apply gives it
-  // alone, and the rows' table must match the definition.
+  // Decode rows: each at its own position, in no order. Each row must get the bits rope_apply
+  // gives it alone; and rotated one at a time in double, each past every position rotated so
+  // far (the cached table grows under them), the rows must match the definition.
   const int64_t h = 3, d = 12, rotary_dim = 8;
   const std::vector<int64_t> pos{5, 0, 4099, 17, 5, 300, 70000};
   const auto rows = static_cast<int64_t>(pos.size());

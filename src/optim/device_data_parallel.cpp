@@ -102,41 +102,6 @@ class HostStagedGradients {
   std::vector<Queued> queued_;  // copies not yet given to the reducer, in order
 };
 
-// The NCCL form of the overlap: the gradients reported final are reduced in buckets of
-// `bucket_elements` or more (0: one per report) on the group's own stream, beside the rest of
-// backward (NcclGroup::*_beside); the step reduces what is left and makes the optimizer's work
-// wait for all of it. Without the reports the step reduces the whole slab at once.
-class NcclBuckets {
- public:
-  // reduce(grads, range): queues the reduction of that range of the gradient slab beside the
-  // default stream.
-  using Reduce = std::function<void(float* grads, SlabRange range)>;
-  NcclBuckets(int64_t elements, int64_t bucket_elements, Reduce reduce)
-      : elements_(elements), bucket_(bucket_elements), reduce_(std::move(reduce)) {}
-  void begin(float* grads) {
-    grads_ = grads;
-    pending_end_ = elements_;
-  }
-  void final_from(int64_t offset) {
-    if (!grads_ || offset >= pending_end_ || pending_end_ - offset < bucket_) return;
-    reduce_(grads_, SlabRange{offset, pending_end_});
-    pending_end_ = offset;
-  }
-  // True when the step must reduce the whole slab itself (not armed); else queues the rest.
-  bool finish() {
-    if (!grads_) return true;
-    if (pending_end_ > 0) reduce_(grads_, SlabRange{0, pending_end_});
-    grads_ = nullptr;
-    return false;
-  }
-
- private:
-  int64_t elements_, bucket_;
-  Reduce reduce_;
-  float* grads_ = nullptr;  // armed: this backward's gradient slab
-  int64_t pending_end_ = 0;
-};
-
 // Data parallel over ranks whose gradients live in GPU memory, every rank holding the whole
 // state: each step averages the gradients over the ranks, then runs the local (device)
 // optimizer on the average. Through host memory (HostStagedGradients: copied out during

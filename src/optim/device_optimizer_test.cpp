@@ -262,9 +262,10 @@ INSTANTIATE_TEST_SUITE_P(AdamWOrMuon, GpuOptimizer, ::testing::Bool());
 // has one GPU, and NCCL takes one rank a GPU): both layouts, with and without Muon, with the
 // gradient reduction started during "backward" (each tensor reported final, the last first) in
 // several buckets and clipping active. Of one rank both paths average to the rank's own
-// gradients, so the steps must give the same bits: this runs NCCL's buckets, its grouped
-// reduce and broadcast and ZeRO-1's gather beside the default stream, which a group of one
-// still queues and joins as a larger group does.
+// gradients, so the steps must give the same bits. That runs the NCCL path end to end (the
+// grouped reduce and broadcast, ZeRO-1's gather, the side stream and its joins) on a GPU; it
+// cannot tell whether the buckets cover the slab (a reduction of one rank changes nothing):
+// NcclBuckets.* checks that on every machine.
 TEST(GpuDataParallel, NcclStepsAsHostStagingDoesInAGroupOfOne) {
   SKIP_WITHOUT_GPU();
   if (!gpu::built_with_nccl()) GTEST_SKIP() << "this build has no NCCL";
