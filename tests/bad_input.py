@@ -265,6 +265,8 @@ CASES = [
     Case("option: generate --batch-tokens 0", "generate -c tiny.json --batch req.jsonl --out o.jsonl --batch-tokens 0", [write("req.jsonl", '{"prompt": "hi"}\n')], ["--batch-tokens"], code=USAGE),
     Case("choices: --choices file missing", "eval -c tiny.json --choices nope.jsonl", [], ["nope.jsonl"]),
     Case("choices: --choices file with no items", "eval -c tiny.json --choices c.jsonl", [write("c.jsonl", "\n")], ["c.jsonl", "no items"]),
+    Case("batch: no valid request (another run's results as the requests)", "generate -c tiny.json --batch res.jsonl --out o.jsonl", [write("res.jsonl", '{"index": 0, "text": "a", "token_ids": [1]}\n{"index": 1, "text": "b", "token_ids": [2]}\n')], ["none of the 2 requests", "res.jsonl", "line 1"], hint="nothing would run"),
+    Case("choices: no valid item", "eval -c tiny.json --choices c.jsonl --out s.jsonl", [write("c.jsonl", '{"context": "a", "choices": ["b"]}\n{"prompt": "a"}\n')], ["none of the 2 items", "c.jsonl", "line 1"], hint="nothing would be scored"),
     Case("choices: --out is the --choices file", "eval -c tiny.json --choices c.jsonl --out c.jsonl", [write("c.jsonl", '{"context": "a", "choices": ["b", "c"]}\n')], ["c.jsonl", "the --choices file"]),
     Case("choices: on a GPU that is not there", "eval -c tiny.json --choices c.jsonl --device cuda:99", [write("c.jsonl", '{"context": "a", "choices": ["b", "c"]}\n')], ["train.device cuda:99"]),
     Case("generate: on a GPU that is not there", "generate -c tiny.json -p hi --device cuda:99", [], ["train.device cuda:99"]),

@@ -20,18 +20,21 @@
 namespace foundry::infer {
 namespace {
 
-// The invalid lines, reported; with stop_on_error, a failure naming the first ones.
+// The invalid lines, reported; a failure naming the first ones with stop_on_error, or else when
+// no line is valid (the run would do nothing: most likely the wrong file, or a format mistake
+// repeated on every line).
 void report_invalid(const RequestSet& set, const BatchOptions& o) {
   if (set.errors.empty()) return;
-  std::string list;
-  for (size_t i = 0; i < set.errors.size() && i < 5; ++i)
-    list += fmt::format("\n  line {}: {}", set.errors[i].line, set.errors[i].message);
-  if (set.errors.size() > 5) list += fmt::format("\n  ... and {} more", set.errors.size() - 5);
+  const std::string list = first_errors(set.errors);
   if (o.stop_on_error)
     fail(fmt::format("{} of the {} requests in '{}' are invalid:{}", set.errors.size(),
                      set.count, o.in, list),
          "fix those lines, or leave out --stop-on-error to run the valid requests and get an "
          "\"error\" line in --out for each invalid one");
+  if (set.requests.empty())
+    fail(fmt::format("none of the {} requests in '{}' is valid:{}", set.count, o.in, list),
+         "fix those lines (docs/formats.md, \"Batch generation\"): nothing would run; --out is "
+         "left as it is");
   warn(fmt::format("{} of the {} requests in '{}' are invalid and will not run (each gets an "
                    "\"error\" line in '{}'):{}",
                    set.errors.size(), set.count, o.in, o.out, list));

@@ -144,6 +144,16 @@ TEST_P(Batch, ForeignOutputAndStopOnErrorChangeNothing) {
   expect_error([&] { run_generation_batch(*model, small_tokenizer(), o); },
                "line 6: \"top_p\" is 2");
   EXPECT_FALSE(std::ifstream(o.out).good());
+
+  // No valid line at all (here: the results of another run given as the requests): refused
+  // with the first lines' errors, without --stop-on-error, and OUT left as it was.
+  write_file(dir.file("results.jsonl"), "{\"index\": 0, \"text\": \"a\"}\n{\"index\": 1}\n");
+  o.in = dir.file("results.jsonl");
+  o.stop_on_error = false;
+  write_file(o.out, "");
+  expect_error([&] { run_generation_batch(*model, small_tokenizer(), o); },
+               "none of the 2 requests in '" + o.in + "' is valid:\n  line 1: ");
+  EXPECT_EQ(read_all(o.out), "");
 }
 
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, Batch, ::testing::Values(Arch::moe, Arch::zaya1),

@@ -154,6 +154,14 @@ RequestSet read_generation_requests(const std::string& path, const data::Tokeniz
   return set;
 }
 
+std::string first_errors(const std::vector<RequestError>& errors) {
+  std::string list;
+  for (size_t i = 0; i < errors.size() && i < 5; ++i)
+    list += fmt::format("\n  line {}: {}", errors[i].line, errors[i].message);
+  if (errors.size() > 5) list += fmt::format("\n  ... and {} more", errors.size() - 5);
+  return list;
+}
+
 std::string result_line(const GenerationResult& r) {
   json j = {{"index", r.index},
             {"text", r.text},

@@ -41,6 +41,8 @@ struct RequestError {
   int64_t index = 0, line = 0;
   std::string message;  // names the key and the fix
 };
+// The first five errors, a line each ("\n  line 3: ..."), and how many more there are.
+std::string first_errors(const std::vector<RequestError>& errors);
 
 struct RequestSet {
   std::vector<GenerationRequest> requests;  // the valid ones, by index

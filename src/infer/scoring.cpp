@@ -155,6 +155,11 @@ ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const st
   ChoiceSummary s;
   s.items = file.count;
   s.invalid = static_cast<int64_t>(file.errors.size());
+  if (file.items.empty())
+    fail(fmt::format("none of the {} items in '{}' is valid:{}", file.count, in,
+                     first_errors(file.errors)),
+         "fix those lines (docs/formats.md, \"Multiple-choice items and scores\"): nothing would "
+         "be scored; --out is left as it is");
   for (const RequestError& e : file.errors)
     warn(fmt::format("'{}' line {}: {} (skipped)", in, e.line, e.message));
   Model::DecodeState state = model.new_rows_state(kPromptRun);

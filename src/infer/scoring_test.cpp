@@ -94,6 +94,19 @@ TEST(Scoring, ReadsItemsAndNamesInvalidLines) {
   }
 }
 
+TEST(Scoring, AFileWithNoValidItemIsRefusedAndOutIsNotWritten) {
+  TempDir dir;
+  auto m = small_model(Arch::moe);
+  write_file(dir.file("c.jsonl"),
+             "{\"prompt\": \"a\"}\n{\"context\": \"a\", \"choices\": [\"b\"]}\n");
+  expect_error(
+      [&] {
+        run_choice_eval(*m, small_tokenizer(), dir.file("c.jsonl"), dir.file("out.jsonl"), true);
+      },
+      "none of the 2 items in '" + dir.file("c.jsonl") + "' is valid:\n  line 1: ");
+  EXPECT_FALSE(std::ifstream(dir.file("out.jsonl")).good());
+}
+
 TEST(Scoring, RunWritesOneLineAnItemAndCountsTheRightAnswers) {
   TempDir dir;
   auto m = small_model(Arch::moe);
