@@ -12,8 +12,9 @@ namespace {
 // cos/sin of p·theta^(-2i/rotary_dim) for positions p in [0, positions) and pairs [0, half),
 // each [positions, half]. Angles are computed in double: at long contexts they reach ~1e5
 // radians, where float angles would lose most of their digits. The table is kept from call to
-// call and grows (at least doubling) when a later position is asked for: training rotates the
-// same positions every step, and decoding asks for one more position a step, row by row.
+// call and grows when a later position is asked for (to that position, or by up to 4,096
+// positions more, whichever is further): training rotates the same positions every step, and
+// decoding asks for one more position a step, row by row.
 template <typename T>
 struct RopeTable {
   int64_t half = -1, positions = 0;
@@ -44,7 +45,8 @@ const RopeTable<T>& rope_table(int64_t end, int64_t half, double theta) {
   thread_local RopeTable<T> table;
   if (table.half != half || table.theta != theta) start_table(table, half, theta);
   if (end <= table.positions) return table;
-  const int64_t from = table.positions, to = std::max(end, 2 * from);
+  constexpr int64_t kGrowth = 4096;  // positions added at most beyond what is asked for
+  const int64_t from = table.positions, to = std::max(end, std::min(2 * from, from + kGrowth));
   table.cos_values.resize(to * half);
   table.sin_values.resize(to * half);
   // Plain pointers: inside the parallel region the name `table` would be each thread's own.
