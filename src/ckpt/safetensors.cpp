@@ -234,116 +234,143 @@ FileDigest write_safetensors(const std::string& path, const std::vector<TensorTo
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : file_(path) { parse(); }
 
-void SafetensorsReader::parse() {
-  const std::string& where = path();
-  const std::string hint = "the file is truncated, corrupt or not a safetensors file";
-  const size_t file_bytes = file_.size();
+namespace {
+
+const char* const kNotSafetensors = "the file is truncated, corrupt or not a safetensors file";
+
+// The header: its 8-byte little-endian length, then that many bytes of one JSON object.
+json read_header(const uint8_t* file, size_t file_bytes, const std::string& where,
+                 uint64_t* header_bytes) {
   if (file_bytes < 8)
     fail(fmt::format("{}: {} bytes is too short for a safetensors file (it starts with an "
                      "8-byte header length)",
                      where, file_bytes),
-         hint);
-  uint64_t header_bytes = 0;
-  for (int i = 0; i < 8; ++i) header_bytes |= uint64_t{file_.data()[i]} << (8 * i);
-  if (header_bytes > file_bytes - 8)
-    fail(fmt::format("{}: the header length {} exceeds the {} bytes that follow it", where,
-                     header_bytes, file_bytes - 8),
-         hint);
-  if (header_bytes > kMaxHeaderBytes)
-    fail(fmt::format("{}: the header length {} exceeds the limit of {} bytes", where,
-                     header_bytes, kMaxHeaderBytes),
-         hint);
-
-  const char* header_text = reinterpret_cast<const char*>(file_.data() + 8);
-  if (header_bytes == 0 || header_text[0] != '{')
-    fail(fmt::format("{}: the header does not start with a JSON object", where), hint);
+         kNotSafetensors);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{file[i]} << (8 * i);
+  if (n > file_bytes - 8)
+    fail(fmt::format("{}: the header length {} exceeds the {} bytes that follow it", where, n,
+                     file_bytes - 8),
+         kNotSafetensors);
+  if (n > kMaxHeaderBytes)
+    fail(fmt::format("{}: the header length {} exceeds the limit of {} bytes", where, n,
+                     kMaxHeaderBytes),
+         kNotSafetensors);
+  const char* text = reinterpret_cast<const char*>(file + 8);
+  if (n == 0 || text[0] != '{')
+    fail(fmt::format("{}: the header does not start with a JSON object", where), kNotSafetensors);
   json header;
   try {
-    header = json::parse(header_text, header_text + header_bytes);
+    header = json::parse(text, text + n);
   } catch (const json::exception& e) {
-    fail(fmt::format("{}: the header is not valid JSON: {}", where, e.what()), hint);
+    fail(fmt::format("{}: the header is not valid JSON: {}", where, e.what()), kNotSafetensors);
   }
   if (!header.is_object())
-    fail(fmt::format("{}: the header is not a JSON object", where), hint);
+    fail(fmt::format("{}: the header is not a JSON object", where), kNotSafetensors);
+  *header_bytes = n;
+  return header;
+}
 
-  const uint8_t* data = file_.data() + 8 + header_bytes;
-  const uint64_t data_bytes = file_bytes - 8 - header_bytes;
-  auto bad_tensor = [&](const std::string& name, const std::string& what) {
-    fail(fmt::format("{}: tensor '{}': {}", where, name, what), hint);
-  };
+[[noreturn]] void bad_tensor(const std::string& where, const std::string& name,
+                             const std::string& what) {
+  fail(fmt::format("{}: tensor '{}': {}", where, name, what), kNotSafetensors);
+}
 
-  for (const auto& [key, value] : header.items()) {
-    if (key == "__metadata__") {
-      if (!value.is_object())
-        fail(fmt::format("{}: \"__metadata__\" is not an object", where), hint);
-      for (const auto& [mkey, mvalue] : value.items()) {
-        if (!mvalue.is_string())
-          fail(fmt::format("{}: \"__metadata__\" value '{}' is not a string", where, mkey), hint);
-        metadata_[mkey] = mvalue.get<std::string>();
-      }
-      continue;
-    }
-    if (!value.is_object()) bad_tensor(key, "the entry is not an object");
-    TensorView t;
-    t.name = key;
-    auto dtype = value.find("dtype");
-    if (dtype == value.end() || !dtype->is_string())
-      bad_tensor(key, "\"dtype\" is missing or not a string");
-    if (!parse_dtype(dtype->get<std::string>(), &t.dtype))
-      bad_tensor(key, fmt::format("unknown dtype {}", dtype->dump()));
-    auto shape = value.find("shape");
-    if (shape == value.end() || !shape->is_array())
-      bad_tensor(key, "\"shape\" is missing or not an array");
-    for (const auto& d : *shape) {
-      if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
-        bad_tensor(key, fmt::format("shape {} holds a value that is not a size", shape->dump()));
-      t.shape.push_back(d.get<int64_t>());
-    }
-    auto offsets = value.find("data_offsets");
-    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 ||
-        !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
-      bad_tensor(key, "\"data_offsets\" is not a pair of non-negative integers");
-    const uint64_t begin = (*offsets)[0].get<uint64_t>();
-    const uint64_t end = (*offsets)[1].get<uint64_t>();
-    if (begin > end)
-      bad_tensor(key, fmt::format("data_offsets [{}, {}] end before they begin", begin, end));
-    if (end > data_bytes)
-      bad_tensor(key, fmt::format("data_offsets [{}, {}] reach past the {} bytes of data", begin,
-                                  end, data_bytes));
-    uint64_t expected = 0;
-    const bool sized = byte_size(t.shape, dtype_bytes(t.dtype), &expected);
-    if (!sized || expected != end - begin)
-      bad_tensor(key, fmt::format("dtype {} with shape {} needs {} bytes, data_offsets [{}, {}] "
-                                  "hold {}",
-                                  dtype_name(t.dtype), shape->dump(),
-                                  sized ? std::to_string(expected) : "more than 2^64", begin,
-                                  end, end - begin));
-    t.data = data + begin;
-    t.bytes = end - begin;
-    t.data_begin = begin;
-    tensors_.push_back(std::move(t));
+// One header entry: its dtype, shape and data offsets, checked against each other and the
+// data part (data_bytes from `data`).
+TensorView parse_tensor(const std::string& key, const json& value, const uint8_t* data,
+                        uint64_t data_bytes, const std::string& where) {
+  if (!value.is_object()) bad_tensor(where, key, "the entry is not an object");
+  TensorView t;
+  t.name = key;
+  auto dtype = value.find("dtype");
+  if (dtype == value.end() || !dtype->is_string())
+    bad_tensor(where, key, "\"dtype\" is missing or not a string");
+  if (!parse_dtype(dtype->get<std::string>(), &t.dtype))
+    bad_tensor(where, key, fmt::format("unknown dtype {}", dtype->dump()));
+  auto shape = value.find("shape");
+  if (shape == value.end() || !shape->is_array())
+    bad_tensor(where, key, "\"shape\" is missing or not an array");
+  for (const auto& d : *shape) {
+    if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX})
+      bad_tensor(where, key,
+                 fmt::format("shape {} holds a value that is not a size", shape->dump()));
+    t.shape.push_back(d.get<int64_t>());
   }
+  auto offsets = value.find("data_offsets");
+  if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 ||
+      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned())
+    bad_tensor(where, key, "\"data_offsets\" is not a pair of non-negative integers");
+  const uint64_t begin = (*offsets)[0].get<uint64_t>();
+  const uint64_t end = (*offsets)[1].get<uint64_t>();
+  if (begin > end)
+    bad_tensor(where, key, fmt::format("data_offsets [{}, {}] end before they begin", begin, end));
+  if (end > data_bytes)
+    bad_tensor(where, key,
+               fmt::format("data_offsets [{}, {}] reach past the {} bytes of data", begin, end,
+                           data_bytes));
+  uint64_t expected = 0;
+  const bool sized = byte_size(t.shape, dtype_bytes(t.dtype), &expected);
+  if (!sized || expected != end - begin)
+    bad_tensor(
+        where, key,
+        fmt::format("dtype {} with shape {} needs {} bytes, data_offsets [{}, {}] hold {}",
+                    dtype_name(t.dtype), shape->dump(),
+                    sized ? std::to_string(expected) : "more than 2^64", begin, end, end - begin));
+  t.data = data + begin;
+  t.bytes = end - begin;
+  t.data_begin = begin;
+  return t;
+}
 
-  // The tensors must tile the data part exactly.
-  std::stable_sort(tensors_.begin(), tensors_.end(), [](const TensorView& a, const TensorView& b) {
+// The tensors must tile the data part exactly: sorts them by offset and names the first gap,
+// overlap or trailing bytes.
+void check_tiling(std::vector<TensorView>& tensors, uint64_t data_bytes, const std::string& where) {
+  std::stable_sort(tensors.begin(), tensors.end(), [](const TensorView& a, const TensorView& b) {
     return a.data_begin != b.data_begin ? a.data_begin < b.data_begin : a.bytes < b.bytes;
   });
   uint64_t covered = 0;
-  for (size_t i = 0; i < tensors_.size(); ++i) {
-    const TensorView& t = tensors_[i];
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorView& t = tensors[i];
     if (t.data_begin < covered)
-      bad_tensor(t.name, fmt::format("its bytes [{}, {}) overlap tensor '{}' (which ends at {})",
-                                     t.data_begin, t.data_begin + t.bytes, tensors_[i - 1].name,
-                                     covered));
+      bad_tensor(where, t.name,
+                 fmt::format("its bytes [{}, {}) overlap tensor '{}' (which ends at {})",
+                             t.data_begin, t.data_begin + t.bytes, tensors[i - 1].name, covered));
     if (t.data_begin > covered)
-      bad_tensor(t.name, fmt::format("data bytes [{}, {}) before it belong to no tensor", covered,
-                                     t.data_begin));
+      bad_tensor(
+          where, t.name,
+          fmt::format("data bytes [{}, {}) before it belong to no tensor", covered, t.data_begin));
     covered = t.data_begin + t.bytes;
   }
   if (covered != data_bytes)
     fail(fmt::format("{}: {} bytes of data after the last tensor belong to no tensor", where,
                      data_bytes - covered),
-         hint);
+         kNotSafetensors);
+}
+
+}  // namespace
+
+void SafetensorsReader::parse() {
+  const std::string& where = path();
+  uint64_t header_bytes = 0;
+  const json header = read_header(file_.data(), file_.size(), where, &header_bytes);
+  const uint8_t* data = file_.data() + 8 + header_bytes;
+  const uint64_t data_bytes = file_.size() - 8 - header_bytes;
+  for (const auto& [key, value] : header.items()) {
+    if (key != "__metadata__") {
+      tensors_.push_back(parse_tensor(key, value, data, data_bytes, where));
+      continue;
+    }
+    if (!value.is_object())
+      fail(fmt::format("{}: \"__metadata__\" is not an object", where), kNotSafetensors);
+    for (const auto& [mkey, mvalue] : value.items()) {
+      if (!mvalue.is_string())
+        fail(fmt::format("{}: \"__metadata__\" value '{}' is not a string", where, mkey),
+             kNotSafetensors);
+      metadata_[mkey] = mvalue.get<std::string>();
+    }
+  }
+  check_tiling(tensors_, data_bytes, where);
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 
