@@ -113,6 +113,10 @@ if [ -z "$bench_only" ]; then
   skipped=$(grep -c -E "no CUDA GPU visible|skipped: no GPU" "$out/gpu-tests.log")
   [ "$status_tests" = passed ] && [ "$skipped" -gt 0 ] && status_tests="SKIPPED (is a GPU visible?)"
   grep -q "this build has no NCCL" "$out/gpu-tests.log" && nccl_note="; NCCL tests skipped: the build has no NCCL"
+  # How the slabs' zeros holes are mapped (GpuMemory.SlabHoles* prints it): read-write means a
+  # stray write into a hole would change every hole's zeros without a fault.
+  zeros=$(grep -m1 -o "maps the zeros holes read-[a-z]*" "$out/gpu-tests.log" | sed 's/.*holes //')
+  [ -n "$zeros" ] && nccl_note="$nccl_note; slab zeros holes $zeros"
 fi
 t_tests=$(( $(date +%s) - t1 ))
 echo "gpu_check: GPU tests $status_tests in ${t_tests} s"
