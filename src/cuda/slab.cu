@@ -222,7 +222,9 @@ void* device_allocate_slab(int64_t bytes, const ByteRanges& holes, bool zeros) {
   s.chunk = static_cast<size_t>(slab_chunk_bytes(bytes, static_cast<int64_t>(granularity)));
   s.reserved = round_up(static_cast<size_t>(bytes), s.chunk);
   try {
-    FOUNDRY_CU_CHECK(cu().MemAddressReserve(&s.base, s.reserved, 0, 0, 0));
+    // Aligned to the granularity (a power of two): every chunk's address, base + i·chunk, is
+    // then a multiple of it, as cuMemMap needs.
+    FOUNDRY_CU_CHECK(cu().MemAddressReserve(&s.base, s.reserved, granularity, 0, 0));
     s.chunks.assign(s.reserved / s.chunk, 0);
     const std::vector<bool> in_hole = chunks_in_holes(s, holes);
     // Zeroed first, while every chunk is its own and writable: the holes' after.
