@@ -234,6 +234,71 @@ double HardwareProfile::collective_time(const std::string& op, int64_t ranks, do
   return fit.alpha_s + bytes / beta;
 }
 
+namespace {
+
+// The "gemm" section: the best rates (where "compute" left them unset), the measured points
+// (the off-size scan's apart, in `offsize`), the efficiency model, grouped expert GEMMs and the
+// alignment factors.
+void read_gemm_section(const json& g, const std::string& where, HardwareProfile& p,
+                       std::vector<GemmPoint>& offsize) {
+  const std::string w = where + ": gemm";
+  if (g.contains("best_flops_per_s")) {
+    const json& b = g["best_flops_per_s"];
+    if (p.bf16.measured_flops_per_s == 0) p.bf16.measured_flops_per_s = number(b, "bf16", w);
+    if (p.fp32.measured_flops_per_s == 0) p.fp32.measured_flops_per_s = number(b, "fp32", w);
+  }
+  for (const auto& pt : g.value("points", json::array())) {
+    GemmPoint gp;
+    gp.dtype = dtype_at(pt.value("dtype", "bf16"), w);
+    gp.m = static_cast<int64_t>(number(pt, "m", w));
+    gp.n = static_cast<int64_t>(number(pt, "n", w));
+    gp.k = static_cast<int64_t>(number(pt, "k", w));
+    gp.flops_per_s = number(pt, "flops_per_s", w);
+    gp.kind = pt.value("kind", "");
+    if (gp.m < 1 || gp.n < 1 || gp.k < 1 || gp.flops_per_s <= 0)
+      fail(fmt::format("{}: point {} has a zero dimension or rate", w, pt.dump()),
+           "fix or remove the point");
+    (gp.kind == "offsize" ? offsize : p.gemm_points).push_back(gp);
+  }
+  if (g.contains("efficiency_model")) {
+    const json& m = g["efficiency_model"];
+    if (m.value("kind", "") != "saturation")
+      fail(fmt::format("{}: efficiency_model.kind = {}", w, m.value("kind", "")),
+           "the only model is \"saturation\" (rate = best · W/(W + half_efficiency_flops))");
+    p.gemm_half_efficiency_flops = number(m, "half_efficiency_flops", w + ".efficiency_model");
+  }
+  if (g.contains("grouped_expert_gemms")) {
+    if (!g["grouped_expert_gemms"].is_boolean())
+      fail(fmt::format("{}: 'grouped_expert_gemms' must be true or false", w), "fix the profile");
+    p.grouped_expert_gemms = g["grouped_expert_gemms"].get<bool>();
+  }
+  for (const auto& a : g.value("alignment", json::array()))
+    p.alignment.push_back({static_cast<int64_t>(number(a, "multiple", w + ".alignment")),
+                           number(a, "factor", w + ".alignment")});
+}
+
+// One "collectives" entry; nothing where it has measured points but no fit.
+std::optional<CollectiveFit> read_collective(const json& c, const std::string& where) {
+  CollectiveFit f;
+  const std::string w = where + ": collectives";
+  f.op = c.value("op", "");
+  if (!known_op(f.op))
+    fail(fmt::format("{}: unknown op \"{}\"", w, f.op),
+         "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
+  f.ranks = static_cast<int64_t>(number(c, "ranks", w));
+  f.algorithm = c.value("algorithm", "default");
+  f.scope = c.value("scope", "");
+  if (!c.contains("fit")) return std::nullopt;  // points only: nothing to predict from
+  f.alpha_s = number(c["fit"], "alpha_s", w + ".fit");
+  f.beta_bytes_per_s = number(c["fit"], "beta_bytes_per_s", w + ".fit");
+  if (f.ranks < 2 || f.beta_bytes_per_s <= 0)
+    fail(fmt::format("{}: {} at {} ranks has ranks < 2 or beta <= 0", w, f.op, f.ranks),
+         "fix the entry or measure it again");
+  return f;
+}
+
+}  // namespace
+
 HardwareProfile parse_profile(const json& doc, const std::string& where) {
   if (!doc.is_object() || doc.value("format", "") != "foundry-hardware-profile")
     fail(fmt::format("{}: not a foundry hardware profile (\"format\" must be "
@@ -264,65 +329,13 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
         number(doc["memory"], "measured_bytes_per_s", where + ": memory");
   }
   std::vector<GemmPoint> offsize;
-  if (doc.contains("gemm")) {
-    const json& g = doc["gemm"];
-    const std::string w = where + ": gemm";
-    if (g.contains("best_flops_per_s")) {
-      const json& b = g["best_flops_per_s"];
-      if (p.bf16.measured_flops_per_s == 0) p.bf16.measured_flops_per_s = number(b, "bf16", w);
-      if (p.fp32.measured_flops_per_s == 0) p.fp32.measured_flops_per_s = number(b, "fp32", w);
-    }
-    for (const auto& pt : g.value("points", json::array())) {
-      GemmPoint gp;
-      gp.dtype = dtype_at(pt.value("dtype", "bf16"), w);
-      gp.m = static_cast<int64_t>(number(pt, "m", w));
-      gp.n = static_cast<int64_t>(number(pt, "n", w));
-      gp.k = static_cast<int64_t>(number(pt, "k", w));
-      gp.flops_per_s = number(pt, "flops_per_s", w);
-      gp.kind = pt.value("kind", "");
-      if (gp.m < 1 || gp.n < 1 || gp.k < 1 || gp.flops_per_s <= 0)
-        fail(fmt::format("{}: point {} has a zero dimension or rate", w, pt.dump()),
-             "fix or remove the point");
-      (gp.kind == "offsize" ? offsize : p.gemm_points).push_back(gp);
-    }
-    if (g.contains("efficiency_model")) {
-      const json& m = g["efficiency_model"];
-      if (m.value("kind", "") != "saturation")
-        fail(fmt::format("{}: efficiency_model.kind = {}", w, m.value("kind", "")),
-             "the only model is \"saturation\" (rate = best · W/(W + half_efficiency_flops))");
-      p.gemm_half_efficiency_flops = number(m, "half_efficiency_flops", w + ".efficiency_model");
-    }
-    if (g.contains("grouped_expert_gemms")) {
-      if (!g["grouped_expert_gemms"].is_boolean())
-        fail(fmt::format("{}: 'grouped_expert_gemms' must be true or false", w), "fix the profile");
-      p.grouped_expert_gemms = g["grouped_expert_gemms"].get<bool>();
-    }
-    for (const auto& a : g.value("alignment", json::array()))
-      p.alignment.push_back({static_cast<int64_t>(number(a, "multiple", w + ".alignment")),
-                             number(a, "factor", w + ".alignment")});
-  }
+  if (doc.contains("gemm")) read_gemm_section(doc["gemm"], where, p, offsize);
   if (p.alignment.empty()) p.alignment = alignment_from_offsize(offsize);
   std::sort(
       p.alignment.begin(), p.alignment.end(),
       [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
-  for (const auto& c : doc.value("collectives", json::array())) {
-    CollectiveFit f;
-    const std::string w = where + ": collectives";
-    f.op = c.value("op", "");
-    if (!known_op(f.op))
-      fail(fmt::format("{}: unknown op \"{}\"", w, f.op),
-           "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
-    f.ranks = static_cast<int64_t>(number(c, "ranks", w));
-    f.algorithm = c.value("algorithm", "default");
-    f.scope = c.value("scope", "");
-    if (!c.contains("fit")) continue;  // points only: nothing to predict from
-    f.alpha_s = number(c["fit"], "alpha_s", w + ".fit");
-    f.beta_bytes_per_s = number(c["fit"], "beta_bytes_per_s", w + ".fit");
-    if (f.ranks < 2 || f.beta_bytes_per_s <= 0)
-      fail(fmt::format("{}: {} at {} ranks has ranks < 2 or beta <= 0", w, f.op, f.ranks),
-           "fix the entry or measure it again");
-    p.collectives.push_back(f);
-  }
+  for (const auto& c : doc.value("collectives", json::array()))
+    if (std::optional<CollectiveFit> f = read_collective(c, where)) p.collectives.push_back(*f);
   if (doc.contains("storage")) {
     p.storage_iops_budget = number(doc["storage"], "iops_budget", where + ": storage");
     p.storage_page_bytes =
