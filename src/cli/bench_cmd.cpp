@@ -142,20 +142,84 @@ std::tuple<bool, bool, bool> parse_only(const std::string& only) {
   return {comm, gemm, membw};
 }
 
+// The profile in --out to merge into (--merge), checked to be one; null for a new profile.
+json profile_to_merge(const BenchAllOptions& o, const std::string& profile_path) {
+  json profile;
+  if (!o.merge || !path_exists(profile_path)) return profile;
+  try {
+    profile = json::parse(read_text_file(profile_path));
+  } catch (const json::parse_error& e) {
+    fail(fmt::format("{}: not valid JSON ({}), cannot --merge into it", profile_path, e.what()),
+         "remove it or choose another --out");
+  }
+  parse_profile(profile, profile_path);  // validates it is a profile
+  return profile;
+}
+
+// mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
+// share one core and the profile would report half the machine.
+void check_cpus_for_threads() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
+    fail(fmt::format("bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; "
+                     "the GEMM and memory figures would be wrong",
+                     CPU_COUNT(&set), omp_get_max_threads()),
+         "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or "
+         "set OMP_NUM_THREADS to the CPUs it has");
+}
+
+// The collectives, on every rank (none with one rank: said on rank 0).
+std::vector<CommBenchResult> measure_collectives(const BenchAllOptions& o, Communicator& world) {
+  if (world.size() < 2) {
+    if (world.rank() == 0)
+      std::fprintf(stderr,
+                   "bench all: 1 rank, collectives skipped (run under mpirun -np N to measure "
+                   "them; add --merge to keep other rank counts in the profile)\n");
+    return {};
+  }
+  CommBenchOptions co;
+  if (o.quick) {
+    co.max_bytes = int64_t{1} << 20;
+    co.step_factor = 4;
+    co.warmup = 2;
+    co.iters = 5;
+  }
+  std::unique_ptr<Progress> bar;
+  if (world.rank() == 0) co.on_progress = progress_to(bar, "collectives");
+  std::vector<CommBenchResult> results = run_comm_bench(world, co);
+  if (bar) bar->finish();
+  return results;
+}
+
+// Rank 0: the profile (the measured sections and collectives merged into `profile`) written to
+// --out with its report, tables and plots.
+void write_profile(const BenchAllOptions& o, json profile, const std::string& profile_path,
+                   const json& sections, const std::vector<CommBenchResult>& comm_results,
+                   const std::optional<gpu::GpuInfo>& gpu_info, const Provenance& provenance) {
+  std::vector<json> entries;
+  for (const auto& r : comm_results) entries.push_back(collective_entry_json(r));
+  const std::string name =
+      !o.name.empty() ? o.name
+                      : provenance.host + " (" + (gpu_info ? gpu_info->name : provenance.cpu) + ")";
+  profile = merge_profile_collectives(profile, entries, provenance, name);
+  for (auto& [key, value] : sections.items()) profile[key] = value;
+  profile["name"] = name;
+  profile["provenance"] = to_json(provenance);
+  profile["device"] = device_section(gpu_info, provenance);
+  parse_profile(profile, profile_path);  // what plan will read must parse
+  write_file_atomic(profile_path, profile.dump(2) + "\n");
+  const ReportFiles files = write_report(profile, o.out);
+  std::printf("wrote %s, %s/report.md, %zu CSV tables and %zu plots in %s\n", profile_path.c_str(),
+              o.out.c_str(), files.csv.size(), files.png.size(), o.out.c_str());
+  if (!files.plot_warning.empty())
+    std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+}
+
 void run_bench_all(const BenchAllOptions& o) {
   const DeviceSpec device = parse_device("--device", o.device);
   const auto [do_comm, do_gemm, do_membw] = parse_only(o.only);
   const std::string profile_path = o.out + "/profile.json";
-  json profile;  // null: a new profile
-  if (o.merge && path_exists(profile_path)) {
-    try {
-      profile = json::parse(read_text_file(profile_path));
-    } catch (const json::parse_error& e) {
-      fail(fmt::format("{}: not valid JSON ({}), cannot --merge into it", profile_path, e.what()),
-           "remove it or choose another --out");
-    }
-    parse_profile(profile, profile_path);  // validates it is a profile
-  }
+  const json profile = profile_to_merge(o, profile_path);  // null: a new profile
 
   // Every rank, before MPI starts: a missing GPU fails the job at once, not after the collectives.
   if (device.cuda && (do_gemm || do_membw)) gpu::check_gpu_visible(device.index, "--device " + device.name());
@@ -163,74 +227,24 @@ void run_bench_all(const BenchAllOptions& o) {
   MpiSession session;
   Communicator& world = session.world();
   const int rank = world.rank(), ranks = world.size();
-  // mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
-  // share one core and the profile would report half the machine.
   std::optional<gpu::GpuInfo> gpu_info;  // --device cuda: GEMMs and bandwidth on rank 0's GPU
   if (rank == 0 && device.cuda && (do_gemm || do_membw))
     gpu_info = gpu::open_gpu(device.index, "--device " + device.name());
-  if (rank == 0 && !device.cuda && (do_gemm || do_membw)) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
-      fail(fmt::format(
-               "bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; the "
-               "GEMM and memory figures would be wrong",
-               CPU_COUNT(&set), omp_get_max_threads()),
-           "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or "
-           "set "
-           "OMP_NUM_THREADS to the CPUs it has");
-  }
+  if (rank == 0 && !device.cuda && (do_gemm || do_membw)) check_cpus_for_threads();
   const Provenance provenance = collect_provenance(ranks);
   if (rank == 0) {
     make_dirs(o.out);
     std::fprintf(stderr, "%s", format_provenance(provenance).c_str());
   }
-
-  // ---- collectives: every rank ----
-  std::vector<CommBenchResult> comm_results;
-  if (do_comm && ranks >= 2) {
-    CommBenchOptions co;
-    if (o.quick) {
-      co.max_bytes = int64_t{1} << 20;
-      co.step_factor = 4;
-      co.warmup = 2;
-      co.iters = 5;
-    }
-    std::unique_ptr<Progress> bar;
-    if (rank == 0) co.on_progress = progress_to(bar, "collectives");
-    comm_results = run_comm_bench(world, co);
-    if (bar) bar->finish();
-  } else if (do_comm && rank == 0) {
-    std::fprintf(stderr,
-                 "bench all: 1 rank, collectives skipped (run under mpirun -np N to measure "
-                 "them; add --merge to keep other rank counts in the profile)\n");
-  }
-
-  // ---- GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning ----
+  const std::vector<CommBenchResult> comm_results =
+      do_comm ? measure_collectives(o, world) : std::vector<CommBenchResult>{};
+  // GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning.
   if (rank == 0) {
     json sections = json::object();
     if (do_gemm) measure_gemms(o, gpu_info, provenance, sections);
     if (do_membw) measure_memory(o, gpu_info, provenance, sections);
     for (const auto& r : comm_results) std::printf("%s\n", format_comm_table(r).c_str());
-
-    // ---- the profile ----
-    std::vector<json> entries;
-    for (const auto& r : comm_results) entries.push_back(collective_entry_json(r));
-    const std::string name =
-        !o.name.empty() ? o.name
-                        : provenance.host + " (" + (gpu_info ? gpu_info->name : provenance.cpu) + ")";
-    profile = merge_profile_collectives(profile, entries, provenance, name);
-    for (auto& [key, value] : sections.items()) profile[key] = value;
-    profile["name"] = name;
-    profile["provenance"] = to_json(provenance);
-    profile["device"] = device_section(gpu_info, provenance);
-    parse_profile(profile, profile_path);  // what plan will read must parse
-    write_file_atomic(profile_path, profile.dump(2) + "\n");
-    const ReportFiles files = write_report(profile, o.out);
-    std::printf("wrote %s, %s/report.md, %zu CSV tables and %zu plots in %s\n",
-                profile_path.c_str(), o.out.c_str(), files.csv.size(), files.png.size(),
-                o.out.c_str());
-    if (!files.plot_warning.empty())
-      std::fprintf(stderr, "warning: %s\n", files.plot_warning.c_str());
+    write_profile(o, profile, profile_path, sections, comm_results, gpu_info, provenance);
   }
   world.idle_barrier();
   session.finalize();
