@@ -117,72 +117,68 @@ std::string plot_script(const std::string& png, const std::string& title, const 
   return s + "\n";
 }
 
-}  // namespace
+using Plots = std::vector<std::pair<std::string, std::string>>;  // name, gnuplot script
 
-ReportFiles write_report(const json& profile, const std::string& dir) {
-  make_dirs(dir);
-  ReportFiles files;
-  auto csv = [&](const std::string& name, const std::string& text) {
-    write_file_atomic(dir + "/" + name, text);
-    files.csv.push_back(name);
-  };
-  csv("gemm.csv", gemm_csv_from(profile));
-  csv("memory_stream.csv", stream_csv_from(profile));
-  csv("memory_working_set.csv", working_set_csv_from(profile));
-  csv("collectives.csv", collectives_csv_from(profile));
-
-  std::vector<std::pair<std::string, std::string>> plots;  // name, script
-  if (profile.contains("gemm")) {
-    std::map<std::string, Series> square, offsize;
-    for (const auto& p : profile["gemm"].value("points", json::array())) {
-      const std::string kind = p.value("kind", ""), dtype = p.value("dtype", "");
-      const double gf = num(p, "flops_per_s") / 1e9;
-      if (kind == "square") square[dtype].xy.push_back({num(p, "m"), gf});
-      if (kind == "offsize") {
-        // The scanned dimension is the one that is not the scan's base size.
-        const double m = num(p, "m"), n = num(p, "n"), k = num(p, "k");
-        const double x = (m == n) ? k : (m == k ? n : m);
-        offsize[dtype].xy.push_back({x, gf});
-      }
+// The GEMM plots: square sizes, and what off-size dimensions cost.
+void gemm_plots(const json& profile, Plots& plots) {
+  if (!profile.contains("gemm")) return;
+  std::map<std::string, Series> square, offsize;
+  for (const auto& p : profile["gemm"].value("points", json::array())) {
+    const std::string kind = p.value("kind", ""), dtype = p.value("dtype", "");
+    const double gf = num(p, "flops_per_s") / 1e9;
+    if (kind == "square") square[dtype].xy.push_back({num(p, "m"), gf});
+    if (kind == "offsize") {
+      // The scanned dimension is the one that is not the scan's base size.
+      const double m = num(p, "m"), n = num(p, "n"), k = num(p, "k");
+      const double x = (m == n) ? k : (m == k ? n : m);
+      offsize[dtype].xy.push_back({x, gf});
     }
-    auto to_vec = [](std::map<std::string, Series>& m) {
-      std::vector<Series> v;
-      for (auto& [dt, s] : m) {
-        s.title = dt;
-        std::sort(s.xy.begin(), s.xy.end());
-        v.push_back(s);
-      }
-      return v;
-    };
-    if (!square.empty())
-      plots.push_back({"gemm_square",
-                       plot_script("gemm_square.png", "GEMM throughput, square M = N = K (oneDNN)",
-                                   "M = N = K", "GFLOP/s", to_vec(square), false)});
-    if (!offsize.empty())
-      plots.push_back(
-          {"gemm_offsize", plot_script("gemm_offsize.png", "What off-size dimensions cost",
-                                       "scanned dimension", "GFLOP/s", to_vec(offsize), false)});
   }
-  if (profile.contains("memory") && profile["memory"].contains("working_set")) {
-    Series ws{"triad", {}};
-    for (const auto& w : profile["memory"]["working_set"])
-      ws.xy.push_back({num(w, "bytes"), num(w, "bytes_per_s") / 1e9});
-    std::string marks;
-    // Mark each level at the capacity the sweep's threads reach: one instance per thread,
-    // up to the instances there are (2 threads on 2 private L1s see both).
-    int threads = 1;
-    for (const auto& w : profile["memory"]["working_set"])
-      threads = std::max(threads, w.value("threads", 1));
-    for (const auto& c : profile["memory"].value("caches", json::array()))
-      marks += fmt::format(
-          "set arrow from {0},graph 0 to {0},graph 1 nohead dashtype 2\n"
-          "set label 'L{1}' at {0},graph 0.95 offset 0.5,0\n",
-          num(c, "bytes") * std::min(threads, c.value("instances", 1)), c.value("level", 0));
-    if (!ws.xy.empty())
-      plots.push_back({"memory_working_set",
-                       plot_script("memory_working_set.png", "Memory bandwidth against working set",
-                                   "working set (all arrays)", "GB/s", {ws}, true, marks)});
-  }
+  auto to_vec = [](std::map<std::string, Series>& m) {
+    std::vector<Series> v;
+    for (auto& [dt, s] : m) {
+      s.title = dt;
+      std::sort(s.xy.begin(), s.xy.end());
+      v.push_back(s);
+    }
+    return v;
+  };
+  if (!square.empty())
+    plots.push_back(
+        {"gemm_square", plot_script("gemm_square.png", "GEMM throughput, square M = N = K (oneDNN)",
+                                    "M = N = K", "GFLOP/s", to_vec(square), false)});
+  if (!offsize.empty())
+    plots.push_back(
+        {"gemm_offsize", plot_script("gemm_offsize.png", "What off-size dimensions cost",
+                                     "scanned dimension", "GFLOP/s", to_vec(offsize), false)});
+}
+
+// Bandwidth against working set, each cache level marked.
+void working_set_plot(const json& profile, Plots& plots) {
+  if (!profile.contains("memory") || !profile["memory"].contains("working_set")) return;
+  Series ws{"triad", {}};
+  for (const auto& w : profile["memory"]["working_set"])
+    ws.xy.push_back({num(w, "bytes"), num(w, "bytes_per_s") / 1e9});
+  std::string marks;
+  // Mark each level at the capacity the sweep's threads reach: one instance per thread,
+  // up to the instances there are (2 threads on 2 private L1s see both).
+  int threads = 1;
+  for (const auto& w : profile["memory"]["working_set"])
+    threads = std::max(threads, w.value("threads", 1));
+  for (const auto& c : profile["memory"].value("caches", json::array()))
+    marks += fmt::format(
+        "set arrow from {0},graph 0 to {0},graph 1 nohead dashtype 2\n"
+        "set label 'L{1}' at {0},graph 0.95 offset 0.5,0\n",
+        num(c, "bytes") * std::min(threads, c.value("instances", 1)), c.value("level", 0));
+  if (!ws.xy.empty())
+    plots.push_back({"memory_working_set",
+                     plot_script("memory_working_set.png", "Memory bandwidth against working set",
+                                 "working set (all arrays)", "GB/s", {ws}, true, marks)});
+}
+
+// One plot per collective: bus bandwidth against message size, a series per rank count and
+// algorithm.
+void collective_plots(const json& profile, Plots& plots) {
   std::map<std::string, std::vector<Series>> comm;  // op -> series per rank count/algorithm
   for (const auto& c : profile.value("collectives", json::array())) {
     if (!c.contains("points") || c["points"].empty()) continue;
@@ -198,7 +194,26 @@ ReportFiles write_report(const json& profile, const std::string& dir) {
     plots.push_back({"comm_" + op, plot_script("comm_" + op + ".png",
                                                op + " bus bandwidth (nccl-tests convention)",
                                                "message size", "busbw GB/s", series, true)});
+}
 
+}  // namespace
+
+ReportFiles write_report(const json& profile, const std::string& dir) {
+  make_dirs(dir);
+  ReportFiles files;
+  auto csv = [&](const std::string& name, const std::string& text) {
+    write_file_atomic(dir + "/" + name, text);
+    files.csv.push_back(name);
+  };
+  csv("gemm.csv", gemm_csv_from(profile));
+  csv("memory_stream.csv", stream_csv_from(profile));
+  csv("memory_working_set.csv", working_set_csv_from(profile));
+  csv("collectives.csv", collectives_csv_from(profile));
+
+  Plots plots;
+  gemm_plots(profile, plots);
+  working_set_plot(profile, plots);
+  collective_plots(profile, plots);
   for (const auto& [name, script] : plots) {
     // gnuplot writes the PNG relative to its working directory: run it inside `dir`.
     const std::string warning = run_gnuplot(dir, name, "cd '" + dir + "'\n" + script);
