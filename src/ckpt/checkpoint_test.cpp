@@ -89,8 +89,6 @@ void flip_byte(const std::string& path, uint64_t offset) {
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override { run_dir_ = tmp_.file("run"); }
-
   std::string save(int64_t step, int64_t keep_last = 0, uint64_t seed = 7) {
     TrainingState s(table_, seed + static_cast<uint64_t>(step));
     return save_checkpoint(run_dir_, step, config_, table_, s.params.data(), s.to_save(),
@@ -104,7 +102,7 @@ class CheckpointTest : public ::testing::Test {
   }
 
   foundry::testing::TempDir tmp_;
-  std::string run_dir_;
+  const std::string run_dir_ = tmp_.file("run");
   ModelConfig config_ = tiny_config();
   ParamTable table_{config_};
 };

@@ -19,8 +19,6 @@ namespace fs = std::filesystem;
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = tmp_.path(); }
-
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   // A file made of the given header text (length prefix added) and data bytes.
@@ -41,7 +39,7 @@ class SafetensorsTest : public ::testing::Test {
   }
 
   foundry::testing::TempDir tmp_;
-  fs::path dir_;
+  const fs::path dir_ = tmp_.path();
 };
 
 // The message of the Error that `f` throws ("" if it throws none).

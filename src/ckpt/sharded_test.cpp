@@ -29,8 +29,6 @@ using testing::share;
 
 class ShardedTest : public ::testing::Test {
  protected:
-  void SetUp() override { run_dir_ = tmp_.file("run"); }
-
   // Saves params and one state slab from `ranks` simulated ranks and commits.
   std::string save(int64_t step, int ranks) {
     const std::string staging = staging_dir(run_dir_, step, "test");
@@ -59,7 +57,7 @@ class ShardedTest : public ::testing::Test {
   }
 
   foundry::testing::TempDir tmp_;
-  std::string run_dir_;
+  const std::string run_dir_ = tmp_.file("run");
   ModelConfig config_ = testing::tiny_moe_config();
   ParamTable table_{config_};
   int64_t n_ = table_.total_elements();

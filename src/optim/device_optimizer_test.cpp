@@ -6,7 +6,6 @@
 //    that round-trips.
 #include "optim/device_optimizer.h"
 
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -273,13 +272,10 @@ TEST(GpuDataParallel, NcclStepsAsHostStagingDoesInAGroupOfOne) {
   if (world.size() != 1) GTEST_SKIP() << "expects a singleton (no mpirun)";
   ParamTable table(test::tiny_moe_config());
   const int64_t n = table.total_elements();
-  std::vector<int64_t> offsets;
-  for (const ParamInfo& p : table.params()) offsets.push_back(p.offset);
-  std::sort(offsets.rbegin(), offsets.rend());
+  const std::vector<int64_t> offsets = test::offsets_last_first(table);
   for (const bool zero1 : {false, true})
     for (const bool with_muon : {false, true}) {
-      SCOPED_TRACE(
-          fmt::format("{}, {}", zero1 ? "ZeRO-1" : "replicated", with_muon ? "muon" : "adamw"));
+      SCOPED_TRACE(test::layout_case(zero1, with_muon));
       OptimizerOptions o = options(with_muon);
       o.zero1 = zero1;
       o.bucket_elements = 4096;  // several buckets

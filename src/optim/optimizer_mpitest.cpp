@@ -4,7 +4,6 @@
 //
 // Every rank draws every rank's gradient (deterministic in the seed, the step and the rank),
 // so each computes the single-process reference itself.
-#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -299,13 +298,10 @@ TEST(HostStagedZero1, StepsAsTheReplicatedOptimizerDoes) {
 TEST(HostStagedGradients, OverlappedWithBackwardTheSameBits) {
   ParamTable table(test::tiny_moe_config());
   const std::unique_ptr<Backend> device = make_cpu_backend_posing_as_device();
-  std::vector<int64_t> offsets;
-  for (const ParamInfo& p : table.params()) offsets.push_back(p.offset);
-  std::sort(offsets.rbegin(), offsets.rend());
+  const std::vector<int64_t> offsets = test::offsets_last_first(table);
   for (const bool zero1 : {false, true})
     for (const bool with_muon : {false, true}) {
-      SCOPED_TRACE(
-          fmt::format("{}, {}", zero1 ? "ZeRO-1" : "replicated", with_muon ? "muon" : "adamw"));
+      SCOPED_TRACE(test::layout_case(zero1, with_muon));
       auto after = device_optimizer(table, *device, with_muon, zero1);
       auto during = device_optimizer(table, *device, with_muon, zero1);
       std::vector<float> a = random_slab(table, 9, 0.1), b = a;

@@ -1,9 +1,11 @@
 // Shared helpers for the optimizer tests.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/rng.h"
@@ -16,13 +18,13 @@
 
 namespace foundry::test {
 
-// A tiny MoE with grouped-query attention: every tensor kind, several chunks per run.
 // The process's MPI world, one session for the whole test binary (a singleton without mpirun).
 inline Communicator& mpi_world() {
   static MpiSession session;
   return session.world();
 }
 
+// A tiny MoE with grouped-query attention: every tensor kind, several chunks per run.
 inline ModelConfig tiny_moe_config() {
   ModelConfig c;
   c.vocab_size = 1000;  // padded to 1024 rows: the embedding alone spans several chunks
@@ -61,6 +63,19 @@ inline std::vector<int64_t> padding_offsets(const ParamTable& table) {
 
 // The optimizer pair of a run: AdamW (weight decay 0.1) for everything, or, with Muon, for
 // what Muon does not update; Muon with its defaults.
+// Where each tensor starts, the last first: the order a backward reports them final in.
+inline std::vector<int64_t> offsets_last_first(const ParamTable& table) {
+  std::vector<int64_t> offsets;
+  for (const ParamInfo& p : table.params()) offsets.push_back(p.offset);
+  std::sort(offsets.rbegin(), offsets.rend());
+  return offsets;
+}
+
+// "ZeRO-1, muon", "replicated, adamw": a data-parallel case, for SCOPED_TRACE.
+inline std::string layout_case(bool zero1, bool with_muon) {
+  return std::string(zero1 ? "ZeRO-1" : "replicated") + (with_muon ? ", muon" : ", adamw");
+}
+
 inline AdamWOptions adamw_options(bool with_muon) {
   AdamWOptions o;
   o.weight_decay = 0.1;
