@@ -756,6 +756,78 @@ void report_start_up(const TrainingRun& run, int64_t start_step) {
                  phases.c_str());
 }
 
+namespace {
+
+// From the run directory taken to the first step: heartbeats, the MFU peak, the header and
+// the validation at step 0.
+TrainSummary start_training(TrainingRun& run, const TrainOptions& opt, int64_t start_step) {
+  run.run_dir->started();
+  // From here on the run directory is this run's: heartbeats (before, a failure changes
+  // nothing on disk, and the communication watchdog and launch's start-up limit watch).
+  run.start_heartbeat();
+  run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs, start_step > 0);
+  run.print_header();
+  TrainSummary summary;
+  summary.start_step = start_step;
+  summary.peak_gflops = run.peak.flops_per_s / 1e9;
+  summary.peak_source = run.peak.source;
+  run.mark(start_step, "validation");
+  if (start_step == 0 && run.val_loader && run.schedule.total_steps > 0)
+    summary.initial_val_loss = run.initial_evaluation();
+  run.started.ready = process_age_seconds();
+  return summary;
+}
+
+// The checkpoints step `step` owes: the durable and in-memory saves when due; at the last
+// step the checkpointer finishes its writes, and a run that ends with its final checkpoint
+// (finished or interrupted) removes the memory tier.
+void save_due_checkpoints(TrainingRun& run, int64_t step, bool last, bool final_step,
+                          bool interrupted) {
+  run.checkpointer->poll();
+  const SavesDue due = saves_due(run.tc, step, last, final_step);
+  if (due.durable) {
+    run.mark(step, "checkpoint");
+    run.checkpointer->save(step);
+  }
+  if (due.memory) run.checkpointer->save_in_memory(step);
+  if (last) run.checkpointer->finish();
+  if (final_step || interrupted) run.checkpointer->retire_memory_tier();
+}
+
+// The end of step `step`, applied, whose metrics are `m`: the validation when due, the metrics
+// published, the ranks' agreement on stopping, the checkpoints due. True when training ends
+// with this step; `memory` is then the rank's memory before its final checkpoint.
+bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSignals& signals,
+                 int64_t step, json m, TrainSummary& summary, RankMemory& memory) {
+  const bool eval_now = run.evaluation_due(step);
+  if (eval_now) {
+    run.mark(step, "validation");
+    m["val_loss"] = summary.final_val_loss = run.evaluate();
+  }
+  std::string output_error;  // rank 0 could not write metrics.jsonl
+  try {
+    log.publish(m, eval_now);
+  } catch (const Error& e) {
+    output_error = e.what();
+  }
+  const bool final_step = step == run.schedule.total_steps || step == opt.stop_at_step;
+  const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
+  // Memory at the last step, before its checkpoint's snapshot (not training memory).
+  const bool last = final_step || stop.any();
+  if (last) memory = run.memory_now();
+  save_due_checkpoints(run, step, last, final_step, stop.signal != 0);
+  if (stop.output_failed) report_output_failure(run, step, output_error);
+  if (stop.signal) {
+    std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
+                 stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
+    summary.interrupted = true;
+    return true;
+  }
+  return final_step;
+}
+
+}  // namespace
+
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
@@ -769,21 +841,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     return done;
   }
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
-  run.run_dir->started();
-  // From here on the run directory is this run's: heartbeats (before, a failure changes
-  // nothing on disk, and the communication watchdog and launch's start-up limit watch).
-  run.start_heartbeat();
-  run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs, start_step > 0);
-  run.print_header();
-  TrainSummary summary;
-  summary.start_step = start_step;
-  summary.peak_gflops = run.peak.flops_per_s / 1e9;
-  summary.peak_source = run.peak.source;
-  run.mark(start_step, "validation");
-  if (start_step == 0 && run.val_loader && total_steps > 0)
-    summary.initial_val_loss = run.initial_evaluation();
-
-  run.started.ready = process_age_seconds();
+  TrainSummary summary = start_training(run, opt, start_step);
   StopSignals signals(/*block_on_workers=*/true);
   run.model->op_times().enabled = opt.op_breakdown;
   StepLog log(run, std::move(metrics), start_step);
@@ -810,40 +868,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     json m = log.record(step, r);
     summary.last_train_loss = r.losses.ce_loss;
     if (step == start_step + 1) report_start_up(run, start_step);
-    const bool eval_now = run.evaluation_due(step);
-    if (eval_now) {
-      run.mark(step, "validation");
-      m["val_loss"] = summary.final_val_loss = run.evaluate();
-    }
-    std::string output_error;  // rank 0 could not write metrics.jsonl
-    try {
-      log.publish(m, eval_now);
-    } catch (const Error& e) {
-      output_error = e.what();
-    }
-
-    const bool final_step = step == total_steps || step == opt.stop_at_step;
-    const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
-    // Memory at the last step, before its checkpoint's snapshot (not training memory).
-    const bool last = final_step || stop.any();
-    if (last) memory = run.memory_now();
-    run.checkpointer->poll();
-    const SavesDue due = saves_due(run.tc, step, last, final_step);
-    if (due.durable) {
-      run.mark(step, "checkpoint");
-      run.checkpointer->save(step);
-    }
-    if (due.memory) run.checkpointer->save_in_memory(step);
-    if (last) run.checkpointer->finish();
-    if (final_step || stop.signal) run.checkpointer->retire_memory_tier();
-    if (stop.output_failed) report_output_failure(run, step, output_error);
-    if (stop.signal) {
-      std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
-                   stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
-      summary.interrupted = true;
-      break;
-    }
-    if (final_step) break;
+    if (finish_step(run, opt, log, signals, step, std::move(m), summary, memory)) break;
   }
   log.finish(summary);
   summary.final_step = step;
