@@ -153,72 +153,95 @@ void GradientReducer::start(int64_t begin, int64_t end) {
   }
 }
 
+namespace {
+
+// acc[0, m) += x[0, m)
+void add_into(float* acc, const float* x, int64_t m) {
+#pragma omp parallel for simd schedule(static) if (m > (int64_t{1} << 16))
+  for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
+}
+
+}  // namespace
+
 bool GradientReducer::advance(Bucket& b) {
   if (b.complete) return true;
+  // 1. Reduce: g_0 + g_1 + … + g_{p−1}, added in rank order (the same order on every rank).
+  if (!(reduce_scatter() ? sum_into_shard(b) : sum_in_place(b))) return false;
+  if (!contributions_sent(b)) return false;
+  // 2. All-reduce: the summed pieces to everyone.
+  if (!reduce_scatter() && !sums_shared(b)) return false;
+  b.complete = true;
+  return true;
+}
+
+// Into the shard. The first contribution is copied; with zero ranges every element starts at
+// +0 and each rank's contributed parts are added.
+bool GradientReducer::sum_into_shard(Bucket& b) {
+  const int me = comm_.rank(), p = comm_.size();
+  const int64_t n = b.piece_size[me], base = b.piece_begin[me];
+  const float* mine = grads_ + base;  // this rank's piece of the slab (its own contribution)
+  float* acc = shard_ + (base - shard_begin_[me]);
+  while (n > 0 && b.next_rank < p) {
+    const int q = b.next_rank;
+    const Ranges parts = contributed(q, base, base + n);
+    const float* src = mine;
+    if (q != me) {
+      if (!received(b, q, b.incoming.data.get(), parts)) return false;
+      src = b.incoming.data.get();
+    }
+    const bool copy = q == 0 && zero_.empty();
+    if (q == 0 && !copy) std::fill(acc, acc + n, 0.0f);
+    for (const auto& [lo, hi] : parts) {
+      if (copy)
+        std::copy(src + lo, src + hi, acc + lo);
+      else
+        add_into(acc + lo, src + lo, hi - lo);
+    }
+    ++b.next_rank;
+  }
+  return true;
+}
+
+// In place in the slab's piece: the ranks before this one are summed in a scratch (the first
+// received straight into it), this rank's contribution is added to that where it lies, then
+// the later ranks' are added there.
+bool GradientReducer::sum_in_place(Bucket& b) {
   const int me = comm_.rank(), p = comm_.size();
   const int64_t n = b.piece_size[me];
-  const int64_t base = b.piece_begin[me];
-  float* mine = grads_ + base;  // this rank's piece of the slab (its own contribution)
-  auto add = [](float* acc, const float* x, int64_t m) {
-#pragma omp parallel for simd schedule(static) if (m > (int64_t{1} << 16))
-    for (int64_t i = 0; i < m; ++i) acc[i] += x[i];
-  };
-  // 1. Reduce: g_0 + g_1 + … + g_{p−1}, added in rank order (the same order on every rank).
-  if (reduce_scatter()) {
-    // Into the shard. The first contribution is copied; with zero ranges every element
-    // starts at +0 and each rank's contributed parts are added.
-    float* acc = shard_ + (base - shard_begin_[me]);
-    while (n > 0 && b.next_rank < p) {
-      const int q = b.next_rank;
-      const Ranges parts = contributed(q, base, base + n);
-      const float* src = mine;
-      if (q != me) {
-        if (!received(b, q, b.incoming.data.get(), parts)) return false;
-        src = b.incoming.data.get();
-      }
-      const bool copy = q == 0 && zero_.empty();
-      if (q == 0 && !copy) std::fill(acc, acc + n, 0.0f);
-      for (const auto& [lo, hi] : parts) {
-        if (copy)
-          std::copy(src + lo, src + hi, acc + lo);
-        else
-          add(acc + lo, src + lo, hi - lo);
-      }
-      ++b.next_rank;
-    }
-  } else {
-    // All-reduce, in place in the slab's piece: the ranks before this one are summed in a
-    // scratch (the first received straight into it), this rank's contribution is added to
-    // that where it lies, then the later ranks' are added there.
-    float* partial = b.sum.data.get();
-    const Ranges whole = {{0, n}};
-    while (n > 0 && b.next_rank < p) {
-      const int q = b.next_rank;
-      if (q == me) {
-        if (me > 0) {
+  float* mine = grads_ + b.piece_begin[me];
+  float* partial = b.sum.data.get();
+  const Ranges whole = {{0, n}};
+  while (n > 0 && b.next_rank < p) {
+    const int q = b.next_rank;
+    if (q == me) {
+      if (me > 0) {
 #pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-          for (int64_t i = 0; i < n; ++i) mine[i] = partial[i] + mine[i];
-        }
-      } else {
-        if (!received(b, q, q == 0 ? partial : b.incoming.data.get(), whole)) return false;
-        if (q > 0) add(q < me ? partial : mine, b.incoming.data.get(), n);
+        for (int64_t i = 0; i < n; ++i) mine[i] = partial[i] + mine[i];
       }
-      ++b.next_rank;
+    } else {
+      if (!received(b, q, q == 0 ? partial : b.incoming.data.get(), whole)) return false;
+      if (q > 0) add_into(q < me ? partial : mine, b.incoming.data.get(), n);
     }
+    ++b.next_rank;
   }
-  if (!b.reduced) {
-    // Every contribution of this rank must be out before an all-reduce overwrites its
-    // pieces with the sums.
-    for (Request& s : b.sends)
-      if (!s.done() && !s.test()) return false;
-    b.reduced = true;
-    give_back(b.incoming);
-  }
-  if (reduce_scatter()) {
-    b.complete = true;
-    return true;
-  }
-  // 2. All-reduce: send the summed piece to everyone, receive theirs in place.
+  return true;
+}
+
+// Every contribution of this rank must be out before an all-reduce overwrites its pieces with
+// the sums.
+bool GradientReducer::contributions_sent(Bucket& b) {
+  if (b.reduced) return true;
+  for (Request& s : b.sends)
+    if (!s.done() && !s.test()) return false;
+  b.reduced = true;
+  give_back(b.incoming);
+  return true;
+}
+
+// Sends this rank's summed piece to everyone and receives theirs in place.
+bool GradientReducer::sums_shared(Bucket& b) {
+  const int me = comm_.rank(), p = comm_.size();
+  const int64_t n = b.piece_size[me];
   if (!b.gathering) {
     b.gathering = true;
     give_back(b.sum);
@@ -227,12 +250,13 @@ bool GradientReducer::advance(Bucket& b) {
       if (b.piece_size[q] > 0)
         b.gather.push_back(comm_.irecv(grads_ + b.piece_begin[q],
                                        static_cast<size_t>(b.piece_size[q]), q, b.tag + 1));
-      if (n > 0) b.gather.push_back(comm_.isend(mine, static_cast<size_t>(n), q, b.tag + 1));
+      if (n > 0)
+        b.gather.push_back(
+            comm_.isend(grads_ + b.piece_begin[me], static_cast<size_t>(n), q, b.tag + 1));
     }
   }
   for (Request& r : b.gather)
     if (!r.done() && !r.test()) return false;
-  b.complete = true;
   return true;
 }
 

@@ -126,6 +126,12 @@ class GradientReducer {
   void start(int64_t begin, int64_t end);
   // Advances a bucket as far as it goes without waiting; true once it is complete.
   bool advance(Bucket& b);
+  // advance's steps, each true once done: this rank's piece summed over the ranks (into its
+  // shard, or in place in the slab), its contributions sent, the sums shared (all-reduce).
+  bool sum_into_shard(Bucket& b);
+  bool sum_in_place(Bucket& b);
+  bool contributions_sent(Bucket& b);
+  bool sums_shared(Bucket& b);
   void poll();
   Scratch take_scratch(int64_t elements);
   void give_back(Scratch& s);
