@@ -327,7 +327,10 @@ struct WidenedOperands {
 
 }  // namespace
 
-void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
+namespace {
+
+// Checks the shapes of C = A·B; false when the product is empty (nothing to do).
+bool check_product(const MatView& a, const MatView& b, const OutView& c) {
   check_view("A", a.dims, a.strides);
   check_view("B", b.dims, b.strides);
   check_view("C", c.dims, c.strides);
@@ -337,76 +340,101 @@ void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulat
   FOUNDRY_CHECK(a.dims[r - 1] == b.dims[r - 2]);
   FOUNDRY_CHECK(c.dims[r - 2] == a.dims[r - 2] && c.dims[r - 1] == b.dims[r - 1]);
   for (size_t i = 0; i < r; ++i)
-    if (a.dims[i] == 0 || b.dims[i] == 0) return;  // empty product: nothing to do
-  if (a.dims[r - 1] == 0) return;
+    if (a.dims[i] == 0 || b.dims[i] == 0) return false;
+  return a.dims[r - 1] != 0;
+}
 
-  if (onednn_below_avx512()) {
-    // Decoding's products, row-invariant by construction where oneDNN's are not; bf16
-    // products as fp32 ones of the widened operands (the same inputs and fp32 accumulation).
-    if (row_invariant_scopes().load(std::memory_order_relaxed) > 0 &&
-        ops::row_product_handles(a, b, c))
-      return ops::row_product(a, b, c, accumulate);
-    if (a.dtype == DType::bf16) {
-      thread_local WidenedOperands w;
-      matmul(widened(a, w.a), widened(b, w.b), c, accumulate);
-      for (std::vector<float>* buffer : {&w.a, &w.b})
-        if (buffer->capacity() > kWidenedKeep) std::vector<float>().swap(*buffer);
-      return;
+// Where oneDNN has no AVX-512 (onednn_below_avx512()): decoding's products, row-invariant by
+// construction where oneDNN's are not; bf16 products as fp32 ones of the widened operands (the
+// same inputs and fp32 accumulation). False when the product is left to oneDNN as it is.
+bool matmul_below_avx512(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
+  if (row_invariant_scopes().load(std::memory_order_relaxed) > 0 &&
+      ops::row_product_handles(a, b, c)) {
+    ops::row_product(a, b, c, accumulate);
+    return true;
+  }
+  if (a.dtype != DType::bf16) return false;
+  thread_local WidenedOperands w;
+  matmul(widened(a, w.a), widened(b, w.b), c, accumulate);
+  for (std::vector<float>* buffer : {&w.a, &w.b})
+    if (buffer->capacity() > kWidenedKeep) std::vector<float>().swap(*buffer);
+  return true;
+}
+
+// The dims a product is described to oneDNN with: its operands', or with a runtime one.
+struct ProductDims {
+  std::vector<int64_t> a, b, c;
+};
+
+// The token dimension of 2-D products varies from call to call (rows per expert), so it is
+// made a runtime dimension of `dims` whenever no stride depends on it (gemm_rows_mode()
+// permitting): one primitive then serves every row count, instead of one JIT compile per
+// count. That is M when A and C are row-major, or K when A is transposed and B row-major.
+// False when the product ran another way instead (in row parts, or with K padded).
+bool runtime_dims_2d(const MatView& a, const MatView& b, const OutView& c, bool accumulate,
+                     ProductDims& dims) {
+  const GemmRows mode = gemm_rows_mode();
+  // exact-fixed outside run_products: one primitive per shape serves every call as it is.
+  const bool fixed_rows = mode == GemmRows::exact_fixed && varying_rows_tasks == 0;
+  const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact || fixed_rows ||
+                       row_invariant_scopes().load(std::memory_order_relaxed) > 0;
+  const bool exact_k =
+      mode == GemmRows::exact_k || mode == GemmRows::exact || mode == GemmRows::exact_fixed;
+  if (a.strides[1] == 1 && c.strides[1] == 1) {
+    if (!exact_m && runs_in_row_parts(mode, a, b)) {
+      matmul_in_row_parts(a, b, c, accumulate);
+      return false;
+    }
+    if (!exact_m) dims.a[0] = dims.c[0] = DNNL_RUNTIME_DIM_VAL;
+  } else if (a.strides[0] == 1 && b.strides[1] == 1) {
+    const int64_t k = a.dims[1],
+                  padded = (k + kReductionQuantum - 1) / kReductionQuantum * kReductionQuantum;
+    if (!exact_k) {
+      dims.a[1] = dims.b[0] = DNNL_RUNTIME_DIM_VAL;
+    } else if (padded != k && !fixed_rows) {
+      const size_t elem = a.dtype == DType::bf16 ? 2 : 4;
+      const int64_t m = a.dims[0], n = b.dims[1];
+      PaddedOperands& pad = padded_operands();
+      copy_padded(pad.a, a.data, k, padded, m, a.strides[1], elem);
+      copy_padded(pad.b, b.data, k, padded, n, b.strides[0], elem);
+      matmul(MatView::transposed(pad.a.data(), a.dtype, m, padded, m),
+             MatView::rows_major(pad.b.data(), b.dtype, padded, n, n), c, accumulate);
+      return false;
     }
   }
+  return true;
+}
 
-  // The token dimension of 2-D products varies from call to call (rows per expert), so it
-  // is made a runtime dimension whenever no stride depends on it (gemm_rows_mode() permitting):
-  // one primitive then serves every row count, instead of one JIT compile per count. That is
-  // M when A and C are row-major, or K when A is transposed and B row-major.
-  std::vector<int64_t> a_dims = a.dims, b_dims = b.dims, c_dims = c.dims;
-  if (r == 2) {
-    const GemmRows mode = gemm_rows_mode();
-    // exact-fixed outside run_products: one primitive per shape serves every call as it is.
-    const bool fixed_rows = mode == GemmRows::exact_fixed && varying_rows_tasks == 0;
-    const bool exact_m = mode == GemmRows::exact_m || mode == GemmRows::exact || fixed_rows ||
-                         row_invariant_scopes().load(std::memory_order_relaxed) > 0;
-    const bool exact_k =
-        mode == GemmRows::exact_k || mode == GemmRows::exact || mode == GemmRows::exact_fixed;
-    if (a.strides[1] == 1 && c.strides[1] == 1) {
-      if (!exact_m && runs_in_row_parts(mode, a, b))
-        return matmul_in_row_parts(a, b, c, accumulate);
-      if (!exact_m) a_dims[0] = c_dims[0] = DNNL_RUNTIME_DIM_VAL;
-    } else if (a.strides[0] == 1 && b.strides[1] == 1) {
-      const int64_t k = a.dims[1], padded = (k + kReductionQuantum - 1) / kReductionQuantum *
-                                              kReductionQuantum;
-      if (!exact_k) {
-        a_dims[1] = b_dims[0] = DNNL_RUNTIME_DIM_VAL;
-      } else if (padded != k && !fixed_rows) {
-        const size_t elem = a.dtype == DType::bf16 ? 2 : 4;
-        const int64_t m = a.dims[0], n = b.dims[1];
-        PaddedOperands& pad = padded_operands();
-        copy_padded(pad.a, a.data, k, padded, m, a.strides[1], elem);
-        copy_padded(pad.b, b.data, k, padded, n, b.strides[0], elem);
-        return matmul(MatView::transposed(pad.a.data(), a.dtype, m, padded, m),
-                      MatView::rows_major(pad.b.data(), b.dtype, padded, n, n), c, accumulate);
-      }
-    }
-  }
-
+// The product through oneDNN's matmul primitive for `dims`, created once per key.
+void run_onednn(const MatView& a, const MatView& b, const OutView& c, bool accumulate,
+                const ProductDims& dims) {
   std::string key;
   key.reserve(128);
   key += a.dtype == DType::bf16 ? 'h' : 'f';
   key += accumulate ? 'a' : 'w';
-  append_key(key, a_dims);
+  append_key(key, dims.a);
   append_key(key, a.strides);
-  append_key(key, b_dims);
+  append_key(key, dims.b);
   append_key(key, b.strides);
-  append_key(key, c_dims);
+  append_key(key, dims.c);
   append_key(key, c.strides);
-
   const Primitive p = cached_primitive(key, accumulate, [&] {
-    return dnnl::matmul::desc(describe(a_dims, a.dtype, a.strides),
-                              describe(b_dims, b.dtype, b.strides),
-                              describe(c_dims, DType::f32, c.strides));
+    return dnnl::matmul::desc(describe(dims.a, a.dtype, a.strides),
+                              describe(dims.b, b.dtype, b.strides),
+                              describe(dims.c, DType::f32, c.strides));
   });
   execute(p, describe(a.dims, a.dtype, a.strides), a.data, describe(b.dims, b.dtype, b.strides),
           b.data, describe(c.dims, DType::f32, c.strides), c.data);
+}
+
+}  // namespace
+
+void matmul(const MatView& a, const MatView& b, const OutView& c, bool accumulate) {
+  if (!check_product(a, b, c)) return;  // empty product: nothing to do
+  if (onednn_below_avx512() && matmul_below_avx512(a, b, c, accumulate)) return;
+  ProductDims dims{a.dims, b.dims, c.dims};
+  if (a.dims.size() == 2 && !runtime_dims_2d(a, b, c, accumulate, dims)) return;
+  run_onednn(a, b, c, accumulate, dims);
 }
 
 void gemm(const void* a, bool trans_a, const void* b, bool trans_b, float* c, int64_t m,
