@@ -219,7 +219,6 @@ std::vector<std::string> Checkpointer::resume_candidates() const {
 }
 
 int64_t Checkpointer::resume() {
-  const std::string& run_dir = rc_.train.run_dir;
   const double t0 = now_seconds();
   // A device model's host copy lives only while loading, whichever way this returns.
   struct ReleaseHostCopy {
@@ -232,62 +231,70 @@ int64_t Checkpointer::resume() {
     // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
     // state, and the plain message says more than a missing tensor would.
     check_same_optimizer(dir, read_checkpoint_trainer_state(dir), rc_.train.optimizer);
-    auto g = processes_.guard("loading " + dir);
-    json state;
-    std::string error;
-    try {
-      state = load_checkpoint_targets(dir, rc_.model, model_.table(), load_targets());
-    } catch (const Error& e) {
-      error = e.what();
-    }
-    // Every rank loads from the same checkpoint: a fault one rank found rules it out for all.
-    std::vector<std::string> errors = {error};
-    if (const Communicator* w = processes_.world()) errors = allgather_strings(*w, error);
-    std::vector<std::string> failures;
-    for (size_t r = 0; r < errors.size(); ++r)
-      if (!errors[r].empty()) failures.push_back(fmt::format("rank {}: {}", r, errors[r]));
-    if (!failures.empty()) {
-      if (processes_.root())
-        warn(fmt::format("skipping checkpoint {}: {}", dir, fmt::join(failures, "; ")));
-      if (newest_failure.empty())
-        newest_failure = fmt::format("{}: {}", dir, fmt::join(failures, "; "));
-      continue;
-    }
-    check_same_tokenizer(dir, state);
-    const int64_t step = state.at("step").get<int64_t>();
-    if (train_loader_) {
-      if (!state.contains("data_cursor"))
-        fail(fmt::format("{} was written by a run on synthetic data: it has no data cursor for "
-                         "data.dir '{}'",
-                         dir, rc_.data.dir),
-             "resume with --synthetic-data, or train on the dataset in a new run directory");
-      try {
-        train_loader_->restore(state.at("data_cursor"));
-      } catch (const Error& e) {
-        fail(fmt::format("{}: {}", dir, e.what()), e.hint());
-      }
-    }
-    restore_router_balancers(model_, state, dir, /*required=*/true);
-    if (restore_hook_) restore_hook_(state);
-    if (model_.on_device())
-      model_.write_params(host_params_.data());  // and the bf16 copy
-    else
-      model_.sync_weights();
-    const bool from_memory = state.contains(kDurableStepKey);
-    durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
-    if (processes_.root())
-      std::fprintf(stderr, "resumed from %s%s (step %lld, loaded in %.2f s)\n", dir.c_str(),
-                   from_memory ? ", an in-memory checkpoint" : "", static_cast<long long>(step),
-                   now_seconds() - t0);
-    return step;
+    if (std::optional<json> state = load_on_every_rank(dir, newest_failure))
+      return restore_from(dir, *state, t0);
   }
   // A failed load may have written part of the state: never train on from there.
   if (!candidates.empty())
-    fail(fmt::format("no checkpoint in {}/checkpoints could be loaded; the newest, {}", run_dir,
-                     newest_failure),
+    fail(fmt::format("no checkpoint in {}/checkpoints could be loaded; the newest, {}",
+                     rc_.train.run_dir, newest_failure),
          "restore the checkpoint files, resume with the config they were written with, or "
          "start a new run directory");
   return 0;
+}
+
+std::optional<json> Checkpointer::load_on_every_rank(const std::string& dir,
+                                                     std::string& newest_failure) {
+  auto g = processes_.guard("loading " + dir);
+  json state;
+  std::string error;
+  try {
+    state = load_checkpoint_targets(dir, rc_.model, model_.table(), load_targets());
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // Every rank loads from the same checkpoint: a fault one rank found rules it out for all.
+  std::vector<std::string> errors = {error};
+  if (const Communicator* w = processes_.world()) errors = allgather_strings(*w, error);
+  std::vector<std::string> failures;
+  for (size_t r = 0; r < errors.size(); ++r)
+    if (!errors[r].empty()) failures.push_back(fmt::format("rank {}: {}", r, errors[r]));
+  if (failures.empty()) return state;
+  if (processes_.root())
+    warn(fmt::format("skipping checkpoint {}: {}", dir, fmt::join(failures, "; ")));
+  if (newest_failure.empty())
+    newest_failure = fmt::format("{}: {}", dir, fmt::join(failures, "; "));
+  return std::nullopt;
+}
+
+int64_t Checkpointer::restore_from(const std::string& dir, const json& state, double started) {
+  check_same_tokenizer(dir, state);
+  const int64_t step = state.at("step").get<int64_t>();
+  if (train_loader_) {
+    if (!state.contains("data_cursor"))
+      fail(fmt::format("{} was written by a run on synthetic data: it has no data cursor for "
+                       "data.dir '{}'",
+                       dir, rc_.data.dir),
+           "resume with --synthetic-data, or train on the dataset in a new run directory");
+    try {
+      train_loader_->restore(state.at("data_cursor"));
+    } catch (const Error& e) {
+      fail(fmt::format("{}: {}", dir, e.what()), e.hint());
+    }
+  }
+  restore_router_balancers(model_, state, dir, /*required=*/true);
+  if (restore_hook_) restore_hook_(state);
+  if (model_.on_device())
+    model_.write_params(host_params_.data());  // and the bf16 copy
+  else
+    model_.sync_weights();
+  const bool from_memory = state.contains(kDurableStepKey);
+  durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
+  if (processes_.root())
+    std::fprintf(stderr, "resumed from %s%s (step %lld, loaded in %.2f s)\n", dir.c_str(),
+                 from_memory ? ", an in-memory checkpoint" : "", static_cast<long long>(step),
+                 now_seconds() - started);
+  return step;
 }
 
 int64_t Checkpointer::rollback() {

@@ -164,6 +164,11 @@ class Checkpointer {
   // copy (which the load writes back).
   float* host_params();
   std::vector<std::string> resume_candidates() const;
+  // resume's steps: the state of checkpoint `dir` loaded on every rank (nothing when a rank
+  // failed: warned, and the first such failure kept in `newest_failure`); the rest of the
+  // trainer put back from it, returning its step.
+  std::optional<json> load_on_every_rank(const std::string& dir, std::string& newest_failure);
+  int64_t restore_from(const std::string& dir, const json& state, double started);
   void check_same_tokenizer(const std::string& dir, const json& state) const;
   void open_memory_tier();
 
