@@ -23,6 +23,26 @@ struct LineError {
   std::string message;
 };
 
+// The tokens of choice `c` as they follow the context in running text: those of context and
+// choice written together, after the context's own (`context_ids`). Encoding the choice alone
+// would give it the start of a document's tokens (the tokenizer's dummy "▁" for the space
+// before a first word, then the choice's own space as a second). A choice that merges with the
+// context's last word into one token has no tokens of its own to score.
+std::vector<int32_t> choice_tokens(const data::Tokenizer& tok, const std::string& context,
+                                   const std::vector<int32_t>& context_ids,
+                                   const std::string& choice, size_t c) {
+  const std::vector<int32_t> whole = tok.encode(context + choice);
+  if (whole.size() <= context_ids.size() ||
+      !std::equal(context_ids.begin(), context_ids.end(), whole.begin()))
+    throw LineError{fmt::format(
+        "\"choices\"[{}] ({}) runs into the context's last word: their tokens are not the "
+        "context's followed by the choice's; start the choice with the space before it "
+        "(\" {}\"), or end the context before the word the choice completes",
+        c, json(choice).dump(), choice)};
+  return std::vector<int32_t>(whole.begin() + static_cast<std::ptrdiff_t>(context_ids.size()),
+                              whole.end());
+}
+
 ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64_t max_seq_len) {
   json j;
   try {
@@ -40,14 +60,16 @@ ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].size() < 2)
     throw LineError{"\"choices\" must be an array of at least two strings"};
   ChoiceItem item;
+  const std::string context = j["context"].get<std::string>();
+  const std::vector<int32_t> context_ids = tok.encode(context);
   item.context.push_back(tok.eos_id());
-  for (int32_t id : tok.encode(j["context"].get<std::string>())) item.context.push_back(id);
+  item.context.insert(item.context.end(), context_ids.begin(), context_ids.end());
   for (size_t c = 0; c < j["choices"].size(); ++c) {
     const json& choice = j["choices"][c];
     if (!choice.is_string() || choice.get<std::string>().empty())
       throw LineError{fmt::format("\"choices\"[{}] is {}: choices are non-empty strings", c,
                                   choice.dump())};
-    item.choices.push_back(tok.encode(choice.get<std::string>()));
+    item.choices.push_back(choice_tokens(tok, context, context_ids, choice.get<std::string>(), c));
     const int64_t total =
         static_cast<int64_t>(item.context.size() + item.choices.back().size());
     if (total > max_seq_len)

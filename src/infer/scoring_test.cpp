@@ -94,6 +94,50 @@ TEST(Scoring, ReadsItemsAndNamesInvalidLines) {
   }
 }
 
+// The tokens of `choice` after `context` in running text.
+std::vector<int32_t> tokens_after(const std::string& context, const std::string& choice) {
+  const std::vector<int32_t> c = small_tokenizer().encode(context),
+                             whole = small_tokenizer().encode(context + choice);
+  return std::vector<int32_t>(whole.begin() + c.size(), whole.end());
+}
+
+// A choice's tokens are those it has after the context in running text: " sends" after "the
+// expert router" is "▁sends", not the "▁" "▁sends" of " sends" encoded alone (a document's
+// start gets a "▁" of its own); a choice that merges with the context's last word is named.
+TEST(Scoring, AChoiceHasTheTokensItHasAfterTheContext) {
+  const data::Tokenizer& tok = small_tokenizer();
+  const std::vector<int32_t> after = tokens_after("the expert router", " sends");
+  ASSERT_NE(after, tok.encode(" sends"));  // what encoding the choice alone gave
+  // A word split where the tokenizer merges the two halves into one token.
+  std::string merged_context, merged_choice;
+  for (const std::string word : {"router", "expert", "tokens", "layers", "learns", "sends"})
+    for (size_t k = 1; k < word.size() && merged_context.empty(); ++k) {
+      const std::vector<int32_t> part = tok.encode("the " + word.substr(0, k)),
+                                 whole = tok.encode("the " + word);
+      if (whole.size() <= part.size() || !std::equal(part.begin(), part.end(), whole.begin())) {
+        merged_context = "the " + word.substr(0, k);
+        merged_choice = word.substr(k);
+      }
+    }
+  ASSERT_FALSE(merged_context.empty());
+  TempDir dir;
+  write_file(dir.file("c.jsonl"),
+             "{\"context\": \"the expert router\", \"choices\": [\" sends\", \" learns\"]}\n"
+             "{\"context\": \"" +
+                 merged_context + "\", \"choices\": [\" sends\", \"" + merged_choice + "\"]}\n");
+  const ChoiceFile f = read_choice_items(dir.file("c.jsonl"), tok, 24);
+  ASSERT_EQ(f.items.size(), 1u);
+  EXPECT_EQ(f.items[0].choices[0], after);
+  EXPECT_EQ(f.items[0].choices[1], tokens_after("the expert router", " learns"));
+  std::vector<int32_t> context = {tok.eos_id()};
+  for (int32_t id : tok.encode("the expert router")) context.push_back(id);
+  EXPECT_EQ(f.items[0].context, context);
+  ASSERT_EQ(f.errors.size(), 1u);
+  EXPECT_EQ(f.errors[0].line, 2);
+  const std::string named = "\"choices\"[1] (\"" + merged_choice + "\") runs into the context";
+  EXPECT_NE(f.errors[0].message.find(named), std::string::npos) << f.errors[0].message;
+}
+
 TEST(Scoring, AFileWithNoValidItemIsRefusedAndOutIsNotWritten) {
   TempDir dir;
   auto m = small_model(Arch::moe);
@@ -115,7 +159,7 @@ TEST(Scoring, RunWritesOneLineAnItemAndCountsTheRightAnswers) {
   const std::string context = "the expert router";
   probe.context.push_back(small_tokenizer().eos_id());
   for (int32_t id : small_tokenizer().encode(context)) probe.context.push_back(id);
-  probe.choices = {small_tokenizer().encode(" sends"), small_tokenizer().encode(" learns")};
+  probe.choices = {tokens_after(context, " sends"), tokens_after(context, " learns")};
   auto state = m->new_rows_state(2);
   const std::vector<ChoiceScore> s = score_choices(*m, state, probe);
   const int best = s[1].sum > s[0].sum ? 1 : 0;
