@@ -712,7 +712,9 @@ TEST(Plan, RespectsItsConstraints) {
   // The chosen config's model section is valid and is the best shape.
   const json out = plan_run_config(r.ranked.front(), rq);
   EXPECT_EQ(parse_model_config(out["model"], "plan").d_model, r.ranked.front().config.d_model);
-  EXPECT_EQ(out["train"]["batch_size"].get<int64_t>(), r.ranked.front().shape.micro_batch);
+  // The global batch (train.batch_size is split over the ranks), not the plan's micro-batch.
+  EXPECT_EQ(out["train"]["batch_size"].get<int64_t>(), rq.global_batch);
+  EXPECT_EQ(out["train"]["seq_len"].get<int64_t>(), rq.seq);
 }
 
 // A small MoE search: 30M active parameters, hidden 512 or 768, 8 experts top-2.

@@ -585,7 +585,9 @@ json plan_to_json(const PlanResult& r, int top) {
 }
 
 json plan_run_config(const Candidate& chosen, const PlanRequest& q) {
-  json train = {{"batch_size", chosen.shape.micro_batch},
+  // train.batch_size is the global batch: foundry train splits it over the ranks and computes
+  // each rank's share at once (it has no gradient accumulation).
+  json train = {{"batch_size", q.global_batch},
                 {"seq_len", q.seq},
                 {"precision", dtype_name(q.precision)},
                 {"optimizer", optimizer_name(q.muon ? OptimizerKind::muon : OptimizerKind::adamw)}};
