@@ -439,6 +439,34 @@ CASES = [
 
     # -- a count beyond what the data holds --
     Case("count: eval --batches beyond the validation split", "eval -c tiny.json --batches 100000", [], ["--batches 100000", "validation split holds"], hint="or fewer"),
+    Case("count: eval --batches past the split's whole batches", "eval -c tiny.json --batches 55", [], ["--batches 55", "109 window(s)", "54 whole batch(es)"], hint="54 or fewer"),
+    Case("count: eval with a batch larger than the validation split", "eval -c tiny.json --set train.batch_size=110", [], ["109 window(s)", "not one batch"], hint="train.batch_size"),
+
+    # -- an output file over an input, or over a file this command did not write --
+    Case("output: plan --out over its --profile", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --out {BAD_PROFILE}", [], [f"--out '{BAD_PROFILE}' is the --profile file"]),
+    Case("output: plan --out over a file of another kind", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --out notes.json", [write("notes.json", '{"mine": 1}\n')], ["--out 'notes.json' already holds something"]),
+    Case("output: plan --out with --config", f"plan --profile {BAD_PROFILE} --config tiny.json --out p.json", [], ["--out 'p.json'", "with --config"]),
+    Case("output: eval --out over its run config", "eval -c tiny.json --choices c.jsonl --out tiny.json", [write("c.jsonl", '{"context": "the", "choices": [" expert", " model"]}\n')], ["--out 'tiny.json' is the --config file"]),
+    Case("output: eval --out over a file of another kind", "eval -c tiny.json --choices c.jsonl --out notes.txt", [write("c.jsonl", '{"context": "the", "choices": [" expert", " model"]}\n'), write("notes.txt", "my notes\n")], ["--out 'notes.txt' already holds something"]),
+    Case("output: eval --out without --choices", "eval -c tiny.json --out s.jsonl", [], ["--out 's.jsonl'", "--choices"]),
+    Case("output: eval --tokenizer without --choices", "eval -c tiny.json --tokenizer ds/tokenizer.model", [], ["--tokenizer 'ds/tokenizer.model'", "--choices"]),
+    Case("output: eval --batches with --choices", "eval -c tiny.json --choices c.jsonl --batches 2", [write("c.jsonl", '{"context": "the", "choices": [" expert", " model"]}\n')], ["--batches 2", "--choices"]),
+    Case("output: generate --trace over its run config", "generate -c tiny.json --batch req.jsonl --out o.jsonl --trace tiny.json", [write("req.jsonl", '{"prompt": "hi"}\n')], ["--trace 'tiny.json' is the --config file"]),
+    Case("output: generate --trace over a file of another kind", "generate -c tiny.json --batch req.jsonl --out o.jsonl --trace notes.tsv", [write("req.jsonl", '{"prompt": "hi"}\n'), write("notes.tsv", "a\tb\n")], ["--trace 'notes.tsv' already holds something"]),
+    Case("output: generate --out with --prompt", "generate -c tiny.json -p hi --out g.jsonl", [], ["--out 'g.jsonl' is for --batch"]),
+    Case("output: generate --out in a missing directory", "generate -c tiny.json --batch req.jsonl --out nodir/o.jsonl", [write("req.jsonl", '{"prompt": "hi"}\n')], ["--out 'nodir/o.jsonl'", "'nodir' does not exist"]),
+    Case("output: bench gemm --json over a run config", "bench gemm --quick --json tiny.json", [], ["--json 'tiny.json' already holds something"]),
+    Case("output: bench gemm --json in a missing directory", "bench gemm --quick --json nodir/g.json", [], ["--json 'nodir/g.json'", "'nodir' does not exist"]),
+    Case("output: bench decode --out over its --config", "bench decode --config tiny.json --out tiny.json", [], ["--out 'tiny.json' is the --config file"]),
+
+    # -- a number that is not a number --
+    Case("option: generate --temperature nan", "generate -c tiny.json -p hi --temperature nan", [], ["--temperature", "nan"], code=USAGE),
+    Case("option: generate --top-p nan", "generate -c tiny.json -p hi --top-p nan", [], ["--top-p", "nan"], code=USAGE),
+    Case("option: plan --tolerance nan", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --tolerance nan", [], ["--tolerance nan"]),
+    Case("option: plan --scatter inf", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --scatter inf", [], ["--scatter inf"]),
+    Case("option: plan --total-params inf", f"plan --profile {BAD_PROFILE} --total-params inf --active-params 2M", [], ["--total-params", "inf"]),
+    Case("option: plan --vocab negative", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --vocab -5", [], ["--vocab", "-5"], code=USAGE),
+    Case("option: launch --steps negative", "launch -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
 ]
 
 

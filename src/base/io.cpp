@@ -1,6 +1,7 @@
 #include "base/io.h"
 
 #include <fcntl.h>
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/error.h"
@@ -35,6 +37,37 @@ std::string read_text_file(const std::string& path) {
 std::vector<uint8_t> read_binary_file(const std::string& path) {
   std::string text = read_text_file(path);
   return std::vector<uint8_t>(text.begin(), text.end());
+}
+
+void check_output_file(const std::string& option, const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& inputs,
+                       const std::function<bool(const std::string& contents)>& ours) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& [input_option, input] : inputs) {
+    if (input.empty()) continue;
+    if (input == path ||
+        (fs::exists(input, ec) && fs::exists(path, ec) && fs::equivalent(input, path, ec)))
+      fail(fmt::format("{} '{}' is the {} file", option, path, input_option),
+           fmt::format("write to another file: {} would overwrite this command's input", option));
+  }
+  if (fs::is_directory(path, ec))
+    fail(fmt::format("{} '{}' is a directory", option, path), "name a file to write");
+  const fs::path parent = fs::path(path).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    fail(fmt::format("{} '{}': the directory '{}' does not exist", option, path, parent.string()),
+         "create it first, or name a file in an existing directory");
+  if (!ours || !fs::exists(path, ec)) return;
+  const std::string contents = read_text_file(path);
+  if (contents.find_first_not_of(" \t\r\n") == std::string::npos || ours(contents)) return;
+  fail(fmt::format("{} '{}' already holds something this command did not write", option, path),
+       fmt::format("name a new file for {}, or remove this one if it is not needed", option));
+}
+
+bool is_bench_output(const std::string& contents) {
+  if (contents.rfind("# date: ", 0) == 0) return true;
+  const nlohmann::json j = nlohmann::json::parse(contents, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("provenance");
 }
 
 void fsync_path(const std::string& path) {

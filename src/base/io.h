@@ -2,8 +2,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace foundry {
@@ -17,6 +19,19 @@ void write_file_atomic(const std::string& path, const void* data, size_t bytes);
 inline void write_file_atomic(const std::string& path, std::string_view text) {
   write_file_atomic(path, text.data(), text.size());
 }
+
+// An output file a command is about to write (`option` names it, e.g. "--out"), checked
+// before any work: it must not be one of the command's input files (`inputs`: option and path
+// pairs, empty paths skipped; the same file under any spelling), a directory, or in a directory
+// that does not exist; and a file that already holds something is only replaced when `ours`
+// (when given) recognizes its contents as what this option writes. Fails naming the option,
+// the file and the fix otherwise; nothing is written.
+void check_output_file(const std::string& option, const std::string& path,
+                       const std::vector<std::pair<std::string, std::string>>& inputs,
+                       const std::function<bool(const std::string& contents)>& ours = {});
+// What every `foundry bench` output starts with: a JSON object with "provenance", or text whose
+// first line is the provenance header's "# date: ".
+bool is_bench_output(const std::string& contents);
 
 void fsync_path(const std::string& path);  // fsync a file or directory
 std::string host_name();                   // this host's name ("?" if unknown)

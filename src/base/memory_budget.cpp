@@ -171,8 +171,11 @@ int64_t parse_memory_size(std::string_view text, std::string_view what) {
   const double bytes = std::ldexp(value, std::max(shift, 0));
   if (shift < 0 || used == 0 || used != number.size() || bytes < 1 || bytes >= 0x1p62)
     fail(fmt::format("{}='{}' is not a memory size", what, text),
-         fmt::format("give bytes or a number with K, M, G or T (powers of 1024), e.g. {}=16G, "
-                     "or {}=off to skip the memory check", what, what));
+         fmt::format("give bytes or a number with K, M, G or T (powers of 1024), e.g. {}=16G{}",
+                     what,
+                     what == "FOUNDRY_MEMORY_LIMIT"
+                         ? fmt::format(", or {}=off to skip the memory check", what)
+                         : std::string()));
   return std::llround(bytes);
 }
 

@@ -135,6 +135,17 @@ TEST(MemorySize, BytesOrPowersOf1024) {
   for (const char* bad : {"", "G", "-1", "0", "1.2.3", "12Q", "12GB", "1e9", " 5", "inf"})
     expect_error([&] { parse_memory_size(bad, "X"); },
                  "X='" + std::string(bad) + "' is not a memory size");
+  // "off" turns off only the memory limit's check: the hint offers it there alone.
+  for (const char* what : {"FOUNDRY_MEMORY_LIMIT", "--kv-memory"}) {
+    try {
+      parse_memory_size("off", what);
+      ADD_FAILURE() << what << "=off was taken as a size";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.hint().find("=off") != std::string::npos,
+                std::string(what) == "FOUNDRY_MEMORY_LIMIT")
+          << e.hint();
+    }
+  }
 }
 
 TEST(MemoryNeed, ComparesTheNeedOfEveryProcessOnTheHostWithTheBudget) {

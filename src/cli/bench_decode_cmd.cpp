@@ -45,6 +45,9 @@ std::string header(const Provenance& provenance, const DecodeBenchResult& r,
 }
 
 void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
+  if (!f.out.empty())
+    check_output_file("--out", f.out, {{"--config", f.config_path}, {"--profile", f.profile}},
+                      is_bench_output);
   const RunConfig rc = load_run_config(f.config_path, f.overrides);
   DecodeBenchOptions o;
   o.model = rc.model;
@@ -128,7 +131,8 @@ void register_bench_decode_command(CLI::App& bench) {
       ->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "Untimed steps first")->capture_default_str();
   cmd->add_option("--warmup-seconds", f->warmup_s, "... and at least this long")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(in_range(0.0, 3600.0));
   cmd->add_option("--steps", f->steps, "Timed steps (the median is reported)")
       ->capture_default_str();
   cmd->add_option("--profile", f->profile,

@@ -81,6 +81,19 @@ std::string load_line(const double load[3]) {
                      load[1], load[2], std::thread::hardware_concurrency());
 }
 
+// Before any measurement: the files the run will write. --json and --csv replace only an
+// earlier bench output (never the --profile it merges into, or each other); --profile must be
+// a hardware profile (or absent).
+void check_outputs(const OutputFlags& o) {
+  if (!o.json_path.empty())
+    check_output_file("--json", o.json_path, {{"--profile", o.profile_path}, {"--csv", o.csv_path}},
+                      is_bench_output);
+  if (!o.csv_path.empty())
+    check_output_file("--csv", o.csv_path, {{"--profile", o.profile_path}, {"--json", o.json_path}},
+                      is_bench_output);
+  if (!o.profile_path.empty()) read_profile_for_merge(o.profile_path);
+}
+
 void write_outputs(const OutputFlags& o, const nlohmann::json& sections, const std::string& csv,
                    const Provenance& provenance) {
   if (!o.json_path.empty()) {
@@ -146,7 +159,7 @@ void run_bench_gemm_gpu(const GemmFlags& f, const CLI::App& cmd, const DeviceSpe
   GemmBenchOptions o = f.out.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
   apply_gemm_flags(f, cmd, o);
   validate(o);
-  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  check_outputs(f.out);
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
   const gpu::GpuInfo g = open_bench_gpu(device);
@@ -198,7 +211,7 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   validate(o);  // before the header, so bad input fails at once
   check_memory({"bench gemm", {{"operands of the largest GEMM", gemm_bench_bytes(o)}}},
                memory_budget(), "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
-  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  check_outputs(f.out);
 
   const Provenance provenance = collect_provenance();
   CpuInfo cpu = read_cpu_info();
@@ -251,7 +264,7 @@ void run_bench_membw_gpu(const MembwFlags& f, const CLI::App& cmd, const DeviceS
   MembwOptions o = f.out.quick ? gpu_membw_quick() : MembwOptions{};
   apply_membw_flags(f, cmd, o);
   validate(o);
-  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  check_outputs(f.out);
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
   const gpu::GpuInfo g = open_bench_gpu(device);
@@ -300,7 +313,7 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   validate(o);
   check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
                "lower --array-bytes and --max-bytes");
-  if (!f.out.profile_path.empty()) read_profile_for_merge(f.out.profile_path);
+  check_outputs(f.out);
 
   const Provenance provenance = collect_provenance();
   auto holder = std::make_shared<std::unique_ptr<Progress>>();
@@ -498,7 +511,8 @@ void register_bench_gemm_commands(CLI::App& bench) {
       ->type_name("LIST");
   gemm->add_option("--repeats", g->repeats, "Timed runs per shape after the warm-up (default 5)");
   gemm->add_option("--peak-clock-ghz", g->peak_clock_ghz,
-                   "Clock for the peak estimate (default: cpufreq max, else measured)");
+                   "Clock for the peak estimate (default: cpufreq max, else measured)")
+      ->check(in_range(0.01, 100.0));
   gemm->add_option("--peak-fma-units", g->peak_fma_units,
                    "FMA units per core for the peak estimate (default: by CPU family)");
   gemm->callback([g, gemm] { run_bench_gemm(*g, *gemm); });

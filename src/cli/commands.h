@@ -36,7 +36,7 @@ CLI::Validator in_range(T lo, T hi) {
       [lo, hi](std::string& input) -> std::string {
         std::conditional_t<std::is_floating_point_v<T>, double, int64_t> value{};
         if (!CLI::detail::lexical_cast(input, value)) return "'" + input + "' is not a number";
-        if (value < lo || value > hi)
+        if (!(value >= lo && value <= hi))  // NaN too
           return fmt::format("{} is not in range {} to {}", input, lo, hi);
         return {};
       },

@@ -58,7 +58,8 @@ void register_launch_command(CLI::App& app) {
       ->check(in_range(1.0, 86400.0));
   cmd->add_flag("--overwrite", o->overwrite,
                 "The first start replaces the run in train.run_dir (default: resume it)");
-  cmd->add_option("--steps", *steps, "Override train.steps");
+  cmd->add_option("--steps", *steps, "Override train.steps")
+      ->check(in_range(int64_t{0}, int64_t{1} << 40));
   cmd->add_flag("--synthetic-data", *synthetic, "Train on random tokens (no dataset)");
   cmd->add_flag("--quiet,-q", *quiet, "No per-step log lines from the job");
   auto allow_change = std::make_shared<bool>(false);

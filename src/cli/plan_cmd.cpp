@@ -71,7 +71,7 @@ double parse_amount(const std::string& flag, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  if (used != num.size() || !(v >= 0))
+  if (used != num.size() || !(v >= 0) || !std::isfinite(v))
     fail(fmt::format("{} '{}' is not a non-negative number", flag, text),
          "write e.g. 8.3e9, 8.3B, 760M (parameters) or 192GiB, 192e9 (bytes)");
   return v * scale;
@@ -377,16 +377,36 @@ void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double 
   }
 }
 
+// --out writes a search's best shape as a run config: over none of plan's inputs, and over
+// nothing but a run config (a JSON object of model, train and data sections).
+void check_plan_out(const PlanOptions& o) {
+  if (!o.config_path.empty())
+    fail(fmt::format("--out '{}' writes the best shape of a search; with --config plan predicts "
+                     "that one config and writes nothing",
+                     o.out),
+         "leave out --out, or leave out --config to search shapes");
+  std::vector<std::pair<std::string, std::string>> inputs = {{"--profile", o.profile}};
+  for (const std::string& c : o.compare) inputs.push_back({"--compare", c});
+  check_output_file("--out", o.out, inputs, [](const std::string& contents) {
+    const json j = json::parse(contents, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return false;
+    for (const auto& item : j.items())
+      if (item.key() != "model" && item.key() != "train" && item.key() != "data") return false;
+    return true;
+  });
+}
+
 void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
   if (o.profile.empty())
     fail("plan needs --profile", "name a reference profile (mi300x, h100) or a profile JSON "
                                  "written by `foundry bench all`");
+  if (!o.out.empty()) check_plan_out(o);
   const HardwareProfile profile = load_profile(o.profile);
   const double memory = parse_amount("--memory-per-device", o.memory);
-  if (o.overlap < 0 || o.overlap > 1)
+  if (!(o.overlap >= 0 && o.overlap <= 1))  // NaN too
     fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
          "it is the share of communication hidden behind the backward pass: 0 none, 1 all");
-  if (o.scatter < 1)
+  if (!(o.scatter >= 1 && std::isfinite(o.scatter)))
     fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
          "1 means contiguous storage; leave it out if unsure");
   if (!o.config_path.empty()) predict_config(o, profile, seq_given, batch_given);
@@ -427,7 +447,8 @@ void register_plan_commands(CLI::App& app) {
                    "Bytes per device (default: the profile's; e.g. 192GiB)");
   plan->add_option("--arch", o->arch, "Architecture to size")
       ->check(CLI::IsMember({"zaya1", "moe"}));
-  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)");
+  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)")
+      ->check(in_range(int64_t{2}, int64_t{1} << 31));
   plan->add_option("--precision", o->precision, "GEMM inputs")
       ->check(CLI::IsMember({"bf16", "fp32"}));
   plan->add_option("--optimizer", o->optimizer, "Optimizer")
@@ -472,13 +493,17 @@ void register_plan_commands(CLI::App& app) {
   plan->add_option("--failure-rate", o->failure_rate,
                    "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
   plan->add_option("--checkpoint-stall", o->checkpoint_stall,
-                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)");
+                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)")
+      ->check(in_range(0.0, 1e12));
   plan->add_option("--checkpoint-write", o->checkpoint_write,
-                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)");
+                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)")
+      ->check(in_range(0.0, 1e12));
   plan->add_option("--restart", o->restart,
-                   "Seconds from a failure to the first step after restart (default: derived)");
+                   "Seconds from a failure to the first step after restart (default: derived)")
+      ->check(in_range(0.0, 1e12));
   plan->add_option("--checkpoint-interval", o->checkpoint_interval,
-                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)");
+                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)")
+      ->check(in_range(0.0, 1e12));
   plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(in_range(1, 1 << 20));
   plan->add_option("--compare", o->compare,
                    "Also predict this run config's shape under the same run and compare it "

@@ -119,6 +119,15 @@ struct EvalArgs {
 };
 
 void run_eval(const EvalArgs& e) {
+  if (!e.out.empty())
+    fail(fmt::format("--out '{}' is for multiple-choice scores, which need --choices", e.out),
+         "leave out --out for the validation loss (it is printed), or score items with "
+         "--choices FILE --out FILE");
+  if (!e.tokenizer.empty())
+    fail(fmt::format("--tokenizer '{}' is for --choices: the validation loss reads the tokens "
+                     "of data.dir",
+                     e.tokenizer),
+         "leave out --tokenizer (data.dir names the dataset and its tokenizer)");
   const ConfigArgs args = with_device(e.config, e.device);
   RunConfig rc = load_run_config(args.config_path, args.overrides);
   if (rc.data.dir.empty())
@@ -149,9 +158,16 @@ void run_eval(const EvalArgs& e) {
 void run_eval_choices(const EvalArgs& e) {
   const ConfigArgs args = with_device(e.config, e.device);
   RunConfig rc = load_run_config(args.config_path, args.overrides);
-  if (!e.out.empty() && e.out == e.choices)
-    fail(fmt::format("--out '{}' is the --choices file", e.out),
-         "write the scores to another file: --out would overwrite the items");
+  if (e.batches > 0)
+    fail(fmt::format("--batches {} counts validation batches; --choices scores every item of "
+                     "its file",
+                     e.batches),
+         "leave out --batches (or --choices, for the validation loss)");
+  if (!e.out.empty())
+    check_output_file(
+        "--out", e.out,
+        {{"--choices", e.choices}, {"--config", args.config_path}, {"--tokenizer", e.tokenizer}},
+        infer::is_choice_scores);
   std::string tok_path;
   const data::Tokenizer tok = infer::load_tokenizer(rc, e.tokenizer, &tok_path);
   const std::unique_ptr<Backend> backend =
@@ -226,6 +242,17 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
   std::printf("\n");
 }
 
+// The options of --batch mean nothing to one prompt: given with --prompt, they are refused
+// rather than ignored (a user who asked for a file would get none).
+void check_prompt_options(const GenArgs& g) {
+  for (const auto& [flag, value] : {std::pair<const char*, const std::string&>{"--out", g.out},
+                                    {"--trace", g.trace},
+                                    {"--kv-memory", g.kv_memory}})
+    if (!value.empty())
+      fail(fmt::format("{} '{}' is for --batch: one --prompt prints its text", flag, value),
+           fmt::format("leave out {}, or run the prompt as a request of a --batch file", flag));
+}
+
 void run_generate(const GenArgs& g) {
   const ConfigArgs args = with_device(g.config, g.device);
   RunConfig rc = load_run_config(args.config_path, args.overrides);
@@ -236,13 +263,21 @@ void run_generate(const GenArgs& g) {
          "requests");
   if (!g.batch.empty() && g.out.empty())
     fail("generate --batch needs --out FILE", "name the JSONL file the results go to");
-  if (!g.batch.empty() && g.out == g.batch)
-    fail(fmt::format("--out '{}' is the --batch file", g.out),
-         "write the results to another file: --out would overwrite the requests");
+  if (g.batch.empty()) check_prompt_options(g);
   const infer::Schedule schedule = infer::parse_schedule(g.schedule, "--schedule");
-  if (!g.trace.empty() && (g.trace == g.batch || g.trace == g.out))
-    fail(fmt::format("--trace '{}' is the {} file", g.trace, g.trace == g.batch ? "--batch" : "--out"),
-         "write the trace to a file of its own");
+  if (!g.batch.empty()) {
+    // --out is resumed when it holds these requests' results (infer/batch.h says how).
+    check_output_file(
+        "--out", g.out,
+        {{"--batch", g.batch}, {"--config", args.config_path}, {"--tokenizer", g.tokenizer}});
+    if (!g.trace.empty())
+      check_output_file("--trace", g.trace,
+                        {{"--batch", g.batch},
+                         {"--out", g.out},
+                         {"--config", args.config_path},
+                         {"--tokenizer", g.tokenizer}},
+                        infer::is_batch_trace);
+  }
   std::string tok_path;
   const data::Tokenizer tok = infer::load_tokenizer(rc, g.tokenizer, &tok_path);
   std::vector<int32_t> ids;

@@ -20,6 +20,11 @@
 namespace foundry::infer {
 namespace {
 
+// The first line of a --trace file.
+constexpr const char* kTraceHeader =
+    "seconds\trequests_done\tgenerated_tokens\tkv_bytes\trunning\tprefill_tokens\t"
+    "decode_tokens\n";
+
 // The invalid lines, reported; a failure naming the first ones with stop_on_error, or else when
 // no line is valid (the run would do nothing: most likely the wrong file, or a format mistake
 // repeated on every line).
@@ -101,6 +106,8 @@ void write_in_order(const std::string& path, std::map<int64_t, std::string> line
 
 }  // namespace
 
+bool is_batch_trace(const std::string& contents) { return contents.rfind(kTraceHeader, 0) == 0; }
+
 BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& o) {
   const RequestSet set = read_generation_requests(o.in, tok, model.config().max_seq_len,
@@ -121,8 +128,7 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   if (!o.trace.empty() && !trace)
     fail(fmt::format("cannot write --trace '{}'", o.trace),
          "check that its directory exists and is writable");
-  if (trace) std::fprintf(trace, "seconds\trequests_done\tgenerated_tokens\tkv_bytes\trunning\t"
-                 "prefill_tokens\tdecode_tokens\n");
+  if (trace) std::fputs(kTraceHeader, trace);
   std::FILE* out = open_for_append(o.out, lines);
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");

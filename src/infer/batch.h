@@ -44,6 +44,10 @@ struct BatchSummary {
   double seconds = 0;
 };
 
+// Whether `contents` is a --trace this writes (its header line first): what --trace may
+// replace.
+bool is_batch_trace(const std::string& contents);
+
 BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& options);
 

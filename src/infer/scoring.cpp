@@ -7,6 +7,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -115,6 +116,16 @@ ChoiceFile read_choice_items(const std::string& path, const data::Tokenizer& tok
     fail(fmt::format("the choices file '{}' has no items", path),
          "write one JSON object a line: {\"context\": \"...\", \"choices\": [\"...\", \"...\"]}");
   return f;
+}
+
+bool is_choice_scores(const std::string& contents) {
+  std::stringstream lines(contents);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("index")) return false;
+  }
+  return true;
 }
 
 double token_logprob(const float* logits, int64_t v, int32_t token) {

@@ -56,6 +56,9 @@ struct ChoiceSummary {
 // invalid line gives {"index", "line", "error"} and a warning. `progress` after each item.
 ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const std::string& in,
                               const std::string& out, bool quiet);
+// Whether `contents` is such an OUT: every non-empty line a JSON object with "index" (what
+// --out may replace).
+bool is_choice_scores(const std::string& contents);
 
 // log softmax(logits[0 … v))[token], in double.
 double token_logprob(const float* logits, int64_t v, int32_t token);

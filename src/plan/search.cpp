@@ -126,7 +126,7 @@ void check_request(const PlanRequest& rq) {
     fail(fmt::format("--global-batch {} sequences cannot be split evenly over --devices {}",
                      rq.global_batch, rq.devices),
          "make the global batch a multiple of the device count");
-  if (rq.tolerance <= 0 || rq.tolerance >= 1)
+  if (!(rq.tolerance > 0 && rq.tolerance < 1))  // NaN too
     fail(fmt::format("--tolerance {} must be in (0, 1)", rq.tolerance),
          "it is the relative slack on each budget, e.g. --tolerance 0.05");
   if (rq.aspect_min <= 0 || rq.aspect_min > rq.aspect_max)

@@ -18,13 +18,22 @@ double mean_over_ranks(const Communicator* world, double local) {
   return local / world->size();
 }
 
+int64_t whole_validation_batches(const data::BatchLoader& loader) {
+  return loader.windows_per_epoch() / loader.batch_size();
+}
+
 int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
                            const char* flag) {
-  const int64_t held = loader.batches_per_epoch();
+  const int64_t held = whole_validation_batches(loader);
+  const std::string what =
+      fmt::format("the validation split holds {} window(s) of {} tokens, {} whole batch(es) of {}",
+                  loader.windows_per_epoch(), loader.seq_len() + 1, held, loader.batch_size());
+  if (held == 0)
+    fail(fmt::format("{}: not one batch to evaluate", what),
+         fmt::format("lower train.batch_size to {} or less (--set train.batch_size=N), or prepare "
+                     "the data with a larger --val-fraction",
+                     loader.windows_per_epoch()));
   if (requested <= held) return requested;
-  const std::string what = fmt::format(
-      "the validation split holds {} window(s) of {} tokens, {} batch(es) of {}",
-      loader.windows_per_epoch(), loader.seq_len() + 1, held, loader.batch_size());
   if (flag)
     fail(fmt::format("{} {} is more than there is: {}", flag, requested, what),
          fmt::format("pass {} {} or fewer, or prepare the data with a larger --val-fraction",

@@ -13,10 +13,15 @@ class Model;
 // counts per rank, the mean over the global batch.
 double mean_over_ranks(const Communicator* world, double local);
 
-// The validation batches to evaluate: `requested`, or what the split holds when it holds
-// fewer (more would repeat batches and weigh them twice). A count the user gave on the
-// command line (`flag`, e.g. "--batches") beyond the split is an error naming the flag; one
-// from the config (train.eval_batches) is cut to the split with a warning.
+// The whole batches the validation split holds: windows / batch size (the loader's last,
+// partial batch would wrap around to the split's first windows and count them twice).
+int64_t whole_validation_batches(const data::BatchLoader& loader);
+
+// The validation batches to evaluate: `requested`, or the whole batches the split holds when
+// it holds fewer (more would repeat windows and weigh them twice). A count the user gave on
+// the command line (`flag`, e.g. "--batches") beyond the split is an error naming the flag; one
+// from the config (train.eval_batches) is cut to the split with a warning. A split without one
+// whole batch is an error.
 int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
                            const char* flag = nullptr);
 

@@ -387,8 +387,18 @@ void TrainingRun::open_dataset() {
                      dataset->vocab_size(), dataset->vocab_size()));
   train_loader.emplace(*dataset, tc.batch_size, tc.seq_len, tc.seed);
   val_loader.emplace(BatchLoader::for_eval(*dataset, tc.batch_size, tc.seq_len));
+  if (whole_validation_batches(*val_loader) == 0) {  // the same on every rank
+    if (procs.root())
+      warn(
+          fmt::format("validation is off for this run: the validation split holds {} window(s) "
+                      "of {} tokens, not one batch of {} (lower train.batch_size, or prepare the "
+                      "data with a larger --val-fraction, to have it)",
+                      val_loader->windows_per_epoch(), tc.seq_len + 1, tc.batch_size));
+    val_loader.reset();
+    return;
+  }
   eval_batches = procs.root() ? validation_batches(*val_loader, tc.eval_batches)
-                              : std::min(tc.eval_batches, val_loader->batches_per_epoch());
+                              : std::min(tc.eval_batches, whole_validation_batches(*val_loader));
 }
 
 void TrainingRun::build_model_and_optimizer() {
