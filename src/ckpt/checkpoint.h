@@ -119,5 +119,8 @@ void check_finite_weights(const std::string& dir, const ParamTable& table, const
 // no model_type: has_hf_class says which.
 json hf_config_json(const ModelConfig& config);
 bool has_hf_class(const ModelConfig& config);
+// What a model with that class computes differently from `config` (a setting the class has
+// no key for), or empty when nothing does.
+std::string hf_class_mismatch(const ModelConfig& config);
 
 }  // namespace foundry

@@ -145,6 +145,11 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
                      qk_norm_name(config.qk_norm), config.n_experts),
          "export supports model.qk_norm \"head\" on a dense model (Qwen3) and models without "
          "qk_norm (Llama, Mixtral)");
+  if (const std::string mismatch = hf_class_mismatch(config); !mismatch.empty())
+    fail(fmt::format("{}: {}; the exported model would compute something else", checkpoint_dir,
+                     mismatch),
+         "export supports the standard MoE with model.norm_topk_prob = true and "
+         "model.rope_fraction = 1 (or arch zaya1)");
   const ParamTable table(config);
   const std::string state_where =
       version == kShardedFormatVersion ? join(checkpoint_dir, kMetadataFile) + " (trainer_state)"

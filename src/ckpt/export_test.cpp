@@ -5,14 +5,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "base/io.h"
 #include "base/test_expect_error.h"
 #include "ckpt/checkpoint.h"
 #include "ckpt/model_state.h"
 #include "ckpt/safetensors.h"
-#include "model/model.h"
 #include "ckpt/test_support.h"
+#include "model/model.h"
 
 namespace foundry {
 namespace {
@@ -150,6 +151,23 @@ TEST_F(ExportTest, AModelNoHuggingFaceClassReadsIsRefusedBeforeAnythingIsWritten
       testing::save_from_ranks(root_ + "/run", 2, 1, config, {{"", &params, {}}}, {{"step", 2}});
   expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, "model.qk_norm = \"full\"");
   EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
+}
+
+// Settings Mixtral has no key for: its model would compute something else.
+TEST_F(ExportTest, ASettingTheHuggingFaceClassCannotExpressIsRefused) {
+  for (const auto& [setting, expected] :
+       std::vector<std::pair<std::function<void(ModelConfig&)>, std::string>>{
+           {[](ModelConfig& c) { c.norm_topk_prob = false; }, "model.norm_topk_prob = false"},
+           {[](ModelConfig& c) { c.rope_fraction = 0.5; }, "model.rope_fraction = 0.5"}}) {
+    ModelConfig config = testing::tiny_moe_config();
+    setting(config);
+    const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
+    const std::string dir =
+        testing::save_from_ranks(root_ + "/run", 1, 1, config, {{"", &params, {}}}, {{"step", 2}});
+    expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, expected);
+    EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
+    remove_all(root_ + "/run");
+  }
 }
 
 TEST_F(ExportTest, ADirectoryThatIsNotACheckpointIsNamed) {

@@ -2,6 +2,8 @@
 // Qwen3 for a dense model with per-head QK-Norm, transformers' ZAYA (ZayaConfig) for arch
 // "zaya1". Foundry's own model config rides along under "foundry" (exactly
 // to_json(ModelConfig)), which is what Foundry reads back.
+#include <fmt/format.h>
+
 #include "ckpt/checkpoint.h"
 
 namespace foundry {
@@ -108,6 +110,18 @@ json zaya_hf_config(const ModelConfig& c) {
 
 json hf_config_json(const ModelConfig& c) {
   return c.is_zaya() ? zaya_hf_config(c) : standard_hf_config(c);
+}
+
+std::string hf_class_mismatch(const ModelConfig& c) {
+  if (c.is_zaya()) return {};
+  if (c.n_experts > 1 && !c.norm_topk_prob)
+    return "model.norm_topk_prob = false: Mixtral renormalizes the top-k gate weights to sum to 1";
+  if (c.rope_fraction != 1.0)
+    return fmt::format(
+        "model.rope_fraction = {}: Llama, Mixtral and Qwen3 rotate every dimension "
+        "of a head",
+        c.rope_fraction);
+  return {};
 }
 
 bool has_hf_class(const ModelConfig& c) {
