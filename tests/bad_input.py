@@ -429,6 +429,17 @@ CASES = [
     Case("run dir: --overwrite with a file of the user's in checkpoints/", "train -c tiny.json --overwrite", [write("run/checkpoints/mine.txt", "notes")], ["mine.txt", "nothing was removed"], hint="move them"),
     Case("run dir: --overwrite with a step directory no save wrote", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009")], ["step_00000009", "without a commit marker"]),
 
+    Case("run dir: a file of the user's named skipped_batches.json", "train -c tiny.json --set train.run_dir=new", [write("new/skipped_batches.json", "my own notes\n")], ["new/skipped_batches.json", "not a record of skipped batches"], hint="move the file"),
+    Case("run dir: train.run_dir empty", "train -c tiny.json --set train.run_dir=", [], ["train.run_dir is empty"]),
+    Case("run dir: train.run_dir a file", "train -c tiny.json --set train.run_dir=tiny.json", [], ["train.run_dir 'tiny.json' is a file"]),
+    Case("run dir: a refused resume logs no config change", "train -c tiny.json --resume --steps 4 --allow-config-change --set train.seed=7", [], ["data cursor", "seed"]),
+    Case("checkpoint: dataset run resumed with --synthetic-data", "train -c tiny.json --resume --steps 4 --synthetic-data", [], [CK, "--synthetic-data would go on with random tokens"], hint="without --synthetic-data"),
+    Case("config: train.eps 0", "train -c tiny.json --set train.run_dir=fresh --set train.eps=0", [], ["train.eps = 0"], hint="1e-8"),
+    Case("config: model.init_std 0", "model info --config tiny.json --set model.init_std=0", [], ["model.init_std = 0"]),
+    Case("config: train.spike_factor 0.5", "train -c tiny.json --set train.run_dir=fresh --set train.spike_factor=0.5", [], ["train.spike_factor = 0.5"], hint="above 1"),
+    Case("config: a number beyond a double in an override", "train -c tiny.json --set train.lr=1e999", [], ["train.lr=1e999", "1e999"]),
+    Case("config: a number beyond a double in the file", "train -c tiny.json", [write("tiny.json", '{"model": {"d_model": 32}, "train": {"lr": 1e999}}')], ["tiny.json", "1e999"], hint="1.8e308"),
+
     # -- a file that parses but belongs to something else --
     Case("other file: a hardware profile as the run config", "train -c profile.json", [], ["profile.json", "unknown key"], hint="model, train"),
     Case("other file: a run config as the hardware profile", "plan --profile tiny.json --config tiny.json", [], ["tiny.json", "not a foundry hardware profile"]),

@@ -75,6 +75,9 @@ json load_json_file(const std::string& path) {
     }
     fail(fmt::format("{}:{}:{}: invalid JSON: {}", path, line, col, e.what()),
          "fix the JSON syntax (missing comma or quote?)");
+  } catch (const json::exception& e) {  // a number beyond a double's range
+    fail(fmt::format("{}: invalid JSON: {}", path, e.what()),
+         "numbers must fit a double (at most about 1.8e308): fix the value it names");
   }
 }
 
@@ -101,6 +104,10 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
     value = json::parse(value_text);
   } catch (const json::parse_error&) {
     value = value_text;
+  } catch (const json::exception&) {  // a number beyond a double's range
+    fail(
+        fmt::format("bad override '{}': {} is not a number a double holds", assignment, value_text),
+        "numbers must be at most about 1.8e308 in magnitude");
   }
   json* node = &root;
   size_t start = 0;

@@ -97,6 +97,9 @@ void read_jsonl(const InputFile& file, const char* data, size_t size, size_t sta
                  "pass the data files or their own folder as --input"
                : "each line of a JSONL file must be one complete JSON object; pass --format "
                  "text if the file is plain text");
+    } catch (const json::exception& e) {  // a number beyond a double's range
+      fail(fmt::format("{}:{}: malformed JSON: {}", file.path, line_number, short_json_error(e)),
+           "numbers must fit a double (at most about 1.8e308): fix or remove the value");
     }
     if (!record.is_object())
       fail(fmt::format("{}:{}: expected a JSON object, got {}", file.path, line_number,

@@ -84,6 +84,11 @@ void ModelConfig::validate(const std::string& where) const {
     bad(fmt::format("model.n_heads = {} is not a multiple of model.n_kv_heads = {}", n_heads,
                     n_kv_heads),
         "grouped-query attention shares each kv head among n_heads / n_kv_heads query heads");
+  if (!(init_std > 0))
+    bad(fmt::format("model.init_std = {}: the weights would start at zero, where no gradient "
+                    "reaches them",
+                    init_std),
+        "give the initial weights' standard deviation, e.g. model.init_std = 0.02");
   if (head_dim % 2 != 0)
     bad(fmt::format("model.head_dim = {} must be even (RoPE rotates pairs)", head_dim),
         "choose an even head_dim, e.g. 64 or 128");

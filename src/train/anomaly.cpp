@@ -223,8 +223,9 @@ void AnomalyMonitor::stop() {
   std::vector<int64_t> batches;
   for (const Anomaly& s : streak_) batches.push_back(s.batch);
   const std::string hint = fmt::format(
-      "{}; to go on without these batches resume with --resume --set 'train.skip_batches=[{}]' "
-      "(dropped batches are listed in {}/{} and events.jsonl){}",
+      "{}; to go on without these batches run again with --auto-resume --set "
+      "'train.skip_batches=[{}]' (from the latest checkpoint, or from the start when there is "
+      "none; dropped batches are listed in {}/{} and events.jsonl){}",
       a.kind == AnomalyKind::spike
           ? "a loss spike: lower train.lr, raise train.warmup_steps or lower train.grad_clip, "
             "or raise train.spike_factor if the batches are fine"
@@ -262,8 +263,20 @@ void AnomalyMonitor::load_record() {
   for (const json& e : record_) batches_.skip(e.at("batch").get<int64_t>());
 }
 
+// A new run forgets an earlier run's record, naming it; a file of that name Foundry did not
+// write stops the start instead (nothing of the user's is deleted).
 void AnomalyMonitor::clear_record() {
-  if (root_) remove_all(tc_.run_dir + "/" + kRecordFile);
+  const std::string path = tc_.run_dir + "/" + kRecordFile;
+  if (!root_ || !path_exists(path)) return;
+  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  if (!file.is_object() || !file.contains("batches") || !file.at("batches").is_array())
+    fail(fmt::format("{} is not a record of skipped batches that Foundry wrote; a new run in "
+                     "{} would replace it",
+                     path, tc_.run_dir),
+         "move the file out of the run directory, or set another train.run_dir");
+  remove_all(path);
+  std::fprintf(stderr, "removed %s: the skipped batches of an earlier run in %s\n", path.c_str(),
+               tc_.run_dir.c_str());
 }
 
 // ---- checkpoints ----------------------------------------------------------------------------

@@ -281,6 +281,13 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
     } catch (const Error& e) {
       fail(fmt::format("{}: {}", dir, e.what()), e.hint());
     }
+  } else if (state.contains("data_cursor")) {
+    fail(fmt::format("{} was written by a run on a dataset (it has a data cursor); "
+                     "--synthetic-data would go on with random tokens, and the run could not go "
+                     "back to its data",
+                     dir),
+         "resume without --synthetic-data (data.dir names the dataset), or train on random "
+         "tokens in a new run directory");
   }
   restore_router_balancers(model_, state, dir, /*required=*/true);
   if (restore_hook_) restore_hook_(state);

@@ -116,6 +116,16 @@ void check_train_config(const RunConfig& rc, const std::string& where) {
                      "(train.heartbeat_interval_s = {})",
                      where, t.heartbeat_timeout_s, t.heartbeat_interval_s),
          "make train.heartbeat_timeout_s at least twice train.heartbeat_interval_s");
+  if (!(t.eps > 0))
+    fail(fmt::format("{}: train.eps = {}: the optimizer divides by sqrt(v) + eps, and v is 0 "
+                     "wherever a gradient is (the vocabulary's padding rows, unused experts)",
+                     where, t.eps),
+         "give a small positive eps, e.g. train.eps = 1e-8");
+  if (t.spike_factor > 0 && t.spike_factor <= 1)
+    fail(fmt::format("{}: train.spike_factor = {} flags every step as a spike: a spike is a loss "
+                     "above spike_factor times the window's median",
+                     where, t.spike_factor),
+         "give a factor above 1 (e.g. 3), or 0 to turn spike detection off");
   if (t.spike_warmup > t.spike_window)
     fail(fmt::format("{}: train.spike_warmup = {} exceeds train.spike_window = {}", where,
                      t.spike_warmup, t.spike_window),

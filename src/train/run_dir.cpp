@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "base/error.h"
@@ -204,6 +205,12 @@ RunDir::~RunDir() {
 }
 
 void RunDir::claim(StartMode mode) {
+  if (path_.empty())
+    fail("train.run_dir is empty: a run needs a directory of its own",
+         "set train.run_dir (--set train.run_dir=runs/NAME)");
+  if (path_exists(path_) && !std::filesystem::is_directory(path_))
+    fail(fmt::format("train.run_dir '{}' is a file, not a directory", path_),
+         "set train.run_dir to a directory (a new one is created)");
   if (!path_exists(path_)) {
     // The outermost directory this creates is the one to remove if nothing starts.
     created_path_ = path_;

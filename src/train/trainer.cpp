@@ -131,6 +131,7 @@ struct TrainingRun {
   std::optional<RunDir> run_dir;  // locked for this run
   std::optional<Heartbeat> heartbeat;
   std::optional<AnomalyMonitor> anomalies;
+  std::vector<std::string> config_changes;  // by --allow-config-change, logged once resumed
   MfuPeak peak;              // the MFU denominator (train/mfu.h)
   int64_t eval_batches = 0;  // train.eval_batches, or what the validation split holds
   // Seconds since the process started when each phase of the start-up was done: MPI and the
@@ -201,29 +202,31 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
 // A resume trains on with the settings the run was trained with (RUN_DIR/config.json): a
 // learning rate, batch or seed changed by a forgotten --set would make another run under the
 // run's name. Changes meant as such pass with --allow-config-change, printed and logged.
-// Deterministic on every rank (each reads the file), so no agreement is needed.
-void check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
+// Deterministic on every rank (each reads the file), so no agreement is needed. Returns the
+// changes, which the events log gets once the resume has loaded its checkpoint (a resume
+// refused on the way changes nothing on disk).
+std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   const std::string path = rc.train.run_dir + "/config.json";
-  if (!path_exists(path)) return;
+  if (!path_exists(path)) return {};
   RunConfig before;
   try {
     before = load_run_config(path, {});
   } catch (const Error& e) {
     if (root) warn(fmt::format("cannot compare with the run's {}: {}", path, e.what()));
-    return;
+    return {};
   }
   const std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
-  if (changes.empty()) return;
+  if (changes.empty()) return {};
   if (!allowed)
     fail(fmt::format("this resume would train on with other settings than the run's ({}): {}", path,
                      fmt::join(changes, "; ")),
          fmt::format("resume with the run's own settings (--config {} holds them all), or pass "
                      "--allow-config-change to change them on purpose",
                      path));
-  if (!root) return;
-  std::fprintf(stderr, "resume: changing %s\n",
-               fmt::format("{}", fmt::join(changes, "; ")).c_str());
-  append_event(rc.train.run_dir, "train", "config_change", {{"changes", changes}});
+  if (root)
+    std::fprintf(stderr, "resume: changing %s\n",
+                 fmt::format("{}", fmt::join(changes, "; ")).c_str());
+  return changes;
 }
 
 // How data-parallel ranks on GPUs exchange gradients and weights (optim/device_optimizer.h),
@@ -288,7 +291,8 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   // Before anything is allocated or written: the directory is this run's, or nothing starts.
   started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
-  if (run_dir->resume()) check_same_trajectory(rc, opt.allow_config_change, procs.root());
+  if (run_dir->resume())
+    config_changes = check_same_trajectory(rc, opt.allow_config_change, procs.root());
   // On a device with expert parallelism and ZeRO-1 the slabs are made without the other
   // ranks' experts (GpuShardedOptimizer::shard_expert_storage names the same holes), so they
   // never take the whole model's memory.
@@ -322,6 +326,8 @@ int64_t TrainingRun::resume() {
                      "there are interrupted saves)",
                      tc.run_dir),
          "start a new run with --overwrite (it removes them), or set another train.run_dir");
+  if (procs.root() && !config_changes.empty())
+    append_event(tc.run_dir, "train", "config_change", {{"changes", config_changes}});
   return step;
 }
 
