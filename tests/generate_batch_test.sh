@@ -86,6 +86,14 @@ if cmp -s resumed.jsonl out.jsonl && grep -q "2 already done" resume.log; then
   ok "a killed run resumes: 2 results kept, the rest generated, the same file"
 else bad "resume: $(cat resume.log)"; diff resumed.jsonl out.jsonl; fi
 
+# Results of another model (here: the same checkpoint in bf16) are not kept as this one's.
+cp out.jsonl kept.jsonl
+if "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out kept.jsonl -q --set train.precision=bf16 \
+     >other_model.log 2>&1; then bad "OUT of another model was resumed: $(cat other_model.log)"
+elif grep -q "by another model" other_model.log && cmp -s kept.jsonl out.jsonl; then
+  ok "OUT made by another model is refused and left as it was"
+else bad "another model's OUT: $(cat other_model.log)"; fi
+
 # ---- eval --choices ----
 cat > choices.jsonl <<'JSON'
 {"context": "the expert router", "choices": [" sends each token", " flows", " the the the"], "answer": 0}

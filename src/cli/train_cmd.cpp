@@ -204,8 +204,19 @@ struct GenArgs {
   std::string schedule = "prefix-tree", trace;
 };
 
+// The model that computes a batch's results, for their keys: the checkpoint (its commit
+// marker, which holds its metadata's checksum), the tokenizer and the precision.
+uint64_t batch_model_identity(const std::string& checkpoint_dir, const data::Tokenizer& tok,
+                              const RunConfig& rc) {
+  const std::string identity =
+      fmt::format("{}\n{:016x} {}", read_text_file(checkpoint_dir + "/" + kCommittedFile),
+                  tok.checksum(), dtype_name(rc.train.precision));
+  return hash64(identity.data(), identity.size());
+}
+
 void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunConfig& rc,
-                        const MemoryBudget& budget, const data::Tokenizer& tok, Model& model) {
+                        const MemoryBudget& budget, const data::Tokenizer& tok, Model& model,
+                        const std::string& checkpoint_dir) {
   infer::BatchOptions o;
   o.engine.max_rows = g.batch_tokens;
   o.engine.max_requests = g.max_requests;
@@ -217,7 +228,8 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
                           : parse_memory_size(g.kv_memory, "--kv-memory");
   o.in = g.batch;
   o.out = g.out;
-  o.defaults = {g.max_new_tokens, g.sampling, g.seed, g.ignore_eos};
+  o.defaults = {g.max_new_tokens, g.sampling, g.seed, g.ignore_eos,
+                batch_model_identity(checkpoint_dir, tok, rc)};
   o.stop_on_error = g.stop_on_error;
   o.quiet = g.quiet;
   const infer::BatchSummary s = infer::run_generation_batch(model, tok, o);
@@ -306,7 +318,7 @@ void run_generate(const GenArgs& g) {
   const std::string dir = infer::resolve_checkpoint(g.checkpoint, rc);
   infer::check_tokenizer_of(dir, tok_path);
   auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
-  if (!g.batch.empty()) return run_generate_batch(g, schedule, rc, budget, tok, *model);
+  if (!g.batch.empty()) return run_generate_batch(g, schedule, rc, budget, tok, *model, dir);
   const infer::Generation gen =
       infer::generate(*model, ids, g.max_new_tokens, g.ignore_eos ? -1 : tok.eos_id(),
                       g.sampling, g.seed);

@@ -118,10 +118,12 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
     q.ignore_eos = r["ignore_eos"].get<bool>();
   }
   q.index = index;
-  // What decides the result: the line and the settings the command's options filled in.
-  const std::string identity =
+  // What decides the result: the line, the settings the command's options filled in, and
+  // the model.
+  std::string identity =
       fmt::format("{}\n{} {} {} {} {}{}", text, q.max_new_tokens, q.sampling.temperature,
                   q.sampling.top_k, q.sampling.top_p, q.seed, q.ignore_eos ? " ignore_eos" : "");
+  if (d.model != 0) identity += fmt::format(" model {:016x}", d.model);
   q.key = hash64(identity.data(), identity.size());
   return q;
 }
@@ -215,7 +217,9 @@ std::map<int64_t, std::string> read_finished_results(const std::string& out_path
       not_ours(i, "not a result of `foundry generate --batch`");
     const auto q = by_index.find(index);
     if (q == by_index.end() || j["request"] != hash64_hex(q->second->key))
-      not_ours(i, fmt::format("the result of request {} was made for another request", index));
+      not_ours(i, fmt::format("the result of request {} was made for another request, or by "
+                              "another model (checkpoint, tokenizer or precision)",
+                              index));
     done[index] = lines[i];
   }
   return done;

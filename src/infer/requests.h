@@ -23,6 +23,9 @@ struct RequestDefaults {
   SamplingOptions sampling;
   uint64_t seed = 0;
   bool ignore_eos = false;
+  // What computes the results (a hash of the checkpoint, tokenizer and precision; 0: not
+  // said): part of every request's key, so OUT's results of another model are not kept.
+  uint64_t model = 0;
 };
 
 struct GenerationRequest {
@@ -33,7 +36,8 @@ struct GenerationRequest {
   SamplingOptions sampling;
   uint64_t seed = 0;
   bool ignore_eos = false;  // generate max_new_tokens whatever the tokens (no stop at EOS)
-  uint64_t key = 0;  // a hash of the line: a result in OUT belongs to the request it names
+  uint64_t key = 0;         // a hash of the line and the model: a result in OUT belongs to the
+                            // request (and model) it names
   int64_t prompt_tokens() const { return static_cast<int64_t>(context.size()) - 1; }
 };
 

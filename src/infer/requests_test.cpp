@@ -115,6 +115,12 @@ TEST(Requests, TheKeyChangesWithAnythingThatDecidesTheResult) {
   d.seed = 1;
   EXPECT_NE(read(dir, line, d).requests[0].key, base);
   EXPECT_NE(read(dir, "{\"prompt\": \"the routers\"}\n").requests[0].key, base);
+  d = {};  // the model that computes it
+  d.model = 1;
+  const uint64_t one = read(dir, line, d).requests[0].key;
+  EXPECT_NE(one, base);
+  d.model = 2;
+  EXPECT_NE(read(dir, line, d).requests[0].key, one);
 }
 
 TEST(Requests, FinishedResultsAreThoseOfTheseRequests) {
