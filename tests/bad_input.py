@@ -470,6 +470,8 @@ CASES = [
     Case("output: bench gemm --json in a missing directory", "bench gemm --quick --json nodir/g.json", [], ["--json 'nodir/g.json'", "'nodir' does not exist"]),
     Case("output: bench decode --out over its --config", "bench decode --config tiny.json --out tiny.json", [], ["--out 'tiny.json' is the --config file"]),
 
+    Case("option: plan --config --seq beyond max_seq_len", f"plan --profile {BAD_PROFILE} --config tiny.json --seq 4096", [], ["--seq 4096", "model.max_seq_len = 32"]),
+
     # -- a number that is not a number --
     Case("option: generate --temperature nan", "generate -c tiny.json -p hi --temperature nan", [], ["--temperature", "nan"], code=USAGE),
     Case("option: generate --top-p nan", "generate -c tiny.json -p hi --top-p nan", [], ["--top-p", "nan"], code=USAGE),

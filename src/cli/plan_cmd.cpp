@@ -231,6 +231,10 @@ StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_
                             bool batch_given) {
   StepShape s;
   s.seq = seq_given ? o.seq : rc.train.seq_len;
+  if (s.seq > rc.model.max_seq_len)
+    fail(fmt::format("--seq {} exceeds model.max_seq_len = {} of {}", s.seq, rc.model.max_seq_len,
+                     o.config_path),
+         "give --seq up to model.max_seq_len, or raise it (--set model.max_seq_len=N)");
   s.micro_batch = rc.train.batch_size;
   s.accumulation = 1;
   apply_layout(o, rc.model, s);
@@ -289,6 +293,13 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, bool s
   const StepShape s = config_step_shape(o, rc, seq_given, batch_given);
   const StepPrediction p = predict_step(rc.model, s, profile);
   const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
+  if (profile.memory_bytes > 0 && p.memory_bytes > profile.memory_bytes)
+    fmt::print(stderr,
+               "warning: {} needs {} per device, more than the {} of {}'s devices: it does not "
+               "fit (a search rejects such shapes); use more devices, a smaller batch, "
+               "recomputation (--recompute) or expert parallelism (--ep)\n",
+               o.config_path, format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2),
+               format_bytes(double(profile.memory_bytes), ByteUnit::GiB, 2), profile.name);
   if (o.json) {
     std::printf("%s\n", prediction_json(o, s, p, profile, gin, gp).dump(2).c_str());
   } else {
