@@ -205,6 +205,7 @@ CASES = [
     Case("config: not an object", "model info --config list.json", [write("list.json", "[1, 2]")], ["list.json", "JSON object"]),
     Case("config: section not an object", "model info --config tiny.json", [edit_json("tiny.json", "model", 5)], ["tiny.json", "'model' must be a JSON object"]),
     Case("config: unknown section", "train -c tiny.json", [edit_json("tiny.json", "trian", {})], ["unknown key 'trian'"], hint="known keys"),
+    Case("config: a misspelled section named before the defaults' checks", "train -c t.json", [write("t.json", '{"model": {"vocab_size": 300, "max_seq_len": 32}, "trian": {"steps": 2}}')], ["unknown key 'trian'"], hint="known keys"),
     Case("config: unknown key in the file", "train -c tiny.json", [edit_json("tiny.json", "model.d_modle", 3)], ["tiny.json", "model.d_modle"]),
     Case("config: string for a number", "train -c tiny.json --set 'train.lr=\"fast\"'", [], ["train.lr", "must be a number"]),
     Case("config: fraction for an integer", "model info --config tiny.json --set model.d_model=32.5", [], ["model.d_model", "integer"]),

@@ -94,6 +94,16 @@ elif grep -q "by another model" other_model.log && cmp -s kept.jsonl out.jsonl; 
   ok "OUT made by another model is refused and left as it was"
 else bad "another model's OUT: $(cat other_model.log)"; fi
 
+# A checkpoint of random tokens evaluated on the dataset: warned, a checkpoint of its text not.
+"$FOUNDRY" train -c tiny.json -q --synthetic-data --steps 2 --set train.run_dir=run_syn \
+  --set train.checkpoint_every=2 >syn.log 2>&1 || { cat syn.log; bad "synthetic setup"; }
+"$FOUNDRY" eval -c tiny.json --set train.run_dir=run_syn >syn_eval.log 2>&1
+"$FOUNDRY" eval -c tiny.json >text_eval.log 2>&1
+if grep -q "trained on random tokens (--synthetic-data)" syn_eval.log \
+   && ! grep -q "random tokens" text_eval.log; then
+  ok "eval of a --synthetic-data checkpoint on a dataset warns"
+else bad "synthetic eval: $(cat syn_eval.log) / $(cat text_eval.log)"; fi
+
 # ---- eval --choices ----
 cat > choices.jsonl <<'JSON'
 {"context": "the expert router", "choices": [" sends each token", " flows", " the the the"], "answer": 0}

@@ -138,9 +138,10 @@ void run_eval(const EvalArgs& e) {
   if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
   const std::string dir = infer::resolve_checkpoint(e.checkpoint, rc);
   Dataset dataset(rc.data.dir);
-  check_checkpoint_tokenizer(dir, read_checkpoint_trainer_state(dir),
-                             dataset.meta().tokenizer_checksum,
-                             fmt::format("data.dir '{}'", rc.data.dir));
+  const json state = read_checkpoint_trainer_state(dir);
+  const std::string source = fmt::format("data.dir '{}'", rc.data.dir);
+  check_checkpoint_tokenizer(dir, state, dataset.meta().tokenizer_checksum, source);
+  warn_if_synthetic(dir, state, source);
   auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
   const int64_t B = rc.train.batch_size, T = rc.train.seq_len;
   BatchLoader loader = BatchLoader::for_eval(dataset, B, T);

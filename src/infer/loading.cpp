@@ -67,9 +67,10 @@ data::Tokenizer load_tokenizer(const RunConfig& rc, const std::string& explicit_
 
 void check_tokenizer_of(const std::string& ckpt_dir, const std::string& tokenizer_path) {
   const std::string bytes = read_text_file(tokenizer_path);
-  check_checkpoint_tokenizer(ckpt_dir, read_checkpoint_trainer_state(ckpt_dir),
-                             hash64(bytes.data(), bytes.size()),
-                             fmt::format("tokenizer '{}'", tokenizer_path));
+  const json state = read_checkpoint_trainer_state(ckpt_dir);
+  const std::string source = fmt::format("tokenizer '{}'", tokenizer_path);
+  check_checkpoint_tokenizer(ckpt_dir, state, hash64(bytes.data(), bytes.size()), source);
+  warn_if_synthetic(ckpt_dir, state, source);
 }
 
 }  // namespace foundry::infer

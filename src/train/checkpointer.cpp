@@ -192,6 +192,14 @@ void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state,
          "use the dataset (or its tokenizer.model) the model was trained on");
 }
 
+void warn_if_synthetic(const std::string& dir, const json& saved_state, const std::string& source) {
+  if (saved_state.contains("data_cursor") || saved_state.contains(kTokenizerChecksumKey)) return;
+  warn(
+      fmt::format("{} was trained on random tokens (--synthetic-data), not on text: what it "
+                  "gives on {} means nothing beyond a smoke test",
+                  dir, source));
+}
+
 void Checkpointer::check_same_tokenizer(const std::string& dir, const json& state) const {
   if (tokenizer_checksum_)
     check_checkpoint_tokenizer(dir, state, *tokenizer_checksum_,

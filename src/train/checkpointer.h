@@ -208,5 +208,8 @@ void check_same_optimizer(const std::string& dir, const json& saved_state,
 // without any other error. Checkpoints of runs on synthetic data record none: no check.
 void check_checkpoint_tokenizer(const std::string& dir, const json& saved_state, uint64_t checksum,
                                 const std::string& source);
+// A checkpoint trained on random tokens (--synthetic-data: its state has no data cursor)
+// learned no text: a warning that results on `source` mean nothing beyond a smoke test.
+void warn_if_synthetic(const std::string& dir, const json& saved_state, const std::string& source);
 
 }  // namespace foundry

@@ -152,19 +152,24 @@ void read_skip_batches(const json& skip, TrainConfig& t, const std::string& wher
 RunConfig parse_run_config(const json& root, const std::string& where) {
   RunConfig rc;
   ConfigReader top(root, where);
-  rc.model = parse_model_config(top.child("model"), where);
+  // An unknown (say, misspelled) section first: its keys would otherwise go unread, and the
+  // defaults in their place fail checks that name something else.
+  const json& model = top.child("model");
+  const json& train = top.child("train");
+  const json& data = top.child("data");
+  top.finish();
+  rc.model = parse_model_config(model, where);
 
   TrainConfig& t = rc.train;
-  ConfigReader r(top.child("train"), where, "train.");
+  ConfigReader r(train, where, "train.");
   json skip = json::array();
   read_train_keys(r, t, skip, where);
   check_train_config(rc, where);
   read_skip_batches(skip, t, where);
 
-  ConfigReader d(top.child("data"), where, "data.");
+  ConfigReader d(data, where, "data.");
   d.get("dir", rc.data.dir);
   d.finish();
-  top.finish();
   rc.source = root;
   return rc;
 }
