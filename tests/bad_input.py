@@ -473,6 +473,12 @@ CASES = [
 
     Case("option: plan --config --seq beyond max_seq_len", f"plan --profile {BAD_PROFILE} --config tiny.json --seq 4096", [], ["--seq 4096", "model.max_seq_len = 32"]),
 
+    # -- a directory where a file belongs --
+    Case("directory: the run config", "model info --config ds", [], ["'ds': it is a directory"]),
+    Case("directory: the hardware profile", "plan --profile ds --total-params 6M --active-params 2M", [], ["profile 'ds' is a directory"]),
+    Case("directory: generate --batch", "generate -c tiny.json --batch ds --out o.jsonl", [], ["requests file 'ds': it is a directory"]),
+    Case("directory: eval --choices", "eval -c tiny.json --choices ds", [], ["choices file 'ds': it is a directory"]),
+
     # -- a number that is not a number --
     Case("option: generate --temperature nan", "generate -c tiny.json -p hi --temperature nan", [], ["--temperature", "nan"], code=USAGE),
     Case("option: generate --top-p nan", "generate -c tiny.json -p hi --top-p nan", [], ["--top-p", "nan"], code=USAGE),

@@ -26,6 +26,10 @@ namespace {
 }  // namespace
 
 std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    fail(fmt::format("cannot read '{}': it is a directory, not a file", path),
+         "name the file inside it");
   std::ifstream in(path, std::ios::binary);
   if (!in) fail_errno("open", path);
   std::ostringstream ss;

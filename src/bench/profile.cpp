@@ -363,6 +363,12 @@ std::vector<std::string> profile_search_dirs() {
 
 HardwareProfile load_profile(const std::string& spec) {
   std::string path = spec;
+  if (std::error_code ec; fs::is_directory(spec, ec))
+    fail(fmt::format("profile '{}' is a directory", spec),
+         fs::exists(fs::path(spec) / "profile.json", ec)
+             ? fmt::format("give the profile file in it: {}/profile.json", spec)
+             : std::string("give a reference profile's name (mi300x, h100) or a profile JSON "
+                           "written by `foundry bench all`"));
   const bool bare = spec.find('/') == std::string::npos && spec.find(".json") == std::string::npos;
   if (bare) {
     path.clear();

@@ -301,8 +301,9 @@ void run_generate(const GenArgs& g) {
     ids.insert(ids.begin(), tok.eos_id());
     const int64_t n = static_cast<int64_t>(ids.size());
     if (n >= rc.model.max_seq_len)
-      fail(fmt::format("the prompt is {} tokens; model.max_seq_len is {}", n,
-                       rc.model.max_seq_len),
+      fail(fmt::format("the prompt is {} tokens ({} with the leading EOS); model.max_seq_len "
+                       "is {}, and a new token needs room",
+                       n - 1, n, rc.model.max_seq_len),
            "shorten the prompt");
     const int64_t room = infer::new_token_room(rc.model, n, g.max_new_tokens);
     if (room < g.max_new_tokens)

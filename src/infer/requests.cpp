@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -133,8 +134,9 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
 RequestSet read_generation_requests(const std::string& path, const data::Tokenizer& tok,
                                     int64_t max_seq_len, const RequestDefaults& defaults) {
   std::ifstream in(path);
-  if (!in)
-    fail(fmt::format("cannot read the requests file '{}'", path),
+  if (!in || std::filesystem::is_directory(path))
+    fail(fmt::format("cannot read the requests file '{}'{}", path,
+                     std::filesystem::is_directory(path) ? ": it is a directory" : ""),
          "pass a JSONL file with one request a line, e.g. {\"prompt\": \"...\", "
          "\"max_new_tokens\": 64}");
   RequestSet set;

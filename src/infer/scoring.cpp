@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -94,8 +95,9 @@ ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64
 ChoiceFile read_choice_items(const std::string& path, const data::Tokenizer& tok,
                              int64_t max_seq_len) {
   std::ifstream in(path);
-  if (!in)
-    fail(fmt::format("cannot read the choices file '{}'", path),
+  if (!in || std::filesystem::is_directory(path))
+    fail(fmt::format("cannot read the choices file '{}'{}", path,
+                     std::filesystem::is_directory(path) ? ": it is a directory" : ""),
          "pass a JSONL file with one item a line, e.g. {\"context\": \"...\", \"choices\": "
          "[\"...\", \"...\"], \"answer\": 0}");
   ChoiceFile f;
