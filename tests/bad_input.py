@@ -473,6 +473,9 @@ CASES = [
 
     Case("option: plan --config --seq beyond max_seq_len", f"plan --profile {BAD_PROFILE} --config tiny.json --seq 4096", [], ["--seq 4096", "model.max_seq_len = 32"]),
 
+    Case("option: plan --config with a search budget", f"plan --profile {BAD_PROFILE} --config tiny.json --total-params 6M", [], ["--total-params is an option of the search"]),
+    Case("option: plan search with a layout", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --tp 4", [], ["--tp is for --config"]),
+
     # -- a directory where a file belongs --
     Case("directory: the run config", "model info --config ds", [], ["'ds': it is a directory"]),
     Case("directory: the hardware profile", "plan --profile ds --total-params 6M --active-params 2M", [], ["profile 'ds' is a directory"]),

@@ -426,6 +426,30 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
 
 }  // namespace
 
+// Options of the other mode are refused rather than ignored: a search's budgets and shape
+// lists mean nothing to one --config, a layout nothing to a search (which picks its own).
+void check_mode_options(const CLI::App& plan, bool config) {
+  static const char* const kSearchOnly[] = {
+      "--total-params", "--active-params", "--tolerance", "--aspect-ratio",
+      "--hidden",       "--head-dims",     "--experts",   "--top-k",
+      "--kv-ratios",    "--compare",       "--top"};
+  static const char* const kConfigOnly[] = {"--tp", "--pp", "--vp", "--ep", "--cp", "--set"};
+  if (config) {
+    for (const char* name : kSearchOnly)
+      if (plan.count(name) > 0)
+        fail(fmt::format("{} is an option of the search; with --config plan predicts that one "
+                         "config",
+                         name),
+             fmt::format("leave out {}, or leave out --config to search shapes", name));
+  } else {
+    for (const char* name : kConfigOnly)
+      if (plan.count(name) > 0)
+        fail(fmt::format("{} is for --config: a search sizes its shapes on one layout of its own",
+                         name),
+             fmt::format("give --config RUN.json to predict that layout, or leave out {}", name));
+  }
+}
+
 void register_plan_commands(CLI::App& app) {
   CLI::App* plan = app.add_subcommand(
       "plan", "Size a model to a hardware profile: search shapes for a parameter budget and rank "
@@ -521,7 +545,8 @@ void register_plan_commands(CLI::App& app) {
                    "with the best (repeatable)");
   plan->add_option("--out", o->out, "Write the best shape's run config here");
   plan->add_flag("--json", o->json, "Print JSON instead of tables");
-  plan->callback([o, seq, batch] {
+  plan->callback([o, seq, batch, plan] {
+    check_mode_options(*plan, !o->config_path.empty());
     run_plan(*o, seq->count() > 0, batch->count() > 0);
   });
 }
