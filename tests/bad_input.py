@@ -278,6 +278,7 @@ CASES = [
     Case("option: model info --seq beyond max_seq_len", "model info --config tiny.json --seq 64", [], ["--seq 64", "model.max_seq_len"]),
     Case("option: model info --dp 0", "model info --config tiny.json --dp 0", [], ["--dp 0"]),
     Case("option: model info --ep not dividing --dp", "model info --config tiny.json --dp 4 --ep 3", [], ["--ep 3", "--dp 4"]),
+    Case("option: prepare the same input twice", "data prepare --input corpus.txt --input ./corpus.txt --out new", [], ["input './corpus.txt' is the file 'corpus.txt' already read"]),
     Case("option: prepare --val-fraction 0.9", "data prepare --input corpus.txt --out new --val-fraction 0.9", [], ["--val-fraction 0.9"]),
     Case("option: prepare --vocab-size 0", "data prepare --input corpus.txt --out new --vocab-size 0", [], ["--vocab-size 0"]),
     Case("option: prepare --shard-tokens 0", "data prepare --input corpus.txt --out new --shard-tokens 0", [], ["--shard-tokens"]),
@@ -438,6 +439,7 @@ CASES = [
     Case("config: train.eps 0", "train -c tiny.json --set train.run_dir=fresh --set train.eps=0", [], ["train.eps = 0"], hint="1e-8"),
     Case("config: model.init_std 0", "model info --config tiny.json --set model.init_std=0", [], ["model.init_std = 0"]),
     Case("config: train.spike_factor 0.5", "train -c tiny.json --set train.run_dir=fresh --set train.spike_factor=0.5", [], ["train.spike_factor = 0.5"], hint="above 1"),
+    Case("config: an override replacing a whole section", "train -c tiny.json --set 'model={\"d_model\": 64}'", [], ["model={\"d_model\": 64}", "replace the whole 'model' section"], hint="one by one"),
     Case("config: a number beyond a double in an override", "train -c tiny.json --set train.lr=1e999", [], ["train.lr=1e999", "1e999"]),
     Case("config: a number beyond a double in the file", "train -c tiny.json", [write("tiny.json", '{"model": {"d_model": 32}, "train": {"lr": 1e999}}')], ["tiny.json", "1e999"], hint="1.8e308"),
 

@@ -129,6 +129,12 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
     if (last) break;
     start = dot + 1;
   }
+  // A whole section replaced would reset every key it does not name to its default.
+  if (node->is_object() && value.is_object())
+    fail(fmt::format("bad override '{}': it would replace the whole '{}' section, resetting the "
+                     "keys it does not name",
+                     assignment, key),
+         fmt::format("set its keys one by one, e.g. --set {}.KEY=VALUE", key));
   *node = value;
 }
 

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
@@ -258,8 +259,15 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
   std::error_code ec;
   const fs::path skip = skip_dir.empty() ? fs::path() : fs::weakly_canonical(skip_dir, ec);
   std::vector<InputFile> files;
+  std::map<fs::path, std::string> added;  // canonical path -> the path that added it
   auto add = [&](const std::string& path) {
     check_readable(path);
+    // The same file twice (given twice, or inside a folder also given) would put its
+    // documents in the data twice, and some in both splits.
+    const fs::path canonical = fs::weakly_canonical(path, ec);
+    if (auto [at, fresh] = added.emplace(canonical, path); !fresh)
+      fail(fmt::format("input '{}' is the file '{}' already read", path, at->second),
+           "give each file once (a folder's files are read with it)");
     InputFile f;
     f.path = path;
     f.bytes = fs::file_size(path, ec);
