@@ -192,6 +192,23 @@ def piece_offset(tensor, ckpt=CK):
     return at
 
 
+def dataset_with_other_tokens(src, dst):
+    """A copy of dataset `src` whose first train token differs, with valid checksums: the same
+    tokenizer and window count, other tokens."""
+    def step(root):
+        shutil.copytree(_path(root, src), _path(root, dst))
+        shard = dst + "/train_00000.bin"
+        b = bytearray(open(_path(root, shard), "rb").read())
+        struct.pack_into("<H", b, 64, (struct.unpack_from("<H", b, 64)[0] + 1) % 300)
+        _reseal_shard(b)
+        open(_path(root, shard), "wb").write(b)
+        meta = json.load(open(_path(root, dst + "/meta.json")))
+        meta["splits"]["train"]["shards"][0]["checksum"] = "%016x" % struct.unpack_from("<Q", b, 40)[0]
+        with open(_path(root, dst + "/meta.json"), "w") as f:
+            json.dump(meta, f, indent=2)
+    return step
+
+
 EMBED = "model.embed_tokens.weight"
 BAD_PROFILE = "profile.json"  # a copy of the fixture profile, damaged by each case
 
@@ -435,6 +452,7 @@ CASES = [
     Case("run dir: train.run_dir empty", "train -c tiny.json --set train.run_dir=", [], ["train.run_dir is empty"]),
     Case("run dir: train.run_dir a file", "train -c tiny.json --set train.run_dir=tiny.json", [], ["train.run_dir 'tiny.json' is a file"]),
     Case("run dir: a refused resume logs no config change", "train -c tiny.json --resume --steps 4 --allow-config-change --set train.seed=7", [], ["data cursor", "seed"]),
+    Case("checkpoint: resumed on another dataset of as many windows", "train -c tiny.json --resume --steps 4 --set data.dir=ds2", [dataset_with_other_tokens("ds", "ds2")], ["data cursor", "saved on other tokens", "another dataset"], hint="data.dir"),
     Case("checkpoint: dataset run resumed with --synthetic-data", "train -c tiny.json --resume --steps 4 --synthetic-data", [], [CK, "--synthetic-data would go on with random tokens"], hint="without --synthetic-data"),
     Case("config: train.eps 0", "train -c tiny.json --set train.run_dir=fresh --set train.eps=0", [], ["train.eps = 0"], hint="1e-8"),
     Case("config: model.init_std 0", "model info --config tiny.json --set model.init_std=0", [], ["model.init_std = 0"]),

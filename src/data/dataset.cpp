@@ -246,6 +246,12 @@ TokenSplit::TokenSplit(std::string name, std::vector<TokenShard> shards, uint64_
   }
 }
 
+uint64_t TokenSplit::content_checksum() const {
+  std::vector<uint64_t> sums;
+  for (const TokenShard& shard : shards_) sums.push_back(shard.header().payload_checksum);
+  return hash64(sums.data(), sums.size() * sizeof(uint64_t));
+}
+
 void TokenSplit::copy_tokens(uint64_t begin, uint64_t count, int32_t* out) const {
   FOUNDRY_CHECK(begin <= token_count_ && count <= token_count_ - begin);
   // The last shard starting at or before `begin`.

@@ -64,6 +64,8 @@ class TokenSplit {
   uint64_t token_count() const { return token_count_; }
   uint64_t document_count() const { return documents_; }
   const std::vector<TokenShard>& shards() const { return shards_; }
+  // XXH3-64 over its shards' payload checksums in order: which tokens the split holds.
+  uint64_t content_checksum() const;
 
   // Copies tokens [begin, begin + count) of the stream, across shard boundaries.
   void copy_tokens(uint64_t begin, uint64_t count, int32_t* out) const;

@@ -5,6 +5,7 @@
 
 #include "base/config_reader.h"
 #include "base/error.h"
+#include "base/hash.h"
 #include "base/rng.h"
 
 namespace foundry::data {
@@ -94,9 +95,15 @@ void BatchLoader::reset() {
 }
 
 nlohmann::json BatchLoader::cursor() const {
-  return {{"version", kCursorVersion}, {"split", split_.name()}, {"order", order_name(order_)},
-          {"seed", seed_},             {"seq_len", seq_len_},    {"windows", windows_},
-          {"epoch", epoch_},           {"position", position_}};
+  return {{"version", kCursorVersion},
+          {"split", split_.name()},
+          {"order", order_name(order_)},
+          {"seed", seed_},
+          {"seq_len", seq_len_},
+          {"windows", windows_},
+          {"epoch", epoch_},
+          {"position", position_},
+          {"tokens_xxh3", hash64_hex(split_.content_checksum())}};
 }
 
 void BatchLoader::restore(const nlohmann::json& cursor) {
@@ -121,6 +128,8 @@ void BatchLoader::restore(const nlohmann::json& cursor) {
   reader.get("windows", windows);
   reader.get("epoch", epoch);
   reader.get("position", position);
+  std::string tokens;  // the split's content checksum (absent in cursors of earlier versions)
+  reader.get("tokens_xxh3", tokens);
   reader.finish();
 
   if (version != kCursorVersion)
@@ -143,6 +152,12 @@ void BatchLoader::restore(const nlohmann::json& cursor) {
     fail(fmt::format("{}: saved for {} windows, the {} has {} (the dataset changed)", where,
                      windows, split_location(split_), windows_),
          hint);
+  if (!tokens.empty() && tokens != hash64_hex(split_.content_checksum()))
+    fail(fmt::format("{}: saved on other tokens than the {} holds (XXH3-64 {} against {}): the "
+                     "run was trained on another dataset",
+                     where, split_location(split_), tokens, hash64_hex(split_.content_checksum())),
+         "resume on the dataset the run was trained on (data.dir), or train on this one in a "
+         "new run directory");
   if (epoch < 0 || position < 0 || position >= windows_)
     fail(fmt::format("{}: epoch {} / position {} is out of range (position must be in [0, {}))",
                      where, epoch, position, windows_),

@@ -129,7 +129,8 @@ TEST_F(Loader, CursorHasTheDocumentedKeys) {
   EXPECT_EQ(c["windows"], 100);
   EXPECT_EQ(c["epoch"], 0);
   EXPECT_EQ(c["position"], 6);
-  EXPECT_EQ(c.size(), 8u);
+  EXPECT_EQ(c["tokens_xxh3"], hash64_hex(dataset.train().content_checksum()));
+  EXPECT_EQ(c.size(), 9u);
 }
 
 TEST_F(Loader, RestoreRejectsAForeignCursor) {
@@ -153,6 +154,12 @@ TEST_F(Loader, RestoreRejectsAForeignCursor) {
   expect_rejected("version", 2, "version 2");
   expect_rejected("extra", 1, "unknown key 'extra'");
   expect_rejected("position", "ten", "position");
+  // Other tokens in as many windows: another dataset.
+  expect_rejected("tokens_xxh3", "0123456789abcdef", "saved on other tokens");
+  // A cursor from before the content checksum was kept still restores.
+  nlohmann::json earlier = good;
+  earlier.erase("tokens_xxh3");
+  loader.restore(earlier);
   nlohmann::json missing = good;
   missing.erase("epoch");
   expect_error([&] { loader.restore(missing); }, {"missing key 'epoch'"});
