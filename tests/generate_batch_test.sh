@@ -104,6 +104,14 @@ if grep -q "trained on random tokens (--synthetic-data)" syn_eval.log \
   ok "eval of a --synthetic-data checkpoint on a dataset warns"
 else bad "synthetic eval: $(cat syn_eval.log) / $(cat text_eval.log)"; fi
 
+# A batch larger than the splits: windows repeat in every training batch (warned), and
+# validation, which would count windows twice, is off (warned).
+"$FOUNDRY" train -c tiny.json -q --steps 1 --set train.run_dir=run_big train.batch_size=4000 \
+  train.checkpoint_at_end=false >big.log 2>&1 || { cat big.log; bad "a batch larger than the data"; }
+grep -q "train.batch_size 4000 is more than the [0-9]* window(s) of 33 tokens the train split holds" big.log \
+  && grep -q "validation is off for this run: the validation split holds [0-9]* window(s)" big.log \
+  && ok "a batch larger than the splits trains with both warnings" || bad "big batch: $(cat big.log)"
+
 # ---- eval --choices ----
 cat > choices.jsonl <<'JSON'
 {"context": "the expert router", "choices": [" sends each token", " flows", " the the the"], "answer": 0}

@@ -149,8 +149,14 @@ RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(joi
         fail(fmt::format("cannot lock '{}': {}", path_, std::strerror(err)),
              "the run directory's file system must support flock(2)");
       const LockHolder h = read_holder(path_);
-      fail(fmt::format("run directory '{}' is in use by another {} (pid {} on host {}, since {})",
-                       run_dir, launch ? "foundry launch" : "training job", h.pid, h.host, h.since),
+      const std::string holder =
+          h.pid > 0 ? fmt::format("pid {} on host {}, since {}", h.pid, h.host, h.since)
+                    : fmt::format(
+                          "a process that has not written its pid to {} yet, or not "
+                          "Foundry (`fuser {}` names it)",
+                          path_, path_);
+      fail(fmt::format("run directory '{}' is in use by another {} ({})", run_dir,
+                       launch ? "foundry launch" : "training job", holder),
            launch ? "one launch supervises a run: wait for that one to end or stop it (SIGTERM "
                     "saves a checkpoint), or set another train.run_dir"
                   : "wait for that job to end or stop it, or set another train.run_dir");

@@ -392,6 +392,11 @@ void TrainingRun::open_dataset() {
          fmt::format("set model.vocab_size to {} (--set model.vocab_size={})",
                      dataset->vocab_size(), dataset->vocab_size()));
   train_loader.emplace(*dataset, tc.batch_size, tc.seq_len, tc.seed);
+  if (procs.root() && train_loader->windows_per_epoch() < tc.batch_size)
+    warn(
+        fmt::format("train.batch_size {} is more than the {} window(s) of {} tokens the train "
+                    "split holds: every batch repeats windows",
+                    tc.batch_size, train_loader->windows_per_epoch(), tc.seq_len + 1));
   val_loader.emplace(BatchLoader::for_eval(*dataset, tc.batch_size, tc.seq_len));
   if (whole_validation_batches(*val_loader) == 0) {  // the same on every rank
     if (procs.root())
