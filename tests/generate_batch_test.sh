@@ -47,6 +47,9 @@ for i in 0 1; do
   if [ "$alone" = "$prompt$(field out.jsonl $i text)" ]; then ok "request $i: the text generate gives it alone"
   else bad "request $i: batch '$prompt$(field out.jsonl $i text)' vs alone '$alone'"; fi
 done
+alone="$("$FOUNDRY" generate -c tiny.json -p "" -n 5 --temperature 0 2>/dev/null)"
+[ "$alone" = "$(field out.jsonl 4 text)" ] && ok "an empty --prompt: the text of the batch's empty prompt" \
+  || bad "empty prompt: alone '$alone', in the batch '$(field out.jsonl 4 text)'"
 [ "$(field out.jsonl 2 line)" = 3 ] && ok "the invalid request's line: an error" || bad "line 3's result: $(sed -n 3p out.jsonl)"
 
 # The baseline schedules, prompt chunks of 3 tokens and a trace: the same results.

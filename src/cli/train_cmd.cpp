@@ -196,6 +196,7 @@ struct GenArgs {
   ConfigArgs config;
   std::string device;
   std::string checkpoint, prompt, tokenizer, batch, out;
+  bool prompt_given = false;  // --prompt, maybe "" (a document from its start)
   int64_t max_new_tokens = 64;
   infer::SamplingOptions sampling;
   uint64_t seed = 0;
@@ -269,7 +270,7 @@ void check_prompt_options(const GenArgs& g) {
 void run_generate(const GenArgs& g) {
   const ConfigArgs args = with_device(g.config, g.device);
   RunConfig rc = load_run_config(args.config_path, args.overrides);
-  if (g.batch.empty() == g.prompt.empty())
+  if (g.batch.empty() != g.prompt_given)
     fail(g.batch.empty() ? "generate needs --prompt TEXT or --batch FILE"
                          : "generate takes --prompt or --batch, not both",
          "--prompt continues one text; --batch IN.jsonl --out OUT.jsonl runs a file of "
@@ -395,7 +396,8 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--checkpoint", g->checkpoint, "Checkpoint directory (default: latest)");
   cmd->add_option("--device", g->device,
                   "Where to decode: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
-  cmd->add_option("--prompt,-p", g->prompt, "Prompt text");
+  CLI::Option* prompt =
+      cmd->add_option("--prompt,-p", g->prompt, "Prompt text (\"\": a document from its start)");
   cmd->add_option("--batch", g->batch,
                   "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
                   "line, optionally max_new_tokens, temperature, top_k, top_p, seed, ignore_eos");
@@ -444,7 +446,10 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", g->seed,
                   "Sampling seed (same seed, same text; with --batch, request i's default "
                   "seed is this + i)");
-  cmd->callback([g] { run_generate(*g); });
+  cmd->callback([g, prompt] {
+    g->prompt_given = prompt->count() > 0;
+    run_generate(*g);
+  });
 }
 
 }  // namespace
