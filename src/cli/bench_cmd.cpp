@@ -252,6 +252,16 @@ void run_bench_all(const BenchAllOptions& o) {
 
 }  // namespace
 
+void check_bench_outputs(const std::string& json_path, const std::string& csv_path,
+                         const std::string& profile_path) {
+  if (!json_path.empty())
+    check_output_file("--json", json_path, {{"--profile", profile_path}, {"--csv", csv_path}},
+                      is_bench_output);
+  if (!csv_path.empty())
+    check_output_file("--csv", csv_path, {{"--profile", profile_path}, {"--json", json_path}},
+                      is_bench_output);
+}
+
 void register_bench_commands(CLI::App& app) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Characterize this machine: collectives, GEMM throughput, memory bandwidth");

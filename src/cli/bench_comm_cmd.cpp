@@ -135,12 +135,7 @@ std::string open_rank_gpu(const Communicator& world, const std::string& device_t
 void run_bench_comm(const BenchCommArgs& a) {
   // Flags are checked before MPI starts: a bad flag fails every rank the same way, at once.
   const CommBenchOptions parsed = options_from(a);
-  if (!a.json_path.empty())
-    check_output_file("--json", a.json_path, {{"--csv", a.csv_path}, {"--profile", a.profile_path}},
-                      is_bench_output);
-  if (!a.csv_path.empty())
-    check_output_file("--csv", a.csv_path, {{"--json", a.json_path}, {"--profile", a.profile_path}},
-                      is_bench_output);
+  check_bench_outputs(a.json_path, a.csv_path, a.profile_path);
   MpiSession session(MpiSessionOptions{.allow_forced_algorithms = a.algorithms});
   const Communicator& world = session.world();
   const bool root = world.rank() == 0;

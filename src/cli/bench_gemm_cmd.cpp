@@ -85,12 +85,7 @@ std::string load_line(const double load[3]) {
 // earlier bench output (never the --profile it merges into, or each other); --profile must be
 // a hardware profile (or absent).
 void check_outputs(const OutputFlags& o) {
-  if (!o.json_path.empty())
-    check_output_file("--json", o.json_path, {{"--profile", o.profile_path}, {"--csv", o.csv_path}},
-                      is_bench_output);
-  if (!o.csv_path.empty())
-    check_output_file("--csv", o.csv_path, {{"--profile", o.profile_path}, {"--json", o.json_path}},
-                      is_bench_output);
+  check_bench_outputs(o.json_path, o.csv_path, o.profile_path);
   if (!o.profile_path.empty()) read_profile_for_merge(o.profile_path);
 }
 

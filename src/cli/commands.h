@@ -26,6 +26,10 @@ void register_launch_command(CLI::App& app);  // launch                (cli/laun
 void register_bench_comm_command(CLI::App& bench);   // bench comm          (cli/bench_comm_cmd.cpp)
 void register_bench_gemm_commands(CLI::App& bench);  // bench gemm, membw, attention (cli/bench_gemm_cmd.cpp)
 void register_bench_decode_command(CLI::App& bench);  // bench decode (cli/bench_decode_cmd.cpp)
+// Before a bench measures anything: its --json and --csv files replace only an earlier bench
+// output, never the --profile it merges into or each other (base/io.h, check_output_file).
+void check_bench_outputs(const std::string& json_path, const std::string& csv_path,
+                         const std::string& profile_path);
 
 // A value between lo and hi (inclusive). CLI::Range's message changes between CLI11 releases
 // ("not in range 1 to 9" in 2.1, "[1 - 9]" in 2.4); this one reads the same everywhere:
