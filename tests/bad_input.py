@@ -488,6 +488,9 @@ CASES = [
     Case("output: generate --out with --prompt", "generate -c tiny.json -p hi --out g.jsonl", [], ["--out 'g.jsonl' is for --batch"]),
     Case("output: generate --out in a missing directory", "generate -c tiny.json --batch req.jsonl --out nodir/o.jsonl", [write("req.jsonl", '{"prompt": "hi"}\n')], ["--out 'nodir/o.jsonl'", "'nodir' does not exist"]),
     Case("output: bench gemm --json over a run config", "bench gemm --quick --json tiny.json", [], ["--json 'tiny.json' already holds something"]),
+    Case("output: bench gemm --json over a hardware profile", f"bench gemm --quick --json {BAD_PROFILE}", [], [f"--json '{BAD_PROFILE}' already holds something"]),
+    Case("output: bench attention --json over a run config", f"bench attention --device cuda --profile {BAD_PROFILE} --json tiny.json", [], ["--json 'tiny.json' already holds something"]),
+    Case("output: bench comm --json over a run config", "bench comm --json tiny.json", [], ["--json 'tiny.json' already holds something"]),
     Case("output: bench gemm --json in a missing directory", "bench gemm --quick --json nodir/g.json", [], ["--json 'nodir/g.json'", "'nodir' does not exist"]),
     Case("output: bench decode --out over its --config", "bench decode --config tiny.json --out tiny.json", [], ["--out 'tiny.json' is the --config file"]),
 

@@ -44,7 +44,7 @@ done
 ok "the breakdown shows the layout's terms and the goodput"
 # The memory of one config's layout against the profile's device: warned when it does not fit.
 "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" >one.txt 2>&1 \
-  && grep -q "per device, more than the 178.81 GiB of AMD Instinct MI300X .*: it does not fit" one.txt \
+  && grep -q "per device, more than the 178.81 GiB of a device (AMD Instinct MI300X.*): it does not fit" one.txt \
   && ! "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
        2>&1 | grep -q "does not fit" \
   && ok "a config that does not fit its device is warned about (on one device, not on 1,024)" \

@@ -61,7 +61,9 @@ void check_output_file(const std::string& option, const std::string& path,
   if (!parent.empty() && !fs::is_directory(parent, ec))
     fail(fmt::format("{} '{}': the directory '{}' does not exist", option, path, parent.string()),
          "create it first, or name a file in an existing directory");
-  if (!ours || !fs::exists(path, ec)) return;
+  // Only a regular file's contents are judged: a pipe or device (--trace /dev/stderr) is
+  // written as it is.
+  if (!ours || !fs::is_regular_file(path, ec)) return;
   const std::string contents = read_text_file(path);
   if (contents.find_first_not_of(" \t\r\n") == std::string::npos || ours(contents)) return;
   fail(fmt::format("{} '{}' already holds something this command did not write", option, path),
@@ -71,7 +73,9 @@ void check_output_file(const std::string& option, const std::string& path,
 bool is_bench_output(const std::string& contents) {
   if (contents.rfind("# date: ", 0) == 0) return true;
   const nlohmann::json j = nlohmann::json::parse(contents, nullptr, /*allow_exceptions=*/false);
-  return j.is_object() && j.contains("provenance");
+  // A hardware profile has provenance too, but is a merge of many runs: never replaced whole.
+  return j.is_object() && j.contains("provenance") &&
+         j.value("format", std::string()) != "foundry-hardware-profile";
 }
 
 void fsync_path(const std::string& path) {

@@ -29,8 +29,9 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
 void check_output_file(const std::string& option, const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& inputs,
                        const std::function<bool(const std::string& contents)>& ours = {});
-// What every `foundry bench` output starts with: a JSON object with "provenance", or text whose
-// first line is the provenance header's "# date: ".
+// What every `foundry bench` output starts with: a JSON object with "provenance" (other than a
+// hardware profile, which merges many runs), or text whose first line is the provenance
+// header's "# date: ".
 bool is_bench_output(const std::string& contents);
 
 void fsync_path(const std::string& path);  // fsync a file or directory

@@ -363,13 +363,17 @@ std::vector<std::string> profile_search_dirs() {
 
 HardwareProfile load_profile(const std::string& spec) {
   std::string path = spec;
-  if (std::error_code ec; fs::is_directory(spec, ec))
-    fail(fmt::format("profile '{}' is a directory", spec),
-         fs::exists(fs::path(spec) / "profile.json", ec)
-             ? fmt::format("give the profile file in it: {}/profile.json", spec)
-             : std::string("give a reference profile's name (mi300x, h100) or a profile JSON "
-                           "written by `foundry bench all`"));
   const bool bare = spec.find('/') == std::string::npos && spec.find(".json") == std::string::npos;
+  // A directory given as a path (a bare name is looked up as a reference profile's first).
+  const auto refuse_directory = [&spec] {
+    if (std::error_code ec; fs::is_directory(spec, ec))
+      fail(fmt::format("profile '{}' is a directory", spec),
+           fs::exists(fs::path(spec) / "profile.json", ec)
+               ? fmt::format("give the profile file in it: {}/profile.json", spec)
+               : std::string("give a reference profile's name (mi300x, h100) or a profile JSON "
+                             "written by `foundry bench all`"));
+  };
+  if (!bare) refuse_directory();
   if (bare) {
     path.clear();
     for (const auto& dir : profile_search_dirs()) {
@@ -380,6 +384,7 @@ HardwareProfile load_profile(const std::string& spec) {
       }
     }
     if (path.empty()) {
+      refuse_directory();
       std::vector<std::string> names;
       for (const auto& dir : profile_search_dirs()) {
         std::error_code ec;

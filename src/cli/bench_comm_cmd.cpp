@@ -135,10 +135,26 @@ std::string open_rank_gpu(const Communicator& world, const std::string& device_t
 void run_bench_comm(const BenchCommArgs& a) {
   // Flags are checked before MPI starts: a bad flag fails every rank the same way, at once.
   const CommBenchOptions parsed = options_from(a);
-  check_bench_outputs(a.json_path, a.csv_path, a.profile_path);
   MpiSession session(MpiSessionOptions{.allow_forced_algorithms = a.algorithms});
   const Communicator& world = session.world();
   const bool root = world.rank() == 0;
+  // Rank 0 writes the files, so it checks them (another host need not have their directory);
+  // the verdict is shared, and on a refusal only rank 0 explains, as at the end.
+  std::exception_ptr output_error;
+  if (root) {
+    try {
+      check_bench_outputs(a.json_path, a.csv_path, a.profile_path);
+    } catch (...) {
+      output_error = std::current_exception();
+    }
+  }
+  int64_t refused = output_error ? 1 : 0;
+  world.broadcast(&refused, 1, /*root=*/0);
+  if (refused) {
+    session.finalize();
+    if (!root) std::exit(0);
+    std::rethrow_exception(output_error);
+  }
   check_memory_on_every_host(
       world, {"bench comm", {{"buffers", comm_bench_bytes(parsed, world.size())}}}, memory_budget(),
       [](const MemoryNeed&, const MemoryBudget&) { return std::string("lower -e/--maxbytes"); });

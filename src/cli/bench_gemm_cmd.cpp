@@ -429,6 +429,7 @@ AttentionReport report_attention(const AttentionBenchResult& r, const HardwarePr
 }
 
 void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
+  check_bench_outputs(f.out.json_path, f.out.csv_path, f.out.profile_path);
   const DeviceSpec device = parse_device("--device", f.out.device);
   if (!device.cuda)
     fail("bench attention measures a GPU's attention kernels: give --device cuda",
@@ -506,8 +507,7 @@ void register_bench_gemm_commands(CLI::App& bench) {
       ->type_name("LIST");
   gemm->add_option("--repeats", g->repeats, "Timed runs per shape after the warm-up (default 5)");
   gemm->add_option("--peak-clock-ghz", g->peak_clock_ghz,
-                   "Clock for the peak estimate (default: cpufreq max, else measured)")
-      ->check(in_range(0.01, 100.0));
+                   "Clock for the peak estimate (default: cpufreq max, else measured)");
   gemm->add_option("--peak-fma-units", g->peak_fma_units,
                    "FMA units per core for the peak estimate (default: by CPU family)");
   gemm->callback([g, gemm] { run_bench_gemm(*g, *gemm); });

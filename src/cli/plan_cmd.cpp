@@ -287,19 +287,22 @@ json prediction_json(const PlanOptions& o, const StepShape& s, const StepPredict
 }
 
 // --config: predict one config's step on one device of the profile.
-void predict_config(const PlanOptions& o, const HardwareProfile& profile, bool seq_given,
-                    bool batch_given) {
+void predict_config(const PlanOptions& o, const HardwareProfile& profile, double memory,
+                    bool seq_given, bool batch_given) {
   const RunConfig rc = load_run_config(o.config_path, o.overrides);
   const StepShape s = config_step_shape(o, rc, seq_given, batch_given);
   const StepPrediction p = predict_step(rc.model, s, profile);
   const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
-  if (profile.memory_bytes > 0 && p.memory_bytes > profile.memory_bytes)
+  // The device's memory: --memory-per-device, else the profile's.
+  const double device_memory = memory > 0 ? memory : double(profile.memory_bytes);
+  if (device_memory > 0 && double(p.memory_bytes) > device_memory)
     fmt::print(stderr,
-               "warning: {} needs {} per device, more than the {} of {}'s devices: it does not "
-               "fit (a search rejects such shapes); use more devices, a smaller batch, "
+               "warning: {} needs {} per device, more than the {} of a device ({}): it does "
+               "not fit (a search rejects such shapes); use more devices, a smaller batch, "
                "recomputation (--recompute) or expert parallelism (--ep)\n",
                o.config_path, format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2),
-               format_bytes(double(profile.memory_bytes), ByteUnit::GiB, 2), profile.name);
+               format_bytes(device_memory, ByteUnit::GiB, 2),
+               memory > 0 ? std::string("--memory-per-device") : profile.name);
   if (o.json) {
     std::printf("%s\n", prediction_json(o, s, p, profile, gin, gp).dump(2).c_str());
   } else {
@@ -420,7 +423,8 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
   if (!(o.scatter >= 1 && std::isfinite(o.scatter)))
     fail(fmt::format("--scatter {} must be >= 1 (σ counts extra page touches)", o.scatter),
          "1 means contiguous storage; leave it out if unsure");
-  if (!o.config_path.empty()) predict_config(o, profile, seq_given, batch_given);
+  if (!o.config_path.empty())
+    predict_config(o, profile, memory, seq_given, batch_given);
   else search_shapes(o, profile, memory, seq_given, batch_given);
 }
 
@@ -433,7 +437,17 @@ void check_mode_options(const CLI::App& plan, bool config) {
       "--total-params", "--active-params", "--tolerance", "--aspect-ratio",
       "--hidden",       "--head-dims",     "--experts",   "--top-k",
       "--kv-ratios",    "--compare",       "--top"};
-  static const char* const kConfigOnly[] = {"--tp", "--pp", "--vp", "--ep", "--cp", "--set"};
+  static const char* const kConfigOnly[] = {"--tp",
+                                            "--pp",
+                                            "--vp",
+                                            "--ep",
+                                            "--cp",
+                                            "--set",
+                                            "--recompute",
+                                            "--expert-imbalance",
+                                            "--overlap-param-gather",
+                                            "--overlap-expert-comm",
+                                            "--dedup-expert-dispatch"};
   if (config) {
     for (const char* name : kSearchOnly)
       if (plan.count(name) > 0)

@@ -134,9 +134,11 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
 RequestSet read_generation_requests(const std::string& path, const data::Tokenizer& tok,
                                     int64_t max_seq_len, const RequestDefaults& defaults) {
   std::ifstream in(path);
-  if (!in || std::filesystem::is_directory(path))
+  std::error_code ec;
+  const bool directory = std::filesystem::is_directory(path, ec);
+  if (!in || directory)
     fail(fmt::format("cannot read the requests file '{}'{}", path,
-                     std::filesystem::is_directory(path) ? ": it is a directory" : ""),
+                     directory ? ": it is a directory" : ""),
          "pass a JSONL file with one request a line, e.g. {\"prompt\": \"...\", "
          "\"max_new_tokens\": 64}");
   RequestSet set;
@@ -220,7 +222,7 @@ std::map<int64_t, std::string> read_finished_results(const std::string& out_path
     const auto q = by_index.find(index);
     if (q == by_index.end() || j["request"] != hash64_hex(q->second->key))
       not_ours(i, fmt::format("the result of request {} was made for another request, or by "
-                              "another model (checkpoint, tokenizer or precision)",
+                              "another model (checkpoint, tokenizer, precision or device)",
                               index));
     done[index] = lines[i];
   }

@@ -95,9 +95,11 @@ ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64
 ChoiceFile read_choice_items(const std::string& path, const data::Tokenizer& tok,
                              int64_t max_seq_len) {
   std::ifstream in(path);
-  if (!in || std::filesystem::is_directory(path))
+  std::error_code ec;
+  const bool directory = std::filesystem::is_directory(path, ec);
+  if (!in || directory)
     fail(fmt::format("cannot read the choices file '{}'{}", path,
-                     std::filesystem::is_directory(path) ? ": it is a directory" : ""),
+                     directory ? ": it is a directory" : ""),
          "pass a JSONL file with one item a line, e.g. {\"context\": \"...\", \"choices\": "
          "[\"...\", \"...\"], \"answer\": 0}");
   ChoiceFile f;

@@ -9,12 +9,13 @@
 #include "base/io.h"
 #include "comm/comm.h"
 #include "train/events.h"
+#include "train/run_dir.h"
 
 namespace foundry {
 
 namespace {
 
-constexpr char kRecordFile[] = "skipped_batches.json";
+constexpr const char* kRecordFile = kSkippedBatchesFile;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 json finite_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -263,17 +264,11 @@ void AnomalyMonitor::load_record() {
   for (const json& e : record_) batches_.skip(e.at("batch").get<int64_t>());
 }
 
-// A new run forgets an earlier run's record, naming it; a file of that name Foundry did not
-// write stops the start instead (nothing of the user's is deleted).
+// A new run forgets an earlier run's record, naming it (RunDir refused the start if the file
+// was not a record Foundry wrote).
 void AnomalyMonitor::clear_record() {
   const std::string path = tc_.run_dir + "/" + kRecordFile;
   if (!root_ || !path_exists(path)) return;
-  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  if (!file.is_object() || !file.contains("batches") || !file.at("batches").is_array())
-    fail(fmt::format("{} is not a record of skipped batches that Foundry wrote; a new run in "
-                     "{} would replace it",
-                     path, tc_.run_dir),
-         "move the file out of the run directory, or set another train.run_dir");
   remove_all(path);
   std::fprintf(stderr, "removed %s: the skipped batches of an earlier run in %s\n", path.c_str(),
                tc_.run_dir.c_str());

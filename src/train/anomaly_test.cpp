@@ -134,11 +134,6 @@ TEST(AnomalyMonitor, SkipDropsTheBatchAndRecordsItWithEvents) {
   EXPECT_EQ(resumed.skipped(), (std::set<int64_t>{3, 4, 20}));
   again.clear_record();
   EXPECT_FALSE(path_exists(f.dir.path() + "/skipped_batches.json"));
-  // A file of that name that Foundry did not write is named, and kept.
-  write_file_atomic(f.dir.path() + "/skipped_batches.json", "my own notes\n");
-  testing::expect_error([&] { again.clear_record(); },
-                        {f.dir.path() + "/skipped_batches.json", "not a record"});
-  EXPECT_EQ(read_text_file(f.dir.path() + "/skipped_batches.json"), "my own notes\n");
 }
 
 TEST(AnomalyMonitor, ConsecutiveAnomaliesStopTheRunWithAReport) {

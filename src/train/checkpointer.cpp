@@ -239,6 +239,7 @@ int64_t Checkpointer::resume() {
     // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
     // state, and the plain message says more than a missing tensor would.
     check_same_optimizer(dir, read_checkpoint_trainer_state(dir), rc_.train.optimizer);
+    auto g = processes_.guard("loading " + dir);
     if (std::optional<json> state = load_on_every_rank(dir, newest_failure))
       return restore_from(dir, *state, t0);
   }
@@ -253,7 +254,6 @@ int64_t Checkpointer::resume() {
 
 std::optional<json> Checkpointer::load_on_every_rank(const std::string& dir,
                                                      std::string& newest_failure) {
-  auto g = processes_.guard("loading " + dir);
   json state;
   std::string error;
   try {

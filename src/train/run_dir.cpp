@@ -210,6 +210,21 @@ RunDir::~RunDir() {
   if (created_) remove_all(created_path_);
 }
 
+namespace {
+
+void check_skipped_batches_file(const std::string& run_dir) {
+  const std::string path = join(run_dir, kSkippedBatchesFile);
+  if (!path_exists(path)) return;
+  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  if (!file.is_object() || !file.contains("batches") || !file.at("batches").is_array())
+    fail(fmt::format("{} is not a record of skipped batches that Foundry wrote; a new run in {} "
+                     "would replace it",
+                     path, run_dir),
+         "move the file out of the run directory, or set another train.run_dir");
+}
+
+}  // namespace
+
 void RunDir::claim(StartMode mode) {
   if (path_.empty())
     fail("train.run_dir is empty: a run needs a directory of its own",
@@ -232,6 +247,11 @@ void RunDir::claim(StartMode mode) {
   const std::string other_hint =
       "continue it with --resume, replace it with --overwrite, or set another train.run_dir";
   const bool can_resume = held.checkpoints > 0 || held.latest || held.memory_step > 0;
+  // A new run forgets an earlier run's skipped batches (AnomalyMonitor::clear_record); a file of
+  // that name Foundry did not write stops it instead, before anything is removed.
+  if (mode == StartMode::fresh || mode == StartMode::overwrite ||
+      (mode == StartMode::auto_resume && !can_resume))
+    check_skipped_batches_file(path_);
   switch (mode) {
     case StartMode::fresh:
       if (held.any())

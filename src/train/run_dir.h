@@ -33,6 +33,7 @@ enum class StartMode { fresh, resume, auto_resume, overwrite };
 
 inline constexpr char kLockFile[] = "lock";
 inline constexpr char kMetricsFile[] = "metrics.jsonl";
+inline constexpr char kSkippedBatchesFile[] = "skipped_batches.json";  // train/anomaly.h
 
 // What a run directory holds of an earlier run.
 struct RunDirContents {

@@ -61,6 +61,30 @@ TEST(RunDir, ANewRunIntoAnotherRunsDirectoryIsRefusedAndNothingChanges) {
   EXPECT_EQ(read_text_file(dir + "/metrics.jsonl"), "{\"step\":1}\n{\"step\":2}\n");
 }
 
+// A new run would replace skipped_batches.json: one Foundry did not write stops every start
+// mode that begins a new run, before --overwrite removes anything; a resume keeps it.
+TEST(RunDir, ASkippedBatchesFileFoundryDidNotWriteStopsANewRun) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, true);
+  write_file_atomic(dir + "/skipped_batches.json", "my own notes\n");
+  Processes one(nullptr, 0);
+  for (StartMode mode : {StartMode::fresh, StartMode::overwrite})
+    expect_error([&] { RunDir d(at(dir), mode, one); },
+                 dir + "/skipped_batches.json is not a record of skipped batches");
+  EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002"));
+  EXPECT_EQ(read_text_file(dir + "/skipped_batches.json"), "my own notes\n");
+  const std::string empty = tmp.path() + "/empty";
+  make_dirs(empty);
+  write_file_atomic(empty + "/skipped_batches.json", "[1, 2]\n");
+  expect_error([&] { RunDir d(at(empty), StartMode::auto_resume, one); }, "not a record");
+  // A record Foundry wrote does not stop a new run.
+  write_file_atomic(empty + "/skipped_batches.json",
+                    "{\"format\": \"foundry-skipped-batches\", "
+                    "\"batches\": []}\n");
+  EXPECT_FALSE(RunDir(at(empty), StartMode::fresh, one).resume());
+}
+
 TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";

@@ -203,8 +203,8 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
 // learning rate, batch or seed changed by a forgotten --set would make another run under the
 // run's name. Changes meant as such pass with --allow-config-change, printed and logged.
 // Deterministic on every rank (each reads the file), so no agreement is needed. Returns the
-// changes, which the events log gets once the resume has loaded its checkpoint (a resume
-// refused on the way changes nothing on disk).
+// changes, which the events log gets once the resume is accepted (train(): a resume refused on
+// the way changes nothing on disk).
 std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   const std::string path = rc.train.run_dir + "/config.json";
   if (!path_exists(path)) return {};
@@ -326,8 +326,6 @@ int64_t TrainingRun::resume() {
                      "there are interrupted saves)",
                      tc.run_dir),
          "start a new run with --overwrite (it removes them), or set another train.run_dir");
-  if (procs.root() && !config_changes.empty())
-    append_event(tc.run_dir, "train", "config_change", {{"changes", config_changes}});
   return step;
 }
 
@@ -861,6 +859,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     done.already_complete = true;
     return done;
   }
+  // The resume is accepted: its changes of settings go to the events log.
+  if (run.procs.root() && !run.config_changes.empty())
+    append_event(rc.train.run_dir, "train", "config_change", {{"changes", run.config_changes}});
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
   TrainSummary summary = start_training(run, opt, start_step);
   StopSignals signals(/*block_on_workers=*/true);

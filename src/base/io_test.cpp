@@ -1,0 +1,72 @@
+#include "base/io.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <string>
+
+#include "base/error.h"
+#include "base/test_expect_error.h"
+#include "base/test_temp_dir.h"
+
+namespace foundry {
+namespace {
+
+using testing::TempDir;
+
+bool starts_with_ours(const std::string& contents) { return contents.rfind("ours", 0) == 0; }
+
+// An output is never one of the command's inputs, under any spelling of its path.
+TEST(CheckOutputFile, AnInputOfTheCommandIsRefusedUnderAnySpelling) {
+  TempDir dir;
+  write_file_atomic(dir.file("run.json"), "{}\n");
+  const std::string other_spelling = dir.path() + "/./run.json";
+  expect_error(
+      [&] { check_output_file("--out", other_spelling, {{"--config", dir.file("run.json")}}); },
+      "--out '" + other_spelling + "' is the --config file");
+  // An input that does not exist yet is no obstacle; nor is an empty input path.
+  check_output_file("--out", dir.file("new.json"),
+                    {{"--config", dir.file("absent.json")}, {"--tokenizer", ""}});
+}
+
+TEST(CheckOutputFile, ADirectoryOrAMissingDirectoryIsRefused) {
+  TempDir dir;
+  expect_error([&] { check_output_file("--out", dir.path(), {}); }, "is a directory");
+  expect_error([&] { check_output_file("--json", dir.file("none/x.json"), {}); },
+               "the directory '" + dir.file("none") + "' does not exist");
+  check_output_file("--out", "relative-with-no-directory.json", {});  // the working directory
+}
+
+// An existing file is replaced only when it holds what the option writes, or nothing.
+TEST(CheckOutputFile, AnExistingFileIsReplacedOnlyWhenItIsTheOptionsOwn) {
+  TempDir dir;
+  write_file_atomic(dir.file("mine.txt"), "my notes\n");
+  expect_error([&] { check_output_file("--out", dir.file("mine.txt"), {}, starts_with_ours); },
+               "already holds something this command did not write");
+  EXPECT_EQ(read_text_file(dir.file("mine.txt")), "my notes\n");
+  write_file_atomic(dir.file("ours.txt"), "ours, from an earlier run\n");
+  check_output_file("--out", dir.file("ours.txt"), {}, starts_with_ours);
+  write_file_atomic(dir.file("empty.txt"), "\n");
+  check_output_file("--out", dir.file("empty.txt"), {}, starts_with_ours);
+  // Without a recognizer, any file may be replaced (the option's own reader judges it).
+  check_output_file("--out", dir.file("mine.txt"), {});
+}
+
+// A pipe is written as it is, never read to judge it (reading would block).
+TEST(CheckOutputFile, APipeIsNotRead) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
+  check_output_file("--trace", dir.file("fifo"), {}, starts_with_ours);
+}
+
+TEST(CheckOutputFile, BenchOutputsButNotAHardwareProfile) {
+  EXPECT_TRUE(is_bench_output("{\"provenance\": {}, \"gemm\": []}"));
+  EXPECT_TRUE(is_bench_output("# date: 2026-11-30 10:00 UTC\n# command: foundry bench gemm\n"));
+  EXPECT_FALSE(is_bench_output(
+      "{\"format\": \"foundry-hardware-profile\", \"provenance\": {}, \"gemm\": {}}"));
+  EXPECT_FALSE(is_bench_output("{\"model\": {}, \"train\": {}}"));
+  EXPECT_FALSE(is_bench_output("date,kind\n"));
+}
+
+}  // namespace
+}  // namespace foundry
