@@ -124,6 +124,12 @@ else bad "np 2 stop: rc=$rc"; cat stop2.log; fi
 
 FOUNDRY_TRAIN_FAULT=nan_grad@x expect_fail "malformed FOUNDRY_TRAIN_FAULT" "nan_grad@x" \
   "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=bad
+# Checked before --overwrite removes anything: the previous run stays.
+FOUNDRY_TRAIN_FAULT=bogus@3 expect_fail "malformed FOUNDRY_TRAIN_FAULT with --overwrite" "bogus@3" \
+  "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=repeated --overwrite
+[ -f repeated/metrics.jsonl ] && ! grep -q '"overwrite"' repeated/events.jsonl \
+  && ok "a malformed FOUNDRY_TRAIN_FAULT leaves the run --overwrite named as it was" \
+  || bad "a malformed FOUNDRY_TRAIN_FAULT: --overwrite removed the run first"
 expect_fail "bad skip_batches" "train.skip_batches" \
   "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=bad --set 'train.skip_batches=[0]'
 finish

@@ -183,6 +183,18 @@ else
   echo "skip: full disk (mounting a tmpfs needs root)"
 fi
 
+# ---- the restart budget spent: launch gives up, naming the attempt ----
+launch gaveup 1 --max-restarts 0
+wait_step gaveup 120 && kill -9 "$(rank_pid gaveup 0)"
+wait $lpid; rc=$?
+python3 - gaveup/events.jsonl <<'PY' && [ $rc -eq 1 ] \
+  && ok "--max-restarts 0: a killed job ends launch with a gave_up event naming attempt 1" \
+  || { bad "gave up: rc=$rc, events $(events gaveup)"; cat "$(log_of gaveup)"; }
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+assert ev[-1]["event"] == "gave_up" and ev[-1]["attempt"] == 1 and ev[-1]["restarts"] == 0, ev[-1]
+PY
+
 # ---- what is not retried: bad input fails once, before anything starts ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
 rc=$?

@@ -421,7 +421,7 @@ int Supervisor::run() {
                        o.detail, a.last_step, committed));
     if (!o.retry) return kExitFailed;
     if (number > o_.max_restarts) {
-      record("gave_up", {{"restarts", o_.max_restarts}},
+      record("gave_up", {{"attempt", number}, {"restarts", o_.max_restarts}},
              fmt::format("giving up after {} restarts (--max-restarts)", o_.max_restarts));
       return kExitFailed;
     }

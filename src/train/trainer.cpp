@@ -38,6 +38,7 @@
 #include "train/processes.h"
 #include "train/report.h"
 #include "train/signals.h"
+#include "train/train_fault.h"
 
 namespace foundry {
 using data::BatchLoader;
@@ -288,7 +289,10 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   const bool resuming = opt.start == StartMode::resume || opt.start == StartMode::auto_resume;
   check_steps_left(resuming ? latest_resume_step(tc) : 0, schedule.total_steps, opt.stop_at_step,
                    tc.run_dir);
-  // Before anything is allocated or written: the directory is this run's, or nothing starts.
+  // Before anything is allocated or written: the fault injection's spec parses (--overwrite
+  // would otherwise remove the previous run first), and the directory is this run's, or
+  // nothing starts.
+  TrainFaults::from_environment(procs.rank(), procs.ranks());
   started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
   if (run_dir->resume())
