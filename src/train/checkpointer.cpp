@@ -135,6 +135,9 @@ void Checkpointer::save_in_memory(int64_t step) {
   memory_.started = now_seconds();
   plan(memory_, step);
   memory_.state[kDurableStepKey] = durable_step_;
+  if (durable_step_ > 0)
+    memory_.state[kDurableChecksumKey] =
+        durable_checkpoint_checksum(rc_.train.run_dir, durable_step_);
   // The older of the two committed checkpoints lends its files (and their pages) to this one.
   const std::vector<CheckpointDir> kept = list_checkpoint_dirs(memory_.root);
   memory_.recycle = kept.size() >= 2 ? kept.front().path : "";
@@ -149,14 +152,14 @@ void Checkpointer::save_in_memory(int64_t step) {
   memory_.blocked_seconds = now_seconds() - memory_.started;
 }
 
+// On or off: what an earlier process of the run left there goes too.
 void Checkpointer::retire_memory_tier() {
-  if (memory_.root.empty()) return;
-  finish();
-  if (processes_.root()) remove_all(memory_.root);
+  if (!memory_.root.empty()) finish();
+  if (processes_.root()) remove_all(memory_tier_location(rc_.train));
 }
 
 void Checkpointer::clear_memory_tier() {
-  if (!memory_.root.empty() && processes_.root()) remove_all(memory_.root);
+  if (processes_.root()) remove_all(memory_tier_location(rc_.train));
 }
 
 // ---- resume ---------------------------------------------------------------------------------
@@ -213,8 +216,16 @@ std::vector<std::string> Checkpointer::resume_candidates() const {
   std::vector<std::string> candidates;
   const std::string& run_dir = rc_.train.run_dir;
   const auto latest = find_latest_checkpoint(run_dir);
-  if (!memory_.root.empty())
+  if (!memory_.root.empty()) {
     if (auto memory = usable_memory_checkpoint(rc_.train, latest)) candidates.push_back(*memory);
+  } else if (processes_.root()) {
+    if (auto unused = usable_memory_checkpoint(rc_.train, latest, /*even_when_off=*/true))
+      warn(fmt::format("{} is newer than the run directory's checkpoints and is left unused: "
+                       "in-memory checkpoints are off in this run (train.memory_checkpoint_every "
+                       "= 0, or ranks on several hosts); resume with them on (one host) to start "
+                       "from there",
+                       *unused));
+  }
   if (!latest) return candidates;
   candidates.push_back(*latest);
   const std::vector<CheckpointDir> dirs = list_checkpoint_dirs(run_dir);

@@ -440,6 +440,58 @@ TEST(MemoryTier, ANewRunClearsItAndTheEndOfARunRetiresIt) {
   EXPECT_EQ(list_checkpoint_dirs(rc.train.run_dir).size(), 1u);
 }
 
+// A run with the tier off leaves a newer in-memory checkpoint unused, saying so, and removes
+// it at its end all the same; another run's checkpoint of the step the tier descends from
+// does not make the tier usable.
+TEST(MemoryTier, OffItIsLeftUnusedAndRetiredAndAnotherRunDoesNotAdoptIt) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  const std::string root = memory_tier_root(rc.train);
+  auto run_a = [&] {
+    TinyRun a(rc, 1);
+    a.step(1);
+    a.checkpointer.save(1);
+    a.checkpointer.finish();
+    a.step(2);
+    a.checkpointer.save_in_memory(2);
+    a.step(3);
+    a.checkpointer.finish();
+  };
+  run_a();
+  ASSERT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
+            list_checkpoint_dirs(root).back().path);
+
+  RunConfig off = rc;
+  off.train.memory_checkpoint_every = 0;
+  {
+    TinyRun resumed(off, 99);
+    ::testing::internal::CaptureStderr();
+    EXPECT_EQ(resumed.checkpointer.resume(), 1);
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    EXPECT_NE(log.find("is left unused: in-memory checkpoints are off"), std::string::npos) << log;
+    resumed.checkpointer.retire_memory_tier();
+    EXPECT_FALSE(path_exists(root));
+  }
+
+  // Run A again, then another run's checkpoint of step 1 where A's was.
+  remove_all(rc.train.run_dir);
+  make_dirs(rc.train.run_dir);
+  run_a();
+  remove_all(rc.train.run_dir);
+  make_dirs(rc.train.run_dir);
+  {
+    TinyRun b(off, 7);
+    b.step(1);
+    b.checkpointer.save(1);
+    b.checkpointer.finish();
+  }
+  ASSERT_TRUE(path_exists(root));
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
+            std::nullopt);
+  TinyRun resumed(rc, 99);
+  EXPECT_EQ(resumed.checkpointer.resume(), 1);
+}
+
 // A failing memory tier only costs its checkpoints: the run goes on without them.
 TEST(MemoryTier, AFailedSaveTurnsTheTierOffAndTrainingGoesOn) {
   TempDir dir;

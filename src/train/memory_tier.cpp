@@ -55,7 +55,21 @@ void check_memory_tier_room(const TrainConfig& tc, double bytes) {
 }
 
 std::string memory_tier_root(const TrainConfig& tc) {
-  if (tc.memory_checkpoint_every <= 0) return "";
+  return tc.memory_checkpoint_every > 0 ? memory_tier_location(tc) : "";
+}
+
+std::string durable_checkpoint_checksum(const std::string& run_dir, int64_t step) {
+  for (const CheckpointDir& d : list_checkpoint_dirs(run_dir)) {
+    if (d.step != step) continue;
+    const std::string marker = join(d.path, kCommittedFile);
+    if (!path_exists(marker)) return "";
+    const std::string bytes = read_text_file(marker);
+    return hash64_hex(hash64(bytes.data(), bytes.size()));
+  }
+  return "";
+}
+
+std::string memory_tier_location(const TrainConfig& tc) {
   std::error_code ec;
   std::string run_dir = std::filesystem::weakly_canonical(tc.run_dir, ec).string();
   if (ec) run_dir = std::filesystem::absolute(tc.run_dir).lexically_normal().string();
@@ -65,8 +79,9 @@ std::string memory_tier_root(const TrainConfig& tc) {
 }
 
 std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
-                                                    const std::optional<std::string>& durable) {
-  const std::string root = memory_tier_root(tc);
+                                                    const std::optional<std::string>& durable,
+                                                    bool even_when_off) {
+  const std::string root = even_when_off ? memory_tier_location(tc) : memory_tier_root(tc);
   if (root.empty() || !path_exists(root)) return std::nullopt;
   const std::optional<std::string> memory = find_latest_checkpoint(root);
   if (!memory) return std::nullopt;
@@ -77,6 +92,11 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
     if (base == state.end() || !base->is_number_integer()) return std::nullopt;
     const int64_t base_step = base->get<int64_t>();
     if (base_step != 0 && !holds_committed(tc.run_dir, base_step)) return std::nullopt;
+    // The very checkpoint it descends from, not another run's of the same step.
+    const auto sum = state.find(kDurableChecksumKey);
+    if (base_step != 0 && sum != state.end() &&
+        *sum != durable_checkpoint_checksum(tc.run_dir, base_step))
+      return std::nullopt;
   } catch (const Error& e) {
     warn(fmt::format("skipping in-memory checkpoint {}: {}", *memory, e.what()));
     return std::nullopt;

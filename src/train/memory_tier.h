@@ -10,9 +10,12 @@
 // allocates no memory. A resume uses
 // it only when it is newer than every checkpoint of the run directory and descends from one
 // still there (its trainer state's "durable_step": the run directory's newest committed
-// checkpoint when it was written, 0 for none), so removing checkpoints from the run directory
-// to go back sets the memory tier aside too. A new run, and a run that ends with its final
-// checkpoint in the run directory, remove the tier.
+// checkpoint when it was written, 0 for none, and "durable_xxh3": that checkpoint's commit
+// marker's checksum, so another run's checkpoint of the same step does not pass), so removing
+// checkpoints from the run directory to go back sets the memory tier aside too. A resume with
+// the tier off leaves it unused (with a warning when it is newer: its ranks may span hosts,
+// whose /dev/shm differ); a new run, and a run that ends with its final checkpoint in the run
+// directory, remove it whether the tier is on or off.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -23,6 +26,7 @@
 namespace foundry {
 
 inline constexpr char kDurableStepKey[] = "durable_step";
+inline constexpr char kDurableChecksumKey[] = "durable_xxh3";
 
 // Before a run starts (the tier on): fails unless train.memory_checkpoint_dir is a directory
 // with room for `bytes` (two copies of every rank's state on this host).
@@ -30,11 +34,20 @@ void check_memory_tier_room(const TrainConfig& tc, double bytes);
 
 // The tier's directory for this run; "" when the tier is off.
 std::string memory_tier_root(const TrainConfig& tc);
+// Where the tier of this run lies, on or off (a run with it off still finds, or removes, what
+// an earlier process of the run left there).
+std::string memory_tier_location(const TrainConfig& tc);
+
+// The XXH3-64 (hex) of the commit marker of the run directory's checkpoint of `step` (which
+// names its metadata's checksum, so the checkpoint's contents); "" when there is none.
+std::string durable_checkpoint_checksum(const std::string& run_dir, int64_t step);
 
 // The tier's newest committed checkpoint that a resume may use (see above), if any, given
-// the run directory's latest committed checkpoint (find_latest_checkpoint(tc.run_dir)).
+// the run directory's latest committed checkpoint (find_latest_checkpoint(tc.run_dir));
+// `even_when_off`: also with train.memory_checkpoint_every 0 (what such a resume leaves unused).
 std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
-                                                    const std::optional<std::string>& durable);
+                                                    const std::optional<std::string>& durable,
+                                                    bool even_when_off = false);
 
 // The step of the newest checkpoint a resume would start from (the memory tier's when
 // usable, else the run directory's latest); 0 when there is none.
