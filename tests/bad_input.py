@@ -512,6 +512,9 @@ CASES = [
     Case("option: plan --scatter inf", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --scatter inf", [], ["--scatter inf"]),
     Case("option: plan --total-params inf", f"plan --profile {BAD_PROFILE} --total-params inf --active-params 2M", [], ["--total-params", "inf"]),
     Case("option: plan --vocab negative", f"plan --profile {BAD_PROFILE} --total-params 6M --active-params 2M --vocab -5", [], ["--vocab", "-5"], code=USAGE),
+    Case("option: launch --restart-np the layout does not fit", "launch -c tiny.json --np 2 --restart-np 1 --set train.expert_parallel=2", [], ["train.expert_parallel = 2", "--restart-np 1"]),
+    Case("option: launch with heartbeats off", "launch -c tiny.json --set train.heartbeat_interval_s=0", [], ["train.heartbeat_interval_s = 0"], hint="above 0"),
+    Case("config: expert_parallel not dividing the experts", "launch -c tiny.json --np 2 --set train.expert_parallel=2 --set model.n_experts=3 --set model.top_k=1", [], ["model.n_experts = 3", "train.expert_parallel = 2"]),
     Case("option: launch --steps negative", "launch -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
 ]
 

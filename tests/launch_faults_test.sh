@@ -195,6 +195,21 @@ ev = [json.loads(l) for l in open(sys.argv[1])]
 assert ev[-1]["event"] == "gave_up" and ev[-1]["attempt"] == 1 and ev[-1]["restarts"] == 0, ev[-1]
 PY
 
+# ---- SIGTERM while launch waits to restart: it stops there, saying so ----
+"$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 --backoff 30 \
+  --set train.run_dir=termwait train.checkpoint_every=100000 >termwait.log 2>&1 &
+lpid=$!
+wait_step termwait 50 && kill -9 "$(rank_pid termwait 0)"
+for _ in $(seq 100); do grep -q '"event":"restart"' termwait/events.jsonl 2>/dev/null && break; sleep 0.1; done
+kill -TERM $lpid; wait $lpid; rc=$?
+python3 - termwait/events.jsonl <<'PY' && [ $rc -eq 75 ] && grep -q "launch: stopped; resume with the same command" termwait.log \
+  && ok "SIGTERM during the backoff: exit 75 with stop and interrupted events" \
+  || { bad "SIGTERM during the backoff: rc=$rc, events $(events termwait)"; cat termwait.log; }
+import json, sys
+ev = [json.loads(l)["event"] for l in open(sys.argv[1])]
+assert ev[-3:] == ["restart", "stop", "interrupted"], ev
+PY
+
 # ---- what is not retried: bad input fails once, before anything starts ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
 rc=$?

@@ -89,11 +89,14 @@ int64_t last_logged_step(const std::string& run_dir) {
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o)
-      : o_(o), rc_(load_run_config(o.config_path, o.overrides)), run_dir_(rc_.train.run_dir) {}
+      : o_(o), rc_(load_run_config(o.config_path, o.overrides)), run_dir_(rc_.train.run_dir) {
+    check_launchable();
+  }
   int run();
   const std::string& run_dir() const { return run_dir_; }
 
  private:
+  void check_launchable() const;
   Attempt start(int number);
   Outcome watch(Attempt& a);
   std::optional<Outcome> check_heartbeats(Attempt& a, double now);
@@ -135,6 +138,22 @@ void Supervisor::record(const std::string& event, const json& fields, const std:
     // A full disk: the events wait for the next record; the console has them now.
     std::fprintf(stderr, "launch: warning: %s\n", e.what());
   }
+}
+
+// What every attempt would fail on, refused before the first: a layout that does not fit
+// --np or --restart-np (a restart would otherwise fail the same way until the budget is
+// spent), and heartbeats turned off (launch's watch would take the silent ranks for lost).
+void Supervisor::check_launchable() const {
+  check_rank_layout(rc_, o_.ranks, o_.ranks > 1, fmt::format("--np {}", o_.ranks));
+  if (o_.restart_ranks > 0)
+    check_rank_layout(rc_, o_.restart_ranks, o_.restart_ranks > 1,
+                      fmt::format("--restart-np {}", o_.restart_ranks));
+  if (rc_.train.heartbeat_interval_s <= 0)
+    fail(
+        "train.heartbeat_interval_s = 0 turns heartbeats off, and launch watches the ranks "
+        "by them (a job without them would be taken for lost)",
+        "leave train.heartbeat_interval_s above 0 under launch (default 1), or run foundry "
+        "train directly");
 }
 
 Attempt Supervisor::start(int number) {
@@ -442,8 +461,17 @@ int Supervisor::run() {
            fmt::format("restarting {} from step {} ({} step(s) lost)",
                        wait > 0 ? fmt::format("in {:.1f} s", wait) : std::string("now"), committed,
                        lost));
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-    if (signals_.received()) return kExitInterrupted;
+    // The wait ends early on SIGINT/SIGTERM: no job runs, and the latest checkpoint stands.
+    const double until = now_seconds() + wait;
+    while (!signals_.received() && now_seconds() < until)
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::min(0.1, wait)));
+    if (signals_.received()) {
+      record("stop", {{"attempt", number + 1}, {"signal", signals_.received()}},
+             "stop signal before the restart: no job is running");
+      record("interrupted", {{"attempt", number + 1}, {"step", committed}},
+             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      return kExitInterrupted;
+    }
   }
 }
 

@@ -174,6 +174,46 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   return rc;
 }
 
+void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
+                       const std::string& ranks_from) {
+  const TrainConfig& tc = rc.train;
+  if (tc.context_parallel > 1 && (!mpi || ranks % tc.context_parallel != 0))
+    fail(fmt::format("train.context_parallel = {} needs a multiple of {} MPI ranks, but {} has {}",
+                     tc.context_parallel, tc.context_parallel, ranks_from, ranks),
+         fmt::format("run under mpirun -np N with N a multiple of {}, or set "
+                     "train.context_parallel=1",
+                     tc.context_parallel));
+  // Context-parallel groups share their sequences: the batch splits over the groups.
+  const int64_t groups = ranks / tc.context_parallel;
+  if (tc.batch_size % groups != 0)
+    fail(fmt::format("train.batch_size = {} sequences cannot be split evenly over {} {}{}",
+                     tc.batch_size, groups,
+                     tc.context_parallel > 1
+                         ? fmt::format("context-parallel groups ({} ranks of {})", ranks,
+                                       tc.context_parallel)
+                         : std::string("ranks"),
+                     ranks_from == "this job" ? "" : " (" + ranks_from + ")"),
+         fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
+  if (tc.expert_parallel <= 1) return;
+  if (!mpi)
+    fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but {} is one "
+                     "process",
+                     tc.expert_parallel, ranks_from),
+         fmt::format(
+             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
+             tc.expert_parallel));
+  if (ranks % tc.expert_parallel != 0)
+    fail(fmt::format("train.expert_parallel = {} does not divide the {} ranks of {}",
+                     tc.expert_parallel, ranks, ranks_from),
+         "choose an expert-parallel size that divides the number of ranks (the data-parallel "
+         "size is ranks / train.expert_parallel)");
+  if (rc.model.n_experts % tc.expert_parallel != 0)
+    fail(fmt::format("model.n_experts = {} cannot be sharded over train.expert_parallel = {} "
+                     "ranks",
+                     rc.model.n_experts, tc.expert_parallel),
+         "choose a train.expert_parallel that divides model.n_experts");
+}
+
 std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now) {
   using Show = std::string (*)(const TrainConfig&);
   static const std::pair<const char*, Show> kFields[] = {

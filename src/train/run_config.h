@@ -138,6 +138,12 @@ std::vector<std::string> trajectory_changes(const TrainConfig& before, const Tra
 // decay_fraction.
 LrSchedule lr_schedule(const TrainConfig& config);
 
+// The layout rules a job of `ranks` processes must meet (`mpi`: under MPI; one process without
+// it otherwise): train.context_parallel and train.expert_parallel divide the ranks, the batch
+// splits evenly over the context-parallel groups, the experts over the expert-parallel ranks.
+// `ranks_from` names where the count comes from in errors ("this job", "--restart-np 1").
+void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi, const std::string& ranks_from);
+
 // Reads `path`, applies overrides ("train.lr=1e-3"), validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
 RunConfig parse_run_config(const json& root, const std::string& where);

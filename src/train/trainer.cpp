@@ -64,32 +64,9 @@ void check_same_config(const Communicator& world, const RunConfig& rc) {
 
 // The layout checks that must pass before anything is allocated or communicated.
 void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes& procs) {
-  const TrainConfig& tc = rc.train;
-  if (tc.context_parallel > 1 && (!procs.world() || procs.ranks() % tc.context_parallel != 0))
-    fail(fmt::format("train.context_parallel = {} needs a multiple of {} MPI ranks, but this "
-                     "job has {}",
-                     tc.context_parallel, tc.context_parallel, procs.ranks()),
-         fmt::format("run under mpirun -np N with N a multiple of {}, or set "
-                     "train.context_parallel=1",
-                     tc.context_parallel));
-  // Context-parallel groups share their sequences: the batch splits over the groups.
-  const int64_t groups = procs.ranks() / tc.context_parallel;
-  if (tc.batch_size % groups != 0)
-    fail(fmt::format("train.batch_size = {} sequences cannot be split evenly over {} {}",
-                     tc.batch_size, groups,
-                     tc.context_parallel > 1
-                         ? fmt::format("context-parallel groups ({} ranks of {})", procs.ranks(),
-                                       tc.context_parallel)
-                         : std::string("ranks")),
-         fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
+  // The same config on every rank first: the layout's verdict is then every rank's.
   if (procs.world()) check_same_config(*procs.world(), rc);
-  if (tc.expert_parallel > 1 && !procs.world())
-    fail(
-        fmt::format("train.expert_parallel = {} needs that many MPI ranks, but this is one process",
-                    tc.expert_parallel),
-        fmt::format(
-            "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
-            tc.expert_parallel));
+  check_rank_layout(rc, procs.ranks(), procs.world() != nullptr, "this job");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
          "prepare one with 'foundry data prepare' and set "
