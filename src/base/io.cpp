@@ -10,7 +10,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "base/error.h"
@@ -43,6 +42,17 @@ std::vector<uint8_t> read_binary_file(const std::string& path) {
   return std::vector<uint8_t>(text.begin(), text.end());
 }
 
+std::ifstream open_text_file(const std::string& path, const std::string& what,
+                             const std::string& hint) {
+  std::ifstream in(path);
+  std::error_code ec;
+  const bool directory = std::filesystem::is_directory(path, ec);
+  if (!in || directory)
+    fail(fmt::format("cannot read {} '{}'{}", what, path, directory ? ": it is a directory" : ""),
+         hint);
+  return in;
+}
+
 void check_output_file(const std::string& option, const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& inputs,
                        const std::function<bool(const std::string& contents)>& ours) {
@@ -68,14 +78,6 @@ void check_output_file(const std::string& option, const std::string& path,
   if (contents.find_first_not_of(" \t\r\n") == std::string::npos || ours(contents)) return;
   fail(fmt::format("{} '{}' already holds something this command did not write", option, path),
        fmt::format("name a new file for {}, or remove this one if it is not needed", option));
-}
-
-bool is_bench_output(const std::string& contents) {
-  if (contents.rfind("# date: ", 0) == 0) return true;
-  const nlohmann::json j = nlohmann::json::parse(contents, nullptr, /*allow_exceptions=*/false);
-  // A hardware profile has provenance too, but is a merge of many runs: never replaced whole.
-  return j.is_object() && j.contains("provenance") &&
-         j.value("format", std::string()) != "foundry-hardware-profile";
 }
 
 void fsync_path(const std::string& path) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <string_view>
@@ -12,6 +13,10 @@ namespace foundry {
 
 std::string read_text_file(const std::string& path);
 std::vector<uint8_t> read_binary_file(const std::string& path);
+// A text file to read line by line: fails naming it as `what` ("the requests file"), with
+// `hint`, when it cannot be opened or is a directory.
+std::ifstream open_text_file(const std::string& path, const std::string& what,
+                             const std::string& hint);
 
 // Writes the whole file durably and atomically: data goes to "<path>.tmp.<pid>", is fsynced,
 // renamed over `path`, and the directory is fsynced. Readers see the old file or the new one.
@@ -29,10 +34,6 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
 void check_output_file(const std::string& option, const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& inputs,
                        const std::function<bool(const std::string& contents)>& ours = {});
-// What every `foundry bench` output starts with: a JSON object with "provenance" (other than a
-// hardware profile, which merges many runs), or text whose first line is the provenance
-// header's "# date: ".
-bool is_bench_output(const std::string& contents);
 
 void fsync_path(const std::string& path);  // fsync a file or directory
 std::string host_name();                   // this host's name ("?" if unknown)

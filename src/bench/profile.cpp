@@ -299,8 +299,15 @@ std::optional<CollectiveFit> read_collective(const json& c, const std::string& w
 
 }  // namespace
 
+bool is_bench_output(const std::string& contents) {
+  if (contents.rfind("# date: ", 0) == 0) return true;
+  const json j = json::parse(contents, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("provenance") &&
+         j.value("format", std::string()) != kHardwareProfileFormat;
+}
+
 HardwareProfile parse_profile(const json& doc, const std::string& where) {
-  if (!doc.is_object() || doc.value("format", "") != "foundry-hardware-profile")
+  if (!doc.is_object() || doc.value("format", "") != kHardwareProfileFormat)
     fail(fmt::format("{}: not a foundry hardware profile (\"format\" must be "
                      "\"foundry-hardware-profile\")", where),
          "write one with `foundry bench all`, or start from profiles/mi300x.json");

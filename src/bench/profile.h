@@ -102,6 +102,13 @@ double busbw_factor(const std::string& op, int64_t ranks);
 HardwareProfile load_profile(const std::string& spec);
 HardwareProfile parse_profile(const json& doc, const std::string& where);
 
+inline constexpr char kHardwareProfileFormat[] = "foundry-hardware-profile";  // its "format"
+
+// What every `foundry bench` output starts with: a JSON object with "provenance" (other than a
+// hardware profile, which merges many runs and is never replaced whole), or text whose first
+// line is the provenance header's "# date: ". What --json, --csv and --out may replace.
+bool is_bench_output(const std::string& contents);
+
 // The directories searched for named profiles, in order.
 std::vector<std::string> profile_search_dirs();
 

@@ -171,5 +171,14 @@ TEST(Profile, ReferenceProfilesLoad) {
   }
 }
 
+TEST(Profile, IsBenchOutputKnowsBenchOutputsButNotAHardwareProfile) {
+  EXPECT_TRUE(is_bench_output("{\"provenance\": {}, \"gemm\": []}"));
+  EXPECT_TRUE(is_bench_output("# date: 2026-11-30 10:00 UTC\n# command: foundry bench gemm\n"));
+  EXPECT_FALSE(is_bench_output(
+      "{\"format\": \"foundry-hardware-profile\", \"provenance\": {}, \"gemm\": {}}"));
+  EXPECT_FALSE(is_bench_output("{\"model\": {}, \"train\": {}}"));
+  EXPECT_FALSE(is_bench_output("date,kind\n"));
+}
+
 }  // namespace
 }  // namespace foundry

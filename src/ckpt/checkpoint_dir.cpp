@@ -19,6 +19,13 @@ namespace foundry {
 
 namespace fs = std::filesystem;
 
+std::string checkpoint_checksum(const std::string& dir) {
+  const std::string marker = join(dir, kCommittedFile);
+  if (!path_exists(marker)) return "";
+  const std::string bytes = read_text_file(marker);
+  return hash64_hex(hash64(bytes.data(), bytes.size()));
+}
+
 std::string join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
 }

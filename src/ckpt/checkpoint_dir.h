@@ -37,6 +37,9 @@ inline constexpr char kCorruptHint[] =
 
 std::string join(const std::string& dir, const std::string& name);
 std::string checkpoints_root(const std::string& run_dir);
+// A committed checkpoint's identity: the XXH3-64 (hex) of its commit marker, which names its
+// metadata's checksum and so its contents; "" when it has no marker.
+std::string checkpoint_checksum(const std::string& dir);
 void warn(const std::string& message);  // "warning: ..." on stderr
 // The entries of a directory, as (name, is a directory) pairs.
 std::vector<std::pair<std::string, bool>> list_dir(const std::string& dir);

@@ -132,27 +132,34 @@ std::string open_rank_gpu(const Communicator& world, const std::string& device_t
   return name;
 }
 
+// Runs `work` on rank 0 and tells every rank whether it failed (rank 0 keeps the exception in
+// `error`): a failure there must not leave the others waiting for it.
+template <typename F>
+bool failed_on_root(const Communicator& world, std::exception_ptr& error, F&& work) {
+  if (world.rank() == 0) {
+    try {
+      work();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  int64_t failed = error ? 1 : 0;
+  world.broadcast(&failed, 1, /*root=*/0);
+  return failed != 0;
+}
+
 void run_bench_comm(const BenchCommArgs& a) {
   // Flags are checked before MPI starts: a bad flag fails every rank the same way, at once.
   const CommBenchOptions parsed = options_from(a);
   MpiSession session(MpiSessionOptions{.allow_forced_algorithms = a.algorithms});
   const Communicator& world = session.world();
   const bool root = world.rank() == 0;
-  // Rank 0 writes the files, so it checks them (another host need not have their directory);
-  // the verdict is shared, and on a refusal only rank 0 explains, as at the end.
+  // Rank 0 writes the files, so it checks them (another host need not have their directory).
   std::exception_ptr output_error;
-  if (root) {
-    try {
-      check_bench_outputs(a.json_path, a.csv_path, a.profile_path);
-    } catch (...) {
-      output_error = std::current_exception();
-    }
-  }
-  int64_t refused = output_error ? 1 : 0;
-  world.broadcast(&refused, 1, /*root=*/0);
-  if (refused) {
+  if (failed_on_root(world, output_error,
+                     [&] { check_bench_outputs(a.json_path, a.csv_path, a.profile_path); })) {
     session.finalize();
-    if (!root) std::exit(0);
+    if (!root) std::exit(0);  // only rank 0 explains, as at the end
     std::rethrow_exception(output_error);
   }
   check_memory_on_every_host(
@@ -189,15 +196,8 @@ void run_bench_comm(const BenchCommArgs& a) {
   // Rank 0 prints and writes files; a failure there must not leave the other ranks waiting
   // in MPI_Finalize for it, so the outcome is shared first and every rank finalizes.
   std::exception_ptr report_error;
-  if (root) {
-    try {
-      report(results, options, provenance, a);
-    } catch (...) {
-      report_error = std::current_exception();
-    }
-  }
-  int64_t failed = report_error ? 1 : 0;
-  world.broadcast(&failed, 1, /*root=*/0);
+  const bool failed =
+      failed_on_root(world, report_error, [&] { report(results, options, provenance, a); });
   int64_t wrong = 0;
   for (const CommBenchResult& r : results) wrong += r.wrong();  // already summed over ranks
   session.finalize();

@@ -382,12 +382,12 @@ void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double 
     std::fprintf(stderr, "wrote the best shape's run config to %s (train it with `foundry train "
                          "--config %s`)\n", o.out.c_str(), o.out.c_str());
     if (const StepShape& shape = r.ranked.front().shape; shape.accumulation > 1)
-      fmt::print(stderr, "warning: {}\n", fmt::format("the plan runs micro-batches of {} with {} accumulation steps; foundry "
-                       "train has no gradient accumulation: each of its {} rank(s) computes its "
-                       "{} sequences at once, which takes more memory than the plan's {:.1f} GiB",
-                       shape.micro_batch, shape.accumulation, rq.devices,
-                       rq.global_batch / rq.devices,
-                       double(r.ranked.front().prediction.memory_bytes) / double(1 << 30)));
+      fmt::print(stderr,
+                 "warning: the plan runs micro-batches of {} with {} accumulation steps; foundry "
+                 "train has no gradient accumulation: each of its {} rank(s) computes its {} "
+                 "sequences at once, which takes more memory than the plan's {}\n",
+                 shape.micro_batch, shape.accumulation, rq.devices, rq.global_batch / rq.devices,
+                 format_bytes(double(r.ranked.front().prediction.memory_bytes), ByteUnit::GiB, 2));
   }
 }
 

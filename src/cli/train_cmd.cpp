@@ -206,14 +206,14 @@ struct GenArgs {
   std::string schedule = "prefix-tree", trace;
 };
 
-// The model that computes a batch's results, for their keys: the checkpoint (its commit
-// marker, which holds its metadata's checksum), the tokenizer, the precision and the device
+// The model that computes a batch's results, for their keys: the checkpoint
+// (checkpoint_checksum), the tokenizer, the precision and the device
 // kind (a GPU's products round differently from the CPU's).
 uint64_t batch_model_identity(const std::string& checkpoint_dir, const data::Tokenizer& tok,
                               const RunConfig& rc) {
-  const std::string identity = fmt::format(
-      "{}\n{:016x} {} {}", read_text_file(checkpoint_dir + "/" + kCommittedFile), tok.checksum(),
-      dtype_name(rc.train.precision), rc.train.device.cuda ? "cuda" : "cpu");
+  const std::string identity =
+      fmt::format("{} {:016x} {} {}", checkpoint_checksum(checkpoint_dir), tok.checksum(),
+                  dtype_name(rc.train.precision), rc.train.device.cuda ? "cuda" : "cpu");
   return hash64(identity.data(), identity.size());
 }
 

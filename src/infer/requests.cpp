@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -133,14 +132,10 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
 
 RequestSet read_generation_requests(const std::string& path, const data::Tokenizer& tok,
                                     int64_t max_seq_len, const RequestDefaults& defaults) {
-  std::ifstream in(path);
-  std::error_code ec;
-  const bool directory = std::filesystem::is_directory(path, ec);
-  if (!in || directory)
-    fail(fmt::format("cannot read the requests file '{}'{}", path,
-                     directory ? ": it is a directory" : ""),
-         "pass a JSONL file with one request a line, e.g. {\"prompt\": \"...\", "
-         "\"max_new_tokens\": 64}");
+  std::ifstream in =
+      open_text_file(path, "the requests file",
+                     "pass a JSONL file with one request a line, e.g. {\"prompt\": \"...\", "
+                     "\"max_new_tokens\": 64}");
   RequestSet set;
   std::string text;
   for (int64_t line = 1; std::getline(in, text); ++line) {

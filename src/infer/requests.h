@@ -23,8 +23,9 @@ struct RequestDefaults {
   SamplingOptions sampling;
   uint64_t seed = 0;
   bool ignore_eos = false;
-  // What computes the results (a hash of the checkpoint, tokenizer and precision; 0: not
-  // said): part of every request's key, so OUT's results of another model are not kept.
+  // What computes the results (a hash of the checkpoint, tokenizer, precision and device
+  // kind; 0: not said): part of every request's key, so OUT's results of another model are not
+  // kept.
   uint64_t model = 0;
 };
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -94,14 +93,10 @@ ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64
 
 ChoiceFile read_choice_items(const std::string& path, const data::Tokenizer& tok,
                              int64_t max_seq_len) {
-  std::ifstream in(path);
-  std::error_code ec;
-  const bool directory = std::filesystem::is_directory(path, ec);
-  if (!in || directory)
-    fail(fmt::format("cannot read the choices file '{}'{}", path,
-                     directory ? ": it is a directory" : ""),
-         "pass a JSONL file with one item a line, e.g. {\"context\": \"...\", \"choices\": "
-         "[\"...\", \"...\"], \"answer\": 0}");
+  std::ifstream in = open_text_file(
+      path, "the choices file",
+      "pass a JSONL file with one item a line, e.g. {\"context\": \"...\", \"choices\": "
+      "[\"...\", \"...\"], \"answer\": 0}");
   ChoiceFile f;
   std::string text;
   for (int64_t line = 1; std::getline(in, text); ++line) {

@@ -214,10 +214,7 @@ bool GradientReducer::sum_in_place(Bucket& b) {
   while (n > 0 && b.next_rank < p) {
     const int q = b.next_rank;
     if (q == me) {
-      if (me > 0) {
-#pragma omp parallel for simd schedule(static) if (n > (int64_t{1} << 16))
-        for (int64_t i = 0; i < n; ++i) mine[i] = partial[i] + mine[i];
-      }
+      if (me > 0) add_into(mine, partial, n);  // partial + mine: one rounding, either order
     } else {
       if (!received(b, q, q == 0 ? partial : b.incoming.data.get(), whole)) return false;
       if (q > 0) add_into(q < me ? partial : mine, b.incoming.data.get(), n);

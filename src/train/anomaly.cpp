@@ -15,7 +15,6 @@ namespace foundry {
 
 namespace {
 
-constexpr const char* kRecordFile = kSkippedBatchesFile;
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 json finite_or_null(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
@@ -232,7 +231,7 @@ void AnomalyMonitor::stop() {
             "or raise train.spike_factor if the batches are fine"
           : "a non-finite loss or gradient: lower train.lr, raise train.warmup_steps, or train "
             "with precision fp32 to investigate",
-      fmt::join(batches, ","), tc_.run_dir, kRecordFile,
+      fmt::join(batches, ","), tc_.run_dir, kSkippedBatchesFile,
       stop_reason_.find("train.anomaly_policy") != std::string::npos
           ? "; or set train.anomaly_policy=skip"
           : "; or raise train.max_consecutive_anomalies / train.max_anomalies");
@@ -248,16 +247,16 @@ void AnomalyMonitor::append_record(const Anomaly& a, const char* action) {
   entry["action"] = action;
   record_.push_back(entry);
   if (root_)
-    write_file_atomic(tc_.run_dir + "/" + kRecordFile,
-                      json({{"format", "foundry-skipped-batches"}, {"batches", record_}}).dump(1) +
-                          "\n");
+    write_file_atomic(
+        tc_.run_dir + "/" + kSkippedBatchesFile,
+        json({{"format", "foundry-skipped-batches"}, {"batches", record_}}).dump(1) + "\n");
 }
 
 void AnomalyMonitor::load_record() {
-  const std::string path = tc_.run_dir + "/" + kRecordFile;
+  const std::string path = tc_.run_dir + "/" + kSkippedBatchesFile;
   if (!path_exists(path)) return;
   const json file = load_json_file(path);
-  if (!file.is_object() || !file.contains("batches") || !file.at("batches").is_array())
+  if (!is_skipped_batches_record(file))
     fail(fmt::format("{} is not a record of skipped batches", path),
          "restore it from events.jsonl (its \"anomaly\" events) or remove it to forget them");
   record_ = file.at("batches");
@@ -267,7 +266,7 @@ void AnomalyMonitor::load_record() {
 // A new run forgets an earlier run's record, naming it (RunDir refused the start if the file
 // was not a record Foundry wrote).
 void AnomalyMonitor::clear_record() {
-  const std::string path = tc_.run_dir + "/" + kRecordFile;
+  const std::string path = tc_.run_dir + "/" + kSkippedBatchesFile;
   if (!root_ || !path_exists(path)) return;
   remove_all(path);
   std::fprintf(stderr, "removed %s: the skipped batches of an earlier run in %s\n", path.c_str(),

@@ -20,18 +20,18 @@ int64_t step_of(const std::string& checkpoint_dir) {
   return parse_checkpoint_dir_name(checkpoint_dir.substr(slash + 1)).value_or(0);
 }
 
-// Whether the run directory still holds the committed checkpoint of `step`.
-bool holds_committed(const std::string& run_dir, int64_t step) {
+// The run directory's checkpoint of `step`, if it is there and committed.
+std::optional<std::string> committed_dir(const std::string& run_dir, int64_t step) {
   for (const CheckpointDir& d : list_checkpoint_dirs(run_dir)) {
     if (d.step != step) continue;
     try {
       verify_checkpoint(d.path);
-      return true;
+      return d.path;
     } catch (const Error&) {
-      return false;
+      return std::nullopt;
     }
   }
-  return false;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -59,13 +59,8 @@ std::string memory_tier_root(const TrainConfig& tc) {
 }
 
 std::string durable_checkpoint_checksum(const std::string& run_dir, int64_t step) {
-  for (const CheckpointDir& d : list_checkpoint_dirs(run_dir)) {
-    if (d.step != step) continue;
-    const std::string marker = join(d.path, kCommittedFile);
-    if (!path_exists(marker)) return "";
-    const std::string bytes = read_text_file(marker);
-    return hash64_hex(hash64(bytes.data(), bytes.size()));
-  }
+  for (const CheckpointDir& d : list_checkpoint_dirs(run_dir))
+    if (d.step == step) return checkpoint_checksum(d.path);
   return "";
 }
 
@@ -91,12 +86,13 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
     const auto base = state.find(kDurableStepKey);
     if (base == state.end() || !base->is_number_integer()) return std::nullopt;
     const int64_t base_step = base->get<int64_t>();
-    if (base_step != 0 && !holds_committed(tc.run_dir, base_step)) return std::nullopt;
-    // The very checkpoint it descends from, not another run's of the same step.
-    const auto sum = state.find(kDurableChecksumKey);
-    if (base_step != 0 && sum != state.end() &&
-        *sum != durable_checkpoint_checksum(tc.run_dir, base_step))
-      return std::nullopt;
+    if (base_step != 0) {
+      const std::optional<std::string> base_dir = committed_dir(tc.run_dir, base_step);
+      if (!base_dir) return std::nullopt;
+      // The very checkpoint it descends from, not another run's of the same step.
+      const auto sum = state.find(kDurableChecksumKey);
+      if (sum != state.end() && *sum != checkpoint_checksum(*base_dir)) return std::nullopt;
+    }
   } catch (const Error& e) {
     warn(fmt::format("skipping in-memory checkpoint {}: {}", *memory, e.what()));
     return std::nullopt;

@@ -38,8 +38,8 @@ std::string memory_tier_root(const TrainConfig& tc);
 // an earlier process of the run left there).
 std::string memory_tier_location(const TrainConfig& tc);
 
-// The XXH3-64 (hex) of the commit marker of the run directory's checkpoint of `step` (which
-// names its metadata's checksum, so the checkpoint's contents); "" when there is none.
+// checkpoint_checksum (ckpt/checkpoint_dir.h) of the run directory's checkpoint of `step`;
+// "" when there is none.
 std::string durable_checkpoint_checksum(const std::string& run_dir, int64_t step);
 
 // The tier's newest committed checkpoint that a resume may use (see above), if any, given

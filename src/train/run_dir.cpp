@@ -210,13 +210,17 @@ RunDir::~RunDir() {
   if (created_) remove_all(created_path_);
 }
 
+bool is_skipped_batches_record(const json& file) {
+  return file.is_object() && file.contains("batches") && file.at("batches").is_array();
+}
+
 namespace {
 
 void check_skipped_batches_file(const std::string& run_dir) {
   const std::string path = join(run_dir, kSkippedBatchesFile);
   if (!path_exists(path)) return;
-  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  if (!file.is_object() || !file.contains("batches") || !file.at("batches").is_array())
+  if (!is_skipped_batches_record(
+          json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false)))
     fail(fmt::format("{} is not a record of skipped batches that Foundry wrote; a new run in {} "
                      "would replace it",
                      path, run_dir),

@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "base/config_reader.h"
+
 namespace foundry {
 
 class Processes;
@@ -34,6 +36,9 @@ enum class StartMode { fresh, resume, auto_resume, overwrite };
 inline constexpr char kLockFile[] = "lock";
 inline constexpr char kMetricsFile[] = "metrics.jsonl";
 inline constexpr char kSkippedBatchesFile[] = "skipped_batches.json";  // train/anomaly.h
+// Whether `file` (kSkippedBatchesFile's contents) is a record of skipped batches as Foundry
+// writes it: an object with a "batches" list.
+bool is_skipped_batches_record(const json& file);
 
 // What a run directory holds of an earlier run.
 struct RunDirContents {
