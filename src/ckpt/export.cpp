@@ -130,11 +130,24 @@ std::string without_trailing_slash(std::string path) {
   return path;
 }
 
+// The directory to publish into: a symbolic link stands for the directory it names (the
+// finished export is renamed onto a directory, never onto the link itself).
+std::string export_target(const std::string& out_dir) {
+  const std::string out = without_trailing_slash(out_dir);
+  std::error_code ec;
+  if (!fs::is_symlink(out, ec)) return out;
+  const fs::path target = fs::canonical(out, ec);
+  if (ec)
+    fail(fmt::format("export directory '{}' is a symbolic link to a missing path", out),
+         "export into a new or empty directory, or make the link name one");
+  return target.string();
+}
+
 }  // namespace
 
 ExportReport export_hf_model(const std::string& checkpoint_dir, const std::string& out_dir) {
   const double t0 = now_seconds();
-  const std::string out = without_trailing_slash(out_dir);
+  const std::string out = export_target(out_dir);
   const int version = checkpoint_format_version(checkpoint_dir);
   check_out_dir(out);
   verify_checkpoint(checkpoint_dir);  // v2: metadata and file sizes; v1: every checksum

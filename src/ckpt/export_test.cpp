@@ -121,6 +121,25 @@ TEST_F(ExportTest, AnOutputThatIsNotAnEmptyDirectoryIsRefusedAndLeftAsItWas) {
   EXPECT_TRUE(path_exists(root_ + "/empty/model.safetensors"));
 }
 
+TEST_F(ExportTest, ALinkToAnEmptyDirectoryExportsIntoThatDirectory) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 4);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 1, 1, config, {{"", &params, {}}}, {{"step", 1}});
+  fs::create_directories(root_ + "/models/empty");
+  fs::create_directory_symlink(root_ + "/models/empty", root_ + "/link");
+  export_hf_model(dir, root_ + "/link");
+  EXPECT_TRUE(fs::is_symlink(root_ + "/link"));
+  EXPECT_EQ(entries(root_ + "/models/empty"),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entries(root_ + "/models"), std::vector<std::string>{"empty"});
+
+  fs::create_directory_symlink(root_ + "/missing", root_ + "/dangling");
+  expect_error([&] { export_hf_model(dir, root_ + "/dangling"); },
+               "'" + root_ + "/dangling' is a symbolic link to a missing path");
+  EXPECT_FALSE(fs::exists(root_ + "/missing"));
+}
+
 TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
   const ModelConfig config = testing::tiny_moe_config();
   const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
