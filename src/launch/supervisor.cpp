@@ -281,10 +281,9 @@ std::optional<Outcome> Supervisor::check_rank_processes(Attempt& a, double now) 
     }
     const double since = a.gone_since.emplace(rank, now).first->second;
     if (now - since < kGoneGraceSeconds) continue;
-    if (auto fresh = read_heartbeat(run_dir_, rank); fresh && fresh->exited) {
-      r = *fresh;
-      continue;
-    }
+    // Its last record: it exited normally since the one read, or it names the step it died in.
+    if (auto fresh = read_heartbeat(run_dir_, rank)) r = *fresh;
+    if (r.exited) continue;
     if (job_event_since(attempt_unix_, is_job_ending)) continue;
     return Outcome{Outcome::failed, true, "rank_lost", rank,
                    fmt::format("{} has died (its process is gone)", describe_rank(r))};
