@@ -12,6 +12,7 @@
 #include "base/io.h"
 #include "base/timer.h"
 #include "bench/membw_bench.h"
+#include "bench/profile.h"
 #include "comm/coll_tuning.h"
 #include "cuda/nccl.h"
 #include "cuda/runtime.h"
@@ -679,7 +680,7 @@ nlohmann::json merge_profile_collectives(nlohmann::json profile,
                                          std::span<const nlohmann::json> entries,
                                          const Provenance& provenance, const std::string& name) {
   if (profile.is_null()) {
-    profile = {{"format", "foundry-hardware-profile"},
+    profile = {{"format", kHardwareProfileFormat},
                {"version", 1},
                {"name", name},
                {"provenance", to_json(provenance)},

@@ -16,6 +16,7 @@
 #include "base/io.h"
 #include "base/timer.h"
 #include "bench/membw_bench.h"
+#include "bench/profile.h"
 
 namespace foundry {
 
@@ -591,7 +592,7 @@ nlohmann::json read_profile_for_merge(const std::string& path) {
     fail(fmt::format("--profile {}: not valid JSON ({})", path, e.what()),
          "fix or remove the file; it is rewritten with the measured sections kept");
   }
-  if (!profile.is_object() || profile.value("format", "") != "foundry-hardware-profile")
+  if (!profile.is_object() || profile.value("format", "") != kHardwareProfileFormat)
     fail(fmt::format("--profile {}: not a foundry hardware profile (no \"format\": "
                      "\"foundry-hardware-profile\")", path),
          "choose another path; the file is left as it is");
@@ -602,7 +603,7 @@ void merge_profile_sections(const std::string& path, const nlohmann::json& secti
                             const Provenance& provenance) {
   nlohmann::json profile = read_profile_for_merge(path);
   if (profile.is_null())
-    profile = {{"format", "foundry-hardware-profile"},
+    profile = {{"format", kHardwareProfileFormat},
                {"version", 1},
                {"name", provenance.host},
                {"provenance", to_json(provenance)}};
