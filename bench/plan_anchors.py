@@ -8,7 +8,7 @@ with each run's layout: foundry_plan_layout_args).
                         [--record]
 
 The step compared is the published global batch's: G·T / (devices · predicted tokens/s per
-device), so a config whose micro-batch does not divide the batch is still compared fairly.
+device), the rate the published batch runs at.
 --record writes each "after" prediction into docs/anchors.json ("prediction"), which
 tests/plan_anchors_test.sh checks.
 """

@@ -33,7 +33,7 @@ PY
 
 # ---- the report: new terms in the breakdown and goodput ----
 out="$("$FOUNDRY" plan --profile mi300x --config "$SRC/configs/anchors/qwen3-30b-a3b-16xH100.json" \
-  --devices 16 --global-batch 512 --pp 2 --vp 24 --ep 8 --recompute selective 2>&1)"
+  --devices 16 --global-batch 512 --micro-batch 2 --pp 2 --vp 24 --ep 8 --recompute selective 2>&1)"
 for needle in "pipeline bubble (1F1B fill and drain)" "expert-parallel dispatch and combine" \
               "activation recompute (selective)" "framework overhead (kernel launches)" \
               "weight all-gather (after the optimizer step)" \
@@ -42,11 +42,36 @@ for needle in "pipeline bubble (1F1B fill and drain)" "expert-parallel dispatch 
   grep -qF -- "$needle" <<<"$out" || bad "plan output lacks '$needle'"
 done
 ok "the breakdown shows the layout's terms and the goodput"
+# train.batch_size is the global batch, split over the devices as foundry train splits it;
+# --micro-batch runs each device's share in pieces with accumulation.
+"$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 2 >split.txt 2>&1 \
+  && grep -q "step: 4 sequences x 256 tokens per device (micro-batch 4 x 1), 2 data-parallel" split.txt \
+  && "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 2 \
+       --global-batch 32 --micro-batch 4 >accum.txt 2>&1 \
+  && grep -q "step: 16 sequences x 256 tokens per device (micro-batch 4 x 4)" accum.txt \
+  && "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 2 \
+       --set train.batch_size=32 --micro-batch 4 >accum_set.txt 2>&1 \
+  && [ "$(grep "predicted step time" accum.txt)" = "$(grep "predicted step time" accum_set.txt)" ] \
+  && ok "plan --config splits train.batch_size over the devices; --micro-batch accumulates" \
+  || { bad "plan's batch split:"; cat split.txt accum.txt; }
+"$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 2 --tokens 1M \
+  --json >tokens.json 2>&1 && "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" \
+  --devices 2 --tokens 1M >tokens.txt 2>&1
+python3 - tokens.json tokens.txt <<'PY' && ok "plan --config --tokens reports the training time" \
+  || bad "plan --config --tokens"
+import json, math, sys
+d = json.load(open(sys.argv[1]))
+steps = math.ceil(1e6 / (8 * 256))  # moe-bench: global batch 8 x 256 tokens
+assert d["training"]["steps"] == steps, d["training"]
+assert abs(d["training"]["days"] - steps * d["step_s"] / 86400) < 1e-12, d["training"]
+assert f"training 1.000 M tokens: {steps} steps of" in open(sys.argv[2]).read()
+PY
 # The memory of one config's layout against the profile's device: warned when it does not fit.
 "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" >one.txt 2>&1 \
   && grep -q "per device, more than the 178.81 GiB of a device (AMD Instinct MI300X.*): it does not fit" one.txt \
-  && ! "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
-       2>&1 | grep -q "does not fit" \
+  && "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \
+       --global-batch 1024 >many.txt 2>&1 && grep -q "predicted step time" many.txt \
+  && ! grep -q "does not fit" many.txt \
   && ok "a config that does not fit its device is warned about (on one device, not on 1,024)" \
   || bad "memory warning: $(head -3 one.txt)"
 "$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 1024 \

@@ -28,7 +28,8 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   std::string total = "0", active = "0", tokens = "0", memory = "0";
   int64_t seq = 0, global_batch = 0, devices = 1, vocab = 0;
-  int64_t cp = 0;  // 0 = train.context_parallel
+  int64_t micro_batch = 0;  // --config: 0 = each device's whole share at once, as train runs it
+  int64_t cp = 0;           // 0 = train.context_parallel
   std::string arch = "zaya1", precision = "bf16", optimizer = "muon";
   double tolerance = 0.05, overlap = 1.0, scatter = 1.0;
   std::string aspect = "20,200";
@@ -226,6 +227,36 @@ json goodput_json(const GoodputInputs& in, const GoodputPrediction& g, double st
           {"lost_per_failure_s", g.lost_per_failure_s}, {"goodput", g.goodput}};
 }
 
+// The global batch (train.batch_size, or --global-batch) split over the data-parallel groups
+// as `foundry train` splits it: each device's share at once, or in --micro-batch pieces with
+// gradient accumulation (how the published runs of docs/anchors.md ran).
+void split_global_batch(const PlanOptions& o, const RunConfig& rc, bool batch_given, StepShape& s) {
+  const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
+  const int64_t global = batch_given ? o.global_batch : rc.train.batch_size;
+  if (global % groups != 0) {
+    const std::string what = batch_given ? fmt::format("--global-batch {}", global)
+                                         : fmt::format(
+                                               "train.batch_size = {} (the global batch "
+                                               "of {})",
+                                               global, o.config_path);
+    fail(fmt::format("{} is not a multiple of the {} data-parallel groups (--devices {} / "
+                     "(tp x pp x cp))",
+                     what, groups, o.devices),
+         fmt::format("make the global batch a multiple of {} (--global-batch N, or --set "
+                     "train.batch_size=N)",
+                     groups));
+  }
+  const int64_t share = global / groups;
+  s.micro_batch = o.micro_batch > 0 ? o.micro_batch : share;
+  if (share % s.micro_batch != 0)
+    fail(fmt::format("--micro-batch {} does not divide each device's {} sequences (global batch "
+                     "{} over {} data-parallel groups)",
+                     o.micro_batch, share, global, groups),
+         "give a --micro-batch that divides the per-device share, or leave it out to run the "
+         "share at once");
+  s.accumulation = share / s.micro_batch;
+}
+
 // The one-device step `foundry train` would run for --config under the flags' layout.
 StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_given,
                             bool batch_given) {
@@ -235,22 +266,13 @@ StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {} of {}", s.seq, rc.model.max_seq_len,
                      o.config_path),
          "give --seq up to model.max_seq_len, or raise it (--set model.max_seq_len=N)");
-  s.micro_batch = rc.train.batch_size;
-  s.accumulation = 1;
   apply_layout(o, rc.model, s);
   s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
   if (s.dp % s.cp != 0 || s.seq % (2 * s.cp) != 0)
     fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
                      "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
          "each sequence is split over cp devices, two chunks per device");
-  if (batch_given) {
-    const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
-    if (o.global_batch % groups != 0)
-      fail(fmt::format("--global-batch {} is not a multiple of the {} data-parallel groups "
-                       "(--devices {} / (tp x pp x cp))", o.global_batch, groups, o.devices),
-           "make the global batch a multiple of the device count");
-    s.accumulation = std::max<int64_t>(1, o.global_batch / groups / s.micro_batch);
-  }
+  split_global_batch(o, rc, batch_given, s);
   s.precision = rc.train.precision;
   s.muon = rc.train.optimizer == OptimizerKind::muon;
   s.muon_ns_steps = static_cast<int>(rc.train.muon_ns_steps);
@@ -286,6 +308,32 @@ json prediction_json(const PlanOptions& o, const StepShape& s, const StepPredict
   return j;
 }
 
+// "45 s", "12.5 min", "3.2 h", "41.7 days".
+std::string format_duration(double seconds) {
+  if (seconds < 120) return fmt::format("{:.0f} s", seconds);
+  if (seconds < 7200) return fmt::format("{:.1f} min", seconds / 60);
+  if (seconds < 2 * 86400) return fmt::format("{:.1f} h", seconds / 3600);
+  return fmt::format("{:.1f} days", seconds / 86400);
+}
+
+int64_t global_batch(const StepShape& s) { return s.micro_batch * s.accumulation * (s.dp / s.cp); }
+
+// --tokens with --config: the steps of the config's global batch that train on them, and how
+// long those steps take at the predicted step time.
+struct TrainingTime {
+  double tokens = 0, days = 0;
+  int64_t steps = 0;
+};
+
+TrainingTime training_time(double tokens, const StepShape& s, const StepPrediction& p) {
+  TrainingTime t;
+  if (tokens <= 0) return t;
+  t.tokens = tokens;
+  t.steps = static_cast<int64_t>(std::ceil(tokens / double(global_batch(s) * s.seq)));
+  t.days = double(t.steps) * p.step_s / 86400;
+  return t;
+}
+
 // --config: predict one config's step on one device of the profile.
 void predict_config(const PlanOptions& o, const HardwareProfile& profile, double memory,
                     bool seq_given, bool batch_given) {
@@ -303,10 +351,22 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, double
                o.config_path, format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2),
                format_bytes(device_memory, ByteUnit::GiB, 2),
                memory > 0 ? std::string("--memory-per-device") : profile.name);
+  const TrainingTime training = training_time(parse_amount("--tokens", o.tokens), s, p);
   if (o.json) {
-    std::printf("%s\n", prediction_json(o, s, p, profile, gin, gp).dump(2).c_str());
+    json j = prediction_json(o, s, p, profile, gin, gp);
+    if (training.tokens > 0)
+      j["training"] = {
+          {"tokens", training.tokens}, {"steps", training.steps}, {"days", training.days}};
+    std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_prediction(rc, s, p, profile, o.config_path);
+    if (training.tokens > 0)
+      std::printf(
+          "training %s tokens: %lld steps of %s tokens, %s at the predicted step "
+          "time\n",
+          format_count(training.tokens).c_str(), (long long)training.steps,
+          format_count(double(global_batch(s) * s.seq)).c_str(),
+          format_duration(training.days * 86400).c_str());
     print_goodput(gin, gp, p.step_s);
   }
 }
@@ -437,7 +497,8 @@ void check_mode_options(const CLI::App& plan, bool config) {
       "--total-params", "--active-params", "--tolerance", "--aspect-ratio",
       "--hidden",       "--head-dims",     "--experts",   "--top-k",
       "--kv-ratios",    "--compare",       "--top"};
-  static const char* const kConfigOnly[] = {"--tp",
+  static const char* const kConfigOnly[] = {"--micro-batch",
+                                            "--tp",
                                             "--pp",
                                             "--vp",
                                             "--ep",
@@ -485,7 +546,13 @@ void register_plan_commands(CLI::App& app) {
       "--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
   CLI::Option* batch = plan->add_option(
       "--global-batch", o->global_batch,
-      "Sequences per optimizer step over all devices (default: one per device)");
+      "Sequences per optimizer step over all devices (default: one per device; with "
+      "--config: train.batch_size)");
+  plan->add_option("--micro-batch", o->micro_batch,
+                   "With --config: sequences a device runs at once, accumulating gradients over "
+                   "its share of the global batch (default: the whole share, as foundry train "
+                   "runs it)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--cp", o->cp, "With --config: devices per sequence (context parallel; default "
                                   "train.context_parallel)")
       ->check(in_range(int64_t{1}, int64_t{1} << 30));
