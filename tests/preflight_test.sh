@@ -47,6 +47,14 @@ export FOUNDRY_MEMORY_LIMIT=64G
   && ok "train runs under FOUNDRY_MEMORY_LIMIT=64G" || { bad "train failed"; cat train.log; }
 out="$("$FOUNDRY" eval --config tiny.json 2>&1)"
 grep -q "^val loss [0-9]" <<<"$out" && ok "eval runs" || { bad "eval failed:"; echo "$out"; }
+# A run stopped at --stop-at-step ends validated at that step: eval of its checkpoint agrees.
+"$FOUNDRY" train --config tiny.json --set train.run_dir=stopped train.steps=8 --stop-at-step 3 \
+  >stopped.log 2>&1
+after="$(grep -o "val loss after [0-9.]*" stopped.log | cut -d' ' -f4)"
+evaluated="$("$FOUNDRY" eval --config tiny.json --set train.run_dir=stopped 2>&1 | grep -o "^val loss [0-9.]*" | cut -d' ' -f3)"
+[ -n "$after" ] && [ "$after" = "$evaluated" ] \
+  && ok "--stop-at-step reports the validation of its last step ($after)" \
+  || { bad "--stop-at-step: val loss after '$after', eval '$evaluated'"; cat stopped.log; }
 out="$("$FOUNDRY" generate --config tiny.json --prompt "the expert" -n 4 --temperature 0 2>&1)"
 grep -q "^the expert" <<<"$out" && ok "generate runs" || { bad "generate failed:"; echo "$out"; }
 "$FOUNDRY" bench gemm --quick --quiet --kinds square --dtype fp32 >gemm.log 2>&1 \

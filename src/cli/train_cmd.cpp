@@ -105,7 +105,11 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
               static_cast<long long>(s.start_step), static_cast<long long>(s.final_step),
               s.last_train_loss);
   if (s.initial_val_loss >= 0) std::printf(" | val loss before %.4f", s.initial_val_loss);
-  if (s.final_val_loss >= 0) std::printf(" | val loss after %.4f", s.final_val_loss);
+  if (s.final_val_loss >= 0 && s.final_val_step == s.final_step)
+    std::printf(" | val loss after %.4f", s.final_val_loss);
+  else if (s.final_val_loss >= 0)  // interrupted between validations
+    std::printf(" | val loss at step %lld %.4f", static_cast<long long>(s.final_val_step),
+                s.final_val_loss);
   std::printf(" | %.0f tokens/s | MFU %.1f%% of %.0f GFLOP/s (%s)\n", s.tokens_per_s, 100 * s.mfu,
               s.peak_gflops, s.peak_source.c_str());
 }
@@ -340,7 +344,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--steps", opts->steps, "Override train.steps")
       ->check(in_range(int64_t{0}, int64_t{1} << 40));
   cmd->add_option("--stop-at-step", opts->stop_at_step,
-                  "Checkpoint and stop after this step (the schedule still targets train.steps)")
+                  "Validate, checkpoint and stop after this step (the schedule still targets "
+                  "train.steps)")
       ->check(in_range(int64_t{1}, int64_t{1} << 40));
   auto* resume = cmd->add_flag_function(
       "--resume", [opts](int64_t) { opts->start = StartMode::resume; },

@@ -799,10 +799,13 @@ void save_due_checkpoints(TrainingRun& run, int64_t step, bool last, bool final_
 // with this step; `memory` is then the rank's memory before its final checkpoint.
 bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSignals& signals,
                  int64_t step, json m, TrainSummary& summary, RankMemory& memory) {
-  const bool eval_now = run.evaluation_due(step);
+  // A run stopped at --stop-at-step ends validated, as one at train.steps does.
+  const bool eval_now =
+      run.evaluation_due(step) || (run.val_loader && step == opt.stop_at_step);
   if (eval_now) {
     run.mark(step, "validation");
     m["val_loss"] = summary.final_val_loss = run.evaluate();
+    summary.final_val_step = step;
   }
   std::string output_error;  // rank 0 could not write metrics.jsonl
   try {

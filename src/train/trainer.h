@@ -56,6 +56,7 @@ struct TrainOptions {
 struct TrainSummary {
   int64_t start_step = 0, final_step = 0;
   double initial_val_loss = -1, final_val_loss = -1;  // -1 when not evaluated
+  int64_t final_val_step = 0;                          // the step final_val_loss is of
   double last_train_loss = 0;
   double tokens_per_s = 0;   // over the steps run in this process (first step excluded)
   double mfu = 0;            // model FLOP utilization against the peak below (train/mfu.h)
