@@ -34,11 +34,19 @@ losses() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l)['loss'
   || bad "straight run failed"
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=resumed -q --stop-at-step 6 >/dev/null 2>&1 \
   || bad "first half failed"
-"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=resumed -q --resume >/dev/null 2>&1 \
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=resumed -q --resume >resumed.log 2>&1 \
   || bad "resumed half failed"
 a="$(losses straight/metrics.jsonl)"; b="$(losses resumed/metrics.jsonl)"
 if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "resume reproduces the straight run's 12 losses bitwise"
 else bad "resume differs: straight [$a] resumed [$b]"; fi
+# A resume that stretches the cosine schedule says what the next step's lr becomes.
+cp -r straight stretched
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=stretched -q --resume \
+  --steps 24 >stretched.log 2>&1
+grep -q "schedule now spans 24 steps instead of the checkpoint's 12: step 13 trains at lr" stretched.log \
+  && ! grep -q "schedule now spans" resumed.log \
+  && ok "a resume under another train.steps warns that the schedule changes shape" \
+  || { bad "no schedule warning"; cat stretched.log; }
 [ "$(cat straight/checkpoints/latest)" = "step_00000012" ] && ok "latest points at the final step" \
   || bad "latest is '$(cat straight/checkpoints/latest 2>/dev/null)'"
 n=$(ls -d straight/checkpoints/step_* | wc -l)

@@ -316,11 +316,29 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
     model_.sync_weights();
   const bool from_memory = state.contains(kDurableStepKey);
   durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
-  if (processes_.root())
+  if (processes_.root()) {
     std::fprintf(stderr, "resumed from %s%s (step %lld, loaded in %.2f s)\n", dir.c_str(),
                  from_memory ? ", an in-memory checkpoint" : "", static_cast<long long>(step),
                  now_seconds() - started);
+    warn_schedule_change(state, step);
+  }
   return step;
+}
+
+// train.steps (or --steps) may change on a resume, and a decaying schedule then takes
+// another shape from this step on: said, with the learning rate the next step gets.
+void Checkpointer::warn_schedule_change(const json& state, int64_t step) const {
+  const json* saved = state.contains("schedule") ? &state.at("schedule") : nullptr;
+  if (!saved || !saved->contains("total_steps")) return;
+  LrSchedule before = schedule_;
+  before.total_steps = saved->at("total_steps").get<int64_t>();
+  if (before.total_steps == schedule_.total_steps) return;
+  const double was = learning_rate(before, step + 1), is = learning_rate(schedule_, step + 1);
+  if (was == is) return;  // a constant schedule, or one still warming up
+  warn(
+      fmt::format("the learning-rate schedule now spans {} steps instead of the checkpoint's "
+                  "{}: step {} trains at lr {:.3g} instead of {:.3g}",
+                  schedule_.total_steps, before.total_steps, step + 1, is, was));
 }
 
 int64_t Checkpointer::rollback() {
