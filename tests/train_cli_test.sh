@@ -58,6 +58,11 @@ n=$(ls -d straight/checkpoints/step_* | wc -l)
 [ "$(cat noend/checkpoints/latest 2>/dev/null)" = "step_00000008" ] && [ ! -d noend/checkpoints/step_00000010 ] \
   && ok "checkpoint_at_end=false keeps the periodic checkpoints and writes none at the end" \
   || { bad "checkpoint_at_end=false: latest is '$(cat noend/checkpoints/latest 2>/dev/null)'"; cat noend.log; }
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=noend_stop -q \
+  --set train.checkpoint_at_end=false --set train.steps=10 --stop-at-step 7 >noend_stop.log 2>&1 \
+  && [ "$(cat noend_stop/checkpoints/latest 2>/dev/null)" = "step_00000007" ] \
+  && ok "--stop-at-step checkpoints its step under checkpoint_at_end=false (a stop, not the end)" \
+  || { bad "--stop-at-step without checkpoint_at_end: latest '$(cat noend_stop/checkpoints/latest 2>/dev/null)'"; cat noend_stop.log; }
 
 # ---- a run stopped by SIGTERM saves a checkpoint and exits 75 (interrupted, resumable) ----
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=sig --set train.steps=100000 \

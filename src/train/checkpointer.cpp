@@ -369,10 +369,10 @@ json Checkpointer::trainer_state(int64_t step) const {
   return state;
 }
 
-void Checkpointer::save(int64_t step) {
+void Checkpointer::save(int64_t step, bool last) {
   const double t0 = disk_.started = now_seconds();
   if (disk_.in_flight) {
-    if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip) {
+    if (rc_.train.checkpoint_overlap == CheckpointOverlap::skip && !last) {
       if (processes_.root())
         std::fprintf(stderr,
                      "skipping the checkpoint of step %lld: step %lld is still being "

@@ -84,8 +84,10 @@ class Checkpointer {
   }
 
   // Starts a checkpoint of `step`: the snapshot, then the write in the background (or to the
-  // end, and the commit, when not asynchronous). Collective.
-  void save(int64_t step);
+  // end, and the commit, when not asynchronous). `last`: the process's last checkpoint (the
+  // end, --stop-at-step, a stop signal), which waits for one in flight even under
+  // train.checkpoint_overlap = skip. Collective.
+  void save(int64_t step, bool last = false);
   // At a step boundary: commits the save in flight once every rank has written it, and
   // fails (on every rank) if a rank's write failed. Collective: every rank calls it at the
   // same steps (one small all-reduce while a save is in flight).

@@ -217,6 +217,17 @@ TEST(Checkpointer, ASaveDueWhileOneIsInFlightWaitsOrIsSkipped) {
       ASSERT_EQ(dirs.size(), 1u);
       EXPECT_EQ(dirs[0].step, 1);
       EXPECT_NE(log.find("skipping the checkpoint of step 2"), std::string::npos) << log;
+      // The last checkpoint of a process (the end, a stop) is never skipped: it waits.
+      run.step(3);
+      ::testing::internal::CaptureStderr();
+      run.checkpointer.save(3);
+      run.checkpointer.save(4, /*last=*/true);
+      run.checkpointer.finish();
+      const std::string last_log = ::testing::internal::GetCapturedStderr();
+      const auto after = list_checkpoint_dirs(rc.train.run_dir);
+      ASSERT_EQ(after.size(), 3u);
+      EXPECT_EQ(after.back().step, 4);
+      EXPECT_NE(last_log.find("waits for step 3"), std::string::npos) << last_log;
     }
   }
 }

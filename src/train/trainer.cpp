@@ -784,10 +784,13 @@ TrainSummary start_training(TrainingRun& run, const TrainOptions& opt, int64_t s
 void save_due_checkpoints(TrainingRun& run, int64_t step, bool last, bool final_step,
                           bool interrupted) {
   run.checkpointer->poll();
-  const SavesDue due = saves_due(run.tc, step, last, final_step);
+  // Only the run's own end may go without its checkpoint (train.checkpoint_at_end):
+  // --stop-at-step is a stop, to be resumed.
+  const bool completes = step == run.schedule.total_steps;
+  const SavesDue due = saves_due(run.tc, step, last, completes);
   if (due.durable) {
     run.mark(step, "checkpoint");
-    run.checkpointer->save(step);
+    run.checkpointer->save(step, last);
   }
   if (due.memory) run.checkpointer->save_in_memory(step);
   if (last) run.checkpointer->finish();
