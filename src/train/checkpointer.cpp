@@ -220,11 +220,12 @@ std::vector<std::string> Checkpointer::resume_candidates() const {
     if (auto memory = usable_memory_checkpoint(rc_.train, latest)) candidates.push_back(*memory);
   } else if (processes_.root()) {
     if (auto unused = usable_memory_checkpoint(rc_.train, latest, /*even_when_off=*/true))
-      warn(fmt::format("{} is newer than the run directory's checkpoints and is left unused: "
-                       "in-memory checkpoints are off in this run (train.memory_checkpoint_every "
-                       "= 0, or ranks on several hosts); resume with them on (one host) to start "
-                       "from there",
-                       *unused));
+      warn(
+          fmt::format("{} is newer than the run directory's checkpoints and is left unused: "
+                      "in-memory checkpoints are off in this run (train.memory_checkpoint_every "
+                      "= 0, or ranks on several hosts), which goes on from the run directory's "
+                      "checkpoint",
+                      *unused));
   }
   if (!latest) return candidates;
   candidates.push_back(*latest);
@@ -251,8 +252,11 @@ int64_t Checkpointer::resume() {
     // state, and the plain message says more than a missing tensor would.
     check_same_optimizer(dir, read_checkpoint_trainer_state(dir), rc_.train.optimizer);
     auto g = processes_.guard("loading " + dir);
-    if (std::optional<json> state = load_on_every_rank(dir, newest_failure))
-      return restore_from(dir, *state, t0);
+    if (std::optional<json> state = load_on_every_rank(dir, newest_failure)) {
+      const int64_t step = restore_from(dir, *state, t0);
+      drop_newer_memory_checkpoints(step);
+      return step;
+    }
   }
   // A failed load may have written part of the state: never train on from there.
   if (!candidates.empty())
@@ -261,6 +265,23 @@ int64_t Checkpointer::resume() {
          "restore the checkpoint files, resume with the config they were written with, or "
          "start a new run directory");
   return 0;
+}
+
+// In-memory checkpoints newer than the step this run goes on from (the tier off, or its
+// checkpoint unloadable) hold steps this run replaces: a later resume must not go back to
+// them, so they go (the tier lives on one host: rank 0's).
+void Checkpointer::drop_newer_memory_checkpoints(int64_t step) const {
+  if (!processes_.root()) return;
+  const std::string location = memory_tier_location(rc_.train);
+  if (!path_exists(location)) return;
+  for (const CheckpointDir& d : list_checkpoint_dirs(location)) {
+    if (d.step <= step) continue;
+    warn(
+        fmt::format("removing the in-memory checkpoint {}: this run goes on from step {} and "
+                    "replaces its steps",
+                    d.path, step));
+    remove_all(d.path);
+  }
 }
 
 std::optional<json> Checkpointer::load_on_every_rank(const std::string& dir,

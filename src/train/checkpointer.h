@@ -171,6 +171,7 @@ class Checkpointer {
   // trainer put back from it, returning its step.
   std::optional<json> load_on_every_rank(const std::string& dir, std::string& newest_failure);
   void warn_schedule_change(const json& state, int64_t step) const;
+  void drop_newer_memory_checkpoints(int64_t step) const;
   int64_t restore_from(const std::string& dir, const json& state, double started);
   void check_same_tokenizer(const std::string& dir, const json& state) const;
   void open_memory_tier();

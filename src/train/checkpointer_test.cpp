@@ -452,8 +452,9 @@ TEST(MemoryTier, ANewRunClearsItAndTheEndOfARunRetiresIt) {
 }
 
 // A run with the tier off leaves a newer in-memory checkpoint unused, saying so, and removes
-// it at its end all the same; another run's checkpoint of the step the tier descends from
-// does not make the tier usable.
+// it once it goes on from an older step (a later resume with the tier on must not go back to
+// the steps it replaces); another run's checkpoint of the step the tier descends from does
+// not make the tier usable.
 TEST(MemoryTier, OffItIsLeftUnusedAndRetiredAndAnotherRunDoesNotAdoptIt) {
   TempDir dir;
   const RunConfig rc = memory_tier_config(dir);
@@ -480,6 +481,9 @@ TEST(MemoryTier, OffItIsLeftUnusedAndRetiredAndAnotherRunDoesNotAdoptIt) {
     EXPECT_EQ(resumed.checkpointer.resume(), 1);
     const std::string log = ::testing::internal::GetCapturedStderr();
     EXPECT_NE(log.find("is left unused: in-memory checkpoints are off"), std::string::npos) << log;
+    EXPECT_NE(log.find("removing the in-memory checkpoint"), std::string::npos) << log;
+    EXPECT_TRUE(list_checkpoint_dirs(root).empty());
+    EXPECT_EQ(latest_resume_step(rc.train), 1);  // with the tier on, too
     resumed.checkpointer.retire_memory_tier();
     EXPECT_FALSE(path_exists(root));
   }

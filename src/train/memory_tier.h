@@ -14,8 +14,9 @@
 // marker's checksum, so another run's checkpoint of the same step does not pass), so removing
 // checkpoints from the run directory to go back sets the memory tier aside too. A resume with
 // the tier off leaves it unused (with a warning when it is newer: its ranks may span hosts,
-// whose /dev/shm differ); a new run, and a run that ends with its final checkpoint in the run
-// directory, remove it whether the tier is on or off.
+// whose /dev/shm differ); a resume from an older step than the tier's checkpoints removes the
+// newer ones (their steps are replaced); a new run, and a run that ends with its final
+// checkpoint in the run directory, remove it whether the tier is on or off.
 #pragma once
 #include <cstdint>
 #include <optional>
