@@ -47,6 +47,17 @@ grep -q "schedule now spans 24 steps instead of the checkpoint's 12: step 13 tra
   && ! grep -q "schedule now spans" resumed.log \
   && ok "a resume under another train.steps warns that the schedule changes shape" \
   || { bad "no schedule warning"; cat stretched.log; }
+# metrics' tokens count what was trained on, across a resume under another batch size.
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=rebatch -q --stop-at-step 6 \
+  >/dev/null 2>&1 && "$FOUNDRY" train --config tiny.json --synthetic-data -q --resume \
+  --set train.run_dir=rebatch train.batch_size=4 --allow-config-change >rebatch.log 2>&1
+python3 - rebatch/metrics.jsonl <<'PY' && ok "metrics' tokens go on counting under a new batch size" \
+  || { bad "tokens after a batch change"; cat rebatch.log; }
+import json, sys
+tokens = {m["step"]: m["tokens"] for m in map(json.loads, open(sys.argv[1]))}
+assert tokens[6] == 6 * 2 * 16 and tokens[7] == 6 * 2 * 16 + 4 * 16, tokens
+assert tokens[12] == 6 * 2 * 16 + 6 * 4 * 16, tokens
+PY
 [ "$(cat straight/checkpoints/latest)" = "step_00000012" ] && ok "latest points at the final step" \
   || bad "latest is '$(cat straight/checkpoints/latest 2>/dev/null)'"
 n=$(ls -d straight/checkpoints/step_* | wc -l)

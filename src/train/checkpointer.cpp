@@ -335,6 +335,9 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
     model_.write_params(host_params_.data());  // and the bf16 copy
   else
     model_.sync_weights();
+  // Checkpoints before the count was saved: as if the batch had never changed.
+  tokens_base_ = state.value("tokens", step * rc_.train.batch_size * rc_.train.seq_len);
+  tokens_base_step_ = step;
   const bool from_memory = state.contains(kDurableStepKey);
   durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;
   if (processes_.root()) {
@@ -385,6 +388,7 @@ json Checkpointer::trainer_state(int64_t step) const {
   // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
   if (!model_.balancers().empty()) state["router_balancers"] = model_.balancer_state();
   if (save_hook_) save_hook_(state);
+  state["tokens"] = tokens_at(step);
   state["schedule"] = {{"lr", learning_rate(schedule_, std::max<int64_t>(step, 1))},
                        {"total_steps", schedule_.total_steps}};
   return state;

@@ -69,6 +69,12 @@ class Checkpointer {
   // before loading anything when the checkpoint was written by the other optimizer.
   int64_t resume();
 
+  // The tokens the run has trained on by `step` (applied steps × the global batch's tokens,
+  // counted from the resumed checkpoint's own count: the batch may change on a resume).
+  int64_t tokens_at(int64_t step) const {
+    return tokens_base_ + (step - tokens_base_step_) * rc_.train.batch_size * rc_.train.seq_len;
+  }
+
   // Rollback: waits for the save in flight and commits it, then loads the latest committed
   // checkpoint as resume() does and returns its step; -1 (nothing loaded) when the run has
   // none yet. Collective.
@@ -193,6 +199,7 @@ class Checkpointer {
   // The run directory's newest committed checkpoint (as this run knows it; 0 for none): the
   // memory tier's checkpoints name it as the durable one they descend from.
   int64_t durable_step_ = 0;
+  int64_t tokens_base_ = 0, tokens_base_step_ = 0;  // tokens_at(): the count at the resumed step
   // The durable tier's snapshot of what lives in host memory, reused (backed from its first copy).
   PageSlab<float> buffer_;
   PageSlab<float> host_params_;  // a model on a device: its parameters' host copy while loading

@@ -515,12 +515,12 @@ void add_router_detail(json& m, const StepResult& r, const Model& model) {
 }
 
 // One step's line of metrics.jsonl.
-json step_metrics(int64_t step, const StepResult& r, int64_t tokens_per_step, double mfu,
-                  const DataParallelOptimizer& optimizer, bool balancing) {
+json step_metrics(int64_t step, const StepResult& r, int64_t tokens_per_step, int64_t tokens,
+                  double mfu, const DataParallelOptimizer& optimizer, bool balancing) {
   const double tokens_per_s = tokens_per_step / r.seconds;
   json m = {{"step", step}, {"loss", r.losses.ce_loss}, {"aux_loss", r.losses.aux_loss},
             {"lr", r.lr},   {"grad_norm", r.grad_norm}, {"tokens_per_s", tokens_per_s},
-            {"mfu", mfu},   {"step_time_s", r.seconds}, {"tokens", step * tokens_per_step}};
+            {"mfu", mfu},   {"step_time_s", r.seconds}, {"tokens", tokens}};
   if (const GradientReduceStats* reduce = optimizer.last_reduce())
     m["grad_comm_exposed_s"] = reduce->exposed_seconds;
   if (balancing) {
@@ -578,7 +578,8 @@ class StepLog {
       timed_tokens_ += tokens_per_step_;
     }
     const double mfu = watch_.mfu(tokens_per_step_ / r.seconds * flops_per_token_);
-    json m = step_metrics(step, r, tokens_per_step_, mfu, *run_.optimizer, balancing_);
+    json m = step_metrics(step, r, tokens_per_step_, run_.checkpointer->tokens_at(step), mfu,
+                          *run_.optimizer, balancing_);
     m["peak_gflops"] = watch_.peak().flops_per_s / 1e9;
     m["peak_source"] = watch_.peak().source;
     if (const std::string warning = watch_.check(step, mfu); !warning.empty() && run_.procs.root())
