@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <set>
+#include <vector>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -284,9 +286,25 @@ void AnomalyMonitor::save_state(json& trainer_state) const {
 
 void AnomalyMonitor::restore_state(const json& trainer_state) {
   // Before batch numbers were saved, batch and step were the same (nothing was skipped).
-  batches_.restart_after(trainer_state.value("batch", trainer_state.at("step").get<int64_t>()));
+  const int64_t batch = trainer_state.value("batch", trainer_state.at("step").get<int64_t>());
+  batches_.restart_after(batch);
+  std::set<int64_t> dropped;
   if (auto it = trainer_state.find("skipped_batches"); it != trainer_state.end())
-    for (const json& b : *it) batches_.skip(b.get<int64_t>());
+    for (const json& b : *it) dropped.insert(b.get<int64_t>());
+  for (int64_t b : dropped) batches_.skip(b);
+  // train.skip_batches naming a batch the checkpoint's run already trained on: too late.
+  std::vector<int64_t> trained;
+  for (int64_t b : tc_.skip_batches)
+    if (b <= batch && !dropped.count(b)) {
+      batches_.unskip(b);
+      trained.push_back(b);
+    }
+  if (root_ && !trained.empty())
+    fmt::print(stderr,
+               "warning: train.skip_batches names batch(es) {} that the run trained on before "
+               "this checkpoint (its last batch is {}): they stay trained and are not recorded "
+               "as skipped; to drop them, resume from a checkpoint before them\n",
+               fmt::join(trained, ", "), batch);
   detector_.restore(trainer_state.value("loss_window", json()));
 }
 

@@ -198,6 +198,26 @@ TEST(AnomalyMonitor, TrainerStateKeepsThePositionTheDroppedBatchesAndTheWindow) 
   EXPECT_EQ(other.batch(), 9);
 }
 
+// train.skip_batches naming a batch the checkpoint's run trained on cannot undo it: it is
+// neither skipped nor recorded, and the resume says so; later ones are skipped.
+TEST(AnomalyMonitor, ASkipOfABatchTrainedBeforeTheCheckpointIsNotRecordedAndSaidSo) {
+  MonitorFixture f(AnomalyPolicy::skip);
+  f.rc.train.skip_batches = {5, 12};
+  TrainBatches batches(nullptr, 4, f.rc.train.seq_len, 0, 1, f.rc.model.vocab_size, 9);
+  AnomalyMonitor resumed(f.rc.train, nullptr, true, batches);
+  ::testing::internal::CaptureStderr();
+  resumed.restore_state({{"step", 10}, {"batch", 10}, {"skipped_batches", json::array()}});
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("train.skip_batches names batch(es) 5 that the run trained on before this "
+                     "checkpoint (its last batch is 10)"),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(batches.skipped(), std::set<int64_t>{12});
+  json state = {{"step", 10}};
+  resumed.save_state(state);
+  EXPECT_EQ(state["skipped_batches"], json({12}));
+}
+
 std::vector<float> slab(const Model& m) { return {m.params(), m.params() + m.slab_size()}; }
 
 // A vetoed step changes nothing: the model, its router balancers and the optimizer continue

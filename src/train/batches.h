@@ -33,6 +33,7 @@ class TrainBatches {
   int64_t batch() const { return batch_; }
   // Drops batch `number` when it comes (no effect once it has been read).
   void skip(int64_t number) { skipped_.insert(number); }
+  void unskip(int64_t number) { skipped_.erase(number); }
   const std::set<int64_t>& skipped() const { return skipped_; }
   // Resume: batch `number` was the last one read (the loader, if any, is restored apart).
   void restart_after(int64_t number) { batch_ = number; }
