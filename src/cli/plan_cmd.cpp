@@ -186,9 +186,7 @@ std::pair<GoodputInputs, GoodputPrediction> plan_goodput(const PlanOptions& o,
   if (!(o.checkpoint_interval >= 0))
     fail(fmt::format("--checkpoint-interval {} must be >= 0", o.checkpoint_interval),
          "seconds between checkpoints; 0 = the best interval (Daly)");
-  const MemoryEstimate m =
-      estimate_memory(model, s.micro_batch, s.seq, s.precision, s.muon, s.cp);
-  const double bytes = double(m.weights_fp32_bytes + m.optimizer_bytes);
+  const double bytes = double(checkpoint_bytes(model, s.muon));
   GoodputInputs in = goodput_defaults(bytes, o.devices, profile.kind == "gpu");
   in.failures_per_device_hour = o.failure_rate;
   if (o.checkpoint_stall >= 0) in.checkpoint_stall_s = o.checkpoint_stall;

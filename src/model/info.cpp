@@ -255,6 +255,14 @@ void context_parallel_items(const ModelConfig& c, int64_t B, int64_t T, int64_t 
 
 }  // namespace
 
+int64_t checkpoint_bytes(const ModelConfig& config, bool muon) {
+  int64_t bytes = 0;
+  const ParamTable table(config);
+  for (const ParamInfo& p : table.params())
+    bytes += p.numel * kF32Bytes * (muon && is_muon_matrix(p) ? 2 : 3);
+  return bytes;
+}
+
 MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
                                DType precision, bool muon, int64_t context) {
   FOUNDRY_CHECK(context >= 1);

@@ -240,6 +240,11 @@ double train_flops_per_token(const ModelConfig& config, int64_t seq);
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
                                DType precision, bool muon = false, int64_t context = 1);
 
+// The bytes of a checkpoint of the whole model (format 2, all ranks together): the fp32
+// weights, AdamW's two moments of the tensors AdamW updates and, with `muon`, Muon's momentum
+// of the matrices it updates (a checkpoint stores no state a tensor's optimizer does not use).
+int64_t checkpoint_bytes(const ModelConfig& config, bool muon);
+
 // The decoding state of `batch` sequences of up to `max_len` tokens (Model::new_decode_state):
 // per sequence the key and value caches 2·L·max_len·Dkv fp32, the scores Hq·max_len, for
 // zaya1 the CCA convolution state L·(Cc·(t0 − 1 + t1 − 1) + Dkv/2), the logits [Vp] and the

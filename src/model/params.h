@@ -32,6 +32,13 @@ struct ParamInfo {
   double init_value = 0;       // the standard deviation (normal) or the constant
 };
 
+// The 2-D attention and expert weights: what Muon updates when train.optimizer is Muon (the
+// embedding, norms, scales and router stay with AdamW; optim/muon.h says why).
+inline bool is_muon_matrix(const ParamInfo& info) {
+  return (info.kind == ParamKind::attention || info.kind == ParamKind::expert) &&
+         info.shape.size() == 2;
+}
+
 class ParamTable {
  public:
   explicit ParamTable(const ModelConfig& config);

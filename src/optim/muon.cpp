@@ -46,8 +46,7 @@ double frobenius_norm(const float* x, int64_t n, std::vector<double>& block_sums
 bool muon_applies(const ParamInfo& info) {
   // See the header for why the embedding (tied LM head), norms and the router stay with
   // AdamW.
-  return (info.kind == ParamKind::attention || info.kind == ParamKind::expert) &&
-         info.shape.size() == 2;
+  return is_muon_matrix(info);
 }
 
 std::string optimizer_for(const ParamInfo& info, bool muon_enabled) {

@@ -9,6 +9,7 @@
 #include "base/test_expect_error.h"
 #include "ckpt/checkpoint_dir.h"
 #include "kernels/cpu_backend.h"
+#include "model/info.h"
 #include "model/model.h"
 #include "train/memory_tier.h"
 #include "train/optimizer_config.h"
@@ -193,6 +194,31 @@ TEST(Checkpointer, AnAsynchronousSaveHoldsTheStateOfItsStep) {
   TinyRun resumed(rc, 7);
   EXPECT_EQ(resumed.checkpointer.resume(), 2);
   EXPECT_EQ(resumed.params(), at_step_2);
+}
+
+// checkpoint_bytes (model/info.h), which plan's goodput prices a checkpoint by, is what a
+// checkpoint's rank files hold, under AdamW and Muon (which stores no AdamW moments of its
+// matrices), for both architectures: up to each piece's alignment (64 bytes).
+TEST(Checkpointer, CheckpointBytesIsWhatTheRankFilesHold) {
+  for (bool zaya : {false, true})
+    for (OptimizerKind kind : {OptimizerKind::adamw, OptimizerKind::muon}) {
+      TempDir dir;
+      RunConfig rc = testing::tiny_run_config(dir.path(), zaya);
+      rc.train.optimizer = kind;
+      TinyRun run(rc, 1);
+      make_dirs(rc.train.run_dir);
+      run.step(1);
+      run.checkpointer.save(1);
+      run.checkpointer.finish();
+      const std::string ckpt = list_checkpoint_dirs(rc.train.run_dir).back().path;
+      const int64_t expected = checkpoint_bytes(rc.model, kind == OptimizerKind::muon);
+      const int64_t bytes =
+          static_cast<int64_t>(std::filesystem::file_size(ckpt + "/rank_00000.bin"));
+      const int64_t pieces = 3 * static_cast<int64_t>(run.model.table().params().size());
+      EXPECT_GE(bytes, expected) << (zaya ? "zaya1 " : "moe ") << optimizer_name(kind);
+      EXPECT_LT(bytes - expected, 64 * pieces)
+          << (zaya ? "zaya1 " : "moe ") << optimizer_name(kind);
+    }
 }
 
 TEST(Checkpointer, ASaveDueWhileOneIsInFlightWaitsOrIsSkipped) {
