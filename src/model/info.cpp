@@ -114,6 +114,10 @@ double train_flops_per_token(const ModelConfig& c, int64_t seq) {
   return flops_per_token(c, seq).train_flops;
 }
 
+double expert_train_flops_per_token(const ModelConfig& c) {
+  return 6.0 * static_cast<double>(c.n_layers * active_experts(c) * count_parameters(c).per_expert);
+}
+
 namespace {
 
 void add_item(std::vector<MemoryItem>& items, std::string name, std::string shape,

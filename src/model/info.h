@@ -49,10 +49,10 @@
 //                      logits [N,Vp] (the loss gradient is written in place); per-token
 //                      losses [N]; input and target ids (int) 2·[N]
 //   Backward working buffers (one set, reused by every layer): the residual gradient and the
-//   attention and MoE norms' gradients 3·[N,C]; dq [N,Dq], dk, dv [N,Dkv]; attention-output gradient [N,Dq]; attention-score
-//   gradient [B,H,T,T]; expert-input and expert-output gradients 2·[N·K,C]; hidden and
-//   SwiGLU gradients [N·K,2F] + [N·K,F]; gate-weight gradient [N,K]; router gradient [N,E].
-//   Not counted: oneDNN and bf16-conversion scratch, the allocator's overhead.
+//   attention and MoE norms' gradients 3·[N,C]; dq [N,Dq], dk, dv [N,Dkv]; attention-output
+//   gradient [N,Dq]; attention-score gradient [B,H,T,T]; expert-input and expert-output gradients
+//   2·[N·K,C]; hidden and SwiGLU gradients [N·K,2F] + [N·K,F]; gate-weight gradient [N,K]; router
+//   gradient [N,E]. Not counted: oneDNN and bf16-conversion scratch, the allocator's overhead.
 //
 // ==== arch "zaya1" ==========================================================================
 // A layer is a pair of sublayers: CCA attention, then MoE with the ZAYA1 router (n_layers
@@ -82,7 +82,9 @@
 //   convolutions  6 · L · (Cc·t0 + Cc·d·t1): counted like matmuls, a forward of 2·Cc·t0
 //                 (depthwise) + 2·Cc·d·t1 (grouped) multiply-adds per token
 //   attention     6 · 2 · L · Hq·d · (T+1)/2  (causal, as for moe; full T×T alongside)
-//   train_flops_per_token = matmul + convolutions + attention.
+//   train_flops_per_token = matmul + convolutions + attention. The K experts' part is an upper
+//   bound: choices that go to the skip class run no expert, and the trainer's MFU counts
+//   what the step ran (expert_train_flops_per_token × the step's skip fraction left out).
 //
 // Memory: weights, gradients and optimizer state as for moe. Activations saved for backward
 // (Nk = N·K, int = int32):
@@ -98,10 +100,10 @@
 //   once               embedding output [N,C]; final residual [N,C]; final norm [N,C] + [N];
 //                      logits [N,Vp]; losses [N]; input and target ids (int) 2·[N]
 //   Backward working buffers (one set): two residual gradients, the sublayer output's and
-//   the CCA and MoE norms' gradients 5·[N,C]; dc, dy, dqk 3·[N,Cc]; dq [N,Hq·d], dk, dv [N,Hk·d]; attention-output gradient
-//   [N,Hq·d]; attention-score gradient [B,Hq,T,T]; router-state gradients d_r, d_r_prev
-//   2·[N,R]; router MLP gradients 2·[N,R] + logits gradient [N,S]; expert input and output
-//   gradients 2·[Nk,C]; hidden and SwiGLU gradients [Nk,2F] + [Nk,F]; gate gradient [N,K].
+//   the CCA and MoE norms' gradients 5·[N,C]; dc, dy, dqk 3·[N,Cc]; dq [N,Hq·d], dk, dv [N,Hk·d];
+//   attention-output gradient [N,Hq·d]; attention-score gradient [B,Hq,T,T]; router-state gradients
+//   d_r, d_r_prev 2·[N,R]; router MLP gradients 2·[N,R] + logits gradient [N,S]; expert input and
+//   output gradients 2·[Nk,C]; hidden and SwiGLU gradients [Nk,2F] + [Nk,F]; gate gradient [N,K].
 //   Not counted: the balancing biases and their AdamW state (L·S·3 floats).
 #pragma once
 #include <cstdint>
@@ -234,6 +236,10 @@ ParamCounts count_parameters(const ModelConfig& config);
 FlopsPerToken flops_per_token(const ModelConfig& config, int64_t seq);
 // The FLOPs of one training step per token (forward + backward); the MFU numerator.
 double train_flops_per_token(const ModelConfig& config, int64_t seq);
+// The part of train_flops_per_token that the top_k experts' products make up (6 · n_layers ·
+// top_k · one expert's weights): what the choices that go to ZAYA1's skip class do not run
+// (the trainer's MFU leaves out the measured skip fraction of it).
+double expert_train_flops_per_token(const ModelConfig& config);
 // `muon`: train.optimizer is Muon (adds Muon's momentum slab).
 // `context`: context-parallel ranks per sequence (each holds seq / context of its rows, and
 // gathers the whole sequences' keys and values).

@@ -557,6 +557,7 @@ class StepLog {
         total_steps_(run.schedule.total_steps),
         tokens_per_step_(run.tc.batch_size * run.tc.seq_len),
         flops_per_token_(train_flops_per_token(run.rc.model, run.tc.seq_len)),
+        expert_flops_per_token_(expert_train_flops_per_token(run.rc.model)),
         // The first steps create oneDNN primitives and fault in memory: the per-operation
         // table leaves them out when there are enough steps.
         warmup_(total_steps_ - start_step > 4 ? 2 : 0),
@@ -573,11 +574,15 @@ class StepLog {
     if (const GradientReduceStats* reduce = run_.optimizer->last_reduce();
         reduce && step > start_step_ + warmup_)
       comm_.add(*reduce);
+    // The FLOPs the step ran: the ZAYA1 router's skip-class choices run no expert.
+    const double flops_per_token =
+        flops_per_token_ - std::max(0.0, r.balance.skip_fraction) * expert_flops_per_token_;
     if (step > start_step_ + 1 || total_steps_ - start_step_ == 1) {  // the first step warms caches
       timed_seconds_ += r.seconds;
       timed_tokens_ += tokens_per_step_;
+      timed_flops_ += tokens_per_step_ * flops_per_token;
     }
-    const double mfu = watch_.mfu(tokens_per_step_ / r.seconds * flops_per_token_);
+    const double mfu = watch_.mfu(tokens_per_step_ / r.seconds * flops_per_token);
     json m = step_metrics(step, r, tokens_per_step_, run_.checkpointer->tokens_at(step), mfu,
                           *run_.optimizer, balancing_);
     m["peak_gflops"] = watch_.peak().flops_per_s / 1e9;
@@ -611,21 +616,22 @@ class StepLog {
     if (show_bar_) progress_.finish();
     if (timed_seconds_ <= 0) return;
     summary.tokens_per_s = timed_tokens_ / timed_seconds_;
-    summary.mfu = watch_.mfu(summary.tokens_per_s * flops_per_token_);
+    summary.mfu = watch_.mfu(timed_flops_ / timed_seconds_);
   }
 
  private:
   const TrainingRun& run_;
   std::optional<MetricsWriter> metrics_;
   int64_t start_step_, total_steps_, tokens_per_step_;
-  double flops_per_token_;
+  double flops_per_token_;         // the model's, every choice an expert
+  double expert_flops_per_token_;  // of the top_k experts' products alone
   int64_t warmup_;
   bool balancing_;
   MfuWatch watch_;
   Progress progress_;
   bool show_bar_;
   GradientCommTotals comm_;
-  double timed_seconds_ = 0;
+  double timed_seconds_ = 0, timed_flops_ = 0;
   int64_t timed_tokens_ = 0;
 };
 

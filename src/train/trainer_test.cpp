@@ -1,7 +1,6 @@
 #include "train/trainer.h"
 
 #include <gtest/gtest.h>
-
 #include <pthread.h>
 #include <unistd.h>
 
@@ -15,10 +14,11 @@
 
 #include "base/io.h"
 #include "base/rng.h"
+#include "base/test_expect_error.h"
 #include "kernels/gemm.h"
+#include "model/info.h"
 #include "train/optimizer_config.h"
 #include "train/signals.h"
-#include "base/test_expect_error.h"
 #include "train/test_support.h"
 
 namespace foundry {
@@ -128,6 +128,32 @@ TEST(Train, RunsWritesMetricsAndResumesBitwise) {
   EXPECT_EQ(resumed.start_step, 3);
   EXPECT_EQ(resumed.final_step, 6);
   EXPECT_EQ(losses(metrics_lines(split_dir.path())), losses(lines));
+}
+
+// A ZAYA1 step's MFU counts the FLOPs it ran: its expert products only for the choices that
+// did not go to the skip class.
+TEST(Train, Zaya1MfuLeavesOutTheSkipClassesExpertProducts) {
+  TempDir dir;
+  TrainOptions opt;
+  opt.synthetic_data = true;
+  opt.quiet = true;
+  const RunConfig rc = testing::tiny_run_config(dir.path(), true);
+  ASSERT_TRUE(rc.model.router_skip_class);
+  train(rc, opt);
+  const double all = train_flops_per_token(rc.model, rc.train.seq_len);
+  const double experts = expert_train_flops_per_token(rc.model);
+  ASSERT_GT(experts, 0.1 * all);
+  double most_skipped = 0;
+  for (const std::string& line : metrics_lines(dir.path())) {
+    const json m = json::parse(line);
+    const double skip = m.at("skip_fraction").get<double>();
+    most_skipped = std::max(most_skipped, skip);
+    const double ran = m.at("tokens_per_s").get<double>() * (all - skip * experts);
+    EXPECT_NEAR(m.at("mfu").get<double>(), ran / (m.at("peak_gflops").get<double>() * 1e9),
+                1e-9 * m.at("mfu").get<double>())
+        << line;
+  }
+  EXPECT_GT(most_skipped, 0);  // the skip class took some choices: the test tells the counts apart
 }
 
 TEST(Train, ValidatesTheLayoutFirst) {
