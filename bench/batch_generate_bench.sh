@@ -68,7 +68,7 @@ for m in modes:
         log = open(f"log-{m}-{r}.txt").read()
         g = re.search(r"generated now \((\d+) tokens in ([\d.]+) s", log)
         toks, secs = int(g.group(1)), secs + [float(g.group(2))]
-        p = re.search(r"prompt tokens (\d+), computed (\d+) .*\| (\d+) steps \| KV memory at most (.*) of", log)
+        p = re.search(r"context tokens (\d+) .*?, computed (\d+) .*\| (\d+) steps \| KV memory at most (.*) of", log)
         prompt, computed, steps, kv = int(p.group(1)), int(p.group(2)), int(p.group(3)), p.group(4)
     rows[m] = (statistics.median(secs), toks, prompt, computed, steps, kv)
 base = rows["neither"][0]

@@ -101,7 +101,7 @@ for case in cases:
             log = open(f"log-{name}-{s}-{r}.txt").read()
             g = re.search(r"generated now \((\d+) tokens in ([\d.]+) s", log)
             secs.append(float(g.group(2)))
-        p = re.search(r"prompt tokens (\d+), computed (\d+) .*\| (\d+) steps \| KV memory at most (.*?) of", log)
+        p = re.search(r"context tokens (\d+) .*?, computed (\d+) .*\| (\d+) steps \| KV memory at most (.*?) of", log)
         e = re.search(r"(\d+) cached prefixes evicted", log)
         rows[s] = dict(tokens=int(g.group(1)), secs=statistics.median(secs), prompt=int(p.group(1)),
                        computed=int(p.group(2)), steps=int(p.group(3)), kv=p.group(4),

@@ -248,7 +248,8 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
       s.generated_tokens / std::max(s.seconds, 1e-9), static_cast<long long>(s.already_done),
       static_cast<long long>(s.invalid), g.out.c_str());
   std::printf(
-      "prompt tokens %lld, computed %lld (schedule %s) | %lld steps | KV memory at most %s of "
+      "context tokens %lld (prompts with their document-start tokens), computed %lld "
+      "(schedule %s) | %lld steps | KV memory at most %s of "
       "%s",
       static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prefill_tokens),
       infer::schedule_name(o.engine.schedule), static_cast<long long>(s.steps),

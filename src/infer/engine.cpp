@@ -288,6 +288,7 @@ class Run {
       return finish(i);
     }
     r.gen.tokens.push_back(next);
+    ++stats_.generated_tokens;  // as generated: the trace and the progress rate follow decoding
     if (static_cast<int64_t>(r.gen.tokens.size()) >= r.room) return finish(i);
     r.pending = next;
   }
@@ -297,7 +298,6 @@ class Run {
     r.finished = true;
     r.pending = -1;
     ++stats_.requests_done;
-    stats_.generated_tokens += static_cast<int64_t>(r.gen.tokens.size());
     r.own.reset();
     r.chain.clear();
     stats_.kv_bytes -= r.own_bytes;

@@ -52,6 +52,7 @@ struct Outcome {
   EngineStats stats;
   int64_t kv_seen_max = 0;
   std::vector<int64_t> running;  // after each step
+  std::vector<std::pair<int64_t, int64_t>> done_and_generated;  // after each step
 };
 
 Outcome run_engine(Model& m, const std::vector<GenerationRequest>& requests,
@@ -65,6 +66,7 @@ Outcome run_engine(Model& m, const std::vector<GenerationRequest>& requests,
       [&](const EngineStats& e) {
         out.kv_seen_max = std::max(out.kv_seen_max, e.kv_bytes);
         out.running.push_back(e.running);
+        out.done_and_generated.emplace_back(e.requests_done, e.generated_tokens);
       });
   return out;
 }
@@ -115,6 +117,22 @@ TEST_P(Engine, EveryRequestGetsItsTokensAloneWhateverTheBatching) {
     }
     EXPECT_EQ(o.stats.kv_bytes, 0) << "KV memory back to its baseline";
   }
+}
+
+// The generated-token count grows with every token (the trace and the progress rate follow
+// decoding, not request completions) and ends at the results' total.
+TEST_P(Engine, CountsGeneratedTokensAsTheyAreGenerated) {
+  auto m = small_model(GetParam());
+  const Outcome o = run_engine(*m, tree_requests(), {32, 0});
+  int64_t total = 0;
+  for (const auto& [i, g] : o.results) total += static_cast<int64_t>(g.tokens.size());
+  EXPECT_EQ(o.stats.generated_tokens, total);
+  bool before_any_finished = false;  // tokens counted while no request had finished
+  for (const auto& [done, generated] : o.done_and_generated)
+    before_any_finished = before_any_finished || (done == 0 && generated > 0);
+  EXPECT_TRUE(before_any_finished);
+  for (size_t k = 1; k < o.done_and_generated.size(); ++k)
+    EXPECT_GE(o.done_and_generated[k].second, o.done_and_generated[k - 1].second);
 }
 
 TEST_P(Engine, SharedPrefixesAreComputedOnce) {
