@@ -112,8 +112,16 @@ else bad "synthetic eval: $(cat syn_eval.log) / $(cat text_eval.log)"; fi
 "$FOUNDRY" train -c tiny.json -q --steps 1 --set train.run_dir=run_big train.batch_size=4000 \
   train.checkpoint_at_end=false >big.log 2>&1 || { cat big.log; bad "a batch larger than the data"; }
 grep -q "train.batch_size 4000 is more than the [0-9]* window(s) of 33 tokens the train split holds" big.log \
-  && grep -q "validation is off for this run: the validation split holds [0-9]* window(s)" big.log \
+  && grep -q "validation is off for this run: the validation split holds [0-9]* token(s), [0-9]* window(s)" big.log \
   && ok "a batch larger than the splits trains with both warnings" || bad "big batch: $(cat big.log)"
+# A dataset prepared with --val-fraction 0 (no validation split) trains, validation off.
+"$FOUNDRY" data prepare --input corpus --out ds_noval --vocab-size 300 --val-fraction 0 --quiet \
+  >noval_prep.log 2>&1 && "$FOUNDRY" train -c tiny.json -q --steps 2 \
+  --set data.dir=ds_noval train.run_dir=run_noval >noval.log 2>&1 \
+  && grep -q "validation is off for this run: the validation split holds 0 token(s)" noval.log \
+  && [ -f run_noval/checkpoints/latest ] \
+  && ok "a dataset without a validation split trains, validation off (warned)" \
+  || bad "--val-fraction 0: $(cat noval_prep.log noval.log)"
 
 # ---- eval --choices ----
 cat > choices.jsonl <<'JSON'

@@ -376,17 +376,20 @@ void TrainingRun::open_dataset() {
         fmt::format("train.batch_size {} is more than the {} window(s) of {} tokens the train "
                     "split holds: every batch repeats windows",
                     tc.batch_size, train_loader->windows_per_epoch(), tc.seq_len + 1));
-  val_loader.emplace(BatchLoader::for_eval(*dataset, tc.batch_size, tc.seq_len));
-  if (whole_validation_batches(*val_loader) == 0) {  // the same on every rank
+  // A split without one whole batch (none at all with --val-fraction 0) turns validation
+  // off; the same on every rank.
+  const uint64_t val_tokens = dataset->val().token_count(), seq = uint64_t(tc.seq_len);
+  const int64_t val_windows = val_tokens > seq ? int64_t((val_tokens - 1) / seq) : 0;
+  if (val_windows < tc.batch_size) {
     if (procs.root())
-      warn(
-          fmt::format("validation is off for this run: the validation split holds {} window(s) "
-                      "of {} tokens, not one batch of {} (lower train.batch_size, or prepare the "
-                      "data with a larger --val-fraction, to have it)",
-                      val_loader->windows_per_epoch(), tc.seq_len + 1, tc.batch_size));
-    val_loader.reset();
+      warn(fmt::format("validation is off for this run: the validation split holds {} token(s), "
+                       "{} window(s) of {} tokens, not one batch of {} (lower train.batch_size "
+                       "or train.seq_len, or prepare the data with a larger --val-fraction, to "
+                       "have it)",
+                       val_tokens, val_windows, tc.seq_len + 1, tc.batch_size));
     return;
   }
+  val_loader.emplace(BatchLoader::for_eval(*dataset, tc.batch_size, tc.seq_len));
   eval_batches = procs.root() ? validation_batches(*val_loader, tc.eval_batches)
                               : std::min(tc.eval_batches, whole_validation_batches(*val_loader));
 }
