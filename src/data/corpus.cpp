@@ -72,6 +72,46 @@ void for_each_line(const char* data, size_t size, size_t start, OnLine&& on_line
   }
 }
 
+// The length of the valid UTF-8 sequence at data[i] (1 to 4), or 0 when it is invalid.
+size_t utf8_sequence_length(const uint8_t* data, size_t size, size_t i) {
+  const uint8_t b = data[i];
+  if (b < 0x80) return 1;
+  size_t n = 0;
+  uint8_t lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (b >= 0xC2 && b <= 0xDF) n = 2;
+  else if (b == 0xE0) n = 3, lo = 0xA0;
+  else if (b >= 0xE1 && b <= 0xEC) n = 3;
+  else if (b == 0xED) n = 3, hi = 0x9F;  // no surrogates
+  else if (b >= 0xEE && b <= 0xEF) n = 3;
+  else if (b == 0xF0) n = 4, lo = 0x90;
+  else if (b >= 0xF1 && b <= 0xF3) n = 4;
+  else if (b == 0xF4) n = 4, hi = 0x8F;  // up to U+10FFFF
+  else return 0;
+  if (i + n > size || data[i + 1] < lo || data[i + 1] > hi) return 0;
+  for (size_t k = 2; k < n; ++k)
+    if (data[i + k] < 0x80 || data[i + k] > 0xBF) return 0;
+  return n;
+}
+
+// `text` with every byte that begins no valid UTF-8 sequence replaced by U+FFFD, as the
+// tokenizer reads such a byte in plain text: the JSON parser refuses them.
+std::string with_valid_utf8(std::string_view text) {
+  const auto* data = reinterpret_cast<const uint8_t*>(text.data());
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence_length(data, text.size(), i);
+    if (n == 0) {
+      out += "\xEF\xBF\xBD";
+      ++i;
+    } else {
+      out.append(text.data() + i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 bool is_blank_line(std::string_view line) {
   return std::all_of(line.begin(), line.end(), [](char c) { return is_blank(c); });
 }
@@ -89,7 +129,7 @@ void read_jsonl(const InputFile& file, const char* data, size_t size, size_t sta
     if (is_blank_line(line)) return;
     json record;
     try {
-      record = json::parse(line);
+      record = json::parse(with_valid_utf8(line));
     } catch (const json::parse_error& e) {
       fail(fmt::format("{}:{}: malformed JSON: {}", file.path, line_number, short_json_error(e)),
            lowercase_extension(file.path) == ".json"
@@ -192,7 +232,8 @@ class JsonArrayReader {
     }
     std::string text;
     try {
-      text = json::parse(std::string_view(data_ + open, pos_ - open)).get<std::string>();
+      text = json::parse(with_valid_utf8(std::string_view(data_ + open, pos_ - open)))
+                 .get<std::string>();
     } catch (const json::exception& e) {
       error(open, fmt::format("array element {}: invalid string: {}", index, short_json_error(e)));
     }
@@ -318,26 +359,6 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
 
 namespace {
 
-// The length of the valid UTF-8 sequence at data[i] (1 to 4), or 0 when it is invalid.
-size_t utf8_sequence_length(const uint8_t* data, size_t size, size_t i) {
-  const uint8_t b = data[i];
-  if (b < 0x80) return 1;
-  size_t n = 0;
-  uint8_t lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
-  if (b >= 0xC2 && b <= 0xDF) n = 2;
-  else if (b == 0xE0) n = 3, lo = 0xA0;
-  else if (b >= 0xE1 && b <= 0xEC) n = 3;
-  else if (b == 0xED) n = 3, hi = 0x9F;  // no surrogates
-  else if (b >= 0xEE && b <= 0xEF) n = 3;
-  else if (b == 0xF0) n = 4, lo = 0x90;
-  else if (b >= 0xF1 && b <= 0xF3) n = 4;
-  else if (b == 0xF4) n = 4, hi = 0x8F;  // up to U+10FFFF
-  else return 0;
-  if (i + n > size || data[i + 1] < lo || data[i + 1] > hi) return 0;
-  for (size_t k = 2; k < n; ++k)
-    if (data[i + k] < 0x80 || data[i + k] > 0xBF) return 0;
-  return n;
-}
 
 bool is_control_byte(uint8_t b) {
   return b < 0x20 && b != '\t' && b != '\n' && b != '\v' && b != '\f' && b != '\r' && b != 0x1B;

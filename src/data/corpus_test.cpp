@@ -53,6 +53,17 @@ TEST(Corpus, JsonlReadsTheNamedField) {
   EXPECT_EQ(documents_of(dir.file("b.jsonl"), InputFormat::Jsonl, "body"), (Docs{"one", "two"}));
 }
 
+// Bytes that are not UTF-8 (Latin-1 text) in a JSON string become U+FFFD, as in plain text,
+// instead of failing the JSON parser; with or without escapes in the string.
+TEST(Corpus, JsonStringsWithLatin1BytesReadWithReplacementCharacters) {
+  TempDir dir;
+  write_file(dir.file("a.jsonl"), "{\"text\": \"Caf\xe9\"}\n");
+  EXPECT_EQ(documents_of(dir.file("a.jsonl"), InputFormat::Jsonl), (Docs{"Caf\uFFFD"}));
+  write_file(dir.file("a.json"), "[\"Caf\xe9 says \\\"hi\\\"\"]");
+  EXPECT_EQ(documents_of(dir.file("a.json"), InputFormat::JsonArray),
+            (Docs{"Caf\uFFFD says \"hi\""}));
+}
+
 TEST(Corpus, JsonlErrorsNameFileAndLine) {
   TempDir dir;
   const std::string path = dir.file("bad.jsonl");
