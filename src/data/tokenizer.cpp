@@ -35,11 +35,33 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
-  std::vector<int> ids;
-  const auto status = processor_->Encode(text, &ids);
-  if (!status.ok())
-    fail(fmt::format("tokenizer cannot encode text: {}", status.ToString()));
-  return std::vector<int32_t>(ids.begin(), ids.end());
+  // U+2581 is SentencePiece's own space marker: a piece whose text holds a literal one is
+  // written as its bytes' pieces, or decode would give a space back for it.
+  constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
+  if (text.find(kSpaceMarker) == std::string_view::npos) {
+    std::vector<int> ids;
+    const auto status = processor_->Encode(text, &ids);
+    if (!status.ok()) fail(fmt::format("tokenizer cannot encode text: {}", status.ToString()));
+    return std::vector<int32_t>(ids.begin(), ids.end());
+  }
+  const sentencepiece::ImmutableSentencePieceText pieces =
+      processor_->EncodeAsImmutableProto(text);
+  std::vector<int32_t> ids;
+  for (const auto& piece : pieces.pieces()) {
+    const std::string& surface = piece.surface();
+    if (surface.find(kSpaceMarker) == std::string::npos) {
+      ids.push_back(static_cast<int32_t>(piece.id()));
+      continue;
+    }
+    for (unsigned char byte : surface) {
+      const int id = processor_->PieceToId(fmt::format("<0x{:02X}>", byte));
+      if (id == processor_->unk_id())
+        fail("tokenizer cannot encode U+2581 in the text: its model has no byte pieces",
+             "use a tokenizer prepared by foundry data prepare (byte fallback)");
+      ids.push_back(id);
+    }
+  }
+  return ids;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {

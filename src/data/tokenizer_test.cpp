@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "data/test_util.h"
 
 namespace foundry::data {
@@ -50,6 +52,22 @@ TEST_F(TrainedTokenizer, RoundTripsTrainingAndUnseenText) {
     EXPECT_EQ(tokenizer_->decode(ids), s);
   }
   EXPECT_TRUE(tokenizer_->encode("").empty());
+}
+
+// U+2581, SentencePiece's own space marker, comes back as itself, not as a space, wherever it
+// stands; text without it encodes as SentencePiece encodes it.
+TEST_F(TrainedTokenizer, RoundTripsTheSpaceMarkerCharacter) {
+  for (const std::string s : {"x\u2581y", "\u2581", "\u2581lead", "trail\u2581", "a \u2581 b",
+                              "\u2581\u2581 the expert\u2581router", " \u2581x", "the expert"}) {
+    const auto ids = tokenizer_->encode(s);
+    for (int32_t id : ids) EXPECT_NE(id, kUnkId) << "in \"" << s << "\"";
+    EXPECT_EQ(tokenizer_->decode(ids), s);
+  }
+  // Pieces without the character keep their ids: "the expert" alone and after it.
+  const auto plain = tokenizer_->encode(" the expert");
+  const auto after = tokenizer_->encode("\u2581 the expert");
+  ASSERT_GE(after.size(), plain.size());
+  EXPECT_TRUE(std::equal(plain.end() - 2, plain.end(), after.end() - 2));
 }
 
 TEST_F(TrainedTokenizer, LearnsMergesFromTheCorpus) {
