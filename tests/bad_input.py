@@ -299,6 +299,7 @@ CASES = [
     Case("option: prepare --val-fraction 0.9", "data prepare --input corpus.txt --out new --val-fraction 0.9", [], ["--val-fraction 0.9"]),
     Case("option: prepare --vocab-size 0", "data prepare --input corpus.txt --out new --vocab-size 0", [], ["--vocab-size 0"]),
     Case("option: prepare --shard-tokens 0", "data prepare --input corpus.txt --out new --shard-tokens 0", [], ["--shard-tokens"]),
+    Case("count: prepare --shard-tokens that makes more shards than a reader can map", "data prepare --input corpus.txt --out ds --overwrite --vocab-size 300 --shard-tokens 1", [], ["train split needs more than 16384 shards of --shard-tokens 1"], hint="larger --shard-tokens"),
     Case("option: prepare --max-sentences 0", "data prepare --input corpus.txt --out new --max-sentences 0", [], ["--max-sentences 0"]),
     Case("option: prepare --format unknown", "data prepare --input corpus.txt --out new --format xml", [], ["'xml'"]),
     Case("option: prepare --jsonl-field empty", "data prepare --input corpus.txt --out new --jsonl-field ''", [], ["--jsonl-field"]),

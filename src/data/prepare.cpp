@@ -36,6 +36,8 @@ std::string shard_file_name(const std::string& split, size_t index) {
   return fmt::format("{}_{:05d}.bin", split, index);
 }
 
+constexpr size_t kMaxShardsPerSplit = 16384;
+
 // Writes one split as a numbered series of shards of at most `shard_tokens` tokens each. A
 // shard boundary may fall inside a document: readers see the split as one stream.
 class ShardSeriesWriter {
@@ -71,6 +73,13 @@ class ShardSeriesWriter {
  private:
   void start_next_shard() {
     if (current_) finish_current();
+    // Readers map every shard: a process may hold 65,530 mappings (vm.max_map_count).
+    if (shards_.size() >= kMaxShardsPerSplit)
+      fail(fmt::format("the {} split needs more than {} shards of --shard-tokens {}: too many "
+                       "files for a reader to map at once",
+                       split_, kMaxShardsPerSplit, shard_tokens_),
+           "use a larger --shard-tokens (the default, 100000000, is 100 M tokens a shard); "
+           "nothing was written");
     const std::string name = shard_file_name(split_, shards_.size());
     current_ = std::make_unique<TokenShardWriter>((fs::path(dir_) / name).string(), vocab_size_,
                                                   tokenizer_checksum_);
