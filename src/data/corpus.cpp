@@ -337,6 +337,12 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
       const fs::path& entry = it->path();
       const bool hidden = entry.filename().string().starts_with(".");
       if (it->is_directory()) {
+        // A link to a folder is not followed (a link back up would loop): said, not silent.
+        if (!hidden && it->is_symlink())
+          fmt::print(stderr,
+                     "warning: skipping '{}', a symbolic link to a folder (a scan does not follow "
+                     "them): pass it as an --input of its own to read it\n",
+                     entry.string());
         if (hidden || (!skip.empty() && fs::weakly_canonical(entry, ec) == skip))
           it.disable_recursion_pending();
         continue;

@@ -172,6 +172,25 @@ TEST(Corpus, ScansFoldersRecursivelyInNameOrder) {
   EXPECT_EQ(forced[1].path, root + "/builds/doc-2.json");
 }
 
+// A symbolic link to a folder inside a scanned folder is not followed, and the scan says so;
+// a link to a file is read.
+TEST(Corpus, AScanSaysItSkipsLinksToFolders) {
+  TempDir dir;
+  write_file(dir.file("elsewhere/a.txt"), "linked text");
+  write_file(dir.file("scan/x.txt"), "own text");
+  std::filesystem::create_directory_symlink(dir.file("elsewhere"), dir.file("scan/link"));
+  std::filesystem::create_symlink(dir.file("elsewhere/a.txt"), dir.file("scan/file.txt"));
+  ::testing::internal::CaptureStderr();
+  const auto files = resolve_inputs({dir.file("scan")}, InputFormat::Auto);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_EQ(files.size(), 2u);
+  EXPECT_EQ(files[0].path, dir.file("scan/file.txt"));
+  EXPECT_EQ(files[1].path, dir.file("scan/x.txt"));
+  EXPECT_NE(log.find("skipping '" + dir.file("scan/link") + "', a symbolic link to a folder"),
+            std::string::npos)
+      << log;
+}
+
 TEST(Corpus, BadInputPathsAreErrors) {
   TempDir dir;
   expect_error([&] { resolve_inputs({dir.file("missing.txt")}, InputFormat::Auto); },
