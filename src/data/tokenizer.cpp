@@ -167,7 +167,9 @@ Tokenizer train_bpe_tokenizer(const std::vector<std::string>& sentences,
          "use e.g. --vocab-size 8192");
   const std::unordered_map<std::string, std::string> spec = {
       {"model_type", "bpe"},
-      {"vocab_size", std::to_string(options.vocab_size)},
+      // Below the 3 special ids SentencePiece fails on them before it counts what the corpus
+      // needs: trained at 3, it names the corpus's minimum (fail_training), for any size.
+      {"vocab_size", std::to_string(std::max(options.vocab_size, 3))},
       {"character_coverage", std::to_string(options.character_coverage)},
       {"byte_fallback", "true"},
       // Keep text exactly as written (whitespace, newlines, case): decode(encode(x)) == x.

@@ -1,5 +1,6 @@
 #include "data/tokenizer.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -107,6 +108,12 @@ TEST(Tokenizer, VocabularyTooSmallOrTooLargeGivesAHint) {
   const Error small = expect_error([&] { train_bpe_tokenizer(sentences, options); },
                                    {"vocabulary size 100 is too small", "at least"});
   EXPECT_TRUE(testing::contains(small.hint(), "--vocab-size"));
+  for (int32_t below_specials : {1, 2}) {  // SentencePiece fails on its special ids there
+    options.vocab_size = below_specials;
+    expect_error([&] { train_bpe_tokenizer(sentences, options); },
+                 {fmt::format("vocabulary size {} is too small for this corpus: it needs at least",
+                              below_specials)});
+  }
   options.vocab_size = 20000;  // far more pieces than 200 short sentences can yield
   const Error large = expect_error([&] { train_bpe_tokenizer(sentences, options); },
                                    {"vocabulary size 20000 is too large"});
