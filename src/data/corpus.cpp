@@ -160,7 +160,7 @@ void read_jsonl(const InputFile& file, const char* data, size_t size, size_t sta
                        json_type_name(*it)),
            "the --jsonl-field must hold the document text as a JSON string");
     const std::string& text = it->get_ref<const std::string&>();
-    if (!text.empty()) on_document(text, end);
+    if (!is_blank_line(text)) on_document(text, end);  // as a blank line of text
   });
 }
 
@@ -227,7 +227,8 @@ class JsonArrayReader {
     if (i >= size_) error(open, fmt::format("array element {}: unterminated string", index));
     pos_ = i + 1;
     if (!has_escape) {
-      if (i > open + 1) on_document(std::string_view(data_ + open + 1, i - open - 1), pos_);
+      const std::string_view text(data_ + open + 1, i - open - 1);
+      if (!is_blank_line(text)) on_document(text, pos_);
       return;
     }
     std::string text;
@@ -237,7 +238,7 @@ class JsonArrayReader {
     } catch (const json::exception& e) {
       error(open, fmt::format("array element {}: invalid string: {}", index, short_json_error(e)));
     }
-    if (!text.empty()) on_document(text, pos_);
+    if (!is_blank_line(text)) on_document(text, pos_);
   }
 
   [[noreturn]] void error(size_t at, const std::string& problem) const {

@@ -45,9 +45,10 @@ TEST(Corpus, EndOffsetsReachTheFileSize) {
 
 TEST(Corpus, JsonlReadsTheNamedField) {
   TempDir dir;
-  write_file(dir.file("a.jsonl"),
-             "{\"text\": \"hello\\nworld\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"body\": \"x\", "
-             "\"text\": \"é\"}\n");
+  write_file(
+      dir.file("a.jsonl"),
+      "{\"text\": \"hello\\nworld\", \"id\": 1}\n\n{\"text\": \"\"}\n{\"text\": \" \\t\\n \"}\n"
+      "{\"body\": \"x\", \"text\": \"é\"}\n");
   EXPECT_EQ(documents_of(dir.file("a.jsonl"), InputFormat::Jsonl), (Docs{"hello\nworld", "é"}));
   write_file(dir.file("b.jsonl"), "{\"body\": \"one\"}\r\n{\"body\": \"two\"}");
   EXPECT_EQ(documents_of(dir.file("b.jsonl"), InputFormat::Jsonl, "body"), (Docs{"one", "two"}));
@@ -88,7 +89,7 @@ TEST(Corpus, JsonArrayReadsStrings) {
   TempDir dir;
   write_file(dir.file("a.json"),
              "\xEF\xBB\xBF [\n  \"plain\",\n  \"esc \\\"q\\\" \\n \\u00e9 \\ud83d\\ude00\",\n  "
-             "\"\",\n  \"last\"\n]\n");
+             "\"\",\n  \"   \",\n  \"\\t \\n\",\n  \"last\"\n]\n");
   EXPECT_EQ(documents_of(dir.file("a.json"), InputFormat::JsonArray),
             (Docs{"plain", "esc \"q\" \n é 😀", "last"}));
   write_file(dir.file("empty.json"), " [ ] ");
