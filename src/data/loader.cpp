@@ -153,11 +153,12 @@ void BatchLoader::restore(const nlohmann::json& cursor) {
                      windows, split_location(split_), windows_),
          hint);
   if (!tokens.empty() && tokens != hash64_hex(split_.content_checksum()))
-    fail(fmt::format("{}: saved on other tokens than the {} holds (XXH3-64 {} against {}): the "
-                     "run was trained on another dataset",
+    fail(fmt::format("{}: saved on other tokens than the {} holds (XXH3-64 {} against {}, a "
+                     "checksum of its shards' checksums): the run was trained on another "
+                     "dataset, or on these tokens cut into shards of another size",
                      where, split_location(split_), tokens, hash64_hex(split_.content_checksum())),
-         "resume on the dataset the run was trained on (data.dir), or train on this one in a "
-         "new run directory");
+         "resume on the dataset the run was trained on (data.dir; a re-prepared one needs the "
+         "same --shard-tokens), or train on this one in a new run directory");
   if (epoch < 0 || position < 0 || position >= windows_)
     fail(fmt::format("{}: epoch {} / position {} is out of range (position must be in [0, {}))",
                      where, epoch, position, windows_),
