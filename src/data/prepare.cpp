@@ -424,8 +424,9 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
 
   if (!tokenizer) {
     if (options.show_progress)
-      std::fprintf(stderr, "training BPE tokenizer: vocab %d on %zu lines\n", options.vocab_size,
-                   scan.tokenizer_sample.size());
+      std::fprintf(stderr,
+                   "training BPE tokenizer: vocab %d on %zu sentences (lines; long ones cut)\n",
+                   options.vocab_size, scan.tokenizer_sample.size());
     BpeTrainingOptions bpe;
     bpe.vocab_size = options.vocab_size;
     bpe.max_sentence_bytes = static_cast<int32_t>(kMaxTrainingSentenceBytes);
