@@ -20,7 +20,7 @@ if "$F" bench gemm --quick --json gemm.json --csv gemm.csv --profile profile.jso
 else
   bad "bench gemm --quick failed:"; cat gemm.txt gemm.err
 fi
-for line in "^# date: " "^# command: .*bench gemm --quick" "^# host: .* cpu: " "^# libraries: oneDNN" \
+for line in "^# date: " "^# command: .*bench gemm --quick" "^# host: .* cpu: " "^# libraries: foundry [0-9a-fu].*, oneDNN" \
             "^# load average before: " "^peak compute" "fp32: measured best .*estimate .* cores × .* GHz × .* lanes × 2" \
             "^square GEMMs" "^transformer GEMMs" "^expert GEMMs" "^offsize GEMMs" "^decode GEMMs" \
             "^dtype +M +N +K +lay +ms +GFLOP/s +eff +%peak +shape" "n = 128 \(multiple of 64\)" \

@@ -112,6 +112,10 @@ expect_fail "checkpoint from another config" "d_model" \
 # ---- model info reads the same config ----
 "$FOUNDRY" model info --config tiny.json >info.txt 2>&1 && grep -qi "param" info.txt \
   && ok "model info runs" || bad "model info failed"
+"$FOUNDRY" --version >version.txt 2>&1 \
+  && grep -qE '^foundry ([0-9a-f]{12}(\+changes)?|unknown)$' <(head -1 version.txt) \
+  && grep -q "oneDNN: [0-9]" version.txt && grep -q "CUDA backend: " version.txt \
+  && ok "--version names the commit and the libraries" || { bad "--version:"; cat version.txt; }
 "$FOUNDRY" train --help >/dev/null && "$FOUNDRY" eval --help >/dev/null && "$FOUNDRY" generate --help >/dev/null \
   && ok "--help on train/eval/generate" || bad "--help failed"
 

@@ -11,6 +11,10 @@
 #include <fstream>
 #include <thread>
 
+#include "base/build_info.h"
+#include "cuda/nccl.h"
+#include "cuda/runtime.h"
+
 namespace foundry {
 
 namespace {
@@ -63,6 +67,29 @@ void set_command_line(int argc, char** argv) {
 
 const std::string& command_line() { return g_command_line; }
 
+namespace {
+
+// Foundry's own commit first, then what it links.
+std::vector<std::pair<std::string, std::string>> build_libraries() {
+  const dnnl_version_t* dv = dnnl_version();
+  return {{"foundry", build_commit()},
+          {"oneDNN", fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch)},
+          {"MPI", mpi_library()},
+          {"compiler", fmt::format("g++ {}.{}.{}", __GNUC__, __GNUC_MINOR__, __GNUC_PATCHLEVEL__)},
+          {"CUDA backend", gpu::built_with_cuda()
+                               ? (gpu::built_with_nccl() ? "built, with NCCL" : "built")
+                               : "not built"}};
+}
+
+}  // namespace
+
+std::string version_text() {
+  std::string text = fmt::format("foundry {}", build_commit());
+  for (const auto& [name, version] : build_libraries())
+    if (name != "foundry") text += fmt::format("\n  {}: {}", name, version);
+  return text;
+}
+
 Provenance collect_provenance(int ranks) {
   Provenance p;
   std::time_t t = std::time(nullptr);
@@ -79,11 +106,7 @@ Provenance collect_provenance(int ranks) {
   p.cores = static_cast<int>(std::thread::hardware_concurrency());
   p.threads = omp_get_max_threads();
   p.ranks = ranks;
-  const dnnl_version_t* dv = dnnl_version();
-  p.libraries.emplace_back("oneDNN", fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch));
-  p.libraries.emplace_back("MPI", mpi_library());
-  p.libraries.emplace_back("compiler", fmt::format("g++ {}.{}.{}", __GNUC__, __GNUC_MINOR__,
-                                                   __GNUC_PATCHLEVEL__));
+  p.libraries = build_libraries();
   for (const char* name : {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "FOUNDRY_GEMM_ROWS",
                            "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
                            "OMPI_MCA_coll_tuned_use_dynamic_rules", "FOUNDRY_POSE_AS_DEVICE"}) {

@@ -28,6 +28,9 @@ const std::string& command_line();
 // Reads the machine now. `ranks` is the MPI world size of the run.
 Provenance collect_provenance(int ranks = 1);
 
+// `foundry --version`: the commit and the libraries the binary was built with.
+std::string version_text();
+
 nlohmann::json to_json(const Provenance& p);
 Provenance provenance_from_json(const nlohmann::json& j);
 // The same, as comment lines: each starts with `prefix` ("# " for CSV, "" for Markdown lists).

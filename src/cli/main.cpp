@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   CLI::App app{"foundry: train mixture-of-experts language models on CPUs and GPUs"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every subcommand");
+  app.set_version_flag("--version", foundry::version_text, "Show what this binary was built from");
   foundry::cli::register_data_commands(app);
   foundry::cli::register_model_commands(app);
   foundry::cli::register_train_commands(app);
