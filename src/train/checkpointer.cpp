@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/build_info.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -377,11 +378,9 @@ int64_t Checkpointer::rollback() {
 // synthetic batches) or lives in the data cursor, so this state fully determines the future.
 json Checkpointer::trainer_state(int64_t step) const {
   const TrainConfig& tc = rc_.train;
-  json state = {{"step", step},
-                {"format", "foundry-trainer-state"},
-                {"seed", tc.seed},
-                {"optimizer", optimizer_name(tc.optimizer)},
-                {"config", rc_.source}};
+  json state = {
+      {"step", step},    {"format", "foundry-trainer-state"},         {"foundry", build_commit()},
+      {"seed", tc.seed}, {"optimizer", optimizer_name(tc.optimizer)}, {"config", rc_.source}};
   if (train_loader_) state["data_cursor"] = train_loader_->cursor();
   if (tokenizer_checksum_) state[kTokenizerChecksumKey] = hash64_hex(*tokenizer_checksum_);
   // The balancers are model state outside the parameter slab: saved here in full (bias and

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "base/build_info.h"
 #include "base/test_expect_error.h"
 #include "ckpt/checkpoint_dir.h"
 #include "kernels/cpu_backend.h"
@@ -167,6 +168,8 @@ TEST(Checkpointer, KeepsTheNewestCheckpointsAndResumesTheLatest) {
   const json state = read_checkpoint_trainer_state(dirs[1].path);
   EXPECT_EQ(state.at("step"), 3);
   EXPECT_EQ(state.at("optimizer"), "adamw");
+  EXPECT_EQ(state.at("foundry"), build_commit());
+  EXPECT_EQ(state.at("tokens"), 3 * rc.train.batch_size * rc.train.seq_len);
   EXPECT_EQ(state.at("schedule").at("total_steps"), rc.train.steps);
   EXPECT_DOUBLE_EQ(state.at("schedule").at("lr").get<double>(),
                    learning_rate(lr_schedule(rc.train), 3));
