@@ -239,10 +239,19 @@ expect_fail "batch not divisible by the ranks" "cannot be split evenly over 3 ra
   timeout 120 "${MPIRUN[@]}" -np 3 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q
 expect_fail "expert parallel on one process" "train.expert_parallel = 2 needs" \
   "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.expert_parallel=2 -q
-expect_fail "ranks with different configs" "differs from rank 0's" \
-  timeout 120 mpirun --oversubscribe --bind-to none \
+timeout 120 mpirun --oversubscribe --bind-to none \
     -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q : \
-    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.lr=1e-3 -q
+    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --set train.lr=1e-3 -q \
+    >differ.log 2>&1 && bad "ranks with different configs: exited 0"
+# Every rank fails, each naming rank 0's hash and the differing rank's (two different hashes).
+python3 - differ.log <<'PY' && ok "ranks with different configs fail, naming both hashes" \
+  || { bad "ranks with different configs:"; cat differ.log; }
+import re, sys
+found = re.findall(r"error: rank (\d): the run config of rank\(s\) 1 differs from rank 0's "
+                   r"\(config hash (\w+) on rank 0, (\w+) on rank 1\)", open(sys.argv[1]).read())
+assert {r for r, _, _ in found} == {"0", "1"}, found
+assert all(a != b for _, a, b in found), found
+PY
 
 # A rank killed mid-run: the job ends with an error that names the rank, in bounded time.
 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=killed \

@@ -167,10 +167,11 @@ void CommBenchOptions::validate() const {
     fail(fmt::format("-b/--minbytes ({}) is larger than -e/--maxbytes ({})",
                      format_size(min_bytes), format_size(max_bytes)),
          "the size range runs from -b up to -e, e.g. -b 8 -e 64M");
-  // MPI counts are int; the largest buffer of a run has max_bytes/4 elements.
-  if (max_bytes / int64_t(sizeof(float)) > INT_MAX)
-    fail(fmt::format("-e/--maxbytes {} exceeds the largest single MPI message of {} fp32 "
-                     "elements",
+  // MPI counts are int: a buffer of max_bytes/4 fp32 elements must fit one; 4 GiB is the
+  // documented bound, with room to spare.
+  if (max_bytes > (int64_t{4} << 30))
+    fail(fmt::format("-e/--maxbytes {} is above 4 GiB, the largest message bench comm sends "
+                     "(MPI counts {} fp32 elements at most)",
                      format_size(max_bytes), INT_MAX),
          "use -e 4G or less");
   if (step_factor < 2)

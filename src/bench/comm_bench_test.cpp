@@ -102,6 +102,9 @@ TEST(CommBench, SizeSweepAndItsErrorsNameTheFlags) {
   expect_error([] { size_sweep(8, 64, 1); }, {"-f/--stepfactor", "got 1"});
   expect_error([] { size_sweep(0, 64, 2); }, {"-b/--minbytes"});
   expect_error([] { size_sweep(8, int64_t(16) << 30, 2); }, {"-e/--maxbytes"});
+  // The documented bound, 4 GiB: 5 GiB (within MPI's int counts of fp32) is refused too.
+  EXPECT_EQ(size_sweep(int64_t(4) << 30, int64_t(4) << 30, 2).size(), 1u);
+  expect_error([] { size_sweep(8, int64_t(5) << 30, 2); }, {"-e/--maxbytes 5 GiB is above 4 GiB"});
   CommBenchOptions o;
   o.iters = 0;
   expect_error([&] { o.validate(); }, {"-n/--iters"});

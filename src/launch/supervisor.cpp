@@ -285,8 +285,12 @@ std::optional<Outcome> Supervisor::check_rank_processes(Attempt& a, double now) 
     if (auto fresh = read_heartbeat(run_dir_, rank)) r = *fresh;
     if (r.exited) continue;
     if (job_event_since(attempt_unix_, is_job_ending)) continue;
+    // Its record is written every heartbeat interval: the step it names is where the rank
+    // last reported, which a fast step loop may have left steps behind.
     return Outcome{Outcome::failed, true, "rank_lost", rank,
-                   fmt::format("{} has died (its process is gone)", describe_rank(r))};
+                   fmt::format("rank {} (pid {} on {}) has died (its process is gone; its last "
+                               "heartbeat was at step {} ({}))",
+                               r.rank, r.pid, r.host, r.step, r.phase)};
   }
   return std::nullopt;
 }

@@ -98,6 +98,21 @@ TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
   EXPECT_TRUE(RunDir(at(dir), StartMode::resume, one).resume());
 }
 
+// A refused start leaves no directory it made (here --resume of a directory that did not
+// exist: every missing level goes), and keeps one that was there.
+TEST(RunDir, ARefusedStartRemovesTheDirectoriesItMade) {
+  TempDir tmp;
+  Processes one(nullptr, 0);
+  expect_error([&] { RunDir d(at(tmp.path() + "/x/y/z"), StartMode::resume, one); },
+               "has no checkpoint to resume from");
+  EXPECT_FALSE(path_exists(tmp.path() + "/x"));
+  make_dirs(tmp.path() + "/kept");
+  expect_error([&] { RunDir d(at(tmp.path() + "/kept"), StartMode::resume, one); },
+               "has no checkpoint to resume from");
+  EXPECT_TRUE(path_exists(tmp.path() + "/kept"));
+  EXPECT_FALSE(path_exists(tmp.path() + "/kept/" + std::string(kLockFile)));
+}
+
 // What the saver leaves: a committed step directory (its marker is written before it takes
 // the name), a staging directory and `latest`.
 void fake_committed_checkpoint(const std::string& dir, int64_t step) {

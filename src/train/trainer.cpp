@@ -54,12 +54,15 @@ void check_same_config(const Communicator& world, const RunConfig& rc) {
   const int64_t mine = static_cast<int64_t>(hash64(text.data(), text.size()) >> 1);
   std::vector<int64_t> all;
   const std::vector<int> differ = ranks_differing_from_root(world, {&mine, 1}, &all);
-  if (!differ.empty())
-    fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash {} "
-                     "against {})",
+  if (!differ.empty()) {
+    // Rank 0 names the first rank that differs; another rank, its own.
+    const int other = world.rank() == 0 ? differ.front() : world.rank();
+    fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash "
+                     "{} on rank 0, {} on rank {})",
                      world.rank(), format_rank_list(differ), hash64_hex(uint64_t(all[0])),
-                     hash64_hex(uint64_t(mine))),
+                     hash64_hex(uint64_t(all[size_t(other)])), other),
          "start every rank with the same --config and --set options");
+  }
 }
 
 // The layout checks that must pass before anything is allocated or communicated.
@@ -171,10 +174,15 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
                      "this run resumes from in '{}': there is nothing left to train",
                      total_steps, start_step, run_dir),
          fmt::format("pass --steps N with N above {} to train further", start_step));
-  if (stop_at_step > 0 && (stop_at_step > total_steps || stop_at_step <= start_step))
+  if (stop_at_step > 0 && (stop_at_step > total_steps || stop_at_step <= start_step)) {
+    if (start_step == total_steps)
+      fail(fmt::format("--stop-at-step {}: the run in '{}' is complete, at step {} = train.steps",
+                       stop_at_step, run_dir, total_steps),
+           fmt::format("pass --steps N with N above {} to train further", total_steps));
     fail(fmt::format("--stop-at-step {} is outside the steps this run trains, {} to {}",
                      stop_at_step, start_step + 1, total_steps),
          fmt::format("pass a step from {} to {}, or change --steps", start_step + 1, total_steps));
+  }
 }
 
 // A resume trains on with the settings the run was trained with (RUN_DIR/config.json): a
