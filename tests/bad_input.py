@@ -327,6 +327,7 @@ CASES = [
     Case("option: bench membw --threads with --device cuda", "bench membw --quick --device cuda --threads 2", [], ["--threads", "--device cuda:0"]),
     Case("option: bench gemm --peak-clock-ghz with --device cuda", "bench gemm --quick --device cuda --peak-clock-ghz 2", [], ["--peak-clock-ghz", "--device cuda:0"]),
     Case("option: bench all --only unknown", "bench all --out bench-out --only gemm,disk", [], ["'disk'"]),
+    Case("option: bench all --only without gemm and nothing to merge", "bench all --quick --out bench-out --only membw", [], ["--only 'membw' measures no GEMMs"], hint="add gemm"),
 
     # -- data prepare inputs --
     Case("prepare: input missing", "data prepare --input nope.txt --out new", [], ["nope.txt"]),

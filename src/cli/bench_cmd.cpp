@@ -220,6 +220,13 @@ void run_bench_all(const BenchAllOptions& o) {
   const auto [do_comm, do_gemm, do_membw] = parse_only(o.only);
   const std::string profile_path = o.out + "/profile.json";
   const json profile = profile_to_merge(o, profile_path);  // null: a new profile
+  // A profile needs a compute rate: without gemm it can only come from the merged profile
+  // (every rank reads it, so every rank refuses, before anything is measured).
+  if (!do_gemm && !(profile.is_object() && profile.contains("compute")))
+    fail(fmt::format("--only '{}' measures no GEMMs, and a hardware profile needs the compute "
+                     "rate they give",
+                     o.only),
+         fmt::format("add gemm to --only, or --merge into a profile in {} that has one", o.out));
 
   // Every rank, before MPI starts: a missing GPU fails the job at once, not after the collectives.
   if (device.cuda && (do_gemm || do_membw)) gpu::check_gpu_visible(device.index, "--device " + device.name());
