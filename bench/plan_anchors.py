@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Predicts every published anchor (docs/anchors.json) with `foundry plan --config` and
 tabulates the published step time against the prediction, before (a second binary, e.g. the
-main branch's, run with the anchors' plain data-parallel arguments) and after (this build,
+main branch's, run with the anchors' plain data-parallel arguments, without --micro-batch
+for a binary that predates it) and after (this build,
 with each run's layout: foundry_plan_layout_args).
 
   bench/plan_anchors.py [--foundry build/foundry] [--before OTHER_FOUNDRY --before-root DIR]
@@ -16,6 +17,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -75,6 +77,10 @@ def main():
         before = "n/a"
         if a.before:
             out, err = predict(a.before, a.before_root or ROOT, anchor, base)
+            if out is None and "--micro-batch" in base:
+                # A binary from before --micro-batch: its tree's configs hold the micro-batch.
+                out, err = predict(a.before, a.before_root or ROOT, anchor,
+                                   re.sub(r"\s*--micro-batch \d+", "", base))
             before = f"{step_at_published_batch(anchor, out):.2f}" if out else "fails"
         args = (base + " " + anchor["foundry_plan_layout_args"]).strip()
         out, err = predict(a.foundry, ROOT, anchor, args)

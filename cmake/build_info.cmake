@@ -2,9 +2,21 @@
 # tree's git commit, with "+changes" when tracked files differ from it, or "unknown" outside
 # a git checkout. Run at every build; the file is rewritten only when its text changes, so an
 # unchanged commit recompiles nothing.
-execute_process(COMMAND git -C "${SRC}" rev-parse --short=12 HEAD
-                OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
+execute_process(COMMAND git -C "${SRC}" rev-parse --show-toplevel
+                OUTPUT_VARIABLE top OUTPUT_STRIP_TRAILING_WHITESPACE
                 RESULT_VARIABLE rc ERROR_QUIET)
+# A source tree unpacked inside some other git checkout is not that checkout's commit.
+get_filename_component(src_real "${SRC}" REALPATH)
+if(rc EQUAL 0)
+  get_filename_component(top "${top}" REALPATH)
+endif()
+if(rc EQUAL 0 AND top STREQUAL src_real)
+  execute_process(COMMAND git -C "${SRC}" rev-parse --short=12 HEAD
+                  OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE
+                  RESULT_VARIABLE rc ERROR_QUIET)
+else()
+  set(rc 1)
+endif()
 if(NOT rc EQUAL 0 OR commit STREQUAL "")
   set(commit "unknown")
 else()

@@ -44,11 +44,21 @@ fi
 "$FOUNDRY" train --config zaya.json --set train.run_dir=resumed -q --resume >resumed.log 2>&1 \
   || { bad "resumed half failed"; cat resumed.log; }
 series() { python3 -c "import json,sys; print(' '.join(repr(json.loads(l).get(sys.argv[2])) for l in open(sys.argv[1])))" "$1" "$2"; }
-for key in loss max_load_error skip_fraction val_loss; do
+for key in loss max_load_error skip_fraction; do
   a="$(series straight/metrics.jsonl $key)"; b="$(series resumed/metrics.jsonl $key)"
   if [ -n "$a" ] && [ "$a" = "$b" ]; then ok "resume reproduces the straight run's $key bitwise"
   else bad "resume differs in $key: straight [$a] resumed [$b]"; fi
 done
+# Validation: the same losses at the straight run's validations; the stop at step 6 adds one.
+python3 - straight/metrics.jsonl resumed/metrics.jsonl <<'PY' \
+  && ok "resume reproduces the straight run's val_loss bitwise (and validates its stop)" \
+  || bad "resume differs in val_loss"
+import json, sys
+a, b = ({m["step"]: m.get("val_loss") for m in map(json.loads, open(p))} for p in sys.argv[1:3])
+validated = [s for s, v in a.items() if v is not None]
+assert validated and all(b[s] == a[s] for s in validated), (a, b)
+assert a[6] is None and b[6] is not None, (a[6], b[6])
+PY
 python3 - straight resumed <<'PY' && ok "straight and resumed runs end with the same balancer state and data cursor" \
   || bad "the final trainer state differs between the straight and the resumed run"
 import json, sys

@@ -240,9 +240,9 @@ void split_global_batch(const PlanOptions& o, const RunConfig& rc, bool batch_gi
     fail(fmt::format("{} is not a multiple of the {} data-parallel groups (--devices {} / "
                      "(tp x pp x cp))",
                      what, groups, o.devices),
-         fmt::format("make the global batch a multiple of {} (--global-batch N, or --set "
-                     "train.batch_size=N)",
-                     groups));
+         fmt::format(
+             "make the global batch a multiple of {} ({})", groups,
+             batch_given ? "--global-batch N" : "--global-batch N, or --set train.batch_size=N"));
   }
   const int64_t share = global / groups;
   s.micro_batch = o.micro_batch > 0 ? o.micro_batch : share;
@@ -542,10 +542,11 @@ void register_plan_commands(CLI::App& app) {
                    "Training tokens (reports the training time; sets train.steps)");
   CLI::Option* seq = plan->add_option(
       "--seq", o->seq, "Sequence length (default 4096; with --config: train.seq_len)");
-  CLI::Option* batch = plan->add_option(
-      "--global-batch", o->global_batch,
-      "Sequences per optimizer step over all devices (default: one per device; with "
-      "--config: train.batch_size)");
+  CLI::Option* batch =
+      plan->add_option("--global-batch", o->global_batch,
+                       "Sequences per optimizer step over all devices (default: one per device; "
+                       "with --config: train.batch_size)")
+          ->check(in_range(int64_t{1}, int64_t{1} << 40));
   plan->add_option("--micro-batch", o->micro_batch,
                    "With --config: sequences a device runs at once, accumulating gradients over "
                    "its share of the global batch (default: the whole share, as foundry train "

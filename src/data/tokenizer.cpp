@@ -44,12 +44,15 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
     if (!status.ok()) fail(fmt::format("tokenizer cannot encode text: {}", status.ToString()));
     return std::vector<int32_t>(ids.begin(), ids.end());
   }
-  const sentencepiece::ImmutableSentencePieceText pieces =
-      processor_->EncodeAsImmutableProto(text);
+  sentencepiece::ImmutableSentencePieceText pieces;
+  const auto status = processor_->Encode(text, pieces.mutable_proto());
+  if (!status.ok()) fail(fmt::format("tokenizer cannot encode text: {}", status.ToString()));
   std::vector<int32_t> ids;
   for (const auto& piece : pieces.pieces()) {
     const std::string& surface = piece.surface();
-    if (surface.find(kSpaceMarker) == std::string::npos) {
+    // Byte pieces spell their bytes already (the first of a character's has no surface).
+    if (processor_->IsByte(static_cast<int>(piece.id())) ||
+        surface.find(kSpaceMarker) == std::string::npos) {
       ids.push_back(static_cast<int32_t>(piece.id()));
       continue;
     }

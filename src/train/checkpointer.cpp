@@ -275,13 +275,18 @@ void Checkpointer::drop_newer_memory_checkpoints(int64_t step) const {
   if (!processes_.root()) return;
   const std::string location = memory_tier_location(rc_.train);
   if (!path_exists(location)) return;
-  for (const CheckpointDir& d : list_checkpoint_dirs(location)) {
-    if (d.step <= step) continue;
+  try {  // rank 0 alone: a failure here must not leave the other ranks waiting
+    for (const CheckpointDir& d : list_checkpoint_dirs(location)) {
+      if (d.step <= step) continue;
+      warn(
+          fmt::format("removing the in-memory checkpoint {}: this run goes on from step {} and "
+                      "replaces its steps",
+                      d.path, step));
+      remove_all(d.path);
+    }
+  } catch (const Error& e) {
     warn(
-        fmt::format("removing the in-memory checkpoint {}: this run goes on from step {} and "
-                    "replaces its steps",
-                    d.path, step));
-    remove_all(d.path);
+        fmt::format("cannot remove the newer in-memory checkpoints in {}: {}", location, e.what()));
   }
 }
 
@@ -354,7 +359,9 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
 // another shape from this step on: said, with the learning rate the next step gets.
 void Checkpointer::warn_schedule_change(const json& state, int64_t step) const {
   const json* saved = state.contains("schedule") ? &state.at("schedule") : nullptr;
-  if (!saved || !saved->contains("total_steps")) return;
+  if (!saved || !saved->is_object() || !saved->contains("total_steps") ||
+      !saved->at("total_steps").is_number_integer())
+    return;  // kept for the record only: nothing to compare with
   LrSchedule before = schedule_;
   before.total_steps = saved->at("total_steps").get<int64_t>();
   if (before.total_steps == schedule_.total_steps) return;

@@ -192,9 +192,11 @@ RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes
       verdict = resume_ ? "ok 1" : "ok 0";
     } catch (const Error& e) {
       verdict = std::string(e.what()) + kSeparator + e.hint();
-      // Refused: a directory made for this run goes again (the destructor does not run).
+      // Refused: a directory made for this run goes again (the destructor does not run), but
+      // only by the job that holds its lock: another start racing into it may own it.
+      const bool locked = lock_ != nullptr;
       lock_.reset();
-      if (created_) remove_all(created_path_);
+      if (created_ && locked) remove_all(created_path_);
     }
   }
   if (const Communicator* world = processes.world())

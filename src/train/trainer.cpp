@@ -55,8 +55,9 @@ void check_same_config(const Communicator& world, const RunConfig& rc) {
   std::vector<int64_t> all;
   const std::vector<int> differ = ranks_differing_from_root(world, {&mine, 1}, &all);
   if (!differ.empty()) {
-    // Rank 0 names the first rank that differs; another rank, its own.
-    const int other = world.rank() == 0 ? differ.front() : world.rank();
+    // A rank that differs names its own hash; the others, the first that differs.
+    const bool mine_differs = std::find(differ.begin(), differ.end(), world.rank()) != differ.end();
+    const int other = mine_differs ? world.rank() : differ.front();
     fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash "
                      "{} on rank 0, {} on rank {})",
                      world.rank(), format_rank_list(differ), hash64_hex(uint64_t(all[0])),
