@@ -36,6 +36,8 @@ constexpr double kGoneGraceSeconds = 0.3;
 // How long a job whose rank reported a lost or hung rank has to exit before the supervisor
 // ends it (the ranks' abort takes well under a second).
 constexpr double kJobEndingGraceSeconds = 10;
+// How long mpirun/srun has to end a failed job's remaining ranks and clean up after them.
+constexpr double kLauncherCleanupSeconds = 3;
 // A rank's own account that the job is ending: a lost or a hung rank.
 bool is_job_ending(const json& e) {
   const std::string event = e.value("event", "");
@@ -365,12 +367,24 @@ void Supervisor::stop_job(const Attempt& a) {
   if (!signalled) kill(-a.pid, SIGTERM);
 }
 
-// Ends the job at once: SIGKILL to every rank this host runs, then mpirun/srun's own clean-up
-// of the rest.
+// Ends the job at once and reaps it: SIGKILL to every rank this host runs, then SIGTERM to
+// mpirun/srun, whose own clean-up ends the ranks elsewhere and removes the job's shared-memory
+// segments (killed outright, it left 4 MiB in /dev/shm per restart); what of its process group
+// is still there after kLauncherCleanupSeconds is killed.
 void Supervisor::kill_job(Attempt& a) {
   kill_leftover_ranks(a);
-  kill(-a.pid, SIGKILL);
   kill(a.pid, SIGTERM);
+  int status = 0;
+  const double until = now_seconds() + kLauncherCleanupSeconds;
+  while (waitpid(a.pid, &status, WNOHANG) == 0) {
+    if (now_seconds() >= until) {
+      kill(-a.pid, SIGKILL);
+      waitpid(a.pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(-a.pid, SIGKILL);  // anything of the group mpirun left behind
 }
 
 Outcome Supervisor::watch(Attempt& a) {
@@ -395,7 +409,6 @@ Outcome Supervisor::watch(Attempt& a) {
     if (!stopping) {
       if (std::optional<Outcome> o = check_rank_processes(a, now)) {
         kill_job(a);
-        waitpid(a.pid, &status, 0);
         return *o;
       }
     }
@@ -403,7 +416,6 @@ Outcome Supervisor::watch(Attempt& a) {
       next_check = now + std::min(1.0, std::max(kPollSeconds, rc_.train.heartbeat_interval_s));
       if (std::optional<Outcome> o = check_heartbeats(a, now)) {
         kill_job(a);
-        waitpid(a.pid, &status, 0);
         return *o;
       }
     }
