@@ -379,7 +379,7 @@ CASES = [
     Case("dataset: shard does not match meta.json", "train -c tiny.json", [copy("ds/val_00000.bin", "ds/train_00000.bin")], ["ds/train_00000.bin", "meta.json"]),
     Case("dataset: vocabulary vs model.vocab_size", "train -c tiny.json --set model.vocab_size=320", [], ["vocabulary size 300", "model.vocab_size = 320"], hint="--set model.vocab_size=300"),
     Case("dataset: train split shorter than a window", "train -c tiny.json --set model.max_seq_len=100000 --set train.seq_len=90000", [], ["'train' split of dataset 'ds'", "seq_len + 1 = 90001"]),
-    Case("dataset: val split shorter than a window", "train -c tiny.json --set model.max_seq_len=4096 --set train.seq_len=4000", [], ["'val' split of dataset 'ds'", "seq_len + 1 = 4001"], hint="--val-fraction"),
+    Case("dataset: eval of a dataset without a validation split", "eval -c tiny.json --set data.dir=ds_noval", [], ["'val' split of dataset 'ds_noval'", "0 tokens", "seq_len + 1 = 17"], hint="--val-fraction"),
 
     # -- tokenizers --
     Case("tokenizer: generate --tokenizer missing", "generate -c tiny.json -p hi --tokenizer nope.model", [], ["nope.model"]),
@@ -577,6 +577,8 @@ def build_fixtures(foundry, root):
     run_ok(foundry, prep + ["--input", "corpus.txt", "--out", "ds", "--vocab-size", "300"], root)
     run_ok(foundry, prep + ["--input", "other.txt", "--out", "ds_other", "--vocab-size", "300"], root)
     run_ok(foundry, prep + ["--input", "corpus.txt", "--out", "ds350", "--vocab-size", "350"], root)
+    run_ok(foundry, ["data", "prepare", "--val-fraction", "0", "--quiet", "--input", "corpus.txt",
+                     "--out", "ds_noval", "--vocab-size", "300"], root)
     shutil.copyfile(os.path.join(root, "ds350/tokenizer.model"), os.path.join(root, "vocab350.model"))
     shutil.rmtree(os.path.join(root, "ds350"))
     for d in ("ds", "ds_other"):
