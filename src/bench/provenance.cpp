@@ -69,11 +69,10 @@ const std::string& command_line() { return g_command_line; }
 
 namespace {
 
-// Foundry's own commit first, then what it links.
-std::vector<std::pair<std::string, std::string>> build_libraries() {
+// What the binary links, and how it was compiled.
+std::vector<std::pair<std::string, std::string>> linked_libraries() {
   const dnnl_version_t* dv = dnnl_version();
-  return {{"foundry", build_commit()},
-          {"oneDNN", fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch)},
+  return {{"oneDNN", fmt::format("{}.{}.{}", dv->major, dv->minor, dv->patch)},
           {"MPI", mpi_library()},
           {"compiler", fmt::format("g++ {}.{}.{}", __GNUC__, __GNUC_MINOR__, __GNUC_PATCHLEVEL__)},
           {"CUDA backend", gpu::built_with_cuda()
@@ -85,8 +84,8 @@ std::vector<std::pair<std::string, std::string>> build_libraries() {
 
 std::string version_text() {
   std::string text = fmt::format("foundry {}", build_commit());
-  for (const auto& [name, version] : build_libraries())
-    if (name != "foundry") text += fmt::format("\n  {}: {}", name, version);
+  for (const auto& [name, version] : linked_libraries())
+    text += fmt::format("\n  {}: {}", name, version);
   return text;
 }
 
@@ -106,7 +105,8 @@ Provenance collect_provenance(int ranks) {
   p.cores = static_cast<int>(std::thread::hardware_concurrency());
   p.threads = omp_get_max_threads();
   p.ranks = ranks;
-  p.libraries = build_libraries();
+  p.libraries = {{"foundry", build_commit()}};  // Foundry's own commit first
+  for (auto& library : linked_libraries()) p.libraries.push_back(std::move(library));
   for (const char* name : {"OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "FOUNDRY_GEMM_ROWS",
                            "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "OPENBLAS_CORETYPE",
                            "OMPI_MCA_coll_tuned_use_dynamic_rules", "FOUNDRY_POSE_AS_DEVICE"}) {

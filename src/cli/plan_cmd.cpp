@@ -319,7 +319,7 @@ int64_t global_batch(const StepShape& s) { return s.micro_batch * s.accumulation
 // --tokens with --config: the steps of the config's global batch that train on them, and how
 // long those steps take at the predicted step time.
 struct TrainingTime {
-  double tokens = 0, days = 0;
+  double tokens = 0, seconds = 0;
   int64_t steps = 0;
 };
 
@@ -328,7 +328,7 @@ TrainingTime training_time(double tokens, const StepShape& s, const StepPredicti
   if (tokens <= 0) return t;
   t.tokens = tokens;
   t.steps = static_cast<int64_t>(std::ceil(tokens / double(global_batch(s) * s.seq)));
-  t.days = double(t.steps) * p.step_s / 86400;
+  t.seconds = double(t.steps) * p.step_s;
   return t;
 }
 
@@ -353,8 +353,9 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, double
   if (o.json) {
     json j = prediction_json(o, s, p, profile, gin, gp);
     if (training.tokens > 0)
-      j["training"] = {
-          {"tokens", training.tokens}, {"steps", training.steps}, {"days", training.days}};
+      j["training"] = {{"tokens", training.tokens},
+                       {"steps", training.steps},
+                       {"days", training.seconds / 86400}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
     print_prediction(rc, s, p, profile, o.config_path);
@@ -364,7 +365,7 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, double
           "time\n",
           format_count(training.tokens).c_str(), (long long)training.steps,
           format_count(double(global_batch(s) * s.seq)).c_str(),
-          format_duration(training.days * 86400).c_str());
+          format_duration(training.seconds).c_str());
     print_goodput(gin, gp, p.step_s);
   }
 }
@@ -523,10 +524,82 @@ void check_mode_options(const CLI::App& plan, bool config) {
   }
 }
 
+// The search's model and its budgets' slack, and the step's common knobs.
+void add_shape_options(CLI::App* plan, PlanOptions* o) {
+  plan->add_option("--arch", o->arch, "Architecture to size")
+      ->check(CLI::IsMember({"zaya1", "moe"}));
+  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)")
+      ->check(in_range(int64_t{2}, int64_t{1} << 31));
+  plan->add_option("--precision", o->precision, "GEMM inputs")
+      ->check(CLI::IsMember({"bf16", "fp32"}));
+  plan->add_option("--optimizer", o->optimizer, "Optimizer")
+      ->check(CLI::IsMember({"adamw", "muon"}));
+  plan->add_option("--tolerance", o->tolerance, "Relative slack on each budget (default 0.05)");
+  plan->add_option("--aspect-ratio", o->aspect,
+                   "Allowed d_model / n_layers as min,max (default 20,200)");
+  plan->add_option("--hidden", o->hidden,
+                   "Hidden sizes to try (default: multiples of 256 with off-size probes)");
+  plan->add_option("--head-dims", o->head_dims, "Head dims to try (default 64,80,96,128)");
+  plan->add_option("--experts", o->experts, "Expert counts to try (default 8,16,32,64,128)");
+  plan->add_option("--top-k", o->top_ks, "Top-k values to try (default 1,2,4,8)");
+  plan->add_option("--kv-ratios", o->kv_ratios, "Query heads per KV head to try (default 1,2,4,8)");
+  plan->add_option("--comm-overlap", o->overlap,
+                   "Share of the backward pass communication hides behind (default 1)");
+  plan->add_option("--decode-batch", o->decode_batch,
+                   "Sequences decoded together for the latency column (default 32)")
+      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+  plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
+}
+
+// --config's model-parallel layout and the kernels of the training stack.
+void add_layout_options(CLI::App* plan, PlanOptions* o) {
+  using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
+  for (const auto& [flag, value, help] : {
+           LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
+           LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
+           LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
+           LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
+    plan->add_option(flag, *value, help)->check(in_range(int64_t{1}, int64_t{1} << 20));
+  plan->add_option("--expert-imbalance", o->expert_imbalance,
+                   "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");
+  plan->add_option("--recompute", o->recompute, "Activation recomputation (default none)")
+      ->check(CLI::IsMember({"none", "selective", "full"}));
+  plan->add_flag("--overlap-param-gather", o->overlap_param_gather,
+                 "The weight all-gather hides behind the next forward (default: exposed)");
+  plan->add_flag("--overlap-expert-comm", o->overlap_expert_comm,
+                 "Expert all-to-alls hide behind another micro-batch's compute (DualPipe)");
+  plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
+                 "A token crosses to each other node once (DeepEP-style dispatch)");
+  plan->add_flag("--eager", o->eager,
+                 "Unfused elementwise kernels (eager PyTorch, no compiler)");
+  plan->add_option("--attention-kernel", o->attention_kernel,
+                   "A fused attention kernel of the profile (efficiency.attention_kernels, "
+                   "e.g. fa2; default: its best)");
+}
+
+// Goodput's failure rate and checkpoint costs.
+void add_goodput_options(CLI::App* plan, PlanOptions* o) {
+  plan->add_option("--failure-rate", o->failure_rate,
+                   "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
+  plan->add_option("--checkpoint-stall", o->checkpoint_stall,
+                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)")
+      ->check(in_range(0.0, 1e12));
+  plan->add_option("--checkpoint-write", o->checkpoint_write,
+                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)")
+      ->check(in_range(0.0, 1e12));
+  plan->add_option("--restart", o->restart,
+                   "Seconds from a failure to the first step after restart (default: derived)")
+      ->check(in_range(0.0, 1e12));
+  plan->add_option("--checkpoint-interval", o->checkpoint_interval,
+                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)")
+      ->check(in_range(0.0, 1e12));
+}
+
 void register_plan_commands(CLI::App& app) {
   CLI::App* plan = app.add_subcommand(
-      "plan", "Size a model to a hardware profile: search shapes for a parameter budget and rank "
-              "them by predicted throughput, or predict one config's step time (--config)");
+      "plan",
+      "Size a model to a hardware profile: search shapes for a parameter budget and rank "
+      "them by predicted throughput, or predict one config's step time (--config)");
   auto o = std::make_shared<PlanOptions>();
   plan->add_option("--profile", o->profile,
                    "Hardware profile: a JSON path or a reference name (mi300x, h100)");
@@ -552,73 +625,18 @@ void register_plan_commands(CLI::App& app) {
                    "its share of the global batch (default: the whole share, as foundry train "
                    "runs it)")
       ->check(in_range(int64_t{1}, int64_t{1} << 30));
-  plan->add_option("--cp", o->cp, "With --config: devices per sequence (context parallel; default "
-                                  "train.context_parallel)")
+  plan->add_option("--cp", o->cp,
+                   "With --config: devices per sequence (context parallel; default "
+                   "train.context_parallel)")
       ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--devices", o->devices,
                    "Devices (data-parallel ranks; ZeRO-1 shards over them)")
       ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--memory-per-device", o->memory,
                    "Bytes per device (default: the profile's; e.g. 192GiB)");
-  plan->add_option("--arch", o->arch, "Architecture to size")
-      ->check(CLI::IsMember({"zaya1", "moe"}));
-  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)")
-      ->check(in_range(int64_t{2}, int64_t{1} << 31));
-  plan->add_option("--precision", o->precision, "GEMM inputs")
-      ->check(CLI::IsMember({"bf16", "fp32"}));
-  plan->add_option("--optimizer", o->optimizer, "Optimizer")
-      ->check(CLI::IsMember({"adamw", "muon"}));
-  plan->add_option("--tolerance", o->tolerance, "Relative slack on each budget (default 0.05)");
-  plan->add_option("--aspect-ratio", o->aspect,
-                   "Allowed d_model / n_layers as min,max (default 20,200)");
-  plan->add_option("--hidden", o->hidden,
-                   "Hidden sizes to try (default: multiples of 256 with off-size probes)");
-  plan->add_option("--head-dims", o->head_dims, "Head dims to try (default 64,80,96,128)");
-  plan->add_option("--experts", o->experts, "Expert counts to try (default 8,16,32,64,128)");
-  plan->add_option("--top-k", o->top_ks, "Top-k values to try (default 1,2,4,8)");
-  plan->add_option("--kv-ratios", o->kv_ratios, "Query heads per KV head to try (default 1,2,4,8)");
-  plan->add_option("--comm-overlap", o->overlap,
-                   "Share of the backward pass communication hides behind (default 1)");
-  plan->add_option("--decode-batch", o->decode_batch,
-                   "Sequences decoded together for the latency column (default 32)")
-      ->check(in_range(int64_t{1}, int64_t{1} << 20));
-  plan->add_option("--scatter", o->scatter, "Storage scatter factor σ (default 1)");
-  using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
-  for (const auto& [flag, value, help] : {
-           LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
-           LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
-           LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
-           LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
-    plan->add_option(flag, *value, help)->check(in_range(int64_t{1}, int64_t{1} << 20));
-  plan->add_option("--expert-imbalance", o->expert_imbalance,
-                   "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");
-  plan->add_option("--recompute", o->recompute, "Activation recomputation (default none)")
-      ->check(CLI::IsMember({"none", "selective", "full"}));
-  plan->add_flag("--overlap-param-gather", o->overlap_param_gather,
-                 "The weight all-gather hides behind the next forward (default: exposed)");
-  plan->add_flag("--overlap-expert-comm", o->overlap_expert_comm,
-                 "Expert all-to-alls hide behind another micro-batch's compute (DualPipe)");
-  plan->add_flag("--dedup-expert-dispatch", o->dedup_dispatch,
-                 "A token crosses to each other node once (DeepEP-style dispatch)");
-  plan->add_flag("--eager", o->eager,
-                 "Unfused elementwise kernels (eager PyTorch, no compiler)");
-  plan->add_option("--attention-kernel", o->attention_kernel,
-                   "A fused attention kernel of the profile (efficiency.attention_kernels, "
-                   "e.g. fa2; default: its best)");
-  plan->add_option("--failure-rate", o->failure_rate,
-                   "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
-  plan->add_option("--checkpoint-stall", o->checkpoint_stall,
-                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--checkpoint-write", o->checkpoint_write,
-                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--restart", o->restart,
-                   "Seconds from a failure to the first step after restart (default: derived)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--checkpoint-interval", o->checkpoint_interval,
-                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)")
-      ->check(in_range(0.0, 1e12));
+  add_shape_options(plan, o.get());
+  add_layout_options(plan, o.get());
+  add_goodput_options(plan, o.get());
   plan->add_option("--top", o->top, "Shapes to list (default 10)")->check(in_range(1, 1 << 20));
   plan->add_option("--compare", o->compare,
                    "Also predict this run config's shape under the same run and compare it "

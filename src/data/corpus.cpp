@@ -93,23 +93,26 @@ size_t utf8_sequence_length(const uint8_t* data, size_t size, size_t i) {
   return n;
 }
 
-// `text` with every byte that begins no valid UTF-8 sequence replaced by U+FFFD, as the
-// tokenizer reads such a byte in plain text: the JSON parser refuses them.
-std::string with_valid_utf8(std::string_view text) {
+// `text`, or (in `storage`) `text` with every byte that begins no valid UTF-8 sequence
+// replaced by U+FFFD, as the tokenizer reads such a byte in plain text: the JSON parser
+// refuses them. Valid text, nearly all of it, is not copied.
+std::string_view with_valid_utf8(std::string_view text, std::string& storage) {
   const auto* data = reinterpret_cast<const uint8_t*>(text.data());
-  std::string out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    const size_t n = utf8_sequence_length(data, text.size(), i);
+  size_t i = 0, n = 0;
+  while (i < text.size() && (n = utf8_sequence_length(data, text.size(), i)) > 0) i += n;
+  if (i == text.size()) return text;
+  storage.assign(text.substr(0, i));
+  while (i < text.size()) {
+    n = utf8_sequence_length(data, text.size(), i);
     if (n == 0) {
-      out += "\xEF\xBF\xBD";
+      storage += "\xEF\xBF\xBD";
       ++i;
     } else {
-      out.append(text.data() + i, n);
+      storage.append(text.data() + i, n);
       i += n;
     }
   }
-  return out;
+  return storage;
 }
 
 bool is_blank_line(std::string_view line) {
@@ -129,7 +132,8 @@ void read_jsonl(const InputFile& file, const char* data, size_t size, size_t sta
     if (is_blank_line(line)) return;
     json record;
     try {
-      record = json::parse(with_valid_utf8(line));
+      std::string storage;
+      record = json::parse(with_valid_utf8(line, storage));
     } catch (const json::parse_error& e) {
       fail(fmt::format("{}:{}: malformed JSON: {}", file.path, line_number, short_json_error(e)),
            lowercase_extension(file.path) == ".json"
@@ -233,7 +237,8 @@ class JsonArrayReader {
     }
     std::string text;
     try {
-      text = json::parse(with_valid_utf8(std::string_view(data_ + open, pos_ - open)))
+      std::string storage;
+      text = json::parse(with_valid_utf8(std::string_view(data_ + open, pos_ - open), storage))
                  .get<std::string>();
     } catch (const json::exception& e) {
       error(open, fmt::format("array element {}: invalid string: {}", index, short_json_error(e)));

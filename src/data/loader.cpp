@@ -48,7 +48,7 @@ BatchLoader::BatchLoader(const TokenSplit& split, int64_t batch_size, int64_t se
         split.name() == "val"
             ? "use a shorter seq_len, or prepare the data with more text or a larger --val-fraction"
             : "use a shorter seq_len, or prepare the data with more text");
-  windows_ = static_cast<int64_t>((tokens - 1) / static_cast<uint64_t>(seq_len));
+  windows_ = windows_in(tokens, seq_len);
   if (order_ == BatchOrder::Shuffled &&
       static_cast<uint64_t>(windows_) > std::numeric_limits<uint32_t>::max())
     fail(fmt::format("the {} has {} windows of {} tokens, more than the shuffler supports (2^32)",

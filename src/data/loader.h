@@ -28,6 +28,10 @@ class BatchLoader {
   // Any split in either order; `seed` only matters for Shuffled. `split` must outlive it.
   BatchLoader(const TokenSplit& split, int64_t batch_size, int64_t seq_len, uint64_t seed,
               BatchOrder order);
+  // The windows of seq_len + 1 tokens (overlapping by one) that `tokens` tokens hold.
+  static int64_t windows_in(uint64_t tokens, int64_t seq_len) {
+    return tokens > uint64_t(seq_len) ? int64_t((tokens - 1) / uint64_t(seq_len)) : 0;
+  }
   // Evaluation batches: the val split in order from its start; call reset() before each pass.
   static BatchLoader for_eval(const Dataset& dataset, int64_t batch_size, int64_t seq_len);
 

@@ -342,7 +342,7 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
   else
     model_.sync_weights();
   // Checkpoints before the count was saved: as if the batch had never changed.
-  tokens_base_ = state.value("tokens", step * rc_.train.batch_size * rc_.train.seq_len);
+  tokens_base_ = state.value("tokens", step * tokens_per_step());
   tokens_base_step_ = step;
   const bool from_memory = state.contains(kDurableStepKey);
   durable_step_ = from_memory ? state.at(kDurableStepKey).get<int64_t>() : step;

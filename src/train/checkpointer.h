@@ -72,8 +72,9 @@ class Checkpointer {
   // The tokens the run has trained on by `step` (applied steps × the global batch's tokens,
   // counted from the resumed checkpoint's own count: the batch may change on a resume).
   int64_t tokens_at(int64_t step) const {
-    return tokens_base_ + (step - tokens_base_step_) * rc_.train.batch_size * rc_.train.seq_len;
+    return tokens_base_ + (step - tokens_base_step_) * tokens_per_step();
   }
+  int64_t tokens_per_step() const { return rc_.train.batch_size * rc_.train.seq_len; }
 
   // Rollback: waits for the save in flight and commits it, then loads the latest committed
   // checkpoint as resume() does and returns its step; -1 (nothing loaded) when the run has

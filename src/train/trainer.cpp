@@ -134,9 +134,8 @@ struct TrainingRun {
     if (!quiet) std::fprintf(stderr, "step 0 | val loss %.4f | ppl %.1f\n", loss, std::exp(loss));
     return loss;
   }
-  bool evaluation_due(int64_t step) const {
-    return val_loader &&
-           ((tc.eval_every > 0 && step % tc.eval_every == 0) || step == schedule.total_steps);
+  bool evaluation_due(int64_t step) const {  // every train.eval_every steps
+    return val_loader && tc.eval_every > 0 && step % tc.eval_every == 0;
   }
   RankMemory memory_now() const {
     return {double(peak_rss_bytes()), double(model->resident_slab_bytes())};
@@ -387,8 +386,8 @@ void TrainingRun::open_dataset() {
                     tc.batch_size, train_loader->windows_per_epoch(), tc.seq_len + 1));
   // A split without one whole batch (none at all with --val-fraction 0) turns validation
   // off; the same on every rank.
-  const uint64_t val_tokens = dataset->val().token_count(), seq = uint64_t(tc.seq_len);
-  const int64_t val_windows = val_tokens > seq ? int64_t((val_tokens - 1) / seq) : 0;
+  const uint64_t val_tokens = dataset->val().token_count();
+  const int64_t val_windows = BatchLoader::windows_in(val_tokens, tc.seq_len);
   if (val_windows < tc.batch_size) {
     if (procs.root())
       warn(fmt::format("validation is off for this run: the validation split holds {} token(s), "
@@ -567,7 +566,7 @@ class StepLog {
         metrics_(std::move(metrics)),
         start_step_(start_step),
         total_steps_(run.schedule.total_steps),
-        tokens_per_step_(run.tc.batch_size * run.tc.seq_len),
+        tokens_per_step_(run.checkpointer->tokens_per_step()),
         flops_per_token_(train_flops_per_token(run.rc.model, run.tc.seq_len)),
         expert_flops_per_token_(expert_train_flops_per_token(run.rc.model)),
         // The first steps create oneDNN primitives and fault in memory: the per-operation
@@ -821,9 +820,9 @@ void save_due_checkpoints(TrainingRun& run, int64_t step, bool last, bool final_
 // with this step; `memory` is then the rank's memory before its final checkpoint.
 bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSignals& signals,
                  int64_t step, json m, TrainSummary& summary, RankMemory& memory) {
-  // A run stopped at --stop-at-step ends validated, as one at train.steps does.
-  const bool eval_now =
-      run.evaluation_due(step) || (run.val_loader && step == opt.stop_at_step);
+  // A run ends validated, at train.steps or at --stop-at-step.
+  const bool final_step = step == run.schedule.total_steps || step == opt.stop_at_step;
+  const bool eval_now = run.evaluation_due(step) || (run.val_loader && final_step);
   if (eval_now) {
     run.mark(step, "validation");
     m["val_loss"] = summary.final_val_loss = run.evaluate();
@@ -835,7 +834,6 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
   } catch (const Error& e) {
     output_error = e.what();
   }
-  const bool final_step = step == run.schedule.total_steps || step == opt.stop_at_step;
   const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
   // Memory at the last step, before its checkpoint's snapshot (not training memory).
   const bool last = final_step || stop.any();
