@@ -196,12 +196,13 @@ __global__ void depthwise_param_sum_kernel(float* dw0, float* db0, const float* 
 // (as the CPU's cca_gemm.cpp does) ----
 
 // One group's rows [N, taps·d]: tap i of row r holds input row r − (taps−1) + i (the forward's
-// window), or r + (taps−1) − i when `ahead` (the input gradient's), zero where that leaves r's
-// sequence. `in` is the group's first column, its rows ld apart. Rows r by rows_launch, W
-// columns of every tap a thread at a time.
+// window), or r + (taps−1) − i when `ahead` (the input gradient's); where that falls before
+// r's sequence, the group's `before` [d] (zero where null), and after it zero. `in` is the
+// group's first column, its rows ld apart. Rows r by rows_launch, W columns of every tap a
+// thread at a time.
 template <int W>
-__global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64_t n, int64_t t,
-                                  int64_t d, int64_t taps, bool ahead) {
+__global__ void stack_taps_kernel(float* out, const float* in, const float* before, int64_t ld,
+                                  int64_t n, int64_t t, int64_t d, int64_t taps, bool ahead) {
   FOUNDRY_FOR_EACH_ROW(row, n) {
     const int64_t pos = row % t;
     float* out_row = out + row * taps * d;
@@ -209,11 +210,33 @@ __global__ void stack_taps_kernel(float* out, const float* in, int64_t ld, int64
       const int64_t col = q * W;
       for (int64_t i = 0; i < taps; ++i) {
         const int64_t src = ahead ? pos + (taps - 1) - i : pos - (taps - 1) + i;
-        store_lanes<W>(out_row + i * d + col, (src >= 0 && src < t)
-                                                  ? load_lanes<W>(in + (row - pos + src) * ld + col)
-                                                  : zero_lanes<W>());
+        store_lanes<W>(out_row + i * d + col,
+                       src >= 0 && src < t ? load_lanes<W>(in + (row - pos + src) * ld + col)
+                       : src < 0 && before ? load_lanes<W>(before + col)
+                                           : zero_lanes<W>());
       }
     }
+  }
+}
+
+// dbefore[grp, ci] += Σ_{p<P} Σ_{i < taps−1−p} Σ_o w1[grp, o, ci, i] · Σ_b dz[b, p, grp, o]
+// (P = min(T, taps−1)), in ops::cca_grouped_conv_before_backward's order: a thread per
+// channel, the sums over the sequences redone for each (P·d·B reads: the first rows only).
+__global__ void before_gradient_kernel(float* dbefore, const float* dz, const float* w1,
+                                       int64_t b, int64_t t, int64_t groups, int64_t d,
+                                       int64_t taps) {
+  const int64_t ch = groups * d, rows = min(t, taps - 1);
+  FOUNDRY_FOR_EACH(e, ch) {
+    const int64_t grp = e / d, ci = e % d;
+    float acc = 0;
+    for (int64_t p = 0; p < rows; ++p)
+      for (int64_t i = 0; i < taps - 1 - p; ++i)
+        for (int64_t o = 0; o < d; ++o) {
+          float sum = 0;
+          for (int64_t s = 0; s < b; ++s) sum += dz[(s * t + p) * ch + grp * d + o];
+          acc += w1[((grp * d + o) * d + ci) * taps + i] * sum;
+        }
+    dbefore[e] += acc;
   }
 }
 
@@ -259,10 +282,10 @@ __global__ void broadcast_rows_kernel(float* z, const float* bias, int64_t n, in
 }
 
 // stack_taps_kernel's launch: W = 4 where d, ld and the pointers allow.
-void launch_stack_taps(float* out, const float* in, int64_t ld, int64_t n, int64_t t, int64_t d,
-                       int64_t taps, bool ahead) {
-  launch_rows(lanes_for(d, ld, {out, in}) == 4, n, d, stack_taps_kernel<4>, stack_taps_kernel<1>,
-              out, in, ld, n, t, d, taps, ahead);
+void launch_stack_taps(float* out, const float* in, const float* before, int64_t ld, int64_t n,
+                       int64_t t, int64_t d, int64_t taps, bool ahead) {
+  launch_rows(lanes_for(d, ld, {out, in, before}) == 4, n, d, stack_taps_kernel<4>,
+              stack_taps_kernel<1>, out, in, before, ld, n, t, d, taps, ahead);
 }
 
 __global__ void value_shift_forward_kernel(float* v, float* last_out, int64_t b, int64_t t,
@@ -394,8 +417,8 @@ int64_t cca_grouped_conv_forward_scratch(int64_t b, int64_t t, int64_t groups, i
 }
 
 void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
-                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
-                              float* scratch) {
+                              const float* before, int64_t b, int64_t t, int64_t groups, int64_t d,
+                              int64_t taps, float* scratch) {
   const int64_t n = b * t, ch = groups * d, k = taps * d;
   if (n == 0) return;
   float* weights = scratch;
@@ -409,7 +432,8 @@ void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const f
                 broadcast_rows_kernel<1>, z, b1, n, ch);
   }
   for (int64_t g = 0; g < groups; ++g) {
-    launch_stack_taps(rows, y + g * d, ch, n, t, d, taps, false);
+    launch_stack_taps(rows, y + g * d, before ? before + g * d : nullptr, ch, n, t, d, taps,
+                      false);
     // z[:, g] (+)= rows · weights_gᵀ: [N, taps·d] × [taps·d, d], into columns g·d of z.
     detail::lt_matmul(rows, false, weights + g * d * k, true, z + g * d, n, d, k, false,
                       b1 != nullptr, k, ch);
@@ -421,9 +445,10 @@ int64_t cca_grouped_conv_scratch(int64_t b, int64_t t, int64_t groups, int64_t d
   return 2 * groups * d * taps * d + b * t * taps * d + column_sum_scratch(b * t, ch);
 }
 
-void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                               const float* y, const float* w1, int64_t b, int64_t t,
-                               int64_t groups, int64_t d, int64_t taps, float* scratch) {
+void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, float* dbefore, const float* dz,
+                               const float* y, const float* w1, const float* before, int64_t b,
+                               int64_t t, int64_t groups, int64_t d, int64_t taps,
+                               float* scratch) {
   const int64_t n = b * t, ch = groups * d, k = taps * d;
   if (n == 0) return;
   float* weights = scratch;
@@ -436,11 +461,12 @@ void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* d
   check_launch();
   for (int64_t g = 0; g < groups; ++g) {
     // dy[:, g] += dz's rows ahead, stacked, · weights_g: [N, taps·d] × [taps·d, d].
-    launch_stack_taps(rows, dz + g * d, ch, n, t, d, taps, true);
+    launch_stack_taps(rows, dz + g * d, nullptr, ch, n, t, d, taps, true);
     detail::lt_matmul(rows, false, weights + g * d * k, false, dy + g * d, n, d, k, false, true, k,
                       ch);
     // The group's weight gradient [d, taps·d] = dz[:, g]ᵀ · y's rows behind, stacked.
-    launch_stack_taps(rows, y + g * d, ch, n, t, d, taps, false);
+    launch_stack_taps(rows, y + g * d, before ? before + g * d : nullptr, ch, n, t, d, taps,
+                      false);
     detail::lt_matmul(dz + g * d, true, rows, false, weight_grads + g * d * k, d, k, n, false,
                       false, ch, k);
   }
@@ -448,6 +474,10 @@ void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* d
                                                                        d, taps);
   check_launch();
   bias_add_backward(db1, dz, n, ch, column_scratch);  // db1 += Σ rows of dz
+  if (dbefore && taps > 1) {
+    before_gradient_kernel<<<blocks_for(ch), kThreads>>>(dbefore, dz, w1, b, t, groups, d, taps);
+    check_launch();
+  }
 }
 
 void cca_value_shift_inplace_forward(float* v, float* last_out, int64_t b, int64_t t, int64_t half) {

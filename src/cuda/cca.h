@@ -19,17 +19,19 @@ void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float*
                                  int64_t channels, int64_t taps, float* scratch);
 int64_t cca_depthwise_conv_scratch(int64_t b, int64_t t, int64_t channels, int64_t taps);
 
-// z [B, T, G·d] (writes) = the causal grouped convolution of y (b1 null: no bias); backward:
-// dy +=, dw1 +=, db1 +=. Products through cuBLASLt in fp32, one per group with the taps
-// stacked in K; scratch: cca_grouped_conv_forward_scratch / cca_grouped_conv_scratch floats.
+// z [B, T, G·d] (writes) = the causal grouped convolution of y (b1 null: no bias; y before
+// position 0: `before` [G·d], zero where null); backward: dy +=, dw1 +=, db1 +=, dbefore +=
+// (unless null; ops::cca_grouped_conv_before_backward's sums). Products through cuBLASLt in
+// fp32, one per group with the taps stacked in K; scratch: cca_grouped_conv_forward_scratch /
+// cca_grouped_conv_scratch floats.
 void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
-                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
-                              float* scratch);
+                              const float* before, int64_t b, int64_t t, int64_t groups, int64_t d,
+                              int64_t taps, float* scratch);
 int64_t cca_grouped_conv_forward_scratch(int64_t b, int64_t t, int64_t groups, int64_t d,
                                          int64_t taps);
-void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                               const float* y, const float* w1, int64_t b, int64_t t,
-                               int64_t groups, int64_t d, int64_t taps, float* scratch);
+void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, float* dbefore, const float* dz,
+                               const float* y, const float* w1, const float* before, int64_t b,
+                               int64_t t, int64_t groups, int64_t d, int64_t taps, float* scratch);
 int64_t cca_grouped_conv_scratch(int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
 
 // The value shift in place (ops::cca_value_shift_inplace_forward/backward); last_out may be

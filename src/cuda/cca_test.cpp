@@ -81,21 +81,23 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
                dy_out = randn(n * ch, seed++), dz = randn(n * ch, seed++),
                dc0 = randn(n * ch, seed++), dw00 = randn(ch * s.t0, seed++),
                db00 = randn(ch, seed++), dyin0 = randn(n * ch, seed++),
-               dw10 = randn(ch * s.d * s.t1, seed++), db10 = randn(ch, seed++);
+               dw10 = randn(ch * s.d * s.t1, seed++), db10 = randn(ch, seed++),
+               dbefore0 = randn(ch, seed++);
     std::vector<float> y(n * ch), z(n * ch), dc = dc0, dw0 = dw00, db0 = db00, dyin = dyin0,
-                                             dw1 = dw10, db1 = db10;
+                                             dw1 = dw10, db1 = db10, dbefore = dbefore0;
     ops::cca_depthwise_conv_forward(y.data(), c.data(), w0.data(), b0.data(), s.b, s.t, ch, s.t0);
-    ops::cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), s.b, s.t, groups, s.d,
-                                  s.t1);
+    // The grouped convolution reads b0 before each sequence, as the model runs it.
+    ops::cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), b0.data(), s.b, s.t,
+                                  groups, s.d, s.t1);
     ops::cca_depthwise_conv_backward(dc.data(), dw0.data(), db0.data(), dy_out.data(), c.data(),
                                      w0.data(), s.b, s.t, ch, s.t0);
-    ops::cca_grouped_conv_backward(dyin.data(), dw1.data(), db1.data(), dz.data(), y.data(),
-                                   w1.data(), s.b, s.t, groups, s.d, s.t1);
+    ops::cca_grouped_conv_backward(dyin.data(), dw1.data(), db1.data(), dbefore.data(), dz.data(),
+                                   y.data(), w1.data(), b0.data(), s.b, s.t, groups, s.d, s.t1);
 
     auto gc = to_device(c), gw0 = to_device(w0), gb0 = to_device(b0), gw1 = to_device(w1),
          gb1 = to_device(b1), gdyo = to_device(dy_out), gdz = to_device(dz), gdc = to_device(dc0),
          gdw0 = to_device(dw00), gdb0 = to_device(db00), gdyin = to_device(dyin0),
-         gdw1 = to_device(dw10), gdb1 = to_device(db10);
+         gdw1 = to_device(dw10), gdb1 = to_device(db10), gdbefore = to_device(dbefore0);
     auto gy = poisoned(n * ch), gz = poisoned(n * ch),
          s0 = poisoned(gpu::ops::cca_depthwise_conv_scratch(s.b, s.t, ch, s.t0)),
          s1 = poisoned(gpu::ops::cca_grouped_conv_scratch(s.b, s.t, groups, s.d, s.t1));
@@ -103,20 +105,22 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
                                          gb0.as<float>(), s.b, s.t, ch, s.t0);
     auto sf = poisoned(gpu::ops::cca_grouped_conv_forward_scratch(s.b, s.t, groups, s.d, s.t1));
     gpu::ops::cca_grouped_conv_forward(gz.as<float>(), gy.as<float>(), gw1.as<float>(),
-                                       gb1.as<float>(), s.b, s.t, groups, s.d, s.t1,
-                                       sf.as<float>());
+                                       gb1.as<float>(), gb0.as<float>(), s.b, s.t, groups, s.d,
+                                       s.t1, sf.as<float>());
     gpu::ops::cca_depthwise_conv_backward(gdc.as<float>(), gdw0.as<float>(), gdb0.as<float>(),
                                           gdyo.as<float>(), gc.as<float>(), gw0.as<float>(), s.b,
                                           s.t, ch, s.t0, s0.as<float>());
     gpu::ops::cca_grouped_conv_backward(gdyin.as<float>(), gdw1.as<float>(), gdb1.as<float>(),
-                                        gdz.as<float>(), gy.as<float>(), gw1.as<float>(), s.b, s.t,
-                                        groups, s.d, s.t1, s1.as<float>());
+                                        gdbefore.as<float>(), gdz.as<float>(), gy.as<float>(),
+                                        gw1.as<float>(), gb0.as<float>(), s.b, s.t, groups, s.d,
+                                        s.t1, s1.as<float>());
     expect_close(to_host(gy, n * ch), y, 1e-5, 1e-4, "depthwise y");
     expect_close(to_host(gz, n * ch), z, 1e-4, 1e-2, "grouped z");
     {  // without a bias (the fused QK-norm kernel adds it)
       auto gz0 = poisoned(n * ch);
       gpu::ops::cca_grouped_conv_forward(gz0.as<float>(), gy.as<float>(), gw1.as<float>(), nullptr,
-                                         s.b, s.t, groups, s.d, s.t1, sf.as<float>());
+                                         gb0.as<float>(), s.b, s.t, groups, s.d, s.t1,
+                                         sf.as<float>());
       std::vector<float> z0 = z;
       for (int64_t i = 0; i < n * ch; ++i) z0[i] -= b1[i % ch];
       expect_close(to_host(gz0, n * ch), z0, 1e-4, 1e-2, "grouped z without bias");
@@ -128,6 +132,7 @@ TEST(GpuCca, ConvolutionsMatchTheCpuForwardAndBackward) {
     expect_close(to_host(gdyin, n * ch), dyin, 1e-4, 1e-2, "grouped dy");
     expect_close(to_host(gdw1, ch * s.d * s.t1), dw1, 1e-4, 1e-2, "dw1");
     expect_close(to_host(gdb1, ch), db1, 1e-4, 1e-2, "db1");
+    expect_close(to_host(gdbefore, ch), dbefore, 1e-4, 1e-2, "dbefore (b0 through the padding)");
   }
 }
 

@@ -262,16 +262,18 @@ class CudaBackend final : public Backend {
                                      floats(ops::cca_depthwise_conv_scratch(b, t, channels, taps)));
   }
   void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
-                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
-                                DType) override {
-    ops::cca_grouped_conv_forward(z, y, w1, b1, b, t, groups, d, taps,
-                                  floats(ops::cca_grouped_conv_forward_scratch(b, t, groups, d, taps)));
+                                const float* before, int64_t b, int64_t t, int64_t groups,
+                                int64_t d, int64_t taps, DType) override {
+    ops::cca_grouped_conv_forward(
+        z, y, w1, b1, before, b, t, groups, d, taps,
+        floats(ops::cca_grouped_conv_forward_scratch(b, t, groups, d, taps)));
   }
-  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                                 const float* y, const float* w1, int64_t b, int64_t t,
-                                 int64_t groups, int64_t d, int64_t taps, DType) override {
+  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, float* dbefore, const float* dz,
+                                 const float* y, const float* w1, const float* before, int64_t b,
+                                 int64_t t, int64_t groups, int64_t d, int64_t taps,
+                                 DType) override {
     zero(dy, b * t * groups * d * static_cast<int64_t>(sizeof(float)));  // dy is written
-    ops::cca_grouped_conv_backward(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps,
+    ops::cca_grouped_conv_backward(dy, dw1, db1, dbefore, dz, y, w1, before, b, t, groups, d, taps,
                                    floats(ops::cca_grouped_conv_scratch(b, t, groups, d, taps)));
   }
   void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) override {

@@ -291,10 +291,11 @@ __global__ void attention_merge_kernel(float* out, const float* partials, const 
 
 // ---- CCA decode states ----
 
-// One thread per channel ch of C, rows in order: the depthwise step (bias, then the taps
-// oldest first, the new row last) into window [rows, C, t1] = (y_hist's column, y_new), then
-// both histories advance by one row. A row sharing its state with an earlier one reads the
-// channel as that row left it: the same thread wrote it.
+// One thread per channel ch of C, rows in order: the depthwise step (the taps oldest first,
+// the new row last, from zero) into window [rows, C, t1] = b0 + (y_hist's column, the new
+// sum), then both histories advance by one row (y_hist keeps the sums without b0, so a zero
+// state reads b0 before position 0: kernels/cca.h). A row sharing its state with an earlier
+// one reads the channel as that row left it: the same thread wrote it.
 __global__ void cca_depthwise_decode_kernel(float* window, float* const* states, int64_t rows,
                                             int64_t channels, int64_t t0, int64_t t1,
                                             const float* c_new, const float* w0, const float* b0) {
@@ -304,19 +305,19 @@ __global__ void cca_depthwise_decode_kernel(float* window, float* const* states,
       float* c_hist = states[r] + ch;
       float* y_hist = states[r] + (t0 - 1) * channels + ch;
       const float c = c_new[r * channels + ch];
-      float y_new = b0[ch];
-      for (int64_t i = 0; i < t0 - 1; ++i) y_new = fmaf(w[i], c_hist[i * channels], y_new);
-      y_new = fmaf(w[t0 - 1], c, y_new);
+      float taps_sum = 0;
+      for (int64_t i = 0; i < t0 - 1; ++i) taps_sum = fmaf(w[i], c_hist[i * channels], taps_sum);
+      taps_sum = fmaf(w[t0 - 1], c, taps_sum);
       float* win = window + (r * channels + ch) * t1;
-      for (int64_t i = 0; i < t1 - 1; ++i) win[i] = y_hist[i * channels];
-      win[t1 - 1] = y_new;
+      for (int64_t i = 0; i < t1 - 1; ++i) win[i] = b0[ch] + y_hist[i * channels];
+      win[t1 - 1] = b0[ch] + taps_sum;
       if (t0 > 1) {
         for (int64_t i = 0; i < t0 - 2; ++i) c_hist[i * channels] = c_hist[(i + 1) * channels];
         c_hist[(t0 - 2) * channels] = c;
       }
       if (t1 > 1) {
         for (int64_t i = 0; i < t1 - 2; ++i) y_hist[i * channels] = y_hist[(i + 1) * channels];
-        y_hist[(t1 - 2) * channels] = y_new;
+        y_hist[(t1 - 2) * channels] = taps_sum;
       }
     }
   }

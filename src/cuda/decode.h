@@ -102,9 +102,9 @@ void attention_decode_grouped(float* out, float* partials, const float* q, const
                               int64_t rows, int64_t h, int64_t kvh, int64_t d, int64_t queries);
 
 // foundry::ops::cca_conv_decode: states[r] is row r's state block (kernels/cca.h,
-// decode_state_floats: c_hist [t0−1, C], y_hist [t1−1, C], v_prev [half]); rows that share a
-// block are successive tokens of one sequence, in row order. qk [rows, C] (writes), C =
-// (hq + hk)·d channels in groups of d; window: rows·C·t1 floats of scratch.
+// decode_state_floats: c_hist [t0−1, C], y_hist [t1−1, C] less b0, v_prev [half]); rows that share
+// a block are successive tokens of one sequence, in row order. qk [rows, C] (writes), C = (hq +
+// hk)·d channels in groups of d; window: rows·C·t1 floats of scratch.
 void cca_conv_decode(float* qk, float* window, float* const* states, int64_t rows, int64_t hq,
                      int64_t hk, int64_t d, int64_t t0, int64_t t1, const float* c_new,
                      const float* w0, const float* b0, const float* w1, const float* b1);

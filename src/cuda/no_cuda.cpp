@@ -219,13 +219,14 @@ void cca_depthwise_conv_backward(float*, float*, float*, const float*, const flo
   fail_no_cuda_build(kWhat);
 }
 int64_t cca_depthwise_conv_scratch(int64_t, int64_t, int64_t, int64_t) { return 0; }
-void cca_grouped_conv_forward(float*, const float*, const float*, const float*, int64_t, int64_t,
-                              int64_t, int64_t, int64_t, float*) {
+void cca_grouped_conv_forward(float*, const float*, const float*, const float*, const float*,
+                              int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
   fail_no_cuda_build(kWhat);
 }
 int64_t cca_grouped_conv_forward_scratch(int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }
-void cca_grouped_conv_backward(float*, float*, float*, const float*, const float*, const float*,
-                               int64_t, int64_t, int64_t, int64_t, int64_t, float*) {
+void cca_grouped_conv_backward(float*, float*, float*, float*, const float*, const float*,
+                               const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                               int64_t, float*) {
   fail_no_cuda_build(kWhat);
 }
 int64_t cca_grouped_conv_scratch(int64_t, int64_t, int64_t, int64_t, int64_t) { return 0; }

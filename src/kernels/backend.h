@@ -225,31 +225,33 @@ class Backend {
   virtual void cca_depthwise_conv_backward(float* dc, float* dw0, float* db0, const float* dy,
                                            const float* c, const float* w0, int64_t b,
                                            int64_t t, int64_t channels, int64_t taps) = 0;
-  // z written; b1 null: no bias (the fused norm below adds it). dy written (not +=).
-  virtual void cca_grouped_conv_forward(float* z, const float* y, const float* w1,
-                                        const float* b1, int64_t b, int64_t t, int64_t groups,
+  // z written; b1 null: no bias (the fused norm below adds it); before: y before position 0
+  // (null: zero). dy written (not +=); dbefore null: not wanted.
+  virtual void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
+                                        const float* before, int64_t b, int64_t t, int64_t groups,
                                         int64_t d, int64_t taps, DType dtype) = 0;
-  virtual void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                                         const float* y, const float* w1, int64_t b, int64_t t,
-                                         int64_t groups, int64_t d, int64_t taps,
-                                         DType dtype) = 0;
+  virtual void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, float* dbefore,
+                                         const float* dz, const float* y, const float* w1,
+                                         const float* before, int64_t b, int64_t t, int64_t groups,
+                                         int64_t d, int64_t taps, DType dtype) = 0;
   // A training step's two convolutions: qk = grouped(depthwise(c)), without the grouped
   // bias (the fused norm below adds it), keeping in `kept` ([B·T, G·d] floats) what the
-  // backward needs; by default the composition, keeping y. The backward: dc +=, the four
-  // weight gradients +=, dy [B·T, G·d] scratch.
+  // backward needs; by default the composition, keeping y (the grouped convolution reads b0
+  // before each sequence: kernels/cca.h). The backward: dc +=, the four weight gradients +=,
+  // dy [B·T, G·d] scratch.
   virtual void cca_convs_forward(float* qk, float* kept, const float* c, const float* w0,
                                  const float* b0, const float* w1, int64_t b, int64_t t,
                                  int64_t groups, int64_t d, int64_t t0, int64_t t1,
                                  DType dtype) {
     cca_depthwise_conv_forward(kept, c, w0, b0, b, t, groups * d, t0);
-    cca_grouped_conv_forward(qk, kept, w1, nullptr, b, t, groups, d, t1, dtype);
+    cca_grouped_conv_forward(qk, kept, w1, nullptr, b0, b, t, groups, d, t1, dtype);
   }
   virtual void cca_convs_backward(float* dc, float* dw0, float* db0, float* dw1, float* db1,
-                                  float* dy, const float* dqk, const float* kept,
-                                  const float* c, const float* w0, const float* w1, int64_t b,
+                                  float* dy, const float* dqk, const float* kept, const float* c,
+                                  const float* w0, const float* b0, const float* w1, int64_t b,
                                   int64_t t, int64_t groups, int64_t d, int64_t t0, int64_t t1,
                                   DType dtype) {
-    cca_grouped_conv_backward(dy, dw1, db1, dqk, kept, w1, b, t, groups, d, t1, dtype);
+    cca_grouped_conv_backward(dy, dw1, db1, db0, dqk, kept, w1, b0, b, t, groups, d, t1, dtype);
     cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, groups * d, t0);
   }
   // Both forwards above and then cca_means_qk_norm_forward (below) with the grouped bias:
@@ -271,12 +273,13 @@ class Backend {
                                           float* dw1, float* db1, float* dqk, float* dy,
                                           const float* dq, const float* dk, const float* qk,
                                           const float* rnorm, const float* temp, const float* kept,
-                                          const float* c, const float* w0, const float* w1,
-                                          int64_t b, int64_t t, int64_t hq, int64_t hk, int64_t d,
-                                          int64_t t0, int64_t t1, DType dtype) {
+                                          const float* c, const float* w0, const float* b0,
+                                          const float* w1, int64_t b, int64_t t, int64_t hq,
+                                          int64_t hk, int64_t d, int64_t t0, int64_t t1,
+                                          DType dtype) {
     cca_qk_norm_means_backward(dqk, dc, dtemp, dq, dk, qk, rnorm, temp, b * t, hq, hk, d);
-    cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, hq + hk, d, t0, t1,
-                       dtype);
+    cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, b0, w1, b, t, hq + hk, d, t0,
+                       t1, dtype);
   }
   virtual void cca_value_shift_forward(float* v, int64_t b, int64_t t, int64_t half) = 0;
   virtual void cca_value_shift_backward(float* dv, int64_t b, int64_t t, int64_t half) = 0;

@@ -59,19 +59,21 @@ inline void row_multiply_add(T* acc, int64_t cols, const T* x, int64_t x_stride,
 // The multi-tap grouped product shared by the grouped conv's forward and its dy:
 //   out[b, t, grp, :] (= bias[grp, :] when bias is set, else +=)
 //       Σ_{i<taps} Σ_{j<d} in[b, t + shift[i], grp, j] · packed[grp, i, j, :]
-// for out, in [B, T, G·d] and packed [G, taps, d, d]; source rows outside [0, T) of the same
-// sequence contribute nothing. Tasks are (sequence, block of rows, group); each output element
-// is computed by one task in a fixed order.
+// for out, in [B, T, G·d] and packed [G, taps, d, d]; a source row before the sequence's start
+// reads `before` [G·d] (zero where it is null), one after its end contributes nothing. Tasks
+// are (sequence, block of rows, group); each output element is computed by one task in a fixed
+// order.
 template <typename T>
-void grouped_taps(T* out, const T* in, const T* packed, const T* bias,
+void grouped_taps(T* out, const T* in, const T* packed, const T* bias, const T* before,
                   const std::vector<int64_t>& shift, int64_t b, int64_t t, int64_t groups,
                   int64_t d, int64_t taps) {
   constexpr int V = kTileCols<T>;
   const int64_t channels = groups * d;
   const int64_t row_blocks = (t + kRowsPerTask - 1) / kRowsPerTask;
   // Stands in for a source row outside the sequence.
-  const std::vector<T> zero_row(d, T(0));
+  const std::vector<T> zero_row(channels, T(0));
   const T* zeros = zero_row.data();
+  const T* start = before ? before : zeros;
   const bool parallel = b * t * channels * d * taps >= 64 * detail::kParallelMinElements;
 
   // Rows [t_row, t_row + R) of sequence bi, output columns [o0, o0 + V) of group grp.
@@ -87,7 +89,9 @@ void grouped_taps(T* out, const T* in, const T* packed, const T* bias,
       const T* x[R];
       for (int r = 0; r < R; ++r) {
         const int64_t src = t_row + r + shift[i];
-        x[r] = src >= 0 && src < t ? in + (bi * t + src) * channels + grp * d : zeros;
+        x[r] = src < 0   ? start + grp * d
+               : src < t ? in + (bi * t + src) * channels + grp * d
+                         : zeros;
       }
       tile_multiply_add<T, R, V>(acc, x, 1, packed + ((grp * taps + i) * d) * d + o0, d, d);
     }
@@ -116,9 +120,9 @@ void grouped_taps(T* out, const T* in, const T* packed, const T* bias,
             std::copy(init, init + cols, acc);
             for (int64_t i = 0; i < taps; ++i) {
               const int64_t src = t_row + shift[i];
-              if (src < 0 || src >= t) continue;
-              row_multiply_add(acc, cols, in + (bi * t + src) * channels + grp * d, 1,
-                               packed + ((grp * taps + i) * d) * d + o0, d, d);
+              if (src >= t || (src < 0 && !before)) continue;
+              const T* x = src < 0 ? before + grp * d : in + (bi * t + src) * channels + grp * d;
+              row_multiply_add(acc, cols, x, 1, packed + ((grp * taps + i) * d) * d + o0, d, d);
             }
             std::copy(acc, acc + cols, out_row);
           }
@@ -387,21 +391,61 @@ void detail::cca_depthwise_backward_sums(float* dw0, float* db0, const float* pa
 // ---- grouped convolution -------------------------------------------------------------------
 
 template <typename T>
-void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, int64_t b, int64_t t,
-                              int64_t groups, int64_t d, int64_t taps) {
+void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, const T* before,
+                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
   const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/false);
   std::vector<int64_t> shift(taps);
   for (int64_t i = 0; i < taps; ++i) shift[i] = i - (taps - 1);
-  grouped_taps(z, y, packed, b1, shift, b, t, groups, d, taps);
+  grouped_taps(z, y, packed, b1, before, shift, b, t, groups, d, taps);
+}
+
+namespace {
+
+// sum [P, C] (written) = Σ_b dz[b, p] for the positions p < P that read before position 0,
+// P = min(T, t1−1), the sequences in order from zero (cca_grouped_conv_before_backward's
+// first step). Sequence bi's row p of dz at dz + (bi·stride + p)·C.
+template <typename T>
+std::vector<T> first_rows_sums(const T* dz, int64_t stride, int64_t b, int64_t t, int64_t channels,
+                               int64_t taps) {
+  const int64_t rows = std::min(t, taps - 1);
+  std::vector<T> sum(rows * channels, T(0));
+  for (int64_t bi = 0; bi < b; ++bi)
+    for (int64_t p = 0; p < rows; ++p) {
+      const T* g = dz + (bi * stride + p) * channels;
+      T* s = sum.data() + p * channels;
+      for (int64_t ch = 0; ch < channels; ++ch) s[ch] += g[ch];
+    }
+  return sum;
+}
+
+}  // namespace
+
+template <typename T>
+void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, const T* w1,
+                                      int64_t b, int64_t t, int64_t groups, int64_t d,
+                                      int64_t taps) {
+  const std::vector<T> sum = first_rows_sums(dz, stride, b, t, groups * d, taps);
+  const int64_t rows = static_cast<int64_t>(sum.size()) / (groups * d);
+  for (int64_t grp = 0; grp < groups; ++grp)
+    for (int64_t ci = 0; ci < d; ++ci) {
+      T acc = 0;
+      for (int64_t p = 0; p < rows; ++p)
+        for (int64_t i = 0; i < taps - 1 - p; ++i)
+          for (int64_t o = 0; o < d; ++o)
+            acc += w1[((grp * d + o) * d + ci) * taps + i] * sum[p * groups * d + grp * d + o];
+      dbefore[grp * d + ci] += acc;
+    }
 }
 
 // dy[b, t', grp, ci] += Σ_i Σ_o w1[grp, o, ci, i] · dz[b, t' + (t1−1) − i, grp, o]
 // dw1[grp, o, ci, i] += Σ_{b,t} dz[b, t, grp, o] · y[b, t − (t1−1) + i, grp, ci]
+//                       (y before position 0: `before`)
 // db1[grp, o]        += Σ_{b,t} dz[b, t, grp, o]
 template <typename T>
-void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
-                               int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps) {
+void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, const T* y,
+                               const T* w1, const T* before, int64_t b, int64_t t, int64_t groups,
+                               int64_t d, int64_t taps) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
   const int64_t channels = groups * d;
 
@@ -409,7 +453,9 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, c
   const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/true);
   std::vector<int64_t> shift(taps);
   for (int64_t i = 0; i < taps; ++i) shift[i] = (taps - 1) - i;
-  grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), shift, b, t, groups, d, taps);
+  grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr),
+               shift, b, t, groups, d, taps);
+  if (dbefore) cca_grouped_conv_before_backward(dbefore, dz, t, w1, b, t, groups, d, taps);
 
   // dw1: tasks (group, tap, block of kOutputsPerTask outputs), each a [outputs, d] block of
   // dz^T·y_shifted summed over rows in a fixed order: tiles of kTileRows outputs × kTileCols
@@ -467,6 +513,20 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, c
           for (int64_t ci = 0; ci < d; ++ci) dst[ci * taps] += src[ci];
         }
       }
+  // The taps that read `before`: tap i at positions p < t1−1−i.
+  if (before) {
+    const std::vector<T> sum = first_rows_sums(dz, t, b, t, channels, taps);
+    const int64_t rows = static_cast<int64_t>(sum.size()) / channels;
+    for (int64_t grp = 0; grp < groups; ++grp)
+      for (int64_t o = 0; o < d; ++o)
+        for (int64_t ci = 0; ci < d; ++ci)
+          for (int64_t i = 0; i < taps - 1; ++i) {
+            T acc = 0;
+            for (int64_t p = 0; p < std::min(rows, taps - 1 - i); ++p)
+              acc += sum[p * channels + grp * d + o];
+            dw1[((grp * d + o) * d + ci) * taps + i] += acc * before[grp * d + ci];
+          }
+  }
 
   detail::add_column_sums(db1, dz, b * t, channels);
 }
@@ -724,26 +784,29 @@ std::vector<T*> CcaDecodeState<T>::rows() {
 }
 
 template <typename T>
-void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
-                           int64_t t) {
+void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* b0,
+                           const T* v_last, int64_t t) {
   FOUNDRY_CHECK(t >= 0);
   const CcaDims& dims = state.dims;
   const int64_t channels = dims.channels(), half = dims.value_half();
-  // hist [window, C] = rows t − window … t − 1 of seq [T, C] (zero before position 0).
-  auto load_window = [&](T* hist, const T* seq, int64_t window) {
+  // hist [window, C] = rows t − window … t − 1 of seq [T, C] less `bias` when set (zero
+  // before position 0).
+  auto load_window = [&](T* hist, const T* seq, int64_t window, const T* bias) {
     for (int64_t i = 0; i < window; ++i) {
       const int64_t src = t - window + i;
       T* dst = hist + i * channels;
-      if (src >= 0)
-        std::copy(seq + src * channels, seq + (src + 1) * channels, dst);
-      else
+      if (src < 0) {
         std::fill(dst, dst + channels, T(0));
+        continue;
+      }
+      for (int64_t ch = 0; ch < channels; ++ch)
+        dst[ch] = seq[src * channels + ch] - (bias ? bias[ch] : T(0));
     }
   };
   for (int64_t bi = 0; bi < state.batch; ++bi) {
     T* s = state.sequence(bi);
-    load_window(decode_c_hist(s, dims), c + bi * t * channels, dims.t0 - 1);
-    load_window(decode_y_hist(s, dims), y + bi * t * channels, dims.t1 - 1);
+    load_window(decode_c_hist(s, dims), c + bi * t * channels, dims.t0 - 1, nullptr);
+    load_window(decode_y_hist(s, dims), y + bi * t * channels, dims.t1 - 1, b0);
     T* v_prev = decode_v_prev(s, dims);
     if (v_last)
       std::copy(v_last + bi * half, v_last + (bi + 1) * half, v_prev);
@@ -752,7 +815,8 @@ void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, con
   }
 }
 
-// The depthwise step sums in the forward's order (bias, then taps oldest first). The grouped
+// The depthwise step sums the taps oldest first, from zero (the state keeps the sums; the
+// window adds b0 to each, so a zero state reads b0 before position 0). The grouped
 // step: each output is the dot product of its row w1[grp, o, :, :] (d·t1 contiguous elements)
 // with the window interleaved the same way, window[grp, ci, i], one row at a time, so a
 // sequence's outputs are the same bits whatever other sequences share the step (a matmul
@@ -763,6 +827,8 @@ void cca_conv_decode(T* qk, const CcaDims& dims, T* const* states, int64_t rows,
   const int64_t channels = dims.channels(), d = dims.d, t0 = dims.t0, t1 = dims.t1;
   thread_local detail::ScratchBuffer<T> window_buffer;
   T* window = window_buffer.get(std::max<int64_t>(rows * channels * t1, 1));  // [rows, C, t1]
+  thread_local detail::ScratchBuffer<T> sums_buffer;
+  T* sums = sums_buffer.get(channels);  // a row's depthwise taps' sums
 
   // In row order: a row that shares its state with an earlier one reads it as that row left it.
   for (int64_t bi = 0; bi < rows; ++bi) {
@@ -771,11 +837,12 @@ void cca_conv_decode(T* qk, const CcaDims& dims, T* const* states, int64_t rows,
     const T* c_row = c_new + bi * channels;
     T* win = window + bi * channels * t1;
     for (int64_t ch = 0; ch < channels; ++ch) {
-      T y_new = b0[ch];
-      for (int64_t i = 0; i < t0 - 1; ++i) y_new += w0[ch * t0 + i] * c_hist[i * channels + ch];
-      y_new += w0[ch * t0 + t0 - 1] * c_row[ch];
-      for (int64_t i = 0; i < t1 - 1; ++i) win[ch * t1 + i] = y_hist[i * channels + ch];
-      win[ch * t1 + t1 - 1] = y_new;
+      T taps_sum = 0;
+      for (int64_t i = 0; i < t0 - 1; ++i) taps_sum += w0[ch * t0 + i] * c_hist[i * channels + ch];
+      taps_sum += w0[ch * t0 + t0 - 1] * c_row[ch];
+      for (int64_t i = 0; i < t1 - 1; ++i) win[ch * t1 + i] = b0[ch] + y_hist[i * channels + ch];
+      win[ch * t1 + t1 - 1] = b0[ch] + taps_sum;
+      if (t1 > 1) sums[ch] = taps_sum;
     }
     // Advance both windows by one row.
     if (t0 > 1) {
@@ -784,8 +851,7 @@ void cca_conv_decode(T* qk, const CcaDims& dims, T* const* states, int64_t rows,
     }
     if (t1 > 1) {
       std::copy(y_hist + channels, y_hist + (t1 - 1) * channels, y_hist);
-      for (int64_t ch = 0; ch < channels; ++ch)
-        y_hist[(t1 - 2) * channels + ch] = win[ch * t1 + t1 - 1];
+      std::copy(sums, sums + channels, y_hist + (t1 - 2) * channels);
     }
   }
 
@@ -813,34 +879,37 @@ void cca_value_shift_decode(T* v, const CcaDims& dims, T* const* states, int64_t
                      decode_v_prev(states[bi], dims));
 }
 
-#define FOUNDRY_INSTANTIATE(T)                                                                     \
-  template void cca_means_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);            \
-  template void cca_means_qk_norm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*,       \
-                                             int64_t, int64_t, int64_t, int64_t, T);            \
+#define FOUNDRY_INSTANTIATE(T)                                                                    \
+  template void cca_means_forward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
+  template void cca_means_qk_norm_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*,        \
+                                             int64_t, int64_t, int64_t, int64_t, T);              \
   template void cca_qk_norm_means_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, \
-                                              const T*, int64_t, int64_t, int64_t, int64_t);     \
-  template void cca_means_backward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);           \
-  template void cca_depthwise_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,  \
-                                              int64_t, int64_t);                                   \
-  template void cca_depthwise_conv_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,  \
-                                               int64_t, int64_t, int64_t);                         \
-  template void cca_grouped_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t,    \
-                                            int64_t, int64_t, int64_t);                            \
-  template void cca_grouped_conv_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t,    \
-                                             int64_t, int64_t, int64_t, int64_t);                  \
-  template void cca_value_shift_inplace_forward<T>(T*, T*, int64_t, int64_t, int64_t);             \
-  template void cca_value_shift_inplace_backward<T>(T*, int64_t, int64_t, int64_t);                \
-  template void cca_value_shift_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);     \
-  template void cca_value_shift_backward<T>(T*, T*, const T*, int64_t, int64_t, int64_t);          \
-  template void cca_qk_norm_forward<T>(T*, T*, T*, const T*, const T*, int64_t, int64_t, int64_t,  \
-                                       int64_t, T);                                                \
-  template void cca_qk_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*,  \
-                                        int64_t, int64_t, int64_t, int64_t);                       \
-  template struct CcaDecodeState<T>;                                                               \
-  template void cca_decode_state_load<T>(CcaDecodeState<T>&, const T*, const T*, const T*,         \
-                                         int64_t);                                                 \
-  template void cca_conv_decode<T>(T*, const CcaDims&, T* const*, int64_t, const T*, const T*,     \
-                                   const T*, const T*, const T*);                                  \
+                                              const T*, int64_t, int64_t, int64_t, int64_t);      \
+  template void cca_means_backward<T>(T*, const T*, int64_t, int64_t, int64_t, int64_t);          \
+  template void cca_depthwise_conv_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, \
+                                              int64_t, int64_t);                                  \
+  template void cca_depthwise_conv_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, \
+                                               int64_t, int64_t, int64_t);                        \
+  template void cca_grouped_conv_forward<T>(T*, const T*, const T*, const T*, const T*, int64_t,  \
+                                            int64_t, int64_t, int64_t, int64_t);                  \
+  template void cca_grouped_conv_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*,        \
+                                             const T*, int64_t, int64_t, int64_t, int64_t,        \
+                                             int64_t);                                            \
+  template void cca_grouped_conv_before_backward<T>(T*, const T*, int64_t, const T*, int64_t,     \
+                                                    int64_t, int64_t, int64_t, int64_t);          \
+  template void cca_value_shift_inplace_forward<T>(T*, T*, int64_t, int64_t, int64_t);            \
+  template void cca_value_shift_inplace_backward<T>(T*, int64_t, int64_t, int64_t);               \
+  template void cca_value_shift_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);    \
+  template void cca_value_shift_backward<T>(T*, T*, const T*, int64_t, int64_t, int64_t);         \
+  template void cca_qk_norm_forward<T>(T*, T*, T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                       int64_t, T);                                               \
+  template void cca_qk_norm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*, \
+                                        int64_t, int64_t, int64_t, int64_t);                      \
+  template struct CcaDecodeState<T>;                                                              \
+  template void cca_decode_state_load<T>(CcaDecodeState<T>&, const T*, const T*, const T*,        \
+                                         const T*, int64_t);                                      \
+  template void cca_conv_decode<T>(T*, const CcaDims&, T* const*, int64_t, const T*, const T*,    \
+                                   const T*, const T*, const T*);                                 \
   template void cca_value_shift_decode<T>(T*, const CcaDims&, T* const*, int64_t);
 FOUNDRY_INSTANTIATE(float)
 FOUNDRY_INSTANTIATE(double)

@@ -23,11 +23,15 @@
 // Parameter counts: see CcaDims below; for ZAYA1 (Hq 8, Hk 2, d 128, t0 = t1 = 2) the four
 // convolution tensors hold 2,560 + 1,280 + 327,680 + 1,280 = 332,800 elements.
 //
-// Both convolutions are causal with zero left padding inside each sequence: position t reads
-// positions t − (t0−1) … t (then t − (t1−1) … t of the first convolution's output), never a
-// later position and never a row of another sequence. Together, for t0 = t1 = 2, position t
-// sees tokens t, t−1 and t−2. Padding tokens must be zeroed in c (and x) by the caller so
-// they do not leak into later positions.
+// Both convolutions are causal inside each sequence: position t reads positions t − (t0−1) … t
+// (then t − (t1−1) … t of the first convolution's output), never a later position and never a
+// row of another sequence. Together, for t0 = t1 = 2, position t sees tokens t, t−1 and t−2.
+// The pair is padded as one (spec §2 step 3): c gets (t0−1)+(t1−1) zero rows before each
+// sequence and both convolutions run unpadded over it, so the depthwise output before
+// position 0 is the depthwise convolution of zeros, its bias b0, and the grouped convolution's
+// first t1−1 positions read b0 there (the `before` argument below), as the released ZAYA1
+// code does. Padding tokens must be zeroed in c (and x) by the caller so they do not leak
+// into later positions.
 //
 // ---- How a model composes one CCA sublayer from these kernels and its GEMMs ----------------
 // Parameters: Wq [Hq·d, E], Wk [Hk·d, E], Wv1 [half, E], Wv2 [half, E], w0, b0, w1, b1, temp,
@@ -36,7 +40,7 @@
 // Forward (x [N, E] = RMSNorm(res)):
 //   c  [N, C]: q0 = x·Wq^T into columns [0, Hq·d), k0 = x·Wk^T into [Hq·d, C)  GEMMs (ld = C)
 //   cca_depthwise_conv_forward(y, c, w0, b0, B, T, C, t0)          y [N, C]; keep c, y
-//   cca_grouped_conv_forward(qk, y, w1, b1, B, T, G, d, t1)        qk [N, C] (writes)
+//   cca_grouped_conv_forward(qk, y, w1, b1, b0, B, T, G, d, t1)    qk [N, C] (writes)
 //   cca_means_forward(qk, c, N, Hq, Hk, d)                         qk += [mq ‖ mk]; keep qk
 //   cca_qk_norm_forward(q, k, rnorm, qk, temp, N, Hq, Hk, d, eps)  q [N, Hq·d], k [N, Hk·d]
 //   rope_apply(q, B, T, Hq, d, d/2, …); rope_apply(k, B, T, Hk, d, d/2, …)   (ops.h)
@@ -52,7 +56,7 @@
 //   rope_apply(dq, …, inverse = true); rope_apply(dk, …, inverse = true)
 //   cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, N, Hq, Hk, d)
 //   cca_means_backward(dc, dqk, N, Hq, Hk, d)
-//   cca_grouped_conv_backward(dy, dw1, db1, dqk, y, w1, B, T, G, d, t1)
+//   cca_grouped_conv_backward(dy, dw1, db1, db0, dqk, y, w1, B, T, G, d, t1)
 //   cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, B, T, C, t0)
 //   dWq += dc[:, :Hq·d]^T·x, dWk += dc[:, Hq·d:]^T·x, dx += dc·[Wq; Wk]          GEMMs
 //
@@ -71,15 +75,16 @@
 // token's and head 1 the previous token's.
 //
 // Decode (one new token per row, see decode_state_floats): a sequence's state holds the last
-// t0−1 packed c rows (the depthwise conv's window), the last t1−1 depthwise outputs y (the
-// grouped conv's window; equivalent to the spec's "last two packed c columns", from which
-// y_{t−1} would have to be recomputed), and the previous token's x·Wv2. Per token:
+// t0−1 packed c rows (the depthwise conv's window), the last t1−1 depthwise outputs y less
+// their bias b0 (the grouped conv's window; equivalent to the spec's "last two packed c
+// columns", from which y_{t−1} would have to be recomputed; without the bias so that a zero
+// state reads b0 before position 0), and the previous token's x·Wv2. Per token:
 //   c_new [B, C] = [x·Wq^T ‖ x·Wk^T]
 //   cca_conv_decode(qk, dims, states, B, c_new, w0, b0, w1, b1)  qk [B, C] (writes)
 //   cca_means_forward(qk, c_new, B, Hq, Hk, d); cca_qk_norm_forward(q, k, rnorm, qk, temp, B, …)
 //   v [B, 2·half] = [x·Wv1^T ‖ x·Wv2^T]; cca_value_shift_decode(v, dims, states, B)
 // After a full-sequence forward over a prompt, cca_decode_state_load fills the state from its
-// c, y and the projections cca_value_shift_inplace_forward dropped (last_out). RoPE for the
+// c, y, b0 and the projections cca_value_shift_inplace_forward dropped (last_out). RoPE for the
 // new token runs at its position, and its k and v rows join the model's KV cache.
 #pragma once
 #include <algorithm>
@@ -225,15 +230,27 @@ void cca_depthwise_backward_sums(float* dw0, float* db0, const float* partials, 
 // ---- causal grouped convolution over time (each group's d channels fully mixed) ------------
 // z [B, T, G·d] (writes) = b1[grp, o]
 //   + Σ_{i<t1} Σ_{ci<d} w1[grp, o, ci, i] · y[b, t − (t1−1) + i, grp, ci],
-// y [B, T, G·d], w1 [G·d, d, t1], b1 [G·d]; positions before 0 are zero.
+// y [B, T, G·d], w1 [G·d, d, t1], b1 [G·d]; y before position 0 is `before` [G·d] (the CCA
+// passes b0: the depthwise output of the pair's zero padding), zero where it is null.
 // Per tap this is a small [rows, d] × [d, d] product per group, run as register-blocked tiles.
 template <typename T>
-void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, int64_t b, int64_t t,
-                              int64_t groups, int64_t d, int64_t taps);
-// From dz [B, T, G·d]: dy [B, T, G·d] +=, dw1 [G·d, d, t1] +=, db1 [G·d] +=.
+void cca_grouped_conv_forward(T* z, const T* y, const T* w1, const T* b1, const T* before,
+                              int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
+// From dz [B, T, G·d]: dy [B, T, G·d] +=, dw1 [G·d, d, t1] +=, db1 [G·d] +=, and (unless null)
+// dbefore [G·d] += the gradient of `before` (cca_grouped_conv_before_backward).
 template <typename T>
-void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, const T* dz, const T* y, const T* w1,
-                               int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps);
+void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, const T* y,
+                               const T* w1, const T* before, int64_t b, int64_t t, int64_t groups,
+                               int64_t d, int64_t taps);
+// The gradient of `before`, from the rows that read it (positions 0 … P−1, P = min(T, t1−1)):
+//   dbefore[grp, ci] += Σ_{p<P} Σ_{i < t1−1−p} Σ_o w1[grp, o, ci, i] · Σ_b dz[b, p, grp, o],
+// the sums over the sequences first (in order, from zero), then over p, i and o in that
+// order: every form of the backward adds it so (before the depthwise backward adds its own
+// part to db0). Sequence bi's row p of dz is at dz + (bi·stride + p)·G·d.
+template <typename T>
+void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, const T* w1,
+                                      int64_t b, int64_t t, int64_t groups, int64_t d,
+                                      int64_t taps);
 
 // cca_depthwise_conv_backward with dy group-major, dy_groups [G, B·T, d] (channel g·d + j of
 // row r at (g·B·T + r)·d + j: the grouped products' dense output); the same bits.
@@ -243,23 +260,26 @@ void cca_depthwise_conv_backward_grouped(float* dc, float* dw0, float* db0,
                                          int64_t d, int64_t taps);
 
 // The same two as oneDNN matmuls on float activations (kernels/cca_gemm.cpp), the form the
-// model runs in both precisions: one product per group with the taps stacked in K. `dtype`
-// is the GEMMs' input type (bf16: y, dz and w1 rounded to bf16, fp32 accumulation), as for
-// the model's other GEMMs. fp32 agrees with the reference above to rounding. Unlike the
-// reference: b1 may be null (no bias), and dy is WRITTEN (dw1, db1 +=).
+// model runs in both precisions: one product per group with the taps stacked in K (`before`
+// stacked where a tap falls before position 0). `dtype` is the GEMMs' input type (bf16: y,
+// before, dz and w1 rounded to bf16, fp32 accumulation), as for the model's other GEMMs. fp32
+// agrees with the reference above to rounding. Unlike the reference: b1 may be null (no bias),
+// and dy is WRITTEN (dw1, db1, dbefore +=).
 void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
-                                   int64_t b, int64_t t, int64_t groups, int64_t d,
-                                   int64_t taps, DType dtype);
-void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
-                                    const float* y, const float* w1, int64_t b, int64_t t,
-                                    int64_t groups, int64_t d, int64_t taps, DType dtype);
+                                   const float* before, int64_t b, int64_t t, int64_t groups,
+                                   int64_t d, int64_t taps, DType dtype);
+void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, float* dbefore,
+                                    const float* dz, const float* y, const float* w1,
+                                    const float* before, int64_t b, int64_t t, int64_t groups,
+                                    int64_t d, int64_t taps, DType dtype);
 
 // A training step's two convolutions, qk = grouped(depthwise(c)) without the grouped bias
 // (the fused norm adds it), for bf16 GEMMs when cca_convs_fused(t1, dtype) (t1 ≤ 2): the
 // depthwise output goes straight into the grouped convolution's stacked bf16 rows, kept in
 // `kept` ([B·T·C] floats of room, which the stacked rows fit for t1 ≤ 2) for the backward in
 // place of y, which never reaches memory. The same numbers as the composition of
-// cca_depthwise_conv_forward and the _gemm forms above (the same bits: cca_test).
+// cca_depthwise_conv_forward and the _gemm forms above with before = b0 (the same bits:
+// cca_test).
 // Backward: dc += and the weights' gradients += as the composition; dy [B·T, C]: scratch
 // (left unused: dy stays in the grouped products' own output).
 bool cca_convs_fused(int64_t t1, DType dtype);
@@ -348,8 +368,9 @@ void cca_qk_norm_means_backward(T* dqk, T* dc, T* dtemp, const T* dq, const T* d
 // ---- decode: one new token per row ---------------------------------------------------------
 // A sequence's decoding state in one block of decode_state_floats(dims) elements: c_hist
 // [t0−1, C], the last t0−1 packed c rows, oldest first; y_hist [t1−1, C], the last t1−1
-// depthwise outputs y; v_prev [half], the previous token's x·Wv2^T. All zero before the first
-// token (the convolutions' zero padding and x_{−1} = 0).
+// depthwise outputs y less b0 (the taps' sums); v_prev [half], the previous token's x·Wv2^T.
+// All zero before the first token (the pair's zero padding, whose depthwise output is b0, and
+// x_{−1} = 0).
 inline int64_t decode_state_floats(const CcaDims& dims) {
   return (dims.t0 - 1 + dims.t1 - 1) * dims.channels() + dims.value_half();
 }
@@ -377,13 +398,13 @@ struct CcaDecodeState {
 };
 
 // Loads the state after a full-sequence forward over T ≥ 0 prompt tokens per sequence:
-// c, y [B, T, C] from cca_depthwise_conv_forward's input and output, v_last [B, half] from
-// cca_value_shift_inplace_forward's last_out (or the last row of vprev_in per sequence; null
-// means zero, as for T = 0).
-// With T smaller than a window, the missing older rows are zero.
+// c, y [B, T, C] from cca_depthwise_conv_forward's input and output (with its b0 [C]),
+// v_last [B, half] from cca_value_shift_inplace_forward's last_out (or the last row of
+// vprev_in per sequence; null means zero, as for T = 0).
+// With T smaller than a window, the missing older rows are the padding's (zero).
 template <typename T>
-void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* v_last,
-                           int64_t t);
+void cca_decode_state_load(CcaDecodeState<T>& state, const T* c, const T* y, const T* b0,
+                           const T* v_last, int64_t t);
 // One token of each of `rows` rows, row r's sequence state at states[r]: qk [rows, C] (writes)
 // = the grouped conv output at the row's position, exactly what cca_grouped_conv_forward gives
 // at that position of the full sequence (up to rounding order), from c_new [rows, C]; w0, b0,

@@ -2,7 +2,8 @@
 //
 // The taps are stacked into the products' K dimension: for every row (b, t) and group g the
 // GEMMs' input holds the taps' rows side by side, [x(t − pad) ‖ … ‖ x(t)] (pad = t1 − 1;
-// positions outside the sequence are zero), in the GEMMs' type, group by group. The forward
+// positions before the sequence hold `before`, b0 for the CCA, and positions after it zero),
+// in the GEMMs' type, group by group. The forward
 // and the input gradient are then a [rows, t1·d] × [t1·d, d] product per group, run as one
 // product batched over the groups into a dense scratch (the library's tile kernels want dense
 // batches and a dense output), where one product per tap of [T, d] × [d, d] blocks was far
@@ -61,7 +62,8 @@ void add_chunk_sums(float* sums, const float* partials, int64_t chunks, int64_t 
 
 // Stacked rows: x [B, T, G·d] as [G, B·T, taps·d] in the GEMMs' type, where group g, row
 // (b, t) holds [x(b, t + first) ‖ x(b, t + first + 1) ‖ …] over the taps (first: −pad for
-// the window before each row, 0 for the window from it on), zero outside the sequence.
+// the window before each row, 0 for the window from it on), `before` [G·d] before the
+// sequence (zero where it is null) and zero after it.
 class StackedTaps {
  public:
   // A view of rows stacked in `data` ([G, rows, k] elements of `dtype`).
@@ -69,12 +71,12 @@ class StackedTaps {
       : dtype_(dtype), groups_(groups), rows_(rows), k_(k),
         data_(static_cast<const unsigned char*>(data)) {}
   // Stacks x into a grow-only per-thread buffer.
-  StackedTaps(ScratchBuffer<unsigned char>& buffer, const float* x, int64_t b, int64_t t,
-              int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
+  StackedTaps(ScratchBuffer<unsigned char>& buffer, const float* x, const float* before, int64_t b,
+              int64_t t, int64_t groups, int64_t d, int64_t taps, int64_t first, DType dtype)
       : StackedTaps(buffer.get(groups * b * t * taps * d * element_size(dtype)), groups, b * t,
                     taps * d, dtype) {
 #pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows_; ++row) stack_row(x, row, t, d, first);
+    for (int64_t row = 0; row < rows_; ++row) stack_row(x, before, row, t, d, first);
   }
   // The same, adding x's column sums to sums [G·d] in the order of bias_sum_chunks.
   StackedTaps(ScratchBuffer<unsigned char>& buffer, float* sums, const float* x, int64_t b,
@@ -89,7 +91,7 @@ class StackedTaps {
     for (int64_t chunk = 0; chunk < chunks; ++chunk) {
       const int64_t first_row = chunk / per_sequence * t + chunk % per_sequence * kBiasSumRows;
       const int64_t end = std::min(first_row + kBiasSumRows, (chunk / per_sequence + 1) * t);
-      for (int64_t row = first_row; row < end; ++row) stack_row(x, row, t, d, first);
+      for (int64_t row = first_row; row < end; ++row) stack_row(x, nullptr, row, t, d, first);
       column_sums(partials + chunk * channels, x + first_row * channels, end - first_row, channels);
     }
     add_chunk_sums(sums, partials, chunks, channels);
@@ -110,7 +112,8 @@ class StackedTaps {
  private:
   // Row `row` of every group, its taps from x's rows row + first + i of the same sequence
   // (of t rows).
-  void stack_row(const float* x, int64_t row, int64_t t, int64_t d, int64_t first) {
+  void stack_row(const float* x, const float* before, int64_t row, int64_t t, int64_t d,
+                 int64_t first) {
     const int64_t elem = element_size(dtype_), channels = groups_ * d, taps = k_ / d;
     const int64_t s = row / t, r = row % t;
     unsigned char* data = const_cast<unsigned char*>(data_);
@@ -120,6 +123,8 @@ class StackedTaps {
         unsigned char* dst = data + ((g * rows_ + row) * k_ + i * d) * elem;
         if (src >= 0 && src < t)
           store_as(dtype_, x + (s * t + src) * channels + g * d, dst, d);
+        else if (src < 0 && before)
+          store_as(dtype_, before + g * d, dst, d);
         else
           std::memset(dst, 0, d * elem);
       }
@@ -150,7 +155,7 @@ StackedTaps depthwise_into_stacked_bf16(void* data, const float* c, const float*
     for (int64_t row = 0; row < rows; ++row) {
       const int64_t r = row % t;
       detail::cca_depthwise_row(y, c + (row - r) * channels, wt, b0, r, channels, t0);
-      // y(r) is tap i of row r + pad − i; the taps before a sequence's start are zero.
+      // y(r) is tap i of row r + pad − i; the taps before a sequence's start are b0.
       for (int64_t i = 0; i < t1; ++i) {
         const int64_t to = r + pad - i;
         if (to < t)
@@ -158,7 +163,7 @@ StackedTaps depthwise_into_stacked_bf16(void* data, const float* c, const float*
             to_bf16_serial(y + g * d, out + (g * rows + row - r + to) * k + i * d, d);
         if (r < pad - i)
           for (int64_t g = 0; g < groups; ++g)
-            std::fill_n(out + (g * rows + row) * k + i * d, d, bf16{});
+            to_bf16_serial(b0 + g * d, out + (g * rows + row) * k + i * d, d);
       }
     }
   }
@@ -222,12 +227,12 @@ void grouped_products(float* out, const float* bias, const StackedTaps& stacked,
 }  // namespace
 
 void cca_grouped_conv_forward_gemm(float* z, const float* y, const float* w1, const float* b1,
-                                   int64_t b, int64_t t, int64_t groups, int64_t d,
-                                   int64_t taps, DType dtype) {
+                                   const float* before, int64_t b, int64_t t, int64_t groups,
+                                   int64_t d, int64_t taps, DType dtype) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
   const int64_t rows = b * t, k = taps * d, pad = taps - 1;
   thread_local ScratchBuffer<unsigned char> y_buffer;
-  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -pad, dtype);
+  const StackedTaps ys(y_buffer, y, before, b, t, groups, d, taps, -pad, dtype);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/false, dtype);
   // z[row, g] = (b1[g] +) [y(t − pad) ‖ … ‖ y(t)][g] · W[g]
   grouped_products(z, b1, ys, w, groups, rows, k, d, dtype);
@@ -247,8 +252,8 @@ void add_weight_gradient(float* dw1, const float* dw, int64_t groups, int64_t d,
 
 // The grouped convolution's backward from the stacked y rows `ys` (see below), with dy left
 // group-major in the products' dense output [G, B·T, d] (returned; valid until the next call
-// on this thread).
-const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz,
+// on this thread); dbefore (unless null) += the gradient of the rows before each sequence.
+const float* grouped_conv_backward_dense(float* dw1, float* db1, float* dbefore, const float* dz,
                                          const StackedTaps& ys, const float* w1, int64_t b,
                                          int64_t t, int64_t groups, int64_t d, int64_t taps,
                                          DType dtype) {
@@ -257,6 +262,7 @@ const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz
   // dy(t) gets dz(t + pad − i)·W_i: the window after t, stacked from t onwards; db1 from the
   // same pass over dz.
   const StackedTaps dzs(dz_buffer, db1, dz, b, t, groups, d, taps, 0, dtype);
+  if (dbefore) cca_grouped_conv_before_backward(dbefore, dz, t, w1, b, t, groups, d, taps);
   const void* w = packed_taps(w1, groups, d, taps, /*for_input_gradient=*/true, dtype);
   const float* dy = grouped_products_dense(dzs, w, groups, rows, k, d, dtype);
   // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
@@ -267,24 +273,19 @@ const float* grouped_conv_backward_dense(float* dw1, float* db1, const float* dz
   return dy;
 }
 
-// The same with dy [B·T, G·d] written.
-void grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                           const StackedTaps& ys, const float* w1, int64_t b, int64_t t,
-                           int64_t groups, int64_t d, int64_t taps, DType dtype) {
-  spread_groups(dy, nullptr,
-                grouped_conv_backward_dense(dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype),
-                groups, b * t, d);
-}
-
 }  // namespace
 
-void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, const float* dz,
-                                    const float* y, const float* w1, int64_t b, int64_t t,
-                                    int64_t groups, int64_t d, int64_t taps, DType dtype) {
+void cca_grouped_conv_backward_gemm(float* dy, float* dw1, float* db1, float* dbefore,
+                                    const float* dz, const float* y, const float* w1,
+                                    const float* before, int64_t b, int64_t t, int64_t groups,
+                                    int64_t d, int64_t taps, DType dtype) {
   FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0 && b > 0 && t > 0);
   thread_local ScratchBuffer<unsigned char> y_buffer;
-  const StackedTaps ys(y_buffer, y, b, t, groups, d, taps, -(taps - 1), dtype);
-  grouped_conv_backward(dy, dw1, db1, dz, ys, w1, b, t, groups, d, taps, dtype);
+  const StackedTaps ys(y_buffer, y, before, b, t, groups, d, taps, -(taps - 1), dtype);
+  spread_groups(
+      dy, nullptr,
+      grouped_conv_backward_dense(dw1, db1, dbefore, dz, ys, w1, b, t, groups, d, taps, dtype),
+      groups, b * t, d);
 }
 
 bool cca_convs_fused(int64_t t1, DType dtype) { return dtype == DType::bf16 && t1 <= 2; }
@@ -325,7 +326,7 @@ std::vector<RowBlock> row_blocks(int64_t b, int64_t t) {
 // The grouped convolution's stacked bf16 rows of one block, out [G, rows, t1·d], from the
 // depthwise output y of its rows and the t1 − 1 before them, each y row computed as
 // cca_depthwise_conv_forward does (into `y`, [C] floats of scratch); the taps before the
-// sequence's start are zero. wt: the depthwise weights tap-major.
+// sequence's start are b0. wt: the depthwise weights tap-major.
 void depthwise_block_into_stacked_bf16(bf16* out, float* y, const RowBlock& blk, const float* c,
                                        const float* wt, const float* b0, int64_t groups, int64_t d,
                                        int64_t t0, int64_t t1) {
@@ -342,7 +343,8 @@ void depthwise_block_into_stacked_bf16(bf16* out, float* y, const RowBlock& blk,
   }
   for (int64_t to = 0; to < std::min(n, pad - blk.pos); ++to)
     for (int64_t i = 0; blk.pos + to - pad + i < 0; ++i)
-      for (int64_t g = 0; g < groups; ++g) std::fill_n(out + (g * n + to) * k + i * d, d, bf16{});
+      for (int64_t g = 0; g < groups; ++g)
+        to_bf16_serial(b0 + g * d, out + (g * n + to) * k + i * d, d);
 }
 
 }  // namespace
@@ -392,7 +394,7 @@ void cca_convs_backward_gemm(float* dc, float* dw0, float* db0, float* dw1, floa
   const StackedTaps ys(kept, groups, b * t, t1 * d, DType::bf16);
   // dy stays in the products' group-major output, which the depthwise backward reads.
   const float* dy_groups =
-      grouped_conv_backward_dense(dw1, db1, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
+      grouped_conv_backward_dense(dw1, db1, db0, dqk, ys, w1, b, t, groups, d, t1, DType::bf16);
   cca_depthwise_conv_backward_grouped(dc, dw0, db0, dy_groups, c, w0, b, t, groups, d, t0);
 }
 
@@ -427,7 +429,7 @@ class BlockedBackward {
         blocks_(row_blocks(b, t)),
         dz_all_(reinterpret_cast<bf16*>(scratch)) {
     thread_local ScratchBuffer<float> weight_buffer, row_dtemp_buffer, depthwise_buffer,
-        bias_buffer;
+        bias_buffer, first_rows_buffer;
     wt_ = weight_buffer.get(t0 * channels_);
     detail::cca_depthwise_taps_major(wt_, in.w0, channels_, t0);
     w_ = packed_taps(in.w1, groups_, d, t1, /*for_input_gradient=*/true, DType::bf16);
@@ -435,6 +437,7 @@ class BlockedBackward {
     depthwise_partials_ =
         depthwise_buffer.get(static_cast<int64_t>(blocks_.size()) * depthwise_sums());
     bias_partials_ = bias_buffer.get(bias_sum_chunks(b, t) * channels_);
+    first_rows_ = first_rows_buffer.get(std::max<int64_t>(1, b * first_rows() * channels_));
   }
 
   const std::vector<RowBlock>& blocks() const { return blocks_; }
@@ -449,6 +452,9 @@ class BlockedBackward {
     const Scratch s = scratch(kBlockRows + t0_ - 1 + t1_ - 1);
     norm_rows_backward(blk, dz_rows, dy_rows, s);
     bias_sums(blk, s.dz);
+    if (blk.pos == 0)  // the rows that read b0 before the sequence (dz_rows ≥ first_rows())
+      std::copy_n(s.dz, first_rows() * channels_,
+                  first_rows_ + blk.row / t_ * first_rows() * channels_);
     matmul(MatView{s.stacked, DType::bf16, {groups_, dy_rows, width_},
                    {dy_rows * width_, width_, 1}},
            MatView{w_, DType::bf16, {groups_, width_, d_}, {width_ * d_, d_, 1}},
@@ -462,6 +468,8 @@ class BlockedBackward {
   void finish() {
     detail::cca_sum_row_dtemp(out_.dtemp, row_dtemp_, rows_, hk_);
     add_chunk_sums(out_.db1, bias_partials_, bias_sum_chunks(b_, t_), channels_);
+    cca_grouped_conv_before_backward(out_.db0, first_rows_, first_rows(), in_.w1, b_, t_, groups_,
+                                     d_, t1_);
     detail::cca_depthwise_backward_sums(out_.dw0, out_.db0, depthwise_partials_,
                                         static_cast<int64_t>(blocks_.size()), channels_, t0_);
     // dW[g][(i, ci), o] = Σ_rows [y(t − pad) ‖ … ‖ y(t)][g][(i, ci)] · dz(t)[g][o]
@@ -490,6 +498,8 @@ class BlockedBackward {
   }
 
   int64_t depthwise_sums() const { return (t0_ + 1) * channels_; }
+  // Positions of each sequence whose grouped window reads before its start.
+  int64_t first_rows() const { return std::min(t_, t1_ - 1); }
 
   // dz of rows [0, dz_rows) from the block's first, each row in bf16 into the stacked windows
   // that read it (dy(r) = Σ_i dz(r + i)·W_{t1−1−i} for the dy_rows rows; taps past the
@@ -544,6 +554,7 @@ class BlockedBackward {
   float* row_dtemp_ = nullptr;           // [B·T, Hk]
   float* depthwise_partials_ = nullptr;  // [blocks][t0 + 1, C]
   float* bias_partials_ = nullptr;       // [bias_sum_chunks][C]
+  float* first_rows_ = nullptr;          // [B, first_rows(), C]: their dz, for db0
 };
 
 }  // namespace

@@ -16,7 +16,7 @@ constexpr int64_t kB = 8, kT = 256, kGroups = 10, kD = 64, kTaps = 2, kC = kGrou
 struct Data {
   std::vector<float> y = std::vector<float>(kB * kT * kC, 0.5f), z = y, dz = y, dy = y;
   std::vector<float> w1 = std::vector<float>(kC * kD * kTaps, 0.01f), dw1 = w1;
-  std::vector<float> b1 = std::vector<float>(kC, 0.1f), db1 = b1;
+  std::vector<float> b1 = std::vector<float>(kC, 0.1f), db1 = b1, dbefore = b1;
 };
 
 double conv_flops() { return 2.0 * kB * kT * kC * kD * kTaps; }
@@ -26,11 +26,11 @@ void BM_CcaGroupedForward(benchmark::State& state) {
   Data d;
   for (auto _ : state) {
     if (state.range(0) == 0)
-      cca_grouped_conv_forward(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT, kGroups,
-                               kD, kTaps);
+      cca_grouped_conv_forward(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), d.b1.data(), kB,
+                               kT, kGroups, kD, kTaps);
     else
-      cca_grouped_conv_forward_gemm(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT,
-                                    kGroups, kD, kTaps,
+      cca_grouped_conv_forward_gemm(d.z.data(), d.y.data(), d.w1.data(), d.b1.data(), d.b1.data(),
+                                    kB, kT, kGroups, kD, kTaps,
                                     state.range(0) == 2 ? DType::bf16 : DType::f32);
     benchmark::DoNotOptimize(d.z.data());
   }
@@ -42,11 +42,13 @@ void BM_CcaGroupedBackward(benchmark::State& state) {
   Data d;
   for (auto _ : state) {
     if (state.range(0) == 0)
-      cca_grouped_conv_backward(d.dy.data(), d.dw1.data(), d.db1.data(), d.dz.data(), d.y.data(),
-                                d.w1.data(), kB, kT, kGroups, kD, kTaps);
+      cca_grouped_conv_backward(d.dy.data(), d.dw1.data(), d.db1.data(), d.dbefore.data(),
+                                d.dz.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT, kGroups,
+                                kD, kTaps);
     else
-      cca_grouped_conv_backward_gemm(d.dy.data(), d.dw1.data(), d.db1.data(), d.dz.data(),
-                                     d.y.data(), d.w1.data(), kB, kT, kGroups, kD, kTaps,
+      cca_grouped_conv_backward_gemm(d.dy.data(), d.dw1.data(), d.db1.data(), d.dbefore.data(),
+                                     d.dz.data(), d.y.data(), d.w1.data(), d.b1.data(), kB, kT,
+                                     kGroups, kD, kTaps,
                                      state.range(0) == 2 ? DType::bf16 : DType::f32);
     benchmark::DoNotOptimize(d.dy.data());
   }

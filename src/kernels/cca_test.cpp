@@ -76,8 +76,9 @@ Vec depthwise_reference(const Vec& c, const Vec& w0, const Vec& b0, int64_t b, i
   return y;
 }
 
-Vec grouped_reference(const Vec& y, const Vec& w1, const Vec& b1, int64_t b, int64_t t,
-                      int64_t groups, int64_t d, int64_t taps) {
+// y before position 0 reads `before` [G·d] (empty: zero).
+Vec grouped_reference(const Vec& y, const Vec& w1, const Vec& b1, const Vec& before, int64_t b,
+                      int64_t t, int64_t groups, int64_t d, int64_t taps) {
   const int64_t ch = groups * d;
   Vec z(b * t * ch);
   for (int64_t bi = 0; bi < b; ++bi)
@@ -87,20 +88,23 @@ Vec grouped_reference(const Vec& y, const Vec& w1, const Vec& b1, int64_t b, int
           double s = b1[grp * d + o];
           for (int64_t i = 0; i < taps; ++i) {
             const int64_t src = ti - (taps - 1) + i;
-            if (src < 0) continue;
+            if (src < 0 && before.empty()) continue;
             for (int64_t ci = 0; ci < d; ++ci)
-              s += w1[((grp * d + o) * d + ci) * taps + i] * y[(bi * t + src) * ch + grp * d + ci];
+              s += w1[((grp * d + o) * d + ci) * taps + i] *
+                   (src < 0 ? before[grp * d + ci] : y[(bi * t + src) * ch + grp * d + ci]);
           }
           z[(bi * t + ti) * ch + grp * d + o] = s;
         }
   return z;
 }
 
-// The adjoint of grouped_reference, for shapes too large for finite differences.
-void grouped_backward_reference(Vec& dy, Vec& dw1, Vec& db1, const Vec& dz, const Vec& y,
-                                const Vec& w1, int64_t b, int64_t t, int64_t groups, int64_t d,
-                                int64_t taps) {
+// The adjoint of grouped_reference, for shapes too large for finite differences (dbefore:
+// the gradient of `before`).
+void grouped_backward_reference(Vec& dy, Vec& dw1, Vec& db1, Vec& dbefore, const Vec& dz,
+                                const Vec& y, const Vec& w1, const Vec& before, int64_t b,
+                                int64_t t, int64_t groups, int64_t d, int64_t taps) {
   const int64_t ch = groups * d;
+  dbefore.resize(ch, 0.0);
   for (int64_t bi = 0; bi < b; ++bi)
     for (int64_t ti = 0; ti < t; ++ti)
       for (int64_t grp = 0; grp < groups; ++grp)
@@ -109,15 +113,51 @@ void grouped_backward_reference(Vec& dy, Vec& dw1, Vec& db1, const Vec& dz, cons
           db1[grp * d + o] += g;
           for (int64_t i = 0; i < taps; ++i) {
             const int64_t src = ti - (taps - 1) + i;
-            if (src < 0) continue;
             for (int64_t ci = 0; ci < d; ++ci) {
               const int64_t wi = ((grp * d + o) * d + ci) * taps + i;
+              if (src < 0) {
+                if (!before.empty()) dw1[wi] += g * before[grp * d + ci];
+                dbefore[grp * d + ci] += g * w1[wi];
+                continue;
+              }
               const int64_t yi = (bi * t + src) * ch + grp * d + ci;
               dw1[wi] += g * y[yi];
               dy[yi] += g * w1[wi];
             }
           }
         }
+}
+
+// The spec's CCA convolutions taken literally (§2 step 3): c padded once with (t0−1)+(t1−1)
+// zero rows before each sequence, then the depthwise and the grouped convolution both
+// unpadded ("valid") over it, as the released ZAYA1 code runs them: z [B, T, C].
+Vec spec_convs_reference(const Vec& c, const Vec& w0, const Vec& b0, const Vec& w1, const Vec& b1,
+                         int64_t b, int64_t t, int64_t groups, int64_t d, int64_t t0, int64_t t1) {
+  const int64_t ch = groups * d, pad = (t0 - 1) + (t1 - 1), padded = t + pad;
+  Vec z(b * t * ch);
+  for (int64_t bi = 0; bi < b; ++bi) {
+    // The padded sequence, then y over padded positions t1−1 … (length t + t1 − 1).
+    Vec cp(padded * ch, 0.0);
+    std::copy(c.begin() + bi * t * ch, c.begin() + (bi + 1) * t * ch, cp.begin() + pad * ch);
+    const int64_t ylen = t + t1 - 1;
+    Vec y(ylen * ch);
+    for (int64_t r = 0; r < ylen; ++r)
+      for (int64_t j = 0; j < ch; ++j) {
+        double s = b0[j];
+        for (int64_t i = 0; i < t0; ++i) s += w0[j * t0 + i] * cp[(r + i) * ch + j];
+        y[r * ch + j] = s;
+      }
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t grp = 0; grp < groups; ++grp)
+        for (int64_t o = 0; o < d; ++o) {
+          double s = b1[grp * d + o];
+          for (int64_t i = 0; i < t1; ++i)
+            for (int64_t ci = 0; ci < d; ++ci)
+              s += w1[((grp * d + o) * d + ci) * t1 + i] * y[(r + i) * ch + grp * d + ci];
+          z[(bi * t + r) * ch + grp * d + o] = s;
+        }
+  }
+  return z;
 }
 
 Vec value_shift_reference(const Vec& vcur, const Vec& vprev_in, int64_t b, int64_t t,
@@ -262,55 +302,67 @@ TEST(CcaDepthwiseConv, BackwardMatchesFiniteDifferences) {
 
 TEST(CcaGroupedConv, ForwardMatchesReferenceInFloatAndDouble) {
   // d covers a full register tile plus a tail (32 + 4 doubles, 64 + 8 floats); t = 7 covers
-  // a 4-row tile plus single rows.
-  for (int64_t taps : {1, 2, 3}) {
-    const int64_t b = 2, t = 7, groups = 3;
-    {
-      const int64_t d = 36, ch = groups * d;
-      const auto y = random_normal(b * t * ch, 50), w1 = random_normal(ch * d * taps, 51, 0.2),
-                 b1 = random_normal(ch, 52);
-      const auto expected = grouped_reference(y, w1, b1, b, t, groups, d, taps);
-      Vec z(b * t * ch);
-      cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), b, t, groups, d, taps);
-      EXPECT_LT(max_relative_error(z, expected), 1e-14) << "taps " << taps;
+  // a 4-row tile plus single rows. Before position 0: zero, then a vector (b0 in the CCA).
+  for (int64_t taps : {1, 2, 3})
+    for (bool with_before : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "taps " << taps << " before " << with_before);
+      const int64_t b = 2, t = 7, groups = 3;
+      {
+        const int64_t d = 36, ch = groups * d;
+        const auto y = random_normal(b * t * ch, 50), w1 = random_normal(ch * d * taps, 51, 0.2),
+                   b1 = random_normal(ch, 52);
+        const Vec before = with_before ? random_normal(ch, 56) : Vec();
+        const auto expected = grouped_reference(y, w1, b1, before, b, t, groups, d, taps);
+        Vec z(b * t * ch);
+        cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(),
+                                 with_before ? before.data() : nullptr, b, t, groups, d, taps);
+        EXPECT_LT(max_relative_error(z, expected), 1e-14);
+      }
+      {
+        const int64_t d = 72, ch = groups * d;
+        const auto y = random_normal(b * t * ch, 53), w1 = random_normal(ch * d * taps, 54, 0.2),
+                   b1 = random_normal(ch, 55);
+        const Vec before = with_before ? random_normal(ch, 57) : Vec();
+        const auto expected = grouped_reference(y, w1, b1, before, b, t, groups, d, taps);
+        const auto y_f = cast_vector<float>(y), w1_f = cast_vector<float>(w1),
+                   b1_f = cast_vector<float>(b1), before_f = cast_vector<float>(before);
+        std::vector<float> z_f(b * t * ch);
+        cca_grouped_conv_forward(z_f.data(), y_f.data(), w1_f.data(), b1_f.data(),
+                                 with_before ? before_f.data() : nullptr, b, t, groups, d, taps);
+        EXPECT_LT(max_relative_error(z_f, expected), 2e-6);
+      }
     }
-    {
-      const int64_t d = 72, ch = groups * d;
-      const auto y = random_normal(b * t * ch, 53), w1 = random_normal(ch * d * taps, 54, 0.2),
-                 b1 = random_normal(ch, 55);
-      const auto expected = grouped_reference(y, w1, b1, b, t, groups, d, taps);
-      const auto y_f = cast_vector<float>(y), w1_f = cast_vector<float>(w1),
-                 b1_f = cast_vector<float>(b1);
-      std::vector<float> z_f(b * t * ch);
-      cca_grouped_conv_forward(z_f.data(), y_f.data(), w1_f.data(), b1_f.data(), b, t, groups, d,
-                               taps);
-      EXPECT_LT(max_relative_error(z_f, expected), 2e-6) << "taps " << taps;
-    }
-  }
 }
 
 TEST(CcaGroupedConv, BackwardMatchesFiniteDifferences) {
   // d = 34: a 32-wide double tile plus a 2-wide tail; 34 outputs = two 16-output tasks and a
-  // 2-output task (single-row tiles); t = 5 rows = a 4-row tile plus one row.
-  const int64_t b = 2, t = 5, groups = 2, d = 34, taps = 2, ch = groups * d;
-  auto y = random_normal(b * t * ch, 60), w1 = random_normal(ch * d * taps, 61, 0.2),
-       b1 = random_normal(ch, 62);
-  const auto dz = random_normal(b * t * ch, 63);
-  Vec z(b * t * ch);
-  auto loss = [&] {
-    cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), b, t, groups, d, taps);
-    return dot(z, dz);
-  };
-  const auto num_dy = numeric_gradient(y, loss), num_dw = numeric_gradient(w1, loss),
-             num_db = numeric_gradient(b1, loss);
-  const auto dy_prior = random_normal(b * t * ch, 64), dw_prior = random_normal(ch * d * taps, 65),
-             db_prior = random_normal(ch, 66);
-  auto dy = dy_prior, dw = dw_prior, db = db_prior;
-  cca_grouped_conv_backward(dy.data(), dw.data(), db.data(), dz.data(), y.data(), w1.data(), b, t,
-                            groups, d, taps);
-  EXPECT_LT(max_relative_error(added(dy, dy_prior), num_dy), 1e-8);
-  EXPECT_LT(max_relative_error(added(dw, dw_prior), num_dw), 1e-8);
-  EXPECT_LT(max_relative_error(added(db, db_prior), num_db), 1e-8);
+  // 2-output task (single-row tiles); t = 5 rows = a 4-row tile plus one row. Three taps: two
+  // positions read before the sequence, one of them with two taps.
+  for (int64_t taps : {2, 3}) {
+    SCOPED_TRACE(::testing::Message() << "taps " << taps);
+    const int64_t b = 2, t = 5, groups = 2, d = 34, ch = groups * d;
+    auto y = random_normal(b * t * ch, 60), w1 = random_normal(ch * d * taps, 61, 0.2),
+         b1 = random_normal(ch, 62), before = random_normal(ch, 67);
+    const auto dz = random_normal(b * t * ch, 63);
+    Vec z(b * t * ch);
+    auto loss = [&] {
+      cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), before.data(), b, t,
+                               groups, d, taps);
+      return dot(z, dz);
+    };
+    const auto num_dy = numeric_gradient(y, loss), num_dw = numeric_gradient(w1, loss),
+               num_db = numeric_gradient(b1, loss), num_dbefore = numeric_gradient(before, loss);
+    const auto dy_prior = random_normal(b * t * ch, 64),
+               dw_prior = random_normal(ch * d * taps, 65), db_prior = random_normal(ch, 66),
+               dbefore_prior = random_normal(ch, 68);
+    auto dy = dy_prior, dw = dw_prior, db = db_prior, dbefore = dbefore_prior;
+    cca_grouped_conv_backward(dy.data(), dw.data(), db.data(), dbefore.data(), dz.data(), y.data(),
+                              w1.data(), before.data(), b, t, groups, d, taps);
+    EXPECT_LT(max_relative_error(added(dy, dy_prior), num_dy), 1e-8);
+    EXPECT_LT(max_relative_error(added(dw, dw_prior), num_dw), 1e-8);
+    EXPECT_LT(max_relative_error(added(db, db_prior), num_db), 1e-8);
+    EXPECT_LT(max_relative_error(added(dbefore, dbefore_prior), num_dbefore), 1e-8);
+  }
 }
 
 TEST(CcaGroupedConv, LargeShapeOnTwoThreadsMatchesReference) {
@@ -318,19 +370,24 @@ TEST(CcaGroupedConv, LargeShapeOnTwoThreadsMatchesReference) {
   WithThreads scope(2);
   const int64_t b = 2, t = 150, groups = 3, d = 40, taps = 3, ch = groups * d;
   const auto y = random_normal(b * t * ch, 70), w1 = random_normal(ch * d * taps, 71, 0.2),
-             b1 = random_normal(ch, 72), dz = random_normal(b * t * ch, 73);
+             b1 = random_normal(ch, 72), dz = random_normal(b * t * ch, 73),
+             before = random_normal(ch, 74);
   Vec z(b * t * ch);
-  cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), b, t, groups, d, taps);
-  EXPECT_LT(max_relative_error(z, grouped_reference(y, w1, b1, b, t, groups, d, taps)), 1e-14);
+  cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), before.data(), b, t, groups, d,
+                           taps);
+  EXPECT_LT(max_relative_error(z, grouped_reference(y, w1, b1, before, b, t, groups, d, taps)),
+            1e-14);
 
-  Vec dy(b * t * ch, 0.0), dw(ch * d * taps, 0.0), db(ch, 0.0);
-  Vec dy_ref = dy, dw_ref = dw, db_ref = db;
-  cca_grouped_conv_backward(dy.data(), dw.data(), db.data(), dz.data(), y.data(), w1.data(), b, t,
-                            groups, d, taps);
-  grouped_backward_reference(dy_ref, dw_ref, db_ref, dz, y, w1, b, t, groups, d, taps);
+  Vec dy(b * t * ch, 0.0), dw(ch * d * taps, 0.0), db(ch, 0.0), dbefore(ch, 0.0);
+  Vec dy_ref = dy, dw_ref = dw, db_ref = db, dbefore_ref;
+  cca_grouped_conv_backward(dy.data(), dw.data(), db.data(), dbefore.data(), dz.data(), y.data(),
+                            w1.data(), before.data(), b, t, groups, d, taps);
+  grouped_backward_reference(dy_ref, dw_ref, db_ref, dbefore_ref, dz, y, w1, before, b, t, groups,
+                             d, taps);
   EXPECT_LT(max_relative_error(dy, dy_ref), 1e-13);
   EXPECT_LT(max_relative_error(dw, dw_ref), 1e-13);
   EXPECT_LT(max_relative_error(db, db_ref), 1e-13);
+  EXPECT_LT(max_relative_error(dbefore, dbefore_ref), 1e-13);
 }
 
 // The oneDNN form against the double references: fp32 GEMMs to fp32 rounding, bf16 GEMMs to
@@ -345,34 +402,71 @@ TEST(CcaGroupedConv, GemmFormMatchesTheReferenceInFp32AndBf16) {
     SCOPED_TRACE(::testing::Message() << "b " << b << " t " << t << " groups " << groups << " d "
                                       << d << " taps " << taps);
     const auto y = random_normal(b * t * ch, 80), w1 = random_normal(ch * d * taps, 81, 0.2),
-               b1 = random_normal(ch, 82), dz = random_normal(b * t * ch, 83);
-    const auto z_ref = grouped_reference(y, w1, b1, b, t, groups, d, taps);
-    const auto z_unbiased_ref = grouped_reference(y, w1, Vec(ch, 0.0), b, t, groups, d, taps);
-    // dy is written (its stale contents ignored); dw1 and db1 accumulate.
+               b1 = random_normal(ch, 82), dz = random_normal(b * t * ch, 83),
+               before = random_normal(ch, 87);
+    const auto z_ref = grouped_reference(y, w1, b1, before, b, t, groups, d, taps);
+    const auto z_plain_ref = grouped_reference(y, w1, Vec(ch, 0.0), Vec(), b, t, groups, d, taps);
+    // dy is written (its stale contents ignored); dw1, db1 and dbefore accumulate.
     const auto dy_stale = random_normal(b * t * ch, 84),
-               dw_prior = random_normal(ch * d * taps, 85), db_prior = random_normal(ch, 86);
-    Vec dy_ref(b * t * ch, 0.0), dw_ref = dw_prior, db_ref = db_prior;
-    grouped_backward_reference(dy_ref, dw_ref, db_ref, dz, y, w1, b, t, groups, d, taps);
+               dw_prior = random_normal(ch * d * taps, 85), db_prior = random_normal(ch, 86),
+               dbefore_prior = random_normal(ch, 88);
+    Vec dy_ref(b * t * ch, 0.0), dw_ref = dw_prior, db_ref = db_prior, dbefore_ref;
+    grouped_backward_reference(dy_ref, dw_ref, db_ref, dbefore_ref, dz, y, w1, before, b, t, groups,
+                               d, taps);
+    for (int64_t j = 0; j < ch; ++j) dbefore_ref[j] += dbefore_prior[j];
     const auto yf = cast_vector<float>(y), w1f = cast_vector<float>(w1),
-               b1f = cast_vector<float>(b1), dzf = cast_vector<float>(dz);
+               b1f = cast_vector<float>(b1), dzf = cast_vector<float>(dz),
+               beforef = cast_vector<float>(before);
     for (DType dtype : {DType::f32, DType::bf16}) {
       SCOPED_TRACE(dtype_name(dtype));
       const double tol = dtype == DType::f32 ? 2e-6 : 1.5e-2;
       std::vector<float> z(b * t * ch);
-      cca_grouped_conv_forward_gemm(z.data(), yf.data(), w1f.data(), b1f.data(), b, t, groups, d,
-                                    taps, dtype);
+      cca_grouped_conv_forward_gemm(z.data(), yf.data(), w1f.data(), b1f.data(), beforef.data(), b,
+                                    t, groups, d, taps, dtype);
       EXPECT_LT(max_relative_error(z, z_ref), tol);
-      std::vector<float> z_unbiased(b * t * ch, 7.0f);
-      cca_grouped_conv_forward_gemm(z_unbiased.data(), yf.data(), w1f.data(), nullptr, b, t,
+      // No bias, nothing before the sequence.
+      std::vector<float> z_plain(b * t * ch, 7.0f);
+      cca_grouped_conv_forward_gemm(z_plain.data(), yf.data(), w1f.data(), nullptr, nullptr, b, t,
                                     groups, d, taps, dtype);
-      EXPECT_LT(max_relative_error(z_unbiased, z_unbiased_ref), tol);
+      EXPECT_LT(max_relative_error(z_plain, z_plain_ref), tol);
       auto dy = cast_vector<float>(dy_stale), dw = cast_vector<float>(dw_prior),
-           db = cast_vector<float>(db_prior);
-      cca_grouped_conv_backward_gemm(dy.data(), dw.data(), db.data(), dzf.data(), yf.data(),
-                                     w1f.data(), b, t, groups, d, taps, dtype);
+           db = cast_vector<float>(db_prior), dbefore = cast_vector<float>(dbefore_prior);
+      cca_grouped_conv_backward_gemm(dy.data(), dw.data(), db.data(), dbefore.data(), dzf.data(),
+                                     yf.data(), w1f.data(), beforef.data(), b, t, groups, d, taps,
+                                     dtype);
       EXPECT_LT(max_relative_error(dy, dy_ref), tol);
       EXPECT_LT(max_relative_error(dw, dw_ref), tol);
       EXPECT_LT(max_relative_error(db, db_ref), 2e-6);  // sums of dz: no GEMM
+      // Sums of dz times fp32 w1: no GEMM either.
+      EXPECT_LT(max_relative_error(dbefore, dbefore_ref), 2e-6);
+    }
+  }
+}
+
+// Foundry's two convolutions with the grouped one reading b0 before each sequence equal the
+// spec's padding taken literally (the released code's), in double to rounding, for kernel
+// sizes where the windows reach one, two and three positions back; the first positions read
+// the padding only through b0, so b0 is far from zero here.
+TEST(CcaConvolutions, ReadTheDepthwiseBiasBeforeASequenceAsTheSpecsPaddingDoes) {
+  for (auto [t0, t1] : {std::pair<int64_t, int64_t>{2, 2}, {3, 2}, {2, 3}, {1, 3}, {3, 1}}) {
+    SCOPED_TRACE(::testing::Message() << "t0 " << t0 << " t1 " << t1);
+    const int64_t b = 2, t = 6, groups = 3, d = 8, ch = groups * d;
+    const auto c = random_normal(b * t * ch, 90), w0 = random_normal(ch * t0, 91),
+               b0 = random_normal(ch, 92, 3.0), w1 = random_normal(ch * d * t1, 93, 0.3),
+               b1 = random_normal(ch, 94);
+    Vec y(b * t * ch), z(b * t * ch);
+    cca_depthwise_conv_forward(y.data(), c.data(), w0.data(), b0.data(), b, t, ch, t0);
+    cca_grouped_conv_forward(z.data(), y.data(), w1.data(), b1.data(), b0.data(), b, t, groups, d,
+                             t1);
+    const Vec want = spec_convs_reference(c, w0, b0, w1, b1, b, t, groups, d, t0, t1);
+    EXPECT_LT(max_relative_error(z, want), 1e-13);
+    // Reading zero there instead (each convolution padded on its own) differs at the first
+    // t1 − 1 positions of each sequence.
+    if (t1 > 1) {
+      Vec z_zero(b * t * ch);
+      cca_grouped_conv_forward(z_zero.data(), y.data(), w1.data(), b1.data(),
+                               static_cast<const double*>(nullptr), b, t, groups, d, t1);
+      EXPECT_GT(max_relative_error(z_zero, want), 1e-3);
     }
   }
 }
@@ -562,10 +656,11 @@ TEST(CcaFused, ConvolutionsThroughTheStackedRowsEqualTheComposition) {
       std::vector<float> dw0_ref(ch * t0, 0.5f), db0_ref(ch, 0.5f), dw1_ref(ch * d * t1, 0.5f),
           db1_ref(ch, 0.5f);
       cca_depthwise_conv_forward(y.data(), c.data(), w0.data(), b0.data(), b, t, ch, t0);
-      cca_grouped_conv_forward_gemm(qk_ref.data(), y.data(), w1.data(), nullptr, b, t, groups, d,
-                                    t1, DType::bf16);
-      cca_grouped_conv_backward_gemm(dy.data(), dw1_ref.data(), db1_ref.data(), dqk.data(),
-                                     y.data(), w1.data(), b, t, groups, d, t1, DType::bf16);
+      cca_grouped_conv_forward_gemm(qk_ref.data(), y.data(), w1.data(), nullptr, b0.data(), b, t,
+                                    groups, d, t1, DType::bf16);
+      cca_grouped_conv_backward_gemm(dy.data(), dw1_ref.data(), db1_ref.data(), db0_ref.data(),
+                                     dqk.data(), y.data(), w1.data(), b0.data(), b, t, groups, d,
+                                     t1, DType::bf16);
       cca_depthwise_conv_backward(dc_ref.data(), dw0_ref.data(), db0_ref.data(), dy.data(),
                                   c.data(), w0.data(), b, t, ch, t0);
 
@@ -730,8 +825,8 @@ struct Pipeline {
     y.assign(b * t * ch, T(0));
     std::vector<T> qk(b * t * ch);
     cca_depthwise_conv_forward(y.data(), c.data(), w0t.data(), b0t.data(), b, t, ch, dims.t0);
-    cca_grouped_conv_forward(qk.data(), y.data(), w1t.data(), b1t.data(), b, t, dims.groups(),
-                             dims.d, dims.t1);
+    cca_grouped_conv_forward(qk.data(), y.data(), w1t.data(), b1t.data(), b0t.data(), b, t,
+                             dims.groups(), dims.d, dims.t1);
     cca_means_forward(qk.data(), c.data(), b * t, dims.hq, dims.hk, dims.d);
     return qk;
   }
@@ -803,7 +898,9 @@ void check_decode(const CcaDims& dims, int64_t prefill, double tolerance) {
   auto v_full = vproj;
   cca_value_shift_inplace_forward(v_full.data(), static_cast<T*>(nullptr), b, t, half);
 
-  CcaDecodeState<T> state(dims, b);
+  const auto w0 = cast_vector<T>(p.w0), b0 = cast_vector<T>(p.b0), w1 = cast_vector<T>(p.w1),
+             b1 = cast_vector<T>(p.b1);
+  CcaDecodeState<T> state(dims, b);  // zero: reads b0 before the sequence, as p.run does
   if (prefill > 0) {
     // The prompt's forward: rows [0, prefill) of every sequence, packed [B, prefill, ·].
     std::vector<T> c_prompt(b * prefill * ch), v_prompt(b * prefill * 2 * half), y_prompt;
@@ -815,10 +912,9 @@ void check_decode(const CcaDims& dims, int64_t prefill, double tolerance) {
     p.run(c_prompt, y_prompt, b, prefill);
     std::vector<T> v_last(b * half);
     cca_value_shift_inplace_forward(v_prompt.data(), v_last.data(), b, prefill, half);
-    cca_decode_state_load(state, c_prompt.data(), y_prompt.data(), v_last.data(), prefill);
+    cca_decode_state_load(state, c_prompt.data(), y_prompt.data(), b0.data(), v_last.data(),
+                          prefill);
   }
-  const auto w0 = cast_vector<T>(p.w0), b0 = cast_vector<T>(p.b0), w1 = cast_vector<T>(p.w1),
-             b1 = cast_vector<T>(p.b1);
   for (int64_t ti = prefill; ti < t; ++ti) {
     std::vector<T> c_new(b * ch), v_new(b * 2 * half), qk(b * ch);
     for (int64_t bi = 0; bi < b; ++bi) {
@@ -901,20 +997,21 @@ TEST(CcaDeterminism, ParameterGradientsAreBitwiseIdenticalForOneAndTwoThreads) {
              dz = random_normal<float>(n * ch, 132), dy_in = random_normal<float>(n * ch, 133);
   const auto w0 = random_normal<float>(dims.depthwise_weight_size(), 134),
              w1 = random_normal<float>(dims.grouped_weight_size(), 135, 0.2),
-             b1 = random_normal<float>(dims.grouped_bias_size(), 136);
+             b1 = random_normal<float>(dims.grouped_bias_size(), 136),
+             b0 = random_normal<float>(dims.depthwise_bias_size(), 140);
   const auto qk = random_normal<float>(n * ch, 137), dq = random_normal<float>(n * 2 * 32, 138),
              dk = random_normal<float>(n * 2 * 32, 139);
   const std::vector<float> temp{0.9f, 1.1f};
 
   struct Grads {
-    std::vector<float> z, dw0, db0, dc, dw1, db1, dy, dtemp, dqk;
+    std::vector<float> z, dw0, db0, dc, dw1, db1, dbefore, dy, dtemp, dqk;
   };
   auto run = [&](int threads) {
     WithThreads scope(threads);
     Grads g;
     g.z.assign(n * ch, 0.0f);
-    cca_grouped_conv_forward(g.z.data(), y.data(), w1.data(), b1.data(), b, t, groups, dims.d,
-                             dims.t1);
+    cca_grouped_conv_forward(g.z.data(), y.data(), w1.data(), b1.data(), b0.data(), b, t, groups,
+                             dims.d, dims.t1);
     g.dw0.assign(w0.size(), 0.0f);
     g.db0.assign(ch, 0.0f);
     g.dc.assign(n * ch, 0.0f);
@@ -922,9 +1019,10 @@ TEST(CcaDeterminism, ParameterGradientsAreBitwiseIdenticalForOneAndTwoThreads) {
                                 w0.data(), b, t, ch, dims.t0);
     g.dw1.assign(w1.size(), 0.0f);
     g.db1.assign(ch, 0.0f);
+    g.dbefore.assign(ch, 0.0f);
     g.dy.assign(n * ch, 0.0f);
-    cca_grouped_conv_backward(g.dy.data(), g.dw1.data(), g.db1.data(), dz.data(), y.data(),
-                              w1.data(), b, t, groups, dims.d, dims.t1);
+    cca_grouped_conv_backward(g.dy.data(), g.dw1.data(), g.db1.data(), g.dbefore.data(), dz.data(),
+                              y.data(), w1.data(), b0.data(), b, t, groups, dims.d, dims.t1);
     std::vector<float> q(n * 2 * 32), k(n * 2 * 32), rnorm(n * groups);
     cca_qk_norm_forward(q.data(), k.data(), rnorm.data(), qk.data(), temp.data(), n, dims.hq,
                         dims.hk, dims.d, 1e-6f);
@@ -941,6 +1039,7 @@ TEST(CcaDeterminism, ParameterGradientsAreBitwiseIdenticalForOneAndTwoThreads) {
   EXPECT_EQ(one.dc, two.dc);
   EXPECT_EQ(one.dw1, two.dw1);
   EXPECT_EQ(one.db1, two.db1);
+  EXPECT_EQ(one.dbefore, two.dbefore);
   EXPECT_EQ(one.dy, two.dy);
   EXPECT_EQ(one.dtemp, two.dtemp);
   EXPECT_EQ(one.dqk, two.dqk);

@@ -344,14 +344,16 @@ class CpuBackend final : public Backend {
     ops::cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, b, t, channels, taps);
   }
   void cca_grouped_conv_forward(float* z, const float* y, const float* w1, const float* b1,
-                                int64_t b, int64_t t, int64_t groups, int64_t d, int64_t taps,
-                                DType dtype) override {
-    ops::cca_grouped_conv_forward_gemm(z, y, w1, b1, b, t, groups, d, taps, dtype);
+                                const float* before, int64_t b, int64_t t, int64_t groups,
+                                int64_t d, int64_t taps, DType dtype) override {
+    ops::cca_grouped_conv_forward_gemm(z, y, w1, b1, before, b, t, groups, d, taps, dtype);
   }
-  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, const float* dz,
-                                 const float* y, const float* w1, int64_t b, int64_t t,
-                                 int64_t groups, int64_t d, int64_t taps, DType dtype) override {
-    ops::cca_grouped_conv_backward_gemm(dy, dw1, db1, dz, y, w1, b, t, groups, d, taps, dtype);
+  void cca_grouped_conv_backward(float* dy, float* dw1, float* db1, float* dbefore, const float* dz,
+                                 const float* y, const float* w1, const float* before, int64_t b,
+                                 int64_t t, int64_t groups, int64_t d, int64_t taps,
+                                 DType dtype) override {
+    ops::cca_grouped_conv_backward_gemm(dy, dw1, db1, dbefore, dz, y, w1, before, b, t, groups, d,
+                                        taps, dtype);
   }
   // bf16 with t1 ≤ 2: y goes straight into the grouped convolution's stacked rows, which
   // `kept` holds in its place (kernels/cca.h).
@@ -375,10 +377,10 @@ class CpuBackend final : public Backend {
   }
   void cca_convs_backward(float* dc, float* dw0, float* db0, float* dw1, float* db1, float* dy,
                           const float* dqk, const float* kept, const float* c, const float* w0,
-                          const float* w1, int64_t b, int64_t t, int64_t groups, int64_t d,
-                          int64_t t0, int64_t t1, DType dtype) override {
+                          const float* b0, const float* w1, int64_t b, int64_t t, int64_t groups,
+                          int64_t d, int64_t t0, int64_t t1, DType dtype) override {
     if (!ops::cca_convs_fused(t1, dtype))
-      return Backend::cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t,
+      return Backend::cca_convs_backward(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, b0, w1, b, t,
                                          groups, d, t0, t1, dtype);
     ops::cca_convs_backward_gemm(dc, dw0, db0, dw1, db1, dy, dqk, kept, c, w0, w1, b, t, groups, d,
                                  t0, t1);
@@ -387,13 +389,13 @@ class CpuBackend final : public Backend {
                                   float* db1, float* dqk, float* dy, const float* dq,
                                   const float* dk, const float* qk, const float* rnorm,
                                   const float* temp, const float* kept, const float* c,
-                                  const float* w0, const float* w1, int64_t b, int64_t t,
-                                  int64_t hq, int64_t hk, int64_t d, int64_t t0, int64_t t1,
-                                  DType dtype) override {
+                                  const float* w0, const float* b0, const float* w1, int64_t b,
+                                  int64_t t, int64_t hq, int64_t hk, int64_t d, int64_t t0,
+                                  int64_t t1, DType dtype) override {
     if (!ops::cca_convs_fused(t1, dtype))
       return Backend::cca_qk_norm_convs_backward(dc, dtemp, dw0, db0, dw1, db1, dqk, dy, dq, dk, qk,
-                                                 rnorm, temp, kept, c, w0, w1, b, t, hq, hk, d, t0,
-                                                 t1, dtype);
+                                                 rnorm, temp, kept, c, w0, b0, w1, b, t, hq, hk, d,
+                                                 t0, t1, dtype);
     ops::cca_qk_norm_convs_backward_gemm(dc, dtemp, dw0, db0, dw1, db1, /*scratch=*/dy, dq, dk, qk,
                                          rnorm, temp, kept, c, w0, w1, b, t, hq, hk, d, t0, t1);
   }

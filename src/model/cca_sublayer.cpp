@@ -17,26 +17,26 @@ ops::CcaDims cca_dims(const ModelConfig& c) {
 
 namespace {
 
-// The grouped convolution (qk [B, T, G·d] from y), forward and backward: oneDNN GEMMs, one
-// per group with the taps stacked in K, in the training precision (faster than the
-// register-tiled reference kernel in both precisions at zaya-bench's shape;
+// The grouped convolution (qk [B, T, G·d] from y) of a context-parallel chunk, forward and
+// backward: oneDNN GEMMs, one per group with the taps stacked in K, in the training precision
+// (faster than the register-tiled reference kernel in both precisions at zaya-bench's shape;
 // docs/PERFORMANCE.md has the figures). z = the convolution, with its bias b1 or (null)
-// without.
+// without. The rows before each chunk are in y (its halo), so nothing is read before them.
 void grouped_conv_forward(const Compute& cx, const CcaWeights& w, float* z, const float* y,
                           const float* b1, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  cx.ops.cca_grouped_conv_forward(z, y, cx.p(w.w1), b1, b, t,
-                                     c.n_heads + c.n_kv_heads, c.head_dim, c.cca_kernel_grouped,
-                                     cx.precision);
+  cx.ops.cca_grouped_conv_forward(z, y, cx.p(w.w1), b1, /*before=*/nullptr, b, t,
+                                  c.n_heads + c.n_kv_heads, c.head_dim, c.cca_kernel_grouped,
+                                  cx.precision);
 }
 
 // dy (written), and the parameters' gradients (+=).
 void grouped_conv_backward(const Compute& cx, const CcaWeights& w, float* dy, const float* dz,
                            const float* y, int64_t b, int64_t t) {
   const ModelConfig& c = cx.config;
-  cx.ops.cca_grouped_conv_backward(dy, cx.g(w.w1), cx.g(w.b1), dz, y, cx.p(w.w1), b, t,
-                                      c.n_heads + c.n_kv_heads, c.head_dim,
-                                      c.cca_kernel_grouped, cx.precision);
+  cx.ops.cca_grouped_conv_backward(dy, cx.g(w.w1), cx.g(w.b1), /*dbefore=*/nullptr, dz, y,
+                                   cx.p(w.w1), /*before=*/nullptr, b, t, c.n_heads + c.n_kv_heads,
+                                   c.head_dim, c.cca_kernel_grouped, cx.precision);
 }
 
 // ‖·‖ = sqrt(Σx² + eps) in the QK norm (see kernels/cca.h).
@@ -49,7 +49,10 @@ constexpr int64_t kF32 = sizeof(float);
 // c of the chunk before it (t0−1 for the depthwise window, and t1−1 more to recompute the
 // depthwise outputs y the grouped window reads); the value shift reads the previous token's
 // x·Wv2ᵀ. Each chunk runs as its own sequence of R + Tc rows, [halo ‖ chunk], and the halo
-// rows' outputs are dropped; their gradients go back to the chunk they came from.
+// rows' outputs are dropped; their gradients go back to the chunk they came from. Chunk 0's
+// halo of c is zero (the pair's padding), so its halo of y is the depthwise bias b0: what the
+// grouped convolution reads before a sequence's start (kernels/cca.h), with its gradient
+// going to b0 through the depthwise backward.
 
 int64_t boundary_width(const ModelConfig& c) {
   return std::max(c.context_halo_rows() * (c.q_dim() + c.kv_dim()), c.kv_dim() / 2);
@@ -66,15 +69,6 @@ struct Extended {
 
 Extended extended(const ModelConfig& c, BatchShape s) {
   return {2 * s.batch, c.context_halo_rows(), s.chunk(), c.q_dim() + c.kv_dim()};
-}
-
-// Before chunk 0 there is nothing: its halo of y is the convolutions' zero padding (and has
-// no gradient), not conv(0) + bias.
-void zero_halo_before_chunk0(Backend& ops, float* x, const Extended& e, const ContextParallel& cp) {
-  for (int slot = 0; slot < 2; ++slot)
-    if (cp.chunk(slot) == 0)
-      for (int64_t b = 0; b < e.sequences / 2; ++b)
-        ops.zero(e.halo_rows(x, 2 * b + slot), e.halo * e.width * kF32);
 }
 
 void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a, CcaGrads& g,
@@ -94,7 +88,6 @@ void conv_forward_context_parallel(Compute& cx, const CcaWeights& w, CcaActs& a,
   }
   cx.ops.cca_depthwise_conv_forward(a.y_ext, a.c_ext, cx.p(w.w0), cx.p(w.b0), e.sequences,
                                     e.length(), e.width, c.cca_kernel_depthwise);
-  zero_halo_before_chunk0(cx.ops, a.y_ext, e, cp);
   grouped_conv_forward(cx, w, g.ext_a, a.y_ext, cx.p(w.b1), e.sequences, e.length());
   for (int64_t bs = 0; bs < e.sequences; ++bs)
     cx.ops.copy(a.qk + bs * e.tc * e.width, e.chunk_rows(g.ext_a, bs), e.tc * e.width * kF32);
@@ -115,7 +108,6 @@ void conv_backward_context_parallel(Compute& cx, const CcaWeights& w, const CcaA
       cx.ops.copy(e.chunk_rows(dz, bs), g.dqk + bs * e.tc * e.width, e.tc * e.width * kF32);
     }
     grouped_conv_backward(cx, w, g.ext_b, dz, a.y_ext, e.sequences, e.length());
-    zero_halo_before_chunk0(cx.ops, g.ext_b, e, cp);
     float* dc_ext = g.ext_a;
     cx.ops.zero(dc_ext, e.count() * kF32);
     cx.ops.cca_depthwise_conv_backward(dc_ext, cx.g(w.w0), cx.g(w.b0), g.ext_b, a.c_ext, cx.p(w.w0),
@@ -275,8 +267,8 @@ void cca_backward(Compute& cx, const CcaWeights& w, const CcaActs& a, AttentionG
       // The QK norm's and the means' gradients, then the convolutions'.
       cx.ops.cca_qk_norm_convs_backward(
           g.dc, cx.g(w.temp), cx.g(w.w0), cx.g(w.b0), cx.g(w.w1), cx.g(w.b1), g.dqk, g.dy, ga.dq,
-          ga.dk, a.qk, a.rnorm, cx.p(w.temp), a.y, a.c, cx.p(w.w0), cx.p(w.w1), B, T, Hq, Hk, d,
-          c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
+          ga.dk, a.qk, a.rnorm, cx.p(w.temp), a.y, a.c, cx.p(w.w0), cx.p(w.b0), cx.p(w.w1), B, T,
+          Hq, Hk, d, c.cca_kernel_depthwise, c.cca_kernel_grouped, cx.precision);
     }
   }
   if (cx.context_parallel) conv_backward_context_parallel(cx, w, a, g, s);

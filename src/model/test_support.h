@@ -1,4 +1,4 @@
-// Shared helpers of the whole-model tests (model_test.cpp, zaya_test.cpp).
+// Shared helpers of the whole-model tests (model_test.cpp, zaya_test.cpp, model_mpitest.cpp).
 #pragma once
 #include <gtest/gtest.h>
 
@@ -52,6 +52,20 @@ struct Batch {
 };
 
 // n random input and target ids below the config's vocabulary.
+// Perturbs every constant-initialized parameter (unit scales, zero biases, unit temperature and
+// EDA gamma) by 0.3·N(0, 1) so that those constants do not hide a wrong gradient that happens
+// to vanish there, or a bias read where zero was (the CCA's depthwise bias before a sequence).
+inline void randomize_scalars(Model& model, uint64_t seed) {
+  Rng rng(seed);
+  for (const auto& p : model.table().params()) {
+    if (p.init != ParamInit::constant) continue;
+    float* w = model.params() + p.offset;
+    for (int64_t i = 0; i < p.numel; ++i)
+      w[i] = static_cast<float>(p.init_value + 0.3 * rng.normal());
+  }
+  model.sync_weights();
+}
+
 inline Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
   Rng rng(seed);
   Batch b;

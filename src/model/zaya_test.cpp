@@ -38,18 +38,7 @@ ModelConfig tiny_zaya(int64_t layers = 3) {
 using testing::Batch;
 using testing::random_batch;
 
-// Perturbs every parameter a little so that initial constants (unit scales, zero biases,
-// unit temperature and EDA gamma) do not hide a wrong gradient that happens to vanish there.
-void randomize_scalars(Model& model, uint64_t seed) {
-  Rng rng(seed);
-  for (const auto& p : model.table().params()) {
-    if (p.init != ParamInit::constant) continue;
-    float* w = model.params() + p.offset;
-    for (int64_t i = 0; i < p.numel; ++i)
-      w[i] = static_cast<float>(p.init_value + 0.3 * rng.normal());
-  }
-  model.sync_weights();
-}
+using testing::randomize_scalars;
 
 // The expert choice is piecewise constant; the perturbations are far too small to flip it.
 void check_gradients(const ModelConfig& c) {
