@@ -22,8 +22,9 @@ ModelConfig parse_model_config(const json& obj, const std::string& where) {
   ConfigReader r(obj, where, "model.");
   r.get_choice<Arch>("arch", c.arch, {{"moe", Arch::moe}, {"zaya1", Arch::zaya1}});
   if (c.is_zaya()) {
-    // The ZAYA1 router gates with the unbiased, unnormalized probability and balances with
-    // its bias, not an auxiliary loss.
+    // The ZAYA1 router chooses one class, the argmax (spec §3), gates with its unbiased,
+    // unnormalized probability and balances with its bias, not an auxiliary loss.
+    c.top_k = 1;
     c.norm_topk_prob = false;
     c.aux_loss_coef = 0.0;
     c.rope_fraction = 0.5;

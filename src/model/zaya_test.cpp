@@ -322,6 +322,17 @@ TEST(Zaya, ParamTableHasZayaNamesAndFusedPairs) {
   EXPECT_EQ(t.get("model.layers.0.self_attn.qk_norm.temp").init_value, 1.0);
 }
 
+// A config that names only the architecture gets ZAYA1's own router settings.
+TEST(Zaya, ArchitectureDefaultsAreZaya1s) {
+  const ModelConfig c = parse_model_config(json{{"arch", "zaya1"}}, "t.json");
+  EXPECT_EQ(c.top_k, 1);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.aux_loss_coef, 0.0);
+  EXPECT_EQ(c.rope_fraction, 0.5);
+  EXPECT_EQ(parse_model_config(json{{"arch", "moe"}}, "t.json").top_k, 2);
+  EXPECT_EQ(parse_model_config(json{{"arch", "zaya1"}, {"top_k", 2}}, "t.json").top_k, 2);
+}
+
 TEST(Zaya, RejectsBadConfigs) {
   json j = to_json(tiny_zaya());
   j["skip_passes_input"] = true;
