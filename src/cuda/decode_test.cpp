@@ -281,45 +281,49 @@ TEST(GpuDecode, AddIsTheSum) {
 }
 
 // Four rows of one step: rows 0–2 successive tokens of sequence A, row 3 of sequence B, from
-// random (not zero) states; two steps, so that the second starts from the first's states.
+// random states and from zero ones (sequences' starts, where both read b0 before position 0);
+// two steps, so that the second starts from the first's states.
 TEST(GpuDecode, CcaConvAndValueShiftMatchTheCpuWithRowsSharingAState) {
   SKIP_WITHOUT_GPU();
   const int64_t rows = 4;
   uint64_t seed = 200;
-  for (auto [t0, t1] : {std::pair<int64_t, int64_t>{2, 2}, {3, 3}, {1, 2}}) {
-    const ops::CcaDims dims{4, 2, 5, t0, t1};
-    const int64_t ch = dims.channels(), half = dims.value_half(),
-                  floats = ops::decode_state_floats(dims);
-    const auto w0 = randn(ch * t0, seed++), b0 = randn(ch, seed++),
-               w1 = randn(ch * dims.d * t1, seed++), b1 = randn(ch, seed++);
-    std::vector<float> states = randn(2 * floats, seed++);
-    const std::vector<float*> cpu_states = {states.data(), states.data(), states.data(),
-                                            states.data() + floats};
-    auto gw0 = to_device(w0), gb0 = to_device(b0), gw1 = to_device(w1), gb1 = to_device(b1),
-         gstates = to_device(states);
-    float* const gbase = gstates.as<float>();
-    auto gstate_rows = to_device(std::vector<float*>{gbase, gbase, gbase, gbase + floats});
-    for (int step = 0; step < 2; ++step) {
-      const auto c_new = randn(rows * ch, seed++), v0 = randn(rows * 2 * half, seed++);
-      std::vector<float> qk(rows * ch), v = v0;
-      ops::cca_conv_decode(qk.data(), dims, cpu_states.data(), rows, c_new.data(), w0.data(),
-                           b0.data(), w1.data(), b1.data());
-      ops::cca_value_shift_decode(v.data(), dims, cpu_states.data(), rows);
+  for (bool zero_start : {false, true})
+    for (auto [t0, t1] : {std::pair<int64_t, int64_t>{2, 2}, {3, 3}, {1, 2}}) {
+      SCOPED_TRACE(::testing::Message() << "t0 " << t0 << " t1 " << t1 << " zero " << zero_start);
+      const ops::CcaDims dims{4, 2, 5, t0, t1};
+      const int64_t ch = dims.channels(), half = dims.value_half(),
+                    floats = ops::decode_state_floats(dims);
+      const auto w0 = randn(ch * t0, seed++), b0 = randn(ch, seed++),
+                 w1 = randn(ch * dims.d * t1, seed++), b1 = randn(ch, seed++);
+      std::vector<float> states = randn(2 * floats, seed++);
+      if (zero_start) std::fill(states.begin(), states.end(), 0.0f);
+      const std::vector<float*> cpu_states = {states.data(), states.data(), states.data(),
+                                              states.data() + floats};
+      auto gw0 = to_device(w0), gb0 = to_device(b0), gw1 = to_device(w1), gb1 = to_device(b1),
+           gstates = to_device(states);
+      float* const gbase = gstates.as<float>();
+      auto gstate_rows = to_device(std::vector<float*>{gbase, gbase, gbase, gbase + floats});
+      for (int step = 0; step < 2; ++step) {
+        const auto c_new = randn(rows * ch, seed++), v0 = randn(rows * 2 * half, seed++);
+        std::vector<float> qk(rows * ch), v = v0;
+        ops::cca_conv_decode(qk.data(), dims, cpu_states.data(), rows, c_new.data(), w0.data(),
+                             b0.data(), w1.data(), b1.data());
+        ops::cca_value_shift_decode(v.data(), dims, cpu_states.data(), rows);
 
-      auto gc = to_device(c_new), gv = to_device(v0);
-      auto gqk = poisoned(rows * ch), window = poisoned(rows * ch * t1);
-      gpu::ops::cca_conv_decode(gqk.as<float>(), window.as<float>(), gstate_rows.as<float*>(),
-                                rows, dims.hq, dims.hk, dims.d, t0, t1, gc.as<float>(),
-                                gw0.as<float>(), gb0.as<float>(), gw1.as<float>(),
-                                gb1.as<float>());
-      gpu::ops::cca_value_shift_decode(gv.as<float>(), gstate_rows.as<float*>(), rows, dims.hq,
-                                       dims.hk, dims.d, t0, t1);
-      expect_close(to_host(gqk, rows * ch), qk, 1e-5, rms(qk), "qk");
-      EXPECT_EQ(to_host(gv, rows * 2 * half), v);  // swaps: exact
-      // c_hist and v_prev are copies, y_hist the depthwise sums.
-      expect_close(to_host(gstates, 2 * floats), states, 1e-5, rms(states), "states");
+        auto gc = to_device(c_new), gv = to_device(v0);
+        auto gqk = poisoned(rows * ch), window = poisoned(rows * ch * t1);
+        gpu::ops::cca_conv_decode(gqk.as<float>(), window.as<float>(), gstate_rows.as<float*>(),
+                                  rows, dims.hq, dims.hk, dims.d, t0, t1, gc.as<float>(),
+                                  gw0.as<float>(), gb0.as<float>(), gw1.as<float>(),
+                                  gb1.as<float>());
+        gpu::ops::cca_value_shift_decode(gv.as<float>(), gstate_rows.as<float*>(), rows, dims.hq,
+                                         dims.hk, dims.d, t0, t1);
+        expect_close(to_host(gqk, rows * ch), qk, 1e-5, rms(qk), "qk");
+        EXPECT_EQ(to_host(gv, rows * 2 * half), v);  // swaps: exact
+        // c_hist and v_prev are copies, y_hist the depthwise sums.
+        expect_close(to_host(gstates, 2 * floats), states, 1e-5, rms(states), "states");
+      }
     }
-  }
 }
 
 // The grouped attention's work plan (host code, tested in every build): each row's positions

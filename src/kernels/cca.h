@@ -56,7 +56,7 @@
 //   rope_apply(dq, …, inverse = true); rope_apply(dk, …, inverse = true)
 //   cca_qk_norm_backward(dqk, dtemp, dq, dk, qk, rnorm, temp, N, Hq, Hk, d)
 //   cca_means_backward(dc, dqk, N, Hq, Hk, d)
-//   cca_grouped_conv_backward(dy, dw1, db1, db0, dqk, y, w1, B, T, G, d, t1)
+//   cca_grouped_conv_backward(dy, dw1, db1, db0, dqk, y, w1, b0, B, T, G, d, t1)
 //   cca_depthwise_conv_backward(dc, dw0, db0, dy, c, w0, B, T, C, t0)
 //   dWq += dc[:, :Hq·d]^T·x, dWk += dc[:, Hq·d:]^T·x, dx += dc·[Wq; Wk]          GEMMs
 //

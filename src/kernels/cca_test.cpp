@@ -941,10 +941,12 @@ void check_decode(const CcaDims& dims, int64_t prefill, double tolerance) {
 TEST(CcaDecode, TokenByTokenReproducesTheFullSequence) {
   const CcaDims zaya_like{.hq = 4, .hk = 2, .d = 16, .t0 = 2, .t1 = 2};
   const CcaDims wide{.hq = 2, .hk = 1, .d = 36, .t0 = 3, .t1 = 2};  // tile + tail, longer window
-  for (const auto& dims : {zaya_like, wide})
+  // Two positions before the sequence in the grouped window; prefill 1 leaves one of them.
+  const CcaDims long_grouped{.hq = 2, .hk = 1, .d = 8, .t0 = 2, .t1 = 3};
+  for (const auto& dims : {zaya_like, wide, long_grouped})
     for (int64_t prefill : {0, 1, 4}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "d " << dims.d << " t0 " << dims.t0 << " prefill " << prefill);
+      SCOPED_TRACE(::testing::Message() << "d " << dims.d << " t0 " << dims.t0 << " t1 " << dims.t1
+                                        << " prefill " << prefill);
       check_decode<double>(dims, prefill, 1e-13);
       check_decode<float>(dims, prefill, 2e-6);
     }

@@ -51,7 +51,6 @@ struct Batch {
   std::vector<int32_t> inputs, targets;
 };
 
-// n random input and target ids below the config's vocabulary.
 // Perturbs every constant-initialized parameter (unit scales, zero biases, unit temperature and
 // EDA gamma) by 0.3·N(0, 1) so that those constants do not hide a wrong gradient that happens
 // to vanish there, or a bias read where zero was (the CCA's depthwise bias before a sequence).
@@ -66,6 +65,7 @@ inline void randomize_scalars(Model& model, uint64_t seed) {
   model.sync_weights();
 }
 
+// n random input and target ids below the config's vocabulary.
 inline Batch random_batch(const ModelConfig& c, int64_t n, uint64_t seed) {
   Rng rng(seed);
   Batch b;
