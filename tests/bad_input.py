@@ -417,6 +417,7 @@ CASES = [
     Case("checkpoint: synthetic-data run resumed on a dataset", "train -c tiny.json --resume --steps 4", [edit_json(CK + "/metadata.json", "trainer_state.data_cursor", delete=True), resign()], [CK, "synthetic data", "'ds'"], hint="--synthetic-data"),
     Case("checkpoint: export without --hf", "ckpt export " + CK, [], [CK, "no output directory"], hint="--hf"),
     Case("checkpoint: export into a non-empty directory", "ckpt export " + CK + " --hf hf", [write("hf/README", "mine")], ["'hf' is not empty"]),
+    Case("checkpoint: export under a file", "ckpt export " + CK + " --hf afile/sub/hf", [write("afile", "mine")], ["'afile' is not a directory"]),
 
     # -- hardware profiles --
     Case("profile: missing file", "plan --profile nope/profile.json --config tiny.json", [], ["nope/profile.json"]),

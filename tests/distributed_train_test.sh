@@ -278,4 +278,12 @@ else
   else bad "killed rank: exit $rc, or no rank named:"; cat killed.log; fi
 fi
 
+# ---- a command that runs as one process, started as several ranks, is refused ----
+timeout 60 "${MPIRUN[@]}" -np 2 "$FOUNDRY" model info --config moe.json >ranks.log 2>&1
+rc=$?
+[ $rc -ne 0 ] && [ "$(grep -c 'foundry model runs as one process, but the MPI launcher started 2 ranks' ranks.log)" = 2 ] \
+  && ! grep -q "parameters" ranks.log \
+  && ok "mpirun -np 2 foundry model info: refused on both ranks before any work" \
+  || { bad "model info under mpirun -np 2 (exit $rc)"; cat ranks.log; }
+
 finish

@@ -62,6 +62,14 @@ PY
   || bad "latest is '$(cat straight/checkpoints/latest 2>/dev/null)'"
 n=$(ls -d straight/checkpoints/step_* | wc -l)
 [ "$n" = 2 ] && ok "keep_checkpoints=2 keeps 2" || bad "kept $n checkpoints"
+# The checkpoint `latest` names is gone: the resume says so once and takes the one before.
+cp -r straight gone && rm -r gone/checkpoints/step_00000012
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=gone -q --resume \
+  >gone.log 2>&1
+[ "$(grep -c 'skipping checkpoint .*step_00000012 named by' gone.log)" = 1 ] \
+  && grep -q "resumed from .*step_00000008" gone.log \
+  && ok "a missing latest checkpoint: one warning, the one before resumed" \
+  || { bad "missing latest checkpoint"; cat gone.log; }
 
 # ---- train.checkpoint_at_end=false: a completed run ends without the final checkpoint ----
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=noend -q \

@@ -5,11 +5,12 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <set>
 
 #include "base/error.h"
@@ -249,6 +250,19 @@ std::vector<CheckpointDir> list_checkpoint_dirs(const std::string& run_dir) {
   return dirs;
 }
 
+namespace {
+
+// A resume looks for the latest checkpoint more than once (the in-memory tier, then the
+// checkpointer): each skipped checkpoint is reported once per process.
+void warn_once(const std::string& message) {
+  static std::mutex mutex;
+  static std::set<std::string> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (said.insert(message).second) warn(message);
+}
+
+}  // namespace
+
 std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   const std::string root = checkpoints_root(run_dir);
   const std::string latest_path = join(root, kLatestFile);
@@ -257,15 +271,18 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
     std::string name = read_text_file(latest_path);
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
     if (!parse_checkpoint_dir_name(name)) {
-      warn(fmt::format("{} holds '{}', which is not a checkpoint name; looking for checkpoints",
-                       latest_path, name));
+      warn_once(
+          fmt::format("{} holds '{}', which is not a checkpoint name; looking for "
+                      "checkpoints",
+                      latest_path, name));
     } else {
       const std::string dir = join(root, name);
       try {
         verify_checkpoint(dir);
         return dir;
       } catch (const Error& e) {
-        warn(fmt::format("skipping checkpoint {} named by {}: {}", dir, latest_path, e.what()));
+        warn_once(
+            fmt::format("skipping checkpoint {} named by {}: {}", dir, latest_path, e.what()));
         tried = dir;
       }
     }
@@ -277,7 +294,7 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
       verify_checkpoint(it->path);
       return it->path;
     } catch (const Error& e) {
-      warn(fmt::format("skipping invalid checkpoint {}: {}", it->path, e.what()));
+      warn_once(fmt::format("skipping invalid checkpoint {}: {}", it->path, e.what()));
     }
   }
   return std::nullopt;

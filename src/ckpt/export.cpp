@@ -106,6 +106,15 @@ FileDigest write_model_file(const std::string& path, const std::string& dir, int
 
 void check_out_dir(const std::string& out) {
   std::error_code ec;
+  // The export is staged beside `out`, missing parents made: the nearest existing one must be
+  // a directory.
+  for (fs::path p = fs::path(out).parent_path(); !p.empty(); p = p.parent_path()) {
+    if (!fs::exists(p, ec)) continue;
+    if (!fs::is_directory(p, ec))
+      fail(fmt::format("cannot export into '{}': '{}' is not a directory", out, p.string()),
+           "export into a new or empty directory under a directory");
+    break;
+  }
   if (!fs::exists(out, ec)) return;
   if (!fs::is_directory(out, ec))
     fail(fmt::format("export directory '{}' exists and is not a directory", out),

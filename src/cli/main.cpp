@@ -1,11 +1,14 @@
 // foundry: pretraining mixture-of-experts language models on the hardware at hand.
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <string>
 
 #include "base/error.h"
 #include "base/exit_codes.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
+#include "comm/launch.h"
 #include "kernels/gemm.h"
 
 namespace foundry::cli {
@@ -14,6 +17,30 @@ int g_exit_code = kExitFinished;
 }
 void set_exit_code(int code) { g_exit_code = code; }
 int exit_code() { return g_exit_code; }
+
+namespace {
+
+// Only train and bench run as several ranks. Any other command started as one of N > 1 ranks
+// (mpirun -np N foundry generate ...) would do the whole job N times over, writing the same
+// files at once: it is refused before it starts.
+void refuse_many_ranks(int argc, char** argv) {
+  const int ranks = launched_world_size();
+  if (ranks <= 1) return;
+  const char* command = nullptr;  // the subcommand: the first argument that is not an option
+  for (int i = 1; i < argc && !command; ++i)
+    if (argv[i][0] != '-') command = argv[i];
+  if (!command || !std::strcmp(command, "train") || !std::strcmp(command, "bench")) return;
+  fail(std::string("foundry ") + command + " runs as one process, but the MPI launcher started " +
+           std::to_string(ranks) +
+           " ranks of it: each would do the whole job and write the "
+           "same files",
+       std::string("run it without mpirun; only `foundry train` and `foundry bench` run as "
+                   "several ranks") +
+           (std::strcmp(command, "launch") ? ""
+                                           : " (`foundry launch --np N` starts mpirun itself)"));
+}
+
+}  // namespace
 }  // namespace foundry::cli
 
 int main(int argc, char** argv) {
@@ -31,6 +58,7 @@ int main(int argc, char** argv) {
   foundry::set_command_line(argc, argv);
   try {
     foundry::gemm_rows_mode();  // a bad FOUNDRY_GEMM_ROWS fails before any command starts
+    foundry::cli::refuse_many_ranks(argc, argv);
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error naming the option

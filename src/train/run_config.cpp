@@ -177,12 +177,18 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
 void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
                        const std::string& ranks_from) {
   const TrainConfig& tc = rc.train;
+  // How to get `multiple` × k ranks: mpirun's -np for this job, else the launcher's flag that
+  // set the count (ranks_from: "--np 3", "--restart-np 1").
+  auto more_ranks = [&](int64_t multiple, const char* key) {
+    const std::string how = ranks_from == "this job"
+                                ? std::string("run under mpirun -np N")
+                                : "pass " + ranks_from.substr(0, ranks_from.find(' ')) + " N";
+    return fmt::format("{} with N a multiple of {}, or set {}=1", how, multiple, key);
+  };
   if (tc.context_parallel > 1 && (!mpi || ranks % tc.context_parallel != 0))
     fail(fmt::format("train.context_parallel = {} needs a multiple of {} MPI ranks, but {} has {}",
                      tc.context_parallel, tc.context_parallel, ranks_from, ranks),
-         fmt::format("run under mpirun -np N with N a multiple of {}, or set "
-                     "train.context_parallel=1",
-                     tc.context_parallel));
+         more_ranks(tc.context_parallel, "train.context_parallel"));
   // Context-parallel groups share their sequences: the batch splits over the groups.
   const int64_t groups = ranks / tc.context_parallel;
   if (tc.batch_size % groups != 0)
@@ -199,9 +205,7 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
     fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but {} is one "
                      "process",
                      tc.expert_parallel, ranks_from),
-         fmt::format(
-             "run under mpirun -np N with N a multiple of {}, or set train.expert_parallel=1",
-             tc.expert_parallel));
+         more_ranks(tc.expert_parallel, "train.expert_parallel"));
   if (ranks % tc.expert_parallel != 0)
     fail(fmt::format("train.expert_parallel = {} does not divide the {} ranks of {}",
                      tc.expert_parallel, ranks, ranks_from),
