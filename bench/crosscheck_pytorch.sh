@@ -17,8 +17,8 @@
 #     so the checkpoint holds the unchanged weights and AdamW's exp_avg = (1 - beta1) * grad.
 #     PyTorch recomputes the same synthetic batch (Foundry's RNG, reimplemented), and compares
 #     loss, CE, aux loss, the global gradient norm (metrics.jsonl) and every gradient tensor
-#     element-wise. Done at initialization and again from the trained checkpoint of A
-#     (resumed for one lr = 0 step, exp_avg differenced against the previous checkpoint).
+#     element-wise. Done at initialization and again after 3 training steps (resumed for one
+#     lr = 0 step, exp_avg differenced against the previous checkpoint).
 # Needs: build/foundry, /usr/bin/python3 with python3-torch (Debian).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -136,12 +136,12 @@ compare "val CE, foundry eval (4 decimals)" "$(echo "$eval_line" | awk '{print $
 
 echo "== B. loss and gradients on a synthetic batch (lr = 0 step) =="
 fresh_grad_check init "$work/tiny.json"
-mkdir -p "$work/resumed/checkpoints"
-cp -r "$ckpt3" "$work/resumed/checkpoints/"
-cp "$work/run/checkpoints/latest" "$work/resumed/checkpoints/"
-foundry train --config "$work/tiny.json" --synthetic-data --resume --steps 4 -q \
+# Trained weights: 3 steps on random tokens (a run on the dataset resumes only on it), then
+# one lr = 0 step, exp_avg differenced against step 3's.
+foundry train --config "$work/tiny.json" --synthetic-data -q --set train.run_dir="$work/resumed"
+foundry train --config "$work/tiny.json" --synthetic-data --resume --steps 4 -q --allow-config-change \
   --set train.lr=0 train.grad_clip=0 train.run_dir="$work/resumed"
-grad_check trained "$work/tiny.json" "$work/resumed" 4 "$ckpt3"
+grad_check trained "$work/tiny.json" "$work/resumed" 4 "$work/resumed/checkpoints/step_00000003"
 
 if [ "${FULL:-0}" = 1 ]; then
   echo "== C. variants (from initialization) =="

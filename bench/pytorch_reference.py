@@ -324,8 +324,37 @@ def read_safetensors(path):
     return tensors
 
 
+def read_checkpoint_v2(ckpt_dir):
+    """Every tensor of a format-2 checkpoint (docs/formats.md: metadata.json's pieces, boxes of
+    row-major F32 in the rank files), parameters and optimizer moments ("NAME.exp_avg")."""
+    with open(os.path.join(ckpt_dir, "metadata.json")) as f:
+        meta = json.load(f)
+    if meta.get("format_version") != 2:
+        sys.exit(f"error: {ckpt_dir}: checkpoint format {meta.get('format_version')}, not 2")
+    files = [np.fromfile(os.path.join(ckpt_dir, f["name"]), dtype=np.uint8) for f in meta["files"]]
+    tensors = {name: np.zeros(t["shape"], dtype=np.float32) for name, t in meta["tensors"].items()}
+    for p in meta["pieces"]:
+        raw = files[p["file"]][p["byte_offset"]:p["byte_offset"] + p["byte_length"]]
+        box = raw.view("<f4").reshape(p["lengths"])
+        where = tuple(slice(o, o + n) for o, n in zip(p["offsets"], p["lengths"]))
+        tensors[p["tensor"]][where] = box
+    return meta, tensors
+
+
+def checkpoint_tensors(ckpt_dir):
+    """(parameters, optimizer moments) of a checkpoint of either format: name -> array, and
+    "NAME.exp_avg"/"NAME.exp_avg_sq" -> array (format 1: optimizer.safetensors)."""
+    if os.path.exists(os.path.join(ckpt_dir, "metadata.json")):
+        _, tensors = read_checkpoint_v2(ckpt_dir)
+        moments = {n: t for n, t in tensors.items() if n.endswith((".exp_avg", ".exp_avg_sq"))}
+        return {n: t for n, t in tensors.items() if n not in moments}, moments
+    params = read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
+    optimizer = os.path.join(ckpt_dir, "optimizer.safetensors")
+    return params, read_safetensors(optimizer) if os.path.exists(optimizer) else {}
+
+
 def load_foundry_checkpoint(model, ckpt_dir):
-    tensors = read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
+    tensors, _ = checkpoint_tensors(ckpt_dir)
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(tensors))
     unexpected = sorted(set(tensors) - set(params))
@@ -580,9 +609,8 @@ def cmd_check(args):
         b1 = np.float64(np.float32(t.beta1))
         c1 = np.float64(np.float32(1.0 - t.beta1))
         ulp = 2.0 ** -23
-        m_now = read_safetensors(os.path.join(args.checkpoint, "optimizer.safetensors"))
-        m_prev = read_safetensors(os.path.join(args.adam_prev, "optimizer.safetensors")) \
-            if args.adam_prev else None
+        m_now = checkpoint_tensors(args.checkpoint)[1]
+        m_prev = checkpoint_tensors(args.adam_prev)[1] if args.adam_prev else None
         errs, raw = {}, {}
         for n, p in params.items():
             cur = m_now[n + ".exp_avg"].astype(np.float64)
@@ -625,7 +653,8 @@ def main():
 
     c = sub.add_parser("check", help="loss and gradients of a Foundry checkpoint on one batch")
     common(c)
-    c.add_argument("--checkpoint", required=True, help="checkpoint dir (holds model.safetensors)")
+    c.add_argument("--checkpoint", required=True,
+                   help="checkpoint dir (format 2 or 1), or a `foundry ckpt export --hf` dir")
     c.add_argument("--tokens", required=True, help='JSON {"inputs": [[...]], "targets": [[...]]}')
     c.add_argument("--dtype", choices=["fp32", "fp64"], default="fp32")
     c.add_argument("--threads", type=int, default=2)
