@@ -19,6 +19,8 @@
 #     loss, CE, aux loss, the global gradient norm (metrics.jsonl) and every gradient tensor
 #     element-wise. Done at initialization and again after 3 training steps (resumed for one
 #     lr = 0 step, exp_avg differenced against the previous checkpoint).
+#  D. A and B for a ZAYA1 config (3 layers); FULL=1 adds ZAYA1 variants (E). A step routes
+#     with the balancing biases it started from (check --router-biases).
 # Needs: build/foundry, /usr/bin/python3 with python3-torch (Debian).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -92,8 +94,11 @@ grad_check() {
   ckpt="$run/checkpoints/$(printf 'step_%08d' "$step")"
   out="$work/check-$label.json"
   "$PY" "$REF" tokens --config "$cfg" "$@" --synthetic-step "$step" --out "$work/tokens-$label.json"
+  # ZAYA1 routes a step with the balancing biases it started from: the initial ones, or the
+  # previous checkpoint's (the checkpoint holds those after the step's update).
   "$PY" "$REF" check --config "$cfg" "$@" --checkpoint "$ckpt" --tokens "$work/tokens-$label.json" \
-    --compare-adam-grads ${prev:+--adam-prev "$prev"} --compact >"$out"
+    --compare-adam-grads ${prev:+--adam-prev "$prev"} --router-biases "${prev:-initial}" \
+    --compact >"$out"
   compare "[$label] CE loss" "$(last_metric "$run/metrics.jsonl" loss)" "$(jget "$out" ce_loss)"
   compare "[$label] aux loss" "$(last_metric "$run/metrics.jsonl" aux_loss)" "$(jget "$out" aux_loss)"
   compare "[$label] global grad norm" "$(last_metric "$run/metrics.jsonl" grad_norm)" "$(jget "$out" grad_norm)"
@@ -123,25 +128,49 @@ fresh_grad_check() {
   grad_check "$label" "$cfg" "$work/$label" 1 "" --set "${sets[@]}"
 }
 
+# val_check LABEL CONFIG: A. a 3-step run on the dataset, then the val batch's CE at its final
+# checkpoint against metrics.jsonl's val_loss and foundry eval's.
+val_check() {
+  local label="$1" cfg="$2" run="$work/val-$1" eval_line pt_ce
+  foundry train --config "$cfg" -q --set train.run_dir="$run"
+  eval_line=$("$FOUNDRY" eval --config "$cfg" --set train.run_dir="$run" --batches 1 | grep '^val loss')
+  "$PY" "$REF" tokens --config "$cfg" --val-data "$work/data" --out "$work/val-$label.json"
+  "$PY" "$REF" check --config "$cfg" --checkpoint "$run/checkpoints/step_00000003" \
+    --tokens "$work/val-$label.json" --compact >"$work/check-val-$label.json"
+  pt_ce=$(jget "$work/check-val-$label.json" ce_loss)
+  compare "[$label] val CE, metrics.jsonl val_loss" "$(last_metric "$run/metrics.jsonl" val_loss)" "$pt_ce"
+  compare "[$label] val CE, foundry eval (4 decimals)" "$(echo "$eval_line" | awk '{print $3}')" "$pt_ce" 5e-5
+}
+
+# trained_grad_check LABEL CONFIG: B. 3 steps on random tokens (a run on the dataset resumes
+# only on it), then one lr = 0 step, exp_avg differenced against step 3's.
+trained_grad_check() {
+  local label="$1" cfg="$2" run="$work/trained-$1"
+  foundry train --config "$cfg" --synthetic-data -q --set train.run_dir="$run"
+  foundry train --config "$cfg" --synthetic-data --resume --steps 4 -q --allow-config-change \
+    --set train.lr=0 train.grad_clip=0 train.run_dir="$run"
+  grad_check "$label" "$cfg" "$run" 4 "$run/checkpoints/step_00000003"
+}
+
 echo "== A. forward on a prepared dataset (val batch, trained checkpoint) =="
-foundry train --config "$work/tiny.json" -q
-ckpt3="$work/run/checkpoints/step_00000003"
-eval_line=$("$FOUNDRY" eval --config "$work/tiny.json" --batches 1 | grep '^val loss')
-"$PY" "$REF" tokens --config "$work/tiny.json" --val-data "$work/data" --out "$work/val.json"
-"$PY" "$REF" check --config "$work/tiny.json" --checkpoint "$ckpt3" --tokens "$work/val.json" \
-  --compact >"$work/check-val.json"
-pt_ce=$(jget "$work/check-val.json" ce_loss)
-compare "val CE, metrics.jsonl val_loss" "$(last_metric "$work/run/metrics.jsonl" val_loss)" "$pt_ce"
-compare "val CE, foundry eval (4 decimals)" "$(echo "$eval_line" | awk '{print $3}')" "$pt_ce" 5e-5
+val_check moe "$work/tiny.json"
 
 echo "== B. loss and gradients on a synthetic batch (lr = 0 step) =="
 fresh_grad_check init "$work/tiny.json"
-# Trained weights: 3 steps on random tokens (a run on the dataset resumes only on it), then
-# one lr = 0 step, exp_avg differenced against step 3's.
-foundry train --config "$work/tiny.json" --synthetic-data -q --set train.run_dir="$work/resumed"
-foundry train --config "$work/tiny.json" --synthetic-data --resume --steps 4 -q --allow-config-change \
-  --set train.lr=0 train.grad_clip=0 train.run_dir="$work/resumed"
-grad_check trained "$work/tiny.json" "$work/resumed" 4 "$work/resumed/checkpoints/step_00000003"
+trained_grad_check trained "$work/tiny.json"
+
+echo "== D. ZAYA1: the same checks (3 layers: EDA chains over two routers) =="
+"$PY" - "$work/tiny.json" "$work/zaya.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["model"] = {"arch": "zaya1", "vocab_size": 300, "d_model": 64, "n_layers": 3, "n_heads": 4,
+              "n_kv_heads": 2, "head_dim": 16, "n_experts": 4, "ffn_dim": 96,
+              "router_latent_dim": 32, "max_seq_len": 256}
+json.dump(c, open(sys.argv[2], "w"))
+PY
+val_check zaya "$work/zaya.json"
+fresh_grad_check zaya-init "$work/zaya.json"
+trained_grad_check zaya-trained "$work/zaya.json"
 
 if [ "${FULL:-0}" = 1 ]; then
   echo "== C. variants (from initialization) =="
@@ -154,6 +183,20 @@ if [ "${FULL:-0}" = 1 ]; then
     model.n_kv_heads=4 model.head_dim=32 model.ffn_dim=384 model.n_experts=8 \
     train.seq_len=256 train.batch_size=4
   fresh_grad_check moe-bench "$root/configs/moe-bench.json" train.precision=fp32
+  echo "== E. ZAYA1 variants (from initialization) =="
+  fresh_grad_check zaya-kernels-3-3 "$work/zaya.json" model.cca_kernel_depthwise=3 \
+    model.cca_kernel_grouped=3
+  fresh_grad_check zaya-top2-no-eda "$work/zaya.json" model.top_k=2 model.router_eda=false
+  # A skip-class bias that sends some tokens there: its input passes, and the bias ranks
+  # probabilities differently from logits.
+  fresh_grad_check zaya-skip-passes-input "$work/zaya.json" model.skip_passes_input=true \
+    model.skip_bias_init=0.3 model.top_k=2
+  fresh_grad_check zaya-bias-on-probs "$work/zaya.json" model.balance_bias_on=probs \
+    model.skip_bias_init=0.05
+  fresh_grad_check zaya-mha-full-rope "$work/zaya.json" model.n_kv_heads=4 \
+    model.rope_fraction=1.0 model.router_skip_class=false
+  fresh_grad_check zaya-kv1-long "$work/zaya.json" model.n_kv_heads=1 train.seq_len=200 \
+    train.batch_size=3
 fi
 
 if [ "$failures" -gt 0 ]; then

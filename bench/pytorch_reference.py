@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""An independent PyTorch reference of Foundry's standard MoE model ("arch": "moe").
+"""An independent PyTorch reference of Foundry's models: the standard MoE ("arch": "moe") and
+ZAYA1 ("arch": "zaya1", checked, not benchmarked).
 
 Plain eager PyTorch, written from the architecture description (src/model/model.h,
 docs/formats.md), not from Foundry's kernels. Two uses:
@@ -54,7 +55,15 @@ import torch.nn.functional as F
 MODEL_DEFAULTS = dict(
     arch="moe", vocab_size=8192, d_model=512, n_layers=4, n_heads=8, n_kv_heads=8,
     head_dim=64, n_experts=8, top_k=2, ffn_dim=1024, norm_topk_prob=True, aux_loss_coef=0.01,
-    rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=256, init_std=0.02, tie_embeddings=True)
+    rope_theta=10000.0, rms_norm_eps=1e-5, max_seq_len=256, init_std=0.02, tie_embeddings=True,
+    rope_fraction=1.0, qk_norm="none",
+    # arch zaya1 only
+    cca_kernel_depthwise=2, cca_kernel_grouped=2, qk_temperature_init=1.0,
+    router_latent_dim=256, router_eda=True, router_skip_class=True, skip_passes_input=False,
+    router_init_std=0.0, balance_rule="newton", balance_bias_on="logits", balance_bias_lr=0.0,
+    skip_bias_init=-1.0)
+# What arch zaya1 changes of them (src/model/config.cpp).
+ZAYA1_DEFAULTS = dict(top_k=1, norm_topk_prob=False, aux_loss_coef=0.0, rope_fraction=0.5)
 TRAIN_DEFAULTS = dict(
     steps=1000, batch_size=8, seq_len=256, lr=3e-4, min_lr_ratio=0.1, warmup_steps=100,
     schedule="cosine", decay_fraction=0.2, weight_decay=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
@@ -78,14 +87,18 @@ def load_run_config(path, overrides=()):
             pass
         root.setdefault(section, {})[name] = value
     model, train = dict(MODEL_DEFAULTS), dict(TRAIN_DEFAULTS)
+    if root.get("model", {}).get("arch") == "zaya1":
+        model.update(ZAYA1_DEFAULTS)
     for section, target in (("model", model), ("train", train)):
         for k, v in root.get(section, {}).items():
             if k not in target:
                 sys.exit(f"error: {path}: unknown key {section}.{k}")
             target[k] = v
     m = Cfg(model)
-    if m.arch != "moe" or not m.tie_embeddings:
-        sys.exit("error: only arch 'moe' with tied embeddings exists in Foundry")
+    if m.arch not in ("moe", "zaya1") or not m.tie_embeddings:
+        sys.exit("error: Foundry has arch 'moe' and 'zaya1', with tied embeddings")
+    if m.arch == "moe" and (m.qk_norm != "none" or m.rope_fraction != 1.0):
+        sys.exit("error: this reference's standard MoE has no qk_norm and full RoPE")
     assert m.n_heads % m.n_kv_heads == 0 and m.head_dim % 2 == 0 and m.top_k <= m.n_experts
     m["padded_vocab"] = (m.vocab_size + 127) // 128 * 128
     return m, Cfg(train), root.get("data", {})
@@ -106,10 +119,11 @@ class RMSNorm(nn.Module):
         return x * rstd * self.weight
 
 
-def rope_tables(seq, head_dim, theta, dtype):
-    # HF Llama: inv_freq_i = theta^(-2i/d), cos/sin duplicated over both halves. Angles in
-    # float64 (as Foundry computes them) then rounded to the working dtype.
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+def rope_tables(seq, dims, theta, dtype):
+    # HF Llama: inv_freq_i = theta^(-2i/dims) over the rotated dims (all of a head, or ZAYA1's
+    # first rope_fraction of it: HF's partial_rotary_factor), cos/sin duplicated over both
+    # halves. Angles in float64 (as Foundry computes them) then rounded to the working dtype.
+    inv_freq = theta ** (-torch.arange(0, dims, 2, dtype=torch.float64) / dims)
     angles = torch.arange(seq, dtype=torch.float64)[:, None] * inv_freq[None, :]
     emb = torch.cat([angles, angles], dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -297,6 +311,263 @@ class FoundryMoE(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------
+# ZAYA1 (docs/zaya1.md): CCA attention, the ZAYA1 router with EDA, the skip class and the
+# balancing bias, residual scaling. Tensor names as docs/formats.md's ZAYA1 checkpoints.
+#
+#   res = (embed(tokens) + beta_in) * alpha_in
+#   per layer:
+#     h = CCA(RMSNorm(res));                 res = (res + b_r) * a_r + (h + b_h) * a_h
+#     h = MoE(RMSNorm(res), router state);   res = (res + b_r) * a_r + (h + b_h) * a_h
+#   logits = RMSNorm(res) @ embed^T   (padded vocabulary masked to -inf)
+# CCA (x normalized): q0 = x Wq^T, k0 = x Wk^T, c = [q0 || k0]; mq[h] = (q0[h] + k0[h // g]) / 2,
+#   mk[j] = mean of mq over group j; c padded with (t0-1)+(t1-1) zero rows before each
+#   sequence, then the depthwise conv (bias b0) and the grouped conv (bias b1, Hq+Hk groups),
+#   both unpadded; q = conv_q + mq, k = conv_k + mk; q, k scaled to norm sqrt(d)
+#   (|x| = sqrt(sum x^2 + 1e-6)), k times its KV head's temperature; RoPE on the first
+#   rope_fraction of each head; v = [x_t Wv1^T || x_{t-1} Wv2^T] as Hk heads of d; causal
+#   softmax attention (scale 1/sqrt(d), query head h reads KV head h // g); o_proj.
+# MoE (x normalized): r = x Wdown^T + b, r += gamma * r_prev (EDA; no gamma in the first MoE
+#   sublayer); z = out(gelu(fc2(gelu(fc1(RMSNorm_R(r)))))) over E experts (+ the skip class),
+#   p = softmax(z) in fp32; choice = top-k of z + bias (p + bias with balance_bias_on "probs");
+#   y = sum over the chosen experts of p[e] * SwiGLU_e(x); the skip class adds 0 (p_skip * x
+#   with skip_passes_input).
+
+class ResidualScale(nn.Module):
+    """res' = (res + residual_bias) * residual_scale + (h + hidden_states_bias) * hidden_states_scale"""
+
+    def __init__(self, c):
+        super().__init__()
+        self.residual_scale = nn.Parameter(torch.ones(c))
+        self.residual_bias = nn.Parameter(torch.zeros(c))
+        self.hidden_states_scale = nn.Parameter(torch.ones(c))
+        self.hidden_states_bias = nn.Parameter(torch.zeros(c))
+
+    def forward(self, res, h):
+        return ((res + self.residual_bias) * self.residual_scale
+                + (h + self.hidden_states_bias) * self.hidden_states_scale)
+
+
+def rotary_dims(c):
+    return int(c.rope_fraction * c.head_dim + 0.5)
+
+
+def apply_partial_rope(x, cos, sin, dims):  # x [B, H, T, D]; cos, sin [T, dims]
+    if dims == 0:
+        return x
+    rotated, rest = x[..., :dims], x[..., dims:]
+    return torch.cat([rotated * cos + rotate_half(rotated) * sin, rest], dim=-1)
+
+
+def scale_to_sqrt_d(x, d):  # over the last dim: x * sqrt(d) / sqrt(sum x^2 + 1e-6)
+    return x * (math.sqrt(d) / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + 1e-6))
+
+
+class QkvProj(nn.Module):  # self_attn.qkv_proj.*
+    def __init__(self, c):
+        super().__init__()
+        C, Hq, Hk, d = c.d_model, c.n_heads, c.n_kv_heads, c.head_dim
+        packed = (Hq + Hk) * d
+        self.q_proj = nn.Linear(C, Hq * d, bias=False)
+        self.k_proj = nn.Linear(C, Hk * d, bias=False)
+        self.v_proj_current = nn.Linear(C, Hk * d // 2, bias=False)
+        self.v_proj_delayed = nn.Linear(C, Hk * d // 2, bias=False)
+        # PyTorch Conv1d layouts: depthwise [packed, 1, t0], grouped [packed, d, t1]
+        self.conv_qk_depthwise = nn.Conv1d(packed, packed, c.cca_kernel_depthwise,
+                                           groups=packed, bias=True)
+        self.conv_qk_grouped = nn.Conv1d(packed, packed, c.cca_kernel_grouped, groups=Hq + Hk,
+                                         bias=True)
+
+
+class QkNorm(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.temp = nn.Parameter(torch.full((c.n_kv_heads,), float(c.qk_temperature_init)))
+
+
+class Cca(nn.Module):  # self_attn.*
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.qkv_proj = QkvProj(c)
+        self.qk_norm = QkNorm(c)
+        self.o_proj = nn.Linear(c.n_heads * c.head_dim, c.d_model, bias=False)
+
+    def forward(self, x, cos, sin, causal_mask):
+        c, p = self.c, self.qkv_proj
+        B, T, _ = x.shape
+        Hq, Hk, d = c.n_heads, c.n_kv_heads, c.head_dim
+        g = Hq // Hk
+        t0, t1 = c.cca_kernel_depthwise, c.cca_kernel_grouped
+        q0, k0 = p.q_proj(x), p.k_proj(x)
+        mq = (q0.view(B, T, Hq, d) + k0.view(B, T, Hk, d).repeat_interleave(g, dim=2)) / 2
+        mk = mq.view(B, T, Hk, g, d).mean(dim=3)
+        # The two causal convolutions, padded as one pair.
+        packed = F.pad(torch.cat([q0, k0], dim=-1).transpose(1, 2), ((t0 - 1) + (t1 - 1), 0))
+        packed = F.conv1d(packed, p.conv_qk_depthwise.weight, p.conv_qk_depthwise.bias,
+                          groups=packed.shape[1])
+        packed = F.conv1d(packed, p.conv_qk_grouped.weight, p.conv_qk_grouped.bias,
+                          groups=Hq + Hk).transpose(1, 2)
+        q = scale_to_sqrt_d(packed[..., :Hq * d].reshape(B, T, Hq, d) + mq, d)
+        k = scale_to_sqrt_d(packed[..., Hq * d:].reshape(B, T, Hk, d) + mk, d) \
+            * self.qk_norm.temp.view(1, 1, Hk, 1)
+        dims = rotary_dims(c)
+        q = apply_partial_rope(q.transpose(1, 2), cos, sin, dims)
+        k = apply_partial_rope(k.transpose(1, 2), cos, sin, dims)
+        delayed = p.v_proj_delayed(x)
+        delayed = torch.cat([torch.zeros_like(delayed[:, :1]), delayed[:, :-1]], dim=1)
+        v = torch.cat([p.v_proj_current(x), delayed], dim=-1).view(B, T, Hk, d).transpose(1, 2)
+        if g > 1:
+            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        out = torch.softmax(scores.masked_fill(causal_mask, float("-inf")), dim=-1) @ v
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, Hq * d))
+
+
+class RouterMlp(nn.Module):
+    def __init__(self, c, classes):
+        super().__init__()
+        R = c.router_latent_dim
+        self.norm = RMSNorm(R, c.rms_norm_eps)
+        self.fc1 = nn.Linear(R, R, bias=True)
+        self.fc2 = nn.Linear(R, R, bias=True)
+        self.out_proj = nn.Linear(R, classes, bias=False)
+
+
+class ZayaRouter(nn.Module):  # mlp.gate.*
+    def __init__(self, c, classes, eda):
+        super().__init__()
+        self.down_proj = nn.Linear(c.d_model, c.router_latent_dim, bias=True)
+        if eda:
+            self.router_states_scale = nn.Parameter(torch.ones(c.router_latent_dim))  # gamma
+        self.router_mlp = RouterMlp(c, classes)
+
+    def forward(self, x, r_prev):
+        r = self.down_proj(x)
+        if hasattr(self, "router_states_scale") and r_prev is not None:
+            r = r + self.router_states_scale * r_prev
+        mlp = self.router_mlp
+        h = F.gelu(mlp.fc2(F.gelu(mlp.fc1(mlp.norm(r)))))  # exact (erf) GELU
+        work = torch.promote_types(h.dtype, torch.float32)
+        return F.linear(h.to(work), mlp.out_proj.weight.to(work)), r
+
+
+class ZayaExpert(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(c.ffn_dim, c.d_model, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class ZayaMoe(nn.Module):  # mlp.*
+    def __init__(self, c, layer):
+        super().__init__()
+        self.c = c
+        self.classes = c.n_experts + (1 if c.router_skip_class else 0)
+        self.gate = ZayaRouter(c, self.classes, eda=c.router_eda and layer >= 1)
+        self.experts = nn.ModuleList(ZayaExpert(c) for _ in range(c.n_experts))
+        # The balancing bias (no gradient), fp32 as Foundry keeps it: its initial values
+        # until set_balancing_biases.
+        bias = torch.zeros(self.classes, dtype=torch.float32)
+        if c.router_skip_class:
+            bias[-1] = c.skip_bias_init
+        self.register_buffer("balancing_biases", bias, persistent=False)
+
+    def forward(self, x, r_prev):
+        c = self.c
+        B, T, C = x.shape
+        flat = x.reshape(-1, C)
+        z, r = self.gate(flat, r_prev)
+        p = torch.softmax(z, dim=-1)
+        score = z if c.balance_bias_on == "logits" else p
+        _, chosen = torch.topk(score + self.balancing_biases.to(score.dtype), c.top_k, dim=-1)
+        gates = torch.gather(p, 1, chosen).to(x.dtype)  # unbiased, not renormalized
+        counts = torch.bincount(chosen.reshape(-1), minlength=self.classes)
+        out = torch.zeros_like(flat)
+        passing = [(self.experts[e], e) for e in range(c.n_experts)]
+        if c.router_skip_class and c.skip_passes_input:
+            passing.append((lambda rows: rows, c.n_experts))
+        for run, e in passing:
+            token, slot = torch.where(chosen == e)
+            if token.numel():
+                out = out.index_add(0, token, run(flat[token]) * gates[token, slot, None])
+        return out.view(B, T, C), r, counts
+
+
+class ZayaLayer(nn.Module):
+    def __init__(self, c, layer):
+        super().__init__()
+        self.input_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
+        self.self_attn = Cca(c)
+        self.post_attention_residual_scale = ResidualScale(c.d_model)
+        self.post_attention_layernorm = RMSNorm(c.d_model, c.rms_norm_eps)
+        self.mlp = ZayaMoe(c, layer)
+        self.post_mlp_residual_scale = ResidualScale(c.d_model)
+
+
+class ZayaBackbone(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(c.padded_vocab, c.d_model)
+        self.input_hidden_states_scale = nn.Parameter(torch.ones(c.d_model))
+        self.input_hidden_states_bias = nn.Parameter(torch.zeros(c.d_model))
+        self.layers = nn.ModuleList(ZayaLayer(c, i) for i in range(c.n_layers))
+        self.norm = RMSNorm(c.d_model, c.rms_norm_eps)
+
+
+class FoundryZaya1(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.model = ZayaBackbone(c)
+
+    def set_balancing_biases(self, biases):
+        """One vector of router classes per MoE sublayer, in layer order."""
+        layers = self.model.layers
+        if len(biases) != len(layers):
+            sys.exit(f"error: {len(biases)} balancing-bias vectors for {len(layers)} MoE sublayers")
+        for layer, b in zip(layers, biases):
+            t = torch.as_tensor(np.asarray(b, dtype=np.float32))
+            if t.shape != layer.mlp.balancing_biases.shape:
+                sys.exit(f"error: a balancing bias of shape {tuple(t.shape)}, expected "
+                         f"{tuple(layer.mlp.balancing_biases.shape)}")
+            layer.mlp.balancing_biases.copy_(t)
+
+    def forward(self, inputs, targets=None):
+        """inputs, targets [B, T] int64. Returns dict(logits, loss, ce_loss, aux_loss = 0,
+        expert_counts: per layer, the choices per router class, the skip class last)."""
+        m, c = self.model, self.c
+        B, T = inputs.shape
+        dtype = m.embed_tokens.weight.dtype
+        cos, sin = rope_tables(T, rotary_dims(c), c.rope_theta, dtype)
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        res = (m.embed_tokens(inputs) + m.input_hidden_states_bias) * m.input_hidden_states_scale
+        r_prev, expert_counts = None, []
+        for layer in m.layers:
+            h = layer.self_attn(layer.input_layernorm(res), cos, sin, mask)
+            res = layer.post_attention_residual_scale(res, h)
+            h, r_prev, counts = layer.mlp(layer.post_attention_layernorm(res), r_prev)
+            res = layer.post_mlp_residual_scale(res, h)
+            expert_counts.append(counts.tolist())
+        logits = m.norm(res) @ m.embed_tokens.weight.t()
+        if c.padded_vocab > c.vocab_size:
+            logits = logits.masked_fill(torch.arange(c.padded_vocab) >= c.vocab_size, float("-inf"))
+        out = {"logits": logits, "expert_counts": expert_counts}
+        if targets is not None:
+            work = torch.promote_types(logits.dtype, torch.float32)
+            ce = F.cross_entropy(logits.reshape(-1, c.padded_vocab).to(work), targets.reshape(-1))
+            out.update(ce_loss=ce, aux_loss=torch.zeros((), dtype=ce.dtype), loss=ce)
+        return out
+
+
+def make_model(c):
+    return FoundryZaya1(c) if c.arch == "zaya1" else FoundryMoE(c)
+
+
+# ----------------------------------------------------------------------------------------
 # safetensors, read by hand: u64 LE header length, JSON header, raw little-endian data.
 
 SAFETENSORS_DTYPES = {"F32": np.float32, "F64": np.float64, "F16": np.float16,
@@ -353,8 +624,36 @@ def checkpoint_tensors(ckpt_dir):
     return params, read_safetensors(optimizer) if os.path.exists(optimizer) else {}
 
 
-def load_foundry_checkpoint(model, ckpt_dir):
+def saved_balancing_biases(ckpt_dir, tensors):
+    """ZAYA1's balancing biases as the checkpoint saved them (eval and generate route with
+    these): format 2's trainer state, or an export's mlp.gate.balancing_biases tensors."""
+    meta_path = os.path.join(ckpt_dir, "metadata.json")
+    if os.path.exists(meta_path):
+        with open(meta_path) as f:
+            state = json.load(f).get("trainer_state", {})
+        if "router_balancers" not in state:
+            sys.exit(f"error: {meta_path}: no trainer_state.router_balancers")
+        return [b["bias"] for b in state["router_balancers"]]
+    names = sorted((n for n in tensors if n.endswith(".mlp.gate.balancing_biases")),
+                   key=lambda n: int(n.split(".")[2]))
+    if not names:
+        sys.exit(f"error: {ckpt_dir}: no balancing biases (format 2 or an export is needed)")
+    return [tensors[n] for n in names]
+
+
+def load_foundry_checkpoint(model, ckpt_dir, router_biases="checkpoint"):
+    """Loads the parameters; for ZAYA1 also the balancing biases: "checkpoint" (what the
+    checkpoint saved, as eval uses), "initial" (the config's: a step from initialization
+    routed with those), or another checkpoint's directory (the biases a step resumed from it
+    routed with)."""
     tensors, _ = checkpoint_tensors(ckpt_dir)
+    if isinstance(model, FoundryZaya1):
+        if router_biases == "checkpoint":
+            model.set_balancing_biases(saved_balancing_biases(ckpt_dir, tensors))
+        elif router_biases != "initial":
+            model.set_balancing_biases(
+                saved_balancing_biases(router_biases, checkpoint_tensors(router_biases)[0]))
+        tensors = {n: t for n, t in tensors.items() if not n.endswith(".balancing_biases")}
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(tensors))
     unexpected = sorted(set(tensors) - set(params))
@@ -483,6 +782,8 @@ def learning_rate(t, step):  # src/optim/schedule.cpp
 
 def cmd_bench(args):
     m, t, _ = load_run_config(args.config, args.set)
+    if m.arch != "moe":
+        sys.exit("error: bench runs the standard MoE (arch moe); check covers zaya1 too")
     torch.set_num_threads(args.threads)
     torch.manual_seed(t.seed)
     gpu = args.device == "cuda"
@@ -577,8 +878,8 @@ def cmd_check(args):
     m, t, _ = load_run_config(args.config, args.set)
     torch.set_num_threads(args.threads)
     dtype = torch.float64 if args.dtype == "fp64" else torch.float32
-    model = FoundryMoE(m).to(dtype)
-    load_foundry_checkpoint(model, args.checkpoint)
+    model = make_model(m).to(dtype)
+    load_foundry_checkpoint(model, args.checkpoint, args.router_biases)
     with open(args.tokens) as f:
         batch = json.load(f)
     inputs = torch.tensor(batch["inputs"], dtype=torch.int64)
@@ -662,6 +963,10 @@ def main():
                    help="compare gradients element-wise with those in the checkpoint's AdamW "
                         "state (checkpoint from a step run with lr=0, grad_clip=0)")
     c.add_argument("--adam-prev", help="checkpoint of the previous step (its exp_avg)")
+    c.add_argument("--router-biases", default="checkpoint", metavar="checkpoint|initial|DIR",
+                   help="arch zaya1: route with the checkpoint's balancing biases (default), the "
+                        "config's initial ones (a step from initialization), or those of the "
+                        "checkpoint in DIR (a step resumed from it)")
     c.add_argument("--compact", action="store_true", help="one-line JSON")
     c.set_defaults(fn=cmd_check)
 
