@@ -21,13 +21,14 @@
 #     lr = 0 step, exp_avg differenced against the previous checkpoint).
 #  D. A and B for a ZAYA1 config (3 layers); FULL=1 adds ZAYA1 variants (E). A step routes
 #     with the balancing biases it started from (check --router-biases).
-# Needs: build/foundry, /usr/bin/python3 with python3-torch (Debian).
+# Needs: build/foundry (or FOUNDRY=path), /usr/bin/python3 with python3-torch (Debian).
+# tests/pytorch_crosscheck_test.sh runs it in the suite.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 PY=/usr/bin/python3
 REF="$root/bench/pytorch_reference.py"
-FOUNDRY="$root/build/foundry"
+FOUNDRY="${FOUNDRY:-$root/build/foundry}"
 TOL="${TOL:-1e-4}"
 [ -x "$FOUNDRY" ] || bash scripts/setup.sh build >/dev/null
 "$PY" -c "import torch" 2>/dev/null || { echo "error: $PY has no torch (apt-get install python3-torch)" >&2; exit 2; }

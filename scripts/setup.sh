@@ -2,6 +2,7 @@
 # Installs Foundry's build dependencies from Debian (only what is missing) and builds it.
 # Usage: scripts/setup.sh [build-dir] [extra cmake args...]
 #   FOUNDRY_BUILD_TARGETS="test_base test_model"   builds only these targets (default: all).
+#   FOUNDRY_EXTRA_PACKAGES="python3-torch"          Debian packages to install beside them.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${1:-$root/build}"
@@ -9,7 +10,7 @@ shift || true
 
 packages=(build-essential cmake pkg-config libdnnl-dev libopenmpi-dev openmpi-bin
           libsentencepiece-dev nlohmann-json3-dev libcli11-dev libfmt-dev libxxhash-dev
-          libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox)
+          libgtest-dev libgmock-dev libbenchmark-dev gnuplot-nox ${FOUNDRY_EXTRA_PACKAGES:-})
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -8,7 +8,9 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
 
-bash scripts/setup.sh build
+# python3-torch: the independent PyTorch reference tests/pytorch_crosscheck_test.sh compares
+# Foundry's losses and gradients with.
+FOUNDRY_EXTRA_PACKAGES="python3-torch" bash scripts/setup.sh build
 label_args=()
 [ "${FOUNDRY_FAST:-0}" = 1 ] && label_args=(-LE slow)
 ctest --test-dir build --output-on-failure "${label_args[@]}"
