@@ -1,8 +1,9 @@
 // foundry: pretraining mixture-of-experts language models on the hardware at hand.
 #include <cstdio>
+#include <fmt/format.h>
+
 #include <cstring>
 #include <exception>
-#include <string>
 
 #include "base/error.h"
 #include "base/exit_codes.h"
@@ -30,14 +31,13 @@ void refuse_many_ranks(int argc, char** argv) {
   for (int i = 1; i < argc && !command; ++i)
     if (argv[i][0] != '-') command = argv[i];
   if (!command || !std::strcmp(command, "train") || !std::strcmp(command, "bench")) return;
-  fail(std::string("foundry ") + command + " runs as one process, but the MPI launcher started " +
-           std::to_string(ranks) +
-           " ranks of it: each would do the whole job and write the "
-           "same files",
-       std::string("run it without mpirun; only `foundry train` and `foundry bench` run as "
-                   "several ranks") +
-           (std::strcmp(command, "launch") ? ""
-                                           : " (`foundry launch --np N` starts mpirun itself)"));
+  const bool launch = !std::strcmp(command, "launch");
+  fail(fmt::format("foundry {} runs as one process, but the MPI launcher started {} ranks of "
+                   "it: each would do the whole job and write the same files",
+                   command, ranks),
+       fmt::format("run it without mpirun; only `foundry train` and `foundry bench` run as "
+                   "several ranks{}",
+                   launch ? " (`foundry launch --np N` starts mpirun itself)" : ""));
 }
 
 }  // namespace
