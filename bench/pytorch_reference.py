@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """An independent PyTorch reference of Foundry's models: the standard MoE ("arch": "moe") and
-ZAYA1 ("arch": "zaya1", checked, not benchmarked).
+ZAYA1 ("arch": "zaya1"; its bench keeps the balancing biases at their initial values).
 
 Plain eager PyTorch, written from the architecture description (src/model/model.h,
 docs/formats.md), not from Foundry's kernels. Two uses:
@@ -524,6 +524,34 @@ class FoundryZaya1(nn.Module):
         self.c = c
         self.model = ZayaBackbone(c)
 
+    def init_weights(self, generator=None):
+        """Foundry's scheme (docs/zaya1.md; its RNG stream differs): projections and the
+        embedding N(0, init_std), the projections into the residual stream (o_proj, the
+        experts' down_proj) N(0, init_std / sqrt(2 * n_layers)), the convolutions
+        N(0, 1 / sqrt(3 * fan_in)), the router MLP's weights N(0, router_init_std or 1 / sqrt(R)),
+        biases 0, scales, EDA gammas and norms 1, key temperatures qk_temperature_init."""
+        c = self.c
+        std_out = c.init_std / math.sqrt(2 * c.n_layers)
+        std_router = c.router_init_std or 1.0 / math.sqrt(c.router_latent_dim)
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("qk_norm.temp"):
+                    p.fill_(c.qk_temperature_init)
+                elif name.endswith(("norm.weight", "_scale")):
+                    p.fill_(1.0)
+                elif name.endswith(("bias", "_bias")):
+                    p.zero_()
+                elif "conv_qk" in name:  # [out, in per group, taps]: fan_in = in · taps
+                    p.normal_(0.0, 1.0 / math.sqrt(3 * p.shape[1] * p.shape[2]),
+                              generator=generator)
+                elif "router_mlp" in name:
+                    p.normal_(0.0, std_router, generator=generator)
+                else:
+                    out_proj = name.endswith("o_proj.weight") or (
+                        "experts." in name and name.endswith("down_proj.weight"))
+                    p.normal_(0.0, std_out if out_proj else c.init_std, generator=generator)
+            self.model.embed_tokens.weight[c.vocab_size:].zero_()
+
     def set_balancing_biases(self, biases):
         """One vector of router classes per MoE sublayer, in layer order."""
         layers = self.model.layers
@@ -541,9 +569,9 @@ class FoundryZaya1(nn.Module):
         expert_counts: per layer, the choices per router class, the skip class last)."""
         m, c = self.model, self.c
         B, T = inputs.shape
-        dtype = m.embed_tokens.weight.dtype
-        cos, sin = rope_tables(T, rotary_dims(c), c.rope_theta, dtype)
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        dtype, device = m.embed_tokens.weight.dtype, inputs.device
+        cos, sin = (t.to(device) for t in rope_tables(T, rotary_dims(c), c.rope_theta, dtype))
+        mask = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
         res = (m.embed_tokens(inputs) + m.input_hidden_states_bias) * m.input_hidden_states_scale
         r_prev, expert_counts = None, []
         for layer in m.layers:
@@ -551,10 +579,12 @@ class FoundryZaya1(nn.Module):
             res = layer.post_attention_residual_scale(res, h)
             h, r_prev, counts = layer.mlp(layer.post_attention_layernorm(res), r_prev)
             res = layer.post_mlp_residual_scale(res, h)
-            expert_counts.append(counts.tolist())
+            if not inputs.is_cuda:  # a host copy each layer would stall a GPU step
+                expert_counts.append(counts.tolist())
         logits = m.norm(res) @ m.embed_tokens.weight.t()
         if c.padded_vocab > c.vocab_size:
-            logits = logits.masked_fill(torch.arange(c.padded_vocab) >= c.vocab_size, float("-inf"))
+            pad = torch.arange(c.padded_vocab, device=device) >= c.vocab_size
+            logits = logits.masked_fill(pad, float("-inf"))
         out = {"logits": logits, "expert_counts": expert_counts}
         if targets is not None:
             work = torch.promote_types(logits.dtype, torch.float32)
@@ -782,20 +812,18 @@ def learning_rate(t, step):  # src/optim/schedule.cpp
 
 def cmd_bench(args):
     m, t, _ = load_run_config(args.config, args.set)
-    if m.arch != "moe":
-        sys.exit("error: bench runs the standard MoE (arch moe); check covers zaya1 too")
     torch.set_num_threads(args.threads)
     torch.manual_seed(t.seed)
     gpu = args.device == "cuda"
     if gpu and not torch.cuda.is_available():
         sys.exit("error: --device cuda: PyTorch sees no CUDA GPU")
     device = torch.device(args.device)
-    model = FoundryMoE(m)
+    model = make_model(m)
     model.init_weights()
     model.to(device)
     decay, no_decay = [], []
-    for name, p in model.named_parameters():  # Foundry: no decay for norms and embeddings
-        (no_decay if name.endswith("norm.weight") or "embed_tokens" in name else decay).append(p)
+    for name, p in model.named_parameters():  # no decay for vectors (norms, biases, scales)
+        (no_decay if p.dim() < 2 or "embed_tokens" in name else decay).append(p)  # and embeddings
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=t.lr, betas=(t.beta1, t.beta2), eps=t.eps,
