@@ -134,8 +134,42 @@ def rotate_half(x):
     return torch.cat([-x2, x1], dim=-1)
 
 
-def apply_rope(x, cos, sin):  # x [B, H, T, D]; cos, sin [T, D]
-    return x * cos + rotate_half(x) * sin
+def apply_rope(x, cos, sin):  # x [B, H, T, D]; cos, sin [T, dims]: the first dims rotate
+    dims = cos.shape[-1]
+    if dims == x.shape[-1]:
+        return x * cos + rotate_half(x) * sin
+    rotated, rest = x[..., :dims], x[..., dims:]
+    return torch.cat([rotated * cos + rotate_half(rotated) * sin, rest], dim=-1)
+
+
+def causal_attention(q, k, v, causal_mask):
+    """softmax(q kᵀ / √d, causal) v for q [B, H, T, d] and k, v [B, Hk, T, d] (query head h
+    reads KV head h // (H / Hk)); [B, T, H·d]. causal_mask None: the fused kernel (GPU runs),
+    the same causal softmax."""
+    B, H, T, d = q.shape
+    group = H // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    if causal_mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        out = torch.softmax(scores.masked_fill(causal_mask, float("-inf")), dim=-1) @ v
+    return out.transpose(1, 2).reshape(B, T, H * d)
+
+
+def tied_logits(x, embed, c):
+    """The tied output projection, x [B, T, C] -> [B, T, Vp], padded ids masked to -inf."""
+    logits = x @ embed.t()
+    if c.padded_vocab > c.vocab_size:
+        pad = torch.arange(c.padded_vocab, device=logits.device) >= c.vocab_size
+        logits = logits.masked_fill(pad, float("-inf"))
+    return logits
+
+
+def mean_cross_entropy(logits, targets, c):  # in fp32 at least
+    work = torch.promote_types(logits.dtype, torch.float32)
+    return F.cross_entropy(logits.reshape(-1, c.padded_vocab).to(work), targets.reshape(-1))
 
 
 class Attention(nn.Module):
@@ -154,17 +188,7 @@ class Attention(nn.Module):
         k = self.k_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, c.n_kv_heads, c.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        group = c.n_heads // c.n_kv_heads  # query head h reads kv head h // group
-        if group > 1:
-            k = k.repeat_interleave(group, dim=1)
-            v = v.repeat_interleave(group, dim=1)
-        if causal_mask is None:  # the fused kernel (GPU runs): the same causal softmax
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
-        scores = scores.masked_fill(causal_mask, float("-inf"))
-        out = torch.softmax(scores, dim=-1) @ v  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, c.n_heads * c.head_dim))
+        return self.o_proj(causal_attention(q, k, v, causal_mask))
 
 
 class Expert(nn.Module):  # Mixtral naming: w1 gate, w3 up, w2 down
@@ -178,7 +202,7 @@ class Expert(nn.Module):  # Mixtral naming: w1 gate, w3 up, w2 down
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
-class DenseMLP(nn.Module):  # Llama naming, used when n_experts == 1
+class DenseMLP(nn.Module):  # SwiGLU, Llama naming: the FFN when n_experts == 1; ZAYA1's experts
     def __init__(self, c):
         super().__init__()
         self.gate_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
@@ -296,15 +320,10 @@ class FoundryMoE(nn.Module):
                 aux_losses.append(aux)
                 if not gpu:  # a host copy each layer would stall a GPU step
                     expert_counts.append(counts.tolist())
-        x = self.model.norm(x)
-        logits = x @ self.model.embed_tokens.weight.t()  # tied output projection [B, T, Vp]
-        if c.padded_vocab > c.vocab_size:
-            pad = torch.arange(c.padded_vocab, device=logits.device) >= c.vocab_size
-            logits = logits.masked_fill(pad, float("-inf"))
+        logits = tied_logits(self.model.norm(x), self.model.embed_tokens.weight, c)
         out = {"logits": logits, "expert_counts": expert_counts}  # assignments per expert
         if targets is not None:
-            work = torch.promote_types(logits.dtype, torch.float32)
-            ce = F.cross_entropy(logits.reshape(-1, c.padded_vocab).to(work), targets.reshape(-1))
+            ce = mean_cross_entropy(logits, targets, c)
             aux = torch.stack(aux_losses).mean() if aux_losses else torch.zeros((), dtype=ce.dtype)
             out.update(ce_loss=ce, aux_loss=aux, loss=ce + c.aux_loss_coef * aux)
         return out
@@ -349,13 +368,6 @@ class ResidualScale(nn.Module):
 
 def rotary_dims(c):
     return int(c.rope_fraction * c.head_dim + 0.5)
-
-
-def apply_partial_rope(x, cos, sin, dims):  # x [B, H, T, D]; cos, sin [T, dims]
-    if dims == 0:
-        return x
-    rotated, rest = x[..., :dims], x[..., dims:]
-    return torch.cat([rotated * cos + rotate_half(rotated) * sin, rest], dim=-1)
 
 
 def scale_to_sqrt_d(x, d):  # over the last dim: x * sqrt(d) / sqrt(sum x^2 + 1e-6)
@@ -410,17 +422,12 @@ class Cca(nn.Module):  # self_attn.*
         q = scale_to_sqrt_d(packed[..., :Hq * d].reshape(B, T, Hq, d) + mq, d)
         k = scale_to_sqrt_d(packed[..., Hq * d:].reshape(B, T, Hk, d) + mk, d) \
             * self.qk_norm.temp.view(1, 1, Hk, 1)
-        dims = rotary_dims(c)
-        q = apply_partial_rope(q.transpose(1, 2), cos, sin, dims)
-        k = apply_partial_rope(k.transpose(1, 2), cos, sin, dims)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # the first rotary_dims(c) of each head
+        k = apply_rope(k.transpose(1, 2), cos, sin)
         delayed = p.v_proj_delayed(x)
         delayed = torch.cat([torch.zeros_like(delayed[:, :1]), delayed[:, :-1]], dim=1)
         v = torch.cat([p.v_proj_current(x), delayed], dim=-1).view(B, T, Hk, d).transpose(1, 2)
-        if g > 1:
-            k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        scores = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d))
-        out = torch.softmax(scores.masked_fill(causal_mask, float("-inf")), dim=-1) @ v
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, Hq * d))
+        return self.o_proj(causal_attention(q, k, v, causal_mask))
 
 
 class RouterMlp(nn.Module):
@@ -451,24 +458,13 @@ class ZayaRouter(nn.Module):  # mlp.gate.*
         return F.linear(h.to(work), mlp.out_proj.weight.to(work)), r
 
 
-class ZayaExpert(nn.Module):
-    def __init__(self, c):
-        super().__init__()
-        self.gate_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
-        self.up_proj = nn.Linear(c.d_model, c.ffn_dim, bias=False)
-        self.down_proj = nn.Linear(c.ffn_dim, c.d_model, bias=False)
-
-    def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class ZayaMoe(nn.Module):  # mlp.*
     def __init__(self, c, layer):
         super().__init__()
         self.c = c
         self.classes = c.n_experts + (1 if c.router_skip_class else 0)
         self.gate = ZayaRouter(c, self.classes, eda=c.router_eda and layer >= 1)
-        self.experts = nn.ModuleList(ZayaExpert(c) for _ in range(c.n_experts))
+        self.experts = nn.ModuleList(DenseMLP(c) for _ in range(c.n_experts))
         # The balancing bias (no gradient), fp32 as Foundry keeps it: its initial values
         # until set_balancing_biases.
         bias = torch.zeros(self.classes, dtype=torch.float32)
@@ -571,7 +567,8 @@ class FoundryZaya1(nn.Module):
         B, T = inputs.shape
         dtype, device = m.embed_tokens.weight.dtype, inputs.device
         cos, sin = (t.to(device) for t in rope_tables(T, rotary_dims(c), c.rope_theta, dtype))
-        mask = torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+        # True above the diagonal: the future (on a GPU the fused attention masks instead).
+        mask = None if inputs.is_cuda else torch.ones(T, T, dtype=torch.bool).triu(1)
         res = (m.embed_tokens(inputs) + m.input_hidden_states_bias) * m.input_hidden_states_scale
         r_prev, expert_counts = None, []
         for layer in m.layers:
@@ -581,14 +578,10 @@ class FoundryZaya1(nn.Module):
             res = layer.post_mlp_residual_scale(res, h)
             if not inputs.is_cuda:  # a host copy each layer would stall a GPU step
                 expert_counts.append(counts.tolist())
-        logits = m.norm(res) @ m.embed_tokens.weight.t()
-        if c.padded_vocab > c.vocab_size:
-            pad = torch.arange(c.padded_vocab, device=device) >= c.vocab_size
-            logits = logits.masked_fill(pad, float("-inf"))
+        logits = tied_logits(m.norm(res), m.embed_tokens.weight, c)
         out = {"logits": logits, "expert_counts": expert_counts}
         if targets is not None:
-            work = torch.promote_types(logits.dtype, torch.float32)
-            ce = F.cross_entropy(logits.reshape(-1, c.padded_vocab).to(work), targets.reshape(-1))
+            ce = mean_cross_entropy(logits, targets, c)
             out.update(ce_loss=ce, aux_loss=torch.zeros((), dtype=ce.dtype), loss=ce)
         return out
 

@@ -581,18 +581,17 @@ void add_layout_options(CLI::App* plan, PlanOptions* o) {
 void add_goodput_options(CLI::App* plan, PlanOptions* o) {
   plan->add_option("--failure-rate", o->failure_rate,
                    "Failures per device-hour for goodput (default 1.97e-5, Llama 3)");
-  plan->add_option("--checkpoint-stall", o->checkpoint_stall,
-                   "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--checkpoint-write", o->checkpoint_write,
-                   "Seconds from snapshot to committed checkpoint (default: size / bandwidth)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--restart", o->restart,
-                   "Seconds from a failure to the first step after restart (default: derived)")
-      ->check(in_range(0.0, 1e12));
-  plan->add_option("--checkpoint-interval", o->checkpoint_interval,
-                   "Seconds between checkpoints to evaluate (default 0: the best, Daly)")
-      ->check(in_range(0.0, 1e12));
+  using SecondsFlag = std::tuple<const char*, double*, const char*>;
+  for (const auto& [flag, value, help] :
+       {SecondsFlag{"--checkpoint-stall", &o->checkpoint_stall,
+                    "Seconds the loop blocks per checkpoint (default: snapshot copy estimate)"},
+        SecondsFlag{"--checkpoint-write", &o->checkpoint_write,
+                    "Seconds from snapshot to committed checkpoint (default: size / bandwidth)"},
+        SecondsFlag{"--restart", &o->restart,
+                    "Seconds from a failure to the first step after restart (default: derived)"},
+        SecondsFlag{"--checkpoint-interval", &o->checkpoint_interval,
+                    "Seconds between checkpoints to evaluate (default 0: the best, Daly)"}})
+    plan->add_option(flag, *value, help)->check(in_range(0.0, 1e12));
 }
 
 void register_plan_commands(CLI::App& app) {

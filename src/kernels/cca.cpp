@@ -419,13 +419,10 @@ std::vector<T> first_rows_sums(const T* dz, int64_t stride, int64_t b, int64_t t
   return sum;
 }
 
-}  // namespace
-
+// cca_grouped_conv_before_backward from the first rows' sums.
 template <typename T>
-void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, const T* w1,
-                                      int64_t b, int64_t t, int64_t groups, int64_t d,
-                                      int64_t taps) {
-  const std::vector<T> sum = first_rows_sums(dz, stride, b, t, groups * d, taps);
+void before_gradient(T* dbefore, const std::vector<T>& sum, const T* w1, int64_t groups, int64_t d,
+                     int64_t taps) {
   const int64_t rows = static_cast<int64_t>(sum.size()) / (groups * d);
   for (int64_t grp = 0; grp < groups; ++grp)
     for (int64_t ci = 0; ci < d; ++ci) {
@@ -436,6 +433,16 @@ void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, c
             acc += w1[((grp * d + o) * d + ci) * taps + i] * sum[p * groups * d + grp * d + o];
       dbefore[grp * d + ci] += acc;
     }
+}
+
+}  // namespace
+
+template <typename T>
+void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, const T* w1,
+                                      int64_t b, int64_t t, int64_t groups, int64_t d,
+                                      int64_t taps) {
+  before_gradient(dbefore, first_rows_sums(dz, stride, b, t, groups * d, taps), w1, groups, d,
+                  taps);
 }
 
 // dy[b, t', grp, ci] += Σ_i Σ_o w1[grp, o, ci, i] · dz[b, t' + (t1−1) − i, grp, o]
@@ -455,7 +462,9 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, c
   for (int64_t i = 0; i < taps; ++i) shift[i] = (taps - 1) - i;
   grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr),
                shift, b, t, groups, d, taps);
-  if (dbefore) cca_grouped_conv_before_backward(dbefore, dz, t, w1, b, t, groups, d, taps);
+  // The rows that read `before`, summed over the sequences once for dbefore and dw1.
+  const std::vector<T> first_sums = first_rows_sums(dz, t, b, t, channels, taps);
+  if (dbefore) before_gradient(dbefore, first_sums, w1, groups, d, taps);
 
   // dw1: tasks (group, tap, block of kOutputsPerTask outputs), each a [outputs, d] block of
   // dz^T·y_shifted summed over rows in a fixed order: tiles of kTileRows outputs × kTileCols
@@ -515,17 +524,15 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, c
       }
   // The taps that read `before`: tap i at positions p < t1−1−i.
   if (before) {
-    const std::vector<T> sum = first_rows_sums(dz, t, b, t, channels, taps);
-    const int64_t rows = static_cast<int64_t>(sum.size()) / channels;
-    for (int64_t grp = 0; grp < groups; ++grp)
-      for (int64_t o = 0; o < d; ++o)
-        for (int64_t ci = 0; ci < d; ++ci)
-          for (int64_t i = 0; i < taps - 1; ++i) {
-            T acc = 0;
-            for (int64_t p = 0; p < std::min(rows, taps - 1 - i); ++p)
-              acc += sum[p * channels + grp * d + o];
-            dw1[((grp * d + o) * d + ci) * taps + i] += acc * before[grp * d + ci];
-          }
+    const int64_t rows = static_cast<int64_t>(first_sums.size()) / channels;
+    for (int64_t i = 0; i < taps - 1; ++i)
+      for (int64_t out = 0; out < channels; ++out) {  // output channel grp·d + o
+        T acc = 0;  // Σ of dz over the rows whose tap i reads before the sequence
+        for (int64_t p = 0; p < std::min(rows, taps - 1 - i); ++p)
+          acc += first_sums[p * channels + out];
+        const T* in = before + out / d * d;
+        for (int64_t ci = 0; ci < d; ++ci) dw1[(out * d + ci) * taps + i] += acc * in[ci];
+      }
   }
 
   detail::add_column_sums(db1, dz, b * t, channels);
