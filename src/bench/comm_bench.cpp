@@ -478,6 +478,62 @@ int64_t comm_bench_bytes(const CommBenchOptions& options, int ranks) {
   return most;
 }
 
+namespace {
+
+// Open MPI's collective tuning (MPI_T), where this process can use it; a sweep of algorithms
+// needs it, and NCCL's algorithms are NCCL's: nothing to label. (CollTuning does not move.)
+void open_tuning(const CommBenchOptions& options, std::optional<CollTuning>& tuning) {
+  try {
+    if (!options.nccl) tuning.emplace();
+  } catch (const Error&) {
+    if (options.sweep_algorithms) throw;  // no MPI_T: the sweep is impossible
+  }
+  if (options.sweep_algorithms && !(tuning && tuning->dynamic_rules()))
+    fail(fmt::format("--algorithms cannot choose algorithms in this process: {}",
+                     tuning ? tuning->unavailable_reason() : "MPI_T is not available"),
+         fmt::format("sweep them one run at a time instead, e.g. {} foundry bench comm --op "
+                     "all_reduce (ompi_info --param coll tuned --level 9 lists the values)",
+                     mpirun_mca_flags("allreduce", 4)));
+}
+
+// Counts the measurements of the whole run, for progress.
+struct SweepProgress {
+  const CommBenchOptions& options;
+  int64_t total = 0;
+  int64_t done = 0;
+  void step(CollectiveOp op, const Variant& variant, const MessageShape& shape) {
+    ++done;
+    if (options.on_progress)
+      options.on_progress(
+          done, total,
+          fmt::format("{} {} {}", op_name(op), variant.name, format_size(shape.bytes)));
+  }
+};
+
+// One algorithm (or library) over every message size, and its latency-bandwidth fit.
+CommBenchResult measure_variant(const Communicator& c, CollectiveOp op, const Variant& variant,
+                                Runner& runner, const std::vector<MessageShape>& shapes,
+                                const CommBenchOptions& options, SweepProgress& progress) {
+  CommBenchResult result;
+  result.op = op;
+  result.ranks = c.size();
+  result.algorithm = variant.name;
+  result.algorithm_id = variant.id;
+  for (const MessageShape& shape : shapes) {
+    result.points.push_back(measure_size(c, op, runner, shape, options));
+    progress.step(op, variant, shape);
+  }
+  if (result.points.size() >= 2) {
+    std::vector<LatBwSample> samples;
+    for (const CommBenchPoint& p : result.points)
+      samples.push_back({double(p.bytes), p.time.p50_s});
+    result.fit = fit_latency_bandwidth(samples);
+  }
+  return result;
+}
+
+}  // namespace
+
 std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
                                             const CommBenchOptions& options) {
   options.validate();
@@ -490,26 +546,16 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
   const int ranks = comm.size();
   const std::vector<int64_t> sizes =
       size_sweep(options.min_bytes, options.max_bytes, options.step_factor);
-
   std::optional<CollTuning> tuning;
-  try {
-    if (!options.nccl) tuning.emplace();  // NCCL's algorithms are NCCL's: nothing to label
-  } catch (const Error&) {
-    if (options.sweep_algorithms) throw;  // no MPI_T: the sweep is impossible
-  }
-  if (options.sweep_algorithms && !(tuning && tuning->dynamic_rules()))
-    fail(fmt::format("--algorithms cannot choose algorithms in this process: {}",
-                     tuning ? tuning->unavailable_reason() : "MPI_T is not available"),
-         fmt::format("sweep them one run at a time instead, e.g. {} foundry bench comm --op "
-                     "all_reduce (ompi_info --param coll tuned --level 9 lists the values)",
-                     mpirun_mca_flags("allreduce", 4)));
+  open_tuning(options, tuning);
+
   std::vector<std::vector<Variant>> variants;
-  int64_t total = 0, done = 0;
+  SweepProgress progress{options};
   for (CollectiveOp op : options.ops) {
     variants.push_back(options.nccl ? std::vector<Variant>{{0, "nccl"}}
                                     : variants_for(op, ranks, tuning ? &*tuning : nullptr,
                                                    options.sweep_algorithms));
-    total += int64_t(variants.back().size() * shapes_for(op, ranks, sizes).size());
+    progress.total += int64_t(variants.back().size() * shapes_for(op, ranks, sizes).size());
   }
 
   std::unique_ptr<NcclRunner> nccl;
@@ -534,26 +580,7 @@ std::vector<CommBenchResult> run_comm_bench(const Communicator& comm,
       }
       const Communicator& c = forced_comm ? *forced_comm : comm;
       mpi.set_comm(c);
-      CommBenchResult result;
-      result.op = op;
-      result.ranks = ranks;
-      result.algorithm = variant.name;
-      result.algorithm_id = variant.id;
-      for (const MessageShape& shape : shapes) {
-        result.points.push_back(measure_size(c, op, runner, shape, options));
-        ++done;
-        if (options.on_progress)
-          options.on_progress(done, total,
-                              fmt::format("{} {} {}", op_name(op), variant.name,
-                                          format_size(shape.bytes)));
-      }
-      if (result.points.size() >= 2) {
-        std::vector<LatBwSample> samples;
-        for (const CommBenchPoint& p : result.points)
-          samples.push_back({double(p.bytes), p.time.p50_s});
-        result.fit = fit_latency_bandwidth(samples);
-      }
-      results.push_back(std::move(result));
+      results.push_back(measure_variant(c, op, variant, runner, shapes, options, progress));
     }
     if (options.sweep_algorithms) tuning->force(coll, initially_forced);
   }

@@ -468,10 +468,7 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
                 provenance);
 }
 
-}  // namespace
-
-void register_bench_gemm_commands(CLI::App& bench) {
-  // ---- gemm ----
+void add_gemm_command(CLI::App& bench) {
   CLI::App* gemm = bench.add_subcommand(
       "gemm", "GEMM GFLOP/s (oneDNN, fp32 and bf16): square, transformer, per-expert and "
               "off-size shapes");
@@ -511,8 +508,9 @@ void register_bench_gemm_commands(CLI::App& bench) {
   gemm->add_option("--peak-fma-units", g->peak_fma_units,
                    "FMA units per core for the peak estimate (default: by CPU family)");
   gemm->callback([g, gemm] { run_bench_gemm(*g, *gemm); });
+}
 
-  // ---- membw ----
+void add_membw_command(CLI::App& bench) {
   CLI::App* membw = bench.add_subcommand(
       "membw", "Memory bandwidth: STREAM copy/scale/add/triad and a working-set sweep through "
                "the caches");
@@ -538,8 +536,9 @@ void register_bench_gemm_commands(CLI::App& bench) {
   membw->add_flag("--no-stream", m->no_stream, "Skip STREAM");
   membw->add_flag("--no-working-set", m->no_working_set, "Skip the working-set sweep");
   membw->callback([m, membw] { run_bench_membw(*m, *membw); });
+}
 
-  // ---- attention ----
+void add_attention_command(CLI::App& bench) {
   CLI::App* attention = bench.add_subcommand(
       "attention", "A GPU's causal attention kernels, forward and backward, over sequence "
                    "lengths: the profile's efficiency.attention curve that plan reads");
@@ -553,6 +552,14 @@ void register_bench_gemm_commands(CLI::App& bench) {
   attention->add_option("--kv-heads", a->kv_heads, "KV heads")->capture_default_str();
   attention->add_option("--head-dim", a->head_dim, "Head dimension")->capture_default_str();
   attention->callback([a, attention] { run_bench_attention(*a, *attention); });
+}
+
+}  // namespace
+
+void register_bench_gemm_commands(CLI::App& bench) {
+  add_gemm_command(bench);
+  add_membw_command(bench);
+  add_attention_command(bench);
 }
 
 }  // namespace foundry::cli

@@ -445,28 +445,15 @@ void cca_grouped_conv_before_backward(T* dbefore, const T* dz, int64_t stride, c
                   taps);
 }
 
-// dy[b, t', grp, ci] += Σ_i Σ_o w1[grp, o, ci, i] · dz[b, t' + (t1−1) − i, grp, o]
-// dw1[grp, o, ci, i] += Σ_{b,t} dz[b, t, grp, o] · y[b, t − (t1−1) + i, grp, ci]
-//                       (y before position 0: `before`)
-// db1[grp, o]        += Σ_{b,t} dz[b, t, grp, o]
+namespace {
+
+// dw1[grp, o, ci, i] += Σ_{b,t} dz[b, t, grp, o] · y[b, t − (t1−1) + i, grp, ci] over the rows
+// whose tap reads inside the sequence.
 template <typename T>
-void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, const T* y,
-                               const T* w1, const T* before, int64_t b, int64_t t, int64_t groups,
-                               int64_t d, int64_t taps) {
-  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
+void grouped_weight_gradient(T* dw1, const T* dz, const T* y, int64_t b, int64_t t, int64_t groups,
+                             int64_t d, int64_t taps) {
   const int64_t channels = groups * d;
-
-  // dy: the forward's product with transposed weights and the shifts reversed.
-  const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/true);
-  std::vector<int64_t> shift(taps);
-  for (int64_t i = 0; i < taps; ++i) shift[i] = (taps - 1) - i;
-  grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr),
-               shift, b, t, groups, d, taps);
-  // The rows that read `before`, summed over the sequences once for dbefore and dw1.
-  const std::vector<T> first_sums = first_rows_sums(dz, t, b, t, channels, taps);
-  if (dbefore) before_gradient(dbefore, first_sums, w1, groups, d, taps);
-
-  // dw1: tasks (group, tap, block of kOutputsPerTask outputs), each a [outputs, d] block of
+  // Tasks (group, tap, block of kOutputsPerTask outputs), each a [outputs, d] block of
   // dz^T·y_shifted summed over rows in a fixed order: tiles of kTileRows outputs × kTileCols
   // input channels over kRowsPerBlock rows in registers, then added to the task's total.
   constexpr int V = kTileCols<T>;
@@ -522,19 +509,49 @@ void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, c
           for (int64_t ci = 0; ci < d; ++ci) dst[ci * taps] += src[ci];
         }
       }
-  // The taps that read `before`: tap i at positions p < t1−1−i.
-  if (before) {
-    const int64_t rows = static_cast<int64_t>(first_sums.size()) / channels;
-    for (int64_t i = 0; i < taps - 1; ++i)
-      for (int64_t out = 0; out < channels; ++out) {  // output channel grp·d + o
-        T acc = 0;  // Σ of dz over the rows whose tap i reads before the sequence
-        for (int64_t p = 0; p < std::min(rows, taps - 1 - i); ++p)
-          acc += first_sums[p * channels + out];
-        const T* in = before + out / d * d;
-        for (int64_t ci = 0; ci < d; ++ci) dw1[(out * d + ci) * taps + i] += acc * in[ci];
-      }
-  }
+}
 
+// dw1's part from the taps that read `before`: tap i at positions p < t1−1−i, whose dz rows
+// `first_sums` holds summed over the sequences.
+template <typename T>
+void before_weight_gradient(T* dw1, const std::vector<T>& first_sums, const T* before,
+                            int64_t channels, int64_t d, int64_t taps) {
+  const int64_t rows = static_cast<int64_t>(first_sums.size()) / channels;
+  for (int64_t i = 0; i < taps - 1; ++i)
+    for (int64_t out = 0; out < channels; ++out) {  // output channel grp·d + o
+      T acc = 0;  // Σ of dz over the rows whose tap i reads before the sequence
+      for (int64_t p = 0; p < std::min(rows, taps - 1 - i); ++p)
+        acc += first_sums[p * channels + out];
+      const T* in = before + out / d * d;
+      for (int64_t ci = 0; ci < d; ++ci) dw1[(out * d + ci) * taps + i] += acc * in[ci];
+    }
+}
+
+}  // namespace
+
+// dy[b, t', grp, ci] += Σ_i Σ_o w1[grp, o, ci, i] · dz[b, t' + (t1−1) − i, grp, o]
+// dw1[grp, o, ci, i] += Σ_{b,t} dz[b, t, grp, o] · y[b, t − (t1−1) + i, grp, ci]
+//                       (y before position 0: `before`)
+// db1[grp, o]        += Σ_{b,t} dz[b, t, grp, o]
+template <typename T>
+void cca_grouped_conv_backward(T* dy, T* dw1, T* db1, T* dbefore, const T* dz, const T* y,
+                               const T* w1, const T* before, int64_t b, int64_t t, int64_t groups,
+                               int64_t d, int64_t taps) {
+  FOUNDRY_CHECK(taps >= 1 && groups > 0 && d > 0);
+  const int64_t channels = groups * d;
+
+  // dy: the forward's product with transposed weights and the shifts reversed.
+  const T* packed = pack_grouped_weight(w1, groups, d, taps, /*transpose=*/true);
+  std::vector<int64_t> shift(taps);
+  for (int64_t i = 0; i < taps; ++i) shift[i] = (taps - 1) - i;
+  grouped_taps(dy, dz, packed, static_cast<const T*>(nullptr), static_cast<const T*>(nullptr),
+               shift, b, t, groups, d, taps);
+  // The rows that read `before`, summed over the sequences once for dbefore and dw1.
+  const std::vector<T> first_sums = first_rows_sums(dz, t, b, t, channels, taps);
+  if (dbefore) before_gradient(dbefore, first_sums, w1, groups, d, taps);
+
+  grouped_weight_gradient(dw1, dz, y, b, t, groups, d, taps);
+  if (before) before_weight_gradient(dw1, first_sums, before, channels, d, taps);
   detail::add_column_sums(db1, dz, b * t, channels);
 }
 

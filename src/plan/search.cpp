@@ -446,7 +446,9 @@ std::string compare_breakdown(const Candidate& c, const Candidate& best) {
   return out;
 }
 
-std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int top) {
+namespace {
+
+std::string format_plan_request(const PlanResult& r, const HardwareProfile& profile) {
   const PlanRequest& q = r.request;
   std::string out;
   out += fmt::format("profile: {} ({})\n", profile.name, profile.path);
@@ -462,10 +464,15 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
       format_bytes(double(q.memory_per_device > 0 ? q.memory_per_device : profile.memory_bytes),
                    ByteUnit::GiB, 0));
   out += fmt::format("{} shapes evaluated, {} accepted\n\n", r.evaluated, r.ranked.size());
+  return out;
+}
 
-  out += "Ranked by predicted training throughput (decode latency: batch " +
-         std::to_string(q.decode_batch) + ", context " +
-         std::to_string(q.decode_context > 0 ? q.decode_context : q.seq) + "):\n";
+// The table of the `top` best shapes, how many are near the best, and the best one's step.
+std::string format_ranked(const PlanResult& r, int top) {
+  const PlanRequest& q = r.request;
+  std::string out = "Ranked by predicted training throughput (decode latency: batch " +
+                    std::to_string(q.decode_batch) + ", context " +
+                    std::to_string(q.decode_context > 0 ? q.decode_context : q.seq) + "):\n";
   out +=
       fmt::format("{:>3}  {:<52} {:>9} {:>9} {:>9} {:>12} {:>6} {:>9} {:>8} {:>9}\n", "#", "shape",
                   "total", "active", "step s", "tokens/s", "MFU", "mem GiB", "micro", "decode ms");
@@ -494,7 +501,13 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
   if (q.tokens > 0)
     out += fmt::format("Training {} tokens: {:.1f} days at the predicted rate\n",
                        format_count(q.tokens), q.tokens / b.cluster_tokens_per_s / 86400);
+  return out;
+}
 
+// The shapes the user asked to compare (--compare), each against the best.
+std::string format_compared(const PlanResult& r) {
+  const Candidate& b = r.ranked.front();
+  std::string out;
   for (const auto& [label, c] : r.compared) {
     const double rel = c.cluster_tokens_per_s / b.cluster_tokens_per_s;
     int rank = 1;
@@ -513,8 +526,14 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
         1e3 * b.decode_latency_s);
     out += compare_breakdown(c, b);
   }
+  return out;
+}
 
-  out +=
+// The MoE widths' Pareto front, the rejection rules and the data loading's IOPS.
+std::string format_widths_rejects_and_data(const PlanResult& r) {
+  const PlanRequest& q = r.request;
+  const Candidate& b = r.ranked.front();
+  std::string out =
       "\nMoE widths (best shape per expert count and top-k): throughput against decode latency\n";
   out += fmt::format("{:>5} {:>4} {:>7} {:>12} {:>10}  {}\n", "E", "k", "F", "tokens/s",
                      "decode ms", "Pareto front");
@@ -534,6 +553,13 @@ std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int
                        r.break_even_s);
   out += "\n" + r.vocab_note + "\n";
   return out;
+}
+
+}  // namespace
+
+std::string format_plan(const PlanResult& r, const HardwareProfile& profile, int top) {
+  return format_plan_request(r, profile) + format_ranked(r, top) + format_compared(r) +
+         format_widths_rejects_and_data(r);
 }
 
 json plan_to_json(const PlanResult& r, int top) {
