@@ -51,8 +51,16 @@ void Progress::update(int64_t done, const std::string& suffix) {
 
 void Progress::finish(const std::string& suffix) {
   if (finished_) return;
-  update(total_, suffix);
-  if (tty_) std::fputc('\n', stderr);
+  const std::string timed =
+      fmt::format("{}{}({:.1f} s)", suffix, suffix.empty() ? "" : " ", now_seconds() - start_);
+  if (tty_) {
+    update(total_, timed);
+    std::fputc('\n', stderr);
+  } else if (last_percent_ >= 100) {  // the 100% line is out: say it is done, and in how long
+    std::fprintf(stderr, "%s: done: %s\n", label_.c_str(), timed.c_str());
+  } else {
+    update(total_, timed);
+  }
   finished_ = true;
 }
 

@@ -18,6 +18,7 @@
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/rng.h"
+#include "base/timer.h"
 
 namespace foundry::data {
 
@@ -430,7 +431,11 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
     BpeTrainingOptions bpe;
     bpe.vocab_size = options.vocab_size;
     bpe.max_sentence_bytes = static_cast<int32_t>(kMaxTrainingSentenceBytes);
+    const double start = now_seconds();
     tokenizer = train_bpe_tokenizer(scan.tokenizer_sample, bpe);
+    if (options.show_progress)
+      std::fprintf(stderr, "trained the tokenizer: %d pieces (%.1f s)\n", tokenizer->vocab_size(),
+                   now_seconds() - start);
   }
   if (tokenizer->eos_id() < 0)
     fail(fmt::format("tokenizer '{}' has no end-of-sequence piece", options.tokenizer_path),
