@@ -95,6 +95,27 @@ else bad "--ep report"; cat ep.json | tail -12; fi
 expect_fail "--ep that does not divide --dp" "--ep 3 must divide --dp 16" \
   "$FOUNDRY" model info --config "$CONFIG" --dp 16 --ep 3
 
+# ZeRO-1's per-rank total: the replicated slabs, the bf16 copies, the largest rank's optimizer
+# state and the activations of its batch / dp sequences (those of one process at --batch 8/4).
+MB="$SRC/configs/moe-bench.json"
+for muon in adamw muon; do
+  "$FOUNDRY" model info --config "$MB" --optimizer $muon --dp 4 --json >z1.json 2>&1 &&
+  "$FOUNDRY" model info --config "$MB" --optimizer $muon --batch 2 --json >b2.json 2>&1 ||
+    bad "model info --dp 4 ($muon)"
+  if python3 - z1.json b2.json <<'PY'
+import json, sys
+z, one = (json.load(open(f)) for f in sys.argv[1:3])
+assert z["batch_size"] == 8, z["batch_size"]
+zero1, m = z["zero1"], one["memory_bytes"]
+expected = (zero1["replicated_bytes"] + m["weights_bf16"] + zero1["optimizer_bytes_per_rank_peak"]
+            + m["activations"] + m["backward_buffers"])
+assert zero1["bytes_per_rank_peak"] == expected, (zero1["bytes_per_rank_peak"], expected)
+assert zero1["bytes_per_rank_peak"] < m["total"]
+PY
+  then ok "model info --dp 4 totals a rank's memory ($muon)"
+  else bad "model info --dp 4 per-rank total ($muon)"; fi
+done
+
 # The GPU benchmark configs: the peer's shape (docs/gpu.md) and its ZAYA1 counterpart, whose
 # experts (half as many, twice as wide, top-1) give the same total and active expert weights.
 "$FOUNDRY" model info --config "$SRC/configs/gpu-moe-bench.json" --json >gm.json 2>&1 || bad "gpu-moe-bench"

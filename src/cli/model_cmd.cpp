@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/format.h"
 #include "cli/commands.h"
 #include "model/info.h"
 #include "optim/muon.h"
@@ -61,10 +62,17 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
          "pass --dp N (all ranks) and an --ep that divides it and model.n_experts");
   std::optional<Zero1MemoryReport> zero1;
   std::optional<ExpertStorageReport> storage;
+  int64_t rank_total = 0;  // ZeRO-1 without expert parallelism: all of a rank's memory
   if (o.dp > 1) {
     // The parameter table holds names and offsets only: nothing of the model is allocated.
     const ParamTable table(rc.model);
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
+    // A rank runs its batch / dp sequences: its activations, with the replicated slabs and its
+    // share of the optimizer state.
+    const MemoryEstimate m =
+        estimate_memory(rc.model, std::max<int64_t>(1, batch / o.dp), seq, precision, muon, cp);
+    rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
+                 m.activations_bytes + m.backward_buffers_bytes;
     if (o.ep > 1)
       storage = expert_storage(table, Zero1Layout(table, static_cast<int>(o.dp), muon),
                                ExpertSharding(rc.model.n_experts, static_cast<int>(o.ep)));
@@ -80,6 +88,7 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
                       {"exchange_bytes", zero1->peak.exchange_bytes},
                       {"gather_everything_peak_bytes", zero1->gather_peak_bytes},
                       {"replicated_bytes", zero1->replicated_bytes}};
+      if (o.ep == 1) out["zero1"]["bytes_per_rank_peak"] = rank_total;
     }
     if (storage)
       out["expert_storage"] = {{"ep", storage->ep},
@@ -93,6 +102,10 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     if (zero1)
       std::printf("\nZeRO-1 over %lld data-parallel ranks (optimizer state per rank):\n%s",
                   static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());
+    if (zero1 && o.ep == 1)
+      fmt::print("per rank in all (the largest, running {} of the {} sequences): {}\n",
+                 std::max<int64_t>(1, batch / o.dp), batch,
+                 format_bytes(static_cast<double>(rank_total)));
     if (storage)
       std::printf("\n%s", format_expert_storage(*storage, precision == DType::bf16).c_str());
   }

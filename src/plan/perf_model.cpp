@@ -436,6 +436,25 @@ Layout layout_of(const ModelConfig& c, const StepShape& s) {
   return lay;
 }
 
+// Muon's matrices: every attention projection and every expert matrix, by shape.
+struct MuonMatrices {
+  int64_t rows, cols;
+  double count;
+};
+std::vector<MuonMatrices> muon_matrices(const ModelConfig& c) {
+  const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim(), F = c.ffn_dim;
+  const double L = double(c.n_layers), E = double(c.n_experts);
+  std::vector<MuonMatrices> mats = {{Dq, C, 2 * L}};  // q and o
+  if (c.is_zaya()) {
+    mats.push_back({Dkv, C, L});
+    mats.push_back({Dkv / 2, C, 2 * L});
+  } else {
+    mats.push_back({Dkv, C, 2 * L});
+  }
+  mats.push_back({F, C, 3 * L * E});  // w1, w3, w2 (w2 is C × F: same product sizes)
+  return mats;
+}
+
 // The share of the model's parameters whose optimizer state this device updates.
 double optimizer_share(const StepShape& s, const Layout& lay) {
   if (!s.zero1) return (lay.dense_held + lay.expert_held) / lay.params;
@@ -449,26 +468,9 @@ void optimizer_step(const ModelConfig& c, const StepShape& s, const HardwareProf
   const double P = double(pc.total);
   const double share = optimizer_share(s, layout_of(c, s));
   const bool bf16 = s.precision == DType::bf16;
-  // Muon's matrices: every attention projection and every expert matrix.
-  struct Mat {
-    int64_t rows, cols;
-    double count;
-  };
-  std::vector<Mat> mats;
+  const std::vector<MuonMatrices> mats = s.muon ? muon_matrices(c) : std::vector<MuonMatrices>{};
   double muon_params = 0;
-  if (s.muon) {
-    const int64_t C = c.d_model, Dq = c.q_dim(), Dkv = c.kv_dim(), F = c.ffn_dim;
-    const double L = double(c.n_layers), E = double(c.n_experts);
-    mats.push_back({Dq, C, 2 * L});  // q and o
-    if (c.is_zaya()) {
-      mats.push_back({Dkv, C, L});
-      mats.push_back({Dkv / 2, C, 2 * L});
-    } else {
-      mats.push_back({Dkv, C, 2 * L});
-    }
-    mats.push_back({F, C, 3 * L * E});  // w1, w3, w2 (w2 is C × F: same product sizes)
-    for (const auto& m : mats) muon_params += double(m.rows * m.cols) * m.count;
-  }
+  for (const auto& m : mats) muon_params += double(m.rows * m.cols) * m.count;
   const double adam_params = P - muon_params;
   // Per parameter: clip reads the gradient (4 B), the update reads w, g, m, v and writes w,
   // m, v (28 B), the bf16 copy writes 2 B, zeroing the gradient writes 4 B. Muon: momentum
@@ -782,9 +784,21 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
       for (const auto& it : *items)
         if (it.shape.find("T,T]") != std::string::npos) activations -= it.bytes;
   }
+  // Optimizer state per parameter it covers. One process: AdamW's two moments over the
+  // whole slab and, with Muon, Muon's momentum (12 or 8 bytes). ZeRO-1 over several ranks
+  // (docs/zero1.md, "Memory per rank"): the reduced gradient shard (4), AdamW's moments of
+  // the elements AdamW updates (8) and Muon's momentum of its matrices (4).
+  const double P = double(count_parameters(config).total);
+  double optimizer_per_param = double(m.optimizer_bytes) / P;
+  if (s.zero1 && s.dp > 1) {
+    double muon = 0;
+    if (s.muon)
+      for (const auto& mat : muon_matrices(config)) muon += double(mat.rows * mat.cols) * mat.count;
+    optimizer_per_param = 4 + (8 * (P - muon) + 4 * muon) / P;
+  }
   if (s.tp == 1 && s.pp == 1 && s.ep == 1) {
-    const int64_t optimizer =
-        s.zero1 ? (m.optimizer_bytes + s.dp - 1) / s.dp : m.optimizer_bytes;
+    const double shards = s.zero1 ? double(s.dp) : 1.0;
+    const int64_t optimizer = int64_t(std::ceil(optimizer_per_param * P / shards));
     return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer +
            activations;
   }
@@ -794,7 +808,7 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
   const Layout lay = layout_of(config, s);
   const double held = (lay.dense_held + lay.expert_held) / lay.params;
   const double states = double(m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes);
-  return int64_t(held * states + optimizer_share(s, lay) * double(m.optimizer_bytes) +
+  return int64_t(held * states + optimizer_share(s, lay) * optimizer_per_param * P +
                  double(activations) / double(s.tp));
 }
 

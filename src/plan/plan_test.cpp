@@ -2,11 +2,12 @@
 
 #include <cmath>
 
-#include "model/info.h"
-#include "plan/perf_model.h"
-#include "plan/goodput.h"
-#include "plan/search.h"
 #include "base/io.h"
+#include "model/info.h"
+#include "model/params.h"
+#include "plan/goodput.h"
+#include "plan/perf_model.h"
+#include "plan/search.h"
 
 namespace foundry {
 namespace {
@@ -113,6 +114,38 @@ TEST(PerfModel, ZeroOneCommunicationAndSharding) {
   EXPECT_NEAR(g.comm_exposed_s,
               std::max(0.0, rs - backward) + std::max(0.0, ag - backward / 2), 1e-12);
   EXPECT_LE(g.step_s, o.step_s);
+}
+
+// ZeRO-1's memory per rank, as docs/zero1.md counts it: the replicated weights and gradients,
+// and a 1/dp share of the reduced gradient shard (4 B), AdamW's moments of what AdamW updates
+// (8 B) and Muon's momentum of its matrices (4 B); one process keeps AdamW's moments over the
+// whole slab and Muon's momentum besides. Muon's elements are counted here from the parameter
+// table, apart from the planner's own count by shape.
+TEST(PerfModel, ZeroOneMemoryIsTheShardedStateOfDocsZero1) {
+  for (const char* config : {"moe-bench.json", "zaya-bench.json"})
+    for (bool muon : {false, true}) {
+      const ModelConfig c = model_of(config);
+      StepShape s;
+      s.seq = 256;
+      s.micro_batch = 2;
+      s.muon = muon;
+      const MemoryEstimate m = estimate_memory(c, s.micro_batch, s.seq, s.precision, muon);
+      const double P = double(count_parameters(c).total);
+      double muon_elements = 0;
+      const ParamTable table(c);
+      if (muon)
+        for (const ParamInfo& info : table.params())
+          if (is_muon_matrix(info)) muon_elements += double(info.numel);
+      const int64_t replicated = m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes +
+                                 m.activations_bytes + m.backward_buffers_bytes;
+      const HardwareProfile prof = flat_profile();
+      EXPECT_EQ(predict_step(c, s, prof).memory_bytes, replicated + int64_t(P) * (muon ? 12 : 8))
+          << config << " muon " << muon;
+      s.dp = 4;
+      const double sharded = 4 * P + 8 * (P - muon_elements) + 4 * muon_elements;
+      EXPECT_NEAR(double(predict_step(c, s, prof).memory_bytes - replicated), sharded / 4, 1.0)
+          << config << " muon " << muon;
+    }
 }
 
 // Context parallelism over cp devices: a device computes 1/cp of the tokens' GEMMs and of the
