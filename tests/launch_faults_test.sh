@@ -210,6 +210,19 @@ ev = [json.loads(l)["event"] for l in open(sys.argv[1])]
 assert ev[-3:] == ["restart", "stop", "interrupted"], ev
 PY
 
+# ---- SIGTERM to the job's rank itself (a scheduler's preemption): the job saves a
+# checkpoint and exits 75, and launch stops too instead of restarting it ----
+launch preempt 1 --set train.checkpoint_every=100000
+wait_step preempt 50 && kill -TERM "$(rank_pid preempt 0)"
+wait $lpid; rc=$?
+python3 - preempt/events.jsonl <<'PY' && [ $rc -eq 75 ] && [ -s preempt/checkpoints/latest ] \
+  && ok "SIGTERM to the rank: launch stops with exit 75, no restart" \
+  || { bad "SIGTERM to the rank: rc=$rc, events $(events preempt)"; cat "$(log_of preempt)"; }
+import json, sys
+ev = [json.loads(l)["event"] for l in open(sys.argv[1])]
+assert "restart" not in ev and ev[-1] == "interrupted", ev
+PY
+
 # ---- what is not retried: bad input fails once, before anything starts ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
 rc=$?

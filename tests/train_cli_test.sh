@@ -47,6 +47,19 @@ grep -q "schedule now spans 24 steps instead of the checkpoint's 12: step 13 tra
   && ! grep -q "schedule now spans" resumed.log \
   && ok "a resume under another train.steps warns that the schedule changes shape" \
   || { bad "no schedule warning"; cat stretched.log; }
+# The run's config.json holds the steps it trains to (--steps overrides train.steps): resuming
+# from that file goes on to them, with the same schedule.
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=longer -q --steps 16 \
+  --stop-at-step 6 >/dev/null 2>&1 \
+  && "$FOUNDRY" train --config longer/config.json --synthetic-data -q --resume >longer.log 2>&1
+[ "$(python3 -c "import json; print(json.load(open('longer/config.json'))['train']['steps'])")" = 16 ] \
+  && [ "$(tail -1 longer/metrics.jsonl | python3 -c "import json,sys; print(json.load(sys.stdin)['step'])")" = 16 ] \
+  && ! grep -q "schedule now spans" longer.log \
+  && ok "--steps is the run's: config.json holds it and a resume from that file trains to it" \
+  || { bad "--steps not kept in config.json"; cat longer.log; }
+# Sequences of any length train without context parallelism (an odd one here).
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=odd train.seq_len=15 -q \
+  --steps 2 >odd.log 2>&1 && ok "an odd train.seq_len trains" || { bad "odd seq_len"; cat odd.log; }
 # metrics' tokens count what was trained on, across a resume under another batch size.
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=rebatch -q --stop-at-step 6 \
   >/dev/null 2>&1 && "$FOUNDRY" train --config tiny.json --synthetic-data -q --resume \

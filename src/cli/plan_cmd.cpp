@@ -266,7 +266,7 @@ StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_
          "give --seq up to model.max_seq_len, or raise it (--set model.max_seq_len=N)");
   apply_layout(o, rc.model, s);
   s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
-  if (s.dp % s.cp != 0 || s.seq % (2 * s.cp) != 0)
+  if (s.dp % s.cp != 0 || (s.cp > 1 && s.seq % (2 * s.cp) != 0))
     fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
                      "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
          "each sequence is split over cp devices, two chunks per device");

@@ -314,6 +314,9 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
   Outcome o{Outcome::failed, true, "exit", -1, fmt::format("the job exited with code {}", code)};
   o.exit_code = code;
   if (code == kExitFinished) o.kind = Outcome::finished;
+  // A stop signal sent to the ranks themselves (a scheduler's preemption): the job saved a
+  // checkpoint and asks to stop, as when launch passed the signal on.
+  if (code == kExitInterrupted) o.kind = Outcome::interrupted;
   if (code == kExitRankLost) {
     o.cause = "rank_lost";
     o.detail += " (a rank died, stopped or hung: see the job's error above)";

@@ -382,7 +382,7 @@ ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DTyp
                      int64_t context) {
   if (batch < 1 || seq < 1)
     fail(fmt::format("batch size {} and sequence length {} must both be >= 1", batch, seq));
-  if (context < 1 || seq % (2 * context) != 0)
+  if (context < 1 || (context > 1 && seq % (2 * context) != 0))
     fail(fmt::format("context parallel {} does not cut sequences of {} tokens into {} equal "
                      "chunks",
                      context, seq, 2 * context),

@@ -411,7 +411,7 @@ void Checkpointer::save(int64_t step, bool last) {
                      static_cast<long long>(step), static_cast<long long>(disk_.step));
       return;
     }
-    if (processes_.root())
+    if (processes_.root() && !quiet_)
       std::fprintf(stderr, "checkpoint of step %lld waits for step %lld to be written\n",
                    static_cast<long long>(step), static_cast<long long>(disk_.step));
     commit(disk_);

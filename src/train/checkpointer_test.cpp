@@ -25,13 +25,14 @@ using testing::TempDir;
 // A model, its optimizer and a checkpointer over one run directory, in one process; the
 // model on `backend` when given (the CPU's otherwise).
 struct TinyRun {
-  explicit TinyRun(const RunConfig& config, uint64_t init_seed, Backend* backend = nullptr)
+  explicit TinyRun(const RunConfig& config, uint64_t init_seed, Backend* backend = nullptr,
+                   bool quiet = true)
       : rc(config),
         procs(nullptr, 0),
         model(rc.model, rc.train.precision, backend ? *backend : cpu_backend()),
         optimizer(make_optimizer(model.table(), optimizer_options(rc.train), nullptr)),
         batches(nullptr, rc.train.batch_size, rc.train.seq_len, 0, 1, rc.model.vocab_size, 3),
-        checkpointer(rc, lr_schedule(rc.train), model, *optimizer, nullptr, procs, true) {
+        checkpointer(rc, lr_schedule(rc.train), model, *optimizer, nullptr, procs, quiet) {
     model.init_weights(init_seed);
   }
   void step(int64_t s) {
@@ -230,7 +231,7 @@ TEST(Checkpointer, ASaveDueWhileOneIsInFlightWaitsOrIsSkipped) {
     RunConfig rc = testing::tiny_run_config(dir.path());
     rc.train.checkpoint_overlap = overlap;
     rc.train.keep_checkpoints = 0;
-    TinyRun run(rc, 1);
+    TinyRun run(rc, 1, nullptr, /*quiet=*/false);  // the waits are reported unless quiet
     make_dirs(rc.train.run_dir);
     run.step(1);
     ::testing::internal::CaptureStderr();

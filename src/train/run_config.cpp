@@ -98,7 +98,7 @@ void check_train_config(const RunConfig& rc, const std::string& where) {
     fail(fmt::format("{}: train.seq_len = {} exceeds model.max_seq_len = {}", where, t.seq_len,
                      rc.model.max_seq_len),
          "raise model.max_seq_len or lower train.seq_len");
-  if (t.seq_len % (2 * t.context_parallel) != 0)
+  if (t.context_parallel > 1 && t.seq_len % (2 * t.context_parallel) != 0)
     fail(fmt::format("{}: train.seq_len = {} cannot be cut into {} equal chunks (two per rank "
                      "for train.context_parallel = {})",
                      where, t.seq_len, 2 * t.context_parallel, t.context_parallel),

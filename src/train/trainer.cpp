@@ -144,7 +144,11 @@ struct TrainingRun {
   std::optional<MetricsWriter> open_outputs(int64_t start_step) const {
     if (!procs.root()) return std::nullopt;
     std::optional<MetricsWriter> metrics(std::in_place, tc.run_dir + "/metrics.jsonl", start_step);
-    write_file_atomic(tc.run_dir + "/config.json", rc.source.dump(2) + "\n");
+    // The steps the run trains to (--steps overrides train.steps): what a resume from this
+    // file continues to.
+    json source = rc.source;
+    source["train"]["steps"] = schedule.total_steps;
+    write_file_atomic(tc.run_dir + "/config.json", source.dump(2) + "\n");
     return metrics;
   }
   void start_heartbeat();
