@@ -147,5 +147,13 @@ echo '{broken' >broken.json
 expect_fail "bad --profile under mpirun" "--profile broken.json: not valid JSON" \
   timeout 60 "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm -b 8 -e 64 -w 1 -n 2 --op broadcast --profile broken.json
 [ "$(cat broken.json)" = "{broken" ] && ok "the bad profile is left as it was" || bad "bad profile overwritten"
+# A --profile that is JSON but no hardware profile is refused before anything is measured or
+# written.
+echo '{"my": "settings"}' >notprof.json
+expect_fail "--profile that is not a hardware profile" "notprof.json" \
+  timeout 60 "${MPIRUN[@]}" -np 2 "$FOUNDRY" bench comm -b 8 -e 64 -w 1 -n 2 --op broadcast \
+  --json np.json --profile notprof.json
+[ ! -e np.json ] && [ "$(cat notprof.json)" = '{"my": "settings"}' ] \
+  && ok "nothing measured or written for a foreign --profile" || bad "np.json written or notprof.json changed"
 
 finish

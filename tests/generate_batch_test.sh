@@ -83,7 +83,7 @@ sed -n 5p req.jsonl >one.jsonl
   || bad "seeded request: alone $(field one_out.jsonl 0 token_ids), in batch $(field out.jsonl 3 token_ids)"
 
 # Killed after two results: they stay, the rest run, the file ends the same.
-{ sed -n 5p out.jsonl; sed -n 1p out.jsonl; printf '{"index": 1, "te'; } >resumed.jsonl
+{ sed -n 5p out.jsonl; sed -n 1p out.jsonl; sed -n 2p out.jsonl | head -c 40; } >resumed.jsonl
 "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out resumed.jsonl -q >resume.log 2>&1
 if cmp -s resumed.jsonl out.jsonl && grep -q "2 already done" resume.log; then
   ok "a killed run resumes: 2 results kept, the rest generated, the same file"
@@ -145,5 +145,23 @@ assert a["prediction"] == max(range(3), key=lambda i: a["scores"][i])
 assert a["correct"] == (a["prediction"] == 0) and "answer" not in b
 assert c["line"] == 3 and "at least two" in c["error"]
 PY
+
+# ---- outputs through a link, to a pipe, and over another command's results ----
+ln -s scores.jsonl scores-link.jsonl
+"$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out scores-link.jsonl -q >/dev/null 2>&1
+[ -L scores-link.jsonl ] && cmp -s scores.jsonl <(cat scores-link.jsonl) \
+  && ok "--out through a symbolic link writes the file it names, and the link stays" \
+  || bad "--out replaced the symbolic link"
+"$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out /dev/stdout -q 2>/dev/null | cat >piped.jsonl
+cmp -s piped.jsonl scores.jsonl && [ -L /dev/stdout ] \
+  && ok "eval --choices --out /dev/stdout writes the scores to the pipe" || bad "eval --choices --out /dev/stdout"
+timeout 120 "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out /dev/stdout -q 2>/dev/null \
+  | cat >piped-gen.jsonl
+cmp -s piped-gen.jsonl out.jsonl && ok "generate --batch --out /dev/stdout: the results once, in request order" \
+  || { bad "generate --batch to a pipe"; diff piped-gen.jsonl out.jsonl | head -5; }
+cp out.jsonl precious.jsonl
+expect_fail "eval --choices --out over generate's results" "already holds something this command did not write" \
+  "$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out precious.jsonl -q
+cmp -s out.jsonl precious.jsonl && ok "generate's results are left as they were" || bad "precious.jsonl changed"
 
 finish

@@ -7,7 +7,7 @@ cd "$WORK"
 
 # ---- ZAYA1-base's budget on 1,024 MI300X ----
 if "$FOUNDRY" plan --profile mi300x --total-params 8.3B --active-params 0.76B --seq 4096 \
-     --global-batch 4096 --devices 1024 --vocab 262272 --tokens 12T \
+     --global-batch 4096 --devices 1024 --tokens 12T \
      --compare "$SRC/configs/zaya1-base.json" --out zaya-plan.json >zaya.txt 2>zaya.err; then
   ok "plan searches ZAYA1-base's budget on mi300x"
 else bad "plan failed:"; cat zaya.err; fi
@@ -20,6 +20,9 @@ assert m, "no comparison line"
 # depth (81%; docs/planning.md).
 assert float(m.group(1)) >= 80.0, m.group(0)
 PY
+# Without --vocab the searched shapes take the compared config's vocabulary, and nothing warns.
+grep -q "arch zaya1, vocabulary 262272" zaya.txt && ! grep -q "warning" zaya.err \
+  && ok "the search takes --compare's vocabulary" || bad "search vocabulary: $(grep budget: zaya.txt) $(cat zaya.err)"
 for needle in "Ranked by predicted training throughput" "Pareto front" "Rejected shapes" \
               "head dim not a multiple of 64" "hidden size not a multiple of 128" \
               "break-even step time 0.234 s" "aspect ratio"; do
@@ -52,6 +55,21 @@ grep -q "predicted step time:" <<<"$out" && grep -q "expert GEMMs" <<<"$out" \
 "$FOUNDRY" plan --profile cpu.json --config "$SRC/configs/moe-bench.json" --json >pred.json 2>&1
 python3 -c "import json; d = json.load(open('pred.json')); assert d['step_s'] > 0 and d['items']" \
   && ok "plan --config --json" || bad "plan --config --json"
+
+# A profile that measured no fp32 product (bench gemm --dtype bf16) prices fp32 at its spec peak,
+# and says so; bf16, measured, goes without the warning.
+python3 - cpu.json bf16-only.json <<'PY'
+import json, sys
+doc = json.load(open(sys.argv[1]))
+doc["compute"]["fp32"] = {"spec_flops_per_s": 5e11}
+json.dump(doc, open(sys.argv[2], "w"))
+PY
+"$FOUNDRY" plan --profile bf16-only.json --config "$SRC/configs/moe-bench.json" \
+  --set train.precision=fp32 >fp32.txt 2>&1
+"$FOUNDRY" plan --profile bf16-only.json --config "$SRC/configs/moe-bench.json" >bf16.txt 2>&1
+grep -q "warning: profile bf16-only.json measured no fp32 product: every one is priced at its spec peak" fp32.txt \
+  && ! grep -q "warning: profile" bf16.txt && ok "an unmeasured dtype is priced at the spec peak, with a warning" \
+  || { bad "no warning for an unmeasured dtype"; cat fp32.txt; }
 
 # ---- a measured profile of this machine: bench all -> plan ----
 if "$FOUNDRY" bench all --quick --only gemm,membw --out hw >hw.log 2>&1; then

@@ -90,24 +90,70 @@ void fsync_path(const std::string& path) {
   ::close(fd);
 }
 
-void write_file_atomic(const std::string& path, const void* data, size_t bytes) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail_errno("create", tmp);
+namespace {
+
+// Writes all of `data` to `fd`, failing naming `path`.
+void write_all(int fd, const std::string& path, const void* data, size_t bytes) {
   const char* p = static_cast<const char*>(data);
   size_t left = bytes;
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int saved = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      errno = saved;
-      fail_errno("write", tmp);
+      fail_errno("write", path);
     }
     p += n;
     left -= static_cast<size_t>(n);
+  }
+}
+
+// The file a path names once its symbolic links are followed (a link's target may not exist
+// yet); the path itself when it is no link.
+std::string link_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    std::error_code ec;
+    if (!fs::is_symlink(p, ec)) return p.string();
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return p.string();
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  fail(fmt::format("'{}': too many levels of symbolic links", path), "fix the link");
+}
+
+}  // namespace
+
+bool is_stream_file(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
+}
+
+void write_file_atomic(const std::string& given, const void* data, size_t bytes) {
+  // A pipe or device (/dev/stdout, a FIFO) is written as it is: there is nothing to replace.
+  if (is_stream_file(given)) {
+    const int fd = ::open(given.c_str(), O_WRONLY);
+    if (fd < 0) fail_errno("open for writing", given);
+    try {
+      write_all(fd, given, data, bytes);
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    return;
+  }
+  // Through a symbolic link: the file it names is replaced, and the link stays.
+  const std::string path = link_target(given);
+  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) fail_errno("create", tmp);
+  try {
+    write_all(fd, tmp, data, bytes);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int saved = errno;

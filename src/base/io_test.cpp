@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
+#include <thread>
 
 #include "base/error.h"
 #include "base/test_expect_error.h"
@@ -57,6 +59,35 @@ TEST(CheckOutputFile, APipeIsNotRead) {
   TempDir dir;
   ASSERT_EQ(::mkfifo(dir.file("fifo").c_str(), 0600), 0);
   check_output_file("--trace", dir.file("fifo"), {}, starts_with_ours);
+}
+
+// Through a symbolic link the file it names is replaced and the link stays (a dangling link
+// creates its target); a pipe is written as it is, not replaced by a file.
+TEST(WriteFileAtomic, FollowsLinksAndWritesPipesAsTheyAre) {
+  TempDir dir;
+  write_file_atomic(dir.file("real.jsonl"), "old\n");
+  ASSERT_EQ(::symlink("real.jsonl", dir.file("link.jsonl").c_str()), 0);
+  write_file_atomic(dir.file("link.jsonl"), "new\n");
+  struct stat st;
+  ASSERT_EQ(::lstat(dir.file("link.jsonl").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISLNK(st.st_mode));
+  EXPECT_EQ(read_text_file(dir.file("real.jsonl")), "new\n");
+  ASSERT_EQ(::symlink(dir.file("later.txt").c_str(), dir.file("dangling").c_str()), 0);
+  write_file_atomic(dir.file("dangling"), "made\n");
+  EXPECT_EQ(read_text_file(dir.file("later.txt")), "made\n");
+
+  const std::string fifo = dir.file("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(is_stream_file(fifo));
+  EXPECT_FALSE(is_stream_file(dir.file("real.jsonl")));
+  EXPECT_FALSE(is_stream_file(dir.path()));
+  std::string got;
+  std::thread reader([&] { got = read_text_file(fifo); });
+  write_file_atomic(fifo, "through the pipe\n");
+  reader.join();
+  EXPECT_EQ(got, "through the pipe\n");
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
 }
 
 }  // namespace

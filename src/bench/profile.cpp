@@ -46,12 +46,59 @@ double number(const json& obj, const std::string& key, const std::string& where,
   return v;
 }
 
+// The object at `key` of `obj`; an empty one where it is absent or null, and a failure where it
+// is anything else.
+const json& object_at(const json& obj, const std::string& key, const std::string& where) {
+  static const json kEmpty = json::object();
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return kEmpty;
+  if (!it->is_object())
+    fail(fmt::format("{}: '{}' must be an object, got {}", where, key, it->dump()),
+         "fix the profile (docs/formats.md, \"Hardware profile\")");
+  return *it;
+}
+
+// The array at `key` of `obj`, of objects; an empty one where it is absent or null.
+const json& objects_at(const json& obj, const std::string& key, const std::string& where) {
+  static const json kEmpty = json::array();
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return kEmpty;
+  if (!it->is_array())
+    fail(fmt::format("{}: '{}' must be an array, got {}", where, key, it->dump()),
+         "fix the profile (docs/formats.md, \"Hardware profile\")");
+  for (const json& item : *it)
+    if (!item.is_object())
+      fail(
+          fmt::format("{}: every entry of '{}' must be an object, got {}", where, key, item.dump()),
+          "fix the profile (docs/formats.md, \"Hardware profile\")");
+  return *it;
+}
+
+// The string at `key` of `obj` (`fallback` where it is absent or null).
+std::string text_at(const json& obj, const std::string& key, const std::string& where,
+                    const std::string& fallback = "") {
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  if (!it->is_string())
+    fail(fmt::format("{}: '{}' must be a string, got {}", where, key, it->dump()),
+         "fix the profile (docs/formats.md, \"Hardware profile\")");
+  return it->get<std::string>();
+}
+
+// A number `obj` must have.
+double required_number(const json& obj, const std::string& key, const std::string& where) {
+  if (!obj.contains(key) || obj[key].is_null())
+    fail(fmt::format("{}: '{}' is missing", where, key),
+         "fix the profile, or measure it again with foundry bench");
+  return number(obj, key, where);
+}
+
 PeakCompute parse_peak(const json& compute, const char* dtype, const std::string& where) {
   PeakCompute p;
-  if (!compute.contains(dtype)) return p;
+  const json& peak = object_at(compute, dtype, where + ": compute");
   const std::string w = fmt::format("{}: compute.{}", where, dtype);
-  p.spec_flops_per_s = number(compute[dtype], "spec_flops_per_s", w);
-  p.measured_flops_per_s = number(compute[dtype], "measured_flops_per_s", w);
+  p.spec_flops_per_s = number(peak, "spec_flops_per_s", w);
+  p.measured_flops_per_s = number(peak, "measured_flops_per_s", w);
   return p;
 }
 
@@ -200,6 +247,16 @@ double HardwareProfile::memory_bandwidth() const {
   return memory_measured_bytes_per_s > 0 ? memory_measured_bytes_per_s : memory_spec_bytes_per_s;
 }
 
+void HardwareProfile::require_memory_bandwidth(const std::string& use) const {
+  if (memory_bandwidth() > 0) return;
+  fail(fmt::format("profile {} has no memory bandwidth (memory.measured_bytes_per_s or "
+                   "memory.spec_bytes_per_s), which {} needs",
+                   path.empty() ? name : path, use),
+       fmt::format("measure it with `foundry bench membw --profile {}`, or use `foundry bench "
+                   "all`, which measures everything a plan reads",
+                   path.empty() ? "FILE" : path));
+}
+
 const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t ranks) const {
   // At equal rank counts: NCCL's fit on a GPU, the library's default choice on a CPU.
   const std::string preferred = kind == "gpu" ? "nccl" : "default";
@@ -242,28 +299,29 @@ namespace {
 void read_gemm_section(const json& g, const std::string& where, HardwareProfile& p,
                        std::vector<GemmPoint>& offsize) {
   const std::string w = where + ": gemm";
-  if (g.contains("best_flops_per_s")) {
-    const json& b = g["best_flops_per_s"];
+  {
+    const json& b = object_at(g, "best_flops_per_s", w);
     if (p.bf16.measured_flops_per_s == 0) p.bf16.measured_flops_per_s = number(b, "bf16", w);
     if (p.fp32.measured_flops_per_s == 0) p.fp32.measured_flops_per_s = number(b, "fp32", w);
   }
-  for (const auto& pt : g.value("points", json::array())) {
+  for (const auto& pt : objects_at(g, "points", w)) {
     GemmPoint gp;
-    gp.dtype = dtype_at(pt.value("dtype", "bf16"), w);
+    gp.dtype = dtype_at(text_at(pt, "dtype", w + ".points", "bf16"), w);
     gp.m = static_cast<int64_t>(number(pt, "m", w));
     gp.n = static_cast<int64_t>(number(pt, "n", w));
     gp.k = static_cast<int64_t>(number(pt, "k", w));
     gp.flops_per_s = number(pt, "flops_per_s", w);
-    gp.kind = pt.value("kind", "");
+    gp.kind = text_at(pt, "kind", w + ".points");
     if (gp.m < 1 || gp.n < 1 || gp.k < 1 || gp.flops_per_s <= 0)
       fail(fmt::format("{}: point {} has a zero dimension or rate", w, pt.dump()),
            "fix or remove the point");
     (gp.kind == "offsize" ? offsize : p.gemm_points).push_back(gp);
   }
   if (g.contains("efficiency_model")) {
-    const json& m = g["efficiency_model"];
-    if (m.value("kind", "") != "saturation")
-      fail(fmt::format("{}: efficiency_model.kind = {}", w, m.value("kind", "")),
+    const json& m = object_at(g, "efficiency_model", w);
+    const std::string kind = text_at(m, "kind", w + ".efficiency_model");
+    if (kind != "saturation")
+      fail(fmt::format("{}: efficiency_model.kind = \"{}\"", w, kind),
            "the only model is \"saturation\" (rate = best · W/(W + half_efficiency_flops))");
     p.gemm_half_efficiency_flops = number(m, "half_efficiency_flops", w + ".efficiency_model");
   }
@@ -272,27 +330,40 @@ void read_gemm_section(const json& g, const std::string& where, HardwareProfile&
       fail(fmt::format("{}: 'grouped_expert_gemms' must be true or false", w), "fix the profile");
     p.grouped_expert_gemms = g["grouped_expert_gemms"].get<bool>();
   }
-  for (const auto& a : g.value("alignment", json::array()))
-    p.alignment.push_back({static_cast<int64_t>(number(a, "multiple", w + ".alignment")),
-                           number(a, "factor", w + ".alignment")});
+  for (const auto& a : objects_at(g, "alignment", w)) {
+    const AlignmentFactor f{static_cast<int64_t>(required_number(a, "multiple", w + ".alignment")),
+                            required_number(a, "factor", w + ".alignment")};
+    // A rate factor: 1 for the best-aligned shapes, less for the others, never more.
+    if (f.multiple < 1 || (f.multiple & (f.multiple - 1)) != 0 || !(f.factor > 0) || f.factor > 1)
+      fail(fmt::format("{}.alignment: {} is not a power-of-two multiple with a factor in (0, 1]", w,
+                       a.dump()),
+           "e.g. {\"multiple\": 64, \"factor\": 0.95}; fix or remove the entry");
+    p.alignment.push_back(f);
+  }
 }
 
 // One "collectives" entry; nothing where it has measured points but no fit.
 std::optional<CollectiveFit> read_collective(const json& c, const std::string& where) {
   CollectiveFit f;
   const std::string w = where + ": collectives";
-  f.op = c.value("op", "");
+  f.op = text_at(c, "op", w);
   if (!known_op(f.op))
     fail(fmt::format("{}: unknown op \"{}\"", w, f.op),
          "use all_reduce, reduce_scatter, all_gather, broadcast or all_to_all");
-  f.ranks = static_cast<int64_t>(number(c, "ranks", w));
-  f.algorithm = c.value("algorithm", "default");
-  f.scope = c.value("scope", "");
-  if (!c.contains("fit")) return std::nullopt;  // points only: nothing to predict from
-  f.alpha_s = number(c["fit"], "alpha_s", w + ".fit");
-  f.beta_bytes_per_s = number(c["fit"], "beta_bytes_per_s", w + ".fit");
-  if (f.ranks < 2 || f.beta_bytes_per_s <= 0)
-    fail(fmt::format("{}: {} at {} ranks has ranks < 2 or beta <= 0", w, f.op, f.ranks),
+  f.ranks = static_cast<int64_t>(required_number(c, "ranks", w));
+  f.algorithm = text_at(c, "algorithm", w, "default");
+  f.scope = text_at(c, "scope", w);
+  if (!c.contains("fit") || c["fit"].is_null()) return std::nullopt;  // points only
+  const json& fit = object_at(c, "fit", w);
+  const std::string wf = fmt::format("{} ({} at {} ranks).fit", w, f.op, f.ranks);
+  f.alpha_s = required_number(fit, "alpha_s", wf);
+  f.beta_bytes_per_s = required_number(fit, "beta_bytes_per_s", wf);
+  f.max_bytes = number(fit, "max_bytes", wf);
+  if (f.ranks < 2)
+    fail(fmt::format("{}: {} at {} ranks: a collective needs at least 2", w, f.op, f.ranks),
+         "fix the entry or measure it again");
+  if (f.beta_bytes_per_s <= 0)
+    fail(fmt::format("{}: beta_bytes_per_s must be above 0", wf),
          "fix the entry or measure it again");
   return f;
 }
@@ -311,43 +382,40 @@ HardwareProfile parse_profile(const json& doc, const std::string& where) {
     fail(fmt::format("{}: not a foundry hardware profile (\"format\" must be "
                      "\"foundry-hardware-profile\")", where),
          "write one with `foundry bench all`, or start from profiles/mi300x.json");
-  if (doc.value("version", 0) != 1)
-    fail(fmt::format("{}: unsupported profile version {}", where, doc.value("version", 0)),
+  if (!doc.contains("version") || doc["version"] != 1)
+    fail(fmt::format("{}: unsupported profile version {}", where,
+                     doc.contains("version") ? doc["version"].dump() : "(none)"),
          "this foundry reads version 1");
   HardwareProfile p;
   p.path = where;
   p.raw = doc;
-  p.name = doc.value("name", "");
+  p.name = text_at(doc, "name", where);
   if (doc.contains("device")) {
-    const json& d = doc["device"];
-    p.kind = d.value("kind", "cpu");
+    const json& d = object_at(doc, "device", where);
+    p.kind = text_at(d, "kind", where + ": device", "cpu");
     if (p.kind != "cpu" && p.kind != "gpu")
       fail(fmt::format("{}: device.kind = \"{}\"", where, p.kind), "use \"cpu\" or \"gpu\"");
     p.memory_bytes = static_cast<int64_t>(number(d, "memory_bytes", where + ": device"));
     p.devices_per_node = static_cast<int64_t>(number(d, "devices_per_node", where + ": device", 1));
   }
-  if (doc.contains("compute")) {
-    p.bf16 = parse_peak(doc["compute"], "bf16", where);
-    p.fp32 = parse_peak(doc["compute"], "fp32", where);
-  }
-  if (doc.contains("memory")) {
-    p.memory_spec_bytes_per_s = number(doc["memory"], "spec_bytes_per_s", where + ": memory");
-    p.memory_measured_bytes_per_s =
-        number(doc["memory"], "measured_bytes_per_s", where + ": memory");
-  }
+  const json& compute = object_at(doc, "compute", where);
+  p.bf16 = parse_peak(compute, "bf16", where);
+  p.fp32 = parse_peak(compute, "fp32", where);
+  const json& memory = object_at(doc, "memory", where);
+  p.memory_spec_bytes_per_s = number(memory, "spec_bytes_per_s", where + ": memory");
+  p.memory_measured_bytes_per_s = number(memory, "measured_bytes_per_s", where + ": memory");
   std::vector<GemmPoint> offsize;
-  if (doc.contains("gemm")) read_gemm_section(doc["gemm"], where, p, offsize);
+  read_gemm_section(object_at(doc, "gemm", where), where, p, offsize);
   if (p.alignment.empty()) p.alignment = alignment_from_offsize(offsize);
   std::sort(
       p.alignment.begin(), p.alignment.end(),
       [](const AlignmentFactor& a, const AlignmentFactor& b) { return a.multiple > b.multiple; });
-  for (const auto& c : doc.value("collectives", json::array()))
+  for (const auto& c : objects_at(doc, "collectives", where))
     if (std::optional<CollectiveFit> f = read_collective(c, where)) p.collectives.push_back(*f);
-  if (doc.contains("storage")) {
-    p.storage_iops_budget = number(doc["storage"], "iops_budget", where + ": storage");
-    p.storage_page_bytes =
-        static_cast<int64_t>(number(doc["storage"], "page_bytes", where + ": storage", 4096));
-  }
+  const json& storage = object_at(doc, "storage", where);
+  p.storage_iops_budget = number(storage, "iops_budget", where + ": storage");
+  p.storage_page_bytes =
+      static_cast<int64_t>(number(storage, "page_bytes", where + ": storage", 4096));
   if (p.max_gemm_rate(DType::bf16) <= 0 && p.max_gemm_rate(DType::f32) <= 0)
     fail(fmt::format("{}: no compute rate (compute.*.measured_flops_per_s or spec_flops_per_s)",
                      where),

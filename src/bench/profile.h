@@ -38,6 +38,7 @@ struct CollectiveFit {
   std::string scope;      // "", "intra-node" or "inter-node" (reference profiles)
   double alpha_s = 0;            // latency
   double beta_bytes_per_s = 0;   // algorithm bandwidth, S as in nccl-tests' algbw
+  double max_bytes = 0;          // the largest message measured (0 = unknown)
 };
 
 struct PeakCompute {
@@ -84,6 +85,9 @@ struct HardwareProfile {
   double decode_gemm_rate(DType dtype, int64_t m, int64_t n, int64_t k) const;
   double alignment_factor(int64_t n, int64_t k) const;
   double memory_bandwidth() const;  // measured if known, else spec
+  // Fails, naming the profile and `use`, when it has no memory bandwidth: the planner prices
+  // the optimizer, elementwise kernels and small products by it.
+  void require_memory_bandwidth(const std::string& use) const;
   // The fit for `op` at the largest profiled rank count <= ranks (or the smallest above it
   // when none is below). Fails, naming the profile, when the op has no entry.
   const CollectiveFit& collective(const std::string& op, int64_t ranks) const;

@@ -17,6 +17,7 @@
 #include "base/memory_budget.h"
 #include "base/progress.h"
 #include "bench/comm_bench.h"
+#include "bench/gemm_bench.h"
 #include "bench/membw_bench.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
@@ -156,8 +157,12 @@ void run_bench_comm(const BenchCommArgs& a) {
   const bool root = world.rank() == 0;
   // Rank 0 writes the files, so it checks them (another host need not have their directory).
   std::exception_ptr output_error;
-  if (failed_on_root(world, output_error,
-                     [&] { check_bench_outputs(a.json_path, a.csv_path, a.profile_path); })) {
+  if (failed_on_root(world, output_error, [&] {
+        check_bench_outputs(a.json_path, a.csv_path, a.profile_path);
+        // A --profile that is not a hardware profile fails now, not after the
+        // whole benchmark.
+        if (!a.profile_path.empty()) read_profile_for_merge(a.profile_path);
+      })) {
     session.finalize();
     if (!root) std::exit(0);  // only rank 0 explains, as at the end
     std::rethrow_exception(output_error);

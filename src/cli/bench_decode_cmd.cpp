@@ -67,7 +67,10 @@ void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
   check_memory({"bench decode", {{"the largest model and decode state", decode_bench_bytes(o)}}},
                memory_budget_of(device), "choose fewer or smaller batches (--batches) or --context");
   std::unique_ptr<HardwareProfile> profile;
-  if (!f.profile.empty()) profile = std::make_unique<HardwareProfile>(load_profile(f.profile));
+  if (!f.profile.empty()) {
+    profile = std::make_unique<HardwareProfile>(load_profile(f.profile));
+    profile->require_memory_bandwidth("bench decode's prediction");
+  }
 
   auto bar = std::make_shared<std::unique_ptr<Progress>>();
   if (!f.quiet)

@@ -333,10 +333,24 @@ TrainingTime training_time(double tokens, const StepShape& s, const StepPredicti
 }
 
 // --config: predict one config's step on one device of the profile.
+// A profile that measured no product of the run's dtype prices them all at its spec peak
+// (bench gemm --dtype bf16 leaves fp32 unmeasured): say so, since the MFU then reads high.
+void warn_unmeasured_dtype(const HardwareProfile& profile, DType dtype) {
+  if (profile.peak(dtype).measured_flops_per_s > 0) return;
+  for (const GemmPoint& p : profile.gemm_points)
+    if (p.dtype == dtype) return;
+  fmt::print(stderr,
+             "warning: profile {} measured no {} product: every one is priced at its spec peak "
+             "({}) (measure them with `foundry bench gemm --dtype {} --profile {}`)\n",
+             profile.path, dtype_name(dtype), format_flops(profile.peak(dtype).spec_flops_per_s),
+             dtype_name(dtype), profile.path);
+}
+
 void predict_config(const PlanOptions& o, const HardwareProfile& profile, double memory,
                     bool seq_given, bool batch_given) {
   const RunConfig rc = load_run_config(o.config_path, o.overrides);
   const StepShape s = config_step_shape(o, rc, seq_given, batch_given);
+  warn_unmeasured_dtype(profile, s.precision);
   const StepPrediction p = predict_step(rc.model, s, profile);
   const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
   // The device's memory: --memory-per-device, else the profile's.
@@ -412,6 +426,15 @@ PlanRequest search_request(const PlanOptions& o, double memory, bool seq_given,
     rq.compare.push_back({path, rc.model});
     rq.base = rc.model;  // fixed keys (router width, kernels, RoPE share) follow the reference
   }
+  // The searched shapes take the compared model's vocabulary unless --vocab says otherwise:
+  // an LM head of another size would be counted as the shape's difference.
+  if (o.vocab <= 0 && !rq.compare.empty()) rq.vocab = rq.compare.front().second.vocab_size;
+  for (const auto& [path, model] : rq.compare)
+    if (model.vocab_size != rq.vocab)
+      fmt::print(stderr,
+                 "warning: --compare {} has model.vocab_size {}, the searched shapes {}{}: its "
+                 "LM head's share of the step differs from theirs\n",
+                 path, model.vocab_size, rq.vocab, o.vocab > 0 ? " (--vocab)" : "");
   return rq;
 }
 
@@ -419,6 +442,7 @@ PlanRequest search_request(const PlanOptions& o, double memory, bool seq_given,
 void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double memory,
                    bool seq_given, bool batch_given) {
   const PlanRequest rq = search_request(o, memory, seq_given, batch_given);
+  warn_unmeasured_dtype(profile, rq.precision);
   const PlanResult r = plan_search(rq, profile);
   if (r.ranked.empty()) {
     if (o.json) std::printf("%s\n", plan_to_json(r, o.top).dump(2).c_str());
@@ -475,6 +499,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
                                  "written by `foundry bench all`");
   if (!o.out.empty()) check_plan_out(o);
   const HardwareProfile profile = load_profile(o.profile);
+  profile.require_memory_bandwidth("plan");
   const double memory = parse_amount("--memory-per-device", o.memory);
   if (!(o.overlap >= 0 && o.overlap <= 1))  // NaN too
     fail(fmt::format("--comm-overlap {} must be in [0, 1]", o.overlap),
@@ -508,7 +533,19 @@ void check_mode_options(const CLI::App& plan, bool config) {
                                             "--overlap-param-gather",
                                             "--overlap-expert-comm",
                                             "--dedup-expert-dispatch"};
+  // The search's model and run; --config's come from its keys.
+  static const std::pair<const char*, const char*> kConfigKeys[] = {
+      {"--arch", "model.arch"},
+      {"--vocab", "model.vocab_size"},
+      {"--precision", "train.precision"},
+      {"--optimizer", "train.optimizer"}};
   if (config) {
+    for (const auto& [name, key] : kConfigKeys)
+      if (plan.count(name) > 0)
+        fail(fmt::format("{} sets the searched shapes' {}; with --config plan predicts that "
+                         "config, whose {} it reads",
+                         name, key, key),
+             fmt::format("change it with --set {}=VALUE, or leave out --config to search", key));
     for (const char* name : kSearchOnly)
       if (plan.count(name) > 0)
         fail(fmt::format("{} is an option of the search; with --config plan predicts that one "
@@ -528,7 +565,8 @@ void check_mode_options(const CLI::App& plan, bool config) {
 void add_shape_options(CLI::App* plan, PlanOptions* o) {
   plan->add_option("--arch", o->arch, "Architecture to size")
       ->check(CLI::IsMember({"zaya1", "moe"}));
-  plan->add_option("--vocab", o->vocab, "Vocabulary size (default 32000)")
+  plan->add_option("--vocab", o->vocab,
+                   "Vocabulary size (default: the first --compare config's, else 32000)")
       ->check(in_range(int64_t{2}, int64_t{1} << 31));
   plan->add_option("--precision", o->precision, "GEMM inputs")
       ->check(CLI::IsMember({"bf16", "fp32"}));

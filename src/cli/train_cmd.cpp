@@ -182,16 +182,19 @@ void run_eval_choices(const EvalArgs& e) {
   infer::check_tokenizer_of(dir, tok_path);
   auto model = infer::load_model(rc, dir, rc.train.precision, *backend);
   const infer::ChoiceSummary s = infer::run_choice_eval(*model, tok, e.choices, e.out, e.quiet);
-  std::printf("checkpoint %s\n%lld items scored", dir.c_str(),
-              static_cast<long long>(s.items - s.invalid));
-  if (s.invalid > 0) std::printf(" (%lld invalid lines skipped)", static_cast<long long>(s.invalid));
+  // With the scores on stdout (--out /dev/stdout), the summary goes to stderr.
+  std::FILE* const report = !e.out.empty() && is_stream_file(e.out) ? stderr : stdout;
+  std::fprintf(report, "checkpoint %s\n%lld items scored", dir.c_str(),
+               static_cast<long long>(s.items - s.invalid));
+  if (s.invalid > 0)
+    std::fprintf(report, " (%lld invalid lines skipped)", static_cast<long long>(s.invalid));
   if (s.with_answer > 0)
-    std::printf(" | accuracy %.4f (%lld of %lld) | by mean per-token log-likelihood %.4f",
-                static_cast<double>(s.correct) / s.with_answer, static_cast<long long>(s.correct),
-                static_cast<long long>(s.with_answer),
-                static_cast<double>(s.correct_by_mean) / s.with_answer);
-  if (!e.out.empty()) std::printf(" | scores in %s", e.out.c_str());
-  std::printf("\n");
+    std::fprintf(report, " | accuracy %.4f (%lld of %lld) | by mean per-token log-likelihood %.4f",
+                 static_cast<double>(s.correct) / s.with_answer, static_cast<long long>(s.correct),
+                 static_cast<long long>(s.with_answer),
+                 static_cast<double>(s.correct_by_mean) / s.with_answer);
+  if (!e.out.empty()) std::fprintf(report, " | scores in %s", e.out.c_str());
+  std::fprintf(report, "\n");
 }
 
 // `foundry generate`: a prompt (or, with --batch, a file of requests) continued by the model
@@ -240,26 +243,29 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
   o.stop_on_error = g.stop_on_error;
   o.quiet = g.quiet;
   const infer::BatchSummary s = infer::run_generation_batch(model, tok, o);
-  std::printf(
+  // With the results on stdout (--out /dev/stdout), the summary goes to stderr.
+  std::FILE* const report = is_stream_file(g.out) ? stderr : stdout;
+  std::fprintf(
+      report,
       "%lld requests: %lld generated now (%lld tokens in %.2f s, %.0f tokens/s), %lld already "
       "done, %lld invalid | results in %s\n",
       static_cast<long long>(s.requests), static_cast<long long>(s.generated),
       static_cast<long long>(s.generated_tokens), s.seconds,
       s.generated_tokens / std::max(s.seconds, 1e-9), static_cast<long long>(s.already_done),
       static_cast<long long>(s.invalid), g.out.c_str());
-  std::printf(
-      "context tokens %lld (prompts with their document-start tokens), computed %lld "
-      "(schedule %s) | %lld steps | KV memory at most %s of "
-      "%s",
-      static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prefill_tokens),
-      infer::schedule_name(o.engine.schedule), static_cast<long long>(s.steps),
-      format_bytes(static_cast<double>(s.peak_kv_bytes)).c_str(),
-      o.engine.kv_budget_bytes > 0
-          ? format_bytes(static_cast<double>(o.engine.kv_budget_bytes)).c_str()
-          : "no limit");
+  std::fprintf(report,
+               "context tokens %lld (prompts with their document-start tokens), computed %lld "
+               "(schedule %s) | %lld steps | KV memory at most %s of "
+               "%s",
+               static_cast<long long>(s.prompt_tokens), static_cast<long long>(s.prefill_tokens),
+               infer::schedule_name(o.engine.schedule), static_cast<long long>(s.steps),
+               format_bytes(static_cast<double>(s.peak_kv_bytes)).c_str(),
+               o.engine.kv_budget_bytes > 0
+                   ? format_bytes(static_cast<double>(o.engine.kv_budget_bytes)).c_str()
+                   : "no limit");
   if (o.engine.schedule == infer::Schedule::lru)
-    std::printf(" | %lld cached prefixes evicted", static_cast<long long>(s.evictions));
-  std::printf("\n");
+    std::fprintf(report, " | %lld cached prefixes evicted", static_cast<long long>(s.evictions));
+  std::fprintf(report, "\n");
 }
 
 // The options of --batch mean nothing to one prompt: given with --prompt, they are refused

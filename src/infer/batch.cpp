@@ -129,15 +129,19 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
     fail(fmt::format("cannot write --trace '{}'", o.trace),
          "check that its directory exists and is writable");
   if (trace) std::fputs(kTraceHeader, trace);
-  std::FILE* out = open_for_append(o.out, lines);
+  // A regular OUT gets each result as it finishes (what a resume reads back); a pipe or
+  // device (/dev/stdout) gets the results once, in request order, at the end.
+  std::FILE* out = is_stream_file(o.out) ? nullptr : open_for_append(o.out, lines);
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
   const EngineStats stats = engine.run(
       todo,
       [&](const GenerationRequest& q, const Generation& g) {
         const std::string line = result_of(q, g, tok);
-        std::fprintf(out, "%s\n", line.c_str());
-        std::fflush(out);
+        if (out) {
+          std::fprintf(out, "%s\n", line.c_str());
+          std::fflush(out);
+        }
         lines[q.index] = line;
       },
       [&](const EngineStats& e) {
@@ -155,7 +159,7 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                     format_bytes(static_cast<double>(e.kv_bytes))));
       });
   if (!o.quiet && !todo.empty()) progress.finish();
-  std::fclose(out);
+  if (out) std::fclose(out);
   if (trace) std::fclose(trace);
   s.seconds = now_seconds() - start;
   s.evictions = stats.evictions;

@@ -113,8 +113,8 @@ TEST_P(Batch, AKilledRunResumesWithoutRedoingFinishedRequests) {
   // line cut short.
   const std::vector<json> lines = read_lines(o.out);
   o.out = dir.file("resumed.jsonl");
-  write_file(o.out, lines[6].dump() + "\n" + lines[1].dump() + "\n" + lines[3].dump() +
-                        "\n{\"index\": 0, \"text\": \"the");
+  write_file(o.out, lines[6].dump() + "\n" + lines[1].dump() + "\n" + lines[3].dump() + "\n" +
+                        lines[0].dump().substr(0, 40));
   const BatchSummary s = run_generation_batch(*model, small_tokenizer(), o);
   EXPECT_EQ(s.already_done, 3);
   EXPECT_EQ(s.generated, 3);

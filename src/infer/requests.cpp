@@ -182,6 +182,7 @@ std::string error_line(const RequestError& e) {
 std::map<int64_t, std::string> read_finished_results(const std::string& out_path,
                                                      const RequestSet& set) {
   std::map<int64_t, std::string> done;
+  if (is_stream_file(out_path)) return done;  // a pipe or device holds no earlier results
   std::ifstream in(out_path);
   if (!in) return done;
   std::map<int64_t, const GenerationRequest*> by_index;
@@ -205,7 +206,10 @@ std::map<int64_t, std::string> read_finished_results(const std::string& out_path
     try {
       j = json::parse(lines[i]);
     } catch (const json::parse_error&) {
-      if (i + 1 == lines.size() && cut_short && lines[i].rfind("{\"", 0) == 0) break;
+      // (a result line starts with its first key, "finish_reason", or an error line's "error")
+      if (i + 1 == lines.size() && cut_short &&
+          (lines[i].rfind("{\"finish_reason\":", 0) == 0 || lines[i].rfind("{\"error\":", 0) == 0))
+        break;
       not_ours(i, "not JSON");
     }
     if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer())

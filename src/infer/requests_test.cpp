@@ -135,8 +135,10 @@ TEST(Requests, FinishedResultsAreThoseOfTheseRequests) {
   r2.key = set.requests[2].key;
   const std::string out = dir.file("out.jsonl");
   // Two results, an error line, and a last line cut short by a kill.
+  GenerationResult r1 = r0;
+  r1.index = 1;
   write_file(out, result_line(r2) + "\n" + error_line({1, 2, "bad"}) + "\n" + result_line(r0) +
-                      "\n{\"index\": 1, \"te");
+                      "\n" + result_line(r1).substr(0, 30));
   const auto done = read_finished_results(out, set);
   ASSERT_EQ(done.size(), 2u);
   EXPECT_EQ(done.at(0), result_line(r0));
@@ -153,6 +155,9 @@ TEST(Requests, FinishedResultsAreThoseOfTheseRequests) {
   write_file(out, "my notes\n");  // one line, whole: not a cut-short result
   expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");
   write_file(out, "my notes");
+  expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");
+  // Cut short too, but not the start of a result or error line: someone else's file.
+  write_file(out, "{\"my\": \"important data\"");
   expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");
   write_file(out, "{\"a\": 1}\n");
   expect_error([&] { read_finished_results(out, set); }, "no \"index\"");

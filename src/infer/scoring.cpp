@@ -122,7 +122,11 @@ bool is_choice_scores(const std::string& contents) {
   for (std::string line; std::getline(lines, line);) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("index")) return false;
+    if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer()) return false;
+    // A scored item, or an invalid one's error line.
+    const bool scored = j.contains("scores") && j.contains("prediction");
+    const bool error = j.contains("error") && j.contains("line");
+    if (!scored && !error) return false;
   }
   return true;
 }
