@@ -93,6 +93,18 @@ daly = math.sqrt(2 * 10 * M) * (1 + math.sqrt(r) / 3 + r / 9) - 10
 assert abs(g["interval_s"] - daly) < 1e-6 * daly and abs(g["mtbf_s"] - M) < 1e-6 * M, g
 PY
 
+# A given interval is whole steps (a run saves between steps): 1 ms is one step, and below the
+# write time it is warned about.
+"$FOUNDRY" plan --profile mi300x --config "$SRC/configs/zaya1-base.json" --devices 8 \
+  --global-batch 8 --checkpoint-interval 0.001 --json >g2.json 2>g2.err
+python3 - g2.json <<'PY' && grep -q "shorter than a checkpoint's write" g2.err \
+  && ok "an interval below a step is one step, and warned about below the write" \
+  || { bad "short checkpoint interval"; cat g2.err; }
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert abs(d["goodput"]["interval_s"] - d["step_s"]) < 1e-12, (d["goodput"], d["step_s"])
+PY
+
 # ---- bad layouts fail with the flag named ----
 expect_fail "tp x pp not dividing the devices" "--tp 3 x --pp 1 = 3 does not divide --devices 8" \
   "$FOUNDRY" plan --profile h100 --config "$SRC/configs/moe-bench.json" --devices 8 --tp 3

@@ -60,6 +60,11 @@ grep -q "schedule now spans 24 steps instead of the checkpoint's 12: step 13 tra
 # Sequences of any length train without context parallelism (an odd one here).
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=odd train.seq_len=15 -q \
   --steps 2 >odd.log 2>&1 && ok "an odd train.seq_len trains" || { bad "odd seq_len"; cat odd.log; }
+# A GPU's profile for a run on the CPU: the MFU is against that GPU's peak, and the run says so.
+"$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=gpuprof train.peak_gflops=0 \
+  train.hardware_profile=mi300x -q --steps 2 >gpuprof.log 2>&1
+grep -q "warning: train.hardware_profile .* is a gpu profile .* this run trains on the cpu" gpuprof.log \
+  && ok "a GPU profile for a CPU run is warned about" || { bad "no warning for a GPU profile"; cat gpuprof.log; }
 # metrics' tokens count what was trained on, across a resume under another batch size.
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=rebatch -q --stop-at-step 6 \
   >/dev/null 2>&1 && "$FOUNDRY" train --config tiny.json --synthetic-data -q --resume \

@@ -179,7 +179,8 @@ void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) 
 std::pair<GoodputInputs, GoodputPrediction> plan_goodput(const PlanOptions& o,
                                                          const ModelConfig& model,
                                                          const StepShape& s,
-                                                         const HardwareProfile& profile) {
+                                                         const HardwareProfile& profile,
+                                                         double step_s) {
   if (!(o.failure_rate >= 0) || !std::isfinite(o.failure_rate))
     fail(fmt::format("--failure-rate {} must be a finite number >= 0", o.failure_rate),
          "failures per device-hour, e.g. 1.97e-5 (Llama 3's, the default)");
@@ -192,7 +193,16 @@ std::pair<GoodputInputs, GoodputPrediction> plan_goodput(const PlanOptions& o,
   if (o.checkpoint_stall >= 0) in.checkpoint_stall_s = o.checkpoint_stall;
   if (o.checkpoint_write >= 0) in.checkpoint_write_s = o.checkpoint_write;
   if (o.restart >= 0) in.restart_s = o.restart;
-  in.interval_s = o.checkpoint_interval;
+  // A run saves between steps: a given interval is a whole number of steps, at least one.
+  in.interval_s = o.checkpoint_interval > 0
+                      ? std::max(1.0, std::round(o.checkpoint_interval / step_s)) * step_s
+                      : 0.0;
+  if (in.interval_s > 0 && in.interval_s < in.checkpoint_write_s)
+    fmt::print(stderr,
+               "warning: --checkpoint-interval {} s is shorter than a checkpoint's write ({:.2f} "
+               "s): each save would wait for the one before (train.checkpoint_overlap); the best "
+               "interval (leave the option out) is never below the write\n",
+               o.checkpoint_interval, in.checkpoint_write_s);
   return {in, predict_goodput(in)};
 }
 
@@ -352,7 +362,7 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, double
   const StepShape s = config_step_shape(o, rc, seq_given, batch_given);
   warn_unmeasured_dtype(profile, s.precision);
   const StepPrediction p = predict_step(rc.model, s, profile);
-  const auto [gin, gp] = plan_goodput(o, rc.model, s, profile);
+  const auto [gin, gp] = plan_goodput(o, rc.model, s, profile, p.step_s);
   // The device's memory: --memory-per-device, else the profile's.
   const double device_memory = memory > 0 ? memory : double(profile.memory_bytes);
   if (device_memory > 0 && double(p.memory_bytes) > device_memory)
@@ -449,7 +459,8 @@ void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double 
     else std::printf("%s", format_plan(r, profile, o.top).c_str());
   } else {
     const Candidate& best = r.ranked.front();
-    const auto [gin, gp] = plan_goodput(o, best.config, best.shape, profile);
+    const auto [gin, gp] =
+        plan_goodput(o, best.config, best.shape, profile, best.prediction.step_s);
     if (o.json) {
       json j = plan_to_json(r, o.top);
       j["goodput"] = goodput_json(gin, gp, best.prediction.step_s);

@@ -65,9 +65,15 @@ ConfigArgs with_device(const ConfigArgs& args, const std::string& device) {
 
 // train.hardware_profile's measured GEMM peak for the run's precision, per device; none when
 // the config names no profile or gives train.peak_gflops (which wins).
-std::optional<DevicePeak> profile_peak(const TrainConfig& tc) {
+std::optional<DevicePeak> profile_peak(const TrainConfig& tc, bool root) {
   if (tc.hardware_profile.empty() || tc.peak_gflops > 0) return std::nullopt;
   const HardwareProfile profile = load_profile(tc.hardware_profile);
+  const char* device_kind = tc.device.cuda ? "gpu" : "cpu";
+  if (root && profile.kind != device_kind)
+    warn(
+        fmt::format("train.hardware_profile '{}' is a {} profile ({}), and this run trains on "
+                    "the {}: its MFU is against that device's peak",
+                    profile.path, profile.kind, profile.name, device_kind));
   const PeakCompute& peak = profile.peak(tc.precision);
   if (peak.measured_flops_per_s <= 0)
     fail(fmt::format("train.hardware_profile '{}' has no measured {} GEMM peak "
@@ -88,7 +94,7 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
   std::optional<MpiSession> session;
   if (launched_by_mpi()) session.emplace();
   options.world = session ? &session->world() : nullptr;
-  options.profile_peak = profile_peak(rc.train);
+  options.profile_peak = profile_peak(rc.train, !session || session->world().rank() == 0);
   const TrainSummary s = train(rc, options);
   const bool root = !session || session->world().rank() == 0;
   if (session) session->finalize();

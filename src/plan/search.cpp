@@ -306,11 +306,11 @@ void explain_rejection(RejectedExample& r, const std::vector<Candidate>& all,
   const std::string what =
       hidden_off ? fmt::format("GEMMs with d_model = {} as an inner dimension", ex.config.d_model)
                  : fmt::format("the attention products over head_dim = {}", ex.config.head_dim);
-  r.explanation = fmt::format("{}: {:.1f}% less throughput than {} ({}); {} run at {:.0f}% of the "
-                              "aligned rate on this profile",
-                              shape_name(ex.config), 100 * r.loss,
-                              twin ? "its aligned twin" : "the best shape", shape_name(ref.config),
-                              what, 100 * fa);
+  r.explanation = fmt::format(
+      "{}: {:.1f}% {} throughput than {} ({}); {} run at {:.0f}% of the "
+      "aligned rate on this profile",
+      shape_name(ex.config), 100 * std::abs(r.loss), r.loss >= 0 ? "less" : "more",
+      twin ? "its aligned twin" : "the best shape", shape_name(ref.config), what, 100 * fa);
 }
 
 // Rejections, one row per rule, with the best shape each rule turned away.
@@ -458,11 +458,13 @@ std::string format_plan_request(const PlanResult& r, const HardwareProfile& prof
       q.total_params > 0 ? format_count(q.total_params) : "free",
       q.active_params > 0 ? format_count(q.active_params) : "free", 100 * q.tolerance, q.arch,
       q.vocab);
-  out += fmt::format(
-      "run: {} devices, global batch {} × {} tokens, {}, {}, memory {} per device\n", q.devices,
-      q.global_batch, q.seq, dtype_name(q.precision), q.muon ? "Muon + AdamW" : "AdamW",
-      format_bytes(double(q.memory_per_device > 0 ? q.memory_per_device : profile.memory_bytes),
-                   ByteUnit::GiB, 0));
+  const int64_t memory = q.memory_per_device > 0 ? q.memory_per_device : profile.memory_bytes;
+  out +=
+      fmt::format("run: {} devices, global batch {} × {} tokens, {}, {}, memory {}\n", q.devices,
+                  q.global_batch, q.seq, dtype_name(q.precision), q.muon ? "Muon + AdamW" : "AdamW",
+                  memory > 0 ? format_bytes(double(memory)) + " per device"
+                             : std::string("per device unknown (no shape is turned away "
+                                           "for it)"));
   out += fmt::format("{} shapes evaluated, {} accepted\n\n", r.evaluated, r.ranked.size());
   return out;
 }
@@ -618,7 +620,9 @@ json plan_run_config(const Candidate& chosen, const PlanRequest& q) {
                 {"precision", dtype_name(q.precision)},
                 {"optimizer", optimizer_name(q.muon ? OptimizerKind::muon : OptimizerKind::adamw)}};
   if (q.tokens > 0)
-    train["steps"] = std::max<int64_t>(1, int64_t(q.tokens / double(q.global_batch * q.seq)));
+    // Enough steps for the tokens (rounded up, as plan --config counts them).
+    train["steps"] =
+        std::max<int64_t>(1, int64_t(std::ceil(q.tokens / double(q.global_batch * q.seq))));
   return {{"model", to_json(chosen.config)}, {"train", train}, {"data", {{"dir", ""}}}};
 }
 
