@@ -221,6 +221,8 @@ CASES = [
     Case("config: invalid JSON", "train -c bad.json", [write("bad.json", '{"model": {"d_model": 32,}')], ["bad.json:1:"]),
     Case("config: not an object", "model info --config list.json", [write("list.json", "[1, 2]")], ["list.json", "JSON object"]),
     Case("config: section not an object", "model info --config tiny.json", [edit_json("tiny.json", "model", 5)], ["tiny.json", "'model' must be a JSON object"]),
+    Case("config: a section twice", "train -c t.json", [write("t.json", '{"model": {"vocab_size": 300, "max_seq_len": 32}, "train": {"steps": 2}, "train": {"lr": 0.01}}')], ["t.json", "'train' appears twice"], hint="merge the two"),
+    Case("config: a key twice", "model info --config t.json", [write("t.json", '{"model": {"vocab_size": 300, "d_model": 32, "d_model": 64, "max_seq_len": 32}}')], ["t.json", "'model.d_model' appears twice"]),
     Case("config: unknown section", "train -c tiny.json", [edit_json("tiny.json", "trian", {})], ["unknown key 'trian'"], hint="known keys"),
     Case("config: a misspelled section named before the defaults' checks", "train -c t.json", [write("t.json", '{"model": {"vocab_size": 300, "max_seq_len": 32}, "trian": {"steps": 2}}')], ["unknown key 'trian'"], hint="known keys"),
     Case("config: unknown key in the file", "train -c tiny.json", [edit_json("tiny.json", "model.d_modle", 3)], ["tiny.json", "model.d_modle"]),
@@ -247,6 +249,7 @@ CASES = [
     Case("config: zaya1 with one expert", "model info --config tiny.json --set model.arch=zaya1 --set model.n_experts=1 --set model.top_k=1", [], ["model.n_experts = 1"]),
     Case("config: untied embeddings", "model info --config tiny.json --set model.tie_embeddings=false", [], ["model.tie_embeddings"]),
     Case("config: expert_parallel without MPI", "train -c tiny.json --set train.expert_parallel=2", [], ["train.expert_parallel = 2"]),
+    Case("override: a string that reads as a number", "train -c tiny.json --set train.run_dir=2024", [], ["'train.run_dir' must be a string, got 2024"], hint="""--set 'train.run_dir="2024"'"""),
     Case("override: no '='", "train -c tiny.json --set train.lr", [], ["train.lr", "key=value"]),
     Case("override: unknown section", "train -c tiny.json --set trian.lr=1", [], ["trian.lr"]),
     Case("override: key below a value", "train -c tiny.json --set train.lr.max=1", [], ["train.lr.max", "not an object"]),
@@ -257,6 +260,8 @@ CASES = [
     # -- command-line options out of range --
     Case("option: unknown option", "train -c tiny.json --bogus", [], ["--bogus"], code=USAGE),
     Case("option: train --steps negative", "train -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
+    Case("option: generate --seed negative", "generate -c tiny.json -p x --seed -1", [], ["--seed", "'-1' is not a whole number"], code=USAGE),
+    Case("config: a negative seed", "train -c tiny.json --set train.seed=-1", [], ["train.seed", "-1 is out of range"]),
     Case("option: train --steps not a number", "train -c tiny.json --steps many", [], ["--steps", "many"], code=USAGE),
     Case("option: train --stop-at-step 0", "train -c tiny.json --stop-at-step 0", [], ["--stop-at-step", "not in range 1 to"], code=USAGE),
     Case("option: eval --batches negative", "eval -c tiny.json --batches -1", [], ["--batches", "-1"], code=USAGE),
@@ -466,6 +471,7 @@ CASES = [
     Case("run dir: --overwrite with a file of the user's in checkpoints/", "train -c tiny.json --overwrite", [write("run/checkpoints/mine.txt", "notes")], ["mine.txt", "nothing was removed"], hint="move them"),
     Case("run dir: --overwrite with a step directory no save wrote", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009")], ["step_00000009", "without a commit marker"]),
 
+    Case("run dir: a file of the user's named config.json", "train -c tiny.json --set train.run_dir=new", [write("new/config.json", '{"my": "settings"}\n')], ["new/config.json", "is not a run config"], hint="move the file"),
     Case("run dir: a file of the user's named skipped_batches.json", "train -c tiny.json --set train.run_dir=new", [write("new/skipped_batches.json", "my own notes\n")], ["new/skipped_batches.json", "not a record of skipped batches"], hint="move the file"),
     Case("run dir: train.run_dir empty", "train -c tiny.json --set train.run_dir=", [], ["train.run_dir is empty"]),
     Case("run dir: train.run_dir a file", "train -c tiny.json --set train.run_dir=tiny.json", [], ["train.run_dir 'tiny.json' is a file"]),

@@ -223,6 +223,17 @@ ev = [json.loads(l)["event"] for l in open(sys.argv[1])]
 assert "restart" not in ev and ev[-1] == "interrupted", ev
 PY
 
+# ---- --overwrite over a run with checkpoints: the first attempt starts anew, and says so ----
+"$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 --steps 20 --overwrite \
+  --set train.run_dir=preempt >over.log 2>&1
+python3 - preempt/events.jsonl <<'PY' && grep -q "attempt 1: 1 rank(s), from the start (--overwrite)" over.log \
+  && ok "launch --overwrite: attempt 1 starts from step 0, and its event says so" \
+  || { bad "launch --overwrite's start"; cat over.log; }
+import json, sys
+starts = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "start"]
+assert starts[-1]["resume_step"] == 0, starts[-1]
+PY
+
 # ---- what is not retried: bad input fails once, before anything starts ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
 rc=$?

@@ -1,5 +1,11 @@
 #include "base/config_reader.h"
 
+#include <functional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
 #include "base/io.h"
 
 namespace foundry {
@@ -19,8 +25,15 @@ ConfigReader::ConfigReader(const json& obj, std::string where, std::string prefi
 
 void ConfigReader::type_error(const std::string& key, const json& value,
                               const char* expected) const {
+  // --set reads a value as JSON first: a string that reads as a number needs its quotes.
+  const bool string_wanted = std::string_view(expected) == "a string";
   fail(fmt::format("{}: '{}{}' must be {}, got {}", where_, prefix_, key, expected, value.dump()),
-       hint_);
+       string_wanted && !value.is_null() && !value.is_object() && !value.is_array()
+           ? fmt::format("{}; with --set, quote a string that reads as JSON: --set "
+                         "'{}{}=\"{}\"'",
+                         hint_, prefix_, key,
+                         value.is_string() ? value.get<std::string>() : value.dump())
+           : hint_);
 }
 
 void ConfigReader::get_choice(const std::string& key, std::string& out,
@@ -58,10 +71,56 @@ void ConfigReader::finish() const {
   }
 }
 
+namespace {
+
+// Finds a key repeated in one object while a document parses: JSON keeps only the last of
+// them, so the earlier one (a whole "train" section, say) would vanish without a word.
+class RepeatedKeys {
+ public:
+  bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        objects_.push_back({objects_.empty() ? "" : child_name(pending_), {}});
+        break;
+      case json::parse_event_t::object_end:
+        objects_.pop_back();
+        break;
+      case json::parse_event_t::key:
+        pending_ = parsed.get<std::string>();
+        if (!objects_.back().keys.insert(pending_).second && first_.empty())
+          first_ = child_name(pending_);
+        break;
+      default:
+        break;
+    }
+    return true;
+  }
+  const std::string& first() const { return first_; }  // "train" or "model.d_model"
+
+ private:
+  std::string child_name(const std::string& key) const {
+    return objects_.empty() || objects_.back().name.empty() ? key
+                                                            : objects_.back().name + "." + key;
+  }
+  struct Object {
+    std::string name;
+    std::set<std::string> keys;
+  };
+  std::vector<Object> objects_;
+  std::string pending_, first_;
+};
+
+}  // namespace
+
 json load_json_file(const std::string& path) {
   std::string text = read_text_file(path);
   try {
-    return json::parse(text);
+    RepeatedKeys repeated;
+    json doc = json::parse(text, std::ref(repeated));
+    if (!repeated.first().empty())
+      fail(fmt::format("{}: '{}' appears twice in one object", path, repeated.first()),
+           "JSON keeps only the last of them: merge the two into one");
+    return doc;
   } catch (const json::parse_error& e) {
     // Translate the byte offset into line:column for the user.
     size_t line = 1, col = 1;

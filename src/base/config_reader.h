@@ -1,8 +1,8 @@
 // Strict reading of JSON config objects: wrong types, out-of-range values and unknown keys
 // are errors that name the full key (e.g. "model.d_model").
 #pragma once
+#include <limits>
 #include <nlohmann/json.hpp>
-
 #include <optional>
 #include <set>
 #include <string>
@@ -35,6 +35,20 @@ class ConfigReader {
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       if (!it->is_number_integer() && !it->is_number_unsigned())
         type_error(key, *it, type_name<T>());
+      // The value as written, not as it wrapped into T (a seed of -1 is no seed of 2^64 - 1).
+      using Limits = std::numeric_limits<T>;
+      const bool fits =
+          it->is_number_unsigned()
+              ? it->template get<uint64_t>() <= static_cast<uint64_t>(Limits::max())
+              : (it->template get<int64_t>() >= 0
+                     ? static_cast<uint64_t>(it->template get<int64_t>()) <=
+                           static_cast<uint64_t>(Limits::max())
+                     : std::is_signed_v<T> &&
+                           it->template get<int64_t>() >= static_cast<int64_t>(Limits::min()));
+      if (!fits)
+        fail(fmt::format("{}: '{}{}' = {} is out of range [{}, {}]", where_, prefix_, key,
+                         it->dump(), Limits::min(), Limits::max()),
+             hint_);
     }
   }
 

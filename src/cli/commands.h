@@ -2,9 +2,10 @@
 // foundry::Error on failure; main() prints it and exits with kExitFailed (base/exit_codes.h).
 // A callback that ends otherwise than "finished" (an interrupted run) sets its exit code.
 #pragma once
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+#include <charconv>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -45,6 +46,20 @@ CLI::Validator in_range(T lo, T hi) {
         return {};
       },
       fmt::format("in [{} - {}]", lo, hi));
+}
+
+// A seed: a whole number from 0 to 2^64 - 1, as written ("-1" would wrap to 2^64 - 1).
+inline CLI::Validator seed_value() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string {
+        uint64_t value = 0;
+        const char* end = input.data() + input.size();
+        const auto [ptr, ec] = std::from_chars(input.data(), end, value);
+        if (input.empty() || ec != std::errc() || ptr != end)
+          return fmt::format("'{}' is not a whole number from 0 to 18446744073709551615", input);
+        return {};
+      },
+      "UINT64");
 }
 
 }  // namespace foundry::cli

@@ -68,6 +68,7 @@ void register_data_commands(CLI::App& app) {
                       "Fraction of documents held out for validation, in [0, 0.5]")
       ->capture_default_str();
   prepare->add_option("--seed", o.seed, "Seed choosing the validation documents")
+      ->check(seed_value())
       ->capture_default_str();
   prepare->add_option("--shard-tokens", o.shard_tokens, "Maximum tokens per shard file")
       ->capture_default_str();

@@ -464,7 +464,8 @@ void add_generate_command(CLI::App& app) {
                 "for requests that do not say)");
   cmd->add_option("--seed", g->seed,
                   "Sampling seed (same seed, same text; with --batch, request i's default "
-                  "seed is this + i)");
+                  "seed is this + i)")
+      ->check(seed_value());
   cmd->callback([g, prompt] {
     g->prompt_given = prompt->count() > 0;
     run_generate(*g);

@@ -163,7 +163,8 @@ Attempt Supervisor::start(int number) {
   a.number = number;
   a.host = host_name();
   a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
-  a.resume_step = latest_resume_step(rc_.train);
+  // The first attempt of `launch --overwrite` starts the run anew, whatever the directory holds.
+  a.resume_step = number == 1 && o_.overwrite ? 0 : latest_resume_step(rc_.train);
   // Records of the previous attempt would read as silent ranks.
   remove_all(heartbeat_dir(run_dir_));
   CommandInputs in;
@@ -215,8 +216,9 @@ Attempt Supervisor::start(int number) {
           {"resume_step", a.resume_step},
           {"command", fmt::format("{}", fmt::join(cmd.argv, " "))}},
          fmt::format("attempt {}: {} rank(s), {} ({})", number, a.ranks,
-                     a.resume_step > 0 ? fmt::format("resuming from step {}", a.resume_step)
-                                       : std::string("from the start or the latest checkpoint"),
+                     number == 1 && o_.overwrite ? std::string("from the start (--overwrite)")
+                     : a.resume_step > 0 ? fmt::format("resuming from step {}", a.resume_step)
+                                         : std::string("from the start or the latest checkpoint"),
                      fmt::join(cmd.argv, " ")));
   return a;
 }

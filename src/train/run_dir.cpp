@@ -232,6 +232,24 @@ void check_skipped_batches_file(const std::string& run_dir) {
          "move the file out of the run directory, or set another train.run_dir");
 }
 
+// The run's config.json, which every start rewrites: refused when it is not a run config
+// (an object of model, train and data sections), so that a file of the user's is not replaced.
+void check_config_file(const std::string& run_dir) {
+  const std::string path = join(run_dir, "config.json");
+  if (!path_exists(path) || std::filesystem::is_directory(path)) return;
+  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
+  bool run_config = file.is_object() && file.contains("model");
+  if (run_config)
+    for (const auto& item : file.items())
+      run_config =
+          run_config && (item.key() == "model" || item.key() == "train" || item.key() == "data");
+  if (!run_config)
+    fail(fmt::format("{} is not a run config (of model, train and data sections); the run "
+                     "would replace it with its own",
+                     path),
+         "move the file out of the run directory, or set another train.run_dir");
+}
+
 }  // namespace
 
 void RunDir::claim(StartMode mode) {
@@ -256,6 +274,7 @@ void RunDir::claim(StartMode mode) {
   const std::string other_hint =
       "continue it with --resume, replace it with --overwrite, or set another train.run_dir";
   const bool can_resume = held.checkpoints > 0 || held.latest || held.memory_step > 0;
+  check_config_file(path_);
   // A new run forgets an earlier run's skipped batches (AnomalyMonitor::clear_record); a file of
   // that name Foundry did not write stops it instead, before anything is removed.
   if (mode == StartMode::fresh || mode == StartMode::overwrite ||

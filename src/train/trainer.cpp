@@ -475,6 +475,13 @@ void TrainingRun::print_header() const {
                static_cast<long long>(mc.n_layers), static_cast<long long>(mc.n_experts),
                static_cast<long long>(mc.top_k), static_cast<long long>(tc.batch_size),
                static_cast<long long>(tc.seq_len), dtype_name(tc.precision));
+  if (dataset)
+    std::fprintf(stderr, "data: %s (%s training tokens)\n", rc.data.dir.c_str(),
+                 format_count(double(dataset->meta().train.tokens)).c_str());
+  else
+    std::fprintf(
+        stderr, "data: random tokens (--synthetic-data)%s\n",
+        rc.data.dir.empty() ? "" : fmt::format("; data.dir '{}' is not read", rc.data.dir).c_str());
   if (tc.precision == DType::bf16 && !tc.device.cuda && !native_bf16_products())
     std::fprintf(stderr,
                  "note: this CPU has no AVX-512, which oneDNN needs for bf16 products: they run "
