@@ -63,7 +63,8 @@ void check_output_file(const std::string& option, const std::string& path,
     if (input == path ||
         (fs::exists(input, ec) && fs::exists(path, ec) && fs::equivalent(input, path, ec)))
       fail(fmt::format("{} '{}' is the {} file", option, path, input_option),
-           fmt::format("write to another file: {} would overwrite this command's input", option));
+           fmt::format("write to another file: {} would overwrite the file {} names", option,
+                       input_option));
   }
   if (fs::is_directory(path, ec))
     fail(fmt::format("{} '{}' is a directory", option, path), "name a file to write");

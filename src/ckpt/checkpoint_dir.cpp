@@ -151,10 +151,10 @@ void check_same_model(const std::string& dir, const ModelConfig& saved,
                                         value.dump()));
   }
   if (!differences.empty())
-    fail(fmt::format("{} was written for a different model: {}", dir,
-                     fmt::join(differences, "; ")),
-         "resume with the model config the checkpoint was written with (its config.json "
-         "holds it under \"foundry\"), or start a new run directory");
+    fail(fmt::format("{} was written for a different model: {}", dir, fmt::join(differences, "; ")),
+         "use the model config the checkpoint was written with (its config.json holds it "
+         "under \"foundry\"; a run's RUN_DIR/config.json has it), or, to train, start a new "
+         "run directory");
 }
 
 void write_latest(const std::string& root, const std::string& name) {

@@ -1,14 +1,14 @@
 #include "ckpt/export.h"
 
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <functional>
-
-#include <fmt/ranges.h>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -93,13 +93,28 @@ FileDigest write_model_file(const std::string& path, const std::string& dir, int
   for (const ExtraTensorToSave& e : extras) headers.push_back({e.name, StDtype::F32, e.shape});
   // Hugging Face loaders look for this metadata to know the tensors are PyTorch-compatible.
   SafetensorsStreamWriter writer(path, headers, {{"format", "pt"}});
+  // A diverged run's weights are exported as saved, with a warning (eval and generate refuse
+  // them).
+  int64_t non_finite = 0, tensors = 0;
+  std::string first;
   const ParamSink sink = [&](const ParamInfo& p, const float* values) {
+    const int64_t bad =
+        std::count_if(values, values + p.numel, [](float w) { return !std::isfinite(w); });
+    if (bad > 0 && tensors++ == 0) first = p.name;
+    non_finite += bad;
     writer.write_tensor(p.name, values);
   };
   if (version == kShardedFormatVersion)
     read_sharded_params(dir, config, table, sink);
   else
     read_v1_params(dir, table, sink);
+  if (non_finite > 0)
+    warn(fmt::format(
+        "checkpoint '{}' has {} non-finite weight{} (NaN or inf) in {} tensor{}, "
+        "the first {}: the run had diverged before it was saved, and the exported "
+        "model computes NaN; an earlier checkpoint (RUN_DIR/checkpoints/step_N) may "
+        "not",
+        dir, non_finite, non_finite == 1 ? "" : "s", tensors, tensors == 1 ? "" : "s", first));
   for (const ExtraTensorToSave& e : extras) writer.write_tensor(e.name, e.data);
   return writer.finish();
 }

@@ -394,7 +394,7 @@ VerifyReport verify_checkpoint_data(const std::string& dir) {
   VerifyReport report;
   report.format_version = checkpoint_format_version(dir);
   if (report.format_version == kShardedFormatVersion) {
-    verify_sharded_data(dir);
+    report.non_finite = verify_sharded_data(dir);
     const json m = read_sharded_metadata(dir);
     report.files = static_cast<int64_t>(m["files"].size());
     report.pieces = static_cast<int64_t>(m["pieces"].size());
@@ -416,12 +416,23 @@ VerifyReport verify_checkpoint_data(const std::string& dir) {
 }
 
 std::string format_verify_report(const std::string& dir, const VerifyReport& r) {
+  std::string warning;
+  if (!r.non_finite.empty()) {
+    int64_t values = 0;
+    for (const auto& [name, n] : r.non_finite) values += n;
+    warning = fmt::format(
+        "warning: {} non-finite value{} (NaN or inf) in {} tensor{}, the first {} ({}): written "
+        "as saved, but the run had diverged; eval and generate refuse it\n",
+        values, values == 1 ? "" : "s", r.non_finite.size(), r.non_finite.size() == 1 ? "" : "s",
+        r.non_finite.begin()->first, r.non_finite.begin()->second);
+  }
   if (r.format_version == kShardedFormatVersion)
-    return fmt::format("ok: {}: {} pieces in {} file{}, {} bytes ({}): every chunk checksum "
-                       "matches, every tensor is covered exactly once, every parameter is "
-                       "saved ({:.2f} s)\n",
-                       dir, r.pieces, r.files, r.files == 1 ? "" : "s", grouped(r.bytes),
-                       human_bytes(r.bytes), r.seconds);
+    return warning + fmt::format(
+                         "ok: {}: {} pieces in {} file{}, {} bytes ({}): every chunk checksum "
+                         "matches, every tensor is covered exactly once, every parameter is "
+                         "saved ({:.2f} s)\n",
+                         dir, r.pieces, r.files, r.files == 1 ? "" : "s", grouped(r.bytes),
+                         human_bytes(r.bytes), r.seconds);
   return fmt::format("ok: {}: {} files, {} bytes ({}): every file checksum matches, every "
                      "parameter is saved (format version 1, {:.2f} s)\n",
                      dir, r.files, grouped(r.bytes), human_bytes(r.bytes), r.seconds);

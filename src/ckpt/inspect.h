@@ -5,6 +5,7 @@
 // safetensors headers), never the tensor data; verify_checkpoint_data reads every byte.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,6 +69,8 @@ struct VerifyReport {
   int64_t pieces = 0;  // version 2: pieces whose every chunk was checked
   int64_t bytes = 0;   // of data checked
   double seconds = 0;
+  // Version 2: the tensors (parameters or optimizer states) with NaN or ±inf values, by name.
+  std::map<std::string, int64_t> non_finite;
 };
 
 // Reads and checks all of `dir`: version 2, every chunk checksum of every piece and every

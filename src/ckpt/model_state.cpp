@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "base/error.h"
+#include "base/io.h"
 #include "model/model.h"
 
 namespace foundry {
@@ -46,7 +47,10 @@ std::vector<ops::ZayaBalancer> saved_router_balancers(const ModelConfig& config,
 void restore_router_balancers(Model& model, const json& trainer_state,
                               const std::string& checkpoint_dir, bool required) {
   if (model.balancers().empty()) return;  // arch moe: nothing to restore
-  const std::string file = checkpoint_dir + "/trainer_state.json";
+  // Where the trainer state is: format 2 keeps it in metadata.json, format 1 in its own file.
+  const std::string file = path_exists(checkpoint_dir + "/metadata.json")
+                               ? checkpoint_dir + "/metadata.json (trainer_state)"
+                               : checkpoint_dir + "/trainer_state.json";
   auto it = trainer_state.find("router_balancers");
   if (it == trainer_state.end() || (it->is_array() && it->empty())) {
     const std::string what = fmt::format(

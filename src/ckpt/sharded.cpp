@@ -546,21 +546,28 @@ json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected
   return field<json>(m.j, "trainer_state", m.path);
 }
 
-void verify_sharded_data(const std::string& dir) {
+std::map<std::string, int64_t> verify_sharded_data(const std::string& dir) {
   const Metadata m = read_metadata(dir);
   PieceReader reader(m);
-  std::vector<char> out;
+  std::vector<float> out;
+  std::map<std::string, int64_t> non_finite;
   for (const auto& [name, t] : m.tensors) {
     int64_t numel = 1;
     for (int64_t d : t.shape) numel *= d;
     check_exact_cover(m, name, numel);
     for (const Piece& p : t.pieces) {
-      out.resize(static_cast<size_t>(std::min(p.byte_length, 64 * kChecksumChunkBytes)));
-      for (int64_t at = 0; at < p.byte_length; at += static_cast<int64_t>(out.size()))
-        reader.read(name, p, at, std::min(p.byte_length, at + static_cast<int64_t>(out.size())),
-                    out.data());
+      out.resize(static_cast<size_t>(std::min(p.byte_length, 64 * kChecksumChunkBytes) / kF32));
+      const int64_t step = static_cast<int64_t>(out.size()) * kF32;
+      for (int64_t at = 0; at < p.byte_length; at += step) {
+        const int64_t end = std::min(p.byte_length, at + step);
+        reader.read(name, p, at, end, reinterpret_cast<char*>(out.data()));
+        const int64_t bad = std::count_if(out.data(), out.data() + (end - at) / kF32,
+                                          [](float x) { return !std::isfinite(x); });
+        if (bad > 0) non_finite[name] += bad;
+      }
     }
   }
+  return non_finite;
 }
 
 }  // namespace foundry

@@ -20,6 +20,7 @@
 // may do it), the descriptions are gathered to one rank, which commit_sharded_checkpoint()s.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -96,7 +97,9 @@ json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected
                              const ParamTable& table, const std::vector<SlabTarget>& targets);
 
 // Reads every piece, checks every chunk checksum and that the pieces cover each saved
-// tensor exactly once. Fails naming the file and byte range of the first fault.
-void verify_sharded_data(const std::string& dir);
+// tensor exactly once. Fails naming the file and byte range of the first fault. Returns the
+// tensors holding non-finite values (NaN, ±inf), with their counts: written faithfully, but a
+// diverged run's.
+std::map<std::string, int64_t> verify_sharded_data(const std::string& dir);
 
 }  // namespace foundry

@@ -8,9 +8,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -94,6 +96,23 @@ TEST_F(ShardedTest, LayoutOfTheDirectoryAndMetadata) {
   EXPECT_NO_THROW(verify_sharded_data(dir));
   EXPECT_NO_THROW(verify_checkpoint(dir));
   EXPECT_EQ(read_checkpoint_trainer_state(dir)["step"], 3);
+}
+
+// verify reads every value: it names the tensors holding NaN or inf (a diverged run's, saved
+// faithfully), and their counts.
+TEST_F(ShardedTest, VerifyCountsTheNonFiniteValuesOfEachTensor) {
+  for (float& x : params_) x = 0.25f;
+  for (float& x : exp_avg_) x = 0.5f;
+  EXPECT_TRUE(verify_sharded_data(save(1, 2)).empty());
+  const ParamInfo& second = table_.params()[1];
+  const ParamInfo& last = table_.params().back();
+  params_[second.offset] = std::nanf("");
+  params_[second.offset + second.numel - 1] = std::numeric_limits<float>::infinity();
+  exp_avg_[last.offset + last.numel - 1] = -std::numeric_limits<float>::infinity();
+  const std::map<std::string, int64_t> bad = verify_sharded_data(save(2, 3));
+  ASSERT_EQ(bad.size(), 2u);
+  EXPECT_EQ(bad.at(second.name), 2);
+  EXPECT_EQ(bad.begin()->second + std::next(bad.begin())->second, 3);
 }
 
 TEST_F(ShardedTest, TheWholeSlabLoaderReadsVersionTwo) {

@@ -210,6 +210,7 @@ struct GenArgs {
   std::string device;
   std::string checkpoint, prompt, tokenizer, batch, out;
   bool prompt_given = false;  // --prompt, maybe "" (a document from its start)
+  bool n_given = false;       // -n: fewer tokens than it asks for are warned about
   int64_t max_new_tokens = 64;
   infer::SamplingOptions sampling;
   uint64_t seed = 0;
@@ -325,7 +326,7 @@ void run_generate(const GenArgs& g) {
                        n - 1, n, rc.model.max_seq_len),
            "shorten the prompt");
     const int64_t room = infer::new_token_room(rc.model, n, g.max_new_tokens);
-    if (room < g.max_new_tokens)
+    if (room < g.max_new_tokens && g.n_given)
       warn(fmt::format(
           "generating at most {} tokens, not the {} of -n: the prompt ({} tokens with the "
           "leading EOS) and the new tokens must fit model.max_seq_len = {}",
@@ -450,9 +451,11 @@ void add_generate_command(CLI::App& app) {
                   "memory budget leaves beside the weights; no limit without a budget)");
   cmd->add_option("--tokenizer", g->tokenizer,
                   "tokenizer.model (default: the dataset's, data.dir/tokenizer.model)");
-  cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,
-                  "Tokens to generate (with --batch: for requests that do not say)")
-      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+  CLI::Option* n =
+      cmd->add_option("--max-new-tokens,-n", g->max_new_tokens,
+                      "Tokens to generate (default 64, fewer where model.max_seq_len leaves less "
+                      "room; with --batch: for requests that do not say)")
+          ->check(in_range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--temperature", g->sampling.temperature, "0 = greedy")
       ->check(in_range(0.0, 100.0));
   cmd->add_option("--top-k", g->sampling.top_k, "Keep the k most likely tokens (0 = all)")
@@ -466,8 +469,9 @@ void add_generate_command(CLI::App& app) {
                   "Sampling seed (same seed, same text; with --batch, request i's default "
                   "seed is this + i)")
       ->check(seed_value());
-  cmd->callback([g, prompt] {
+  cmd->callback([g, prompt, n] {
     g->prompt_given = prompt->count() > 0;
+    g->n_given = n->count() > 0;
     run_generate(*g);
   });
 }

@@ -23,8 +23,8 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& wher
   const auto status = t.processor_->LoadFromSerializedProto(model_bytes);
   if (model_bytes.empty() || !status.ok() || t.processor_->GetPieceSize() <= 0)
     fail(fmt::format("'{}' is not a valid SentencePiece tokenizer model", where),
-         "pass a tokenizer.model written by foundry data prepare or SentencePiece, or leave "
-         "out --tokenizer to train a new one");
+         "pass a tokenizer.model written by foundry data prepare (DATASET/tokenizer.model) or "
+         "by SentencePiece");
   t.checksum_ = hash64(model_bytes.data(), model_bytes.size());
   t.model_bytes_ = std::move(model_bytes);
   return t;

@@ -220,8 +220,10 @@ std::map<int64_t, std::string> read_finished_results(const std::string& out_path
       not_ours(i, "not a result of `foundry generate --batch`");
     const auto q = by_index.find(index);
     if (q == by_index.end() || j["request"] != hash64_hex(q->second->key))
-      not_ours(i, fmt::format("the result of request {} was made for another request, or by "
-                              "another model (checkpoint, tokenizer, precision or device)",
+      not_ours(i, fmt::format("the result of request {} was made for another request (its "
+                              "prompt, or -n, --seed, --temperature, --top-k, --top-p or "
+                              "--ignore-eos where it does not say), or by another model "
+                              "(checkpoint, tokenizer, precision or device)",
                               index));
     done[index] = lines[i];
   }

@@ -56,8 +56,9 @@ ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64
     if (item.key() != "context" && item.key() != "choices" && item.key() != "answer")
       throw LineError{fmt::format("unknown key \"{}\" (an item has context, choices, answer)",
                                   item.key())};
-  if (!j.contains("context") || !j["context"].is_string())
-    throw LineError{"\"context\" (a string) is missing"};
+  if (!j.contains("context")) throw LineError{"\"context\" (a string) is missing"};
+  if (!j["context"].is_string())
+    throw LineError{fmt::format("\"context\" must be a string, got {}", j["context"].dump())};
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].size() < 2)
     throw LineError{"\"choices\" must be an array of at least two strings"};
   ChoiceItem item;

@@ -238,16 +238,17 @@ void check_config_file(const std::string& run_dir) {
   const std::string path = join(run_dir, "config.json");
   if (!path_exists(path) || std::filesystem::is_directory(path)) return;
   const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  bool run_config = file.is_object() && file.contains("model");
+  bool run_config = file.is_object();
   if (run_config)
     for (const auto& item : file.items())
       run_config =
           run_config && (item.key() == "model" || item.key() == "train" || item.key() == "data");
   if (!run_config)
-    fail(fmt::format("{} is not a run config (of model, train and data sections); the run "
-                     "would replace it with its own",
-                     path),
-         "move the file out of the run directory, or set another train.run_dir");
+    fail(
+        fmt::format("{} is not a run config (an object of model, train and data sections); the run "
+                    "would replace it with its own",
+                    path),
+        "move the file out of the run directory, or set another train.run_dir");
 }
 
 }  // namespace
