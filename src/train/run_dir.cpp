@@ -251,6 +251,16 @@ void check_config_file(const std::string& run_dir) {
         "move the file out of the run directory, or set another train.run_dir");
 }
 
+// What a process killed while it wrote config.json left (write_file_atomic's
+// config.json.tmp.PID): under the lock no other process is writing one.
+void remove_stale_config_copies(const std::string& run_dir) {
+  for (const auto& [name, is_dir] : list_dir(run_dir))
+    if (!is_dir && name.starts_with("config.json.tmp.")) {
+      std::error_code ec;
+      std::filesystem::remove(join(run_dir, name), ec);
+    }
+}
+
 }  // namespace
 
 void RunDir::claim(StartMode mode) {
@@ -270,6 +280,7 @@ void RunDir::claim(StartMode mode) {
   }
   lock_ = std::make_unique<RunDirLock>(path_);
   check_not_supervised_by_another(path_);
+  remove_stale_config_copies(path_);
   // Checked under the lock: another job cannot change the directory meanwhile.
   const RunDirContents held = inspect_run_dir(path_, &tc_);
   const std::string other_hint =

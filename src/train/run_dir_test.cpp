@@ -181,6 +181,20 @@ TEST(RunDir, ADirectoryCreatedForARunThatNeverStartedIsRemoved) {
   EXPECT_TRUE(path_exists(dir));
 }
 
+// A process killed while it wrote config.json leaves its copy; the next run removes it.
+TEST(RunDir, AKilledWritersCopyOfTheConfigIsRemoved) {
+  TempDir tmp;
+  RunConfig rc = testing::tiny_run_config(tmp.path());
+  rc.train.steps = 1;
+  write_file_atomic(tmp.path() + "/config.json.tmp.999999", "{\"mod");
+  TrainOptions opt;
+  opt.synthetic_data = true;
+  opt.quiet = true;
+  train(rc, opt);
+  EXPECT_FALSE(path_exists(tmp.path() + "/config.json.tmp.999999"));
+  EXPECT_TRUE(path_exists(tmp.path() + "/config.json"));
+}
+
 TEST(RunDir, TrainingTwiceIntoOneDirectoryNeedsResumeOrOverwrite) {
   TempDir tmp;
   RunConfig rc = testing::tiny_run_config(tmp.path());

@@ -248,6 +248,23 @@ DeviceSpec rank_device(const DeviceSpec& device, const Processes& procs) {
   return mine;
 }
 
+// A schedule that never reaches its peak, or decays before its warmup ends, is legal but
+// rarely meant.
+void warn_about_schedule(const LrSchedule& s) {
+  if (s.warmup_steps >= s.total_steps)
+    warn(
+        fmt::format("train.warmup_steps = {} is not below the {} steps this run trains to: the "
+                    "learning rate never reaches train.lr",
+                    s.warmup_steps, s.total_steps));
+  else if (s.kind == ScheduleKind::wsd &&
+           s.total_steps - std::llround(s.decay_fraction * double(s.total_steps)) < s.warmup_steps)
+    warn(fmt::format(
+        "train.decay_fraction = {} starts the wsd decay at step {}, inside the "
+        "warmup of {} steps: the learning rate never stays at train.lr",
+        s.decay_fraction, s.total_steps - std::llround(s.decay_fraction * double(s.total_steps)),
+        s.warmup_steps));
+}
+
 TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     : rc(rc_),
       tc(rc_.train),
@@ -256,6 +273,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
       quiet(opt.quiet || !procs.root()) {
   if (opt.steps >= 0) schedule.total_steps = opt.steps;
   check_layout(rc, opt, procs);
+  if (procs.root()) warn_about_schedule(schedule);
   // The device is input too: a GPU that is not there fails before anything is written.
   const DeviceSpec device = rank_device(tc.device, procs);
   backend = open_backend(device, "train.device " + device.name());
