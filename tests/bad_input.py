@@ -260,6 +260,7 @@ CASES = [
     # -- command-line options out of range --
     Case("option: unknown option", "train -c tiny.json --bogus", [], ["--bogus"], code=USAGE),
     Case("option: train --steps negative", "train -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
+    Case("option: data prepare --shard-tokens negative", "data prepare --input corpus.txt --out ds2 --shard-tokens -5000", [], ["--shard-tokens", "-5000 is not in range"], code=USAGE),
     Case("option: generate --seed negative", "generate -c tiny.json -p x --seed -1", [], ["--seed", "'-1' is not a whole number"], code=USAGE),
     Case("config: a negative seed", "train -c tiny.json --set train.seed=-1", [], ["train.seed", "-1 is out of range"]),
     Case("option: train --steps not a number", "train -c tiny.json --steps many", [], ["--steps", "many"], code=USAGE),
@@ -303,7 +304,7 @@ CASES = [
     Case("option: prepare the same input twice", "data prepare --input corpus.txt --input ./corpus.txt --out new", [], ["input './corpus.txt' is the file 'corpus.txt' already read"]),
     Case("option: prepare --val-fraction 0.9", "data prepare --input corpus.txt --out new --val-fraction 0.9", [], ["--val-fraction 0.9"]),
     Case("option: prepare --vocab-size 0", "data prepare --input corpus.txt --out new --vocab-size 0", [], ["--vocab-size 0"]),
-    Case("option: prepare --shard-tokens 0", "data prepare --input corpus.txt --out new --shard-tokens 0", [], ["--shard-tokens"]),
+    Case("option: prepare --shard-tokens 0", "data prepare --input corpus.txt --out new --shard-tokens 0", [], ["--shard-tokens", "0 is not in range"], code=USAGE),
     Case("count: prepare --shard-tokens that makes more shards than a reader can map", "data prepare --input big.txt --out ds --overwrite --vocab-size 300 --shard-tokens 1", [lambda root: write("big.txt", corpus(WORDS, 3, 600))(root)], ["train split needs more than 16384 shards of --shard-tokens 1"], hint="larger --shard-tokens"),
     Case("option: prepare --max-sentences 0", "data prepare --input corpus.txt --out new --max-sentences 0", [], ["--max-sentences 0"]),
     Case("option: prepare --format unknown", "data prepare --input corpus.txt --out new --format xml", [], ["'xml'"]),

@@ -1,6 +1,7 @@
 #include "ckpt/export.h"
 
 #include <fmt/ranges.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -119,6 +120,26 @@ FileDigest write_model_file(const std::string& path, const std::string& dir, int
   return writer.finish();
 }
 
+// What an export to `out` killed before it finished left (OUT.tmp-PID of a process that is
+// gone): removed by the next export to `out`.
+void remove_stale_exports(const std::string& out) {
+  const fs::path target(out);
+  const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
+  const std::string prefix = target.filename().string() + ".tmp-";
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(prefix)) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const long pid = std::stol(digits);
+    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+      fs::remove_all(entry.path(), ec);
+  }
+}
+
 void check_out_dir(const std::string& out) {
   std::error_code ec;
   // The export is staged beside `out`, missing parents made: the nearest existing one must be
@@ -195,6 +216,7 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
       saved_router_balancers(config, read_checkpoint_trainer_state(checkpoint_dir), state_where);
   const std::vector<ExtraTensorToSave> extras = balancing_bias_tensors(balancers);
 
+  remove_stale_exports(out);
   const std::string tmp = fmt::format("{}.tmp-{}", out, ::getpid());
   remove_all(tmp);
   make_dirs(tmp);

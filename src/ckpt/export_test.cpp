@@ -1,6 +1,8 @@
 #include "ckpt/export.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -160,6 +162,28 @@ TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
   }
   expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, "rank_00001.bin: bytes [");
   EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
+}
+
+// What an export killed before it finished left (OUT.tmp-PID of a process that is gone) is
+// removed by the next export to OUT; a live process's staging is left alone.
+TEST_F(ExportTest, AKilledExportsStagingIsRemovedByTheNext) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 2, 1, config, {{"", &params, {}}}, {{"step", 2}});
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ASSERT_GT(gone, 0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string dead = fmt::format("{}/hf.tmp-{}", root_, gone);
+  const std::string live = fmt::format("{}/hf.tmp-{}", root_, ::getppid());
+  make_dirs(dead);
+  make_dirs(live);
+  write_file_atomic(dead + "/model.safetensors", "partial");
+  export_hf_model(dir, root_ + "/hf");
+  EXPECT_FALSE(path_exists(dead));
+  EXPECT_TRUE(path_exists(live));
+  EXPECT_TRUE(path_exists(root_ + "/hf/model.safetensors"));
 }
 
 TEST_F(ExportTest, AModelNoHuggingFaceClassReadsIsRefusedBeforeAnythingIsWritten) {

@@ -98,6 +98,8 @@ std::string not_a_checkpoint_hint(const std::string& dir) {
 struct SavedTensor {
   std::string name;
   int64_t bytes = 0;
+  std::vector<int64_t> shape;
+  bool f32 = true;  // version 2 saves F32 only; version 1's headers say
 };
 
 std::optional<std::string> recorded_optimizer(const json& trainer_state) {
@@ -128,9 +130,10 @@ std::vector<SavedTensor> read_v2(const std::string& dir, CheckpointInfo& info) {
   std::vector<SavedTensor> tensors;
   const json listed = field<json>(m, "tensors", path);
   for (const auto& [name, t] : listed.items()) {
+    const std::vector<int64_t> shape = field<std::vector<int64_t>>(t, "shape", path);
     int64_t numel = 1;
-    for (int64_t d : field<std::vector<int64_t>>(t, "shape", path)) numel *= d;
-    tensors.push_back({name, numel * static_cast<int64_t>(sizeof(float))});
+    for (int64_t d : shape) numel *= d;
+    tensors.push_back({name, numel * static_cast<int64_t>(sizeof(float)), shape});
   }
   return tensors;
 }
@@ -143,7 +146,7 @@ void read_safetensors_names(const std::string& path, std::vector<SavedTensor>& t
   try {
     const SafetensorsReader file(path);
     for (const TensorView& t : file.tensors())
-      tensors.push_back({t.name, static_cast<int64_t>(t.bytes)});
+      tensors.push_back({t.name, static_cast<int64_t>(t.bytes), t.shape, t.dtype == StDtype::F32});
   } catch (const Error& e) {
     info.problems.push_back(e.what());
   }
@@ -178,6 +181,8 @@ void classify(const std::vector<SavedTensor>& tensors, const ParamTable& table,
   std::map<std::string, SavedSlab> slabs;
   std::map<std::string, std::set<std::string>> saved;  // slab → parameters it has
   slabs["params"].name = "params";
+  int64_t mismatched = 0;
+  std::string first_mismatch;
   for (const SavedTensor& t : tensors) {
     std::string param = t.name, slab = "params";
     if (table.find(t.name) == nullptr) {
@@ -188,6 +193,14 @@ void classify(const std::vector<SavedTensor>& tensors, const ParamTable& table,
       }
       param = t.name.substr(0, dot);
       slab = t.name.substr(dot + 1);
+    }
+    // What the loaders would refuse: a tensor of another shape or type than the model's.
+    const ParamInfo& p = table.get(param);
+    if (t.shape != p.shape || !t.f32) {
+      if (mismatched++ == 0)
+        first_mismatch = fmt::format("'{}' is {}[{}] where the model needs F32 [{}]", t.name,
+                                     t.f32 ? "" : "not F32, ", fmt::join(t.shape, ", "),
+                                     fmt::join(p.shape, ", "));
     }
     SavedSlab& s = slabs[slab];
     s.name = slab;
@@ -201,10 +214,28 @@ void classify(const std::vector<SavedTensor>& tensors, const ParamTable& table,
   info.slabs.push_back(slabs["params"]);
   for (const auto& [name, slab] : slabs)
     if (name != "params") info.slabs.push_back(slab);
+  if (mismatched > 0)
+    info.problems.push_back(
+        fmt::format("{} tensor{} of another shape or type than the model of "
+                    "this checkpoint's config: {}",
+                    mismatched, mismatched == 1 ? " is" : "s are",
+                    first_mismatch + (mismatched > 1 ? ", ..." : "")));
   const std::vector<std::string>& missing = info.slabs.front().without;
   if (!missing.empty())
     info.problems.push_back(fmt::format("{} of {} parameters are not saved: {}", missing.size(),
                                         table.params().size(), some_names(missing)));
+  // AdamW keeps both moments of every parameter (Muon's runs leave some out: see the note).
+  if (info.optimizer == "adamw")
+    for (const char* state : {"exp_avg", "exp_avg_sq"}) {
+      const std::vector<std::string>& without =
+          saved.count(state) ? slabs[state].without : std::vector<std::string>{};
+      if (!saved.count(state))
+        info.problems.push_back(fmt::format("the AdamW run saved no {}", state));
+      else if (!without.empty())
+        info.problems.push_back(fmt::format("the AdamW run saved no {} for {} of {} parameters: {}",
+                                            state, without.size(), table.params().size(),
+                                            some_names(without)));
+    }
 }
 
 // Sizes on disk; listed files that are missing or of another size are problems.
@@ -241,11 +272,13 @@ void check_committed(const std::string& dir, const std::string& description, con
   const std::string text = read_text_file(join(dir, description));
   const std::string sum = hash64_hex(hash64(text.data(), text.size()));
   auto it = committed.find(key);
-  if (!committed.is_object() || it == committed.end() || *it != sum)
+  if (!committed.is_object() || it == committed.end() || *it != sum) {
+    info.committed = false;  // the marker commits another description than this one
     info.problems.push_back(fmt::format("{}: XXH3-64 checksum {} does not match {} recorded in {}",
                                         join(dir, description), sum,
                                         it == committed.end() ? "nothing" : it->dump(),
                                         committed_path));
+  }
 }
 
 }  // namespace

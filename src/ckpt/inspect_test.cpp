@@ -47,6 +47,38 @@ class InspectTest : public testing::CheckpointDirTest {
   std::string run_dir_;  // under root_, set in SetUp
 };
 
+// What the loaders would refuse is a problem for info and verify too: tensors of another shape
+// than the recorded model's, and an AdamW run without both moments of every parameter.
+TEST_F(InspectTest, ShapesOtherThanTheModelsAndMissingAdamWMomentsAreProblems) {
+  const std::string adam = testing::save_from_ranks(run_dir_, 3, 2, config_,
+                                                    {{"", &params_, {}}, {"exp_avg", &state_, {}}},
+                                                    {{"step", 3}, {"optimizer", "adamw"}});
+  const CheckpointInfo without = inspect_checkpoint(adam);
+  ASSERT_EQ(without.problems.size(), 1u) << fmt::format("{}", fmt::join(without.problems, "; "));
+  EXPECT_EQ(without.problems[0], "the AdamW run saved no exp_avg_sq");
+  expect_error([&] { verify_checkpoint_data(adam); }, "the AdamW run saved no exp_avg_sq");
+
+  // Tensors saved from a model of d_model 2·C, described as the config's (C).
+  ModelConfig wider = config_;
+  wider.d_model *= 2;
+  const ParamTable wide(wider);
+  const std::vector<float> values = testing::random_slab(wide.total_elements(), 3);
+  const std::string staging = staging_dir(run_dir_, 4, "test");
+  const json shard =
+      write_rank_shard(staging, 0, wide, {{"", 0, wide.total_elements(), values.data()}});
+  const std::string dir = commit_sharded_checkpoint(run_dir_, staging, 4, config_, wide, {shard},
+                                                    {{"step", 4}}, {1, 1, false}, 0);
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  const ParamInfo& embed = table_.params().front();
+  ASSERT_EQ(info.problems.size(), 1u) << fmt::format("{}", fmt::join(info.problems, "; "));
+  EXPECT_EQ(
+      info.problems[0],
+      fmt::format("{} tensors are of another shape or type than the model of this "
+                  "checkpoint's config: '{}' is [{}, {}] where the model needs F32 [{}, {}], ...",
+                  table_.params().size(), embed.name, embed.shape[0], wider.d_model, embed.shape[0],
+                  embed.shape[1]));
+}
+
 TEST_F(InspectTest, InfoOfVersionTwoListsLayoutSlabsWhatEachLacksAndFiles) {
   const std::string dir = save_muon_like(3);
   const CheckpointInfo info = inspect_checkpoint(dir);

@@ -71,6 +71,7 @@ void register_data_commands(CLI::App& app) {
       ->check(seed_value())
       ->capture_default_str();
   prepare->add_option("--shard-tokens", o.shard_tokens, "Maximum tokens per shard file")
+      ->check(in_range(int64_t{1}, int64_t{1} << 62))
       ->capture_default_str();
   prepare->add_option("--max-sentences", o.max_sentences,
                       "Maximum lines sampled to train the tokenizer")

@@ -353,11 +353,17 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
           it.disable_recursion_pending();
         continue;
       }
-      if (hidden || !it->is_regular_file()) continue;
       const std::string ext = lowercase_extension(entry.string());
-      if (std::find(kScannedExtensions.begin(), kScannedExtensions.end(), ext) !=
-          kScannedExtensions.end())
-        found.push_back(entry.string());
+      const bool data_name = std::find(kScannedExtensions.begin(), kScannedExtensions.end(), ext) !=
+                             kScannedExtensions.end();
+      // A data file's name that is no file to read (a broken link, a pipe): said, not silent.
+      if (!hidden && data_name && !it->is_regular_file()) {
+        fmt::print(stderr, "warning: skipping '{}': {}\n", entry.string(),
+                   it->is_symlink() ? "a symbolic link to nothing" : "not a regular file");
+        continue;
+      }
+      if (hidden || !it->is_regular_file()) continue;
+      if (data_name) found.push_back(entry.string());
     }
     if (found.empty())
       fail(fmt::format("input folder '{}' holds no .txt, .text, .jsonl, .ndjson or .json files",

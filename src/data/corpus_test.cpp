@@ -174,13 +174,14 @@ TEST(Corpus, ScansFoldersRecursivelyInNameOrder) {
 }
 
 // A symbolic link to a folder inside a scanned folder is not followed, and the scan says so;
-// a link to a file is read.
+// a link to a file is read, and a data file's name that links to nothing is said.
 TEST(Corpus, AScanSaysItSkipsLinksToFolders) {
   TempDir dir;
   write_file(dir.file("elsewhere/a.txt"), "linked text");
   write_file(dir.file("scan/x.txt"), "own text");
   std::filesystem::create_directory_symlink(dir.file("elsewhere"), dir.file("scan/link"));
   std::filesystem::create_symlink(dir.file("elsewhere/a.txt"), dir.file("scan/file.txt"));
+  std::filesystem::create_symlink(dir.file("elsewhere/gone.txt"), dir.file("scan/broken.txt"));
   ::testing::internal::CaptureStderr();
   const auto files = resolve_inputs({dir.file("scan")}, InputFormat::Auto);
   const std::string log = ::testing::internal::GetCapturedStderr();
@@ -188,6 +189,9 @@ TEST(Corpus, AScanSaysItSkipsLinksToFolders) {
   EXPECT_EQ(files[0].path, dir.file("scan/file.txt"));
   EXPECT_EQ(files[1].path, dir.file("scan/x.txt"));
   EXPECT_NE(log.find("skipping '" + dir.file("scan/link") + "', a symbolic link to a folder"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("skipping '" + dir.file("scan/broken.txt") + "': a symbolic link to nothing"),
             std::string::npos)
       << log;
 }

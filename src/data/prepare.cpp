@@ -243,7 +243,8 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   std::vector<std::string> batch;
   std::vector<uint8_t> batch_is_val;
   size_t batch_bytes = 0;
-  const int32_t eos = tokenizer.eos_id();
+  const int32_t eos = tokenizer.eos_id(), unk = tokenizer.unk_id();
+  uint64_t unknown = 0;  // <unk> tokens: text a tokenizer without byte fallback cannot spell
   auto flush = [&]() {
     std::vector<std::vector<int32_t>> encoded(batch.size());
     std::string error;
@@ -258,7 +259,10 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
       }
     }
     if (!error.empty()) fail(error);
-    for (size_t i = 0; i < batch.size(); ++i) (batch_is_val[i] ? val : train).append(encoded[i]);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      (batch_is_val[i] ? val : train).append(encoded[i]);
+      unknown += static_cast<uint64_t>(std::count(encoded[i].begin(), encoded[i].end(), unk));
+    }
     batch.clear();
     batch_is_val.clear();
     batch_bytes = 0;
@@ -290,6 +294,11 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   if (progress)
     progress->finish(
         fmt::format("{} train + {} val tokens", splits.train.tokens, splits.val.tokens));
+  if (unknown > 0 && unk >= 0)
+    fmt::print(stderr,
+               "warning: {} of the {} tokens are <unk> (id {}): the tokenizer has no piece for "
+               "some of the text and no byte fallback, so that text is lost\n",
+               unknown, splits.train.tokens + splits.val.tokens, unk);
   return splits;
 }
 
@@ -404,6 +413,20 @@ void validate_prepare_options(const PrepareOptions& o) {
   if (o.jsonl_field.empty()) fail("--jsonl-field must not be empty", "e.g. --jsonl-field text");
 }
 
+// A tokenizer not trained by Foundry may not give text back as written (another
+// normalization, whitespace collapsed, no byte fallback): the dataset would hold the text
+// changed. Tried on a probe of what such settings change.
+void warn_if_lossy(const Tokenizer& tokenizer, const std::string& path) {
+  const std::string probe = "Caf\u00e9  \ufb01ne\n\n\tx\u2603 \u4e2d\u6587 \u00bd";
+  const std::string back = tokenizer.decode(tokenizer.encode(probe));
+  if (back == probe) return;
+  fmt::print(stderr,
+             "warning: --tokenizer '{}' does not give text back as written: {} comes back as {} "
+             "(its normalization, whitespace handling or missing byte fallback); the dataset "
+             "holds such text changed\n",
+             path, nlohmann::json(probe).dump(), nlohmann::json(back).dump());
+}
+
 DatasetMeta prepare_dataset(const PrepareOptions& options) {
   validate_prepare_options(options);
   const std::vector<InputFile> files =
@@ -416,6 +439,7 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
       fail(fmt::format("--tokenizer '{}' does not exist", options.tokenizer_path),
            "pass the path of an existing tokenizer.model, or leave out --tokenizer to train one");
     tokenizer = Tokenizer::load(options.tokenizer_path);
+    warn_if_lossy(*tokenizer, options.tokenizer_path);
   }
 
   check_inputs_are_text(files, options);

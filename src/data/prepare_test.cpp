@@ -1,6 +1,7 @@
 #include "data/prepare.h"
 
 #include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
 
 #include <filesystem>
 
@@ -140,6 +141,38 @@ TEST_F(Prepare, ReusesAGivenTokenizer) {
   EXPECT_FALSE(fs::exists(dir_.file("third")));
   reuse.tokenizer_path = dir_.file("missing.model");
   expect_error([&] { prepare_dataset(reuse); }, {dir_.file("missing.model"), "does not exist"});
+}
+
+// A tokenizer of another origin that normalizes text and has no byte fallback: prepare says
+// that it does not give text back as written, and counts the <unk> tokens; Foundry's own says
+// nothing.
+TEST_F(Prepare, ALossyGivenTokenizerIsWarnedAbout) {
+  const std::string prefix = dir_.file("lossy");
+  std::string text;
+  for (const std::string& d : documents_) text += d + "\n";
+  write_file(dir_.file("lossy.txt"), text);
+  const auto status = sentencepiece::SentencePieceTrainer::Train(
+      "--input=" + dir_.file("lossy.txt") + " --model_prefix=" + prefix +
+      " --vocab_size=120 --model_type=bpe --normalization_rule_name=nmt_nfkc --byte_fallback=false"
+      " --character_coverage=0.99 --minloglevel=2 --num_threads=1 --eos_id=2 --bos_id=1"
+      " --unk_id=0");
+  ASSERT_TRUE(status.ok()) << status.ToString();
+  write_file(dir_.file("corpus/c.txt"), "a line with \u2603 and \ufb01\n");
+  PrepareOptions o = options("lossy-out");
+  o.tokenizer_path = prefix + ".model";
+  ::testing::internal::CaptureStderr();
+  prepare_dataset(o);
+  const std::string lossy = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(lossy.find("does not give text back as written"), std::string::npos) << lossy;
+  EXPECT_NE(lossy.find("tokens are <unk> (id 0)"), std::string::npos) << lossy;
+
+  ::testing::internal::CaptureStderr();
+  prepare_dataset(options("own"));
+  PrepareOptions reuse = options("own-again");
+  reuse.tokenizer_path = dir_.file("own/tokenizer.model");
+  prepare_dataset(reuse);
+  const std::string own = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(own.find("warning"), std::string::npos) << own;
 }
 
 TEST_F(Prepare, FailureLeavesNoDataset) {
