@@ -234,6 +234,22 @@ starts = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "start"
 assert starts[-1]["resume_step"] == 0, starts[-1]
 PY
 
+# ---- a run directory held by a `foundry train` started by hand: launch refuses it and leaves
+# that job running ----
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --steps 100000 \
+  --set train.run_dir=byhand train.heartbeat_interval_s=0.5 >byhand.log 2>&1 &
+tpid=$!
+wait_step byhand 5
+"$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 --steps 100000 \
+  --set train.run_dir=byhand >byhand-launch.log 2>&1
+rc=$?
+sleep 3  # the job would see its own heartbeats vanish within 2 s
+if [ $rc -eq 1 ] && grep -q "is in use by another training job (pid $tpid" byhand-launch.log \
+   && kill -0 $tpid 2>/dev/null && [ -s byhand/heartbeat/rank_00000.json ]; then
+  ok "launch on a directory a hand-started train holds: refused, that job goes on"
+else bad "launch over a hand-started train: rc=$rc"; cat byhand-launch.log byhand.log; fi
+kill -TERM $tpid; wait $tpid
+
 # ---- what is not retried: bad input fails once, before anything starts ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --set train.run_dir=bad train.lr=-1 >bad.log 2>&1
 rc=$?

@@ -445,7 +445,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_option("--trace", g->trace,
                   "With --batch: a line per step to this file (TSV: seconds, requests done, "
                   "generated tokens, KV bytes in use, requests running, prompt and decode tokens "
-                  "of the step)");
+                  "computed so far)");
   cmd->add_option("--kv-memory", g->kv_memory,
                   "With --batch: memory for KV caches, e.g. 2G (default: 80% of what the "
                   "memory budget leaves beside the weights; no limit without a budget)");

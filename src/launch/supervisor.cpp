@@ -165,6 +165,10 @@ Attempt Supervisor::start(int number) {
   a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
   // The first attempt of `launch --overwrite` starts the run anew, whatever the directory holds.
   a.resume_step = number == 1 && o_.overwrite ? 0 : latest_resume_step(rc_.train);
+  // A training job that launch did not start (`foundry train` by hand) holds the directory:
+  // refused before anything of its is touched (its heartbeats would vanish and it would take
+  // its own ranks for lost). The lock is taken and let go at once; launch's job takes it next.
+  if (path_exists(run_dir_)) const RunDirLock probe(run_dir_, kLockFile);
   // Records of the previous attempt would read as silent ranks.
   remove_all(heartbeat_dir(run_dir_));
   CommandInputs in;
