@@ -258,6 +258,7 @@ CASES = [
     Case("config: data.dir does not exist", "train -c tiny.json --set data.dir=nowhere", [], ["nowhere", "does not exist"]),
 
     # -- command-line options out of range --
+    Case("option: unknown command", "size --config tiny.json", [], ["unknown command 'size'"], hint="the commands are data, model, train", code=USAGE),
     Case("option: unknown option", "train -c tiny.json --bogus", [], ["--bogus"], code=USAGE),
     Case("option: train --steps negative", "train -c tiny.json --steps -3", [], ["--steps", "-3"], code=USAGE),
     Case("option: data prepare --shard-tokens negative", "data prepare --input corpus.txt --out ds2 --shard-tokens -5000", [], ["--shard-tokens", "-5000 is not in range"], code=USAGE),
@@ -332,6 +333,7 @@ CASES = [
     Case("option: bench gemm --device gpu", "bench gemm --quick --device gpu", [], ["--device 'gpu'"], hint="cuda:N"),
     Case("option: bench membw --device cuda:x", "bench membw --quick --device cuda:x", [], ["--device 'cuda:x'"]),
     Case("option: bench decode on a GPU that is not there", "bench decode --config tiny.json --device cuda:99", [], ["--device cuda:99"]),
+    Case("option: bench membw with more threads than CPUs", "bench membw --quick --threads 4096", [], ["bench membw --threads 4096: this process may run on", "would use 4096 threads"], hint="--threads counts up to the CPUs"),
     Case("option: bench gemm on a GPU that is not there", "bench gemm --quick --device cuda:99 --profile profile.json", [], ["--device cuda:99"]),
     Case("option: bench membw --threads with --device cuda", "bench membw --quick --device cuda --threads 2", [], ["--threads", "--device cuda:0"]),
     Case("option: bench gemm --peak-clock-ghz with --device cuda", "bench gemm --quick --device cuda --peak-clock-ghz 2", [], ["--peak-clock-ghz", "--device cuda:0"]),

@@ -8,6 +8,7 @@
 #include <limits>
 #include <optional>
 
+#include "base/format.h"
 #include "base/io.h"
 #include "bench/comm_bench.h"
 
@@ -284,11 +285,28 @@ const CollectiveFit& HardwareProfile::collective(const std::string& op, int64_t 
 double HardwareProfile::collective_time(const std::string& op, int64_t ranks, double bytes) const {
   if (ranks <= 1 || bytes <= 0) return 0;
   const CollectiveFit& fit = collective(op, ranks);
+  if (fit.max_bytes > 0 && bytes > 2 * fit.max_bytes) {
+    auto& [asked, measured] = beyond_measured[op];
+    asked = std::max(asked, bytes);
+    measured = fit.max_bytes;
+  }
   // busbw = algbw · factor(n) is what stays constant across n for bandwidth-optimal
   // algorithms, so the algorithm bandwidth at n is busbw / factor(n).
   const double bus = fit.beta_bytes_per_s * busbw_factor(op, std::max<int64_t>(fit.ranks, 2));
   const double beta = bus / busbw_factor(op, ranks);
   return fit.alpha_s + bytes / beta;
+}
+
+std::string HardwareProfile::notes_on_extrapolation() const {
+  std::string out;
+  for (const auto& [op, sizes] : beyond_measured)
+    out += fmt::format(
+        "note: {}'s fit in {} was measured up to {} and is stretched to messages of {} ({:.0f}x): "
+        "measure larger ones with `mpirun -np N foundry bench comm -e SIZE --profile {}`\n",
+        op, path.empty() ? name : path, format_bytes(sizes.second, 1, Zeros::trim),
+        format_bytes(sizes.first, 1, Zeros::trim), sizes.first / sizes.second,
+        path.empty() ? "FILE" : path);
+  return out;
 }
 
 namespace {

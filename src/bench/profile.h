@@ -9,6 +9,7 @@
 //   collective_time(op, ranks, bytes)  seconds of one collective (t = α + S/β)
 #pragma once
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -95,6 +96,12 @@ struct HardwareProfile {
   // 0 for a single rank. The fit's β at its own rank count is rescaled to `ranks` by the
   // busbw factor (bus bandwidth is what stays constant across rank counts).
   double collective_time(const std::string& op, int64_t ranks, double bytes) const;
+  // The collectives collective_time() was asked about for messages more than twice the largest
+  // its fit measured (fit.max_bytes), each with the largest such message: a prediction that
+  // stretches the fit, said by notes_on_extrapolation() ("" when none). Recorded as the
+  // planner asks, hence mutable.
+  std::string notes_on_extrapolation() const;
+  mutable std::map<std::string, std::pair<double, double>> beyond_measured;  // op → asked, max
 };
 
 // nccl-tests bus-bandwidth factor: busbw = algbw · factor.

@@ -156,18 +156,6 @@ json profile_to_merge(const BenchAllOptions& o, const std::string& profile_path)
   return profile;
 }
 
-// mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
-// share one core and the profile would report half the machine.
-void check_cpus_for_threads() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < omp_get_max_threads())
-    fail(fmt::format("bench all: this process may run on {} CPU(s) but uses {} OpenMP threads; "
-                     "the GEMM and memory figures would be wrong",
-                     CPU_COUNT(&set), omp_get_max_threads()),
-         "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by default), or "
-         "set OMP_NUM_THREADS to the CPUs it has");
-}
-
 // The collectives, on every rank (none with one rank: said on rank 0).
 std::vector<CommBenchResult> measure_collectives(const BenchAllOptions& o, Communicator& world) {
   if (world.size() < 2) {
@@ -237,7 +225,8 @@ void run_bench_all(const BenchAllOptions& o) {
   std::optional<gpu::GpuInfo> gpu_info;  // --device cuda: GEMMs and bandwidth on rank 0's GPU
   if (rank == 0 && device.cuda && (do_gemm || do_membw))
     gpu_info = gpu::open_gpu(device.index, "--device " + device.name());
-  if (rank == 0 && !device.cuda && (do_gemm || do_membw)) check_cpus_for_threads();
+  if (rank == 0 && !device.cuda && (do_gemm || do_membw))
+    check_cpus_for_threads("bench all", omp_get_max_threads());
   const Provenance provenance = collect_provenance(ranks);
   if (rank == 0) {
     make_dirs(o.out);
@@ -258,6 +247,19 @@ void run_bench_all(const BenchAllOptions& o) {
 }
 
 }  // namespace
+
+// mpirun binds each rank to a core by default; rank 0's GEMM and STREAM threads would then
+// share one core and the profile would report half the machine.
+void check_cpus_for_threads(const std::string& command, int threads, const std::string& fix) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) < threads)
+    fail(fmt::format("{}: this process may run on {} CPU(s) but would use {} threads; the "
+                     "figures would measure threads waiting for each other, not the machine",
+                     command, CPU_COUNT(&set), threads),
+         fix.empty() ? "run it with `mpirun --bind-to none ...` (Open MPI binds ranks to cores by "
+                       "default), or set OMP_NUM_THREADS to the CPUs it has"
+                     : fix);
+}
 
 void check_bench_outputs(const std::string& json_path, const std::string& csv_path,
                          const std::string& profile_path) {

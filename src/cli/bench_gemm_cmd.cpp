@@ -200,13 +200,16 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   }
   apply_gemm_flags(f, cmd, o);
   if (given("--peak-clock-ghz") && !(f.peak_clock_ghz > 0 && f.peak_clock_ghz < 20))
-    fail(fmt::format("--peak-clock-ghz {}: must be between 0 and 20", f.peak_clock_ghz));
+    fail(fmt::format("--peak-clock-ghz {}: must be above 0 and below 20", f.peak_clock_ghz),
+         "the cores' sustained clock in GHz under all-core load, e.g. 2.4");
   if (given("--peak-fma-units") && (f.peak_fma_units < 1 || f.peak_fma_units > 8))
-    fail(fmt::format("--peak-fma-units {}: must be between 1 and 8", f.peak_fma_units));
+    fail(fmt::format("--peak-fma-units {}: must be between 1 and 8", f.peak_fma_units),
+         "FMA units per core: 2 on most AVX-512 server cores, 1 on some");
   validate(o);  // before the header, so bad input fails at once
   check_memory({"bench gemm", {{"operands of the largest GEMM", gemm_bench_bytes(o)}}},
                memory_budget(), "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
   check_outputs(f.out);
+  check_cpus_for_threads("bench gemm", omp_get_max_threads());
 
   const Provenance provenance = collect_provenance();
   CpuInfo cpu = read_cpu_info();
@@ -309,6 +312,10 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
                "lower --array-bytes and --max-bytes");
   check_outputs(f.out);
+  for (int t : o.threads)
+    check_cpus_for_threads(fmt::format("bench membw --threads {}", t), t,
+                           "give --threads counts up to the CPUs this process may use (leave it "
+                           "out for powers of two up to all of them)");
 
   const Provenance provenance = collect_provenance();
   auto holder = std::make_shared<std::unique_ptr<Progress>>();

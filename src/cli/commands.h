@@ -31,6 +31,9 @@ void register_bench_decode_command(CLI::App& bench);  // bench decode (cli/bench
 // output, never the --profile it merges into or each other (base/io.h, check_output_file).
 void check_bench_outputs(const std::string& json_path, const std::string& csv_path,
                          const std::string& profile_path);
+// Fails when this process may run on fewer CPUs than the `threads` a CPU benchmark would use
+// (`fix`: the hint; empty, OMP_NUM_THREADS's).
+void check_cpus_for_threads(const std::string& command, int threads, const std::string& fix = "");
 
 // A value between lo and hi (inclusive). CLI::Range's message changes between CLI11 releases
 // ("not in range 1 to 9" in 2.1, "[1 - 9]" in 2.4); this one reads the same everywhere:

@@ -56,6 +56,22 @@ int main(int argc, char** argv) {
   foundry::cli::register_ckpt_commands(app);
   foundry::cli::register_launch_command(app);
   foundry::set_command_line(argc, argv);
+  // A first word that names no command: said as such (CLI11 would ask for a subcommand).
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr,
+                   "error: unknown command '%s'\nhint: the commands are %s (foundry "
+                   "--help says what each does)\n",
+                   argv[1], names.c_str());
+      return foundry::kExitUsage;
+    }
+  }
   try {
     foundry::gemm_rows_mode();  // a bad FOUNDRY_GEMM_ROWS fails before any command starts
     foundry::cli::refuse_many_ranks(argc, argv);

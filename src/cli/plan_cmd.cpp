@@ -118,10 +118,26 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
   if (s.eager || !s.attention_kernel.empty())
     std::printf("kernels: %s elementwise, attention %s\n", s.eager ? "unfused (eager)" : "fused",
                 s.attention_kernel.empty() ? "the profile's best" : s.attention_kernel.c_str());
+  // Shares are of the step: communication and data loading overlap the compute, so theirs are
+  // the exposed parts, in rows of their own (the shares then add up to 100%).
   std::printf("\n%-62s %10s %10s %12s\n", "operation", "ms", "share", "GFLOP");
-  for (const auto& it : p.items)
-    std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
-                100 * it.seconds / p.step_s, it.flops / 1e9);
+  const auto overlapped = [&](const PredictionItem& it) {
+    return it.category == CostCategory::comm || it.name.starts_with("data loading");
+  };
+  for (const auto& it : p.items) {
+    if (overlapped(it))
+      std::printf("%-62s %10.2f %10s %12.2f\n", it.name.c_str(), 1e3 * it.seconds, "(overlaps)",
+                  it.flops / 1e9);
+    else
+      std::printf("%-62s %10.2f %9.1f%% %12.2f\n", it.name.c_str(), 1e3 * it.seconds,
+                  100 * it.seconds / p.step_s, it.flops / 1e9);
+  }
+  for (const auto& [what, exposed, total] :
+       {std::tuple<const char*, double, double>{"communication, exposed", p.comm_exposed_s,
+                                                p.comm_s},
+        {"data loading, exposed", p.data_exposed_s, p.data_s}})
+    if (total > 0)
+      std::printf("%-62s %10.2f %9.1f%% %12s\n", what, 1e3 * exposed, 100 * exposed / p.step_s, "");
   std::printf("\npredicted step time: %.2f ms (GEMMs %.2f, attention %.2f, elementwise %.2f, "
               "recompute %.2f, optimizer %.2f, communication exposed %.2f of %.2f, "
               "pipeline bubble %.2f, framework overhead %.2f, data loading exposed %.2f of "
@@ -521,6 +537,7 @@ void run_plan(const PlanOptions& o, bool seq_given, bool batch_given) {
   if (!o.config_path.empty())
     predict_config(o, profile, memory, seq_given, batch_given);
   else search_shapes(o, profile, memory, seq_given, batch_given);
+  std::fputs(profile.notes_on_extrapolation().c_str(), stderr);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "base/format.h"
 #include "base/io.h"
 #include "model/info.h"
 #include "model/params.h"
@@ -114,6 +115,29 @@ TEST(PerfModel, ZeroOneCommunicationAndSharding) {
   EXPECT_NEAR(g.comm_exposed_s,
               std::max(0.0, rs - backward) + std::max(0.0, ag - backward / 2), 1e-12);
   EXPECT_LE(g.step_s, o.step_s);
+}
+
+// A collective fit measured up to some size and asked about far larger messages: the
+// prediction stands, and the profile says which fit it stretched, and how far.
+TEST(PerfModel, CollectivesBeyondTheirMeasuredSizesAreNoted) {
+  const ModelConfig c = moe_bench();
+  StepShape s;
+  s.dp = 8;
+  json doc = flat_profile().raw;
+  for (json& entry : doc["collectives"]) entry["fit"]["max_bytes"] = 1 << 20;
+  const HardwareProfile small = parse_profile(doc, "small.json");
+  predict_step(c, s, small);
+  const std::string notes = small.notes_on_extrapolation();
+  const double P = double(count_parameters(c).total);
+  EXPECT_NE(notes.find(fmt::format("note: reduce_scatter's fit in small.json was measured up to 1 "
+                                   "MiB and is stretched to messages of {}",
+                                   format_bytes(4 * P, 1, Zeros::trim))),
+            std::string::npos)
+      << notes;
+  for (json& entry : doc["collectives"]) entry["fit"]["max_bytes"] = 1e12;
+  const HardwareProfile large = parse_profile(doc, "large.json");
+  predict_step(c, s, large);
+  EXPECT_EQ(large.notes_on_extrapolation(), "");
 }
 
 // ZeRO-1's memory per rank, as docs/zero1.md counts it: the replicated weights and gradients,
