@@ -89,11 +89,13 @@ def load_run_config(path, overrides=()):
     model, train = dict(MODEL_DEFAULTS), dict(TRAIN_DEFAULTS)
     if root.get("model", {}).get("arch") == "zaya1":
         model.update(ZAYA1_DEFAULTS)
-    for section, target in (("model", model), ("train", train)):
-        for k, v in root.get(section, {}).items():
-            if k not in target:
-                sys.exit(f"error: {path}: unknown key {section}.{k}")
-            target[k] = v
+    for k, v in root.get("model", {}).items():
+        if k not in model:
+            sys.exit(f"error: {path}: unknown key model.{k}")
+        model[k] = v
+    # Train keys this reference does not model (the optimizer, checkpointing, devices) change
+    # neither the loss nor the gradients it compares: kept, not refused.
+    train.update(root.get("train", {}))
     m = Cfg(model)
     if m.arch not in ("moe", "zaya1") or not m.tie_embeddings:
         sys.exit("error: Foundry has arch 'moe' and 'zaya1', with tied embeddings")
@@ -640,7 +642,8 @@ def checkpoint_tensors(ckpt_dir):
     "NAME.exp_avg"/"NAME.exp_avg_sq" -> array (format 1: optimizer.safetensors)."""
     if os.path.exists(os.path.join(ckpt_dir, "metadata.json")):
         _, tensors = read_checkpoint_v2(ckpt_dir)
-        moments = {n: t for n, t in tensors.items() if n.endswith((".exp_avg", ".exp_avg_sq"))}
+        moments = {n: t for n, t in tensors.items()
+                   if n.endswith((".exp_avg", ".exp_avg_sq", ".muon_momentum"))}
         return {n: t for n, t in tensors.items() if n not in moments}, moments
     params = read_safetensors(os.path.join(ckpt_dir, "model.safetensors"))
     optimizer = os.path.join(ckpt_dir, "optimizer.safetensors")
