@@ -184,6 +184,30 @@ void make_dirs(const std::string& path) {
                "check permissions and free space");
 }
 
+std::string make_dirs_outermost(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::string outermost;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty() && !fs::exists(p, ec);
+       p = p.parent_path()) {
+    outermost = p.string();
+    if (p == p.parent_path()) break;
+  }
+  make_dirs(path);
+  return outermost;
+}
+
+void remove_empty_dirs(const std::string& path, const std::string& outermost) {
+  namespace fs = std::filesystem;
+  if (outermost.empty()) return;
+  const fs::path stop = fs::path(outermost).lexically_normal();
+  std::error_code ec;
+  for (fs::path p = fs::path(path).lexically_normal(); !p.empty(); p = p.parent_path()) {
+    if (!fs::is_directory(p, ec) || !fs::is_empty(p, ec) || !fs::remove(p, ec)) return;
+    if (p == stop || p == p.parent_path()) return;
+  }
+}
+
 void remove_all(const std::string& path) {
   std::error_code ec;
   std::filesystem::remove_all(path, ec);

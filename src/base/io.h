@@ -47,6 +47,12 @@ std::string host_name();                   // this host's name ("?" if unknown)
 double process_age_seconds();
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);   // mkdir -p
+// mkdir -p that returns the outermost directory it created ("" when `path` existed), so that
+// a command that fails can take back what it made (remove_empty_dirs).
+std::string make_dirs_outermost(const std::string& path);
+// Removes `path` and then its parents, up to and including `outermost`, while they are empty
+// (nothing when `outermost` is "").
+void remove_empty_dirs(const std::string& path, const std::string& outermost);
 void remove_all(const std::string& path);  // rm -rf (no error if absent)
 
 // A read-only memory map of a whole file. Empty files map to {nullptr, 0}.

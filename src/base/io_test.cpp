@@ -90,5 +90,22 @@ TEST(WriteFileAtomic, FollowsLinksAndWritesPipesAsTheyAre) {
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
 }
 
+// What a failed command made is taken back: the directories it created, while empty, and
+// nothing that was there before.
+TEST(MakeDirs, TheOutermostCreatedIsRemovedAgainWhileEmpty) {
+  TempDir dir;
+  EXPECT_EQ(make_dirs_outermost(dir.file("a/b/c")), dir.file("a"));
+  EXPECT_EQ(make_dirs_outermost(dir.file("a/b/c")), "");
+  remove_empty_dirs(dir.file("a/b/c"), dir.file("a"));
+  EXPECT_FALSE(path_exists(dir.file("a")));
+  EXPECT_TRUE(path_exists(dir.path()));
+
+  EXPECT_EQ(make_dirs_outermost(dir.file("x/y")), dir.file("x"));
+  write_file_atomic(dir.file("x/mine.txt"), "kept\n");  // x is no longer empty
+  remove_empty_dirs(dir.file("x/y"), dir.file("x"));
+  EXPECT_FALSE(path_exists(dir.file("x/y")));
+  EXPECT_TRUE(path_exists(dir.file("x/mine.txt")));
+}
+
 }  // namespace
 }  // namespace foundry

@@ -219,6 +219,8 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
   remove_stale_exports(out);
   const std::string tmp = fmt::format("{}.tmp-{}", out, ::getpid());
   remove_all(tmp);
+  const std::string parent = fs::path(out).parent_path().string();
+  const std::string created = parent.empty() ? "" : make_dirs_outermost(parent);
   make_dirs(tmp);
   ExportReport report;
   try {
@@ -230,6 +232,7 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
+    remove_empty_dirs(parent, created);  // the missing parents this export made
     throw;
   }
   report.tensors = static_cast<int64_t>(table.params().size() + extras.size());

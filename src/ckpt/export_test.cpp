@@ -160,7 +160,8 @@ TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
     f.seekp(offset);
     f.put(static_cast<char>(c ^ 0x10));
   }
-  expect_error([&] { export_hf_model(dir, root_ + "/hf"); }, "rank_00001.bin: bytes [");
+  // Into missing parents: they go too.
+  expect_error([&] { export_hf_model(dir, root_ + "/new/deep/hf"); }, "rank_00001.bin: bytes [");
   EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
 }
 

@@ -337,8 +337,7 @@ class OutputDir {
                "choose a new or empty directory for the dataset");
       }
     } else {
-      make_dirs(dir_);
-      created_ = true;
+      created_ = make_dirs_outermost(dir_);
     }
     for (const auto& entry : fs::directory_iterator(dir_))
       if (is_stale_staging(entry.path().filename().string())) remove_all(entry.path().string());
@@ -352,7 +351,7 @@ class OutputDir {
     if (published_) return;
     std::error_code ec;
     fs::remove_all(staging_, ec);
-    if (created_) fs::remove(dir_, ec);  // only if still empty
+    remove_empty_dirs(dir_, created_);  // what this run made, where it is still empty
   }
 
   const std::string& staging() const { return staging_; }
@@ -386,7 +385,8 @@ class OutputDir {
 
  private:
   std::string dir_, staging_;
-  bool created_ = false, published_ = false;
+  std::string created_;  // the outermost directory this run made ("" if --out existed)
+  bool published_ = false;
 };
 
 void write_staged_file(const std::string& path, const std::string& bytes) {

@@ -178,8 +178,9 @@ TEST_F(Prepare, ALossyGivenTokenizerIsWarnedAbout) {
 TEST_F(Prepare, FailureLeavesNoDataset) {
   // The error surfaces in the second file, after the first was read.
   write_file(dir_.file("corpus/c.jsonl"), "{\"text\": \"fine\"}\n{\"text\": oops}\n");
-  expect_error([&] { prepare_dataset(options("new")); }, {dir_.file("corpus/c.jsonl") + ":2:"});
-  EXPECT_FALSE(fs::exists(dir_.file("new"))) << "a directory this run created is removed";
+  expect_error([&] { prepare_dataset(options("new/deeper/ds")); },
+               {dir_.file("corpus/c.jsonl") + ":2:"});
+  EXPECT_FALSE(fs::exists(dir_.file("new"))) << "the directories this run created are removed";
 
   fs::create_directories(dir_.file("existing"));
   expect_error([&] { prepare_dataset(options("existing")); }, {"c.jsonl:2:"});
