@@ -411,6 +411,8 @@ CASES = [
     Case("checkpoint: metadata.json edited", "eval -c tiny.json --checkpoint " + CK, [edit_json(CK + "/metadata.json", "step", 3)], [CK + "/metadata.json", "checksum"]),
     Case("checkpoint: metadata.json format_version 3 (eval)", "eval -c tiny.json --checkpoint " + CK, [edit_json(CK + "/metadata.json", "format_version", 3), resign()], [CK + "/metadata.json", "format_version 3"], hint="version that wrote it"),
     Case("checkpoint: metadata.json format_version 3 (info)", "ckpt info " + CK, [edit_json(CK + "/metadata.json", "format_version", 3), resign()], [CK + "/metadata.json", "format_version 3"]),
+    Case("checkpoint: metadata.json chunk_bytes other than the format's", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "chunk_bytes", 7), resign()], [CK + "/metadata.json", "chunk_bytes = 7"]),
+    Case("checkpoint: a tensor of another shape than the model's", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "model.d_model", 64), resign()], ["of another shape or type than the model of this checkpoint's config"]),
     Case("checkpoint: metadata.json without pieces", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces", delete=True), resign()], [CK + "/metadata.json", "pieces"]),
     Case("checkpoint: metadata.json piece outside its file", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces.0.byte_offset", 1 << 30), resign()], [CK + "/metadata.json"]),
     Case("checkpoint: metadata.json file name with a path", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "files.0.name", "../rank_00000.bin"), resign()], [CK + "/metadata.json", "../rank_00000.bin"]),

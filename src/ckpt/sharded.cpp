@@ -241,6 +241,12 @@ Metadata read_metadata(const std::string& dir) {
   m.dir = dir;
   m.path = join(dir, kMetadataFile);
   m.j = parse_json_text(read_text_file(m.path), m.path);
+  // The checksums are of chunks of this size: another would make every one of them wrong.
+  if (const int64_t chunk = field<int64_t>(m.j, "chunk_bytes", m.path);
+      chunk != kChecksumChunkBytes)
+    fail(fmt::format("{}: chunk_bytes = {}, but this format's checksums are of {}-byte chunks",
+                     m.path, chunk, kChecksumChunkBytes),
+         kCorruptHint);
   const json files = field<json>(m.j, "files", m.path);
   for (const json& f : files) {
     m.files.push_back(field<std::string>(f, "name", m.path));
