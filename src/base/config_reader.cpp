@@ -25,15 +25,16 @@ ConfigReader::ConfigReader(const json& obj, std::string where, std::string prefi
 
 void ConfigReader::type_error(const std::string& key, const json& value,
                               const char* expected) const {
-  // --set reads a value as JSON first: a string that reads as a number needs its quotes.
-  const bool string_wanted = std::string_view(expected) == "a string";
+  // --set reads a value as JSON first: a string that reads as a number needs its quotes (said
+  // only where the reader's hint is about --set: not for files Foundry wrote).
+  const bool quote_hint = std::string_view(expected) == "a string" &&
+                          hint_.find("--set") != std::string::npos &&
+                          (value.is_number() || value.is_boolean());
   fail(fmt::format("{}: '{}{}' must be {}, got {}", where_, prefix_, key, expected, value.dump()),
-       string_wanted && !value.is_null() && !value.is_object() && !value.is_array()
-           ? fmt::format("{}; with --set, quote a string that reads as JSON: --set "
-                         "'{}{}=\"{}\"'",
-                         hint_, prefix_, key,
-                         value.is_string() ? value.get<std::string>() : value.dump())
-           : hint_);
+       quote_hint ? fmt::format("{}; with --set, quote a string that reads as JSON: --set "
+                                "'{}{}=\"{}\"'",
+                                hint_, prefix_, key, value.dump())
+                  : hint_);
 }
 
 void ConfigReader::get_choice(const std::string& key, std::string& out,
@@ -80,14 +81,21 @@ class RepeatedKeys {
   bool operator()(int /*depth*/, json::parse_event_t event, json& parsed) {
     switch (event) {
       case json::parse_event_t::object_start:
-        objects_.push_back({objects_.empty() ? "" : child_name(pending_), {}});
+      case json::parse_event_t::array_start:
+        // A container's name: its key in an object, or its array's name (no index).
+        open_.push_back({open_.empty()        ? ""
+                         : open_.back().array ? open_.back().name
+                                              : child_name(pending_),
+                         event == json::parse_event_t::array_start,
+                         {}});
         break;
       case json::parse_event_t::object_end:
-        objects_.pop_back();
+      case json::parse_event_t::array_end:
+        open_.pop_back();
         break;
       case json::parse_event_t::key:
         pending_ = parsed.get<std::string>();
-        if (!objects_.back().keys.insert(pending_).second && first_.empty())
+        if (!open_.back().keys.insert(pending_).second && first_.empty())
           first_ = child_name(pending_);
         break;
       default:
@@ -99,14 +107,14 @@ class RepeatedKeys {
 
  private:
   std::string child_name(const std::string& key) const {
-    return objects_.empty() || objects_.back().name.empty() ? key
-                                                            : objects_.back().name + "." + key;
+    return open_.empty() || open_.back().name.empty() ? key : open_.back().name + "." + key;
   }
-  struct Object {
+  struct Container {
     std::string name;
-    std::set<std::string> keys;
+    bool array = false;
+    std::set<std::string> keys;  // an object's keys so far
   };
-  std::vector<Object> objects_;
+  std::vector<Container> open_;
   std::string pending_, first_;
 };
 

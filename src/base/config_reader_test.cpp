@@ -4,8 +4,12 @@
 
 #include <optional>
 #include <string_view>
+#include <utility>
+#include <vector>
 
+#include "base/io.h"
 #include "base/test_expect_error.h"
+#include "base/test_temp_dir.h"
 
 namespace foundry {
 namespace {
@@ -65,6 +69,22 @@ TEST(ConfigReader, UnknownParsedChoiceNamesTheKeyTheValueAndTheChoices) {
             .get_parsed("size", size, parse_size, "small, large");
       },
       "'model.size' must be a string, got 3");
+}
+
+// A key written twice in one object is refused, named by its path (through arrays by the
+// array's name); the same key in different objects is fine.
+TEST(LoadJsonFile, AKeyTwiceInOneObjectIsNamedByItsPath) {
+  testing::TempDir dir;
+  const std::string path = dir.file("c.json");
+  write_file_atomic(path, R"({"a": {"x": 1}, "b": {"x": 2}, "c": [{"k": 1}, {"k": 2}]})");
+  EXPECT_EQ(load_json_file(path)["c"][1]["k"], 2);
+  for (const auto& [text, name] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"train": {"lr": 1}, "train": {}})", "'train'"},
+           {R"({"model": {"d": 1, "d": 2}})", "'model.d'"},
+           {R"({"data": {"x": [{"a": 1}, {"b": 1, "b": 2}]}})", "'data.x.b'"}}) {
+    write_file_atomic(path, text);
+    expect_error([&] { load_json_file(path); }, name + " appears twice in one object");
+  }
 }
 
 }  // namespace

@@ -7,10 +7,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
+#include <string_view>
 
 #include "base/error.h"
 
@@ -74,7 +77,7 @@ void check_output_file(const std::string& option, const std::string& path,
          "create it first, or name a file in an existing directory");
   // Only a regular file's contents are judged: a pipe or device (--trace /dev/stderr) is
   // written as it is.
-  if (!ours || !fs::is_regular_file(path, ec)) return;
+  if (!ours || !fs::is_regular_file(path, ec) || is_stream_file(path)) return;
   const std::string contents = read_text_file(path);
   if (contents.find_first_not_of(" \t\r\n") == std::string::npos || ours(contents)) return;
   fail(fmt::format("{} '{}' already holds something this command did not write", option, path),
@@ -108,6 +111,32 @@ void write_all(int fd, const std::string& path, const void* data, size_t bytes) 
   }
 }
 
+// The descriptor a path names when it is one of this process's own (/dev/stdout, /dev/stderr,
+// /dev/fd/N, /proc/self/fd/N, or a link to one): what the shell redirected it to is written
+// through that descriptor, after what the process printed, not replaced or overwritten.
+std::optional<int> own_descriptor(const std::string& path) {
+  namespace fs = std::filesystem;
+  fs::path p = path;
+  for (int hops = 0; hops < 40; ++hops) {
+    const std::string text = p.lexically_normal().string();
+    if (text == "/dev/stdout") return 1;
+    if (text == "/dev/stderr") return 2;
+    for (const char* prefix : {"/dev/fd/", "/proc/self/fd/"})
+      if (text.starts_with(prefix)) {
+        const std::string digits = text.substr(std::string_view(prefix).size());
+        if (!digits.empty() && digits.size() < 9 &&
+            digits.find_first_not_of("0123456789") == std::string::npos)
+          return std::stoi(digits);
+      }
+    std::error_code ec;
+    if (!fs::is_symlink(p, ec)) return std::nullopt;
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return std::nullopt;
+    p = target.is_absolute() ? target : p.parent_path() / target;
+  }
+  return std::nullopt;
+}
+
 // The file a path names once its symbolic links are followed (a link's target may not exist
 // yet); the path itself when it is no link.
 std::string link_target(const std::string& path) {
@@ -126,12 +155,20 @@ std::string link_target(const std::string& path) {
 }  // namespace
 
 bool is_stream_file(const std::string& path) {
+  if (own_descriptor(path)) return true;
   struct stat st;
   return ::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode) && !S_ISDIR(st.st_mode);
 }
 
 void write_file_atomic(const std::string& given, const void* data, size_t bytes) {
-  // A pipe or device (/dev/stdout, a FIFO) is written as it is: there is nothing to replace.
+  // One of this process's own descriptors (--out /dev/stdout): written through it, after what
+  // was printed to it so far.
+  if (const std::optional<int> fd = own_descriptor(given)) {
+    std::fflush(nullptr);
+    write_all(*fd, given, data, bytes);
+    return;
+  }
+  // A pipe or device (a FIFO) is written as it is: there is nothing to replace.
   if (is_stream_file(given)) {
     const int fd = ::open(given.c_str(), O_WRONLY);
     if (fd < 0) fail_errno("open for writing", given);

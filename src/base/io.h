@@ -20,8 +20,9 @@ std::ifstream open_text_file(const std::string& path, const std::string& what,
 
 // Writes the whole file durably and atomically: data goes to "<path>.tmp.<pid>", is fsynced,
 // renamed over `path`, and the directory is fsynced. Readers see the old file or the new one.
-// A symbolic link is followed (the file it names is replaced, the link stays); a pipe or
-// device (/dev/stdout, a FIFO) is written as it is.
+// A symbolic link is followed (the file it names is replaced, the link stays); one of this
+// process's own descriptors (/dev/stdout, /dev/fd/N) is written through that descriptor, after
+// what was printed to it; a pipe or device (a FIFO) is written as it is.
 void write_file_atomic(const std::string& path, const void* data, size_t bytes);
 inline void write_file_atomic(const std::string& path, std::string_view text) {
   write_file_atomic(path, text.data(), text.size());
@@ -37,8 +38,8 @@ void check_output_file(const std::string& option, const std::string& path,
                        const std::vector<std::pair<std::string, std::string>>& inputs,
                        const std::function<bool(const std::string& contents)>& ours = {});
 
-// Whether `path` (its links followed) is a pipe, device or socket: written as a stream, never
-// read back or replaced.
+// Whether `path` (its links followed) is a pipe, device or socket, or one of this process's
+// own descriptors: written as a stream, never read back or replaced.
 bool is_stream_file(const std::string& path);
 
 void fsync_path(const std::string& path);  // fsync a file or directory

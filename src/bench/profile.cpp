@@ -286,7 +286,7 @@ double HardwareProfile::collective_time(const std::string& op, int64_t ranks, do
   if (ranks <= 1 || bytes <= 0) return 0;
   const CollectiveFit& fit = collective(op, ranks);
   if (fit.max_bytes > 0 && bytes > 2 * fit.max_bytes) {
-    auto& [asked, measured] = beyond_measured[op];
+    auto& [asked, measured] = beyond_measured[{op, fit.ranks}];
     asked = std::max(asked, bytes);
     measured = fit.max_bytes;
   }
@@ -299,13 +299,14 @@ double HardwareProfile::collective_time(const std::string& op, int64_t ranks, do
 
 std::string HardwareProfile::notes_on_extrapolation() const {
   std::string out;
-  for (const auto& [op, sizes] : beyond_measured)
+  for (const auto& [fit, sizes] : beyond_measured)
     out += fmt::format(
-        "note: {}'s fit in {} was measured up to {} and is stretched to messages of {} ({:.0f}x): "
+        "note: {}'s fit at {} ranks in {} was measured up to {} and is stretched to messages of "
+        "{} ({:.0f}x): "
         "measure larger ones with `mpirun -np N foundry bench comm -e SIZE --profile {}`\n",
-        op, path.empty() ? name : path, format_bytes(sizes.second, 1, Zeros::trim),
-        format_bytes(sizes.first, 1, Zeros::trim), sizes.first / sizes.second,
-        path.empty() ? "FILE" : path);
+        fit.first, fit.second, path.empty() ? name : path,
+        format_bytes(sizes.second, 1, Zeros::trim), format_bytes(sizes.first, 1, Zeros::trim),
+        sizes.first / sizes.second, path.empty() ? "FILE" : path);
   return out;
 }
 

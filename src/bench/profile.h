@@ -96,12 +96,14 @@ struct HardwareProfile {
   // 0 for a single rank. The fit's β at its own rank count is rescaled to `ranks` by the
   // busbw factor (bus bandwidth is what stays constant across rank counts).
   double collective_time(const std::string& op, int64_t ranks, double bytes) const;
-  // The collectives collective_time() was asked about for messages more than twice the largest
-  // its fit measured (fit.max_bytes), each with the largest such message: a prediction that
-  // stretches the fit, said by notes_on_extrapolation() ("" when none). Recorded as the
-  // planner asks, hence mutable.
+  // The fits collective_time() was asked about for messages more than twice the largest they
+  // measured (fit.max_bytes), each with the largest such message: predictions that stretch a
+  // fit, said by notes_on_extrapolation() ("" when none; in a search, over every shape tried).
+  // Recorded as the planner asks, hence mutable. (Multi-node groups price their fits
+  // elsewhere: plan's group_collective_s.)
   std::string notes_on_extrapolation() const;
-  mutable std::map<std::string, std::pair<double, double>> beyond_measured;  // op → asked, max
+  // (op, the fit's ranks) → (the largest message asked about, the largest measured)
+  mutable std::map<std::pair<std::string, int64_t>, std::pair<double, double>> beyond_measured;
 };
 
 // nccl-tests bus-bandwidth factor: busbw = algbw · factor.

@@ -120,17 +120,23 @@ FileDigest write_model_file(const std::string& path, const std::string& dir, int
   return writer.finish();
 }
 
-// What an export to `out` killed before it finished left (OUT.tmp-PID of a process that is
-// gone): removed by the next export to `out`.
+// Where an export to `out` is staged: OUT.tmp-HOST-PID (a file system may be shared by hosts).
+std::string staging_path(const std::string& out, int64_t pid) {
+  return fmt::format("{}.tmp-{}-{}", out, host_name(), pid);
+}
+
+// What an export to `out` from this host killed before it finished left (the staging of a
+// process that is gone): removed by the next export to `out`.
 void remove_stale_exports(const std::string& out) {
   const fs::path target(out);
   const fs::path parent = target.parent_path().empty() ? fs::path(".") : target.parent_path();
-  const std::string prefix = target.filename().string() + ".tmp-";
+  const std::string prefix = fs::path(staging_path(out, 0)).filename().string();
+  const std::string own = prefix.substr(0, prefix.size() - 1);  // "OUT.tmp-HOST-"
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(parent, ec)) {
     const std::string name = entry.path().filename().string();
-    if (!name.starts_with(prefix)) continue;
-    const std::string digits = name.substr(prefix.size());
+    if (!name.starts_with(own)) continue;
+    const std::string digits = name.substr(own.size());
     if (digits.empty() || digits.size() > 9 ||
         digits.find_first_not_of("0123456789") != std::string::npos)
       continue;
@@ -217,7 +223,7 @@ ExportReport export_hf_model(const std::string& checkpoint_dir, const std::strin
   const std::vector<ExtraTensorToSave> extras = balancing_bias_tensors(balancers);
 
   remove_stale_exports(out);
-  const std::string tmp = fmt::format("{}.tmp-{}", out, ::getpid());
+  const std::string tmp = staging_path(out, ::getpid());
   remove_all(tmp);
   const std::string parent = fs::path(out).parent_path().string();
   const std::string created = parent.empty() ? "" : make_dirs_outermost(parent);

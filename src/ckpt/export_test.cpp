@@ -165,8 +165,9 @@ TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {
   EXPECT_EQ(entries(root_), std::vector<std::string>{"run"});
 }
 
-// What an export killed before it finished left (OUT.tmp-PID of a process that is gone) is
-// removed by the next export to OUT; a live process's staging is left alone.
+// What an export killed before it finished left (OUT.tmp-HOST-PID of a process of this host
+// that is gone) is removed by the next export to OUT; a live process's, or another host's,
+// staging is left alone.
 TEST_F(ExportTest, AKilledExportsStagingIsRemovedByTheNext) {
   const ModelConfig config = testing::tiny_moe_config();
   const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 5);
@@ -176,14 +177,17 @@ TEST_F(ExportTest, AKilledExportsStagingIsRemovedByTheNext) {
   if (gone == 0) ::_exit(0);
   ASSERT_GT(gone, 0);
   ::waitpid(gone, nullptr, 0);
-  const std::string dead = fmt::format("{}/hf.tmp-{}", root_, gone);
-  const std::string live = fmt::format("{}/hf.tmp-{}", root_, ::getppid());
+  const std::string dead = fmt::format("{}/hf.tmp-{}-{}", root_, host_name(), gone);
+  const std::string live = fmt::format("{}/hf.tmp-{}-{}", root_, host_name(), ::getppid());
+  const std::string other_host = fmt::format("{}/hf.tmp-elsewhere-{}", root_, gone);
+  make_dirs(other_host);
   make_dirs(dead);
   make_dirs(live);
   write_file_atomic(dead + "/model.safetensors", "partial");
   export_hf_model(dir, root_ + "/hf");
   EXPECT_FALSE(path_exists(dead));
   EXPECT_TRUE(path_exists(live));
+  EXPECT_TRUE(path_exists(other_host));  // another host's export, maybe running
   EXPECT_TRUE(path_exists(root_ + "/hf/model.safetensors"));
 }
 

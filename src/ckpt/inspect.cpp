@@ -452,12 +452,20 @@ std::string format_verify_report(const std::string& dir, const VerifyReport& r) 
   std::string warning;
   if (!r.non_finite.empty()) {
     int64_t values = 0;
-    for (const auto& [name, n] : r.non_finite) values += n;
+    bool weights = false;  // or only optimizer states ("NAME.exp_avg", ...), which eval skips
+    for (const auto& [name, n] : r.non_finite) {
+      values += n;
+      weights = weights || !(name.ends_with(".exp_avg") || name.ends_with(".exp_avg_sq") ||
+                             name.ends_with(".muon_momentum"));
+    }
     warning = fmt::format(
         "warning: {} non-finite value{} (NaN or inf) in {} tensor{}, the first {} ({}): written "
-        "as saved, but the run had diverged; eval and generate refuse it\n",
+        "as saved, but the run had diverged; {}\n",
         values, values == 1 ? "" : "s", r.non_finite.size(), r.non_finite.size() == 1 ? "" : "s",
-        r.non_finite.begin()->first, r.non_finite.begin()->second);
+        r.non_finite.begin()->first, r.non_finite.begin()->second,
+        weights ? "eval and generate refuse it"
+                : "only in the optimizer state: eval and generate load it, a resume would not "
+                  "recover");
   }
   if (r.format_version == kShardedFormatVersion)
     return warning + fmt::format(

@@ -312,10 +312,11 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
                "lower --array-bytes and --max-bytes");
   check_outputs(f.out);
+  if (o.threads.empty())  // the default: powers of two up to OMP_NUM_THREADS, and it
+    check_cpus_for_threads("bench membw", omp_get_max_threads());
   for (int t : o.threads)
     check_cpus_for_threads(fmt::format("bench membw --threads {}", t), t,
-                           "give --threads counts up to the CPUs this process may use (leave it "
-                           "out for powers of two up to all of them)");
+                           "give --threads counts up to the CPUs this process may use");
 
   const Provenance provenance = collect_provenance();
   auto holder = std::make_shared<std::unique_ptr<Progress>>();

@@ -67,10 +67,11 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     // The parameter table holds names and offsets only: nothing of the model is allocated.
     const ParamTable table(rc.model);
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
-    // A rank runs its batch / dp sequences: its activations, with the replicated slabs and its
-    // share of the optimizer state.
+    // A rank runs its group's batch / (dp / cp) sequences (seq / cp tokens of each): its
+    // activations, with the replicated slabs and its share of the optimizer state.
     const MemoryEstimate m =
-        estimate_memory(rc.model, std::max<int64_t>(1, batch / o.dp), seq, precision, muon, cp);
+        estimate_memory(rc.model, std::max<int64_t>(1, batch / std::max<int64_t>(1, o.dp / cp)),
+                        seq, precision, muon, cp);
     rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
                  m.activations_bytes + m.backward_buffers_bytes;
     if (o.ep > 1)
@@ -103,8 +104,9 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
       std::printf("\nZeRO-1 over %lld data-parallel ranks (optimizer state per rank):\n%s",
                   static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());
     if (zero1 && o.ep == 1)
-      fmt::print("per rank in all (the largest, running {} of the {} sequences): {}\n",
-                 std::max<int64_t>(1, batch / o.dp), batch,
+      fmt::print("per rank in all (the largest, running {}{} of the {} sequences): {}\n",
+                 cp > 1 ? fmt::format("{} tokens of each of ", seq / cp) : "",
+                 std::max<int64_t>(1, batch / std::max<int64_t>(1, o.dp / cp)), batch,
                  format_bytes(static_cast<double>(rank_total)));
     if (storage)
       std::printf("\n%s", format_expert_storage(*storage, precision == DType::bf16).c_str());

@@ -206,9 +206,13 @@ std::map<int64_t, std::string> read_finished_results(const std::string& out_path
     try {
       j = json::parse(lines[i]);
     } catch (const json::parse_error&) {
-      // (a result line starts with its first key, "finish_reason", or an error line's "error")
+      // (a result line starts with its first key, "finish_reason", or an error line's "error";
+      // a line cut within that key is a start of it)
+      const auto starts_as = [&](std::string_view head) {
+        return lines[i].rfind(head, 0) == 0 || head.rfind(lines[i], 0) == 0;
+      };
       if (i + 1 == lines.size() && cut_short &&
-          (lines[i].rfind("{\"finish_reason\":", 0) == 0 || lines[i].rfind("{\"error\":", 0) == 0))
+          (starts_as("{\"finish_reason\":") || starts_as("{\"error\":")))
         break;
       not_ours(i, "not JSON");
     }

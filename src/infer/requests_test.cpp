@@ -156,6 +156,9 @@ TEST(Requests, FinishedResultsAreThoseOfTheseRequests) {
   expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");
   write_file(out, "my notes");
   expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");
+  // Cut within the first key: a result's start all the same.
+  write_file(out, result_line(r2) + "\n" + "{\"finish_rea");
+  EXPECT_EQ(read_finished_results(out, set).size(), 1u);
   // Cut short too, but not the start of a result or error line: someone else's file.
   write_file(out, "{\"my\": \"important data\"");
   expect_error([&] { read_finished_results(out, set); }, "line 1: not JSON");

@@ -168,9 +168,19 @@ Attempt Supervisor::start(int number) {
   // A training job that launch did not start (`foundry train` by hand) holds the directory:
   // refused before anything of its is touched (its heartbeats would vanish and it would take
   // its own ranks for lost). The lock is taken and let go at once; launch's job takes it next.
-  if (path_exists(run_dir_)) const RunDirLock probe(run_dir_, kLockFile);
+  // On a restart the holder may be the failed attempt's last rank, still exiting: then the
+  // heartbeats stay, and the new job, refused the lock, fails and is retried with backoff.
+  bool held = false;
+  if (path_exists(run_dir_)) {
+    try {
+      const RunDirLock probe(run_dir_, kLockFile);
+    } catch (const Error&) {
+      if (number == 1) throw;
+      held = true;
+    }
+  }
   // Records of the previous attempt would read as silent ranks.
-  remove_all(heartbeat_dir(run_dir_));
+  if (!held) remove_all(heartbeat_dir(run_dir_));
   CommandInputs in;
   in.launcher = o_.launcher;
   in.ranks = a.ranks;

@@ -129,8 +129,8 @@ TEST(PerfModel, CollectivesBeyondTheirMeasuredSizesAreNoted) {
   predict_step(c, s, small);
   const std::string notes = small.notes_on_extrapolation();
   const double P = double(count_parameters(c).total);
-  EXPECT_NE(notes.find(fmt::format("note: reduce_scatter's fit in small.json was measured up to 1 "
-                                   "MiB and is stretched to messages of {}",
+  EXPECT_NE(notes.find(fmt::format("note: reduce_scatter's fit at 8 ranks in small.json was "
+                                   "measured up to 1 MiB and is stretched to messages of {}",
                                    format_bytes(4 * P, 1, Zeros::trim))),
             std::string::npos)
       << notes;

@@ -250,4 +250,11 @@ std::vector<std::string> trajectory_changes(const TrainConfig& before, const Tra
   return changes;
 }
 
+bool has_run_config_shape(const json& doc) {
+  if (!doc.is_object()) return false;
+  for (const auto& item : doc.items())
+    if (item.key() != "model" && item.key() != "train" && item.key() != "data") return false;
+  return true;
+}
+
 }  // namespace foundry

@@ -146,6 +146,9 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi, const std::
 
 // Reads `path`, applies overrides ("train.lr=1e-3"), validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Whether `doc` has a run config's shape: an object of model, train and data sections only
+// (what a run's config.json and plan --out hold; the sections themselves are not checked).
+bool has_run_config_shape(const json& doc);
 RunConfig parse_run_config(const json& root, const std::string& where);
 
 }  // namespace foundry

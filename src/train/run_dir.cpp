@@ -237,13 +237,7 @@ void check_skipped_batches_file(const std::string& run_dir) {
 void check_config_file(const std::string& run_dir) {
   const std::string path = join(run_dir, "config.json");
   if (!path_exists(path) || std::filesystem::is_directory(path)) return;
-  const json file = json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false);
-  bool run_config = file.is_object();
-  if (run_config)
-    for (const auto& item : file.items())
-      run_config =
-          run_config && (item.key() == "model" || item.key() == "train" || item.key() == "data");
-  if (!run_config)
+  if (!has_run_config_shape(json::parse(read_text_file(path), nullptr, /*allow_exceptions=*/false)))
     fail(
         fmt::format("{} is not a run config (an object of model, train and data sections); the run "
                     "would replace it with its own",

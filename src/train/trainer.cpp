@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -148,7 +149,12 @@ struct TrainingRun {
     // file continues to.
     json source = rc.source;
     source["train"]["steps"] = schedule.total_steps;
-    write_file_atomic(tc.run_dir + "/config.json", source.dump(2) + "\n");
+    // The run's own file: a link there (to the config it was started from) is replaced, not
+    // written through.
+    const std::string config_path = tc.run_dir + "/config.json";
+    if (std::error_code ec; std::filesystem::is_symlink(config_path, ec))
+      std::filesystem::remove(config_path, ec);
+    write_file_atomic(config_path, source.dump(2) + "\n");
     return metrics;
   }
   void start_heartbeat();
@@ -251,9 +257,9 @@ DeviceSpec rank_device(const DeviceSpec& device, const Processes& procs) {
 // A schedule that never reaches its peak, or decays before its warmup ends, is legal but
 // rarely meant.
 void warn_about_schedule(const LrSchedule& s) {
-  if (s.warmup_steps >= s.total_steps)
+  if (s.total_steps > 0 && s.warmup_steps > s.total_steps)
     warn(
-        fmt::format("train.warmup_steps = {} is not below the {} steps this run trains to: the "
+        fmt::format("train.warmup_steps = {} is beyond the {} steps this run trains to: the "
                     "learning rate never reaches train.lr",
                     s.warmup_steps, s.total_steps));
   else if (s.kind == ScheduleKind::wsd &&
