@@ -156,6 +156,10 @@ ln -s linked.jsonl scores-link.jsonl
 "$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out /dev/stdout -q 2>/dev/null | cat >piped.jsonl
 cmp -s piped.jsonl scores.jsonl && [ -L /dev/stdout ] \
   && ok "eval --choices --out /dev/stdout writes the scores to the pipe" || bad "eval --choices --out /dev/stdout"
+"$FOUNDRY" eval -c tiny.json --choices choices.jsonl --out /dev/stdout -q >redirected.jsonl 2>/dev/null
+cmp -s redirected.jsonl scores.jsonl \
+  && ok "eval --choices --out /dev/stdout redirected to a file writes the scores there" \
+  || bad "eval --choices --out /dev/stdout > file"
 timeout 120 "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out /dev/stdout -q 2>/dev/null \
   | cat >piped-gen.jsonl
 cmp -s piped-gen.jsonl out.jsonl && ok "generate --batch --out /dev/stdout: the results once, in request order" \

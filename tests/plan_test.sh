@@ -48,6 +48,14 @@ else bad "small plan failed:"; cat small.txt; fi
 "$FOUNDRY" train --config small.json --synthetic-data --steps 2 --set train.run_dir=small-run -q \
   >train.log 2>&1 && ok "foundry train runs the planned config" || { bad "training the plan failed"; cat train.log; }
 
+# --out /dev/stdout with stdout redirected to a file: the report and then the config, both there.
+"$FOUNDRY" plan --profile cpu.json --arch moe --active-params 2M --total-params 6M --seq 64 \
+  --global-batch 4 --vocab 1000 --hidden 128,192,256 --experts 4,8 --top-k 1,2 --aspect-ratio 16,200 \
+  --out /dev/stdout >both.txt 2>/dev/null
+grep -q "Ranked by predicted training throughput" both.txt && grep -q '"model": {' both.txt \
+  && ok "plan --out /dev/stdout into a file keeps the report and appends the config" \
+  || { bad "plan --out /dev/stdout > file"; head -5 both.txt; }
+
 # ---- predicting one config ----
 out="$("$FOUNDRY" plan --profile cpu.json --config "$SRC/configs/moe-bench.json" 2>&1)"
 grep -q "predicted step time:" <<<"$out" && grep -q "expert GEMMs" <<<"$out" \

@@ -57,6 +57,14 @@ grep -q "schedule now spans 24 steps instead of the checkpoint's 12: step 13 tra
   && ! grep -q "schedule now spans" longer.log \
   && ok "--steps is the run's: config.json holds it and a resume from that file trains to it" \
   || { bad "--steps not kept in config.json"; cat longer.log; }
+# A run directory whose config.json links to the user's config: the link is replaced, the
+# user's file left as it was.
+mkdir -p linked && cp tiny.json mine.json && ln -s ../mine.json linked/config.json
+"$FOUNDRY" train --config mine.json --synthetic-data --set train.run_dir=linked -q --steps 2 \
+  >linked.log 2>&1
+cmp -s mine.json tiny.json && [ ! -L linked/config.json ] \
+  && ok "a linked config.json in the run directory is replaced, not written through" \
+  || { bad "config.json link"; cat linked.log; }
 # Sequences of any length train without context parallelism (an odd one here).
 "$FOUNDRY" train --config tiny.json --synthetic-data --set train.run_dir=odd train.seq_len=15 -q \
   --steps 2 >odd.log 2>&1 && ok "an odd train.seq_len trains" || { bad "odd seq_len"; cat odd.log; }
