@@ -413,6 +413,8 @@ CASES = [
     Case("checkpoint: metadata.json format_version 3 (info)", "ckpt info " + CK, [edit_json(CK + "/metadata.json", "format_version", 3), resign()], [CK + "/metadata.json", "format_version 3"]),
     Case("checkpoint: metadata.json chunk_bytes other than the format's", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "chunk_bytes", 7), resign()], [CK + "/metadata.json", "chunk_bytes = 7"]),
     Case("checkpoint: a tensor of another shape than the model's", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "model.d_model", 64), resign()], ["of another shape or type than the model of this checkpoint's config"]),
+    Case("checkpoint: metadata.json's step against its trainer state's", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "trainer_state.step", 99), resign()], [CK + "/metadata.json", "trainer_state.step 99"]),
+    Case("checkpoint: COMMITTED of another format version", "ckpt verify " + CK, [edit_json(CK + "/COMMITTED", "format_version", 1)], [CK + "/COMMITTED", "format_version 1"]),
     Case("checkpoint: metadata.json without pieces", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces", delete=True), resign()], [CK + "/metadata.json", "pieces"]),
     Case("checkpoint: metadata.json piece outside its file", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "pieces.0.byte_offset", 1 << 30), resign()], [CK + "/metadata.json"]),
     Case("checkpoint: metadata.json file name with a path", "ckpt verify " + CK, [edit_json(CK + "/metadata.json", "files.0.name", "../rank_00000.bin"), resign()], [CK + "/metadata.json", "../rank_00000.bin"]),

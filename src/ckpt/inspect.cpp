@@ -121,7 +121,12 @@ std::vector<SavedTensor> read_v2(const std::string& dir, CheckpointInfo& info) {
                             field<bool>(layout, "zero1", path),
                             layout.value("context_parallel", 1)};  // absent before it existed
   info.model = parse_model_config(field<json>(m, "model", path), path);
-  info.optimizer = recorded_optimizer(field<json>(m, "trainer_state", path)).value_or("");
+  const json state = field<json>(m, "trainer_state", path);
+  info.optimizer = recorded_optimizer(state).value_or("");
+  // The step is written twice (the checkpoint's and the trainer's): they must agree.
+  if (state.is_object() && state.contains("step") && state["step"] != info.step)
+    info.problems.push_back(fmt::format("{}: step {} but trainer_state.step {}", path, info.step,
+                                        state["step"].dump()));
   for (const json& f : field<json>(m, "files", path))
     info.files.push_back(
         {field<std::string>(f, "name", path), -1, field<int64_t>(f, "bytes", path)});
@@ -272,6 +277,11 @@ void check_committed(const std::string& dir, const std::string& description, con
   const std::string text = read_text_file(join(dir, description));
   const std::string sum = hash64_hex(hash64(text.data(), text.size()));
   auto it = committed.find(key);
+  if (committed.is_object() && committed.contains("format_version") &&
+      committed["format_version"] != info.format_version)
+    info.problems.push_back(fmt::format("{}: format_version {}, but {} is version {}",
+                                        committed_path, committed["format_version"].dump(),
+                                        join(dir, description), info.format_version));
   if (!committed.is_object() || it == committed.end() || *it != sum) {
     info.committed = false;  // the marker commits another description than this one
     info.problems.push_back(fmt::format("{}: XXH3-64 checksum {} does not match {} recorded in {}",
