@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <vector>
 
 #include "base/error.h"
 
@@ -111,13 +113,26 @@ void write_all(int fd, const std::string& path, const void* data, size_t bytes) 
   }
 }
 
+// `path`, then where each symbolic link along the way points (a relative target taken from the
+// link's folder), up to the first path that is no link (which may not exist yet).
+std::vector<std::filesystem::path> link_chain(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> chain = {path};
+  for (std::error_code ec; fs::is_symlink(chain.back(), ec);) {
+    if (chain.size() > 40)
+      fail(fmt::format("'{}': too many levels of symbolic links", path), "fix the link");
+    const fs::path target = fs::read_symlink(chain.back(), ec);
+    if (ec) break;
+    chain.push_back(target.is_absolute() ? target : chain.back().parent_path() / target);
+  }
+  return chain;
+}
+
 // The descriptor a path names when it is one of this process's own (/dev/stdout, /dev/stderr,
 // /dev/fd/N, /proc/self/fd/N, or a link to one): what the shell redirected it to is written
 // through that descriptor, after what the process printed, not replaced or overwritten.
 std::optional<int> own_descriptor(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path p = path;
-  for (int hops = 0; hops < 40; ++hops) {
+  for (const std::filesystem::path& p : link_chain(path)) {
     const std::string text = p.lexically_normal().string();
     if (text == "/dev/stdout") return 1;
     if (text == "/dev/stderr") return 2;
@@ -128,28 +143,8 @@ std::optional<int> own_descriptor(const std::string& path) {
             digits.find_first_not_of("0123456789") == std::string::npos)
           return std::stoi(digits);
       }
-    std::error_code ec;
-    if (!fs::is_symlink(p, ec)) return std::nullopt;
-    const fs::path target = fs::read_symlink(p, ec);
-    if (ec) return std::nullopt;
-    p = target.is_absolute() ? target : p.parent_path() / target;
   }
   return std::nullopt;
-}
-
-// The file a path names once its symbolic links are followed (a link's target may not exist
-// yet); the path itself when it is no link.
-std::string link_target(const std::string& path) {
-  namespace fs = std::filesystem;
-  fs::path p = path;
-  for (int hops = 0; hops < 40; ++hops) {
-    std::error_code ec;
-    if (!fs::is_symlink(p, ec)) return p.string();
-    const fs::path target = fs::read_symlink(p, ec);
-    if (ec) return p.string();
-    p = target.is_absolute() ? target : p.parent_path() / target;
-  }
-  fail(fmt::format("'{}': too many levels of symbolic links", path), "fix the link");
 }
 
 }  // namespace
@@ -182,7 +177,7 @@ void write_file_atomic(const std::string& given, const void* data, size_t bytes)
     return;
   }
   // Through a symbolic link: the file it names is replaced, and the link stays.
-  const std::string path = link_target(given);
+  const std::string path = link_chain(given).back().string();
   std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) fail_errno("create", tmp);
@@ -219,6 +214,10 @@ void make_dirs(const std::string& path) {
   std::filesystem::create_directories(path, ec);
   if (ec) fail(fmt::format("cannot create directory '{}': {}", path, ec.message()),
                "check permissions and free space");
+}
+
+bool process_gone(int64_t pid) {
+  return pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
 }
 
 std::string make_dirs_outermost(const std::string& path) {

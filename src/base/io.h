@@ -46,6 +46,9 @@ void fsync_path(const std::string& path);  // fsync a file or directory
 std::string host_name();                   // this host's name ("?" if unknown)
 // Seconds since this process started (from /proc/self/stat and /proc/uptime); -1 if unknown.
 double process_age_seconds();
+// Whether process `pid` of this host has ended (pid <= 0 counts as ended): what it left behind
+// (a staging folder named by its pid) may be removed.
+bool process_gone(int64_t pid);
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);   // mkdir -p
 // mkdir -p that returns the outermost directory it created ("" when `path` existed), so that

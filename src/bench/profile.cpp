@@ -47,43 +47,44 @@ double number(const json& obj, const std::string& key, const std::string& where,
   return v;
 }
 
-// The object at `key` of `obj`; an empty one where it is absent or null, and a failure where it
-// is anything else.
-const json& object_at(const json& obj, const std::string& key, const std::string& where) {
-  static const json kEmpty = json::object();
+constexpr char kProfileHint[] = "fix the profile (docs/formats.md, \"Hardware profile\")";
+
+// The value at `key` of `obj`: none where it is absent or null; a failure, naming `what` it
+// must be, where `is` says it is of another type.
+const json* value_at(const json& obj, const std::string& key, const std::string& where,
+                     bool (json::*is)() const noexcept, const char* what) {
   auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return kEmpty;
-  if (!it->is_object())
-    fail(fmt::format("{}: '{}' must be an object, got {}", where, key, it->dump()),
-         "fix the profile (docs/formats.md, \"Hardware profile\")");
-  return *it;
+  if (it == obj.end() || it->is_null()) return nullptr;
+  if (!((*it).*is)())
+    fail(fmt::format("{}: '{}' must be {}, got {}", where, key, what, it->dump()), kProfileHint);
+  return &*it;
 }
 
-// The array at `key` of `obj`, of objects; an empty one where it is absent or null.
+// The object at `key` of `obj` (an empty one where it is absent or null).
+const json& object_at(const json& obj, const std::string& key, const std::string& where) {
+  static const json kEmpty = json::object();
+  const json* v = value_at(obj, key, where, &json::is_object, "an object");
+  return v ? *v : kEmpty;
+}
+
+// The array at `key` of `obj`, of objects (an empty one where it is absent or null).
 const json& objects_at(const json& obj, const std::string& key, const std::string& where) {
   static const json kEmpty = json::array();
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return kEmpty;
-  if (!it->is_array())
-    fail(fmt::format("{}: '{}' must be an array, got {}", where, key, it->dump()),
-         "fix the profile (docs/formats.md, \"Hardware profile\")");
-  for (const json& item : *it)
+  const json* v = value_at(obj, key, where, &json::is_array, "an array");
+  if (!v) return kEmpty;
+  for (const json& item : *v)
     if (!item.is_object())
       fail(
           fmt::format("{}: every entry of '{}' must be an object, got {}", where, key, item.dump()),
-          "fix the profile (docs/formats.md, \"Hardware profile\")");
-  return *it;
+          kProfileHint);
+  return *v;
 }
 
 // The string at `key` of `obj` (`fallback` where it is absent or null).
 std::string text_at(const json& obj, const std::string& key, const std::string& where,
                     const std::string& fallback = "") {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  if (!it->is_string())
-    fail(fmt::format("{}: '{}' must be a string, got {}", where, key, it->dump()),
-         "fix the profile (docs/formats.md, \"Hardware profile\")");
-  return it->get<std::string>();
+  const json* v = value_at(obj, key, where, &json::is_string, "a string");
+  return v ? v->get<std::string>() : fallback;
 }
 
 // A number `obj` must have.

@@ -1,7 +1,6 @@
 #include "ckpt/export.h"
 
 #include <fmt/ranges.h>
-#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -140,8 +139,7 @@ void remove_stale_exports(const std::string& out) {
     if (digits.empty() || digits.size() > 9 ||
         digits.find_first_not_of("0123456789") != std::string::npos)
       continue;
-    const long pid = std::stol(digits);
-    if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)
+    if (const long pid = std::stol(digits); pid > 0 && process_gone(pid))
       fs::remove_all(entry.path(), ec);
   }
 }

@@ -315,7 +315,7 @@ bool is_dataset_file(const std::string& name) {
 bool is_stale_staging(const std::string& name) {
   if (!name.starts_with(kStagingPrefix)) return false;
   const long pid = std::strtol(name.c_str() + std::strlen(kStagingPrefix), nullptr, 10);
-  return pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+  return process_gone(pid);
 }
 
 class OutputDir {
