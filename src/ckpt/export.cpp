@@ -164,14 +164,34 @@ void check_out_dir(const std::string& out) {
          "export into a new or empty directory; nothing was written");
 }
 
-// Renames the finished `tmp` to `out` (absent or an empty directory) and makes it durable.
+void rename_or_fail(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    fail(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)),
+         "export into a new or empty directory");
+}
+
+// Moves the finished `tmp` to `out` and makes it durable. A new `out` is `tmp` renamed; an
+// existing (empty) one keeps its directory, which may be a shell's working directory, and
+// receives the files, the model first: a config.json there means the export is whole.
 void publish_export(const std::string& tmp, const std::string& out) {
   fsync_path(tmp);
-  if (::rename(tmp.c_str(), out.c_str()) != 0)
-    fail(fmt::format("cannot rename '{}' to '{}': {}", tmp, out, std::strerror(errno)),
-         "export into a new or empty directory");
-  const std::string parent = fs::path(out).parent_path().string();
-  fsync_path(parent.empty() ? "." : parent);
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) {
+    rename_or_fail(tmp, out);
+    const std::string parent = fs::path(out).parent_path().string();
+    fsync_path(parent.empty() ? "." : parent);
+    return;
+  }
+  const std::string model = join(out, kModelFile);
+  rename_or_fail(join(tmp, kModelFile), model);
+  try {
+    rename_or_fail(join(tmp, kConfigFile), join(out, kConfigFile));
+  } catch (...) {
+    fs::remove(model, ec);
+    throw;
+  }
+  fsync_path(out);
+  fs::remove(tmp, ec);
 }
 
 std::string without_trailing_slash(std::string path) {
@@ -182,8 +202,11 @@ std::string without_trailing_slash(std::string path) {
 // The directory to publish into: a symbolic link stands for the directory it names (the
 // finished export is renamed onto a directory, never onto the link itself).
 std::string export_target(const std::string& out_dir) {
-  const std::string out = without_trailing_slash(out_dir);
+  std::string out = without_trailing_slash(out_dir);
   std::error_code ec;
+  // "." or "..": the directory by its path, so the export is staged beside it, not inside it.
+  if (const std::string last = fs::path(out).filename().string(); last == "." || last == "..")
+    out = without_trailing_slash(fs::absolute(out, ec).lexically_normal().string());
   if (!fs::is_symlink(out, ec)) return out;
   const fs::path target = fs::canonical(out, ec);
   if (ec)

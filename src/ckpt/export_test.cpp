@@ -1,6 +1,7 @@
 #include "ckpt/export.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -140,6 +141,39 @@ TEST_F(ExportTest, ALinkToAnEmptyDirectoryExportsIntoThatDirectory) {
   expect_error([&] { export_hf_model(dir, root_ + "/dangling"); },
                "'" + root_ + "/dangling' is a symbolic link to a missing path");
   EXPECT_FALSE(fs::exists(root_ + "/missing"));
+}
+
+// The working directory, empty, as "." (or a directory as "dir/."): the files go into it, the
+// directory stays the same one (a shell in it is not left in a removed directory).
+TEST_F(ExportTest, TheEmptyWorkingDirectoryTakesTheExportInPlace) {
+  const ModelConfig config = testing::tiny_moe_config();
+  const std::vector<float> params = testing::random_slab(ParamTable(config).total_elements(), 4);
+  const std::string dir =
+      testing::save_from_ranks(root_ + "/run", 1, 1, config, {{"", &params, {}}}, {{"step", 1}});
+  fs::create_directories(root_ + "/here");
+  struct stat before {};
+  ASSERT_EQ(::stat((root_ + "/here").c_str(), &before), 0);
+  const fs::path cwd = fs::current_path();
+  fs::current_path(root_ + "/here");
+  try {
+    export_hf_model(dir, ".");
+  } catch (...) {
+    fs::current_path(cwd);
+    throw;
+  }
+  fs::current_path(cwd);
+  struct stat after {};
+  ASSERT_EQ(::stat((root_ + "/here").c_str(), &after), 0);
+  EXPECT_EQ(before.st_ino, after.st_ino) << "the directory itself was replaced";
+  EXPECT_EQ(entries(root_ + "/here"),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  EXPECT_EQ(entries(root_), (std::vector<std::string>{"here", "run"}));  // no staging left
+
+  fs::create_directories(root_ + "/other");
+  export_hf_model(dir, root_ + "/other/.");
+  EXPECT_EQ(entries(root_ + "/other"),
+            (std::vector<std::string>{"config.json", "model.safetensors"}));
+  expect_error([&] { export_hf_model(dir, root_ + "/other/."); }, "is not empty");
 }
 
 TEST_F(ExportTest, AFailedExportLeavesNothingBehind) {

@@ -876,8 +876,9 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
   save_due_checkpoints(run, step, last, final_step, stop.signal != 0);
   if (stop.output_failed) report_output_failure(run, step, output_error);
   if (stop.signal) {
-    std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
-                 stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
+    if (run.procs.rank() == 0)  // every rank agreed on the stop: one line for the job
+      std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
+                   stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
     summary.interrupted = true;
     return true;
   }
