@@ -31,6 +31,7 @@ constexpr uint64_t kTokenizerSampleSeed = 0x746f6b656e697a65;  // "tokenize"
 constexpr size_t kMaxTrainingSentenceBytes = 4096;
 constexpr size_t kEncodeBatchDocuments = 2048;
 constexpr size_t kEncodeBatchBytes = 8 << 20;
+constexpr size_t kEncodeAloneBytes = 1 << 20;  // a document encoded by every thread
 const char* const kStagingPrefix = ".prepare-";
 
 std::string shard_file_name(const std::string& split, size_t index) {
@@ -247,18 +248,26 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   uint64_t unknown = 0;  // <unk> tokens: text a tokenizer without byte fallback cannot spell
   auto flush = [&]() {
     std::vector<std::vector<int32_t>> encoded(batch.size());
+    // A long text the tokenizer cuts into pieces is encoded alone, its pieces side by side.
+    const auto alone = [&](size_t i) {
+      return tokenizer.cuts_at_spaces() && batch[i].size() > kEncodeAloneBytes;
+    };
     std::string error;
 #pragma omp parallel for schedule(dynamic, 16)
     for (size_t i = 0; i < batch.size(); ++i) {
+      if (alone(i)) continue;
       try {
         encoded[i] = tokenizer.encode(batch[i]);
-        encoded[i].push_back(eos);
       } catch (const std::exception& e) {
 #pragma omp critical
         if (error.empty()) error = e.what();
       }
     }
     if (!error.empty()) fail(error);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (alone(i)) encoded[i] = tokenizer.encode(batch[i]);
+      encoded[i].push_back(eos);
+    }
     for (size_t i = 0; i < batch.size(); ++i) {
       (batch_is_val[i] ? val : train).append(encoded[i]);
       unknown += static_cast<uint64_t>(std::count(encoded[i].begin(), encoded[i].end(), unk));

@@ -1,9 +1,11 @@
 #include "data/tokenizer.h"
 
+#include <omp.h>
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
+#include <cctype>
 #include <regex>
 #include <unordered_map>
 
@@ -27,7 +29,42 @@ Tokenizer Tokenizer::from_bytes(std::string model_bytes, const std::string& wher
          "by SentencePiece");
   t.checksum_ = hash64(model_bytes.data(), model_bytes.size());
   t.model_bytes_ = std::move(model_bytes);
+  t.cuts_at_spaces_ = t.pieces_stay_within_words();
   return t;
+}
+
+namespace {
+
+// U+2581, SentencePiece's marker for a space.
+constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
+
+// The next place at or after `from` to cut a text for encoding: a single space between two
+// words (neither neighbour a space, the next character an ASCII letter or digit, so no
+// normalization joins it to the space). npos if there is none.
+size_t next_cut(std::string_view text, size_t from) {
+  for (size_t i = text.find(' ', std::max<size_t>(from, 1)); i != std::string_view::npos;
+       i = text.find(' ', i + 1)) {
+    if (i + 1 >= text.size()) return std::string_view::npos;
+    const auto next = static_cast<unsigned char>(text[i + 1]);
+    if (text[i - 1] != ' ' && next < 0x80 && std::isalnum(next)) return i;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+// Cutting "x y" into "x" and "y" gives the same ids when every piece lies within a word: the
+// model splits at each space (as U+2581 at the start of the next word) and never merges across
+// one, and the dummy prefix it adds to "y" stands for the space that was cut.
+bool Tokenizer::pieces_stay_within_words() const {
+  for (int id = 0; id < processor_->GetPieceSize(); ++id) {
+    if (processor_->IsByte(id) || processor_->IsControl(id) || processor_->IsUnknown(id)) continue;
+    const std::string p = processor_->IdToPiece(id);
+    if (p.find(kSpaceMarker, 1) != std::string::npos) return false;
+  }
+  std::vector<std::string> probe;
+  return processor_->Encode("a", &probe).ok() && !probe.empty() &&
+         std::string_view(probe.front()).starts_with(kSpaceMarker);
 }
 
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
@@ -35,9 +72,41 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 std::vector<int32_t> Tokenizer::encode(std::string_view text) const {
+  if (text.size() > kEncodePieceBytes && cuts_at_spaces_)
+    return encode_in_pieces(text, kEncodePieceBytes);
+  return encode_whole(text);
+}
+
+std::vector<int32_t> Tokenizer::encode_in_pieces(std::string_view text, size_t piece_bytes) const {
+  if (!cuts_at_spaces_) return encode_whole(text);
+  std::vector<std::string_view> pieces;
+  for (size_t start = 0; start < text.size();) {
+    const size_t cut = next_cut(text, start + std::max<size_t>(piece_bytes, 1));
+    const size_t end = cut == std::string_view::npos ? text.size() : cut;
+    pieces.push_back(text.substr(start, end - start));
+    start = end == text.size() ? end : end + 1;  // the space is the next piece's dummy prefix
+  }
+  // Side by side unless the caller already encodes texts side by side.
+  std::vector<std::vector<int32_t>> parts(pieces.size());
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 1) if (pieces.size() > 1 && !omp_in_parallel())
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    try {
+      parts[i] = encode_whole(pieces[i]);
+    } catch (const std::exception& e) {
+#pragma omp critical
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (!error.empty()) fail(error);
+  std::vector<int32_t> ids;
+  for (const std::vector<int32_t>& part : parts) ids.insert(ids.end(), part.begin(), part.end());
+  return ids;
+}
+
+std::vector<int32_t> Tokenizer::encode_whole(std::string_view text) const {
   // U+2581 is SentencePiece's own space marker: a piece whose text holds a literal one is
   // written as its bytes' pieces, or decode would give a space back for it.
-  constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
   if (text.find(kSpaceMarker) == std::string_view::npos) {
     std::vector<int> ids;
     const auto status = processor_->Encode(text, &ids);

@@ -71,6 +71,27 @@ TEST_F(TrainedTokenizer, RoundTripsTheSpaceMarkerCharacter) {
   EXPECT_TRUE(std::equal(plain.end() - 2, plain.end(), after.end() - 2));
 }
 
+// A long text is encoded in pieces cut at single spaces between words: the same ids as the
+// whole text at every piece size, whatever whitespace, marks and characters lie near the cuts.
+TEST_F(TrainedTokenizer, EncodingInPiecesGivesTheIdsOfTheWholeText) {
+  ASSERT_TRUE(tokenizer_->cuts_at_spaces());
+  const std::vector<std::string> seps = {" ",       "  ",      "\t",      " \n ", ", ",
+                                         " \u2581", "\u2581 ", " \u00e9", " 42 ", "\u4e2d\u6587 ",
+                                         " - "};
+  std::string text;
+  size_t k = 0;
+  for (const std::string& s : generated_sentences(300, 3)) text += s + seps[k++ % seps.size()];
+  const std::vector<int32_t> whole = tokenizer_->encode_in_pieces(text, text.size());
+  EXPECT_EQ(tokenizer_->decode(whole), text);
+  for (size_t piece : {size_t{1}, size_t{2}, size_t{7}, size_t{64}, size_t{333}, size_t{4096}})
+    EXPECT_EQ(tokenizer_->encode_in_pieces(text, piece), whole) << "pieces of " << piece;
+
+  // Over kEncodePieceBytes, encode() cuts by itself.
+  std::string big;
+  while (big.size() <= Tokenizer::kEncodePieceBytes) big += text;
+  EXPECT_EQ(tokenizer_->encode(big), tokenizer_->encode_in_pieces(big, big.size()));
+}
+
 TEST_F(TrainedTokenizer, LearnsMergesFromTheCorpus) {
   // "expert" is frequent in the corpus, so it costs far fewer tokens than its bytes.
   EXPECT_LE(tokenizer_->encode("expert").size(), 2u);
