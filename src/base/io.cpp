@@ -23,11 +23,60 @@ namespace foundry {
 namespace {
 
 [[noreturn]] void fail_errno(const std::string& action, const std::string& path) {
-  fail(fmt::format("cannot {} '{}': {}", action, path, std::strerror(errno)),
-       "check that the path exists and is accessible");
+  const int err = errno;
+  fail(fmt::format("cannot {} '{}': {}", action, path, std::strerror(err)),
+       io_error_hint(err, path, "check that the path exists and is accessible"));
 }
 
+constexpr int kHintedErrors[] = {ENOSPC, EDQUOT, EROFS, EACCES, EPERM, EFBIG, EIO};
+
 }  // namespace
+
+std::string io_error_hint(int err, const std::string& path, const std::string& otherwise) {
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  const std::string dir = parent.empty() ? "." : parent;
+  switch (err) {
+    case ENOSPC:
+      return fmt::format(
+          "the file system holding '{}' is full: free space there (df -h '{}' "
+          "shows it)",
+          dir, dir);
+    case EDQUOT:
+      return fmt::format(
+          "your disk quota on the file system holding '{}' is used up: free "
+          "space there",
+          dir);
+    case EROFS:
+      return fmt::format(
+          "'{}' is on a read-only file system: write somewhere else, or remount "
+          "it read-write",
+          dir);
+    case EACCES:
+    case EPERM:
+      return fmt::format(
+          "permission denied: check the owner and mode of '{}' and of '{}' (and "
+          "lsattr for the immutable attribute)",
+          path, dir);
+    case EFBIG:
+      return "the file would exceed the size limit on files (ulimit -f, or the file system's "
+             "own): raise it or write somewhere else";
+    case EIO:
+      return fmt::format(
+          "the storage holding '{}' reported an I/O error: check the device "
+          "(dmesg) before trusting what was written there",
+          dir);
+    default:
+      return otherwise;
+  }
+}
+
+std::string io_error_hint(const std::string& message, const std::string& path,
+                          const std::string& otherwise) {
+  for (const int err : kHintedErrors)
+    if (message.find(std::strerror(err)) != std::string::npos)
+      return io_error_hint(err, path, otherwise);
+  return otherwise;
+}
 
 std::string read_text_file(const std::string& path) {
   std::error_code ec;

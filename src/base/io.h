@@ -43,6 +43,15 @@ void check_output_file(const std::string& option, const std::string& path,
 bool is_stream_file(const std::string& path);
 
 void fsync_path(const std::string& path);  // fsync a file or directory
+
+// What to do about a failed file operation on `path` with errno `err`: a full file system or
+// quota, a read-only one, a permission, a file size limit and an I/O error each get their own
+// advice naming where; any other error gets `otherwise`.
+std::string io_error_hint(int err, const std::string& path, const std::string& otherwise);
+// The same from an error's text (as it travels between ranks): "No space left on device" and
+// the others above, as strerror spells them.
+std::string io_error_hint(const std::string& message, const std::string& path,
+                          const std::string& otherwise);
 std::string host_name();                   // this host's name ("?" if unknown)
 // Seconds since this process started (from /proc/self/stat and /proc/uptime); -1 if unknown.
 double process_age_seconds();

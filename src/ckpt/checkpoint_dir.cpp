@@ -95,12 +95,17 @@ void publish_dir(const std::string& tmp_dir, const std::string& final_dir) {
 }
 
 // Interrupted saves and removals, and a `latest` replacement that never got renamed.
-void remove_leftovers(const std::string& root, const std::string& keep) {
+std::vector<std::string> remove_leftovers(const std::string& root, const std::string& keep) {
+  std::vector<std::string> removed;
   for (const auto& [name, is_dir] : list_dir(root)) {
     const bool tmp_checkpoint = name.starts_with(kStepPrefix) && name.ends_with(kTmpSuffix);
     const bool tmp_latest = name.starts_with(std::string(kLatestFile) + ".tmp.");
-    if ((tmp_checkpoint || tmp_latest) && join(root, name) != keep) remove_all(join(root, name));
+    if ((tmp_checkpoint || tmp_latest) && join(root, name) != keep) {
+      remove_all(join(root, name));
+      removed.push_back(name);
+    }
   }
+  return removed;
 }
 
 // Keeps the newest `keep_last` committed checkpoints, always including `saved_step`.

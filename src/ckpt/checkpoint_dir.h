@@ -54,8 +54,8 @@ const std::string& string_field(const json& j, const char* key, const std::strin
 // same step if there is one.
 void publish_dir(const std::string& tmp_dir, const std::string& final_dir);
 // Removes interrupted saves and removals (step_*.tmp) and `latest` replacements, except the
-// directory `keep` (a save in progress).
-void remove_leftovers(const std::string& root, const std::string& keep = "");
+// directory `keep` (a save in progress); returns the names of those removed.
+std::vector<std::string> remove_leftovers(const std::string& root, const std::string& keep = "");
 // Keeps the newest `keep_last` committed checkpoints, always including `saved_step`.
 void apply_retention(const std::string& run_dir, int64_t saved_step, int64_t keep_last);
 // Points RUN_DIR/checkpoints/latest at checkpoint `name` (atomically).

@@ -114,8 +114,9 @@ class HashingFileWriter {
   }
 
   [[noreturn]] void fail_errno(const char* action) const {
-    fail(fmt::format("cannot {} '{}': {}", action, path_, std::strerror(errno)),
-         "check free disk space and permissions");
+    const int err = errno;
+    fail(fmt::format("cannot {} '{}': {}", action, path_, std::strerror(err)),
+         io_error_hint(err, path_, "check free disk space and permissions"));
   }
 
   std::string path_;

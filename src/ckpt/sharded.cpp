@@ -138,8 +138,9 @@ class ShardFile {
     size_ += bytes;
   }
   [[noreturn]] void fail_io(const std::string& what) {
-    fail(fmt::format("{} '{}': {}", what, path_, std::strerror(errno)),
-         "check the space and permissions of the run directory");
+    const int err = errno;
+    fail(fmt::format("{} '{}': {}", what, path_, std::strerror(err)),
+         io_error_hint(err, path_, "check the space and permissions of the run directory"));
   }
   std::string path_;
   int fd_ = -1;
@@ -491,9 +492,19 @@ std::string commit_sharded_checkpoint(const std::string& run_dir, const std::str
   const std::string final_dir = join(root, name);
   publish_dir(staging, final_dir);
   fsync_path(root);
-  checkpoint_fault_point(CheckpointFault::before_latest, final_dir);
-  write_latest(root, name);
-  apply_retention(run_dir, step, keep_last);
+  // Committed: what follows only tidies up, and its failures do not undo the checkpoint.
+  try {
+    checkpoint_fault_point(CheckpointFault::before_latest, final_dir);
+    write_latest(root, name);
+  } catch (const Error& e) {
+    warn(fmt::format("checkpoint {} is saved, but {}: a resume finds it by scanning {}", final_dir,
+                     e.what(), root));
+  }
+  try {
+    apply_retention(run_dir, step, keep_last);
+  } catch (const Error& e) {
+    warn(fmt::format("checkpoint {} is saved, but an older one stays: {}", final_dir, e.what()));
+  }
   return final_dir;
 }
 

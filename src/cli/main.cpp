@@ -1,7 +1,8 @@
 // foundry: pretraining mixture-of-experts language models on the hardware at hand.
-#include <cstdio>
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <exception>
 
@@ -38,6 +39,22 @@ void refuse_many_ranks(int argc, char** argv) {
        fmt::format("run it without mpirun; only `foundry train` and `foundry bench` run as "
                    "several ranks{}",
                    launch ? " (`foundry launch --np N` starts mpirun itself)" : ""));
+}
+
+// What a command printed must have reached its destination: a full disk or a closed pipe
+// under `foundry ... > FILE` fails the command instead of leaving an empty file behind.
+int check_stdout_written(int code) {
+  errno = 0;
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout) != 0;
+  if (!failed) return code;
+  const int err = errno;
+  // An earlier flush that failed leaves the error flag, not the reason.
+  std::fprintf(
+      stderr, "error: cannot write the standard output: %s\n",
+      err ? std::strerror(err) : "a write failed (a full file system, or a closed output?)");
+  if (err == ENOSPC || err == EDQUOT)
+    std::fprintf(stderr, "hint: the file system the output goes to is full: free space there\n");
+  return code == kExitFinished ? kExitFailed : code;
 }
 
 }  // namespace
@@ -87,5 +104,5 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return foundry::kExitFailed;
   }
-  return foundry::cli::exit_code();
+  return foundry::cli::check_stdout_written(foundry::cli::exit_code());
 }

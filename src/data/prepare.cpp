@@ -364,11 +364,24 @@ class OutputDir {
   }
 
   const std::string& staging() const { return staging_; }
+
+  void move_into_place(const fs::path& staged) const {
+    std::error_code ec;
+    fs::rename(staged, fs::path(dir_) / staged.filename(), ec);
+    if (ec)
+      fail(fmt::format("cannot move '{}' into '{}': {}", staged.string(), dir_, ec.message()),
+           io_error_hint(ec.value(), path(staged.filename().string()),
+                         "check permissions and free space of the output directory"));
+  }
   std::string path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
 
-  // Moves the staged files into place and writes meta.json last. An older dataset in the
-  // directory loses its meta.json first, so no reader ever sees a mix of old and new files.
+  // Moves the staged files into place, meta.json last. Everything is written (meta.json
+  // staged too) before an older dataset in the directory is touched: a full disk fails while
+  // the older one is whole. That one loses its meta.json first, so no reader ever sees a mix
+  // of old and new files.
   void publish(const DatasetMeta& meta) {
+    const fs::path staged_meta = fs::path(staging_) / kMetaFileName;
+    write_file_atomic(staged_meta.string(), meta.to_json().dump(2) + "\n");
     if (path_exists(path(kMetaFileName))) {
       remove_all(path(kMetaFileName));
       fsync_path(dir_);
@@ -378,17 +391,12 @@ class OutputDir {
       if (is_dataset_file(name) && !name.starts_with(kStagingPrefix))
         remove_all(entry.path().string());
     }
-    for (const auto& entry : fs::directory_iterator(staging_)) {
-      std::error_code ec;
-      fs::rename(entry.path(), fs::path(dir_) / entry.path().filename(), ec);
-      if (ec)
-        fail(fmt::format("cannot move '{}' into '{}': {}", entry.path().string(), dir_,
-                         ec.message()),
-             "check permissions and free space of the output directory");
-    }
+    for (const auto& entry : fs::directory_iterator(staging_))
+      if (entry.path() != staged_meta) move_into_place(entry.path());
+    fsync_path(dir_);
+    move_into_place(staged_meta);
     fsync_path(dir_);
     remove_all(staging_);
-    write_file_atomic(path(kMetaFileName), meta.to_json().dump(2) + "\n");
     published_ = true;
   }
 

@@ -43,8 +43,9 @@ T get(const uint8_t* in, size_t at) {
 }
 
 [[noreturn]] void fail_io(const std::string& action, const std::string& path) {
-  fail(fmt::format("cannot {} token shard '{}': {}", action, path, std::strerror(errno)),
-       "check free space and permissions of the output directory");
+  const int err = errno;
+  fail(fmt::format("cannot {} token shard '{}': {}", action, path, std::strerror(err)),
+       io_error_hint(err, path, "check free space and permissions of the output directory"));
 }
 
 [[noreturn]] void fail_corrupt(const std::string& path, const std::string& problem) {

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <vector>
@@ -55,6 +57,19 @@ std::FILE* open_for_append(const std::string& path, const std::map<int64_t, std:
     fail(fmt::format("cannot write --out '{}'", path),
          "check that its directory exists and is writable");
   return f;
+}
+
+// One finished result appended to OUT, at once: a run stopped by a failed write keeps what
+// OUT held (`kept` results) for a resume, and loses none of the work after it unsaid.
+void append_result(std::FILE* out, const std::string& line, const std::string& path, size_t kept) {
+  errno = 0;
+  if (std::fprintf(out, "%s\n", line.c_str()) >= 0 && std::fflush(out) == 0) return;
+  const int err = errno;
+  fail(fmt::format("cannot append a result to --out '{}': {} ({} results are in it; the "
+                   "requests running now are lost)",
+                   path, std::strerror(err), kept),
+       io_error_hint(err, path, "check the file system of --out") +
+           "; then run the same command again: it resumes after the results kept");
 }
 
 // The text a generation adds to its prompt: the prompt and the new tokens decoded together,
@@ -138,10 +153,7 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
       todo,
       [&](const GenerationRequest& q, const Generation& g) {
         const std::string line = result_of(q, g, tok);
-        if (out) {
-          std::fprintf(out, "%s\n", line.c_str());
-          std::fflush(out);
-        }
+        if (out) append_result(out, line, o.out, lines.size());
         lines[q.index] = line;
       },
       [&](const EngineStats& e) {
@@ -160,6 +172,8 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
       });
   if (!o.quiet && !todo.empty()) progress.finish();
   if (out) std::fclose(out);
+  const bool trace_failed = trace && (std::fflush(trace) != 0 || std::ferror(trace) != 0);
+  const int trace_errno = errno;
   if (trace) std::fclose(trace);
   s.seconds = now_seconds() - start;
   s.evictions = stats.evictions;
@@ -171,6 +185,10 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   s.peak_kv_bytes = stats.peak_kv_bytes;
   s.kv_bytes_at_end = stats.kv_bytes;
   write_in_order(o.out, lines, set);
+  if (trace_failed)
+    fail(fmt::format("cannot write --trace '{}': {} (the results in '{}' are complete)", o.trace,
+                     std::strerror(trace_errno), o.out),
+         io_error_hint(trace_errno, o.trace, "check the file system of the trace"));
   return s;
 }
 

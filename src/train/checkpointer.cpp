@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include "base/build_info.h"
 #include "base/error.h"
@@ -90,6 +91,26 @@ Checkpointer::Checkpointer(const RunConfig& rc, const LrSchedule& schedule, Mode
   }
   allocate_device_snapshot(disk_);
   if (rc.train.memory_checkpoint_every > 0) open_memory_tier();
+  if (processes.root()) {
+    remove_unfinished_saves(disk_.root);
+    if (!memory_.root.empty()) remove_unfinished_saves(memory_.root);
+  }
+}
+
+// What saves of an earlier attempt left unfinished (a process killed, a disk that filled up
+// mid-save) holds space the saves of this one need: removed before the first, and said.
+void Checkpointer::remove_unfinished_saves(const std::string& run_dir) const {
+  const std::string root = checkpoints_root(run_dir);
+  if (!path_exists(root)) return;
+  try {
+    const std::vector<std::string> removed = remove_leftovers(root);
+    if (!removed.empty() && !quiet_)
+      std::fprintf(stderr, "removed what %zu unfinished checkpoint save%s left in %s: %s\n",
+                   removed.size(), removed.size() == 1 ? "" : "s", root.c_str(),
+                   fmt::format("{}", fmt::join(removed, ", ")).c_str());
+  } catch (const Error& e) {
+    warn(e.what());
+  }
 }
 
 Checkpointer::~Checkpointer() {
@@ -639,6 +660,26 @@ void Checkpointer::report_save(const Tier& tier, const std::string& path,
                direct ? ", direct I/O" : "", blocked, how.c_str(), commit_seconds);
 }
 
+// A durable save that failed: its unfinished directory is removed (it would hold the space a
+// resume needs), and the error says what stands and what to do.
+void Checkpointer::fail_durable_save(const Tier& tier, const std::string& outcome) const {
+  std::string removed;
+  if (processes_.root()) {
+    std::error_code ec;
+    std::filesystem::remove_all(tier.staging, ec);
+    removed = ec ? fmt::format("; its unfinished '{}' could not be removed ({})", tier.staging,
+                               ec.message())
+                 : "; its unfinished files were removed";
+  }
+  const std::string stands =
+      durable_step_ > 0
+          ? fmt::format("the checkpoint of step {} is intact: resume from it with --resume",
+                        durable_step_)
+          : "no earlier checkpoint of this run was saved: run again once fixed";
+  fail(fmt::format("the checkpoint of step {} failed: {}{}", tier.step, outcome, removed),
+       io_error_hint(outcome, tier.staging, "fix the cause (space, permissions)") + "; " + stands);
+}
+
 void Checkpointer::commit(Tier& tier) {
   if (tier.writer.joinable()) tier.writer.join();
   const double t0 = now_seconds();
@@ -676,9 +717,7 @@ void Checkpointer::commit(Tier& tier) {
     if (&tier == &disk_) durable_step_ = tier.step;
     return;
   }
-  if (&tier == &disk_)
-    fail(fmt::format("the checkpoint of step {} failed: {}", tier.step, outcome),
-         "the previous checkpoint is intact; fix the cause (space, permissions) and resume");
+  if (&tier == &disk_) fail_durable_save(tier, outcome);
   // The memory tier only shortens restarts: the run goes on without it.
   if (processes_.root()) {
     warn(

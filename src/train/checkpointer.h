@@ -166,6 +166,8 @@ class Checkpointer {
   void release_snapshot(Tier& tier);
   void write_shard(Tier& tier);  // the write phase (background thread or inline)
   void commit(Tier& tier);       // the commit phase, collective
+  [[noreturn]] void fail_durable_save(const Tier& tier, const std::string& outcome) const;
+  void remove_unfinished_saves(const std::string& run_dir) const;
   void report_save(const Tier& tier, const std::string& path, const std::vector<json>& shards,
                    double commit_seconds) const;
   std::vector<SlabTarget> load_targets();

@@ -48,7 +48,8 @@ void append_event(const std::string& run_dir, const std::string& source, const s
   if (n != static_cast<ssize_t>(text.size()))
     fail(fmt::format("cannot append event '{}' to '{}': {}", event, path,
                      n < 0 ? std::strerror(write_errno) : "short write (disk full?)"),
-         "free space on the run directory's file system");
+         io_error_hint(n < 0 ? write_errno : ENOSPC, path,
+                       "free space on the run directory's file system"));
 }
 
 std::vector<json> read_events(const std::string& run_dir) {

@@ -35,7 +35,7 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t start_step) : path
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd_ < 0)
     fail(fmt::format("cannot open '{}' for writing: {}", path, std::strerror(errno)),
-         "check that the run directory is writable");
+         io_error_hint(errno, path, "check that the run directory is writable"));
 }
 
 MetricsWriter::~MetricsWriter() {
@@ -51,15 +51,21 @@ void MetricsWriter::write(const json& step_metrics) {
   const std::string line = step_metrics.dump() + "\n";
   struct stat before {};
   const bool sized = ::fstat(fd_, &before) == 0;
-  const ssize_t n = ::write(fd_, line.data(), line.size());
-  if (n == static_cast<ssize_t>(line.size())) return;
-  const std::string why = n < 0 ? std::strerror(errno) : "short write";
+  // A short write is retried for the rest, which then says why it failed (ENOSPC, mostly).
+  size_t done = 0;
+  ssize_t n = 0;
+  while (done < line.size() && (n = ::write(fd_, line.data() + done, line.size() - done)) > 0)
+    done += static_cast<size_t>(n);
+  if (done == line.size()) return;
+  const int err = n < 0 ? errno : EIO;
+  const std::string why = std::strerror(err);
   if (sized && ::ftruncate(fd_, before.st_size) != 0) {
     // the torn line stays; a resume drops it (truncate_metrics)
   }
   fail(fmt::format("cannot append step {} to '{}': {}", step_metrics.value("step", int64_t{-1}),
                    path_, why),
-       "free space on the run directory's file system, then resume the run with --resume");
+       io_error_hint(err, path_, "free space on the run directory's file system") +
+           "; then resume the run with --resume");
 }
 
 }  // namespace foundry

@@ -714,12 +714,19 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
 
 // A rank could not write its outputs: the run stops, with the checkpoint of `step` saved
 // (if the disk allowed it), on every rank.
+// `save_error`: the stop's own checkpoint failed too (as it does on a full disk); its error
+// follows the metrics' (the first cause), with its hint.
 [[noreturn]] void report_output_failure(const TrainingRun& run, int64_t step,
-                                        const std::string& error) {
-  const std::string saved = fmt::format("checkpoint of step {} saved", step);
+                                        const std::string& error, const Error* save_error) {
+  const std::string saved =
+      save_error ? fmt::format("and its checkpoint failed too: {}", save_error->what())
+                 : fmt::format("checkpoint of step {} saved", step);
   if (!error.empty())
     fail(fmt::format("{}; training stopped ({})", error, saved),
-         "free space on the run directory's file system, then continue with --resume");
+         save_error ? save_error->hint()
+                    : io_error_hint(error, join(run.tc.run_dir, kMetricsFile),
+                                    "free space on the run directory's file system") +
+                          "; then continue with --resume");
   fail(fmt::format("rank {}: training stopped because rank 0 could not write its metrics ({})",
                    run.procs.rank(), saved),
        "see rank 0's error");
@@ -873,8 +880,13 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
   // Memory at the last step, before its checkpoint's snapshot (not training memory).
   const bool last = final_step || stop.any();
   if (last) memory = run.memory_now();
-  save_due_checkpoints(run, step, last, final_step, stop.signal != 0);
-  if (stop.output_failed) report_output_failure(run, step, output_error);
+  try {
+    save_due_checkpoints(run, step, last, final_step, stop.signal != 0);
+  } catch (const Error& e) {
+    if (!stop.output_failed) throw;
+    report_output_failure(run, step, output_error, &e);
+  }
+  if (stop.output_failed) report_output_failure(run, step, output_error, nullptr);
   if (stop.signal) {
     if (run.procs.rank() == 0)  // every rank agreed on the stop: one line for the job
       std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
