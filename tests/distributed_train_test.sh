@@ -247,11 +247,16 @@ timeout 120 mpirun --oversubscribe --bind-to none \
 python3 - differ.log <<'PY' && ok "ranks with different configs fail, naming both hashes" \
   || { bad "ranks with different configs:"; cat differ.log; }
 import re, sys
-found = re.findall(r"error: rank (\d): the run config of rank\(s\) 1 differs from rank 0's "
+found = re.findall(r"error: rank (\d): the run config or options of rank\(s\) 1 differ from rank 0's "
                    r"\(config hash (\w+) on rank 0, (\w+) on rank 1\)", open(sys.argv[1]).read())
 assert {r for r, _, _ in found} == {"0", "1"}, found
 assert all(a != b for _, a, b in found), found
 PY
+# Options that shape the run count too (one rank stopping early would leave the other waiting).
+expect_fail "ranks with different --stop-at-step" "the run config or options of rank(s) 1 differ" \
+  timeout 120 mpirun --oversubscribe --bind-to none \
+    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad -q : \
+    -np 1 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=bad --stop-at-step 2 -q
 
 # A rank killed mid-run: the job ends with an error that names the rank, in bounded time.
 "${MPIRUN[@]}" -np 2 "$FOUNDRY" train --config moe.json --synthetic-data --set train.run_dir=killed \

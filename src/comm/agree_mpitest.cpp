@@ -2,6 +2,11 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <thread>
+
 #include "base/format.h"
 #include "base/test_expect_error.h"
 #include "comm/agree.h"
@@ -77,6 +82,36 @@ TEST(RanksAgree, EveryRankRefusesWhenOneRanksBudgetIsShort) {
   }
   EXPECT_NO_THROW(check_memory_on_every_host(world(), need, {BudgetSource::meminfo, enough}, hint));
   EXPECT_NO_THROW(check_memory_on_every_host(world(), need, {BudgetSource::off, 0}, hint));
+}
+
+// A rank that fails on its own, with an operation pending that the others have not joined:
+// destroying the request while the error unwinds must not wait for them (which could be
+// forever, and would keep the error from being printed). Rank 1 says it got past the
+// destructor before rank 0 joins the operation; a destructor that waited would never get there.
+TEST(PendingRequest, DestroyedByAnErrorDoesNotWaitForTheOtherRanks) {
+  if (world().size() < 2) GTEST_SKIP() << "needs 2 ranks";
+  const int me = world().rank();
+  int64_t got_past = 0;
+  if (me == 1) {
+    try {
+      Request pending = world().ibarrier();
+      throw std::runtime_error("this rank's own failure");
+    } catch (const std::runtime_error&) {
+      got_past = 1;
+    }
+    world().isend(&got_past, 1, 0, 7).wait();
+  } else if (me == 0) {
+    Request message = world().irecv(&got_past, 1, 1, 7);
+    for (int i = 0; i < 600 && !message.test(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(message.done()) << "rank 1 is still inside the request's destructor after 30 s";
+    if (!message.done()) std::abort();  // its ibarrier would never be joined: end the job
+    EXPECT_EQ(got_past, 1);
+  }
+  // Every rank joins rank 1's barrier now (rank 1's request was left, not cancelled: it
+  // completes here, under MPI's progress on rank 1's next calls).
+  if (me != 1) world().ibarrier().wait();
+  world().barrier();
 }
 
 }  // namespace

@@ -118,6 +118,13 @@ Request::Request(MPI_Request request, const char* call, MPI_Comm comm)
 
 Request::~Request() {
   if (done()) return;
+  // Destroyed by an error of this rank's own (the others may never join the operation): no
+  // wait, which could block forever and keep the error from being printed; the process is on
+  // its way out, and its exit ends the job.
+  if (std::uncaught_exceptions() > 0) {
+    int size = 1;
+    if (comm_ != MPI_COMM_NULL && MPI_Comm_size(comm_, &size) == MPI_SUCCESS && size > 1) return;
+  }
   try {
     wait();
   } catch (const std::exception& e) {

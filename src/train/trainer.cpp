@@ -47,11 +47,15 @@ using data::Dataset;
 
 namespace {
 
-// Ranks started with different configs would train different models and exchange
-// mismatched buffers: every rank compares the hash of its effective config with every
-// other's before anything else is communicated, and all fail together, naming the ranks.
-void check_same_config(const Communicator& world, const RunConfig& rc) {
-  const std::string text = rc.source.dump();
+// Ranks started with different configs (or options that shape the run: its data, where it
+// starts and stops) would train different models and exchange mismatched buffers: every rank
+// compares the hash of its effective config and options with every other's before anything
+// else is communicated, and all fail together, naming the ranks.
+void check_same_config(const Communicator& world, const RunConfig& rc, const TrainOptions& opt) {
+  const std::string text =
+      rc.source.dump() + fmt::format("|synthetic {} start {} steps {} stop {} change {}",
+                                     opt.synthetic_data, static_cast<int>(opt.start), opt.steps,
+                                     opt.stop_at_step, opt.allow_config_change);
   const int64_t mine = static_cast<int64_t>(hash64(text.data(), text.size()) >> 1);
   std::vector<int64_t> all;
   const std::vector<int> differ = ranks_differing_from_root(world, {&mine, 1}, &all);
@@ -59,18 +63,19 @@ void check_same_config(const Communicator& world, const RunConfig& rc) {
     // A rank that differs names its own hash; the others, the first that differs.
     const bool mine_differs = std::find(differ.begin(), differ.end(), world.rank()) != differ.end();
     const int other = mine_differs ? world.rank() : differ.front();
-    fail(fmt::format("rank {}: the run config of rank(s) {} differs from rank 0's (config hash "
-                     "{} on rank 0, {} on rank {})",
+    fail(fmt::format("rank {}: the run config or options of rank(s) {} differ from rank 0's "
+                     "(config hash {} on rank 0, {} on rank {})",
                      world.rank(), format_rank_list(differ), hash64_hex(uint64_t(all[0])),
                      hash64_hex(uint64_t(all[size_t(other)])), other),
-         "start every rank with the same --config and --set options");
+         "start every rank with the same --config, --set and options (--synthetic-data, "
+         "--resume or --overwrite, --steps, --stop-at-step, --allow-config-change)");
   }
 }
 
 // The layout checks that must pass before anything is allocated or communicated.
 void check_layout(const RunConfig& rc, const TrainOptions& opt, const Processes& procs) {
   // The same config on every rank first: the layout's verdict is then every rank's.
-  if (procs.world()) check_same_config(*procs.world(), rc);
+  if (procs.world()) check_same_config(*procs.world(), rc, opt);
   check_rank_layout(rc, procs.ranks(), procs.world() != nullptr, "this job");
   if (!opt.synthetic_data && rc.data.dir.empty())
     fail("no dataset: data.dir is empty",
