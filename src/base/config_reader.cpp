@@ -120,13 +120,20 @@ class RepeatedKeys {
 
 }  // namespace
 
+json parse_json_noting_repeats(const std::string& text, std::string& repeated) {
+  RepeatedKeys keys;
+  json doc = json::parse(text, std::ref(keys));
+  repeated = keys.first();
+  return doc;
+}
+
 json load_json_file(const std::string& path) {
   std::string text = read_text_file(path);
   try {
-    RepeatedKeys repeated;
-    json doc = json::parse(text, std::ref(repeated));
-    if (!repeated.first().empty())
-      fail(fmt::format("{}: '{}' appears twice in one object", path, repeated.first()),
+    std::string repeated;
+    json doc = parse_json_noting_repeats(text, repeated);
+    if (!repeated.empty())
+      fail(fmt::format("{}: '{}' appears twice in one object", path, repeated),
            "JSON keeps only the last of them: merge the two into one");
     return doc;
   } catch (const json::parse_error& e) {

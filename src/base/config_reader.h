@@ -124,6 +124,11 @@ class ConfigReader {
 // Loads a JSON file; a parse error names the file, line and column.
 json load_json_file(const std::string& path);
 
+// Parses JSON text (json::parse_error on bad syntax); `repeated` gets the first key written
+// twice in one object ("train" or "model.d_model"; "" when none), whose earlier value JSON
+// would drop without a word.
+json parse_json_noting_repeats(const std::string& text, std::string& repeated);
+
 // Applies "a.b.c=value" to a JSON object. The value is parsed as JSON when it parses
 // (numbers, true/false, quoted strings, arrays); otherwise it is taken as a plain string.
 // The key must already exist unless `allow_new` is set, so typos are caught here.

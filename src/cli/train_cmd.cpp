@@ -418,30 +418,38 @@ void add_generate_command(CLI::App& app) {
                   "Where to decode: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
   CLI::Option* prompt =
       cmd->add_option("--prompt,-p", g->prompt, "Prompt text (\"\": a document from its start)");
-  cmd->add_option("--batch", g->batch,
-                  "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
-                  "line, optionally max_new_tokens, temperature, top_k, top_p, seed, ignore_eos");
+  CLI::Option* batch = cmd->add_option(
+      "--batch", g->batch,
+      "Requests to run, JSONL: {\"prompt\": \"...\"} or {\"prompt_ids\": [...]} a "
+      "line, optionally max_new_tokens, temperature, top_k, top_p, seed, ignore_eos");
   cmd->add_option("--out", g->out,
                   "With --batch: the results, JSONL in the requests' order (an existing file "
                   "of these requests' results is resumed)");
+  // Batch-only options given with one --prompt are refused, never ignored (CLI11's needs;
+  // --out, --trace and --kv-memory get check_prompt_options's own message).
   cmd->add_flag("--stop-on-error", g->stop_on_error,
-                "With --batch: an invalid request line stops the run before any work");
+                "With --batch: an invalid request line stops the run before any work")
+      ->needs(batch);
   cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
   cmd->add_option("--batch-tokens", g->batch_tokens,
                   "With --batch: tokens per step (decode tokens of many requests and runs "
                   "of prompt tokens together)")
-      ->check(in_range(int64_t{1}, int64_t{4096}));
+      ->check(in_range(int64_t{1}, int64_t{4096}))
+      ->needs(batch);
   cmd->add_flag("--no-prefix-sharing", g->no_sharing,
                 "With --batch: compute every request's whole prompt (to measure what sharing "
-                "saves)");
+                "saves)")
+      ->needs(batch);
   cmd->add_option("--schedule", g->schedule,
                   "With --batch: prefix-tree (the default: each shared prefix's requests "
                   "together, computed once), or a baseline to measure it against: lru "
                   "(arrival order over a prefix cache that evicts the least recently used), "
-                  "fixed (batches of --max-requests in arrival order, nothing shared)");
+                  "fixed (batches of --max-requests in arrival order, nothing shared)")
+      ->needs(batch);
   cmd->add_option("--max-requests", g->max_requests,
                   "With --batch: requests in flight at most (default: --batch-tokens)")
-      ->check(in_range(int64_t{1}, int64_t{1} << 20));
+      ->check(in_range(int64_t{1}, int64_t{1} << 20))
+      ->needs(batch);
   cmd->add_option("--trace", g->trace,
                   "With --batch: a line per step to this file (TSV: seconds, requests done, "
                   "generated tokens, KV bytes in use, requests running, prompt and decode tokens "

@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "base/config_reader.h"
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
@@ -72,11 +73,14 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
                                 const data::Tokenizer& tok, int64_t max_seq_len,
                                 const RequestDefaults& d) {
   json r;
+  std::string repeated;
   try {
-    r = json::parse(text);
+    r = parse_json_noting_repeats(text, repeated);
   } catch (const json::parse_error& e) {
     throw LineError{fmt::format("not JSON ({})", e.what())};
   }
+  if (!repeated.empty())
+    throw LineError{fmt::format("\"{}\" appears twice (JSON would keep only the last)", repeated)};
   if (!r.is_object()) throw LineError{"not a JSON object"};
   for (const auto& item : r.items())
     if (!kRequestKeys.count(item.key()))
@@ -101,7 +105,8 @@ GenerationRequest parse_request(const std::string& text, int64_t index,
   if (r.contains("temperature"))
     q.sampling.temperature = number(r["temperature"], "temperature", 0, 100, "in [0, 100]");
   if (r.contains("top_k"))
-    q.sampling.top_k = integer(r["top_k"], "top_k", 0, int64_t{1} << 24, "0 (all) or more");
+    q.sampling.top_k =
+        integer(r["top_k"], "top_k", 0, int64_t{1} << 24, "from 0 (all) to 16777216");
   if (r.contains("top_p"))
     q.sampling.top_p = number(r["top_p"], "top_p", 0, 1, "in [0, 1]");
   q.seed = d.seed + static_cast<uint64_t>(index);

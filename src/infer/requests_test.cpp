@@ -76,18 +76,22 @@ TEST(Requests, InvalidLinesAreNamedByLineAndTheRestStillRun) {
                               "{\"prompt\": \"x\", \"max_new_tokens\": 0}\n"
                               "{\"prompt\": \"x\", \"top_p\": 1.5}\n"
                               "{\"prompt\": \"x\", \"seed\": -1}\n"
-                              "{\"prompt_ids\": " + ids23 + "}\n"
-                              "{}\n"
-                              "{\"prompt\": \"x\", \"ignore_eos\": 1}\n"
-                              "{\"prompt\": \"also fine\"}\n");
-  EXPECT_EQ(set.count, 13);
+                              "{\"prompt_ids\": " +
+                                  ids23 +
+                                  "}\n"
+                                  "{}\n"
+                                  "{\"prompt\": \"x\", \"ignore_eos\": 1}\n"
+                                  "{\"prompt\": \"a\", \"prompt\": \"b\"}\n"
+                                  "{\"prompt\": \"also fine\"}\n");
+  EXPECT_EQ(set.count, 14);
   ASSERT_EQ(set.requests.size(), 2u);
-  EXPECT_EQ(set.requests[1].index, 12);
-  ASSERT_EQ(set.errors.size(), 11u);
+  EXPECT_EQ(set.requests[1].index, 13);
+  ASSERT_EQ(set.errors.size(), 12u);
   const std::vector<std::string> needles = {
-      "not JSON", "not a JSON object", "unknown key \"max_tokens\"", "both \"prompt\"",
-      "\"prompt_ids\"[1] is 300", "\"max_new_tokens\" is 0", "\"top_p\" is 1.5",
-      "\"seed\" is -1", "model.max_seq_len is 24", "neither", "\"ignore_eos\" is 1"};
+      "not JSON",         "not a JSON object",        "unknown key \"max_tokens\"",
+      "both \"prompt\"",  "\"prompt_ids\"[1] is 300", "\"max_new_tokens\" is 0",
+      "\"top_p\" is 1.5", "\"seed\" is -1",           "model.max_seq_len is 24",
+      "neither",          "\"ignore_eos\" is 1",      "\"prompt\" appears twice"};
   for (size_t i = 0; i < needles.size(); ++i) {
     EXPECT_EQ(set.errors[i].line, static_cast<int64_t>(i) + 2);
     EXPECT_NE(set.errors[i].message.find(needles[i]), std::string::npos)

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "base/config_reader.h"
 #include "base/error.h"
 #include "base/io.h"
 #include "base/progress.h"
@@ -34,23 +35,38 @@ std::vector<int32_t> choice_tokens(const data::Tokenizer& tok, const std::string
                                    const std::string& choice, size_t c) {
   const std::vector<int32_t> whole = tok.encode(context + choice);
   if (whole.size() <= context_ids.size() ||
-      !std::equal(context_ids.begin(), context_ids.end(), whole.begin()))
+      !std::equal(context_ids.begin(), context_ids.end(), whole.begin())) {
+    // The space belongs to the word after it (the tokenizer's pieces start with it).
+    const bool context_ends_in_space = !context.empty() && context.back() == ' ';
+    const std::string fix =
+        context_ends_in_space
+            ? fmt::format(
+                  "end the context before its last space and start the choice with it "
+                  "(\" {}\")",
+                  choice)
+            : fmt::format(
+                  "start the choice with the space before it (\" {}\"), or end the "
+                  "context before the word the choice completes",
+                  choice);
     throw LineError{fmt::format(
         "\"choices\"[{}] ({}) runs into the context's last word: their tokens are not the "
-        "context's followed by the choice's; start the choice with the space before it "
-        "(\" {}\"), or end the context before the word the choice completes",
-        c, json(choice).dump(), choice)};
+        "context's followed by the choice's; {}",
+        c, json(choice).dump(), fix)};
+  }
   return std::vector<int32_t>(whole.begin() + static_cast<std::ptrdiff_t>(context_ids.size()),
                               whole.end());
 }
 
 ChoiceItem parse_item(const std::string& text, const data::Tokenizer& tok, int64_t max_seq_len) {
   json j;
+  std::string repeated;
   try {
-    j = json::parse(text);
+    j = parse_json_noting_repeats(text, repeated);
   } catch (const json::parse_error& e) {
     throw LineError{fmt::format("not JSON ({})", e.what())};
   }
+  if (!repeated.empty())
+    throw LineError{fmt::format("\"{}\" appears twice (JSON would keep only the last)", repeated)};
   if (!j.is_object()) throw LineError{"not a JSON object"};
   for (const auto& item : j.items())
     if (item.key() != "context" && item.key() != "choices" && item.key() != "answer")

@@ -68,26 +68,28 @@ INSTANTIATE_TEST_SUITE_P(BothArchitectures, Scoring, ::testing::Values(Arch::moe
 
 TEST(Scoring, ReadsItemsAndNamesInvalidLines) {
   TempDir dir;
-  write_file(dir.file("c.jsonl"),
-             "{\"context\": \"the expert\", \"choices\": [\" router\", \" model\"], \"answer\": 1}\n"
-             "{\"context\": \"x\", \"choices\": [\"a\"]}\n"
-             "\n"
-             "{\"context\": \"x\", \"choices\": [\"a\", \"\"]}\n"
-             "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n"
-             "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"label\": 0}\n"
-             "{\"choices\": [\"a\", \"b\"]}\n"
-             "{\"context\": \"the data\", \"choices\": [\" flows\", \" runs\", \" layers\"]}\n");
+  write_file(
+      dir.file("c.jsonl"),
+      "{\"context\": \"the expert\", \"choices\": [\" router\", \" model\"], \"answer\": 1}\n"
+      "{\"context\": \"x\", \"choices\": [\"a\"]}\n"
+      "\n"
+      "{\"context\": \"x\", \"choices\": [\"a\", \"\"]}\n"
+      "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"answer\": 2}\n"
+      "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"label\": 0}\n"
+      "{\"choices\": [\"a\", \"b\"]}\n"
+      "{\"context\": \"x\", \"choices\": [\"a\", \"b\"], \"answer\": 0, \"answer\": 1}\n"
+      "{\"context\": \"the data\", \"choices\": [\" flows\", \" runs\", \" layers\"]}\n");
   const ChoiceFile f = read_choice_items(dir.file("c.jsonl"), small_tokenizer(), 24);
-  EXPECT_EQ(f.count, 7);
+  EXPECT_EQ(f.count, 8);
   ASSERT_EQ(f.items.size(), 2u);
   EXPECT_EQ(f.items[0].answer, 1);
   EXPECT_EQ(f.items[0].context.front(), small_tokenizer().eos_id());
-  EXPECT_EQ(f.items[1].index, 6);
+  EXPECT_EQ(f.items[1].index, 7);
   EXPECT_EQ(f.items[1].answer, -1);
-  ASSERT_EQ(f.errors.size(), 5u);
+  ASSERT_EQ(f.errors.size(), 6u);
   const std::vector<std::pair<int64_t, std::string>> want = {
-      {2, "at least two"}, {4, "\"choices\"[1]"}, {5, "\"answer\" is 2"},
-      {6, "unknown key \"label\""}, {7, "\"context\""}};
+      {2, "at least two"},          {4, "\"choices\"[1]"}, {5, "\"answer\" is 2"},
+      {6, "unknown key \"label\""}, {7, "\"context\""},    {8, "\"answer\" appears twice"}};
   for (size_t i = 0; i < want.size(); ++i) {
     EXPECT_EQ(f.errors[i].line, want[i].first);
     EXPECT_NE(f.errors[i].message.find(want[i].second), std::string::npos) << f.errors[i].message;
@@ -124,7 +126,8 @@ TEST(Scoring, AChoiceHasTheTokensItHasAfterTheContext) {
   write_file(dir.file("c.jsonl"),
              "{\"context\": \"the expert router\", \"choices\": [\" sends\", \" learns\"]}\n"
              "{\"context\": \"" +
-                 merged_context + "\", \"choices\": [\" sends\", \"" + merged_choice + "\"]}\n");
+                 merged_context + "\", \"choices\": [\" sends\", \"" + merged_choice + "\"]}\n" +
+                 "{\"context\": \"the expert \", \"choices\": [\"sends\", \"learns\"]}\n");
   const ChoiceFile f = read_choice_items(dir.file("c.jsonl"), tok, 24);
   ASSERT_EQ(f.items.size(), 1u);
   EXPECT_EQ(f.items[0].choices[0], after);
@@ -132,10 +135,19 @@ TEST(Scoring, AChoiceHasTheTokensItHasAfterTheContext) {
   std::vector<int32_t> context = {tok.eos_id()};
   for (int32_t id : tok.encode("the expert router")) context.push_back(id);
   EXPECT_EQ(f.items[0].context, context);
-  ASSERT_EQ(f.errors.size(), 1u);
+  ASSERT_EQ(f.errors.size(), 2u);
   EXPECT_EQ(f.errors[0].line, 2);
   const std::string named = "\"choices\"[1] (\"" + merged_choice + "\") runs into the context";
   EXPECT_NE(f.errors[0].message.find(named), std::string::npos) << f.errors[0].message;
+  EXPECT_NE(f.errors[0].message.find("start the choice with the space before it"),
+            std::string::npos)
+      << f.errors[0].message;
+  // A context that ends in the space: the space moves to the choice.
+  EXPECT_EQ(f.errors[1].line, 3);
+  EXPECT_NE(f.errors[1].message.find("end the context before its last space and start the "
+                                     "choice with it (\" sends\")"),
+            std::string::npos)
+      << f.errors[1].message;
 }
 
 TEST(Scoring, AFileWithNoValidItemIsRefusedAndOutIsNotWritten) {

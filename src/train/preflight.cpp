@@ -416,8 +416,8 @@ void check_generate_memory(const RunConfig& rc, int64_t max_len, const MemoryBud
   fail(memory_shortfall(need, budget),
        memory_hint(weights_fit ? "generate fewer tokens (--max-new-tokens; the decoding state "
                                  "grows with the prompt and the new tokens)"
-                               : "the weights alone do not fit: generate on a machine with more "
-                                 "memory"));
+                               : "the weights with the runtime's margin do not fit: generate "
+                                 "on a machine with more memory"));
 }
 
 }  // namespace foundry

@@ -260,7 +260,8 @@ TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_TRUE(std::string(e.what()).starts_with("generate needs about")) << e.what();
-    EXPECT_TRUE(e.hint().starts_with("the weights alone do not fit")) << e.hint();
+    EXPECT_TRUE(e.hint().starts_with("the weights with the runtime's margin do not fit"))
+        << e.hint();
   }
 }
 
