@@ -80,14 +80,27 @@ class Run {
     if (o_.kv_budget_bytes <= 0) return;
     for (const RequestState& r : reqs_) {
       int64_t need = r.own_bytes;
-      for (int32_t n : tree_.path_to(r.node)) need += nodes_[n].bytes;
-      if (need > o_.kv_budget_bytes)
-        fail(fmt::format("request {} (line {}) needs {} of KV memory at once ({} prompt tokens "
-                         "and up to {} new ones), more than the KV budget of {}",
-                         r.q->index, r.q->line, format_bytes(static_cast<double>(need)),
-                         r.q->prompt_tokens(), r.room,
-                         format_bytes(static_cast<double>(o_.kv_budget_bytes))),
-             "raise --kv-memory, or shorten that request (its prompt or max_new_tokens)");
+      const std::vector<int32_t> path = tree_.path_to(r.node);
+      for (int32_t n : path) need += nodes_[n].bytes;
+      if (need <= o_.kv_budget_bytes) continue;
+      // Each shared prefix is a segment with its own fixed part (ZAYA1's convolution state):
+      // a prompt cut at many branch points can need far more than it would whole.
+      const int64_t whole =
+          r.own_bytes + model_.kv_segment_bytes(static_cast<int64_t>(r.q->context.size()));
+      const std::string unshared =
+          path.size() > 1 && whole <= o_.kv_budget_bytes
+              ? fmt::format(
+                    "; its prompt is cut at {} shared prefixes, each kept as a segment "
+                    "of its own: unshared it needs {}, so --no-prefix-sharing (or "
+                    "--schedule fixed) runs it",
+                    path.size() - 1, format_bytes(static_cast<double>(whole)))
+              : "";
+      fail(fmt::format("request {} (line {}) needs {} of KV memory at once ({} prompt tokens "
+                       "and up to {} new ones), more than the KV budget of {}{}",
+                       r.q->index, r.q->line, format_bytes(static_cast<double>(need)),
+                       r.q->prompt_tokens(), r.room,
+                       format_bytes(static_cast<double>(o_.kv_budget_bytes)), unshared),
+           "raise --kv-memory, or shorten that request (its prompt or max_new_tokens)");
     }
   }
 

@@ -181,6 +181,36 @@ TEST_P(Engine, ABudgetTooSmallForOneRequestIsAnErrorBeforeAnyWork) {
   EXPECT_EQ(calls, 0);
 }
 
+// A prompt that others branch off at every token is cut into that many segments, each with
+// its fixed part: under a budget that fits it whole, the error says so, and the run without
+// prefix sharing fits.
+TEST_P(Engine, APromptCutAtManyBranchPointsIsNamedWithWhatItNeedsUnshared) {
+  auto m = small_model(GetParam());
+  std::vector<GenerationRequest> requests(8);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerationRequest& q = requests[i];
+    q.index = static_cast<int64_t>(i);
+    q.line = q.index + 1;
+    q.context = {0, 11, 12, 13, 14, 15, 16, 17, 18};
+    if (i > 0) q.context.resize(i + 1), q.context.push_back(40);  // branches off after i tokens
+    q.max_new_tokens = 2;
+    q.sampling = {0.0, 0, 1.0};
+  }
+  const int64_t whole = m->kv_segment_bytes(9) + m->kv_segment_bytes(1);
+  ASSERT_GT(largest_need(*m, requests), whole);
+  EngineOptions o = options(8, whole, Schedule::prefix_tree);
+  std::vector<const GenerationRequest*> ptrs;
+  for (const GenerationRequest& q : requests) ptrs.push_back(&q);
+  GenerationEngine shared(*m, -1, o);
+  expect_error([&] { shared.run(ptrs, [](const auto&, const auto&) {}); },
+               "its prompt is cut at 7 shared prefixes, each kept as a segment of its own: "
+               "unshared it needs");
+  o.share_prefixes = false;
+  const Outcome alone = run_engine(*m, requests, o);
+  EXPECT_EQ(alone.results.size(), requests.size());
+  EXPECT_LE(alone.stats.peak_kv_bytes, whole);
+}
+
 // The baselines run the same requests to the same tokens: lru (arrival order, a prefix
 // cache) and fixed batches (arrival order, nothing shared; of 1 request: one at a time).
 TEST_P(Engine, BaselineSchedulesGiveEveryRequestTheSameTokens) {
