@@ -141,7 +141,7 @@ void register_bench_decode_command(CLI::App& bench) {
                   "Hardware profile for the predicted latency (a JSON path or a name)");
   cmd->add_option("--out", f->out, "Write the tables to FILE (JSON when it ends in .json)")
       ->type_name("FILE");
-  cmd->add_flag("--quiet", f->quiet, "No progress on stderr");
+  cmd->add_flag("--quiet,-q", f->quiet, "No progress on stderr");
   cmd->callback([f, cmd] { run_bench_decode(*f, *cmd); });
 }
 

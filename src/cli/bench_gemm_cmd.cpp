@@ -52,7 +52,7 @@ void add_output_flags(CLI::App* cmd, OutputFlags& o) {
                   "created if absent)")
       ->type_name("FILE");
   cmd->add_flag("--quick", o.quick, "A tiny sweep that finishes in seconds (for smoke tests)");
-  cmd->add_flag("--quiet", o.quiet, "No progress on stderr");
+  cmd->add_flag("--quiet,-q", o.quiet, "No progress on stderr");
   cmd->add_option("--device", o.device, "Measure the CPU, or a GPU: cuda (GPU 0) or cuda:N")
       ->capture_default_str();
 }

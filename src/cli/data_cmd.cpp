@@ -80,7 +80,7 @@ void register_data_commands(CLI::App& app) {
   prepare->add_flag("--allow-binary", o.allow_binary,
                     "Read input that is not text (control bytes such as NUL) instead of refusing "
                     "it; bytes that are not UTF-8 become U+FFFD");
-  prepare->add_flag("--quiet", args->quiet, "No progress output");
+  prepare->add_flag("--quiet,-q", args->quiet, "No progress output");
   prepare->callback([args, vocab]() { run_prepare(*args, vocab->count() > 0); });
 }
 

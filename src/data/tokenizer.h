@@ -38,7 +38,7 @@ class Tokenizer {
   // kEncodePieceBytes is encoded in pieces cut at spaces between words when the model keeps
   // every piece within a word (see cuts_at_spaces()): the same ids, in bounded memory and time
   // (SentencePiece needs about 85 bytes of memory per byte of one text, and slows down on long
-  // ones: a 20 MB line took 49 s and 1.7 GB whole, 7 s and 0.1 GB in 64 KiB pieces).
+  // ones: docs/PERFORMANCE.md, "One long document").
   std::vector<int32_t> encode(std::string_view text) const;
   // The same ids as encode(), `text` cut into pieces of about `piece_bytes` (tests).
   std::vector<int32_t> encode_in_pieces(std::string_view text, size_t piece_bytes) const;
