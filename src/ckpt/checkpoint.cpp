@@ -267,8 +267,17 @@ std::optional<std::string> find_latest_checkpoint(const std::string& run_dir) {
   const std::string root = checkpoints_root(run_dir);
   const std::string latest_path = join(root, kLatestFile);
   std::string tried;
+  std::optional<std::string> pointer;
   if (path_exists(latest_path)) {
-    std::string name = read_text_file(latest_path);
+    // Unreadable (a directory, no permission) counts as no pointer: the scan decides.
+    try {
+      pointer = read_text_file(latest_path);
+    } catch (const Error& e) {
+      warn_once(fmt::format("{}; looking for checkpoints", e.what()));
+    }
+  }
+  if (pointer) {
+    std::string name = *pointer;
     while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
     if (!parse_checkpoint_dir_name(name)) {
       warn_once(

@@ -353,6 +353,20 @@ TEST_F(CheckpointTest, CheckpointWithoutCommittedIsNotFound) {
   ::testing::internal::GetCapturedStderr();
 }
 
+// A `latest` that cannot be read (a directory in its place) is no pointer: the scan decides.
+TEST_F(CheckpointTest, AnUnreadableLatestFallsBackToTheScan) {
+  save(1);
+  save(2);
+  fs::remove(run_dir_ + "/checkpoints/latest");
+  fs::create_directory(run_dir_ + "/checkpoints/latest");
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), ckpt(2));
+  const std::string warnings = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(warnings.find("it is a directory, not a file; looking for checkpoints"),
+            std::string::npos)
+      << warnings;
+}
+
 // One flipped byte in any file makes the checkpoint invalid, and the search falls back.
 class CorruptionTest : public CheckpointTest, public ::testing::WithParamInterface<const char*> {};
 
