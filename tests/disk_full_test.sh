@@ -8,7 +8,8 @@
 #     stands, and the run resumes once space is freed; a leftover of a killed save is removed
 #     by the next start;
 #  5. metrics.jsonl that cannot be appended to is named as the cause, before the checkpoint
-#     that fails after it.
+#     that fails after it;
+#  6. a new run that cannot create its files (no inodes left) leaves no directory behind.
 # The full-disk cases need a small tmpfs (mounting one needs root) and are skipped without one.
 source "$(dirname "$0")/lib.sh"
 cd "$WORK"
@@ -33,7 +34,7 @@ tiny_corpus 3 800 6 18
   && "$FOUNDRY" train -c tiny.json -q; } >setup.log 2>&1 || { cat setup.log; bad "setup"; finish; exit 1; }
 
 mkdir -p disk
-if ! mount -t tmpfs -o size=4M tmpfs disk 2>/dev/null; then
+if ! mount -t tmpfs -o size=4M,nr_inodes=400 tmpfs disk 2>/dev/null; then
   echo "skip: full disk (mounting a tmpfs needs root)"
   finish
   exit
@@ -133,6 +134,23 @@ rm -f disk/filler
 first="$(grep '^error: ' met.log | head -1)"
 [ $rc -ne 0 ] && grep -q "^error: cannot append step [0-9]* to 'disk/m/metrics.jsonl': No space" <<<"$first" \
   && ok "metrics.jsonl on a full disk is named first" || { bad "metrics on a full disk: rc=$rc"; cat met.log; }
+
+# ---- 6. no inodes left for a new run's files: a start that fails leaves nothing behind ----
+rm -rf disk/*
+mkdir -p disk/inodes
+left=0
+for free in 1 2 3 4 5 6; do
+  rm -rf disk/r6 disk/inodes/*
+  avail=$(df --output=iavail disk | tail -1)
+  [ "$avail" -gt 5000 ] && { echo "skip: the tmpfs has no inode limit ($avail free)"; break; }
+  for i in $(seq $((avail - free))); do : > disk/inodes/f$i; done 2>/dev/null
+  "$FOUNDRY" train -c tiny.json -q --steps 2 --set train.run_dir=disk/r6 >ino.log 2>&1 && continue
+  # (a run that trained a step before its checkpoint failed keeps what it wrote)
+  [ -e disk/r6 ] && [ ! -s disk/r6/metrics.jsonl ] \
+    && { left=1; bad "a start that failed with $free inodes free left disk/r6:"; ls -la disk/r6; cat ino.log; }
+done
+rm -rf disk/inodes
+[ $left = 0 ] && ok "a new run that cannot create its files leaves nothing behind"
 
 umount disk
 finish

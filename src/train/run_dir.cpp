@@ -193,10 +193,12 @@ RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes
     } catch (const Error& e) {
       verdict = std::string(e.what()) + kSeparator + e.hint();
       // Refused: a directory made for this run goes again (the destructor does not run), but
-      // only by the job that holds its lock: another start racing into it may own it.
+      // only by the job that holds its lock, or while it is empty (its lock file could not be
+      // made): another start racing into it may own it.
       const bool locked = lock_ != nullptr;
       lock_.reset();
       if (created_ && locked) remove_all(created_path_);
+      if (created_ && !locked) remove_empty_dirs(path_, created_path_);
     }
   }
   if (const Communicator* world = processes.world())

@@ -826,10 +826,12 @@ namespace {
 // From the run directory taken to the first step: heartbeats, the MFU peak, the header and
 // the validation at step 0.
 TrainSummary start_training(TrainingRun& run, const TrainOptions& opt, int64_t start_step) {
-  run.run_dir->started();
-  // From here on the run directory is this run's: heartbeats (before, a failure changes
-  // nothing on disk, and the communication watchdog and launch's start-up limit watch).
+  // Heartbeats (before, a failure changes nothing on disk, and the communication watchdog and
+  // launch's start-up limit watch); from then on the run directory is this run's (a directory
+  // it made is no longer removed when it fails: until here, not even a file that could not be
+  // created is left behind).
   run.start_heartbeat();
+  run.run_dir->started();
   run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs, start_step > 0);
   run.print_header();
   TrainSummary summary;
