@@ -135,6 +135,24 @@ first="$(grep '^error: ' met.log | head -1)"
 [ $rc -ne 0 ] && grep -q "^error: cannot append step [0-9]* to 'disk/m/metrics.jsonl': No space" <<<"$first" \
   && ok "metrics.jsonl on a full disk is named first" || { bad "metrics on a full disk: rc=$rc"; cat met.log; }
 
+# The same with the checkpoints on a disk with room (checkpoints/ a link to it): the stop's
+# checkpoint carries the step's line, and the resume writes it, so no step is missing.
+rm -rf disk/* ck && mkdir -p disk/m2 ck && ln -s "$WORK/ck" disk/m2/checkpoints
+fill 12
+"$FOUNDRY" train -c tiny.json -q --steps 100000 --set train.run_dir=disk/m2 train.checkpoint_every=0 \
+  >met2.log 2>&1; rc=$?
+rm -f disk/filler
+stopped="$(sed -n 's/.*cannot append step \([0-9]*\) to .*checkpoint of step \1 saved.*/\1/p' met2.log)"
+"$FOUNDRY" train -c disk/m2/config.json --resume --steps $((stopped + 2)) -q >met2r.log 2>&1; rc2=$?
+python3 - disk/m2/metrics.jsonl "$stopped" <<'PY' && [ $rc -ne 0 ] && [ $rc2 -eq 0 ] \
+  && ok "the line of the step whose append failed is written by the resume (steps 1..$((stopped + 2)))" \
+  || { bad "metrics after a failed append: rc=$rc rc2=$rc2 stopped='$stopped'"; cat met2.log met2r.log; }
+import json, sys
+steps = [json.loads(l)["step"] for l in open(sys.argv[1])]
+stop = int(sys.argv[2])
+assert steps == list(range(1, stop + 3)), (steps[-5:], stop)
+PY
+
 # ---- 6. no inodes left for a new run's files: a start that fails leaves nothing behind ----
 rm -rf disk/*
 mkdir -p disk/inodes

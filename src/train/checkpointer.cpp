@@ -27,6 +27,7 @@ namespace foundry {
 
 namespace {
 constexpr char kTokenizerChecksumKey[] = "tokenizer_xxh3_64";
+constexpr char kUnwrittenMetricsKey[] = "unwritten_metrics";
 }  // namespace
 
 void check_same_optimizer(const std::string& dir, const json& saved_state,
@@ -358,6 +359,8 @@ int64_t Checkpointer::restore_from(const std::string& dir, const json& state, do
   }
   restore_router_balancers(model_, state, dir, /*required=*/true);
   if (restore_hook_) restore_hook_(state);
+  if (const auto it = state.find(kUnwrittenMetricsKey); it != state.end() && it->is_object())
+    resumed_metrics_ = *it;
   if (model_.on_device())
     model_.write_params(host_params_.data());  // and the bf16 copy
   else
@@ -415,6 +418,8 @@ json Checkpointer::trainer_state(int64_t step) const {
   // its AdamW state, for a bitwise resume) and, as biases only, in model.safetensors.
   if (!model_.balancers().empty()) state["router_balancers"] = model_.balancer_state();
   if (save_hook_) save_hook_(state);
+  if (unwritten_metrics_.is_object() && unwritten_metrics_.value("step", int64_t{-1}) == step)
+    state[kUnwrittenMetricsKey] = unwritten_metrics_;
   state["tokens"] = tokens_at(step);
   state["schedule"] = {{"lr", learning_rate(schedule_, std::max<int64_t>(step, 1))},
                        {"total_steps", schedule_.total_steps}};

@@ -84,6 +84,11 @@ class Checkpointer {
   // Trainer state kept outside the model, optimizer and data cursor (the batch position,
   // dropped batches, the anomaly window): `save` adds its keys to a checkpoint's trainer
   // state, `restore` reads them back from the loaded one (older checkpoints may lack them).
+  // The metrics line of the step whose append to metrics.jsonl failed (a full disk): the
+  // checkpoints of that step carry it, and a resume from one writes it (resumed_metrics).
+  void carry_unwritten_metrics(json line) { unwritten_metrics_ = std::move(line); }
+  // The line a resumed checkpoint carried for its own step (null when none).
+  const json& resumed_metrics() const { return resumed_metrics_; }
   void set_trainer_state_hooks(std::function<void(json&)> save,
                                std::function<void(const json&)> restore) {
     save_hook_ = std::move(save);
@@ -202,6 +207,7 @@ class Checkpointer {
   // The run directory's newest committed checkpoint (as this run knows it; 0 for none): the
   // memory tier's checkpoints name it as the durable one they descend from.
   int64_t durable_step_ = 0;
+  json unwritten_metrics_, resumed_metrics_;
   int64_t tokens_base_ = 0, tokens_base_step_ = 0;  // tokens_at(): the count at the resumed step
   // The durable tier's snapshot of what lives in host memory, reused (backed from its first copy).
   PageSlab<float> buffer_;

@@ -9,7 +9,8 @@ namespace foundry {
 
 // Keeps only the lines of steps ≤ last_step in the metrics file at `path` (a resumed run
 // continues without duplicates; a torn last line from a crash is dropped). No file: nothing.
-void truncate_metrics(const std::string& path, int64_t last_step);
+// Returns the step of the last line kept (0 when none).
+int64_t truncate_metrics(const std::string& path, int64_t last_step);
 
 class MetricsWriter {
  public:
@@ -24,10 +25,13 @@ class MetricsWriter {
   // One line per step, in one write(2). A failed or short write (a full disk) is an Error
   // naming the file, and the torn line is cut off again, so the file stays whole lines.
   void write(const json& step_metrics);
+  // The step of the file's last line (0 when it has none).
+  int64_t last_step() const { return last_step_; }
 
  private:
   std::string path_;
   int fd_ = -1;
+  int64_t last_step_ = 0;
 };
 
 }  // namespace foundry

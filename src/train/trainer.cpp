@@ -150,6 +150,12 @@ struct TrainingRun {
   std::optional<MetricsWriter> open_outputs(int64_t start_step) const {
     if (!procs.root()) return std::nullopt;
     std::optional<MetricsWriter> metrics(std::in_place, tc.run_dir + "/metrics.jsonl", start_step);
+    // The line of the checkpoint's own step, when its append failed (a full disk): written now,
+    // so the file describes every step.
+    if (const json& line = checkpointer->resumed_metrics();
+        line.is_object() && line.value("step", int64_t{-1}) == start_step &&
+        metrics->last_step() < start_step)
+      metrics->write(line);
     // The steps the run trains to (--steps overrides train.steps): what a resume from this
     // file continues to.
     json source = rc.source;
@@ -882,6 +888,7 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
     log.publish(m, eval_now);
   } catch (const Error& e) {
     output_error = e.what();
+    run.checkpointer->carry_unwritten_metrics(m);  // the step's checkpoint keeps its line
   }
   const StopReasons stop = signals.agreed(run.procs.world(), !output_error.empty());
   // Memory at the last step, before its checkpoint's snapshot (not training memory).
