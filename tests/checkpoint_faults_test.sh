@@ -85,13 +85,15 @@ if [ "$(latest late)" = step_00000004 ] && [ -f late/checkpoints/step_00000008/C
   ok "killed before 'latest' moved: step 8 is complete and step 4 stays current"
 else bad "before_latest: latest '$(latest late)'"; ls late/checkpoints; cat late.log late.resume.log; fi
 
-# Failing (not dying) there: step 4's checkpoint is committed, so the run goes on, saying
-# `latest` was not moved; step 8's save moves it.
-FOUNDRY_CHECKPOINT_FAULT="before_latest@0#1" train latefail >latefail.log 2>&1; rc=$?
-if [ $rc -eq 0 ] && [ "$(latest latefail)" = step_00000008 ] \
-   && grep -q "warning: checkpoint .*step_00000004 is saved, but .*No space left" latefail.log; then
-  ok "'latest' not moved after a commit: a warning, and the run goes on"
-else bad "before_latest (thrown): rc $rc, latest '$(latest latefail)'"; cat latefail.log; fi
+# Failing (not dying) there: step 8's checkpoint is committed, so the run ends well, saying
+# `latest` was not moved; the old `latest` (step 4) is removed, so a resume finds step 8.
+FOUNDRY_CHECKPOINT_FAULT="before_latest@0#2" train latefail >latefail.log 2>&1; rc=$?
+if [ $rc -eq 0 ] && [ ! -e latefail/checkpoints/latest ] \
+   && grep -q "warning: checkpoint .*step_00000008 is saved, but .*No space left.*was removed" latefail.log \
+   && train latefail --resume --steps 10 >latefail.resume.log 2>&1 \
+   && grep -q "resumed from .*step_00000008 (step 8" latefail.resume.log; then
+  ok "'latest' not moved after a commit: a warning, the run goes on, and a resume finds the checkpoint"
+else bad "before_latest (thrown): rc $rc, latest '$(latest latefail)'"; cat latefail.log latefail.resume.log; fi
 
 # ---- a disk that fills up: the error says so and names the file ----
 FOUNDRY_CHECKPOINT_FAULT="write@1" train full >full.log 2>&1

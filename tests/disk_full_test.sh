@@ -18,6 +18,8 @@ cd "$WORK"
 out="$("$FOUNDRY" model info --config "$SRC/configs/demo.json" 2>&1 >/dev/full)"; rc=$?
 [ $rc -ne 0 ] && grep -q "^error: cannot write the standard output: " <<<"$out" \
   && ok "stdout to a full device: exit $rc, named" || bad "stdout to /dev/full: rc=$rc: $out"
+"$FOUNDRY" train --help >/dev/full 2>/dev/null && bad "train --help to /dev/full: exit 0" \
+  || ok "help to a full device: not exit 0"
 
 cat > tiny.json <<'JSON'
 {
@@ -45,15 +47,21 @@ fill() {
   local avail; avail=$(df -B1 --output=avail disk | tail -1)
   fallocate -l $((avail - $1 * 4096)) disk/filler
 }
-# A dataset directory is whole: meta.json names shards that exist with its sizes.
+# A dataset directory is whole: meta.json names every shard there, each of the size its token
+# count gives (a 64-byte header, then the tokens), and a tokenizer.
 dataset_whole() {
   python3 - "$1" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 m = json.load(open(os.path.join(d, "meta.json")))
-names = [n for n in os.listdir(d) if n.endswith(".bin")]
-assert names, "no shards"
-assert os.path.getsize(os.path.join(d, "tokenizer.model")) > 0
+listed = set()
+for split in m["splits"].values():
+    for shard in split["shards"]:
+        listed.add(shard["file"])
+        size = os.path.getsize(os.path.join(d, shard["file"]))
+        assert size == 64 + shard["tokens"] * m["token_bytes"], (shard, size)
+assert listed == {n for n in os.listdir(d) if n.endswith(".bin")}, listed
+assert os.path.getsize(os.path.join(d, m["tokenizer"]["file"])) > 0
 PY
 }
 

@@ -1,6 +1,8 @@
 #include "ckpt/export.h"
 
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -164,10 +166,20 @@ void check_out_dir(const std::string& out) {
          "export into a new or empty directory; nothing was written");
 }
 
+// `to` must not exist: a file that appeared in OUT since it was checked (another export into
+// it) is not replaced.
 void rename_or_fail(const std::string& from, const std::string& to) {
-  if (::rename(from.c_str(), to.c_str()) != 0)
-    fail(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(errno)),
-         "export into a new or empty directory");
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
+  const int err = errno;
+  if (err == EEXIST || err == ENOTEMPTY)
+    fail(fmt::format("cannot move the export into '{}': it appeared there during the export "
+                     "(another export into the same directory?)",
+                     to),
+         "export into a new or empty directory, one export at a time");
+  fail(fmt::format("cannot rename '{}' to '{}': {}", from, to, std::strerror(err)),
+       err == EXDEV ? "the export directory is a mount point (the export is staged beside it): "
+                      "export into a new directory inside it"
+                    : "export into a new or empty directory");
 }
 
 // Moves the finished `tmp` to `out` and makes it durable. A new `out` is `tmp` renamed; an

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <map>
 
 #include "base/error.h"
@@ -497,8 +498,17 @@ std::string commit_sharded_checkpoint(const std::string& run_dir, const std::str
     checkpoint_fault_point(CheckpointFault::before_latest, final_dir);
     write_latest(root, name);
   } catch (const Error& e) {
-    warn(fmt::format("checkpoint {} is saved, but {}: a resume finds it by scanning {}", final_dir,
-                     e.what(), root));
+    // The old pointer would send a resume to the checkpoint before: it goes (a removal needs
+    // no space), and the scan finds this one.
+    const std::string latest = join(root, kLatestFile);
+    std::error_code ec;
+    std::filesystem::remove(latest, ec);
+    warn(ec ? fmt::format("checkpoint {} is saved, but {}, and the old {} could not be removed "
+                          "({}): a resume would load the checkpoint it names; remove it",
+                          final_dir, e.what(), latest, ec.message())
+            : fmt::format("checkpoint {} is saved, but {}: {} was removed, and a resume finds "
+                          "the checkpoint by scanning {}",
+                          final_dir, e.what(), latest, root));
   }
   try {
     apply_retention(run_dir, step, keep_last);

@@ -95,7 +95,8 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // prints help, or the error naming the option
-    return code == 0 ? foundry::kExitFinished : foundry::kExitUsage;
+    return foundry::cli::check_stdout_written(code == 0 ? foundry::kExitFinished
+                                                        : foundry::kExitUsage);
   } catch (const foundry::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     if (!e.hint().empty()) std::fprintf(stderr, "hint: %s\n", e.hint().c_str());

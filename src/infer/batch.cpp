@@ -172,8 +172,9 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
       });
   if (!o.quiet && !todo.empty()) progress.finish();
   if (out) std::fclose(out);
+  errno = 0;
   const bool trace_failed = trace && (std::fflush(trace) != 0 || std::ferror(trace) != 0);
-  const int trace_errno = errno;
+  const int trace_errno = errno != 0 ? errno : EIO;
   if (trace) std::fclose(trace);
   s.seconds = now_seconds() - start;
   s.evictions = stats.evictions;

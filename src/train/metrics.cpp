@@ -37,9 +37,11 @@ int64_t truncate_metrics(const std::string& path, int64_t last_step) {
 MetricsWriter::MetricsWriter(const std::string& path, int64_t start_step) : path_(path) {
   last_step_ = truncate_metrics(path, start_step);
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd_ < 0)
-    fail(fmt::format("cannot open '{}' for writing: {}", path, std::strerror(errno)),
-         io_error_hint(errno, path, "check that the run directory is writable"));
+  if (fd_ < 0) {
+    const int err = errno;
+    fail(fmt::format("cannot open '{}' for writing: {}", path, std::strerror(err)),
+         io_error_hint(err, path, "check that the run directory is writable"));
+  }
 }
 
 MetricsWriter::~MetricsWriter() {
