@@ -135,6 +135,9 @@ TEST(MemorySize, BytesOrPowersOf1024) {
   for (const char* bad : {"", "G", "-1", "0", "1.2.3", "12Q", "12GB", "1e9", " 5", "inf"})
     expect_error([&] { parse_memory_size(bad, "X"); },
                  "X='" + std::string(bad) + "' is not a memory size");
+  for (const char* huge : {"18446744073709551615", "5000000T"})
+    expect_error([&] { parse_memory_size(huge, "X"); },
+                 "X='" + std::string(huge) + "' is too large");
   // "off" turns off only the memory limit's check: the hint offers it there alone.
   for (const char* what : {"FOUNDRY_MEMORY_LIMIT", "--kv-memory"}) {
     try {

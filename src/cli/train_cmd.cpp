@@ -243,6 +243,7 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
   o.engine.kv_budget_bytes =
       g.kv_memory.empty() ? default_kv_memory(rc, budget)
                           : parse_memory_size(g.kv_memory, "--kv-memory");
+  if (!g.kv_memory.empty()) warn_kv_memory_over_budget(rc, o.engine.kv_budget_bytes, budget);
   o.in = g.batch;
   o.out = g.out;
   o.defaults = {g.max_new_tokens, g.sampling, g.seed, g.ignore_eos,

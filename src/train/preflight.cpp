@@ -408,6 +408,19 @@ int64_t default_kv_memory(const RunConfig& rc, const MemoryBudget& budget) {
   return std::max<int64_t>(0, static_cast<int64_t>(0.8 * static_cast<double>(budget.bytes - weights)));
 }
 
+void warn_kv_memory_over_budget(const RunConfig& rc, int64_t kv_bytes, const MemoryBudget& budget) {
+  if (!budget.limited()) return;
+  const int64_t weights = inference_need("generate", rc, "decoding state", 0).total();
+  if (weights + kv_bytes <= budget.bytes) return;
+  fmt::print(stderr,
+             "warning: --kv-memory {} with the weights and the runtime's margin ({}) is more "
+             "than this process may use, {} ({}): it may be killed before the KV budget is "
+             "reached; without --kv-memory it gets 80% of what the weights leave\n",
+             format_bytes(static_cast<double>(kv_bytes)),
+             format_bytes(static_cast<double>(weights)),
+             format_bytes(static_cast<double>(budget.bytes)), budget_source_name(budget.source));
+}
+
 void check_generate_memory(const RunConfig& rc, int64_t max_len, const MemoryBudget& budget) {
   const MemoryNeed need =
       inference_need("generate", rc, "decoding state", decode_state_bytes(rc.model, max_len));

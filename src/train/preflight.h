@@ -77,6 +77,10 @@ void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_
 // loaded for inference (and the preflight's margin); 0 (no limit) when the budget is not
 // limited.
 int64_t default_kv_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());
+// A --kv-memory given by the user that, with the weights, exceeds the memory budget: warned
+// (the process may be killed before the KV budget is reached).
+void warn_kv_memory_over_budget(const RunConfig& rc, int64_t kv_bytes,
+                                const MemoryBudget& budget = memory_budget());
 
 // foundry generate: the weights and the decoding state of a sequence of `max_len` tokens.
 void check_generate_memory(const RunConfig& rc, int64_t max_len,

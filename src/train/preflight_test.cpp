@@ -265,5 +265,21 @@ TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
   }
 }
 
+// A --kv-memory that the weights leave no room for is warned about; one that fits, or no
+// budget, is not.
+TEST(InferenceMemory, AKvBudgetBeyondTheMemoryBudgetIsWarnedAbout) {
+  const RunConfig rc = wide_run_config();
+  const MemoryBudget budget{BudgetSource::environment, int64_t{1} << 30};
+  for (const auto& [kv, warned] :
+       {std::pair{int64_t{1} << 20, false}, std::pair{int64_t{2} << 30, true}}) {
+    ::testing::internal::CaptureStderr();
+    warn_kv_memory_over_budget(rc, kv, budget);
+    warn_kv_memory_over_budget(rc, kv, {BudgetSource::off, 0});
+    const std::string said = ::testing::internal::GetCapturedStderr();
+    EXPECT_EQ(said.find("warning: --kv-memory") != std::string::npos, warned) << kv << ": " << said;
+    if (warned) EXPECT_NE(said.find("(FOUNDRY_MEMORY_LIMIT)"), std::string::npos) << said;
+  }
+}
+
 }  // namespace
 }  // namespace foundry
