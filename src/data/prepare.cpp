@@ -499,13 +499,18 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
   for (size_t i = 0; i < files.size(); ++i)
     meta.sources.push_back({files[i].path, input_format_name(files[i].format), files[i].bytes,
                             scan.documents_per_file[i]});
-  meta.options = {{"vocab_size", options.vocab_size},
-                  {"format", input_format_name(options.format)},
+  meta.options = {{"format", input_format_name(options.format)},
                   {"jsonl_field", options.jsonl_field},
                   {"val_fraction", options.val_fraction},
                   {"seed", options.seed},
-                  {"shard_tokens", options.shard_tokens},
-                  {"max_sentences", options.max_sentences}};
+                  {"shard_tokens", options.shard_tokens}};
+  // The tokenizer's training options, or the tokenizer reused (its vocabulary is vocab_size).
+  if (options.tokenizer_path.empty()) {
+    meta.options["vocab_size"] = options.vocab_size;
+    meta.options["max_sentences"] = options.max_sentences;
+  } else {
+    meta.options["tokenizer"] = options.tokenizer_path;
+  }
   out.publish(meta);
   return meta;
 }

@@ -131,6 +131,10 @@ TEST_F(Prepare, ReusesAGivenTokenizer) {
   const DatasetMeta second = prepare_dataset(reuse);
   EXPECT_EQ(second.tokenizer_checksum, first.tokenizer_checksum);
   EXPECT_EQ(second.tokenizer_origin, reuse.tokenizer_path);
+  // The record names the tokenizer reused, not the training's unused vocabulary size.
+  EXPECT_EQ(second.options.value("tokenizer", ""), reuse.tokenizer_path);
+  EXPECT_FALSE(second.options.contains("vocab_size"));
+  EXPECT_EQ(first.options.value("vocab_size", 0), options("first").vocab_size);
   EXPECT_EQ(read_file(dir_.file("second/train_00000.bin")),
             read_file(dir_.file("first/train_00000.bin")));
 
