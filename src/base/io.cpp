@@ -269,6 +269,24 @@ bool process_gone(int64_t pid) {
   return pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
 }
 
+bool process_ending(int64_t pid) {
+  if (process_gone(pid)) return true;
+  // /proc/PID/stat: "pid (comm) state ppid pgrp session tty_nr tpgid flags ...", where comm
+  // may hold spaces and parentheses: the fields after it follow the last ')'.
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string text;
+  if (!in || !std::getline(in, text)) return true;  // gone since
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos) return false;
+  std::istringstream fields(text.substr(close + 1));
+  std::string state;
+  int64_t skip = 0;
+  uint64_t flags = 0;
+  fields >> state >> skip >> skip >> skip >> skip >> skip >> flags;
+  constexpr uint64_t kExiting = 0x4;  // PF_EXITING: the task has begun to exit
+  return state == "Z" || state == "X" || (fields && (flags & kExiting) != 0);
+}
+
 std::string make_dirs_outermost(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;

@@ -2,8 +2,11 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <csignal>
 #include <string>
 #include <thread>
 
@@ -105,6 +108,30 @@ TEST(MakeDirs, TheOutermostCreatedIsRemovedAgainWhileEmpty) {
   remove_empty_dirs(dir.file("x/y"), dir.file("x"));
   EXPECT_FALSE(path_exists(dir.file("x/y")));
   EXPECT_TRUE(path_exists(dir.file("x/mine.txt")));
+}
+
+// A process that has exited and not been reaped (a zombie) is ending; this one, a live child
+// and a stopped one are not; an ended and reaped one is gone.
+TEST(Processes, AnExitingProcessIsEndingALiveOneIsNot) {
+  EXPECT_FALSE(process_ending(::getpid()));
+  const pid_t sleeper = ::fork();
+  if (sleeper == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  ASSERT_GT(sleeper, 0);
+  EXPECT_FALSE(process_ending(sleeper));
+  ::kill(sleeper, SIGSTOP);
+  EXPECT_FALSE(process_ending(sleeper));  // stopped is not ending
+  ::kill(sleeper, SIGKILL);
+  // Killed and not yet reaped: ending until then, whatever moment it is caught at.
+  for (int i = 0; i < 50 && !process_ending(sleeper); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(process_ending(sleeper));
+  EXPECT_FALSE(process_gone(sleeper));  // a zombie still has its pid
+  ::waitpid(sleeper, nullptr, 0);
+  EXPECT_TRUE(process_gone(sleeper));
+  EXPECT_TRUE(process_ending(sleeper));
 }
 
 }  // namespace

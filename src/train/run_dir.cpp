@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
+#include <thread>
 
 #include "base/error.h"
 #include "base/io.h"
@@ -130,12 +132,15 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
   return c;
 }
 
+constexpr double kDyingHolderWaitSeconds = 30;
+
 // The lock file exists only while it is held: the holder removes it when it ends (or the
 // next holder replaces a file whose holder died). A process that opened the file just before
 // its holder removed it could lock a file no longer in the directory, so a lock counts only
 // while the path still names the file locked.
 RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(join(run_dir, file)) {
   const bool launch = std::string(file) == kLaunchLockFile;
+  double waited_s = 0;
   for (;;) {
     fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd_ < 0)
@@ -149,6 +154,15 @@ RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(joi
         fail(fmt::format("cannot lock '{}': {}", path_, std::strerror(err)),
              "the run directory's file system must support flock(2)");
       const LockHolder h = read_holder(path_);
+      // A holder of this host that was killed holds the lock until its exit has closed its
+      // files (which can wait for its last writes): a restart right after the kill waits
+      // for that, up to kDyingHolderWaitSeconds, instead of being refused.
+      if (h.pid > 0 && h.host == host_name() && process_ending(h.pid) &&
+          waited_s < kDyingHolderWaitSeconds) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        waited_s += 0.1;
+        continue;
+      }
       const std::string holder =
           h.pid > 0 ? fmt::format("pid {} on host {}, since {}", h.pid, h.host, h.since)
                     : fmt::format(
