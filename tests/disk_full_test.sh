@@ -151,6 +151,11 @@ fill 12
   >met2.log 2>&1; rc=$?
 rm -f disk/filler
 stopped="$(sed -n 's/.*cannot append step \([0-9]*\) to .*checkpoint of step \1 saved.*/\1/p' met2.log)"
+# A resume with nothing left to train writes the line too; the next trains on.
+"$FOUNDRY" train -c disk/m2/config.json --resume --steps "$stopped" -q >met2r.log 2>&1 \
+  && [ "$(tail -1 disk/m2/metrics.jsonl | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')" = "$stopped" ] \
+  && ok "a resume with nothing to train writes the stopped step's line" \
+  || { bad "resume --steps $stopped: no line for step $stopped"; cat met2r.log; tail -2 disk/m2/metrics.jsonl; }
 "$FOUNDRY" train -c disk/m2/config.json --resume --steps $((stopped + 2)) -q >met2r.log 2>&1; rc2=$?
 python3 - disk/m2/metrics.jsonl "$stopped" <<'PY' && [ $rc -ne 0 ] && [ $rc2 -eq 0 ] \
   && ok "the line of the step whose append failed is written by the resume (steps 1..$((stopped + 2)))" \

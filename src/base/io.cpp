@@ -270,12 +270,12 @@ bool process_gone(int64_t pid) {
 }
 
 bool process_ending(int64_t pid) {
-  if (process_gone(pid)) return true;
+  if (process_gone(pid)) return false;
   // /proc/PID/stat: "pid (comm) state ppid pgrp session tty_nr tpgid flags ...", where comm
   // may hold spaces and parentheses: the fields after it follow the last ')'.
   std::ifstream in(fmt::format("/proc/{}/stat", pid));
   std::string text;
-  if (!in || !std::getline(in, text)) return true;  // gone since
+  if (!in || !std::getline(in, text)) return false;  // gone since, or not ours to read
   const size_t close = text.rfind(')');
   if (close == std::string::npos) return false;
   std::istringstream fields(text.substr(close + 1));

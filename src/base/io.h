@@ -58,9 +58,9 @@ double process_age_seconds();
 // Whether process `pid` of this host has ended (pid <= 0 counts as ended): what it left behind
 // (a staging folder named by its pid) may be removed.
 bool process_gone(int64_t pid);
-// Whether process `pid` of this host has ended or is ending (killed, its exit under way: a
-// zombie, or a task the kernel marks as exiting while it closes its files and releases its
-// locks).
+// Whether process `pid` of this host is ending: its exit under way (a zombie, or a task the
+// kernel marks as exiting while it closes its files and releases its locks). False for a live
+// process, one that is gone, and one whose /proc entry cannot be read.
 bool process_ending(int64_t pid);
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);   // mkdir -p

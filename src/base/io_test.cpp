@@ -111,7 +111,7 @@ TEST(MakeDirs, TheOutermostCreatedIsRemovedAgainWhileEmpty) {
 }
 
 // A process that has exited and not been reaped (a zombie) is ending; this one, a live child
-// and a stopped one are not; an ended and reaped one is gone.
+// and a stopped one are not; an ended and reaped one is gone (and no longer ending).
 TEST(Processes, AnExitingProcessIsEndingALiveOneIsNot) {
   EXPECT_FALSE(process_ending(::getpid()));
   const pid_t sleeper = ::fork();
@@ -131,7 +131,7 @@ TEST(Processes, AnExitingProcessIsEndingALiveOneIsNot) {
   EXPECT_FALSE(process_gone(sleeper));  // a zombie still has its pid
   ::waitpid(sleeper, nullptr, 0);
   EXPECT_TRUE(process_gone(sleeper));
-  EXPECT_TRUE(process_ending(sleeper));
+  EXPECT_FALSE(process_ending(sleeper));
 }
 
 }  // namespace

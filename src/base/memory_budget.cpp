@@ -170,7 +170,7 @@ int64_t parse_memory_size(std::string_view text, std::string_view what) {
   }
   const double bytes = std::ldexp(value, std::max(shift, 0));
   if (shift >= 0 && used != 0 && used == number.size() && bytes >= 0x1p62)
-    fail(fmt::format("{}='{}' is too large: at most 4,194,304 T (2^62 bytes)", what, text),
+    fail(fmt::format("{}='{}' is too large: it must be below 2^62 bytes (4,194,304 T)", what, text),
          fmt::format("give the memory there is, e.g. {}=16G", what));
   if (shift < 0 || used == 0 || used != number.size() || bytes < 1)
     fail(fmt::format("{}='{}' is not a memory size", what, text),

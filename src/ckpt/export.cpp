@@ -170,7 +170,17 @@ void check_out_dir(const std::string& out) {
 // it) is not replaced.
 void rename_or_fail(const std::string& from, const std::string& to) {
   if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return;
-  const int err = errno;
+  int err = errno;
+  // File systems without rename flags (NFS): checked, then renamed (a narrow race remains).
+  if (err == EINVAL || err == ENOSYS || err == ENOTSUP) {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(to, ec)))
+      err = EEXIST;
+    else if (::rename(from.c_str(), to.c_str()) == 0)
+      return;
+    else
+      err = errno;
+  }
   if (err == EEXIST || err == ENOTEMPTY)
     fail(fmt::format("cannot move the export into '{}': it appeared there during the export "
                      "(another export into the same directory?)",

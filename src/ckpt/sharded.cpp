@@ -503,6 +503,10 @@ std::string commit_sharded_checkpoint(const std::string& run_dir, const std::str
     const std::string latest = join(root, kLatestFile);
     std::error_code ec;
     std::filesystem::remove(latest, ec);
+    if (!ec) try {
+        fsync_path(root);  // the removal survives a power loss
+      } catch (const Error&) {
+      }
     warn(ec ? fmt::format("checkpoint {} is saved, but {}, and the old {} could not be removed "
                           "({}): a resume would load the checkpoint it names; remove it",
                           final_dir, e.what(), latest, ec.message())

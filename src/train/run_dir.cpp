@@ -159,6 +159,9 @@ RunDirLock::RunDirLock(const std::string& run_dir, const char* file) : path_(joi
       // for that, up to kDyingHolderWaitSeconds, instead of being refused.
       if (h.pid > 0 && h.host == host_name() && process_ending(h.pid) &&
           waited_s < kDyingHolderWaitSeconds) {
+        if (waited_s == 0)
+          std::fprintf(stderr, "waiting for pid %lld, which is ending, to release %s\n",
+                       static_cast<long long>(h.pid), path_.c_str());
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         waited_s += 0.1;
         continue;

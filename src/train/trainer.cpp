@@ -150,12 +150,7 @@ struct TrainingRun {
   std::optional<MetricsWriter> open_outputs(int64_t start_step) const {
     if (!procs.root()) return std::nullopt;
     std::optional<MetricsWriter> metrics(std::in_place, tc.run_dir + "/metrics.jsonl", start_step);
-    // The line of the checkpoint's own step, when its append failed (a full disk): written now,
-    // so the file describes every step.
-    if (const json& line = checkpointer->resumed_metrics();
-        line.is_object() && line.value("step", int64_t{-1}) == start_step &&
-        metrics->last_step() < start_step)
-      metrics->write(line);
+    write_carried_metrics(*metrics, start_step);
     // The steps the run trains to (--steps overrides train.steps): what a resume from this
     // file continues to.
     json source = rc.source;
@@ -167,6 +162,14 @@ struct TrainingRun {
       std::filesystem::remove(config_path, ec);
     write_file_atomic(config_path, source.dump(2) + "\n");
     return metrics;
+  }
+  // The line of the resumed checkpoint's own step, when its append failed (a full disk):
+  // written now, so the file describes every step.
+  void write_carried_metrics(MetricsWriter& metrics, int64_t start_step) const {
+    if (const json& line = checkpointer->resumed_metrics();
+        line.is_object() && line.value("step", int64_t{-1}) == start_step &&
+        metrics.last_step() < start_step)
+      metrics.write(line);
   }
   void start_heartbeat();
   int64_t resume();
@@ -919,7 +922,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   const int64_t start_step = run.resume();
   run.started.loaded = process_age_seconds();
   check_steps_left(start_step, total_steps, opt.stop_at_step, rc.train.run_dir);
-  if (start_step == total_steps) {  // nothing written: the run stays as it is
+  if (start_step == total_steps) {  // nothing trained: the run stays as it is
+    if (run.procs.root() && run.checkpointer->resumed_metrics().is_object()) {
+      MetricsWriter metrics(rc.train.run_dir + "/" + kMetricsFile, start_step);
+      run.write_carried_metrics(metrics, start_step);  // its last step's line, if it lacks it
+    }
     TrainSummary done;
     done.start_step = done.final_step = start_step;
     done.already_complete = true;
