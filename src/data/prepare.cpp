@@ -226,6 +226,34 @@ struct EncodedSplits {
   SplitInfo train, val;
 };
 
+// A batch of documents' tokens, each ended by EOS, in the batch's order: the documents side by
+// side, except a long one the tokenizer cuts into pieces, encoded alone with its pieces side
+// by side.
+std::vector<std::vector<int32_t>> encode_documents(const Tokenizer& tokenizer,
+                                                   const std::vector<std::string>& batch) {
+  std::vector<std::vector<int32_t>> encoded(batch.size());
+  const auto alone = [&](size_t i) {
+    return tokenizer.cuts_at_spaces() && batch[i].size() > kEncodeAloneBytes;
+  };
+  std::string error;
+#pragma omp parallel for schedule(dynamic, 16)
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (alone(i)) continue;
+    try {
+      encoded[i] = tokenizer.encode(batch[i]);
+    } catch (const std::exception& e) {
+#pragma omp critical
+      if (error.empty()) error = e.what();
+    }
+  }
+  if (!error.empty()) fail(error);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (alone(i)) encoded[i] = tokenizer.encode(batch[i]);
+    encoded[i].push_back(tokenizer.eos_id());
+  }
+  return encoded;
+}
+
 EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusScan& scan,
                             const Tokenizer& tokenizer, const PrepareOptions& options,
                             const std::string& staging_dir) {
@@ -244,30 +272,10 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   std::vector<std::string> batch;
   std::vector<uint8_t> batch_is_val;
   size_t batch_bytes = 0;
-  const int32_t eos = tokenizer.eos_id(), unk = tokenizer.unk_id();
+  const int32_t unk = tokenizer.unk_id();
   uint64_t unknown = 0;  // <unk> tokens: text a tokenizer without byte fallback cannot spell
   auto flush = [&]() {
-    std::vector<std::vector<int32_t>> encoded(batch.size());
-    // A long text the tokenizer cuts into pieces is encoded alone, its pieces side by side.
-    const auto alone = [&](size_t i) {
-      return tokenizer.cuts_at_spaces() && batch[i].size() > kEncodeAloneBytes;
-    };
-    std::string error;
-#pragma omp parallel for schedule(dynamic, 16)
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (alone(i)) continue;
-      try {
-        encoded[i] = tokenizer.encode(batch[i]);
-      } catch (const std::exception& e) {
-#pragma omp critical
-        if (error.empty()) error = e.what();
-      }
-    }
-    if (!error.empty()) fail(error);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      if (alone(i)) encoded[i] = tokenizer.encode(batch[i]);
-      encoded[i].push_back(eos);
-    }
+    const std::vector<std::vector<int32_t>> encoded = encode_documents(tokenizer, batch);
     for (size_t i = 0; i < batch.size(); ++i) {
       (batch_is_val[i] ? val : train).append(encoded[i]);
       unknown += static_cast<uint64_t>(std::count(encoded[i].begin(), encoded[i].end(), unk));

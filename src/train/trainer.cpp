@@ -726,10 +726,9 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
     std::fprintf(stderr, "%s", format_op_breakdown(run.model->op_times(), steps_run).c_str());
 }
 
-// A rank could not write its outputs: the run stops, with the checkpoint of `step` saved
-// (if the disk allowed it), on every rank.
-// `save_error`: the stop's own checkpoint failed too (as it does on a full disk); its error
-// follows the metrics' (the first cause), with its hint.
+// A rank could not write its outputs: the run stops on every rank, with the checkpoint of
+// `step` saved, or with `save_error` when that failed too (as it does on a full disk): its
+// error then follows the metrics' (the first cause), with its hint.
 [[noreturn]] void report_output_failure(const TrainingRun& run, int64_t step,
                                         const std::string& error, const Error* save_error) {
   const std::string saved =
