@@ -149,8 +149,7 @@ struct TrainingRun {
   // Rank 0: metrics.jsonl (continued after `start_step`) and config.json; nothing elsewhere.
   std::optional<MetricsWriter> open_outputs(int64_t start_step) const {
     if (!procs.root()) return std::nullopt;
-    std::optional<MetricsWriter> metrics(std::in_place, tc.run_dir + "/metrics.jsonl", start_step);
-    write_carried_metrics(*metrics, start_step);
+    std::optional<MetricsWriter> metrics = open_metrics(start_step);
     // The steps the run trains to (--steps overrides train.steps): what a resume from this
     // file continues to.
     json source = rc.source;
@@ -163,13 +162,15 @@ struct TrainingRun {
     write_file_atomic(config_path, source.dump(2) + "\n");
     return metrics;
   }
-  // The line of the resumed checkpoint's own step, when its append failed (a full disk):
-  // written now, so the file describes every step.
-  void write_carried_metrics(MetricsWriter& metrics, int64_t start_step) const {
+  // Rank 0's metrics.jsonl, continued after `start_step`, with the line of the resumed
+  // checkpoint's own step when its append failed (a full disk), so it describes every step.
+  std::optional<MetricsWriter> open_metrics(int64_t start_step) const {
+    std::optional<MetricsWriter> metrics(std::in_place, join(tc.run_dir, kMetricsFile), start_step);
     if (const json& line = checkpointer->resumed_metrics();
         line.is_object() && line.value("step", int64_t{-1}) == start_step &&
-        metrics.last_step() < start_step)
-      metrics.write(line);
+        metrics->last_step() < start_step)
+      metrics->write(line);
+    return metrics;
   }
   void start_heartbeat();
   int64_t resume();
@@ -922,10 +923,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   run.started.loaded = process_age_seconds();
   check_steps_left(start_step, total_steps, opt.stop_at_step, rc.train.run_dir);
   if (start_step == total_steps) {  // nothing trained: the run stays as it is
-    if (run.procs.root() && run.checkpointer->resumed_metrics().is_object()) {
-      MetricsWriter metrics(rc.train.run_dir + "/" + kMetricsFile, start_step);
-      run.write_carried_metrics(metrics, start_step);  // its last step's line, if it lacks it
-    }
+    if (run.procs.root() && run.checkpointer->resumed_metrics().is_object())
+      run.open_metrics(start_step);  // its last step's line, if the file lacks it
     TrainSummary done;
     done.start_step = done.final_step = start_step;
     done.already_complete = true;
