@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <vector>
 
 #include "base/error.h"
 #include "base/format.h"
@@ -262,7 +263,7 @@ class Run {
     prefilling_.erase(std::remove(prefilling_.begin(), prefilling_.end(), n), prefilling_.end());
     NodeState& node = nodes_[n];
     node.segment.reset();
-    node.logits = {};
+    std::vector<float>().swap(node.logits);  // its memory too (`= {}` keeps the capacity)
     node.live = false;
     node.filled = 0;
     stats_.kv_bytes -= node.bytes;
@@ -285,8 +286,13 @@ class Run {
       r.own = std::make_unique<Segment>(model_.new_kv_segment(
           static_cast<int64_t>(r.q->context.size()), r.room - 1, node.segment.get()));
     r.chain = chain(r.node, r.own.get());  // its nodes stay live until it finishes
-    const std::vector<float> logits = node.logits;  // advance may finish r and free the node
-    if (--node.to_start == 0) node.logits = {};
+    // Its own copy (advance may finish r and free the node); the last request to start takes
+    // the node's, and with it the memory: a vocabulary's row per prompt otherwise stays held.
+    std::vector<float> logits;
+    if (--node.to_start == 0)
+      logits.swap(node.logits);
+    else
+      logits = node.logits;
     advance(i, logits.data());
   }
 

@@ -1,6 +1,7 @@
 #include "infer/engine.h"
 
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <map>
@@ -288,6 +289,47 @@ TEST_P(Engine, StopsAtEosUnlessTheRequestIgnoresIt) {
   EXPECT_EQ(got.at(0).tokens, std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + k));
   EXPECT_EQ(got.at(1).finish, FinishReason::length);
   EXPECT_EQ(got.at(1).tokens, free.tokens);
+}
+
+// The bytes glibc's allocator has handed out and not had back, over all its arenas.
+int64_t heap_bytes_in_use() {
+  const struct mallinfo2 m = mallinfo2();
+  return static_cast<int64_t>(m.uordblks + m.hblkhd);
+}
+
+// Every finished prompt's logits (a row of the vocabulary, kept while requests ending there
+// wait to start) are freed with it: the engine's memory does not grow by a row a request.
+TEST(EngineMemory, KeepsNoVocabularyRowPerFinishedRequest) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "the sanitizer's allocator is not glibc's: mallinfo2 does not see it";
+#endif
+  ModelConfig c = testing::small_config(Arch::moe);
+  c.vocab_size = 8192;
+  c.validate("test");
+  Model m(c, DType::f32);
+  m.init_weights(3);
+  // The extra heap held at the busiest point of a run over n distinct two-token prompts.
+  const auto peak_growth = [&](int64_t n) {
+    std::vector<GenerationRequest> requests(n);
+    std::vector<const GenerationRequest*> ptrs;
+    for (int64_t i = 0; i < n; ++i) {
+      requests[i].index = i;
+      requests[i].context = {0, static_cast<int32_t>(1 + i % 4000), static_cast<int32_t>(1 + i)};
+      requests[i].max_new_tokens = 2;
+      ptrs.push_back(&requests[i]);
+    }
+    const int64_t before = heap_bytes_in_use();
+    int64_t peak = before;
+    GenerationEngine(m, /*eos_id=*/-1, options(16, 0, Schedule::prefix_tree))
+        .run(
+            ptrs, [](const GenerationRequest&, const Generation&) {},
+            [&](const EngineStats&) { peak = std::max(peak, heap_bytes_in_use()); });
+    return peak - before;
+  };
+  const int64_t row = c.padded_vocab() * static_cast<int64_t>(sizeof(float));
+  const int64_t few = peak_growth(50), many = peak_growth(650);
+  // A request's own state is some hundred bytes; a row of logits each would be 600 × 32 KiB.
+  EXPECT_LT(many - few, 600 * row / 4) << "few " << few << " bytes, many " << many;
 }
 
 TEST(Schedules, NamesParseAndABadOneIsNamed) {

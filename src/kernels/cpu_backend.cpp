@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "base/aligned_memory.h"
 #include "base/error.h"
 #include "base/slab_chunks.h"
 #include "kernels/attention.h"
@@ -24,12 +25,10 @@ namespace foundry {
 void* Backend::allocate_host(int64_t bytes) {
   constexpr size_t kAlign = 64;
   const size_t size = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, size);
-  if (!p) throw std::bad_alloc();
-  return p;
+  return allocate_aligned(kAlign, size);
 }
 
-void Backend::release_host(void* block) { std::free(block); }
+void Backend::release_host(void* block) { free_aligned(block); }
 
 void Backend::copy_blocks(void* dst, int64_t dst_stride, const void* src, int64_t src_stride,
                           int64_t block_bytes, int64_t blocks) {
@@ -107,8 +106,7 @@ class CpuBackend final : public Backend {
 
   void* allocate(int64_t bytes) override {
     const size_t size = (static_cast<size_t>(bytes) + kAlign - 1) / kAlign * kAlign;
-    void* p = std::aligned_alloc(kAlign, size);
-    if (!p) throw std::bad_alloc();
+    void* p = allocate_aligned(kAlign, size);
     std::memset(p, 0, size);
     return p;
   }
@@ -122,7 +120,7 @@ class CpuBackend final : public Backend {
         return;
       }
     }
-    std::free(block);
+    free_aligned(block);
   }
   // Posing as a device, a slab is made as a GPU's (cuda/slab.cu): chunks (of pages), its
   // holes' chunks mapping one chunk of its own each kind (a memfd mapped shared at each place),

@@ -13,6 +13,7 @@
 #include <memory>
 #include <new>
 
+#include "base/aligned_memory.h"
 #include "base/bf16.h"
 
 namespace foundry::ops::detail {
@@ -128,8 +129,7 @@ class ScratchBuffer {
   T* get(int64_t count) {
     if (count > capacity_) {
       const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 63) / 64 * 64;
-      data_.reset(static_cast<T*>(std::aligned_alloc(64, bytes)));
-      if (!data_) throw std::bad_alloc();
+      data_.reset(static_cast<T*>(allocate_aligned(64, bytes)));
       capacity_ = count;
     }
     return data_.get();
@@ -137,7 +137,7 @@ class ScratchBuffer {
 
  private:
   struct Free {
-    void operator()(T* p) const { std::free(p); }
+    void operator()(T* p) const { free_aligned(p); }
   };
   std::unique_ptr<T, Free> data_;
   int64_t capacity_ = 0;
