@@ -1,5 +1,7 @@
 #include "model/config.h"
 
+#include <cmath>
+
 namespace foundry {
 
 Arch parse_arch(const std::string& name, const std::string& what) {
@@ -96,14 +98,20 @@ void ModelConfig::validate(const std::string& where) const {
   if (top_k > n_experts)
     bad(fmt::format("model.top_k = {} exceeds model.n_experts = {}", top_k, n_experts),
         "choose top_k <= n_experts");
+  if (std::abs(rope_fraction * static_cast<double>(head_dim) - static_cast<double>(rotary_dim())) >
+      1e-9)
+    bad(fmt::format("model.rope_fraction = {} of head_dim {} gives {} rotary dims: not a whole "
+                    "number",
+                    rope_fraction, head_dim, rope_fraction * static_cast<double>(head_dim)),
+        fmt::format("choose rope_fraction so that rope_fraction * head_dim is an even whole "
+                    "number (e.g. {} for {} dims)",
+                    static_cast<double>(rotary_dim() / 2 * 2) / static_cast<double>(head_dim),
+                    rotary_dim() / 2 * 2));
   if (rotary_dim() % 2 != 0)
     bad(fmt::format("model.rope_fraction = {} gives {} rotary dims of head_dim {}: must be even",
                     rope_fraction, rotary_dim(), head_dim),
         "choose rope_fraction so that rope_fraction * head_dim is even (e.g. 0.5 or 1.0)");
   if (is_zaya()) {
-    if (top_k > router_classes())
-      bad(fmt::format("model.top_k = {} exceeds the {} router classes", top_k, router_classes()),
-          "choose top_k <= n_experts (+1 with the skip class)");
     if ((n_kv_heads * head_dim) % 2 != 0)
       bad(fmt::format("model.n_kv_heads * model.head_dim = {} must be even (CCA splits the "
                       "values into a current and a delayed half)", n_kv_heads * head_dim),

@@ -387,6 +387,12 @@ ModelInfo model_info(const ModelConfig& config, int64_t batch, int64_t seq, DTyp
                      "chunks",
                      context, seq, 2 * context),
          fmt::format("use a sequence length that is a multiple of {}", 2 * context));
+  const int64_t halo = config.context_halo_rows();
+  if (context > 1 && seq / (2 * context) < std::max<int64_t>(halo, 1))
+    fail(fmt::format("context parallel {} cuts sequences of {} tokens into chunks of {}, fewer "
+                     "than the {} rows the CCA convolutions read before a chunk",
+                     context, seq, seq / (2 * context), halo),
+         "use fewer context-parallel ranks or longer sequences");
   const std::optional<OptimizerKind> kind = parse_optimizer(optimizer);
   if (!kind) fail(fmt::format("unknown optimizer '{}'", optimizer), "choose adamw or muon");
   ModelInfo info;

@@ -5,15 +5,8 @@
 namespace foundry {
 namespace {
 
-// The run config accepts a wider range than Muon does for two keys: checked here, by name.
+// Its keys' ranges are checked with the run config (check_train_config).
 MuonOptions muon_options(const TrainConfig& tc) {
-  if (tc.muon_ns_steps < 1)
-    fail(fmt::format("train.muon_ns_steps = {}: Muon needs at least 1 Newton-Schulz step",
-                     tc.muon_ns_steps),
-         "set train.muon_ns_steps to 5 (the usual value)");
-  if (!(tc.muon_rms_scale > 0))
-    fail(fmt::format("train.muon_rms_scale = {} must be positive", tc.muon_rms_scale),
-         "set train.muon_rms_scale to 0.2 (matches the RMS of a typical AdamW update)");
   MuonOptions o;
   o.momentum = tc.muon_momentum;
   o.nesterov = tc.muon_nesterov;

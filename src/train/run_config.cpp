@@ -46,7 +46,7 @@ void read_train_keys(ConfigReader& r, TrainConfig& t, json& skip,
   r.get_parsed("optimizer", t.optimizer, parse_optimizer, "adamw, muon");
   r.get("muon_momentum", t.muon_momentum, 0.0, 0.999999);
   r.get("muon_nesterov", t.muon_nesterov);
-  r.get("muon_ns_steps", t.muon_ns_steps, int64_t{0}, int64_t{100});
+  r.get("muon_ns_steps", t.muon_ns_steps, int64_t{1}, int64_t{100});
   r.get("muon_rms_scale", t.muon_rms_scale, 0.0, 100.0);
   r.get_parsed("muon_ns_precision", t.muon_ns_precision, parse_dtype, "bf16, fp32");
   r.get_parsed("precision", t.precision, parse_dtype, "fp32, bf16");
@@ -121,6 +121,9 @@ void check_train_config(const RunConfig& rc, const std::string& where) {
                      "wherever a gradient is (the vocabulary's padding rows, unused experts)",
                      where, t.eps),
          "give a small positive eps, e.g. train.eps = 1e-8");
+  if (!(t.muon_rms_scale > 0))
+    fail(fmt::format("{}: train.muon_rms_scale = {} must be positive", where, t.muon_rms_scale),
+         "set train.muon_rms_scale to 0.2 (matches the RMS of a typical AdamW update)");
   if (t.spike_factor > 0 && t.spike_factor <= 1)
     fail(fmt::format("{}: train.spike_factor = {} flags every step as a spike: a spike is a loss "
                      "above spike_factor times the window's median",

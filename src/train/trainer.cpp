@@ -353,12 +353,16 @@ int64_t TrainingRun::resume() {
     return 0;
   }
   const int64_t step = checkpointer->resume();
-  if (step == 0)
-    fail(fmt::format("no committed checkpoint in '{}/checkpoints' to resume from (the directories "
-                     "there are interrupted saves)",
-                     tc.run_dir),
-         "start a new run with --overwrite (it removes them), or set another train.run_dir");
-  return step;
+  if (step > 0) return step;
+  // --overwrite removes only what Foundry committed: the hint names what stops it.
+  const std::vector<std::string> foreign = inspect_run_dir(tc.run_dir).foreign_entries;
+  fail(fmt::format("no committed checkpoint in '{}/checkpoints' to resume from{}", tc.run_dir,
+                   foreign.empty() ? "" : fmt::format(": it holds {}", fmt::join(foreign, ", "))),
+       foreign.empty()
+           ? "start a new run with --overwrite, or set another train.run_dir"
+           : "Foundry did not commit those (and --overwrite leaves them alone): move them out of "
+             "the run directory and start a new run with --overwrite, or set another "
+             "train.run_dir");
 }
 
 // A dead, stopped or hung rank ends the job with kExitRankLost, named on the console and in
