@@ -89,6 +89,11 @@ if cmp -s resumed.jsonl out.jsonl && grep -q "2 already done" resume.log; then
   ok "a killed run resumes: 2 results kept, the rest generated, the same file"
 else bad "resume: $(cat resume.log)"; diff resumed.jsonl out.jsonl; fi
 
+# A pipe for OUT: every line once, in request order, at the end (the same file).
+"$FOUNDRY" generate -c tiny.json --batch req.jsonl --out /dev/stdout -q 2>/dev/null | cat >piped.jsonl
+cmp -s piped.jsonl out.jsonl && ok "--out /dev/stdout writes the results to the pipe, in order" \
+  || { bad "generate --batch --out /dev/stdout"; diff piped.jsonl out.jsonl; }
+
 # Results of another model (here: the same checkpoint in bf16) are not kept as this one's.
 cp out.jsonl kept.jsonl
 if "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out kept.jsonl -q --set train.precision=bf16 \

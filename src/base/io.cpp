@@ -225,31 +225,46 @@ void write_file_atomic(const std::string& given, const void* data, size_t bytes)
     ::close(fd);
     return;
   }
-  // Through a symbolic link: the file it names is replaced, and the link stays.
-  const std::string path = link_chain(given).back().string();
-  std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (fd < 0) fail_errno("create", tmp);
-  try {
-    write_all(fd, tmp, data, bytes);
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) {
-    int saved = errno;
-    ::unlink(tmp.c_str());
-    errno = saved;
-    fail_errno("fsync", tmp);
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int saved = errno;
-    ::unlink(tmp.c_str());
-    errno = saved;
-    fail_errno("rename into", path);
-  }
-  std::string dir = std::filesystem::path(path).parent_path().string();
+  AtomicFileWriter file(given);
+  file.write(data, bytes);
+  file.commit();
+}
+
+// Through a symbolic link: the file it names is replaced, and the link stays.
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(link_chain(path).back().string()), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd_ < 0) fail_errno("create", tmp_);
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFileWriter::write(const void* data, size_t bytes) {
+  constexpr size_t kBuffered = size_t{1} << 20;
+  if (buffer_.size() + bytes > kBuffered) flush();
+  if (bytes >= kBuffered)
+    write_all(fd_, tmp_, data, bytes);
+  else
+    buffer_.append(static_cast<const char*>(data), bytes);
+}
+
+void AtomicFileWriter::flush() {
+  write_all(fd_, tmp_, buffer_.data(), buffer_.size());
+  buffer_.clear();
+}
+
+void AtomicFileWriter::commit() {
+  FOUNDRY_CHECK(fd_ >= 0 && !committed_);
+  flush();
+  const int fd = fd_;
+  fd_ = -1;
+  if (::fsync(fd) != 0 || ::close(fd) != 0) fail_errno("fsync", tmp_);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail_errno("rename into", path_);
+  committed_ = true;
+  const std::string dir = std::filesystem::path(path_).parent_path().string();
   fsync_path(dir.empty() ? "." : dir);
 }
 

@@ -28,6 +28,28 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
   write_file_atomic(path, text.data(), text.size());
 }
 
+// A file written in pieces, then replaced atomically at commit() as write_file_atomic replaces
+// one ("<path>.tmp.<pid>", fsynced, renamed, the directory fsynced; a symbolic link followed).
+// For regular files (and new ones) only. Dropped before commit(), the temporary file goes.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(const std::string& path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, size_t bytes);
+  void write(std::string_view text) { write(text.data(), text.size()); }
+  void commit();
+
+ private:
+  void flush();
+  std::string path_, tmp_;
+  int fd_ = -1;
+  bool committed_ = false;
+  std::string buffer_;
+};
+
 // An output file a command is about to write (`option` names it, e.g. "--out"), checked
 // before any work: it must not be one of the command's input files (`inputs`: option and path
 // pairs, empty paths skipped; the same file under any spelling), a directory, or in a directory

@@ -1,6 +1,8 @@
 #include "infer/batch.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -47,30 +49,123 @@ void report_invalid(const RequestSet& set, const BatchOptions& o) {
                    set.errors.size(), set.count, o.in, o.out, list));
 }
 
-// OUT as an earlier run left it, cut back to its last whole line, opened to append.
-std::FILE* open_for_append(const std::string& path, const std::map<int64_t, std::string>& kept) {
-  std::string text;
-  for (const auto& [index, line] : kept) text += line + "\n";
-  write_file_atomic(path, text);  // only the results that stay, whole lines
-  std::FILE* f = std::fopen(path.c_str(), "ab");
-  if (!f)
-    fail(fmt::format("cannot write --out '{}'", path),
-         "check that its directory exists and is writable");
-  return f;
+// Rewrites `path` with one line per index of `spans` and `extra` together, in index order:
+// those of `spans` read from where they are in the file as it is now, those of `extra` as
+// given. Returns where each line of `spans` is in the new file.
+std::map<int64_t, LineSpan> rewrite_in_order(const std::string& path,
+                                             const std::map<int64_t, LineSpan>& spans,
+                                             const std::map<int64_t, std::string>& extra) {
+  std::map<int64_t, LineSpan> moved;
+  const int fd = spans.empty() ? -1 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (!spans.empty() && fd < 0)
+    fail(fmt::format("cannot read --out '{}': {}", path, std::strerror(errno)),
+         io_error_hint(errno, path, "check the file system of --out"));
+  struct Close {
+    int fd;
+    ~Close() {
+      if (fd >= 0) ::close(fd);
+    }
+  } close_fd{fd};
+  AtomicFileWriter file(path);
+  int64_t at = 0;
+  std::string line;
+  const auto put = [&](const std::string& text) {
+    file.write(text);
+    file.write("\n", 1);
+    at += static_cast<int64_t>(text.size()) + 1;
+  };
+  auto s = spans.begin();
+  auto e = extra.begin();
+  while (s != spans.end() || e != extra.end()) {
+    if (e != extra.end() && (s == spans.end() || e->first <= s->first)) {
+      if (s != spans.end() && s->first == e->first) ++s;  // the given line stands
+      put((e++)->second);
+      continue;
+    }
+    line.resize(static_cast<size_t>(s->second.bytes));
+    errno = 0;
+    if (::pread(fd, line.data(), line.size(), s->second.offset) !=
+        static_cast<ssize_t>(line.size()))
+      fail(fmt::format("cannot read back --out '{}' (line at byte {}): {}", path, s->second.offset,
+                       errno ? std::strerror(errno) : "the file is shorter"),
+           "another process changed the file meanwhile: run the same command again to resume");
+    moved[s->first] = {at, s->second.bytes};
+    put(line);
+    ++s;
+  }
+  file.commit();
+  return moved;
 }
 
-// One finished result appended to OUT, at once: a run stopped by a failed write keeps what
-// OUT held (`kept` results) for a resume, and loses none of the work after it unsaid.
-void append_result(std::FILE* out, const std::string& line, const std::string& path, size_t kept) {
-  errno = 0;
-  if (std::fprintf(out, "%s\n", line.c_str()) >= 0 && std::fflush(out) == 0) return;
-  const int err = errno;
-  fail(fmt::format("cannot append a result to --out '{}': {} ({} results are in it; the "
-                   "requests running now are lost)",
-                   path, std::strerror(err), kept),
-       io_error_hint(err, path, "check the file system of --out") +
-           "; then run the same command again: it resumes after the results kept");
-}
+// OUT as this run writes it. A regular file gets each result appended as it finishes (what a
+// resume reads back) and the run keeps only where each line is: the file is rewritten in
+// request order from itself at the end. A pipe or device (/dev/stdout) gets every line once,
+// in request order, at the end: its lines are kept in memory until then.
+class ResultsOut {
+ public:
+  // A regular OUT starts with the earlier run's results `kept` alone (its error lines and a
+  // line cut short go), whole lines, opened to append.
+  ResultsOut(const std::string& path, const std::map<int64_t, LineSpan>& kept)
+      : path_(path), stream_(is_stream_file(path)) {
+    if (stream_) return;
+    spans_ = rewrite_in_order(path, kept, {});
+    for (const auto& [index, span] : spans_) end_ = std::max(end_, span.offset + span.bytes + 1);
+    out_ = std::fopen(path.c_str(), "ab");
+    if (!out_)
+      fail(fmt::format("cannot write --out '{}'", path),
+           "check that its directory exists and is writable");
+  }
+  ~ResultsOut() {
+    if (out_) std::fclose(out_);
+  }
+  ResultsOut(const ResultsOut&) = delete;
+  ResultsOut& operator=(const ResultsOut&) = delete;
+
+  // One finished result, appended to a regular OUT at once: a run stopped by a failed write
+  // keeps what OUT held for a resume, and loses none of the work after it unsaid.
+  void add(int64_t index, const std::string& line) {
+    if (stream_) {
+      lines_[index] = line;
+      return;
+    }
+    errno = 0;
+    if (std::fprintf(out_, "%s\n", line.c_str()) >= 0 && std::fflush(out_) == 0) {
+      spans_[index] = {end_, static_cast<int64_t>(line.size())};
+      end_ += static_cast<int64_t>(line.size()) + 1;
+      return;
+    }
+    const int err = errno;
+    fail(fmt::format("cannot append a result to --out '{}': {} ({} results are in it; the "
+                     "requests running now are lost)",
+                     path_, std::strerror(err), spans_.size()),
+         io_error_hint(err, path_, "check the file system of --out") +
+             "; then run the same command again: it resumes after the results kept");
+  }
+
+  // Every line in index order, the invalid requests' error lines among the results.
+  void finish(const RequestSet& set) {
+    std::map<int64_t, std::string> errors;
+    for (const RequestError& e : set.errors) errors[e.index] = error_line(e);
+    if (!stream_) {
+      std::fclose(out_);
+      out_ = nullptr;
+      rewrite_in_order(path_, spans_, errors);
+      return;
+    }
+    lines_.merge(errors);
+    std::string text;
+    for (const auto& [index, line] : lines_) text += line + "\n";
+    write_file_atomic(path_, text);
+  }
+
+ private:
+  std::string path_;
+  bool stream_;
+  std::FILE* out_ = nullptr;
+  std::map<int64_t, LineSpan> spans_;     // a regular OUT's results
+  int64_t end_ = 0;                       // its size
+  std::map<int64_t, std::string> lines_;  // a stream's
+};
 
 // The text a generation adds to its prompt: the prompt and the new tokens decoded together,
 // less the prompt's text (decoded alone, a continuation can lose the space that joins it).
@@ -99,8 +194,8 @@ std::string result_of(const GenerationRequest& q, const Generation& g,
 
 // The requests without a result in OUT yet, said when there are some.
 std::vector<const GenerationRequest*> still_to_run(const RequestSet& set,
-                                                  const std::map<int64_t, std::string>& done,
-                                                  const std::string& out) {
+                                                   const std::map<int64_t, LineSpan>& done,
+                                                   const std::string& out) {
   std::vector<const GenerationRequest*> todo;
   for (const GenerationRequest& q : set.requests)
     if (!done.count(q.index)) todo.push_back(&q);
@@ -108,15 +203,6 @@ std::vector<const GenerationRequest*> still_to_run(const RequestSet& set,
     std::fprintf(stderr, "resuming: %zu of the %lld requests already have results in %s\n",
                  done.size(), static_cast<long long>(set.count), out.c_str());
   return todo;
-}
-
-// OUT in index order, the invalid lines among the results.
-void write_in_order(const std::string& path, std::map<int64_t, std::string> lines,
-                    const RequestSet& set) {
-  for (const RequestError& e : set.errors) lines[e.index] = error_line(e);
-  std::string text;
-  for (const auto& [index, line] : lines) text += line + "\n";
-  write_file_atomic(path, text);
 }
 
 }  // namespace
@@ -127,13 +213,13 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& o) {
   const RequestSet set = read_generation_requests(o.in, tok, model.config().max_seq_len,
                                                   o.defaults);
-  std::map<int64_t, std::string> lines = read_finished_results(o.out, set);
+  const std::map<int64_t, LineSpan> kept = read_finished_results(o.out, set);
   report_invalid(set, o);
-  const std::vector<const GenerationRequest*> todo = still_to_run(set, lines, o.out);
+  const std::vector<const GenerationRequest*> todo = still_to_run(set, kept, o.out);
   BatchSummary s;
   s.requests = set.count;
   s.invalid = static_cast<int64_t>(set.errors.size());
-  s.already_done = static_cast<int64_t>(lines.size());
+  s.already_done = static_cast<int64_t>(kept.size());
   for (const GenerationRequest* q : todo)
     s.prompt_tokens += static_cast<int64_t>(q->context.size());
 
@@ -144,17 +230,13 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
     fail(fmt::format("cannot write --trace '{}'", o.trace),
          "check that its directory exists and is writable");
   if (trace) std::fputs(kTraceHeader, trace);
-  // A regular OUT gets each result as it finishes (what a resume reads back); a pipe or
-  // device (/dev/stdout) gets the results once, in request order, at the end.
-  std::FILE* out = is_stream_file(o.out) ? nullptr : open_for_append(o.out, lines);
+  ResultsOut out(o.out, kept);
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
   const EngineStats stats = engine.run(
       todo,
       [&](const GenerationRequest& q, const Generation& g) {
-        const std::string line = result_of(q, g, tok);
-        if (out) append_result(out, line, o.out, lines.size());
-        lines[q.index] = line;
+        out.add(q.index, result_of(q, g, tok));
       },
       [&](const EngineStats& e) {
         if (trace)
@@ -171,7 +253,6 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                     format_bytes(static_cast<double>(e.kv_bytes))));
       });
   if (!o.quiet && !todo.empty()) progress.finish();
-  if (out) std::fclose(out);
   errno = 0;
   const bool trace_failed = trace && (std::fflush(trace) != 0 || std::ferror(trace) != 0);
   const int trace_errno = errno != 0 ? errno : EIO;
@@ -185,7 +266,7 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   s.steps = stats.steps;
   s.peak_kv_bytes = stats.peak_kv_bytes;
   s.kv_bytes_at_end = stats.kv_bytes;
-  write_in_order(o.out, lines, set);
+  out.finish(set);
   if (trace_failed)
     fail(fmt::format("cannot write --trace '{}': {} (the results in '{}' are complete)", o.trace,
                      std::strerror(trace_errno), o.out),

@@ -2,10 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "base/config_reader.h"
 #include "base/error.h"
@@ -184,58 +185,55 @@ std::string error_line(const RequestError& e) {
       -1, ' ', false, json::error_handler_t::replace);
 }
 
-std::map<int64_t, std::string> read_finished_results(const std::string& out_path,
-                                                     const RequestSet& set) {
-  std::map<int64_t, std::string> done;
+std::map<int64_t, LineSpan> read_finished_results(const std::string& out_path,
+                                                  const RequestSet& set) {
+  std::map<int64_t, LineSpan> done;
   if (is_stream_file(out_path)) return done;  // a pipe or device holds no earlier results
-  std::ifstream in(out_path);
+  std::ifstream in(out_path, std::ios::binary);
   if (!in) return done;
   std::map<int64_t, const GenerationRequest*> by_index;
   for (const GenerationRequest& q : set.requests) by_index[q.index] = &q;
-  std::stringstream all;
-  all << in.rdbuf();
-  const std::string content = all.str();
-  // A killed run's last line has no newline yet; every finished line has one.
-  const bool cut_short = !content.empty() && content.back() != '\n';
-  std::vector<std::string> lines;
-  std::stringstream split(content);
-  for (std::string text; std::getline(split, text);) lines.push_back(text);
-  const auto not_ours = [&](size_t i, const std::string& why) {
-    fail(fmt::format("--out '{}' line {}: {}", out_path, i + 1, why),
+  const auto not_ours = [&](int64_t number, const std::string& why) {
+    fail(fmt::format("--out '{}' line {}: {}", out_path, number, why),
          "it is not the results of these requests: pass another --out, or remove the file "
          "to start over");
   };
-  for (size_t i = 0; i < lines.size(); ++i) {
-    if (lines[i].empty()) continue;
+  int64_t offset = 0, number = 0;
+  for (std::string line; std::getline(in, line); offset += static_cast<int64_t>(line.size()) + 1) {
+    ++number;
+    // A killed run's last line has no newline yet; every finished line has one.
+    const bool cut_short = in.eof();
+    if (line.empty()) continue;
     json j;
     try {
-      j = json::parse(lines[i]);
+      j = json::parse(line);
     } catch (const json::parse_error&) {
       // (a result line starts with its first key, "finish_reason", or an error line's "error";
       // a line cut within that key is a start of it)
       const auto starts_as = [&](std::string_view head) {
-        return lines[i].rfind(head, 0) == 0 || head.rfind(lines[i], 0) == 0;
+        return line.rfind(head, 0) == 0 || head.rfind(line, 0) == 0;
       };
-      if (i + 1 == lines.size() && cut_short &&
-          (starts_as("{\"finish_reason\":") || starts_as("{\"error\":")))
-        break;
-      not_ours(i, "not JSON");
+      if (cut_short && (starts_as("{\"finish_reason\":") || starts_as("{\"error\":"))) break;
+      not_ours(number, "not JSON");
     }
     if (!j.is_object() || !j.contains("index") || !j["index"].is_number_integer())
-      not_ours(i, "not a result of `foundry generate --batch` (no \"index\")");
+      not_ours(number, "not a result of `foundry generate --batch` (no \"index\")");
     const int64_t index = j["index"].get<int64_t>();
     if (j.contains("error")) continue;
     if (!j.contains("request") || !j.contains("token_ids") || !j.contains("text"))
-      not_ours(i, "not a result of `foundry generate --batch`");
+      not_ours(number, "not a result of `foundry generate --batch`");
     const auto q = by_index.find(index);
     if (q == by_index.end() || j["request"] != hash64_hex(q->second->key))
-      not_ours(i, fmt::format("the result of request {} was made for another request (its "
-                              "prompt, or -n, --seed, --temperature, --top-k, --top-p or "
-                              "--ignore-eos where it does not say), or by another model "
-                              "(checkpoint, tokenizer, precision or device)",
-                              index));
-    done[index] = lines[i];
+      not_ours(number, fmt::format("the result of request {} was made for another request (its "
+                                   "prompt, or -n, --seed, --temperature, --top-k, --top-p or "
+                                   "--ignore-eos where it does not say), or by another model "
+                                   "(checkpoint, tokenizer, precision or device)",
+                                   index));
+    done[index] = {offset, static_cast<int64_t>(line.size())};
   }
+  if (in.bad())
+    fail(fmt::format("cannot read --out '{}': {}", out_path, std::strerror(errno)),
+         io_error_hint(errno, out_path, "check the file system of --out"));
   return done;
 }
 

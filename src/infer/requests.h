@@ -76,13 +76,19 @@ struct GenerationResult {
 std::string result_line(const GenerationResult& result);
 std::string error_line(const RequestError& error);
 
+// Where a line is in its file: its first byte, and its length without the newline.
+struct LineSpan {
+  int64_t offset = 0, bytes = 0;
+};
+
 // The results an earlier run wrote to `out_path` (none when it does not exist), by index, for
-// the requests of `set`. A last line cut short (a killed run: `{"…` without its newline) is
+// the requests of `set`: where their lines are (the file is read a line at a time; a request's
+// last line counts). A last line cut short (a killed run: `{"…` without its newline) is
 // dropped; error lines are not results (they are written again). Fails (Error, naming the
 // file and line) when OUT holds something else: a line that is not a result of `generate
 // --batch`, or a result whose request is not the one at its index in `set` (OUT belongs to
 // another input).
-std::map<int64_t, std::string> read_finished_results(const std::string& out_path,
-                                                     const RequestSet& set);
+std::map<int64_t, LineSpan> read_finished_results(const std::string& out_path,
+                                                  const RequestSet& set);
 
 }  // namespace foundry::infer

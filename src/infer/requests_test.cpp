@@ -145,8 +145,14 @@ TEST(Requests, FinishedResultsAreThoseOfTheseRequests) {
                       "\n" + result_line(r1).substr(0, 30));
   const auto done = read_finished_results(out, set);
   ASSERT_EQ(done.size(), 2u);
-  EXPECT_EQ(done.at(0), result_line(r0));
-  EXPECT_EQ(done.at(2), result_line(r2));
+  const std::string text = read_text_file(out);
+  const auto line_at = [&](const LineSpan& span) { return text.substr(span.offset, span.bytes); };
+  EXPECT_EQ(line_at(done.at(0)), result_line(r0));
+  EXPECT_EQ(line_at(done.at(2)), result_line(r2));
+  // A request's last line counts.
+  write_file(out, result_line(r0) + "\n" + result_line(r2) + "\n" + result_line(r0) + "\n");
+  EXPECT_EQ(read_finished_results(out, set).at(0).offset,
+            static_cast<int64_t>(result_line(r0).size() + result_line(r2).size() + 2));
   EXPECT_TRUE(read_finished_results(dir.file("none.jsonl"), set).empty());
 
   // A result for another request at that index, or a file of something else: refused.
