@@ -7,6 +7,8 @@
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
+#include <iterator>
 #include <string>
 #include <thread>
 
@@ -91,6 +93,35 @@ TEST(WriteFileAtomic, FollowsLinksAndWritesPipesAsTheyAre) {
   EXPECT_EQ(got, "through the pipe\n");
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// Pieces small and large (past the writer's buffer) make the file, which appears whole only at
+// commit(); a writer dropped before it leaves the old file and no temporary one.
+TEST(AtomicFileWriter, ReplacesTheFileAtCommitOnly) {
+  TempDir dir;
+  const std::string path = dir.file("out.jsonl");
+  write_file_atomic(path, "old\n");
+  const std::string large(3 << 20, 'x');
+  {
+    AtomicFileWriter file(path);
+    file.write("a\n");
+    file.write(large);
+    file.write("b\n");
+    EXPECT_EQ(read_text_file(path), "old\n");
+  }  // dropped
+  EXPECT_EQ(read_text_file(path), "old\n");
+  const auto entries = [&] {
+    return std::distance(std::filesystem::directory_iterator(dir.path()),
+                         std::filesystem::directory_iterator());
+  };
+  EXPECT_EQ(entries(), 1) << "the temporary file was removed";
+  AtomicFileWriter file(path);
+  file.write("a\n");
+  file.write(large);
+  file.write("b\n");
+  file.commit();
+  EXPECT_EQ(read_text_file(path), "a\n" + large + "b\n");
+  EXPECT_EQ(entries(), 1);
 }
 
 // What a failed command made is taken back: the directories it created, while empty, and
