@@ -94,6 +94,28 @@ else bad "resume: $(cat resume.log)"; diff resumed.jsonl out.jsonl; fi
 cmp -s piped.jsonl out.jsonl && ok "--out /dev/stdout writes the results to the pipe, in order" \
   || { bad "generate --batch --out /dev/stdout"; diff piped.jsonl out.jsonl; }
 
+# SIGINT part way: the run stops after its step with exit 75, OUT holds the results finished so
+# far in request order, and the same command resumes to the file of an uninterrupted run.
+python3 -c "
+for i in range(3000): print('{\"prompt\": \"the expert router %d\", \"max_new_tokens\": 12, \"seed\": %d}' % (i, i))
+" >many.jsonl
+"$FOUNDRY" generate -c tiny.json --batch many.jsonl --out many_whole.jsonl -q >/dev/null 2>&1
+"$FOUNDRY" generate -c tiny.json --batch many.jsonl --out many.out -q >int.log 2>&1 &
+pid=$!
+for _ in $(seq 1 600); do [ -s many.out ] && break; sleep 0.05; done
+kill -INT "$pid"
+wait "$pid"; rc=$?
+python3 - <<'PY' && ok "SIGINT: exit $rc, the results so far in request order" || bad "SIGINT: exit $rc, $(cat int.log)"
+import json, re
+idx = [json.loads(l)["index"] for l in open("many.out")]
+n = int(re.search(r"interrupted by SIGINT: (\d+) of the 3000 requests have their results in many.out", open("int.log").read()).group(1))
+assert 0 < len(idx) == n < 3000 and idx == sorted(idx), (len(idx), n)
+PY
+[ "$rc" = 75 ] || bad "SIGINT: exit $rc, not 75"
+"$FOUNDRY" generate -c tiny.json --batch many.jsonl --out many.out -q >resumed_int.log 2>&1 \
+  && cmp -s many.out many_whole.jsonl && ok "the interrupted run resumes to the same file" \
+  || bad "resume after SIGINT: $(cat resumed_int.log)"
+
 # Results of another model (here: the same checkpoint in bf16) are not kept as this one's.
 cp out.jsonl kept.jsonl
 if "$FOUNDRY" generate -c tiny.json --batch req.jsonl --out kept.jsonl -q --set train.precision=bf16 \

@@ -1,6 +1,7 @@
 // foundry train | eval | generate (the work of eval and generate is in train/ and infer/)
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -274,6 +275,15 @@ void run_generate_batch(const GenArgs& g, infer::Schedule schedule, const RunCon
   if (o.engine.schedule == infer::Schedule::lru)
     std::fprintf(report, " | %lld cached prefixes evicted", static_cast<long long>(s.evictions));
   std::fprintf(report, "\n");
+  if (s.interrupted_by != 0) {
+    std::fprintf(stderr,
+                 "interrupted by %s: %lld of the %lld requests have their results in %s; run "
+                 "the same command again to generate the rest\n",
+                 s.interrupted_by == SIGINT ? "SIGINT" : "SIGTERM",
+                 static_cast<long long>(s.already_done + s.generated),
+                 static_cast<long long>(s.requests - s.invalid), g.out.c_str());
+    set_exit_code(kExitInterrupted);
+  }
 }
 
 // The options of --batch mean nothing to one prompt: given with --prompt, they are refused

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -20,6 +21,7 @@
 #include "ckpt/checkpoint_dir.h"
 #include "infer/engine.h"
 #include "infer/generation.h"
+#include "train/signals.h"
 
 namespace foundry::infer {
 namespace {
@@ -209,6 +211,54 @@ std::vector<const GenerationRequest*> still_to_run(const RequestSet& set,
 
 bool is_batch_trace(const std::string& contents) { return contents.rfind(kTraceHeader, 0) == 0; }
 
+namespace {
+
+// --trace: a line per engine step; write errors are reported at the end (the results are
+// complete by then).
+class TraceFile {
+ public:
+  explicit TraceFile(const std::string& path) {
+    if (path.empty()) return;
+    file_ = std::fopen(path.c_str(), "wb");
+    if (!file_)
+      fail(fmt::format("cannot write --trace '{}'", path),
+           "check that its directory exists and is writable");
+    std::fputs(kTraceHeader, file_);
+  }
+  ~TraceFile() {
+    if (file_) std::fclose(file_);
+  }
+  TraceFile(const TraceFile&) = delete;
+  TraceFile& operator=(const TraceFile&) = delete;
+
+  void step(double seconds, const EngineStats& e) {
+    if (!file_) return;
+    std::fprintf(file_, "%.4f\t%lld\t%lld\t%lld\t%lld\t%lld\t%lld\n", seconds,
+                 static_cast<long long>(e.requests_done),
+                 static_cast<long long>(e.generated_tokens), static_cast<long long>(e.kv_bytes),
+                 static_cast<long long>(e.running), static_cast<long long>(e.prefill_tokens),
+                 static_cast<long long>(e.decode_tokens));
+  }
+  // Closes it: the errno of a write that failed (0: none did).
+  int close() {
+    if (!file_) return 0;
+    errno = 0;
+    const bool failed = std::fflush(file_) != 0 || std::ferror(file_) != 0;
+    const int err = failed ? (errno != 0 ? errno : EIO) : 0;
+    std::fclose(std::exchange(file_, nullptr));
+    return err;
+  }
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// Thrown from the engine's progress callback after a SIGINT or SIGTERM: the run stops after
+// the step it was in, with the results finished so far.
+struct Interrupted {};
+
+}  // namespace
+
 BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                                   const BatchOptions& o) {
   const RequestSet set = read_generation_requests(o.in, tok, model.config().max_seq_len,
@@ -225,38 +275,34 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
 
   GenerationEngine engine(model, tok.eos_id(), o.engine);
   engine.check_budget(todo);  // before OUT is touched
-  std::FILE* trace = o.trace.empty() ? nullptr : std::fopen(o.trace.c_str(), "wb");
-  if (!o.trace.empty() && !trace)
-    fail(fmt::format("cannot write --trace '{}'", o.trace),
-         "check that its directory exists and is writable");
-  if (trace) std::fputs(kTraceHeader, trace);
+  TraceFile trace(o.trace);
   ResultsOut out(o.out, kept);
+  // From here a signal stops the run after its step, and OUT is still written in order.
+  StopSignals signals(/*block_on_workers=*/true);  // decoding runs oneDNN on OpenMP threads
   const double start = now_seconds();
   Progress progress("generate --batch", static_cast<int64_t>(todo.size()), "requests");
-  const EngineStats stats = engine.run(
-      todo,
-      [&](const GenerationRequest& q, const Generation& g) {
-        out.add(q.index, result_of(q, g, tok));
-      },
-      [&](const EngineStats& e) {
-        if (trace)
-          std::fprintf(trace, "%.4f\t%lld\t%lld\t%lld\t%lld\t%lld\t%lld\n",
-                       now_seconds() - start, static_cast<long long>(e.requests_done),
-                       static_cast<long long>(e.generated_tokens),
-                       static_cast<long long>(e.kv_bytes), static_cast<long long>(e.running),
-                       static_cast<long long>(e.prefill_tokens),
-                       static_cast<long long>(e.decode_tokens));
-        if (o.quiet) return;
-        progress.update(e.requests_done,
-                        fmt::format("{:.0f} tokens/s, KV {}",
-                                    e.generated_tokens / std::max(1e-9, now_seconds() - start),
-                                    format_bytes(static_cast<double>(e.kv_bytes))));
-      });
-  if (!o.quiet && !todo.empty()) progress.finish();
-  errno = 0;
-  const bool trace_failed = trace && (std::fflush(trace) != 0 || std::ferror(trace) != 0);
-  const int trace_errno = errno != 0 ? errno : EIO;
-  if (trace) std::fclose(trace);
+  EngineStats stats;
+  try {
+    stats = engine.run(
+        todo,
+        [&](const GenerationRequest& q, const Generation& g) {
+          out.add(q.index, result_of(q, g, tok));
+        },
+        [&](const EngineStats& e) {
+          stats = e;
+          trace.step(now_seconds() - start, e);
+          if (!o.quiet)
+            progress.update(e.requests_done,
+                            fmt::format("{:.0f} tokens/s, KV {}",
+                                        e.generated_tokens / std::max(1e-9, now_seconds() - start),
+                                        format_bytes(static_cast<double>(e.kv_bytes))));
+          if (signals.received()) throw Interrupted{};
+        });
+    if (!o.quiet && !todo.empty()) progress.finish();
+  } catch (const Interrupted&) {
+    s.interrupted_by = signals.received();
+  }
+  const int trace_errno = trace.close();
   s.seconds = now_seconds() - start;
   s.evictions = stats.evictions;
   s.generated = stats.requests_done;
@@ -267,9 +313,10 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
   s.peak_kv_bytes = stats.peak_kv_bytes;
   s.kv_bytes_at_end = stats.kv_bytes;
   out.finish(set);
-  if (trace_failed)
-    fail(fmt::format("cannot write --trace '{}': {} (the results in '{}' are complete)", o.trace,
-                     std::strerror(trace_errno), o.out),
+  if (trace_errno != 0)
+    fail(fmt::format("cannot write --trace '{}': {} (the results in '{}' are {})", o.trace,
+                     std::strerror(trace_errno), o.out,
+                     s.interrupted_by ? "those finished" : "complete"),
          io_error_hint(trace_errno, o.trace, "check the file system of the trace"));
   return s;
 }

@@ -42,6 +42,7 @@ struct BatchSummary {
   int64_t peak_kv_bytes = 0, kv_bytes_at_end = 0;  // KV segments alive at once
   int64_t evictions = 0;         // schedule lru
   double seconds = 0;
+  int interrupted_by = 0;  // SIGINT or SIGTERM stopped the run (0: it ran to the end)
 };
 
 // Whether `contents` is a --trace this writes (its header line first): what --trace may
