@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "base/error.h"
+#include "base/page_slab.h"
+#include "base/slab_range.h"
 #include "base/timer.h"
 #include "kernels/backend.h"
 
@@ -15,12 +17,27 @@ namespace {
 
 // One state slab (laid out like the part of the parameter slab) in the backend's memory, with
 // its host copy once a checkpoint is saved or loaded through host memory (released after a
-// load's upload).
+// load's upload). Only the ranges of the tensors its optimizer updates take memory: the rest
+// of the part (Muon's matrices in AdamW's slabs, everything else in Muon's) are the slab's
+// holes, and the host copy's pages there are never written.
 struct StateSlab {
   std::string name;
+  SlabRanges kept;  // of the part, sorted
   BackendBuffer device;
-  std::vector<float> host;  // allocated at the first save or load
+  PageSlab<float> host;  // allocated at the first save or load
 };
+
+// `ranges` sorted, with adjacent ones joined.
+SlabRanges joined(SlabRanges ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  SlabRanges out;
+  for (const SlabRange& r : ranges)
+    if (!out.empty() && out.back().end == r.begin)
+      out.back().end = r.end;
+    else
+      out.push_back(r);
+  return out;
+}
 
 class DeviceOptimizer final : public DataParallelOptimizer {
  public:
@@ -37,14 +54,26 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     const SlabRange r = range_;
     FOUNDRY_CHECK(r.begin >= 0 && r.end <= table.total_elements() && r.begin <= r.end);
     const int64_t bytes = r.size() * static_cast<int64_t>(sizeof(float));
-    auto add_slab = [&](const std::string& name) {
-      slabs_.push_back({name, BackendBuffer(backend, bytes), {}});
-      if (bytes > 0) backend.zero(slabs_.back().device.as<void>(), bytes);
+    SlabRanges adam_kept, muon_kept;
+    for (const ParamInfo& p : table.params()) {
+      const SlabRange in = intersect({p.offset, p.offset + p.numel}, r);
+      if (in.size() == 0) continue;
+      const SlabRange local{in.begin - r.begin, in.end - r.begin};
+      if (updated_by_adamw(p))
+        adam_kept.push_back(local);
+      else if (options.muon && muon_applies(p))
+        muon_kept.push_back(local);
+    }
+    // Zeroed, as allocate_slab gives them.
+    auto add_slab = [&](const std::string& name, const SlabRanges& kept) {
+      const ByteRanges holes =
+          to_byte_ranges(complement(kept, r.size()), static_cast<int64_t>(sizeof(float)));
+      slabs_.push_back({name, kept, BackendBuffer::slab(backend, bytes, holes), {}});
     };
-    for (const std::string& name : AdamW::state_names()) add_slab(name);
+    for (const std::string& name : AdamW::state_names()) add_slab(name, joined(adam_kept));
     if (options.muon) {
       muon_.emplace(table, *options.muon);  // checks the options; its tensors are Muon's
-      add_slab(Muon::state_names().front());
+      add_slab(Muon::state_names().front(), joined(muon_kept));
       for (const ParamInfo& t : muon_->tensors()) {
         const SlabRange in = intersect({t.offset, t.offset + t.numel}, r);
         if (in.size() == 0) continue;
@@ -97,9 +126,11 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     return true;
   }
 
+  // The state's own bytes (its slabs' holes take none, up to the device's chunk granularity).
   int64_t state_bytes() const override {
     int64_t n = 0;
-    for (const StateSlab& s : slabs_) n += s.device.bytes();
+    for (const StateSlab& s : slabs_)
+      for (const SlabRange& k : s.kept) n += k.size() * static_cast<int64_t>(sizeof(float));
     return n;
   }
   SlabRange parameters_to_save() const override { return range_; }
@@ -108,8 +139,9 @@ class DeviceOptimizer final : public DataParallelOptimizer {
     upload_loaded_state();
     for (StateSlab& s : slabs_) {
       host_copy(s);
-      if (s.device.bytes() > 0)
-        backend_.to_host(s.host.data(), s.device.as<void>(), s.device.bytes());
+      for (const SlabRange& k : s.kept)
+        backend_.to_host(s.host.data() + k.begin, s.device.as<float>() + k.begin,
+                         k.size() * static_cast<int64_t>(sizeof(float)));
     }
     return runs();
   }
@@ -144,7 +176,7 @@ class DeviceOptimizer final : public DataParallelOptimizer {
   }
 
   void host_copy(StateSlab& s) const {
-    if (s.host.empty()) s.host.assign(static_cast<size_t>(range_.size()), 0.0f);
+    if (s.host.empty()) s.host = PageSlab<float>(static_cast<size_t>(range_.size()));
   }
 
   // Each tensor's state (its elements in the part) in the slabs of the optimizer that updates
@@ -170,9 +202,10 @@ class DeviceOptimizer final : public DataParallelOptimizer {
   void upload_loaded_state() {
     if (!loaded_) return;
     for (StateSlab& s : slabs_) {
-      if (s.device.bytes() > 0)
-        backend_.from_host(s.device.as<void>(), s.host.data(), s.device.bytes());
-      std::vector<float>().swap(s.host);  // made again if a save needs it
+      for (const SlabRange& k : s.kept)
+        backend_.from_host(s.device.as<float>() + k.begin, s.host.data() + k.begin,
+                           k.size() * static_cast<int64_t>(sizeof(float)));
+      s.host = PageSlab<float>();  // made again if a save needs it
     }
     loaded_ = false;
   }

@@ -109,6 +109,11 @@ TEST_P(DeviceOptimizerOnCpu, PartsTakeTheWholeStepTogether) {
   EXPECT_TRUE(test::bitwise_equal(assembled, ref));
   EXPECT_NEAR(sums, ref_norm * ref_norm, 1e-9 * ref_norm * ref_norm);
   EXPECT_EQ(state_bytes, whole->state_bytes());  // the parts' state is the whole's, split
+  // Each tensor's state is its optimizer's alone: AdamW's two moments, or Muon's momentum.
+  int64_t expected = 0;
+  for (const ParamInfo& p : table.params())
+    expected += p.numel * (with_muon && muon_applies(p) ? 4 : 8);
+  EXPECT_EQ(whole->state_bytes(), expected);
 
   if (!with_muon) return;
   const ParamInfo* matrix = nullptr;

@@ -100,13 +100,15 @@ class LocalOptimizer final : public DataParallelOptimizer {
     return true;
   }
 
+  // The state its tensors use: AdamW's two moments of the tensors it updates, Muon's momentum
+  // of its matrices (the slabs' pages elsewhere are never written, and take no memory).
   int64_t state_bytes() const override {
     int64_t n = 0;
-    for (const std::string& name : AdamW::state_names())
-      n += static_cast<int64_t>(adam_.state(name).size());
-    if (muon_)
-      for (const std::string& name : Muon::state_names())
-        n += static_cast<int64_t>(muon_->state(name).size());
+    for (const ParamInfo& p : table_.params())
+      if (muon_ && muon_applies(p))
+        n += p.numel * static_cast<int64_t>(Muon::state_names().size());
+      else if (adam_.updates(p))
+        n += p.numel * static_cast<int64_t>(AdamW::state_names().size());
     return n * static_cast<int64_t>(sizeof(float));
   }
   SlabRange parameters_to_save() const override { return {0, table_.total_elements()}; }
