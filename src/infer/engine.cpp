@@ -318,7 +318,7 @@ class Run {
     r.pending = -1;
     ++stats_.requests_done;
     r.own.reset();
-    r.chain.clear();
+    std::vector<Segment*>().swap(r.chain);
     stats_.kv_bytes -= r.own_bytes;
     ++clock_;
     for (int32_t n : tree_.path_to(r.node)) {
@@ -327,6 +327,7 @@ class Run {
       if (--node.users == 0 && !lru_) release(n);
     }
     done_(*r.q, r.gen);
+    r.gen = Generation();  // reported: a finished request keeps nothing but its flags
   }
 
   Model& model_;
