@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -228,6 +229,70 @@ void write_file_atomic(const std::string& given, const void* data, size_t bytes)
   AtomicFileWriter file(given);
   file.write(data, bytes);
   file.commit();
+}
+
+namespace {
+
+constexpr int64_t kLineBlockBytes = int64_t{1} << 16;
+
+// An open descriptor of `path` for reading (-1: no such file), closed with the object.
+struct ReadFd {
+  explicit ReadFd(const std::string& path) : fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)) {
+    if (fd < 0 && errno != ENOENT) fail_errno("open", path);
+  }
+  ~ReadFd() {
+    if (fd >= 0) ::close(fd);
+  }
+  ReadFd(const ReadFd&) = delete;
+  ReadFd& operator=(const ReadFd&) = delete;
+  int fd;
+};
+
+}  // namespace
+
+void for_each_line_from_end(
+    const std::string& path,
+    const std::function<bool(std::string_view line, int64_t offset)>& visit) {
+  const ReadFd file(path);
+  struct stat st {};
+  if (file.fd < 0) return;
+  if (::fstat(file.fd, &st) != 0) fail_errno("stat", path);
+  int64_t pos = st.st_size;
+  if (pos == 0) return;
+  std::string pending;  // the file's bytes [pos, the end of the lines not visited yet)
+  for (bool last_block = true; pos > 0; last_block = false) {
+    const int64_t n = std::min(kLineBlockBytes, pos);
+    pos -= n;
+    std::string block(static_cast<size_t>(n), '\0');
+    for (int64_t done = 0; done < n;) {
+      const ssize_t got = ::pread(file.fd, block.data() + done, static_cast<size_t>(n - done),
+                                  static_cast<off_t>(pos + done));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) fail_errno("read", path);
+      done += got;
+    }
+    pending.insert(0, block);
+    if (last_block && pending.back() == '\n') pending.pop_back();
+    for (size_t nl; (nl = pending.rfind('\n')) != std::string::npos; pending.resize(nl))
+      if (!visit(std::string_view(pending).substr(nl + 1), pos + static_cast<int64_t>(nl) + 1))
+        return;
+  }
+  visit(pending, 0);
+}
+
+int64_t count_lines(const std::string& path) {
+  const ReadFd file(path);
+  if (file.fd < 0) return 0;
+  std::string block(static_cast<size_t>(kLineBlockBytes), '\0');
+  int64_t lines = 0;
+  char last = '\n';
+  for (ssize_t got; (got = ::read(file.fd, block.data(), block.size())) != 0;) {
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) fail_errno("read", path);
+    lines += std::count(block.data(), block.data() + got, '\n');
+    last = block[static_cast<size_t>(got) - 1];
+  }
+  return lines + (last != '\n');
 }
 
 // Through a symbolic link: the file it names is replaced, and the link stays.

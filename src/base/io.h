@@ -28,6 +28,18 @@ inline void write_file_atomic(const std::string& path, std::string_view text) {
   write_file_atomic(path, text.data(), text.size());
 }
 
+// The lines of a text file from its last to its first, read backwards a block at a time (a
+// log that grows a line a step is read at its end only): `visit(line, offset)` gets each line
+// without its newline and where it starts, until it returns false. A final newline ends the
+// last line (no empty line after it); a last line without one is visited as it is. A missing
+// file has no lines.
+void for_each_line_from_end(
+    const std::string& path,
+    const std::function<bool(std::string_view line, int64_t offset)>& visit);
+// The file's lines (a last one without its newline counts), read a block at a time; 0 for a
+// missing file.
+int64_t count_lines(const std::string& path);
+
 // A file written in pieces, then replaced atomically at commit() as write_file_atomic replaces
 // one ("<path>.tmp.<pid>", fsynced, renamed, the directory fsynced; a symbolic link followed).
 // For regular files (and new ones) only. Dropped before commit(), the temporary file goes.

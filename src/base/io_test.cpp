@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/error.h"
 #include "base/test_expect_error.h"
@@ -93,6 +95,48 @@ TEST(WriteFileAtomic, FollowsLinksAndWritesPipesAsTheyAre) {
   EXPECT_EQ(got, "through the pipe\n");
   ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
+}
+
+// Lines across the backward reader's blocks, a line longer than a block, empty lines, a last
+// line with and without its newline, an early stop, a missing file; and the count of lines.
+TEST(FileLines, ReadFromTheEndAndCounted) {
+  TempDir dir;
+  const std::string path = dir.file("log.txt");
+  std::vector<std::string> lines;
+  for (int i = 0; i < 3000; ++i) lines.push_back("line " + std::to_string(i));
+  lines[1500] = std::string(200000, 'x');
+  lines[10] = "";
+  std::string text;
+  for (const std::string& line : lines) text += line + "\n";
+  for (const bool final_newline : {true, false}) {
+    write_file_atomic(path, final_newline ? text : text.substr(0, text.size() - 1));
+    std::vector<std::string> seen;
+    std::vector<int64_t> offsets;
+    for_each_line_from_end(path, [&](std::string_view line, int64_t offset) {
+      seen.emplace_back(line);
+      offsets.push_back(offset);
+      return true;
+    });
+    std::reverse(seen.begin(), seen.end());
+    std::reverse(offsets.begin(), offsets.end());
+    EXPECT_EQ(seen, lines) << "final newline " << final_newline;
+    for (size_t i = 0; i < lines.size(); ++i)
+      ASSERT_EQ(text.substr(static_cast<size_t>(offsets[i]), lines[i].size()), lines[i]) << i;
+    EXPECT_EQ(count_lines(path), 3000);
+  }
+  int visits = 0;
+  for_each_line_from_end(path, [&](std::string_view line, int64_t) {
+    ++visits;
+    return line != "line 2998";
+  });
+  EXPECT_EQ(visits, 2);
+  for_each_line_from_end(dir.file("absent"), [](std::string_view, int64_t) {
+    ADD_FAILURE() << "a line of a missing file";
+    return true;
+  });
+  EXPECT_EQ(count_lines(dir.file("absent")), 0);
+  write_file_atomic(path, "");
+  EXPECT_EQ(count_lines(path), 0);
 }
 
 // Pieces small and large (past the writer's buffer) make the file, which appears whole only at

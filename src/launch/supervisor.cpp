@@ -74,16 +74,14 @@ struct Attempt {
 
 // The last step in metrics.jsonl (heartbeats are a second behind).
 int64_t last_logged_step(const std::string& run_dir) {
-  const std::string path = run_dir + "/metrics.jsonl";
-  if (!path_exists(path)) return 0;
-  const std::string text = read_text_file(path);
-  size_t end = text.find_last_not_of('\n');
-  if (end == std::string::npos) return 0;
-  const size_t begin = text.rfind('\n', end);
+  std::string last;
+  for_each_line_from_end(run_dir + "/metrics.jsonl", [&](std::string_view line, int64_t) {
+    last = line;
+    return line.empty();
+  });
   try {
-    return json::parse(text.substr(begin == std::string::npos ? 0 : begin + 1, end + 1))
-        .value("step", int64_t{0});
-  } catch (const json::parse_error&) {
+    return last.empty() ? 0 : json::parse(last).value("step", int64_t{0});
+  } catch (const json::exception&) {
     return 0;  // torn by the failure
   }
 }

@@ -6,31 +6,41 @@
 
 #include <cerrno>
 #include <cstring>
-#include <sstream>
 
 #include "base/error.h"
 #include "base/io.h"
 
 namespace foundry {
 
+// The file grows a line a step (a long run's holds hundreds of MB): it is read back from its
+// end to the last line to keep, and cut there in place.
 int64_t truncate_metrics(const std::string& path, int64_t last_step) {
   if (!path_exists(path)) return 0;
-  std::istringstream in(read_text_file(path));
-  std::string line, kept;
-  int64_t last_kept = 0;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
+  int64_t keep_bytes = 0, last_kept = 0;
+  for_each_line_from_end(path, [&](std::string_view line, int64_t offset) {
+    if (line.empty()) return true;
     try {
-      json j = json::parse(line);
-      const int64_t step = j.value("step", int64_t{0});
-      if (step > last_step) continue;
+      const int64_t step = json::parse(line).value("step", int64_t{0});
+      if (step > last_step) return true;
       last_kept = step;
-    } catch (const json::parse_error&) {
-      continue;  // a torn last line from a crash
+      keep_bytes = offset + static_cast<int64_t>(line.size()) + 1;
+      return false;
+    } catch (const json::exception&) {
+      return true;  // a torn last line from a crash
     }
-    kept += line + "\n";
-  }
-  write_file_atomic(path, kept);
+  });
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  struct stat st {};
+  bool done = fd >= 0 && ::fstat(fd, &st) == 0;
+  if (done && keep_bytes < st.st_size) done = ::ftruncate(fd, keep_bytes) == 0;
+  // (a last line kept whole without its newline gets one)
+  if (done && keep_bytes > st.st_size) done = ::pwrite(fd, "\n", 1, st.st_size) == 1;
+  if (done) done = ::fsync(fd) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!done)
+    fail(fmt::format("cannot cut '{}' back to step {}: {}", path, last_step, std::strerror(err)),
+         io_error_hint(err, path, "check that the run directory is writable"));
   return last_kept;
 }
 

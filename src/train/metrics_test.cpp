@@ -21,6 +21,23 @@ TEST(Metrics, TruncateKeepsStepsUpToTheResumedOneAndDropsATornLine) {
   EXPECT_FALSE(path_exists(dir.path() + "/absent.jsonl"));
 }
 
+// A long run's file is cut at its end only: a last line kept whole without its newline gets
+// one, and the steps before stay byte for byte (several blocks of the backward read).
+TEST(Metrics, TruncateCutsALongFileAtItsEnd) {
+  TempDir dir;
+  const std::string path = dir.path() + "/metrics.jsonl";
+  std::string text;
+  for (int step = 1; step <= 5000; ++step)
+    text += "{\"step\":" + std::to_string(step) + ",\"loss\":1.25}\n";
+  write_file_atomic(path, text + "{\"step\":5001,\"loss\":1}");
+  EXPECT_EQ(truncate_metrics(path, 5001), 5001);
+  EXPECT_EQ(read_text_file(path), text + "{\"step\":5001,\"loss\":1}\n");
+  EXPECT_EQ(truncate_metrics(path, 2), 2);
+  EXPECT_EQ(read_text_file(path), "{\"step\":1,\"loss\":1.25}\n{\"step\":2,\"loss\":1.25}\n");
+  EXPECT_EQ(truncate_metrics(path, 0), 0);
+  EXPECT_EQ(read_text_file(path), "");
+}
+
 TEST(Metrics, WriterAppendsOneLinePerStepAfterTheResumedStep) {
   TempDir dir;
   const std::string path = dir.path() + "/metrics.jsonl";

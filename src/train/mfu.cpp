@@ -33,10 +33,11 @@ int64_t devices_in_job(const Processes& procs, bool device_is_host) {
 // The job peak the run directory's metrics.jsonl records last, if its source is `source`;
 // 0 when there is none.
 double earlier_measured_peak(const std::string& run_dir, const std::string& source) {
-  std::ifstream metrics(run_dir + "/metrics.jsonl");
-  std::string line, last;
-  while (std::getline(metrics, line))
-    if (!line.empty()) last = line;
+  std::string last;
+  for_each_line_from_end(run_dir + "/metrics.jsonl", [&](std::string_view line, int64_t) {
+    last = line;
+    return line.empty();
+  });
   const json m = json::parse(last, nullptr, /*allow_exceptions=*/false);
   if (!m.is_object() || m.value("peak_source", "") != source) return 0;
   const double gflops = m.value("peak_gflops", 0.0);

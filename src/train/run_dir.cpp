@@ -27,14 +27,6 @@
 namespace foundry {
 namespace {
 
-int64_t count_lines(const std::string& path) {
-  if (!path_exists(path)) return 0;
-  const std::string text = read_text_file(path);
-  int64_t lines = 0;
-  for (char c : text) lines += c == '\n';
-  return lines + (!text.empty() && text.back() != '\n');
-}
-
 LockHolder read_holder(const std::string& path) {
   LockHolder h;
   try {
