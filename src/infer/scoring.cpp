@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "base/config_reader.h"
@@ -202,6 +204,34 @@ std::vector<ChoiceScore> score_choices(Model& model, Model::DecodeState& state,
   return scores;
 }
 
+namespace {
+
+// One item scored: its line of OUT, and its counts added to `s`.
+std::string score_line(Model& model, Model::DecodeState& state, const ChoiceItem& item,
+                       ChoiceSummary& s) {
+  const std::vector<ChoiceScore> scores = score_choices(model, state, item);
+  int64_t best = 0, best_mean = 0;
+  json j = {{"index", item.index}};
+  for (size_t c = 0; c < scores.size(); ++c) {
+    j["scores"].push_back(scores[c].sum);
+    j["mean_logprobs"].push_back(scores[c].mean());
+    j["token_logprobs"].push_back(scores[c].token_logprobs);
+    if (scores[c].sum > scores[best].sum) best = static_cast<int64_t>(c);
+    if (scores[c].mean() > scores[best_mean].mean()) best_mean = static_cast<int64_t>(c);
+  }
+  j["prediction"] = best;
+  if (item.answer >= 0) {
+    j["answer"] = item.answer;
+    j["correct"] = best == item.answer;
+    ++s.with_answer;
+    s.correct += best == item.answer;
+    s.correct_by_mean += best_mean == item.answer;
+  }
+  return j.dump();
+}
+
+}  // namespace
+
 ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const std::string& in,
                               const std::string& out, bool quiet) {
   const ChoiceFile file = read_choice_items(in, tok, model.config().max_seq_len);
@@ -216,37 +246,37 @@ ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const st
   for (const RequestError& e : file.errors)
     warn(fmt::format("'{}' line {}: {} (skipped)", in, e.line, e.message));
   Model::DecodeState state = model.new_rows_state(kPromptRun);
-  std::map<int64_t, std::string> lines;
+  // OUT in index order as the items are scored (items and errors both come by index): a
+  // regular file through its staging copy, replaced at the end; a pipe or device gets the
+  // text at the end.
+  std::optional<AtomicFileWriter> writer;
+  if (!out.empty() && !is_stream_file(out)) writer.emplace(out);
+  std::string text;
+  const auto put = [&](const std::string& line) {
+    if (writer) {
+      writer->write(line);
+      writer->write("\n", 1);
+    } else if (!out.empty()) {
+      text += line + "\n";
+    }
+  };
+  auto error = file.errors.begin();
+  const auto put_errors_before = [&](int64_t index) {
+    for (; error != file.errors.end() && error->index < index; ++error) put(error_line(*error));
+  };
   Progress progress("eval --choices", static_cast<int64_t>(file.items.size()), "items");
+  int64_t scored = 0;
   for (const ChoiceItem& item : file.items) {
-    const std::vector<ChoiceScore> scores = score_choices(model, state, item);
-    int64_t best = 0, best_mean = 0;
-    json j = {{"index", item.index}};
-    for (size_t c = 0; c < scores.size(); ++c) {
-      j["scores"].push_back(scores[c].sum);
-      j["mean_logprobs"].push_back(scores[c].mean());
-      j["token_logprobs"].push_back(scores[c].token_logprobs);
-      if (scores[c].sum > scores[best].sum) best = static_cast<int64_t>(c);
-      if (scores[c].mean() > scores[best_mean].mean()) best_mean = static_cast<int64_t>(c);
-    }
-    j["prediction"] = best;
-    if (item.answer >= 0) {
-      j["answer"] = item.answer;
-      j["correct"] = best == item.answer;
-      ++s.with_answer;
-      s.correct += best == item.answer;
-      s.correct_by_mean += best_mean == item.answer;
-    }
-    lines[item.index] = j.dump();
-    if (!quiet) progress.update(static_cast<int64_t>(lines.size()));
+    put_errors_before(item.index);
+    put(score_line(model, state, item, s));
+    if (!quiet) progress.update(++scored);
   }
+  put_errors_before(std::numeric_limits<int64_t>::max());
   if (!quiet && !file.items.empty()) progress.finish();
-  if (!out.empty()) {
-    for (const RequestError& e : file.errors) lines[e.index] = error_line(e);
-    std::string text;
-    for (const auto& [index, line] : lines) text += line + "\n";
+  if (writer)
+    writer->commit();
+  else if (!out.empty())
     write_file_atomic(out, text);
-  }
   return s;
 }
 
