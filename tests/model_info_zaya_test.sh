@@ -72,7 +72,9 @@ groups = {g["name"]: g for g in j["param_groups"]}
 assert sum(g["params"] for g in j["param_groups"]) == p["total"]
 assert groups["experts (gate, up, down)"]["optimizer"] == "muon"
 assert groups["embedding (tied LM head)"]["optimizer"] == "adamw"
-assert j["memory_bytes"]["muon_momentum"] == 4 * p["total"]
+muon = sum(g["params"] for g in j["param_groups"] if g["optimizer"] == "muon")
+assert j["memory_bytes"]["muon_momentum"] == 4 * muon
+assert j["memory_bytes"]["adamw_state"] == 8 * (p["total"] - muon)
 PY
 then ok "--json: counts, groups and Muon state"; else bad "--json content"; fi
 
@@ -96,7 +98,8 @@ expect_fail "--ep that does not divide --dp" "--ep 3 must divide --dp 16" \
   "$FOUNDRY" model info --config "$CONFIG" --dp 16 --ep 3
 
 # ZeRO-1's per-rank total: the replicated slabs, the bf16 copies, the largest rank's optimizer
-# state and the activations of its batch / dp sequences (those of one process at --batch 8/4).
+# state, the activations of its batch / dp sequences (those of one process at --batch 8/4) and
+# its checkpoint snapshot.
 MB="$SRC/configs/moe-bench.json"
 for muon in adamw muon; do
   "$FOUNDRY" model info --config "$MB" --optimizer $muon --dp 4 --json >z1.json 2>&1 &&
@@ -108,8 +111,12 @@ z, one = (json.load(open(f)) for f in sys.argv[1:3])
 assert z["batch_size"] == 8, z["batch_size"]
 zero1, m = z["zero1"], one["memory_bytes"]
 expected = (zero1["replicated_bytes"] + m["weights_bf16"] + zero1["optimizer_bytes_per_rank_peak"]
-            + m["activations"] + m["backward_buffers"])
+            + m["activations"] + m["backward_buffers"] + zero1["checkpoint_snapshot_bytes"]
+            + zero1["memory_checkpoints_bytes"])
 assert zero1["bytes_per_rank_peak"] == expected, (zero1["bytes_per_rank_peak"], expected)
+# The asynchronous checkpoint's snapshot: a rank copies its shard and its state, a quarter
+# or so of one process's.
+assert 0 < 3 * zero1["checkpoint_snapshot_bytes"] < m["checkpoint_snapshot"], (zero1, m)
 assert zero1["bytes_per_rank_peak"] < m["total"]
 PY
   then ok "model info --dp 4 totals a rank's memory ($muon)"

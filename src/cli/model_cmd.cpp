@@ -13,6 +13,7 @@
 #include "model/info.h"
 #include "optim/muon.h"
 #include "optim/zero1.h"
+#include "train/preflight.h"
 #include "train/run_config.h"
 
 namespace foundry::cli {
@@ -50,9 +51,18 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
       o.optimizer.empty() ? rc.train.optimizer : parse_optimizer(o.optimizer).value();
   const bool muon = optimizer == OptimizerKind::muon;
   const int64_t cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
-  const ModelInfo info =
-      model_info(rc.model, batch, seq, precision, optimizer_name(optimizer),
-                 [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
+  ModelInfo info = model_info(
+      rc.model, batch, seq, precision, optimizer_name(optimizer),
+      [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
+  // The run's checkpoint copies, as the trainer's memory check counts them.
+  RunConfig run = rc;
+  run.train.optimizer = optimizer;
+  const auto copies = [&](int ranks) {
+    const int64_t snapshot = rank_checkpoint_bytes(run, ranks);
+    return std::pair{run.train.checkpoint_async ? snapshot : 0,
+                     run.train.memory_checkpoint_every > 0 ? 2 * snapshot : 0};
+  };
+  add_checkpoint_copies(info.memory, copies(1).first, copies(1).second);
   if (o.dp < 1)
     fail(fmt::format("--dp {} must be >= 1", o.dp),
          "pass the number of data-parallel ranks, or leave it out for one process");
@@ -73,7 +83,8 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
         estimate_memory(rc.model, std::max<int64_t>(1, batch / std::max<int64_t>(1, o.dp / cp)),
                         seq, precision, muon, cp);
     rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
-                 m.activations_bytes + m.backward_buffers_bytes;
+                 m.activations_bytes + m.backward_buffers_bytes +
+                 copies(static_cast<int>(o.dp)).first + copies(static_cast<int>(o.dp)).second;
     if (o.ep > 1)
       storage = expert_storage(table, Zero1Layout(table, static_cast<int>(o.dp), muon),
                                ExpertSharding(rc.model.n_experts, static_cast<int>(o.ep)));
@@ -88,7 +99,9 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
                       {"muon_momentum_bytes", zero1->peak.muon_momentum_bytes},
                       {"exchange_bytes", zero1->peak.exchange_bytes},
                       {"gather_everything_peak_bytes", zero1->gather_peak_bytes},
-                      {"replicated_bytes", zero1->replicated_bytes}};
+                      {"replicated_bytes", zero1->replicated_bytes},
+                      {"checkpoint_snapshot_bytes", copies(static_cast<int>(o.dp)).first},
+                      {"memory_checkpoints_bytes", copies(static_cast<int>(o.dp)).second}};
       if (o.ep == 1) out["zero1"]["bytes_per_rank_peak"] = rank_total;
     }
     if (storage)

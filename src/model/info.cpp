@@ -279,9 +279,15 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   m.weights_fp32_bytes = kF32Bytes * P;
   m.weights_bf16_bytes = precision == DType::bf16 ? kBf16Bytes * P : 0;
   m.grads_bytes = kF32Bytes * P;
-  // AdamW's slabs cover the whole table even when Muon updates the hidden matrices.
-  m.adamw_state_bytes = 2 * kF32Bytes * P;
-  m.muon_momentum_bytes = muon ? kF32Bytes * P : 0;
+  // Each tensor's state is its optimizer's: AdamW's two moments, or with Muon its momentum of
+  // the matrices (the other's slab ranges take no memory: optim/device_optimizer.cpp).
+  int64_t muon_elements = 0;
+  const ParamTable table(c);
+  if (muon)
+    for (const ParamInfo& p : table.params())
+      if (is_muon_matrix(p)) muon_elements += p.numel;
+  m.adamw_state_bytes = 2 * kF32Bytes * (P - muon_elements);
+  m.muon_momentum_bytes = kF32Bytes * muon_elements;
   m.optimizer_bytes = m.adamw_state_bytes + m.muon_momentum_bytes;
 
   if (c.is_zaya())
@@ -301,6 +307,14 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   m.total_bytes = m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes +
                   m.optimizer_bytes + m.activations_bytes + m.backward_buffers_bytes;
   return m;
+}
+
+void add_checkpoint_copies(MemoryEstimate& m, int64_t snapshot_bytes,
+                           int64_t memory_checkpoints_bytes) {
+  m.total_bytes += snapshot_bytes - m.checkpoint_snapshot_bytes + memory_checkpoints_bytes -
+                   m.memory_checkpoints_bytes;
+  m.checkpoint_snapshot_bytes = snapshot_bytes;
+  m.memory_checkpoints_bytes = memory_checkpoints_bytes;
 }
 
 int64_t decode_state_bytes(const ModelConfig& c, int64_t max_len, int64_t batch) {
@@ -497,7 +511,9 @@ json to_json(const ModelInfo& info) {
         {"attention_causal", f.attention_causal_flops},
         {"forward", f.forward_flops},
         {"train", f.train_flops},
-        {"attention_convention", "full T x T scores, not halved for the causal mask"}}},
+        {"attention_convention",
+         "attention: full T x T scores; attention_causal (what train counts): the causal "
+         "half, (T+1)/2 keys a query"}}},
       {"train_flops_per_step", info.train_flops_per_step},
       {"memory_bytes",
        {{"weights_fp32", m.weights_fp32_bytes},
@@ -508,6 +524,8 @@ json to_json(const ModelInfo& info) {
         {"muon_momentum", m.muon_momentum_bytes},
         {"activations", m.activations_bytes},
         {"backward_buffers", m.backward_buffers_bytes},
+        {"checkpoint_snapshot", m.checkpoint_snapshot_bytes},
+        {"memory_checkpoints", m.memory_checkpoints_bytes},
         {"total", m.total_bytes}}},
       {"activations", items_to_json(m.activations)},
       {"backward_buffers", items_to_json(m.backward_buffers)},
@@ -664,6 +682,10 @@ void describe_memory(InfoText& t, const ModelInfo& info) {
   if (m.muon_momentum_bytes) t.bytes_row("Muon momentum", m.muon_momentum_bytes);
   t.bytes_row("activations saved for backward", m.activations_bytes);
   t.bytes_row("backward working buffers", m.backward_buffers_bytes);
+  if (m.checkpoint_snapshot_bytes)
+    t.bytes_row("checkpoint snapshot (train.checkpoint_async)", m.checkpoint_snapshot_bytes);
+  if (m.memory_checkpoints_bytes)
+    t.bytes_row("in-memory checkpoints (two)", m.memory_checkpoints_bytes);
   t.bytes_row("total", m.total_bytes);
   t.line("");
   t.line(fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "

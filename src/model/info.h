@@ -184,11 +184,16 @@ struct MemoryEstimate {
   int64_t weights_fp32_bytes = 0;
   int64_t weights_bf16_bytes = 0;   // GEMM copies; 0 unless precision is bf16
   int64_t grads_bytes = 0;
-  int64_t adamw_state_bytes = 0;    // exp_avg + exp_avg_sq over the whole table, 8·P
-  int64_t muon_momentum_bytes = 0;  // 4·P with Muon, else 0
+  int64_t adamw_state_bytes = 0;    // exp_avg + exp_avg_sq of the tensors AdamW updates
+  int64_t muon_momentum_bytes = 0;  // with Muon, 4 bytes an element of its matrices; else 0
   int64_t optimizer_bytes = 0;      // adamw_state_bytes + muon_momentum_bytes
   int64_t activations_bytes = 0;    // saved by forward for backward
   int64_t backward_buffers_bytes = 0;
+  // What a training run keeps besides, set by the caller that knows the run's settings: the
+  // asynchronous checkpoint's snapshot (weights and optimizer state) and the in-memory tier's
+  // two checkpoints; 0 where the run has none.
+  int64_t checkpoint_snapshot_bytes = 0;
+  int64_t memory_checkpoints_bytes = 0;
   int64_t total_bytes = 0;
   std::vector<MemoryItem> activations;       // itemized activations_bytes
   std::vector<MemoryItem> backward_buffers;  // itemized backward_buffers_bytes
@@ -245,6 +250,9 @@ double expert_train_flops_per_token(const ModelConfig& config);
 // gathers the whole sequences' keys and values).
 MemoryEstimate estimate_memory(const ModelConfig& config, int64_t batch, int64_t seq,
                                DType precision, bool muon = false, int64_t context = 1);
+// Adds a run's checkpoint copies to `m` (and to its total).
+void add_checkpoint_copies(MemoryEstimate& m, int64_t snapshot_bytes,
+                           int64_t memory_checkpoints_bytes);
 
 // The bytes of a checkpoint of the whole model (format 2, all ranks together): the fp32
 // weights, AdamW's two moments of the tensors AdamW updates and, with `muon`, Muon's momentum

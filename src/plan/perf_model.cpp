@@ -784,8 +784,9 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
       for (const auto& it : *items)
         if (it.shape.find("T,T]") != std::string::npos) activations -= it.bytes;
   }
-  // Optimizer state per parameter it covers. One process: AdamW's two moments over the
-  // whole slab and, with Muon, Muon's momentum (12 or 8 bytes). ZeRO-1 over several ranks
+  // Optimizer state per parameter it covers. One process: AdamW's two moments of the tensors
+  // it updates and, with Muon, Muon's momentum of its matrices (8 or 4 bytes each). ZeRO-1
+  // over several ranks
   // (docs/zero1.md, "Memory per rank"): the reduced gradient shard (4), AdamW's moments of
   // the elements AdamW updates (8) and Muon's momentum of its matrices (4).
   const double P = double(count_parameters(config).total);
@@ -796,11 +797,18 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
       for (const auto& mat : muon_matrices(config)) muon += double(mat.rows * mat.cols) * mat.count;
     optimizer_per_param = 4 + (8 * (P - muon) + 4 * muon) / P;
   }
+  // On a CPU the asynchronous checkpoint's snapshot (the weights and the optimizer's state a
+  // device saves, copied) takes the same memory; a GPU's goes to host memory.
+  const bool snapshot = profile.kind != "gpu";
+  const double state_per_param = optimizer_per_param - (s.zero1 && s.dp > 1 ? 4 : 0);
   if (s.tp == 1 && s.pp == 1 && s.ep == 1) {
     const double shards = s.zero1 ? double(s.dp) : 1.0;
     const int64_t optimizer = int64_t(std::ceil(optimizer_per_param * P / shards));
-    return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer +
-           activations;
+    const int64_t copied =
+        snapshot ? int64_t(std::ceil((double(m.weights_fp32_bytes) + state_per_param * P) / shards))
+                 : 0;
+    return m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes + optimizer + activations +
+           copied;
   }
   // Model parallel: a device holds its part of the weights and gradients, its share of the
   // optimizer state, and 1/tp of the activations (1F1B keeps pp micro-batches of L/pp
@@ -808,8 +816,11 @@ int64_t predict_memory(const ModelConfig& config, const StepShape& s,
   const Layout lay = layout_of(config, s);
   const double held = (lay.dense_held + lay.expert_held) / lay.params;
   const double states = double(m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes);
-  return int64_t(held * states + optimizer_share(s, lay) * optimizer_per_param * P +
-                 double(activations) / double(s.tp));
+  const double optimizer = optimizer_share(s, lay) * optimizer_per_param * P;
+  const double copied =
+      snapshot ? held * double(m.weights_fp32_bytes) + optimizer_share(s, lay) * state_per_param * P
+               : 0.0;
+  return int64_t(held * states + optimizer + double(activations) / double(s.tp) + copied);
 }
 
 AttentionCoreSeconds attention_core_seconds(const HardwareProfile& profile, int64_t batch,

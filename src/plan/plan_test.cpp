@@ -142,9 +142,10 @@ TEST(PerfModel, CollectivesBeyondTheirMeasuredSizesAreNoted) {
 
 // ZeRO-1's memory per rank, as docs/zero1.md counts it: the replicated weights and gradients,
 // and a 1/dp share of the reduced gradient shard (4 B), AdamW's moments of what AdamW updates
-// (8 B) and Muon's momentum of its matrices (4 B); one process keeps AdamW's moments over the
-// whole slab and Muon's momentum besides. Muon's elements are counted here from the parameter
-// table, apart from the planner's own count by shape.
+// (8 B) and Muon's momentum of its matrices (4 B); one process keeps that state whole. On a
+// CPU the checkpoint snapshot copies the weights a rank saves (its share) and its state; a
+// GPU's goes to host memory. Muon's elements are counted here from the parameter table,
+// apart from the planner's own count by shape.
 TEST(PerfModel, ZeroOneMemoryIsTheShardedStateOfDocsZero1) {
   for (const char* config : {"moe-bench.json", "zaya-bench.json"})
     for (bool muon : {false, true}) {
@@ -162,13 +163,20 @@ TEST(PerfModel, ZeroOneMemoryIsTheShardedStateOfDocsZero1) {
           if (is_muon_matrix(info)) muon_elements += double(info.numel);
       const int64_t replicated = m.weights_fp32_bytes + m.weights_bf16_bytes + m.grads_bytes +
                                  m.activations_bytes + m.backward_buffers_bytes;
-      const HardwareProfile prof = flat_profile();
-      EXPECT_EQ(predict_step(c, s, prof).memory_bytes, replicated + int64_t(P) * (muon ? 12 : 8))
-          << config << " muon " << muon;
-      s.dp = 4;
-      const double sharded = 4 * P + 8 * (P - muon_elements) + 4 * muon_elements;
-      EXPECT_NEAR(double(predict_step(c, s, prof).memory_bytes - replicated), sharded / 4, 1.0)
-          << config << " muon " << muon;
+      const double state = 8 * (P - muon_elements) + 4 * muon_elements;
+      const double snapshot = double(m.weights_fp32_bytes) + state;
+      for (const char* kind : {"gpu", "cpu"}) {
+        const HardwareProfile prof = flat_profile(kind);
+        const double copied = std::string(kind) == "cpu" ? 1.0 : 0.0;
+        s.dp = 1;
+        EXPECT_NEAR(double(predict_step(c, s, prof).memory_bytes - replicated),
+                    state + copied * snapshot, 1.0)
+            << config << " muon " << muon << " " << kind;
+        s.dp = 4;
+        EXPECT_NEAR(double(predict_step(c, s, prof).memory_bytes - replicated),
+                    (4 * P + state + copied * snapshot) / 4, 2.0)
+            << config << " muon " << muon << " " << kind;
+      }
     }
 }
 
