@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "base/error.h"
@@ -324,9 +325,14 @@ void AtomicFileWriter::flush() {
 void AtomicFileWriter::commit() {
   FOUNDRY_CHECK(fd_ >= 0 && !committed_);
   flush();
-  const int fd = fd_;
-  fd_ = -1;
-  if (::fsync(fd) != 0 || ::close(fd) != 0) fail_errno("fsync", tmp_);
+  const int fd = std::exchange(fd_, -1);
+  const bool synced = ::fsync(fd) == 0;
+  const int err = errno;
+  const bool closed = ::close(fd) == 0;
+  if (!synced || !closed) {
+    if (!synced) errno = err;
+    fail_errno(synced ? "close" : "fsync", tmp_);
+  }
   if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail_errno("rename into", path_);
   committed_ = true;
   const std::string dir = std::filesystem::path(path_).parent_path().string();

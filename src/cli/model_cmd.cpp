@@ -54,9 +54,10 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   ModelInfo info = model_info(
       rc.model, batch, seq, precision, optimizer_name(optimizer),
       [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
-  // The run's checkpoint copies, as the trainer's memory check counts them.
+  // The run's checkpoint copies, as the trainer's memory check counts them (--dp: ZeRO-1's).
   RunConfig run = rc;
   run.train.optimizer = optimizer;
+  run.train.zero1 = true;
   const auto copies = [&](int ranks) {
     const int64_t snapshot = rank_checkpoint_bytes(run, ranks);
     return std::pair{run.train.checkpoint_async ? snapshot : 0,

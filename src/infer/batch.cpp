@@ -296,7 +296,8 @@ BatchSummary run_generation_batch(Model& model, const data::Tokenizer& tok,
                             fmt::format("{:.0f} tokens/s, KV {}",
                                         e.generated_tokens / std::max(1e-9, now_seconds() - start),
                                         format_bytes(static_cast<double>(e.kv_bytes))));
-          if (signals.received()) throw Interrupted{};
+          if (signals.received() && e.requests_done < static_cast<int64_t>(todo.size()))
+            throw Interrupted{};
         });
     if (!o.quiet && !todo.empty()) progress.finish();
   } catch (const Interrupted&) {

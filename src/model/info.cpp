@@ -683,7 +683,7 @@ void describe_memory(InfoText& t, const ModelInfo& info) {
   t.bytes_row("activations saved for backward", m.activations_bytes);
   t.bytes_row("backward working buffers", m.backward_buffers_bytes);
   if (m.checkpoint_snapshot_bytes)
-    t.bytes_row("checkpoint snapshot (train.checkpoint_async)", m.checkpoint_snapshot_bytes);
+    t.bytes_row("checkpoint snapshot (host memory on a GPU)", m.checkpoint_snapshot_bytes);
   if (m.memory_checkpoints_bytes)
     t.bytes_row("in-memory checkpoints (two)", m.memory_checkpoints_bytes);
   t.bytes_row("total", m.total_bytes);

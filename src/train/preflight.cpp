@@ -189,6 +189,22 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 
 namespace {
 // ZeRO-1 on GPUs keeps state over Zero1Layout::state_range: the largest range over the ranks.
+// Within it, AdamW's two moments of the tensors AdamW updates and Muon's momentum of its
+// matrices (each slab's other ranges are holes); the most any rank keeps.
+int64_t largest_gpu_state_bytes(const ParamTable& table, int ranks, bool muon) {
+  const Zero1Layout layout(table, ranks, muon);
+  int64_t largest = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const SlabRange range = layout.state_range(r);
+    int64_t bytes = 0;
+    for (const ParamInfo& p : table.params())
+      bytes += intersect({p.offset, p.offset + p.numel}, range).size() *
+               (muon && is_muon_matrix(p) ? 4 : 8);
+    largest = std::max(largest, bytes);
+  }
+  return largest;
+}
+
 int64_t largest_gpu_state_range(const ParamTable& table, int ranks, bool muon) {
   const Zero1Layout layout(table, ranks, muon);
   int64_t largest = 0;
@@ -232,13 +248,13 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
                                            tc.seq_len, tc.precision,
                                            tc.optimizer == OptimizerKind::muon,
                                            tc.context_parallel);
-  // ZeRO-1 on GPUs keeps its state slabs (two, three with Muon) over its range of the slab
-  // only (optim/device_optimizer.h): the largest range decides.
+  // ZeRO-1 on GPUs keeps its state slabs over its range of the slab only
+  // (optim/device_optimizer.h): the rank keeping the most decides.
   int64_t optimizer = m.optimizer_bytes;
   int64_t weights = m.weights_fp32_bytes + m.weights_bf16_bytes, gradients = m.grads_bytes;
   if (ranks > 1 && tc.zero1) {
     const bool muon = tc.optimizer == OptimizerKind::muon;
-    optimizer = 4 * (muon ? 3 : 2) * largest_gpu_state_range(ParamTable(rc.model), ranks, muon);
+    optimizer = largest_gpu_state_bytes(ParamTable(rc.model), ranks, muon);
     const int ep = static_cast<int>(tc.expert_parallel);
     // A layout that does not divide fails later with its own error; until then, count it whole.
     if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {

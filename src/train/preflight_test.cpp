@@ -141,7 +141,18 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_LT(quarter, whole_state / 3);
   rc.train.zero1 = false;
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer"), whole_state);
+  // With Muon each tensor's state is its optimizer's alone (8 or 4 bytes an element), whole
+  // and in ZeRO-1's ranges alike.
+  rc.train.optimizer = OptimizerKind::muon;
+  const int64_t whole_muon = parts_of(gpu_training_memory_need(rc, 64, 1)).at("optimizer");
+  EXPECT_EQ(whole_muon,
+            estimate_memory(rc.model, 64, rc.train.seq_len, DType::bf16, true).optimizer_bytes);
+  EXPECT_LT(whole_muon, whole_state);
   rc.train.zero1 = true;
+  const int64_t muon_quarter = parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer");
+  EXPECT_GE(muon_quarter, whole_muon / 4);
+  EXPECT_LT(muon_quarter, whole_muon / 3);
+  rc.train.optimizer = OptimizerKind::adamw;
   // Over NCCL its buffers come on top: NCCL_BUFFSIZE × 2 × 32 channels.
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2)).count("NCCL buffers"), 0u);
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, 12345)).at("NCCL buffers"), 12345);
