@@ -281,11 +281,7 @@ MemoryEstimate estimate_memory(const ModelConfig& c, int64_t batch, int64_t seq,
   m.grads_bytes = kF32Bytes * P;
   // Each tensor's state is its optimizer's: AdamW's two moments, or with Muon its momentum of
   // the matrices (the other's slab ranges take no memory: optim/device_optimizer.cpp).
-  int64_t muon_elements = 0;
-  const ParamTable table(c);
-  if (muon)
-    for (const ParamInfo& p : table.params())
-      if (is_muon_matrix(p)) muon_elements += p.numel;
+  const int64_t muon_elements = muon ? muon_matrix_elements(c) : 0;
   m.adamw_state_bytes = 2 * kF32Bytes * (P - muon_elements);
   m.muon_momentum_bytes = kF32Bytes * muon_elements;
   m.optimizer_bytes = m.adamw_state_bytes + m.muon_momentum_bytes;

@@ -434,6 +434,20 @@ int64_t muon_elements(const ModelConfig& c) {
   return n;
 }
 
+// The count from the config is the table's, for both architectures, dense and MoE.
+TEST(ModelInfo, MuonMatrixElementsAreTheTablesMatrices) {
+  ModelConfig dense = tiny_moe();
+  dense.n_experts = 1;
+  dense.top_k = 1;
+  for (const ModelConfig& c : {tiny_moe(), tiny_zaya(), dense, zaya1_base()}) {
+    int64_t n = 0;
+    const ParamTable table(c);
+    for (const ParamInfo& p : table.params())
+      if (is_muon_matrix(p)) n += p.numel;
+    EXPECT_EQ(muon_matrix_elements(c), n) << arch_name(c.arch) << " " << c.n_experts;
+  }
+}
+
 TEST(ModelInfo, HandComputedZayaMemory) {
   const MemoryEstimate m = estimate_memory(tiny_zaya(), 1, 8, DType::f32);
   EXPECT_EQ(m.activations_bytes, 34816);

@@ -6,6 +6,13 @@
 #include "kernels/cca.h"
 
 namespace foundry {
+
+int64_t muon_matrix_elements(const ModelConfig& c) {
+  const int64_t C = c.d_model;
+  const int64_t attention = 2 * C * (c.q_dim() + c.kv_dim());  // q, k, v (two halves), o
+  const int64_t experts = c.n_experts * 3 * c.ffn_dim * C;
+  return c.n_layers * (attention + experts);
+}
 namespace {
 
 ParamInfo& constant(ParamInfo& p, double value) {

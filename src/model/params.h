@@ -39,6 +39,11 @@ inline bool is_muon_matrix(const ParamInfo& info) {
          info.shape.size() == 2;
 }
 
+// The elements of those matrices, from the config alone (no table built: the sizing search
+// asks for thousands of configs): q, k, v and o of every layer, and each expert's three
+// (a dense model's MLP is its one expert).
+int64_t muon_matrix_elements(const ModelConfig& config);
+
 class ParamTable {
  public:
   explicit ParamTable(const ModelConfig& config);
