@@ -481,6 +481,7 @@ CASES = [
     Case("run dir: --stop-at-step before the resumed step", "train -c tiny.json --resume --steps 6 --stop-at-step 2", [], ["--stop-at-step 2", "3 to 6"]),
     Case("run dir: --overwrite with a file of the user's in checkpoints/", "train -c tiny.json --overwrite", [write("run/checkpoints/mine.txt", "notes")], ["mine.txt", "nothing was removed"], hint="move them"),
     Case("run dir: --overwrite with a step directory no save wrote", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009")], ["step_00000009", "without a commit marker"]),
+    Case("run dir: --overwrite with a step directory whose COMMITTED is the user's", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009"), write("run/checkpoints/step_00000009/COMMITTED", "done")], ["step_00000009", "whose COMMITTED Foundry did not write"]),
 
     Case("run dir: a file of the user's named config.json", "train -c tiny.json --set train.run_dir=new", [write("new/config.json", '{"my": "settings"}\n')], ["new/config.json", "is not a run config"], hint="move the file"),
     Case("run dir: a file of the user's named skipped_batches.json", "train -c tiny.json --set train.run_dir=new", [write("new/skipped_batches.json", "my own notes\n")], ["new/skipped_batches.json", "not a record of skipped batches"], hint="move the file"),

@@ -26,6 +26,19 @@ std::string checkpoint_checksum(const std::string& dir) {
   return hash64_hex(hash64(bytes.data(), bytes.size()));
 }
 
+bool has_commit_marker(const std::string& dir) {
+  const std::string marker = join(dir, kCommittedFile);
+  std::error_code ec;
+  // Foundry's marker is a line of JSON; a large file of that name is someone else's.
+  if (!fs::is_regular_file(marker, ec) || fs::file_size(marker, ec) > 4096 || ec) return false;
+  const json j = json::parse(read_text_file(marker), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("format_version") || !j["format_version"].is_number_integer())
+    return false;
+  for (const char* key : {"manifest_xxh3_64", "metadata_xxh3_64"})
+    if (j.contains(key) && j[key].is_string()) return true;
+  return false;
+}
+
 std::string join(const std::string& dir, const std::string& name) {
   return (fs::path(dir) / name).string();
 }
@@ -115,7 +128,7 @@ void apply_retention(const std::string& run_dir, int64_t saved_step, int64_t kee
   if (keep_last <= 0) return;
   std::vector<CheckpointDir> others;
   for (const auto& c : list_checkpoint_dirs(run_dir))
-    if (c.step != saved_step && path_exists(join(c.path, kCommittedFile))) others.push_back(c);
+    if (c.step != saved_step && has_commit_marker(c.path)) others.push_back(c);
   std::sort(others.begin(), others.end(),
             [](const CheckpointDir& a, const CheckpointDir& b) { return a.step > b.step; });
   for (size_t i = static_cast<size_t>(keep_last - 1); i < others.size(); ++i) {

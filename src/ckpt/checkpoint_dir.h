@@ -40,6 +40,10 @@ std::string checkpoints_root(const std::string& run_dir);
 // A committed checkpoint's identity: the XXH3-64 (hex) of its commit marker, which names its
 // metadata's checksum and so its contents; "" when it has no marker.
 std::string checkpoint_checksum(const std::string& dir);
+// Whether `dir` holds a commit marker Foundry wrote: COMMITTED parses as an object with a
+// format_version and its manifest's (v1) or metadata's (v2) checksum. A step directory with
+// any other COMMITTED is not Foundry's, and neither --overwrite nor retention removes it.
+bool has_commit_marker(const std::string& dir);
 void warn(const std::string& message);  // "warning: ..." on stderr
 // The entries of a directory, as (name, is a directory) pairs.
 std::vector<std::pair<std::string, bool>> list_dir(const std::string& dir);

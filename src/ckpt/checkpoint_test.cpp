@@ -13,6 +13,7 @@
 #include "base/io.h"
 #include "base/rng.h"
 #include "base/test_temp_dir.h"
+#include "ckpt/checkpoint_dir.h"
 #include "ckpt/safetensors.h"
 #include "ckpt/test_support.h"
 
@@ -467,6 +468,19 @@ TEST_F(CheckpointTest, RetentionZeroKeepsAll) {
   save(5, /*keep_last=*/1);
   ASSERT_EQ(list_checkpoint_dirs(run_dir_).size(), 1u);
   EXPECT_EQ(list_checkpoint_dirs(run_dir_)[0].step, 5);
+}
+
+TEST_F(CheckpointTest, RetentionLeavesAStepDirectoryWhoseMarkerFoundryDidNotWrite) {
+  save(1);
+  // Someone's own step directory, with a COMMITTED of their own: not a checkpoint to prune.
+  fs::create_directories(ckpt(2));
+  std::ofstream(ckpt(2) + "/COMMITTED") << "{\"format_version\": 1}";
+  EXPECT_FALSE(has_commit_marker(ckpt(2)));
+  EXPECT_TRUE(has_commit_marker(ckpt(1)));
+  save(3, /*keep_last=*/1);
+  EXPECT_FALSE(fs::exists(ckpt(1)));
+  EXPECT_TRUE(fs::exists(ckpt(2) + "/COMMITTED"));
+  EXPECT_EQ(find_latest_checkpoint(run_dir_), ckpt(3));
 }
 
 TEST_F(CheckpointTest, LeftoverTmpDirectoryIsIgnoredAndCleanedUp) {

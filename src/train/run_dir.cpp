@@ -92,8 +92,11 @@ std::string foreign_reason(const std::string& root, const std::string& name, boo
   if (name.starts_with(kStepPrefix) && name.ends_with(kTmpSuffix) && is_dir) return "";
   if (is_dir && parse_checkpoint_dir_name(name)) {
     // A save writes its commit marker before the directory takes its step_N name.
-    if (path_exists(join(join(root, name), kCommittedFile))) return "";
-    return "a step directory without a commit marker";
+    const std::string dir = join(root, name);
+    if (has_commit_marker(dir)) return "";
+    return path_exists(join(dir, kCommittedFile))
+               ? "a step directory whose COMMITTED Foundry did not write"
+               : "a step directory without a commit marker";
   }
   return is_dir ? "not a checkpoint directory" : "not a checkpoint file";
 }

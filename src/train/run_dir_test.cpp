@@ -118,7 +118,8 @@ TEST(RunDir, ARefusedStartRemovesTheDirectoriesItMade) {
 void fake_committed_checkpoint(const std::string& dir, int64_t step) {
   const std::string name = fmt::format("{}/checkpoints/step_{:08d}", dir, step);
   make_dirs(name);
-  write_file_atomic(name + "/COMMITTED", "{}\n");
+  write_file_atomic(name + "/COMMITTED",
+                    "{\"format_version\":2,\"metadata_xxh3_64\":\"0123456789abcdef\"}\n");
   write_file_atomic(dir + "/checkpoints/latest", fmt::format("step_{:08d}\n", step));
 }
 
@@ -132,9 +133,13 @@ TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
   // and nothing at all is removed.
   write_file_atomic(dir + "/checkpoints/mine.txt", "notes\n");
   make_dirs(dir + "/checkpoints/step_00000007");
+  // A step directory whose COMMITTED is not a marker a save writes is not Foundry's either.
+  make_dirs(dir + "/checkpoints/step_00000009");
+  write_file_atomic(dir + "/checkpoints/step_00000009/COMMITTED", "done\n");
   expect_error([&] { RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0)); },
                "holds what Foundry did not write there: mine.txt (not a checkpoint file), "
-               "step_00000007 (a step directory without a commit marker); nothing was removed");
+               "step_00000007 (a step directory without a commit marker), step_00000009 (a "
+               "step directory whose COMMITTED Foundry did not write); nothing was removed");
   EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002/COMMITTED"));
   EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000004.abc.tmp"));
   EXPECT_TRUE(path_exists(dir + "/metrics.jsonl"));
@@ -142,6 +147,8 @@ TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
   // Once they are moved away, the run's own files go, each named in the event.
   remove_all(dir + "/checkpoints/mine.txt");
   remove_all(dir + "/checkpoints/step_00000007");
+  EXPECT_EQ(read_text_file(dir + "/checkpoints/step_00000009/COMMITTED"), "done\n");
+  remove_all(dir + "/checkpoints/step_00000009");
   { RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0)); }
   EXPECT_FALSE(inspect_run_dir(dir).any());
   EXPECT_FALSE(path_exists(dir + "/checkpoints/step_00000004.abc.tmp"));
