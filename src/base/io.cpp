@@ -297,8 +297,32 @@ int64_t count_lines(const std::string& path) {
 }
 
 // Through a symbolic link: the file it names is replaced, and the link stays.
+namespace {
+
+// The copies "PATH.tmp.PID" that writers of `path` killed before their commit left (a
+// process that ends normally removes its own): those whose process is gone.
+void remove_abandoned_copies(const std::filesystem::path& path) {
+  const std::string prefix = path.filename().string() + ".tmp.";
+  std::error_code ec;
+  const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!name.starts_with(prefix) || name.size() == prefix.size() ||
+        name.size() > prefix.size() + 9)
+      continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::error_code type_ec;
+    if (it->is_regular_file(type_ec) && process_gone(std::stoll(pid)))
+      std::filesystem::remove(it->path(), type_ec);
+  }
+}
+
+}  // namespace
+
 AtomicFileWriter::AtomicFileWriter(const std::string& path)
     : path_(link_chain(path).back().string()), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())) {
+  remove_abandoned_copies(path_);
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd_ < 0) fail_errno("create", tmp_);
 }

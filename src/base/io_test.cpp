@@ -1,5 +1,6 @@
 #include "base/io.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -166,6 +167,26 @@ TEST(AtomicFileWriter, ReplacesTheFileAtCommitOnly) {
   file.commit();
   EXPECT_EQ(read_text_file(path), "a\n" + large + "b\n");
   EXPECT_EQ(entries(), 1);
+}
+
+// A writer killed before its commit leaves its copy behind; the next writer of the same file
+// removes it, and only it: not a live process's copy, nor a file of another name.
+TEST(AtomicFileWriter, RemovesTheCopyOfAWriterThatIsGone) {
+  TempDir dir;
+  const std::string path = dir.file("out.jsonl");
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ASSERT_GT(child, 0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);  // reaped: its pid names no process now
+  const std::string abandoned = fmt::format("{}.tmp.{}", path, child);
+  const std::string live = fmt::format("{}.tmp.{}", path, ::getppid());
+  for (const std::string& name : {abandoned, live, path + ".tmp.notes", path + ".tmp.1x"})
+    write_file_atomic(name, "partial\n");
+  AtomicFileWriter file(path);
+  EXPECT_FALSE(path_exists(abandoned));
+  EXPECT_TRUE(path_exists(live));
+  EXPECT_TRUE(path_exists(path + ".tmp.notes"));
+  EXPECT_TRUE(path_exists(path + ".tmp.1x"));
 }
 
 // What a failed command made is taken back: the directories it created, while empty, and
