@@ -114,10 +114,18 @@ void check_output_file(const std::string& option, const std::string& path,
                        const std::function<bool(const std::string& contents)>& ours) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  // One file under two spellings: the same file once both exist, else the same path once
+  // links and "."/".." are resolved (a file neither command run has made yet).
+  const auto resolved = [](const std::string& p) {
+    std::error_code e;
+    const fs::path r = fs::weakly_canonical(fs::absolute(p, e), e);
+    return e ? fs::path(p) : r;
+  };
   for (const auto& [input_option, input] : inputs) {
     if (input.empty()) continue;
     if (input == path ||
-        (fs::exists(input, ec) && fs::exists(path, ec) && fs::equivalent(input, path, ec)))
+        (fs::exists(input, ec) && fs::exists(path, ec) && fs::equivalent(input, path, ec)) ||
+        resolved(input) == resolved(path))
       fail(fmt::format("{} '{}' is the {} file", option, path, input_option),
            fmt::format("write to another file: {} would overwrite the file {} names", option,
                        input_option));

@@ -37,6 +37,15 @@ TEST(CheckOutputFile, AnInputOfTheCommandIsRefusedUnderAnySpelling) {
   // An input that does not exist yet is no obstacle; nor is an empty input path.
   check_output_file("--out", dir.file("new.json"),
                     {{"--config", dir.file("absent.json")}, {"--tokenizer", ""}});
+  // Two outputs neither of which exists yet, one file under two spellings (generate's --trace
+  // and --out): the second would replace the first.
+  const std::string spelled = dir.path() + "/sub/../res.jsonl";
+  make_dirs(dir.file("sub"));
+  expect_error(
+      [&] {
+        check_output_file("--trace", spelled, {{"--out", dir.file("res.jsonl")}});
+      },
+      "--trace '" + spelled + "' is the --out file");
 }
 
 TEST(CheckOutputFile, ADirectoryOrAMissingDirectoryIsRefused) {

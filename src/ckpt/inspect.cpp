@@ -179,6 +179,34 @@ std::vector<SavedTensor> read_v1(const std::string& dir, CheckpointInfo& info) {
 
 // ---- what it means -------------------------------------------------------------------------
 
+// Every state the recorded optimizer keeps, for each parameter it keeps it for: AdamW both
+// moments of every parameter; Muon its momentum for the matrices it updates (is_muon_matrix)
+// and AdamW's moments for the rest. `saved`: state slab → the parameters it has.
+void check_optimizer_states(const ParamTable& table, const std::string& optimizer,
+                            const std::map<std::string, std::set<std::string>>& saved,
+                            CheckpointInfo& info) {
+  if (optimizer != "adamw" && optimizer != "muon") return;  // not recorded: nothing to hold to
+  const std::string run = optimizer == "adamw" ? "AdamW" : "Muon";
+  for (const char* state : {"exp_avg", "exp_avg_sq", "muon_momentum"}) {
+    const bool muon_state = std::string(state) == "muon_momentum";
+    if (muon_state && optimizer == "adamw") continue;
+    std::vector<std::string> without;
+    int64_t expected = 0;
+    const auto it = saved.find(state);
+    for (const ParamInfo& p : table.params()) {
+      if (optimizer == "muon" && is_muon_matrix(p) != muon_state) continue;
+      ++expected;
+      if (it == saved.end() || it->second.count(p.name) == 0) without.push_back(p.name);
+    }
+    if (without.empty()) continue;
+    info.problems.push_back(
+        without.size() == static_cast<size_t>(expected) && it == saved.end()
+            ? fmt::format("the {} run saved no {}", run, state)
+            : fmt::format("the {} run saved no {} for {} of the {} parameters it keeps one for: {}",
+                          run, state, without.size(), expected, some_names(without)));
+  }
+}
+
 // Sorts the tensors into slabs: a parameter's own name is "params", "<param>.<state>" is
 // the state's slab, anything else is an extra tensor.
 void classify(const std::vector<SavedTensor>& tensors, const ParamTable& table,
@@ -229,18 +257,7 @@ void classify(const std::vector<SavedTensor>& tensors, const ParamTable& table,
   if (!missing.empty())
     info.problems.push_back(fmt::format("{} of {} parameters are not saved: {}", missing.size(),
                                         table.params().size(), some_names(missing)));
-  // AdamW keeps both moments of every parameter (Muon's runs leave some out: see the note).
-  if (info.optimizer == "adamw")
-    for (const char* state : {"exp_avg", "exp_avg_sq"}) {
-      const std::vector<std::string>& without =
-          saved.count(state) ? slabs[state].without : std::vector<std::string>{};
-      if (!saved.count(state))
-        info.problems.push_back(fmt::format("the AdamW run saved no {}", state));
-      else if (!without.empty())
-        info.problems.push_back(fmt::format("the AdamW run saved no {} for {} of {} parameters: {}",
-                                            state, without.size(), table.params().size(),
-                                            some_names(without)));
-    }
+  check_optimizer_states(table, info.optimizer, saved, info);
 }
 
 // Sizes on disk; listed files that are missing or of another size are problems.

@@ -22,15 +22,16 @@ class InspectTest : public testing::CheckpointDirTest {
     CheckpointDirTest::SetUp();
     run_dir_ = root_ + "/run";
   }
-  // As a Muon run saves: AdamW moments for the 1-D tensors, momentum for the matrices.
-  std::string save_muon_like(int ranks) {
-    auto vector = [](const ParamInfo& p) { return p.shape.size() == 1; };
-    auto matrix = [](const ParamInfo& p) { return p.shape.size() != 1; };
+  // As a Muon run saves: momentum for the matrices it updates, AdamW moments for the rest.
+  // `drop`: a Muon matrix whose momentum is left out.
+  std::string save_muon_like(int ranks, const std::string& drop = "") {
+    auto adamw = [](const ParamInfo& p) { return !is_muon_matrix(p); };
+    auto muon = [drop](const ParamInfo& p) { return is_muon_matrix(p) && p.name != drop; };
     return testing::save_from_ranks(run_dir_, 5, ranks, config_,
                                     {{"", &params_, {}},
-                                     {"exp_avg", &state_, vector},
-                                     {"exp_avg_sq", &state_, vector},
-                                     {"muon_momentum", &state_, matrix}},
+                                     {"exp_avg", &state_, adamw},
+                                     {"exp_avg_sq", &state_, adamw},
+                                     {"muon_momentum", &state_, muon}},
                                     {{"step", 5}, {"optimizer", "muon"}});
   }
   std::vector<std::string> names_where(const std::function<bool(const ParamInfo&)>& pred) const {
@@ -79,6 +80,21 @@ TEST_F(InspectTest, ShapesOtherThanTheModelsAndMissingAdamWMomentsAreProblems) {
                   embed.shape[1]));
 }
 
+// A Muon run keeps momentum for every matrix it updates: one without it is a problem (a resume
+// would refuse the checkpoint), not "a parameter its optimizer keeps none for".
+TEST_F(InspectTest, AMuonRunWithoutAMatrixsMomentumIsAProblem) {
+  const std::vector<std::string> muon = names_where(is_muon_matrix);
+  ASSERT_GT(muon.size(), 1u);
+  const std::string dir = save_muon_like(2, muon[1]);
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  ASSERT_EQ(info.problems.size(), 1u) << fmt::format("{}", fmt::join(info.problems, "; "));
+  EXPECT_EQ(info.problems[0],
+            fmt::format("the Muon run saved no muon_momentum for 1 of the {} parameters it keeps "
+                        "one for: {}",
+                        muon.size(), muon[1]));
+  expect_error([&] { verify_checkpoint_data(dir); }, "the Muon run saved no muon_momentum");
+}
+
 TEST_F(InspectTest, InfoOfVersionTwoListsLayoutSlabsWhatEachLacksAndFiles) {
   const std::string dir = save_muon_like(3);
   const CheckpointInfo info = inspect_checkpoint(dir);
@@ -96,8 +112,8 @@ TEST_F(InspectTest, InfoOfVersionTwoListsLayoutSlabsWhatEachLacksAndFiles) {
   EXPECT_EQ(info.slabs[0].tensors, info.model_tensors);
   EXPECT_EQ(info.slabs[0].bytes, table_.parameter_count() * 4);
   EXPECT_TRUE(info.slabs[0].without.empty());
-  const auto matrices = names_where([](const ParamInfo& p) { return p.shape.size() != 1; });
-  const auto vectors = names_where([](const ParamInfo& p) { return p.shape.size() == 1; });
+  const auto matrices = names_where(is_muon_matrix);
+  const auto vectors = names_where([](const ParamInfo& p) { return !is_muon_matrix(p); });
   EXPECT_EQ(info.slabs[1].name, "exp_avg");
   EXPECT_EQ(info.slabs[1].without, matrices);
   EXPECT_EQ(info.slabs[2].name, "exp_avg_sq");

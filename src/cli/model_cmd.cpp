@@ -71,6 +71,19 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     fail(fmt::format("--ep {} must divide --dp {} (the ranks form groups of --ep ranks)", o.ep,
                      o.dp),
          "pass --dp N (all ranks) and an --ep that divides it and model.n_experts");
+  // The layouts `foundry train` runs: cp ranks per sequence, the batch split evenly over the
+  // dp / cp groups that hold different sequences.
+  if (o.dp > 1 && o.dp % cp != 0)
+    fail(fmt::format("--dp {} ranks cannot form context-parallel groups of {} ({})", o.dp, cp,
+                     o.cp > 0 ? "--cp" : "train.context_parallel"),
+         "pass a --dp that is a multiple of the context-parallel size, or another --cp");
+  if (o.dp > 1 && batch % (o.dp / cp) != 0)
+    fail(fmt::format("{} {} sequences cannot be split evenly over {} {}",
+                     batch_given ? "--batch" : "train.batch_size =", batch, o.dp / cp,
+                     cp > 1 ? fmt::format("context-parallel groups ({} ranks of {})", o.dp, cp)
+                            : std::string("data-parallel ranks")),
+         fmt::format("pass a --batch that is a multiple of {} (the global batch), or another --dp",
+                     o.dp / cp));
   std::optional<Zero1MemoryReport> zero1;
   std::optional<ExpertStorageReport> storage;
   int64_t rank_total = 0;  // ZeRO-1 without expert parallelism: all of a rank's memory

@@ -36,7 +36,8 @@ struct PlanOptions {
   std::string hidden, head_dims, experts, top_ks, kv_ratios;
   int64_t decode_batch = 32;
   // Model-parallel layout and what the step repeats or waits for (--config).
-  int64_t tp = 1, pp = 1, vp = 1, ep = 1;
+  int64_t tp = 1, pp = 1, vp = 1;
+  int64_t ep = 0;  // 0 = train.expert_parallel
   double expert_imbalance = 0;
   std::string recompute = "none";
   bool overlap_param_gather = false, overlap_expert_comm = false, dedup_dispatch = false;
@@ -101,11 +102,13 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
                       const HardwareProfile& profile, const std::string& config_path) {
   std::printf("profile: %s (%s)\nconfig: %s\n", profile.name.c_str(), profile.path.c_str(),
               config_path.c_str());
-  std::printf("step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), "
-              "%lld data-parallel rank(s), %s, %s\n",
-              (long long)(s.micro_batch * s.accumulation), (long long)s.seq,
-              (long long)s.micro_batch, (long long)s.accumulation, (long long)s.dp,
-              dtype_name(s.precision), s.muon ? "Muon + AdamW" : "AdamW");
+  std::printf(
+      "step: %lld sequences x %lld tokens per device (micro-batch %lld x %lld), "
+      "%lld data-parallel rank(s)%s, %s, %s\n",
+      (long long)(s.micro_batch * s.accumulation), (long long)s.seq, (long long)s.micro_batch,
+      (long long)s.accumulation, (long long)s.dp,
+      s.dp > 1 ? (s.zero1 ? " (ZeRO-1)" : " (replicated optimizer state)") : "",
+      dtype_name(s.precision), s.muon ? "Muon + AdamW" : "AdamW");
   if (s.cp > 1)
     std::printf("context parallel %lld: each device holds %lld of every sequence's %lld tokens\n",
                 (long long)s.cp, (long long)(s.seq / s.cp), (long long)s.seq);
@@ -163,19 +166,21 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
   (void)rc;
 }
 
-// The model-parallel flags into `s`, checked against the device count and the model.
-void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) {
+// The model-parallel flags into `s`, checked against the device count and the model; `ep`
+// (the flag or the config's train.expert_parallel) is named `ep_name` in errors.
+void apply_layout(const PlanOptions& o, int64_t ep, const std::string& ep_name,
+                  const ModelConfig& model, StepShape& s) {
   const int64_t stage = o.tp * o.pp;
   if (o.devices % stage != 0)
     fail(fmt::format("--tp {} x --pp {} = {} does not divide --devices {}", o.tp, o.pp, stage,
                      o.devices),
          "devices = data-parallel ranks x tp x pp: pick tp and pp that divide the device count");
-  if ((o.devices / o.pp) % o.ep != 0)
-    fail(fmt::format("--ep {} does not divide the {} devices of a pipeline stage", o.ep,
+  if ((o.devices / o.pp) % ep != 0)
+    fail(fmt::format("{} {} does not divide the {} devices of a pipeline stage", ep_name, ep,
                      o.devices / o.pp),
          "expert-parallel ranks must divide --devices / --pp");
-  if (o.ep > 1 && o.ep > model.n_experts)
-    fail(fmt::format("--ep {} is more than model.n_experts = {}", o.ep, model.n_experts),
+  if (ep > 1 && ep > model.n_experts)
+    fail(fmt::format("{} {} is more than model.n_experts = {}", ep_name, ep, model.n_experts),
          "each expert-parallel rank holds at least one expert");
   if (o.vp > 1 && o.pp == 1)
     fail(fmt::format("--vp {} needs --pp > 1", o.vp), "virtual stages interleave a pipeline");
@@ -186,7 +191,7 @@ void apply_layout(const PlanOptions& o, const ModelConfig& model, StepShape& s) 
   s.tp = o.tp;
   s.pp = o.pp;
   s.vp = o.vp;
-  s.ep = o.ep;
+  s.ep = ep;
   s.dp = o.devices / stage;
   s.expert_imbalance = o.expert_imbalance;
   s.recompute = o.recompute == "full"        ? Recompute::full
@@ -301,8 +306,12 @@ StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_
     fail(fmt::format("--seq {} exceeds model.max_seq_len = {} of {}", s.seq, rc.model.max_seq_len,
                      o.config_path),
          "give --seq up to model.max_seq_len, or raise it (--set model.max_seq_len=N)");
-  apply_layout(o, rc.model, s);
+  if (o.ep > 0)
+    apply_layout(o, o.ep, "--ep", rc.model, s);
+  else
+    apply_layout(o, rc.train.expert_parallel, "train.expert_parallel =", rc.model, s);
   s.cp = o.cp > 0 ? o.cp : rc.train.context_parallel;
+  s.zero1 = rc.train.zero1;
   if (s.dp % s.cp != 0 || (s.cp > 1 && s.seq % (2 * s.cp) != 0))
     fail(fmt::format("--cp {} must divide the {} data-parallel ranks and cut --seq {} into {} "
                      "equal chunks", s.cp, s.dp, s.seq, 2 * s.cp),
@@ -319,23 +328,41 @@ StepShape config_step_shape(const PlanOptions& o, const RunConfig& rc, bool seq_
 json prediction_json(const PlanOptions& o, const StepShape& s, const StepPrediction& p,
                      const HardwareProfile& profile, const GoodputInputs& gin,
                      const GoodputPrediction& gp) {
-  json j = {{"config_path", o.config_path}, {"profile", profile.path},
+  json j = {{"config_path", o.config_path},
+            {"profile", profile.path},
             {"context_parallel", s.cp},
-            {"step_s", p.step_s}, {"tokens_per_s_per_device", p.tokens_per_s},
-            {"mfu_measured", p.mfu_measured}, {"memory_bytes", p.memory_bytes},
-            {"breakdown_s", {{"gemm", p.gemm_s}, {"attention", p.attention_s},
-                             {"elementwise", p.elementwise_s}, {"recompute", p.recompute_s},
-                             {"optimizer", p.optimizer_s}, {"comm", p.comm_s},
-                             {"comm_exposed", p.comm_exposed_s},
-                             {"imbalance", p.imbalance_s}, {"pipeline_bubble", p.bubble_s},
-                             {"framework_overhead", p.overhead_s}, {"data", p.data_s},
-                             {"data_exposed", p.data_exposed_s}}},
-            {"layout", {{"dp", s.dp}, {"tp", s.tp}, {"pp", s.pp}, {"vp", s.vp},
-                        {"ep", s.ep}, {"cp", s.cp}, {"micro_batch", s.micro_batch},
-                        {"accumulation", s.accumulation},
-                        {"recompute", recompute_name(s.recompute)},
-                        {"eager", s.eager}, {"attention_kernel", s.attention_kernel}}},
-            {"mfu_spec", p.mfu_spec}, {"goodput", goodput_json(gin, gp, p.step_s)}};
+            {"step_s", p.step_s},
+            {"tokens_per_s_per_device", p.tokens_per_s},
+            {"mfu_measured", p.mfu_measured},
+            {"memory_bytes", p.memory_bytes},
+            {"breakdown_s",
+             {{"gemm", p.gemm_s},
+              {"attention", p.attention_s},
+              {"elementwise", p.elementwise_s},
+              {"recompute", p.recompute_s},
+              {"optimizer", p.optimizer_s},
+              {"comm", p.comm_s},
+              {"comm_exposed", p.comm_exposed_s},
+              {"imbalance", p.imbalance_s},
+              {"pipeline_bubble", p.bubble_s},
+              {"framework_overhead", p.overhead_s},
+              {"data", p.data_s},
+              {"data_exposed", p.data_exposed_s}}},
+            {"layout",
+             {{"dp", s.dp},
+              {"tp", s.tp},
+              {"pp", s.pp},
+              {"vp", s.vp},
+              {"ep", s.ep},
+              {"cp", s.cp},
+              {"zero1", s.zero1},
+              {"micro_batch", s.micro_batch},
+              {"accumulation", s.accumulation},
+              {"recompute", recompute_name(s.recompute)},
+              {"eager", s.eager},
+              {"attention_kernel", s.attention_kernel}}},
+            {"mfu_spec", p.mfu_spec},
+            {"goodput", goodput_json(gin, gp, p.step_s)}};
   j["items"] = json::array();
   for (const auto& it : p.items)
     j["items"].push_back({{"name", it.name}, {"category", category_name(it.category)},
@@ -627,11 +654,13 @@ void add_shape_options(CLI::App* plan, PlanOptions* o) {
 // --config's model-parallel layout and the kernels of the training stack.
 void add_layout_options(CLI::App* plan, PlanOptions* o) {
   using LayoutFlag = std::tuple<const char*, int64_t*, const char*>;
-  for (const auto& [flag, value, help] : {
-           LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
-           LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
-           LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
-           LayoutFlag{"--ep", &o->ep, "With --config: expert-parallel ranks (all-to-alls)"}})
+  for (const auto& [flag, value, help] :
+       {LayoutFlag{"--tp", &o->tp, "With --config: tensor-parallel ranks (sequence parallel)"},
+        LayoutFlag{"--pp", &o->pp, "With --config: pipeline stages (1F1B)"},
+        LayoutFlag{"--vp", &o->vp, "With --config: virtual stages per device (interleaved)"},
+        LayoutFlag{"--ep", &o->ep,
+                   "With --config: expert-parallel ranks (all-to-alls; default "
+                   "train.expert_parallel)"}})
     plan->add_option(flag, *value, help)->check(in_range(int64_t{1}, int64_t{1} << 20));
   plan->add_option("--expert-imbalance", o->expert_imbalance,
                    "Busiest expert-parallel rank's tokens / mean (default: binomial routing)");

@@ -358,7 +358,9 @@ void run_generate(const GenArgs& g) {
   // Decode prompt and continuation together so word boundaries come out right.
   std::vector<int32_t> text(ids.begin() + 1, ids.end());
   text.insert(text.end(), gen.tokens.begin(), gen.tokens.end());
-  std::printf("%s\n", tok.decode(text).c_str());
+  // Whole, NUL bytes included (byte-fallback tokens can decode to any byte).
+  const std::string out = tok.decode(text) + "\n";
+  std::fwrite(out.data(), 1, out.size(), stdout);
 }
 
 void add_train_command(CLI::App& app) {
@@ -409,14 +411,15 @@ void add_eval_command(CLI::App& app) {
       ->check(in_range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--device", e->device,
                   "Where to compute: cpu, cuda (GPU 0) or cuda:N (sets train.device)");
-  cmd->add_option("--choices", e->choices,
-                  "Score multiple-choice items instead, JSONL: {\"context\": \"...\", "
-                  "\"choices\": [\"...\", \"...\"], \"answer\": 0} a line (answer optional)");
+  CLI::Option* choices =
+      cmd->add_option("--choices", e->choices,
+                      "Score multiple-choice items instead, JSONL: {\"context\": \"...\", "
+                      "\"choices\": [\"...\", \"...\"], \"answer\": 0} a line (answer optional)");
   cmd->add_option("--out", e->out,
                   "With --choices: each item's scores, JSONL in the items' order");
   cmd->add_option("--tokenizer", e->tokenizer,
                   "With --choices: tokenizer.model (default: data.dir/tokenizer.model)");
-  cmd->add_flag("--quiet,-q", e->quiet, "With --choices: no progress line");
+  cmd->add_flag("--quiet,-q", e->quiet, "With --choices: no progress line")->needs(choices);
   cmd->callback([e] { e->choices.empty() ? run_eval(*e) : run_eval_choices(*e); });
 }
 
@@ -441,7 +444,7 @@ void add_generate_command(CLI::App& app) {
   cmd->add_flag("--stop-on-error", g->stop_on_error,
                 "With --batch: an invalid request line stops the run before any work")
       ->needs(batch);
-  cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line");
+  cmd->add_flag("--quiet,-q", g->quiet, "With --batch: no progress line")->needs(batch);
   cmd->add_option("--batch-tokens", g->batch_tokens,
                   "With --batch: tokens per step (decode tokens of many requests and runs "
                   "of prompt tokens together)")

@@ -151,6 +151,13 @@ bool is_choice_scores(const std::string& contents) {
 }
 
 double token_logprob(const float* logits, int64_t v, int32_t token) {
+  // As sampling refuses them: a score from non-finite logits would be NaN, and a NaN score
+  // compares as neither better nor worse, so the prediction would be made up.
+  const int64_t bad = std::count_if(logits, logits + v, [](float x) { return !std::isfinite(x); });
+  if (bad > 0)
+    fail(fmt::format("{} of the {} logits are not finite", bad, v),
+         "the weights are finite, so the forward pass overflowed; try --set "
+         "train.precision=fp32, or an earlier checkpoint (--checkpoint)");
   double max_logit = -INFINITY;
   for (int64_t i = 0; i < v; ++i) max_logit = std::max(max_logit, double(logits[i]));
   double sum = 0;
@@ -268,7 +275,11 @@ ChoiceSummary run_choice_eval(Model& model, const data::Tokenizer& tok, const st
   int64_t scored = 0;
   for (const ChoiceItem& item : file.items) {
     put_errors_before(item.index);
-    put(score_line(model, state, item, s));
+    try {
+      put(score_line(model, state, item, s));
+    } catch (const Error& e) {
+      fail(fmt::format("item {} (line {}): {}", item.index, item.line, e.what()), e.hint());
+    }
     if (!quiet) progress.update(++scored);
   }
   put_errors_before(std::numeric_limits<int64_t>::max());

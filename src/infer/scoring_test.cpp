@@ -66,6 +66,20 @@ TEST_P(Scoring, ChoicesScoreAsAFullForwardAndAsEachChoiceAlone) {
 INSTANTIATE_TEST_SUITE_P(BothArchitectures, Scoring, ::testing::Values(Arch::moe, Arch::zaya1),
                          [](const auto& info) { return std::string(arch_name(info.param)); });
 
+// A log-probability is log softmax's, in double; from logits with a NaN or an infinity it is
+// refused (a NaN score would make the prediction up), as sampling refuses them.
+TEST(Scoring, TokenLogprobIsLogSoftmaxAndRefusesNonFiniteLogits) {
+  std::vector<float> logits = {1.0f, 2.0f, -0.5f, 0.25f};
+  double z = 0;
+  for (float x : logits) z += std::exp(double(x));
+  for (int32_t t = 0; t < 4; ++t)
+    EXPECT_NEAR(token_logprob(logits.data(), 4, t), double(logits[t]) - std::log(z), 1e-12);
+  for (float bad : {NAN, INFINITY}) {
+    logits[2] = bad;
+    expect_error([&] { token_logprob(logits.data(), 4, 0); }, "1 of the 4 logits are not finite");
+  }
+}
+
 TEST(Scoring, ReadsItemsAndNamesInvalidLines) {
   TempDir dir;
   write_file(

@@ -113,13 +113,17 @@ RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* ti
       if (name == kLatestFile) c.latest = true;
       if (is_dir && parse_checkpoint_dir_name(name)) ++c.checkpoints;
       const std::string why = foreign_reason(root, name, is_dir);
-      if (why.empty())
+      if (why.empty()) {
         c.foundry_entries.push_back(name);
-      else
-        c.foreign_entries.push_back(fmt::format("{} ({})", name, why));
+        continue;
+      }
+      c.foreign_entries.push_back(fmt::format("{} ({})", name, why));
+      if (is_dir && parse_checkpoint_dir_name(name))
+        c.foreign_steps.push_back(c.foreign_entries.back());
     }
   std::sort(c.foundry_entries.begin(), c.foundry_entries.end());
   std::sort(c.foreign_entries.begin(), c.foreign_entries.end());
+  std::sort(c.foreign_steps.begin(), c.foreign_steps.end());
   c.metrics_lines = count_lines(join(run_dir, kMetricsFile));
   if (tier && tier->memory_checkpoint_every > 0)
     if (const auto memory = usable_memory_checkpoint(*tier, find_latest_checkpoint(run_dir)))
@@ -300,6 +304,12 @@ void RunDir::claim(StartMode mode) {
   if (mode == StartMode::fresh || mode == StartMode::overwrite ||
       (mode == StartMode::auto_resume && !can_resume))
     check_skipped_batches_file(path_);
+  // A resumed run saves step directories by name: one that is not Foundry's would be replaced.
+  if ((mode == StartMode::resume || mode == StartMode::auto_resume) && !held.foreign_steps.empty())
+    fail(fmt::format("{} holds step directories Foundry did not write: {}; a save of that step "
+                     "would replace them",
+                     checkpoints_root(path_), fmt::join(held.foreign_steps, ", ")),
+         "move them out of the checkpoints directory (or delete them yourself), then run again");
   switch (mode) {
     case StartMode::fresh:
       if (held.any())
@@ -338,7 +348,17 @@ void RunDir::overwrite(const RunDirContents& held) {
          "move them out of the checkpoints directory (or delete them yourself), then run again");
   std::vector<std::string> removed;
   for (const std::string& name : held.foundry_entries) {
-    remove_all(join(root, name));
+    // A checkpoint is renamed to a leftover first (as retention does): a removal cut short
+    // leaves one the next start removes, never a step directory without its commit marker.
+    std::string doomed = join(root, name);
+    if (parse_checkpoint_dir_name(name)) {
+      const std::string renamed = doomed + ".removed" + kTmpSuffix;
+      if (::rename(doomed.c_str(), renamed.c_str()) != 0)
+        fail(fmt::format("--overwrite: cannot remove '{}': {}", doomed, std::strerror(errno)),
+             "check permissions on the run directory");
+      doomed = renamed;
+    }
+    remove_all(doomed);
     removed.push_back("checkpoints/" + name);
   }
   if (held.metrics_lines > 0 || path_exists(join(path_, kMetricsFile))) {

@@ -50,6 +50,8 @@ struct RunDirContents {
   // Entries of checkpoints/ that Foundry writes (committed step_N directories, `latest`,
   // staging and leftover *.tmp), and those it does not (with the reason), by name.
   std::vector<std::string> foundry_entries, foreign_entries;
+  // The step_N directories among the foreign entries: a save of that step would replace them.
+  std::vector<std::string> foreign_steps;
   bool any() const { return checkpoints > 0 || latest || metrics_lines > 0 || memory_step > 0; }
   std::string describe() const;  // "3 checkpoint(s) and 120 line(s) of metrics.jsonl"
 };

@@ -4,6 +4,7 @@
 
 #include "base/io.h"
 #include "base/test_expect_error.h"
+#include "ckpt/checkpoint_dir.h"
 #include "data/test_util.h"
 #include "train/events.h"
 #include "train/processes.h"
@@ -25,6 +26,14 @@ void fake_previous_run(const std::string& dir, bool with_checkpoint) {
   make_dirs(dir + "/checkpoints");
   write_file_atomic(dir + "/metrics.jsonl", "{\"step\":1}\n{\"step\":2}\n");
   if (with_checkpoint) make_dirs(dir + "/checkpoints/step_00000002");
+}
+
+void fake_committed_checkpoint(const std::string& dir, int64_t step) {
+  const std::string name = fmt::format("{}/checkpoints/step_{:08d}", dir, step);
+  make_dirs(name);
+  write_file_atomic(name + "/COMMITTED",
+                    "{\"format_version\":2,\"metadata_xxh3_64\":\"0123456789abcdef\"}\n");
+  write_file_atomic(dir + "/checkpoints/latest", fmt::format("step_{:08d}\n", step));
 }
 
 TEST(RunDir, InspectCountsCheckpointsAndMetricsLines) {
@@ -93,7 +102,7 @@ TEST(RunDir, ResumeNeedsACheckpointAutoResumeStartsWithoutOne) {
   expect_error([&] { RunDir d(at(dir), StartMode::resume, one); },
                "has no checkpoint to resume from");
   EXPECT_FALSE(RunDir(at(dir), StartMode::auto_resume, one).resume());
-  make_dirs(dir + "/checkpoints/step_00000002");
+  fake_committed_checkpoint(dir, 2);
   EXPECT_TRUE(RunDir(at(dir), StartMode::auto_resume, one).resume());
   EXPECT_TRUE(RunDir(at(dir), StartMode::resume, one).resume());
 }
@@ -115,13 +124,6 @@ TEST(RunDir, ARefusedStartRemovesTheDirectoriesItMade) {
 
 // What the saver leaves: a committed step directory (its marker is written before it takes
 // the name), a staging directory and `latest`.
-void fake_committed_checkpoint(const std::string& dir, int64_t step) {
-  const std::string name = fmt::format("{}/checkpoints/step_{:08d}", dir, step);
-  make_dirs(name);
-  write_file_atomic(name + "/COMMITTED",
-                    "{\"format_version\":2,\"metadata_xxh3_64\":\"0123456789abcdef\"}\n");
-  write_file_atomic(dir + "/checkpoints/latest", fmt::format("step_{:08d}\n", step));
-}
 
 TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
   TempDir tmp;
@@ -158,6 +160,30 @@ TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
   EXPECT_EQ(entries, (std::vector<std::string>{"checkpoints/latest", "checkpoints/step_00000002",
                                                "checkpoints/step_00000004.abc.tmp",
                                                "metrics.jsonl (2 line(s))"}));
+}
+
+// A resume saves step_N directories by name: one Foundry did not commit stops it at the start,
+// and a save that meets one anyway (made meanwhile) leaves it as it was.
+TEST(RunDir, AResumeIsRefusedOverAStepDirectoryFoundryDidNotWrite) {
+  TempDir tmp;
+  const std::string dir = tmp.path() + "/run";
+  fake_previous_run(dir, false);
+  fake_committed_checkpoint(dir, 2);
+  write_file_atomic(dir + "/checkpoints/mine.txt", "notes\n");  // harmless to a resume
+  { EXPECT_TRUE(RunDir(at(dir), StartMode::resume, Processes(nullptr, 0)).resume()); }
+  make_dirs(dir + "/checkpoints/step_00000006");
+  write_file_atomic(dir + "/checkpoints/step_00000006/notes.txt", "keep\n");
+  for (StartMode mode : {StartMode::resume, StartMode::auto_resume})
+    expect_error([&] { RunDir d(at(dir), mode, Processes(nullptr, 0)); },
+                 "holds step directories Foundry did not write: step_00000006 (a step directory "
+                 "without a commit marker); a save of that step would replace them");
+  make_dirs(dir + "/checkpoints/step_00000004.x.tmp");
+  expect_error(
+      [&] {
+        publish_dir(dir + "/checkpoints/step_00000004.x.tmp", dir + "/checkpoints/step_00000006");
+      },
+      "exists and is not a checkpoint Foundry wrote");
+  EXPECT_EQ(read_text_file(dir + "/checkpoints/step_00000006/notes.txt"), "keep\n");
 }
 
 TEST(RunDir, OverwriteRemovesThePreviousRunAndRecordsIt) {

@@ -217,11 +217,22 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
 // changes, which the events log gets once the resume is accepted (train(): a resume refused on
 // the way changes nothing on disk).
 std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
-  const std::string path = rc.train.run_dir + "/config.json";
-  if (!path_exists(path)) return {};
+  std::string path = rc.train.run_dir + "/config.json";
+  std::string own = fmt::format("--config {} holds them all", path);
   RunConfig before;
   try {
-    before = load_run_config(path, {});
+    if (path_exists(path)) {
+      before = load_run_config(path, {});
+    } else {
+      // Without the run's config.json, the config its latest checkpoint recorded.
+      const std::optional<std::string> latest = find_latest_checkpoint(rc.train.run_dir);
+      if (!latest) return {};
+      const json state = read_checkpoint_trainer_state(*latest);
+      if (!state.contains("config")) return {};
+      path = "the config recorded in " + *latest;
+      own = fmt::format("as recorded under \"config\" in {}'s trainer state", *latest);
+      before = parse_run_config(state.at("config"), path);
+    }
   } catch (const Error& e) {
     if (root) warn(fmt::format("cannot compare with the run's {}: {}", path, e.what()));
     return {};
@@ -231,9 +242,9 @@ std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed
   if (!allowed)
     fail(fmt::format("this resume would train on with other settings than the run's ({}): {}", path,
                      fmt::join(changes, "; ")),
-         fmt::format("resume with the run's own settings (--config {} holds them all), or pass "
-                     "--allow-config-change to change them on purpose",
-                     path));
+         fmt::format("resume with the run's own settings ({}), or pass --allow-config-change "
+                     "to change them on purpose",
+                     own));
   if (root)
     std::fprintf(stderr, "resume: changing %s\n",
                  fmt::format("{}", fmt::join(changes, "; ")).c_str());
