@@ -362,6 +362,7 @@ CASES = [
     Case("prepare: vocabulary too small for the corpus", "data prepare --input corpus.txt --out new --vocab-size 50 --quiet", [], ["vocabulary size 50"], hint="--vocab-size"),
     Case("prepare: --out holds other files", "data prepare --input corpus.txt --out notes", [write("notes/todo.txt", "keep me")], ["'notes'", "todo.txt"]),
     Case("prepare: --out holds a dataset", "data prepare --input corpus.txt --out ds", [], ["'ds' already holds a prepared dataset"], hint="--overwrite"),
+    Case("prepare: --out holds a tokenizer.model of the user's", "data prepare --input corpus.txt --out tokdir --vocab-size 300", [write("tokdir/tokenizer.model", "mine")], ["'tokdir' holds tokenizer.model but no meta.json"], hint="--tokenizer"),
     Case("prepare: --out is a file", "data prepare --input corpus.txt --out tiny.json", [], ["tiny.json", "not a directory"]),
     Case("prepare: --tokenizer missing", "data prepare --input corpus.txt --out new --tokenizer nope.model", [], ["nope.model"]),
     Case("prepare: --tokenizer not a tokenizer", "data prepare --input corpus.txt --out new --tokenizer junk.model", [write("junk.model", "not a model")], ["junk.model"]),

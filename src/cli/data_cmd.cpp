@@ -16,13 +16,16 @@ struct PrepareArgs {
   bool quiet = false;
 };
 
-void run_prepare(const PrepareArgs& args, bool vocab_size_given) {
+void run_prepare(const PrepareArgs& args, bool vocab_size_given, bool max_sentences_given) {
   data::PrepareOptions options = args.options;
   options.format = data::parse_input_format(args.format);
   options.show_progress = !args.quiet;
   if (vocab_size_given && !options.tokenizer_path.empty())
     std::fprintf(stderr,
                  "note: --vocab-size is ignored with --tokenizer (the tokenizer sets it)\n");
+  if (max_sentences_given && !options.tokenizer_path.empty())
+    std::fprintf(stderr,
+                 "note: --max-sentences is ignored with --tokenizer (no tokenizer is trained)\n");
 
   const data::DatasetMeta meta = data::prepare_dataset(options);
 
@@ -73,15 +76,18 @@ void register_data_commands(CLI::App& app) {
   prepare->add_option("--shard-tokens", o.shard_tokens, "Maximum tokens per shard file")
       ->check(in_range(int64_t{1}, int64_t{1} << 62))
       ->capture_default_str();
-  prepare->add_option("--max-sentences", o.max_sentences,
-                      "Maximum lines sampled to train the tokenizer")
-      ->capture_default_str();
+  CLI::Option* max_sentences = prepare
+                                   ->add_option("--max-sentences", o.max_sentences,
+                                                "Maximum lines sampled to train the tokenizer")
+                                   ->capture_default_str();
   prepare->add_flag("--overwrite", o.overwrite, "Replace a dataset already in --out");
   prepare->add_flag("--allow-binary", o.allow_binary,
                     "Read input that is not text (control bytes such as NUL) instead of refusing "
                     "it; bytes that are not UTF-8 become U+FFFD");
   prepare->add_flag("--quiet,-q", args->quiet, "No progress output");
-  prepare->callback([args, vocab]() { run_prepare(*args, vocab->count() > 0); });
+  prepare->callback([args, vocab, max_sentences]() {
+    run_prepare(*args, vocab->count() > 0, max_sentences->count() > 0);
+  });
 }
 
 }  // namespace foundry::cli

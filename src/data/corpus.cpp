@@ -1,5 +1,6 @@
 #include "data/corpus.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 
 #include "base/error.h"
 #include "base/io.h"
+#include "data/dataset.h"
 
 namespace foundry::data {
 
@@ -115,9 +117,40 @@ std::string_view with_valid_utf8(std::string_view text, std::string& storage) {
   return storage;
 }
 
-bool is_blank_line(std::string_view line) {
-  return std::all_of(line.begin(), line.end(), [](char c) { return is_blank(c); });
+}  // namespace
+
+bool is_blank_text(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    if (p[i] < 0x80) {
+      if (!is_blank(static_cast<char>(p[i]))) return false;
+      ++i;
+      continue;
+    }
+    // Unicode's other White_Space characters, as UTF-8: U+0085 and U+00A0 (C2 85, C2 A0),
+    // U+1680 (E1 9A 80), U+2000–U+200A, U+2028, U+2029, U+202F (E2 80 xx), U+205F (E2 81 9F)
+    // and U+3000 (E3 80 80). Anything else, invalid UTF-8 included, is text.
+    if (i + 1 < n && p[i] == 0xC2 && (p[i + 1] == 0x85 || p[i + 1] == 0xA0)) {
+      i += 2;
+      continue;
+    }
+    if (i + 2 >= n) return false;
+    const unsigned b1 = p[i + 1], b2 = p[i + 2];
+    const bool space = (p[i] == 0xE1 && b1 == 0x9A && b2 == 0x80) ||
+                       (p[i] == 0xE2 && b1 == 0x80 &&
+                        (b2 <= 0x8A || b2 == 0xA8 || b2 == 0xA9 || b2 == 0xAF) && b2 >= 0x80) ||
+                       (p[i] == 0xE2 && b1 == 0x81 && b2 == 0x9F) ||
+                       (p[i] == 0xE3 && b1 == 0x80 && b2 == 0x80);
+    if (!space) return false;
+    i += 3;
+  }
+  return true;
 }
+
+namespace {
+
+bool is_blank_line(std::string_view line) { return is_blank_text(line); }
 
 void read_text(const InputFile& file, const char* data, size_t size, size_t start,
                const DocumentCallback& on_document) {
@@ -177,9 +210,8 @@ class JsonArrayReader {
 
   void read(const DocumentCallback& on_document) {
     skip_blanks();
-    if (pos_ >= size_ || data_[pos_] != '[')
-      error(pos_, pos_ >= size_ ? "expected a JSON array of strings, found no data"
-                                : "expected a JSON array of strings ('[')");
+    if (pos_ >= size_) return;  // an empty file holds no documents, as an empty .txt
+    if (data_[pos_] != '[') error(pos_, "expected a JSON array of strings ('[')");
     ++pos_;
     skip_blanks();
     if (pos_ < size_ && data_[pos_] == ']') {
@@ -306,13 +338,18 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
   std::error_code ec;
   const fs::path skip = skip_dir.empty() ? fs::path() : fs::weakly_canonical(skip_dir, ec);
   std::vector<InputFile> files;
-  std::map<fs::path, std::string> added;  // canonical path -> the path that added it
+  // (device, inode) -> the path that added it: the same file under any name, hard links too.
+  std::map<std::pair<uint64_t, uint64_t>, std::string> added;
   auto add = [&](const std::string& path) {
     check_readable(path);
     // The same file twice (given twice, or inside a folder also given) would put its
     // documents in the data twice, and some in both splits.
-    const fs::path canonical = fs::weakly_canonical(path, ec);
-    if (auto [at, fresh] = added.emplace(canonical, path); !fresh)
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      fail(fmt::format("cannot read input '{}': {}", path, std::strerror(errno)));
+    const std::pair<uint64_t, uint64_t> id{static_cast<uint64_t>(st.st_dev),
+                                           static_cast<uint64_t>(st.st_ino)};
+    if (auto [at, fresh] = added.emplace(id, path); !fresh)
       fail(fmt::format("input '{}' is the file '{}' already read", path, at->second),
            "give each file once (a folder's files are read with it)");
     InputFile f;
@@ -349,8 +386,16 @@ std::vector<InputFile> resolve_inputs(const std::vector<std::string>& paths, Inp
                      "warning: skipping '{}', a symbolic link to a folder (a scan does not follow "
                      "them): pass it as an --input of its own to read it\n",
                      entry.string());
-        if (hidden || (!skip.empty() && fs::weakly_canonical(entry, ec) == skip))
+        if (hidden || (!skip.empty() && fs::weakly_canonical(entry, ec) == skip)) {
           it.disable_recursion_pending();
+        } else if (fs::exists(entry / kMetaFileName, ec) &&
+                   fs::exists(entry / kTokenizerFileName, ec)) {
+          // A prepared dataset: its meta.json is no document.
+          fmt::print(stderr,
+                     "note: skipping '{}', a prepared dataset (meta.json, tokenizer.model)\n",
+                     entry.string());
+          it.disable_recursion_pending();
+        }
         continue;
       }
       const std::string ext = lowercase_extension(entry.string());

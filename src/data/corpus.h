@@ -17,6 +17,11 @@
 
 namespace foundry::data {
 
+// Whether `text` holds only whitespace: ASCII's and Unicode's other White_Space characters
+// (no-break, ideographic and the typographic spaces, the line and paragraph separators), read
+// as UTF-8. Such a document, line or training sentence is skipped as blank.
+bool is_blank_text(std::string_view text);
+
 enum class InputFormat { Auto, Text, Jsonl, JsonArray };
 
 // "auto" | "text" | "jsonl" | "json-array"; anything else is an Error listing the choices.

@@ -94,6 +94,28 @@ TEST(Corpus, JsonArrayReadsStrings) {
             (Docs{"plain", "esc \"q\" \n é 😀", "last"}));
   write_file(dir.file("empty.json"), " [ ] ");
   EXPECT_TRUE(documents_of(dir.file("empty.json"), InputFormat::JsonArray).empty());
+  // An empty file (or one of blanks after a byte-order mark) holds no documents, as a .txt.
+  for (const char* nothing : {"", "\xEF\xBB\xBF \n\n"}) {
+    write_file(dir.file("nothing.json"), nothing);
+    EXPECT_TRUE(documents_of(dir.file("nothing.json"), InputFormat::JsonArray).empty());
+  }
+}
+
+// Unicode's whitespace is blank as ASCII's is: a document of no-break or ideographic spaces is
+// skipped; a letter among them, or a byte that is not UTF-8, makes it text.
+TEST(Corpus, BlankMeansUnicodeWhitespaceToo) {
+  for (const char* blank :
+       {"", " \t\r\f\v", "\xC2\xA0", "\xE3\x80\x80", "\xE2\x80\x83 \xE2\x80\xAF",
+        "\xE2\x80\xA8\xE2\x80\xA9", "\xE2\x81\x9F\xE1\x9A\x80\xC2\x85"})
+    EXPECT_TRUE(is_blank_text(blank)) << blank;
+  for (const char* text :
+       {"a", "\xC2\xA0x", "\xE2\x80\x8B", "\xE2\x80", "\xC2", "\xFF", "\xE3\x80\x81"})
+    EXPECT_FALSE(is_blank_text(text)) << text;
+  TempDir dir;
+  write_file(dir.file("a.txt"), "real text\n\xC2\xA0\n\xE3\x80\x80 \n");
+  EXPECT_EQ(documents_of(dir.file("a.txt"), InputFormat::Text), (Docs{"real text"}));
+  write_file(dir.file("a.json"), "[\"\\u2003\", \"x\"]");
+  EXPECT_EQ(documents_of(dir.file("a.json"), InputFormat::JsonArray), (Docs{"x"}));
 }
 
 TEST(Corpus, JsonArrayErrorsNameFileAndLine) {
@@ -111,7 +133,6 @@ TEST(Corpus, JsonArrayErrorsNameFileAndLine) {
   expect_bad("[\n\"a\",\n\"b\"\n", {path + ":4:", "not closed"});
   expect_bad("[\"a\"] trailing", {path + ":1:", "after the closing"});
   expect_bad("{\"not\": \"an array\"}", {path + ":1:", "expected a JSON array"});
-  expect_bad("", {path, "found no data"});
   expect_bad("[\n\"bad escape \\q\"]", {path + ":2:", "invalid string"});
 }
 
@@ -156,7 +177,14 @@ TEST(Corpus, ScansFoldersRecursivelyInNameOrder) {
   write_file(root + "/.hidden.txt", "ignored: hidden");
   write_file(root + "/.git/config.txt", "ignored: hidden folder");
   write_file(root + "/out/meta.json", "{}");  // the dataset being written: skipped
+  // Another prepared dataset in the corpus folder: skipped, with a note.
+  write_file(root + "/older/meta.json", "{}");
+  write_file(root + "/older/tokenizer.model", "model");
+  ::testing::internal::CaptureStderr();
   const auto files = resolve_inputs({root}, InputFormat::Auto, root + "/out");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("skipping '" + root + "/older', a prepared dataset"), std::string::npos)
+      << log;
   std::vector<std::string> names;
   for (const auto& f : files) names.push_back(f.path.substr(root.size() + 1));
   EXPECT_EQ(names, (std::vector<std::string>{"builds/doc-1.json", "builds/doc-10.json",
@@ -205,6 +233,12 @@ TEST(Corpus, BadInputPathsAreErrors) {
   expect_error([&] { resolve_inputs({dir.file("empty")}, InputFormat::Auto); },
                {dir.file("empty"), "holds no .txt"});
   expect_error([&] { resolve_inputs({}, InputFormat::Auto); }, {"no input"});
+  // One file under two names, a hard link too: its documents would be read twice.
+  write_file(dir.file("twice/a.txt"), "text");
+  std::filesystem::create_hard_link(dir.file("twice/a.txt"), dir.file("twice/b.txt"));
+  expect_error([&] { resolve_inputs({dir.file("twice")}, InputFormat::Auto); },
+               {"input '" + dir.file("twice/b.txt") + "' is the file '" + dir.file("twice/a.txt") +
+                "' already read"});
   if (::geteuid() != 0) {  // root reads everything
     write_file(dir.file("locked.txt"), "x");
     std::filesystem::permissions(dir.file("locked.txt"), std::filesystem::perms::none);

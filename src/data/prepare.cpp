@@ -1,5 +1,6 @@
 #include "data/prepare.h"
 
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -346,13 +347,32 @@ class OutputDir {
       if (path_exists(path(kMetaFileName)) && !overwrite)
         fail(fmt::format("'{}' already holds a prepared dataset", dir_),
              "pass --overwrite to replace it, or choose another --out directory");
+      std::vector<std::string> unfinished;  // dataset files without the meta.json that ends one
       for (const auto& entry : fs::directory_iterator(dir_)) {
         const std::string name = entry.path().filename().string();
         if (!is_dataset_file(name))
           fail(fmt::format("--out '{}' is not empty and holds '{}', which is not part of a dataset",
                            dir_, name),
                "choose a new or empty directory for the dataset");
+        if (name != kMetaFileName && !name.starts_with(kStagingPrefix) &&
+            !name.starts_with(std::string(kMetaFileName) + ".tmp."))
+          unfinished.push_back(name);
       }
+      // Without meta.json they are no dataset Foundry finished: an interrupted replacement's,
+      // or the user's own (a tokenizer.model meant as --tokenizer): replaced only on purpose.
+      std::sort(unfinished.begin(), unfinished.end());
+      if (!path_exists(path(kMetaFileName)) && !unfinished.empty() && !overwrite)
+        fail(fmt::format("--out '{}' holds {} but no {}: not a dataset Foundry finished, and this "
+                         "run would replace them",
+                         dir_,
+                         fmt::format("{}", fmt::join(unfinished.begin(),
+                                                     unfinished.begin() +
+                                                         std::min<size_t>(3, unfinished.size()),
+                                                     ", ")) +
+                             (unfinished.size() > 3 ? ", ..." : ""),
+                         kMetaFileName),
+             "pass --overwrite to replace them, or choose another --out directory; to encode "
+             "with an existing tokenizer.model, pass it as --tokenizer");
     } else {
       created_ = make_dirs_outermost(dir_);
     }

@@ -211,6 +211,17 @@ TEST_F(Prepare, RefusesToClobberWithoutOverwrite) {
                                       "val_00000.bin"}));
   EXPECT_NO_THROW(Dataset d(dir_.file("out")));
 
+  // Dataset files without a meta.json (a tokenizer.model of the user's, say) are replaced only
+  // with --overwrite.
+  write_file(dir_.file("tok/tokenizer.model"), "the user's own");
+  expect_error([&] { prepare_dataset(options("tok")); },
+               {"holds tokenizer.model but no meta.json", "not a dataset Foundry finished"});
+  EXPECT_EQ(read_file(dir_.file("tok/tokenizer.model")), "the user's own");
+  PrepareOptions replace = options("tok");
+  replace.overwrite = true;
+  EXPECT_NO_THROW(prepare_dataset(replace));
+  EXPECT_NE(read_file(dir_.file("tok/tokenizer.model")), "the user's own");
+
   write_file(dir_.file("busy/notes.txt"), "mine");
   expect_error([&] { prepare_dataset(options("busy")); }, {"busy", "notes.txt", "not empty"});
   EXPECT_EQ(read_file(dir_.file("busy/notes.txt")), "mine");

@@ -12,6 +12,7 @@
 #include "base/error.h"
 #include "base/hash.h"
 #include "base/io.h"
+#include "data/corpus.h"
 
 namespace foundry::data {
 
@@ -176,10 +177,6 @@ class VectorSentenceIterator : public sentencepiece::SentenceIterator {
   const std::vector<std::string>& sentences_;
   size_t index_ = 0;
 };
-
-bool is_blank_text(std::string_view text) {
-  return text.find_first_not_of(" \t\r\f\v") == std::string_view::npos;
-}
 
 [[noreturn]] void fail_training(const std::string& message, int32_t vocab_size) {
   std::smatch m;
