@@ -1,11 +1,12 @@
 #include "ckpt/inspect.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
-
-#include <fmt/ranges.h>
 
 #include "base/error.h"
 #include "base/format.h"
@@ -461,6 +462,18 @@ VerifyReport verify_checkpoint_data(const std::string& dir) {
     for (const json& p : m["pieces"]) report.bytes += p["byte_length"].get<int64_t>();
   } else {
     verify_checkpoint(dir);
+    // Its F32 tensors' NaN and infinities, as version 2's are counted (a diverged run's).
+    for (const char* file : {kModelFile, kOptimizerFile}) {
+      if (!path_exists(join(dir, file))) continue;
+      const SafetensorsReader reader(join(dir, file));
+      for (const TensorView& t : reader.tensors()) {
+        if (t.dtype != StDtype::F32) continue;
+        const auto* values = reinterpret_cast<const float*>(t.data);
+        const int64_t bad = std::count_if(values, values + t.bytes / sizeof(float),
+                                          [](float x) { return !std::isfinite(x); });
+        if (bad > 0) report.non_finite[t.name] += bad;
+      }
+    }
     const json m = read_json(join(dir, kManifestFile));
     report.files = static_cast<int64_t>(m["files"].size());
     for (const auto& [name, entry] : m["files"].items())

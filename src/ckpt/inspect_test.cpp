@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "base/hash.h"
 #include "base/io.h"
@@ -164,6 +166,20 @@ TEST_F(InspectTest, InfoOfVersionOneListsItsFiles) {
             std::string::npos);
   const VerifyReport report = verify_checkpoint_data(dir);
   EXPECT_EQ(report.files, 4);
+
+  // A diverged run's values are counted per tensor, as in version 2 (the slabs above are
+  // random bit patterns, NaN among them; these are finite but for the ones set).
+  std::vector<float> diverged(params_.size(), 0.5f), moments(state_.size(), -0.25f);
+  const ParamInfo& last = table_.params().back();
+  diverged[last.offset] = NAN;
+  diverged[last.offset + 1] = INFINITY;
+  moments[0] = NAN;
+  const std::string bad = save_checkpoint(run_dir_, 8, config_, table_, diverged.data(),
+                                          {{"exp_avg", moments.data()}}, {{"step", 8}}, 0);
+  const VerifyReport counted = verify_checkpoint_data(bad);
+  EXPECT_EQ(counted.non_finite,
+            (std::map<std::string, int64_t>{{last.name, 2},
+                                            {table_.params().front().name + ".exp_avg", 1}}));
 }
 
 // Rewrites metadata.json without tensor `name` and commits it again.

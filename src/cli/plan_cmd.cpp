@@ -161,8 +161,7 @@ void print_prediction(const RunConfig& rc, const StepShape& s, const StepPredict
   std::printf("predicted tokens/s per device: %.0f   MFU: %.1f%% of the best measured GEMM rate",
               p.tokens_per_s, 100 * p.mfu_measured);
   if (p.mfu_spec > 0) std::printf(", %.1f%% of spec peak", 100 * p.mfu_spec);
-  std::printf("\nmemory per device: %s\n",
-              format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2).c_str());
+  std::printf("\nmemory per device: %s\n", format_bytes(double(p.memory_bytes)).c_str());
   (void)rc;
 }
 
@@ -424,8 +423,7 @@ void predict_config(const PlanOptions& o, const HardwareProfile& profile, double
                "warning: {} needs {} per device, more than the {} of a device ({}): it does "
                "not fit (a search rejects such shapes); use more devices, a smaller batch, "
                "recomputation (--recompute) or expert parallelism (--ep)\n",
-               o.config_path, format_bytes(double(p.memory_bytes), ByteUnit::GiB, 2),
-               format_bytes(device_memory, ByteUnit::GiB, 2),
+               o.config_path, format_bytes(double(p.memory_bytes)), format_bytes(device_memory),
                memory > 0 ? std::string("--memory-per-device") : profile.name);
   const TrainingTime training = training_time(parse_amount("--tokens", o.tokens), s, p);
   if (o.json) {

@@ -386,14 +386,21 @@ void Checkpointer::warn_schedule_change(const json& state, int64_t step) const {
   if (!saved || !saved->is_object() || !saved->contains("total_steps") ||
       !saved->at("total_steps").is_number_integer())
     return;  // kept for the record only: nothing to compare with
+  // The checkpoint's own schedule: its recorded config's (train.lr and the rest may have
+  // changed with --allow-config-change, which says so itself), over the steps it spanned.
   LrSchedule before = schedule_;
+  if (state.contains("config")) try {
+      before = lr_schedule(parse_run_config(state.at("config"), "the checkpoint's config").train);
+    } catch (const Error&) {
+      before = schedule_;  // a config this build does not read: the span alone is compared
+    }
   before.total_steps = saved->at("total_steps").get<int64_t>();
   if (before.total_steps == schedule_.total_steps) return;
   const double was = learning_rate(before, step + 1), is = learning_rate(schedule_, step + 1);
   if (was == is) return;  // a constant schedule, or one still warming up
   warn(
       fmt::format("the learning-rate schedule now spans {} steps instead of the checkpoint's "
-                  "{}: step {} trains at lr {:.3g} instead of {:.3g}",
+                  "{}: step {} trains at lr {:.3g} instead of the checkpoint schedule's {:.3g}",
                   schedule_.total_steps, before.total_steps, step + 1, is, was));
 }
 
