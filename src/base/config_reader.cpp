@@ -195,10 +195,13 @@ void apply_override(json& root, const std::string& assignment, bool allow_new) {
            "override the key itself, e.g. --set train.lr=3e-4");
     bool last = dot == std::string::npos;
     // A missing leaf is allowed (it may be a default the file omits; the strict reader
-    // rejects unknown keys later); a missing section is a typo unless allow_new.
-    if (!node->contains(part) && !allow_new && !last)
+    // rejects unknown keys later), and so is a missing top-level section (a file may leave out
+    // a whole section of defaults; the reader rejects an unknown one); a missing object deeper
+    // down is a typo unless allow_new.
+    if (!node->contains(part) && !allow_new && !last && node != &root)
       fail(fmt::format("bad override '{}': unknown key '{}'", assignment, key),
            fmt::format("known keys here: {}", known_keys(*node)));
+    if (!last && !node->contains(part)) (*node)[part] = json::object();
     node = &(*node)[part];
     if (last) break;
     start = dot + 1;

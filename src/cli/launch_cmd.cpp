@@ -46,16 +46,20 @@ void register_launch_command(CLI::App& app) {
                   "Extra options for mpirun/srun (e.g. --launcher-args=--hostfile=hosts)")
       ->take_all();
   cmd->add_option("--max-restarts", o->max_restarts, "Restart budget")
-      ->check(in_range(0, 1000000));
+      ->check(in_range(0, 1000000))
+      ->capture_default_str();
   cmd->add_option("--backoff", o->backoff_s,
                   "Seconds before restarting an attempt that committed no new checkpoint; "
                   "doubles while attempts make no headway (one that did restarts at once)")
-      ->check(in_range(0.0, 3600.0));
+      ->check(in_range(0.0, 3600.0))
+      ->capture_default_str();
   cmd->add_option("--max-backoff", o->max_backoff_s, "Longest wait between restarts (s)")
-      ->check(in_range(0.0, 86400.0));
+      ->check(in_range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--startup-timeout", o->startup_timeout_s,
                   "A rank with no heartbeat this long after a start never started (s)")
-      ->check(in_range(1.0, 86400.0));
+      ->check(in_range(1.0, 86400.0))
+      ->capture_default_str();
   cmd->add_flag("--overwrite", o->overwrite,
                 "The first start replaces the run in train.run_dir (default: resume it)");
   cmd->add_option("--steps", *steps, "Override train.steps")

@@ -479,11 +479,14 @@ void add_generate_command(CLI::App& app) {
                       "room; with --batch: for requests that do not say)")
           ->check(in_range(int64_t{1}, int64_t{1} << 20));
   cmd->add_option("--temperature", g->sampling.temperature, "0 = greedy")
-      ->check(in_range(0.0, 100.0));
+      ->check(in_range(0.0, 100.0))
+      ->capture_default_str();
   cmd->add_option("--top-k", g->sampling.top_k, "Keep the k most likely tokens (0 = all)")
-      ->check(in_range(int64_t{0}, int64_t{1} << 24));
+      ->check(in_range(int64_t{0}, int64_t{1} << 24))
+      ->capture_default_str();
   cmd->add_option("--top-p", g->sampling.top_p, "Nucleus sampling mass")
-      ->check(in_range(0.0, 1.0));
+      ->check(in_range(0.0, 1.0))
+      ->capture_default_str();
   cmd->add_flag("--ignore-eos", g->ignore_eos,
                 "Generate all --max-new-tokens, past the end-of-sequence token (with --batch: "
                 "for requests that do not say)");

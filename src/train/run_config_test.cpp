@@ -5,7 +5,9 @@
 #include <tuple>
 
 #include "base/error.h"
+#include "base/io.h"
 #include "base/test_expect_error.h"
+#include "base/test_temp_dir.h"
 
 namespace foundry {
 namespace {
@@ -96,6 +98,21 @@ TEST(RunConfig, ScheduleAndPrecisionAreParsedOnce) {
   j["train"]["schedule"] = "linear";
   expect_error([&] { parse_run_config(j, "test"); },
                "test: 'train.schedule' = \"linear\" is not one of: cosine, wsd, constant");
+}
+
+// A file may leave out whole sections of defaults: --set makes them; a misspelt section is the
+// override's error, not the file's.
+TEST(RunConfig, OverridesMakeTheSectionsAFileLeavesOut) {
+  testing::TempDir dir;
+  write_file_atomic(dir.file("empty.json"), "{}\n");
+  const RunConfig rc =
+      load_run_config(dir.file("empty.json"), {"model.d_model=64", "train.batch_size=3"});
+  EXPECT_EQ(rc.model.d_model, 64);
+  EXPECT_EQ(rc.train.batch_size, 3);
+  expect_error([&] { load_run_config(dir.file("empty.json"), {"trian.lr=1"}); },
+               "bad override 'trian.lr=1': unknown section 'trian'");
+  expect_error([&] { load_run_config(dir.file("empty.json"), {"train.nope.x=1"}); },
+               "unknown key 'train.nope.x'");
 }
 
 TEST(RunConfig, UnknownChoiceNamesTheKeyAndTheChoices) {
