@@ -727,8 +727,20 @@ nlohmann::json merge_profile_collectives(nlohmann::json profile,
              e.value("algorithm", "") == entry.at("algorithm").get<std::string>();
     };
     auto it = std::find_if(list.begin(), list.end(), same);
-    if (it != list.end()) *it = entry;
-    else list.push_back(entry);
+    if (it == list.end()) {
+      list.push_back(entry);
+    } else if (it->contains("fit") && !entry.contains("fit")) {
+      // An entry of one message size (no fit) does not replace a fitted sweep: readers
+      // predict from the fit, and without one would have nothing for this collective.
+      fmt::print(stderr,
+                 "note: kept the profile's fitted {} over {} ranks ({}): this run's {} point(s) "
+                 "fit no line (measure two sizes or more to replace it)\n",
+                 entry.at("op").get<std::string>(), entry.at("ranks").get<int>(),
+                 entry.at("algorithm").get<std::string>(),
+                 entry.contains("points") ? entry.at("points").size() : size_t{0});
+    } else {
+      *it = entry;
+    }
   }
   return profile;
 }

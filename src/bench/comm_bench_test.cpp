@@ -325,6 +325,24 @@ TEST(CommBench, ProfileMergeReplacesMatchingEntriesAndKeepsTheRest) {
                {"not a hardware profile"});
 }
 
+// One message size fits no line: it does not replace a fitted sweep, which the planner reads.
+TEST(CommBench, ProfileMergeKeepsAFitOverAnEntryWithout) {
+  const Provenance prov;
+  const nlohmann::json fitted =
+      collective_entry_json(sample_result(CollectiveOp::reduce_scatter, 2, "default", 3));
+  ASSERT_TRUE(fitted.contains("fit"));
+  nlohmann::json profile = merge_profile_collectives(nullptr, {{fitted}}, prov, "n");
+  const nlohmann::json single =
+      collective_entry_json(sample_result(CollectiveOp::reduce_scatter, 2, "default", 1));
+  ASSERT_FALSE(single.contains("fit"));
+  ::testing::internal::CaptureStderr();
+  profile = merge_profile_collectives(profile, {{single}}, prov, "n");
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("kept the profile's fitted"),
+            std::string::npos);
+  ASSERT_EQ(profile["collectives"].size(), 1u);
+  EXPECT_EQ(profile["collectives"][0], fitted);
+}
+
 TEST(CommBench, ProfileFileIsCreatedThenUpdated) {
   const testing::TempDir dir;
   const std::string path = dir.file("profile.json");

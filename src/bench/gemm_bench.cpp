@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -241,7 +242,10 @@ double gemm_rate(int64_t m, int64_t n, int64_t k, double seconds) {
 
 void compute_efficiencies(GemmBenchResult& r) {
   r.best_fp32 = r.best_bf16 = 0;
+  // The best rate a dtype reaches: decode products (a few rows against a whole weight) are
+  // bound by memory by design and never set it.
   for (const GemmMeasurement& p : r.points) {
+    if (p.shape.kind == std::string("decode")) continue;
     double& best = p.dtype == DType::bf16 ? r.best_bf16 : r.best_fp32;
     best = std::max(best, p.flops_per_s);
   }
@@ -599,15 +603,70 @@ nlohmann::json read_profile_for_merge(const std::string& path) {
   return profile;
 }
 
+nlohmann::json merged_profile_section(const std::string& key, const nlohmann::json& old,
+                                      const nlohmann::json& fresh) {
+  using nlohmann::json;
+  if (!old.is_object() || !fresh.is_object()) return fresh;
+  json merged = fresh;
+  if (key == "compute") {
+    for (const char* dtype : {"bf16", "fp32"})
+      if (fresh.contains(dtype) && fresh[dtype].value("measured_flops_per_s", json()).is_null() &&
+          old.contains(dtype) && !old[dtype].value("measured_flops_per_s", json()).is_null())
+        merged[dtype] = old[dtype];
+  } else if (key == "gemm" && old.contains("points") && old["points"].is_array()) {
+    // The (dtype, kind) pairs this run measured replace theirs; the others' points stay.
+    std::set<std::pair<std::string, std::string>> ran;
+    for (const json& p : fresh.value("points", json::array()))
+      ran.insert({p.value("dtype", ""), p.value("kind", "")});
+    json points = fresh.value("points", json::array());
+    for (const json& p : old["points"])
+      if (p.is_object() && !ran.count({p.value("dtype", ""), p.value("kind", "")}))
+        points.push_back(p);
+    merged["points"] = points;
+    json best = fresh.value("best_flops_per_s", json::object());
+    if (old.contains("best_flops_per_s") && old["best_flops_per_s"].is_object())
+      for (const auto& [dtype, rate] : old["best_flops_per_s"].items())
+        if (!best.contains(dtype)) best[dtype] = rate;
+    merged["best_flops_per_s"] = best;
+  } else if (key == "memory") {
+    for (const char* part : {"measured_bytes_per_s", "stream", "working_set"}) {
+      const json now = fresh.value(part, json());
+      if ((now.is_null() || (now.is_array() && now.empty())) && old.contains(part))
+        merged[part] = old[part];
+    }
+  }
+  return merged;
+}
+
+void check_profile_device(const nlohmann::json& profile, const nlohmann::json& device,
+                          const std::string& path) {
+  const nlohmann::json held =
+      profile.is_object() ? profile.value("device", nlohmann::json()) : nlohmann::json();
+  if (!held.is_object() || !held.contains("kind") || !device.contains("kind")) return;
+  const std::string kind = held.value("kind", ""), name = held.value("name", "");
+  const bool named = device.contains("name");
+  if (kind != device.value("kind", "") || (named && name != device.value("name", "")))
+    fail(fmt::format(
+             "{} describes the {} '{}', and this run measures {}: one profile holds one "
+             "device's figures",
+             path, kind, name,
+             named ? fmt::format("the {} '{}'", device.value("kind", ""), device.value("name", ""))
+                   : "a " + device.value("kind", std::string())),
+         "write this machine's figures to a profile of its own (another path); the file is "
+         "left as it is");
+}
+
 void merge_profile_sections(const std::string& path, const nlohmann::json& sections,
-                            const Provenance& provenance) {
+                            const Provenance& provenance, const nlohmann::json& device) {
   nlohmann::json profile = read_profile_for_merge(path);
   if (profile.is_null())
     profile = {{"format", kHardwareProfileFormat},
                {"version", 1},
                {"name", provenance.host},
                {"provenance", to_json(provenance)}};
-  for (const auto& [key, value] : sections.items()) profile[key] = value;
+  check_profile_device(profile, device, "--profile " + path);
+  for (const auto& [key, value] : sections.items())
+    profile[key] = merged_profile_section(key, profile.value(key, nlohmann::json()), value);
   write_file_atomic(path, profile.dump(2) + "\n");
 }
 

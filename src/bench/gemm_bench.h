@@ -158,9 +158,22 @@ std::string format_gemm_tables(const GemmBenchResult& r, const CpuPeak& peak);
 
 // Merges `sections` (e.g. {"compute": ..., "gemm": ...}) into the hardware profile at `path`,
 // keeping every other section; creates the file with the format header when absent. Written
-// with write_file_atomic. Throws if the file exists but is not a hardware profile.
+// with write_file_atomic. Throws if the file exists but is not a hardware profile, or if it
+// describes another device than `device` ({"kind": "cpu"|"gpu", "name": ...}, what was
+// measured): one profile's figures are one device's. What this run did not measure stays:
+// compute's dtypes without a measured rate, gemm points of the (dtype, kind) pairs not run, a
+// memory section's bandwidth when this run measured none (working-set sweep only).
 void merge_profile_sections(const std::string& path, const nlohmann::json& sections,
-                            const Provenance& provenance);
+                            const Provenance& provenance, const nlohmann::json& device);
+// Fails unless the hardware profile `profile` (read from `path`) describes the device that
+// is measured, {"kind": "cpu"|"gpu", "name": ...} (without a name: the kind alone is checked);
+// a profile without a device section takes any.
+void check_profile_device(const nlohmann::json& profile, const nlohmann::json& device,
+                          const std::string& path);
+// The profile section `key` after a run that measured `fresh`, from the profile's `old` one
+// (merge_profile_sections' rules).
+nlohmann::json merged_profile_section(const std::string& key, const nlohmann::json& old,
+                                      const nlohmann::json& fresh);
 // The profile at `path` (null when absent), or the error merge_profile_sections would give:
 // call it before a long run so that a wrong --profile fails at once.
 nlohmann::json read_profile_for_merge(const std::string& path);

@@ -323,7 +323,8 @@ TEST(GemmBench, MergesIntoAProfileKeepingOtherSections) {
   prov.host = "testhost";
 
   // Absent: created with the header.
-  merge_profile_sections(path, {{"gemm", {{"source", "measured"}}}}, prov);
+  const nlohmann::json cpu = {{"kind", "cpu"}, {"name", "Test CPU"}};
+  merge_profile_sections(path, {{"gemm", {{"source", "measured"}}}}, prov, cpu);
   nlohmann::json j = nlohmann::json::parse(read_text_file(path));
   EXPECT_EQ(j["format"], "foundry-hardware-profile");
   EXPECT_EQ(j["version"], 1);
@@ -336,7 +337,7 @@ TEST(GemmBench, MergesIntoAProfileKeepingOtherSections) {
   j["name"] = "kept";
   write_file_atomic(path, j.dump());
   merge_profile_sections(
-      path, {{"gemm", {{"points", nlohmann::json::array()}}}, {"memory", {{"x", 1}}}}, prov);
+      path, {{"gemm", {{"points", nlohmann::json::array()}}}, {"memory", {{"x", 1}}}}, prov, cpu);
   j = nlohmann::json::parse(read_text_file(path));
   EXPECT_EQ(j["collectives"][0]["op"], "all_reduce");
   EXPECT_EQ(j["name"], "kept");
@@ -348,14 +349,97 @@ TEST(GemmBench, MergesIntoAProfileKeepingOtherSections) {
   write_file_atomic(path, std::string("{\"model\": {}}"));
   expect_error(
       [&] {
-        merge_profile_sections(path, {{"gemm", 1}}, prov);
+        merge_profile_sections(path, {{"gemm", 1}}, prov, cpu);
       },
       "not a foundry hardware profile");
   EXPECT_EQ(read_text_file(path), "{\"model\": {}}");
   write_file_atomic(path, std::string("{oops"));
-  expect_error([&] { merge_profile_sections(path, {{"gemm", 1}}, prov); }, "not valid JSON");
+  expect_error([&] { merge_profile_sections(path, {{"gemm", 1}}, prov, cpu); }, "not valid JSON");
   EXPECT_EQ(read_text_file(path), "{oops");
   fs::remove_all(dir);
+}
+
+// One profile, one device: a GPU's profile takes no CPU figures (nor another CPU's), and the
+// file is left as it was.
+TEST(GemmBench, AProfileOfAnotherDeviceIsRefused) {
+  const fs::path dir = fs::path(testing::TempDir()) / "gemm_bench_device";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string path = (dir / "h100.json").string();
+  const std::string text = nlohmann::json{{"format", "foundry-hardware-profile"},
+                                          {"version", 1},
+                                          {"device", {{"kind", "gpu"}, {"name", "H100"}}}}
+                               .dump();
+  write_file_atomic(path, text);
+  expect_error(
+      [&] {
+        merge_profile_sections(path, {{"gemm", 1}}, Provenance{},
+                               {{"kind", "cpu"}, {"name", "EPYC"}});
+      },
+      "describes the gpu 'H100', and this run measures the cpu 'EPYC'");
+  expect_error(
+      [&] {
+        merge_profile_sections(path, {{"gemm", 1}}, Provenance{},
+                               {{"kind", "gpu"}, {"name", "A100"}});
+      },
+      "the gpu 'A100'");
+  EXPECT_EQ(read_text_file(path), text);
+  merge_profile_sections(path, {{"gemm", 1}}, Provenance{}, {{"kind", "gpu"}, {"name", "H100"}});
+  EXPECT_EQ(nlohmann::json::parse(read_text_file(path))["gemm"], 1);
+  fs::remove_all(dir);
+}
+
+// What a run did not measure stays: a dtype without a rate, the (dtype, kind) pairs of points
+// it did not run, a memory bandwidth a working-set-only run has none of.
+TEST(GemmBench, APartialRunKeepsWhatItDidNotMeasure) {
+  using nlohmann::json;
+  const json old_compute = {{"bf16", {{"measured_flops_per_s", 500e9}}},
+                            {"fp32", {{"measured_flops_per_s", 250e9}}}};
+  const json fresh_compute = {{"bf16", {{"measured_flops_per_s", nullptr}}},
+                              {"fp32", {{"measured_flops_per_s", 260e9}}}};
+  const json compute = merged_profile_section("compute", old_compute, fresh_compute);
+  EXPECT_EQ(compute["bf16"]["measured_flops_per_s"], 500e9);
+  EXPECT_EQ(compute["fp32"]["measured_flops_per_s"], 260e9);
+
+  auto point = [](const char* dtype, const char* kind, int m) {
+    return json{{"dtype", dtype}, {"kind", kind}, {"m", m}};
+  };
+  const json old_gemm = {
+      {"points",
+       {point("bf16", "square", 1), point("bf16", "decode", 2), point("fp32", "square", 3)}},
+      {"best_flops_per_s", {{"bf16", 500e9}, {"fp32", 250e9}}}};
+  const json fresh_gemm = {{"points", {point("bf16", "decode", 4)}},
+                           {"best_flops_per_s", json::object()}};
+  const json gemm = merged_profile_section("gemm", old_gemm, fresh_gemm);
+  std::vector<int> ms;
+  for (const json& p : gemm["points"]) ms.push_back(p["m"]);
+  EXPECT_EQ(ms, (std::vector<int>{4, 1, 3}));
+  EXPECT_EQ(gemm["best_flops_per_s"]["bf16"], 500e9);
+
+  const json memory = merged_profile_section(
+      "memory", {{"measured_bytes_per_s", 4e10}, {"stream", {1}}, {"working_set", {2}}},
+      {{"measured_bytes_per_s", nullptr}, {"stream", json::array()}, {"working_set", {3}}});
+  EXPECT_EQ(memory["measured_bytes_per_s"], 4e10);
+  EXPECT_EQ(memory["stream"], json({1}));
+  EXPECT_EQ(memory["working_set"], json({3}));
+}
+
+// Decode products are bound by memory by design: they never set a dtype's best rate.
+TEST(GemmBench, DecodeProductsDoNotSetTheBestRate) {
+  GemmBenchResult r;
+  GemmMeasurement square, decode;
+  square.dtype = decode.dtype = DType::bf16;
+  square.shape.kind = "square";
+  square.flops_per_s = 400e9;
+  decode.shape.kind = "decode";
+  decode.flops_per_s = 100e9;
+  r.points = {decode};
+  compute_efficiencies(r);
+  EXPECT_EQ(r.best_bf16, 0);
+  r.points = {square, decode};
+  compute_efficiencies(r);
+  EXPECT_DOUBLE_EQ(r.best_bf16, 400e9);
+  EXPECT_DOUBLE_EQ(r.points[1].efficiency, 0.25);
 }
 
 }  // namespace

@@ -246,9 +246,11 @@ std::string format_report(const json& profile, const std::vector<std::string>& p
       if (!profile["compute"].contains(dt)) continue;
       const json& c = profile["compute"][dt];
       const double spec = num(c, "spec_flops_per_s"), meas = num(c, "measured_flops_per_s");
-      md += fmt::format("| {} | {:.0f} | {} | {:.0f} | {} |\n", dt, spec / 1e9,
-                        c.value("spec_basis", ""), meas / 1e9,
-                        spec > 0 ? fmt::format("{:.0f}%", 100 * meas / spec) : "—");
+      // A figure not measured is "—", never a measured 0.
+      md += fmt::format(
+          "| {} | {} | {} | {} | {} |\n", dt, spec > 0 ? fmt::format("{:.0f}", spec / 1e9) : "—",
+          c.value("spec_basis", ""), meas > 0 ? fmt::format("{:.0f}", meas / 1e9) : "—",
+          spec > 0 && meas > 0 ? fmt::format("{:.0f}%", 100 * meas / spec) : "—");
     }
     md += "\n";
   }
@@ -294,9 +296,11 @@ std::string format_report(const json& profile, const std::vector<std::string>& p
       for (const auto& p : c.value("points", json::array()))
         peak = std::max(peak, num(p, "busbw_bytes_per_s"));
       const json fit = c.value("fit", json::object());
-      md += fmt::format("| {} | {} | {} | {:.1f} | {:.2f} | {} |\n", c.value("op", ""),
-                        c.value("ranks", 0), c.value("algorithm", ""), 1e6 * num(fit, "alpha_s"),
-                        num(fit, "beta_bytes_per_s") / 1e9,
+      const bool fitted = num(fit, "beta_bytes_per_s") > 0;  // one size fits no line
+      md += fmt::format("| {} | {} | {} | {} | {} | {} |\n", c.value("op", ""), c.value("ranks", 0),
+                        c.value("algorithm", ""),
+                        fitted ? fmt::format("{:.1f}", 1e6 * num(fit, "alpha_s")) : "—",
+                        fitted ? fmt::format("{:.2f}", num(fit, "beta_bytes_per_s") / 1e9) : "—",
                         peak > 0 ? fmt::format("{:.2f}", peak / 1e9) : "—");
       ops.insert(c.value("op", ""));
     }

@@ -190,7 +190,8 @@ void write_profile(const BenchAllOptions& o, json profile, const std::string& pr
       !o.name.empty() ? o.name
                       : provenance.host + " (" + (gpu_info ? gpu_info->name : provenance.cpu) + ")";
   profile = merge_profile_collectives(profile, entries, provenance, name);
-  for (auto& [key, value] : sections.items()) profile[key] = value;
+  for (auto& [key, value] : sections.items())
+    profile[key] = merged_profile_section(key, profile.value(key, json()), value);
   profile["name"] = name;
   profile["provenance"] = to_json(provenance);
   profile["device"] = device_section(gpu_info, provenance);
@@ -218,13 +219,23 @@ void run_bench_all(const BenchAllOptions& o) {
 
   // Every rank, before MPI starts: a missing GPU fails the job at once, not after the collectives.
   if (device.cuda && (do_gemm || do_membw)) gpu::check_gpu_visible(device.index, "--device " + device.name());
+  // The profile merged into must be this machine's (its CPU's name, or a GPU's kind here and
+  // its name once rank 0 has opened it).
+  const bool on_gpu = device.cuda && (do_gemm || do_membw);
+  check_profile_device(
+      profile,
+      on_gpu ? json{{"kind", "gpu"}} : json{{"kind", "cpu"}, {"name", collect_provenance(1).cpu}},
+      profile_path + " (--merge)");
 
   MpiSession session;
   Communicator& world = session.world();
   const int rank = world.rank(), ranks = world.size();
   std::optional<gpu::GpuInfo> gpu_info;  // --device cuda: GEMMs and bandwidth on rank 0's GPU
-  if (rank == 0 && device.cuda && (do_gemm || do_membw))
+  if (rank == 0 && on_gpu) {
     gpu_info = gpu::open_gpu(device.index, "--device " + device.name());
+    check_profile_device(profile, {{"kind", "gpu"}, {"name", gpu_info->name}},
+                         profile_path + " (--merge)");
+  }
   if (rank == 0 && !device.cuda && (do_gemm || do_membw))
     check_cpus_for_threads("bench all", omp_get_max_threads());
   const Provenance provenance = collect_provenance(ranks);
@@ -234,6 +245,18 @@ void run_bench_all(const BenchAllOptions& o) {
   }
   const std::vector<CommBenchResult> comm_results =
       do_comm ? measure_collectives(o, world) : std::vector<CommBenchResult>{};
+  // Every rank has the counts summed over ranks: all refuse together, before anything is written.
+  int64_t wrong = 0;
+  for (const CommBenchResult& r : comm_results) wrong += r.wrong();
+  if (wrong > 0) {
+    if (rank == 0)
+      for (const auto& r : comm_results) std::printf("%s\n", format_comm_table(r).c_str());
+    fail(fmt::format("bench all: {} wrong collective result element{} (see the #wrong column); "
+                     "no profile was written",
+                     wrong, wrong == 1 ? "" : "s"),
+         "a collective returned wrong data: rerun to see whether it repeats, and check the MPI "
+         "installation (ompi_info) and any --mca settings");
+  }
   // GEMMs and memory bandwidth: rank 0 alone, the others wait without spinning.
   if (rank == 0) {
     json sections = json::object();
@@ -306,8 +329,17 @@ void register_bench_commands(CLI::App& app) {
       ->required();
   report->add_option("--out", ro->second, "Output directory")->required();
   report->callback([ro] {
-    const HardwareProfile p = load_profile(ro->first);  // validates
-    const ReportFiles files = write_report(p.raw, ro->second);
+    // Any profile bench writes, a partial one too (only collectives, or only memory): the
+    // report shows the sections it has.
+    if (!path_exists(ro->first))
+      fail(fmt::format("--profile {}: no such file", ro->first),
+           "pass a profile JSON written by foundry bench (e.g. OUT/profile.json of bench all)");
+    const json profile = read_profile_for_merge(ro->first);
+    if (profile.value("version", json()) != 1)
+      fail(fmt::format("{}: unsupported profile version {}", ro->first,
+                       profile.contains("version") ? profile["version"].dump() : "(none)"),
+           "this foundry reads version 1");
+    const ReportFiles files = write_report(profile, ro->second);
     std::printf("wrote %s/report.md, %zu CSV tables and %zu plots\n", ro->second.c_str(),
                 files.csv.size(), files.png.size());
     if (!files.plot_warning.empty())

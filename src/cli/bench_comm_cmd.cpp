@@ -85,7 +85,14 @@ void report(const std::vector<CommBenchResult>& results, const CommBenchOptions&
   if (!a.json_path.empty())
     write_file_atomic(a.json_path, comm_bench_json(results, options, provenance).dump(2) + "\n");
   if (!a.csv_path.empty()) write_file_atomic(a.csv_path, format_comm_csv(results, provenance));
-  if (!a.profile_path.empty()) update_profile_file(a.profile_path, results, provenance);
+  if (a.profile_path.empty()) return;
+  int64_t wrong = 0;
+  for (const CommBenchResult& r : results) wrong += r.wrong();
+  // A collective that returned wrong data has no figure to plan with.
+  if (wrong > 0)
+    std::fprintf(stderr, "not merged into %s: some results are wrong\n", a.profile_path.c_str());
+  else
+    update_profile_file(a.profile_path, results, provenance);
 }
 
 // --device cuda: this rank's GPU (plain cuda: each rank of a host its own, as training picks

@@ -89,8 +89,16 @@ void check_outputs(const OutputFlags& o) {
   if (!o.profile_path.empty()) read_profile_for_merge(o.profile_path);
 }
 
+// What a run on this process's cores measured, as merge_profile_sections names it.
+nlohmann::json cpu_device(const Provenance& provenance) {
+  return {{"kind", "cpu"}, {"name", provenance.cpu}};
+}
+nlohmann::json gpu_device(const gpu::GpuInfo& g) { return {{"kind", "gpu"}, {"name", g.name}}; }
+
+// --json and --csv get every result; --profile only results that all checked out (`valid`):
+// a wrong product's rate is no figure to plan with.
 void write_outputs(const OutputFlags& o, const nlohmann::json& sections, const std::string& csv,
-                   const Provenance& provenance) {
+                   const Provenance& provenance, const nlohmann::json& device, bool valid) {
   if (!o.json_path.empty()) {
     nlohmann::json out = sections;
     out["provenance"] = to_json(provenance);
@@ -101,8 +109,10 @@ void write_outputs(const OutputFlags& o, const nlohmann::json& sections, const s
     write_file_atomic(o.csv_path, csv);
     std::printf("wrote %s\n", o.csv_path.c_str());
   }
-  if (!o.profile_path.empty()) {
-    merge_profile_sections(o.profile_path, sections, provenance);
+  if (!o.profile_path.empty() && !valid)
+    std::fprintf(stderr, "not merged into %s: some results are wrong\n", o.profile_path.c_str());
+  if (!o.profile_path.empty() && valid) {
+    merge_profile_sections(o.profile_path, sections, provenance, device);
     std::string keys;
     for (const auto& [k, v] : sections.items()) keys += (keys.empty() ? "" : ", ") + k;
     std::printf("merged %s into %s\n", keys.c_str(), o.profile_path.c_str());
@@ -173,7 +183,7 @@ void run_bench_gemm_gpu(const GemmFlags& f, const CLI::App& cmd, const DeviceSpe
   const nlohmann::json sections = {{"device", gpu_device_section(g, gpu::visible_gpus())},
                                    {"compute", compute_profile_section(r, peak, provenance)},
                                    {"gemm", gemm_profile_section(r, provenance)}};
-  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance);
+  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance, gpu_device(g), r.all_valid);
   if (!r.all_valid)
     fail("some GEMM results are wrong (rows marked WRONG RESULT)",
          "the product disagrees with an exact double-precision reference: a bug in gpu::gemm "
@@ -226,7 +236,8 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
               load_line(r.load_average).c_str(), format_gemm_tables(r, peak).c_str());
   const nlohmann::json sections = {{"compute", compute_profile_section(r, peak, provenance)},
                                    {"gemm", gemm_profile_section(r, provenance)}};
-  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance);
+  write_outputs(f.out, sections, gemm_csv(r, provenance), provenance, cpu_device(provenance),
+                r.all_valid);
   if (!r.all_valid)
     fail("some GEMM results are wrong (rows marked WRONG RESULT)",
          "the product disagrees with a double-precision reference: a bug in foundry::gemm or "
@@ -282,7 +293,7 @@ void run_bench_membw_gpu(const MembwFlags& f, const CLI::App& cmd, const DeviceS
   std::printf("%s\n%s", load_line(r.load_average).c_str(), format_gpu_membw_tables(r, g).c_str());
   const nlohmann::json sections = {{"device", gpu_device_section(g, gpu::visible_gpus())},
                                    {"memory", gpu_memory_section(r, g, provenance)}};
-  write_outputs(f.out, sections, membw_csv(r, provenance), provenance);
+  write_outputs(f.out, sections, membw_csv(r, provenance), provenance, gpu_device(g), r.all_valid);
   if (!r.all_valid)
     fail("GPU memory bandwidth results failed validation (see the notes above)",
          "a kernel wrote wrong values: a bug in src/cuda/stream_kernels.cu, or failing memory");
@@ -302,6 +313,7 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
     o.points_per_doubling = 1;
     o.bytes_per_run = 8 << 20;
   }
+  if (given("--threads")) o.threads.clear();  // the given counts, not --quick's as well
   if (given("--threads"))
     for (int64_t t : parse_int_list("--threads", f.threads)) {
       if (t > 4096) fail(fmt::format("--threads {}: at most 4096", t));
@@ -326,7 +338,8 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   std::printf("%s%s\n%s", format_provenance(provenance, "# ").c_str(),
               load_line(r.load_average).c_str(), format_membw_tables(r).c_str());
   const nlohmann::json sections = {{"memory", memory_profile_section(r, provenance)}};
-  write_outputs(f.out, sections, membw_csv(r, provenance), provenance);
+  write_outputs(f.out, sections, membw_csv(r, provenance), provenance, cpu_device(provenance),
+                r.all_valid);
   if (!r.all_valid)
     fail("memory bandwidth results failed validation (see the notes above)",
          "a kernel wrote wrong values: suspect the build flags or failing memory");
@@ -473,7 +486,7 @@ void run_bench_attention(const AttentionFlags& f, const CLI::App& cmd) {
                           report.csv;
   write_outputs(f.out,
                 {{"efficiency", efficiency}, {"attention_bench", {{"points", report.points}}}}, csv,
-                provenance);
+                provenance, gpu_device(g), true);
 }
 
 void add_gemm_command(CLI::App& bench) {
