@@ -29,17 +29,22 @@ std::string checkpoint_checksum(const std::string& dir) {
 bool has_commit_marker(const std::string& dir) {
   const std::string marker = join(dir, kCommittedFile);
   std::error_code ec;
-  if (!fs::is_regular_file(marker, ec)) return false;
   // Foundry's marker is a line of JSON: a large file is not one.
-  if (fs::file_size(marker, ec) <= 4096 && !ec) {
-    const json j = json::parse(read_text_file(marker), nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("format_version") && j["format_version"].is_number_integer())
-      for (const char* key : {"manifest_xxh3_64", "metadata_xxh3_64"})
-        if (j.contains(key) && j[key].is_string()) return true;
-  }
-  // A marker of Foundry's damaged since: the checkpoint fails verification (a resume falls back
-  // to an older one, and a save of the same step replaces it), but its save's metadata is there.
-  return path_exists(join(dir, kMetadataFile)) || path_exists(join(dir, kManifestFile));
+  if (!fs::is_regular_file(marker, ec) || fs::file_size(marker, ec) > 4096 || ec) return false;
+  const json j = json::parse(read_text_file(marker), nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("format_version") || !j["format_version"].is_number_integer())
+    return false;
+  for (const char* key : {"manifest_xxh3_64", "metadata_xxh3_64"})
+    if (j.contains(key) && j[key].is_string()) return true;
+  return false;
+}
+
+bool is_foundry_checkpoint_dir(const std::string& dir) {
+  // Or its marker damaged or lost since: the checkpoint fails verification (a resume falls
+  // back to an older one, and a save of the same step replaces it), but what its save wrote
+  // first is there.
+  return has_commit_marker(dir) || path_exists(join(dir, kMetadataFile)) ||
+         path_exists(join(dir, kManifestFile));
 }
 
 std::string join(const std::string& dir, const std::string& name) {
@@ -98,10 +103,10 @@ void publish_dir(const std::string& tmp_dir, const std::string& final_dir) {
     if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) fail_rename(tmp_dir, final_dir);
     return;
   }
-  // Only a checkpoint is replaced: a directory of that name Foundry did not commit stays.
-  if (!has_commit_marker(final_dir))
+  // Only a checkpoint is replaced: a directory of that name Foundry did not write stays.
+  if (!is_foundry_checkpoint_dir(final_dir))
     fail(fmt::format("cannot save the checkpoint: '{}' exists and is not a checkpoint Foundry "
-                     "wrote (no commit marker of its own); it was left as it was",
+                     "wrote (neither its commit marker nor its metadata); it was left as it was",
                      final_dir),
          "move it out of the checkpoints directory, then resume the run");
   if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {

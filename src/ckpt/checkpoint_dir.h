@@ -41,10 +41,14 @@ std::string checkpoints_root(const std::string& run_dir);
 // metadata's checksum and so its contents; "" when it has no marker.
 std::string checkpoint_checksum(const std::string& dir);
 // Whether `dir` holds a commit marker Foundry wrote: COMMITTED parses as an object with a
-// format_version and its manifest's (v1) or metadata's (v2) checksum, or (damaged since) sits
-// beside the manifest or metadata a save writes. A step directory with any other COMMITTED,
-// or none, is not Foundry's: no save, --overwrite or retention replaces or removes it.
+// format_version and its manifest's (v1) or metadata's (v2) checksum. Retention removes only
+// such checkpoints.
 bool has_commit_marker(const std::string& dir);
+// Whether `dir` is a checkpoint directory Foundry wrote: its commit marker, or (the marker
+// damaged or lost since) the manifest or metadata its save writes. Any other step directory
+// (a COMMITTED of the user's, or none) is not Foundry's: no save or --overwrite replaces or
+// removes it, and a resume refuses to start beside it.
+bool is_foundry_checkpoint_dir(const std::string& dir);
 void warn(const std::string& message);  // "warning: ..." on stderr
 // The entries of a directory, as (name, is a directory) pairs.
 std::vector<std::pair<std::string, bool>> list_dir(const std::string& dir);

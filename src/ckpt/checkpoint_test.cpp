@@ -476,11 +476,17 @@ TEST_F(CheckpointTest, RetentionLeavesAStepDirectoryWhoseMarkerFoundryDidNotWrit
   fs::create_directories(ckpt(2));
   std::ofstream(ckpt(2) + "/COMMITTED") << "{\"format_version\": 1}";
   EXPECT_FALSE(has_commit_marker(ckpt(2)));
+  EXPECT_FALSE(is_foundry_checkpoint_dir(ckpt(2)));
   EXPECT_TRUE(has_commit_marker(ckpt(1)));
   save(3, /*keep_last=*/1);
   EXPECT_FALSE(fs::exists(ckpt(1)));
   EXPECT_TRUE(fs::exists(ckpt(2) + "/COMMITTED"));
   EXPECT_EQ(find_latest_checkpoint(run_dir_), ckpt(3));
+  // A checkpoint of Foundry's whose marker was lost is still Foundry's, though no longer a
+  // committed one that retention counts.
+  fs::remove(ckpt(3) + "/COMMITTED");
+  EXPECT_FALSE(has_commit_marker(ckpt(3)));
+  EXPECT_TRUE(is_foundry_checkpoint_dir(ckpt(3)));
 }
 
 TEST_F(CheckpointTest, LeftoverTmpDirectoryIsIgnoredAndCleanedUp) {

@@ -93,7 +93,7 @@ std::string foreign_reason(const std::string& root, const std::string& name, boo
   if (is_dir && parse_checkpoint_dir_name(name)) {
     // A save writes its commit marker before the directory takes its step_N name.
     const std::string dir = join(root, name);
-    if (has_commit_marker(dir)) return "";
+    if (is_foundry_checkpoint_dir(dir)) return "";
     return path_exists(join(dir, kCommittedFile))
                ? "a step directory whose COMMITTED Foundry did not write"
                : "a step directory without a commit marker";
