@@ -62,6 +62,7 @@ struct Attempt {
   pid_t pid = -1;
   double started = 0;           // monotonic
   int64_t resume_step = 0;      // the checkpoint it starts from (0: none)
+  bool overwrite = false;       // started with --overwrite
   int64_t last_step = 0;        // the furthest step any rank reached
   bool progressed = false;      // some rank completed a step in this attempt (by heartbeats)
   int64_t logged_at_start = 0;  // metrics.jsonl's last step when the attempt started
@@ -89,7 +90,10 @@ int64_t last_logged_step(const std::string& run_dir) {
 class Supervisor {
  public:
   explicit Supervisor(const LaunchOptions& o)
-      : o_(o), rc_(load_run_config(o.config_path, o.overrides)), run_dir_(rc_.train.run_dir) {
+      : o_(o),
+        rc_(load_run_config(o.config_path, o.overrides)),
+        run_dir_(rc_.train.run_dir),
+        overwrite_pending_(o.overwrite) {
     check_launchable();
   }
   int run();
@@ -117,6 +121,9 @@ class Supervisor {
   const std::string run_dir_;
   StopSignals signals_;
   double attempt_unix_ = 0;
+  // `launch --overwrite` until an attempt's job has taken the run directory (and so replaced
+  // the old run): an attempt that dies before that leaves the old run for the next to replace.
+  bool overwrite_pending_ = false;
   struct PendingEvent {
     std::string event;
     json fields;
@@ -161,8 +168,9 @@ Attempt Supervisor::start(int number) {
   a.number = number;
   a.host = host_name();
   a.ranks = number > 1 && o_.restart_ranks > 0 ? o_.restart_ranks : o_.ranks;
-  // The first attempt of `launch --overwrite` starts the run anew, whatever the directory holds.
-  a.resume_step = number == 1 && o_.overwrite ? 0 : latest_resume_step(rc_.train);
+  // `launch --overwrite` starts the run anew, whatever the directory holds, until a job has.
+  a.overwrite = overwrite_pending_;
+  a.resume_step = a.overwrite ? 0 : latest_resume_step(rc_.train);
   // A training job that launch did not start (`foundry train` by hand) holds the directory:
   // refused before anything of its is touched (its heartbeats would vanish and it would take
   // its own ranks for lost). The lock is taken and let go at once; launch's job takes it next.
@@ -186,7 +194,7 @@ Attempt Supervisor::start(int number) {
   in.train_args = {"--config", o_.config_path};
   for (const std::string& s : o_.overrides) in.train_args.insert(in.train_args.end(), {"--set", s});
   in.train_args.insert(in.train_args.end(), o_.train_args.begin(), o_.train_args.end());
-  in.train_args.push_back(number == 1 && o_.overwrite ? "--overwrite" : "--auto-resume");
+  in.train_args.push_back(a.overwrite ? "--overwrite" : "--auto-resume");
   in.launcher_args = o_.launcher_args;
   in.host_cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   in.host_slots = physical_cores();
@@ -228,7 +236,7 @@ Attempt Supervisor::start(int number) {
           {"resume_step", a.resume_step},
           {"command", fmt::format("{}", fmt::join(cmd.argv, " "))}},
          fmt::format("attempt {}: {} rank(s), {} ({})", number, a.ranks,
-                     number == 1 && o_.overwrite ? std::string("from the start (--overwrite)")
+                     a.overwrite         ? std::string("from the start (--overwrite)")
                      : a.resume_step > 0 ? fmt::format("resuming from step {}", a.resume_step)
                                          : std::string("from the start or the latest checkpoint"),
                      fmt::join(cmd.argv, " ")));
@@ -410,8 +418,9 @@ Outcome Supervisor::watch(Attempt& a) {
   for (;;) {
     int status = 0;
     if (waitpid(a.pid, &status, WNOHANG) == a.pid) {
+      // Asked to stop, the job exits 75 (or 0 if it was done); any other exit is a failure,
+      // reported as such (run() then stops instead of restarting).
       Outcome o = classify_exit(a, status);
-      if (stopping) o.kind = Outcome::interrupted;
       // mpirun's SIGTERM does not end a stopped rank: one left behind would hold its memory.
       if (o.kind == Outcome::failed) kill_leftover_ranks(a);
       return o;
@@ -423,13 +432,13 @@ Outcome Supervisor::watch(Attempt& a) {
              "stop signal: asking the job to checkpoint and exit");
       stop_job(a);
     }
-    if (!stopping) {
-      if (std::optional<Outcome> o = check_rank_processes(a, now)) {
-        kill_job(a);
-        return *o;
-      }
+    // While it stops too: a rank that died or went silent cannot save its part, and the job
+    // would wait for it forever.
+    if (std::optional<Outcome> o = check_rank_processes(a, now)) {
+      kill_job(a);
+      return *o;
     }
-    if (!stopping && now >= next_check) {
+    if (now >= next_check) {
       next_check = now + std::min(1.0, std::max(kPollSeconds, rc_.train.heartbeat_interval_s));
       if (std::optional<Outcome> o = check_heartbeats(a, now)) {
         kill_job(a);
@@ -441,10 +450,15 @@ Outcome Supervisor::watch(Attempt& a) {
 }
 
 int Supervisor::run() {
-  double backoff = o_.backoff_s;
+  const double first_backoff = std::min(o_.backoff_s, o_.max_backoff_s);
+  double backoff = first_backoff;
   for (int number = 1;; ++number) {
     Attempt a = start(number);
     Outcome o = watch(a);
+    // Heartbeats start once a job holds the run directory (its --overwrite done), and
+    // start() cleared the last attempt's.
+    if (o.kind != Outcome::failed || !a.records.empty() || !read_heartbeats(run_dir_).empty())
+      overwrite_pending_ = false;
     const int64_t committed = latest_resume_step(rc_.train);
     a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
     if (o.kind == Outcome::finished) {
@@ -471,6 +485,12 @@ int Supervisor::run() {
            fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
                        o.detail, a.last_step, committed));
     if (!o.retry) return kExitFailed;
+    // Asked to stop while the job failed: no restart; what the run has stands.
+    if (signals_.received()) {
+      record("interrupted", {{"attempt", number}, {"step", committed}},
+             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      return kExitInterrupted;
+    }
     if (number > o_.max_restarts) {
       record("gave_up", {{"attempt", number}, {"restarts", o_.max_restarts}},
              fmt::format("giving up after {} restarts (--max-restarts)", o_.max_restarts));
@@ -479,8 +499,8 @@ int Supervisor::run() {
     // An attempt that saved a newer checkpoint restarts at once; attempts that make no
     // headway wait, longer each time.
     double wait = 0;
-    if (committed > a.resume_step) {
-      backoff = o_.backoff_s;
+    if (committed > a.resume_step && !overwrite_pending_) {
+      backoff = first_backoff;
     } else {
       wait = backoff;
       backoff = std::min(o_.max_backoff_s, 2 * backoff);

@@ -164,8 +164,10 @@ void Heartbeat::progress(int64_t step, const char* phase) {
   const double now = now_seconds();
   std::lock_guard<std::mutex> lock(mutex_);
   if (first_step_done_) longest_interval_ = std::max(longest_interval_, now - last_mark_);
-  // A step mark after a step mark: the first step is complete.
-  if (step > step_ && step_ > 0) first_step_done_ = true;
+  // The first mark is the start (step 0, or the step a resume starts from); a mark of the step
+  // after the first one trained completes that first step, whose time the threshold covers.
+  if (first_mark_step_ < 0) first_mark_step_ = step;
+  if (step > first_mark_step_ + 1) first_step_done_ = true;
   ++progress_;
   step_ = step;
   phase_ = phase;

@@ -117,6 +117,7 @@ class Heartbeat {
   const char* phase_ = "starting";
   double last_mark_ = 0, longest_interval_ = 0;
   bool first_step_done_ = false;
+  int64_t first_mark_step_ = -1;  // the step of the first mark: 0, or the step resumed from
 
   ChangeClock neighbour_beats_;
   double started_ = 0;

@@ -106,6 +106,7 @@ TEST(Heartbeat, NoProgressPastTheThresholdIsAHangWithEveryRanksPosition) {
   TempDir tmp;
   Reports reports;
   Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, reports.handler());
+  hb.progress(0, "validation");  // the start, as the trainer marks it
   hb.progress(1, "step");
   hb.progress(2, "step");  // the first step is complete: the threshold is hang_after_s
   EXPECT_EQ(reports.wait(0.5), "");
@@ -120,6 +121,7 @@ TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
   TempDir tmp;
   Reports reports;
   Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, reports.handler());
+  hb.progress(0, "validation");
   hb.progress(1, "step");
   hb.progress(2, "step");
   std::this_thread::sleep_for(std::chrono::milliseconds(900));
@@ -129,6 +131,23 @@ TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
   // 2.7 s or more (a loaded machine can stretch the 0.9 s step), never the 2 s it began with.
   EXPECT_NE(reports.message.find("(limit "), std::string::npos) << reports.message;
   EXPECT_EQ(reports.message.find("(limit 2 s)"), std::string::npos) << reports.message;
+}
+
+// The first step trained gets 4 × hang_after_s, a resumed run's as a new one's: its first mark
+// is the step it resumed from, not step 0.
+TEST(Heartbeat, AResumedRunsFirstStepGetsTheStartupThreshold) {
+  TempDir tmp;
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, {});
+  const auto threshold = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a record written since
+    const std::optional<HeartbeatRecord> r = read_heartbeat(tmp.path(), 0);
+    return r ? r->hang_after_s : -1.0;
+  };
+  hb.progress(40, "validation");
+  hb.progress(41, "step");
+  EXPECT_EQ(threshold(), 8.0);
+  hb.progress(42, "step");  // step 41 complete
+  EXPECT_EQ(threshold(), 2.0);
 }
 
 TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {

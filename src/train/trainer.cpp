@@ -920,9 +920,17 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
   }
   if (stop.output_failed) report_output_failure(run, step, output_error, nullptr);
   if (stop.signal) {
+    const char* name = stop.signal == SIGINT ? "SIGINT" : "SIGTERM";
+    // A stop that came during the run's last step finds it complete: it ends as finished
+    // (with the final checkpoint train.checkpoint_at_end asks for), nothing left to resume.
+    if (step == run.schedule.total_steps) {
+      if (run.procs.rank() == 0)
+        std::fprintf(stderr, "received %s during the last step: the run is complete\n", name);
+      return true;
+    }
     if (run.procs.rank() == 0)  // every rank agreed on the stop: one line for the job
-      std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n",
-                   stop.signal == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(step));
+      std::fprintf(stderr, "received %s: checkpoint saved at step %lld, exiting\n", name,
+                   static_cast<long long>(step));
     summary.interrupted = true;
     return true;
   }
