@@ -120,6 +120,25 @@ if [ $rc -eq 75 ] && grep -q "SIGTERM" sig.log && [ -f "sig/checkpoints/$(cat si
   ok "SIGTERM saves a committed checkpoint and exits 75"
 else bad "SIGTERM: rc=$rc"; cat sig.log; fi
 
+# A stop inside a given step (FOUNDRY_TRAIN_FAULT=sigterm@B): inside step 3 of 6 it saves step 3
+# and exits 75; inside the last step the run is complete, and ends as finished (exit 0).
+FOUNDRY_TRAIN_FAULT=sigterm@3 "$FOUNDRY" train --config tiny.json --synthetic-data \
+  --set train.run_dir=sig_mid train.steps=6 train.checkpoint_every=0 -q >sig_mid.log 2>&1
+rc=$?
+[ $rc -eq 75 ] && [ "$(cat sig_mid/checkpoints/latest 2>/dev/null)" = "step_00000003" ] \
+  && grep -q "received SIGTERM: checkpoint saved at step 3" sig_mid.log \
+  && ok "SIGTERM inside step 3 saves step 3 and exits 75" \
+  || { bad "SIGTERM inside step 3: rc=$rc"; cat sig_mid.log; }
+FOUNDRY_TRAIN_FAULT=sigterm@6 "$FOUNDRY" train --config tiny.json --synthetic-data \
+  --set train.run_dir=sig_last train.steps=6 train.checkpoint_every=0 train.checkpoint_at_end=false \
+  -q >sig_last.log 2>&1
+rc=$?
+[ $rc -eq 0 ] && [ ! -e sig_last/checkpoints/latest ] \
+  && grep -q "received SIGTERM during the last step: the run is complete" sig_last.log \
+  && ! grep -q "checkpoint saved" sig_last.log \
+  && ok "SIGTERM inside the last step: the run is complete (exit 0, no false checkpoint message)" \
+  || { bad "SIGTERM inside the last step: rc=$rc"; cat sig_last.log; }
+
 # ---- corrupted and mismatched checkpoints are never loaded ----
 cp -r straight corrupt
 ckpt=corrupt/checkpoints/step_00000012

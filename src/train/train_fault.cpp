@@ -1,5 +1,6 @@
 #include "train/train_fault.h"
 
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 
@@ -9,10 +10,10 @@ namespace foundry {
 
 namespace {
 
-const std::pair<const char*, TrainFaultKind> kKinds[] = {
-    {"nan_grad", TrainFaultKind::nan_grad},
-    {"nan_loss", TrainFaultKind::nan_loss},
-    {"loss_spike", TrainFaultKind::loss_spike}};
+const std::pair<const char*, TrainFaultKind> kKinds[] = {{"nan_grad", TrainFaultKind::nan_grad},
+                                                         {"nan_loss", TrainFaultKind::nan_loss},
+                                                         {"loss_spike", TrainFaultKind::loss_spike},
+                                                         {"sigterm", TrainFaultKind::sigterm}};
 
 }  // namespace
 
@@ -39,7 +40,7 @@ TrainFaults TrainFaults::parse(const std::string& spec) {
     }
     if (!ok)
       fail(fmt::format("FOUNDRY_TRAIN_FAULT = '{}': '{}' is not <kind>@<batch>", spec, entry),
-           "kinds: nan_grad, nan_loss, loss_spike; batch: a batch number from 1, e.g. "
+           "kinds: nan_grad, nan_loss, loss_spike, sigterm; batch: a batch number from 1, e.g. "
            "nan_grad@5,loss_spike@9; or unset it");
     faults.faults_.push_back(f);
   }
@@ -70,6 +71,7 @@ void TrainFaults::poison_losses(int64_t batch, ForwardResult& losses) const {
 }
 
 void TrainFaults::poison_gradients(int64_t batch, Model& model) const {
+  if (has(TrainFaultKind::sigterm, batch)) ::raise(SIGTERM);
   if (!has(TrainFaultKind::nan_grad, batch)) return;
   // Through the backend: on a GPU the gradients are in device memory.
   const float nan = std::numeric_limits<float>::quiet_NaN();

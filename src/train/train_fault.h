@@ -9,6 +9,8 @@
 //     loss_spike  the batch's loss on that rank reads 1000× its value (a spike as the
 //                 detector sees it, whatever the data and the model; its gradient is the
 //                 batch's own)
+//     sigterm     that rank sends itself SIGTERM before the batch's backward pass (a stop
+//                 that arrives inside a given step, as a scheduler's preemption would)
 //     batch       the 1-based batch number in data order (TrainBatches), not the step
 // A malformed value is an error naming it. Unset: every check is an empty-vector test.
 #pragma once
@@ -20,7 +22,7 @@
 
 namespace foundry {
 
-enum class TrainFaultKind { nan_grad, nan_loss, loss_spike };
+enum class TrainFaultKind { nan_grad, nan_loss, loss_spike, sigterm };
 
 class TrainFaults {
  public:
