@@ -264,8 +264,10 @@ std::optional<Outcome> Supervisor::judge_heartbeats(Attempt& a, double now) {
     if (it == records.end()) {
       if (now - a.started > o_.startup_timeout_s)
         return Outcome{Outcome::failed, true, "rank_lost", rank,
-                       fmt::format("rank {} wrote no heartbeat within {:.0f} s of the start", rank,
-                                   o_.startup_timeout_s)};
+                       fmt::format("rank {} wrote no heartbeat within {:.0f} s of the start (a "
+                                   "rank's first comes once its model is built and its checkpoint "
+                                   "loaded: raise --startup-timeout if that takes longer)",
+                                   rank, o_.startup_timeout_s)};
       continue;
     }
     const HeartbeatRecord& r = it->second;
