@@ -38,14 +38,16 @@ const char* flags_of_kind(const std::string& kind) {
   return "--offsize/--offsize-base";
 }
 
-void check_positive(const char* flag, const std::vector<int64_t>& values, bool needed) {
+// `list`: the flag takes several values (the hint's example shows two).
+void check_positive(const char* flag, const std::vector<int64_t>& values, bool needed,
+                    bool list = true) {
   if (needed && values.empty())
     fail(fmt::format("{} is empty", flag),
          fmt::format("give at least one value, e.g. {} 1024", flag));
   for (int64_t v : values)
     if (v < 1 || v > (int64_t{1} << 20))
       fail(fmt::format("{} {}: a dimension must be between 1 and 1048576", flag, v),
-           fmt::format("e.g. {} 512,1024", flag));
+           fmt::format("e.g. {} {}", flag, list ? "512,1024" : "1024"));
 }
 
 // Test data with small exact values: every product and every partial sum is exactly
@@ -125,7 +127,7 @@ void validate(const GemmBenchOptions& o) {
                        o.offsize_to - o.offsize_from + 1),
            "the scan steps by 1; narrow the range");
     check_positive("--offsize", {o.offsize_to}, true);
-    check_positive("--offsize-base", {o.offsize_base}, true);
+    check_positive("--offsize-base", {o.offsize_base}, true, /*list=*/false);
   }
   if (o.repeats < 1 || o.repeats > 1000)
     fail(fmt::format("--repeats {}: must be between 1 and 1000", o.repeats));
