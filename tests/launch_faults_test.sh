@@ -223,6 +223,27 @@ ev = [json.loads(l)["event"] for l in open(sys.argv[1])]
 assert "restart" not in ev and ev[-1] == "interrupted", ev
 PY
 
+# ---- SIGTERM to launch while its rank is stopped: the stop cannot be saved; launch still ends
+# (the silent rank is lost), reports the failure and exits 75 instead of waiting forever ----
+launch stopterm 1 --set train.checkpoint_every=100000
+wait_step stopterm 50 && pid=$(rank_pid stopterm 0) && kill -STOP "$pid" && kill -TERM $lpid
+for _ in $(seq 200); do kill -0 $lpid 2>/dev/null || break; sleep 0.1; done
+if kill -0 $lpid 2>/dev/null; then
+  bad "SIGTERM to launch with a stopped rank: still running after 20 s"; kill -9 $lpid "$pid"
+  cat "$(log_of stopterm)"
+else
+  wait $lpid; rc=$?
+  python3 - stopterm/events.jsonl <<'PY' && [ $rc -eq 75 ] \
+    && ok "SIGTERM to launch with a stopped rank: the job ends, failure reported, exit 75" \
+    || { bad "SIGTERM to launch with a stopped rank: rc=$rc, events $(events stopterm)"; cat "$(log_of stopterm)"; }
+import json, sys
+ev = [json.loads(l) for l in open(sys.argv[1])]
+names = [e["event"] for e in ev]
+assert names[-3:] == ["stop", "failure", "interrupted"], names
+assert ev[-2]["cause"] == "rank_lost", ev[-2]
+PY
+fi
+
 # ---- --overwrite over a run with checkpoints: the first attempt starts anew, and says so ----
 "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 --steps 20 --overwrite \
   --set train.run_dir=preempt >over.log 2>&1
