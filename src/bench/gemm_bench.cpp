@@ -647,7 +647,9 @@ void check_profile_device(const nlohmann::json& profile, const nlohmann::json& d
   if (!held.is_object() || !held.contains("kind") || !device.contains("kind")) return;
   const std::string kind = held.value("kind", ""), name = held.value("name", "");
   const bool named = device.contains("name");
-  if (kind != device.value("kind", "") || (named && name != device.value("name", "")))
+  // (A profile whose device has no name is held to its kind alone.)
+  if (kind != device.value("kind", "") ||
+      (named && !name.empty() && name != device.value("name", "")))
     fail(fmt::format(
              "{} describes the {} '{}', and this run measures {}: one profile holds one "
              "device's figures",

@@ -40,11 +40,18 @@ bool has_commit_marker(const std::string& dir) {
 }
 
 bool is_foundry_checkpoint_dir(const std::string& dir) {
-  // Or its marker damaged or lost since: the checkpoint fails verification (a resume falls
-  // back to an older one, and a save of the same step replaces it), but what its save wrote
-  // first is there.
-  return has_commit_marker(dir) || path_exists(join(dir, kMetadataFile)) ||
-         path_exists(join(dir, kManifestFile));
+  if (has_commit_marker(dir)) return true;
+  // Its marker damaged or lost since: the checkpoint fails verification (a resume falls back
+  // to an older one, and a save of the same step replaces it), but what its save wrote first
+  // is there: the metadata (format 2) or manifest (format 1), beside the config.json whose
+  // "foundry" section holds the model config (names other tools use too: both must be there).
+  if (!path_exists(join(dir, kMetadataFile)) && !path_exists(join(dir, kManifestFile)))
+    return false;
+  const std::string config = join(dir, kConfigFile);
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec) || fs::file_size(config, ec) > (1 << 20) || ec) return false;
+  const json j = json::parse(read_text_file(config), nullptr, /*allow_exceptions=*/false);
+  return j.is_object() && j.contains("foundry") && j["foundry"].is_object();
 }
 
 std::string join(const std::string& dir, const std::string& name) {

@@ -192,9 +192,14 @@ void write_profile(const BenchAllOptions& o, json profile, const std::string& pr
   profile = merge_profile_collectives(profile, entries, provenance, name);
   for (auto& [key, value] : sections.items())
     profile[key] = merged_profile_section(key, profile.value(key, json()), value);
-  profile["name"] = name;
+  // The device measured; a collectives-only run keeps the merged profile's (and its name).
+  const bool measured_device = sections.contains("gemm") || sections.contains("memory");
+  if (measured_device || !profile.contains("device")) {
+    profile["device"] = device_section(gpu_info, provenance);
+    profile["name"] = name;
+  }
+  if (!o.name.empty()) profile["name"] = o.name;
   profile["provenance"] = to_json(provenance);
-  profile["device"] = device_section(gpu_info, provenance);
   parse_profile(profile, profile_path);  // what plan will read must parse
   write_file_atomic(profile_path, profile.dump(2) + "\n");
   const ReportFiles files = write_report(profile, o.out);
@@ -219,13 +224,15 @@ void run_bench_all(const BenchAllOptions& o) {
 
   // Every rank, before MPI starts: a missing GPU fails the job at once, not after the collectives.
   if (device.cuda && (do_gemm || do_membw)) gpu::check_gpu_visible(device.index, "--device " + device.name());
-  // The profile merged into must be this machine's (its CPU's name, or a GPU's kind here and
-  // its name once rank 0 has opened it).
+  // The profile merged into must be this machine's when a device is measured (its CPU's name,
+  // or a GPU's kind here and its name once rank 0 has opened it); the collectives alone are
+  // the interconnect's, for a profile of either kind.
   const bool on_gpu = device.cuda && (do_gemm || do_membw);
-  check_profile_device(
-      profile,
-      on_gpu ? json{{"kind", "gpu"}} : json{{"kind", "cpu"}, {"name", collect_provenance(1).cpu}},
-      profile_path + " (--merge)");
+  if (do_gemm || do_membw)
+    check_profile_device(
+        profile,
+        on_gpu ? json{{"kind", "gpu"}} : json{{"kind", "cpu"}, {"name", collect_provenance(1).cpu}},
+        profile_path + " (--merge)");
 
   MpiSession session;
   Communicator& world = session.world();

@@ -84,9 +84,13 @@ std::string load_line(const double load[3]) {
 // Before any measurement: the files the run will write. --json and --csv replace only an
 // earlier bench output (never the --profile it merges into, or each other); --profile must be
 // a hardware profile (or absent).
-void check_outputs(const OutputFlags& o) {
+// `device`: what the run measures, when known before it runs (a CPU run's), for a --profile of
+// another device to be refused at once rather than after the sweep.
+void check_outputs(const OutputFlags& o, const nlohmann::json& device = {}) {
   check_bench_outputs(o.json_path, o.csv_path, o.profile_path);
-  if (!o.profile_path.empty()) read_profile_for_merge(o.profile_path);
+  if (o.profile_path.empty()) return;
+  const nlohmann::json profile = read_profile_for_merge(o.profile_path);
+  if (!device.is_null()) check_profile_device(profile, device, "--profile " + o.profile_path);
 }
 
 // What a run on this process's cores measured, as merge_profile_sections names it.
@@ -164,7 +168,7 @@ void run_bench_gemm_gpu(const GemmFlags& f, const CLI::App& cmd, const DeviceSpe
   GemmBenchOptions o = f.out.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
   apply_gemm_flags(f, cmd, o);
   validate(o);
-  check_outputs(f.out);
+  check_outputs(f.out);  // the GPU named once it is open: checked at the merge
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
   const gpu::GpuInfo g = open_bench_gpu(device);
@@ -218,7 +222,7 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
   validate(o);  // before the header, so bad input fails at once
   check_memory({"bench gemm", {{"operands of the largest GEMM", gemm_bench_bytes(o)}}},
                memory_budget(), "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
-  check_outputs(f.out);
+  check_outputs(f.out, cpu_device(collect_provenance()));
   check_cpus_for_threads("bench gemm", omp_get_max_threads());
 
   const Provenance provenance = collect_provenance();
@@ -273,7 +277,7 @@ void run_bench_membw_gpu(const MembwFlags& f, const CLI::App& cmd, const DeviceS
   MembwOptions o = f.out.quick ? gpu_membw_quick() : MembwOptions{};
   apply_membw_flags(f, cmd, o);
   validate(o);
-  check_outputs(f.out);
+  check_outputs(f.out);  // the GPU named once it is open: checked at the merge
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
   const gpu::GpuInfo g = open_bench_gpu(device);
@@ -323,7 +327,7 @@ void run_bench_membw(const MembwFlags& f, const CLI::App& cmd) {
   validate(o);
   check_memory({"bench membw", {{"arrays", membw_bench_bytes(o)}}}, memory_budget(),
                "lower --array-bytes and --max-bytes");
-  check_outputs(f.out);
+  check_outputs(f.out, cpu_device(collect_provenance()));
   if (o.threads.empty())  // the default: powers of two up to OMP_NUM_THREADS, and it
     check_cpus_for_threads("bench membw", omp_get_max_threads());
   for (int t : o.threads)

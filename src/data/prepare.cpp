@@ -338,7 +338,8 @@ bool is_stale_staging(const std::string& name) {
 
 class OutputDir {
  public:
-  OutputDir(const std::string& dir, bool overwrite) : dir_(dir) {
+  // `tokenizer`: the --tokenizer file ("" when one is trained), which may be --out's own.
+  OutputDir(const std::string& dir, bool overwrite, const std::string& tokenizer) : dir_(dir) {
     std::error_code ec;
     if (fs::exists(dir_, ec)) {
       if (!fs::is_directory(dir_, ec))
@@ -354,8 +355,11 @@ class OutputDir {
           fail(fmt::format("--out '{}' is not empty and holds '{}', which is not part of a dataset",
                            dir_, name),
                "choose a new or empty directory for the dataset");
+        // (The --tokenizer given is read, then written back as this dataset's.)
+        const bool given_tokenizer =
+            !tokenizer.empty() && fs::equivalent(entry.path(), tokenizer, ec);
         if (name != kMetaFileName && !name.starts_with(kStagingPrefix) &&
-            !name.starts_with(std::string(kMetaFileName) + ".tmp."))
+            !name.starts_with(std::string(kMetaFileName) + ".tmp.") && !given_tokenizer)
           unfinished.push_back(name);
       }
       // Without meta.json they are no dataset Foundry finished: an interrupted replacement's,
@@ -488,7 +492,8 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
   }
 
   check_inputs_are_text(files, options);
-  OutputDir out(options.out_dir, options.overwrite);  // checked before the long work starts
+  OutputDir out(options.out_dir, options.overwrite,
+                options.tokenizer_path);  // checked before the long work starts
   const CorpusScan scan = scan_corpus(files, options, !tokenizer.has_value());
   if (scan.documents == 0) fail_no_text(files);
 

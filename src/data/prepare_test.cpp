@@ -217,6 +217,14 @@ TEST_F(Prepare, RefusesToClobberWithoutOverwrite) {
   expect_error([&] { prepare_dataset(options("tok")); },
                {"holds tokenizer.model but no meta.json", "not a dataset Foundry finished"});
   EXPECT_EQ(read_file(dir_.file("tok/tokenizer.model")), "the user's own");
+  // The same file given as --tokenizer is no obstacle: it is read, and becomes the dataset's.
+  const std::string own = dir_.file("own/tokenizer.model");
+  std::filesystem::create_directories(dir_.file("own"));
+  std::filesystem::copy_file(dir_.file("out/tokenizer.model"), own);
+  PrepareOptions with_own = options("own");
+  with_own.tokenizer_path = own;
+  EXPECT_NO_THROW(prepare_dataset(with_own));
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("own/meta.json")));
   PrepareOptions replace = options("tok");
   replace.overwrite = true;
   EXPECT_NO_THROW(prepare_dataset(replace));

@@ -420,9 +420,13 @@ Outcome Supervisor::watch(Attempt& a) {
   for (;;) {
     int status = 0;
     if (waitpid(a.pid, &status, WNOHANG) == a.pid) {
-      // Asked to stop, the job exits 75 (or 0 if it was done); any other exit is a failure,
-      // reported as such (run() then stops instead of restarting).
+      // Asked to stop, the job exits 75 (or 0 if it was done), or, stopped before it could
+      // save (still starting: the stop signal ends it), some other way: an interruption all
+      // the same. Only a rank the job itself reported lost (exit 3) is a failure, reported as
+      // such before run() stops.
       Outcome o = classify_exit(a, status);
+      if (stopping && o.kind == Outcome::failed && o.exit_code != kExitRankLost)
+        o.kind = Outcome::interrupted;
       // mpirun's SIGTERM does not end a stopped rank: one left behind would hold its memory.
       if (o.kind == Outcome::failed) kill_leftover_ranks(a);
       return o;
@@ -486,13 +490,13 @@ int Supervisor::run() {
             {"steps_lost", lost}},
            fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
                        o.detail, a.last_step, committed));
-    if (!o.retry) return kExitFailed;
     // Asked to stop while the job failed: no restart; what the run has stands.
     if (signals_.received()) {
       record("interrupted", {{"attempt", number}, {"step", committed}},
              fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
       return kExitInterrupted;
     }
+    if (!o.retry) return kExitFailed;
     if (number > o_.max_restarts) {
       record("gave_up", {{"attempt", number}, {"restarts", o_.max_restarts}},
              fmt::format("giving up after {} restarts (--max-restarts)", o_.max_restarts));

@@ -14,8 +14,8 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     // A section the file leaves out is made by its first --set; a misspelt one is named here,
     // as the override's, not the file's.
     const std::string section = o.substr(0, std::min(o.find('.'), o.find('=')));
-    if (o.find('.') < o.find('=') && !root.contains(section) && section != "model" &&
-        section != "train" && section != "data")
+    if (o.find('=') != 0 && !root.contains(section) && section != "model" && section != "train" &&
+        section != "data")
       fail(fmt::format("bad override '{}': unknown section '{}'", o, section),
            "the sections are model, train and data, e.g. --set train.lr=3e-4");
     apply_override(root, o);

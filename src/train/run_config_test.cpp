@@ -111,6 +111,8 @@ TEST(RunConfig, OverridesMakeTheSectionsAFileLeavesOut) {
   EXPECT_EQ(rc.train.batch_size, 3);
   expect_error([&] { load_run_config(dir.file("empty.json"), {"trian.lr=1"}); },
                "bad override 'trian.lr=1': unknown section 'trian'");
+  expect_error([&] { load_run_config(dir.file("empty.json"), {"steps=5"}); },
+               "bad override 'steps=5': unknown section 'steps'");
   expect_error([&] { load_run_config(dir.file("empty.json"), {"train.nope.x=1"}); },
                "unknown key 'train.nope.x'");
 }

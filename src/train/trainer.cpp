@@ -227,14 +227,15 @@ std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed
       // Without the run's config.json, the config its latest checkpoint recorded.
       const std::optional<std::string> latest = find_latest_checkpoint(rc.train.run_dir);
       if (!latest) return {};
+      path = "the config recorded in " + *latest;
       const json state = read_checkpoint_trainer_state(*latest);
       if (!state.contains("config")) return {};
-      path = "the config recorded in " + *latest;
       own = fmt::format("as recorded under \"config\" in {}'s trainer state", *latest);
       before = parse_run_config(state.at("config"), path);
     }
   } catch (const Error& e) {
-    if (root) warn(fmt::format("cannot compare with the run's {}: {}", path, e.what()));
+    if (root)
+      warn(fmt::format("cannot compare this resume's settings with {}: {}", path, e.what()));
     return {};
   }
   const std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
