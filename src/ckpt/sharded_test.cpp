@@ -205,6 +205,35 @@ TEST_F(ShardedTest, AnotherModelConfigIsRefused) {
   EXPECT_NE(e.find("model.d_model"), std::string::npos) << e;
 }
 
+// The balancer's rule and its rates shape training only: a checkpoint loads under another
+// (its biases kept, the rule started afresh by the model), and another model is still refused.
+TEST(ShardedCheckpoint, TheBalancersRuleMayChangeTheModelMayNot) {
+  testing::TempDir tmp;
+  ModelConfig saved = testing::tiny_zaya_config();
+  saved.balance_rule = "adamw";
+  const ParamTable table(saved);
+  const std::vector<float> values = testing::random_slab(table.total_elements(), 5);
+  const std::string staging = staging_dir(tmp.path(), 3, "t");
+  const json shard =
+      write_rank_shard(staging, 0, table, {{"", 0, table.total_elements(), values.data()}});
+  const std::string dir = commit_sharded_checkpoint(tmp.path(), staging, 3, saved, table, {shard},
+                                                    {{"step", 3}}, {1, 1, false}, 0);
+  ModelConfig now = saved;
+  now.balance_rule = "newton";
+  now.balance_bias_lr = 0.25;
+  now.skip_bias_init = -2.0;
+  std::vector<float> loaded(table.total_elements());
+  load_sharded_checkpoint(dir, now, table, {{"", 0, table.total_elements(), loaded.data()}});
+  for (const ParamInfo& p : table.params())  // (the slab pads between tensors)
+    EXPECT_EQ(
+        std::memcmp(loaded.data() + p.offset, values.data() + p.offset, p.numel * sizeof(float)), 0)
+        << p.name;
+  now.balance_bias_on = "probs";
+  EXPECT_THROW(
+      load_sharded_checkpoint(dir, now, table, {{"", 0, table.total_elements(), loaded.data()}}),
+      Error);
+}
+
 TEST_F(ShardedTest, LeftoverStagingIsIgnoredAndRemovedByTheNextCommit) {
   const std::string leftover = staging_dir(run_dir_, 9, "dead");
   write_rank_shard(leftover, 0, table_, {{"", 0, 10, params_.data()}});
