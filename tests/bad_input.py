@@ -306,7 +306,7 @@ CASES = [
     Case("batch: --stop-on-error with an invalid line", "generate -c tiny.json --batch req.jsonl --out o.jsonl --stop-on-error", [write("req.jsonl", '{"prompt": "hi"}\n{"prompt": "x", "top_k": -1}\n')], ["line 2", "top_k"], hint="--stop-on-error"),
     Case("option: model info --optimizer unknown", "model info --config tiny.json --optimizer sgd", [], ["--optimizer"], code=USAGE),
     Case("option: model info --batch 0", "model info --config tiny.json --batch 0", [], ["--batch 0"]),
-    Case("option: model info --dp that the batch does not divide", "model info --config tiny.json --dp 3", [], ["train.batch_size = 2 sequences cannot be split evenly over 3 data-parallel ranks"], hint="multiple of 3"),
+    Case("option: model info --dp that --batch does not divide", "model info --config tiny.json --dp 3 --batch 4", [], ["--batch 4 sequences cannot be split evenly over 3 data-parallel ranks"], hint="multiple of 3"),
     Case("option: model info --dp not a multiple of --cp", "model info --config tiny.json --dp 3 --cp 2 --batch 6", [], ["--dp 3 ranks cannot form context-parallel groups of 2 (--cp)"]),
     Case("option: model info --seq beyond max_seq_len", "model info --config tiny.json --seq 64", [], ["--seq 64", "model.max_seq_len"]),
     Case("option: model info --dp 0", "model info --config tiny.json --dp 0", [], ["--dp 0"]),

@@ -77,13 +77,24 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     fail(fmt::format("--dp {} ranks cannot form context-parallel groups of {} ({})", o.dp, cp,
                      o.cp > 0 ? "--cp" : "train.context_parallel"),
          "pass a --dp that is a multiple of the context-parallel size, or another --cp");
-  if (o.dp > 1 && batch % (o.dp / cp) != 0)
-    fail(fmt::format("{} {} sequences cannot be split evenly over {} {}",
-                     batch_given ? "--batch" : "train.batch_size =", batch, o.dp / cp,
-                     cp > 1 ? fmt::format("context-parallel groups ({} ranks of {})", o.dp, cp)
-                            : std::string("data-parallel ranks")),
-         fmt::format("pass a --batch that is a multiple of {} (the global batch), or another --dp",
-                     o.dp / cp));
+  // A --batch given is the global batch and must split; train.batch_size of a config written
+  // for fewer ranks is counted as the largest rank's share, ceil(batch / groups), and said.
+  const int64_t groups = std::max<int64_t>(1, o.dp / cp);
+  const std::string split =
+      fmt::format("{} {} sequences cannot be split evenly over {} {}",
+                  batch_given ? "--batch" : "train.batch_size =", batch, groups,
+                  cp > 1 ? fmt::format("context-parallel groups ({} ranks of {})", o.dp, cp)
+                         : std::string("data-parallel ranks"));
+  if (o.dp > 1 && batch % groups != 0 && batch_given)
+    fail(split, fmt::format("pass a --batch that is a multiple of {} (the global batch), or "
+                            "another --dp",
+                            groups));
+  if (o.dp > 1 && batch % groups != 0 && !o.json)  // (--json: zero1.rank_sequences)
+    std::fprintf(stderr,
+                 "note: %s: the largest rank's share, %lld, is counted (pass --batch for the "
+                 "global batch)\n",
+                 split.c_str(), static_cast<long long>((batch + groups - 1) / groups));
+  const int64_t rank_batch = (batch + groups - 1) / groups;
   std::optional<Zero1MemoryReport> zero1;
   std::optional<ExpertStorageReport> storage;
   int64_t rank_total = 0;  // ZeRO-1 without expert parallelism: all of a rank's memory
@@ -93,9 +104,7 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
     // A rank runs its group's batch / (dp / cp) sequences (seq / cp tokens of each): its
     // activations, with the replicated slabs and its share of the optimizer state.
-    const MemoryEstimate m =
-        estimate_memory(rc.model, std::max<int64_t>(1, batch / std::max<int64_t>(1, o.dp / cp)),
-                        seq, precision, muon, cp);
+    const MemoryEstimate m = estimate_memory(rc.model, rank_batch, seq, precision, muon, cp);
     rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
                  m.activations_bytes + m.backward_buffers_bytes +
                  copies(static_cast<int>(o.dp)).first + copies(static_cast<int>(o.dp)).second;
@@ -108,6 +117,7 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     out["config_path"] = o.config_path;
     if (zero1) {
       out["zero1"] = {{"dp", o.dp},
+                      {"rank_sequences", rank_batch},
                       {"optimizer_bytes_per_rank_peak", zero1->peak.total_bytes()},
                       {"adamw_state_bytes", zero1->peak.adamw_state_bytes},
                       {"muon_momentum_bytes", zero1->peak.muon_momentum_bytes},
@@ -132,8 +142,7 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
                   static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());
     if (zero1 && o.ep == 1)
       fmt::print("per rank in all (the largest, running {}{} of the {} sequences): {}\n",
-                 cp > 1 ? fmt::format("{} tokens of each of ", seq / cp) : "",
-                 std::max<int64_t>(1, batch / std::max<int64_t>(1, o.dp / cp)), batch,
+                 cp > 1 ? fmt::format("{} tokens of each of ", seq / cp) : "", rank_batch, batch,
                  format_bytes(static_cast<double>(rank_total)));
     if (storage)
       std::printf("\n%s", format_expert_storage(*storage, precision == DType::bf16).c_str());

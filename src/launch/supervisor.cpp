@@ -107,6 +107,7 @@ class Supervisor {
   std::optional<Outcome> judge_heartbeats(Attempt& a, double now);
   std::optional<Outcome> check_rank_processes(Attempt& a, double now);
   Outcome classify_exit(const Attempt& a, int status) const;
+  bool ended_by_stop(const Attempt& a, int status) const;
   // Whether the job logged an event matching `match` since `unix_start`.
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
   void stop_job(const Attempt& a);
@@ -414,21 +415,32 @@ void Supervisor::kill_job(Attempt& a) {
   kill(-a.pid, SIGKILL);  // anything of the group mpirun left behind
 }
 
+// Whether the job's exit `status` is the stop signal's own doing: killed by SIGTERM or SIGINT
+// (mpirun reports a rank's as 128 + N), or ended before any rank wrote a heartbeat (a job
+// still starting, before it handles the signal).
+bool Supervisor::ended_by_stop(const Attempt& a, int status) const {
+  const auto stop_signal = [](int sig) { return sig == SIGTERM || sig == SIGINT; };
+  if (WIFSIGNALED(status)) return stop_signal(WTERMSIG(status));
+  const int code = WEXITSTATUS(status);
+  if (code > 128 && stop_signal(code - 128)) return true;
+  return a.records.empty() && read_heartbeats(run_dir_).empty();
+}
+
 Outcome Supervisor::watch(Attempt& a) {
   bool stopping = false;
   double next_check = 0;
   for (;;) {
     int status = 0;
     if (waitpid(a.pid, &status, WNOHANG) == a.pid) {
-      // Asked to stop, the job exits 75 (or 0 if it was done), or, stopped before it could
-      // save (still starting: the stop signal ends it), some other way: an interruption all
-      // the same. Only a rank the job itself reported lost (exit 3) is a failure, reported as
-      // such before run() stops.
+      // Asked to stop, the job exits 75 (or 0 if it was done). One the stop itself ended
+      // before it could save (still starting, before its stop handler: killed by the signal,
+      // or with no heartbeat yet) is an interruption too; any other exit is a failure, which
+      // run() records before it stops.
       Outcome o = classify_exit(a, status);
-      if (stopping && o.kind == Outcome::failed && o.exit_code != kExitRankLost)
-        o.kind = Outcome::interrupted;
       // mpirun's SIGTERM does not end a stopped rank: one left behind would hold its memory.
       if (o.kind == Outcome::failed) kill_leftover_ranks(a);
+      if (stopping && o.kind == Outcome::failed && ended_by_stop(a, status))
+        o.kind = Outcome::interrupted;
       return o;
     }
     const double now = now_seconds();

@@ -14,8 +14,9 @@ RunConfig load_run_config(const std::string& path, const std::vector<std::string
     // A section the file leaves out is made by its first --set; a misspelt one is named here,
     // as the override's, not the file's.
     const std::string section = o.substr(0, std::min(o.find('.'), o.find('=')));
-    if (o.find('=') != 0 && !root.contains(section) && section != "model" && section != "train" &&
-        section != "data")
+    const size_t eq = o.find('=');
+    if (eq != 0 && eq != std::string::npos && !root.contains(section) && section != "model" &&
+        section != "train" && section != "data")
       fail(fmt::format("bad override '{}': unknown section '{}'", o, section),
            "the sections are model, train and data, e.g. --set train.lr=3e-4");
     apply_override(root, o);
@@ -228,6 +229,21 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
                      "ranks",
                      rc.model.n_experts, tc.expert_parallel),
          "choose a train.expert_parallel that divides model.n_experts");
+}
+
+std::vector<std::string> balancer_changes(const ModelConfig& before, const ModelConfig& now) {
+  std::vector<std::string> changes;
+  if (!before.is_zaya() || !now.is_zaya()) return changes;
+  if (before.balance_rule != now.balance_rule)
+    changes.push_back(
+        fmt::format("model.balance_rule: {} -> {}", before.balance_rule, now.balance_rule));
+  if (before.balance_bias_lr != now.balance_bias_lr)
+    changes.push_back(fmt::format("model.balance_bias_lr: {} -> {}", before.balance_bias_lr,
+                                  now.balance_bias_lr));
+  if (before.skip_bias_init != now.skip_bias_init)
+    changes.push_back(
+        fmt::format("model.skip_bias_init: {} -> {}", before.skip_bias_init, now.skip_bias_init));
+  return changes;
 }
 
 std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now) {

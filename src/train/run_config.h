@@ -133,6 +133,9 @@ struct RunConfig {
 // Operational settings (steps, logging, checkpoints, heartbeats, skip_batches) are free to
 // change on a resume.
 std::vector<std::string> trajectory_changes(const TrainConfig& before, const TrainConfig& now);
+// The ZAYA1 balancer's settings that changed ("model.balance_rule: adamw -> newton"): they shape
+// training as the train keys do (a checkpoint loads under others: the rule starts afresh).
+std::vector<std::string> balancer_changes(const ModelConfig& before, const ModelConfig& now);
 
 // The learning-rate schedule of train.schedule, lr, min_lr_ratio, warmup_steps, steps and
 // decay_fraction.

@@ -102,6 +102,21 @@ TEST(RunConfig, ScheduleAndPrecisionAreParsedOnce) {
 
 // A file may leave out whole sections of defaults: --set makes them; a misspelt section is the
 // override's error, not the file's.
+// The ZAYA1 balancer's settings shape training: a resume names their changes like train's.
+TEST(RunConfig, BalancerChangesNameTheZaya1BalancerSettings) {
+  ModelConfig before;
+  before.arch = Arch::zaya1;
+  ModelConfig now = before;
+  EXPECT_TRUE(balancer_changes(before, now).empty());
+  now.balance_rule = "adamw";
+  now.balance_bias_lr = 0.5;
+  EXPECT_EQ(balancer_changes(before, now),
+            (std::vector<std::string>{"model.balance_rule: newton -> adamw",
+                                      "model.balance_bias_lr: 0 -> 0.5"}));
+  before.arch = now.arch = Arch::moe;  // no balancer
+  EXPECT_TRUE(balancer_changes(before, now).empty());
+}
+
 TEST(RunConfig, OverridesMakeTheSectionsAFileLeavesOut) {
   testing::TempDir dir;
   write_file_atomic(dir.file("empty.json"), "{}\n");
@@ -113,6 +128,7 @@ TEST(RunConfig, OverridesMakeTheSectionsAFileLeavesOut) {
                "bad override 'trian.lr=1': unknown section 'trian'");
   expect_error([&] { load_run_config(dir.file("empty.json"), {"steps=5"}); },
                "bad override 'steps=5': unknown section 'steps'");
+  expect_error([&] { load_run_config(dir.file("empty.json"), {"lr"}); }, "expected key=value");
   expect_error([&] { load_run_config(dir.file("empty.json"), {"train.nope.x=1"}); },
                "unknown key 'train.nope.x'");
 }

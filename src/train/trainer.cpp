@@ -238,7 +238,8 @@ std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed
       warn(fmt::format("cannot compare this resume's settings with {}: {}", path, e.what()));
     return {};
   }
-  const std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
+  std::vector<std::string> changes = trajectory_changes(before.train, rc.train);
+  for (std::string& c : balancer_changes(before.model, rc.model)) changes.push_back(std::move(c));
   if (changes.empty()) return {};
   if (!allowed)
     fail(fmt::format("this resume would train on with other settings than the run's ({}): {}", path,
