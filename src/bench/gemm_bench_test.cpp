@@ -273,6 +273,8 @@ TEST(GemmBench, TinyRunAndItsOutputs) {
   double top_fp32 = 0, top_bf16 = 0;
   for (const GemmMeasurement& p : r.points) {
     EXPECT_GT(p.efficiency, 0);
+    // Decode products never set the best rate (at these tiny shapes one may beat it).
+    if (p.shape.kind == "decode") continue;
     EXPECT_LE(p.efficiency, 1.0);
     (p.dtype == DType::bf16 ? top_bf16 : top_fp32) =
         std::max(p.dtype == DType::bf16 ? top_bf16 : top_fp32, p.efficiency);
