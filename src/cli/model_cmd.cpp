@@ -32,6 +32,42 @@ struct ModelInfoOptions {
   bool json = false;
 };
 
+// The layouts `foundry train` runs, checked (--dp ranks in groups of --ep, cp ranks per
+// sequence, the batch split over the dp / cp groups that hold different sequences); returns
+// the sequences the largest rank runs.
+int64_t check_rank_layout_of(const ModelInfoOptions& o, int64_t cp, int64_t batch,
+                             bool batch_given) {
+  if (o.dp < 1)
+    fail(fmt::format("--dp {} must be >= 1", o.dp),
+         "pass the number of data-parallel ranks, or leave it out for one process");
+  if (o.ep < 1 || o.dp % o.ep != 0)
+    fail(fmt::format("--ep {} must divide --dp {} (the ranks form groups of --ep ranks)", o.ep,
+                     o.dp),
+         "pass --dp N (all ranks) and an --ep that divides it and model.n_experts");
+  if (o.dp > 1 && o.dp % cp != 0)
+    fail(fmt::format("--dp {} ranks cannot form context-parallel groups of {} ({})", o.dp, cp,
+                     o.cp > 0 ? "--cp" : "train.context_parallel"),
+         "pass a --dp that is a multiple of the context-parallel size, or another --cp");
+  // A --batch given is the global batch and must split; train.batch_size of a config written
+  // for fewer ranks is counted as the largest rank's share, ceil(batch / groups), and said.
+  const int64_t groups = std::max<int64_t>(1, o.dp / cp);
+  const std::string split =
+      fmt::format("{} {} sequences cannot be split evenly over {} {}",
+                  batch_given ? "--batch" : "train.batch_size =", batch, groups,
+                  cp > 1 ? fmt::format("context-parallel groups ({} ranks of {})", o.dp, cp)
+                         : std::string("data-parallel ranks"));
+  if (o.dp > 1 && batch % groups != 0 && batch_given)
+    fail(split, fmt::format("pass a --batch that is a multiple of {} (the global batch), or "
+                            "another --dp",
+                            groups));
+  if (o.dp > 1 && batch % groups != 0 && !o.json)  // (--json: zero1.rank_sequences)
+    std::fprintf(stderr,
+                 "note: %s: the largest rank's share, %lld, is counted (pass --batch for the "
+                 "global batch)\n",
+                 split.c_str(), static_cast<long long>((batch + groups - 1) / groups));
+  return (batch + groups - 1) / groups;
+}
+
 void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given) {
   const RunConfig rc = load_run_config(o.config_path, o.overrides);
   const int64_t batch = batch_given ? o.batch : rc.train.batch_size;
@@ -64,37 +100,7 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
                      run.train.memory_checkpoint_every > 0 ? 2 * snapshot : 0};
   };
   add_checkpoint_copies(info.memory, copies(1).first, copies(1).second);
-  if (o.dp < 1)
-    fail(fmt::format("--dp {} must be >= 1", o.dp),
-         "pass the number of data-parallel ranks, or leave it out for one process");
-  if (o.ep < 1 || o.dp % o.ep != 0)
-    fail(fmt::format("--ep {} must divide --dp {} (the ranks form groups of --ep ranks)", o.ep,
-                     o.dp),
-         "pass --dp N (all ranks) and an --ep that divides it and model.n_experts");
-  // The layouts `foundry train` runs: cp ranks per sequence, the batch split evenly over the
-  // dp / cp groups that hold different sequences.
-  if (o.dp > 1 && o.dp % cp != 0)
-    fail(fmt::format("--dp {} ranks cannot form context-parallel groups of {} ({})", o.dp, cp,
-                     o.cp > 0 ? "--cp" : "train.context_parallel"),
-         "pass a --dp that is a multiple of the context-parallel size, or another --cp");
-  // A --batch given is the global batch and must split; train.batch_size of a config written
-  // for fewer ranks is counted as the largest rank's share, ceil(batch / groups), and said.
-  const int64_t groups = std::max<int64_t>(1, o.dp / cp);
-  const std::string split =
-      fmt::format("{} {} sequences cannot be split evenly over {} {}",
-                  batch_given ? "--batch" : "train.batch_size =", batch, groups,
-                  cp > 1 ? fmt::format("context-parallel groups ({} ranks of {})", o.dp, cp)
-                         : std::string("data-parallel ranks"));
-  if (o.dp > 1 && batch % groups != 0 && batch_given)
-    fail(split, fmt::format("pass a --batch that is a multiple of {} (the global batch), or "
-                            "another --dp",
-                            groups));
-  if (o.dp > 1 && batch % groups != 0 && !o.json)  // (--json: zero1.rank_sequences)
-    std::fprintf(stderr,
-                 "note: %s: the largest rank's share, %lld, is counted (pass --batch for the "
-                 "global batch)\n",
-                 split.c_str(), static_cast<long long>((batch + groups - 1) / groups));
-  const int64_t rank_batch = (batch + groups - 1) / groups;
+  const int64_t rank_batch = check_rank_layout_of(o, cp, batch, batch_given);
   std::optional<Zero1MemoryReport> zero1;
   std::optional<ExpertStorageReport> storage;
   int64_t rank_total = 0;  // ZeRO-1 without expert parallelism: all of a rank's memory

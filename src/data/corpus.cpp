@@ -150,19 +150,17 @@ bool is_blank_text(std::string_view text) {
 
 namespace {
 
-bool is_blank_line(std::string_view line) { return is_blank_text(line); }
-
 void read_text(const InputFile& file, const char* data, size_t size, size_t start,
                const DocumentCallback& on_document) {
   for_each_line(data, size, start, [&](std::string_view line, size_t, size_t end) {
-    if (!is_blank_line(line)) on_document(line, end);
+    if (!is_blank_text(line)) on_document(line, end);
   });
 }
 
 void read_jsonl(const InputFile& file, const char* data, size_t size, size_t start,
                 const std::string& field, const DocumentCallback& on_document) {
   for_each_line(data, size, start, [&](std::string_view line, size_t line_number, size_t end) {
-    if (is_blank_line(line)) return;
+    if (is_blank_text(line)) return;
     json record;
     try {
       std::string storage;
@@ -197,7 +195,7 @@ void read_jsonl(const InputFile& file, const char* data, size_t size, size_t sta
                        json_type_name(*it)),
            "the --jsonl-field must hold the document text as a JSON string");
     const std::string& text = it->get_ref<const std::string&>();
-    if (!is_blank_line(text)) on_document(text, end);  // as a blank line of text
+    if (!is_blank_text(text)) on_document(text, end);  // as a blank line of text
   });
 }
 
@@ -264,7 +262,7 @@ class JsonArrayReader {
     pos_ = i + 1;
     if (!has_escape) {
       const std::string_view text(data_ + open + 1, i - open - 1);
-      if (!is_blank_line(text)) on_document(text, pos_);
+      if (!is_blank_text(text)) on_document(text, pos_);
       return;
     }
     std::string text;
@@ -275,7 +273,7 @@ class JsonArrayReader {
     } catch (const json::exception& e) {
       error(open, fmt::format("array element {}: invalid string: {}", index, short_json_error(e)));
     }
-    if (!is_blank_line(text)) on_document(text, pos_);
+    if (!is_blank_text(text)) on_document(text, pos_);
   }
 
   [[noreturn]] void error(size_t at, const std::string& problem) const {
