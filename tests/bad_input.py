@@ -347,6 +347,11 @@ CASES = [
     Case("option: bench gemm on a GPU that is not there", "bench gemm --quick --device cuda:99 --profile profile.json", [], ["--device cuda:99"]),
     Case("option: bench membw --threads with --device cuda", "bench membw --quick --device cuda --threads 2", [], ["--threads", "--device cuda:0"]),
     Case("option: bench gemm --peak-clock-ghz with --device cuda", "bench gemm --quick --device cuda --peak-clock-ghz 2", [], ["--peak-clock-ghz", "--device cuda:0"]),
+    Case("option: bench gemm --top-k without the expert sweep", "bench gemm --quick --kinds square --top-k 1", [], ["--top-k shapes the expert sweep", "--kinds square"], hint="add expert to --kinds, or drop --top-k"),
+    Case("option: bench gemm --sizes without the square sweep", "bench gemm --quick --kinds decode,offsize --sizes 64", [], ["--sizes shapes the square sweep", "--kinds decode,offsize"], hint="add square to --kinds"),
+    Case("option: bench membw --min-bytes with --no-working-set", "bench membw --quick --no-working-set --min-bytes 1M", [], ["--min-bytes shapes the working-set sweep", "--no-working-set"], hint="drop --min-bytes or --no-working-set"),
+    Case("option: bench membw --array-bytes with --no-stream", "bench membw --quick --no-stream --array-bytes 8M", [], ["--array-bytes", "--no-stream skips STREAM"]),
+    Case("option: bench decode --finer with --widths", "bench decode --config tiny.json --widths 4x64x2 --finer 2", [], ["--finer", "--widths"], hint="drop one of them"),
     Case("option: bench all --only unknown", "bench all --out bench-out --only gemm,disk", [], ["'disk'"]),
     Case("option: bench all --only without gemm and nothing to merge", "bench all --quick --out bench-out --only membw", [], ["--only 'membw' measures no GEMMs"], hint="add gemm"),
 

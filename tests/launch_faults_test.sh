@@ -78,6 +78,26 @@ for _ in $(seq 100); do pid=$(test_pids "foundry train .*run_dir=load1") && [ -n
 sleep 2; kill -9 $pid  # paused in the load for two minutes
 check "SIGKILL mid-load (1 process)" load1 "$ref1" signal
 
+# ---- a load slower than --startup-timeout is no failure: the job beats while it loads ----
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=slow1 --stop-at-step 500 >slow1.pre.log 2>&1
+FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=6' launch slow1 1 --startup-timeout 2
+wait $lpid; rc=$?
+if [ $rc -ne 0 ] || grep -q '"event":"failure"' slow1/events.jsonl; then
+  bad "a 6 s load under --startup-timeout 2: launch exited $rc, events: $(events slow1)"; cat slow1.log
+elif [ "$(step_losses slow1/metrics.jsonl)" != "$ref1" ]; then bad "slow load: losses differ"
+else ok "a 6 s load under --startup-timeout 2 finished without a restart"; fi
+# SIGTERM to launch while its job loads (it beats, its stop handler not yet installed): the job
+# ends by the signal, which is a stop, not a failure
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=slow2 --stop-at-step 500 >slow2.pre.log 2>&1
+FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=6' launch slow2 1
+for _ in $(seq 100); do grep -qs 'loading a checkpoint' slow2/heartbeat/rank_00000.json && break; sleep 0.1; done
+kill -TERM $lpid
+wait $lpid; rc=$?
+if [ $rc -eq 75 ] && ! grep -q '"event":"failure"' slow2/events.jsonl \
+  && [ "$(events slow2 | awk '{print $NF}')" = interrupted ]; then
+  ok "SIGTERM to launch while its job loads a checkpoint: interrupted, exit 75"
+else bad "SIGTERM while loading: rc $rc, events: $(events slow2)"; cat "$(log_of slow2)"; fi
+
 # ---- two ranks: rank 1 killed mid-step; rank 1 stopped (rank 0's heartbeat watch) ----
 launch kill2 2 --steps 3000
 wait_step kill2 300 && kill -9 "$(rank_pid kill2 1)"
@@ -253,6 +273,21 @@ python3 - preempt/events.jsonl <<'PY' && grep -q "attempt 1: 1 rank(s), from the
 import json, sys
 starts = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "start"]
 assert starts[-1]["resume_step"] == 0, starts[-1]
+PY
+
+# ---- an --overwrite attempt that fails before it takes the run directory: the run there is as
+# it was, and none of its steps count as this launch's ----
+before="$(ls preempt/checkpoints)"
+FOUNDRY_TRAIN_FAULT=bogus "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 --steps 20 \
+  --overwrite --set train.run_dir=preempt >overfail.log 2>&1
+rc=$?
+python3 - preempt/events.jsonl <<'PY' && [ $rc -eq 1 ] && [ "$(ls preempt/checkpoints)" = "$before" ] \
+  && grep -q "failed before it took the run directory" overfail.log \
+  && ok "an --overwrite attempt failing at start-up counts none of the old run's steps" \
+  || { bad "an --overwrite attempt failing at start-up (rc $rc)"; cat overfail.log; }
+import json, sys
+f = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "failure"][-1]
+assert (f["last_step"], f["steps_lost"], f["checkpoint_step"]) == (0, 0, 0), f
 PY
 
 # ---- a run directory held by a `foundry train` started by hand: launch refuses it and leaves

@@ -371,8 +371,10 @@ void check_finite_weights(const std::string& dir, const ParamTable& table, const
 }
 
 json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,
-                             const ParamTable& table, const std::vector<SlabTarget>& targets) {
-  if (is_sharded_checkpoint(dir)) return load_sharded_checkpoint(dir, expected, table, targets);
+                             const ParamTable& table, const std::vector<SlabTarget>& targets,
+                             const std::function<void()>& on_tensor) {
+  if (is_sharded_checkpoint(dir))
+    return load_sharded_checkpoint(dir, expected, table, targets, on_tensor);
   verify_checkpoint(dir);
   check_same_model(dir, read_checkpoint_model_config(dir), expected);
   json trainer_state = load_json_file(join(dir, kTrainerStateFile));
@@ -409,7 +411,10 @@ json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected
                         static_cast<uint64_t>(hi - lo) * sizeof(float)});
     }
   }
-  for (const Copy& c : copies) std::memcpy(c.to, c.from, c.bytes);
+  for (const Copy& c : copies) {
+    std::memcpy(c.to, c.from, c.bytes);
+    if (on_tensor) on_tensor();
+  }
   return trainer_state;
 }
 

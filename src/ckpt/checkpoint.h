@@ -19,13 +19,14 @@
 // docs/formats.md.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/config_reader.h"
-#include "model/config.h"
 #include "ckpt/sharded.h"
+#include "model/config.h"
 #include "model/params.h"
 
 namespace foundry {
@@ -103,9 +104,11 @@ json load_checkpoint(const std::string& dir, const ModelConfig& expected, const 
 
 // The same for any part of the slabs, from either format version: each target's tensor
 // elements (padding is left alone) from the checkpoint, whatever layout wrote it. A version
-// 2 checkpoint is read only where the targets overlap it.
+// 2 checkpoint is read only where the targets overlap it. `on_tensor` (optional) is called
+// as each tensor's part is read: a long load's progress (load_sharded_checkpoint).
 json load_checkpoint_targets(const std::string& dir, const ModelConfig& expected,
-                             const ParamTable& table, const std::vector<SlabTarget>& targets);
+                             const ParamTable& table, const std::vector<SlabTarget>& targets,
+                             const std::function<void()>& on_tensor = {});
 
 // Fails unless every weight of `params` (laid out by `table`) is finite, naming the checkpoint
 // `dir` they were loaded from, the first tensor with a non-finite value, and how many there

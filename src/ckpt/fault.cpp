@@ -22,6 +22,7 @@ struct Fault {
   CheckpointFault point;
   int rank = 0, nth = 1;
   bool exit = false, pause = false;
+  int sleep_s = 0;  // :sleep=S, a slow save or load that goes on after S seconds
 };
 
 // Parsed once; a malformed value is an error naming it, at the first save.
@@ -48,14 +49,20 @@ std::optional<Fault> configured_fault() {
       } else if (rest.ends_with(":pause")) {
         f.pause = true;
         rest.resize(rest.size() - 6);
+      } else if (const size_t colon = rest.find(":sleep="); colon != std::string::npos) {
+        char* end = nullptr;
+        f.sleep_s = static_cast<int>(std::strtol(rest.c_str() + colon + 7, &end, 10));
+        ok = f.sleep_s > 0 && *end == '\0';
+        rest.resize(colon);
       }
       char* end = nullptr;
       f.rank = static_cast<int>(std::strtol(rest.c_str(), &end, 10));
       if (*end == '#') f.nth = static_cast<int>(std::strtol(end + 1, &end, 10));
-      ok = end != rest.c_str() && *end == '\0' && f.rank >= 0 && f.nth >= 1;
+      ok = ok && end != rest.c_str() && *end == '\0' && f.rank >= 0 && f.nth >= 1;
     }
     if (!ok)
-      fail(fmt::format("FOUNDRY_CHECKPOINT_FAULT = '{}' is not <point>@<rank>[#<n>][:exit|:pause]",
+      fail(fmt::format("FOUNDRY_CHECKPOINT_FAULT = '{}' is not "
+                       "<point>@<rank>[#<n>][:exit|:pause|:sleep=S]",
                        s),
            "points: write, before_fsync, before_commit, before_latest, load; or unset it");
     return f;
@@ -75,8 +82,8 @@ void checkpoint_fault_point(CheckpointFault point, const std::string& path) {
   if (!f || f->point != point || f->rank != fault_rank.load()) return;
   if (hits[static_cast<int>(point)].fetch_add(1) + 1 != f->nth) return;
   if (f->exit) ::_exit(86);
-  if (f->pause) {  // a save that hangs here, for a test to kill the process mid-save
-    ::sleep(120);
+  if (f->pause || f->sleep_s > 0) {  // a save that hangs here, for a test to kill mid-save
+    ::sleep(f->pause ? 120 : f->sleep_s);
     return;
   }
   fail(fmt::format("cannot write '{}': No space left on device (injected fault {})", path,

@@ -562,7 +562,8 @@ void verify_sharded_checkpoint(const std::string& dir) {
 json read_sharded_metadata(const std::string& dir) { return read_metadata(dir).j; }
 
 json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected,
-                             const ParamTable& table, const std::vector<SlabTarget>& targets) {
+                             const ParamTable& table, const std::vector<SlabTarget>& targets,
+                             const std::function<void()>& on_tensor) {
   const Metadata m = read_metadata(dir);
   check_same_model(dir, parse_model_config(field<json>(m.j, "model", m.path), m.path), expected);
   PieceReader reader(m);
@@ -572,6 +573,7 @@ json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected
     for_each_tensor_in(table, t.begin, t.end, [&](const ParamInfo& p, int64_t lo, int64_t hi) {
       read_tensor_range(m, reader, tensor_name(p, t.slab), lo, hi,
                         t.data + (p.offset + lo - t.begin));
+      if (on_tensor) on_tensor();
     });
   }
   return field<json>(m.j, "trainer_state", m.path);

@@ -20,6 +20,7 @@
 // may do it), the descriptions are gathered to one rank, which commit_sharded_checkpoint()s.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -92,9 +93,11 @@ json read_sharded_metadata(const std::string& dir);  // verified
 // Fills every target from a checkpoint written for `expected` (any layout), reading only the
 // chunks that overlap the targets and verifying their checksums. Every tensor element a
 // target covers must be in the checkpoint (an error names the tensor and the missing
-// range); padding between tensors is left as it is. Returns the trainer state.
+// range); padding between tensors is left as it is. `on_tensor` (optional) is called after
+// each tensor's part is read: a long load's progress. Returns the trainer state.
 json load_sharded_checkpoint(const std::string& dir, const ModelConfig& expected,
-                             const ParamTable& table, const std::vector<SlabTarget>& targets);
+                             const ParamTable& table, const std::vector<SlabTarget>& targets,
+                             const std::function<void()>& on_tensor = {});
 
 // Reads every piece, checks every chunk checksum and that the pieces cover each saved
 // tensor exactly once. Fails naming the file and byte range of the first fault. Returns the

@@ -60,6 +60,17 @@ void run_bench_decode(const DecodeFlags& f, const CLI::App& cmd) {
   if (f.finer < 1) fail(fmt::format("--finer {}: must be >= 1", f.finer));
   o.widths = cmd.count("--widths") ? parse_widths("--widths", f.widths)
                                    : finer_widths(rc.model, f.finer);
+  if (cmd.count("--widths") > 0 && cmd.count("--finer") > 0)
+    fail("--finer chooses the widths when --widths does not, and both are given",
+         "drop one of them");
+  if (cmd.count("--finer") > 0 && static_cast<int64_t>(o.widths.size()) < f.finer)
+    std::fprintf(
+        stderr, "warning: %s\n",
+        fmt::format("--finer {}: the config's MoE has {} width{} at its total and active "
+                    "parameters (each finer one doubles the experts and top-k and halves "
+                    "ffn_dim, {} here, which must stay a multiple of 64); measuring those",
+                    f.finer, o.widths.size(), o.widths.size() == 1 ? "" : "s", rc.model.ffn_dim)
+            .c_str());
   validate(o);  // before anything runs, so bad input fails at once
   const DeviceSpec device = parse_device("--device", f.device.empty() ? "cpu" : f.device);
   const std::unique_ptr<Backend> backend = open_backend(device, "--device " + device.name());

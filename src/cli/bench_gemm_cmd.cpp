@@ -137,6 +137,32 @@ struct GemmFlags {
 };
 
 // The sweep the flags ask for, from `o`'s defaults.
+// A shape flag whose sweeps --kinds leaves out would change nothing: refused, naming them.
+void check_flags_have_a_sweep(const CLI::App& cmd, const std::vector<std::string>& kinds) {
+  static const std::vector<std::pair<const char*, std::vector<std::string>>> kUses = {
+      {"--sizes", {"square"}},
+      {"--tokens", {"transformer", "expert"}},
+      {"--hidden", {"transformer", "expert", "decode"}},
+      {"--ffn", {"transformer", "expert", "decode"}},
+      {"--experts", {"expert"}},
+      {"--top-k", {"expert"}},
+      {"--offsize", {"offsize"}},
+      {"--offsize-dim", {"offsize"}},
+      {"--offsize-base", {"offsize"}},
+      {"--decode-rows", {"decode"}}};
+  for (const auto& [flag, uses] : kUses) {
+    if (cmd.count(flag) == 0) continue;
+    const bool used = std::any_of(uses.begin(), uses.end(), [&](const std::string& k) {
+      return std::find(kinds.begin(), kinds.end(), k) != kinds.end();
+    });
+    if (!used)
+      fail(fmt::format("{} shapes the {} sweep{}, and --kinds {} runs {}", flag,
+                       fmt::join(uses, "/"), uses.size() == 1 ? "" : "s", fmt::join(kinds, ","),
+                       uses.size() == 1 ? "not that one" : "none of them"),
+           fmt::format("add {} to --kinds, or drop {}", uses.front(), flag));
+  }
+}
+
 void apply_gemm_flags(const GemmFlags& f, const CLI::App& cmd, GemmBenchOptions& o) {
   auto given = [&](const char* flag) { return cmd.count(flag) > 0; };
   o.dtypes = parse_dtypes("--dtype", f.dtype);
@@ -168,6 +194,7 @@ void run_bench_gemm_gpu(const GemmFlags& f, const CLI::App& cmd, const DeviceSpe
   GemmBenchOptions o = f.out.quick ? gpu_gemm_quick() : gpu_gemm_defaults();
   apply_gemm_flags(f, cmd, o);
   validate(o);
+  check_flags_have_a_sweep(cmd, o.kinds);
   check_outputs(f.out);  // the GPU named once it is open: checked at the merge
   const Provenance provenance = collect_provenance();
   std::printf("%s", format_provenance(provenance, "# ").c_str());
@@ -220,6 +247,7 @@ void run_bench_gemm(const GemmFlags& f, const CLI::App& cmd) {
     fail(fmt::format("--peak-fma-units {}: must be between 1 and 8", f.peak_fma_units),
          "FMA units per core: 2 on most AVX-512 server cores, 1 on some");
   validate(o);  // before the header, so bad input fails at once
+  check_flags_have_a_sweep(cmd, o.kinds);
   check_memory({"bench gemm", {{"operands of the largest GEMM", gemm_bench_bytes(o)}}},
                memory_budget(), "choose smaller shapes (--sizes, --tokens, --hidden, --ffn)");
   check_outputs(f.out, cpu_device(collect_provenance()));
@@ -268,6 +296,14 @@ void apply_membw_flags(const MembwFlags& f, const CLI::App& cmd, MembwOptions& o
   if (given("--points-per-doubling")) o.points_per_doubling = f.points_per_doubling;
   o.stream = !f.no_stream;
   o.working_set = !f.no_working_set;
+  // A flag of a sweep that is skipped would change nothing.
+  for (const char* flag : {"--min-bytes", "--max-bytes", "--points-per-doubling"})
+    if (f.no_working_set && given(flag))
+      fail(fmt::format("{} shapes the working-set sweep, which --no-working-set skips", flag),
+           fmt::format("drop {} or --no-working-set", flag));
+  if (f.no_stream && given("--array-bytes"))
+    fail("--array-bytes sizes STREAM's arrays, and --no-stream skips STREAM",
+         "drop --array-bytes or --no-stream");
 }
 
 void run_bench_membw_gpu(const MembwFlags& f, const CLI::App& cmd, const DeviceSpec& device) {

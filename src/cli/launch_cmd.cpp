@@ -57,7 +57,8 @@ void register_launch_command(CLI::App& app) {
       ->check(in_range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--startup-timeout", o->startup_timeout_s,
-                  "A rank with no heartbeat this long after a start never started (s)")
+                  "A rank with no heartbeat this long after a start never took the run directory "
+                  "(process and MPI start, the config's checks) (s)")
       ->check(in_range(1.0, 86400.0))
       ->capture_default_str();
   cmd->add_flag("--overwrite", o->overwrite,

@@ -70,6 +70,7 @@ struct Attempt {
   std::map<int, HeartbeatRecord> records;  // last seen, by rank
   std::map<int, double> gone_since;        // ranks whose process has vanished, since when
   double job_ending_since = -1;            // when the job's own rank_lost/hang event was seen
+  bool stopped_whole_group = false;        // the stop went to mpirun/srun too (stop_job)
   std::string host;                        // this host's name
 };
 
@@ -110,17 +111,18 @@ class Supervisor {
   bool ended_by_stop(const Attempt& a, int status) const;
   // Whether the job logged an event matching `match` since `unix_start`.
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
-  void stop_job(const Attempt& a);
+  void stop_job(Attempt& a);
   void kill_job(Attempt& a);
   std::vector<pid_t> local_rank_pids(const Attempt& a) const;
   void kill_leftover_ranks(const Attempt& a);
   bool is_job_rank(int64_t pid) const;
   void record(const std::string& event, const json& fields, const std::string& line);
 
+  // First: SIGINT/SIGTERM are a stop from the moment launch reads its config on.
+  StopSignals signals_;
   const LaunchOptions& o_;
   const RunConfig rc_;
   const std::string run_dir_;
-  StopSignals signals_;
   double attempt_unix_ = 0;
   // `launch --overwrite` until an attempt's job has taken the run directory (and so replaced
   // the old run): an attempt that dies before that leaves the old run for the next to replace.
@@ -266,8 +268,8 @@ std::optional<Outcome> Supervisor::judge_heartbeats(Attempt& a, double now) {
       if (now - a.started > o_.startup_timeout_s)
         return Outcome{Outcome::failed, true, "rank_lost", rank,
                        fmt::format("rank {} wrote no heartbeat within {:.0f} s of the start (a "
-                                   "rank's first comes once its model is built and its checkpoint "
-                                   "loaded: raise --startup-timeout if that takes longer)",
+                                   "rank's first comes once MPI is up and the job holds the run "
+                                   "directory: raise --startup-timeout if the start takes longer)",
                                    rank, o_.startup_timeout_s)};
       continue;
     }
@@ -389,10 +391,13 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
 // the stop with every other rank at the end of the step. Not to mpirun: it answers SIGTERM by
 // killing the ranks, long before a large model's checkpoint is written. Before any rank has
 // a heartbeat record, or with no rank here, the whole process group gets it.
-void Supervisor::stop_job(const Attempt& a) {
+void Supervisor::stop_job(Attempt& a) {
   bool signalled = false;
   for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGTERM) == 0 || signalled;
-  if (!signalled) kill(-a.pid, SIGTERM);
+  if (!signalled) {
+    kill(-a.pid, SIGTERM);
+    a.stopped_whole_group = true;
+  }
 }
 
 // Ends the job at once and reaps it: SIGKILL to every rank this host runs, then SIGTERM to
@@ -439,7 +444,10 @@ Outcome Supervisor::watch(Attempt& a) {
       Outcome o = classify_exit(a, status);
       // mpirun's SIGTERM does not end a stopped rank: one left behind would hold its memory.
       if (o.kind == Outcome::failed) kill_leftover_ranks(a);
-      if (stopping && o.kind == Outcome::failed && ended_by_stop(a, status))
+      // A stop that reached mpirun/srun too (no rank had a heartbeat yet) ends it with a code
+      // of its own, which says nothing of a failure.
+      if (stopping && o.kind == Outcome::failed &&
+          (a.stopped_whole_group || ended_by_stop(a, status)))
         o.kind = Outcome::interrupted;
       return o;
     }
@@ -471,14 +479,25 @@ int Supervisor::run() {
   const double first_backoff = std::min(o_.backoff_s, o_.max_backoff_s);
   double backoff = first_backoff;
   for (int number = 1;; ++number) {
+    if (number == 1 && signals_.received()) {  // stopped while launch was starting
+      record("stop", {{"attempt", number}, {"signal", signals_.received()}},
+             "stop signal before the first attempt: no job started");
+      record("interrupted", {{"attempt", number}, {"step", latest_resume_step(rc_.train)}},
+             "stopped before any job started");
+      return kExitInterrupted;
+    }
     Attempt a = start(number);
     Outcome o = watch(a);
     // Heartbeats start once a job holds the run directory (its --overwrite done), and
     // start() cleared the last attempt's.
-    if (o.kind != Outcome::failed || !a.records.empty() || !read_heartbeats(run_dir_).empty())
-      overwrite_pending_ = false;
-    const int64_t committed = latest_resume_step(rc_.train);
-    a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
+    const bool held =
+        o.kind != Outcome::failed || !a.records.empty() || !read_heartbeats(run_dir_).empty();
+    // An --overwrite attempt that failed before it held the directory trained nothing of this
+    // run: the steps and checkpoints there are the old run's, not this run's to count as lost.
+    const bool old_run_there = overwrite_pending_ && !held;
+    if (held) overwrite_pending_ = false;
+    const int64_t committed = old_run_there ? 0 : latest_resume_step(rc_.train);
+    if (!old_run_there) a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
     if (o.kind == Outcome::finished) {
       record(
           "finished", {{"attempt", number}, {"step", committed}},
@@ -500,8 +519,12 @@ int Supervisor::run() {
             {"last_step", a.last_step},
             {"checkpoint_step", committed},
             {"steps_lost", lost}},
-           fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
-                       o.detail, a.last_step, committed));
+           old_run_there
+               ? fmt::format("attempt {} failed before it took the run directory: {}; the run "
+                             "there is as it was (--overwrite not done)",
+                             number, o.detail)
+               : fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
+                             o.detail, a.last_step, committed));
     // Asked to stop while the job failed: no restart; what the run has stands.
     if (signals_.received()) {
       record("interrupted", {{"attempt", number}, {"step", committed}},

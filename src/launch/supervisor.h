@@ -32,7 +32,9 @@ struct LaunchOptions {
   std::vector<std::string> launcher_args;
   int max_restarts = 10;
   double backoff_s = 1, max_backoff_s = 60;
-  double startup_timeout_s = 120;       // a rank with no heartbeat this long never started
+  // A rank with no heartbeat this long never took the run directory (a rank beats from then
+  // on, through building its model and loading its checkpoint, under its hang threshold).
+  double startup_timeout_s = 120;
   std::string exe;                      // this binary
 };
 

@@ -317,7 +317,7 @@ std::optional<json> Checkpointer::load_on_every_rank(const std::string& dir,
   json state;
   std::string error;
   try {
-    state = load_checkpoint_targets(dir, rc_.model, model_.table(), load_targets());
+    state = load_checkpoint_targets(dir, rc_.model, model_.table(), load_targets(), load_progress_);
   } catch (const Error& e) {
     error = e.what();
   }

@@ -94,6 +94,8 @@ class Checkpointer {
     save_hook_ = std::move(save);
     restore_hook_ = std::move(restore);
   }
+  // Called as a resume reads each tensor: the heartbeat's progress through a long load.
+  void set_load_progress_hook(std::function<void()> hook) { load_progress_ = std::move(hook); }
 
   // Starts a checkpoint of `step`: the snapshot, then the write in the background (or to the
   // end, and the commit, when not asynchronous). `last`: the process's last checkpoint (the
@@ -201,6 +203,7 @@ class Checkpointer {
   std::optional<uint64_t> tokenizer_checksum_;
   std::function<void(json&)> save_hook_;
   std::function<void(const json&)> restore_hook_;
+  std::function<void()> load_progress_;
 
   Tier disk_{"checkpoint"};
   Tier memory_{"in-memory checkpoint"};

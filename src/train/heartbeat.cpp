@@ -174,6 +174,14 @@ void Heartbeat::progress(int64_t step, const char* phase) {
   last_mark_ = now;
 }
 
+void Heartbeat::starting(const char* phase) {
+  const double now = now_seconds();
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++progress_;
+  phase_ = phase;
+  last_mark_ = now;
+}
+
 double Heartbeat::hang_threshold() const {
   if (!first_step_done_) return 4 * config_.hang_after_s;
   return std::max(config_.hang_after_s, 3 * longest_interval_);

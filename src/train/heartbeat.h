@@ -93,6 +93,9 @@ class Heartbeat {
 
   // The training loop moved on (cheap: a lock and two stores; no I/O).
   void progress(int64_t step, const char* phase);
+  // Start-up moved on (building the model, loading a checkpoint) before the first step's
+  // mark: progress without a step, the start-up threshold unchanged.
+  void starting(const char* phase);
 
  private:
   void run();

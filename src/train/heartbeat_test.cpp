@@ -150,6 +150,29 @@ TEST(Heartbeat, AResumedRunsFirstStepGetsTheStartupThreshold) {
   EXPECT_EQ(threshold(), 2.0);
 }
 
+// Start-up marks (a checkpoint's tensors loading) are progress: the start-up threshold runs
+// from the last of them, and they leave the first step's mark to decide what the start is.
+TEST(Heartbeat, StartUpMarksAreProgressWithoutAStep) {
+  TempDir tmp;
+  Reports reports;
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 0.5}, reports.handler());  // start-up limit 2 s
+  for (int i = 0; i < 12; ++i) {  // 3 s of loading, a mark every 0.25 s
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    hb.starting("loading");
+  }
+  EXPECT_EQ(reports.wait(0), "");
+  const std::optional<HeartbeatRecord> r = read_heartbeat(tmp.path(), 0);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->phase, "loading");
+  EXPECT_GE(r->progress, 7);
+  hb.progress(40, "validation");  // resumed at step 40
+  hb.progress(41, "step");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(read_heartbeat(tmp.path(), 0)->hang_after_s, 2.0);  // still the start-up limit
+  EXPECT_EQ(reports.wait(10), "hang");  // no marks since: a first step that hangs
+  EXPECT_NE(reports.message.find("(limit 2 s)"), std::string::npos) << reports.message;
+}
+
 TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {
   std::map<int, HeartbeatRecord> records;
   for (int r = 0; r < 4; ++r) records[r] = HeartbeatRecord{r, 1, "h", 1, 1, 12, "step", 45, false};

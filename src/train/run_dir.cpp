@@ -42,17 +42,17 @@ LockHolder read_holder(const std::string& path) {
 
 // A run directory a `foundry launch` supervises takes only the jobs that launch starts: one
 // started by hand between two of its attempts would train on while the launch restarts its
-// own, both writing the same checkpoints and metrics.
-void check_not_supervised_by_another(const std::string& run_dir) {
+// own, both writing the same checkpoints and metrics. True when this job is that launch's.
+bool check_not_supervised_by_another(const std::string& run_dir) {
   const std::string path = join(run_dir, kLaunchLockFile);
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return;  // no launch
+  if (fd < 0) return false;  // no launch
   const bool held = ::flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
   ::close(fd);  // (a shared lock taken here goes with it)
-  if (!held) return;
+  if (!held) return false;
   const LockHolder h = read_holder(path);
   const char* mine = std::getenv(kLaunchPidVariable);
-  if (mine && h.pid > 0 && std::to_string(h.pid) == mine) return;
+  if (mine && h.pid > 0 && std::to_string(h.pid) == mine) return true;
   fail(fmt::format("run directory '{}' is supervised by foundry launch (pid {} on host {}, since "
                    "{}); a training job started beside it would run alongside the launch's own "
                    "attempts",
@@ -66,7 +66,8 @@ std::string parent_dir(const std::string& path) {
   return slash == std::string::npos || slash == 0 ? "" : path.substr(0, slash);
 }
 
-// Rank 0's verdict for every rank: "ok 0" / "ok 1" (resume), or the error's what and hint.
+// Rank 0's verdict for every rank: "ok R S" (R: 1 to resume; S: 1 when the job is a launch's),
+// or the error's what and hint.
 constexpr char kSeparator = '\x1f';
 
 }  // namespace
@@ -205,7 +206,7 @@ RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes
   if (root_) {
     try {
       claim(mode);
-      verdict = resume_ ? "ok 1" : "ok 0";
+      verdict = fmt::format("ok {} {}", resume_ ? 1 : 0, supervised_ ? 1 : 0);
     } catch (const Error& e) {
       verdict = std::string(e.what()) + kSeparator + e.hint();
       // Refused: a directory made for this run goes again (the destructor does not run), but
@@ -220,7 +221,8 @@ RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes
   if (const Communicator* world = processes.world())
     verdict = allgather_strings(*world, verdict)[0];
   if (verdict.rfind("ok ", 0) == 0) {
-    resume_ = verdict == "ok 1";
+    resume_ = verdict[3] == '1';
+    supervised_ = verdict[5] == '1';
     return;
   }
   const size_t sep = verdict.find(kSeparator);
@@ -291,7 +293,7 @@ void RunDir::claim(StartMode mode) {
     created_ = true;
   }
   lock_ = std::make_unique<RunDirLock>(path_);
-  check_not_supervised_by_another(path_);
+  supervised_ = check_not_supervised_by_another(path_);
   remove_stale_config_copies(path_);
   // Checked under the lock: another job cannot change the directory meanwhile.
   const RunDirContents held = inspect_run_dir(path_, &tc_);

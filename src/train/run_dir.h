@@ -95,6 +95,9 @@ class RunDir {
   RunDir& operator=(const RunDir&) = delete;
 
   bool resume() const { return resume_; }
+  // The job is one `foundry launch` started (the launch holds the directory's launch lock):
+  // the launch owns the directory's heartbeat/ and watches it from the job's first moments.
+  bool supervised() const { return supervised_; }
   // Training has started: the directory is kept whatever happens next.
   void started() { created_ = false; }
 
@@ -108,6 +111,7 @@ class RunDir {
   bool created_ = false;  // rank 0 made the directory (removed again if nothing starts)
   std::string created_path_;  // the outermost directory it made
   bool resume_ = false;
+  bool supervised_ = false;
   std::unique_ptr<RunDirLock> lock_;
 };
 

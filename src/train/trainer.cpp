@@ -178,6 +178,9 @@ struct TrainingRun {
     marked_step = step;
     if (heartbeat) heartbeat->progress(step, phase);
   }
+  void starting(const char* phase) {  // before the first step's mark
+    if (heartbeat) heartbeat->starting(phase);
+  }
   int64_t marked_step = 0;
   void open_dataset();
   void build_model_and_optimizer();
@@ -336,6 +339,9 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   TrainFaults::from_environment(procs.rank(), procs.ranks());
   started.checked = process_age_seconds();
   run_dir.emplace(tc, opt.start, procs);
+  // A launch's job beats from here on, through building the model and loading a checkpoint
+  // (launch's start-up limit then covers only the process start and the checks above).
+  if (run_dir->supervised()) start_heartbeat();
   if (run_dir->resume())
     config_changes = check_same_trajectory(rc, opt.allow_config_change, procs.root());
   // On a device with expert parallelism and ZeRO-1 the slabs are made without the other
@@ -346,6 +352,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
     holes = device_expert_holes(ParamTable(rc.model), rc.model.n_experts,
                                 static_cast<int>(tc.expert_parallel), procs.ranks(), procs.rank(),
                                 tc.optimizer == OptimizerKind::muon, tc.precision == DType::bf16);
+  starting("building the model");
   model.emplace(rc.model, tc.precision, *backend, ModelUse::training, holes);
   build_model_and_optimizer();
   batches.emplace(train_loader ? &*train_loader : nullptr, tc.batch_size, tc.seq_len, procs.rank(),
@@ -353,6 +360,10 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   checkpointer.emplace(rc, schedule, *model, *optimizer, train_loader ? &*train_loader : nullptr,
                        procs, quiet);
   if (dataset) checkpointer->set_tokenizer_checksum(dataset->meta().tokenizer_checksum);
+  checkpointer->set_load_progress_hook([this] { starting("loading a checkpoint"); });
+  // Layer by layer inside a step: a step of minutes (long sequences on few cores) is not a
+  // hang.
+  model->set_progress_hook([this](const char* phase) { mark(marked_step, phase); });
   watch_anomalies(run_dir->resume());
   started.built = process_age_seconds();
 }
@@ -381,6 +392,7 @@ int64_t TrainingRun::resume() {
 // A dead, stopped or hung rank ends the job with kExitRankLost, named on the console and in
 // the events log, within seconds (`foundry launch` then restarts it).
 void TrainingRun::start_heartbeat() {
+  if (heartbeat) return;  // a launch's job, beating since it took the run directory
   const HeartbeatConfig config{tc.heartbeat_interval_s, tc.heartbeat_timeout_s, tc.hang_timeout_s};
   const std::string dir = tc.run_dir;
   const int rank = procs.rank();
@@ -395,9 +407,6 @@ void TrainingRun::start_heartbeat() {
                       }
                       abort_job(kExitRankLost);
                     });
-  // Layer by layer inside a step: a step of minutes (long sequences on few cores) is not a
-  // hang.
-  model->set_progress_hook([this](const char* phase) { mark(marked_step, phase); });
 }
 
 // The anomaly monitor, its part of the checkpoints' trainer state, and the batches earlier
