@@ -95,6 +95,13 @@ def mkdir(rel):
     return lambda root: os.makedirs(_path(root, rel))
 
 
+def mkfifo(rel):
+    def step(root):
+        os.makedirs(os.path.dirname(_path(root, rel)), exist_ok=True)
+        os.mkfifo(_path(root, rel))
+    return step
+
+
 def _walk_key(obj, key):
     """The container of a dotted key ("a.b.0.c") and its last part."""
     parts = key.split(".")
@@ -497,6 +504,9 @@ CASES = [
     Case("run dir: --overwrite with a step directory whose COMMITTED is the user's", "train -c tiny.json --overwrite", [mkdir("run/checkpoints/step_00000009"), write("run/checkpoints/step_00000009/COMMITTED", "done")], ["step_00000009", "whose COMMITTED Foundry did not write"]),
 
     Case("run dir: a file of the user's named config.json", "train -c tiny.json --set train.run_dir=new", [write("new/config.json", '{"my": "settings"}\n')], ["new/config.json", "is not a run config"], hint="move the file"),
+    Case("run dir: metrics.jsonl a named pipe", "train -c tiny.json --set train.run_dir=new", [mkfifo("new/metrics.jsonl")], ["new/metrics.jsonl' is a named pipe"], hint="move it out of the run directory"),
+    Case("run dir: launch over events.jsonl a named pipe", "launch -c tiny.json --set train.run_dir=new", [mkfifo("new/events.jsonl")], ["new/events.jsonl' is a named pipe"], hint="move it out of the run directory"),
+    Case("run dir: checkpoints/latest a directory", "train -c tiny.json --set train.run_dir=new --resume", [mkdir("new/checkpoints/latest")], ["new/checkpoints/latest' is a directory"]),
     Case("run dir: a file of the user's named skipped_batches.json", "train -c tiny.json --set train.run_dir=new", [write("new/skipped_batches.json", "my own notes\n")], ["new/skipped_batches.json", "not a record of skipped batches"], hint="move the file"),
     Case("run dir: train.run_dir empty", "train -c tiny.json --set train.run_dir=", [], ["train.run_dir is empty"]),
     Case("run dir: train.run_dir a file", "train -c tiny.json --set train.run_dir=tiny.json", [], ["train.run_dir 'tiny.json' is a file"]),
@@ -653,6 +663,9 @@ def snapshot(root):
         state[rel + "/"] = "dir"
         for name in filenames:
             path = os.path.join(dirpath, name)
+            if not os.path.isfile(path):  # a named pipe of a case: its existence, not its data
+                state[os.path.relpath(path, root)] = "special"
+                continue
             with open(path, "rb") as f:
                 state[os.path.relpath(path, root)] = hashlib.sha256(f.read()).hexdigest()
     return state

@@ -581,6 +581,7 @@ class LaunchClaim {
     if (created_) make_dirs(run_dir);
     try {
       lock_.emplace(run_dir, kLaunchLockFile);
+      check_run_files(run_dir);  // before launch appends to events.jsonl
     } catch (...) {
       if (created_) remove_all(run_dir);
       throw;

@@ -104,10 +104,50 @@ std::string foreign_reason(const std::string& root, const std::string& name, boo
 
 }  // namespace
 
+namespace {
+
+// What a path that is not a regular file is, for an error ("a named pipe").
+std::string kind_of(std::filesystem::file_type t) {
+  switch (t) {
+    case std::filesystem::file_type::directory:
+      return "a directory";
+    case std::filesystem::file_type::fifo:
+      return "a named pipe";
+    case std::filesystem::file_type::socket:
+      return "a socket";
+    case std::filesystem::file_type::block:
+    case std::filesystem::file_type::character:
+      return "a device";
+    default:
+      return "not a regular file";
+  }
+}
+
+}  // namespace
+
+void check_run_files(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  const std::string root = checkpoints_root(run_dir);
+  std::error_code ec;
+  if (const fs::file_status st = fs::status(root, ec); fs::exists(st) && !fs::is_directory(st))
+    fail(fmt::format("'{}' is {}, not the run's checkpoints directory", root, kind_of(st.type())),
+         "move it out of the run directory, or set another train.run_dir");
+  for (const std::string& path :
+       {join(run_dir, kMetricsFile), join(run_dir, kEventsFile), join(run_dir, "config.json"),
+        join(run_dir, kSkippedBatchesFile), join(root, kLatestFile)}) {
+    const fs::file_status st = fs::status(path, ec);
+    if (fs::exists(st) && !fs::is_regular_file(st))
+      fail(fmt::format("'{}' is {}; Foundry reads and writes it as a file of the run", path,
+                       kind_of(st.type())),
+           "move it out of the run directory, or set another train.run_dir");
+  }
+}
+
 RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* tier) {
   RunDirContents c;
   c.exists = path_exists(run_dir);
   if (!c.exists) return c;
+  check_run_files(run_dir);
   const std::string root = checkpoints_root(run_dir);
   if (path_exists(root))
     for (const auto& [name, is_dir] : list_dir(root)) {

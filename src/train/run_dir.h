@@ -55,7 +55,12 @@ struct RunDirContents {
   bool any() const { return checkpoints > 0 || latest || metrics_lines > 0 || memory_step > 0; }
   std::string describe() const;  // "3 checkpoint(s) and 120 line(s) of metrics.jsonl"
 };
-// `tier`: the run's config, to count the in-memory tier's checkpoint too.
+// Fails when a file of the run directory Foundry reads and rewrites (metrics.jsonl,
+// events.jsonl, config.json, skipped_batches.json, checkpoints/latest) is not a regular file,
+// or checkpoints/ not a directory: reading a named pipe there would wait forever for a writer.
+void check_run_files(const std::string& run_dir);
+// `tier`: the run's config, to count the in-memory tier's checkpoint too. Checks the run's
+// files first (check_run_files).
 RunDirContents inspect_run_dir(const std::string& run_dir, const TrainConfig* tier = nullptr);
 
 // The holder of a run directory's lock, as written in RUN_DIR/lock.
