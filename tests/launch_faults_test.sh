@@ -88,14 +88,17 @@ elif [ "$(step_losses slow1/metrics.jsonl)" != "$ref1" ]; then bad "slow load: l
 else ok "a 6 s load under --startup-timeout 2 finished without a restart"; fi
 # SIGTERM to launch while its job loads (it beats, its stop handler not yet installed): the job
 # ends by the signal, which is a stop, not a failure
-"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=slow2 --stop-at-step 500 >slow2.pre.log 2>&1
-FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=6' launch slow2 1
+# (two ranks: rank 1 has loaded its part and waits for rank 0)
+mpirun --oversubscribe --bind-to none -np 2 -x OMP_NUM_THREADS "$FOUNDRY" train --config tiny.json \
+  --synthetic-data -q --set train.run_dir=slow2 --stop-at-step 500 >slow2.pre.log 2>&1
+FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=6' launch slow2 2
 for _ in $(seq 100); do grep -qs 'loading a checkpoint' slow2/heartbeat/rank_00000.json && break; sleep 0.1; done
 kill -TERM $lpid
 wait $lpid; rc=$?
 if [ $rc -eq 75 ] && ! grep -q '"event":"failure"' slow2/events.jsonl \
-  && [ "$(events slow2 | awk '{print $NF}')" = interrupted ]; then
-  ok "SIGTERM to launch while its job loads a checkpoint: interrupted, exit 75"
+  && [ "$(events slow2 | awk '{print $NF}')" = interrupted ] \
+  && grep -q "received SIGTERM while starting: no step trained" "$(log_of slow2)"; then
+  ok "SIGTERM to launch while its 2 ranks load a checkpoint: no step trained, interrupted, exit 75"
 else bad "SIGTERM while loading: rc $rc, events: $(events slow2)"; cat "$(log_of slow2)"; fi
 
 # ---- two ranks: rank 1 killed mid-step; rank 1 stopped (rank 0's heartbeat watch) ----
@@ -282,7 +285,7 @@ FOUNDRY_TRAIN_FAULT=bogus "$FOUNDRY" launch --config tiny.json --synthetic-data 
   --overwrite --set train.run_dir=preempt >overfail.log 2>&1
 rc=$?
 python3 - preempt/events.jsonl <<'PY' && [ $rc -eq 1 ] && [ "$(ls preempt/checkpoints)" = "$before" ] \
-  && grep -q "failed before it took the run directory" overfail.log \
+  && grep -q "failed before its job took the run directory" overfail.log \
   && ok "an --overwrite attempt failing at start-up counts none of the old run's steps" \
   || { bad "an --overwrite attempt failing at start-up (rc $rc)"; cat overfail.log; }
 import json, sys

@@ -100,7 +100,7 @@ void run_train(const ConfigArgs& args, TrainOptions options) {
   const bool root = !session || session->world().rank() == 0;
   if (session) session->finalize();
   if (s.interrupted) set_exit_code(kExitInterrupted);
-  if (!root) return;
+  if (!root || s.stopped_at_start) return;
   if (s.already_complete) {
     std::printf(
         "the run in %s is already at step %lld = train.steps: nothing to train (pass "

@@ -55,7 +55,7 @@ std::vector<std::string> mpirun_prefix(const CommandInputs& in, JobCommand& cmd)
   }
   if (!in.omp_threads_set)
     cmd.env["OMP_NUM_THREADS"] = std::to_string(std::max(1, in.host_cores / in.ranks));
-  for (const char* exported : {"OMP_NUM_THREADS", kLaunchPidVariable}) {
+  for (const char* exported : {"OMP_NUM_THREADS", kLaunchPidVariable, kLaunchStartupVariable}) {
     argv.push_back("-x");
     argv.push_back(exported);
   }

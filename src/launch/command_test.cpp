@@ -37,20 +37,18 @@ TEST(JobCommand, MpirunSharesTheCoresAndOversubscribesOnlyWhenNeeded) {
   CommandInputs in = inputs(Launcher::automatic, 2);
   JobCommand c = job_command(in);
   EXPECT_EQ(joined(c),
-            "mpirun -np 2 --bind-to none -x OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID /bin/foundry "
-            "train --config "
-            "c.json --auto-resume");
+            "mpirun -np 2 --bind-to none -x OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID -x "
+            "FOUNDRY_LAUNCH_STARTUP_S /bin/foundry train --config c.json --auto-resume");
   EXPECT_EQ(c.env.at("OMP_NUM_THREADS"), "1");
   in.ranks = 4;
   in.root = true;
   in.omp_threads_set = true;  // the user's choice stays
   in.launcher_args = {"--hostfile=hosts"};
   c = job_command(in);
-  EXPECT_EQ(
-      joined(c),
-      "mpirun -np 4 --allow-run-as-root --oversubscribe --bind-to none -x "
-      "OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID --hostfile=hosts /bin/foundry train --config c.json "
-      "--auto-resume");
+  EXPECT_EQ(joined(c),
+            "mpirun -np 4 --allow-run-as-root --oversubscribe --bind-to none -x "
+            "OMP_NUM_THREADS -x FOUNDRY_LAUNCH_PID -x FOUNDRY_LAUNCH_STARTUP_S --hostfile=hosts "
+            "/bin/foundry train --config c.json --auto-resume");
   EXPECT_TRUE(c.env.empty());
 }
 
@@ -60,7 +58,8 @@ TEST(JobCommand, MpirunOversubscribesACoresHardwareThreads) {
   in.host_slots = 1;
   EXPECT_EQ(joined(job_command(in)),
             "mpirun -np 2 --oversubscribe --bind-to none -x OMP_NUM_THREADS -x "
-            "FOUNDRY_LAUNCH_PID /bin/foundry train --config c.json --auto-resume");
+            "FOUNDRY_LAUNCH_PID -x FOUNDRY_LAUNCH_STARTUP_S /bin/foundry train --config c.json "
+            "--auto-resume");
 }
 
 TEST(JobCommand, PhysicalCoresAreAtMostTheHardwareThreads) {

@@ -220,6 +220,7 @@ Attempt Supervisor::start(int number) {
     setpgid(0, 0);  // its own process group: ended as one
     for (const auto& [k, v] : cmd.env) setenv(k.c_str(), v.c_str(), 1);
     setenv(kLaunchPidVariable, launch_pid.c_str(), 1);  // the run directory lets it in
+    setenv(kLaunchStartupVariable, fmt::format("{:g}", o_.startup_timeout_s).c_str(), 1);
     // Injected faults are for the first attempt: the restart is the recovery under test.
     if (number > 1)
       for (const char* fault : kFaultVariables) unsetenv(fault);
@@ -230,6 +231,7 @@ Attempt Supervisor::start(int number) {
     std::fprintf(stderr, "error: cannot run '%s': %s\n", argv[0], std::strerror(errno));
     std::_Exit(kExitFailed);
   }
+  setpgid(pid, pid);  // here too: a stop right after the fork reaches the job's group
   a.pid = pid;
   a.started = now_seconds();
   attempt_unix_ = unix_now();
@@ -394,10 +396,11 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
 void Supervisor::stop_job(Attempt& a) {
   bool signalled = false;
   for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGTERM) == 0 || signalled;
-  if (!signalled) {
-    kill(-a.pid, SIGTERM);
-    a.stopped_whole_group = true;
-  }
+  if (signalled) return;
+  kill(-a.pid, SIGTERM);
+  // Before any rank beat, the stop reached mpirun/srun itself (after, the ranks here have
+  // exited, or run elsewhere, and the job's exit says what happened).
+  a.stopped_whole_group = a.records.empty() && read_heartbeats(run_dir_).empty();
 }
 
 // Ends the job at once and reaps it: SIGKILL to every rank this host runs, then SIGTERM to
@@ -520,8 +523,8 @@ int Supervisor::run() {
             {"checkpoint_step", committed},
             {"steps_lost", lost}},
            old_run_there
-               ? fmt::format("attempt {} failed before it took the run directory: {}; the run "
-                             "there is as it was (--overwrite not done)",
+               ? fmt::format("attempt {} failed before its job took the run directory: {}; "
+                             "none of the steps there are this run's (--overwrite still to do)",
                              number, o.detail)
                : fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
                              o.detail, a.last_step, committed));

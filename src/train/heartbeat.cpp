@@ -183,7 +183,7 @@ void Heartbeat::starting(const char* phase) {
 }
 
 double Heartbeat::hang_threshold() const {
-  if (!first_step_done_) return 4 * config_.hang_after_s;
+  if (!first_step_done_) return std::max(4 * config_.hang_after_s, config_.startup_after_s);
   return std::max(config_.hang_after_s, 3 * longest_interval_);
 }
 

@@ -14,7 +14,8 @@
 // change, so clocks of different hosts need not agree. The hang threshold is
 // max(hang_after_s, 3 × the longest interval between two progress marks so far) (4 ×
 // hang_after_s until the first step completes: start-up creates primitives and faults in
-// memory), written into the record so `foundry launch` applies the same one.
+// memory; or HeartbeatConfig::startup_after_s when larger), written into the record so
+// `foundry launch` applies the same one.
 // A rank that ends normally writes state "exited" and is no longer watched.
 #pragma once
 #include <atomic>
@@ -35,6 +36,10 @@ struct HeartbeatConfig {
   double interval_s = 1;     // 0: no heartbeats
   double lost_after_s = 5;   // a rank silent this long has died or stopped
   double hang_after_s = 45;  // no progress this long (at least): the job hangs
+  // Before the first step completes, the threshold is the larger of 4 × hang_after_s and
+  // this (launch's --startup-timeout, the communication timeout: a rank that loaded its part
+  // of a checkpoint waits for the slowest without marks).
+  double startup_after_s = 0;
 };
 
 // One rank's heartbeat file.
@@ -93,8 +98,8 @@ class Heartbeat {
 
   // The training loop moved on (cheap: a lock and two stores; no I/O).
   void progress(int64_t step, const char* phase);
-  // Start-up moved on (building the model, loading a checkpoint) before the first step's
-  // mark: progress without a step, the start-up threshold unchanged.
+  // Start-up moved on (building the model, loading a checkpoint; a rollback's load too):
+  // progress without a step, the threshold unchanged.
   void starting(const char* phase);
 
  private:

@@ -173,6 +173,26 @@ TEST(Heartbeat, StartUpMarksAreProgressWithoutAStep) {
   EXPECT_NE(reports.message.find("(limit 2 s)"), std::string::npos) << reports.message;
 }
 
+// launch's --startup-timeout (or the communication timeout) raises the start-up threshold,
+// never the one after the first step.
+TEST(Heartbeat, TheStartUpThresholdIsAtLeastStartupAfter) {
+  TempDir tmp;
+  HeartbeatConfig config{0.05, 10, 2.0};
+  config.startup_after_s = 30;
+  Heartbeat hb(tmp.path(), 0, 1, config, {});
+  const auto threshold = [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const std::optional<HeartbeatRecord> r = read_heartbeat(tmp.path(), 0);
+    return r ? r->hang_after_s : -1.0;
+  };
+  hb.starting("building the model");
+  EXPECT_EQ(threshold(), 30.0);
+  hb.progress(0, "validation");
+  hb.progress(1, "step");
+  hb.progress(2, "step");
+  EXPECT_EQ(threshold(), 2.0);
+}
+
 TEST(Heartbeat, DescribePositionsGroupsRanksByWhereTheyAre) {
   std::map<int, HeartbeatRecord> records;
   for (int r = 0; r < 4; ++r) records[r] = HeartbeatRecord{r, 1, "h", 1, 1, 12, "step", 45, false};

@@ -73,6 +73,9 @@ inline constexpr char kLaunchLockFile[] = "launch.lock";
 // Set by `foundry launch` in its jobs' environment: its pid, so that the job it started may
 // train in the run directory it supervises, and no other job may.
 inline constexpr char kLaunchPidVariable[] = "FOUNDRY_LAUNCH_PID";
+// Set by `foundry launch` too: its --startup-timeout in seconds, the least a launched job's
+// start-up (building its model, loading its checkpoint) may go between two progress marks.
+inline constexpr char kLaunchStartupVariable[] = "FOUNDRY_LAUNCH_STARTUP_S";
 
 class RunDirLock {
  public:

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <memory>
@@ -218,7 +219,8 @@ void check_steps_left(int64_t start_step, int64_t total_steps, int64_t stop_at_s
 // run's name. Changes meant as such pass with --allow-config-change, printed and logged.
 // Deterministic on every rank (each reads the file), so no agreement is needed. Returns the
 // changes, which the events log gets once the resume is accepted (train(): a resume refused on
-// the way changes nothing on disk).
+// the way changes nothing of the run on disk; under launch, its heartbeat record stays in
+// launch's heartbeat/).
 std::vector<std::string> check_same_trajectory(const RunConfig& rc, bool allowed, bool root) {
   std::string path = rc.train.run_dir + "/config.json";
   std::string own = fmt::format("--config {} holds them all", path);
@@ -393,7 +395,14 @@ int64_t TrainingRun::resume() {
 // the events log, within seconds (`foundry launch` then restarts it).
 void TrainingRun::start_heartbeat() {
   if (heartbeat) return;  // a launch's job, beating since it took the run directory
-  const HeartbeatConfig config{tc.heartbeat_interval_s, tc.heartbeat_timeout_s, tc.hang_timeout_s};
+  HeartbeatConfig config{tc.heartbeat_interval_s, tc.heartbeat_timeout_s, tc.hang_timeout_s};
+  // Start-up gets at least launch's --startup-timeout between two marks (a model whose build
+  // takes longer needs a larger one), and with several ranks the communication timeout: a rank
+  // that has loaded its part of a checkpoint waits for the slowest in a collective, unmarked.
+  if (const char* s = std::getenv(kLaunchStartupVariable))
+    config.startup_after_s = std::max(0.0, std::atof(s));
+  if (procs.ranks() > 1)
+    config.startup_after_s = std::max(config.startup_after_s, tc.comm_timeout_s);
   const std::string dir = tc.run_dir;
   const int rank = procs.rank();
   heartbeat.emplace(dir, rank, procs.ranks(), config,
@@ -861,10 +870,10 @@ namespace {
 // From the run directory taken to the first step: heartbeats, the MFU peak, the header and
 // the validation at step 0.
 TrainSummary start_training(TrainingRun& run, const TrainOptions& opt, int64_t start_step) {
-  // Heartbeats (before, a failure changes nothing on disk, and the communication watchdog and
-  // launch's start-up limit watch); from then on the run directory is this run's (a directory
-  // it made is no longer removed when it fails: until here, not even a file that could not be
-  // created is left behind).
+  // Heartbeats, unless a launch's job beats already (before, a failure changes nothing on disk,
+  // and the communication watchdog and launch's start-up limit watch); from then on the run
+  // directory is this run's (a directory it made is no longer removed when it fails: until
+  // here, not even a file that could not be created is left behind).
   run.start_heartbeat();
   run.run_dir->started();
   run.peak = choose_mfu_peak(run.tc, opt.profile_peak, run.procs, start_step > 0);
@@ -951,6 +960,9 @@ bool finish_step(TrainingRun& run, const TrainOptions& opt, StepLog& log, StopSi
 }  // namespace
 
 TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
+  // First: SIGINT/SIGTERM while the run starts (building the model, loading a checkpoint:
+  // minutes for a large one) are a stop, agreed on once the checkpoint is loaded, not a death.
+  StopSignals signals(/*block_on_workers=*/true);
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
   const int64_t start_step = run.resume();
@@ -964,12 +976,22 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     done.already_complete = true;
     return done;
   }
+  if (const int sig = signals.agreed(run.procs.world()).signal) {
+    if (run.procs.root())
+      std::fprintf(
+          stderr,
+          "received %s while starting: no step trained, exiting (the run stays at step %lld)\n",
+          sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(start_step));
+    TrainSummary stopped;
+    stopped.start_step = stopped.final_step = start_step;
+    stopped.interrupted = stopped.stopped_at_start = true;
+    return stopped;
+  }
   // The resume is accepted: its changes of settings go to the events log.
   if (run.procs.root() && !run.config_changes.empty())
     append_event(rc.train.run_dir, "train", "config_change", {{"changes", run.config_changes}});
   std::optional<MetricsWriter> metrics = run.open_outputs(start_step);
   TrainSummary summary = start_training(run, opt, start_step);
-  StopSignals signals(/*block_on_workers=*/true);
   run.model->op_times().enabled = opt.op_breakdown;
   StepLog log(run, std::move(metrics), start_step);
   RankMemory memory = run.memory_now();

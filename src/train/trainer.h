@@ -64,6 +64,7 @@ struct TrainSummary {
   std::string peak_source;   // where the peak came from
   bool interrupted = false;  // stopped by SIGINT/SIGTERM with a checkpoint saved
   bool already_complete = false;  // resumed at train.steps: nothing trained, nothing written
+  bool stopped_at_start = false;  // SIGINT/SIGTERM before the first step: nothing trained
   int64_t optimizer_state_bytes = 0;  // this rank's optimizer state and buffers
   int64_t peak_rss_bytes = 0;  // the largest peak RSS over the ranks (before the final checkpoint)
   double grad_comm_exposed_s = 0;     // data parallel: gradient reduction after backward, per step
