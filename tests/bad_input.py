@@ -231,6 +231,8 @@ CASES = [
     Case("config: a section twice", "train -c t.json", [write("t.json", '{"model": {"vocab_size": 300, "max_seq_len": 32}, "train": {"steps": 2}, "train": {"lr": 0.01}}')], ["t.json", "'train' appears twice"], hint="merge the two"),
     Case("config: a key twice", "model info --config t.json", [write("t.json", '{"model": {"vocab_size": 300, "d_model": 32, "d_model": 64, "max_seq_len": 32}}')], ["t.json", "'model.d_model' appears twice"]),
     Case("config: unknown section", "train -c tiny.json", [edit_json("tiny.json", "trian", {})], ["unknown key 'trian'"], hint="known keys"),
+    Case("config: micro_batch_size not dividing a rank's share", "train -c tiny.json --synthetic-data --set train.batch_size=6 train.micro_batch_size=4", [], ["train.micro_batch_size = 4 does not divide a rank's 6 sequences"], hint="divides 6"),
+    Case("config: micro_batch_size negative", "train -c tiny.json --synthetic-data --set train.micro_batch_size=-1", [], ["train.micro_batch_size"]),
     Case("config: a misspelled section named before the defaults' checks", "train -c t.json", [write("t.json", '{"model": {"vocab_size": 300, "max_seq_len": 32}, "trian": {"steps": 2}}')], ["unknown key 'trian'"], hint="known keys"),
     Case("config: unknown key in the file", "train -c tiny.json", [edit_json("tiny.json", "model.d_modle", 3)], ["tiny.json", "model.d_modle"]),
     Case("config: string for a number", "train -c tiny.json --set 'train.lr=\"fast\"'", [], ["train.lr", "must be a number"]),

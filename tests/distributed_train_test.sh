@@ -75,6 +75,21 @@ for arch in moe zaya; do
   done
 done
 
+# Micro-batches (train.micro_batch_size 1: four in one process, two a rank at 2 ranks, with
+# the reduction overlapping the last backward and, at expert parallel 2, the experts' gradients
+# accumulated across the exchange): the same losses as the whole batch at once.
+for arch in moe zaya; do
+  for layout in "1 1" "2 1" "2 2"; do
+    set -- $layout
+    np=$1 ep=$2
+    run=$arch-micro-$np-ep$ep
+    if train "$np" $arch.json $run --set train.expert_parallel=$ep train.micro_batch_size=1 >$run.log 2>&1; then
+      if close $arch-1 $run; then ok "$arch: micro-batches of 1 at $np rank(s) (expert parallel $ep) match the whole batch"
+      else bad "$arch: micro-batches at $np rank(s) (expert parallel $ep) differ from the whole batch"; fi
+    else bad "$arch: micro-batches at $np rank(s) failed"; cat $run.log; fi
+  done
+done
+
 # The load-balancing loss counts expert shares over the global batch, so with it on the
 # losses still match across layouts.
 train 1 moe.json aux-1 --set model.aux_loss_coef=0.05 >aux-1.log 2>&1 || { bad "aux loss: single process failed"; cat aux-1.log; }

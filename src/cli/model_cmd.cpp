@@ -90,6 +90,10 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
   ModelInfo info = model_info(
       rc.model, batch, seq, precision, optimizer_name(optimizer),
       [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
+  // With train.micro_batch_size, one micro-batch's activations are in memory at a time.
+  const int64_t micro = micro_batch_rows(rc.train, batch);
+  if (o.dp <= 1 && micro < batch)
+    info.memory = estimate_memory(rc.model, micro, seq, precision, muon, cp);
   // The run's checkpoint copies, as the trainer's memory check counts them (--dp: ZeRO-1's).
   RunConfig run = rc;
   run.train.optimizer = optimizer;
@@ -110,7 +114,8 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
     // A rank runs its group's batch / (dp / cp) sequences (seq / cp tokens of each): its
     // activations, with the replicated slabs and its share of the optimizer state.
-    const MemoryEstimate m = estimate_memory(rc.model, rank_batch, seq, precision, muon, cp);
+    const MemoryEstimate m =
+        estimate_memory(rc.model, micro_batch_rows(rc.train, rank_batch), seq, precision, muon, cp);
     rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
                  m.activations_bytes + m.backward_buffers_bytes +
                  copies(static_cast<int>(o.dp)).first + copies(static_cast<int>(o.dp)).second;
@@ -143,6 +148,11 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     std::printf("config: %s\n%s", o.config_path.c_str(), format_model_info(info).c_str());
+    if (micro_batch_rows(rc.train, o.dp > 1 ? rank_batch : batch) < (o.dp > 1 ? rank_batch : batch))
+      std::printf(
+          "(activations: one micro-batch of %lld sequences at a time, "
+          "train.micro_batch_size)\n",
+          static_cast<long long>(rc.train.micro_batch_size));
     if (zero1)
       std::printf("\nZeRO-1 over %lld data-parallel ranks (optimizer state per rank):\n%s",
                   static_cast<long long>(o.dp), format_zero1_memory(*zero1).c_str());

@@ -58,6 +58,11 @@ class Compute {
   Backend& ops;
   // The context-parallel group, or null (Model::set_context_parallel).
   ContextParallel* context_parallel = nullptr;
+  // Gradient accumulation (Model::set_loss_weight, Model::backward): the weight of the
+  // forward's losses in the gradient, and whether backward adds to the experts' gradients
+  // (which it otherwise writes whole).
+  double loss_weight = 1;
+  bool accumulate_grads = false;
 
   const float* p(int64_t offset) const { return params_ + offset; }  // fp32 parameters
   float* g(int64_t offset) const { return grads_ + offset; }         // their gradients

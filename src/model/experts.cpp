@@ -217,6 +217,8 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
   const std::vector<int64_t> costs = row_counts(offsets, n_experts);
   const DType dt = cx_.precision;
   const size_t elem = dt == DType::bf16 ? 2 : 4;
+  // The weight gradients are written whole, or added to earlier micro-batches' (accumulating).
+  const bool add = cx_.accumulate_grads;
   {
     auto t = cx_.time("expert_down_gemm");
     const char* dys_g = static_cast<const char*>(cx_.input(dys, rows_all * C, 0));
@@ -224,12 +226,13 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
-        cx_.ops.fill(cx_.g(w2[e]), C * F, 0.0f);
+        if (!add) cx_.ops.fill(cx_.g(w2[e]), C * F, 0.0f);
         return;
       }
       const char* dys_e = dys_g + offsets[e] * C * elem;
       cx_.ops.gemm(dys_e, false, cx_.weight(w2[e]), false, dact + offsets[e] * F, rows, F, C, dt);
-      cx_.ops.gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt);
+      cx_.ops.gemm(dys_e, true, act_g + offsets[e] * F * elem, false, cx_.g(w2[e]), C, F, rows, dt,
+                   add);
     });
   }
   {
@@ -247,14 +250,14 @@ void Experts::local_backward(const int64_t* offsets, int64_t n_experts, const fl
     cx_.ops.products(costs, [&](int64_t e) {
       const int64_t rows = offsets[e + 1] - offsets[e];
       if (rows == 0) {
-        cx_.ops.fill(cx_.g(w13[e]), 2 * F * C, 0.0f);
+        if (!add) cx_.ops.fill(cx_.g(w13[e]), 2 * F * C, 0.0f);
         return;
       }
       const char* dh_e = dh_g + offsets[e] * 2 * F * elem;
       cx_.ops.gemm(dh_e, false, cx_.weight(w13[e]), false, dxs + offsets[e] * C, rows, C, 2 * F,
                    dt);
       cx_.ops.gemm(dh_e, true, xs_g + offsets[e] * C * elem, false, cx_.g(w13[e]), 2 * F, C, rows,
-                   dt);
+                   dt, add);
     });
   }
 }

@@ -46,7 +46,8 @@ double lm_head_forward(Compute& cx, const LmHeadWeights& w, LmHeadActs& a, const
   auto t = cx.time("cross_entropy");
   // dlogits overwrite the logits in place: backward needs only the gradient. In bf16 they are
   // written as the backward GEMMs' input, with no float copy between.
-  const float scale = 1.0f / static_cast<float>(N);
+  // d(mean loss)/dlogits, times the loss's weight in the step (1, or 1/n of n micro-batches).
+  const float scale = static_cast<float>(cx.loss_weight) / static_cast<float>(N);
   if (cx.precision == DType::bf16)
     cx.ops.cross_entropy_bf16(reinterpret_cast<bf16*>(a.logits), 2 * Vp, a.losses, a.mean_loss,
                               a.logits, targets, N, c.vocab_size, Vp, scale);

@@ -312,13 +312,21 @@ ForwardResult Model::forward(const int32_t* inputs, const int32_t* targets, int6
   return arch_->forward(inputs, targets, shape);
 }
 
-void Model::backward() {
+void Model::backward(bool accumulate) {
   check_training("backward");
-  if (!grads_zeroed_)
-    fail("Model::backward needs zero_grads() since the last backward (it writes the experts' "
-         "gradients whole instead of adding to them)");
+  if (!grads_zeroed_ && !accumulate)
+    fail(
+        "Model::backward needs zero_grads() since the last backward (it writes the experts' "
+        "gradients whole instead of adding to them), or accumulate");
   grads_zeroed_ = false;
+  compute_->accumulate_grads = accumulate;
   arch_->backward();
+  compute_->accumulate_grads = false;
+}
+
+void Model::set_loss_weight(double weight) {
+  FOUNDRY_CHECK(weight > 0 && weight <= 1);
+  compute_->loss_weight = weight;
 }
 
 const float* Model::logits() const { return arch_->logits(); }

@@ -144,9 +144,14 @@ class Model {
   // d(loss)/d(params) into grads() for the last forward (which had targets). Needs
   // zero_grads() before each call: it adds into the zeroed gradients, except those of the
   // expert weights, which it writes whole (zero_grads leaves them alone); so two backward
-  // passes never accumulate.
-  void backward();
+  // passes never accumulate. `accumulate` (gradient accumulation over micro-batches: every
+  // backward after the first since zero_grads()) adds to the experts' gradients too.
+  void backward(bool accumulate = false);
   void zero_grads();
+  // The weight of the next forwards' losses in the gradient backward computes: 1, or 1/n for
+  // each of n micro-batches whose gradients add up to the step's (the losses a forward
+  // returns stay their own means).
+  void set_loss_weight(double weight);
 
   // Logits [B, T, padded_vocab] of the last forward (after forward with targets == null), in
   // the backend's memory.

@@ -185,7 +185,7 @@ void StandardMoe::backward() {
   const ModelConfig& c = cx_.config;
   const BatchShape s = a.shape;
   const int64_t N = s.rows(), L = c.n_layers;
-  const float aux_coef = static_cast<float>(c.aux_loss_coef / L);
+  const float aux_coef = static_cast<float>(c.aux_loss_coef * cx_.loss_weight / L);
   lm_head_backward(cx_, head_, a.head, x(L), a.dx, a.attn_grads.dn, N);
   cx_.gradients_final(head_.norm);
   for (int64_t l = L - 1; l >= 0; --l) {

@@ -80,6 +80,27 @@ std::string smaller_batch_hint(const RunConfig& rc, int ranks,
                      per_group * groups, per_group * groups);
 }
 
+// "set train.micro_batch_size = M …" for the largest micro-batch below the one a rank runs now
+// that divides its share of the batch and `fits` (the config with it); "" when none does. The
+// batch, and so the run's trajectory, stays.
+std::string micro_batch_hint(const RunConfig& rc, int ranks,
+                             const std::function<bool(const RunConfig&)>& fits) {
+  const int64_t groups = std::max<int64_t>(1, ranks / rc.train.context_parallel);
+  const int64_t share = rc.train.batch_size / groups;
+  RunConfig smaller = rc;
+  for (int64_t m = micro_batch_rows(rc.train, share) - 1; m >= 1; --m) {
+    if (share % m != 0) continue;
+    smaller.train.micro_batch_size = m;
+    if (fits(smaller))
+      return fmt::format(
+          "set train.micro_batch_size = {} (--set train.micro_batch_size={}): each "
+          "rank runs its {} sequences of the batch {} at a time and accumulates "
+          "their gradients, the batch unchanged",
+          m, m, share, m);
+  }
+  return "";
+}
+
 // "even train.batch_size = G does not fit: shorten train.seq_len", G the smallest batch.
 std::string no_batch_fits(const RunConfig& rc, int ranks) {
   return fmt::format("even train.batch_size = {} does not fit: shorten train.seq_len",
@@ -89,6 +110,12 @@ std::string no_batch_fits(const RunConfig& rc, int ranks) {
 std::string training_hint(const RunConfig& rc, int ranks, int processes,
                           const MemoryBudget& budget) {
   const TrainConfig& tc = rc.train;
+  const std::string micro = micro_batch_hint(rc, ranks, [&](const RunConfig& r) {
+    MemoryNeed need = training_memory_need(r, r.train.batch_size, ranks);
+    need.processes = processes;
+    return fits(need, budget);
+  });
+  if (!micro.empty()) return micro;
   const std::string smaller = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
     MemoryNeed need = training_memory_need(rc, batch, ranks);
     need.processes = processes;
@@ -141,8 +168,10 @@ MemoryNeed training_memory_need(const RunConfig& rc, int64_t batch_size, int ran
   // Context-parallel groups share their sequences: a rank holds batch / (ranks / C) sequences'
   // worth of chunks.
   const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
-  const MemoryEstimate m = estimate_memory(rc.model, std::max<int64_t>(1, batch_size / groups),
-                                           tc.seq_len, tc.precision, muon, tc.context_parallel);
+  // The activations are one micro-batch's (train.micro_batch_size).
+  const int64_t share = std::max<int64_t>(1, batch_size / groups);
+  const MemoryEstimate m = estimate_memory(rc.model, micro_batch_rows(tc, share), tc.seq_len,
+                                           tc.precision, muon, tc.context_parallel);
   // Elements of the fp32 weight and gradient slabs this rank stores (the whole table unless
   // expert parallelism releases other ranks' experts), and its optimizer state and snapshot.
   int64_t weights = m.weights_fp32_bytes / 4, grads = weights;
@@ -244,10 +273,10 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
                                     int64_t nccl_bytes) {
   const TrainConfig& tc = rc.train;
   const int64_t groups = std::max<int64_t>(1, ranks / tc.context_parallel);
-  const MemoryEstimate m = estimate_memory(rc.model, std::max<int64_t>(1, batch_size / groups),
-                                           tc.seq_len, tc.precision,
-                                           tc.optimizer == OptimizerKind::muon,
-                                           tc.context_parallel);
+  const int64_t share = std::max<int64_t>(1, batch_size / groups);
+  const MemoryEstimate m =
+      estimate_memory(rc.model, micro_batch_rows(tc, share), tc.seq_len, tc.precision,
+                      tc.optimizer == OptimizerKind::muon, tc.context_parallel);
   // ZeRO-1 on GPUs keeps its state slabs over its range of the slab only
   // (optim/device_optimizer.h): the rank keeping the most decides.
   int64_t optimizer = m.optimizer_bytes;
@@ -394,10 +423,16 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
     const GpuMemory& gpu = a.gpu;
     const std::string shortfall = gpu_memory_shortfall(need, gpu);
     if (shortfall.empty()) continue;
-    std::string hint = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
-      return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks, nccl_bytes), gpu)
+    std::string hint = micro_batch_hint(rc, ranks, [&](const RunConfig& r) {
+      return gpu_memory_shortfall(
+                 gpu_training_memory_need(r, r.train.batch_size, ranks, nccl_bytes), gpu)
           .empty();
     });
+    if (hint.empty())
+      hint = smaller_batch_hint(rc, ranks, [&](int64_t batch) {
+        return gpu_memory_shortfall(gpu_training_memory_need(rc, batch, ranks, nccl_bytes), gpu)
+            .empty();
+      });
     if (hint.empty()) hint = no_batch_fits(rc, ranks) + ", or train a smaller model";
     if (gpu.sharing > 1) hint += "; or give each rank a GPU of its own";
     fail(shortfall, hint + "; the margin is conservative: FOUNDRY_MEMORY_LIMIT=off skips the "

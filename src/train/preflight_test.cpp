@@ -69,10 +69,23 @@ TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
                                      "margin [0-9.]+ MiB\\), but this process may use "
                                      "[0-9.]+ MiB \\(cgroup memory.max\\)$")))
         << e.what();
-    EXPECT_TRUE(e.hint().starts_with("the largest train.batch_size that fits is 40 (--set "
-                                     "train.batch_size=40)"))
+    // The largest micro-batch dividing the batch that fits comes first: the batch stays.
+    EXPECT_TRUE(
+        e.hint().starts_with("set train.micro_batch_size = 32 (--set "
+                             "train.micro_batch_size=32)"))
         << e.hint();
   }
+  // Micro-batches as small as they go: then a smaller batch.
+  RunConfig micro = rc;
+  micro.train.micro_batch_size = 1;
+  try {
+    check_training_memory(micro, one, {BudgetSource::cgroup_v2, 1});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(e.hint().starts_with("even train.batch_size = 1 does not fit")) << e.hint();
+  }
+  EXPECT_LT(training_memory_need(micro, 64, 1).per_process(),
+            training_memory_need(rc, 64, 1).per_process());  // one sequence's activations
   expect_error([&] { check_training_memory(rc, one, {BudgetSource::meminfo, 1 << 20}); },
                "training needs about");
 }
@@ -189,8 +202,9 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
         std::regex("^training needs about [0-9.]+ [MG]iB of GPU memory per rank \\(weights .*, "
                    "margin [0-9.]+ [MG]iB\\), but NVIDIA H200 \\(cuda:0\\) has [0-9.]+ [MG]iB free$")))
         << e.what();
-    EXPECT_TRUE(e.hint().starts_with("the largest train.batch_size that fits is 40 (--set "
-                                     "train.batch_size=40)"))
+    EXPECT_TRUE(
+        e.hint().starts_with("set train.micro_batch_size = 32 (--set "
+                             "train.micro_batch_size=32)"))
         << e.hint();
   }
   // Ranks sharing the GPU share its free memory.

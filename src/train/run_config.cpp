@@ -42,6 +42,7 @@ void read_train_keys(ConfigReader& r, TrainConfig& t, json& skip,
                      const std::string& where) {
   r.get("steps", t.steps, int64_t{0}, int64_t{1} << 40);
   r.get("batch_size", t.batch_size, int64_t{1}, int64_t{1} << 20);
+  r.get("micro_batch_size", t.micro_batch_size, int64_t{0}, int64_t{1} << 20);
   r.get("seq_len", t.seq_len, int64_t{1}, int64_t{1} << 22);
   r.get("lr", t.lr, 0.0, 10.0);
   r.get("min_lr_ratio", t.min_lr_ratio, 0.0, 1.0);
@@ -213,6 +214,17 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
                          : std::string("ranks"),
                      ranks_from == "this job" ? "" : " (" + ranks_from + ")"),
          fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
+  const int64_t share = tc.batch_size / groups;  // each rank's sequences
+  // (One at or above the share runs it whole: a restart on more ranks keeps working.)
+  if (tc.micro_batch_size > 0 && tc.micro_batch_size < share && share % tc.micro_batch_size != 0)
+    fail(fmt::format("train.micro_batch_size = {} does not divide a rank's {} sequence{} of the "
+                     "batch (train.batch_size = {} over {} {}{})",
+                     tc.micro_batch_size, share, share == 1 ? "" : "s", tc.batch_size, groups,
+                     tc.context_parallel > 1 ? "context-parallel groups" : "rank(s)",
+                     ranks_from == "this job" ? "" : ", " + ranks_from),
+         fmt::format("choose a train.micro_batch_size that divides {} (or 0: the whole share at "
+                     "once)",
+                     share));
   if (tc.expert_parallel <= 1) return;
   if (!mpi)
     fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but {} is one "

@@ -25,6 +25,9 @@ enum class AnomalyPolicy { skip, rollback, stop };
 struct TrainConfig {
   int64_t steps = 1000;
   int64_t batch_size = 8;       // sequences per step
+  // Sequences a rank runs forward and backward at once; its share of the batch in
+  // micro-batches of this many, their gradients accumulated (0: the whole share at once).
+  int64_t micro_batch_size = 0;
   int64_t seq_len = 256;
   double lr = 3e-4;             // peak learning rate
   double min_lr_ratio = 0.1;    // final lr = lr * min_lr_ratio
@@ -146,6 +149,11 @@ LrSchedule lr_schedule(const TrainConfig& config);
 // splits evenly over the context-parallel groups, the experts over the expert-parallel ranks.
 // `ranks_from` names where the count comes from in errors ("this job", "--restart-np 1").
 void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi, const std::string& ranks_from);
+// The sequences a rank runs at once of its `share` of the batch: train.micro_batch_size, or
+// the whole share when it is 0 (or larger).
+inline int64_t micro_batch_rows(const TrainConfig& tc, int64_t share) {
+  return tc.micro_batch_size > 0 && tc.micro_batch_size < share ? tc.micro_batch_size : share;
+}
 
 // Reads `path`, applies overrides ("train.lr=1e-3"), validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

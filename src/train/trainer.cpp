@@ -563,6 +563,11 @@ void TrainingRun::print_header() const {
   std::fprintf(stderr, "MFU peak: %.0f GFLOP/s (%s)\n", peak.flops_per_s / 1e9,
                peak.source.c_str());
   std::fprintf(stderr, "optimizer: %s\n", optimizer->describe().c_str());
+  if (const int64_t share = batches->local_batch(), micro = micro_batch_rows(tc, share);
+      micro < share)
+    std::fprintf(stderr, "micro-batches: %lld of %lld sequences a step%s, gradients accumulated\n",
+                 static_cast<long long>(share / micro), static_cast<long long>(micro),
+                 procs.world() ? " on each rank" : "");
   if (!procs.world()) return;
   std::fprintf(
       stderr, "processes: %d ranks, %lld sequences each per step%s, expert parallel %lld%s%s\n",
@@ -783,31 +788,77 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
 
 }  // namespace
 
+namespace {
+
+// Adds `part` into `sum` element by element (`sum` empty: becomes `part`).
+void add_counts(std::vector<int64_t>& sum, const std::vector<int64_t>& part) {
+  if (sum.empty()) {
+    sum = part;
+    return;
+  }
+  FOUNDRY_CHECK(sum.size() == part.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+}
+
+// The step's forward and backward passes on this rank's rows, in micro-batches of
+// `micro_rows` sequences (0: all at once) whose gradients add up in place: `losses` their
+// means, the router counts their sums (copies: a validation forward before the balancer
+// update would overwrite the model's), the batch's injected faults applied.
+void forward_backward(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
+                      bool overlap, int64_t micro_rows, AnomalyMonitor* anomalies,
+                      ForwardResult& losses, std::vector<int64_t>& class_counts,
+                      std::vector<int64_t>& boundary_counts) {
+  const int64_t rows = batches.local_batch(), seq = batches.local_seq();
+  const int64_t micro = micro_rows > 0 ? micro_rows : rows;
+  FOUNDRY_CHECK(rows % micro == 0);
+  const int64_t n = rows / micro;
+  const bool balancing = !model.balancers().empty();
+  model.zero_grads();
+  model.set_loss_weight(1.0 / static_cast<double>(n));
+  for (int64_t m = 0; m < n; ++m) {
+    const int64_t at = m * micro * seq;
+    const ForwardResult f =
+        model.forward(batches.local_inputs() + at, batches.local_targets() + at, micro, seq);
+    if (n == 1) {
+      losses = f;
+    } else {  // the mean of equal parts: the batch's mean
+      losses.loss += f.loss / static_cast<double>(n);
+      losses.ce_loss += f.ce_loss / static_cast<double>(n);
+      losses.aux_loss += f.aux_loss / static_cast<double>(n);
+    }
+    if (balancing) {
+      add_counts(class_counts, model.router_class_counts());
+      if (!model.router_boundary_counts().empty())
+        add_counts(boundary_counts, model.router_boundary_counts());
+    }
+    if (m == 0 && anomalies) anomalies->faults().poison_gradients(batches.batch(), model);
+    // The reduction starts as the last backward finishes each bucket's gradients.
+    if (m == n - 1 && overlap) optimizer.begin_backward(model.grads());
+    model.backward(/*accumulate=*/m > 0);
+  }
+  model.set_loss_weight(1);
+  if (anomalies) anomalies->faults().poison_losses(batches.batch(), losses);
+}
+
+}  // namespace
+
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
                     const Communicator* world, const std::function<void()>& before_update,
-                    AnomalyMonitor* anomalies) {
+                    AnomalyMonitor* anomalies, int64_t micro_rows) {
   StepResult r;
   r.lr = lr;
   const int64_t batch = batches.batch();
-  model.zero_grads();
-  r.losses = model.forward(batches.local_inputs(), batches.local_targets(), batches.local_batch(),
-                           batches.local_seq());
-  if (anomalies) anomalies->faults().poison_losses(batch, r.losses);
-  // This batch's routing, for the balancer update after the optimizer step (a copy: a
-  // validation forward before then would overwrite the model's counts), summed over ranks:
-  // every rank's balancer sees the global batch and stays identical.
   const bool balancing = !model.balancers().empty();
   std::vector<int64_t> class_counts, boundary_counts;
-  if (balancing) {
-    class_counts = model.router_class_counts();
-    boundary_counts = model.router_boundary_counts();
-    if (world) sum_router_counts(*world, class_counts);
-    if (world && !boundary_counts.empty()) sum_router_counts(*world, boundary_counts);
+  forward_backward(model, optimizer, batches, overlap, micro_rows, anomalies, r.losses,
+                   class_counts, boundary_counts);
+  // The batch's routing, summed over ranks: every rank's balancer sees the global batch and
+  // stays identical.
+  if (balancing && world) {
+    sum_router_counts(*world, class_counts);
+    if (!boundary_counts.empty()) sum_router_counts(*world, boundary_counts);
   }
-  if (anomalies) anomalies->faults().poison_gradients(batch, model);
-  if (overlap) optimizer.begin_backward(model.grads());
-  model.backward();
   if (before_update) before_update();
   // The losses over the ranks first: the anomaly veto judges them with the gradient norm.
   r.losses.loss = mean_over_ranks(world, r.losses.loss);
@@ -976,7 +1027,11 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     done.already_complete = true;
     return done;
   }
-  if (const int sig = signals.agreed(run.procs.world()).signal) {
+  const int start_signal = [&] {
+    auto g = run.procs.guard("agreeing on a stop before the first step");
+    return signals.agreed(run.procs.world()).signal;
+  }();
+  if (const int sig = start_signal) {
     if (run.procs.root())
       std::fprintf(
           stderr,
@@ -1006,7 +1061,8 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     StepResult r = run_step(
         *run.model, *run.optimizer, *run.batches, learning_rate(run.schedule, step), step,
         rc.train.grad_clip, run.overlap, run.procs.world(),
-        [&] { run.checkpointer->protect_state(); }, &*run.anomalies);
+        [&] { run.checkpointer->protect_state(); }, &*run.anomalies,
+        micro_batch_rows(rc.train, run.batches->local_batch()));
     if (!r.applied) {  // nothing changed: skip the batch, or roll back (train/anomaly.h)
       const int64_t last = run.after_anomaly(step);
       if (last < step - 1) log.rewind(last);

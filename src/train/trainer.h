@@ -88,10 +88,13 @@ struct StepResult {
 // when set, runs between the backward pass and the optimizer step (a checkpoint's snapshot
 // must be done). With `anomalies`, the batch's injected faults are applied and a step it
 // judges anomalous changes nothing and returns with `applied` false; without, a loss or
-// gradient norm that is not finite fails naming the step.
+// gradient norm that is not finite fails naming the step. `micro_rows` (dividing the rank's
+// rows; 0: all at once): forward and backward run on micro-batches of that many sequences,
+// their gradients added up (each loss weighted 1/n), the losses their mean, the router counts
+// their sum; the reduction overlaps the last backward only.
 StepResult run_step(Model& model, DataParallelOptimizer& optimizer, const TrainBatches& batches,
                     double lr, int64_t step, double max_grad_norm, bool overlap,
                     const Communicator* world, const std::function<void()>& before_update = {},
-                    AnomalyMonitor* anomalies = nullptr);
+                    AnomalyMonitor* anomalies = nullptr, int64_t micro_rows = 0);
 
 }  // namespace foundry

@@ -68,6 +68,56 @@ TEST_P(RunStepTest, IsForwardBackwardStepAndBalancers) {
   }
 }
 
+// Largest |a - b| over the largest |b|: 0 for equal slabs.
+double relative_difference(const float* a, const float* b, int64_t n) {
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    scale = std::max(scale, std::abs(double(b[i])));
+  }
+  return diff / scale;
+}
+
+// Micro-batches: the step's gradient is the sum of the micro-batches' gradients, each loss
+// weighted 1/n (the experts' gradients added, not written), so the whole batch's step up to
+// rounding; the losses are their mean, the balancers see the whole batch's counts.
+TEST_P(RunStepTest, MicroBatchesAccumulateTheWholeBatchsGradient) {
+  RunConfig rc = testing::tiny_run_config("unused", GetParam());
+  rc.model.aux_loss_coef = 0;  // a micro-batch's aux loss is its own, not the batch's
+  Model model(rc.model, DType::f32), reference(rc.model, DType::f32);
+  model.init_weights(3);
+  reference.init_weights(3);
+  auto optimizer = make_optimizer(model.table(), optimizer_options(rc.train), nullptr);
+  auto ref_optimizer = make_optimizer(reference.table(), optimizer_options(rc.train), nullptr);
+  TrainBatches batches(nullptr, 4, rc.train.seq_len, 0, 1, rc.model.vocab_size, 9);
+  for (int64_t step = 1; step <= 3; ++step) {
+    batches.next();
+    const StepResult whole = run_step(reference, *ref_optimizer, batches, 1e-2, step, 1.0, false,
+                                      nullptr, {}, nullptr, /*micro_rows=*/0);
+    const int64_t micro = step == 2 ? 2 : 1;  // four micro-batches, then two, then four
+    const StepResult r =
+        run_step(model, *optimizer, batches, 1e-2, step, 1.0, false, nullptr, {}, nullptr, micro);
+    EXPECT_NEAR(r.losses.ce_loss, whole.losses.ce_loss, 1e-6 * whole.losses.ce_loss);
+    EXPECT_NEAR(r.grad_norm, whole.grad_norm, 1e-5 * whole.grad_norm);
+    EXPECT_LT(relative_difference(model.grads(), reference.grads(), model.slab_size()), 1e-5)
+        << "step " << step;
+    EXPECT_LT(relative_difference(model.params(), reference.params(), model.slab_size()), 1e-5)
+        << "step " << step;
+    if (GetParam()) EXPECT_EQ(model.balancer_state(), reference.balancer_state());
+  }
+  // Afterwards a whole batch's backward is the model's own again: its losses weighted 1.
+  model.zero_grads();
+  reference.zero_grads();
+  const ForwardResult f =
+      model.forward(batches.local_inputs(), batches.local_targets(), 4, rc.train.seq_len);
+  const ForwardResult g =
+      reference.forward(batches.local_inputs(), batches.local_targets(), 4, rc.train.seq_len);
+  model.backward();
+  reference.backward();
+  EXPECT_NEAR(f.ce_loss, g.ce_loss, 1e-5 * g.ce_loss);
+  EXPECT_LT(relative_difference(model.grads(), reference.grads(), model.slab_size()), 1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Archs, RunStepTest, ::testing::Bool(),
                          [](const auto& info) { return info.param ? "Zaya1" : "Moe"; });
 
