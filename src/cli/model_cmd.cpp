@@ -92,8 +92,10 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
       [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
   // With train.micro_batch_size, one micro-batch's activations are in memory at a time.
   const int64_t micro = micro_batch_rows(rc.train, batch);
-  if (o.dp <= 1 && micro < batch)
+  if (o.dp <= 1 && micro < batch) {
     info.memory = estimate_memory(rc.model, micro, seq, precision, muon, cp);
+    info.activation_batch = micro;
+  }
   // The run's checkpoint copies, as the trainer's memory check counts them (--dp: ZeRO-1's).
   RunConfig run = rc;
   run.train.optimizer = optimizer;

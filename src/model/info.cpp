@@ -487,6 +487,7 @@ json to_json(const ModelInfo& info) {
   return json{
       {"model", to_json(info.config)},
       {"batch_size", info.batch},
+      {"activation_sequences", info.activation_batch > 0 ? info.activation_batch : info.batch},
       {"seq_len", info.seq},
       {"tokens_per_step", info.batch * info.seq},
       {"context_parallel",
@@ -684,9 +685,11 @@ void describe_memory(InfoText& t, const ModelInfo& info) {
     t.bytes_row("in-memory checkpoints (two)", m.memory_checkpoints_bytes);
   t.bytes_row("total", m.total_bytes);
   t.line("");
-  t.line(fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "
-                     "copy per layer)",
-                     info.batch, info.seq / info.context, active_experts(info.config)));
+  t.line(
+      fmt::format("activations (B = {}, T = {}, N = B*T, K = {} experts per token; xL = one "
+                  "copy per layer)",
+                  info.activation_batch > 0 ? info.activation_batch : info.batch,
+                  info.seq / info.context, active_experts(info.config)));
   for (const MemoryItem& item : m.activations) {
     const std::string label =
         item.copies > 1 ? fmt::format("{} x{}", item.name, item.copies) : item.name;

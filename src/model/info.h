@@ -226,6 +226,9 @@ ContextParallelTraffic context_parallel_traffic(const ModelConfig& config, int64
 struct ModelInfo {
   ModelConfig config;
   int64_t batch = 0, seq = 0;
+  // The sequences whose activations `memory` counts: one micro-batch of a batch run in
+  // micro-batches (train.micro_batch_size), else 0 (the batch).
+  int64_t activation_batch = 0;
   int64_t context = 1;  // context-parallel ranks per sequence (memory is per rank)
   ContextParallelTraffic traffic;
   DType precision = DType::bf16;
