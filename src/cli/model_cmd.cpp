@@ -91,8 +91,14 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
       rc.model, batch, seq, precision, optimizer_name(optimizer),
       [muon](const ParamInfo& p) { return optimizer_for(p, muon); }, cp);
   // With train.micro_batch_size, one micro-batch's activations are in memory at a time.
-  const int64_t micro = micro_batch_rows(rc.train, batch);
-  if (o.dp <= 1 && micro < batch) {
+  const int64_t micro =
+      o.dp > 1
+          ? batch
+          : checked_micro_batch_rows(
+                rc.train, batch,
+                fmt::format("the {} sequence{} of the batch ({})", batch, batch == 1 ? "" : "s",
+                            batch_given ? "--batch" : "train.batch_size"));
+  if (micro < batch) {
     info.memory = estimate_memory(rc.model, micro, seq, precision, muon, cp);
     info.activation_batch = micro;
   }
@@ -116,8 +122,11 @@ void run_model_info(const ModelInfoOptions& o, bool batch_given, bool seq_given)
     zero1 = zero1_memory(table, static_cast<int>(o.dp), muon);
     // A rank runs its group's batch / (dp / cp) sequences (seq / cp tokens of each): its
     // activations, with the replicated slabs and its share of the optimizer state.
-    const MemoryEstimate m =
-        estimate_memory(rc.model, micro_batch_rows(rc.train, rank_batch), seq, precision, muon, cp);
+    const int64_t rank_micro = checked_micro_batch_rows(
+        rc.train, rank_batch,
+        fmt::format("a rank's {} sequence{} of the batch ({} over --dp {})", rank_batch,
+                    rank_batch == 1 ? "" : "s", batch, o.dp));
+    const MemoryEstimate m = estimate_memory(rc.model, rank_micro, seq, precision, muon, cp);
     rank_total = zero1->replicated_bytes + m.weights_bf16_bytes + zero1->peak.total_bytes() +
                  m.activations_bytes + m.backward_buffers_bytes +
                  copies(static_cast<int>(o.dp)).first + copies(static_cast<int>(o.dp)).second;

@@ -28,7 +28,7 @@ struct PlanOptions {
   std::vector<std::string> overrides;
   std::string total = "0", active = "0", tokens = "0", memory = "0";
   int64_t seq = 0, global_batch = 0, devices = 1, vocab = 0;
-  int64_t micro_batch = 0;  // --config: 0 = each device's whole share at once, as train runs it
+  int64_t micro_batch = 0;  // --config: 0 = train.micro_batch_size, as train runs it
   int64_t cp = 0;           // 0 = train.context_parallel
   std::string arch = "zaya1", precision = "bf16", optimizer = "muon";
   double tolerance = 0.05, overlap = 1.0, scatter = 1.0;
@@ -267,8 +267,9 @@ json goodput_json(const GoodputInputs& in, const GoodputPrediction& g, double st
 }
 
 // The global batch (train.batch_size, or --global-batch) split over the data-parallel groups
-// as `foundry train` splits it: each device's share at once, or in --micro-batch pieces with
-// gradient accumulation (how the published runs of docs/anchors.md ran).
+// as `foundry train` splits it: each device's share in micro-batches of --micro-batch, else of
+// train.micro_batch_size (0: the share at once), their gradients accumulated (how the
+// published runs of docs/anchors.md ran).
 void split_global_batch(const PlanOptions& o, const RunConfig& rc, bool batch_given, StepShape& s) {
   const int64_t groups = s.dp / s.cp;  // devices that hold different sequences
   const int64_t global = batch_given ? o.global_batch : rc.train.batch_size;
@@ -286,7 +287,14 @@ void split_global_batch(const PlanOptions& o, const RunConfig& rc, bool batch_gi
              batch_given ? "--global-batch N" : "--global-batch N, or --set train.batch_size=N"));
   }
   const int64_t share = global / groups;
-  s.micro_batch = o.micro_batch > 0 ? o.micro_batch : share;
+  s.micro_batch =
+      o.micro_batch > 0
+          ? o.micro_batch
+          : checked_micro_batch_rows(
+                rc.train, share,
+                fmt::format("each device's {} sequences (global batch {} over {} data-parallel "
+                            "groups)",
+                            share, global, groups));
   if (share % s.micro_batch != 0)
     fail(fmt::format("--micro-batch {} does not divide each device's {} sequences (global batch "
                      "{} over {} data-parallel groups)",
@@ -525,15 +533,10 @@ void search_shapes(const PlanOptions& o, const HardwareProfile& profile, double 
   }
   if (!o.out.empty()) {
     write_file_atomic(o.out, plan_run_config(r.ranked.front(), rq).dump(2) + "\n");
-    std::fprintf(stderr, "wrote the best shape's run config to %s (train it with `foundry train "
-                         "--config %s`)\n", o.out.c_str(), o.out.c_str());
-    if (const StepShape& shape = r.ranked.front().shape; shape.accumulation > 1)
-      fmt::print(stderr,
-                 "warning: the plan runs micro-batches of {} with {} accumulation steps; foundry "
-                 "train has no gradient accumulation: each of its {} rank(s) computes its {} "
-                 "sequences at once, which takes more memory than the plan's {}\n",
-                 shape.micro_batch, shape.accumulation, rq.devices, rq.global_batch / rq.devices,
-                 format_bytes(double(r.ranked.front().prediction.memory_bytes), ByteUnit::GiB, 2));
+    std::fprintf(stderr,
+                 "wrote the best shape's run config to %s (train it with `foundry train "
+                 "--config %s`)\n",
+                 o.out.c_str(), o.out.c_str());
   }
 }
 
@@ -721,8 +724,8 @@ void register_plan_commands(CLI::App& app) {
           ->check(in_range(int64_t{1}, int64_t{1} << 40));
   plan->add_option("--micro-batch", o->micro_batch,
                    "With --config: sequences a device runs at once, accumulating gradients over "
-                   "its share of the global batch (default: the whole share, as foundry train "
-                   "runs it)")
+                   "its share of the global batch (default: train.micro_batch_size, as foundry "
+                   "train runs it; 0 there is the whole share)")
       ->check(in_range(int64_t{1}, int64_t{1} << 30));
   plan->add_option("--cp", o->cp,
                    "With --config: devices per sequence (context parallel; default "

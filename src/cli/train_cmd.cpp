@@ -146,6 +146,7 @@ void run_eval(const EvalArgs& e) {
          "set data.dir to the dataset the model was trained on (--set data.dir=DIR)");
   const std::unique_ptr<Backend> backend =
       open_backend(rc.train.device, "train.device " + rc.train.device.name());
+  const int64_t rows = eval_micro_batch_rows(rc);    // train.micro_batch_size divides the batch
   if (!rc.train.device.cuda) check_eval_memory(rc);  // the host's memory
   const std::string dir = infer::resolve_checkpoint(e.checkpoint, rc);
   Dataset dataset(rc.data.dir);
@@ -158,7 +159,7 @@ void run_eval(const EvalArgs& e) {
   BatchLoader loader = BatchLoader::for_eval(dataset, B, T);
   const int64_t n = e.batches > 0 ? validation_batches(loader, e.batches, "--batches")
                                   : validation_batches(loader, rc.train.eval_batches);
-  const double loss = evaluate_loss(*model, loader, n);
+  const double loss = evaluate_loss(*model, loader, n, nullptr, rows);
   if (!std::isfinite(loss))
     fail(fmt::format("the validation loss of checkpoint '{}' is {} over {} batches", dir, loss, n),
          "the weights are finite, so the forward pass overflowed; try --set "

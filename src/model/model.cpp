@@ -319,9 +319,13 @@ void Model::backward(bool accumulate) {
         "Model::backward needs zero_grads() since the last backward (it writes the experts' "
         "gradients whole instead of adding to them), or accumulate");
   grads_zeroed_ = false;
+  // Reset however backward ends: an error must not leave the next backward adding.
+  struct Accumulating {
+    Compute& cx;
+    ~Accumulating() { cx.accumulate_grads = false; }
+  } scope{*compute_};
   compute_->accumulate_grads = accumulate;
   arch_->backward();
-  compute_->accumulate_grads = false;
 }
 
 void Model::set_loss_weight(double weight) {

@@ -780,6 +780,12 @@ TEST(Plan, RespectsItsConstraints) {
   // The global batch (train.batch_size is split over the ranks), not the plan's micro-batch.
   EXPECT_EQ(out["train"]["batch_size"].get<int64_t>(), rq.global_batch);
   EXPECT_EQ(out["train"]["seq_len"].get<int64_t>(), rq.seq);
+  // The plan's micro-batch, when it accumulates: train runs the share as the plan predicted.
+  const StepShape& shape = r.ranked.front().shape;
+  if (shape.accumulation > 1)
+    EXPECT_EQ(out["train"]["micro_batch_size"].get<int64_t>(), shape.micro_batch);
+  else
+    EXPECT_FALSE(out["train"].contains("micro_batch_size"));
 }
 
 // A small MoE search: 30M active parameters, hidden 512 or 768, 8 experts top-2.
@@ -807,6 +813,10 @@ TEST(Plan, TightMemoryPushesToSmallerMicroBatchesOrRejects) {
     EXPECT_LT(c.shape.micro_batch, 8);
     EXPECT_LE(c.prediction.memory_bytes, rq.memory_per_device);
   }
+  // Its run config runs the share in the micro-batches that fit.
+  ASSERT_FALSE(tight.ranked.empty());
+  EXPECT_EQ(plan_run_config(tight.ranked.front(), rq)["train"]["micro_batch_size"].get<int64_t>(),
+            tight.ranked.front().shape.micro_batch);
   rq.memory_per_device = int64_t{1} << 20;
   EXPECT_THROW(plan_search(rq, flat_profile()), Error);
 }

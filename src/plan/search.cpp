@@ -613,12 +613,13 @@ json plan_to_json(const PlanResult& r, int top) {
 }
 
 json plan_run_config(const Candidate& chosen, const PlanRequest& q) {
-  // train.batch_size is the global batch: foundry train splits it over the ranks and computes
-  // each rank's share at once (it has no gradient accumulation).
+  // train.batch_size is the global batch: foundry train splits it over the ranks and runs each
+  // rank's share in micro-batches of train.micro_batch_size (the shape's, which fits).
   json train = {{"batch_size", q.global_batch},
                 {"seq_len", q.seq},
                 {"precision", dtype_name(q.precision)},
                 {"optimizer", optimizer_name(q.muon ? OptimizerKind::muon : OptimizerKind::adamw)}};
+  if (chosen.shape.accumulation > 1) train["micro_batch_size"] = chosen.shape.micro_batch;
   if (q.tokens > 0)
     // Enough steps for the tokens (rounded up, as plan --config counts them).
     train["steps"] =

@@ -44,27 +44,37 @@ int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
 }
 
 double evaluate_loss(Model& model, data::BatchLoader& loader, int64_t batches,
-                     const Communicator* world) {
+                     const Communicator* world, int64_t micro_rows) {
   // Context-parallel groups (C consecutive ranks) share their sequences, as in training.
   const ContextParallel* cp = model.context_parallel();
   const int c = cp ? cp->size() : 1;
   const int groups = (world ? world->size() : 1) / c, group = (world ? world->rank() : 0) / c;
   const int64_t B = loader.batch_size(), T = loader.seq_len(), Bl = B / groups;
+  // A rank's rows go through in micro-batches of equal size, as training runs them: the mean
+  // of their means is the share's mean.
+  const int64_t micro = micro_rows > 0 && micro_rows < Bl ? micro_rows : Bl;
+  FOUNDRY_CHECK(Bl % micro == 0);
+  const int64_t pieces = Bl / micro;
   std::vector<int32_t> inputs(static_cast<size_t>(B * T)), targets(inputs.size());
-  std::vector<int32_t> local_inputs(static_cast<size_t>(Bl * T / c)),
+  std::vector<int32_t> local_inputs(static_cast<size_t>(micro * T / c)),
       local_targets(local_inputs.size());
-  const int64_t offset = group * Bl * T;
   loader.reset();
   double sum = 0;
   for (int64_t i = 0; i < batches; ++i) {
     loader.next(inputs.data(), targets.data());
-    if (cp) {
-      cp->take_local(inputs.data() + offset, local_inputs.data(), Bl, T, 1);
-      cp->take_local(targets.data() + offset, local_targets.data(), Bl, T, 1);
-      sum += model.forward(local_inputs.data(), local_targets.data(), Bl, T / c).ce_loss;
-    } else {
-      sum += model.forward(inputs.data() + offset, targets.data() + offset, Bl, T).ce_loss;
+    double batch_sum = 0;
+    for (int64_t m = 0; m < pieces; ++m) {
+      const int64_t offset = (group * Bl + m * micro) * T;
+      if (cp) {
+        cp->take_local(inputs.data() + offset, local_inputs.data(), micro, T, 1);
+        cp->take_local(targets.data() + offset, local_targets.data(), micro, T, 1);
+        batch_sum += model.forward(local_inputs.data(), local_targets.data(), micro, T / c).ce_loss;
+      } else {
+        batch_sum +=
+            model.forward(inputs.data() + offset, targets.data() + offset, micro, T).ce_loss;
+      }
     }
+    sum += pieces == 1 ? batch_sum : batch_sum / static_cast<double>(pieces);
   }
   return mean_over_ranks(world, sum / static_cast<double>(batches));
 }

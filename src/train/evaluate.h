@@ -28,8 +28,10 @@ int64_t validation_batches(const data::BatchLoader& loader, int64_t requested,
 // Mean cross-entropy of `model` over the first `batches` validation batches of `loader`
 // (rewound first; its batch is the global batch). Under data parallelism (`world` with
 // several ranks) each rank evaluates its slice of every batch and the result is the mean
-// over ranks: collective over `world`, and the same on every rank.
+// over ranks: collective over `world`, and the same on every rank. `micro_rows` (> 0, dividing
+// a rank's rows) forwards them that many at a time (train.micro_batch_size: the activations of
+// one micro-batch in memory, as in training).
 double evaluate_loss(Model& model, data::BatchLoader& loader, int64_t batches,
-                     const Communicator* world = nullptr);
+                     const Communicator* world = nullptr, int64_t micro_rows = 0);
 
 }  // namespace foundry

@@ -34,5 +34,36 @@ TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
   EXPECT_EQ(mean_over_ranks(nullptr, 2.5), 2.5);
 }
 
+TEST(Evaluate, MicroBatchesForwardARanksRowsAFewAtATime) {
+  TempDir dir;
+  testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
+  data::Dataset dataset(dir.path());
+  const ModelConfig config = testing::small_moe_config();
+  Model model(config, DType::f32);
+  model.init_weights(5);
+  const int64_t B = 4, T = config.max_seq_len, micro = 2;
+  data::BatchLoader loader = data::BatchLoader::for_eval(dataset, B, T);
+
+  // Each batch's loss is the mean of its micro-batches' means.
+  data::BatchLoader reference = data::BatchLoader::for_eval(dataset, B, T);
+  std::vector<int32_t> inputs(B * T), targets(B * T);
+  double sum = 0, whole = 0;
+  for (int i = 0; i < 2; ++i) {
+    reference.next(inputs.data(), targets.data());
+    whole += model.forward(inputs.data(), targets.data(), B, T).ce_loss;
+    double batch = 0;
+    for (int64_t m = 0; m < B / micro; ++m)
+      batch +=
+          model.forward(inputs.data() + m * micro * T, targets.data() + m * micro * T, micro, T)
+              .ce_loss;
+    sum += batch / static_cast<double>(B / micro);
+  }
+  const double loss = evaluate_loss(model, loader, 2, nullptr, micro);
+  EXPECT_EQ(loss, sum / 2);
+  EXPECT_NEAR(loss, whole / 2, 1e-4 * whole);  // the same mean, summed in another order
+  // A micro-batch at or above the rows runs them whole.
+  EXPECT_EQ(evaluate_loss(model, loader, 2, nullptr, B), evaluate_loss(model, loader, 2));
+}
+
 }  // namespace
 }  // namespace foundry

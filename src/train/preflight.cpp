@@ -440,15 +440,27 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
   }
 }
 
+int64_t eval_micro_batch_rows(const RunConfig& rc) {
+  const int64_t B = rc.train.batch_size;
+  return checked_micro_batch_rows(
+      rc.train, B,
+      fmt::format("the {} sequence{} of a batch eval runs (train.batch_size)", B,
+                  B == 1 ? "" : "s"));
+}
+
 void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget) {
-  const MemoryNeed need = eval_need(rc, rc.train.batch_size);
+  const int64_t B = rc.train.batch_size, rows = eval_micro_batch_rows(rc);
+  const MemoryNeed need = eval_need(rc, rows);
   if (fits(need, budget)) return;
-  const int64_t batch = largest_fitting(1, rc.train.batch_size - 1,
-                                        [&](int64_t b) { return fits(eval_need(rc, b), budget); });
+  // Smaller micro-batches evaluate the same batches: the largest divisor of B that fits.
+  int64_t micro = 0;
+  for (int64_t m = rows - 1; m >= 1 && micro == 0; --m)
+    if (B % m == 0 && fits(eval_need(rc, m), budget)) micro = m;
   fail(memory_shortfall(need, budget),
-       memory_hint(batch > 0 ? fmt::format("eval runs batches of train.batch_size sequences; the "
-                                           "largest that fits is {} (--set train.batch_size={})",
-                                           batch, batch)
+       memory_hint(micro > 0 ? fmt::format("set train.micro_batch_size = {} (--set "
+                                           "train.micro_batch_size={}): eval forwards that many "
+                                           "sequences of each batch at a time, the same batches",
+                                           micro, micro)
                              : "even one sequence does not fit: shorten train.seq_len, or "
                                "evaluate on a machine with more memory"));
 }

@@ -70,7 +70,10 @@ void check_gpu_training_memory(const RunConfig& rc, const Processes& procs, cons
                                const char* limit_env = std::getenv("FOUNDRY_MEMORY_LIMIT"),
                                const MemoryBudget& host_budget = memory_budget());
 
-// foundry eval: the weights and the forward pass of one batch of train.batch_size sequences.
+// The sequences foundry eval forwards at once of each batch of train.batch_size:
+// train.micro_batch_size (which must divide the batch), or the whole batch.
+int64_t eval_micro_batch_rows(const RunConfig& rc);
+// foundry eval: the weights and the forward pass of one micro-batch (eval_micro_batch_rows).
 void check_eval_memory(const RunConfig& rc, const MemoryBudget& budget = memory_budget());
 
 // generate --batch's default KV budget: 80% of what `budget` leaves beside the weights as

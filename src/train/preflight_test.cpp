@@ -290,6 +290,39 @@ TEST(InferenceMemory, EvalAndGenerateNameWhatToLower) {
   }
 }
 
+// eval forwards a batch in train.micro_batch_size pieces: one that does not divide the batch
+// is refused; a batch that does not fit is told the largest micro-batch that does.
+TEST(InferenceMemory, EvalCountsAndSuggestsMicroBatches) {
+  RunConfig rc = wide_run_config();  // batch 64
+  rc.train.micro_batch_size = 48;
+  EXPECT_THROW(eval_micro_batch_rows(rc), Error);
+  rc.train.micro_batch_size = 4;
+  EXPECT_EQ(eval_micro_batch_rows(rc), 4);
+  // The smallest budget (in steps of 1 MiB) that fits micro-batches of 4.
+  int64_t bytes = int64_t{1} << 20;
+  for (;; bytes += int64_t{1} << 20) {
+    try {
+      check_eval_memory(rc, {BudgetSource::meminfo, bytes});
+      break;
+    } catch (const Error&) {
+    }
+  }
+  rc.train.micro_batch_size = 0;  // the whole batch of 64 needs more
+  try {
+    check_eval_memory(rc, {BudgetSource::meminfo, bytes});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string hint = e.hint();
+    ASSERT_TRUE(hint.starts_with("set train.micro_batch_size = ")) << hint;
+    const int64_t m = std::stoll(hint.substr(std::string("set train.micro_batch_size = ").size()));
+    EXPECT_GE(m, 4);
+    EXPECT_LT(m, 64);
+    EXPECT_EQ(64 % m, 0);
+    rc.train.micro_batch_size = m;
+    EXPECT_NO_THROW(check_eval_memory(rc, {BudgetSource::meminfo, bytes}));
+  }
+}
+
 // A --kv-memory that the weights leave no room for is warned about; one that fits, or no
 // budget, is not.
 TEST(InferenceMemory, AKvBudgetBeyondTheMemoryBudgetIsWarnedAbout) {

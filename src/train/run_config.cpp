@@ -188,6 +188,18 @@ RunConfig parse_run_config(const json& root, const std::string& where) {
   return rc;
 }
 
+int64_t checked_micro_batch_rows(const TrainConfig& tc, int64_t share,
+                                 const std::string& share_is) {
+  // (One at or above the share runs it whole: a restart on more ranks keeps working.)
+  if (tc.micro_batch_size > 0 && tc.micro_batch_size < share && share % tc.micro_batch_size != 0)
+    fail(fmt::format("train.micro_batch_size = {} does not divide {}", tc.micro_batch_size,
+                     share_is),
+         fmt::format("choose a train.micro_batch_size that divides {} (--set "
+                     "train.micro_batch_size=M), or 0: the whole share at once",
+                     share));
+  return micro_batch_rows(tc, share);
+}
+
 void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
                        const std::string& ranks_from) {
   const TrainConfig& tc = rc.train;
@@ -215,16 +227,12 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi,
                      ranks_from == "this job" ? "" : " (" + ranks_from + ")"),
          fmt::format("make train.batch_size a multiple of {} (it is the global batch)", groups));
   const int64_t share = tc.batch_size / groups;  // each rank's sequences
-  // (One at or above the share runs it whole: a restart on more ranks keeps working.)
-  if (tc.micro_batch_size > 0 && tc.micro_batch_size < share && share % tc.micro_batch_size != 0)
-    fail(fmt::format("train.micro_batch_size = {} does not divide a rank's {} sequence{} of the "
-                     "batch (train.batch_size = {} over {} {}{})",
-                     tc.micro_batch_size, share, share == 1 ? "" : "s", tc.batch_size, groups,
-                     tc.context_parallel > 1 ? "context-parallel groups" : "rank(s)",
-                     ranks_from == "this job" ? "" : ", " + ranks_from),
-         fmt::format("choose a train.micro_batch_size that divides {} (or 0: the whole share at "
-                     "once)",
-                     share));
+  checked_micro_batch_rows(
+      tc, share,
+      fmt::format("a rank's {} sequence{} of the batch (train.batch_size = {} over {} {}{})", share,
+                  share == 1 ? "" : "s", tc.batch_size, groups,
+                  tc.context_parallel > 1 ? "context-parallel groups" : "rank(s)",
+                  ranks_from == "this job" ? "" : ", " + ranks_from));
   if (tc.expert_parallel <= 1) return;
   if (!mpi)
     fail(fmt::format("train.expert_parallel = {} needs that many MPI ranks, but {} is one "

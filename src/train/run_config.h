@@ -154,6 +154,10 @@ void check_rank_layout(const RunConfig& rc, int64_t ranks, bool mpi, const std::
 inline int64_t micro_batch_rows(const TrainConfig& tc, int64_t share) {
   return tc.micro_batch_size > 0 && tc.micro_batch_size < share ? tc.micro_batch_size : share;
 }
+// The same, refused when train.micro_batch_size does not divide the share: `share_is` says
+// what the share is in the error ("a rank's 4 sequences of the batch (train.batch_size = 8
+// over 2 ranks)").
+int64_t checked_micro_batch_rows(const TrainConfig& tc, int64_t share, const std::string& share_is);
 
 // Reads `path`, applies overrides ("train.lr=1e-3"), validates.
 RunConfig load_run_config(const std::string& path, const std::vector<std::string>& overrides = {});

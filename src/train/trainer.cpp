@@ -133,7 +133,8 @@ struct TrainingRun {
   double evaluate() {
     if (!val_loader) return -1;
     auto g = procs.guard("validation");
-    return evaluate_loss(*model, *val_loader, eval_batches, procs.world());
+    return evaluate_loss(*model, *val_loader, eval_batches, procs.world(),
+                         micro_batch_rows(rc.train, batches->local_batch()));
   }
   // Validation at step 0, logged.
   double initial_evaluation() {
@@ -814,6 +815,11 @@ void forward_backward(Model& model, DataParallelOptimizer& optimizer, const Trai
   const int64_t n = rows / micro;
   const bool balancing = !model.balancers().empty();
   model.zero_grads();
+  // Each loss weighs 1/n until the batch is done, however it ends (an error, a stop).
+  struct LossWeight {
+    Model& model;
+    ~LossWeight() { model.set_loss_weight(1); }
+  } weight{model};
   model.set_loss_weight(1.0 / static_cast<double>(n));
   for (int64_t m = 0; m < n; ++m) {
     const int64_t at = m * micro * seq;
@@ -836,7 +842,6 @@ void forward_backward(Model& model, DataParallelOptimizer& optimizer, const Trai
     if (m == n - 1 && overlap) optimizer.begin_backward(model.grads());
     model.backward(/*accumulate=*/m > 0);
   }
-  model.set_loss_weight(1);
   if (anomalies) anomalies->faults().poison_losses(batches.batch(), losses);
 }
 
