@@ -130,6 +130,29 @@ FOUNDRY_TRAIN_FAULT=bogus@3 expect_fail "malformed FOUNDRY_TRAIN_FAULT with --ov
 [ -f repeated/metrics.jsonl ] && ! grep -q '"overwrite"' repeated/events.jsonl \
   && ok "a malformed FOUNDRY_TRAIN_FAULT leaves the run --overwrite named as it was" \
   || bad "a malformed FOUNDRY_TRAIN_FAULT: --overwrite removed the run first"
+# A stop while the run starts (FOUNDRY_TRAIN_FAULT=sigterm@0: the last rank's own SIGTERM once
+# its model is built): --overwrite has removed nothing yet, so the previous run stays whole and
+# resumable (exit 75). Two ranks: only rank 1 has the signal, and rank 0 agrees. The same
+# --overwrite without the stop replaces the run.
+listing() { echo "$(ls "$1/checkpoints") $(cat "$1/checkpoints/latest") $(wc -l <"$1/metrics.jsonl")"; }
+for np in 1 2; do
+  dir=rollback; [ $np = 2 ] && dir=rollback2
+  before="$(listing $dir)"
+  run_np() { if [ $np = 2 ]; then "${MPIRUN[@]}" "$FOUNDRY" train --config tiny.json --synthetic-data -q "$@"; else train "$@"; fi; }
+  FOUNDRY_TRAIN_FAULT=sigterm@0 run_np --set train.run_dir=$dir --overwrite >over_stop$np.log 2>&1
+  rc=$?
+  if [ $rc -eq 75 ] && [ "$(listing $dir)" = "$before" ] && ! grep -q '"overwrite"' $dir/events.jsonl \
+     && grep -q "received SIGTERM while starting: no step trained" over_stop$np.log \
+     && ! grep -q "overwrite: removed" over_stop$np.log; then
+    ok "np $np: a stop while an --overwrite run starts removes nothing (exit 75)"
+  else bad "np $np: a stop while an --overwrite run starts: rc $rc, before '$before', after '$(listing $dir)'"; cat over_stop$np.log; fi
+  run_np --set train.run_dir=$dir --overwrite >over$np.log 2>&1
+  rc=$?
+  [ $rc -eq 0 ] && grep -q "overwrite: removed the previous run's files" over$np.log \
+    && [ "$(steps $dir/metrics.jsonl)" = "$(seq -s ' ' 1 12)" ] \
+    && ok "np $np: --overwrite without the stop replaces the run" \
+    || { bad "np $np: --overwrite: rc $rc"; cat over$np.log; }
+done
 expect_fail "bad skip_batches" "train.skip_batches" \
   "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=bad --set 'train.skip_batches=[0]'
 finish

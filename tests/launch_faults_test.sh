@@ -319,4 +319,20 @@ rc=$?
 [ $rc -eq 1 ] && grep -q "data.dir" nodata.log && [ "$(grep -c 'launch: attempt .: ' nodata.log)" = 1 ] \
   && grep -q "before completing a step" nodata.log \
   && ok "a first attempt failing before its first step is not retried" || { bad "no dataset: rc=$rc"; cat nodata.log; }
+# A job exiting 2 (its command line refused, here by a stand-in mpirun on the restart) is not
+# retried: every restart would be refused the same way.
+mkdir -p fakebin
+cat > fakebin/mpirun <<'SH'
+#!/bin/sh
+# The first attempt loses a rank (exit 3: retried); the restart's command line is refused.
+if [ -e fakebin/ran ]; then echo "mpirun: unrecognized option" >&2; exit 2; fi
+: >fakebin/ran; exit 3
+SH
+chmod +x fakebin/mpirun
+PATH="$PWD/fakebin:$PATH" "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 2 --backoff 0.2 \
+  --max-restarts 3 --set train.run_dir=usage >usage.log 2>&1
+rc=$?
+[ $rc -eq 1 ] && [ "$(grep -c 'launch: attempt .: ' usage.log)" = 2 ] \
+  && grep -q "exited with code 2 (its command line is wrong: it would fail the same way again)" usage.log \
+  && ok "a job exiting 2 (command line refused) is not retried" || { bad "exit 2: rc=$rc"; cat usage.log; }
 finish

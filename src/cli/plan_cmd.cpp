@@ -299,8 +299,8 @@ void split_global_batch(const PlanOptions& o, const RunConfig& rc, bool batch_gi
     fail(fmt::format("--micro-batch {} does not divide each device's {} sequences (global batch "
                      "{} over {} data-parallel groups)",
                      o.micro_batch, share, global, groups),
-         "give a --micro-batch that divides the per-device share, or leave it out to run the "
-         "share at once");
+         "give a --micro-batch that divides the per-device share, or leave it out to take "
+         "train.micro_batch_size (the whole share when it is 0)");
   s.accumulation = share / s.micro_batch;
 }
 

@@ -362,6 +362,11 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
     o.detail += bad_input ? " before completing a step (it would fail the same way again)"
                           : " (a failure the job marked fatal)";
   }
+  // A command line the job (or its launcher) refuses is refused again on every restart.
+  if (code == kExitUsage) {
+    o.retry = false;
+    o.detail += " (its command line is wrong: it would fail the same way again)";
+  }
   // mpirun reports a rank killed by signal N as 128 + N.
   if (code > 128 && code < 160)
     o.detail += fmt::format(" (a rank was killed by signal {})", code - 128);
@@ -491,14 +496,20 @@ int Supervisor::run() {
     }
     Attempt a = start(number);
     Outcome o = watch(a);
-    // Heartbeats start once a job holds the run directory (its --overwrite done), and
-    // start() cleared the last attempt's.
+    // Heartbeats start once a job holds the run directory, and start() cleared the last
+    // attempt's. Under --overwrite it replaces the old run only once it is ready to train (its
+    // "overwrite" event, written even when there was nothing to remove).
     const bool held =
         o.kind != Outcome::failed || !a.records.empty() || !read_heartbeats(run_dir_).empty();
-    // An --overwrite attempt that failed before it held the directory trained nothing of this
-    // run: the steps and checkpoints there are the old run's, not this run's to count as lost.
-    const bool old_run_there = overwrite_pending_ && !held;
-    if (held) overwrite_pending_ = false;
+    const bool replaced = held && (o.kind == Outcome::finished || a.progressed ||
+                                   job_event_since(attempt_unix_, [](const json& e) {
+                                     return e.value("event", "") == "overwrite";
+                                   }));
+    // An --overwrite attempt that failed or stopped before it replaced the old run trained
+    // nothing of this run: the steps and checkpoints there are the old run's, not this run's to
+    // count as lost, and the next attempt replaces them.
+    const bool old_run_there = overwrite_pending_ && !replaced;
+    if (replaced) overwrite_pending_ = false;
     const int64_t committed = old_run_there ? 0 : latest_resume_step(rc_.train);
     if (!old_run_there) a.last_step = std::max(a.last_step, last_logged_step(run_dir_));
     if (o.kind == Outcome::finished) {

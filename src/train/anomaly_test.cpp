@@ -67,8 +67,10 @@ TEST(AnomalyDetector, FactorZeroTurnsSpikesOffAndTheWindowRoundTrips) {
 TEST(TrainFaults, ParsesTheListAndRejectsMalformedEntries) {
   EXPECT_TRUE(TrainFaults::parse("").empty());
   EXPECT_FALSE(TrainFaults::parse("nan_grad@3,loss_spike@12,nan_loss@1").empty());
-  for (const char* bad : {"nan_grad", "nan_grad@", "nan_grad@0", "nan_grad@x", "nan@3",
-                          "nan_grad@3,", "nan_grad@3,,spike@2", "nan_gradx@3", "nan_grad@3x"}) {
+  EXPECT_FALSE(TrainFaults::parse("sigterm@0").empty());  // while the run starts
+  for (const char* bad :
+       {"nan_grad", "nan_grad@", "nan_grad@0", "loss_spike@0", "sigterm@-1", "nan_grad@x", "nan@3",
+        "nan_grad@3,", "nan_grad@3,,spike@2", "nan_gradx@3", "nan_grad@3x"}) {
     const Error e =
         testing::expect_error([&] { TrainFaults::parse(bad); }, {"FOUNDRY_TRAIN_FAULT"});
     EXPECT_NE(e.hint().find("loss_spike"), std::string::npos) << bad;

@@ -66,9 +66,19 @@ std::string parent_dir(const std::string& path) {
   return slash == std::string::npos || slash == 0 ? "" : path.substr(0, slash);
 }
 
-// Rank 0's verdict for every rank: "ok R S" (R: 1 to resume; S: 1 when the job is a launch's),
-// or the error's what and hint.
+// Rank 0's verdict for every rank: "ok…" or the error's what and hint.
 constexpr char kSeparator = '\x1f';
+
+std::string error_verdict(const Error& e) { return std::string(e.what()) + kSeparator + e.hint(); }
+
+// Rank 0's verdict on every rank: returns it when it is "ok…", else fails with rank 0's error.
+std::string share_verdict(const Processes& processes, std::string verdict) {
+  if (const Communicator* world = processes.world())
+    verdict = allgather_strings(*world, verdict)[0];
+  if (verdict.rfind("ok", 0) == 0) return verdict;
+  const size_t sep = verdict.find(kSeparator);
+  fail(verdict.substr(0, sep), sep == std::string::npos ? "" : verdict.substr(sep + 1));
+}
 
 }  // namespace
 
@@ -242,13 +252,14 @@ RunDirLock::~RunDirLock() {
 
 RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes)
     : path_(tc.run_dir), tc_(tc), root_(processes.root()) {
+  // "ok R S": R is 1 to resume, S is 1 when the job is a launch's.
   std::string verdict;
   if (root_) {
     try {
       claim(mode);
       verdict = fmt::format("ok {} {}", resume_ ? 1 : 0, supervised_ ? 1 : 0);
     } catch (const Error& e) {
-      verdict = std::string(e.what()) + kSeparator + e.hint();
+      verdict = error_verdict(e);
       // Refused: a directory made for this run goes again (the destructor does not run), but
       // only by the job that holds its lock, or while it is empty (its lock file could not be
       // made): another start racing into it may own it.
@@ -258,15 +269,22 @@ RunDir::RunDir(const TrainConfig& tc, StartMode mode, const Processes& processes
       if (created_ && !locked) remove_empty_dirs(path_, created_path_);
     }
   }
-  if (const Communicator* world = processes.world())
-    verdict = allgather_strings(*world, verdict)[0];
-  if (verdict.rfind("ok ", 0) == 0) {
-    resume_ = verdict[3] == '1';
-    supervised_ = verdict[5] == '1';
-    return;
+  verdict = share_verdict(processes, verdict);
+  resume_ = verdict[3] == '1';
+  supervised_ = verdict[5] == '1';
+}
+
+void RunDir::replace_previous_run(const Processes& processes) {
+  std::string verdict = "ok";
+  if (root_ && overwrite_pending_) {
+    overwrite_pending_ = false;
+    try {
+      overwrite(inspect_run_dir(path_, &tc_));
+    } catch (const Error& e) {
+      verdict = error_verdict(e);
+    }
   }
-  const size_t sep = verdict.find(kSeparator);
-  fail(verdict.substr(0, sep), sep == std::string::npos ? "" : verdict.substr(sep + 1));
+  share_verdict(processes, verdict);
 }
 
 RunDir::~RunDir() {
@@ -374,20 +392,27 @@ void RunDir::claim(StartMode mode) {
                      path_.c_str(), held.describe().c_str());
       break;
     case StartMode::overwrite:
-      overwrite(held);
+      // Refused now if it would be refused then; removed once the job is ready to train.
+      check_overwrite(held);
+      overwrite_pending_ = true;
       break;
   }
+}
+
+// Fails, removing nothing, when checkpoints/ holds something Foundry did not write.
+void RunDir::check_overwrite(const RunDirContents& held) const {
+  if (!held.foreign_entries.empty())
+    fail(fmt::format("--overwrite: {} holds what Foundry did not write there: {}; nothing was "
+                     "removed",
+                     checkpoints_root(path_), fmt::join(held.foreign_entries, ", ")),
+         "move them out of the checkpoints directory (or delete them yourself), then run again");
 }
 
 // Removes the previous run's checkpoints and metrics, naming each, or nothing at all when
 // checkpoints/ holds something Foundry did not write.
 void RunDir::overwrite(const RunDirContents& held) {
+  check_overwrite(held);
   const std::string root = checkpoints_root(path_);
-  if (!held.foreign_entries.empty())
-    fail(fmt::format("--overwrite: {} holds what Foundry did not write there: {}; nothing was "
-                     "removed",
-                     root, fmt::join(held.foreign_entries, ", ")),
-         "move them out of the checkpoints directory (or delete them yourself), then run again");
   std::vector<std::string> removed;
   for (const std::string& name : held.foundry_entries) {
     // A checkpoint is renamed to a leftover first (as retention does): a removal cut short
@@ -409,8 +434,9 @@ void RunDir::overwrite(const RunDirContents& held) {
   }
   // The new run's start clears the tier (Checkpointer::clear_memory_tier).
   if (held.memory_step > 0) removed.push_back("the in-memory checkpoint tier");
-  if (removed.empty()) return;
+  // Logged even when there was nothing to remove: a launch learns the new run has begun.
   append_event(path_, "train", "overwrite", {{"removed", held.describe()}, {"entries", removed}});
+  if (removed.empty()) return;
   std::fprintf(stderr, "overwrite: removed the previous run's files from %s: %s\n", path_.c_str(),
                fmt::format("{}", fmt::join(removed, ", ")).c_str());
 }

@@ -11,7 +11,9 @@
 //   --overwrite      remove the previous run's checkpoints and metrics, naming each, then
 //                    start; refused, with nothing removed, when checkpoints/ holds anything
 //                    Foundry does not write there (a file of the user's, a step_N directory
-//                    without a commit marker: saves commit before they take that name)
+//                    without a commit marker: saves commit before they take that name). The
+//                    removal waits for replace_previous_run, once the job is ready to train:
+//                    a failure or a stop before then leaves the previous run as it was
 //
 // A checkpoint is one in the run directory or a usable one of the in-memory tier
 // (train/memory_tier.h): a run whose only checkpoint is in memory resumes from it.
@@ -106,11 +108,16 @@ class RunDir {
   // The job is one `foundry launch` started (the launch holds the directory's launch lock):
   // the launch owns the directory's heartbeat/ and watches it from the job's first moments.
   bool supervised() const { return supervised_; }
+  // Collective, for a new run once its job is ready to train (the model built, no stop
+  // pending): under --overwrite, removes the previous run's checkpoints and metrics, naming
+  // each (nothing otherwise). Every rank fails with rank 0's error when the removal fails.
+  void replace_previous_run(const Processes& processes);
   // Training has started: the directory is kept whatever happens next.
   void started() { created_ = false; }
 
  private:
   void claim(StartMode mode);  // rank 0
+  void check_overwrite(const RunDirContents& held) const;
   void overwrite(const RunDirContents& held);
 
   std::string path_;
@@ -120,6 +127,7 @@ class RunDir {
   std::string created_path_;  // the outermost directory it made
   bool resume_ = false;
   bool supervised_ = false;
+  bool overwrite_pending_ = false;  // --overwrite: replace_previous_run removes the old run
   std::unique_ptr<RunDirLock> lock_;
 };
 

@@ -151,7 +151,10 @@ TEST(RunDir, OverwriteRemovesOnlyWhatFoundryWroteAndNamesIt) {
   remove_all(dir + "/checkpoints/step_00000007");
   EXPECT_EQ(read_text_file(dir + "/checkpoints/step_00000009/COMMITTED"), "done\n");
   remove_all(dir + "/checkpoints/step_00000009");
-  { RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0)); }
+  {
+    RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0));
+    d.replace_previous_run(Processes(nullptr, 0));
+  }
   EXPECT_FALSE(inspect_run_dir(dir).any());
   EXPECT_FALSE(path_exists(dir + "/checkpoints/step_00000004.abc.tmp"));
   const std::vector<json> events = read_events(dir);
@@ -186,14 +189,21 @@ TEST(RunDir, AResumeIsRefusedOverAStepDirectoryFoundryDidNotWrite) {
   EXPECT_EQ(read_text_file(dir + "/checkpoints/step_00000006/notes.txt"), "keep\n");
 }
 
-TEST(RunDir, OverwriteRemovesThePreviousRunAndRecordsIt) {
+// The previous run goes only once the new one is ready to train: a job that fails or is
+// stopped while it starts (its model built, its checks made) leaves it whole.
+TEST(RunDir, OverwriteRemovesThePreviousRunOnlyWhenTheNewOneStartsAndRecordsIt) {
   TempDir tmp;
   const std::string dir = tmp.path() + "/run";
   fake_previous_run(dir, false);
   fake_committed_checkpoint(dir, 2);
+  { EXPECT_FALSE(RunDir(at(dir), StartMode::overwrite, Processes(nullptr, 0)).resume()); }
+  EXPECT_TRUE(path_exists(dir + "/checkpoints/step_00000002/COMMITTED"));
+  EXPECT_TRUE(inspect_run_dir(dir).any());
+  EXPECT_FALSE(path_exists(dir + "/events.jsonl"));
   {
     RunDir d(at(dir), StartMode::overwrite, Processes(nullptr, 0));
-    EXPECT_FALSE(d.resume());
+    d.replace_previous_run(Processes(nullptr, 0));
+    d.replace_previous_run(Processes(nullptr, 0));  // once: the second finds nothing to do
   }
   EXPECT_FALSE(inspect_run_dir(dir).any());
   const std::vector<json> events = read_events(dir);

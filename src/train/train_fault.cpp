@@ -36,12 +36,14 @@ TrainFaults TrainFaults::parse(const std::string& spec) {
       const std::string number = entry.substr(at + 1);
       char* end = nullptr;
       f.batch = std::strtoll(number.c_str(), &end, 10);
-      ok = ok && !number.empty() && *end == '\0' && f.batch >= 1;
+      // Batch 0 is the start (sigterm only): before the first step.
+      ok = ok && !number.empty() && *end == '\0' &&
+           (f.batch >= 1 || (f.batch == 0 && f.kind == TrainFaultKind::sigterm));
     }
     if (!ok)
       fail(fmt::format("FOUNDRY_TRAIN_FAULT = '{}': '{}' is not <kind>@<batch>", spec, entry),
-           "kinds: nan_grad, nan_loss, loss_spike, sigterm; batch: a batch number from 1, e.g. "
-           "nan_grad@5,loss_spike@9; or unset it");
+           "kinds: nan_grad, nan_loss, loss_spike, sigterm; batch: a batch number from 1 (0 for "
+           "sigterm: while the run starts), e.g. nan_grad@5,loss_spike@9; or unset it");
     faults.faults_.push_back(f);
   }
   return faults;
@@ -68,6 +70,10 @@ void TrainFaults::poison_losses(int64_t batch, ForwardResult& losses) const {
     losses.loss *= 1000;
     losses.ce_loss *= 1000;
   }
+}
+
+void TrainFaults::while_starting() const {
+  if (has(TrainFaultKind::sigterm, 0)) ::raise(SIGTERM);
 }
 
 void TrainFaults::poison_gradients(int64_t batch, Model& model) const {

@@ -10,7 +10,9 @@
 //                 detector sees it, whatever the data and the model; its gradient is the
 //                 batch's own)
 //     sigterm     that rank sends itself SIGTERM before the batch's backward pass (a stop
-//                 that arrives inside a given step, as a scheduler's preemption would)
+//                 that arrives inside a given step, as a scheduler's preemption would);
+//                 sigterm@0: once its model is built, before a resume's checkpoint loads
+//                 (a stop while the run starts)
 //     batch       the 1-based batch number in data order (TrainBatches), not the step
 // A malformed value is an error naming it. Unset: every check is an empty-vector test.
 #pragma once
@@ -35,6 +37,8 @@ class TrainFaults {
   bool empty() const { return faults_.empty(); }
   // After the forward pass of batch `batch`: this rank's losses, poisoned if it is faulty.
   void poison_losses(int64_t batch, ForwardResult& losses) const;
+  // Once the model is built, before the first step (sigterm@0).
+  void while_starting() const;
   // Before the backward pass of batch `batch` (which accumulates into the gradients).
   void poison_gradients(int64_t batch, Model& model) const;
 

@@ -187,6 +187,7 @@ struct TrainingRun {
   void open_dataset();
   void build_model_and_optimizer();
   void watch_anomalies(bool resume);
+  void begin_new_run();
   int64_t after_anomaly(int64_t step);
   void print_header() const;
 };
@@ -368,6 +369,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
   // hang.
   model->set_progress_hook([this](const char* phase) { mark(marked_step, phase); });
   watch_anomalies(run_dir->resume());
+  anomalies->faults().while_starting();
   started.built = process_age_seconds();
 }
 
@@ -375,10 +377,7 @@ TrainingRun::TrainingRun(const RunConfig& rc_, const TrainOptions& opt)
 // holds checkpoints when it says to resume, so finding none that loads is an error (starting
 // over would replace them).
 int64_t TrainingRun::resume() {
-  if (!run_dir->resume()) {
-    checkpointer->clear_memory_tier();
-    return 0;
-  }
+  if (!run_dir->resume()) return 0;
   const int64_t step = checkpointer->resume();
   if (step > 0) return step;
   // --overwrite removes only what Foundry committed: the hint names what stops it.
@@ -425,10 +424,17 @@ void TrainingRun::watch_anomalies(bool resume) {
   anomalies.emplace(tc, procs.world(), procs.root(), *batches);
   checkpointer->set_trainer_state_hooks([this](json& s) { anomalies->save_state(s); },
                                         [this](const json& s) { anomalies->restore_state(s); });
-  if (resume)
-    anomalies->load_record();
-  else
-    anomalies->clear_record();
+  if (resume) anomalies->load_record();  // a new run's start clears it (begin_new_run)
+}
+
+// A new run, once it is ready to train and no stop is pending: what an earlier run left in
+// the directory goes now (--overwrite's checkpoints and metrics, the in-memory tier, the
+// record of skipped batches), not before, so a failure or a stop while starting leaves it.
+void TrainingRun::begin_new_run() {
+  auto g = procs.guard("replacing the previous run");
+  run_dir->replace_previous_run(procs);
+  checkpointer->clear_memory_tier();
+  anomalies->clear_record();
 }
 
 // After a step judged anomalous: the last completed step to go on from (the same step runs
@@ -1047,6 +1053,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     stopped.interrupted = stopped.stopped_at_start = true;
     return stopped;
   }
+  if (!run.run_dir->resume()) run.begin_new_run();
   // The resume is accepted: its changes of settings go to the events log.
   if (run.procs.root() && !run.config_changes.empty())
     append_event(rc.train.run_dir, "train", "config_change", {{"changes", run.config_changes}});

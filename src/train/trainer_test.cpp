@@ -103,7 +103,9 @@ TEST_P(RunStepTest, MicroBatchesAccumulateTheWholeBatchsGradient) {
         << "step " << step;
     EXPECT_LT(relative_difference(model.params(), reference.params(), model.slab_size()), 1e-5)
         << "step " << step;
-    if (GetParam()) EXPECT_EQ(model.balancer_state(), reference.balancer_state());
+    if (GetParam()) {
+      EXPECT_EQ(model.balancer_state(), reference.balancer_state());
+    }
   }
   // Afterwards a whole batch's backward is the model's own again: its losses weighted 1.
   model.zero_grads();
