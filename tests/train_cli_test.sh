@@ -138,6 +138,22 @@ rc=$?
   && ! grep -q "checkpoint saved" sig_last.log \
   && ok "SIGTERM inside the last step: the run is complete (exit 0, no false checkpoint message)" \
   || { bad "SIGTERM inside the last step: rc=$rc"; cat sig_last.log; }
+# While a run starts (here a checkpoint load of a minute) a stop waits for its first step and
+# says so; a second Ctrl-C ends the process at once (exit 130), the run as it was.
+FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=60' "$FOUNDRY" train --config tiny.json --synthetic-data \
+  --set train.run_dir=sig_mid train.steps=6 train.checkpoint_every=0 --resume >sig_start.log 2>&1 &
+pid=$!
+for _ in $(seq 300); do grep -q "^loading .*step_00000003" sig_start.log && break; sleep 0.1; done
+kill -INT $pid
+for _ in $(seq 100); do grep -q "received a stop signal while starting" sig_start.log && break; sleep 0.1; done
+kill -INT $pid
+wait $pid; rc=$?
+if [ $rc -eq 130 ] && grep -q "press Ctrl-C again to exit now" sig_start.log \
+   && [ "$(cat sig_mid/checkpoints/latest)" = step_00000003 ] \
+   && "$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=sig_mid train.steps=6 \
+        train.checkpoint_every=0 --resume >sig_after.log 2>&1; then
+  ok "a stop while loading says it waits; a second Ctrl-C exits 130 at once, the run resumable"
+else bad "Ctrl-C twice while loading: rc=$rc"; cat sig_start.log sig_after.log; fi
 
 # ---- corrupted and mismatched checkpoints are never loaded ----
 cp -r straight corrupt

@@ -1,13 +1,14 @@
 #include "ckpt/fault.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <optional>
-
-#include <fmt/format.h>
+#include <thread>
 
 #include "base/error.h"
 
@@ -83,7 +84,8 @@ void checkpoint_fault_point(CheckpointFault point, const std::string& path) {
   if (hits[static_cast<int>(point)].fetch_add(1) + 1 != f->nth) return;
   if (f->exit) ::_exit(86);
   if (f->pause || f->sleep_s > 0) {  // a save that hangs here, for a test to kill mid-save
-    ::sleep(f->pause ? 120 : f->sleep_s);
+    // The whole time, as a slow disk would take it: a handled signal does not cut it short.
+    std::this_thread::sleep_for(std::chrono::seconds(f->pause ? 120 : f->sleep_s));
     return;
   }
   fail(fmt::format("cannot write '{}': No space left on device (injected fault {})", path,

@@ -274,6 +274,8 @@ int64_t Checkpointer::resume() {
     // Before loading anything: a checkpoint of the other optimizer lacks (or has extra)
     // state, and the plain message says more than a missing tensor would.
     check_same_optimizer(dir, read_checkpoint_trainer_state(dir), rc_.train.optimizer);
+    if (processes_.root() && !quiet_)  // a large one loads for minutes: say which, from where
+      std::fprintf(stderr, "loading %s ...\n", dir.c_str());
     auto g = processes_.guard("loading " + dir);
     if (std::optional<json> state = load_on_every_rank(dir, newest_failure)) {
       const int64_t step = restore_from(dir, *state, t0);

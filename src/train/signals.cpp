@@ -2,6 +2,7 @@
 
 #include <omp.h>
 #include <pthread.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <csignal>
@@ -13,12 +14,30 @@ namespace foundry {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<bool> g_starting{false}, g_announce{false};
 struct sigaction g_old_int {}, g_old_term {};
 stack_t g_old_stack{};
 std::unique_ptr<char[]> g_stack;
 constexpr size_t kSignalStackBytes = 64 * 1024;
 
-void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// Async-signal-safe: atomics, write(2), sigaction, raise.
+void on_stop_signal(int sig) {
+  const int before = g_stop_signal.exchange(sig);
+  if (!g_starting.load()) return;
+  if (before == 0) {
+    if (!g_announce.load()) return;
+    static const char kNote[] =
+        "\nreceived a stop signal while starting: the run stops before its first step, once its "
+        "model is built and its checkpoint loaded (press Ctrl-C again to exit now)\n";
+    [[maybe_unused]] const ssize_t n = ::write(STDERR_FILENO, kNote, sizeof(kNote) - 1);
+  } else if (sig == SIGINT) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGINT, &dfl, nullptr);
+    ::raise(SIGINT);
+  }
+}
 
 // oneDNN 2.6's JIT fp32 GEMM kernels point the stack pointer into the heap while they run
 // (fixed in oneDNN 3.11.2): a signal handler entered there writes its frame over the heap,
@@ -60,6 +79,7 @@ StopSignals::StopSignals(bool block_on_workers) : block_on_workers_(block_on_wor
 }
 
 StopSignals::~StopSignals() {
+  started();
   sigaction(SIGINT, &g_old_int, nullptr);
   sigaction(SIGTERM, &g_old_term, nullptr);
   sigaltstack(&g_old_stack, nullptr);
@@ -67,6 +87,16 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::received() const { return g_stop_signal.load(); }
+
+void StopSignals::while_starting(bool announce) {
+  g_announce.store(announce);
+  g_starting.store(true);
+}
+
+void StopSignals::started() {
+  g_starting.store(false);
+  g_announce.store(false);
+}
 
 StopReasons StopSignals::agreed(const Communicator* world, bool output_failed_here) const {
   double reasons[2] = {double(received()), output_failed_here ? 1.0 : 0.0};

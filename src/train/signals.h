@@ -27,6 +27,13 @@ class StopSignals {
 
   // The signal received so far (0: none).
   int received() const;
+  // While a run starts (its model built, a checkpoint loaded: minutes for a large one) a stop
+  // waits for the first step's agreement. Meanwhile the first SIGINT/SIGTERM says so on stderr
+  // (`announce`: rank 0), and a second SIGINT ends the process at once with the shell's code
+  // (130), as it would have without handlers: nothing of the run is written before then.
+  void while_starting(bool announce);
+  // The run trains from here on (every stop ends with a checkpoint).
+  void started();
   // Collective: the signal any rank of `world` received (0: none; null world: this
   // process). A signal reaches the ranks at different steps, so they agree at every step
   // and stop together.

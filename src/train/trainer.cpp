@@ -1025,6 +1025,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   // First: SIGINT/SIGTERM while the run starts (building the model, loading a checkpoint:
   // minutes for a large one) are a stop, agreed on once the checkpoint is loaded, not a death.
   StopSignals signals(/*block_on_workers=*/true);
+  signals.while_starting(/*announce=*/!opt.world || opt.world->rank() == 0);
   TrainingRun run(rc, opt);
   const int64_t total_steps = run.schedule.total_steps;
   const int64_t start_step = run.resume();
@@ -1042,6 +1043,7 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     auto g = run.procs.guard("agreeing on a stop before the first step");
     return signals.agreed(run.procs.world()).signal;
   }();
+  signals.started();
   if (const int sig = start_signal) {
     if (run.procs.root())
       std::fprintf(
