@@ -278,6 +278,47 @@ starts = [e for e in map(json.loads, open(sys.argv[1])) if e["event"] == "start"
 assert starts[-1]["resume_step"] == 0, starts[-1]
 PY
 
+# ---- a stop while a 2-rank --overwrite job starts, before launch could signal any rank (it
+# signals mpirun, which passes it on late): the ranks read launch's request where they agree
+# on a stop before the first step, so the old run is never replaced after the stop ----
+before="$(ls preempt/checkpoints) $(wc -l <preempt/metrics.jsonl)"
+launch preempt 2 --overwrite --steps 100000
+sleep 0.3; kill -TERM $lpid
+wait $lpid; rc=$?
+python3 - preempt/events.jsonl <<'PY' >overstop.order
+import json, sys
+ev = [e for e in map(json.loads, open(sys.argv[1]))]
+ev = ev[max(i for i, e in enumerate(ev) if e["event"] == "start" and e.get("attempt") == 1):]
+stop = min(e["unix"] for e in ev if e["event"] == "stop")
+over = [e["unix"] for e in ev if e["event"] == "overwrite"]
+print("after" if over and over[0] > stop else "before" if over else "none")
+PY
+order="$(cat overstop.order)"
+if [ $rc -eq 75 ] && [ "$order" != after ] \
+   && { [ "$order" = before ] || [ "$(ls preempt/checkpoints) $(wc -l <preempt/metrics.jsonl)" = "$before" ]; } \
+   && [ ! -e preempt/heartbeat/stop ]; then
+  ok "a stop while a 2-rank --overwrite job starts: no replacement after it (overwrite $order the stop), exit 75"
+else bad "stop while a 2-rank --overwrite job starts: rc $rc, overwrite $order the stop"; cat "$(log_of preempt)"; fi
+grep -q "it is as it was (run the same command to replace it" "$(log_of preempt)" || [ "$order" = before ] \
+  || bad "the stopped --overwrite launch does not say the old run is as it was"
+# Stopped once it has replaced the old run, launch says to resume without --overwrite (the
+# same command would replace the new run in turn).
+launch preempt 1 --overwrite --steps 100000
+wait_step preempt 50 && kill -TERM $lpid
+wait $lpid; rc=$?
+[ $rc -eq 75 ] && grep -q "resume with the same command without --overwrite" "$(log_of preempt)" \
+  && ok "a stopped launch --overwrite says to resume without --overwrite" \
+  || { bad "stopped launch --overwrite: rc $rc"; cat "$(log_of preempt)"; }
+# A first --overwrite attempt that fails after training steps (its first save meets a full
+# disk) made headway, though the old run it replaced had logged more: it is retried.
+FOUNDRY_CHECKPOINT_FAULT='write@0' "$FOUNDRY" launch --config tiny.json --synthetic-data -q --np 1 \
+  --backoff 0.2 --steps 60 --overwrite --set train.run_dir=preempt train.checkpoint_every=20 >overfull.log 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "launch: attempt 2: " overfull.log && ! grep -q "before completing a step" overfull.log \
+  && [ "$(tail -1 preempt/metrics.jsonl | python3 -c 'import json,sys; print(json.load(sys.stdin)["step"])')" = 60 ] \
+  && ok "a first --overwrite attempt failing after its first steps is retried" \
+  || { bad "a first --overwrite attempt failing after its first steps: rc $rc"; cat overfull.log; }
+
 # ---- an --overwrite attempt that fails before it takes the run directory: the run there is as
 # it was, and none of its steps count as this launch's ----
 before="$(ls preempt/checkpoints)"
@@ -285,7 +326,7 @@ FOUNDRY_TRAIN_FAULT=bogus "$FOUNDRY" launch --config tiny.json --synthetic-data 
   --overwrite --set train.run_dir=preempt >overfail.log 2>&1
 rc=$?
 python3 - preempt/events.jsonl <<'PY' && [ $rc -eq 1 ] && [ "$(ls preempt/checkpoints)" = "$before" ] \
-  && grep -q "failed before its job took the run directory" overfail.log \
+  && grep -q "failed before its job replaced the old run" overfail.log \
   && ok "an --overwrite attempt failing at start-up counts none of the old run's steps" \
   || { bad "an --overwrite attempt failing at start-up (rc $rc)"; cat overfail.log; }
 import json, sys

@@ -43,6 +43,8 @@ bool is_job_ending(const json& e) {
   const std::string event = e.value("event", "");
   return event == "rank_lost" || event == "hang";
 }
+// A job's account that it replaced the old run (train --overwrite).
+bool is_overwrite(const json& e) { return e.value("event", "") == "overwrite"; }
 
 const char* const kFaultVariables[] = {"FOUNDRY_CHECKPOINT_FAULT", "FOUNDRY_TRAIN_FAULT"};
 
@@ -109,6 +111,9 @@ class Supervisor {
   std::optional<Outcome> check_rank_processes(Attempt& a, double now);
   Outcome classify_exit(const Attempt& a, int status) const;
   bool ended_by_stop(const Attempt& a, int status) const;
+  // How to go on after a stop, with the checkpoint `committed` (launch --overwrite: whether
+  // the old run was replaced decides).
+  std::string after_stop(int64_t committed) const;
   // Whether the job logged an event matching `match` since `unix_start`.
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
   void stop_job(Attempt& a);
@@ -190,6 +195,7 @@ Attempt Supervisor::start(int number) {
   }
   // Records of the previous attempt would read as silent ranks.
   if (!held) remove_all(heartbeat_dir(run_dir_));
+  remove_all(launch_stop_path(run_dir_));
   CommandInputs in;
   in.launcher = o_.launcher;
   in.ranks = a.ranks;
@@ -354,7 +360,12 @@ Outcome Supervisor::classify_exit(const Attempt& a, int status) const {
   // way again; a restart's may be the environment (a disk still full) and is retried. A fast
   // job can run many steps between two heartbeat reads, so a step logged since the start
   // counts as progress too.
-  const bool progressed = a.progressed || last_logged_step(run_dir_) > a.logged_at_start;
+  // (Under --overwrite the old run's steps are no progress: the new run's count once it
+  // replaced them.)
+  const int64_t logged = last_logged_step(run_dir_);
+  const bool progressed =
+      a.progressed || (a.overwrite ? logged > 0 && job_event_since(attempt_unix_, is_overwrite)
+                                   : logged > a.logged_at_start);
   const bool bad_input = !progressed && a.number == 1;
   const auto fatal = [](const json& e) { return e.value("fatal", false); };
   if (code == kExitFailed && (bad_input || job_event_since(attempt_unix_, fatal))) {
@@ -399,6 +410,13 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
 // killing the ranks, long before a large model's checkpoint is written. Before any rank has
 // a heartbeat record, or with no rank here, the whole process group gets it.
 void Supervisor::stop_job(Attempt& a) {
+  // First the request a rank still starting reads (mpirun may pass the signal on late).
+  try {
+    make_dirs(heartbeat_dir(run_dir_));
+    write_file_atomic(launch_stop_path(run_dir_), fmt::format("{}\n", getpid()));
+  } catch (const Error& e) {
+    std::fprintf(stderr, "launch: warning: %s\n", e.what());
+  }
   bool signalled = false;
   for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGTERM) == 0 || signalled;
   if (signalled) return;
@@ -437,6 +455,18 @@ bool Supervisor::ended_by_stop(const Attempt& a, int status) const {
   const int code = WEXITSTATUS(status);
   if (code > 128 && stop_signal(code - 128)) return true;
   return a.records.empty() && read_heartbeats(run_dir_).empty();
+}
+
+std::string Supervisor::after_stop(int64_t committed) const {
+  if (overwrite_pending_)
+    return "stopped before the old run was replaced: it is as it was (run the same command to "
+           "replace it, or drop --overwrite to resume it)";
+  if (o_.overwrite)
+    return fmt::format(
+        "stopped; resume with the same command without --overwrite, which would "
+        "replace this run again (checkpoint step {})",
+        committed);
+  return fmt::format("stopped; resume with the same command (checkpoint step {})", committed);
 }
 
 Outcome Supervisor::watch(Attempt& a) {
@@ -502,9 +532,7 @@ int Supervisor::run() {
     const bool held =
         o.kind != Outcome::failed || !a.records.empty() || !read_heartbeats(run_dir_).empty();
     const bool replaced = held && (o.kind == Outcome::finished || a.progressed ||
-                                   job_event_since(attempt_unix_, [](const json& e) {
-                                     return e.value("event", "") == "overwrite";
-                                   }));
+                                   job_event_since(attempt_unix_, is_overwrite));
     // An --overwrite attempt that failed or stopped before it replaced the old run trained
     // nothing of this run: the steps and checkpoints there are the old run's, not this run's to
     // count as lost, and the next attempt replaces them.
@@ -519,8 +547,7 @@ int Supervisor::run() {
       return kExitFinished;
     }
     if (o.kind == Outcome::interrupted) {
-      record("interrupted", {{"attempt", number}, {"step", committed}},
-             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      record("interrupted", {{"attempt", number}, {"step", committed}}, after_stop(committed));
       return kExitInterrupted;
     }
     const int64_t lost = std::max<int64_t>(0, a.last_step - committed);
@@ -534,15 +561,14 @@ int Supervisor::run() {
             {"checkpoint_step", committed},
             {"steps_lost", lost}},
            old_run_there
-               ? fmt::format("attempt {} failed before its job took the run directory: {}; "
+               ? fmt::format("attempt {} failed before its job replaced the old run: {}; "
                              "none of the steps there are this run's (--overwrite still to do)",
                              number, o.detail)
                : fmt::format("attempt {} failed: {}; last step {}, last checkpoint step {}", number,
                              o.detail, a.last_step, committed));
     // Asked to stop while the job failed: no restart; what the run has stands.
     if (signals_.received()) {
-      record("interrupted", {{"attempt", number}, {"step", committed}},
-             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      record("interrupted", {{"attempt", number}, {"step", committed}}, after_stop(committed));
       return kExitInterrupted;
     }
     if (!o.retry) return kExitFailed;
@@ -575,8 +601,7 @@ int Supervisor::run() {
     if (signals_.received()) {
       record("stop", {{"attempt", number + 1}, {"signal", signals_.received()}},
              "stop signal before the restart: no job is running");
-      record("interrupted", {{"attempt", number + 1}, {"step", committed}},
-             fmt::format("stopped; resume with the same command (checkpoint step {})", committed));
+      record("interrupted", {{"attempt", number + 1}, {"step", committed}}, after_stop(committed));
       return kExitInterrupted;
     }
   }
@@ -602,6 +627,11 @@ class LaunchClaim {
     }
   }
   ~LaunchClaim() {
+    try {
+      remove_all(launch_stop_path(run_dir_));  // a stop request ends with the launch
+    } catch (const Error& e) {
+      std::fprintf(stderr, "launch: warning: %s\n", e.what());
+    }
     lock_.reset();
     try {
       if (created_ && !inspect_run_dir(run_dir_).any()) remove_all(run_dir_);

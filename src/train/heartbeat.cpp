@@ -56,6 +56,10 @@ std::string local_process_state(int64_t pid) {
 
 std::string heartbeat_dir(const std::string& run_dir) { return run_dir + "/heartbeat"; }
 
+std::string launch_stop_path(const std::string& run_dir) {
+  return heartbeat_dir(run_dir) + "/stop";
+}
+
 std::optional<HeartbeatRecord> read_heartbeat(const std::string& run_dir, int rank) {
   std::ifstream in(record_path(run_dir, rank));
   if (!in) return std::nullopt;

@@ -56,6 +56,10 @@ struct HeartbeatRecord {
 };
 
 std::string heartbeat_dir(const std::string& run_dir);
+// RUN_DIR/heartbeat/stop: `foundry launch`, asked to stop, writes it before it signals the job,
+// whose ranks check it where they agree on a stop before the first step. A stop that reaches
+// mpirun before any rank could be signalled is forwarded late, maybe after that agreement.
+std::string launch_stop_path(const std::string& run_dir);
 // RUN_DIR/heartbeat/rank_NNNNN.json, or nothing when absent or being replaced.
 std::optional<HeartbeatRecord> read_heartbeat(const std::string& run_dir, int rank);
 // Every rank's record there is, by rank.

@@ -72,7 +72,9 @@ StopSignals::StopSignals(bool block_on_workers) : block_on_workers_(block_on_wor
   use_signal_stack();
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
-  sa.sa_flags = SA_ONSTACK;
+  // SA_RESTART: a system call the handler interrupts (a blocking waitpid, a read of a pipe)
+  // goes on instead of failing with EINTR; the stop is seen where it is checked.
+  sa.sa_flags = SA_ONSTACK | SA_RESTART;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, &g_old_int);
   sigaction(SIGTERM, &sa, &g_old_term);
@@ -87,6 +89,8 @@ StopSignals::~StopSignals() {
 }
 
 int StopSignals::received() const { return g_stop_signal.load(); }
+
+void StopSignals::request(int sig) { g_stop_signal.store(sig); }
 
 void StopSignals::while_starting(bool announce) {
   g_announce.store(announce);

@@ -1039,6 +1039,9 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
     done.already_complete = true;
     return done;
   }
+  // A launch asked to stop may not have reached this rank with its signal yet.
+  if (run.run_dir->supervised() && path_exists(launch_stop_path(rc.train.run_dir)))
+    signals.request(SIGTERM);
   const int start_signal = [&] {
     auto g = run.procs.guard("agreeing on a stop before the first step");
     return signals.agreed(run.procs.world()).signal;
@@ -1046,10 +1049,10 @@ TrainSummary train(const RunConfig& rc, const TrainOptions& opt) {
   signals.started();
   if (const int sig = start_signal) {
     if (run.procs.root())
-      std::fprintf(
-          stderr,
-          "received %s while starting: no step trained, exiting (the run stays at step %lld)\n",
-          sig == SIGINT ? "SIGINT" : "SIGTERM", static_cast<long long>(start_step));
+      std::fprintf(stderr, "received %s while starting: no step trained, exiting (%s)\n",
+                   sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   start_step > 0 ? fmt::format("the run stays at step {}", start_step).c_str()
+                                  : "the run directory stays as it was");
     TrainSummary stopped;
     stopped.start_step = stopped.final_step = start_step;
     stopped.interrupted = stopped.stopped_at_start = true;
