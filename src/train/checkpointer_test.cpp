@@ -401,6 +401,36 @@ TEST(MemoryTier, IsSetAsideWhenOlderOrWhenItsDurableCheckpointIsGone) {
   EXPECT_EQ(latest_resume_step(rc.train), 5);
 }
 
+// A tier checkpoint written before its run had a durable one does not go with a durable
+// checkpoint older than itself: that is another run's (the tier of an earlier run of the
+// directory, left in a train.memory_checkpoint_dir a later run did not clear).
+TEST(MemoryTier, OneWrittenBeforeAnyDurableCheckpointIsSetAsideWhenTheDirectoryHasAnOlderOne) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  {
+    TinyRun earlier(rc, 1);
+    for (int64_t s = 1; s <= 3; ++s) {
+      earlier.step(s);
+      earlier.checkpointer.poll();
+      earlier.checkpointer.save_in_memory(s);
+    }
+    earlier.checkpointer.finish();
+  }
+  const std::string memory = list_checkpoint_dirs(memory_tier_root(rc.train)).back().path;
+  EXPECT_EQ(read_checkpoint_trainer_state(memory).at("durable_step"), 0);
+  ASSERT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), memory);
+  RunConfig later_rc = rc;
+  later_rc.train.memory_checkpoint_every = 0;  // its tier elsewhere, or off
+  TinyRun later(later_rc, 2);
+  later.step(1);
+  later.step(2);
+  later.checkpointer.save(2);
+  later.checkpointer.finish();
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)),
+            std::nullopt);
+  EXPECT_EQ(latest_resume_step(rc.train), 2);
+}
+
 TEST(MemoryTier, SavesAtDurableStepsTooButNotAtTheEnd) {
   TrainConfig tc;
   tc.checkpoint_every = 4;

@@ -86,6 +86,10 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
     const auto base = state.find(kDurableStepKey);
     if (base == state.end() || !base->is_number_integer()) return std::nullopt;
     const int64_t base_step = base->get<int64_t>();
+    // Written before its run had a durable checkpoint, while the directory now holds an
+    // older one: another run's tier (or one written while that first save was in flight, when
+    // the durable checkpoint is the safe start too).
+    if (base_step == 0 && durable) return std::nullopt;
     if (base_step != 0) {
       const std::optional<std::string> base_dir = committed_dir(tc.run_dir, base_step);
       if (!base_dir) return std::nullopt;

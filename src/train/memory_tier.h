@@ -11,7 +11,8 @@
 // it only when it is newer than every checkpoint of the run directory and descends from one
 // still there (its trainer state's "durable_step": the run directory's newest committed
 // checkpoint when it was written, 0 for none, and "durable_xxh3": that checkpoint's commit
-// marker's checksum, so another run's checkpoint of the same step does not pass), so removing
+// marker's checksum, so another run's checkpoint of the same step does not pass; one written
+// with no durable checkpoint yet is set aside once the directory holds one), so removing
 // checkpoints from the run directory to go back sets the memory tier aside too. A resume with
 // the tier off leaves it unused (with a warning when it is newer: its ranks may span hosts,
 // whose /dev/shm differ); a resume from an older step than the tier's checkpoints removes the
