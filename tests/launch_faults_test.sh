@@ -101,6 +101,19 @@ if [ $rc -eq 75 ] && ! grep -q '"event":"failure"' slow2/events.jsonl \
   ok "SIGTERM to launch while its 2 ranks load a checkpoint: no step trained, interrupted, exit 75"
 else bad "SIGTERM while loading: rc $rc, events: $(events slow2)"; cat "$(log_of slow2)"; fi
 
+# Ctrl-C twice to launch while its job loads: the second is passed on as SIGINT, which ends a
+# job still starting at once (a 30 s load here), the checkpoint as it was.
+"$FOUNDRY" train --config tiny.json --synthetic-data -q --set train.run_dir=ctrlc --stop-at-step 500 >ctrlc.pre.log 2>&1
+FOUNDRY_CHECKPOINT_FAULT='load@0:sleep=30' launch ctrlc 1
+for _ in $(seq 100); do grep -qs 'loading a checkpoint' ctrlc/heartbeat/rank_00000.json && break; sleep 0.1; done
+t0=$(date +%s)
+kill -INT $lpid; sleep 0.5; kill -INT $lpid
+wait $lpid; rc=$?
+if [ $rc -eq 75 ] && [ $(( $(date +%s) - t0 )) -lt 15 ] && grep -q "second stop signal: passing SIGINT on" "$(log_of ctrlc)" \
+   && [ "$(cat ctrlc/checkpoints/latest)" = step_00000500 ]; then
+  ok "Ctrl-C twice to launch while its job loads: the job exits at once, exit 75"
+else bad "Ctrl-C twice while loading: rc $rc after $(( $(date +%s) - t0 )) s"; cat "$(log_of ctrlc)"; fi
+
 # ---- two ranks: rank 1 killed mid-step; rank 1 stopped (rank 0's heartbeat watch) ----
 launch kill2 2 --steps 3000
 wait_step kill2 300 && kill -9 "$(rank_pid kill2 1)"
@@ -225,7 +238,7 @@ lpid=$!
 wait_step termwait 50 && kill -9 "$(rank_pid termwait 0)"
 for _ in $(seq 100); do grep -q '"event":"restart"' termwait/events.jsonl 2>/dev/null && break; sleep 0.1; done
 kill -TERM $lpid; wait $lpid; rc=$?
-python3 - termwait/events.jsonl <<'PY' && [ $rc -eq 75 ] && grep -q "launch: stopped; resume with the same command" termwait.log \
+python3 - termwait/events.jsonl <<'PY' && [ $rc -eq 75 ] && grep -q "launch: stopped before the run's first checkpoint: the same command starts it again" termwait.log \
   && ok "SIGTERM during the backoff: exit 75 with stop and interrupted events" \
   || { bad "SIGTERM during the backoff: rc=$rc, events $(events termwait)"; cat termwait.log; }
 import json, sys

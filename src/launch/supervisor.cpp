@@ -458,9 +458,16 @@ bool Supervisor::ended_by_stop(const Attempt& a, int status) const {
 }
 
 std::string Supervisor::after_stop(int64_t committed) const {
-  if (overwrite_pending_)
+  bool old_run = overwrite_pending_;
+  try {
+    old_run = old_run && inspect_run_dir(run_dir_, &rc_.train).any();
+  } catch (const Error&) {
+  }
+  if (old_run)
     return "stopped before the old run was replaced: it is as it was (run the same command to "
            "replace it, or drop --overwrite to resume it)";
+  if (committed == 0)
+    return "stopped before the run's first checkpoint: the same command starts it again";
   if (o_.overwrite)
     return fmt::format(
         "stopped; resume with the same command without --overwrite, which would "
@@ -470,7 +477,7 @@ std::string Supervisor::after_stop(int64_t committed) const {
 }
 
 Outcome Supervisor::watch(Attempt& a) {
-  bool stopping = false;
+  bool stopping = false, interrupted_twice = false;
   double next_check = 0;
   for (;;) {
     int status = 0;
@@ -495,6 +502,17 @@ Outcome Supervisor::watch(Attempt& a) {
       record("stop", {{"attempt", a.number}, {"signal", signals_.received()}},
              "stop signal: asking the job to checkpoint and exit");
       stop_job(a);
+    }
+    // A second signal, a Ctrl-C among them: passed on as SIGINT, which ends a job still
+    // starting at once (a training one goes on to its checkpoint).
+    if (stopping && !interrupted_twice && signals_.count() >= 2 && signals_.interrupts() >= 1) {
+      interrupted_twice = true;
+      std::fprintf(stderr,
+                   "launch: second stop signal: passing SIGINT on (a job still starting "
+                   "exits now)\n");
+      bool signalled = false;
+      for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGINT) == 0 || signalled;
+      if (!signalled) kill(-a.pid, SIGINT);
     }
     // While it stops too: a rank that died or went silent cannot save its part, and the job
     // would wait for it forever.

@@ -158,6 +158,7 @@ void Checkpointer::save_in_memory(int64_t step) {
   memory_.started = now_seconds();
   plan(memory_, step);
   memory_.state[kDurableStepKey] = durable_step_;
+  memory_.state[kDurableInFlightKey] = disk_.in_flight ? disk_.step : 0;
   if (durable_step_ > 0)
     memory_.state[kDurableChecksumKey] =
         durable_checkpoint_checksum(rc_.train.run_dir, durable_step_);

@@ -431,6 +431,29 @@ TEST(MemoryTier, OneWrittenBeforeAnyDurableCheckpointIsSetAsideWhenTheDirectoryH
   EXPECT_EQ(latest_resume_step(rc.train), 2);
 }
 
+// One written while the run's first durable save was in flight goes with that save once it
+// has committed: a crash then resumes from the newer tier checkpoint.
+TEST(MemoryTier, OneWrittenWhileTheFirstDurableSaveIsInFlightGoesWithIt) {
+  TempDir dir;
+  const RunConfig rc = memory_tier_config(dir);
+  ASSERT_TRUE(rc.train.checkpoint_async);
+  TinyRun run(rc, 1);
+  run.step(1);
+  run.step(2);
+  run.checkpointer.save(2);  // in flight until finish()
+  run.step(3);
+  run.checkpointer.save_in_memory(3);
+  run.checkpointer.finish();
+  const std::string memory = list_checkpoint_dirs(memory_tier_root(rc.train)).back().path;
+  const json state = read_checkpoint_trainer_state(memory);
+  EXPECT_EQ(state.at("durable_step"), 0);
+  EXPECT_EQ(state.at("durable_in_flight"), 2);
+  ASSERT_EQ(find_latest_checkpoint(rc.train.run_dir),
+            rc.train.run_dir + "/checkpoints/step_00000002");
+  EXPECT_EQ(usable_memory_checkpoint(rc.train, find_latest_checkpoint(rc.train.run_dir)), memory);
+  EXPECT_EQ(latest_resume_step(rc.train), 3);
+}
+
 TEST(MemoryTier, SavesAtDurableStepsTooButNotAtTheEnd) {
   TrainConfig tc;
   tc.checkpoint_every = 4;

@@ -87,9 +87,11 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
     if (base == state.end() || !base->is_number_integer()) return std::nullopt;
     const int64_t base_step = base->get<int64_t>();
     // Written before its run had a durable checkpoint, while the directory now holds an
-    // older one: another run's tier (or one written while that first save was in flight, when
-    // the durable checkpoint is the safe start too).
-    if (base_step == 0 && durable) return std::nullopt;
+    // older one: that is the save that was in flight then, or another run's (an earlier
+    // run's tier in a memory_checkpoint_dir the new run did not clear).
+    if (base_step == 0 && durable &&
+        state.value(kDurableInFlightKey, int64_t{-1}) != step_of(*durable))
+      return std::nullopt;
     if (base_step != 0) {
       const std::optional<std::string> base_dir = committed_dir(tc.run_dir, base_step);
       if (!base_dir) return std::nullopt;

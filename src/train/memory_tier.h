@@ -12,8 +12,9 @@
 // still there (its trainer state's "durable_step": the run directory's newest committed
 // checkpoint when it was written, 0 for none, and "durable_xxh3": that checkpoint's commit
 // marker's checksum, so another run's checkpoint of the same step does not pass; one written
-// with no durable checkpoint yet is set aside once the directory holds one), so removing
-// checkpoints from the run directory to go back sets the memory tier aside too. A resume with
+// with no durable checkpoint yet goes only with the save that was in flight then, if any:
+// "durable_in_flight"), so removing checkpoints from the run directory to go back sets the
+// memory tier aside too. A resume with
 // the tier off leaves it unused (with a warning when it is newer: its ranks may span hosts,
 // whose /dev/shm differ); a resume from an older step than the tier's checkpoints removes the
 // newer ones (their steps are replaced); a new run, and a run that ends with its final
@@ -29,6 +30,9 @@ namespace foundry {
 
 inline constexpr char kDurableStepKey[] = "durable_step";
 inline constexpr char kDurableChecksumKey[] = "durable_xxh3";
+// The step of the run directory's save in flight when it was written (0: none): with
+// durable_step 0, the one durable checkpoint it may go with.
+inline constexpr char kDurableInFlightKey[] = "durable_in_flight";
 
 // Before a run starts (the tier on): fails unless train.memory_checkpoint_dir is a directory
 // with room for `bytes` (two copies of every rank's state on this host).

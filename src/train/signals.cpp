@@ -14,6 +14,7 @@ namespace foundry {
 namespace {
 
 std::atomic<int> g_stop_signal{0};
+std::atomic<int> g_stop_count{0}, g_interrupt_count{0};  // signals received, SIGINTs among them
 std::atomic<bool> g_starting{false}, g_announce{false};
 struct sigaction g_old_int {}, g_old_term {};
 stack_t g_old_stack{};
@@ -22,7 +23,10 @@ constexpr size_t kSignalStackBytes = 64 * 1024;
 
 // Async-signal-safe: atomics, write(2), sigaction, raise.
 void on_stop_signal(int sig) {
-  const int before = g_stop_signal.exchange(sig);
+  int before = 0;  // the first signal is the one named
+  g_stop_signal.compare_exchange_strong(before, sig);
+  g_stop_count.fetch_add(1);
+  if (sig == SIGINT) g_interrupt_count.fetch_add(1);
   if (!g_starting.load()) return;
   if (before == 0) {
     if (!g_announce.load()) return;
@@ -68,6 +72,8 @@ void use_signal_stack() {
 
 StopSignals::StopSignals(bool block_on_workers) : block_on_workers_(block_on_workers) {
   g_stop_signal.store(0);
+  g_stop_count.store(0);
+  g_interrupt_count.store(0);
   if (block_on_workers_) set_stop_signals_blocked_on_workers(true);
   use_signal_stack();
   struct sigaction sa {};
@@ -90,7 +96,14 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() const { return g_stop_signal.load(); }
 
-void StopSignals::request(int sig) { g_stop_signal.store(sig); }
+void StopSignals::request(int sig) {
+  int before = 0;
+  g_stop_signal.compare_exchange_strong(before, sig);
+}
+
+int StopSignals::count() const { return g_stop_count.load(); }
+
+int StopSignals::interrupts() const { return g_interrupt_count.load(); }
 
 void StopSignals::while_starting(bool announce) {
   g_announce.store(announce);

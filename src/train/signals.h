@@ -25,10 +25,13 @@ class StopSignals {
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
-  // The signal received so far (0: none).
+  // The first signal received so far (0: none).
   int received() const;
   // As if `sig` had been received (a stop asked for another way).
   void request(int sig);
+  // The signals received so far, and the SIGINTs among them.
+  int count() const;
+  int interrupts() const;
   // While a run starts (its model built, a checkpoint loaded: minutes for a large one) a stop
   // waits for the first step's agreement. Meanwhile the first SIGINT/SIGTERM says so on stderr
   // (`announce`: rank 0), and a second SIGINT ends the process at once with the shell's code
