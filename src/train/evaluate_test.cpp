@@ -10,17 +10,30 @@ namespace {
 
 using testing::TempDir;
 
-TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
-  TempDir dir;
-  testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
-  data::Dataset dataset(dir.path());
-  const ModelConfig config = testing::small_moe_config();
-  Model model(config, DType::f32);
-  model.init_weights(5);
-  const int64_t B = 4, T = config.max_seq_len;
-  data::BatchLoader loader = data::BatchLoader::for_eval(dataset, B, T);
+// `dir`, once a synthetic dataset is made there.
+std::string with_synthetic_dataset(const std::string& dir) {
+  testing::make_synthetic_dataset(dir, 2000, 600, 100000, 50);
+  return dir;
+}
 
-  data::BatchLoader reference = data::BatchLoader::for_eval(dataset, B, T);
+// A small model and a synthetic dataset's validation batches of 4 sequences.
+struct EvalSetup {
+  EvalSetup() { model.init_weights(5); }
+  data::BatchLoader batches() const { return data::BatchLoader::for_eval(dataset, B, T); }
+  TempDir dir;
+  data::Dataset dataset{with_synthetic_dataset(dir.path())};
+  const ModelConfig config = testing::small_moe_config();
+  Model model{config, DType::f32};
+  const int64_t B = 4, T = config.max_seq_len;
+};
+
+TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
+  EvalSetup e;
+  Model& model = e.model;
+  const int64_t B = e.B, T = e.T;
+  data::BatchLoader loader = e.batches();
+
+  data::BatchLoader reference = e.batches();
   std::vector<int32_t> inputs(B * T), targets(B * T);
   double sum = 0;
   for (int i = 0; i < 3; ++i) {
@@ -35,17 +48,13 @@ TEST(Evaluate, MeanCrossEntropyOverTheFirstValidationBatches) {
 }
 
 TEST(Evaluate, MicroBatchesForwardARanksRowsAFewAtATime) {
-  TempDir dir;
-  testing::make_synthetic_dataset(dir.path(), 2000, 600, 100000, 50);
-  data::Dataset dataset(dir.path());
-  const ModelConfig config = testing::small_moe_config();
-  Model model(config, DType::f32);
-  model.init_weights(5);
-  const int64_t B = 4, T = config.max_seq_len, micro = 2;
-  data::BatchLoader loader = data::BatchLoader::for_eval(dataset, B, T);
+  EvalSetup e;
+  Model& model = e.model;
+  const int64_t B = e.B, T = e.T, micro = 2;
+  data::BatchLoader loader = e.batches();
 
   // Each batch's loss is the mean of its micro-batches' means.
-  data::BatchLoader reference = data::BatchLoader::for_eval(dataset, B, T);
+  data::BatchLoader reference = e.batches();
   std::vector<int32_t> inputs(B * T), targets(B * T);
   double sum = 0, whole = 0;
   for (int i = 0; i < 2; ++i) {
