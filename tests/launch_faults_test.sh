@@ -296,7 +296,9 @@ PY
 # on a stop before the first step, so the old run is never replaced after the stop ----
 before="$(ls preempt/checkpoints) $(wc -l <preempt/metrics.jsonl)"
 launch preempt 2 --overwrite --steps 100000
-sleep 0.3; kill -TERM $lpid
+# (after launch has started the job: before, launch itself is still starting and dies by it)
+for _ in $(seq 200); do grep -q "launch: attempt 1: " "$(log_of preempt)" && break; sleep 0.05; done
+sleep 0.2; kill -TERM $lpid
 wait $lpid; rc=$?
 python3 - preempt/events.jsonl <<'PY' >overstop.order
 import json, sys
