@@ -116,6 +116,8 @@ class Supervisor {
   std::string after_stop(int64_t committed) const;
   // Whether the job logged an event matching `match` since `unix_start`.
   bool job_event_since(double unix_start, const std::function<bool(const json&)>& match) const;
+  // `sig` to the ranks this host runs (by their heartbeat records): whether any was signalled.
+  bool signal_ranks(const Attempt& a, int sig) const;
   void stop_job(Attempt& a);
   void kill_job(Attempt& a);
   std::vector<pid_t> local_rank_pids(const Attempt& a) const;
@@ -409,6 +411,12 @@ void Supervisor::kill_leftover_ranks(const Attempt& a) {
 // the stop with every other rank at the end of the step. Not to mpirun: it answers SIGTERM by
 // killing the ranks, long before a large model's checkpoint is written. Before any rank has
 // a heartbeat record, or with no rank here, the whole process group gets it.
+bool Supervisor::signal_ranks(const Attempt& a, int sig) const {
+  bool signalled = false;
+  for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, sig) == 0 || signalled;
+  return signalled;
+}
+
 void Supervisor::stop_job(Attempt& a) {
   // First the request a rank still starting reads (mpirun may pass the signal on late).
   try {
@@ -417,9 +425,7 @@ void Supervisor::stop_job(Attempt& a) {
   } catch (const Error& e) {
     std::fprintf(stderr, "launch: warning: %s\n", e.what());
   }
-  bool signalled = false;
-  for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGTERM) == 0 || signalled;
-  if (signalled) return;
+  if (signal_ranks(a, SIGTERM)) return;
   kill(-a.pid, SIGTERM);
   // Before any rank beat, the stop reached mpirun/srun itself (after, the ranks here have
   // exited, or run elsewhere, and the job's exit says what happened).
@@ -510,9 +516,7 @@ Outcome Supervisor::watch(Attempt& a) {
       std::fprintf(stderr,
                    "launch: second stop signal: passing SIGINT on (a job still starting "
                    "exits now)\n");
-      bool signalled = false;
-      for (const pid_t pid : local_rank_pids(a)) signalled = kill(pid, SIGINT) == 0 || signalled;
-      if (!signalled) kill(-a.pid, SIGINT);
+      if (!signal_ranks(a, SIGINT)) kill(-a.pid, SIGINT);
     }
     // While it stops too: a rank that died or went silent cannot save its part, and the job
     // would wait for it forever.

@@ -89,10 +89,10 @@ std::optional<std::string> usable_memory_checkpoint(const TrainConfig& tc,
     // Written before its run had a durable checkpoint, while the directory now holds an
     // older one: that is the save that was in flight then, or another run's (an earlier
     // run's tier in a memory_checkpoint_dir the new run did not clear).
-    if (base_step == 0 && durable &&
-        state.value(kDurableInFlightKey, int64_t{-1}) != step_of(*durable))
-      return std::nullopt;
-    if (base_step != 0) {
+    if (base_step == 0) {
+      if (durable && state.value(kDurableInFlightKey, int64_t{-1}) != step_of(*durable))
+        return std::nullopt;
+    } else {
       const std::optional<std::string> base_dir = committed_dir(tc.run_dir, base_step);
       if (!base_dir) return std::nullopt;
       // The very checkpoint it descends from, not another run's of the same step.

@@ -22,9 +22,15 @@ std::unique_ptr<char[]> g_stack;
 constexpr size_t kSignalStackBytes = 64 * 1024;
 
 // Async-signal-safe: atomics, write(2), sigaction, raise.
-void on_stop_signal(int sig) {
-  int before = 0;  // the first signal is the one named
+// Records `sig` unless a signal came first (the first is the one named); returns that one.
+int keep_first_signal(int sig) {
+  int before = 0;
   g_stop_signal.compare_exchange_strong(before, sig);
+  return before;
+}
+
+void on_stop_signal(int sig) {
+  const int before = keep_first_signal(sig);
   g_stop_count.fetch_add(1);
   if (sig == SIGINT) g_interrupt_count.fetch_add(1);
   if (!g_starting.load()) return;
@@ -96,10 +102,7 @@ StopSignals::~StopSignals() {
 
 int StopSignals::received() const { return g_stop_signal.load(); }
 
-void StopSignals::request(int sig) {
-  int before = 0;
-  g_stop_signal.compare_exchange_strong(before, sig);
-}
+void StopSignals::request(int sig) { keep_first_signal(sig); }
 
 int StopSignals::count() const { return g_stop_count.load(); }
 
