@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "base/config_reader.h"
+#include "train/run_config.h"
 
 namespace foundry {
 
 class Processes;
-struct TrainConfig;
 
 enum class StartMode { fresh, resume, auto_resume, overwrite };
 
@@ -121,7 +121,7 @@ class RunDir {
   void overwrite(const RunDirContents& held);
 
   std::string path_;
-  const TrainConfig& tc_;
+  const TrainConfig tc_;  // a copy: a RunDir may outlive the config it was given
   bool root_;
   bool created_ = false;  // rank 0 made the directory (removed again if nothing starts)
   std::string created_path_;  // the outermost directory it made
