@@ -343,15 +343,19 @@ void validate(const MembwOptions& o) {
 
 namespace {
 
+int64_t capped(int64_t bytes, int64_t cap) { return cap > 0 ? std::min(bytes, cap) : bytes; }
+
 // STREAM's bytes per array: at least 4× the LLC, and never below 64 MiB so that an unknown
 // or tiny LLC still measures memory.
 int64_t stream_array_bytes(const MembwOptions& options, int64_t llc) {
-  return options.array_bytes ? options.array_bytes : std::max<int64_t>(4 * llc, 64 << 20);
+  return options.array_bytes ? options.array_bytes
+                             : capped(std::max<int64_t>(4 * llc, 64 << 20), options.auto_bytes_cap);
 }
 
 // The working-set sweep's largest size (all three arrays).
 int64_t largest_working_set(const MembwOptions& options, int64_t llc) {
-  return options.max_bytes ? options.max_bytes : std::max<int64_t>(8 * llc, 256 << 20);
+  return options.max_bytes ? options.max_bytes
+                           : capped(std::max<int64_t>(8 * llc, 256 << 20), options.auto_bytes_cap);
 }
 
 }  // namespace

@@ -90,6 +90,10 @@ struct MembwOptions {
   bool working_set = true;
   int64_t min_bytes = 0;        // working-set sweep; 0 = a quarter of one L1 instance
   int64_t max_bytes = 0;        // 0 = 8× LLC
+  // Caps the LLC-derived defaults above (0 = no cap): each STREAM array and the sweep's
+  // largest size stay at or below it. Short runs on a machine (or VM) reporting a huge LLC;
+  // arrays below 4× the LLC are noted in the results.
+  int64_t auto_bytes_cap = 0;
   int points_per_doubling = 2;  // sizes grow by 2^(1/points_per_doubling)
   // Bytes one timed working-set run moves (the kernel repeats inside it); 0 = 64 MiB per
   // thread. A byte count rather than a time, so that a calibration run disturbed by another

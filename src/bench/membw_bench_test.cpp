@@ -180,6 +180,41 @@ TEST(Membw, ParsesByteSizes) {
   EXPECT_EQ(format_size(3 << 19), "1.5 MiB");
 }
 
+TEST(Membw, ACapKeepsTheLlcDerivedSizesOfAHugeReportedCacheShort) {
+  // A VM reporting a 1 GiB L3: by default STREAM's arrays are 4 GiB each.
+  const fs::path dir = fs::path(testing::TempDir()) / "membw_huge_llc";
+  fs::remove_all(dir);
+  write_index(dir, 0, 1, "Data", "48K", "0");
+  write_index(dir, 1, 3, "Unified", "1048576K", "0-1");
+  MembwOptions o;
+  o.cache_dir = dir.string();
+  EXPECT_EQ(membw_bench_bytes(o), 3 * (int64_t{4} << 30));
+  o.auto_bytes_cap = 512 << 20;
+  EXPECT_EQ(membw_bench_bytes(o), 3 * (512 << 20));
+  o.stream = false;
+  EXPECT_EQ(membw_bench_bytes(o), 512 << 20);  // the sweep's largest size
+  o.max_bytes = 1 << 30;                       // a size given is not capped
+  EXPECT_EQ(membw_bench_bytes(o), 1 << 30);
+
+  // A run under the cap says its arrays were below 4× the LLC.
+  MembwOptions small;
+  small.cache_dir = dir.string();
+  small.auto_bytes_cap = 1 << 20;
+  small.threads = {1};
+  small.repeats = 2;
+  small.points_per_doubling = 1;
+  small.bytes_per_run = 1 << 20;
+  const MembwResult r = run_membw_bench(small);
+  ASSERT_FALSE(r.stream.empty());
+  EXPECT_EQ(r.stream[0].array_bytes, 1 << 20);
+  EXPECT_LE(r.working_set.back().bytes, 1 << 20);
+  bool noted = false;
+  for (const std::string& note : r.notes)
+    noted |= note.find("below 4× the last-level") != std::string::npos;
+  EXPECT_TRUE(noted);
+  fs::remove_all(dir);
+}
+
 TEST(Membw, TinyRunIsValidAndComplete) {
   MembwOptions o;
   o.threads = {1, 2};
