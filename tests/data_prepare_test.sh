@@ -3,7 +3,8 @@
 #  1. text, JSONL and JSON-array inputs (files and a folder) give a complete dataset whose
 #     meta.json and shard headers agree with each other and with docs/formats.md;
 #  2. the same input gives byte-identical output, and --tokenizer reuses a tokenizer;
-#  3. every bad input fails with a message naming the file or flag, and leaves no meta.json.
+#  3. every bad input fails with a message naming the file or flag, and leaves no meta.json;
+#  4. SIGINT/SIGTERM stop it and leave --out as it was.
 source "$(dirname "$0")/lib.sh"
 case "$FOUNDRY" in /*) ;; *) FOUNDRY="$PWD/$FOUNDRY" ;; esac  # the checks run inside $WORK
 cd "$WORK"
@@ -133,4 +134,39 @@ expect_fail "a NUL byte is refused" "'nul.txt' is not text: 1 control byte(s), N
   "$F" data prepare --input nul.txt --out e11 "${common[@]}"
 "$F" data prepare --input nul.txt --out binary --allow-binary "${common[@]}" >/dev/null 2>&1 \
   && [ -s binary/meta.json ] && ok "--allow-binary reads it anyway" || bad "--allow-binary"
+
+# ---- a stop signal: the work stops, what it wrote goes, --out is as it was ----
+python3 - <<'PY'
+import random
+rng = random.Random(9)
+words = "the expert router sends each token to a small set of experts and the model learns".split()
+with open("big.txt", "w") as f:
+    for _ in range(250000):
+        f.write(" ".join(rng.choice(words) for _ in range(rng.randint(5, 30))) + ".\n")
+PY
+interrupt_prepare() {  # interrupt_prepare SIGNAL OUT LOG [args...]: signalled once encoding starts
+  local sig="$1" out="$2" log="$3"
+  shift 3
+  "$F" data prepare --input big.txt --out "$out" --tokenizer ds3/tokenizer.model "$@" >"$log" 2>&1 &
+  local pid=$! i
+  for i in $(seq 1200); do
+    compgen -G "$out/.prepare-*/tokenizer.model" >/dev/null && break
+    sleep 0.05
+  done
+  kill "-$sig" $pid
+  wait $pid
+}
+interrupt_prepare INT stopped/ds stop1.log
+rc=$?
+if [ $rc = 130 ] && [ ! -e stopped ] && grep -q "stopping: data prepare removes what it wrote" stop1.log \
+   && grep -q "data prepare stopped by SIGINT" stop1.log; then
+  ok "SIGINT stops prepare, which removes the directories it made and exits as killed by it"
+else bad "SIGINT during prepare: exit $rc, $(ls -a stopped 2>&1 | tr '\n' ' ')"; cat stop1.log; fi
+before="$(cd ds2 && md5sum * | sort)"
+interrupt_prepare TERM ds2 stop2.log --overwrite
+rc=$?
+after="$(cd ds2 && md5sum * | sort)"
+if [ $rc = 143 ] && [ "$before" = "$after" ] && ! compgen -G "ds2/.prepare-*" >/dev/null; then
+  ok "SIGTERM during an --overwrite leaves the dataset there whole, and no staging files"
+else bad "SIGTERM during prepare --overwrite: exit $rc, $(ls -a ds2 | tr '\n' ' ')"; cat stop2.log; fi
 finish

@@ -1,8 +1,11 @@
 // `foundry data prepare`: argument parsing only; the work is data::prepare_dataset().
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <memory>
 
 #include "base/hash.h"
+#include "base/interrupt.h"
 #include "cli/commands.h"
 #include "data/prepare.h"
 
@@ -16,6 +19,23 @@ struct PrepareArgs {
   bool quiet = false;
 };
 
+// SIGINT/SIGTERM stop the work and remove what it wrote: --out is left as it was.
+data::DatasetMeta prepare_interruptibly(const data::PrepareOptions& options) {
+  try {
+    InterruptScope scope(fmt::format(
+        "stopping: data prepare removes what it wrote to '{}' and exits; a tokenizer in "
+        "training finishes first",
+        options.out_dir));
+    return data::prepare_dataset(options);
+  } catch (const Interrupted& e) {
+    throw Interrupted(
+        e.signal(),
+        fmt::format("data prepare {}: it removed what it had written, and left '{}' as it "
+                    "found it",
+                    e.what(), options.out_dir));
+  }
+}
+
 void run_prepare(const PrepareArgs& args, bool vocab_size_given, bool max_sentences_given) {
   data::PrepareOptions options = args.options;
   options.format = data::parse_input_format(args.format);
@@ -27,7 +47,7 @@ void run_prepare(const PrepareArgs& args, bool vocab_size_given, bool max_senten
     std::fprintf(stderr,
                  "note: --max-sentences is ignored with --tokenizer (no tokenizer is trained)\n");
 
-  const data::DatasetMeta meta = data::prepare_dataset(options);
+  const data::DatasetMeta meta = prepare_interruptibly(options);
 
   std::printf("prepared dataset in %s\n", options.out_dir.c_str());
   std::printf("  tokenizer  %s, vocab %u, checksum %s\n",

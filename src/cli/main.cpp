@@ -8,6 +8,7 @@
 
 #include "base/error.h"
 #include "base/exit_codes.h"
+#include "base/interrupt.h"
 #include "bench/provenance.h"
 #include "cli/commands.h"
 #include "comm/launch.h"
@@ -97,6 +98,9 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // prints help, or the error naming the option
     return foundry::cli::check_stdout_written(code == 0 ? foundry::kExitFinished
                                                         : foundry::kExitUsage);
+  } catch (const foundry::Interrupted& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    foundry::die_by_signal(e.signal());
   } catch (const foundry::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     if (!e.hint().empty()) std::fprintf(stderr, "hint: %s\n", e.hint().c_str());

@@ -16,6 +16,7 @@
 
 #include "base/error.h"
 #include "base/hash.h"
+#include "base/interrupt.h"
 #include "base/io.h"
 #include "base/progress.h"
 #include "base/rng.h"
@@ -174,6 +175,7 @@ CorpusScan scan_corpus(const std::vector<InputFile>& files, const PrepareOptions
   for (const InputFile& file : files) {
     uint64_t documents = 0;
     read_documents(file, options.jsonl_field, [&](std::string_view text, uint64_t end_offset) {
+      check_interrupted();
       ++documents;
       if (sample_for_tokenizer)
         for_each_training_sentence(text, kMaxTrainingSentenceBytes, sample_line);
@@ -276,6 +278,7 @@ EncodedSplits encode_corpus(const std::vector<InputFile>& files, const CorpusSca
   const int32_t unk = tokenizer.unk_id();
   uint64_t unknown = 0;  // <unk> tokens: text a tokenizer without byte fallback cannot spell
   auto flush = [&]() {
+    check_interrupted();
     const std::vector<std::vector<int32_t>> encoded = encode_documents(tokenizer, batch);
     for (size_t i = 0; i < batch.size(); ++i) {
       (batch_is_val[i] ? val : train).append(encoded[i]);
@@ -506,7 +509,8 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
     bpe.vocab_size = options.vocab_size;
     bpe.max_sentence_bytes = static_cast<int32_t>(kMaxTrainingSentenceBytes);
     const double start = now_seconds();
-    tokenizer = train_bpe_tokenizer(scan.tokenizer_sample, bpe);
+    tokenizer = train_bpe_tokenizer(scan.tokenizer_sample, bpe);  // not interruptible
+    check_interrupted();
     if (options.show_progress)
       std::fprintf(stderr, "trained the tokenizer: %d pieces (%.1f s)\n", tokenizer->vocab_size(),
                    now_seconds() - start);
@@ -544,6 +548,7 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
   } else {
     meta.options["tokenizer"] = options.tokenizer_path;
   }
+  check_interrupted();  // the last chance: once publishing starts, the dataset is finished
   out.publish(meta);
   return meta;
 }
