@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 
 #include "base/timer.h"
@@ -62,6 +63,37 @@ void Progress::finish(const std::string& suffix) {
     update(total_, timed);
   }
   finished_ = true;
+}
+
+ElapsedTicker::ElapsedTicker(std::string label, double log_every_s)
+    : label_(std::move(label)), tty_(Progress::stderr_is_terminal()) {
+  thread_ = std::thread([this, every = tty_ ? 1.0 : log_every_s] { run(every); });
+}
+
+ElapsedTicker::~ElapsedTicker() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  if (tty_ && printed_) std::fprintf(stderr, "\r\x1b[K");
+}
+
+void ElapsedTicker::run(double every_s) {
+  const double start = now_seconds();
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if (cv_.wait_for(lock, std::chrono::duration<double>(every_s), [this] { return done_; }))
+      return;
+    const double elapsed = now_seconds() - start;
+    if (tty_)
+      std::fprintf(stderr, "\r%s: %.0f s\x1b[K", label_.c_str(), elapsed);
+    else
+      std::fprintf(stderr, "%s: %.0f s so far\n", label_.c_str(), elapsed);
+    std::fflush(stderr);
+    printed_ = true;
+  }
 }
 
 }  // namespace foundry

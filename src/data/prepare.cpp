@@ -509,7 +509,11 @@ DatasetMeta prepare_dataset(const PrepareOptions& options) {
     bpe.vocab_size = options.vocab_size;
     bpe.max_sentence_bytes = static_cast<int32_t>(kMaxTrainingSentenceBytes);
     const double start = now_seconds();
-    tokenizer = train_bpe_tokenizer(scan.tokenizer_sample, bpe);  // not interruptible
+    {
+      std::optional<ElapsedTicker> ticker;
+      if (options.show_progress) ticker.emplace("training the tokenizer");
+      tokenizer = train_bpe_tokenizer(scan.tokenizer_sample, bpe);  // not interruptible
+    }
     check_interrupted();
     if (options.show_progress)
       std::fprintf(stderr, "trained the tokenizer: %d pieces (%.1f s)\n", tokenizer->vocab_size(),
