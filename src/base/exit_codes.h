@@ -1,4 +1,4 @@
-// The exit status of every foundry command (docs/formats.md, "Exit codes"). Scripts and
+// The exit status of every foundry command (docs/fault-tolerance.md, "Exit codes"). Scripts and
 // `foundry launch` act on them: a failure is not retried, a lost rank is, an interrupted run
 // resumes from the checkpoint it saved.
 #pragma once
