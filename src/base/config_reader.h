@@ -27,12 +27,8 @@ class ConfigReader {
     seen_.insert(key);
     auto it = obj_.find(key);
     if (it == obj_.end()) return;
-    try {
-      out = it->template get<T>();
-    } catch (const std::exception&) {
-      type_error(key, *it, type_name<T>());
-    }
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      // Before any conversion: a float such as 1e30 does not fit T (UB to convert).
       if (!it->is_number_integer() && !it->is_number_unsigned())
         type_error(key, *it, type_name<T>());
       // The value as written, not as it wrapped into T (a seed of -1 is no seed of 2^64 - 1).
@@ -49,6 +45,11 @@ class ConfigReader {
         fail(fmt::format("{}: '{}{}' = {} is out of range [{}, {}]", where_, prefix_, key,
                          it->dump(), Limits::min(), Limits::max()),
              hint_);
+    }
+    try {
+      out = it->template get<T>();
+    } catch (const std::exception&) {
+      type_error(key, *it, type_name<T>());
     }
   }
 

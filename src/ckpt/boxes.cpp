@@ -97,12 +97,26 @@ std::vector<BoxRun> box_runs(const std::vector<int64_t>& shape, const Box& box) 
 void check_box(const std::vector<int64_t>& shape, const Box& box, const char* what) {
   bool ok = box.offsets.size() == shape.size() && box.lengths.size() == shape.size();
   for (size_t d = 0; ok && d < shape.size(); ++d)
-    ok = box.offsets[d] >= 0 && box.lengths[d] > 0 && box.offsets[d] + box.lengths[d] <= shape[d];
+    ok = box.offsets[d] >= 0 && box.lengths[d] > 0 && box.offsets[d] <= shape[d] &&
+         box.lengths[d] <= shape[d] - box.offsets[d];  // (no sum of corrupt values to overflow)
   if (!ok)
     fail(fmt::format(
              "{}: the box (offsets [{}], lengths [{}]) does not fit the tensor's shape [{}]", what,
              fmt::join(box.offsets, ", "), fmt::join(box.lengths, ", "), fmt::join(shape, ", ")),
          "the checkpoint metadata is corrupt");
+}
+
+void check_shape(const std::vector<int64_t>& shape, const std::string& what) {
+  constexpr int64_t kMaxElements = int64_t{1} << 52;
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && numel > kMaxElements / d))
+      fail(fmt::format("{}: shape [{}] is no tensor's (dimensions 0 or more, at most 2^52 "
+                       "elements)",
+                       what, fmt::join(shape, ", ")),
+           "the checkpoint metadata is corrupt");
+    numel *= d;
+  }
 }
 
 }  // namespace foundry

@@ -8,6 +8,7 @@
 // the flattened tensor, in the box's row-major order.
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace foundry {
@@ -33,5 +34,8 @@ std::vector<BoxRun> box_runs(const std::vector<int64_t>& shape, const Box& box);
 
 // Fails (naming `what`) unless `box` lies inside `shape` with positive lengths.
 void check_box(const std::vector<int64_t>& shape, const Box& box, const char* what);
+// Throws unless no dimension is negative and the element count is at most 2^52 (a corrupt
+// shape is refused, not multiplied out).
+void check_shape(const std::vector<int64_t>& shape, const std::string& what);
 
 }  // namespace foundry

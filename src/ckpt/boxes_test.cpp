@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "base/error.h"
 
 namespace foundry {
@@ -60,6 +62,26 @@ TEST(Boxes, ABoxOutsideTheShapeIsAnError) {
   EXPECT_THROW(check_box({4, 10}, Box{{0}, {4}}, "test"), Error);
   EXPECT_THROW(check_box({4, 10}, Box{{0, 0}, {0, 10}}, "test"), Error);
   EXPECT_NO_THROW(check_box({4, 10}, Box{{3, 9}, {1, 1}}, "test"));
+  // Corrupt values that would overflow a sum are refused, not added.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  EXPECT_THROW(check_box({4, 10}, Box{{huge, 0}, {huge, 10}}, "test"), Error);
+  EXPECT_THROW(check_box({4, 10}, Box{{2, 0}, {huge, 10}}, "test"), Error);
+}
+
+TEST(Boxes, AShapeMustBeATensorsThatAnInt64Counts) {
+  EXPECT_NO_THROW(check_shape({4, 10}, "t"));
+  EXPECT_NO_THROW(check_shape({}, "t"));                                    // a scalar
+  EXPECT_NO_THROW(check_shape({int64_t{1} << 26, int64_t{1} << 26}, "t"));  // 2^52
+  EXPECT_THROW(check_shape({4, -10}, "t"), Error);
+  EXPECT_THROW(check_shape({int64_t{1} << 26, (int64_t{1} << 26) + 1}, "t"), Error);
+  EXPECT_THROW(check_shape({int64_t{1} << 40, int64_t{1} << 40}, "t"), Error);  // overflows int64
+  try {
+    check_shape({3, -1}, "metadata.json: tensor 'w'");
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "metadata.json: tensor 'w': shape [3, -1] is no tensor's (dimensions 0 or more, "
+                 "at most 2^52 elements)");
+  }
 }
 
 }  // namespace

@@ -219,6 +219,7 @@ void parse_pieces(Metadata& m) {
   for (const auto& [name, t] : tensors.items()) {
     const std::string where = fmt::format("{}: tensor '{}'", m.path, name);
     m.tensors[name].shape = field<std::vector<int64_t>>(t, "shape", where);
+    check_shape(m.tensors[name].shape, where);
     if (field<std::string>(t, "dtype", where) != "F32")
       fail(fmt::format("{}: dtype {} is not supported (F32 only)", where, t["dtype"].dump()),
            kCorruptHint);

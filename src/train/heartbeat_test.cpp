@@ -137,7 +137,8 @@ TEST(Heartbeat, TheHangThresholdGrowsWithTheSlowestStep) {
 // is the step it resumed from, not step 0.
 TEST(Heartbeat, AResumedRunsFirstStepGetsTheStartupThreshold) {
   TempDir tmp;
-  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, {});
+  Reports reports;  // a stalled machine may report a hang: heard, not asserted
+  Heartbeat hb(tmp.path(), 0, 1, {0.05, 10, 2.0}, reports.handler());
   const auto threshold = [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a record written since
     const std::optional<HeartbeatRecord> r = read_heartbeat(tmp.path(), 0);
@@ -179,7 +180,8 @@ TEST(Heartbeat, TheStartUpThresholdIsAtLeastStartupAfter) {
   TempDir tmp;
   HeartbeatConfig config{0.05, 10, 2.0};
   config.startup_after_s = 30;
-  Heartbeat hb(tmp.path(), 0, 1, config, {});
+  Reports reports;  // a stalled machine may report a hang: heard, not asserted
+  Heartbeat hb(tmp.path(), 0, 1, config, reports.handler());
   const auto threshold = [&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     const std::optional<HeartbeatRecord> r = read_heartbeat(tmp.path(), 0);

@@ -335,7 +335,9 @@ TEST(InferenceMemory, AKvBudgetBeyondTheMemoryBudgetIsWarnedAbout) {
     warn_kv_memory_over_budget(rc, kv, {BudgetSource::off, 0});
     const std::string said = ::testing::internal::GetCapturedStderr();
     EXPECT_EQ(said.find("warning: --kv-memory") != std::string::npos, warned) << kv << ": " << said;
-    if (warned) EXPECT_NE(said.find("(FOUNDRY_MEMORY_LIMIT)"), std::string::npos) << said;
+    if (warned) {
+      EXPECT_NE(said.find("(FOUNDRY_MEMORY_LIMIT)"), std::string::npos) << said;
+    }
   }
 }
 
