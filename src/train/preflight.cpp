@@ -217,20 +217,41 @@ void check_training_memory(const RunConfig& rc, const Processes& procs,
 }
 
 namespace {
-// ZeRO-1 on GPUs keeps state over Zero1Layout::state_range: the largest range over the ranks.
-// Within it, AdamW's two moments of the tensors AdamW updates and Muon's momentum of its
-// matrices (each slab's other ranges are holes); the most any rank keeps.
+// The GPU's allocation granularity on the GPUs this was written for (device slabs' chunks).
+constexpr int64_t kGpuGranularity = int64_t{2} << 20;
+
+// The device memory of a slab of `elements` × `element` bytes with element-range holes
+// (device_allocate_slab): its chunks, less those wholly inside the holes, plus the one alias
+// chunk that stands in for those.
+int64_t gpu_slab_bytes(int64_t elements, const SlabRanges& holes, int64_t element) {
+  const int64_t bytes = elements * element;
+  const int64_t free = slab_bytes_in_holes(to_byte_ranges(holes, element), bytes, kGpuGranularity);
+  return bytes - free + (free > 0 ? slab_chunk_bytes(bytes, kGpuGranularity) : 0);
+}
+
+// The device optimizer's state slabs over `range` of the parameter slab (optim/
+// device_optimizer.cpp): AdamW's two moments, kept over the tensors AdamW updates, and Muon's
+// momentum, kept over its matrices; each slab's other ranges are holes. A small tensor between
+// two Muon matrices (a norm, the router) still takes a whole chunk of each AdamW slab.
+int64_t gpu_state_bytes(const ParamTable& table, SlabRange range, bool muon) {
+  SlabRanges adam_kept, muon_kept;
+  for (const ParamInfo& p : table.params()) {
+    const SlabRange in = intersect({p.offset, p.offset + p.numel}, range);
+    if (in.size() == 0) continue;
+    const SlabRange local{in.begin - range.begin, in.end - range.begin};
+    (muon && is_muon_matrix(p) ? muon_kept : adam_kept).push_back(local);
+  }
+  const int64_t n = range.size();
+  const int64_t adam = gpu_slab_bytes(n, complement(adam_kept, n), 4);
+  return 2 * adam + (muon ? gpu_slab_bytes(n, complement(muon_kept, n), 4) : 0);
+}
+
+// ZeRO-1 on GPUs keeps state over Zero1Layout::state_range: the most any rank keeps.
 int64_t largest_gpu_state_bytes(const ParamTable& table, int ranks, bool muon) {
   const Zero1Layout layout(table, ranks, muon);
   int64_t largest = 0;
-  for (int r = 0; r < ranks; ++r) {
-    const SlabRange range = layout.state_range(r);
-    int64_t bytes = 0;
-    for (const ParamInfo& p : table.params())
-      bytes += intersect({p.offset, p.offset + p.numel}, range).size() *
-               (muon && is_muon_matrix(p) ? 4 : 8);
-    largest = std::max(largest, bytes);
-  }
+  for (int r = 0; r < ranks; ++r)
+    largest = std::max(largest, gpu_state_bytes(table, layout.state_range(r), muon));
   return largest;
 }
 
@@ -251,13 +272,10 @@ struct GpuSlabBytes {
 };
 GpuSlabBytes gpu_slabs_with_expert_storage(const ModelConfig& mc, int ranks, bool muon, int ep,
                                            bool bf16) {
-  constexpr int64_t kGranularity = int64_t{2} << 20;
   const ParamTable table(mc);
   const int64_t n = table.total_elements();
   auto kept = [n](const SlabRanges& holes, int64_t element) {
-    const int64_t free =
-        slab_bytes_in_holes(to_byte_ranges(holes, element), n * element, kGranularity);
-    return n * element - free + (free > 0 ? slab_chunk_bytes(n * element, kGranularity) : 0);
+    return gpu_slab_bytes(n, holes, element);
   };
   GpuSlabBytes most;
   for (int r = 0; r < ranks; ++r) {
@@ -277,13 +295,15 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   const MemoryEstimate m =
       estimate_memory(rc.model, micro_batch_rows(tc, share), tc.seq_len, tc.precision,
                       tc.optimizer == OptimizerKind::muon, tc.context_parallel);
-  // ZeRO-1 on GPUs keeps its state slabs over its range of the slab only
-  // (optim/device_optimizer.h): the rank keeping the most decides.
-  int64_t optimizer = m.optimizer_bytes;
+  // The device optimizer's state slabs, in whole chunks: over the whole parameter slab, or
+  // under ZeRO-1 over its range of it only (optim/device_optimizer.h), where the rank keeping
+  // the most decides.
+  const bool muon = tc.optimizer == OptimizerKind::muon;
+  const ParamTable table(rc.model);
+  int64_t optimizer = gpu_state_bytes(table, {0, table.total_elements()}, muon);
   int64_t weights = m.weights_fp32_bytes + m.weights_bf16_bytes, gradients = m.grads_bytes;
   if (ranks > 1 && tc.zero1) {
-    const bool muon = tc.optimizer == OptimizerKind::muon;
-    optimizer = largest_gpu_state_bytes(ParamTable(rc.model), ranks, muon);
+    optimizer = largest_gpu_state_bytes(table, ranks, muon);
     const int ep = static_cast<int>(tc.expert_parallel);
     // A layout that does not divide fails later with its own error; until then, count it whole.
     if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {

@@ -90,6 +90,45 @@ TEST(TrainingMemory, ARefusalNamesTheLargestBatchThatFits) {
                "training needs about");
 }
 
+// With Muon a GPU's state slabs hold whole chunks (device_allocate_slab): AdamW's two keep
+// every chunk holding an element of a tensor AdamW updates (a norm or the router between two
+// Muon matrices takes a whole one), Muon's every chunk of its matrices, and a slab with freed
+// chunks one alias chunk for them. Counted here chunk by chunk.
+TEST(TrainingMemory, OnAGpuMuonsStateIsCountedInWholeChunks) {
+  RunConfig rc = wide_run_config();
+  rc.model.ffn_dim = 16384;  // an expert: 3 × 16 × 16384 floats, 3 MiB; 8 a layer
+  rc.train.precision = DType::bf16;
+  rc.train.optimizer = OptimizerKind::muon;
+  const ParamTable table(rc.model);
+  const int64_t bytes = 4 * table.total_elements();
+  const int64_t chunk = slab_chunk_bytes(bytes, int64_t{2} << 20);
+  auto slab = [&](bool of_muon) {
+    const int64_t whole = bytes / chunk;  // the chunks wholly inside the slab
+    std::vector<bool> holds(whole + 1, false);
+    for (const ParamInfo& p : table.params())
+      if (is_muon_matrix(p) == of_muon)
+        for (int64_t c = 4 * p.offset / chunk; c <= (4 * (p.offset + p.numel) - 1) / chunk; ++c)
+          holds[c] = true;
+    int64_t freed = 0;
+    for (int64_t c = 0; c < whole; ++c) freed += holds[c] ? 0 : 1;
+    return bytes - freed * chunk + (freed > 0 ? chunk : 0);
+  };
+  const int64_t muon = parts_of(gpu_training_memory_need(rc, 64, 1)).at("optimizer");
+  EXPECT_EQ(muon, 2 * slab(false) + slab(true));
+  // More than the exact elements (model info's count), less than AdamW's two moments of all.
+  EXPECT_GT(muon,
+            estimate_memory(rc.model, 64, rc.train.seq_len, DType::bf16, true).optimizer_bytes);
+  rc.train.optimizer = OptimizerKind::adamw;
+  EXPECT_LT(muon, parts_of(gpu_training_memory_need(rc, 64, 1)).at("optimizer"));
+  // ZeRO-1 over 4 ranks: a quarter, and more (a range's slabs are whole chunks too, and the
+  // ranges move to whole Muon matrices).
+  rc.train.optimizer = OptimizerKind::muon;
+  rc.train.zero1 = true;
+  const int64_t quarter = parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer");
+  EXPECT_GE(quarter, muon / 4 - 3 * chunk);
+  EXPECT_LT(quarter, muon / 2);
+}
+
 // Expert parallel with ZeRO-1 on GPUs: a rank keeps its own experts and its state range, and
 // the slabs' whole chunks inside the other ranks' experts go back (2 MiB chunks here).
 TEST(TrainingMemory, OnGpusExpertParallelismKeepsTheRanksOwnExpertsInWholeChunks) {
@@ -154,18 +193,7 @@ TEST(TrainingMemory, OnAGpuIsModelInfosEstimateAndNamesTheGpuAndTheBatchThatFits
   EXPECT_LT(quarter, whole_state / 3);
   rc.train.zero1 = false;
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer"), whole_state);
-  // With Muon each tensor's state is its optimizer's alone (8 or 4 bytes an element), whole
-  // and in ZeRO-1's ranges alike.
-  rc.train.optimizer = OptimizerKind::muon;
-  const int64_t whole_muon = parts_of(gpu_training_memory_need(rc, 64, 1)).at("optimizer");
-  EXPECT_EQ(whole_muon,
-            estimate_memory(rc.model, 64, rc.train.seq_len, DType::bf16, true).optimizer_bytes);
-  EXPECT_LT(whole_muon, whole_state);
   rc.train.zero1 = true;
-  const int64_t muon_quarter = parts_of(gpu_training_memory_need(rc, 64, 4)).at("optimizer");
-  EXPECT_GE(muon_quarter, whole_muon / 4);
-  EXPECT_LT(muon_quarter, whole_muon / 3);
-  rc.train.optimizer = OptimizerKind::adamw;
   // Over NCCL its buffers come on top: NCCL_BUFFSIZE × 2 × 32 channels.
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2)).count("NCCL buffers"), 0u);
   EXPECT_EQ(parts_of(gpu_training_memory_need(rc, 64, 2, 12345)).at("NCCL buffers"), 12345);

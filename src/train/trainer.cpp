@@ -760,12 +760,12 @@ void finish_report(TrainingRun& run, const TrainOptions& opt, const RankMemory& 
     if (comm_stats.steps > 0)
       std::fprintf(stderr, "%s\n", comm_stats.describe(run.model->slab_size()).c_str());
     if (run.tc.device.cuda) {
-      // Model info's figures for this rank (its share of the batch, ZeRO-1's share of the
-      // state), without the memory check's margin.
+      // The memory check's figures for this rank (its share of the batch, ZeRO-1's share of
+      // the state, the device slabs in whole chunks), without its margin.
       const MemoryNeed need =
           gpu_training_memory_need(run.rc, run.tc.batch_size, run.procs.ranks());
       const int64_t estimate = need.per_process() - need.parts.back().second;
-      std::fprintf(stderr, "GPU memory in use at the end: %s (model info estimates %s)\n",
+      std::fprintf(stderr, "GPU memory in use at the end: %s (the memory check estimates %s)\n",
                    format_bytes(double(gpu::memory_in_use()), ByteUnit::GiB, 2).c_str(),
                    format_bytes(double(estimate), ByteUnit::GiB, 2).c_str());
     }
