@@ -2,7 +2,8 @@
 // skipped where no GPU is visible): fp32 losses within 1e-4 (relative) of the CPU's over 20
 // steps and the gradients close, bf16 losses within 2% of the CPU's bf16 curve, and the same
 // seed giving the same losses bit for bit on the GPU; decoding with the CPU's greedy tokens
-// and logits within 1e-4 in fp32. Both architectures.
+// and logits within 1e-4 in fp32; micro-batches' accumulated gradients against the CPU's whole
+// batch. Both architectures.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -99,6 +100,44 @@ void expect_bitwise_repeat(const ModelConfig& c, DType precision) {
   const Run b = train(c, precision, gpu.get());
   EXPECT_EQ(a.losses, b.losses);
   EXPECT_TRUE(a.grads == b.grads);
+}
+
+// Micro-batches on the GPU: four of one sequence each, their losses weighted 1/4 and their
+// gradients accumulated (the GEMMs' accumulate flag; the experts' weight gradients added, not
+// written), give the CPU's gradient of the whole batch (no auxiliary loss: a micro-batch's is
+// its own).
+void expect_micro_batches_match_cpus_whole_batch(ModelConfig c) {
+  c.aux_loss_coef = 0;
+  const std::unique_ptr<Backend> gpu = gpu0();
+  Model cpu(c, DType::f32), dev(c, DType::f32, *gpu);
+  cpu.init_weights(3);
+  dev.init_weights(3);
+  constexpr int64_t kRows = 4;
+  const testing::Batch batch = testing::random_batch(c, kRows * kSeq, 7);
+  cpu.zero_grads();
+  const double whole = cpu.forward(batch.inputs.data(), batch.targets.data(), kRows, kSeq).loss;
+  cpu.backward();
+  dev.zero_grads();
+  dev.set_loss_weight(1.0 / kRows);
+  double mean = 0;
+  for (int64_t m = 0; m < kRows; ++m) {
+    mean +=
+        dev.forward(batch.inputs.data() + m * kSeq, batch.targets.data() + m * kSeq, 1, kSeq).loss /
+        kRows;
+    dev.backward(/*accumulate=*/m > 0);
+  }
+  dev.set_loss_weight(1.0);
+  EXPECT_NEAR(mean, whole, 1e-4 * whole);
+  std::vector<float> want(cpu.slab_size()), got(dev.slab_size());
+  cpu.read_grads(want.data());
+  dev.read_grads(got.data());
+  EXPECT_LT(relative_l2(got, want), 1e-3);
+}
+
+TEST(GpuModel, MicroBatchesAccumulateTheCpusWholeBatchGradient) {
+  SKIP_WITHOUT_GPU();
+  expect_micro_batches_match_cpus_whole_batch(gpu_moe());
+  expect_micro_batches_match_cpus_whole_batch(gpu_zaya());
 }
 
 TEST(GpuModel, MoeFp32MatchesTheCpu) {
