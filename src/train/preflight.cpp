@@ -274,13 +274,11 @@ GpuSlabBytes gpu_slabs_with_expert_storage(const ModelConfig& mc, int ranks, boo
                                            bool bf16) {
   const ParamTable table(mc);
   const int64_t n = table.total_elements();
-  auto kept = [n](const SlabRanges& holes, int64_t element) {
-    return gpu_slab_bytes(n, holes, element);
-  };
   GpuSlabBytes most;
   for (int r = 0; r < ranks; ++r) {
     const SlabHoles h = device_expert_holes(table, mc.n_experts, ep, ranks, r, muon, bf16);
-    const GpuSlabBytes s{kept(h.params, 4), kept(h.gradients, 4), bf16 ? kept(h.bf16, 2) : 0};
+    const GpuSlabBytes s{gpu_slab_bytes(n, h.params, 4), gpu_slab_bytes(n, h.gradients, 4),
+                         bf16 ? gpu_slab_bytes(n, h.bf16, 2) : 0};
     if (s.weights + s.gradients + s.bf16 > most.weights + most.gradients + most.bf16) most = s;
   }
   return most;
@@ -299,11 +297,12 @@ MemoryNeed gpu_training_memory_need(const RunConfig& rc, int64_t batch_size, int
   // under ZeRO-1 over its range of it only (optim/device_optimizer.h), where the rank keeping
   // the most decides.
   const bool muon = tc.optimizer == OptimizerKind::muon;
+  const bool zero1 = ranks > 1 && tc.zero1;
   const ParamTable table(rc.model);
-  int64_t optimizer = gpu_state_bytes(table, {0, table.total_elements()}, muon);
+  const int64_t optimizer = zero1 ? largest_gpu_state_bytes(table, ranks, muon)
+                                  : gpu_state_bytes(table, {0, table.total_elements()}, muon);
   int64_t weights = m.weights_fp32_bytes + m.weights_bf16_bytes, gradients = m.grads_bytes;
-  if (ranks > 1 && tc.zero1) {
-    optimizer = largest_gpu_state_bytes(table, ranks, muon);
+  if (zero1) {
     const int ep = static_cast<int>(tc.expert_parallel);
     // A layout that does not divide fails later with its own error; until then, count it whole.
     if (ep > 1 && ranks % ep == 0 && rc.model.n_experts % ep == 0) {
